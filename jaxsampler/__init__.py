@@ -1,0 +1,46 @@
+"""jaxsampler: RL experience sampling at accelerator speed.
+
+Pure-JAX envs vmapped over an env axis and an agent axis, a jitted ``lax.scan`` rollout
+into preallocated time-major buffers ``[T, E, A, ...]``, and host-side tooling.
+"""
+
+from jaxsampler import spaces
+from jaxsampler.env import DEFAULT_AGENT_ID, Env, EnvParams, SingleAgentEnv
+from jaxsampler.policies import MLPPolicy, NoState, Policy, RandomPolicy, RecurrentPolicy
+from jaxsampler.registry import make, register, registered_ids
+from jaxsampler.rollout import (
+    RolloutDebugError,
+    allocate_trajectory,
+    init_rollout_state,
+    jit_rollout,
+    make_rollout,
+)
+from jaxsampler.types import AUTORESET_MODE, NoInfo, RolloutState, TimeStep, Trajectory
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AUTORESET_MODE",
+    "DEFAULT_AGENT_ID",
+    "Env",
+    "EnvParams",
+    "MLPPolicy",
+    "NoInfo",
+    "NoState",
+    "Policy",
+    "RandomPolicy",
+    "RecurrentPolicy",
+    "RolloutDebugError",
+    "RolloutState",
+    "SingleAgentEnv",
+    "TimeStep",
+    "Trajectory",
+    "allocate_trajectory",
+    "init_rollout_state",
+    "jit_rollout",
+    "make",
+    "make_rollout",
+    "register",
+    "registered_ids",
+    "spaces",
+]

@@ -1,0 +1,157 @@
+"""Acrobot-v1 (Sutton & Barto 1998, Sutton 1996), dynamics as in Gymnasium's reference.
+
+Two links hang from a fixed joint; a torque of -1, 0 or +1 (actions 0, 1, 2) acts on the
+joint between them. One fourth-order Runge-Kutta step of ``dt = 0.2`` integrates the
+equations of motion ("book" variant by default, "nips" on request); the joint angles
+are then wrapped into ``[-pi, pi]`` and the angular velocities clipped to
+``[-4 pi, 4 pi]`` and ``[-9 pi, 9 pi]``. Termination once the free end is higher than
+one link length above the fixed joint, ``-cos(t1) - cos(t1 + t2) > 1``; reward -1 on
+every step except the terminating one (0). Time limit 500 steps.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+
+from jaxsampler.env import SingleAgentEnv
+from jaxsampler.spaces import Box, Discrete
+
+__all__ = ["Acrobot", "AcrobotParams", "AcrobotState"]
+
+
+@struct.dataclass
+class AcrobotState:
+    theta1: jax.Array  # float32[], first joint angle, 0 is hanging down
+    theta2: jax.Array  # float32[], second joint angle, relative to the first link
+    dtheta1: jax.Array  # float32[]
+    dtheta2: jax.Array  # float32[]
+    time: jax.Array  # int32[]
+
+
+@struct.dataclass
+class AcrobotParams:
+    dt: float = 0.2
+    link_length_1: float = 1.0
+    link_length_2: float = 1.0  # enters only the termination height (through link 1)
+    link_mass_1: float = 1.0
+    link_mass_2: float = 1.0
+    link_com_pos_1: float = 0.5
+    link_com_pos_2: float = 0.5
+    link_moi: float = 1.0  # moment of inertia of either link
+    max_vel_1: float = 4 * math.pi
+    max_vel_2: float = 9 * math.pi
+    gravity: float = 9.8
+    torque_noise_max: float = 0.0
+    max_steps_in_episode: int = 500
+
+
+_OBS_HIGH = np.array([1.0, 1.0, 1.0, 1.0, 4 * math.pi, 9 * math.pi], dtype=np.float32)
+
+
+@dataclasses.dataclass(frozen=True)
+class Acrobot(SingleAgentEnv):
+    """Acrobot-v1: apply torque -1 (0), 0 (1) or +1 (2) to swing the tip above the bar.
+
+    Attributes:
+        book_or_nips: which equations of motion to integrate, ``"book"`` (Sutton &
+            Barto, Gymnasium's default) or ``"nips"`` (Sutton 1996, which drops one
+            Coriolis term). A static switch: it picks a code path.
+    """
+
+    book_or_nips: str = "book"
+
+    def __post_init__(self):
+        if self.book_or_nips not in ("book", "nips"):
+            raise ValueError(f"book_or_nips must be 'book' or 'nips', got {self.book_or_nips!r}")
+
+    @property
+    def name(self) -> str:
+        return "Acrobot-v1"
+
+    @property
+    def default_params(self) -> AcrobotParams:
+        return AcrobotParams()
+
+    @property
+    def observation_space(self) -> Box:
+        return Box(-_OBS_HIGH, _OBS_HIGH, (6,), np.float32)
+
+    @property
+    def action_space(self) -> Discrete:
+        return Discrete(3)
+
+    def reset_env(self, key: jax.Array, params: AcrobotParams):
+        t1, t2, d1, d2 = jax.random.uniform(key, (4,), jnp.float32, -0.1, 0.1)
+        state = AcrobotState(t1, t2, d1, d2, jnp.zeros((), jnp.int32))
+        return state, _obs(state)
+
+    def step_env(self, key: jax.Array, state: AcrobotState, action: jax.Array, params: AcrobotParams):
+        # The noise is always drawn (no branch on a traced number); it is 0 by default.
+        noise = jax.random.uniform(key, (), jnp.float32, -1.0, 1.0) * params.torque_noise_max
+        torque = jnp.asarray(action, jnp.float32) - 1.0 + noise
+        y0 = jnp.stack([state.theta1, state.theta2, state.dtheta1, state.dtheta2])
+        y1 = _rk4(lambda y: self._dsdt(y, torque, params), y0, params.dt)
+        new = state.replace(
+            theta1=_wrap(y1[0], -jnp.pi, jnp.pi).astype(jnp.float32),
+            theta2=_wrap(y1[1], -jnp.pi, jnp.pi).astype(jnp.float32),
+            dtheta1=jnp.clip(y1[2], -params.max_vel_1, params.max_vel_1).astype(jnp.float32),
+            dtheta2=jnp.clip(y1[3], -params.max_vel_2, params.max_vel_2).astype(jnp.float32),
+        )
+        terminated = -jnp.cos(new.theta1) - jnp.cos(new.theta2 + new.theta1) > 1.0
+        reward = jnp.where(terminated, 0.0, -1.0).astype(jnp.float32)
+        return new, _obs(new), reward, terminated, self.reset_info(params)
+
+    def _dsdt(self, y: jax.Array, torque: jax.Array, p: AcrobotParams) -> jax.Array:
+        """Time derivative of ``y = [theta1, theta2, dtheta1, dtheta2]`` (float32[4])."""
+        m1, m2 = p.link_mass_1, p.link_mass_2
+        l1, lc1, lc2 = p.link_length_1, p.link_com_pos_1, p.link_com_pos_2
+        i1 = i2 = p.link_moi
+        g = p.gravity
+        theta1, theta2, dtheta1, dtheta2 = y[0], y[1], y[2], y[3]
+        d1 = m1 * lc1**2 + m2 * (l1**2 + lc2**2 + 2 * l1 * lc2 * jnp.cos(theta2)) + i1 + i2
+        d2 = m2 * (lc2**2 + l1 * lc2 * jnp.cos(theta2)) + i2
+        phi2 = m2 * lc2 * g * jnp.cos(theta1 + theta2 - jnp.pi / 2.0)
+        phi1 = (
+            -m2 * l1 * lc2 * dtheta2**2 * jnp.sin(theta2)
+            - 2 * m2 * l1 * lc2 * dtheta2 * dtheta1 * jnp.sin(theta2)
+            + (m1 * lc1 + m2 * l1) * g * jnp.cos(theta1 - jnp.pi / 2.0)
+            + phi2
+        )
+        numerator = torque + d2 / d1 * phi1 - phi2
+        if self.book_or_nips == "nips":  # static switch
+            numerator = numerator - m2 * l1 * lc2 * dtheta1**2 * jnp.sin(theta2)
+        ddtheta2 = numerator / (m2 * lc2**2 + i2 - d2**2 / d1)
+        ddtheta1 = -(d2 * ddtheta2 + phi1) / d1
+        return jnp.stack([dtheta1, dtheta2, ddtheta1, ddtheta2])
+
+
+def _rk4(derivs, y0: jax.Array, dt: jax.Array) -> jax.Array:
+    """One classical Runge-Kutta step of size ``dt`` for the autonomous ODE ``y' = derivs(y)``."""
+    k1 = derivs(y0)
+    k2 = derivs(y0 + dt / 2.0 * k1)
+    k3 = derivs(y0 + dt / 2.0 * k2)
+    k4 = derivs(y0 + dt * k3)
+    return y0 + dt / 6.0 * (k1 + 2.0 * k2 + 2.0 * k3 + k4)
+
+
+def _wrap(x: jax.Array, low: float, high: float) -> jax.Array:
+    """Shifts ``x`` by whole periods ``high - low`` into ``[low, high]``.
+
+    Equals Gymnasium's loop (subtract while above ``high``, add while below ``low``) in
+    closed form, so a value exactly on a bound stays there.
+    """
+    period = high - low
+    x = jnp.where(x > high, x - period * jnp.ceil((x - high) / period), x)
+    return jnp.where(x < low, x + period * jnp.ceil((low - x) / period), x)
+
+
+def _obs(s: AcrobotState) -> jax.Array:
+    return jnp.stack(
+        [jnp.cos(s.theta1), jnp.sin(s.theta1), jnp.cos(s.theta2), jnp.sin(s.theta2), s.dtheta1, s.dtheta2]
+    ).astype(jnp.float32)

@@ -1,0 +1,103 @@
+"""CartPole-v1 (Barto, Sutton & Anderson 1983), dynamics as in Gymnasium's reference.
+
+Explicit Euler integration with ``tau = 0.02``; reward 1 on every step, including the
+one that terminates; termination when ``|x| > 2.4`` or ``|theta| > 12 deg``; time limit
+500 steps.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+
+from jaxsampler.env import SingleAgentEnv
+from jaxsampler.spaces import Box, Discrete
+
+__all__ = ["CartPole", "CartPoleParams", "CartPoleState"]
+
+
+@struct.dataclass
+class CartPoleState:
+    x: jax.Array
+    x_dot: jax.Array
+    theta: jax.Array
+    theta_dot: jax.Array
+    time: jax.Array
+
+
+@struct.dataclass
+class CartPoleParams:
+    gravity: float = 9.8
+    masscart: float = 1.0
+    masspole: float = 0.1
+    length: float = 0.5  # half the pole's length
+    force_mag: float = 10.0
+    tau: float = 0.02
+    theta_threshold_radians: float = 12 * 2 * math.pi / 360
+    x_threshold: float = 2.4
+    max_steps_in_episode: int = 500
+
+
+_OBS_HIGH = np.array(
+    [2.4 * 2, np.finfo(np.float32).max, 12 * 2 * math.pi / 360 * 2, np.finfo(np.float32).max],
+    dtype=np.float32,
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class CartPole(SingleAgentEnv):
+    """CartPole-v1: push a cart left (0) or right (1) to keep a pole upright."""
+
+    @property
+    def name(self) -> str:
+        return "CartPole-v1"
+
+    @property
+    def default_params(self) -> CartPoleParams:
+        return CartPoleParams()
+
+    @property
+    def observation_space(self) -> Box:
+        return Box(-_OBS_HIGH, _OBS_HIGH, (4,), np.float32)
+
+    @property
+    def action_space(self) -> Discrete:
+        return Discrete(2)
+
+    def reset_env(self, key: jax.Array, params: CartPoleParams):
+        x, x_dot, theta, theta_dot = jax.random.uniform(key, (4,), jnp.float32, -0.05, 0.05)
+        state = CartPoleState(x, x_dot, theta, theta_dot, jnp.zeros((), jnp.int32))
+        return state, _obs(state)
+
+    def step_env(self, key: jax.Array, state: CartPoleState, action: jax.Array, params: CartPoleParams):
+        del key
+        force = jnp.where(action == 1, params.force_mag, -params.force_mag)
+        total_mass = params.masspole + params.masscart
+        polemass_length = params.masspole * params.length
+        cos, sin = jnp.cos(state.theta), jnp.sin(state.theta)
+        temp = (force + polemass_length * state.theta_dot**2 * sin) / total_mass
+        theta_acc = (params.gravity * sin - cos * temp) / (
+            params.length * (4.0 / 3.0 - params.masspole * cos**2 / total_mass)
+        )
+        x_acc = temp - polemass_length * theta_acc * cos / total_mass
+        new = state.replace(
+            x=state.x + params.tau * state.x_dot,
+            x_dot=state.x_dot + params.tau * x_acc,
+            theta=state.theta + params.tau * state.theta_dot,
+            theta_dot=state.theta_dot + params.tau * theta_acc,
+        )
+        terminated = (
+            (jnp.abs(new.x) > params.x_threshold)
+            | (jnp.abs(new.theta) > params.theta_threshold_radians)
+        )
+        reward = jnp.ones((), jnp.float32)
+        return new, _obs(new), reward, terminated, self.reset_info(params)
+
+
+def _obs(s: CartPoleState) -> jax.Array:
+    return jnp.stack([s.x, s.x_dot, s.theta, s.theta_dot]).astype(jnp.float32)

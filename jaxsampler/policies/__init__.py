@@ -1,0 +1,15 @@
+"""Policies: the protocol, a random policy, Flax actor-critic MLP and GRU policies."""
+
+from jaxsampler.policies.base import NoState, Policy, RandomPolicy, batch_dims
+from jaxsampler.policies.mlp import ActorCriticMLP, MLPPolicy, RecurrentPolicy, log_prob
+
+__all__ = [
+    "Policy",
+    "NoState",
+    "RandomPolicy",
+    "MLPPolicy",
+    "RecurrentPolicy",
+    "ActorCriticMLP",
+    "batch_dims",
+    "log_prob",
+]

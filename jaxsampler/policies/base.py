@@ -1,0 +1,74 @@
+"""The policy protocol, and the uniform random policy.
+
+A policy is static configuration (frozen, hashable) plus pure functions::
+
+    init(key) -> params
+    initial_state(batch_shape) -> policy_state          # leaves [*batch_shape, ...]
+    __call__(params, obs, key, policy_state) -> (action, extras, policy_state)
+
+``obs`` leaves have leading batch dims ``[E, A]`` (any leading dims must work), the
+action leaves ``[E, A, *action_space.shape]``. ``extras`` is a dict of per-step outputs
+with leading ``[E, A]`` (RLlib's ``extra_model_outputs``: ``action_logp``, ``vf_preds``,
+...); its structure must not depend on the input values. Stateless policies return an
+empty :class:`NoState`. The rollout resets the state of an env to ``initial_state`` at
+the first step of every episode.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+from flax import struct
+
+from jaxsampler.spaces import Space
+
+__all__ = ["Policy", "NoState", "RandomPolicy"]
+
+
+@struct.dataclass
+class NoState:
+    """The (leafless) state of a stateless policy."""
+
+
+class Policy:
+    """Base class; subclasses are frozen dataclasses with these two space fields."""
+
+    observation_space: Space
+    action_space: Space
+
+    def init(self, key: jax.Array) -> Any:
+        """Returns freshly initialised params (a pytree)."""
+        raise NotImplementedError
+
+    def initial_state(self, batch_shape: tuple[int, ...]) -> Any:
+        """The recurrent state at an episode start, leaves ``[*batch_shape, ...]``."""
+        return NoState()
+
+    def __call__(
+        self, params: Any, obs: Any, key: jax.Array, policy_state: Any
+    ) -> tuple[Any, dict[str, jax.Array], Any]:
+        raise NotImplementedError
+
+
+@dataclasses.dataclass(frozen=True)
+class RandomPolicy(Policy):
+    """Uniformly random actions from ``action_space``; no params, no extras."""
+
+    observation_space: Space
+    action_space: Space
+
+    def init(self, key: jax.Array) -> Any:
+        return ()
+
+    def __call__(self, params: Any, obs: Any, key: jax.Array, policy_state: Any):
+        action = self.action_space.sample_batch(key, batch_dims(obs, self.observation_space))
+        return action, {}, policy_state
+
+
+def batch_dims(obs: Any, space: Space) -> tuple[int, ...]:
+    """The leading batch dims of ``obs`` (a batched element of ``space``)."""
+    leaf_shape = jax.tree.leaves(space.zeros())[0].shape
+    shape = jax.tree.leaves(obs)[0].shape
+    return tuple(shape[: len(shape) - len(leaf_shape)])

@@ -1,0 +1,371 @@
+"""The rollout: env + policy in one ``lax.scan``, writing into preallocated buffers.
+
+::
+
+    rollout = js.make_rollout(env, policy, num_envs=64, rollout_length=128)
+    state = js.init_rollout_state(env, policy, num_envs=64, key=key)
+    state, traj = rollout(params, state)          # pure: call it inside your own jit
+
+The buffers (:class:`~jaxsampler.types.Trajectory`) are scan carries updated in place;
+pass the previous call's trajectory back (``rollout(params, state, traj)``) under a jit
+that donates it (:func:`jit_rollout` does) and steady-state sampling allocates nothing.
+See :mod:`jaxsampler.types` for the layout and the auto-reset contract.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.experimental import checkify
+
+from jaxsampler import vector
+from jaxsampler.env import Env
+from jaxsampler.policies.base import Policy
+from jaxsampler.spaces import Box, Discrete, MultiDiscrete, Space
+from jaxsampler.types import RolloutState, Trajectory
+
+__all__ = [
+    "make_rollout",
+    "init_rollout_state",
+    "jit_rollout",
+    "trajectory_spec",
+    "allocate_trajectory",
+    "check_compatible",
+    "check_action",
+    "RolloutDebugError",
+]
+
+RolloutFn = Callable[..., tuple[RolloutState, Trajectory]]
+
+
+class RolloutDebugError(FloatingPointError):
+    """Raised by a ``debug=True`` rollout: a NaN/Inf or an out-of-space value was found."""
+
+
+def _check_sizes(num_envs: Any, rollout_length: Any | None = None) -> None:
+    if isinstance(num_envs, bool) or not isinstance(num_envs, (int, np.integer)) or num_envs < 1:
+        raise ValueError(f"num_envs must be an int >= 1, got {num_envs!r}")
+    if rollout_length is not None and (
+        isinstance(rollout_length, bool)
+        or not isinstance(rollout_length, (int, np.integer))
+        or rollout_length < 1
+    ):
+        raise ValueError(f"rollout_length must be an int >= 1, got {rollout_length!r}")
+
+
+def _same_space(a: Space, b: Space) -> bool:
+    if a == b:
+        return True
+    # Bounds may differ (e.g. a policy built for a clipped Box); shapes and dtypes may not.
+    if isinstance(a, Box) and isinstance(b, Box):
+        return a.shape == b.shape and a.dtype == b.dtype
+    return False
+
+
+def check_compatible(env: Env, policy: Policy) -> None:
+    """Raises ``ValueError`` naming the mismatch if ``policy`` cannot drive ``env``."""
+    if not isinstance(env, Env):
+        raise TypeError(f"env must be a jaxsampler Env, got {type(env).__name__} (wrap gymnax envs with js.from_gymnax)")
+    for what in ("observation_space", "action_space"):
+        pol_space = getattr(policy, what, None)
+        if pol_space is None:
+            continue
+        env_space = getattr(env, what)
+        if not _same_space(env_space, pol_space):
+            raise ValueError(
+                f"mismatched {what.replace('_', ' ')}: env {env.name} has {env_space!r}, "
+                f"policy {type(policy).__name__} was built for {pol_space!r}"
+            )
+
+
+def check_action(space: Space, action: Any, batch_shape: tuple[int, ...]) -> None:
+    """Static check (shapes, dtypes) of a batched action; raises naming the problem.
+
+    Args:
+        space: one agent's action space.
+        action: action pytree with leading ``batch_shape`` (e.g. ``(E, A)``); tracers are fine.
+        batch_shape: the expected leading dims.
+    """
+    expected = jax.tree.map(
+        lambda z: jax.ShapeDtypeStruct(tuple(batch_shape) + z.shape, z.dtype), space.zeros()
+    )
+    if jax.tree.structure(expected) != jax.tree.structure(action):
+        raise TypeError(
+            f"action has structure {jax.tree.structure(action)}, expected {jax.tree.structure(expected)} for {space!r}"
+        )
+    for exp, got in zip(jax.tree.leaves(expected), jax.tree.leaves(action)):
+        got_shape, got_dtype = tuple(np.shape(got)), jnp.result_type(got)
+        if got_shape != exp.shape:
+            raise ValueError(
+                f"action has shape {got_shape}, expected {exp.shape} "
+                f"(batch {tuple(batch_shape)} + action space {space!r}); refusing to broadcast"
+            )
+        if isinstance(space, (Discrete, MultiDiscrete)) or (
+            isinstance(space, Box) and np.issubdtype(space.dtype, np.integer)
+        ):
+            if not jnp.issubdtype(got_dtype, jnp.integer):
+                raise TypeError(f"action dtype {got_dtype} is not an integer dtype, as {space!r} requires")
+        elif got_dtype != exp.dtype:
+            raise TypeError(f"action dtype {got_dtype} does not match {space!r} (expected {exp.dtype})")
+
+
+def _initial_policy_state(policy: Policy, num_envs: int, num_agents: int) -> Any:
+    return policy.initial_state((num_envs, num_agents))
+
+
+def init_rollout_state(
+    env: Env,
+    policy: Policy,
+    num_envs: int,
+    key: jax.Array,
+    env_params: Any = None,
+) -> RolloutState:
+    """Resets ``num_envs`` envs and returns the state a rollout starts from.
+
+    Args:
+        env, policy: as given to :func:`make_rollout`.
+        num_envs: ``E``.
+        key: a PRNG key (raw ``uint32[2]`` or typed); each env gets its own reset key.
+        env_params: defaults to ``env.default_params``.
+
+    Jittable (``num_envs`` static).
+    """
+    _check_sizes(num_envs)
+    check_compatible(env, policy)
+    env_params = env.default_params if env_params is None else env_params
+    key, reset_key = jax.random.split(key)
+    env_state, ts = vector.reset(env, jax.random.split(reset_key, num_envs), env_params)
+    return RolloutState(
+        env_state=env_state,
+        obs=ts.obs,
+        acting=ts.acting,
+        needs_reset=jnp.zeros((num_envs,), jnp.bool_),
+        episode_count=jnp.zeros((num_envs,), jnp.int32),
+        episode_step=jnp.zeros((num_envs,), jnp.int32),
+        policy_state=_initial_policy_state(policy, num_envs, env.num_agents),
+        key=key,
+        num_steps=jnp.zeros((), jnp.int32),
+        env_params=env_params,
+    )
+
+
+def _step_outputs(env: Env, policy: Policy, params: Any, state: RolloutState) -> tuple[Any, Any, Any]:
+    """Abstract (action, extras, info) of one step, via ``jax.eval_shape``."""
+    num_envs = state.needs_reset.shape[0]
+    key = jax.random.PRNGKey(0)
+    action, extras, _ = jax.eval_shape(policy, params, state.obs, key, state.policy_state)
+    _, ts = jax.eval_shape(
+        lambda s, a: vector.step(env, jax.random.split(key, num_envs), s, a, state.env_params),
+        state.env_state,
+        action,
+    )
+    return action, extras, ts.info
+
+
+def trajectory_spec(env: Env, policy: Policy, rollout_length: int, params: Any, state: RolloutState) -> Trajectory:
+    """Shapes and dtypes (``jax.ShapeDtypeStruct`` leaves) of the rollout's buffers."""
+    action, extras, info = _step_outputs(env, policy, params, state)
+    T = rollout_length
+    E, A = state.acting.shape
+
+    def tm(x: Any, extra: int = 0) -> Any:
+        return jax.tree.map(lambda l: jax.ShapeDtypeStruct((T + extra,) + tuple(l.shape), l.dtype), x)
+
+    def sd(x: Any) -> Any:
+        return jax.tree.map(lambda l: jax.ShapeDtypeStruct(tuple(l.shape), l.dtype), x)
+
+    flags = jax.ShapeDtypeStruct((T, E, A), jnp.bool_)
+    return Trajectory(
+        obs=tm(state.obs, 1),
+        actions=tm(action),
+        rewards=jax.ShapeDtypeStruct((T, E, A), jnp.float32),
+        terminated=flags,
+        truncated=flags,
+        acting=flags,
+        is_reset=jax.ShapeDtypeStruct((T, E), jnp.bool_),
+        extras=tm(extras),
+        infos=tm(info),
+        episode_count_0=jax.ShapeDtypeStruct((E,), jnp.int32),
+        episode_step_0=jax.ShapeDtypeStruct((E,), jnp.int32),
+        policy_state_0=sd(state.policy_state),
+    )
+
+
+def allocate_trajectory(env: Env, policy: Policy, rollout_length: int, params: Any, state: RolloutState) -> Trajectory:
+    """Zero-filled buffers for ``rollout_length`` steps (jittable)."""
+    spec = trajectory_spec(env, policy, rollout_length, params, state)
+    return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), spec)
+
+
+def _write(buf: Any, t: jax.Array, value: Any) -> Any:
+    return jax.tree.map(
+        lambda b, v: jax.lax.dynamic_update_index_in_dim(b, v.astype(b.dtype), t, 0), buf, value
+    )
+
+
+def make_rollout(
+    env: Env,
+    policy: Policy,
+    num_envs: int,
+    rollout_length: int,
+    *,
+    debug: bool = False,
+) -> RolloutFn:
+    """Builds the pure rollout function ``(params, state, buffers=None) -> (state, traj)``.
+
+    Args:
+        env: the env (static configuration; its params live in ``state.env_params``).
+        policy: the policy (static configuration; its params are the ``params`` argument).
+        num_envs: ``E``, the env axis width.
+        rollout_length: ``T``, steps per call.
+        debug: if True, return a host-side function (jitted internally with ``checkify``)
+            that raises :class:`RolloutDebugError` naming the field, step, env and agent of
+            the first NaN/Inf (in observations, rewards, float actions or extras), the first
+            observation outside ``env.observation_space`` and the first action outside
+            ``env.action_space`` taken by an acting agent. Not for use inside your own jit.
+
+    Returns:
+        ``rollout(params, state, buffers=None)``: runs ``T`` steps from ``state`` (a
+        :class:`RolloutState`) and returns the new state and a :class:`Trajectory` of
+        shape ``[T, E, A, ...]`` (``obs``: ``T + 1``). ``buffers`` (a previous
+        trajectory of the same shapes) is overwritten in place when donated. Pure and
+        jittable; no Python branching on traced values; shapes are checked at trace time.
+
+    Raises:
+        ValueError / TypeError: bad sizes, mismatched spaces; at trace time, actions of the
+        wrong shape or dtype.
+    """
+    _check_sizes(num_envs, rollout_length)
+    check_compatible(env, policy)
+    T, E, A = int(rollout_length), int(num_envs), env.num_agents
+
+    def rollout(params: Any, state: RolloutState, buffers: Trajectory | None = None):
+        if state.needs_reset.shape != (E,):
+            raise ValueError(
+                f"state was built for {state.needs_reset.shape[0]} envs, rollout for {E}"
+            )
+        if buffers is None:
+            buffers = allocate_trajectory(env, policy, T, params, state)
+        init_pstate = policy.initial_state((E, A))
+        has_pstate = len(jax.tree.leaves(init_pstate)) > 0
+        buffers = buffers.replace(
+            episode_count_0=state.episode_count,
+            episode_step_0=state.episode_step,
+            policy_state_0=state.policy_state,
+        )
+
+        def body(carry: tuple[RolloutState, Trajectory], t: jax.Array):
+            rs, buf = carry
+            key, k_pol, k_env = jax.random.split(rs.key, 3)
+            env_keys = jax.random.split(k_env, 2 * E)
+            step_keys, reset_keys = env_keys[:E], env_keys[E:]
+            pstate = rs.policy_state
+            if has_pstate:
+                pstate = vector.select_envs(rs.episode_step == 0, init_pstate, pstate)
+            action, extras, pstate = policy(params, rs.obs, k_pol, pstate)
+            check_action(env.action_space, action, (E, A))
+            env_state, ts = vector.autoreset_step(
+                env, step_keys, reset_keys, rs.env_state, action, rs.needs_reset, rs.env_params
+            )
+            acting = rs.acting & ~rs.needs_reset[:, None]
+            buf = buf.replace(
+                obs=_write(buf.obs, t, rs.obs),
+                actions=_write(buf.actions, t, action),
+                rewards=_write(buf.rewards, t, ts.reward),
+                terminated=_write(buf.terminated, t, ts.terminated),
+                truncated=_write(buf.truncated, t, ts.truncated),
+                acting=_write(buf.acting, t, acting),
+                is_reset=_write(buf.is_reset, t, rs.needs_reset),
+                extras=_write(buf.extras, t, extras),
+                infos=_write(buf.infos, t, ts.info),
+            )
+            done = jnp.all(ts.terminated | ts.truncated, axis=-1)
+            rs = rs.replace(
+                env_state=env_state,
+                obs=ts.obs,
+                acting=ts.acting,
+                needs_reset=done,
+                episode_count=rs.episode_count + rs.needs_reset.astype(jnp.int32),
+                episode_step=jnp.where(rs.needs_reset, 0, rs.episode_step + 1),
+                policy_state=pstate,
+                key=key,
+                num_steps=rs.num_steps + 1,
+            )
+            return (rs, buf), None
+
+        (state, buffers), _ = jax.lax.scan(body, (state, buffers), jnp.arange(T, dtype=jnp.int32))
+        buffers = buffers.replace(obs=_write(buffers.obs, jnp.int32(T), state.obs))
+        return state, buffers
+
+    if not debug:
+        return rollout
+    return _debug_rollout(env, rollout)
+
+
+def jit_rollout(rollout: RolloutFn) -> RolloutFn:
+    """``jax.jit`` of a rollout that donates the state and the buffers (args 1 and 2)."""
+    return jax.jit(rollout, donate_argnums=(1, 2))
+
+
+# --------------------------------------------------------------------------- debug mode
+
+
+def _first_bad(bad: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """``(any, flat index of the first True)`` of a bool array ``[T, E, A]``."""
+    flat = bad.reshape(-1)
+    return jnp.any(flat), jnp.argmax(flat)
+
+
+def _debug_checks(env: Env, traj: Trajectory) -> None:
+    T, E, A = traj.rewards.shape
+    candidates: list[tuple[str, jax.Array]] = []
+
+    def nonfinite(name: str, tree: Any, steps: int) -> None:
+        for i, leaf in enumerate(jax.tree.leaves(tree)):
+            if jnp.issubdtype(leaf.dtype, jnp.inexact):
+                bad = ~jnp.isfinite(leaf.reshape(leaf.shape[:3] + (-1,))).all(-1)
+                candidates.append((f"non-finite {name}{'' if i == 0 else f'[leaf {i}]'}", bad[:T]))
+
+    nonfinite("observation", traj.obs, T + 1)
+    nonfinite("reward", traj.rewards, T)
+    nonfinite("action", traj.actions, T)
+    for k in sorted(traj.extras) if isinstance(traj.extras, dict) else []:
+        nonfinite(f"extra model output {k!r}", traj.extras[k], T)
+    obs_in = jax.vmap(jax.vmap(jax.vmap(env.observation_space.contains)))(traj.obs)
+    candidates.append((f"observation outside {env.observation_space!r}", ~obs_in[:T]))
+    act_in = jax.vmap(jax.vmap(jax.vmap(env.action_space.contains)))(traj.actions)
+    candidates.append((f"action outside {env.action_space!r} (acting agent)", ~act_in & traj.acting))
+    firsts = [(name, *_first_bad(bad)) for name, bad in candidates]
+    big = jnp.int32(T * E * A)
+    earliest = jnp.min(jnp.stack([jnp.where(found, idx, big) for _, found, idx in firsts]))
+    for name, found, idx in firsts:
+        t, e, a = idx // (E * A), (idx // A) % E, idx % A
+        checkify.check(
+            ~(found & (idx == earliest)),
+            name + " at step {t} (of this call), env {e}, agent {a}",
+            t=t,
+            e=e,
+            a=a,
+        )
+
+
+def _debug_rollout(env: Env, rollout: RolloutFn) -> RolloutFn:
+    def checked(params: Any, state: RolloutState, buffers: Trajectory | None = None):
+        state, traj = rollout(params, state, buffers)
+        _debug_checks(env, traj)
+        return state, traj
+
+    jitted = jax.jit(checkify.checkify(checked, errors=checkify.user_checks))
+
+    def debug_rollout(params: Any, state: RolloutState, buffers: Trajectory | None = None):
+        err, out = jitted(params, state, buffers)
+        msg = err.get()
+        if msg is not None:
+            raise RolloutDebugError(msg.split(" (`check`")[0].strip())
+        return out
+
+    return debug_rollout

@@ -1,0 +1,367 @@
+"""Spaces: shapes, dtypes, bounds, `sample(key)` and `contains(x)`, all jittable.
+
+Spaces are immutable and hashable (they are static configuration: two equal spaces
+hash equal, so they can sit in static fields of jitted code without recompiling).
+Bounds are kept as read-only numpy arrays; ``sample`` and ``contains`` turn them into
+constants while tracing.
+
+Conversions: :func:`from_gymnax`, :func:`from_gymnasium` and :meth:`Space.to_gymnasium`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+__all__ = [
+    "Space",
+    "Box",
+    "Discrete",
+    "MultiDiscrete",
+    "Dict",
+    "Tuple",
+    "from_gymnax",
+    "from_gymnasium",
+    "convert_space",
+]
+
+
+def _frozen(a: np.ndarray) -> np.ndarray:
+    a = np.array(a, copy=True)
+    a.setflags(write=False)
+    return a
+
+
+class Space:
+    """Base class. Subclasses define ``shape``, ``dtype``, ``sample`` and ``contains``."""
+
+    shape: tuple[int, ...]
+    dtype: np.dtype
+
+    def sample(self, key: jax.Array) -> Any:
+        """Draws one uniform random element. Safe under jit and vmap."""
+        raise NotImplementedError
+
+    def contains(self, x: Any) -> jax.Array:
+        """Returns a scalar bool array: whether ``x`` (shape must match) lies in the space.
+
+        A shape mismatch is a static fact and returns ``False`` without tracing.
+        Safe under jit and vmap.
+        """
+        raise NotImplementedError
+
+    def sample_batch(self, key: jax.Array, batch_shape: tuple[int, ...]) -> Any:
+        """Draws ``prod(batch_shape)`` independent elements, stacked on leading ``batch_shape``.
+
+        Safe under jit and vmap. Array spaces draw in one call (no key split per element).
+        """
+        n = int(np.prod(batch_shape))
+        keys = jax.random.split(key, n)
+        flat = jax.vmap(self.sample)(keys)
+        return jax.tree.map(lambda x: x.reshape(tuple(batch_shape) + x.shape[1:]), flat)
+
+    def zeros(self) -> Any:
+        """An all-zeros element with the space's shape and dtype (a placeholder value)."""
+        return jnp.zeros(self.shape, self.dtype)
+
+    def to_gymnasium(self) -> Any:
+        """The equivalent ``gymnasium.spaces`` object (needs gymnasium installed)."""
+        raise NotImplementedError
+
+    def _key(self) -> tuple:
+        raise NotImplementedError
+
+    def __eq__(self, other: object) -> bool:
+        return type(self) is type(other) and self._key() == other._key()  # type: ignore[attr-defined]
+
+    def __hash__(self) -> int:
+        return hash((type(self).__name__, self._key()))
+
+
+class Box(Space):
+    """A (possibly unbounded) box in R^n, or an integer box.
+
+    Args:
+        low: lower bound, a scalar or an array broadcastable to ``shape``.
+        high: upper bound, likewise.
+        shape: the element shape; inferred from ``low``/``high`` when omitted.
+        dtype: element dtype (default float32).
+    """
+
+    def __init__(
+        self,
+        low: float | np.ndarray | Sequence[float],
+        high: float | np.ndarray | Sequence[float],
+        shape: Sequence[int] | None = None,
+        dtype: Any = np.float32,
+    ):
+        self.dtype = np.dtype(dtype)
+        low_a = np.asarray(low, dtype=np.float64)
+        high_a = np.asarray(high, dtype=np.float64)
+        if shape is None:
+            shape = np.broadcast_shapes(low_a.shape, high_a.shape)
+        self.shape = tuple(int(s) for s in shape)
+        try:
+            low_a = np.broadcast_to(low_a, self.shape)
+            high_a = np.broadcast_to(high_a, self.shape)
+        except ValueError as e:
+            raise ValueError(
+                f"Box: low {low_a.shape} / high {high_a.shape} do not broadcast to shape {self.shape}"
+            ) from e
+        if np.any(low_a > high_a):
+            raise ValueError("Box: low must be <= high everywhere")
+        self.low = _frozen(low_a.astype(self.dtype))
+        self.high = _frozen(high_a.astype(self.dtype))
+
+    def _key(self) -> tuple:
+        return (self.shape, self.dtype.str, self.low.tobytes(), self.high.tobytes())
+
+    def __repr__(self) -> str:
+        lo, hi = self.low, self.high
+        if lo.size and np.all(lo == lo.flat[0]) and np.all(hi == hi.flat[0]):
+            lo, hi = lo.flat[0], hi.flat[0]
+        return f"Box({lo}, {hi}, {self.shape}, {self.dtype.name})"
+
+    @property
+    def is_bounded(self) -> bool:
+        return bool(np.all(np.isfinite(self.low)) and np.all(np.isfinite(self.high)))
+
+    def sample(self, key: jax.Array) -> jax.Array:
+        return self.sample_batch(key, ())
+
+    def sample_batch(self, key: jax.Array, batch_shape: tuple[int, ...]) -> jax.Array:
+        shape = tuple(batch_shape) + self.shape
+        if np.issubdtype(self.dtype, np.integer):
+            return jax.random.randint(
+                key, shape, jnp.asarray(self.low), jnp.asarray(self.high) + 1, dtype=self.dtype
+            )
+        low = np.where(np.isfinite(self.low), self.low, -1.0).astype(self.dtype)
+        high = np.where(np.isfinite(self.high), self.high, 1.0).astype(self.dtype)
+        u = jax.random.uniform(key, shape, self.dtype, jnp.asarray(low), jnp.asarray(high))
+        if self.is_bounded:
+            return u
+        # Unbounded sides: a half-normal offset from the finite bound, or a normal if both open.
+        n = jax.random.normal(jax.random.fold_in(key, 1), shape, self.dtype)
+        both_inf = ~np.isfinite(self.low) & ~np.isfinite(self.high)
+        lo_inf = ~np.isfinite(self.low) & np.isfinite(self.high)
+        hi_inf = np.isfinite(self.low) & ~np.isfinite(self.high)
+        out = jnp.where(both_inf, n, u)
+        out = jnp.where(lo_inf, jnp.asarray(self.high) - jnp.abs(n), out)
+        out = jnp.where(hi_inf, jnp.asarray(self.low) + jnp.abs(n), out)
+        return out.astype(self.dtype)
+
+    def contains(self, x: Any) -> jax.Array:
+        x = jnp.asarray(x)
+        if x.shape != self.shape:
+            return jnp.asarray(False)
+        inside = (x >= jnp.asarray(self.low)) & (x <= jnp.asarray(self.high))
+        return jnp.all(inside)
+
+    def to_gymnasium(self) -> Any:
+        import gymnasium
+
+        return gymnasium.spaces.Box(self.low, self.high, self.shape, self.dtype)
+
+
+class Discrete(Space):
+    """Integers ``start, ..., start + n - 1`` (scalar shape, int32)."""
+
+    def __init__(self, n: int, start: int = 0, dtype: Any = np.int32):
+        if int(n) < 1:
+            raise ValueError(f"Discrete: n must be >= 1, got {n}")
+        self.n = int(n)
+        self.start = int(start)
+        self.shape = ()
+        self.dtype = np.dtype(dtype)
+
+    def _key(self) -> tuple:
+        return (self.n, self.start, self.dtype.str)
+
+    def __repr__(self) -> str:
+        return f"Discrete({self.n})" if self.start == 0 else f"Discrete({self.n}, start={self.start})"
+
+    def sample(self, key: jax.Array) -> jax.Array:
+        return self.sample_batch(key, ())
+
+    def sample_batch(self, key: jax.Array, batch_shape: tuple[int, ...]) -> jax.Array:
+        return jax.random.randint(
+            key, tuple(batch_shape), self.start, self.start + self.n, dtype=self.dtype
+        )
+
+    def contains(self, x: Any) -> jax.Array:
+        x = jnp.asarray(x)
+        if x.shape != () or not jnp.issubdtype(x.dtype, jnp.integer):
+            return jnp.asarray(False)
+        return (x >= self.start) & (x < self.start + self.n)
+
+    def to_gymnasium(self) -> Any:
+        import gymnasium
+
+        return gymnasium.spaces.Discrete(self.n, start=self.start)
+
+
+class MultiDiscrete(Space):
+    """A vector of independent discrete choices; entry ``i`` lies in ``[0, nvec[i])``."""
+
+    def __init__(self, nvec: Sequence[int] | np.ndarray, dtype: Any = np.int32):
+        nvec_a = np.asarray(nvec, dtype=np.int64)
+        if nvec_a.size == 0 or np.any(nvec_a < 1):
+            raise ValueError(f"MultiDiscrete: every entry of nvec must be >= 1, got {nvec_a}")
+        self.dtype = np.dtype(dtype)
+        self.nvec = _frozen(nvec_a.astype(self.dtype))
+        self.shape = tuple(self.nvec.shape)
+
+    def _key(self) -> tuple:
+        return (self.shape, self.dtype.str, self.nvec.tobytes())
+
+    def __repr__(self) -> str:
+        return f"MultiDiscrete({self.nvec.tolist()})"
+
+    def sample(self, key: jax.Array) -> jax.Array:
+        return self.sample_batch(key, ())
+
+    def sample_batch(self, key: jax.Array, batch_shape: tuple[int, ...]) -> jax.Array:
+        u = jax.random.uniform(key, tuple(batch_shape) + self.shape)
+        return jnp.minimum(jnp.floor(u * self.nvec), self.nvec - 1).astype(self.dtype)
+
+    def contains(self, x: Any) -> jax.Array:
+        x = jnp.asarray(x)
+        if x.shape != self.shape or not jnp.issubdtype(x.dtype, jnp.integer):
+            return jnp.asarray(False)
+        return jnp.all((x >= 0) & (x < jnp.asarray(self.nvec)))
+
+    def to_gymnasium(self) -> Any:
+        import gymnasium
+
+        return gymnasium.spaces.MultiDiscrete(self.nvec)
+
+
+class Dict(Space):
+    """A mapping of names to sub-spaces; elements are ``dict`` pytrees (keys sorted)."""
+
+    def __init__(self, spaces: Mapping[str, Space] | None = None, **kwargs: Space):
+        items = dict(spaces or {}, **kwargs)
+        for k, v in items.items():
+            if not isinstance(v, Space):
+                raise TypeError(f"Dict: entry {k!r} is {type(v).__name__}, not a jaxsampler Space")
+        self.spaces = {k: items[k] for k in sorted(items)}
+        self.shape = ()
+        self.dtype = np.dtype(object)
+
+    def _key(self) -> tuple:
+        return tuple((k, v) for k, v in self.spaces.items())
+
+    def __repr__(self) -> str:
+        return "Dict(" + ", ".join(f"{k}: {v!r}" for k, v in self.spaces.items()) + ")"
+
+    def __getitem__(self, key: str) -> Space:
+        return self.spaces[key]
+
+    def sample(self, key: jax.Array) -> dict:
+        keys = jax.random.split(key, max(len(self.spaces), 1))
+        return {k: s.sample(kk) for (k, s), kk in zip(self.spaces.items(), keys)}
+
+    def contains(self, x: Any) -> jax.Array:
+        if not isinstance(x, Mapping) or set(x) != set(self.spaces):
+            return jnp.asarray(False)
+        return jnp.all(jnp.stack([s.contains(x[k]) for k, s in self.spaces.items()]))
+
+    def zeros(self) -> dict:
+        return {k: s.zeros() for k, s in self.spaces.items()}
+
+    def to_gymnasium(self) -> Any:
+        import gymnasium
+
+        return gymnasium.spaces.Dict({k: s.to_gymnasium() for k, s in self.spaces.items()})
+
+
+class Tuple(Space):
+    """A fixed-length sequence of sub-spaces; elements are ``tuple`` pytrees."""
+
+    def __init__(self, spaces: Sequence[Space]):
+        for i, v in enumerate(spaces):
+            if not isinstance(v, Space):
+                raise TypeError(f"Tuple: entry {i} is {type(v).__name__}, not a jaxsampler Space")
+        self.spaces = tuple(spaces)
+        self.shape = ()
+        self.dtype = np.dtype(object)
+
+    def _key(self) -> tuple:
+        return self.spaces
+
+    def __repr__(self) -> str:
+        return "Tuple(" + ", ".join(repr(s) for s in self.spaces) + ")"
+
+    def __getitem__(self, i: int) -> Space:
+        return self.spaces[i]
+
+    def __len__(self) -> int:
+        return len(self.spaces)
+
+    def sample(self, key: jax.Array) -> tuple:
+        keys = jax.random.split(key, max(len(self.spaces), 1))
+        return tuple(s.sample(k) for s, k in zip(self.spaces, keys))
+
+    def contains(self, x: Any) -> jax.Array:
+        if not isinstance(x, (tuple, list)) or len(x) != len(self.spaces):
+            return jnp.asarray(False)
+        return jnp.all(jnp.stack([s.contains(xi) for s, xi in zip(self.spaces, x)]))
+
+    def zeros(self) -> tuple:
+        return tuple(s.zeros() for s in self.spaces)
+
+    def to_gymnasium(self) -> Any:
+        import gymnasium
+
+        return gymnasium.spaces.Tuple([s.to_gymnasium() for s in self.spaces])
+
+
+def from_gymnasium(space: Any) -> Space:
+    """Converts a ``gymnasium.spaces`` object (Box, Discrete, MultiDiscrete, Dict, Tuple)."""
+    import gymnasium.spaces as gs
+
+    if isinstance(space, gs.Box):
+        return Box(space.low, space.high, space.shape, space.dtype)
+    if isinstance(space, gs.Discrete):
+        return Discrete(int(space.n), start=int(space.start))
+    if isinstance(space, gs.MultiDiscrete):
+        if np.any(np.asarray(space.start) != 0):
+            raise ValueError("from_gymnasium: MultiDiscrete with a nonzero start is not supported")
+        return MultiDiscrete(space.nvec)
+    if isinstance(space, gs.Dict):
+        return Dict({k: from_gymnasium(v) for k, v in space.spaces.items()})
+    if isinstance(space, gs.Tuple):
+        return Tuple([from_gymnasium(v) for v in space.spaces])
+    raise TypeError(f"from_gymnasium: unsupported space type {type(space).__name__}")
+
+
+def from_gymnax(space: Any) -> Space:
+    """Converts a ``gymnax.environments.spaces`` object (Box, Discrete, Dict, Tuple)."""
+    from gymnax.environments import spaces as gx
+
+    if isinstance(space, gx.Discrete):
+        return Discrete(int(space.n))
+    if isinstance(space, gx.Box):
+        dtype = np.dtype(space.dtype)
+        return Box(np.asarray(space.low), np.asarray(space.high), tuple(space.shape), dtype)
+    if isinstance(space, gx.Dict):
+        return Dict({k: from_gymnax(v) for k, v in space.spaces.items()})
+    if isinstance(space, gx.Tuple):
+        return Tuple([from_gymnax(v) for v in space.spaces])
+    raise TypeError(f"from_gymnax: unsupported space type {type(space).__name__}")
+
+
+def convert_space(space: Any) -> Space:
+    """Returns ``space`` as a jaxsampler space, converting from gymnax or Gymnasium."""
+    if isinstance(space, Space):
+        return space
+    mod = type(space).__module__
+    if mod.startswith("gymnax"):
+        return from_gymnax(space)
+    if mod.startswith("gymnasium"):
+        return from_gymnasium(space)
+    raise TypeError(f"cannot convert {type(space).__name__} from module {mod} into a jaxsampler space")
