@@ -5,7 +5,9 @@ into preallocated time-major buffers ``[T, E, A, ...]``, and host-side tooling.
 """
 
 from jaxsampler import spaces
+from jaxsampler.check import EnvCheckError, EnvCheckReport, check_env
 from jaxsampler.env import DEFAULT_AGENT_ID, Env, EnvParams, SingleAgentEnv
+from jaxsampler.envs.adapters.gymnax import GymnaxEnv, from_gymnax_env as from_gymnax
 from jaxsampler.policies import MLPPolicy, NoState, Policy, RandomPolicy, RecurrentPolicy
 from jaxsampler.registry import make, register, registered_ids
 from jaxsampler.rollout import (
@@ -23,6 +25,9 @@ __all__ = [
     "AUTORESET_MODE",
     "DEFAULT_AGENT_ID",
     "Env",
+    "EnvCheckError",
+    "EnvCheckReport",
+    "GymnaxEnv",
     "EnvParams",
     "MLPPolicy",
     "NoInfo",
@@ -36,6 +41,8 @@ __all__ = [
     "TimeStep",
     "Trajectory",
     "allocate_trajectory",
+    "check_env",
+    "from_gymnax",
     "init_rollout_state",
     "jit_rollout",
     "make",

@@ -214,6 +214,7 @@ def make_rollout(
     rollout_length: int,
     *,
     debug: bool = False,
+    shard_axis: str | None = None,
 ) -> RolloutFn:
     """Builds the pure rollout function ``(params, state, buffers=None) -> (state, traj)``.
 
@@ -227,6 +228,8 @@ def make_rollout(
             the first NaN/Inf (in observations, rewards, float actions or extras), the first
             observation outside ``env.observation_space`` and the first action outside
             ``env.action_space`` taken by an acting agent. Not for use inside your own jit.
+        shard_axis: set by :mod:`jaxsampler.scale` only: the mesh axis the env axis is
+            split over; each shard folds its axis index into its PRNG keys.
 
     Returns:
         ``rollout(params, state, buffers=None)``: runs ``T`` steps from ``state`` (a
@@ -261,6 +264,9 @@ def make_rollout(
         def body(carry: tuple[RolloutState, Trajectory], t: jax.Array):
             rs, buf = carry
             key, k_pol, k_env = jax.random.split(rs.key, 3)
+            if shard_axis is not None:  # distinct streams per shard, same carried key
+                shard = jax.lax.axis_index(shard_axis)
+                k_pol, k_env = jax.random.fold_in(k_pol, shard), jax.random.fold_in(k_env, shard)
             env_keys = jax.random.split(k_env, 2 * E)
             step_keys, reset_keys = env_keys[:E], env_keys[E:]
             pstate = rs.policy_state

@@ -523,6 +523,7 @@ def test_acrobot_nips_dynamics_match_gymnasium():
     env = Acrobot(book_or_nips="nips")
     spec = SPECS["Acrobot-v1"]
     step = jax.jit(env.step)
+    book_step = _compiled("Acrobot-v1")[2]
     params = env.default_params
     template, _ = env.reset(KEY, params)
     gym_env = gym.make("Acrobot-v1", disable_env_checker=True).unwrapped
@@ -535,9 +536,10 @@ def test_acrobot_nips_dynamics_match_gymnasium():
         gym_env.state = start.copy()
         a = int(rng.integers(3))
         g_obs, _, _, _, _ = gym_env.step(a)
-        _, ts = step(KEY, _js_state(template, spec, start, 0), np.array([a], np.int32), params)
+        state, action = _js_state(template, spec, start, 0), np.array([a], np.int32)
+        _, ts = step(KEY, state, action, params)
         np.testing.assert_allclose(np.asarray(ts.obs[0]), g_obs, RTOL, ATOL)
-        _, ts_book = _compiled("Acrobot-v1")[2](KEY, _js_state(template, spec, start, 0), np.array([a], np.int32), params)
+        _, ts_book = book_step(KEY, state, action, params)
         differs |= not np.allclose(np.asarray(ts_book.obs[0]), g_obs, RTOL, ATOL)
     assert differs  # the two variants really are different dynamics
     with pytest.raises(ValueError):

@@ -124,7 +124,7 @@ class Acrobot(SingleAgentEnv):
             + phi2
         )
         numerator = torque + d2 / d1 * phi1 - phi2
-        if self.book_or_nips == "nips":  # static switch
+        if self.book_or_nips == "book":  # static switch
             numerator = numerator - m2 * l1 * lc2 * dtheta1**2 * jnp.sin(theta2)
         ddtheta2 = numerator / (m2 * lc2**2 + i2 - d2**2 / d1)
         ddtheta1 = -(d2 * ddtheta2 + phi1) / d1

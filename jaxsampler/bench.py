@@ -1,0 +1,139 @@
+"""Throughput measurement of jaxsampler rollouts (used by the CLI and ``benchmarks/``).
+
+Compile time and steady-state time are measured separately; every timed call blocks on
+its result before the clock is read; figures are medians over repeats.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+
+from jaxsampler.policies import MLPPolicy, RandomPolicy
+from jaxsampler.registry import make
+from jaxsampler.rollout import init_rollout_state, jit_rollout, make_rollout
+
+__all__ = ["environment_info", "time_calls", "measure_rollout", "sweep"]
+
+
+def environment_info() -> dict[str, Any]:
+    """Versions, thread settings and devices: recorded with every benchmark result."""
+    import flax
+
+    info = {
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "processor": platform.processor() or platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "jax": jax.__version__,
+        "jaxlib": getattr(jax.lib, "__version__", None) or _jaxlib_version(),
+        "flax": flax.__version__,
+        "numpy": np.__version__,
+        "backend": jax.default_backend(),
+        "devices": [str(d) for d in jax.devices()],
+        "device_count": jax.device_count(),
+        "XLA_FLAGS": os.environ.get("XLA_FLAGS", ""),
+        "OPENBLAS_NUM_THREADS": os.environ.get("OPENBLAS_NUM_THREADS", ""),
+        "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", ""),
+    }
+    try:
+        info["affinity"] = sorted(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not on Linux
+        pass
+    return info
+
+
+def _jaxlib_version() -> str:
+    import jaxlib
+
+    return jaxlib.__version__
+
+
+def time_calls(fn: Callable[[], Any], repeats: int) -> list[float]:
+    """Wall times of ``repeats`` calls of ``fn``, each blocked until its result is ready."""
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        jax.block_until_ready(fn())
+        times.append(time.perf_counter() - t0)
+    return times
+
+
+def measure_rollout(
+    env_id: str = "CartPole-v1",
+    num_envs: int = 1024,
+    rollout_length: int = 128,
+    *,
+    policy: str = "mlp",
+    hidden_sizes: Sequence[int] = (64, 64),
+    repeats: int = 5,
+    seed: int = 0,
+) -> dict[str, Any]:
+    """Times ``jit_rollout(make_rollout(...))`` on one env id and width.
+
+    Returns a dict with ``compile_s`` (first call: trace + compile + one run),
+    ``median_s`` (steady state), ``env_steps_per_s`` (``E * T / median_s``, reset steps
+    included) and ``actions_per_s`` (agent actions actually taken per second: acting
+    agents only, so reset steps are not counted).
+    """
+    env = make(env_id)
+    if policy == "mlp":
+        pol = MLPPolicy(env.observation_space, env.action_space, tuple(hidden_sizes))
+    elif policy == "random":
+        pol = RandomPolicy(env.observation_space, env.action_space)
+    else:
+        raise ValueError(f"policy must be 'mlp' or 'random', got {policy!r}")
+    key = jax.random.PRNGKey(seed)
+    params = pol.init(key)
+    rollout = jit_rollout(make_rollout(env, pol, num_envs, rollout_length))
+    state = init_rollout_state(env, pol, num_envs, jax.random.fold_in(key, 1))
+    t0 = time.perf_counter()
+    state, traj = rollout(params, state)
+    jax.block_until_ready(traj)
+    compile_s = time.perf_counter() - t0
+    box = {"state": state, "traj": traj}
+    acted = []
+
+    def call() -> Any:
+        box["state"], box["traj"] = rollout(params, box["state"], box["traj"])
+        return box["traj"]
+
+    times = []
+    for _ in range(repeats):
+        times.extend(time_calls(call, 1))
+        acted.append(int(np.asarray(box["traj"].acting).sum()))
+    med = statistics.median(times)
+    steps = num_envs * rollout_length
+    return {
+        "env_id": env_id,
+        "num_envs": num_envs,
+        "rollout_length": rollout_length,
+        "policy": policy,
+        "compile_s": compile_s,
+        "median_s": med,
+        "times_s": times,
+        "env_steps_per_s": steps / med,
+        "actions_per_s": statistics.median(acted) / med,
+        "acting_fraction": statistics.median(acted) / (steps * env.num_agents),
+    }
+
+
+def sweep(
+    widths: Sequence[int],
+    progress: Callable[[str], None] | None = None,
+    **kwargs: Any,
+) -> list[dict[str, Any]]:
+    """:func:`measure_rollout` at each width; ``progress`` receives a line per stage."""
+    rows = []
+    for i, w in enumerate(widths):
+        if progress:
+            progress(f"[{i + 1}/{len(widths)}] width {w}: compiling and timing ...")
+        rows.append(measure_rollout(num_envs=w, **kwargs))
+    return rows

@@ -1,0 +1,296 @@
+"""``check_env``: validate any env (built-in, gymnax-adapted or your own) before sampling.
+
+It runs the env for a while with random actions (no auto-reset: each env stops when its
+episode ends) and reports every violation of the env contract in plain words:
+
+* ``reset``/``step`` trace and run under ``jax.jit``; identical keys give identical
+  outputs (determinism);
+* ``TimeStep`` layout: a leading agent axis of ``num_agents``; ``reward`` float32,
+  ``terminated``/``truncated``/``acting`` bool, all ``[A]``; ``reset`` and ``step`` return
+  the same pytree structure, shapes and dtypes (state and info included), as
+  ``lax.scan`` requires;
+* observations lie in ``observation_space`` and are finite; rewards are finite;
+* the final observation of an episode is a real observation, not the next episode's
+  reset: the env must not reset itself (heuristic: a state with a ``time`` counter must
+  not fall back to 0 on the step that ends an episode; the final observation must not
+  equal a fresh reset observation bit for bit);
+* ``terminated`` and ``truncated`` are distinct signals (not mirrors of each other), and
+  with a short ``max_steps_in_episode`` the time limit fires exactly at the limit.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxsampler import vector
+from jaxsampler.env import Env
+from jaxsampler.spaces import Space
+from jaxsampler.types import TimeStep
+
+__all__ = ["check_env", "EnvCheckReport", "EnvCheckError"]
+
+
+class EnvCheckError(ValueError):
+    """Raised by ``check_env(..., raise_on_error=True)``; the message lists every problem."""
+
+
+@dataclasses.dataclass
+class EnvCheckReport:
+    """Result of :func:`check_env`: ``problems`` (violations), ``notes`` (informational)."""
+
+    env_name: str
+    problems: list[str] = dataclasses.field(default_factory=list)
+    notes: list[str] = dataclasses.field(default_factory=list)
+    checks_run: list[str] = dataclasses.field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def __str__(self) -> str:
+        head = f"check_env({self.env_name}): " + (
+            "OK" if self.ok else f"{len(self.problems)} problem(s)"
+        )
+        lines = [head]
+        lines += [f"  PROBLEM: {p}" for p in self.problems]
+        lines += [f"  note: {n}" for n in self.notes]
+        return "\n".join(lines)
+
+
+def _describe(tree: Any) -> Any:
+    return jax.tree.map(lambda x: (tuple(x.shape), str(x.dtype)), tree)
+
+
+def _layout_problems(ts: TimeStep, env: Env, where: str) -> list[str]:
+    out = []
+    A = env.num_agents
+    for name, want in (("reward", jnp.float32), ("terminated", jnp.bool_), ("truncated", jnp.bool_), ("acting", jnp.bool_)):
+        x = getattr(ts, name)
+        if tuple(x.shape) != (A,):
+            out.append(f"{where}: TimeStep.{name} has shape {tuple(x.shape)}, expected ({A},) (one entry per agent)")
+        if x.dtype != want:
+            out.append(f"{where}: TimeStep.{name} has dtype {x.dtype}, expected {jnp.dtype(want)}")
+    space_leaves = jax.tree.leaves(env.observation_space.zeros())
+    obs_leaves = jax.tree.leaves(ts.obs)
+    if len(space_leaves) != len(obs_leaves):
+        out.append(f"{where}: observation has {len(obs_leaves)} leaves, the observation space {len(space_leaves)}")
+    for s, o in zip(space_leaves, obs_leaves):
+        if tuple(o.shape) != (A,) + tuple(s.shape):
+            out.append(
+                f"{where}: observation has shape {tuple(o.shape)}, expected {(A,) + tuple(s.shape)} "
+                f"(agent axis {A} + observation space shape)"
+            )
+        elif o.dtype != s.dtype:
+            out.append(f"{where}: observation dtype {o.dtype} differs from the observation space's {s.dtype}")
+    return out
+
+
+def _contains_all(space: Space, obs: Any, batch_ndim: int) -> np.ndarray:
+    """``bool[*batch]`` from obs leaves ``[*batch, ...]`` (``batch_ndim`` leading dims)."""
+    fn = space.contains
+    for _ in range(batch_ndim):
+        fn = jax.vmap(fn)
+    return np.asarray(fn(obs))
+
+
+def _run_episodes(env: Env, params: Any, key: jax.Array, num_envs: int, num_steps: int) -> dict[str, Any]:
+    """Steps ``num_envs`` envs with random actions; each stops (is frozen) when done."""
+
+    def run(key: jax.Array):
+        k_reset, k_run = jax.random.split(key)
+        state, ts = vector.reset(env, jax.random.split(k_reset, num_envs), params)
+
+        def body(carry, key):
+            state, ts, alive = carry
+            k_act, k_step, k_re = jax.random.split(key, 3)
+            action = env.action_space.sample_batch(k_act, (num_envs, env.num_agents))
+            new_state, new_ts = vector.step(env, jax.random.split(k_step, num_envs), state, action, params)
+            _, fresh = vector.reset(env, jax.random.split(k_re, num_envs), params)
+            done = jnp.all(new_ts.terminated | new_ts.truncated, axis=-1)
+            new_state = vector.select_envs(alive, new_state, state)
+            new_ts = vector.select_envs(alive, new_ts, ts)
+            time = getattr(new_state, "time", None)
+            rec = {
+                "alive": alive,
+                "obs": new_ts.obs,
+                "reward": new_ts.reward,
+                "terminated": new_ts.terminated,
+                "truncated": new_ts.truncated,
+                "done": done & alive,
+                "time": jnp.zeros((num_envs,), jnp.int32) if time is None else jnp.asarray(time, jnp.int32).reshape(num_envs),
+                "reset_obs": fresh.obs,
+            }
+            return (new_state, new_ts, alive & ~done), rec
+
+        _, rec = jax.lax.scan(
+            body, (state, ts, jnp.ones((num_envs,), jnp.bool_)), jax.random.split(k_run, num_steps)
+        )
+        return ts.obs, rec
+
+    first_obs, rec = jax.jit(run)(key)
+    return {"first_obs": jax.device_get(first_obs), **jax.device_get(rec)}
+
+
+def check_env(
+    env: Env,
+    params: Any = None,
+    *,
+    seed: int = 0,
+    num_envs: int = 16,
+    num_steps: int | None = None,
+    short_time_limit: int = 7,
+    raise_on_error: bool = False,
+) -> EnvCheckReport:
+    """Validates ``env`` and returns a report listing every problem found.
+
+    Args:
+        env: the env to check.
+        params: env params (default ``env.default_params``).
+        seed: PRNG seed of the random actions and resets.
+        num_envs: envs run side by side.
+        num_steps: steps per env (default: the time limit + 1, at most 1000).
+        short_time_limit: the ``max_steps_in_episode`` used to check that truncation
+            fires exactly at the limit (if params have that field).
+        raise_on_error: raise :class:`EnvCheckError` instead of returning a failing report.
+    """
+    report = EnvCheckReport(getattr(env, "name", type(env).__name__))
+    if not isinstance(env, Env):
+        report.problems.append(f"{type(env).__name__} is not a jaxsampler Env (wrap gymnax envs with js.from_gymnax)")
+        return _finish(report, raise_on_error)
+    params = env.default_params if params is None else params
+    key = jax.random.PRNGKey(seed)
+    for what in ("observation_space", "action_space"):
+        if not isinstance(getattr(env, what), Space):
+            report.problems.append(f"env.{what} is {type(getattr(env, what)).__name__}, not a jaxsampler Space")
+    if report.problems:
+        return _finish(report, raise_on_error)
+
+    # --- jit, determinism, layout ---------------------------------------------------
+    report.checks_run.append("jit and determinism")
+    try:
+        reset = jax.jit(env.reset)
+        step = jax.jit(env.step)
+        s0, ts0 = reset(key, params)
+        s0b, ts0b = reset(key, params)
+        action = env.action_space.sample_batch(jax.random.fold_in(key, 7), (env.num_agents,))
+        s1, ts1 = step(jax.random.fold_in(key, 1), s0, action, params)
+        s1b, ts1b = step(jax.random.fold_in(key, 1), s0b, action, params)
+    except Exception as e:  # report, do not crash: the user asked for a diagnosis
+        report.problems.append(f"reset/step failed under jax.jit: {type(e).__name__}: {e}")
+        return _finish(report, raise_on_error)
+    if not _tree_equal((s0, ts0), (s0b, ts0b)):
+        report.problems.append("reset is not deterministic: the same key gave different outputs")
+    if not _tree_equal((s1, ts1), (s1b, ts1b)):
+        report.problems.append("step is not deterministic: the same key, state and action gave different outputs")
+    report.checks_run.append("TimeStep layout")
+    for ts, where in ((ts0, "reset"), (ts1, "step")):
+        report.problems += _layout_problems(ts, env, where)
+    if _describe((s0, ts0)) != _describe((s1, ts1)) or jax.tree.structure((s0, ts0)) != jax.tree.structure((s1, ts1)):
+        report.problems.append(
+            "reset and step return different pytrees (structure, shape or dtype of state/TimeStep/info differ); "
+            "lax.scan needs them identical. reset: "
+            f"{_describe(ts0)}; step: {_describe(ts1)}"
+        )
+    if report.problems:
+        return _finish(report, raise_on_error)
+
+    # --- a run of episodes -----------------------------------------------------------
+    limit = getattr(params, "max_steps_in_episode", None)
+    if num_steps is None:
+        num_steps = min(int(limit) + 1, 1000) if limit is not None else 500
+    rec = _run_episodes(env, params, jax.random.fold_in(key, 2), num_envs, num_steps)
+    _check_run(env, rec, report, limit)
+
+    # --- time limit -----------------------------------------------------------------
+    report.checks_run.append("time limit")
+    if limit is None or not hasattr(params, "replace"):
+        report.notes.append("params have no max_steps_in_episode: time-limit checks skipped")
+    else:
+        short = params.replace(max_steps_in_episode=short_time_limit)
+        rec_s = _run_episodes(env, short, jax.random.fold_in(key, 3), num_envs, short_time_limit + 2)
+        alive = rec_s["alive"]
+        trunc = np.any(rec_s["truncated"], -1) & alive
+        term = np.any(rec_s["terminated"], -1) & alive
+        steps_taken = np.cumsum(alive, axis=0)  # 1-based step index per env
+        early = trunc & (steps_taken < short_time_limit)
+        if early.any():
+            t, e = np.argwhere(early)[0]
+            report.problems.append(
+                f"truncated fired at step {steps_taken[t, e]} of env {e}, before max_steps_in_episode={short_time_limit}"
+            )
+        missed = alive & (steps_taken >= short_time_limit) & ~trunc & ~term
+        if missed.any():
+            t, e = np.argwhere(missed)[0]
+            report.problems.append(
+                f"time limit did not fire: env {e} is still running after {steps_taken[t, e]} steps with "
+                f"max_steps_in_episode={short_time_limit}"
+            )
+        if trunc.any() and np.array_equal(trunc, term):
+            report.problems.append("terminated mirrors truncated exactly: the two signals look merged")
+    return _finish(report, raise_on_error)
+
+
+def _check_run(env: Env, rec: dict[str, Any], report: EnvCheckReport, limit: Any) -> None:
+    alive = rec["alive"]  # [S, N]
+    report.checks_run.append("observations in space")
+    inside = _contains_all(env.observation_space, rec["obs"], 3) | ~alive[..., None]
+    first_inside = _contains_all(env.observation_space, rec["first_obs"], 2)
+    if not first_inside.all():
+        report.problems.append(f"reset observation outside {env.observation_space!r}")
+    if not inside.all():
+        t, e, a = np.argwhere(~inside)[0]
+        bad = jax.tree.map(lambda x: np.asarray(x)[t, e, a], rec["obs"])
+        report.problems.append(
+            f"observation outside {env.observation_space!r} at step {t + 1} of env {e}, agent {a}: {bad}"
+        )
+    report.checks_run.append("finite values")
+    for name, tree in (("observation", rec["obs"]), ("reward", rec["reward"])):
+        for leaf in jax.tree.leaves(tree):
+            leaf = np.asarray(leaf)
+            if np.issubdtype(leaf.dtype, np.inexact):
+                bad = ~np.isfinite(leaf.reshape(leaf.shape[:2] + (-1,))).all(-1) & alive
+                if bad.any():
+                    t, e = np.argwhere(bad)[0]
+                    report.problems.append(f"non-finite {name} at step {t + 1} of env {e}")
+    report.checks_run.append("final observation is real")
+    done = rec["done"]
+    if not done.any():
+        report.notes.append(f"no episode ended within {alive.shape[0]} random steps: end-of-episode checks skipped")
+        return
+    t_idx, e_idx = np.nonzero(done)
+    if np.any(rec["time"][done] == 0) and np.any(rec["time"] != 0):
+        report.problems.append(
+            "the state's time counter is 0 on the step that ends an episode: the env seems to reset itself, "
+            "so the final observation is the next episode's first one (let jaxsampler auto-reset)"
+        )
+    final = [np.asarray(x)[t_idx, e_idx] for x in jax.tree.leaves(rec["obs"])]
+    fresh = [np.asarray(x)[t_idx, e_idx] for x in jax.tree.leaves(rec["reset_obs"])]
+    same = np.ones(len(t_idx), bool)
+    for f, r in zip(final, fresh):
+        same &= (f.reshape(len(t_idx), -1) == r.reshape(len(t_idx), -1)).all(-1)
+    if same.all() and len(same) > 1:
+        report.problems.append("every final observation equals a reset observation: the env resets itself")
+    report.checks_run.append("terminated vs truncated")
+    term = np.any(rec["terminated"], -1) & alive
+    trunc = np.any(rec["truncated"], -1) & alive
+    if trunc.any() and np.array_equal(term, trunc):
+        report.problems.append("terminated mirrors truncated exactly: the two signals look merged")
+
+
+def _tree_equal(a: Any, b: Any) -> bool:
+    la, lb = jax.tree.leaves(a), jax.tree.leaves(b)
+    return jax.tree.structure(a) == jax.tree.structure(b) and all(
+        np.array_equal(np.asarray(x), np.asarray(y), equal_nan=np.issubdtype(np.asarray(x).dtype, np.inexact))
+        for x, y in zip(la, lb)
+    )
+
+
+def _finish(report: EnvCheckReport, raise_on_error: bool) -> EnvCheckReport:
+    if raise_on_error and report.problems:
+        raise EnvCheckError(str(report))
+    return report

@@ -1,0 +1,1 @@
+"""Adapters that turn other JAX env suites into jaxsampler envs."""

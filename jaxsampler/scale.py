@@ -1,0 +1,130 @@
+"""Scaling the env axis across devices with JAX's own sharding (``jax.shard_map``).
+
+On a CPU host, ``XLA_FLAGS=--xla_force_host_platform_device_count=N`` (set before JAX is
+imported) exposes N CPU devices; one per core, each running its own slice of the envs,
+is how one process uses the whole machine. The same code path splits envs across GPUs,
+or across hosts after ``jax.distributed.initialize()``.
+
+``num_envs`` is the global width; it must be divisible by the number of devices. Each
+device runs ``num_envs / n`` envs with PRNG streams made distinct by folding in its
+shard index, so results are deterministic for a given device count (but differ from
+the single-device stream).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from jaxsampler.env import Env
+from jaxsampler.policies.base import Policy
+from jaxsampler.rollout import RolloutFn, _check_sizes, allocate_trajectory, init_rollout_state, make_rollout
+from jaxsampler.types import RolloutState, Trajectory
+
+__all__ = ["env_mesh", "make_sharded_rollout", "init_sharded_state", "state_sharding"]
+
+AXIS = "env"
+
+
+def env_mesh(devices: Sequence[jax.Device] | int | None = None) -> Mesh:
+    """A 1-D mesh named ``"env"`` over ``devices`` (default: all; an int takes the first n)."""
+    if devices is None:
+        devices = jax.devices()
+    elif isinstance(devices, int):
+        if not 1 <= devices <= jax.device_count():
+            raise ValueError(
+                f"asked for {devices} devices, {jax.device_count()} available "
+                "(on CPU set XLA_FLAGS=--xla_force_host_platform_device_count=N before importing jax)"
+            )
+        devices = jax.devices()[:devices]
+    return Mesh(np.asarray(list(devices)), (AXIS,))
+
+
+def _state_specs(state: RolloutState) -> RolloutState:
+    env = lambda tree: jax.tree.map(lambda _: P(AXIS), tree)  # noqa: E731
+    rep = lambda tree: jax.tree.map(lambda _: P(), tree)  # noqa: E731
+    return RolloutState(
+        env_state=env(state.env_state),
+        obs=env(state.obs),
+        acting=P(AXIS),
+        needs_reset=P(AXIS),
+        episode_count=P(AXIS),
+        episode_step=P(AXIS),
+        policy_state=env(state.policy_state),
+        key=P(),
+        num_steps=P(),
+        env_params=rep(state.env_params),
+    )
+
+
+def _traj_specs(traj: Trajectory) -> Trajectory:
+    tm = lambda tree: jax.tree.map(lambda _: P(None, AXIS), tree)  # noqa: E731
+    env = lambda tree: jax.tree.map(lambda _: P(AXIS), tree)  # noqa: E731
+    return Trajectory(
+        obs=tm(traj.obs),
+        actions=tm(traj.actions),
+        rewards=P(None, AXIS),
+        terminated=P(None, AXIS),
+        truncated=P(None, AXIS),
+        acting=P(None, AXIS),
+        is_reset=P(None, AXIS),
+        extras=tm(traj.extras),
+        infos=tm(traj.infos),
+        episode_count_0=P(AXIS),
+        episode_step_0=P(AXIS),
+        policy_state_0=env(traj.policy_state_0),
+    )
+
+
+def state_sharding(state: RolloutState, mesh: Mesh) -> RolloutState:
+    """``NamedSharding``s that split every env-axis leaf of ``state`` over ``mesh``."""
+    return jax.tree.map(lambda spec: NamedSharding(mesh, spec), _state_specs(state),
+                        is_leaf=lambda x: isinstance(x, P))
+
+
+def init_sharded_state(
+    env: Env, policy: Policy, num_envs: int, key: jax.Array, mesh: Mesh, env_params: Any = None
+) -> RolloutState:
+    """:func:`~jaxsampler.rollout.init_rollout_state`, placed on ``mesh`` (env axis split)."""
+    _check_divisible(num_envs, mesh)
+    state = init_rollout_state(env, policy, num_envs, key, env_params)
+    return jax.device_put(state, state_sharding(state, mesh))
+
+
+def _check_divisible(num_envs: int, mesh: Mesh) -> None:
+    _check_sizes(num_envs)
+    n = mesh.shape[AXIS]
+    if num_envs % n:
+        raise ValueError(f"num_envs={num_envs} is not divisible by the {n} devices of the mesh")
+
+
+def make_sharded_rollout(
+    env: Env, policy: Policy, num_envs: int, rollout_length: int, mesh: Mesh
+) -> RolloutFn:
+    """Like :func:`~jaxsampler.rollout.make_rollout`, with the env axis split over ``mesh``.
+
+    Returns ``rollout(params, state, buffers=None) -> (state, traj)``; ``params`` are
+    replicated, ``state`` comes from :func:`init_sharded_state`, and the trajectory is
+    sharded along its env axis (axis 1). Jittable; wrap with
+    :func:`~jaxsampler.rollout.jit_rollout` to donate state and buffers.
+    """
+    _check_divisible(num_envs, mesh)
+    per_device = num_envs // mesh.shape[AXIS]
+    inner = make_rollout(env, policy, per_device, rollout_length, shard_axis=AXIS)
+
+    def rollout(params: Any, state: RolloutState, buffers: Trajectory | None = None):
+        if buffers is None:
+            buffers = allocate_trajectory(env, policy, rollout_length, params, state)
+        sspec, tspec = _state_specs(state), _traj_specs(buffers)
+        pspec = jax.tree.map(lambda _: P(), params)
+        fn = jax.shard_map(
+            inner, mesh=mesh, in_specs=(pspec, sspec, tspec), out_specs=(sspec, tspec), check_vma=False
+        )
+        return fn(params, state, buffers)
+
+    return rollout
+
