@@ -158,6 +158,7 @@ def _step_outputs(env: Env, policy: Policy, params: Any, state: RolloutState) ->
     num_envs = state.needs_reset.shape[0]
     key = jax.random.PRNGKey(0)
     action, extras, _ = jax.eval_shape(policy, params, state.obs, key, state.policy_state)
+    check_action(env.action_space, action, state.acting.shape)
     _, ts = jax.eval_shape(
         lambda s, a: vector.step(env, jax.random.split(key, num_envs), s, a, state.env_params),
         state.env_state,

@@ -1,0 +1,698 @@
+"""CartPole-v1 sampling throughput: jaxsampler against hand-written and host-loop baselines.
+
+Every implementation drives CartPole-v1 with the same 64x64 tanh actor-critic MLP (same
+weights), samples a categorical action and also computes its log-probability and the
+value estimate, and stores (obs, action, reward, terminated, truncated, logp, value)
+each step. Implementations, per width ``W`` (number of parallel envs):
+
+* ``jaxsampler``: :func:`jaxsampler.bench.measure_rollout` (jitted ``lax.scan``, donated
+  buffers, next-step auto-reset: the step after an episode end is a reset step with no
+  action, so ``actions_per_s`` < ``env_steps_per_s``).
+* ``handwritten``: a PureJaxRL-style loop written here: ``jax.vmap`` over gymnax
+  ``CartPole-v1`` (same-step auto-reset, so every step is an action) and a flax MLP in
+  one jitted ``lax.scan`` that stacks the transitions; keys split per env per step.
+* ``forward_only``: the jaxsampler policy alone (MLP + sampling over ``[W]`` obs) scanned
+  ``T`` times with no env: the ceiling for a rollout of that policy.
+* ``sync_vector_env``: Gymnasium ``SyncVectorEnv`` + the MLP in numpy, a Python loop.
+* ``make_vec``: Gymnasium's numpy-vectorized CartPole + the jitted MLP once per step.
+* ``envpool``: EnvPool (if installed) + the MLP in numpy.
+* ``jaxsampler_2dev``: jaxsampler over 2 forced CPU devices, in a subprocess (only if
+  ``measure_rollout`` takes ``num_devices``).
+
+The JAX implementations (and the host loops) are measured round-robin at each width, in
+a rotating order, so machine noise hits them alike and the ratios are side by side.
+Figures are medians over repeats after a warm-up; compile time is reported separately.
+
+Usage::
+
+    python benchmarks/throughput.py                 # full run, writes benchmarks/results/
+    python benchmarks/throughput.py --quick         # smoke test, prints the table only
+    python benchmarks/throughput.py --widths 1 64 4096 --repeats 3
+"""
+
+from __future__ import annotations
+
+import os
+
+# Before numpy is imported anywhere: one BLAS thread for the numpy baselines, so they do
+# not fight the JAX thread pool (or each other) for the cores. Recorded in the results.
+os.environ["OPENBLAS_NUM_THREADS"] = "1"
+
+import argparse
+import datetime
+import inspect
+import json
+import math
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import flax.linen as nn
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import jaxsampler as js
+from jaxsampler.bench import environment_info, measure_rollout, time_calls
+
+ENV_ID = "CartPole-v1"
+DEFAULT_WIDTHS = (1, 8, 64, 256, 1024, 4096, 16384)
+QUICK = {"widths": [1, 8], "rollout_length": 8, "repeats": 1, "host_max_width": 8, "host_target_s": 0.05}
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
+LABELS = {
+    "jaxsampler": "jaxsampler (measure_rollout)",
+    "handwritten": "hand-written vmap(gymnax) + scan",
+    "forward_only": "policy forward only (no env)",
+    "sync_vector_env": "Gymnasium SyncVectorEnv + numpy MLP",
+    "make_vec": "Gymnasium make_vec (numpy CartPole) + jitted MLP",
+    "envpool": "EnvPool + numpy MLP",
+    "jaxsampler_2dev": "jaxsampler, 2 CPU devices (subprocess)",
+}
+JAX_IMPLS = ("jaxsampler", "handwritten", "forward_only")
+HOST_IMPLS = ("sync_vector_env", "make_vec", "envpool")
+
+
+def _log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+# --------------------------------------------------------------------------- the policy
+
+
+class HandActorCritic(nn.Module):
+    """The 64x64 tanh actor-critic, by hand: ``float32[E, 4] -> (logits[E, n], value[E])``.
+
+    Same parameter names and initializers as ``jaxsampler.policies.ActorCriticMLP``, so
+    the two share one parameter tree.
+    """
+
+    num_actions: int
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> tuple[jax.Array, jax.Array]:
+        ortho = nn.initializers.orthogonal
+        a = nn.tanh(nn.Dense(64, kernel_init=ortho(math.sqrt(2)), name="actor_0")(x))
+        a = nn.tanh(nn.Dense(64, kernel_init=ortho(math.sqrt(2)), name="actor_1")(a))
+        logits = nn.Dense(self.num_actions, kernel_init=ortho(0.01), name="actor_out")(a)
+        c = nn.tanh(nn.Dense(64, kernel_init=ortho(math.sqrt(2)), name="critic_0")(x))
+        c = nn.tanh(nn.Dense(64, kernel_init=ortho(math.sqrt(2)), name="critic_1")(c))
+        value = nn.Dense(1, kernel_init=ortho(1.0), name="critic_out")(c)[:, 0]
+        return logits, value
+
+
+def policy_params(seed: int = 0) -> Any:
+    """The parameters ``measure_rollout(seed=seed)`` uses (same key, same module)."""
+    env = js.make(ENV_ID)
+    policy = js.MLPPolicy(env.observation_space, env.action_space, (64, 64))
+    params = policy.init(jax.random.PRNGKey(seed))
+    hand = HandActorCritic(env.action_space.n).init(jax.random.PRNGKey(seed), jnp.zeros((1, 4), jnp.float32))
+    if jax.tree.structure(hand) != jax.tree.structure(params):
+        raise AssertionError("HandActorCritic and jaxsampler's ActorCriticMLP have different layouts")
+    return params
+
+
+def sample_jax(params: Any, obs: jax.Array, key: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """``(action int32[E], logp float32[E], value float32[E])`` for ``obs float32[E, 4]``."""
+    logits, value = HandActorCritic(2).apply(params, obs)
+    action = jax.random.categorical(key, logits)
+    logp = jnp.take_along_axis(jax.nn.log_softmax(logits), action[:, None], 1)[:, 0]
+    return action.astype(jnp.int32), logp, value
+
+
+class NumpyActorCritic:
+    """The same MLP in numpy (weights copied from the flax params), sampling in numpy."""
+
+    def __init__(self, params: Any, seed: int = 0):
+        p = jax.device_get(params["params"])
+        self.w = {k: (np.asarray(v["kernel"], np.float32), np.asarray(v["bias"], np.float32)) for k, v in p.items()}
+        self.rng = np.random.default_rng(seed)
+
+    def _mlp(self, x: np.ndarray, prefix: str) -> np.ndarray:
+        for i in range(2):
+            k, b = self.w[f"{prefix}_{i}"]
+            x = np.tanh(x @ k + b)
+        k, b = self.w[f"{prefix}_out"]
+        return x @ k + b
+
+    def __call__(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        obs = np.asarray(obs, np.float32)
+        logits = self._mlp(obs, "actor")
+        value = self._mlp(obs, "critic")[:, 0]
+        z = logits - logits.max(1, keepdims=True)
+        logp_all = z - np.log(np.exp(z).sum(1, keepdims=True))
+        u = self.rng.random((obs.shape[0], 1), dtype=np.float32)
+        action = (np.cumsum(np.exp(logp_all), 1)[:, :-1] < u).sum(1)
+        logp = np.take_along_axis(logp_all, action[:, None], 1)[:, 0]
+        return action, logp, value
+
+
+# --------------------------------------------------------------------------- JAX loops
+
+
+@flax.struct.dataclass
+class HandCarry:
+    env_state: Any
+    obs: jax.Array
+    key: jax.Array
+
+
+@flax.struct.dataclass
+class HandTransition:
+    obs: jax.Array
+    action: jax.Array
+    reward: jax.Array
+    terminated: jax.Array
+    truncated: jax.Array
+    logp: jax.Array
+    value: jax.Array
+
+
+def make_handwritten(num_envs: int, rollout_length: int, seed: int = 0) -> tuple[Callable, HandCarry]:
+    """PureJaxRL-style sampler: returns ``(jitted run(params, carry), initial carry)``.
+
+    ``run`` scans ``T`` steps of ``vmap(gymnax step)`` + MLP and returns the new carry and
+    the stacked ``HandTransition`` (``[T, E]`` leaves, obs ``[T, E, 4]``).
+    """
+    import gymnax
+
+    env, env_params = gymnax.make(ENV_ID)
+
+    def run(params: Any, carry: HandCarry) -> tuple[HandCarry, HandTransition]:
+        def step(c: HandCarry, _: Any) -> tuple[HandCarry, HandTransition]:
+            key, k_act, k_step = jax.random.split(c.key, 3)
+            action, logp, value = sample_jax(params, c.obs, k_act)
+            step_keys = jax.random.split(k_step, num_envs)
+            obs, env_state, reward, terminated, truncated, _ = jax.vmap(env.step, in_axes=(0, 0, 0, None))(
+                step_keys, c.env_state, action, env_params
+            )
+            return HandCarry(env_state, obs, key), HandTransition(c.obs, action, reward, terminated, truncated, logp, value)
+
+        return jax.lax.scan(step, carry, None, rollout_length)
+
+    key, reset_key = jax.random.split(jax.random.PRNGKey(seed))
+    obs, env_state = jax.vmap(env.reset, in_axes=(0, None))(jax.random.split(reset_key, num_envs), env_params)
+    return jax.jit(run), HandCarry(env_state, obs, key)
+
+
+def make_forward_only(num_envs: int, rollout_length: int, seed: int = 0) -> tuple[Callable, Any]:
+    """jaxsampler's ``MLPPolicy`` over ``obs[W, 1, 4]`` scanned ``T`` times, no env.
+
+    The next obs depends on the sampled action (a cheap nudge), so XLA cannot hoist the
+    forward pass out of the loop. Returns ``(jitted run(params, carry), carry)``.
+    """
+    env = js.make(ENV_ID)
+    policy = js.MLPPolicy(env.observation_space, env.action_space, (64, 64))
+    pstate = policy.initial_state((num_envs, env.num_agents))
+
+    def run(params: Any, carry: tuple[jax.Array, jax.Array]) -> Any:
+        def step(c: tuple[jax.Array, jax.Array], _: Any) -> Any:
+            obs, key = c
+            key, k = jax.random.split(key)
+            action, extras, _ = policy(params, obs, k, pstate)
+            obs = obs * 0.99 + 0.01 * action[..., None].astype(jnp.float32)
+            return (obs, key), (action, extras["action_logp"], extras["vf_preds"])
+
+        return jax.lax.scan(step, carry, None, rollout_length)
+
+    key = jax.random.PRNGKey(seed)
+    obs = jax.random.uniform(key, (num_envs, env.num_agents, 4), jnp.float32, -0.05, 0.05)
+    return jax.jit(run), (obs, jax.random.fold_in(key, 1))
+
+
+class JaxTimer:
+    """Compiles a ``run(params, carry)`` once, then times ``inner`` calls per round."""
+
+    def __init__(self, run: Callable, carry: Any, params: Any):
+        self.run, self.params, self.carry = run, params, carry
+        t0 = time.perf_counter()
+        self.carry, out = run(params, carry)
+        jax.block_until_ready(out)
+        self.compile_s = time.perf_counter() - t0
+        self.times: list[float] = []
+
+    def call(self) -> Any:
+        self.carry, out = self.run(self.params, self.carry)
+        return out
+
+    def round(self, inner: int) -> None:
+        self.times.extend(time_calls(self.call, inner))
+
+
+# --------------------------------------------------------------------------- host loops
+
+
+class HostLoop:
+    """A Python loop over a Gymnasium-API vector env, storing transitions in numpy buffers.
+
+    Counts actions as jaxsampler does: with next-step auto-reset the step after an
+    episode end only resets (its action is ignored), so it is a step but not an action.
+    """
+
+    def __init__(self, vec_env: Any, act: Callable, num_envs: int, buffer_len: int, seed: int):
+        self.env, self.act, self.W = vec_env, act, num_envs
+        self.obs, _ = vec_env.reset(seed=seed)
+        self.prev_done = np.zeros(num_envs, bool)
+        T = buffer_len
+        self.buf = {
+            "obs": np.zeros((T, num_envs, 4), np.float32),
+            "action": np.zeros((T, num_envs), np.int32),
+            "reward": np.zeros((T, num_envs), np.float32),
+            "terminated": np.zeros((T, num_envs), bool),
+            "truncated": np.zeros((T, num_envs), bool),
+            "logp": np.zeros((T, num_envs), np.float32),
+            "value": np.zeros((T, num_envs), np.float32),
+        }
+        self.runs: list[dict[str, float]] = []
+
+    def run(self, num_steps: int) -> dict[str, float]:
+        b, T, acted = self.buf, self.buf["obs"].shape[0], 0
+        t0 = time.perf_counter()
+        for i in range(num_steps):
+            t = i % T
+            action, logp, value = self.act(self.obs)
+            b["obs"][t], b["action"][t], b["logp"][t], b["value"][t] = self.obs, action, logp, value
+            self.obs, reward, term, trunc, _ = self.env.step(action)
+            b["reward"][t], b["terminated"][t], b["truncated"][t] = reward, term, trunc
+            acted += self.W - int(np.count_nonzero(self.prev_done))
+            self.prev_done = np.logical_or(term, trunc)
+        dt = time.perf_counter() - t0
+        return {"seconds": dt, "steps": num_steps * self.W, "actions": acted}
+
+
+def _host_env(kind: str, num_envs: int) -> Any:
+    import gymnasium as gym
+
+    if kind == "sync_vector_env":
+        return gym.vector.SyncVectorEnv([lambda: gym.make(ENV_ID) for _ in range(num_envs)])
+    if kind == "make_vec":
+        return gym.make_vec(ENV_ID, num_envs=num_envs, vectorization_mode="vector_entry_point")
+    import envpool
+
+    return envpool.make(ENV_ID, env_type="gymnasium", num_envs=num_envs, seed=0)
+
+
+def envpool_status() -> str | None:
+    """``None`` if EnvPool imports, else why not (recorded in the results)."""
+    try:
+        import envpool  # noqa: F401
+    except Exception as e:  # ImportError, or a broken binary wheel
+        return f"not installable/importable here: {type(e).__name__}: {e}"
+    return None
+
+
+def make_host_loop(kind: str, num_envs: int, params: Any, buffer_len: int, seed: int) -> tuple[HostLoop, float | None]:
+    """Builds a host loop; returns it and the policy compile time (``make_vec`` only)."""
+    vec_env = _host_env(kind, num_envs)
+    compile_s = None
+    if kind == "make_vec":
+        def sample(p: Any, obs: jax.Array, key: jax.Array) -> tuple[jax.Array, ...]:
+            key, k = jax.random.split(key)
+            return (*sample_jax(p, obs, k), key)
+
+        policy = jax.jit(sample)
+        box = {"key": jax.random.PRNGKey(seed)}
+
+        def act(obs: np.ndarray) -> tuple[np.ndarray, ...]:
+            action, logp, value, box["key"] = policy(params, jax.device_put(obs), box["key"])
+            return tuple(np.asarray(x) for x in (action, logp, value))
+
+        t0 = time.perf_counter()
+        jax.block_until_ready(policy(params, jnp.zeros((num_envs, 4), jnp.float32), box["key"]))
+        compile_s = time.perf_counter() - t0
+    else:
+        act = NumpyActorCritic(params, seed)
+    return HostLoop(vec_env, act, num_envs, buffer_len, seed), compile_s
+
+
+# --------------------------------------------------------------------------- the sweep
+
+
+def _summary(times: Sequence[float], steps_per_call: int, acting_fraction: float = 1.0) -> dict[str, Any]:
+    med = statistics.median(times)
+    return {
+        "median_s": med,
+        "times_s": list(times),
+        "env_steps_per_s": steps_per_call / med,
+        "actions_per_s": steps_per_call * acting_fraction / med,
+        "acting_fraction": acting_fraction,
+    }
+
+
+def _steady_times(res: dict[str, Any]) -> list[float]:
+    """``measure_rollout``'s timed calls less the first.
+
+    Its compile call passes no buffers and the timed calls pass the previous ones, so
+    (as of this writing) the first timed call traces and compiles a second time.
+    """
+    return res["times_s"][1:]
+
+
+def _compile_total(res: dict[str, Any]) -> float:
+    """``compile_s`` plus the first timed call's excess over the steady state."""
+    return res["compile_s"] + max(0.0, res["times_s"][0] - statistics.median(_steady_times(res)))
+
+
+def measure_width(
+    width: int,
+    rollout_length: int,
+    repeats: int,
+    params: Any,
+    *,
+    host: Sequence[str] = HOST_IMPLS,
+    host_target_s: float = 1.0,
+    jax_target_s: float = 0.2,
+    seed: int = 0,
+) -> dict[str, dict[str, Any]]:
+    """All implementations at one width, measured round-robin (``repeats`` rounds).
+
+    Each round calls ``measure_rollout`` once (it compiles anew, untimed, then times
+    ``inner`` calls), times ``inner`` calls of the hand-written and forward-only loops and
+    one run of each host loop; the order rotates from round to round.
+    """
+    W, T = width, rollout_length
+    hand = JaxTimer(*make_handwritten(W, T, seed), params)
+    fwd = JaxTimer(*make_forward_only(W, T, seed), params)
+    warm = min(time_calls(hand.call, 2))
+    inner = max(1, min(50, math.ceil(jax_target_s / warm)))
+    loops, host_steps, host_compile = {}, {}, {}
+    for kind in host:
+        loop, host_compile[kind] = make_host_loop(kind, W, params, T, seed)
+        probe = loop.run(8)  # warm-up, and a per-step cost estimate
+        host_steps[kind] = max(8, min(200_000, round(host_target_s * 8 / probe["seconds"])))
+        loops[kind] = loop
+    js_rounds: list[dict[str, Any]] = []
+
+    def one(name: str) -> None:
+        if name == "jaxsampler":
+            # One extra call: see _steady_times.
+            js_rounds.append(measure_rollout(ENV_ID, W, T, repeats=inner + 1, seed=seed))
+        elif name == "handwritten":
+            hand.round(inner)
+        elif name == "forward_only":
+            fwd.round(inner)
+        else:
+            loops[name].runs.append(loops[name].run(host_steps[name]))
+
+    order = list(JAX_IMPLS) + list(host)
+    for r in range(repeats):
+        k = r % len(order)
+        for name in order[k:] + order[:k]:
+            one(name)
+    js_times = [t for res in js_rounds for t in _steady_times(res)]
+    out = {
+        "jaxsampler": {
+            **_summary(js_times, W * T, statistics.median(res["acting_fraction"] for res in js_rounds)),
+            "compile_s": statistics.median(_compile_total(res) for res in js_rounds),
+            "compile_s_reported": [res["compile_s"] for res in js_rounds],
+            "first_timed_call_s": [res["times_s"][0] for res in js_rounds],
+            "rounds": [{k: res[k] for k in ("median_s", "env_steps_per_s", "actions_per_s")} for res in js_rounds],
+        },
+        "handwritten": {**_summary(hand.times, W * T), "compile_s": hand.compile_s},
+        "forward_only": {**_summary(fwd.times, W * T), "compile_s": fwd.compile_s},
+    }
+    for name in ("jaxsampler", "handwritten", "forward_only"):
+        out[name].update(calls_per_round=inner, rounds_n=repeats)
+    for kind, loop in loops.items():
+        secs = [r["seconds"] for r in loop.runs]
+        steps_s = [r["steps"] / r["seconds"] for r in loop.runs]
+        acts_s = [r["actions"] / r["seconds"] for r in loop.runs]
+        out[kind] = {
+            "median_s": statistics.median(secs),
+            "env_steps_per_s": statistics.median(steps_s),
+            "actions_per_s": statistics.median(acts_s),
+            "acting_fraction": statistics.median(r["actions"] / r["steps"] for r in loop.runs),
+            "steps_per_run": host_steps[kind],
+            "runs": loop.runs,
+        }
+        if host_compile[kind] is not None:
+            out[kind]["compile_s"] = host_compile[kind]
+        loop.env.close()
+    return out
+
+
+def _supports_num_devices() -> bool:
+    return "num_devices" in inspect.signature(measure_rollout).parameters
+
+
+def measure_multi_device(widths: Sequence[int], rollout_length: int, repeats: int, devices: int = 2) -> dict[str, Any]:
+    """jaxsampler on ``devices`` forced CPU devices, in a subprocess (XLA_FLAGS must be set
+    before jax is imported). Interleaves ``num_devices=1`` and ``=devices`` there."""
+    if not _supports_num_devices():
+        return {"status": "skipped: jaxsampler.bench.measure_rollout has no num_devices parameter"}
+    env = dict(os.environ)
+    env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count={devices}").strip()
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--devices-worker", str(devices),
+           "--rollout-length", str(rollout_length), "--repeats", str(repeats), "--widths", *map(str, widths)]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1800)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT_JSON:")]
+    if proc.returncode != 0 or not lines:
+        return {"status": f"failed (rc={proc.returncode}): {proc.stderr.strip()[-2000:]}"}
+    return {"status": "ok", "XLA_FLAGS": env["XLA_FLAGS"], **json.loads(lines[-1][len("RESULT_JSON:"):])}
+
+
+def _devices_worker(widths: Sequence[int], rollout_length: int, repeats: int, devices: int) -> None:
+    by_width: dict[str, Any] = {}
+    for w in widths:
+        if w % devices:
+            by_width[str(w)] = {"status": f"skipped: width not divisible by {devices} devices"}
+            continue
+        rounds: dict[int, list[dict[str, Any]]] = {1: [], devices: []}
+        for r in range(repeats):
+            for n in ((1, devices) if r % 2 == 0 else (devices, 1)):
+                rounds[n].append(measure_rollout(ENV_ID, w, rollout_length, repeats=4, num_devices=n))
+        row = {}
+        for n, res in rounds.items():
+            row[f"{n}dev"] = {
+                **_summary([t for x in res for t in _steady_times(x)], w * rollout_length,
+                           statistics.median(x["acting_fraction"] for x in res)),
+                "compile_s": statistics.median(_compile_total(x) for x in res),
+            }
+        by_width[str(w)] = row
+    out = {"device_count": jax.device_count(), "devices": [str(d) for d in jax.devices()], "by_width": by_width}
+    print("RESULT_JSON:" + json.dumps(out), flush=True)
+
+
+def run_benchmark(
+    widths: Sequence[int] = DEFAULT_WIDTHS,
+    rollout_length: int = 128,
+    repeats: int = 5,
+    *,
+    host_max_width: int = 1024,
+    host_target_s: float = 1.0,
+    big_width: int = 4096,
+    big_repeats: int | None = None,
+    multi_device: bool = True,
+    seed: int = 0,
+    progress: Callable[[str], None] | None = _log,
+) -> dict[str, Any]:
+    """Runs every implementation at every width; returns the full results dict.
+
+    ``big_repeats`` (default ``repeats``) applies to widths ``>= big_width``; host loops
+    run only at widths ``<= host_max_width``.
+    """
+    started = time.perf_counter()
+    params = policy_params(seed)
+    ep = envpool_status()
+    host = [k for k in HOST_IMPLS if not (k == "envpool" and ep)]
+    by_width: dict[str, Any] = {}
+    for i, w in enumerate(widths):
+        reps = big_repeats if (big_repeats and w >= big_width) else repeats
+        hw = host if w <= host_max_width else []
+        if progress:
+            progress(f"[{i + 1}/{len(widths)}] width {w}: {reps} rounds of {', '.join(list(JAX_IMPLS) + hw)}")
+        by_width[str(w)] = measure_width(w, rollout_length, reps, params, host=hw, host_target_s=host_target_s, seed=seed)
+    if progress:
+        progress("jaxsampler on 2 CPU devices (subprocess) ..." if _supports_num_devices() else
+                 "skipping 2-device column: measure_rollout has no num_devices parameter")
+    multi = (measure_multi_device(widths, rollout_length, repeats) if multi_device
+             else {"status": "skipped: disabled"})
+    return {
+        "benchmark": "CartPole-v1 sampling throughput, 64x64 tanh actor-critic MLP",
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "command": " ".join([Path(sys.executable).name] + sys.argv),
+        "config": {
+            "env_id": ENV_ID, "widths": list(widths), "rollout_length": rollout_length, "repeats": repeats,
+            "big_width": big_width, "big_repeats": big_repeats or repeats, "host_max_width": host_max_width,
+            "host_target_s": host_target_s, "seed": seed,
+            "OPENBLAS_NUM_THREADS": os.environ.get("OPENBLAS_NUM_THREADS"),
+        },
+        "environment": {**environment_info(), **_versions()},
+        "labels": LABELS,
+        "envpool_status": ep or "ok",
+        "by_width": by_width,
+        "jaxsampler_2dev": multi,
+        "ratios": ratios(by_width),
+        "wall_s": time.perf_counter() - started,
+    }
+
+
+def _versions() -> dict[str, str]:
+    from importlib import metadata
+
+    out = {}
+    for pkg in ("gymnax", "gymnasium", "envpool"):
+        try:
+            out[pkg] = metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            out[pkg] = "not installed"
+    return out
+
+
+def ratios(by_width: dict[str, Any]) -> dict[str, dict[str, float]]:
+    """Side-by-side ratios per width (same process, same rounds).
+
+    ``jaxsampler/<x>``: actions/s over actions/s. ``rollout/forward_only``: jaxsampler env
+    steps/s over forward-only steps/s (same ``W*T`` policy calls per rollout call).
+    """
+    out: dict[str, dict[str, float]] = {}
+    for w, row in by_width.items():
+        js_row = row["jaxsampler"]
+        for other in ("handwritten", "sync_vector_env", "make_vec", "envpool"):
+            if other in row:
+                out.setdefault(f"jaxsampler/{other}", {})[w] = js_row["actions_per_s"] / row[other]["actions_per_s"]
+        out.setdefault("rollout/forward_only", {})[w] = js_row["env_steps_per_s"] / row["forward_only"]["env_steps_per_s"]
+    return out
+
+
+# --------------------------------------------------------------------------- reporting
+
+
+def _si(x: float) -> str:
+    for scale, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if x >= scale:
+            return f"{x / scale:.3g}{suffix}"
+    return f"{x:.3g}"
+
+
+def series(results: dict[str, Any], key: str = "actions_per_s") -> dict[str, tuple[list[int], list[float]]]:
+    """``{implementation: (widths, values)}`` for plotting; skips widths not measured."""
+    out: dict[str, tuple[list[int], list[float]]] = {}
+    for w, row in results["by_width"].items():
+        for name, rec in row.items():
+            out.setdefault(name, ([], []))
+            out[name][0].append(int(w))
+            out[name][1].append(rec[key])
+    multi = results.get("jaxsampler_2dev", {})
+    for w, row in multi.get("by_width", {}).items():
+        if "2dev" in row:
+            out.setdefault("jaxsampler_2dev", ([], []))
+            out["jaxsampler_2dev"][0].append(int(w))
+            out["jaxsampler_2dev"][1].append(row["2dev"][key])
+    return out
+
+
+def markdown_table(results: dict[str, Any]) -> str:
+    """The results as Markdown: throughput, ratios and compile times per width."""
+    widths = [str(w) for w in results["config"]["widths"]]
+    head = "| | " + " | ".join(f"W={w}" for w in widths) + " |\n|---|" + "---:|" * len(widths) + "\n"
+
+    def row(label: str, cells: list[str]) -> str:
+        return f"| {label} | " + " | ".join(cells) + " |\n"
+
+    def impl_rows(key: str) -> str:
+        s = ""
+        for name in ("jaxsampler", "handwritten", "forward_only", *HOST_IMPLS):
+            recs = [results["by_width"][w].get(name) for w in widths]
+            if name == "envpool" and results["envpool_status"] != "ok":
+                s += row(LABELS[name], [results["envpool_status"]] + [""] * (len(widths) - 1))
+                continue
+            s += row(LABELS[name], [_si(r[key]) if r else "—" for r in recs])
+        multi = results["jaxsampler_2dev"]
+        if multi.get("status") == "ok":
+            cells = []
+            for w in widths:
+                rec = multi["by_width"].get(w, {})
+                cells.append(_si(rec["2dev"][key]) if "2dev" in rec else "—")
+            s += row(LABELS["jaxsampler_2dev"], cells)
+        else:
+            s += row(LABELS["jaxsampler_2dev"], [multi["status"]] + [""] * (len(widths) - 1))
+        return s
+
+    cfg = results["config"]
+    md = f"# {results['benchmark']}\n\n"
+    md += (f"{results['date']} · `{results['command']}` · T={cfg['rollout_length']} · "
+           f"{cfg['repeats']} rounds (widths ≥ {cfg['big_width']}: {cfg['big_repeats']}) · "
+           f"OPENBLAS_NUM_THREADS={cfg['OPENBLAS_NUM_THREADS']} · "
+           f"{results['environment']['cpu_count']} CPUs, jax {results['environment']['jax']} "
+           f"({results['environment']['backend']}) · total {results['wall_s']:.0f} s\n\n")
+    md += "## Actions per second (median)\n\n" + head + impl_rows("actions_per_s")
+    rat = results["ratios"]
+    for name, label in (("handwritten", "jaxsampler / hand-written"), ("sync_vector_env", "jaxsampler / SyncVectorEnv"),
+                        ("make_vec", "jaxsampler / make_vec"), ("envpool", "jaxsampler / EnvPool")):
+        if f"jaxsampler/{name}" in rat:
+            md += row(f"**{label}**", [f"{rat[f'jaxsampler/{name}'][w]:.2f}" if w in rat[f"jaxsampler/{name}"] else "—" for w in widths])
+    md += row("**rollout / forward-only** (env steps/s)", [f"{rat['rollout/forward_only'][w]:.2f}" for w in widths])
+    multi = results["jaxsampler_2dev"]
+    if multi.get("status") == "ok":
+        md += row("**2 devices / 1 device** (subprocess)", [
+            f"{multi['by_width'][w]['2dev']['actions_per_s'] / multi['by_width'][w]['1dev']['actions_per_s']:.2f}"
+            if "2dev" in multi["by_width"].get(w, {}) else "—" for w in widths])
+    md += "\n## Env steps per second (median; reset steps included)\n\n" + head + impl_rows("env_steps_per_s")
+    md += "\n## Compile time, seconds (first call: trace + compile + one run)\n\n" + head
+    for name in ("jaxsampler", "handwritten", "forward_only", "make_vec"):
+        recs = [results["by_width"][w].get(name) for w in widths]
+        label = LABELS[name] + (" (policy only)" if name == "make_vec" else "")
+        md += row(label, [f"{r['compile_s']:.2f}" if r and "compile_s" in r else "—" for r in recs])
+    md += "\n## Host-loop steps per timed run\n\n" + head
+    for name in HOST_IMPLS:
+        recs = [results["by_width"][w].get(name) for w in widths]
+        if any(recs):
+            md += row(LABELS[name], [str(r["steps_per_run"]) if r else "—" for r in recs])
+    md += ("\nNotes: jaxsampler auto-resets on the next step, so its actions/s exclude reset steps "
+           "(acting fraction ≈ "
+           f"{statistics.median(results['by_width'][w]['jaxsampler']['acting_fraction'] for w in widths):.3f}); "
+           "the host loops (Gymnasium, EnvPool) also reset on the next step and are counted the same way; "
+           "gymnax resets within the step, so every hand-written step is an action. Ratios compare runs "
+           "interleaved round by round in one process. Host loops run at widths ≤ "
+           f"{cfg['host_max_width']} only (—).\n")
+    return md
+
+
+def write_results(results: dict[str, Any], out_dir: Path) -> None:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "throughput.json").write_text(json.dumps(results, indent=1) + "\n")
+    (out_dir / "throughput.md").write_text(markdown_table(results))
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--widths", type=int, nargs="+", help=f"env counts (default {' '.join(map(str, DEFAULT_WIDTHS))})")
+    p.add_argument("--rollout-length", type=int, help="T, steps per rollout call (default 128)")
+    p.add_argument("--repeats", type=int, help="rounds per width; figures are medians (default 5)")
+    p.add_argument("--big-width", type=int, default=4096, help="widths >= this use --big-repeats")
+    p.add_argument("--big-repeats", type=int, help="rounds for widths >= --big-width (default --repeats)")
+    p.add_argument("--host-max-width", type=int, help="largest width for the host-loop baselines (default 1024)")
+    p.add_argument("--host-target-s", type=float, help="seconds per timed host-loop run (default 1.0)")
+    p.add_argument("--no-multi-device", action="store_true", help="skip the 2-CPU-device subprocess")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--quick", action="store_true", help="tiny smoke run; prints, writes only with --output-dir")
+    p.add_argument("--output-dir", type=Path, help=f"where to write throughput.json/.md (default {RESULTS_DIR})")
+    p.add_argument("--devices-worker", type=int, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    base = QUICK if args.quick else {"widths": list(DEFAULT_WIDTHS), "rollout_length": 128, "repeats": 5,
+                                     "host_max_width": 1024, "host_target_s": 1.0}
+    for k, v in base.items():
+        if getattr(args, k) is None:
+            setattr(args, k, v)
+    if args.devices_worker:
+        _devices_worker(args.widths, args.rollout_length, args.repeats, args.devices_worker)
+        return
+    results = run_benchmark(
+        args.widths, args.rollout_length, args.repeats, host_max_width=args.host_max_width,
+        host_target_s=args.host_target_s, big_width=args.big_width, big_repeats=args.big_repeats,
+        multi_device=not args.no_multi_device, seed=args.seed,
+    )
+    print(markdown_table(results))
+    out_dir = args.output_dir or (None if args.quick else RESULTS_DIR)
+    if out_dir is not None:
+        write_results(results, out_dir)
+        _log(f"wrote {out_dir / 'throughput.json'} and {out_dir / 'throughput.md'}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,206 @@
+"""Tiny envs and policies whose behaviour is known in closed form (for the core tests)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import ClassVar
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+
+from jaxsampler.env import Env, SingleAgentEnv
+from jaxsampler.policies.base import Policy
+from jaxsampler.spaces import Box, Discrete
+from jaxsampler.types import NoInfo, TimeStep
+
+
+@struct.dataclass
+class FakeState:
+    time: jax.Array
+    tag: jax.Array
+
+
+@struct.dataclass
+class FakeParams:
+    term_len: int = 3
+    max_steps_in_episode: int = 5
+    nan_tag: float = 2.0  # observations become NaN at time 2 when tag > nan_tag
+
+
+@dataclasses.dataclass(frozen=True)
+class FakeEnv(SingleAgentEnv):
+    """obs = [time, tag]; reward = action; tag ~ U(0, 1) drawn at reset.
+
+    An episode with ``tag < 0.5`` terminates at ``time == term_len``; the others are
+    truncated at ``max_steps_in_episode``. So the length and the end kind of every
+    episode follow from its (observed) tag.
+    """
+
+    @property
+    def default_params(self) -> FakeParams:
+        return FakeParams()
+
+    @property
+    def observation_space(self) -> Box:
+        return Box(-np.inf, np.inf, (2,), np.float32)
+
+    @property
+    def action_space(self) -> Discrete:
+        return Discrete(3)
+
+    def reset_env(self, key, params):
+        tag = jax.random.uniform(key, (), jnp.float32)
+        state = FakeState(jnp.zeros((), jnp.int32), tag)
+        return state, self._obs(state.time, tag, params)
+
+    def step_env(self, key, state, action, params):
+        time = state.time + 1
+        terminated = (time == params.term_len) & (state.tag < 0.5)
+        return state, self._obs(time, state.tag, params), action.astype(jnp.float32), terminated, NoInfo()
+
+    @staticmethod
+    def _obs(time, tag, params):
+        obs = jnp.stack([time.astype(jnp.float32), tag])
+        return jnp.where((time == 2) & (tag > params.nan_tag), jnp.nan, obs)
+
+
+def expected_episode(tag: float, params: FakeParams = FakeParams()) -> tuple[int, bool, bool]:
+    """(length, terminated, truncated) of a FakeEnv episode with this tag."""
+    if tag < 0.5 and params.term_len <= params.max_steps_in_episode:
+        length = params.term_len
+        return length, True, length >= params.max_steps_in_episode
+    return params.max_steps_in_episode, False, True
+
+
+@struct.dataclass
+class TurnState:
+    time: jax.Array
+
+
+@dataclasses.dataclass(frozen=True)
+class TurnEnv(Env):
+    """Two agents take turns (agent 0 first); obs = [time]; the actor gets reward 1,
+    the waiting agent reward 0.5; every episode lasts ``length`` steps (terminated)."""
+
+    num_agents: ClassVar[int] = 2
+    length: int = 4
+
+    @property
+    def default_params(self):
+        return FakeParams()
+
+    @property
+    def observation_space(self) -> Box:
+        return Box(-np.inf, np.inf, (1,), np.float32)
+
+    @property
+    def action_space(self) -> Discrete:
+        return Discrete(2)
+
+    def _ts(self, time, reward, done):
+        turn = time % 2
+        return TimeStep(
+            obs=jnp.broadcast_to(time.astype(jnp.float32), (2, 1)),
+            reward=reward,
+            terminated=jnp.broadcast_to(done, (2,)),
+            truncated=jnp.zeros((2,), jnp.bool_),
+            acting=jnp.stack([turn == 0, turn == 1]) & ~done,
+        )
+
+    def reset(self, key, params=None):
+        t = jnp.zeros((), jnp.int32)
+        return TurnState(t), self._ts(t, jnp.zeros((2,), jnp.float32), jnp.asarray(False))
+
+    def step(self, key, state, action, params=None):
+        actor = state.time % 2
+        reward = jnp.where(jnp.arange(2) == actor, 1.0, 0.5).astype(jnp.float32)
+        t = state.time + 1
+        return TurnState(t), self._ts(t, reward, t >= self.length)
+
+
+@dataclasses.dataclass(frozen=True)
+class CountingPolicy(Policy):
+    """Recurrent state = steps since the episode start; extras["count"] = that state.
+
+    Actions cycle 0, 1, 2 with the count, so they are known in closed form too.
+    """
+
+    observation_space: Box
+    action_space: Discrete
+
+    def init(self, key):
+        return ()
+
+    def initial_state(self, batch_shape):
+        return jnp.zeros(tuple(batch_shape), jnp.int32)
+
+    def __call__(self, params, obs, key, state):
+        action = (state % self.action_space.n).astype(jnp.int32)
+        return action, {"count": state}, state + 1
+
+
+@dataclasses.dataclass(frozen=True)
+class BadPolicy(Policy):
+    """Returns actions of a configurable wrong shape / dtype / value."""
+
+    observation_space: Box
+    action_space: Discrete
+    mode: str = "shape"
+
+    def init(self, key):
+        return ()
+
+    def __call__(self, params, obs, key, state):
+        E, A = obs.shape[:2]
+        if self.mode == "shape":
+            return jnp.zeros((E,), jnp.int32), {}, state
+        if self.mode == "dtype":
+            return jnp.zeros((E, A), jnp.float32), {}, state
+        return jnp.full((E, A), 7, jnp.int32), {}, state  # out of Discrete(3)
+
+
+def check_fake_trajectory(traj, params: FakeParams = FakeParams()) -> dict[str, int]:
+    """Walks every env of a FakeEnv trajectory in plain Python and asserts the contract.
+
+    Independent reference of the next-step auto-reset semantics: time counters, the real
+    final observation (time = episode length, the episode's own tag), the reset step
+    that follows every episode end, separate terminated/truncated flags, rewards =
+    actions, acting masks. Returns counts of what it saw.
+    """
+    obs = np.asarray(traj.obs)
+    T, E = np.asarray(traj.is_reset).shape
+    act, rew = np.asarray(traj.actions), np.asarray(traj.rewards)
+    term, trunc = np.asarray(traj.terminated), np.asarray(traj.truncated)
+    acting, is_reset = np.asarray(traj.acting), np.asarray(traj.is_reset)
+    seen = {"terminated": 0, "truncated": 0, "resets": 0, "steps": 0}
+    for e in range(E):
+        step = int(traj.episode_step_0[e])
+        ended = False
+        for t in range(T):
+            time, tag = obs[t, e, 0]
+            if is_reset[t, e]:
+                assert ended or (t == 0 and step > 0), (t, e)
+                assert not acting[t, e, 0] and rew[t, e, 0] == 0
+                assert not term[t, e, 0] and not trunc[t, e, 0]
+                assert obs[t + 1, e, 0, 0] == 0.0, "reset must start a fresh episode"
+                assert obs[t + 1, e, 0, 1] != tag, "the new episode has its own tag"
+                step, ended = 0, False
+                seen["resets"] += 1
+                continue
+            assert not ended, f"env {e} step {t}: the step after an episode end must be a reset step"
+            assert time == step, (t, e, time, step)
+            length, is_term, is_trunc = expected_episode(float(tag), params)
+            assert acting[t, e, 0]
+            assert rew[t, e, 0] == float(act[t, e, 0])
+            step += 1
+            ended = step == length
+            assert term[t, e, 0] == (ended and is_term), (t, e)
+            assert trunc[t, e, 0] == (ended and is_trunc), (t, e)
+            # The next slot holds the real next observation, the final one included.
+            np.testing.assert_array_equal(obs[t + 1, e, 0], [step, tag])
+            seen["steps"] += 1
+            seen["terminated"] += int(ended and is_term)
+            seen["truncated"] += int(ended and is_trunc)
+    return seen
