@@ -253,9 +253,9 @@ class HostLoop:
     episode end only resets (its action is ignored), so it is a step but not an action.
     """
 
-    def __init__(self, vec_env: Any, act: Callable, num_envs: int, buffer_len: int, seed: int):
+    def __init__(self, vec_env: Any, act: Callable, num_envs: int, buffer_len: int, seed: int | None):
         self.env, self.act, self.W = vec_env, act, num_envs
-        self.obs, _ = vec_env.reset(seed=seed)
+        self.obs, _ = vec_env.reset() if seed is None else vec_env.reset(seed=seed)
         self.prev_done = np.zeros(num_envs, bool)
         T = buffer_len
         self.buf = {
@@ -284,7 +284,7 @@ class HostLoop:
         return {"seconds": dt, "steps": num_steps * self.W, "actions": acted}
 
 
-def _host_env(kind: str, num_envs: int) -> Any:
+def _host_env(kind: str, num_envs: int, seed: int) -> Any:
     import gymnasium as gym
 
     if kind == "sync_vector_env":
@@ -293,7 +293,7 @@ def _host_env(kind: str, num_envs: int) -> Any:
         return gym.make_vec(ENV_ID, num_envs=num_envs, vectorization_mode="vector_entry_point")
     import envpool
 
-    return envpool.make(ENV_ID, env_type="gymnasium", num_envs=num_envs, seed=0)
+    return envpool.make(ENV_ID, env_type="gymnasium", num_envs=num_envs, seed=seed)
 
 
 def envpool_status() -> str | None:
@@ -307,7 +307,7 @@ def envpool_status() -> str | None:
 
 def make_host_loop(kind: str, num_envs: int, params: Any, buffer_len: int, seed: int) -> tuple[HostLoop, float | None]:
     """Builds a host loop; returns it and the policy compile time (``make_vec`` only)."""
-    vec_env = _host_env(kind, num_envs)
+    vec_env = _host_env(kind, num_envs, seed)
     compile_s = None
     if kind == "make_vec":
         def sample(p: Any, obs: jax.Array, key: jax.Array) -> tuple[jax.Array, ...]:
@@ -326,7 +326,9 @@ def make_host_loop(kind: str, num_envs: int, params: Any, buffer_len: int, seed:
         compile_s = time.perf_counter() - t0
     else:
         act = NumpyActorCritic(params, seed)
-    return HostLoop(vec_env, act, num_envs, buffer_len, seed), compile_s
+    # EnvPool takes its seed in envpool.make and warns on reset(seed=...).
+    reset_seed = None if kind == "envpool" else seed
+    return HostLoop(vec_env, act, num_envs, buffer_len, reset_seed), compile_s
 
 
 # --------------------------------------------------------------------------- the sweep

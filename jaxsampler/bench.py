@@ -75,13 +75,15 @@ def measure_rollout(
     hidden_sizes: Sequence[int] = (64, 64),
     repeats: int = 5,
     seed: int = 0,
+    num_devices: int = 1,
 ) -> dict[str, Any]:
     """Times ``jit_rollout(make_rollout(...))`` on one env id and width.
 
     Returns a dict with ``compile_s`` (first call: trace + compile + one run),
     ``median_s`` (steady state), ``env_steps_per_s`` (``E * T / median_s``, reset steps
     included) and ``actions_per_s`` (agent actions actually taken per second: acting
-    agents only, so reset steps are not counted).
+    agents only, so reset steps are not counted). ``num_devices > 1`` splits the env
+    axis over that many devices (:mod:`jaxsampler.scale`).
     """
     env = make(env_id)
     if policy == "mlp":
@@ -92,8 +94,15 @@ def measure_rollout(
         raise ValueError(f"policy must be 'mlp' or 'random', got {policy!r}")
     key = jax.random.PRNGKey(seed)
     params = pol.init(key)
-    rollout = jit_rollout(make_rollout(env, pol, num_envs, rollout_length))
-    state = init_rollout_state(env, pol, num_envs, jax.random.fold_in(key, 1))
+    if num_devices > 1:
+        from jaxsampler import scale
+
+        mesh = scale.env_mesh(num_devices)
+        rollout = jit_rollout(scale.make_sharded_rollout(env, pol, num_envs, rollout_length, mesh))
+        state = scale.init_sharded_state(env, pol, num_envs, jax.random.fold_in(key, 1), mesh)
+    else:
+        rollout = jit_rollout(make_rollout(env, pol, num_envs, rollout_length))
+        state = init_rollout_state(env, pol, num_envs, jax.random.fold_in(key, 1))
     t0 = time.perf_counter()
     state, traj = rollout(params, state)
     jax.block_until_ready(traj)
@@ -116,6 +125,7 @@ def measure_rollout(
         "num_envs": num_envs,
         "rollout_length": rollout_length,
         "policy": policy,
+        "num_devices": num_devices,
         "compile_s": compile_s,
         "median_s": med,
         "times_s": times,

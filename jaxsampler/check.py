@@ -21,6 +21,7 @@ episode ends) and reports every violation of the env contract in plain words:
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any
 
 import jax
@@ -98,10 +99,12 @@ def _contains_all(space: Space, obs: Any, batch_ndim: int) -> np.ndarray:
     return np.asarray(fn(obs))
 
 
-def _run_episodes(env: Env, params: Any, key: jax.Array, num_envs: int, num_steps: int) -> dict[str, Any]:
-    """Steps ``num_envs`` envs with random actions; each stops (is frozen) when done."""
+@functools.lru_cache(maxsize=32)
+def _episode_runner(env: Env, num_envs: int, num_steps: int) -> Any:
+    """Jitted ``run(key, params)``: steps ``num_envs`` envs with random actions; each stops
+    (is frozen) when its episode ends. Cached, so repeated checks compile once."""
 
-    def run(key: jax.Array):
+    def run(key: jax.Array, params: Any):
         k_reset, k_run = jax.random.split(key)
         state, ts = vector.reset(env, jax.random.split(k_reset, num_envs), params)
 
@@ -132,7 +135,10 @@ def _run_episodes(env: Env, params: Any, key: jax.Array, num_envs: int, num_step
         )
         return ts.obs, rec
 
-    first_obs, rec = jax.jit(run)(key)
+    return jax.jit(run)
+
+def _run_episodes(env: Env, params: Any, key: jax.Array, num_envs: int, num_steps: int) -> dict[str, Any]:
+    first_obs, rec = _episode_runner(env, num_envs, num_steps)(key, params)
     return {"first_obs": jax.device_get(first_obs), **jax.device_get(rec)}
 
 
@@ -212,7 +218,7 @@ def check_env(
         report.notes.append("params have no max_steps_in_episode: time-limit checks skipped")
     else:
         short = params.replace(max_steps_in_episode=short_time_limit)
-        rec_s = _run_episodes(env, short, jax.random.fold_in(key, 3), num_envs, short_time_limit + 2)
+        rec_s = _run_episodes(env, short, jax.random.fold_in(key, 3), num_envs, max(num_steps, short_time_limit + 2))
         alive = rec_s["alive"]
         trunc = np.any(rec_s["truncated"], -1) & alive
         term = np.any(rec_s["terminated"], -1) & alive
