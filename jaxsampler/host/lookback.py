@@ -1,0 +1,403 @@
+"""``InfiniteLookbackBuffer``: one per-timestep column of an episode, plus its lookback.
+
+Same constructor, methods and index semantics as RLlib's buffer of that name (ray 2.60;
+see ``shared/reference/rllib-semantics.md`` section 1), written from that specification:
+
+* ``data`` is a ``list`` ("list mode") or, once :meth:`finalize`d ("numpy'ized"), an
+  ndarray or a dict/tuple struct of ndarrays with time as the leading axis. The first
+  ``lookback`` items form the lookback region; ``len(buf)`` excludes it.
+* ``get(indices)``: ints >= 0 count from the first non-lookback item; negative ints
+  count from the end of all data (lookback included) or, with
+  ``neg_index_as_lookback=True``, backwards from the first non-lookback item. Slices
+  follow the same rules at both ends. Out-of-range items raise ``IndexError`` unless
+  ``fill`` is given. Numpy'ized slices are views of ``data`` (no copy) when no padding
+  or one-hot encoding is asked for.
+
+Deliberate deviation from RLlib (its bug, §0.3): on a numpy'ized buffer,
+``get(i, neg_index_as_lookback=True)`` reaching past the lookback raises ``IndexError``
+like list mode does, instead of silently wrapping around. ``get_state()`` keeps the
+space object itself (picklable) rather than a dict serialization.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+__all__ = ["InfiniteLookbackBuffer", "batch", "tree_map"]
+
+
+# ----------------------------------------------------------------------------- structs
+
+
+def tree_map(fn: Callable[..., Any], tree: Any, *rest: Any) -> Any:
+    """Maps over dict/tuple structs (dict key order of ``tree`` kept); anything else is a leaf."""
+    if isinstance(tree, dict):
+        return {k: tree_map(fn, v, *(r[k] for r in rest)) for k, v in tree.items()}
+    if isinstance(tree, tuple):
+        return tuple(tree_map(fn, v, *(r[i] for r in rest)) for i, v in enumerate(tree))
+    return fn(tree, *rest)
+
+
+def _leaves(tree: Any) -> list[Any]:
+    out: list[Any] = []
+    tree_map(out.append, tree)
+    return out
+
+
+def batch(items: list[Any]) -> Any:
+    """Stacks a list of structs into one struct of arrays (leading axis = item)."""
+    if len(items) == 0:
+        raise ValueError("Input `list_of_structs` does not contain any items.")
+    return tree_map(lambda *xs: np.stack([np.asarray(x) for x in xs]), items[0], *items[1:])
+
+
+# ----------------------------------------------------------------------------- spaces
+
+
+class _SpaceLeaf:
+    """What fill dummies and one-hot need of one leaf space."""
+
+    def __init__(self, shape: tuple[int, ...], dtype: np.dtype, onehot: tuple[int, ...] | None):
+        self.shape, self.dtype, self.onehot = shape, dtype, onehot
+
+
+def _space_struct(space: Any) -> Any:
+    """A struct (dict/tuple) of :class:`_SpaceLeaf` for a gymnasium or jaxsampler space."""
+    from jaxsampler import spaces as js_spaces
+
+    name = type(space).__name__
+    subs = getattr(space, "spaces", None)
+    if name == "Dict" and subs is not None:
+        return {k: _space_struct(v) for k, v in sorted(dict(subs).items())}
+    if name == "Tuple" and subs is not None:
+        return tuple(_space_struct(v) for v in subs)
+    if name == "Discrete":
+        dtype = np.dtype(getattr(space, "dtype", np.int64) or np.int64)
+        return _SpaceLeaf((), dtype, (int(space.n),))
+    if name == "MultiDiscrete":
+        return _SpaceLeaf(tuple(space.shape), np.dtype(space.dtype), tuple(int(n) for n in np.ravel(space.nvec)))
+    if name == "Box" or isinstance(space, js_spaces.Box):
+        return _SpaceLeaf(tuple(space.shape), np.dtype(space.dtype), None)
+    raise TypeError(f"unsupported space for lookback buffers: {space!r}")
+
+
+def _dummy(space_struct: Any, fill: Any, n: int | None, one_hot: bool) -> Any:
+    """One dummy item (``n is None``) or a batch of ``n`` dummies, in the space's dtypes."""
+
+    def leaf(s: _SpaceLeaf) -> np.ndarray:
+        lead = () if n is None else (n,)
+        if one_hot and s.onehot is not None:
+            return np.zeros(lead + (int(sum(s.onehot)),), np.float32)
+        return np.full(lead + s.shape, fill, s.dtype)
+
+    return tree_map(leaf, space_struct)
+
+
+def _one_hot(x: Any, s: _SpaceLeaf) -> Any:
+    if s.onehot is None:
+        return x
+    x = np.asarray(x)
+    if len(s.onehot) == 1:
+        return np.eye(s.onehot[0], dtype=np.float32)[x.astype(np.int64)]
+    flat = x.reshape(x.shape[: x.ndim - len(s.shape)] + (-1,))
+    parts = [np.eye(n, dtype=np.float32)[flat[..., i].astype(np.int64)] for i, n in enumerate(s.onehot)]
+    return np.concatenate(parts, axis=-1)
+
+
+# ----------------------------------------------------------------------------- buffer
+
+
+class InfiniteLookbackBuffer:
+    """A column of per-timestep data with a lookback region (see the module docstring).
+
+    Args:
+        data: a list of items (list mode) or a numpy'ized array / struct of arrays.
+        lookback: how many leading items are lookback (clipped to the data's length).
+        space: optional gymnasium or jaxsampler space of one item; used for ``fill``
+            dummies (their dtype) and ``one_hot_discrete``.
+    """
+
+    def __init__(self, data: Any = None, lookback: int = 0, space: Any = None):
+        self.data = [] if data is None else data
+        self.finalized = not isinstance(self.data, list)
+        self.lookback = min(int(lookback), self.len_incl_lookback())
+        self.space = space
+
+    @property
+    def space(self) -> Any:
+        return self._space
+
+    @space.setter
+    def space(self, value: Any) -> None:
+        self._space = value
+        self.space_struct = None if value is None else _space_struct(value)
+
+    # -- lengths ---------------------------------------------------------------------
+
+    def len_incl_lookback(self) -> int:
+        if not self.finalized:
+            return len(self.data)
+        leaves = _leaves(self.data)
+        return int(np.shape(leaves[0])[0]) if leaves else 0
+
+    def __len__(self) -> int:
+        return max(self.len_incl_lookback() - self.lookback, 0)
+
+    # -- numpy'ize -------------------------------------------------------------------
+
+    def finalize(self) -> None:
+        """Stacks the list of items into arrays (idempotent). Raises on an empty list."""
+        if not self.finalized:
+            self.data = batch(self.data)
+            self.finalized = True
+
+    to_numpy = finalize
+
+    # -- reading ---------------------------------------------------------------------
+
+    def get(
+        self,
+        indices: int | list[int] | slice | None = None,
+        *,
+        neg_index_as_lookback: bool = False,
+        fill: Any = None,
+        one_hot_discrete: bool = False,
+    ) -> Any:
+        """Items at ``indices`` (see the module docstring for the index rules).
+
+        Raises:
+            IndexError: an index outside the data (and no ``fill``).
+            ValueError: ``one_hot_discrete`` without a space.
+        """
+        if one_hot_discrete and self.space_struct is None:
+            raise ValueError("one_hot_discrete=True needs a buffer with a space")
+        if indices is None:
+            return self._get_slice(slice(None), neg_index_as_lookback, None, one_hot_discrete)
+        if isinstance(indices, slice):
+            return self._get_slice(indices, neg_index_as_lookback, fill, one_hot_discrete)
+        if isinstance(indices, (list, np.ndarray)):
+            items = [self._get_int(int(i), neg_index_as_lookback, fill, one_hot_discrete) for i in indices]
+            if not self.finalized:
+                return items
+            return batch(items) if items else np.array([])
+        return self._get_int(int(indices), neg_index_as_lookback, fill, one_hot_discrete)
+
+    __getitem__ = get
+
+    def _position(self, i: int, nial: bool) -> int:
+        if i >= 0:
+            return self.lookback + i
+        return self.lookback + i if nial else self.len_incl_lookback() + i
+
+    def _convert(self, x: Any, one_hot: bool) -> Any:
+        if not one_hot:
+            return x
+        return tree_map(_one_hot, x, self.space_struct) if isinstance(x, (dict, tuple)) else _one_hot(x, self.space_struct)
+
+    def _get_int(self, i: int, nial: bool, fill: Any, one_hot: bool) -> Any:
+        pos, n = self._position(i, nial), self.len_incl_lookback()
+        if not 0 <= pos < n:
+            if fill is None:
+                if self.finalized:
+                    raise IndexError(f"index {pos} is out of bounds for axis 0 with size {n}")
+                raise IndexError("list index out of range")
+            return fill if self.space_struct is None else _dummy(self.space_struct, fill, None, one_hot)
+        item = tree_map(lambda x: x[pos], self.data) if self.finalized else self.data[pos]
+        return self._convert(item, one_hot)
+
+    def _slice_bounds(self, s: slice, nial: bool) -> tuple[int, int, int]:
+        n, lb = self.len_incl_lookback(), self.lookback
+        if s.start is None:
+            start = lb
+        elif s.start < 0:
+            start = lb + s.start if nial else n + s.start
+        else:
+            start = lb + s.start
+        if s.stop is None:
+            stop = n
+        elif s.stop < 0:
+            stop = lb + s.stop if nial else n + s.stop
+        else:
+            stop = lb + s.stop
+        return start, stop, 1 if s.step is None else s.step
+
+    def _get_slice(self, s: slice, nial: bool, fill: Any, one_hot: bool) -> Any:
+        start, stop, step = self._slice_bounds(s, nial)
+        n = self.len_incl_lookback()
+        if fill is not None and step != 1:
+            return self._gather([p for p in range(start, stop, step)], fill, one_hot)
+        left = right = 0
+        if fill is not None and start < 0:
+            left, lo, hi = -start, 0, max(stop, 0)
+        elif fill is not None and stop > n:
+            lo, hi = start, stop
+            right = (stop - start) - len(range(start, min(stop, n)))
+        else:
+            lo, hi = max(start, 0), max(stop, 0)
+        if self.finalized:
+            part = tree_map(lambda x: x[lo:hi:step], self.data)
+        else:
+            part = self.data[lo:hi:step]
+        part = self._convert_batch(part, one_hot)
+        if not left and not right:
+            return part
+        return self._pad(part, left, right, fill, one_hot)
+
+    def _convert_batch(self, part: Any, one_hot: bool) -> Any:
+        if not one_hot:
+            return part
+        if self.finalized:
+            return tree_map(_one_hot, part, self.space_struct)
+        return [self._convert(x, True) for x in part]
+
+    def _pad(self, part: Any, left: int, right: int, fill: Any, one_hot: bool) -> Any:
+        if not self.finalized:
+            one = fill if self.space_struct is None else _dummy(self.space_struct, fill, None, one_hot)
+            return [one] * left + list(part) + [one] * right
+        if self.space_struct is None:
+            pad = lambda k, x: np.array([fill] * k) if k else None  # noqa: E731
+            return tree_map(
+                lambda x: np.concatenate([p for p in (pad(left, x), x, pad(right, x)) if p is not None]), part
+            )
+        lpad, rpad = (_dummy(self.space_struct, fill, k, one_hot) for k in (left, right))
+        return tree_map(lambda l, x, r: np.concatenate([l, x, r]), lpad, _reorder(part, lpad), rpad)
+
+    def _gather(self, positions: list[int], fill: Any, one_hot: bool) -> Any:
+        n = self.len_incl_lookback()
+        items = []
+        for p in positions:
+            if 0 <= p < n:
+                item = tree_map(lambda x: x[p], self.data) if self.finalized else self.data[p]
+                items.append(self._convert(item, one_hot))
+            else:
+                items.append(fill if self.space_struct is None else _dummy(self.space_struct, fill, None, one_hot))
+        return batch(items) if self.finalized and items else items
+
+    # -- writing ---------------------------------------------------------------------
+
+    def append(self, item: Any) -> None:
+        if self.finalized:
+            self.data = tree_map(lambda d, x: np.concatenate([d, np.asarray(x)[None]]), self.data, _reorder(item, self.data))
+        else:
+            self.data.append(item)
+
+    def extend(self, items: Any) -> None:
+        if self.finalized:
+            items = np.array(items) if isinstance(items, list) else items
+            self.data = tree_map(lambda d, x: np.concatenate([d, np.asarray(x)]), self.data, _reorder(items, self.data))
+        else:
+            self.data.extend(items)
+
+    def pop(self, index: int = -1) -> None:
+        if self.finalized:
+            pos = index % self.len_incl_lookback()
+            self.data = tree_map(lambda d: np.delete(d, pos, axis=0), self.data)
+        else:
+            self.data.pop(index)
+
+    def concat(self, other: InfiniteLookbackBuffer) -> None:
+        """Appends ``other``'s non-lookback items."""
+        self.extend(other.get())
+
+    def set(self, new_data: Any, *, at_indices: Any = None, neg_index_as_lookback: bool = False) -> None:
+        """Overwrites items (same index rules as :meth:`get`, without ``fill``).
+
+        Raises:
+            IndexError: out-of-range index, or ``new_data`` of the wrong length.
+            ValueError: a list given to a numpy'ized buffer.
+        """
+        if self.finalized and isinstance(new_data, list):
+            raise ValueError(
+                "a numpy'ized buffer needs new_data as an ndarray or a struct of ndarrays, not a list"
+            )
+        n = self.len_incl_lookback()
+        if at_indices is None:
+            at_indices = slice(None)
+        if isinstance(at_indices, slice):
+            start, stop, step = self._slice_bounds(at_indices, neg_index_as_lookback)
+            positions = list(range(max(start, 0), min(max(stop, 0), n), step))
+            size = len(_leaves(new_data)[0]) if self.finalized else len(new_data)
+            if size != len(positions) or start < 0 or stop > n:
+                raise IndexError(
+                    f"Cannot `set()` value via at_indices={slice(start, stop, step)} (option "
+                    f"neg_index_as_lookback={neg_index_as_lookback})! Slice of data does NOT have the same "
+                    "size as `new_data`."
+                )
+            values = [tree_map(lambda x: x[j], new_data) for j in range(size)] if self.finalized else list(new_data)
+        elif isinstance(at_indices, (list, np.ndarray)):
+            positions = [self._position(int(i), neg_index_as_lookback) for i in at_indices]
+            values = [tree_map(lambda x: x[j], new_data) for j in range(len(positions))] if self.finalized else list(new_data)
+        else:
+            positions = [self._position(int(at_indices), neg_index_as_lookback)]
+            values = [new_data]
+        for p in positions:
+            if not 0 <= p < n:
+                raise IndexError(f"Cannot `set()` value at index {p}: the buffer holds {n} items (lookback included)")
+        for p, v in zip(positions, values):
+            if self.finalized:
+                if self._space is not None and hasattr(self._space, "contains") and not bool(np.asarray(self._space.contains(v))):
+                    raise ValueError(f"new value {v!r} is not in the buffer's space {self._space!r}")
+
+                def put(d: np.ndarray, x: Any) -> None:
+                    d[p] = x
+
+                tree_map(put, self.data, _reorder(v, self.data))
+            else:
+                self.data[p] = v
+
+    __setitem__ = lambda self, k, v: self.set(v, at_indices=k)  # noqa: E731
+
+    def __add__(self, other: Any) -> InfiniteLookbackBuffer:
+        if self.finalized:
+            raise RuntimeError(f"cannot `add` to a numpy'ized {type(self).__name__}")
+        if isinstance(other, InfiniteLookbackBuffer):
+            data = self.data + list(other.data[other.lookback:])
+        elif isinstance(other, list):
+            data = self.data + other
+        else:
+            data = [d + other for d in self.data]
+        return InfiniteLookbackBuffer(data, self.lookback, self._space)
+
+    # -- state -----------------------------------------------------------------------
+
+    def get_state(self) -> dict[str, Any]:
+        return {"data": self.data, "lookback": self.lookback, "finalized": self.finalized, "space": self._space}
+
+    @staticmethod
+    def from_state(state: dict[str, Any]) -> InfiniteLookbackBuffer:
+        buf = InfiniteLookbackBuffer(space=state["space"])
+        buf.data, buf.finalized, buf.lookback = state["data"], state["finalized"], state["lookback"]
+        return buf
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, InfiniteLookbackBuffer):
+            return False
+        if (self.lookback, self.finalized, self._space) != (other.lookback, other.finalized, other._space):
+            return False
+        try:
+            la, lb = _leaves(self.data) if self.finalized else self.data, _leaves(other.data) if other.finalized else other.data
+            return len(la) == len(lb) and all(np.array_equal(np.asarray(x), np.asarray(y)) for x, y in zip(la, lb))
+        except (TypeError, ValueError):
+            return self.data == other.data
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        lb = self.lookback
+        if self.finalized:
+            head, tail = tree_map(lambda x: x[:lb], self.data), tree_map(lambda x: x[lb:], self.data)
+        else:
+            head, tail = self.data[:lb], self.data[lb:]
+        return f"{type(self).__name__}({head} <- lookback({lb}) | {tail})"
+
+
+def _reorder(item: Any, like: Any) -> Any:
+    """``item`` with dict keys in ``like``'s order (structs are matched by key)."""
+    if isinstance(like, dict) and isinstance(item, dict):
+        return {k: _reorder(item[k], v) for k, v in like.items()}
+    if isinstance(like, tuple) and isinstance(item, (tuple, list)):
+        return tuple(_reorder(i, v) for i, v in zip(item, like))
+    return item
