@@ -1,0 +1,482 @@
+"""``SingleAgentEpisode``: one agent's episode chunk, RLlib-compatible.
+
+Same constructor arguments, methods, index semantics and errors as RLlib's class of that
+name (ray 2.60; ``shared/reference/rllib-semantics.md`` section 2), written from that
+specification. Every per-timestep column is an :class:`InfiniteLookbackBuffer`; episodes
+built by :class:`jaxsampler.Sampler` hold numpy views into one bulk host copy of the
+rollout buffers.
+
+Additions (RLlib code still runs unchanged): ``add_env_reset`` / ``add_env_step`` accept
+``validate=True`` to check observations and actions against the spaces *before*
+anything is changed (a ``ValueError`` leaves the episode untouched).
+Deviations: rewards of sampler-made episodes keep the env's float32 dtype (RLlib's are
+float64 after numpy'ization); ``get_return`` still sums in float64.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+import uuid
+from typing import Any
+
+import numpy as np
+
+from jaxsampler.host.lookback import InfiniteLookbackBuffer
+
+__all__ = ["SingleAgentEpisode"]
+
+_REWARD_SPACE = None
+
+
+def _reward_space() -> Any:
+    global _REWARD_SPACE
+    if _REWARD_SPACE is None:
+        from jaxsampler.spaces import Box
+
+        _REWARD_SPACE = Box(-np.inf, np.inf, (), np.float32)
+    return _REWARD_SPACE
+
+
+def _contains(space: Any, x: Any) -> bool:
+    if space is None:
+        return True
+    from jaxsampler.spaces import Space, convert_space
+
+    try:
+        s = space if isinstance(space, Space) else convert_space(space)
+    except TypeError:
+        return bool(space.contains(x))
+    if isinstance(x, (dict, tuple)):
+        return bool(np.asarray(s.contains(x)))
+    arr = np.asarray(x)
+    if arr.shape != s.shape:
+        return False
+    return bool(np.asarray(s.contains(arr)))
+
+
+def _empty_like(buf: InfiniteLookbackBuffer) -> Any:
+    """An empty column in ``buf``'s mode (list, or zero-length arrays)."""
+    return buf.get(slice(len(buf), None)) if buf.finalized else []
+
+
+class SingleAgentEpisode:
+    """A (chunk of an) episode of one agent: observations, actions, rewards, infos, extras.
+
+    See RLlib's documentation of ``SingleAgentEpisode``; all its arguments are accepted.
+    ``observations`` has one item more than ``actions`` / ``rewards`` / each extra model
+    output. ``len_lookback_buffer`` (``"auto"`` = everything given) leading items of each
+    column are lookback, not part of the episode's own timesteps.
+    """
+
+    __slots__ = (
+        "id_",
+        "agent_id",
+        "module_id",
+        "multi_agent_episode_id",
+        "observations",
+        "infos",
+        "actions",
+        "rewards",
+        "extra_model_outputs",
+        "is_terminated",
+        "is_truncated",
+        "t_started",
+        "t",
+        "custom_data",
+        "_observation_space",
+        "_action_space",
+        "_start_time",
+        "_last_step_time",
+    )
+
+    def __init__(
+        self,
+        id_: str | None = None,
+        *,
+        observations: list | InfiniteLookbackBuffer | None = None,
+        observation_space: Any = None,
+        infos: list | InfiniteLookbackBuffer | None = None,
+        actions: list | InfiniteLookbackBuffer | None = None,
+        action_space: Any = None,
+        rewards: list | InfiniteLookbackBuffer | None = None,
+        terminated: bool = False,
+        truncated: bool = False,
+        extra_model_outputs: dict[str, Any] | None = None,
+        t_started: int | None = None,
+        len_lookback_buffer: int | str = "auto",
+        agent_id: Any = None,
+        module_id: Any = None,
+        multi_agent_episode_id: str | None = None,
+    ):
+        self.id_ = id_ or uuid.uuid4().hex
+        self.agent_id, self.module_id, self.multi_agent_episode_id = agent_id, module_id, multi_agent_episode_id
+        observations = [] if observations is None else observations
+        rewards = [] if rewards is None else rewards
+        actions = [] if actions is None else actions
+        if infos is None:
+            n_obs = observations.len_incl_lookback() if isinstance(observations, InfiniteLookbackBuffer) else _n(observations)
+            infos = [{} for _ in range(n_obs)]
+        n_rewards = rewards.len_incl_lookback() if isinstance(rewards, InfiniteLookbackBuffer) else _n(rewards)
+        if len_lookback_buffer == "auto" or len_lookback_buffer > n_rewards:
+            len_lookback_buffer = n_rewards
+        if isinstance(len_lookback_buffer, str) or len_lookback_buffer < 0:
+            raise ValueError(f"len_lookback_buffer must be 'auto' or an int >= 0, got {len_lookback_buffer!r}")
+        lb = int(len_lookback_buffer)
+        self._observation_space, self._action_space = observation_space, action_space
+        self.observations = _as_buffer(observations, lb, observation_space)
+        self.infos = _as_buffer(infos, lb, None)
+        self.actions = _as_buffer(actions, lb, action_space)
+        self.rewards = _as_buffer(rewards, lb, _reward_space())
+        self.extra_model_outputs = {k: _as_buffer(v, lb, None) for k, v in (extra_model_outputs or {}).items()}
+        self.is_terminated, self.is_truncated = terminated, truncated
+        self.t_started = t_started or 0
+        self.t = len(self.rewards) + self.t_started
+        self.custom_data: dict[str, Any] = {}
+        self._start_time: float | None = None
+        self._last_step_time: float | None = None
+        self.validate()
+
+    # -- spaces ----------------------------------------------------------------------
+
+    @property
+    def observation_space(self) -> Any:
+        return self._observation_space
+
+    @observation_space.setter
+    def observation_space(self, value: Any) -> None:
+        self._observation_space = self.observations.space = value
+
+    @property
+    def action_space(self) -> Any:
+        return self._action_space
+
+    @action_space.setter
+    def action_space(self, value: Any) -> None:
+        self._action_space = self.actions.space = value
+
+    # -- state flags -----------------------------------------------------------------
+
+    @property
+    def is_reset(self) -> bool:
+        return len(self.observations) > 0
+
+    @property
+    def is_done(self) -> bool:
+        return bool(self.is_terminated or self.is_truncated)
+
+    @property
+    def is_numpy(self) -> bool:
+        return self.rewards.finalized
+
+    is_finalized = is_numpy
+
+    def validate(self) -> None:
+        """Asserts that the columns' lengths (without lookback) agree."""
+        n_obs, n_infos = len(self.observations), len(self.infos)
+        lengths = (n_obs, n_infos, len(self.actions), len(self.rewards))
+        assert n_obs == n_infos, lengths
+        if n_obs > 0:
+            assert n_obs == len(self.actions) + 1 == len(self.rewards) + 1, lengths
+        for k, buf in self.extra_model_outputs.items():
+            assert len(buf) == len(self.rewards), (k, len(buf), len(self.rewards))
+
+    # -- stepping --------------------------------------------------------------------
+
+    def add_env_reset(self, observation: Any, infos: dict | None = None, *, validate: bool = False) -> None:
+        """Adds the first observation (and info) of the episode."""
+        assert not self.is_reset, "The episode is already reset."
+        assert not self.is_done, "The episode is already done."
+        assert self.t == self.t_started == 0, "add_env_reset needs t == t_started == 0."
+        if validate and not _contains(self.observation_space, observation):
+            raise ValueError(f"observation {observation!r} is not in the observation space {self.observation_space!r}")
+        self.observations.append(observation)
+        self.infos.append({} if infos is None else infos)
+        self._start_time = self._last_step_time = time.perf_counter()
+
+    def add_env_step(
+        self,
+        observation: Any,
+        action: Any,
+        reward: float,
+        infos: dict | None = None,
+        *,
+        terminated: bool = False,
+        truncated: bool = False,
+        extra_model_outputs: dict[str, Any] | None = None,
+        validate: bool = False,
+    ) -> None:
+        """Adds one env step: the action taken, the reward and observation that followed."""
+        assert not self.is_done, "The agent is already done: no data can be added to its episode."
+        if validate:
+            if not _contains(self.observation_space, observation):
+                raise ValueError(f"observation {observation!r} is not in the observation space {self.observation_space!r}")
+            if not _contains(self.action_space, action):
+                raise ValueError(f"action {action!r} is not in the action space {self.action_space!r}")
+        self.observations.append(observation)
+        self.actions.append(action)
+        self.rewards.append(reward)
+        self.infos.append({} if infos is None else infos)
+        for k, v in (extra_model_outputs or {}).items():
+            if k in self.extra_model_outputs:
+                self.extra_model_outputs[k].append(v)
+            else:
+                self.extra_model_outputs[k] = InfiniteLookbackBuffer([v])
+        self.t += 1
+        self.is_terminated, self.is_truncated = terminated, truncated
+        self._last_step_time = time.perf_counter()
+
+    # -- getters ---------------------------------------------------------------------
+
+    def get_observations(self, indices: Any = None, *, neg_index_as_lookback: bool = False, fill: Any = None, one_hot_discrete: bool = False) -> Any:
+        return self.observations.get(indices, neg_index_as_lookback=neg_index_as_lookback, fill=fill, one_hot_discrete=one_hot_discrete)
+
+    def get_infos(self, indices: Any = None, *, neg_index_as_lookback: bool = False, fill: Any = None) -> Any:
+        return self.infos.get(indices, neg_index_as_lookback=neg_index_as_lookback, fill=fill)
+
+    def get_actions(self, indices: Any = None, *, neg_index_as_lookback: bool = False, fill: Any = None, one_hot_discrete: bool = False) -> Any:
+        return self.actions.get(indices, neg_index_as_lookback=neg_index_as_lookback, fill=fill, one_hot_discrete=one_hot_discrete)
+
+    def get_rewards(self, indices: Any = None, *, neg_index_as_lookback: bool = False, fill: Any = None) -> Any:
+        return self.rewards.get(indices, neg_index_as_lookback=neg_index_as_lookback, fill=fill)
+
+    def get_extra_model_outputs(self, key: str, indices: Any = None, *, neg_index_as_lookback: bool = False, fill: Any = None) -> Any:
+        if key not in self.extra_model_outputs:
+            raise KeyError(f"no extra model output {key!r}; this episode has {sorted(self.extra_model_outputs)}")
+        return self.extra_model_outputs[key].get(indices, neg_index_as_lookback=neg_index_as_lookback, fill=fill)
+
+    # -- setters ---------------------------------------------------------------------
+
+    def set_observations(self, *, new_data: Any, at_indices: Any = None, neg_index_as_lookback: bool = False) -> None:
+        self.observations.set(new_data, at_indices=at_indices, neg_index_as_lookback=neg_index_as_lookback)
+
+    def set_actions(self, *, new_data: Any, at_indices: Any = None, neg_index_as_lookback: bool = False) -> None:
+        self.actions.set(new_data, at_indices=at_indices, neg_index_as_lookback=neg_index_as_lookback)
+
+    def set_rewards(self, *, new_data: Any, at_indices: Any = None, neg_index_as_lookback: bool = False) -> None:
+        self.rewards.set(new_data, at_indices=at_indices, neg_index_as_lookback=neg_index_as_lookback)
+
+    def set_extra_model_outputs(self, *, key: str, new_data: Any, at_indices: Any = None, neg_index_as_lookback: bool = False) -> None:
+        if key not in self.extra_model_outputs:
+            raise KeyError(f"no extra model output {key!r}; this episode has {sorted(self.extra_model_outputs)}")
+        self.extra_model_outputs[key].set(new_data, at_indices=at_indices, neg_index_as_lookback=neg_index_as_lookback)
+
+    # -- numpy'ize -------------------------------------------------------------------
+
+    def to_numpy(self) -> SingleAgentEpisode:
+        """Converts the columns (not infos) to numpy arrays; returns ``self``."""
+        self.validate()
+        self.observations.finalize()
+        if len(self) > 0:
+            self.actions.finalize()
+            self.rewards.finalize()
+            for buf in self.extra_model_outputs.values():
+                buf.finalize()
+        return self
+
+    finalize = to_numpy
+
+    # -- chunks ----------------------------------------------------------------------
+
+    def cut(self, len_lookback_buffer: int = 0) -> SingleAgentEpisode:
+        """The successor chunk: same ``id_``, ``len == 0``, ``t_started = self.t``, and the last
+        ``len_lookback_buffer`` steps (clipped) as its lookback."""
+        assert not self.is_done, "cannot cut() a done episode"
+        assert len_lookback_buffer >= 0, "len_lookback_buffer must be >= 0"
+        n = len_lookback_buffer
+        tail = slice(-n, None) if n > 0 else None
+
+        def steps(buf: InfiniteLookbackBuffer) -> Any:
+            return buf.get(tail) if tail is not None else _empty_like(buf)
+
+        successor = SingleAgentEpisode(
+            self.id_,
+            observations=self.get_observations(slice(-n - 1, None)),
+            observation_space=self.observation_space,
+            infos=self.get_infos(slice(-n - 1, None)),
+            actions=steps(self.actions),
+            action_space=self.action_space,
+            rewards=steps(self.rewards),
+            extra_model_outputs={k: steps(v) for k, v in self.extra_model_outputs.items()},
+            t_started=self.t,
+            len_lookback_buffer="auto",
+            agent_id=self.agent_id,
+            module_id=self.module_id,
+            multi_agent_episode_id=self.multi_agent_episode_id,
+        )
+        successor.custom_data = copy.deepcopy(self.custom_data)
+        return successor
+
+    def slice(self, slice_: slice, *, len_lookback_buffer: int | None = None) -> SingleAgentEpisode:
+        """A new episode over ``slice_`` of this one's own timesteps (see RLlib)."""
+        n = len(self)
+        start, stop, step = slice_.indices(n) if slice_.step is None or slice_.step > 0 else (0, 0, 1)
+        start = 0 if slice_.start is None else (slice_.start + n if slice_.start < 0 else slice_.start)
+        stop = n if slice_.stop is None else (slice_.stop + n if slice_.stop < 0 else slice_.stop)
+        start, stop = max(0, min(start, n)), max(0, min(stop, n))
+        lb_old = self.rewards.lookback
+        lb = lb_old if len_lookback_buffer is None else len_lookback_buffer
+        lb = min(lb, lb_old + start)
+
+        def cols(buf: InfiniteLookbackBuffer, extra: int) -> Any:
+            a, b = buf.lookback + start - lb, buf.lookback + stop + extra
+            if buf.finalized:
+                from jaxsampler.host.lookback import tree_map
+
+                return tree_map(lambda x: x[a:b:step], buf.data)
+            return buf.data[a:b:step]
+
+        return SingleAgentEpisode(
+            self.id_,
+            observations=cols(self.observations, 1),
+            observation_space=self.observation_space,
+            infos=cols(self.infos, 1),
+            actions=cols(self.actions, 0),
+            action_space=self.action_space,
+            rewards=cols(self.rewards, 0),
+            extra_model_outputs={k: cols(v, 0) for k, v in self.extra_model_outputs.items()},
+            terminated=self.is_terminated if stop == n else False,
+            truncated=self.is_truncated if stop == n else False,
+            t_started=self.t_started + start,
+            len_lookback_buffer=lb,
+            agent_id=self.agent_id,
+            module_id=self.module_id,
+            multi_agent_episode_id=self.multi_agent_episode_id,
+        )
+
+    def __getitem__(self, item: Any) -> SingleAgentEpisode:
+        if isinstance(item, slice):
+            return self.slice(item)
+        raise NotImplementedError(
+            f"{type(self).__name__} does not support getting item '{item}'! Only slice objects "
+            "allowed with the syntax: `episode[a:b]`."
+        )
+
+    def concat_episode(self, other: SingleAgentEpisode) -> None:
+        """Appends ``other`` (the next chunk of the same episode) to this one."""
+        assert other.id_ == self.id_, f"cannot concat episodes with different ids ({self.id_} vs {other.id_})"
+        assert not self.is_done, "cannot concat onto a done episode"
+        assert self.t == other.t_started, f"chunks do not meet: self.t={self.t}, other.t_started={other.t_started}"
+        from jaxsampler.host.lookback import _leaves
+
+        last, first = self.get_observations(-1), other.get_observations(0)
+        assert all(np.array_equal(np.asarray(a), np.asarray(b)) for a, b in zip(_leaves(last), _leaves(first))), (
+            "the last observation of self differs from the first of other"
+        )
+        for k in other.extra_model_outputs:
+            assert k in self.extra_model_outputs, f"extra model output {k!r} missing in self"
+        self.observations.pop()
+        self.infos.pop()
+        self.observations.extend(other.get_observations())
+        self.infos.extend(other.get_infos())
+        self.actions.extend(other.get_actions())
+        self.rewards.extend(other.get_rewards())
+        for k, v in other.extra_model_outputs.items():
+            self.extra_model_outputs[k].extend(v.get())
+        self.t = other.t
+        self.is_terminated, self.is_truncated = other.is_terminated, other.is_truncated
+        self.custom_data.update(other.custom_data)
+        self.validate()
+
+    # -- counters and conversions ----------------------------------------------------
+
+    def __len__(self) -> int:
+        return self.t - self.t_started
+
+    def env_steps(self) -> int:
+        return len(self)
+
+    def agent_steps(self) -> int:
+        return len(self)
+
+    def get_return(self) -> float:
+        """Sum of the rewards (lookback excluded)."""
+        rewards = self.get_rewards()
+        return np.sum(rewards, dtype=np.float64) if self.is_numpy else sum(rewards)
+
+    def get_duration_s(self) -> float:
+        if self._start_time is None:
+            return 0.0
+        return (self._last_step_time or self._start_time) - self._start_time
+
+    def get_data_dict(self) -> dict[str, Any]:
+        """Columns as in RLlib: terminateds, truncateds, t, eps_id, obs, infos, actions, rewards, extras."""
+        n = len(self)
+        flags = lambda last: [False] * (n - 1) + [bool(last)] if n else []  # noqa: E731
+        d: dict[str, Any] = {
+            "terminateds": flags(self.is_terminated),
+            "truncateds": flags(self.is_truncated),
+            "t": list(range(self.t_started, self.t)),
+            "eps_id": [self.id_] * n,
+            "obs": self.get_observations(slice(None, -1)),
+            "infos": self.get_infos(slice(None, -1)),
+            "actions": self.get_actions(),
+            "rewards": self.get_rewards(),
+        }
+        d.update({k: v.get() for k, v in self.extra_model_outputs.items()})
+        if self.is_numpy:
+            for k in ("terminateds", "truncateds", "t", "eps_id"):
+                d[k] = np.asarray(d[k])
+        return d
+
+    def get_state(self) -> dict[str, Any]:
+        return {
+            "id_": self.id_,
+            "agent_id": self.agent_id,
+            "module_id": self.module_id,
+            "multi_agent_episode_id": self.multi_agent_episode_id,
+            "observation_space": self._observation_space,
+            "action_space": self._action_space,
+            "observations": self.observations.get_state(),
+            "infos": self.infos.get_state(),
+            "actions": self.actions.get_state(),
+            "rewards": self.rewards.get_state(),
+            "extra_model_outputs": {k: v.get_state() for k, v in self.extra_model_outputs.items()},
+            "is_terminated": self.is_terminated,
+            "is_truncated": self.is_truncated,
+            "t_started": self.t_started,
+            "t": self.t,
+            "custom_data": self.custom_data,
+            "_start_time": self._start_time,
+            "_last_step_time": self._last_step_time,
+        }
+
+    @staticmethod
+    def from_state(state: dict[str, Any]) -> SingleAgentEpisode:
+        ep = SingleAgentEpisode.__new__(SingleAgentEpisode)
+        for k in ("id_", "agent_id", "module_id", "multi_agent_episode_id", "is_terminated", "is_truncated",
+                  "t_started", "t", "custom_data", "_start_time", "_last_step_time"):
+            setattr(ep, k, state[k])
+        ep._observation_space, ep._action_space = state["observation_space"], state["action_space"]
+        for k in ("observations", "infos", "actions", "rewards"):
+            setattr(ep, k, InfiniteLookbackBuffer.from_state(state[k]))
+        ep.extra_model_outputs = {k: InfiniteLookbackBuffer.from_state(v) for k, v in state["extra_model_outputs"].items()}
+        return ep
+
+    def __getstate__(self) -> dict[str, Any]:
+        return self.get_state()
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        other = SingleAgentEpisode.from_state(state)
+        for k in self.__slots__:
+            setattr(self, k, getattr(other, k))
+
+    def __repr__(self) -> str:
+        return f"SAEps(len={len(self)} done={self.is_done} R={self.get_return()} id_={self.id_})"
+
+
+def _n(x: Any) -> int:
+    if isinstance(x, list):
+        return len(x)
+    from jaxsampler.host.lookback import _leaves
+
+    leaves = _leaves(x)
+    return int(np.shape(leaves[0])[0]) if leaves else 0
+
+
+def _as_buffer(data: Any, lookback: int, space: Any) -> InfiniteLookbackBuffer:
+    if isinstance(data, InfiniteLookbackBuffer):
+        if space is not None and data.space is None:
+            data.space = space
+        return data
+    return InfiniteLookbackBuffer(data, lookback, space)
