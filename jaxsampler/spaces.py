@@ -114,8 +114,13 @@ class Box(Space):
             ) from e
         if np.any(low_a > high_a):
             raise ValueError("Box: low must be <= high everywhere")
-        self.low = _frozen(low_a.astype(self.dtype))
-        self.high = _frozen(high_a.astype(self.dtype))
+        if np.issubdtype(self.dtype, np.integer):
+            # Infinite (or out-of-range) bounds clamp to the dtype's range, as in Gymnasium.
+            info = np.iinfo(self.dtype)
+            low_a, high_a = np.clip(low_a, info.min, info.max), np.clip(high_a, info.min, info.max)
+        # "+ 0.0" turns -0.0 into 0.0 so equal boxes hash and compare equal.
+        self.low = _frozen(low_a.astype(self.dtype) + self.dtype.type(0))
+        self.high = _frozen(high_a.astype(self.dtype) + self.dtype.type(0))
 
     def _key(self) -> tuple:
         return (self.shape, self.dtype.str, self.low.tobytes(), self.high.tobytes())
@@ -136,12 +141,12 @@ class Box(Space):
     def sample_batch(self, key: jax.Array, batch_shape: tuple[int, ...]) -> jax.Array:
         shape = tuple(batch_shape) + self.shape
         if np.issubdtype(self.dtype, np.integer):
-            return jax.random.randint(
-                key, shape, jnp.asarray(self.low), jnp.asarray(self.high) + 1, dtype=self.dtype
-            )
+            return self._sample_int(key, shape)
         low = np.where(np.isfinite(self.low), self.low, -1.0).astype(self.dtype)
         high = np.where(np.isfinite(self.high), self.high, 1.0).astype(self.dtype)
-        u = jax.random.uniform(key, shape, self.dtype, jnp.asarray(low), jnp.asarray(high))
+        # low * (1 - u) + high * u never overflows, even for bounds near the dtype's max.
+        w = jax.random.uniform(key, shape, self.dtype)
+        u = jnp.clip(jnp.asarray(low) * (1 - w) + jnp.asarray(high) * w, jnp.asarray(low), jnp.asarray(high))
         if self.is_bounded:
             return u
         # Unbounded sides: a half-normal offset from the finite bound, or a normal if both open.
@@ -154,9 +159,25 @@ class Box(Space):
         out = jnp.where(hi_inf, jnp.asarray(self.low) + jnp.abs(n), out)
         return out.astype(self.dtype)
 
+    def _sample_int(self, key: jax.Array, shape: tuple[int, ...]) -> jax.Array:
+        """Uniform integers in [low, high] for any <= 32-bit dtype, full range included:
+        32 random bits, reduced modulo the span in uint32 arithmetic (wrap-around exact)."""
+        if self.dtype.itemsize > 4:
+            raise TypeError(f"Box: sampling {self.dtype} needs JAX x64 mode; use an int32 Box")
+        span = (self.high.astype(np.int64) - self.low.astype(np.int64) + 1) % (1 << 32)
+        bits = jax.random.bits(key, shape, jnp.uint32)
+        span_u = jnp.asarray(span.astype(np.uint32))
+        offset = jnp.where(span_u == 0, bits, bits % jnp.maximum(span_u, 1))
+        value = jnp.asarray((self.low.astype(np.int64) % (1 << 32)).astype(np.uint32)) + offset
+        if np.issubdtype(self.dtype, np.signedinteger):
+            return jax.lax.bitcast_convert_type(value, jnp.int32).astype(self.dtype)
+        return value.astype(self.dtype)
+
     def contains(self, x: Any) -> jax.Array:
         x = jnp.asarray(x)
         if x.shape != self.shape:
+            return jnp.asarray(False)
+        if np.issubdtype(self.dtype, np.integer) and not jnp.issubdtype(x.dtype, jnp.integer):
             return jnp.asarray(False)
         inside = (x >= jnp.asarray(self.low)) & (x <= jnp.asarray(self.high))
         return jnp.all(inside)
