@@ -8,6 +8,8 @@ from jaxsampler import spaces
 from jaxsampler.check import EnvCheckError, EnvCheckReport, check_env
 from jaxsampler.env import DEFAULT_AGENT_ID, Env, EnvParams, SingleAgentEnv
 from jaxsampler.envs.adapters.gymnax import GymnaxEnv, from_gymnax_env as from_gymnax
+from jaxsampler.host import InfiniteLookbackBuffer, Sampler, SamplerMetrics, SingleAgentEpisode
+from jaxsampler.host.batch import SampleBatch
 from jaxsampler.policies import MLPPolicy, NoState, Policy, RandomPolicy, RecurrentPolicy
 from jaxsampler.registry import make, register, registered_ids
 from jaxsampler.rollout import (
@@ -28,6 +30,7 @@ __all__ = [
     "EnvCheckError",
     "EnvCheckReport",
     "GymnaxEnv",
+    "InfiniteLookbackBuffer",
     "EnvParams",
     "MLPPolicy",
     "NoInfo",
@@ -37,6 +40,10 @@ __all__ = [
     "RecurrentPolicy",
     "RolloutDebugError",
     "RolloutState",
+    "SampleBatch",
+    "Sampler",
+    "SamplerMetrics",
+    "SingleAgentEpisode",
     "SingleAgentEnv",
     "TimeStep",
     "Trajectory",

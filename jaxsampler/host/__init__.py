@@ -1,5 +1,7 @@
-"""Host-side (numpy) objects: lookback buffers, episodes, batches, and the Sampler."""
+"""Host-side (numpy) objects: lookback buffers, episodes, and the Sampler."""
 
+from jaxsampler.host.episode import SingleAgentEpisode
 from jaxsampler.host.lookback import InfiniteLookbackBuffer
+from jaxsampler.host.sampler import Sampler, SamplerMetrics
 
-__all__ = ["InfiniteLookbackBuffer"]
+__all__ = ["InfiniteLookbackBuffer", "SingleAgentEpisode", "Sampler", "SamplerMetrics"]

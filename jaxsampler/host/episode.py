@@ -419,6 +419,12 @@ class SingleAgentEpisode:
                 d[k] = np.asarray(d[k])
         return d
 
+    def get_sample_batch(self) -> Any:
+        """``SampleBatch(get_data_dict())``."""
+        from jaxsampler.host.batch import SampleBatch
+
+        return SampleBatch(self.get_data_dict())
+
     def get_state(self) -> dict[str, Any]:
         return {
             "id_": self.id_,

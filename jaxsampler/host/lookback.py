@@ -120,6 +120,8 @@ class InfiniteLookbackBuffer:
             dummies (their dtype) and ``one_hot_discrete``.
     """
 
+    __slots__ = ("data", "finalized", "lookback", "_space", "_struct")
+
     def __init__(self, data: Any = None, lookback: int = 0, space: Any = None):
         self.data = [] if data is None else data
         self.finalized = not isinstance(self.data, list)
@@ -133,7 +135,14 @@ class InfiniteLookbackBuffer:
     @space.setter
     def space(self, value: Any) -> None:
         self._space = value
-        self.space_struct = None if value is None else _space_struct(value)
+        self._struct = None
+
+    @property
+    def space_struct(self) -> Any:
+        """Shapes/dtypes/one-hot sizes of the space, computed on first use (fill, one-hot)."""
+        if self._struct is None and self._space is not None:
+            self._struct = _space_struct(self._space)
+        return self._struct
 
     # -- lengths ---------------------------------------------------------------------
 

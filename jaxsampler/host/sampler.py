@@ -1,0 +1,394 @@
+"""``Sampler``: the host-side sampler (RLlib's ``EnvRunner`` role) over the jitted rollout.
+
+``Sampler.sample(params)`` runs whole ``rollout_length`` device chunks and turns them
+into numpy'ized :class:`SingleAgentEpisode` objects, following RLlib's
+``SingleAgentEnvRunner.sample()`` (``shared/reference/rllib-semantics.md`` section 7),
+adapted to a device that runs whole chunks:
+
+* jaxsampler's next-step auto-reset *is* Gymnasium's NEXT_STEP mode: reset steps
+  deliver the new episode's first observation and are not counted as timesteps;
+* ``num_timesteps=N``: as many rollout calls as needed until at least ``N`` (non-reset)
+  env steps were taken; every step sampled is returned exactly once (nothing dropped);
+* ``num_episodes=N``: all envs are reset first (ongoing episodes are discarded, as in
+  RLlib), then calls run until ``N`` episodes have finished; the episodes that finished
+  up to the step at which the count reached ``N`` are returned, and the next call resets
+  again;
+* neither: one rollout call;
+* ongoing episodes are returned as chunks (``t > 0``) and continue in the next call with
+  the same ``id_``, ``t_started`` = the previous chunk's ``t`` and a lookback of up to
+  ``episode_lookback_horizon`` steps taken from the previous chunk.
+
+Conversion is vectorized: one bulk device-to-host copy per call, one bulk transpose to
+env-major arrays (with the lookback steps prepended), episode boundaries from the
+``is_reset`` flags with ``np.nonzero``; each episode's columns are numpy views (slices)
+of those arrays. The only Python loop is over episodes, never over timesteps.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import gc
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import numpy as np
+
+from jaxsampler.env import Env
+from jaxsampler.host.episode import SingleAgentEpisode, _reward_space
+from jaxsampler.host.lookback import InfiniteLookbackBuffer
+from jaxsampler.policies.base import Policy
+from jaxsampler.rollout import init_rollout_state, jit_rollout, make_rollout
+from jaxsampler.types import NoInfo, Trajectory
+
+__all__ = ["Sampler", "SamplerMetrics"]
+
+
+@dataclasses.dataclass
+class SamplerMetrics:
+    """Per-``sample()`` statistics: what every training loop logs.
+
+    ``episode_*`` statistics cover the episodes *completed* in the call (NaN if none);
+    ``num_episodes_ongoing`` counts chunks of episodes still running.
+    """
+
+    num_env_steps_sampled: int = 0
+    num_episodes_completed: int = 0
+    num_episodes_ongoing: int = 0
+    episode_return_mean: float = float("nan")
+    episode_return_min: float = float("nan")
+    episode_return_max: float = float("nan")
+    episode_len_mean: float = float("nan")
+    episode_len_min: float = float("nan")
+    episode_len_max: float = float("nan")
+    num_rollout_calls: int = 0
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def _fast_buffer(data: Any, lookback: int, space: Any = None) -> InfiniteLookbackBuffer:
+    """A numpy'ized buffer without the constructor's checks (data already validated)."""
+    buf = InfiniteLookbackBuffer.__new__(InfiniteLookbackBuffer)
+    buf.data, buf.finalized, buf.lookback, buf._space, buf._struct = data, True, lookback, space, None
+    return buf
+
+
+class Sampler:
+    """Samples episodes from a pure-JAX env with a policy, on the host side.
+
+    Args:
+        env: a jaxsampler env or a registered env id (``js.make``).
+        policy: the policy (``(params, obs, key, state) -> (action, extras, state)``).
+        num_envs: envs stepped side by side (the env axis).
+        rollout_length: device steps per rollout call.
+        seed: PRNG seed; the same seed and calls give identical episodes.
+        env_params: env params (default ``env.default_params``).
+        episode_lookback_horizon: lookback steps carried into continuation chunks.
+    """
+
+    def __init__(
+        self,
+        env: Env | str,
+        policy: Policy,
+        num_envs: int = 1,
+        rollout_length: int = 128,
+        seed: int = 0,
+        *,
+        env_params: Any = None,
+        episode_lookback_horizon: int = 1,
+    ):
+        if isinstance(env, str):
+            from jaxsampler.registry import make
+
+            env = make(env)
+        if env.num_agents != 1:
+            raise NotImplementedError("Sampler.sample() supports single-agent envs (num_agents == 1) for now")
+        if not isinstance(episode_lookback_horizon, int) or episode_lookback_horizon < 0:
+            raise ValueError(f"episode_lookback_horizon must be an int >= 0, got {episode_lookback_horizon!r}")
+        self.env, self.policy = env, policy
+        self.num_envs, self.rollout_length = num_envs, rollout_length
+        self.env_params = env.default_params if env_params is None else env_params
+        self.horizon = episode_lookback_horizon
+        self._rollout = jit_rollout(make_rollout(env, policy, num_envs, rollout_length))
+        self._key = jax.random.PRNGKey(seed)
+        self._run_id = np.random.default_rng(seed).bytes(7).hex()  # episode ids: deterministic per seed
+        self._resets = 0
+        self._state = None
+        self._buffers: Trajectory | None = None
+        self._tail: dict[str, Any] | None = None
+        self._partial_return = np.zeros(num_envs, np.float64)
+        self.metrics = SamplerMetrics()
+        self._obs_space, self._act_space = env.observation_space, env.action_space
+        self._has_infos = None
+
+    # ------------------------------------------------------------------------- state
+
+    def reset(self) -> None:
+        """Resets every env; ongoing episodes are discarded."""
+        self._key, k = jax.random.split(self._key)
+        self._state = init_rollout_state(self.env, self.policy, self.num_envs, k, self.env_params)
+        self._resets += 1
+        self._tail = None
+        self._partial_return[:] = 0.0
+
+    def _call(self, params: Any) -> Trajectory:
+        self._state, traj = self._rollout(params, self._state, self._buffers)
+        host = jax.device_get(traj)  # one transfer per call
+        self._buffers = traj
+        return host
+
+    # ------------------------------------------------------------------------- sampling
+
+    def sample(
+        self,
+        params: Any,
+        num_timesteps: int | None = None,
+        num_episodes: int | None = None,
+        force_reset: bool = False,
+    ) -> list[SingleAgentEpisode]:
+        """Samples and returns numpy'ized episodes: finished ones, then ongoing chunks.
+
+        Args:
+            params: policy params.
+            num_timesteps: sample until at least this many env steps (reset steps not
+                counted); whole rollout calls only, so possibly more.
+            num_episodes: reset, then sample until this many episodes finished.
+            force_reset: reset all envs first (ongoing episodes are discarded).
+
+        Metrics of the call are in :attr:`metrics`.
+        """
+        if num_timesteps is not None and num_episodes is not None:
+            raise ValueError("give num_timesteps or num_episodes, not both")
+        for name, v in (("num_timesteps", num_timesteps), ("num_episodes", num_episodes)):
+            if v is not None and (not isinstance(v, (int, np.integer)) or v < 1):
+                raise ValueError(f"{name} must be an int >= 1, got {v!r}")
+        if self._state is None or force_reset or num_episodes is not None:
+            self.reset()
+        chunks, steps = [], 0
+        while True:
+            traj = self._call(params)
+            chunks.append(traj)
+            steps += int(np.count_nonzero(~traj.is_reset))
+            if num_episodes is not None:
+                if self._count_done(chunks) >= num_episodes:
+                    break
+            elif num_timesteps is None or steps >= num_timesteps:
+                break
+        episodes, metrics = self._to_episodes(chunks, num_episodes)
+        metrics.num_rollout_calls = len(chunks)
+        self.metrics = metrics
+        if num_episodes is not None:
+            self._state = None  # the next call starts fresh, as RLlib does
+        return episodes
+
+    def _count_done(self, chunks: list[Trajectory]) -> int:
+        return sum(int(np.count_nonzero(c.terminated | c.truncated)) for c in chunks)
+
+    # ------------------------------------------------------------------------- conversion
+
+    def _columns(self, chunks: list[Trajectory]) -> dict[str, Any]:
+        """Env-major arrays ``[E, H + T_total (+1 for obs), ...]`` with the lookback prefix."""
+        H = self.horizon
+
+        def cat(get, with_obs_slot: bool = False) -> Any:
+            parts = [get(c) for c in chunks]
+            if with_obs_slot:  # obs: T + 1 slots per call, consecutive calls share one
+                parts = [p[:-1] for p in parts[:-1]] + [parts[-1]]
+            head = self._tail[get.__name__] if self._tail is not None else None
+            return _env_major(parts, head, H)
+
+        def obs(c): return c.obs[:, :, 0]  # noqa: E704
+        def actions(c): return c.actions[:, :, 0]  # noqa: E704
+        def rewards(c): return c.rewards[:, :, 0]  # noqa: E704
+        def terminated(c): return c.terminated[:, :, 0]  # noqa: E704
+        def truncated(c): return c.truncated[:, :, 0]  # noqa: E704
+        def is_reset(c): return c.is_reset  # noqa: E704
+
+        cols = {
+            "obs": cat(obs, True),
+            "actions": cat(actions),
+            "rewards": cat(rewards),
+            "terminated": cat(terminated),
+            "truncated": cat(truncated),
+            "is_reset": cat(is_reset),
+        }
+        keys = sorted(chunks[0].extras) if isinstance(chunks[0].extras, dict) else []
+        for k in keys:
+            def extra(c, k=k): return c.extras[k][:, :, 0]  # noqa: E704
+            extra.__name__ = f"extra:{k}"
+            cols[f"extra:{k}"] = cat(extra)
+        for path, _ in _info_leaves(chunks[0].infos):
+            def info(c, path=path): return _info_get(c.infos, path)  # noqa: E704
+            info.__name__ = "info:" + "/".join(path)
+            cols[info.__name__] = cat(info)
+        # Keep the last H steps (and H + 1 observations) for the next call's lookback.
+        self._tail = {name: _tail(col, H, name == "obs") for name, col in cols.items()}
+        return cols
+
+    def _to_episodes(self, chunks: list[Trajectory], num_episodes: int | None):
+        H, E = self.horizon, self.num_envs
+        first = chunks[0]
+        step0 = np.asarray(first.episode_step_0)
+        count0 = np.asarray(first.episode_count_0)
+        fresh_tail = self._tail is None
+        cols = self._columns(chunks)
+        is_reset = cols["is_reset"]
+        total = is_reset.shape[1] - H
+        live = ~is_reset[:, H:]
+        done = (cols["terminated"][:, H:] | cols["truncated"][:, H:]) & live
+        # Runs of non-reset steps are episode segments.
+        prev = np.concatenate([np.zeros((E, 1), bool), live[:, :-1]], axis=1)
+        nxt = np.concatenate([live[:, 1:], np.zeros((E, 1), bool)], axis=1)
+        seg_env, seg_start = np.nonzero(live & ~prev)
+        _, seg_end = np.nonzero(live & ~nxt)  # inclusive, same (env, time) order
+        seg_len = seg_end - seg_start + 1
+        resets_before = np.cumsum(is_reset[:, H:], axis=1)
+        count = count0[seg_env] + resets_before[seg_env, seg_start]
+        continues = (seg_start == 0) & (step0[seg_env] > 0)
+        t_started = np.where(continues, step0[seg_env], 0)
+        lookback = np.where(continues, np.minimum(H if not fresh_tail else 0, step0[seg_env]), 0)
+        is_done = done[seg_env, seg_end]
+        term = cols["terminated"][seg_env, H + seg_end] & is_done
+        trunc = cols["truncated"][seg_env, H + seg_end] & is_done
+        # Returns (vectorized): segment sums plus what earlier calls accumulated.
+        rew = cols["rewards"][:, H:].astype(np.float64)
+        csum = np.concatenate([np.zeros((E, 1)), np.cumsum(rew * live, axis=1)], axis=1)
+        seg_sum = csum[seg_env, seg_end + 1] - csum[seg_env, seg_start]
+        seg_return = seg_sum + np.where(continues, self._partial_return[seg_env], 0.0)
+        if num_episodes is not None:  # stop at the step where the count reached N
+            order = np.lexsort((seg_env, seg_end))
+            finished = order[is_done[order]]
+            cutoff = seg_end[finished[num_episodes - 1]]
+            keep = is_done & (seg_end <= cutoff)
+        else:
+            keep = np.ones(len(seg_env), bool)
+        # Carry partial returns of the episodes still running at the end of the call.
+        ongoing = ~is_done & (seg_end == total - 1)
+        self._partial_return[:] = 0.0
+        self._partial_return[seg_env[ongoing]] = seg_return[ongoing]
+        order = np.concatenate([np.nonzero(keep & is_done)[0], np.nonzero(keep & ~is_done)[0]])
+        extra_cols = [(name[6:], col) for name, col in cols.items() if name.startswith("extra:")]
+        info_cols = [(name[5:], col) for name, col in cols.items() if name.startswith("info:")]
+        fields = zip(*(x[order].tolist() for x in (seg_env, seg_start, seg_len, lookback, t_started, term, trunc, count)))
+        with _no_gc():  # thousands of small objects: skip cyclic-GC passes while building them
+            episodes = [self._episode(cols, extra_cols, info_cols, *f) for f in fields]
+        m = SamplerMetrics(num_env_steps_sampled=int(np.count_nonzero(live)))
+        fin = keep & is_done
+        m.num_episodes_completed = int(fin.sum())
+        m.num_episodes_ongoing = int((keep & ~is_done).sum())
+        if fin.any():
+            rets, lens = seg_return[fin], (t_started + seg_len)[fin]
+            m.episode_return_mean, m.episode_return_min, m.episode_return_max = float(rets.mean()), float(rets.min()), float(rets.max())
+            m.episode_len_mean, m.episode_len_min, m.episode_len_max = float(lens.mean()), float(lens.min()), float(lens.max())
+        return episodes, m
+
+    def _episode(self, cols: dict[str, Any], extra_cols: list, info_cols: list, e: int, start: int, length: int, lb: int,
+                 t_started: int, term: bool, trunc: bool, count: int) -> SingleAgentEpisode:
+        H = self.horizon
+        a, b = H + start - lb, H + start + length  # step range incl. lookback
+        ep = SingleAgentEpisode.__new__(SingleAgentEpisode)
+        ep.id_ = f"{self._run_id}{self._resets:04x}{e:06x}{count:08x}"
+        ep.agent_id = ep.module_id = ep.multi_agent_episode_id = None
+        ep._observation_space, ep._action_space = self._obs_space, self._act_space
+        ep.observations = _fast_buffer(cols["obs"][e, a : b + 1], lb, self._obs_space)
+        if info_cols:
+            # Env infos come with the step that produced each observation: the info of
+            # observation j + 1 was recorded at step j (the first observation's is zeros).
+            ep.infos = _fast_buffer(_unflatten({k: _shift_info(col, e, a, b, H) for k, col in info_cols}), lb)
+        else:
+            ep.infos = _fast_list_buffer([{}] * (length + lb + 1), lb)
+        ep.actions = _fast_buffer(cols["actions"][e, a:b], lb, self._act_space)
+        ep.rewards = _fast_buffer(cols["rewards"][e, a:b], lb, _reward_space())
+        ep.extra_model_outputs = {name: _fast_buffer(col[e, a:b], lb) for name, col in extra_cols}
+        ep.is_terminated, ep.is_truncated = term, trunc
+        ep.t_started, ep.t = t_started, t_started + length
+        ep.custom_data = {}
+        ep._start_time = ep._last_step_time = None
+        return ep
+
+
+@contextlib.contextmanager
+def _no_gc():
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _fast_list_buffer(data: list, lookback: int) -> InfiniteLookbackBuffer:
+    buf = InfiniteLookbackBuffer.__new__(InfiniteLookbackBuffer)
+    buf.data, buf.finalized, buf.lookback, buf._space, buf._struct = data, False, lookback, None, None
+    return buf
+
+
+def _env_major(parts: Sequence[np.ndarray], head: np.ndarray | None, H: int) -> np.ndarray:
+    """``[E, H + sum(T_i), ...]``: the lookback head (zeros if none) then each part, transposed."""
+    E = parts[0].shape[1]
+    total = sum(p.shape[0] for p in parts)
+    out = np.empty((E, H + total) + parts[0].shape[2:], parts[0].dtype)
+    if head is None:
+        out[:, :H] = 0
+    else:
+        out[:, :H] = head
+    pos = H
+    for p in parts:
+        out[:, pos : pos + p.shape[0]] = p.swapaxes(0, 1)
+        pos += p.shape[0]
+    return out
+
+
+def _tail(col: np.ndarray, H: int, is_obs: bool) -> np.ndarray:
+    """The last ``H`` steps of an env-major column (for obs: the H observations before the
+    last slot, which the next call's first slot repeats)."""
+    if is_obs:
+        return col[:, col.shape[1] - 1 - H : col.shape[1] - 1].copy()
+    return col[:, col.shape[1] - H :].copy()
+
+
+def _info_leaves(infos: Any, prefix: tuple[str, ...] = ()) -> list[tuple[tuple[str, ...], Any]]:
+    """``(path, leaf)`` pairs of an env info pytree (dicts and dataclasses by field name)."""
+    if isinstance(infos, NoInfo):
+        return []
+    if isinstance(infos, dict):
+        items = sorted(infos.items())
+    elif dataclasses.is_dataclass(infos):
+        items = [(f.name, getattr(infos, f.name)) for f in dataclasses.fields(infos)]
+    else:
+        return [(prefix or ("info",), infos)]
+    out = []
+    for k, v in items:
+        out += _info_leaves(v, prefix + (str(k),))
+    return out
+
+
+def _info_get(infos: Any, path: tuple[str, ...]) -> np.ndarray:
+    for k in path:
+        if isinstance(infos, dict):
+            infos = infos[k]
+        elif dataclasses.is_dataclass(infos):
+            infos = getattr(infos, k)
+    return np.asarray(infos)
+
+
+def _shift_info(col: np.ndarray, e: int, a: int, b: int, H: int) -> np.ndarray:
+    """Infos for observation slots ``a .. b`` of env ``e`` (slot j + 1 <- step j)."""
+    out = np.zeros((b + 1 - a,) + col.shape[2:], col.dtype)
+    lo = max(a - 1, 0)
+    out[lo + 1 - a :] = col[e, lo:b]
+    return out
+
+
+def _unflatten(flat: dict[str, np.ndarray]) -> dict[str, Any]:
+    tree: dict[str, Any] = {}
+    for path, v in flat.items():
+        node = tree
+        *parents, last = path.split("/")
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[last] = v
+    return tree
