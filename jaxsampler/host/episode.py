@@ -310,7 +310,7 @@ class SingleAgentEpisode:
     def slice(self, slice_: slice, *, len_lookback_buffer: int | None = None) -> SingleAgentEpisode:
         """A new episode over ``slice_`` of this one's own timesteps (see RLlib)."""
         n = len(self)
-        start, stop, step = slice_.indices(n) if slice_.step is None or slice_.step > 0 else (0, 0, 1)
+        step = 1 if slice_.step is None else slice_.step
         start = 0 if slice_.start is None else (slice_.start + n if slice_.start < 0 else slice_.start)
         stop = n if slice_.stop is None else (slice_.stop + n if slice_.stop < 0 else slice_.stop)
         start, stop = max(0, min(start, n)), max(0, min(stop, n))
