@@ -47,6 +47,7 @@ import statistics
 import subprocess
 import sys
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -234,13 +235,16 @@ class JaxTimer:
         jax.block_until_ready(out)
         self.compile_s = time.perf_counter() - t0
         self.times: list[float] = []
+        self.round_s: list[float] = []  # median call time of each round
 
     def call(self) -> Any:
         self.carry, out = self.run(self.params, self.carry)
         return out
 
     def round(self, inner: int) -> None:
-        self.times.extend(time_calls(self.call, inner))
+        times = time_calls(self.call, inner)
+        self.times.extend(times)
+        self.round_s.append(statistics.median(times))
 
 
 # --------------------------------------------------------------------------- host loops
@@ -255,7 +259,9 @@ class HostLoop:
 
     def __init__(self, vec_env: Any, act: Callable, num_envs: int, buffer_len: int, seed: int | None):
         self.env, self.act, self.W = vec_env, act, num_envs
-        self.obs, _ = vec_env.reset() if seed is None else vec_env.reset(seed=seed)
+        with warnings.catch_warnings():  # EnvPool's Box bounds are float64; Gymnasium warns
+            warnings.filterwarnings("ignore", message=".*precision lowered", category=UserWarning)
+            self.obs, _ = vec_env.reset() if seed is None else vec_env.reset(seed=seed)
         self.prev_done = np.zeros(num_envs, bool)
         T = buffer_len
         self.buf = {
@@ -334,7 +340,10 @@ def make_host_loop(kind: str, num_envs: int, params: Any, buffer_len: int, seed:
 # --------------------------------------------------------------------------- the sweep
 
 
-def _summary(times: Sequence[float], steps_per_call: int, acting_fraction: float = 1.0) -> dict[str, Any]:
+def _summary(
+    times: Sequence[float], round_s: Sequence[float], steps_per_call: int, acting_fraction: float = 1.0
+) -> dict[str, Any]:
+    """Throughput from all timed calls; ``round_*`` lists keep each round's own figure."""
     med = statistics.median(times)
     return {
         "median_s": med,
@@ -342,6 +351,8 @@ def _summary(times: Sequence[float], steps_per_call: int, acting_fraction: float
         "env_steps_per_s": steps_per_call / med,
         "actions_per_s": steps_per_call * acting_fraction / med,
         "acting_fraction": acting_fraction,
+        "round_env_steps_per_s": [steps_per_call / t for t in round_s],
+        "round_actions_per_s": [steps_per_call * acting_fraction / t for t in round_s],
     }
 
 
@@ -366,8 +377,8 @@ def measure_width(
     params: Any,
     *,
     host: Sequence[str] = HOST_IMPLS,
-    host_target_s: float = 1.0,
-    jax_target_s: float = 0.2,
+    host_target_s: float = 1.5,
+    jax_target_s: float = 0.3,
     seed: int = 0,
 ) -> dict[str, dict[str, Any]]:
     """All implementations at one width, measured round-robin (``repeats`` rounds).
@@ -384,8 +395,12 @@ def measure_width(
     loops, host_steps, host_compile = {}, {}, {}
     for kind in host:
         loop, host_compile[kind] = make_host_loop(kind, W, params, T, seed)
-        probe = loop.run(8)  # warm-up, and a per-step cost estimate
-        host_steps[kind] = max(8, min(200_000, round(host_target_s * 8 / probe["seconds"])))
+        loop.run(8)  # warm-up
+        n, probe = 8, loop.run(8)
+        while probe["seconds"] < 0.05 * host_target_s:  # per-step cost estimate
+            n *= 2
+            probe = loop.run(n)
+        host_steps[kind] = max(8, min(500_000, round(host_target_s * n / probe["seconds"])))
         loops[kind] = loop
     js_rounds: list[dict[str, Any]] = []
 
@@ -408,14 +423,15 @@ def measure_width(
     js_times = [t for res in js_rounds for t in _steady_times(res)]
     out = {
         "jaxsampler": {
-            **_summary(js_times, W * T, statistics.median(res["acting_fraction"] for res in js_rounds)),
+            **_summary(js_times, [statistics.median(_steady_times(res)) for res in js_rounds], W * T,
+                       statistics.median(res["acting_fraction"] for res in js_rounds)),
             "compile_s": statistics.median(_compile_total(res) for res in js_rounds),
             "compile_s_reported": [res["compile_s"] for res in js_rounds],
             "first_timed_call_s": [res["times_s"][0] for res in js_rounds],
             "rounds": [{k: res[k] for k in ("median_s", "env_steps_per_s", "actions_per_s")} for res in js_rounds],
         },
-        "handwritten": {**_summary(hand.times, W * T), "compile_s": hand.compile_s},
-        "forward_only": {**_summary(fwd.times, W * T), "compile_s": fwd.compile_s},
+        "handwritten": {**_summary(hand.times, hand.round_s, W * T), "compile_s": hand.compile_s},
+        "forward_only": {**_summary(fwd.times, fwd.round_s, W * T), "compile_s": fwd.compile_s},
     }
     for name in ("jaxsampler", "handwritten", "forward_only"):
         out[name].update(calls_per_round=inner, rounds_n=repeats)
@@ -427,6 +443,8 @@ def measure_width(
             "median_s": statistics.median(secs),
             "env_steps_per_s": statistics.median(steps_s),
             "actions_per_s": statistics.median(acts_s),
+            "round_env_steps_per_s": steps_s,
+            "round_actions_per_s": acts_s,
             "acting_fraction": statistics.median(r["actions"] / r["steps"] for r in loop.runs),
             "steps_per_run": host_steps[kind],
             "runs": loop.runs,
@@ -464,13 +482,17 @@ def _devices_worker(widths: Sequence[int], rollout_length: int, repeats: int, de
             by_width[str(w)] = {"status": f"skipped: width not divisible by {devices} devices"}
             continue
         rounds: dict[int, list[dict[str, Any]]] = {1: [], devices: []}
+        inner = 3
         for r in range(repeats):
             for n in ((1, devices) if r % 2 == 0 else (devices, 1)):
-                rounds[n].append(measure_rollout(ENV_ID, w, rollout_length, repeats=4, num_devices=n))
+                # One extra call: see _steady_times.
+                rounds[n].append(measure_rollout(ENV_ID, w, rollout_length, repeats=inner + 1, num_devices=n))
+            inner = max(1, min(50, math.ceil(0.3 / statistics.median(_steady_times(rounds[1][-1])))))
         row = {}
         for n, res in rounds.items():
             row[f"{n}dev"] = {
-                **_summary([t for x in res for t in _steady_times(x)], w * rollout_length,
+                **_summary([t for x in res for t in _steady_times(x)],
+                           [statistics.median(_steady_times(x)) for x in res], w * rollout_length,
                            statistics.median(x["acting_fraction"] for x in res)),
                 "compile_s": statistics.median(_compile_total(x) for x in res),
             }
@@ -485,17 +507,20 @@ def run_benchmark(
     repeats: int = 5,
     *,
     host_max_width: int = 1024,
-    host_target_s: float = 1.0,
+    host_target_s: float = 1.5,
     big_width: int = 4096,
     big_repeats: int | None = None,
     multi_device: bool = True,
+    multi_device_repeats: int = 5,
     seed: int = 0,
     progress: Callable[[str], None] | None = _log,
 ) -> dict[str, Any]:
     """Runs every implementation at every width; returns the full results dict.
 
     ``big_repeats`` (default ``repeats``) applies to widths ``>= big_width``; host loops
-    run only at widths ``<= host_max_width``.
+    run only at widths ``<= host_max_width``; the 2-device subprocess (if ``multi_device``
+    and ``measure_rollout`` takes ``num_devices``) runs ``min(repeats,
+    multi_device_repeats)`` rounds.
     """
     started = time.perf_counter()
     params = policy_params(seed)
@@ -508,10 +533,10 @@ def run_benchmark(
         if progress:
             progress(f"[{i + 1}/{len(widths)}] width {w}: {reps} rounds of {', '.join(list(JAX_IMPLS) + hw)}")
         by_width[str(w)] = measure_width(w, rollout_length, reps, params, host=hw, host_target_s=host_target_s, seed=seed)
-    if progress:
+    if progress and multi_device:
         progress("jaxsampler on 2 CPU devices (subprocess) ..." if _supports_num_devices() else
                  "skipping 2-device column: measure_rollout has no num_devices parameter")
-    multi = (measure_multi_device(widths, rollout_length, repeats) if multi_device
+    multi = (measure_multi_device(widths, rollout_length, min(repeats, multi_device_repeats)) if multi_device
              else {"status": "skipped: disabled"})
     return {
         "benchmark": "CartPole-v1 sampling throughput, 64x64 tanh actor-critic MLP",
@@ -521,6 +546,7 @@ def run_benchmark(
             "env_id": ENV_ID, "widths": list(widths), "rollout_length": rollout_length, "repeats": repeats,
             "big_width": big_width, "big_repeats": big_repeats or repeats, "host_max_width": host_max_width,
             "host_target_s": host_target_s, "seed": seed,
+            "multi_device_repeats": min(repeats, multi_device_repeats) if multi_device else 0,
             "OPENBLAS_NUM_THREADS": os.environ.get("OPENBLAS_NUM_THREADS"),
         },
         "environment": {**environment_info(), **_versions()},
@@ -528,7 +554,7 @@ def run_benchmark(
         "envpool_status": ep or "ok",
         "by_width": by_width,
         "jaxsampler_2dev": multi,
-        "ratios": ratios(by_width),
+        "ratios": ratios(by_width, multi),
         "wall_s": time.perf_counter() - started,
     }
 
@@ -545,19 +571,33 @@ def _versions() -> dict[str, str]:
     return out
 
 
-def ratios(by_width: dict[str, Any]) -> dict[str, dict[str, float]]:
-    """Side-by-side ratios per width (same process, same rounds).
+def paired_ratio(a: dict[str, Any], b: dict[str, Any], key: str = "actions_per_s") -> float:
+    """Median over rounds of ``a``'s figure over ``b``'s in the same round.
+
+    Both ran in every round, one after the other, so noise that hits a whole round
+    cancels out; the median then discards rounds where it hit only one of them.
+    """
+    return statistics.median(x / y for x, y in zip(a[f"round_{key}"], b[f"round_{key}"], strict=True))
+
+
+def ratios(by_width: dict[str, Any], multi: dict[str, Any] | None = None) -> dict[str, dict[str, float]]:
+    """Side-by-side ratios per width (:func:`paired_ratio` over the rounds).
 
     ``jaxsampler/<x>``: actions/s over actions/s. ``rollout/forward_only``: jaxsampler env
     steps/s over forward-only steps/s (same ``W*T`` policy calls per rollout call).
+    ``2dev/1dev``: from the subprocess, where both were interleaved.
     """
     out: dict[str, dict[str, float]] = {}
     for w, row in by_width.items():
-        js_row = row["jaxsampler"]
         for other in ("handwritten", "sync_vector_env", "make_vec", "envpool"):
             if other in row:
-                out.setdefault(f"jaxsampler/{other}", {})[w] = js_row["actions_per_s"] / row[other]["actions_per_s"]
-        out.setdefault("rollout/forward_only", {})[w] = js_row["env_steps_per_s"] / row["forward_only"]["env_steps_per_s"]
+                out.setdefault(f"jaxsampler/{other}", {})[w] = paired_ratio(row["jaxsampler"], row[other])
+        out.setdefault("rollout/forward_only", {})[w] = paired_ratio(
+            row["jaxsampler"], row["forward_only"], "env_steps_per_s"
+        )
+    for w, row in (multi or {}).get("by_width", {}).items():
+        if "2dev" in row:
+            out.setdefault("2dev/1dev", {})[w] = paired_ratio(row["2dev"], row["1dev"])
     return out
 
 
@@ -569,6 +609,12 @@ def _si(x: float) -> str:
         if x >= scale:
             return f"{x / scale:.3g}{suffix}"
     return f"{x:.3g}"
+
+
+def _note(text: str, limit: int = 160) -> str:
+    """A status message fit for one Markdown table cell."""
+    text = " ".join(text.split()).replace("|", "/")
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def series(results: dict[str, Any], key: str = "actions_per_s") -> dict[str, tuple[list[int], list[float]]]:
@@ -601,7 +647,7 @@ def markdown_table(results: dict[str, Any]) -> str:
         for name in ("jaxsampler", "handwritten", "forward_only", *HOST_IMPLS):
             recs = [results["by_width"][w].get(name) for w in widths]
             if name == "envpool" and results["envpool_status"] != "ok":
-                s += row(LABELS[name], [results["envpool_status"]] + [""] * (len(widths) - 1))
+                s += row(LABELS[name], [_note(results["envpool_status"])] + [""] * (len(widths) - 1))
                 continue
             s += row(LABELS[name], [_si(r[key]) if r else "—" for r in recs])
         multi = results["jaxsampler_2dev"]
@@ -612,13 +658,14 @@ def markdown_table(results: dict[str, Any]) -> str:
                 cells.append(_si(rec["2dev"][key]) if "2dev" in rec else "—")
             s += row(LABELS["jaxsampler_2dev"], cells)
         else:
-            s += row(LABELS["jaxsampler_2dev"], [multi["status"]] + [""] * (len(widths) - 1))
+            s += row(LABELS["jaxsampler_2dev"], [_note(multi["status"])] + [""] * (len(widths) - 1))
         return s
 
     cfg = results["config"]
     md = f"# {results['benchmark']}\n\n"
     md += (f"{results['date']} · `{results['command']}` · T={cfg['rollout_length']} · "
-           f"{cfg['repeats']} rounds (widths ≥ {cfg['big_width']}: {cfg['big_repeats']}) · "
+           f"{cfg['repeats']} rounds (widths ≥ {cfg['big_width']}: {cfg['big_repeats']}; "
+           f"2-device subprocess: {cfg['multi_device_repeats']}) · "
            f"OPENBLAS_NUM_THREADS={cfg['OPENBLAS_NUM_THREADS']} · "
            f"{results['environment']['cpu_count']} CPUs, jax {results['environment']['jax']} "
            f"({results['environment']['backend']}) · total {results['wall_s']:.0f} s\n\n")
@@ -629,11 +676,8 @@ def markdown_table(results: dict[str, Any]) -> str:
         if f"jaxsampler/{name}" in rat:
             md += row(f"**{label}**", [f"{rat[f'jaxsampler/{name}'][w]:.2f}" if w in rat[f"jaxsampler/{name}"] else "—" for w in widths])
     md += row("**rollout / forward-only** (env steps/s)", [f"{rat['rollout/forward_only'][w]:.2f}" for w in widths])
-    multi = results["jaxsampler_2dev"]
-    if multi.get("status") == "ok":
-        md += row("**2 devices / 1 device** (subprocess)", [
-            f"{multi['by_width'][w]['2dev']['actions_per_s'] / multi['by_width'][w]['1dev']['actions_per_s']:.2f}"
-            if "2dev" in multi["by_width"].get(w, {}) else "—" for w in widths])
+    if "2dev/1dev" in rat:
+        md += row("**2 devices / 1 device** (subprocess)", [f"{rat['2dev/1dev'][w]:.2f}" if w in rat["2dev/1dev"] else "—" for w in widths])
     md += "\n## Env steps per second (median; reset steps included)\n\n" + head + impl_rows("env_steps_per_s")
     md += "\n## Compile time, seconds (first call: trace + compile + one run)\n\n" + head
     for name in ("jaxsampler", "handwritten", "forward_only", "make_vec"):
@@ -650,7 +694,7 @@ def markdown_table(results: dict[str, Any]) -> str:
            f"{statistics.median(results['by_width'][w]['jaxsampler']['acting_fraction'] for w in widths):.3f}); "
            "the host loops (Gymnasium, EnvPool) also reset on the next step and are counted the same way; "
            "gymnax resets within the step, so every hand-written step is an action. Ratios compare runs "
-           "interleaved round by round in one process. Host loops run at widths ≤ "
+           "interleaved round by round in one process: each is the median over rounds of the within-round ratio. Host loops run at widths ≤ "
            f"{cfg['host_max_width']} only (—).\n")
     return md
 
@@ -669,15 +713,16 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--big-width", type=int, default=4096, help="widths >= this use --big-repeats")
     p.add_argument("--big-repeats", type=int, help="rounds for widths >= --big-width (default --repeats)")
     p.add_argument("--host-max-width", type=int, help="largest width for the host-loop baselines (default 1024)")
-    p.add_argument("--host-target-s", type=float, help="seconds per timed host-loop run (default 1.0)")
+    p.add_argument("--host-target-s", type=float, help="seconds per timed host-loop run (default 1.5)")
     p.add_argument("--no-multi-device", action="store_true", help="skip the 2-CPU-device subprocess")
+    p.add_argument("--multi-device-repeats", type=int, default=5, help="max rounds in the 2-device subprocess (default 5)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--quick", action="store_true", help="tiny smoke run; prints, writes only with --output-dir")
     p.add_argument("--output-dir", type=Path, help=f"where to write throughput.json/.md (default {RESULTS_DIR})")
     p.add_argument("--devices-worker", type=int, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     base = QUICK if args.quick else {"widths": list(DEFAULT_WIDTHS), "rollout_length": 128, "repeats": 5,
-                                     "host_max_width": 1024, "host_target_s": 1.0}
+                                     "host_max_width": 1024, "host_target_s": 1.5}
     for k, v in base.items():
         if getattr(args, k) is None:
             setattr(args, k, v)
@@ -687,7 +732,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     results = run_benchmark(
         args.widths, args.rollout_length, args.repeats, host_max_width=args.host_max_width,
         host_target_s=args.host_target_s, big_width=args.big_width, big_repeats=args.big_repeats,
-        multi_device=not args.no_multi_device, seed=args.seed,
+        multi_device=not args.no_multi_device, multi_device_repeats=args.multi_device_repeats, seed=args.seed,
     )
     print(markdown_table(results))
     out_dir = args.output_dir or (None if args.quick else RESULTS_DIR)
