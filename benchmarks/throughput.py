@@ -357,10 +357,11 @@ def _summary(
 
 
 def _steady_times(res: dict[str, Any]) -> list[float]:
-    """``measure_rollout``'s timed calls less the first.
+    """``measure_rollout``'s timed calls less the first (an extra warm-up call).
 
-    Its compile call passes no buffers and the timed calls pass the previous ones, so
-    (as of this writing) the first timed call traces and compiles a second time.
+    ``jit_rollout`` allocates the buffers of the first call separately, so the rollout
+    compiles once; the first timed call is still dropped as a warm-up and any excess it
+    shows over the steady state is counted as compile time.
     """
     return res["times_s"][1:]
 

@@ -308,14 +308,33 @@ def make_rollout(
         buffers = buffers.replace(obs=_write(buffers.obs, jnp.int32(T), state.obs))
         return state, buffers
 
+    rollout.allocate = lambda params, state: allocate_trajectory(env, policy, T, params, state)  # type: ignore[attr-defined]
     if not debug:
         return rollout
     return _debug_rollout(env, rollout)
 
 
 def jit_rollout(rollout: RolloutFn) -> RolloutFn:
-    """``jax.jit`` of a rollout that donates the state and the buffers (args 1 and 2)."""
-    return jax.jit(rollout, donate_argnums=(1, 2))
+    """``jax.jit`` of a rollout that donates the state and the buffers (args 1 and 2).
+
+    A call without ``buffers`` first allocates them with a small separate jitted
+    function, so the rollout compiles once: the first call and the steady-state calls
+    (which pass the previous trajectory back) share one executable.
+    """
+    jitted = jax.jit(rollout, donate_argnums=(1, 2))
+    allocate = getattr(rollout, "allocate", None)
+    if allocate is None:
+        return jitted
+    allocate = jax.jit(allocate)
+
+    def call(params: Any, state: RolloutState, buffers: Trajectory | None = None):
+        if buffers is None:
+            buffers = allocate(params, state)
+        return jitted(params, state, buffers)
+
+    call._cache_size = jitted._cache_size  # type: ignore[attr-defined]
+    call.jitted = jitted  # type: ignore[attr-defined]
+    return call
 
 
 # --------------------------------------------------------------------------- debug mode

@@ -126,5 +126,14 @@ def make_sharded_rollout(
         )
         return fn(params, state, buffers)
 
+    def allocate(params: Any, state: RolloutState) -> Trajectory:
+        traj = allocate_trajectory(env, policy, rollout_length, params, state)
+        specs = _traj_specs(traj)
+        return jax.tree.map(
+            lambda x, spec: jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec)), traj, specs,
+            is_leaf=lambda x: isinstance(x, P),
+        )
+
+    rollout.allocate = allocate  # type: ignore[attr-defined]
     return rollout
 
