@@ -264,12 +264,12 @@ def make_rollout(
 
         def body(carry: tuple[RolloutState, Trajectory], t: jax.Array):
             rs, buf = carry
-            key, k_pol, k_env = jax.random.split(rs.key, 3)
+            key, k_pol, k_step, k_reset = jax.random.split(rs.key, 4)
             if shard_axis is not None:  # distinct streams per shard, same carried key
                 shard = jax.lax.axis_index(shard_axis)
-                k_pol, k_env = jax.random.fold_in(k_pol, shard), jax.random.fold_in(k_env, shard)
-            env_keys = jax.random.split(k_env, 2 * E)
-            step_keys, reset_keys = env_keys[:E], env_keys[E:]
+                k_pol, k_step, k_reset = (jax.random.fold_in(k, shard) for k in (k_pol, k_step, k_reset))
+            # Separate splits: an env whose step ignores its key lets XLA drop that work.
+            step_keys, reset_keys = jax.random.split(k_step, E), jax.random.split(k_reset, E)
             pstate = rs.policy_state
             if has_pstate:
                 pstate = vector.select_envs(rs.episode_step == 0, init_pstate, pstate)

@@ -190,16 +190,16 @@ def python_loop_reference(env, policy, params, num_envs, steps, seed):
     needs_reset = [False] * num_envs
     episodes = [[{"obs": [obs[e][0]], "act": [], "rew": [], "term": False, "trunc": False}] for e in range(num_envs)]
     for _ in range(steps):
-        key, k_pol, k_env = jax.random.split(key, 3)
-        env_keys = jax.random.split(k_env, 2 * num_envs)
+        key, k_pol, k_step, k_reset = jax.random.split(key, 4)
+        step_keys, reset_keys = jax.random.split(k_step, num_envs), jax.random.split(k_reset, num_envs)
         actions, _, _ = policy(params, jnp.stack(obs), k_pol, js.NoState())
         for e in range(num_envs):
             if needs_reset[e]:
-                states[e], ts = reset(env_keys[num_envs + e])
+                states[e], ts = reset(reset_keys[e])
                 episodes[e].append({"obs": [np.asarray(ts.obs)[0]], "act": [], "rew": [], "term": False, "trunc": False})
                 needs_reset[e] = False
             else:
-                states[e], ts = step(env_keys[e], states[e], actions[e])
+                states[e], ts = step(step_keys[e], states[e], actions[e])
                 ep = episodes[e][-1]
                 ep["obs"].append(np.asarray(ts.obs)[0])
                 ep["act"].append(np.asarray(actions[e])[0])
