@@ -21,7 +21,6 @@ import time
 from pathlib import Path
 
 import jax
-import numpy as np
 
 import jaxsampler as js
 from jaxsampler.bench import environment_info

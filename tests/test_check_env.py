@@ -11,7 +11,6 @@ import pytest
 
 import jaxsampler as js
 from jaxsampler.spaces import Box
-from jaxsampler.types import TimeStep
 from tests.fakes import FakeEnv, FakeParams
 
 

@@ -11,6 +11,7 @@ limit 200 steps.
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -67,24 +68,34 @@ class MountainCar(SingleAgentEnv):
         return Discrete(3)
 
     def reset_env(self, key: jax.Array, params: MountainCarParams):
-        position = jax.random.uniform(key, (), jnp.float32, -0.6, -0.4)
-        state = MountainCarState(position, jnp.zeros((), jnp.float32), jnp.zeros((), jnp.int32))
-        return state, _obs(state)
+        return reset_valley(key)
 
     def step_env(self, key: jax.Array, state: MountainCarState, action: jax.Array, params: MountainCarParams):
         del key
         push = jnp.asarray(action, jnp.float32) - 1.0
-        velocity = state.velocity + push * params.force - jnp.cos(3.0 * state.position) * params.gravity
-        velocity = jnp.clip(velocity, -params.max_speed, params.max_speed)
-        position = jnp.clip(state.position + velocity, params.min_position, params.max_position)
-        # Inelastic collision with the left wall.
-        velocity = jnp.where((position == params.min_position) & (velocity < 0.0), 0.0, velocity)
-        new = state.replace(
-            position=position.astype(jnp.float32), velocity=velocity.astype(jnp.float32)
-        )
-        terminated = (new.position >= params.goal_position) & (new.velocity >= params.goal_velocity)
+        new, terminated = valley_step(state, push * params.force, params)
         reward = jnp.full((), -1.0, jnp.float32)
         return new, _obs(new), reward, terminated, self.reset_info(params)
+
+
+def reset_valley(key: jax.Array) -> tuple[MountainCarState, jax.Array]:
+    """Start at rest, uniformly in ``[-0.6, -0.4]`` (both MountainCar variants)."""
+    position = jax.random.uniform(key, (), jnp.float32, -0.6, -0.4)
+    state = MountainCarState(position, jnp.zeros((), jnp.float32), jnp.zeros((), jnp.int32))
+    return state, _obs(state)
+
+
+def valley_step(state: MountainCarState, acceleration: jax.Array, params: Any) -> tuple[MountainCarState, jax.Array]:
+    """One step of the valley dynamics given the engine's acceleration; returns
+    ``(state, terminated)``. ``params`` needs the gravity, speed, position and goal fields."""
+    velocity = state.velocity + acceleration - jnp.cos(3.0 * state.position) * params.gravity
+    velocity = jnp.clip(velocity, -params.max_speed, params.max_speed)
+    position = jnp.clip(state.position + velocity, params.min_position, params.max_position)
+    # Inelastic collision with the left wall.
+    velocity = jnp.where((position == params.min_position) & (velocity < 0.0), 0.0, velocity)
+    new = state.replace(position=position.astype(jnp.float32), velocity=velocity.astype(jnp.float32))
+    terminated = (new.position >= params.goal_position) & (new.velocity >= params.goal_velocity)
+    return new, terminated
 
 
 def _obs(s: MountainCarState) -> jax.Array:

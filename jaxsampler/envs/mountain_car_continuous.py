@@ -17,16 +17,14 @@ import numpy as np
 from flax import struct
 
 from jaxsampler.env import SingleAgentEnv
+from jaxsampler.envs.mountain_car import _OBS_HIGH, _OBS_LOW, MountainCarState, _obs, reset_valley, valley_step
 from jaxsampler.spaces import Box
 
 __all__ = ["MountainCarContinuous", "MountainCarContinuousParams", "MountainCarContinuousState"]
 
 
-@struct.dataclass
-class MountainCarContinuousState:
-    position: jax.Array  # float32[]
-    velocity: jax.Array  # float32[]
-    time: jax.Array  # int32[]
+#: Same state as the discrete variant.
+MountainCarContinuousState = MountainCarState
 
 
 @struct.dataclass
@@ -43,10 +41,6 @@ class MountainCarContinuousParams:
     goal_reward: float = 100.0
     action_cost: float = 0.1
     max_steps_in_episode: int = 999
-
-
-_OBS_LOW = np.array([-1.2, -0.07], dtype=np.float32)
-_OBS_HIGH = np.array([0.6, 0.07], dtype=np.float32)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,11 +64,7 @@ class MountainCarContinuous(SingleAgentEnv):
         return Box(-1.0, 1.0, (1,), np.float32)
 
     def reset_env(self, key: jax.Array, params: MountainCarContinuousParams):
-        position = jax.random.uniform(key, (), jnp.float32, -0.6, -0.4)
-        state = MountainCarContinuousState(
-            position, jnp.zeros((), jnp.float32), jnp.zeros((), jnp.int32)
-        )
-        return state, _obs(state)
+        return reset_valley(key)
 
     def step_env(
         self,
@@ -86,18 +76,7 @@ class MountainCarContinuous(SingleAgentEnv):
         del key
         a = jnp.asarray(action, jnp.float32)[0]
         force = jnp.clip(a, params.min_action, params.max_action)
-        velocity = state.velocity + force * params.power - params.gravity * jnp.cos(3.0 * state.position)
-        velocity = jnp.clip(velocity, -params.max_speed, params.max_speed)
-        position = jnp.clip(state.position + velocity, params.min_position, params.max_position)
-        # Inelastic collision with the left wall.
-        velocity = jnp.where((position == params.min_position) & (velocity < 0.0), 0.0, velocity)
-        new = state.replace(
-            position=position.astype(jnp.float32), velocity=velocity.astype(jnp.float32)
-        )
-        terminated = (new.position >= params.goal_position) & (new.velocity >= params.goal_velocity)
+        new, terminated = valley_step(state, force * params.power, params)
         reward = jnp.where(terminated, params.goal_reward, 0.0) - params.action_cost * a**2
         return new, _obs(new), reward.astype(jnp.float32), terminated, self.reset_info(params)
 
-
-def _obs(s: MountainCarContinuousState) -> jax.Array:
-    return jnp.stack([s.position, s.velocity]).astype(jnp.float32)
