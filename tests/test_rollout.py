@@ -294,3 +294,33 @@ def test_debug_mode_reports_actions_outside_the_space():
     debug = js.make_rollout(env, pol, E, T, debug=True)
     with pytest.raises(js.RolloutDebugError, match=r"action outside Discrete\(3\).*step 0 .*env 0, agent 0"):
         debug((), js.init_rollout_state(env, pol, E, jax.random.PRNGKey(0)))
+
+
+def test_recurrent_policy_logp_replays_with_resets_at_episode_starts():
+    """Replaying the GRU over the stored observations, resetting its carry exactly at each
+    episode's first observation, reproduces every stored action_logp (no off-by-one)."""
+    env = FakeEnv()
+    pol = js.RecurrentPolicy(env.observation_space, env.action_space, hidden_size=4)
+    params = pol.init(jax.random.PRNGKey(1))
+    rollout = jax.jit(js.make_rollout(env, pol, 2, 9))
+    state = js.init_rollout_state(env, pol, 2, jax.random.PRNGKey(2))
+    state, _ = rollout(params, state)  # start the checked call mid-episode
+    state, traj = rollout(params, state)
+    from jaxsampler.policies.mlp import _flatten_obs, log_prob
+
+    step = np.asarray(traj.episode_step_0).copy()
+    carry = np.asarray(traj.policy_state_0)
+    resets = np.asarray(traj.is_reset)
+    checked = 0
+    for t in range(9):
+        obs = traj.obs[t]
+        carry = np.where((step == 0)[:, None, None], 0.0, carry)
+        new_carry, (dist, value, log_std) = pol.module.apply(params, jnp.asarray(carry), _flatten_obs(obs, env.observation_space))
+        logp = log_prob(env.action_space, dist, log_std, traj.actions[t])
+        live = ~resets[t]
+        np.testing.assert_allclose(np.asarray(logp)[live], np.asarray(traj.extras["action_logp"][t])[live], rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(np.asarray(value)[live], np.asarray(traj.extras["vf_preds"][t])[live], rtol=1e-5, atol=1e-6)
+        checked += int(live.sum())
+        carry = np.asarray(new_carry)
+        step = np.where(resets[t], 0, step + 1)
+    assert checked > 10 and resets.any()
