@@ -9,7 +9,7 @@ from jaxsampler.check import EnvCheckError, EnvCheckReport, check_env
 from jaxsampler.env import DEFAULT_AGENT_ID, Env, EnvParams, SingleAgentEnv
 from jaxsampler.envs.adapters.gymnax import GymnaxEnv, from_gymnax_env as from_gymnax
 from jaxsampler.host import InfiniteLookbackBuffer, Sampler, SamplerMetrics, SingleAgentEpisode
-from jaxsampler.host.batch import SampleBatch
+from jaxsampler.host.batch import MultiAgentBatch, SampleBatch, concat_samples
 from jaxsampler.policies import MLPPolicy, NoState, Policy, RandomPolicy, RecurrentPolicy
 from jaxsampler.registry import make, register, registered_ids
 from jaxsampler.rollout import (
@@ -31,6 +31,7 @@ __all__ = [
     "EnvCheckReport",
     "GymnaxEnv",
     "InfiniteLookbackBuffer",
+    "MultiAgentBatch",
     "EnvParams",
     "MLPPolicy",
     "NoInfo",
@@ -49,6 +50,7 @@ __all__ = [
     "Trajectory",
     "allocate_trajectory",
     "check_env",
+    "concat_samples",
     "from_gymnax",
     "init_rollout_state",
     "jit_rollout",

@@ -1,8 +1,9 @@
-"""Every RLlib example of the reference (sections 1-2) reproduced with jaxsampler's classes.
+"""Every RLlib example of the reference (sections 1, 2, 4.3, 4.5) reproduced with jaxsampler.
 
 The examples and their outputs (obtained by running ray[rllib] 2.60.0) are in
 tests/data/rllib_examples_single_agent.json. Each example runs with jaxsampler's
-InfiniteLookbackBuffer / SingleAgentEpisode in place of RLlib's, and its printed output
+InfiniteLookbackBuffer / SingleAgentEpisode / SampleBatch / MultiAgentBatch / concat_samples
+in place of RLlib's, and its printed output
 must equal RLlib's line by line. Lines that print an exception must raise the same
 exception type (messages of RLlib's dm_tree internals are not reproduced). The only
 other differences are the RLlib bugs we deliberately do not copy, listed in DEVIATIONS.
@@ -26,11 +27,26 @@ DEVIATIONS = {
         "get(-4, nial)      <-- BUG: wraps, list mode raises -> !! IndexError: index -1 is out of bounds for axis 0 with size 6",
         "RLlib bug (reference §0.3): numpy'ized buffers wrap around; we raise like list mode",
     ),
+    ("4.3", "shuffled obs [3 1 2 4 5] infos (NOT shuffled): [{'a': 0}, {'a': 1}, {'a': 2}, {'a': 3}, {'a': 4}]"): (
+        "shuffled obs [3 1 2 4 5] infos (NOT shuffled): [{'a': 2}, {'a': 0}, {'a': 1}, {'a': 3}, {'a': 4}]",
+        "RLlib bug (§4.3): shuffle() leaves infos in place; we permute them with the rows",
+    ),
+    ("4.3", "list(b.rows()) -> !! TypeError: 'int' object is not subscriptable"): (
+        "list(b.rows()) -> [{'obs': np.int64(1), 'rewards': np.float64(0.0), 'eps_id': np.int64(7), "
+        "'terminateds': np.False_, 'truncateds': np.False_, 'infos': {'a': 0}}, {'obs': np.int64(2), "
+        "'rewards': np.float64(1.0), 'eps_id': np.int64(7), 'terminateds': np.True_, 'truncateds': np.False_, "
+        "'infos': {'a': 1}}, {'obs': np.int64(3), 'rewards': np.float64(0.0), 'eps_id': np.int64(8), "
+        "'terminateds': np.False_, 'truncateds': np.False_, 'infos': {'a': 2}}, {'obs': np.int64(4), "
+        "'rewards': np.float64(1.0), 'eps_id': np.int64(8), 'terminateds': np.False_, 'truncateds': np.False_, "
+        "'infos': {'a': 3}}, {'obs': np.int64(5), 'rewards': np.float64(0.0), 'eps_id': np.int64(8), "
+        "'terminateds': np.True_, 'truncateds': np.False_, 'infos': {'a': 4}}]",
+        "RLlib bug (§4.3): rows() fails on dict infos; we yield one dict per row",
+    ),
 }
 
 PRELUDE = '''
 import copy, numpy as np, gymnasium as gym
-from jaxsampler import InfiniteLookbackBuffer, SingleAgentEpisode
+from jaxsampler import InfiniteLookbackBuffer, MultiAgentBatch, SampleBatch, SingleAgentEpisode, concat_samples
 def show(label, f):
     try:
         print(label, "->", repr(f()))
