@@ -267,3 +267,64 @@ def test_bad_sampler_construction():
     turn = TurnEnv()
     with pytest.raises(NotImplementedError, match="single-agent"):
         js.Sampler(turn, js.RandomPolicy(turn.observation_space, turn.action_space))
+
+
+# ----------------------------------------------------------------------------- sample_batch
+
+
+def episodes_to_batch(eps):
+    """The reference: RLlib's per-episode data dicts, concatenated, plus new_obs."""
+    batches = []
+    for ep in eps:
+        b = ep.get_sample_batch()
+        b = js.SampleBatch({**b, "new_obs": ep.get_observations(slice(1, None))})
+        batches.append(b)
+    return js.concat_samples(batches)
+
+
+@pytest.mark.parametrize("policy", ["random", "mlp"])
+def test_sample_batch_equals_the_batch_built_from_episodes(policy):
+    env = FakeEnv() if policy == "random" else js.make("CartPole-v1")
+    pol = (js.RandomPolicy(env.observation_space, env.action_space) if policy == "random"
+           else js.MLPPolicy(env.observation_space, env.action_space, hidden_sizes=(8,)))
+    params = pol.init(jax.random.PRNGKey(0))
+    a = js.Sampler(env, pol, num_envs=3, rollout_length=9, seed=21, episode_lookback_horizon=2)
+    b = js.Sampler(env, pol, num_envs=3, rollout_length=9, seed=21, episode_lookback_horizon=2)
+    for call in range(4):
+        kwargs = {"num_timesteps": 40} if call == 2 else {}
+        eps = a.sample(params, **kwargs)
+        mab = b.sample_batch(params, **kwargs)
+        assert isinstance(mab, js.MultiAgentBatch) and list(mab.policy_batches) == ["default_policy"]
+        direct, ref = mab["default_policy"], episodes_to_batch(eps)
+        assert mab.env_steps() == mab.agent_steps() == direct.count == ref.count == b.metrics.num_env_steps_sampled
+        for col in ("obs", "new_obs", "actions", "rewards", "terminateds", "truncateds", "t", "eps_id"):
+            np.testing.assert_array_equal(direct[col], ref[col], err_msg=col)
+            assert direct[col].dtype.kind == ref[col].dtype.kind, col
+        for col in set(eps[0].extra_model_outputs):
+            np.testing.assert_array_equal(direct[col], ref[col], err_msg=col)
+        np.testing.assert_array_equal(direct["agent_index"], 0)
+        assert a.metrics.as_dict() == b.metrics.as_dict()
+        # split_by_episode recovers the episodes' lengths, in order.
+        assert [s.count for s in direct.split_by_episode()] == [len(e) for e in eps]
+
+
+def test_sample_batch_new_obs_is_the_real_final_observation():
+    s = fake_sampler(seed=22)
+    batch = s.sample_batch(())["default_policy"]
+    ends = batch["terminateds"] | batch["truncateds"]
+    assert ends.any()
+    # FakeEnv: new_obs = [t + 1, tag]; at an episode end that is the final observation.
+    np.testing.assert_array_equal(batch["new_obs"][:, 0], batch["t"] + 1)
+    np.testing.assert_array_equal(batch["new_obs"][:, 1], batch["obs"][:, 1])
+    for row in np.nonzero(ends)[0]:
+        length, _, _ = expected_episode(float(batch["obs"][row, 1]))
+        assert batch["new_obs"][row, 0] == length
+
+
+def test_sample_batch_num_episodes():
+    s = fake_sampler(seed=23)
+    mab = s.sample_batch((), num_episodes=3)
+    batch = mab["default_policy"]
+    parts = batch.split_by_episode()
+    assert len(parts) >= 3 and all(p["terminateds"][-1] or p["truncateds"][-1] for p in parts)
+    assert all(p["t"][0] == 0 for p in parts)

@@ -36,6 +36,7 @@ import jax
 import numpy as np
 
 from jaxsampler.env import Env
+from jaxsampler.host.batch import DEFAULT_POLICY_ID, MultiAgentBatch, SampleBatch
 from jaxsampler.host.episode import SingleAgentEpisode, _reward_space
 from jaxsampler.host.lookback import InfiniteLookbackBuffer
 from jaxsampler.policies.base import Policy
@@ -159,10 +160,32 @@ class Sampler:
 
         Metrics of the call are in :attr:`metrics`.
         """
+        return self._sample(params, num_timesteps, num_episodes, force_reset, self._to_episodes)
+
+    def sample_batch(
+        self,
+        params: Any,
+        num_timesteps: int | None = None,
+        num_episodes: int | None = None,
+        force_reset: bool = False,
+    ) -> MultiAgentBatch:
+        """Like :meth:`sample`, but returns a ``MultiAgentBatch`` (``"default_policy"`` ->
+        ``SampleBatch``) built straight from the device buffers, one row per sampled step.
+
+        Columns: ``obs``, ``new_obs`` (derived from the single observation track),
+        ``actions``, ``rewards``, ``terminateds``, ``truncateds``, ``t``, ``eps_id`` (the
+        episodes' ``id_``), ``agent_index``, ``infos`` and the policy's extras
+        (``action_logp``, ``vf_preds``, ...). Rows come episode by episode in the order
+        :meth:`sample` would return the episodes. Episodes continue across calls exactly
+        as with :meth:`sample` (the two may be mixed).
+        """
+        return self._sample(params, num_timesteps, num_episodes, force_reset, self._to_batch)
+
+    def _sample(self, params: Any, num_timesteps: int | None, num_episodes: int | None, force_reset: bool, build: Any):
         if num_timesteps is not None and num_episodes is not None:
             raise ValueError("give num_timesteps or num_episodes, not both")
         for name, v in (("num_timesteps", num_timesteps), ("num_episodes", num_episodes)):
-            if v is not None and (not isinstance(v, (int, np.integer)) or v < 1):
+            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1):
                 raise ValueError(f"{name} must be an int >= 1, got {v!r}")
         if self._state is None or force_reset or num_episodes is not None:
             self.reset()
@@ -176,12 +199,12 @@ class Sampler:
                     break
             elif num_timesteps is None or steps >= num_timesteps:
                 break
-        episodes, metrics = self._to_episodes(chunks, num_episodes)
+        out, metrics = build(chunks, num_episodes)
         metrics.num_rollout_calls = len(chunks)
         self.metrics = metrics
         if num_episodes is not None:
             self._state = None  # the next call starts fresh, as RLlib does
-        return episodes
+        return out
 
     def _count_done(self, chunks: list[Trajectory]) -> int:
         return sum(int(np.count_nonzero(c.terminated | c.truncated)) for c in chunks)
@@ -227,7 +250,13 @@ class Sampler:
         self._tail = {name: _tail(col, H, name == "obs") for name, col in cols.items()}
         return cols
 
-    def _to_episodes(self, chunks: list[Trajectory], num_episodes: int | None):
+    def _segments(self, chunks: list[Trajectory], num_episodes: int | None):
+        """Episode segments of the sampled chunks, in output order (finished ones first).
+
+        Returns ``(cols, seg, metrics)``: the env-major columns and a dict of per-segment
+        arrays (``env``, ``start``, ``len``, ``lookback``, ``t_started``, ``term``,
+        ``trunc``, ``count``). All vectorized; also updates the carried partial returns.
+        """
         H, E = self.horizon, self.num_envs
         first = chunks[0]
         step0 = np.asarray(first.episode_step_0)
@@ -258,8 +287,8 @@ class Sampler:
         seg_sum = csum[seg_env, seg_end + 1] - csum[seg_env, seg_start]
         seg_return = seg_sum + np.where(continues, self._partial_return[seg_env], 0.0)
         if num_episodes is not None:  # stop at the step where the count reached N
-            order = np.lexsort((seg_env, seg_end))
-            finished = order[is_done[order]]
+            by_end = np.lexsort((seg_env, seg_end))
+            finished = by_end[is_done[by_end]]
             cutoff = seg_end[finished[num_episodes - 1]]
             keep = is_done & (seg_end <= cutoff)
         else:
@@ -269,11 +298,11 @@ class Sampler:
         self._partial_return[:] = 0.0
         self._partial_return[seg_env[ongoing]] = seg_return[ongoing]
         order = np.concatenate([np.nonzero(keep & is_done)[0], np.nonzero(keep & ~is_done)[0]])
-        extra_cols = [(name[6:], col) for name, col in cols.items() if name.startswith("extra:")]
-        info_cols = [(name[5:], col) for name, col in cols.items() if name.startswith("info:")]
-        fields = zip(*(x[order].tolist() for x in (seg_env, seg_start, seg_len, lookback, t_started, term, trunc, count)))
-        with _no_gc():  # thousands of small objects: skip cyclic-GC passes while building them
-            episodes = [self._episode(cols, extra_cols, info_cols, *f) for f in fields]
+        seg = {
+            "env": seg_env[order], "start": seg_start[order], "len": seg_len[order],
+            "lookback": lookback[order], "t_started": t_started[order], "term": term[order],
+            "trunc": trunc[order], "count": count[order],
+        }
         m = SamplerMetrics(num_env_steps_sampled=int(np.count_nonzero(live)))
         fin = keep & is_done
         m.num_episodes_completed = int(fin.sum())
@@ -282,14 +311,62 @@ class Sampler:
             rets, lens = seg_return[fin], (t_started + seg_len)[fin]
             m.episode_return_mean, m.episode_return_min, m.episode_return_max = float(rets.mean()), float(rets.min()), float(rets.max())
             m.episode_len_mean, m.episode_len_min, m.episode_len_max = float(lens.mean()), float(lens.min()), float(lens.max())
+        return cols, seg, m
+
+    def _episode_id(self, env: int, count: int) -> str:
+        return f"{self._run_id}{self._resets:04x}{env:06x}{count:08x}"
+
+    def _to_episodes(self, chunks: list[Trajectory], num_episodes: int | None):
+        cols, seg, m = self._segments(chunks, num_episodes)
+        extra_cols = [(name[6:], col) for name, col in cols.items() if name.startswith("extra:")]
+        info_cols = [(name[5:], col) for name, col in cols.items() if name.startswith("info:")]
+        names = ("env", "start", "len", "lookback", "t_started", "term", "trunc", "count")
+        fields = zip(*(seg[k].tolist() for k in names))
+        with _no_gc():  # thousands of small objects: skip cyclic-GC passes while building them
+            episodes = [self._episode(cols, extra_cols, info_cols, *f) for f in fields]
         return episodes, m
+
+    def _to_batch(self, chunks: list[Trajectory], num_episodes: int | None):
+        """One ``SampleBatch`` row per sampled (non-reset) step, episodes in ``sample()``'s
+        order, built with fancy indexing over the env-major columns (no per-step loop)."""
+        cols, seg, m = self._segments(chunks, num_episodes)
+        H = self.horizon
+        lens = seg["len"]
+        n_rows = int(lens.sum())
+        seg_of_row = np.repeat(np.arange(len(lens)), lens)
+        offset = np.arange(n_rows) - np.repeat(np.cumsum(lens) - lens, lens)
+        e = seg["env"][seg_of_row]
+        j = H + seg["start"][seg_of_row] + offset
+        ids = np.array([self._episode_id(a, c) for a, c in zip(seg["env"].tolist(), seg["count"].tolist())] or [""])
+        data: dict[str, Any] = {
+            SampleBatch.OBS: cols["obs"][e, j],
+            SampleBatch.NEXT_OBS: cols["obs"][e, j + 1],
+            SampleBatch.ACTIONS: cols["actions"][e, j],
+            SampleBatch.REWARDS: cols["rewards"][e, j],
+            SampleBatch.TERMINATEDS: cols["terminated"][e, j],
+            SampleBatch.TRUNCATEDS: cols["truncated"][e, j],
+            SampleBatch.T: (seg["t_started"][seg_of_row] + offset).astype(np.int64),
+            SampleBatch.EPS_ID: ids[seg_of_row] if n_rows else np.array([], ids.dtype),
+            SampleBatch.AGENT_INDEX: np.zeros(n_rows, np.int64),
+        }
+        info_cols = [(name[5:], col) for name, col in cols.items() if name.startswith("info:")]
+        if info_cols:
+            # The info of the observation at step j was recorded with step j - 1.
+            data[SampleBatch.INFOS] = _unflatten({k: np.where(
+                (j > 0).reshape((-1,) + (1,) * (col.ndim - 2)), col[e, np.maximum(j - 1, 0)], 0) for k, col in info_cols})
+        else:
+            data[SampleBatch.INFOS] = [{}] * n_rows
+        for name, col in cols.items():
+            if name.startswith("extra:"):
+                data[name[6:]] = col[e, j]
+        return MultiAgentBatch({DEFAULT_POLICY_ID: SampleBatch(data)}, n_rows), m
 
     def _episode(self, cols: dict[str, Any], extra_cols: list, info_cols: list, e: int, start: int, length: int, lb: int,
                  t_started: int, term: bool, trunc: bool, count: int) -> SingleAgentEpisode:
         H = self.horizon
         a, b = H + start - lb, H + start + length  # step range incl. lookback
         ep = SingleAgentEpisode.__new__(SingleAgentEpisode)
-        ep.id_ = f"{self._run_id}{self._resets:04x}{e:06x}{count:08x}"
+        ep.id_ = self._episode_id(e, count)
         ep.agent_id = ep.module_id = ep.multi_agent_episode_id = None
         ep._observation_space, ep._action_space = self._obs_space, self._act_space
         ep.observations = _fast_buffer(cols["obs"][e, a : b + 1], lb, self._obs_space)
