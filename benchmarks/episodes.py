@@ -1,4 +1,4 @@
-"""Buffer -> episode conversion cost vs the rollout that produced the data.
+"""Buffer -> episode (and -> SampleBatch) conversion cost vs the rollout that produced the data.
 
 CartPole-v1, 1024 envs x 128 steps, with (a) a random policy (many short episodes, the
 worst case for per-episode work) and (b) a 64x64 tanh MLP policy. For each, per
@@ -38,18 +38,22 @@ def measure(policy_name: str, num_envs: int, rollout_length: int, repeats: int) 
     sampler = js.Sampler(env, pol, num_envs=num_envs, rollout_length=rollout_length, seed=0)
     for _ in range(2):  # compile, warm up
         sampler.sample(params)
-    rollout_s, convert_s, episodes, steps = [], [], [], []
+    rollout_s, convert_s, batch_s, episodes, steps = [], [], [], [], []
     for _ in range(repeats):
-        t0 = time.perf_counter()
-        traj = sampler._call(params)  # rollout + one device-to-host transfer
-        t1 = time.perf_counter()
-        eps, metrics = sampler._to_episodes([traj], None)
-        t2 = time.perf_counter()
-        rollout_s.append(t1 - t0)
-        convert_s.append(t2 - t1)
+        for build in ("episodes", "batch"):
+            t0 = time.perf_counter()
+            traj = sampler._call(params)  # rollout + one device-to-host transfer
+            t1 = time.perf_counter()
+            if build == "episodes":
+                eps, metrics = sampler._to_episodes([traj], None)
+            else:
+                sampler._to_batch([traj], None)
+            t2 = time.perf_counter()
+            rollout_s.append(t1 - t0)
+            (convert_s if build == "episodes" else batch_s).append(t2 - t1)
         episodes.append(len(eps))
         steps.append(metrics.num_env_steps_sampled)
-    r, c = statistics.median(rollout_s), statistics.median(convert_s)
+    r, c, bt = statistics.median(rollout_s), statistics.median(convert_s), statistics.median(batch_s)
     return {
         "policy": policy_name,
         "num_envs": num_envs,
@@ -63,6 +67,10 @@ def measure(policy_name: str, num_envs: int, rollout_length: int, repeats: int) 
         "convert_timesteps_per_s": statistics.median(steps) / c,
         "convert_us_per_episode": c / statistics.median(episodes) * 1e6,
         "ratio_convert_over_rollout": c / r,
+        "batch_s_median": bt,
+        "batch_s": batch_s,
+        "batch_timesteps_per_s": statistics.median(steps) / bt,
+        "ratio_batch_over_rollout": bt / r,
     }
 
 
@@ -84,14 +92,17 @@ def main(argv: list[str] | None = None) -> int:
         f"{stamp} · `python benchmarks/episodes.py` · {args.num_envs} envs x {args.rollout_length} steps · "
         f"median of {args.repeats} · jax {jax.__version__}, {jax.device_count()} device(s)",
         "",
-        "| policy | episodes / call | rollout ms | conversion ms | conversion timesteps/s | µs / episode | conversion / rollout |",
-        "|---|---:|---:|---:|---:|---:|---:|",
+        "`sample()` builds episodes; `sample_batch()` builds one SampleBatch straight from the buffers.",
+        "",
+        "| policy | episodes / call | rollout ms | episodes ms | episodes timesteps/s | µs / episode | episodes / rollout | batch ms | batch / rollout |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         lines.append(
             f"| {r['policy']} | {r['episodes_per_call']:.0f} | {r['rollout_s_median'] * 1e3:.1f} | "
             f"{r['convert_s_median'] * 1e3:.1f} | {r['convert_timesteps_per_s'] / 1e6:.2f}M | "
-            f"{r['convert_us_per_episode']:.1f} | {r['ratio_convert_over_rollout']:.2f} |"
+            f"{r['convert_us_per_episode']:.1f} | {r['ratio_convert_over_rollout']:.2f} | "
+            f"{r['batch_s_median'] * 1e3:.1f} | {r['ratio_batch_over_rollout']:.2f} |"
         )
     (args.out / "episodes.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
