@@ -11,6 +11,7 @@ from jaxsampler.envs.adapters.gymnax import GymnaxEnv, from_gymnax_env as from_g
 from jaxsampler.host import InfiniteLookbackBuffer, Sampler, SamplerMetrics, SingleAgentEpisode
 from jaxsampler.host.batch import MultiAgentBatch, SampleBatch, concat_samples
 from jaxsampler.policies import MLPPolicy, NoState, Policy, RandomPolicy, RecurrentPolicy
+from jaxsampler.postprocessing import GAEOutput, compute_gae, discounted_returns, gae
 from jaxsampler.registry import make, register, registered_ids
 from jaxsampler.rollout import (
     RolloutDebugError,
@@ -33,6 +34,7 @@ __all__ = [
     "InfiniteLookbackBuffer",
     "MultiAgentBatch",
     "EnvParams",
+    "GAEOutput",
     "MLPPolicy",
     "NoInfo",
     "NoState",
@@ -50,8 +52,11 @@ __all__ = [
     "Trajectory",
     "allocate_trajectory",
     "check_env",
+    "compute_gae",
     "concat_samples",
+    "discounted_returns",
     "from_gymnax",
+    "gae",
     "init_rollout_state",
     "jit_rollout",
     "make",
