@@ -218,19 +218,9 @@ class InfiniteLookbackBuffer:
         return self._convert(item, one_hot)
 
     def _slice_bounds(self, s: slice, nial: bool) -> tuple[int, int, int]:
-        n, lb = self.len_incl_lookback(), self.lookback
-        if s.start is None:
-            start = lb
-        elif s.start < 0:
-            start = lb + s.start if nial else n + s.start
-        else:
-            start = lb + s.start
-        if s.stop is None:
-            stop = n
-        elif s.stop < 0:
-            stop = lb + s.stop if nial else n + s.stop
-        else:
-            stop = lb + s.stop
+        """Absolute ``(start, stop, step)``; both ends follow the int index rules."""
+        start = self.lookback if s.start is None else self._position(s.start, nial)
+        stop = self.len_incl_lookback() if s.stop is None else self._position(s.stop, nial)
         return start, stop, 1 if s.step is None else s.step
 
     def _get_slice(self, s: slice, nial: bool, fill: Any, one_hot: bool) -> Any:
