@@ -35,3 +35,21 @@ def test_throughput_notebook_runs_and_plots(monkeypatch: pytest.MonkeyPatch) -> 
     pngs = [o for o in outputs if "image/png" in o.get("data", {})]
     assert len(pngs) == 1, "expected exactly one plot (image/png output)"
     assert len(pngs[0]["data"]["image/png"]) > 1000
+
+
+PPO_NOTEBOOK = NOTEBOOK.parent / "ppo.ipynb"
+
+
+@pytest.mark.slow
+def test_ppo_notebook_runs_and_plots(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("JAXSAMPLER_NOTEBOOK_QUICK", "1")
+    nb = nbformat.read(PPO_NOTEBOOK, as_version=4)
+    client = nbclient.NotebookClient(
+        nb, kernel_name="python3", timeout=180, resources={"metadata": {"path": str(PPO_NOTEBOOK.parent)}}
+    )
+    client.execute()
+    outputs = [o for cell in nb.cells if cell.cell_type == "code" for o in cell.get("outputs", [])]
+    assert not [o for o in outputs if o.get("output_type") == "error"]
+    text = "".join(o.get("text", "") for o in outputs if o.get("output_type") == "stream")
+    assert "zero on reset steps: True" in text and "final mean return per seed" in text
+    assert [o for o in outputs if "image/png" in o.get("data", {})]
