@@ -139,22 +139,9 @@ def handwritten_sampler(cfg: PPOConfig, env: js.Env, policy: js.MLPPolicy):
 # ----------------------------------------------------------------------------- PPO
 
 
-def make_train(cfg: PPOConfig):
-    """Returns ``train(key) -> metrics``: a pure function, jit/vmap it (see ``main``)."""
-    env = js.make(cfg.env_id)
-    policy = js.MLPPolicy(env.observation_space, env.action_space, cfg.hidden_sizes, cfg.activation)
-    init_sampler, sample = (jaxsampler_sampler if cfg.sampler == "jaxsampler" else handwritten_sampler)(cfg, env, policy)
-    batch_size = cfg.num_envs * cfg.rollout_length
-    mb_size = batch_size // cfg.num_minibatches
-
-    def schedule(count):
-        frac = 1.0 - (count // (cfg.num_minibatches * cfg.update_epochs)) / cfg.num_updates
-        return cfg.lr * frac
-
-    tx = optax.chain(
-        optax.clip_by_global_norm(cfg.max_grad_norm),
-        optax.adam(schedule if cfg.anneal_lr else cfg.lr, eps=1e-5),
-    )
+def make_loss(cfg: PPOConfig, policy: js.MLPPolicy):
+    """The clipped PPO loss over a minibatch dict (``obs``, ``actions``, ``logp``, ``values``,
+    ``advantages``, ``targets``, ``mask``); rows where ``mask`` is False do not count."""
 
     def loss_fn(params, mb):
         dist, value, log_std = policy.forward(params, mb["obs"])
@@ -175,6 +162,34 @@ def make_train(cfg: PPOConfig):
         else:
             entropy = jnp.sum(log_std + 0.5 * jnp.log(2 * jnp.pi * jnp.e))
         return pg + cfg.vf_coef * vf - cfg.ent_coef * entropy
+
+    return loss_fn
+
+
+def make_optimizer(cfg: PPOConfig) -> optax.GradientTransformation:
+    """Adam with global-norm clipping; the learning rate anneals linearly over the updates."""
+
+    def schedule(count):
+        frac = 1.0 - (count // (cfg.num_minibatches * cfg.update_epochs)) / cfg.num_updates
+        return cfg.lr * frac
+
+    return optax.chain(
+        optax.clip_by_global_norm(cfg.max_grad_norm),
+        optax.adam(schedule if cfg.anneal_lr else cfg.lr, eps=1e-5),
+    )
+
+
+def make_train(cfg: PPOConfig):
+    """Returns ``train(key) -> metrics``: a pure function, jit/vmap it (see ``main``)."""
+    env = js.make(cfg.env_id)
+    policy = js.MLPPolicy(env.observation_space, env.action_space, cfg.hidden_sizes, cfg.activation)
+    init_sampler, sample = (jaxsampler_sampler if cfg.sampler == "jaxsampler" else handwritten_sampler)(cfg, env, policy)
+    batch_size = cfg.num_envs * cfg.rollout_length
+    mb_size = batch_size // cfg.num_minibatches
+
+    tx = make_optimizer(cfg)
+
+    loss_fn = make_loss(cfg, policy)
 
     def episode_returns(batch, running):
         """Completed-episode returns of this rollout (sum, count), with a running total per env."""

@@ -1,0 +1,136 @@
+"""PPO with the learner on the host side, fed by ``Sampler.sample_batch()``.
+
+For users whose learner is not inside the jit: each iteration asks the sampler for a
+``MultiAgentBatch`` (numpy, RLlib column names), computes GAE on it and runs jitted
+minibatch updates. The batch's ``new_obs`` column (derived from jaxsampler's single
+observation track) gives the bootstrap value at truncations and at the chunk's cut;
+``terminateds`` stops it.
+
+    python examples/ppo_host.py [--total-timesteps 500000] [--seed 0]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib.util
+import json
+import sys
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+import jaxsampler as js
+
+
+def _load_ppo():
+    path = Path(__file__).with_name("ppo.py")
+    spec = importlib.util.spec_from_file_location("jaxsampler_example_ppo", path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+ppo = _load_ppo()
+
+
+def batch_gae(rewards, values, next_values, terminateds, ends, gamma, lam):
+    """GAE over a flat batch whose rows run episode by episode.
+
+    ``ends[i]`` marks the last row of an episode chunk (episode end or cut), where the
+    recursion stops; ``next_values`` (the value of ``new_obs``) bootstraps there unless
+    ``terminateds[i]``. Jittable.
+    """
+
+    def step(next_adv, x):
+        r, v, nv, term, end = x
+        delta = r + gamma * (1.0 - term) * nv - v
+        adv = delta + gamma * lam * (1.0 - end) * next_adv
+        return adv, adv
+
+    xs = (rewards, values, next_values, terminateds.astype(jnp.float32), ends.astype(jnp.float32))
+    _, adv = jax.lax.scan(step, jnp.zeros((), jnp.float32), xs, reverse=True)
+    return adv
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--total-timesteps", type=int, default=500_000)
+    p.add_argument("--num-envs", type=int, default=4)
+    p.add_argument("--rollout-length", type=int, default=128)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", type=Path, default=None)
+    args = p.parse_args(argv)
+    cfg = dataclasses.replace(ppo.DEFAULTS["CartPole-v1"], total_timesteps=args.total_timesteps,
+                              num_envs=args.num_envs, rollout_length=args.rollout_length)
+    env = js.make(cfg.env_id)
+    policy = js.MLPPolicy(env.observation_space, env.action_space, cfg.hidden_sizes, cfg.activation)
+    sampler = js.Sampler(env, policy, num_envs=cfg.num_envs, rollout_length=cfg.rollout_length, seed=args.seed)
+    params = policy.init(jax.random.PRNGKey(args.seed))
+    tx = ppo.make_optimizer(cfg)
+    opt_state = tx.init(params)
+    loss_fn = ppo.make_loss(cfg, policy)
+
+    @jax.jit
+    def update(params, opt_state, batch, key):
+        _, nv, _ = policy.forward(params, batch["new_obs"])
+        adv = batch_gae(batch["rewards"], batch["vf_preds"], nv, batch["terminateds"], batch["ends"],
+                        cfg.gamma, cfg.gae_lambda)
+        data = {"obs": batch["obs"], "actions": batch["actions"], "logp": batch["action_logp"],
+                "values": batch["vf_preds"], "advantages": adv, "targets": adv + batch["vf_preds"],
+                "mask": batch["mask"]}
+
+        def epoch(c, k):
+            perm = jax.random.permutation(k, data["mask"].shape[0])
+            mbs = jax.tree.map(lambda x: x[perm].reshape((cfg.num_minibatches, -1) + x.shape[1:]), data)
+
+            def minibatch(c, mb):
+                params, opt_state = c
+                grads = jax.grad(loss_fn)(params, mb)
+                updates, opt_state = tx.update(grads, opt_state, params)
+                return (optax.apply_updates(params, updates), opt_state), None
+
+            return jax.lax.scan(minibatch, c, mbs)[0], None
+
+        return jax.lax.scan(epoch, (params, opt_state), jax.random.split(key, cfg.update_epochs))[0]
+
+    # Batches vary in length (reset steps are not rows): pad to the fixed device batch size
+    # so `update` compiles once; padded rows get mask False.
+    size = cfg.num_envs * cfg.rollout_length
+    key = jax.random.PRNGKey(args.seed + 1)
+    returns, steps, t0 = [], 0, time.perf_counter()
+    while steps < cfg.total_timesteps:
+        mab = sampler.sample_batch(params)
+        sb = mab["default_policy"]
+        n = sb.count
+        ids = sb["eps_id"]
+        ends = np.ones(n, bool)
+        ends[:-1] = ids[1:] != ids[:-1]
+        batch = {k: sb[k] for k in ("obs", "new_obs", "actions", "rewards", "terminateds", "action_logp", "vf_preds")}
+        batch["ends"] = ends
+        batch["mask"] = np.ones(n, bool)
+        batch = {k: np.concatenate([v, np.zeros((size - n,) + v.shape[1:], v.dtype)]) for k, v in batch.items()}
+        batch["ends"][n:] = True
+        key, k = jax.random.split(key)
+        params, opt_state = update(params, opt_state, batch, k)
+        steps += n
+        if sampler.metrics.num_episodes_completed:
+            returns.append(sampler.metrics.episode_return_mean)
+    wall = time.perf_counter() - t0
+    final = float(np.mean(returns[-max(1, len(returns) // 20):])) if returns else float("nan")
+    print(f"{cfg.env_id} [host learner, sample_batch()] {steps:,} steps in {wall:.1f} s "
+          f"({steps / wall:,.0f} env steps/s); final mean return {final:.1f}")
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps({"env_steps": steps, "wall_s": wall, "env_steps_per_s": steps / wall,
+                                         "final_mean_return": final, "returns": returns}, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
