@@ -18,7 +18,6 @@ size 1, the time limit and the terminated/truncated split.
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any, ClassVar
 
 import jax
@@ -146,11 +145,3 @@ class SingleAgentEnv(Env):
         )
         return state, ts
 
-
-def is_hashable_env(env: Env) -> bool:
-    """True if ``env`` can serve as static configuration (hash and eq defined)."""
-    try:
-        hash(env)
-    except TypeError:
-        return False
-    return dataclasses.is_dataclass(env) or type(env).__hash__ is not object.__hash__
