@@ -33,6 +33,8 @@ REGISTRY: dict[str, Callable[..., Env]] = {
     "MountainCar-v0": _lazy("jaxsampler.envs.mountain_car:MountainCar"),
     "MountainCarContinuous-v0": _lazy("jaxsampler.envs.mountain_car_continuous:MountainCarContinuous"),
     "Acrobot-v1": _lazy("jaxsampler.envs.acrobot:Acrobot"),
+    # Multi-agent (agent axis A = n): cooperative particle spread, all agents act each step.
+    "Spread-v0": _lazy("jaxsampler.envs.spread:Spread"),
 }
 
 
