@@ -179,17 +179,38 @@ def make_optimizer(cfg: PPOConfig) -> optax.GradientTransformation:
     )
 
 
+def make_epochs(cfg: PPOConfig, loss_fn: Any, tx: optax.GradientTransformation):
+    """``epochs(params, opt_state, data, key)``: ``update_epochs`` passes over ``data`` (rows on
+    axis 0), each in ``num_minibatches`` shuffled minibatches. Jittable."""
+
+    def epochs(params, opt_state, data, key):
+        def epoch(c, k):
+            # argsort of uniforms: a permutation that avoided an XLA CPU hang seen with
+            # jax.random.permutation in vmapped training graphs.
+            perm = jnp.argsort(jax.random.uniform(k, (data["mask"].shape[0],)))
+            mbs = jax.tree.map(lambda x: x[perm].reshape((cfg.num_minibatches, -1) + x.shape[1:]), data)
+
+            def minibatch(c, mb):
+                params, opt_state = c
+                grads = jax.grad(loss_fn)(params, mb)
+                updates, opt_state = tx.update(grads, opt_state, params)
+                return (optax.apply_updates(params, updates), opt_state), None
+
+            return jax.lax.scan(minibatch, c, mbs)[0], None
+
+        return jax.lax.scan(epoch, (params, opt_state), jax.random.split(key, cfg.update_epochs))[0]
+
+    return epochs
+
+
 def make_train(cfg: PPOConfig):
     """Returns ``train(key) -> metrics``: a pure function, jit/vmap it (see ``main``)."""
     env = js.make(cfg.env_id)
     policy = js.MLPPolicy(env.observation_space, env.action_space, cfg.hidden_sizes, cfg.activation)
     init_sampler, sample = (jaxsampler_sampler if cfg.sampler == "jaxsampler" else handwritten_sampler)(cfg, env, policy)
     batch_size = cfg.num_envs * cfg.rollout_length
-    mb_size = batch_size // cfg.num_minibatches
-
     tx = make_optimizer(cfg)
-
-    loss_fn = make_loss(cfg, policy)
+    epochs = make_epochs(cfg, make_loss(cfg, policy), tx)
 
     def episode_returns(batch, running):
         """Completed-episode returns of this rollout (sum, count), with a running total per env."""
@@ -214,21 +235,8 @@ def make_train(cfg: PPOConfig):
             running, ret_sum, ret_count = episode_returns(batch, running)
             flat = jax.tree.map(lambda x: x.reshape((batch_size * x.shape[2],) + x.shape[3:]), batch)
 
-            def epoch(c, k):
-                params, opt_state = c
-                perm = jnp.argsort(jax.random.uniform(k, (flat["mask"].shape[0],)))
-                mbs = jax.tree.map(lambda x: x[perm].reshape((cfg.num_minibatches, -1) + x.shape[1:]), flat)
-
-                def minibatch(c, mb):
-                    params, opt_state = c
-                    grads = jax.grad(loss_fn)(params, mb)
-                    updates, opt_state = tx.update(grads, opt_state, params)
-                    return (optax.apply_updates(params, updates), opt_state), None
-
-                return jax.lax.scan(minibatch, (params, opt_state), mbs)[0], None
-
             key, k_epochs = jax.random.split(key)
-            (params, opt_state), _ = jax.lax.scan(epoch, (params, opt_state), jax.random.split(k_epochs, cfg.update_epochs))
+            params, opt_state = epochs(params, opt_state, flat, k_epochs)
             metrics = {"return_sum": ret_sum, "episodes": ret_count}
             return (params, opt_state, sstate, running, key), metrics
 
@@ -236,7 +244,6 @@ def make_train(cfg: PPOConfig):
         _, metrics = jax.lax.scan(update, carry, None, cfg.num_updates)
         return metrics
 
-    del mb_size
     return train
 
 

@@ -22,7 +22,6 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 
 import jaxsampler as js
 
@@ -74,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     params = policy.init(jax.random.PRNGKey(args.seed))
     tx = ppo.make_optimizer(cfg)
     opt_state = tx.init(params)
-    loss_fn = ppo.make_loss(cfg, policy)
+    epochs = ppo.make_epochs(cfg, ppo.make_loss(cfg, policy), tx)
 
     @jax.jit
     def update(params, opt_state, batch, key):
@@ -85,19 +84,7 @@ def main(argv: list[str] | None = None) -> int:
                 "values": batch["vf_preds"], "advantages": adv, "targets": adv + batch["vf_preds"],
                 "mask": batch["mask"]}
 
-        def epoch(c, k):
-            perm = jax.random.permutation(k, data["mask"].shape[0])
-            mbs = jax.tree.map(lambda x: x[perm].reshape((cfg.num_minibatches, -1) + x.shape[1:]), data)
-
-            def minibatch(c, mb):
-                params, opt_state = c
-                grads = jax.grad(loss_fn)(params, mb)
-                updates, opt_state = tx.update(grads, opt_state, params)
-                return (optax.apply_updates(params, updates), opt_state), None
-
-            return jax.lax.scan(minibatch, c, mbs)[0], None
-
-        return jax.lax.scan(epoch, (params, opt_state), jax.random.split(key, cfg.update_epochs))[0]
+        return epochs(params, opt_state, data, key)
 
     # Batches vary in length (reset steps are not rows): pad to the fixed device batch size
     # so `update` compiles once; padded rows get mask False.
