@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from jaxsampler.host.lookback import InfiniteLookbackBuffer
+from jaxsampler.host.lookback import InfiniteLookbackBuffer, data_len
 
 __all__ = ["SingleAgentEpisode"]
 
@@ -115,9 +115,9 @@ class SingleAgentEpisode:
         rewards = [] if rewards is None else rewards
         actions = [] if actions is None else actions
         if infos is None:
-            n_obs = observations.len_incl_lookback() if isinstance(observations, InfiniteLookbackBuffer) else _n(observations)
+            n_obs = observations.len_incl_lookback() if isinstance(observations, InfiniteLookbackBuffer) else data_len(observations)
             infos = [{} for _ in range(n_obs)]
-        n_rewards = rewards.len_incl_lookback() if isinstance(rewards, InfiniteLookbackBuffer) else _n(rewards)
+        n_rewards = rewards.len_incl_lookback() if isinstance(rewards, InfiniteLookbackBuffer) else data_len(rewards)
         if len_lookback_buffer == "auto" or len_lookback_buffer > n_rewards:
             len_lookback_buffer = n_rewards
         if isinstance(len_lookback_buffer, str) or len_lookback_buffer < 0:
@@ -469,15 +469,6 @@ class SingleAgentEpisode:
 
     def __repr__(self) -> str:
         return f"SAEps(len={len(self)} done={self.is_done} R={self.get_return()} id_={self.id_})"
-
-
-def _n(x: Any) -> int:
-    if isinstance(x, list):
-        return len(x)
-    from jaxsampler.host.lookback import _leaves
-
-    leaves = _leaves(x)
-    return int(np.shape(leaves[0])[0]) if leaves else 0
 
 
 def _as_buffer(data: Any, lookback: int, space: Any) -> InfiniteLookbackBuffer:

@@ -47,6 +47,14 @@ def _leaves(tree: Any) -> list[Any]:
     return out
 
 
+def data_len(data: Any) -> int:
+    """Number of items in a column: ``len`` of a list, else the leading dim of the first leaf."""
+    if isinstance(data, list):
+        return len(data)
+    leaves = _leaves(data)
+    return int(np.shape(leaves[0])[0]) if leaves else 0
+
+
 def batch(items: list[Any]) -> Any:
     """Stacks a list of structs into one struct of arrays (leading axis = item)."""
     if len(items) == 0:
@@ -147,10 +155,7 @@ class InfiniteLookbackBuffer:
     # -- lengths ---------------------------------------------------------------------
 
     def len_incl_lookback(self) -> int:
-        if not self.finalized:
-            return len(self.data)
-        leaves = _leaves(self.data)
-        return int(np.shape(leaves[0])[0]) if leaves else 0
+        return data_len(self.data)
 
     def __len__(self) -> int:
         return max(self.len_incl_lookback() - self.lookback, 0)
@@ -207,15 +212,23 @@ class InfiniteLookbackBuffer:
         return tree_map(_one_hot, x, self.space_struct) if isinstance(x, (dict, tuple)) else _one_hot(x, self.space_struct)
 
     def _get_int(self, i: int, nial: bool, fill: Any, one_hot: bool) -> Any:
-        pos, n = self._position(i, nial), self.len_incl_lookback()
+        return self._item_at(self._position(i, nial), fill, one_hot)
+
+    def _item_at(self, pos: int, fill: Any, one_hot: bool) -> Any:
+        """The item at absolute position ``pos``, or the fill item when out of range."""
+        n = self.len_incl_lookback()
         if not 0 <= pos < n:
             if fill is None:
                 if self.finalized:
                     raise IndexError(f"index {pos} is out of bounds for axis 0 with size {n}")
                 raise IndexError("list index out of range")
-            return fill if self.space_struct is None else _dummy(self.space_struct, fill, None, one_hot)
+            return self._fill_item(fill, one_hot)
         item = tree_map(lambda x: x[pos], self.data) if self.finalized else self.data[pos]
         return self._convert(item, one_hot)
+
+    def _fill_item(self, fill: Any, one_hot: bool) -> Any:
+        """One padding item: ``fill`` itself, or a dummy in the space's dtypes."""
+        return fill if self.space_struct is None else _dummy(self.space_struct, fill, None, one_hot)
 
     def _slice_bounds(self, s: slice, nial: bool) -> tuple[int, int, int]:
         """Absolute ``(start, stop, step)``; both ends follow the int index rules."""
@@ -254,7 +267,7 @@ class InfiniteLookbackBuffer:
 
     def _pad(self, part: Any, left: int, right: int, fill: Any, one_hot: bool) -> Any:
         if not self.finalized:
-            one = fill if self.space_struct is None else _dummy(self.space_struct, fill, None, one_hot)
+            one = self._fill_item(fill, one_hot)
             return [one] * left + list(part) + [one] * right
         if self.space_struct is None:
             pad = lambda k, x: np.array([fill] * k) if k else None  # noqa: E731
@@ -265,14 +278,7 @@ class InfiniteLookbackBuffer:
         return tree_map(lambda l, x, r: np.concatenate([l, x, r]), lpad, _reorder(part, lpad), rpad)
 
     def _gather(self, positions: list[int], fill: Any, one_hot: bool) -> Any:
-        n = self.len_incl_lookback()
-        items = []
-        for p in positions:
-            if 0 <= p < n:
-                item = tree_map(lambda x: x[p], self.data) if self.finalized else self.data[p]
-                items.append(self._convert(item, one_hot))
-            else:
-                items.append(fill if self.space_struct is None else _dummy(self.space_struct, fill, None, one_hot))
+        items = [self._item_at(p, fill, one_hot) for p in positions]
         return batch(items) if self.finalized and items else items
 
     # -- writing ---------------------------------------------------------------------

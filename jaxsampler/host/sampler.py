@@ -70,9 +70,11 @@ class SamplerMetrics:
 
 
 def _fast_buffer(data: Any, lookback: int, space: Any = None) -> InfiniteLookbackBuffer:
-    """A numpy'ized buffer without the constructor's checks (data already validated)."""
+    """A buffer without the constructor's checks (data already validated); a list stays
+    in list mode, anything else is numpy'ized."""
     buf = InfiniteLookbackBuffer.__new__(InfiniteLookbackBuffer)
-    buf.data, buf.finalized, buf.lookback, buf._space, buf._struct = data, True, lookback, space, None
+    buf.data, buf.finalized, buf.lookback = data, not isinstance(data, list), lookback
+    buf._space, buf._struct = space, None
     return buf
 
 
@@ -352,8 +354,7 @@ class Sampler:
         info_cols = [(name[5:], col) for name, col in cols.items() if name.startswith("info:")]
         if info_cols:
             # The info of the observation at step j was recorded with step j - 1.
-            data[SampleBatch.INFOS] = _unflatten({k: np.where(
-                (j > 0).reshape((-1,) + (1,) * (col.ndim - 2)), col[e, np.maximum(j - 1, 0)], 0) for k, col in info_cols})
+            data[SampleBatch.INFOS] = _unflatten({k: _info_for_obs(col, e, j) for k, col in info_cols})
         else:
             data[SampleBatch.INFOS] = [{}] * n_rows
         for name, col in cols.items():
@@ -373,9 +374,10 @@ class Sampler:
         if info_cols:
             # Env infos come with the step that produced each observation: the info of
             # observation j + 1 was recorded at step j (the first observation's is zeros).
-            ep.infos = _fast_buffer(_unflatten({k: _shift_info(col, e, a, b, H) for k, col in info_cols}), lb)
+            slots = np.arange(a, b + 1)
+            ep.infos = _fast_buffer(_unflatten({k: _info_for_obs(col, e, slots) for k, col in info_cols}), lb)
         else:
-            ep.infos = _fast_list_buffer([{}] * (length + lb + 1), lb)
+            ep.infos = _fast_buffer([{}] * (length + lb + 1), lb)
         ep.actions = _fast_buffer(cols["actions"][e, a:b], lb, self._act_space)
         ep.rewards = _fast_buffer(cols["rewards"][e, a:b], lb, _reward_space())
         ep.extra_model_outputs = {name: _fast_buffer(col[e, a:b], lb) for name, col in extra_cols}
@@ -395,12 +397,6 @@ def _no_gc():
     finally:
         if enabled:
             gc.enable()
-
-
-def _fast_list_buffer(data: list, lookback: int) -> InfiniteLookbackBuffer:
-    buf = InfiniteLookbackBuffer.__new__(InfiniteLookbackBuffer)
-    buf.data, buf.finalized, buf.lookback, buf._space, buf._struct = data, False, lookback, None, None
-    return buf
 
 
 def _env_major(parts: Sequence[np.ndarray], head: np.ndarray | None, H: int) -> np.ndarray:
@@ -452,12 +448,12 @@ def _info_get(infos: Any, path: tuple[str, ...]) -> np.ndarray:
     return np.asarray(infos)
 
 
-def _shift_info(col: np.ndarray, e: int, a: int, b: int, H: int) -> np.ndarray:
-    """Infos for observation slots ``a .. b`` of env ``e`` (slot j + 1 <- step j)."""
-    out = np.zeros((b + 1 - a,) + col.shape[2:], col.dtype)
-    lo = max(a - 1, 0)
-    out[lo + 1 - a :] = col[e, lo:b]
-    return out
+def _info_for_obs(col: np.ndarray, e: Any, j: np.ndarray) -> np.ndarray:
+    """Env info of observation slots ``j`` (env-major column): recorded with step ``j - 1``;
+    zeros for slot 0, whose info the buffers do not hold."""
+    values = col[e, np.maximum(j - 1, 0)]
+    first = (j == 0).reshape(j.shape + (1,) * (values.ndim - j.ndim))
+    return np.where(first, np.zeros((), values.dtype), values)
 
 
 def _unflatten(flat: dict[str, np.ndarray]) -> dict[str, Any]:
