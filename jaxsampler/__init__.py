@@ -10,6 +10,7 @@ from jaxsampler.env import DEFAULT_AGENT_ID, Env, EnvParams, SingleAgentEnv
 from jaxsampler.envs.adapters.gymnax import GymnaxEnv, from_gymnax_env as from_gymnax
 from jaxsampler.host import InfiniteLookbackBuffer, Sampler, SamplerMetrics, SingleAgentEpisode
 from jaxsampler.host.batch import MultiAgentBatch, SampleBatch, concat_samples
+from jaxsampler.host.multi_agent_episode import MultiAgentEnvError, MultiAgentEpisode
 from jaxsampler.policies import MLPPolicy, NoState, Policy, RandomPolicy, RecurrentPolicy
 from jaxsampler.postprocessing import GAEOutput, compute_gae, discounted_returns, gae
 from jaxsampler.registry import make, register, registered_ids
@@ -33,6 +34,8 @@ __all__ = [
     "GymnaxEnv",
     "InfiniteLookbackBuffer",
     "MultiAgentBatch",
+    "MultiAgentEnvError",
+    "MultiAgentEpisode",
     "EnvParams",
     "GAEOutput",
     "MLPPolicy",

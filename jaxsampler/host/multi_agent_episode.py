@@ -1,0 +1,666 @@
+"""``MultiAgentEpisode``: one multi-agent episode (chunk), RLlib-compatible.
+
+Same constructor arguments, methods, index semantics and errors as RLlib's class of that
+name (ray 2.60; ``shared/reference/rllib-semantics.md`` section 3), written from that
+specification:
+
+* one :class:`SingleAgentEpisode` per agent (``agent_episodes``), holding only the steps
+  at which that agent acted; ``env_t_to_agent_t`` maps every env step to the agent's own
+  timestep, or ``"S"`` where the agent had no observation;
+* an agent that acted and has not yet received its next observation is *hanging*: its
+  action, extra model outputs and the rewards it collects meanwhile wait in caches and
+  become one agent step when the observation arrives (rewards are summed);
+* getters index env steps by default (``env_steps=True``) and each agent's own
+  timeline with ``env_steps=False``.
+
+Deviations from ray 2.60, all RLlib bugs listed in the reference (section 3.12):
+env-step getters on cut chunks return every item (1); ``get_extra_model_outputs(key,
+env_steps=False)`` works (2); ``get_truncateds()["__all__"]`` is ``is_truncated`` (3);
+``cut(0)`` keeps hanging agents (4); a cut chunk's ``_hanging_rewards_begin`` starts
+empty, so ``get_return(include_hanging_rewards=True)`` does not count rewards twice (5);
+``concat_episode`` drops hanging caches that the other chunk completed (6);
+``get_extra_model_outputs`` returns hanging-only extras (7); ``is_numpy`` ignores
+agents with no step yet (8).
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+import uuid
+from collections import defaultdict
+from collections.abc import Callable, Collection
+from typing import Any
+
+import numpy as np
+
+from jaxsampler.host.episode import SingleAgentEpisode
+from jaxsampler.host.lookback import InfiniteLookbackBuffer, batch, tree_map
+
+__all__ = ["MultiAgentEpisode", "MultiAgentEnvError", "SKIP"]
+
+#: Entry of ``env_t_to_agent_t`` for env steps at which an agent had no observation.
+SKIP = "S"
+_OUT = object()  # an index outside the data (filled or dropped)
+_ALL = "__all__"
+
+
+class MultiAgentEnvError(Exception):
+    """Data that violates the multi-agent env contract (RLlib's exception of that name)."""
+
+
+def default_agent_to_module_mapping_fn(agent_id: Any, episode: Any) -> str:
+    """RLlib's default: every agent is controlled by ``"default_policy"``."""
+    return "default_policy"
+
+
+class MultiAgentEpisode:
+    """A (chunk of a) multi-agent episode; see the module docstring and RLlib's docs.
+
+    ``observations`` / ``infos`` / ``actions`` / ``rewards`` / ``extra_model_outputs`` are
+    lists of per-env-step dicts (``{agent_id: value}``; extras ``{agent_id: {key: value}}``)
+    with one observation dict more than action dicts. ``len_lookback_buffer`` leading env
+    steps (``"auto"``: all of them) are lookback.
+    """
+
+    def __init__(
+        self,
+        id_: str | None = None,
+        *,
+        observations: list[dict] | None = None,
+        observation_space: dict | None = None,
+        infos: list[dict] | None = None,
+        actions: list[dict] | None = None,
+        action_space: dict | None = None,
+        rewards: list[dict] | None = None,
+        terminateds: dict | bool = False,
+        truncateds: dict | bool = False,
+        extra_model_outputs: list[dict] | None = None,
+        env_t_started: int | None = None,
+        agent_t_started: dict | None = None,
+        len_lookback_buffer: int | str = "auto",
+        agent_episode_ids: dict | None = None,
+        agent_module_ids: dict | None = None,
+        agent_to_module_mapping_fn: Callable[[Any, Any], Any] | None = None,
+    ):
+        self.id_ = id_ or uuid.uuid4().hex
+        self.agent_to_module_mapping_fn = agent_to_module_mapping_fn or default_agent_to_module_mapping_fn
+        self._agent_to_module_mapping: dict[Any, Any] = dict(agent_module_ids or {})
+        self.observation_space = observation_space or {}
+        self.action_space = action_space or {}
+        self.env_t_started = env_t_started or 0
+        self.env_t = self.env_t_started
+        self.agent_t_started: defaultdict[Any, int] = defaultdict(int, agent_t_started or {})
+        self.agent_episodes: dict[Any, SingleAgentEpisode] = {}
+        self.env_t_to_agent_t: defaultdict[Any, InfiniteLookbackBuffer] = defaultdict(InfiniteLookbackBuffer)
+        self._agent_episode_ids = dict(agent_episode_ids or {})
+        self._hanging_actions_end: dict[Any, Any] = {}
+        self._hanging_extra_model_outputs_end: defaultdict[Any, dict] = defaultdict(dict)
+        self._hanging_rewards_end: defaultdict[Any, float] = defaultdict(float)
+        self._hanging_rewards_begin: defaultdict[Any, float] = defaultdict(float)
+        self.is_terminated = False
+        self.is_truncated = False
+        self._len_lookback_buffers = 0
+        self.custom_data: dict[str, Any] = {}
+        self._start_time: float | None = None
+        self._last_step_time: float | None = None
+        if observations:
+            self._init_from_lists(observations, infos, actions or [], rewards or [], extra_model_outputs,
+                                  terminateds, truncateds, len_lookback_buffer)
+        else:
+            self.is_terminated = bool(terminateds.get(_ALL, False) if isinstance(terminateds, dict) else terminateds)
+            self.is_truncated = bool(truncateds.get(_ALL, False) if isinstance(truncateds, dict) else truncateds)
+
+    # -- construction from lists -------------------------------------------------------
+
+    def _init_from_lists(self, observations, infos, actions, rewards, extras, terminateds, truncateds, lb) -> None:
+        n = len(rewards)
+        if len(actions) != n or len(observations) != n + 1:
+            raise ValueError(
+                f"need one observation dict more than action/reward dicts, got {len(observations)} observations, "
+                f"{len(actions)} actions, {len(rewards)} rewards"
+            )
+        infos = infos or [{} for _ in observations]
+        extras = extras or [{} for _ in actions]
+        lb = n if lb == "auto" else min(int(lb), n)
+        agent_t_started = dict(self.agent_t_started)
+        env_t_started = self.env_t_started
+        self.agent_t_started = defaultdict(int)
+        self.env_t_started = self.env_t = 0
+        self.add_env_reset(observations=observations[0], infos=infos[0])
+        for i in range(n):
+            # An agent that observed but did not act (and is not hanging) is done.
+            done = {a: True for a in observations[i] if a not in actions[i] and a not in self._hanging_actions_end}
+            self.add_env_step(observations[i + 1], actions[i], rewards[i], infos[i + 1], terminateds=done,
+                              extra_model_outputs=extras[i])
+        # Move the first ``lb`` env steps into the lookback and switch to absolute agent timesteps.
+        self._len_lookback_buffers = lb
+        for aid, m in self.env_t_to_agent_t.items():
+            real = [v for v in m.data[: lb + 1] if v != SKIP]
+            sa_lb = max(real) if real else 0
+            sa = self.agent_episodes[aid]
+            t0 = agent_t_started.get(aid, 0)
+            for buf in (sa.observations, sa.infos, sa.actions, sa.rewards, *sa.extra_model_outputs.values()):
+                buf.lookback = sa_lb
+            sa.t_started, sa.t = t0, t0 + sa.rewards.len_incl_lookback() - sa_lb
+            m.data = [v if v == SKIP else v - sa_lb + t0 for v in m.data]
+            m.lookback = lb
+            self.agent_t_started[aid] = t0
+        self.env_t_started = env_t_started
+        self.env_t = env_t_started + n - lb
+        for flags, attr in ((terminateds, "is_terminated"), (truncateds, "is_truncated")):
+            if isinstance(flags, dict):
+                for aid, v in flags.items():
+                    if aid != _ALL and aid in self.agent_episodes:
+                        setattr(self.agent_episodes[aid], attr, bool(v))
+                setattr(self, attr, bool(flags.get(_ALL, False)) or getattr(self, attr))
+            else:
+                setattr(self, attr, bool(flags) or getattr(self, attr))
+
+    # -- agents and modules ------------------------------------------------------------
+
+    def module_for(self, agent_id: Any) -> Any:
+        """The module (policy) id controlling ``agent_id`` (mapped once, then cached)."""
+        if agent_id not in self._agent_to_module_mapping:
+            self._agent_to_module_mapping[agent_id] = self.agent_to_module_mapping_fn(agent_id, self)
+        return self._agent_to_module_mapping[agent_id]
+
+    @property
+    def agent_to_module_mapping(self) -> dict[Any, Any]:
+        return dict(self._agent_to_module_mapping)
+
+    @property
+    def agent_ids(self) -> set:
+        return set(self.agent_episodes)
+
+    def _new_agent(self, aid: Any, observation: Any, info: Any) -> None:
+        sa = SingleAgentEpisode(
+            self._agent_episode_ids.get(aid),
+            observation_space=self.observation_space.get(aid) if isinstance(self.observation_space, dict) else None,
+            action_space=self.action_space.get(aid) if isinstance(self.action_space, dict) else None,
+            agent_id=aid,
+            module_id=self.module_for(aid),
+            multi_agent_episode_id=self.id_,
+            t_started=self.agent_t_started[aid],
+        )
+        sa.observations.append(observation)
+        sa.infos.append({} if info is None else info)
+        self.agent_episodes[aid] = sa
+        self._agent_episode_ids[aid] = sa.id_
+
+    def _map_len(self) -> int:
+        return self.env_t - self.env_t_started + self._len_lookback_buffers + 1
+
+    # -- stepping ----------------------------------------------------------------------
+
+    def add_env_reset(self, *, observations: dict, infos: dict | None = None) -> None:
+        """Adds the first observations (and infos) of the episode."""
+        assert not self.is_done, "The episode is already done."
+        infos = infos or {}
+        for aid, obs in observations.items():
+            self._new_agent(aid, obs, infos.get(aid))
+            self.env_t_to_agent_t[aid] = InfiniteLookbackBuffer([self.agent_t_started[aid]])
+        self._start_time = self._last_step_time = time.perf_counter()
+
+    def add_env_step(
+        self,
+        observations: dict,
+        actions: dict,
+        rewards: dict,
+        infos: dict | None = None,
+        *,
+        terminateds: dict | None = None,
+        truncateds: dict | None = None,
+        extra_model_outputs: dict | None = None,
+    ) -> None:
+        """Adds one env step: the actions taken (by the agents that acted), then the
+        observations, rewards, infos and done flags the env returned."""
+        if self.is_done:
+            raise MultiAgentEnvError("Cannot call `add_env_step` on a MultiAgentEpisode that is already done!")
+        infos, extras = infos or {}, extra_model_outputs or {}
+        terminateds, truncateds = terminateds or {}, truncateds or {}
+        all_term, all_trunc = bool(terminateds.get(_ALL, False)), bool(truncateds.get(_ALL, False))
+        self.env_t += 1
+        map_len = self._map_len()
+        for aid, m in self.env_t_to_agent_t.items():
+            if aid not in observations:
+                m.append(SKIP)
+        agents: dict[Any, None] = {}
+        for d in (observations, actions, rewards, terminateds, truncateds):
+            agents.update((a, None) for a in d if a != _ALL)
+        if all_term or all_trunc:
+            agents.update((a, None) for a in self.agent_episodes)
+        for aid in agents:
+            term = bool(terminateds.get(aid, False)) or all_term
+            trunc = bool(truncateds.get(aid, False)) or all_trunc
+            self._agent_step(aid, observations, actions, rewards, infos, extras, term, trunc, map_len)
+        self.is_terminated = all_term or (
+            bool(self.agent_episodes) and all(sa.is_done for sa in self.agent_episodes.values())
+        )
+        self.is_truncated = all_trunc
+        self._last_step_time = time.perf_counter()
+
+    def _agent_step(self, aid, observations, actions, rewards, infos, extras, term, trunc, map_len) -> None:
+        sa = self.agent_episodes.get(aid)
+        has_obs, has_act = aid in observations, aid in actions
+        reward = rewards.get(aid, 0.0)
+        if sa is not None and sa.is_done:
+            if has_obs or has_act or aid in rewards:
+                raise MultiAgentEnvError(
+                    f"Agent {aid} already had its `SingleAgentEpisode.is_done` set to True, but still received "
+                    f"data in a following step! obs={observations.get(aid)} act={actions.get(aid)} "
+                    f"rew={rewards.get(aid)} info={infos.get(aid)} extra_model_outputs={extras.get(aid)}"
+                )
+            return
+        hanging = aid in self._hanging_actions_end
+        if has_obs and has_act:
+            if aid not in rewards:
+                raise MultiAgentEnvError(
+                    f"Agent {aid} acted (and received next obs), but did NOT receive any reward from the env!"
+                )
+            if sa is None:
+                raise MultiAgentEnvError(f"Agent {aid} acted without ever having received an observation")
+            total = self._hanging_rewards_end.pop(aid, 0.0) + reward
+            self._hanging_actions_end.pop(aid, None)
+            self._hanging_extra_model_outputs_end.pop(aid, None)
+            self._complete(aid, observations[aid], infos.get(aid), actions[aid], total, extras.get(aid), term, trunc)
+        elif has_obs and hanging:
+            self._complete(
+                aid, observations[aid], infos.get(aid), self._hanging_actions_end.pop(aid),
+                self._hanging_rewards_end.pop(aid, 0.0) + reward,
+                self._hanging_extra_model_outputs_end.pop(aid, None), term, trunc,
+            )
+        elif has_obs:
+            if sa is not None:
+                raise MultiAgentEnvError(
+                    f"Agent {aid} received an observation but did not act on its previous one"
+                )
+            if term or trunc:
+                return  # an agent that arrives done never steps
+            self._new_agent(aid, observations[aid], infos.get(aid))
+            self.env_t_to_agent_t[aid] = InfiniteLookbackBuffer([SKIP] * (map_len - 1) + [self.agent_t_started[aid]],
+                                                                self._len_lookback_buffers)
+            self._hanging_rewards_begin[aid] += reward
+        elif has_act:
+            if sa is None:
+                raise MultiAgentEnvError(f"Agent {aid} acted without ever having received an observation")
+            self._hanging_actions_end[aid] = actions[aid]
+            self._hanging_rewards_end[aid] = reward
+            self._hanging_extra_model_outputs_end[aid] = dict(extras.get(aid) or {})
+            self._finish_hanging(aid, term, trunc)
+        else:
+            if aid in self._hanging_actions_end:
+                self._hanging_rewards_end[aid] += reward
+            elif sa is None:
+                self._hanging_rewards_begin[aid] += reward
+            else:
+                self._hanging_rewards_end[aid] += reward
+            if aid in self._hanging_actions_end:
+                self._finish_hanging(aid, term, trunc)
+            elif (term or trunc) and sa is not None:
+                if len(sa) == 0 and sa.observations.lookback == 0:
+                    self._drop_agent(aid)
+                else:
+                    sa.is_terminated, sa.is_truncated = term, trunc
+                    self._hanging_rewards_end.pop(aid, None)
+
+    def _finish_hanging(self, aid: Any, term: bool, trunc: bool) -> None:
+        """A hanging agent that is done without a next observation."""
+        if trunc and not term:
+            raise MultiAgentEnvError(
+                f"Agent {aid} acted and then got truncated, but did NOT receive a last (truncation) observation, "
+                "required for e.g. value function bootstrapping!"
+            )
+        if term:
+            sa = self.agent_episodes[aid]
+            self._complete(
+                aid, sa.get_observations(-1), sa.get_infos(-1), self._hanging_actions_end.pop(aid),
+                self._hanging_rewards_end.pop(aid, 0.0), self._hanging_extra_model_outputs_end.pop(aid, None),
+                True, trunc, replace_skip=True,
+            )
+
+    def _complete(self, aid, obs, info, action, reward, extras, term, trunc, replace_skip: bool = False) -> None:
+        sa = self.agent_episodes[aid]
+        sa.add_env_step(obs, action, reward, info, terminated=term, truncated=trunc, extra_model_outputs=extras or None)
+        m = self.env_t_to_agent_t[aid]
+        value = len(sa) + self.agent_t_started[aid]
+        if replace_skip and m.data and m.data[-1] == SKIP:
+            m.data[-1] = value
+        else:
+            m.append(value)
+
+    def _drop_agent(self, aid: Any) -> None:
+        for d in (self.agent_episodes, self.env_t_to_agent_t, self._hanging_actions_end,
+                  self._hanging_extra_model_outputs_end, self._hanging_rewards_end, self._hanging_rewards_begin):
+            d.pop(aid, None)
+
+    # -- done flags --------------------------------------------------------------------
+
+    @property
+    def is_done(self) -> bool:
+        return bool(self.is_terminated or self.is_truncated)
+
+    @property
+    def is_reset(self) -> bool:
+        return bool(self.agent_episodes)
+
+    def get_terminateds(self) -> dict:
+        return {**{a: sa.is_terminated for a, sa in self.agent_episodes.items()}, _ALL: self.is_terminated}
+
+    def get_truncateds(self) -> dict:
+        return {**{a: sa.is_truncated for a, sa in self.agent_episodes.items()}, _ALL: self.is_truncated}
+
+    def get_agents_that_stepped(self) -> set:
+        """Agents with an observation at the last env step."""
+        return {a for a, m in self.env_t_to_agent_t.items() if m.data and m.data[-1] != SKIP}
+
+    def get_agents_to_act(self) -> set:
+        """Agents with an observation at the last env step that are not done."""
+        return {a for a in self.get_agents_that_stepped() if not self.agent_episodes[a].is_done}
+
+    # -- getters -----------------------------------------------------------------------
+
+    def _agent_list(self, agent_ids: Any) -> list:
+        if agent_ids is None:
+            return list(self.agent_episodes)
+        if isinstance(agent_ids, str) or not isinstance(agent_ids, Collection):
+            agent_ids = [agent_ids]
+        return [a for a in agent_ids if a in self.agent_episodes]
+
+    def _positions(self, indices: Any, nial: bool, fill: Any, n_items: int) -> Any:
+        """Env-step ``indices`` resolved to map positions (``_OUT`` where out of range)."""
+        buf = InfiniteLookbackBuffer(list(range(n_items)), self._len_lookback_buffers)
+        return buf.get(indices, neg_index_as_lookback=nial, fill=_OUT if fill is not None else None)
+
+    def _get(self, what: str, key: Any, indices: Any, agent_ids: Any, env_steps: bool, nial: bool, fill: Any,
+             one_hot: bool, return_list: bool) -> Any:
+        if return_list and not env_steps:
+            raise ValueError(
+                f"`MultiAgentEpisode.get_{what}()` can't be called with both `env_steps=False` and `return_list=True`!"
+            )
+        agents = self._agent_list(agent_ids)
+        if not env_steps:
+            return self._get_agent_steps(what, key, indices, agents, nial, fill, one_hot)
+        per_step = what in ("observations", "infos")
+        n_items = self._map_len() - (0 if per_step else 1)
+        pos = self._positions(indices, nial, fill, n_items)
+        scalar = not isinstance(pos, list)
+        positions = [pos] if scalar else pos
+        values = {a: self._agent_values(what, key, a, positions, fill, one_hot) for a in agents}
+        if return_list:
+            return [{a: v[i] for a, v in values.items() if v[i] is not _OUT} for i in range(len(positions))]
+        out = {}
+        for a, vals in values.items():
+            kept = [v for v in vals if v is not _OUT]
+            if scalar:
+                if kept:
+                    out[a] = kept[0]
+            elif kept:
+                sa_buf = self._column(a, what, key)
+                out[a] = batch(kept) if sa_buf is not None and sa_buf.finalized else kept
+        return out
+
+    def _column(self, aid: Any, what: str, key: Any) -> InfiniteLookbackBuffer | None:
+        sa = self.agent_episodes[aid]
+        if what == "extra_model_outputs":
+            return sa.extra_model_outputs.get(key)
+        return getattr(sa, what)
+
+    def _hanging(self, aid: Any, what: str, key: Any) -> Any:
+        if aid not in self._hanging_actions_end:
+            return _OUT
+        if what == "actions":
+            return self._hanging_actions_end[aid]
+        if what == "rewards":
+            return self._hanging_rewards_end.get(aid, 0.0)
+        if what == "extra_model_outputs":
+            return self._hanging_extra_model_outputs_end.get(aid, {}).get(key, _OUT)
+        return _OUT
+
+    def _agent_values(self, what: str, key: Any, aid: Any, positions: list, fill: Any, one_hot: bool) -> list:
+        m = self.env_t_to_agent_t[aid]
+        buf = self._column(aid, what, key)
+        hanging = self._hanging(aid, what, key)
+        t0 = self.agent_t_started[aid]
+        filler = None
+        out = []
+        for p in positions:
+            v = _OUT
+            agent_t = m.data[p] if p is not _OUT and 0 <= p < len(m.data) else SKIP
+            if agent_t != SKIP:
+                lb = buf.lookback if buf is not None else self.agent_episodes[aid].observations.lookback
+                q = agent_t - t0 + lb
+                n = buf.len_incl_lookback() if buf is not None else 0
+                if 0 <= q < n:
+                    v = buf._item_at(q, None, one_hot)
+                elif q == n and hanging is not _OUT:
+                    v = _like_buffer(buf, hanging, one_hot)
+            if v is _OUT and fill is not None:
+                if filler is None:
+                    ref = buf if buf is not None else InfiniteLookbackBuffer()
+                    filler = ref._fill_item(fill, one_hot)
+                v = filler
+            out.append(v)
+        return out
+
+    def _get_agent_steps(self, what: str, key: Any, indices: Any, agents: list, nial: bool, fill: Any,
+                         one_hot: bool) -> dict:
+        out = {}
+        for a in agents:
+            buf = self._column(a, what, key)
+            hanging = self._hanging(a, what, key)
+            if buf is None:
+                if hanging is _OUT:
+                    continue
+                buf = InfiniteLookbackBuffer([])
+            if indices is not None and hanging is not _OUT:
+                buf = _with_item(buf, hanging)
+            kwargs = {"one_hot_discrete": one_hot} if what not in ("rewards", "infos", "extra_model_outputs") else {}
+            out[a] = buf.get(indices, neg_index_as_lookback=nial, fill=fill, **kwargs)
+        return out
+
+    def get_observations(self, indices: Any = None, agent_ids: Any = None, *, env_steps: bool = True,
+                         neg_index_as_lookback: bool = False, fill: Any = None, one_hot_discrete: bool = False,
+                         return_list: bool = False) -> Any:
+        return self._get("observations", None, indices, agent_ids, env_steps, neg_index_as_lookback, fill,
+                         one_hot_discrete, return_list)
+
+    def get_infos(self, indices: Any = None, agent_ids: Any = None, *, env_steps: bool = True,
+                  neg_index_as_lookback: bool = False, fill: Any = None, return_list: bool = False) -> Any:
+        return self._get("infos", None, indices, agent_ids, env_steps, neg_index_as_lookback, fill, False, return_list)
+
+    def get_actions(self, indices: Any = None, agent_ids: Any = None, *, env_steps: bool = True,
+                    neg_index_as_lookback: bool = False, fill: Any = None, one_hot_discrete: bool = False,
+                    return_list: bool = False) -> Any:
+        return self._get("actions", None, indices, agent_ids, env_steps, neg_index_as_lookback, fill,
+                         one_hot_discrete, return_list)
+
+    def get_rewards(self, indices: Any = None, agent_ids: Any = None, *, env_steps: bool = True,
+                    neg_index_as_lookback: bool = False, fill: Any = None, return_list: bool = False) -> Any:
+        return self._get("rewards", None, indices, agent_ids, env_steps, neg_index_as_lookback, fill, False,
+                         return_list)
+
+    def get_extra_model_outputs(self, key: str | None = None, indices: Any = None, agent_ids: Any = None, *,
+                                env_steps: bool = True, neg_index_as_lookback: bool = False, fill: Any = None,
+                                return_list: bool = False) -> Any:
+        """Extra model outputs: ``{agent: values}`` for ``key``, ``{agent: {key: values}}`` for all keys."""
+        if key is not None:
+            return self._get("extra_model_outputs", key, indices, agent_ids, env_steps, neg_index_as_lookback,
+                             fill, False, return_list)
+        keys: dict[str, None] = {}
+        for a in self._agent_list(agent_ids):
+            keys.update((k, None) for k in self.agent_episodes[a].extra_model_outputs)
+            keys.update((k, None) for k in self._hanging_extra_model_outputs_end.get(a, {}))
+        per_key = {k: self._get("extra_model_outputs", k, indices, agent_ids, env_steps, neg_index_as_lookback,
+                                fill, False, return_list) for k in keys}
+        if return_list:
+            steps = len(next(iter(per_key.values()))) if per_key else 0
+            return [{a: {k: per_key[k][i][a] for k in keys if a in per_key[k][i]}
+                     for a in {a for k in keys for a in per_key[k][i]}} for i in range(steps)]
+        out: dict[Any, dict] = {}
+        for k, d in per_key.items():
+            for a, v in d.items():
+                out.setdefault(a, {})[k] = v
+        return out
+
+    # -- setters (agent steps, delegated to the agents' episodes) ------------------------
+
+    def _set(self, name: str, new_data: dict, **kw: Any) -> None:
+        for aid, data in new_data.items():
+            if aid not in self.agent_episodes:
+                raise KeyError(f"unknown agent {aid!r}; this episode has {sorted(map(str, self.agent_episodes))}")
+            getattr(self.agent_episodes[aid], name)(new_data=data, **kw)
+
+    def set_observations(self, *, new_data: dict, at_indices: Any = None, neg_index_as_lookback: bool = False) -> None:
+        self._set("set_observations", new_data, at_indices=at_indices, neg_index_as_lookback=neg_index_as_lookback)
+
+    def set_actions(self, *, new_data: dict, at_indices: Any = None, neg_index_as_lookback: bool = False) -> None:
+        self._set("set_actions", new_data, at_indices=at_indices, neg_index_as_lookback=neg_index_as_lookback)
+
+    def set_rewards(self, *, new_data: dict, at_indices: Any = None, neg_index_as_lookback: bool = False) -> None:
+        self._set("set_rewards", new_data, at_indices=at_indices, neg_index_as_lookback=neg_index_as_lookback)
+
+    def set_extra_model_outputs(self, *, key: str, new_data: dict, at_indices: Any = None,
+                                neg_index_as_lookback: bool = False) -> None:
+        self._set("set_extra_model_outputs", new_data, key=key, at_indices=at_indices,
+                  neg_index_as_lookback=neg_index_as_lookback)
+
+    # -- counters, returns, conversion ---------------------------------------------------
+
+    def __len__(self) -> int:
+        return self.env_t - self.env_t_started
+
+    def env_steps(self) -> int:
+        return len(self)
+
+    def agent_steps(self) -> int:
+        """Completed agent steps (hanging ones excluded)."""
+        return sum(len(sa) for sa in self.agent_episodes.values())
+
+    def get_return(self, include_hanging_rewards: bool = False) -> float:
+        ret = sum(sa.get_return() for sa in self.agent_episodes.values())
+        if include_hanging_rewards:
+            ret += sum(self._hanging_rewards_begin.values()) + sum(self._hanging_rewards_end.values())
+        return ret
+
+    def get_duration_s(self) -> float:
+        if self._start_time is None:
+            return 0.0
+        return (self._last_step_time or self._start_time) - self._start_time
+
+    @property
+    def is_numpy(self) -> bool:
+        """All agents with at least one step are numpy'ized."""
+        stepped = [sa for sa in self.agent_episodes.values() if len(sa) > 0]
+        return bool(stepped) and all(sa.is_numpy for sa in stepped)
+
+    is_finalized = is_numpy
+
+    def to_numpy(self) -> MultiAgentEpisode:
+        for sa in self.agent_episodes.values():
+            sa.to_numpy()
+        return self
+
+    finalize = to_numpy
+
+    def get_sample_batch(self) -> Any:
+        """``MultiAgentBatch`` keyed by agent id (as RLlib's), ``env_steps = len(self)``."""
+        from jaxsampler.host.batch import MultiAgentBatch
+
+        return MultiAgentBatch(
+            {a: sa.get_sample_batch() for a, sa in self.agent_episodes.items() if len(sa) > 0}, len(self)
+        )
+
+    # -- chunks --------------------------------------------------------------------------
+
+    def cut(self, len_lookback_buffer: int = 0) -> MultiAgentEpisode:
+        """The successor chunk (same ``id_``, ``len == 0``, ``env_t_started = self.env_t``)
+        with ``len_lookback_buffer`` env steps of lookback, raised so that every hanging
+        agent's last observation is inside (its step then completes in the successor).
+        Done agents are not carried over."""
+        if self.is_done:
+            raise RuntimeError("Can't call `MultiAgentEpisode.cut()` when the episode is already done!")
+        n = int(len_lookback_buffer)
+        if n < 0:
+            raise ValueError(f"len_lookback_buffer must be >= 0, got {n}")
+        last = self._map_len() - 1
+        for aid in self._hanging_actions_end:
+            data = self.env_t_to_agent_t[aid].data
+            real = [i for i, v in enumerate(data) if v != SKIP]
+            if real:
+                n = max(n, last - real[-1])
+        n = min(n, last)
+        active = [a for a, sa in self.agent_episodes.items() if not sa.is_done]
+        keep = lambda steps: [{a: v for a, v in d.items() if a in active} for d in steps]  # noqa: E731
+        observations = keep(self.get_observations(slice(-n - 1, None), return_list=True))
+        if n > 0:
+            actions = keep(self.get_actions(slice(-n, None), return_list=True))
+            rewards = keep(self.get_rewards(slice(-n, None), return_list=True))
+            extras = keep(self.get_extra_model_outputs(None, slice(-n, None), return_list=True))
+        else:
+            actions, rewards, extras = [], [], []
+        successor = MultiAgentEpisode(
+            self.id_,
+            observations=observations,
+            observation_space=self.observation_space,
+            infos=keep(self.get_infos(slice(-n - 1, None), return_list=True)),
+            actions=actions,
+            action_space=self.action_space,
+            rewards=rewards,
+            extra_model_outputs=extras,
+            env_t_started=self.env_t,
+            agent_t_started={a: self.agent_episodes[a].t for a in active},
+            len_lookback_buffer="auto",
+            agent_episode_ids={a: sa.id_ for a, sa in self.agent_episodes.items()},
+            agent_module_ids=self.agent_to_module_mapping,
+            agent_to_module_mapping_fn=self.agent_to_module_mapping_fn,
+        )
+        successor.custom_data = copy.deepcopy(self.custom_data)
+        if self.is_numpy:
+            for sa in successor.agent_episodes.values():
+                sa.observations.finalize()
+                if len(sa.rewards.data):
+                    sa.to_numpy()
+        return successor
+
+    # -- misc ----------------------------------------------------------------------------
+
+    def print(self) -> None:
+        """Prints which agents had an observation at which env step."""
+        n = self._map_len() - self._len_lookback_buffers
+        width = max([len(str(a)) for a in self.env_t_to_agent_t] + [2])
+        print(("ts".ljust(width) + "".join(f"{t:>3} " for t in range(n))).rstrip())
+        for aid, m in self.env_t_to_agent_t.items():
+            cells = m.data[self._len_lookback_buffers :]
+            print((str(aid).ljust(width) + "".join("   x" if v != SKIP else "    " for v in cells)).rstrip())
+
+    def get_state(self) -> dict[str, Any]:
+        return copy.deepcopy({k: v for k, v in self.__dict__.items()})
+
+    @staticmethod
+    def from_state(state: dict[str, Any]) -> MultiAgentEpisode:
+        ep = MultiAgentEpisode.__new__(MultiAgentEpisode)
+        ep.__dict__.update(copy.deepcopy(state))
+        return ep
+
+    def __repr__(self) -> str:
+        returns = {a: sa.get_return() for a, sa in self.agent_episodes.items()}
+        return f"MAEps(len={len(self)} done={self.is_done} Rs={returns} id_={self.id_})"
+
+
+def _with_item(buf: InfiniteLookbackBuffer, item: Any) -> InfiniteLookbackBuffer:
+    """A copy of ``buf`` with ``item`` appended (``buf`` itself is unchanged)."""
+    out = copy.copy(buf)
+    if not buf.finalized:
+        out.data = list(buf.data)
+    out.append(item)
+    return out
+
+
+def _like_buffer(buf: InfiniteLookbackBuffer | None, item: Any, one_hot: bool) -> Any:
+    """A cached (hanging) item as ``buf`` would return it: numpy scalars/arrays in numpy mode."""
+    if buf is None:
+        return item
+    if buf.finalized:
+        item = tree_map(lambda x: np.asarray(x)[()], item) if isinstance(item, (dict, tuple)) else np.asarray(item)[()]
+    return buf._convert(item, one_hot) if one_hot else item
