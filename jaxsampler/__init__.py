@@ -11,7 +11,7 @@ from jaxsampler.envs.adapters.gymnax import GymnaxEnv, from_gymnax_env as from_g
 from jaxsampler.host import InfiniteLookbackBuffer, Sampler, SamplerMetrics, SingleAgentEpisode
 from jaxsampler.host.batch import MultiAgentBatch, SampleBatch, concat_samples
 from jaxsampler.host.multi_agent_episode import MultiAgentEnvError, MultiAgentEpisode
-from jaxsampler.policies import MLPPolicy, NoState, Policy, RandomPolicy, RecurrentPolicy
+from jaxsampler.policies import MLPPolicy, MultiAgentPolicy, NoState, Policy, RandomPolicy, RecurrentPolicy
 from jaxsampler.postprocessing import GAEOutput, compute_gae, discounted_returns, gae
 from jaxsampler.registry import make, register, registered_ids
 from jaxsampler.rollout import (
@@ -36,6 +36,7 @@ __all__ = [
     "MultiAgentBatch",
     "MultiAgentEnvError",
     "MultiAgentEpisode",
+    "MultiAgentPolicy",
     "EnvParams",
     "GAEOutput",
     "MLPPolicy",

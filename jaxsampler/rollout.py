@@ -70,6 +70,12 @@ def check_compatible(env: Env, policy: Policy) -> None:
     """Raises ``ValueError`` naming the mismatch if ``policy`` cannot drive ``env``."""
     if not isinstance(env, Env):
         raise TypeError(f"env must be a jaxsampler Env, got {type(env).__name__} (wrap gymnax envs with js.from_gymnax)")
+    policy_agents = getattr(policy, "agent_ids", None)
+    if policy_agents is not None and tuple(policy_agents) != tuple(env.agent_ids):
+        raise ValueError(
+            f"mismatched agent ids: env {env.name} has {tuple(env.agent_ids)}, "
+            f"policy {type(policy).__name__} was built for {tuple(policy_agents)}"
+        )
     for what in ("observation_space", "action_space"):
         pol_space = getattr(policy, what, None)
         if pol_space is None:

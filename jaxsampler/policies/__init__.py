@@ -1,6 +1,7 @@
 """Policies: the protocol, a random policy, Flax actor-critic MLP and GRU policies."""
 
 from jaxsampler.policies.base import NoState, Policy, RandomPolicy, batch_dims
+from jaxsampler.policies.multi import MultiAgentPolicy
 from jaxsampler.policies.mlp import ActorCriticMLP, MLPPolicy, RecurrentPolicy, log_prob
 
 __all__ = [
@@ -8,6 +9,7 @@ __all__ = [
     "NoState",
     "RandomPolicy",
     "MLPPolicy",
+    "MultiAgentPolicy",
     "RecurrentPolicy",
     "ActorCriticMLP",
     "batch_dims",

@@ -1,0 +1,191 @@
+"""Several policies, one jitted step: ``MultiAgentPolicy`` maps agents to policies.
+
+::
+
+    policy = js.MultiAgentPolicy(
+        env,
+        {"red": MLPPolicy(...), "blue": MLPPolicy(...)},
+        policy_mapping_fn=lambda agent_id: "red" if agent_id in ("agent_0", "agent_1") else "blue",
+    )
+    params = policy.init(key)            # {"red": red_params, "blue": blue_params}
+
+``policy_mapping_fn(agent_id) -> policy_id`` is static: it is called once per agent at
+construction, so each policy owns a fixed set of agent-axis slots. Inside the step every
+policy is evaluated on exactly its own agents (a static slice or gather of the agent
+axis, ``[E, A_p, ...]``), never on the others', and the outputs are put back in agent
+order with one static permutation. The result is itself a :class:`Policy`, so
+``make_rollout`` / ``Sampler`` take it like any other.
+
+Rules:
+
+* every policy must be built for the env's (one-agent) observation and action space;
+  agents with different spaces share an agent axis only after padding to a common space;
+* the extras of all policies are merged by key; a key that some policy does not produce
+  is zero for its agents (shapes beyond ``[E, A_p]`` must agree across policies);
+* params are a dict ``policy_id -> params``; the recurrent state a dict ``policy_id ->
+  state`` with leaves ``[E, A_p, ...]``;
+* actions of agents that are not acting are computed like all others and ignored by the
+  env and by every host-side conversion (the ``acting`` mask decides).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxsampler.env import Env
+from jaxsampler.policies.base import Policy
+from jaxsampler.spaces import Space
+
+__all__ = ["MultiAgentPolicy"]
+
+
+def _same_space(a: Space, b: Space) -> bool:
+    from jaxsampler.rollout import _same_space as same
+
+    return same(a, b)
+
+
+@dataclasses.dataclass(frozen=True, init=False)
+class MultiAgentPolicy(Policy):
+    """Policies mapped to agents by a static ``policy_mapping_fn``; see the module docstring.
+
+    Args:
+        env: the multi-agent env (its ``agent_ids`` and spaces), or a tuple of agent ids.
+        policies: ``policy_id -> Policy``.
+        policy_mapping_fn: ``agent_id -> policy_id``; default: every agent uses the only
+            policy (an error if there are several).
+
+    Raises:
+        ValueError: empty ``policies``, a mapping to an unknown policy id, policies built
+            for different spaces.
+    """
+
+    observation_space: Space
+    action_space: Space
+    agent_ids: tuple[str, ...]
+    policy_ids: tuple[str, ...]
+    policies: tuple[Policy, ...]
+    #: policy id of every agent-axis slot
+    agent_policy: tuple[str, ...]
+
+    def __init__(
+        self,
+        env: Env | tuple[str, ...],
+        policies: Mapping[str, Policy],
+        policy_mapping_fn: Callable[[str], str] | None = None,
+    ):
+        if not isinstance(policies, Mapping) or not policies:
+            raise ValueError("policies must be a non-empty dict policy_id -> Policy")
+        for pid, p in policies.items():
+            if not isinstance(p, Policy):
+                raise TypeError(f"policies[{pid!r}] is a {type(p).__name__}, not a jaxsampler Policy")
+        agent_ids = tuple(env.agent_ids) if isinstance(env, Env) else tuple(env)
+        if policy_mapping_fn is None:
+            if len(policies) != 1:
+                raise ValueError(f"{len(policies)} policies need a policy_mapping_fn (agent_id -> policy_id)")
+            only = next(iter(policies))
+            policy_mapping_fn = lambda aid: only  # noqa: E731
+        mapping = tuple(policy_mapping_fn(a) for a in agent_ids)
+        for aid, pid in zip(agent_ids, mapping):
+            if pid not in policies:
+                raise ValueError(
+                    f"policy_mapping_fn maps agent {aid!r} to unknown policy id {pid!r}; policies: {sorted(policies)}"
+                )
+        first = next(iter(policies.values()))
+        for pid, p in policies.items():
+            for what in ("observation_space", "action_space"):
+                if not _same_space(getattr(p, what), getattr(first, what)):
+                    raise ValueError(
+                        f"policy {pid!r} was built for {what.replace('_', ' ')} {getattr(p, what)!r}, another for "
+                        f"{getattr(first, what)!r}: agents on one agent axis share one space (pad to a common space)"
+                    )
+        if isinstance(env, Env):
+            for what in ("observation_space", "action_space"):
+                if not _same_space(getattr(first, what), getattr(env, what)):
+                    raise ValueError(
+                        f"the policies were built for {what.replace('_', ' ')} {getattr(first, what)!r}, "
+                        f"env {env.name} has {getattr(env, what)!r}"
+                    )
+        used = tuple(pid for pid in policies if pid in mapping)  # dict order, unused ones dropped
+        object.__setattr__(self, "observation_space", first.observation_space)
+        object.__setattr__(self, "action_space", first.action_space)
+        object.__setattr__(self, "agent_ids", agent_ids)
+        object.__setattr__(self, "policy_ids", used)
+        object.__setattr__(self, "policies", tuple(policies[pid] for pid in used))
+        object.__setattr__(self, "agent_policy", mapping)
+
+    # -- static structure ----------------------------------------------------------------
+
+    def agents_of(self, policy_id: str) -> np.ndarray:
+        """Agent-axis indices controlled by ``policy_id`` (ascending)."""
+        return np.array([i for i, p in enumerate(self.agent_policy) if p == policy_id], np.int64)
+
+    def policy_mapping_fn(self, agent_id: str) -> str:
+        return self.agent_policy[self.agent_ids.index(agent_id)]
+
+    def _take(self, tree: Any, idx: np.ndarray) -> Any:
+        n = len(self.agent_ids)
+        if len(idx) == n:
+            return tree
+        if np.all(np.diff(idx) == 1):  # contiguous: a static slice
+            return jax.tree.map(lambda x: x[:, int(idx[0]) : int(idx[-1]) + 1], tree)
+        return jax.tree.map(lambda x: jnp.take(x, idx, axis=1), tree)
+
+    # -- Policy protocol -----------------------------------------------------------------
+
+    def init(self, key: jax.Array) -> dict[str, Any]:
+        keys = jax.random.split(key, len(self.policies))
+        return {pid: p.init(k) for pid, p, k in zip(self.policy_ids, self.policies, keys)}
+
+    def initial_state(self, batch_shape: tuple[int, ...]) -> dict[str, Any]:
+        *lead, _ = batch_shape
+        return {
+            pid: p.initial_state((*lead, len(self.agents_of(pid)))) for pid, p in zip(self.policy_ids, self.policies)
+        }
+
+    def __call__(self, params: Mapping[str, Any], obs: Any, key: jax.Array, policy_state: Any):
+        if not isinstance(params, Mapping):
+            raise TypeError(f"MultiAgentPolicy params must be a dict policy_id -> params, got {type(params).__name__}")
+        missing = [pid for pid in self.policy_ids if pid not in params]
+        if missing:
+            raise KeyError(f"params have no entry for policies {missing}; got {sorted(params)}")
+        keys = jax.random.split(key, len(self.policies))
+        actions, extras, states, order, batches = [], [], {}, [], []
+        num_envs = jax.tree.leaves(obs)[0].shape[0]
+        for pid, p, k in zip(self.policy_ids, self.policies, keys):
+            idx = self.agents_of(pid)
+            a, x, s = p(params[pid], self._take(obs, idx), k, policy_state[pid])
+            actions.append(a)
+            extras.append(x)
+            states[pid] = s
+            order.append(idx)
+            batches.append((num_envs, len(idx)))
+        if len(actions) == 1:
+            return actions[0], extras[0], states
+        inverse = np.argsort(np.concatenate(order))  # concatenated slots -> agent order
+        identity = np.array_equal(inverse, np.arange(len(inverse)))
+
+        def merge(parts: list[Any]) -> Any:
+            out = jax.tree.map(lambda *xs: jnp.concatenate(xs, axis=1), *parts)
+            return out if identity else jax.tree.map(lambda x: jnp.take(x, inverse, axis=1), out)
+
+        return merge(actions), merge(_align_extras(extras, batches)), states
+
+
+def _align_extras(extras: list[dict[str, Any]], batches: list[tuple[int, int]]) -> list[dict[str, Any]]:
+    """Every policy's extras with the union of keys; a key a policy lacks is zeros."""
+    keys = sorted({k for x in extras for k in x})
+    out = []
+    for x, batch in zip(extras, batches):
+        filled = {}
+        for k in keys:
+            ref = x[k] if k in x else next(y[k] for y in extras if k in y)
+            filled[k] = x[k] if k in x else jax.tree.map(lambda r: jnp.zeros(batch + r.shape[2:], r.dtype), ref)
+        out.append(filled)
+    return out

@@ -1,0 +1,108 @@
+"""MultiAgentPolicy: static agent -> policy mapping, several policies in one jitted step."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxsampler as js
+from jaxsampler.envs.spread import Spread
+from jaxsampler.policies.base import NoState, Policy
+from jaxsampler.spaces import Box, Discrete
+
+
+@dataclasses.dataclass(frozen=True)
+class TagPolicy(Policy):
+    """action = params["action"]; extras["tag"] = params["tag"] + obs[..., 0] * 0; counts its calls' batch."""
+
+    observation_space: Box
+    action_space: Discrete
+    extra_key: str = "tag"
+
+    def init(self, key):
+        return {"action": jnp.int32(0), "tag": jnp.float32(0.0)}
+
+    def __call__(self, params, obs, key, state):
+        batch = obs.shape[:2]
+        action = jnp.full(batch, params["action"], jnp.int32)
+        return action, {self.extra_key: jnp.full(batch, params["tag"], jnp.float32), "width": jnp.full(batch, batch[1], jnp.float32)}, state
+
+
+ENV = Spread(4)
+OBS, ACT = ENV.observation_space, ENV.action_space
+
+
+def red_blue(aid: str) -> str:
+    return "red" if aid in ("agent_0", "agent_2") else "blue"
+
+
+def test_each_agent_acts_with_its_own_policy_on_only_its_agents():
+    pol = js.MultiAgentPolicy(ENV, {"red": TagPolicy(OBS, ACT), "blue": TagPolicy(OBS, ACT)}, red_blue)
+    assert pol.agent_policy == ("red", "blue", "red", "blue")
+    params = {"red": {"action": jnp.int32(3), "tag": jnp.float32(1.5)}, "blue": {"action": jnp.int32(1), "tag": jnp.float32(-2.0)}}
+    rollout = jax.jit(js.make_rollout(ENV, pol, num_envs=3, rollout_length=4))
+    state = js.init_rollout_state(ENV, pol, 3, jax.random.PRNGKey(0))
+    _, traj = rollout(params, state)
+    np.testing.assert_array_equal(np.asarray(traj.actions[0, 0]), [3, 1, 3, 1])
+    np.testing.assert_array_equal(np.asarray(traj.extras["tag"][:, :, :]), np.broadcast_to([1.5, -2.0, 1.5, -2.0], (4, 3, 4)))
+    # Each policy saw exactly its 2 agents (not all 4).
+    np.testing.assert_array_equal(np.asarray(traj.extras["width"]), 2.0)
+
+
+def test_mlp_policies_match_calling_each_on_its_agents():
+    mlp = js.MLPPolicy(OBS, ACT, hidden_sizes=(8,))
+    pol = js.MultiAgentPolicy(ENV, {"red": mlp, "blue": mlp}, red_blue)
+    params = pol.init(jax.random.PRNGKey(1))
+    assert set(params) == {"red", "blue"}
+    obs = jax.random.normal(jax.random.PRNGKey(2), (5, 4) + OBS.shape)
+    key = jax.random.PRNGKey(3)
+    action, extras, _ = pol(params, obs, key, pol.initial_state((5, 4)))
+    k_red, k_blue = jax.random.split(key, 2)
+    a_red, x_red, _ = mlp(params["red"], obs[:, [0, 2]], k_red, NoState())
+    a_blue, x_blue, _ = mlp(params["blue"], obs[:, [1, 3]], k_blue, NoState())
+    np.testing.assert_array_equal(np.asarray(action)[:, [0, 2]], np.asarray(a_red))
+    np.testing.assert_array_equal(np.asarray(action)[:, [1, 3]], np.asarray(a_blue))
+    np.testing.assert_allclose(np.asarray(extras["vf_preds"])[:, [1, 3]], np.asarray(x_blue["vf_preds"]), rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(extras["action_logp"])[:, [0, 2]], np.asarray(x_red["action_logp"]), rtol=1e-6)
+
+
+def test_missing_extras_are_zero_for_the_other_policy():
+    pol = js.MultiAgentPolicy(ENV, {"a": TagPolicy(OBS, ACT, "x"), "b": TagPolicy(OBS, ACT, "y")},
+                              lambda aid: "a" if aid == "agent_3" else "b")
+    params = {"a": {"action": jnp.int32(0), "tag": jnp.float32(7.0)}, "b": {"action": jnp.int32(2), "tag": jnp.float32(5.0)}}
+    action, extras, _ = pol(params, jnp.zeros((2, 4) + OBS.shape), jax.random.PRNGKey(0), pol.initial_state((2, 4)))
+    np.testing.assert_array_equal(np.asarray(action[0]), [2, 2, 2, 0])
+    np.testing.assert_array_equal(np.asarray(extras["x"][0]), [0, 0, 0, 7])
+    np.testing.assert_array_equal(np.asarray(extras["y"][0]), [5, 5, 5, 0])
+
+
+def test_single_policy_default_mapping():
+    pol = js.MultiAgentPolicy(ENV, {"shared": js.MLPPolicy(OBS, ACT, hidden_sizes=(8,))})
+    assert pol.agent_policy == ("shared",) * 4
+    assert pol.policy_mapping_fn("agent_2") == "shared"
+    assert hash(pol) == hash(js.MultiAgentPolicy(ENV, {"shared": js.MLPPolicy(OBS, ACT, hidden_sizes=(8,))}))
+
+
+def test_bad_input_is_rejected_with_clear_errors():
+    mlp = js.MLPPolicy(OBS, ACT, hidden_sizes=(8,))
+    with pytest.raises(ValueError, match="unknown policy id 'green'"):
+        js.MultiAgentPolicy(ENV, {"red": mlp}, lambda aid: "green")
+    with pytest.raises(ValueError, match="need a policy_mapping_fn"):
+        js.MultiAgentPolicy(ENV, {"red": mlp, "blue": mlp})
+    with pytest.raises(ValueError, match="non-empty"):
+        js.MultiAgentPolicy(ENV, {})
+    with pytest.raises(ValueError, match="observation space"):
+        js.MultiAgentPolicy(ENV, {"red": js.MLPPolicy(Box(-1, 1, (3,)), ACT)}, lambda aid: "red")
+    with pytest.raises(TypeError, match="not a jaxsampler Policy"):
+        js.MultiAgentPolicy(ENV, {"red": object()}, lambda aid: "red")
+    # Built for other agent ids than the env's.
+    pol = js.MultiAgentPolicy(("a", "b", "c", "d"), {"red": mlp}, lambda aid: "red")
+    with pytest.raises(ValueError, match="mismatched agent ids"):
+        js.make_rollout(ENV, pol, num_envs=2, rollout_length=2)
+    good = js.MultiAgentPolicy(ENV, {"red": mlp, "blue": mlp}, red_blue)
+    with pytest.raises(KeyError, match="no entry for policies"):
+        good({"red": mlp.init(jax.random.PRNGKey(0))}, jnp.zeros((1, 4) + OBS.shape), jax.random.PRNGKey(0), good.initial_state((1, 4)))
