@@ -204,3 +204,60 @@ def check_fake_trajectory(traj, params: FakeParams = FakeParams()) -> dict[str, 
             seen["terminated"] += int(ended and is_term)
             seen["truncated"] += int(ended and is_trunc)
     return seen
+
+
+@struct.dataclass
+class ChaosState:
+    time: jax.Array
+    done: jax.Array  # bool[A]
+    uid: jax.Array  # float32[]: random episode tag
+
+
+@dataclasses.dataclass(frozen=True)
+class ChaosEnv(Env):
+    """Three agents, out of lockstep at random: each step a random subset of the agents
+    that are not done acts (agent 0 always acts at reset, the others may join late);
+    every agent not yet done is rewarded at random (acting or not); each agent finishes
+    (terminated) with probability ``p_done`` per step, independently; the episode is
+    truncated for the rest at ``max_steps_in_episode``. Flags are sticky.
+    obs = [time, agent index, episode tag, done]."""
+
+    num_agents: ClassVar[int] = 3
+    p_done: float = 0.12
+
+    @property
+    def default_params(self):
+        return FakeParams(max_steps_in_episode=9)
+
+    @property
+    def observation_space(self) -> Box:
+        return Box(-np.inf, np.inf, (4,), np.float32)
+
+    @property
+    def action_space(self) -> Discrete:
+        return Discrete(4)
+
+    def _ts(self, s: ChaosState, reward, term, trunc, acting):
+        obs = jnp.stack([jnp.broadcast_to(s.time.astype(jnp.float32), (3,)), jnp.arange(3, dtype=jnp.float32),
+                         jnp.broadcast_to(s.uid, (3,)), s.done.astype(jnp.float32)], axis=-1)
+        return TimeStep(obs=obs, reward=reward, terminated=term, truncated=trunc, acting=acting)
+
+    def reset(self, key, params=None):
+        k1, k2 = jax.random.split(key)
+        s = ChaosState(jnp.zeros((), jnp.int32), jnp.zeros((3,), jnp.bool_), jax.random.uniform(k1))
+        acting = jax.random.bernoulli(k2, 0.5, (3,)).at[0].set(True)
+        z = jnp.zeros((3,), jnp.bool_)
+        return s, self._ts(s, jnp.zeros((3,), jnp.float32), z, z, acting)
+
+    def step(self, key, state, action, params=None):
+        params = self.default_params if params is None else params
+        k_done, k_act, k_rew = jax.random.split(key, 3)
+        t = state.time + 1
+        newly = jax.random.bernoulli(k_done, self.p_done, (3,)) & ~state.done
+        term = state.done | newly  # sticky
+        trunc = (t >= params.max_steps_in_episode) & ~term
+        done = term | trunc
+        reward = jnp.where(state.done, 0.0, jnp.round(jax.random.uniform(k_rew, (3,)) * 8) / 4).astype(jnp.float32)
+        acting = jax.random.bernoulli(k_act, 0.6, (3,)) & ~done
+        s = ChaosState(t, done, state.uid)
+        return s, self._ts(s, reward, term, trunc, acting)

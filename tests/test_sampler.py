@@ -265,8 +265,9 @@ def test_bad_sampler_construction():
     with pytest.raises(ValueError, match="unknown env id"):
         js.Sampler("NoSuchEnv-v9", pol)
     turn = TurnEnv()
-    with pytest.raises(NotImplementedError, match="single-agent"):
-        js.Sampler(turn, js.RandomPolicy(turn.observation_space, turn.action_space))
+    other = js.MultiAgentPolicy(("x", "y"), {"p": js.RandomPolicy(turn.observation_space, turn.action_space)})
+    with pytest.raises(ValueError, match="mismatched agent ids"):
+        js.Sampler(turn, other)
 
 
 # ----------------------------------------------------------------------------- sample_batch

@@ -37,8 +37,10 @@ import numpy as np
 
 from jaxsampler.env import Env
 from jaxsampler.host.batch import DEFAULT_POLICY_ID, MultiAgentBatch, SampleBatch
+from jaxsampler.host.agent_steps import AgentCarry, AgentSteps, agent_steps, take, take_info
 from jaxsampler.host.episode import SingleAgentEpisode, _reward_space
 from jaxsampler.host.lookback import InfiniteLookbackBuffer
+from jaxsampler.host.multi_agent_episode import SKIP, MultiAgentEpisode
 from jaxsampler.policies.base import Policy
 from jaxsampler.rollout import init_rollout_state, jit_rollout, make_rollout
 from jaxsampler.types import NoInfo, Trajectory
@@ -106,8 +108,6 @@ class Sampler:
             from jaxsampler.registry import make
 
             env = make(env)
-        if env.num_agents != 1:
-            raise NotImplementedError("Sampler.sample() supports single-agent envs (num_agents == 1) for now")
         if not isinstance(episode_lookback_horizon, int) or episode_lookback_horizon < 0:
             raise ValueError(f"episode_lookback_horizon must be an int >= 0, got {episode_lookback_horizon!r}")
         self.env, self.policy = env, policy
@@ -125,6 +125,16 @@ class Sampler:
         self.metrics = SamplerMetrics()
         self._obs_space, self._act_space = env.observation_space, env.action_space
         self._has_infos = None
+        self._act_zero = np.asarray(jax.tree.leaves(env.action_space.zeros())[0])
+        # Multi-agent: agents' policy ids, carried hanging steps, open episode chunks.
+        self.multi_agent = env.num_agents != 1
+        self.agent_ids = tuple(env.agent_ids)
+        self.agent_policy = tuple(getattr(policy, "agent_policy", None) or (DEFAULT_POLICY_ID,) * env.num_agents)
+        if getattr(policy, "agent_ids", None) is not None and tuple(policy.agent_ids) != self.agent_ids:
+            raise ValueError(f"mismatched agent ids: env has {self.agent_ids}, policy was built for {tuple(policy.agent_ids)}")
+        self._carry: AgentCarry | None = None
+        self._open: dict[int, Any] = {}
+        self._col_horizon = 1 if self.multi_agent else self.horizon  # multi-agent: infos of slot 0
 
     # ------------------------------------------------------------------------- state
 
@@ -135,10 +145,14 @@ class Sampler:
         self._resets += 1
         self._tail = None
         self._partial_return[:] = 0.0
+        self._carry = None
+        self._open = {}
 
     def _call(self, params: Any) -> Trajectory:
         self._state, traj = self._rollout(params, self._state, self._buffers)
         host = jax.device_get(traj)  # one transfer per call
+        if self.multi_agent:  # agents acting on the last observation (it completes their step)
+            self._next_acting = np.asarray(jax.device_get(self._state.acting & ~self._state.needs_reset[:, None]))
         self._buffers = traj
         return host
 
@@ -162,7 +176,8 @@ class Sampler:
 
         Metrics of the call are in :attr:`metrics`.
         """
-        return self._sample(params, num_timesteps, num_episodes, force_reset, self._to_episodes)
+        return self._sample(params, num_timesteps, num_episodes, force_reset,
+                            self._to_ma_episodes if self.multi_agent else self._to_episodes)
 
     def sample_batch(
         self,
@@ -181,7 +196,8 @@ class Sampler:
         :meth:`sample` would return the episodes. Episodes continue across calls exactly
         as with :meth:`sample` (the two may be mixed).
         """
-        return self._sample(params, num_timesteps, num_episodes, force_reset, self._to_batch)
+        return self._sample(params, num_timesteps, num_episodes, force_reset,
+                            self._to_ma_batch if self.multi_agent else self._to_batch)
 
     def _sample(self, params: Any, num_timesteps: int | None, num_episodes: int | None, force_reset: bool, build: Any):
         if num_timesteps is not None and num_episodes is not None:
@@ -209,13 +225,14 @@ class Sampler:
         return out
 
     def _count_done(self, chunks: list[Trajectory]) -> int:
-        return sum(int(np.count_nonzero(c.terminated | c.truncated)) for c in chunks)
+        # An episode ends at the step where every agent is done (flags are sticky).
+        return sum(int(np.count_nonzero(np.all(c.terminated | c.truncated, axis=-1) & ~c.is_reset)) for c in chunks)
 
     # ------------------------------------------------------------------------- conversion
 
     def _columns(self, chunks: list[Trajectory]) -> dict[str, Any]:
         """Env-major arrays ``[E, H + T_total (+1 for obs), ...]`` with the lookback prefix."""
-        H = self.horizon
+        H = self._col_horizon
 
         def cat(get, with_obs_slot: bool = False) -> Any:
             parts = [get(c) for c in chunks]
@@ -224,11 +241,13 @@ class Sampler:
             head = self._tail[get.__name__] if self._tail is not None else None
             return _env_major(parts, head, H)
 
-        def obs(c): return c.obs[:, :, 0]  # noqa: E704
-        def actions(c): return c.actions[:, :, 0]  # noqa: E704
-        def rewards(c): return c.rewards[:, :, 0]  # noqa: E704
-        def terminated(c): return c.terminated[:, :, 0]  # noqa: E704
-        def truncated(c): return c.truncated[:, :, 0]  # noqa: E704
+        agent = slice(None) if self.multi_agent else 0  # multi-agent columns keep the agent axis
+
+        def obs(c): return c.obs[:, :, agent]  # noqa: E704
+        def actions(c): return c.actions[:, :, agent]  # noqa: E704
+        def rewards(c): return c.rewards[:, :, agent]  # noqa: E704
+        def terminated(c): return c.terminated[:, :, agent]  # noqa: E704
+        def truncated(c): return c.truncated[:, :, agent]  # noqa: E704
         def is_reset(c): return c.is_reset  # noqa: E704
 
         cols = {
@@ -239,9 +258,12 @@ class Sampler:
             "truncated": cat(truncated),
             "is_reset": cat(is_reset),
         }
+        if self.multi_agent:
+            def acting(c): return c.acting  # noqa: E704
+            cols["acting"] = cat(acting)
         keys = sorted(chunks[0].extras) if isinstance(chunks[0].extras, dict) else []
         for k in keys:
-            def extra(c, k=k): return c.extras[k][:, :, 0]  # noqa: E704
+            def extra(c, k=k): return c.extras[k][:, :, agent]  # noqa: E704
             extra.__name__ = f"extra:{k}"
             cols[f"extra:{k}"] = cat(extra)
         for path, _ in _info_leaves(chunks[0].infos):
@@ -250,6 +272,15 @@ class Sampler:
             cols[info.__name__] = cat(info)
         # Keep the last H steps (and H + 1 observations) for the next call's lookback.
         self._tail = {name: _tail(col, H, name == "obs") for name, col in cols.items()}
+        if self.multi_agent:
+            # Episode-level views for the segmentation: the episode ends when every agent
+            # is done; it counts as truncated if some agent was truncated at that step.
+            for name in ("rewards", "terminated", "truncated"):
+                cols["agent_" + name] = cols[name]
+            done = np.all(cols["terminated"] | cols["truncated"], axis=2)
+            cols["terminated"] = done
+            cols["truncated"] = done & np.any(cols["agent_truncated"], axis=2)
+            cols["rewards"] = cols["agent_rewards"].sum(axis=2, dtype=np.float64)
         return cols
 
     def _segments(self, chunks: list[Trajectory], num_episodes: int | None):
@@ -259,7 +290,7 @@ class Sampler:
         arrays (``env``, ``start``, ``len``, ``lookback``, ``t_started``, ``term``,
         ``trunc``, ``count``). All vectorized; also updates the carried partial returns.
         """
-        H, E = self.horizon, self.num_envs
+        H, E = self._col_horizon, self.num_envs
         first = chunks[0]
         step0 = np.asarray(first.episode_step_0)
         count0 = np.asarray(first.episode_count_0)
@@ -361,6 +392,219 @@ class Sampler:
             if name.startswith("extra:"):
                 data[name[6:]] = col[e, j]
         return MultiAgentBatch({DEFAULT_POLICY_ID: SampleBatch(data)}, n_rows), m
+
+    # ------------------------------------------------------------------------- multi-agent
+
+    def _agent_steps(self, chunks: list[Trajectory], num_episodes: int | None):
+        """Segments plus the completed agent steps of the call, rows in output order."""
+        cols, seg, m = self._segments(chunks, num_episodes)
+        H, E = self._col_horizon, self.num_envs
+        call = {k: (v if k.startswith("info:") else v[:, H:]) for k, v in cols.items()}
+        old = self._carry or AgentCarry.empty(call, E, self.env.num_agents)
+        steps, self._carry = agent_steps(call, old, np.asarray(chunks[0].episode_step_0), self._next_acting)
+        # Each step belongs to the segment of its first call step (the carried ones: step 0).
+        L = call["is_reset"].shape[1]
+        seg_of_step = np.full((E, L), -1, np.int64)
+        lens = seg["len"]
+        offset = np.arange(int(lens.sum())) - np.repeat(np.cumsum(lens) - lens, lens)
+        seg_of_step[np.repeat(seg["env"], lens), np.repeat(seg["start"], lens) + offset] = np.repeat(np.arange(len(lens)), lens)
+        pos = seg_of_step[steps.env, np.maximum(steps.slot - 1, 0)]
+        order = np.lexsort((steps.t, steps.agent, pos))
+        order = order[pos[order] >= 0]
+        steps = AgentSteps(**{f.name: getattr(steps, f.name)[order] for f in dataclasses.fields(AgentSteps)})
+        return call, seg, m, steps, pos[order], old
+
+    def _step_columns(self, call: dict[str, Any], steps: AgentSteps, old: AgentCarry, eps_ids: np.ndarray,
+                      next_infos: bool = False) -> dict[str, Any]:
+        e, s, a, c = steps.env, steps.slot, steps.agent, steps.end
+        A = self.env.num_agents
+        data: dict[str, Any] = {
+            SampleBatch.OBS: take(call["obs"], old.obs, e, s, a),
+            SampleBatch.NEXT_OBS: take(call["obs"], old.obs, e, c, a),
+            SampleBatch.ACTIONS: take(call["actions"], old.action, e, s, a),
+            SampleBatch.REWARDS: steps.reward.astype(np.float32),
+            SampleBatch.TERMINATEDS: steps.terminated,
+            SampleBatch.TRUNCATEDS: steps.truncated,
+            SampleBatch.T: steps.t.astype(np.int64),
+            SampleBatch.EPS_ID: eps_ids,
+            SampleBatch.AGENT_INDEX: a.astype(np.int64),
+        }
+        info_keys = [k for k in call if k.startswith("info:")]
+        data[SampleBatch.INFOS] = (
+            _unflatten({k[5:]: take_info(call[k], old.info[k], e, s, a, A) for k in info_keys}) if info_keys
+            else [{}] * len(e)
+        )
+        if next_infos and info_keys:
+            data["_next_infos"] = _unflatten({k[5:]: take_info(call[k], old.info[k], e, c, a, A) for k in info_keys})
+        for k in call:
+            if k.startswith("extra:"):
+                data[k[6:]] = take(call[k], old.extras[k[6:]], e, s, a)
+        return data
+
+    def _agent_episode_id(self, ma_id: str, agent: int) -> str:
+        return f"{ma_id}{agent:04x}"
+
+    def _to_ma_batch(self, chunks: list[Trajectory], num_episodes: int | None):
+        """``MultiAgentBatch``: one row per completed agent step, keyed by policy id; rows
+        episode by episode (``sample()``'s order), then agent by agent, then by ``t``."""
+        call, seg, m, steps, pos, old = self._agent_steps(chunks, num_episodes)
+        ma_ids = [self._episode_id(e, c) for e, c in zip(seg["env"].tolist(), seg["count"].tolist())]
+        sa_ids = np.array([self._agent_episode_id(ma_ids[p], a) for p, a in zip(pos.tolist(), steps.agent.tolist())]
+                          or [""])[: len(pos)]
+        data = self._step_columns(call, steps, old, sa_ids)
+        policy_of_agent = np.array(self.agent_policy)
+        batches = {}
+        row_policy = policy_of_agent[steps.agent] if len(pos) else np.array([], policy_of_agent.dtype)
+        for pid in dict.fromkeys(self.agent_policy):
+            rows = np.nonzero(row_policy == pid)[0]
+            batches[pid] = SampleBatch(_take_rows(data, rows))
+        m.num_agent_steps_sampled = len(pos)
+        return MultiAgentBatch(batches, m.num_env_steps_sampled), m
+
+    def _to_ma_episodes(self, chunks: list[Trajectory], num_episodes: int | None):
+        call, seg, m, steps, pos, old = self._agent_steps(chunks, num_episodes)
+        n_seg = len(seg["env"])
+        data = self._step_columns(call, steps, old, np.zeros(len(pos), np.int8), next_infos=True)
+        bounds = np.searchsorted(pos, np.arange(n_seg + 1))
+        step0 = np.asarray(chunks[0].episode_step_0)
+        episodes, still_open = [], {}
+        with _no_gc():
+            for i in range(n_seg):
+                e, start, length = int(seg["env"][i]), int(seg["start"][i]), int(seg["len"][i])
+                continues = start == 0 and step0[e] > 0
+                ep = self._open_episode(e, int(seg["count"][i]), continues, int(step0[e]), old)
+                rows = np.arange(bounds[i], bounds[i + 1])
+                done = bool(seg["term"][i] or seg["trunc"][i])
+                self._extend_episode(ep, e, length, rows, steps, data, not done and start + length == call["is_reset"].shape[1], call)
+                if done:
+                    ep.is_terminated, ep.is_truncated = True, bool(seg["trunc"][i])
+                else:
+                    still_open[e] = ep
+                episodes.append(ep)
+        self._open = still_open
+        m.num_agent_steps_sampled = len(pos)
+        return episodes, m
+
+    def _open_episode(self, e: int, count: int, continues: bool, step0: int, old: AgentCarry) -> MultiAgentEpisode:
+        """The chunk that the call's steps of env ``e`` extend: the successor (``cut``) of
+        the open chunk, or a new episode (also when the previous call was ``sample_batch``)."""
+        if continues and e in self._open:
+            return self._open[e].cut(self.horizon)
+        ma_id = self._episode_id(e, count)
+        mapping = dict(zip(self.agent_ids, self.agent_policy))
+        ep = MultiAgentEpisode(
+            ma_id,
+            observation_space={a: self._obs_space for a in self.agent_ids},
+            action_space={a: self._act_space for a in self.agent_ids},
+            agent_episode_ids={a: self._agent_episode_id(ma_id, i) for i, a in enumerate(self.agent_ids)},
+            agent_module_ids=mapping,
+            agent_to_module_mapping_fn=lambda aid, episode: mapping[aid],
+        )
+        ep._first_step = 0  # env step of the first map entry still to be written
+        if continues:  # no chunk to cut: start at the earliest hanging step's observation
+            hanging = old.start[e][old.pend[e]]
+            first = int(min([step0, *hanging.tolist()]))
+            ep.env_t_started = ep.env_t = step0
+            ep._len_lookback_buffers = step0 - first
+            ep._first_step = first
+            for a in np.nonzero(old.pend[e])[0].tolist():
+                self._ensure_agent(ep, a, old.obs[e, a], {k[5:]: v[e, a] for k, v in old.info.items()},
+                                   int(old.n_act[e, a]) - 1)
+                aid = self.agent_ids[a]
+                ep._hanging_actions_end[aid] = old.action[e, a]
+                ep._hanging_rewards_end[aid] = float(old.reward[e, a])
+                ep._hanging_extra_model_outputs_end[aid] = {k: v[e, a] for k, v in old.extras.items()}
+        return ep
+
+    def _ensure_agent(self, ep: MultiAgentEpisode, a: int, obs: Any, info: dict, t_started: int) -> SingleAgentEpisode:
+        aid = self.agent_ids[a]
+        sa = ep.agent_episodes.get(aid)
+        if sa is not None:
+            return sa
+        sa = SingleAgentEpisode.__new__(SingleAgentEpisode)
+        sa.id_ = ep._agent_episode_ids.setdefault(aid, self._agent_episode_id(ep.id_, a))
+        sa.agent_id, sa.module_id, sa.multi_agent_episode_id = aid, ep.module_for(aid), ep.id_
+        sa._observation_space, sa._action_space = self._obs_space, self._act_space
+        sa.observations = _fast_buffer(np.asarray(obs)[None], 0, self._obs_space)
+        sa.infos = _fast_buffer(_unflatten({k: np.asarray(v)[None] for k, v in info.items()}) if info else [{}], 0)
+        sa.actions = _fast_buffer(np.zeros((0,) + self._act_zero.shape, self._act_zero.dtype), 0, self._act_space)
+        sa.rewards = _fast_buffer(np.zeros((0,), np.float32), 0, _reward_space())
+        sa.extra_model_outputs = {}
+        sa.is_terminated = sa.is_truncated = False
+        sa.t_started = sa.t = t_started
+        sa.custom_data = {}
+        sa._start_time = sa._last_step_time = None
+        ep.agent_episodes[aid] = sa
+        ep.agent_t_started[aid] = t_started
+        return sa
+
+    def _extend_episode(self, ep: MultiAgentEpisode, e: int, length: int, rows: np.ndarray, steps: AgentSteps,
+                        data: dict[str, Any], hanging: bool, call: dict[str, Any]) -> None:
+        """Appends ``length`` env steps of env ``e`` (agent steps ``rows``) to ``ep``."""
+        first = getattr(ep, "_first_step", None)
+        if first is None:  # a cut successor: its maps end at env step ep.env_t
+            first = ep.env_t + 1
+        else:
+            del ep._first_step
+        last = ep.env_t + length if ep.env_t_to_agent_t or ep.env_t_started or ep.env_t else length
+        if not ep.env_t_to_agent_t and ep.env_t == 0 and ep.env_t_started == 0:
+            last = length  # a new episode: env steps 0 .. length
+        width = last - first + 1
+        info_keys = [k for k in data[SampleBatch.INFOS]] if isinstance(data[SampleBatch.INFOS], dict) else []
+        extra_keys = [k for k in data if k not in _STEP_KEYS]
+        agent_of_row = steps.agent[rows]
+        carry = self._carry
+        for a, aid in enumerate(self.agent_ids):
+            r = rows[agent_of_row == a]
+            pend = hanging and bool(carry.pend[e, a])
+            m = ep.env_t_to_agent_t.get(aid)
+            entries = np.full(width, -1, np.int64)
+            if len(r):
+                sa = self._ensure_agent(ep, a, data[SampleBatch.OBS][r[0]], _row_info(data, info_keys, r[0]),
+                                        int(steps.t[r[0]]))
+                inside = steps.start_step[r] >= first  # earlier starts are already mapped
+                entries[steps.start_step[r][inside] - first] = steps.t[r][inside]
+                entries[steps.end_step[r] - first] = steps.t[r] + 1
+                _extend(sa.observations, data[SampleBatch.NEXT_OBS][r])
+                _extend(sa.actions, data[SampleBatch.ACTIONS][r])
+                _extend(sa.rewards, data[SampleBatch.REWARDS][r])
+                for k in extra_keys:
+                    if k not in sa.extra_model_outputs:
+                        sa.extra_model_outputs[k] = _fast_buffer(data[k][r][:0], sa.actions.lookback)
+                    _extend(sa.extra_model_outputs[k], data[k][r])
+                if info_keys:
+                    _extend(sa.infos, _take_rows(data["_next_infos"], r))
+                else:
+                    sa.infos.data.extend([{}] * len(r))
+                sa.t += len(r)
+                sa.is_terminated, sa.is_truncated = bool(steps.terminated[r[-1]]), bool(steps.truncated[r[-1]])
+                for cache in (ep._hanging_actions_end, ep._hanging_rewards_end, ep._hanging_extra_model_outputs_end):
+                    cache.pop(aid, None)
+            if pend:
+                start = int(carry.start[e, a])
+                t = int(carry.n_act[e, a]) - 1
+                self._ensure_agent(ep, a, carry.obs[e, a], {k[5:]: v[e, a] for k, v in carry.info.items()}, t)
+                if first <= start <= last:
+                    entries[start - first] = t
+                ep._hanging_actions_end[aid] = carry.action[e, a]
+                ep._hanging_rewards_end[aid] = float(carry.reward[e, a])
+                ep._hanging_extra_model_outputs_end[aid] = {k: v[e, a] for k, v in carry.extras.items()}
+            if hanging and aid not in ep.agent_episodes and self._next_acting[e, a]:
+                # Joins with the call's last observation (it acts on it in the next call).
+                L = call["is_reset"].shape[1]
+                info = {k[5:]: take_info(call[k], carry.info[k], np.array([e]), np.array([L + 1]), np.array([a]),
+                                         len(self.agent_ids))[0] for k in call if k.startswith("info:")}
+                self._ensure_agent(ep, a, call["obs"][e, L, a], info, int(carry.n_act[e, a]))
+                entries[last - first] = int(carry.n_act[e, a])
+            if m is None and aid not in ep.agent_episodes:
+                continue
+            values = [SKIP if v < 0 else v for v in entries.tolist()]
+            if m is None:
+                pad = first - (ep.env_t_started - ep._len_lookback_buffers)
+                ep.env_t_to_agent_t[aid] = InfiniteLookbackBuffer([SKIP] * pad + values, ep._len_lookback_buffers)
+            else:
+                m.data.extend(values)
+        ep.env_t = last
 
     def _episode(self, cols: dict[str, Any], extra_cols: list, info_cols: list, e: int, start: int, length: int, lb: int,
                  t_started: int, term: bool, trunc: bool, count: int) -> SingleAgentEpisode:
@@ -465,3 +709,47 @@ def _unflatten(flat: dict[str, np.ndarray]) -> dict[str, Any]:
             node = node.setdefault(p, {})
         node[last] = v
     return tree
+
+
+_STEP_KEYS = frozenset({
+    SampleBatch.OBS, SampleBatch.NEXT_OBS, SampleBatch.ACTIONS, SampleBatch.REWARDS, SampleBatch.TERMINATEDS,
+    SampleBatch.TRUNCATEDS, SampleBatch.T, SampleBatch.EPS_ID, SampleBatch.AGENT_INDEX, SampleBatch.INFOS,
+    "_next_infos",
+})
+
+
+def _take_rows(data: dict[str, Any], rows: np.ndarray) -> dict[str, Any]:
+    out = {}
+    for k, v in data.items():
+        if isinstance(v, dict):
+            out[k] = _take_rows(v, rows)
+        elif isinstance(v, list):
+            out[k] = [v[i] for i in rows.tolist()]
+        else:
+            out[k] = v[rows]
+    return out
+
+
+def _flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, np.ndarray]:
+    out = {}
+    for k, v in tree.items():
+        if isinstance(v, dict):
+            out.update(_flatten(v, prefix + k + "/"))
+        else:
+            out[prefix + k] = v
+    return out
+
+
+def _row_info(data: dict[str, Any], info_keys: list, row: int) -> dict[str, Any]:
+    """Flattened info leaves of the start observation of step ``row``."""
+    if not info_keys:
+        return {}
+    return {k: v[row] for k, v in _flatten(data[SampleBatch.INFOS]).items()}
+
+
+def _extend(buf: InfiniteLookbackBuffer, items: Any) -> None:
+    """Appends arrays to a numpy'ized buffer (an empty list-mode buffer becomes numpy'ized)."""
+    if not buf.finalized and buf.len_incl_lookback() == 0:
+        buf.data, buf.finalized = items, True
+        return
+    buf.extend(items)

@@ -1,0 +1,207 @@
+"""Agent steps of multi-agent rollout buffers, vectorized (no loop over time or agents).
+
+In the buffers every agent has an observation slot at every env step; ``acting[t, e, a]``
+says which agents acted. One *agent step* (RLlib's per-agent transition) of agent ``a``
+starts at a step ``s`` where it acted and *completes* at the first of
+
+* its next acting step ``s'`` (``new_obs = obs[s']``), or
+* one step after its first done flag ``f >= s`` (``new_obs = obs[f + 1]``, the real final
+  observation; ``terminateds`` / ``truncateds`` from step ``f``).
+
+Its reward is the sum of the agent's rewards over ``s .. completion - 1``: rewards that
+arrive while the agent waits are credited to its previous action, as RLlib does.
+Rewards before an agent's first action and after its done flag belong to no step.
+
+A step that has not completed by the end of a rollout call is *hanging*: its start
+observation, action, extras and reward so far are carried (:class:`AgentCarry`) and it
+completes in a later call. Flags are sticky (an env keeps reporting a done agent as done
+until the episode ends; the episode ends when every agent is done).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+
+__all__ = ["AgentCarry", "AgentSteps", "agent_steps"]
+
+_BIG = np.iinfo(np.int64).max // 4
+
+
+@dataclasses.dataclass
+class AgentCarry:
+    """Per ``(env, agent)`` state of the episodes still running at the end of a call."""
+
+    pend: np.ndarray  # bool[E, A]: a hanging step
+    obs: np.ndarray  # [E, A, ...]: its start observation
+    action: np.ndarray
+    extras: dict[str, np.ndarray]
+    info: dict[str, np.ndarray]  # flattened info leaves of its start observation
+    reward: np.ndarray  # float64[E, A]: reward collected so far
+    start: np.ndarray  # int64[E, A]: episode env step of its start observation
+    done: np.ndarray  # bool[E, A]: the agent is done in the running episode
+    n_act: np.ndarray  # int64[E, A]: agent steps started in the running episode (hanging included)
+
+    @staticmethod
+    def empty(cols: dict[str, Any], E: int, A: int) -> AgentCarry:
+        def zeros(col: np.ndarray) -> np.ndarray:
+            return np.zeros((E, A) + col.shape[3:], col.dtype)
+
+        return AgentCarry(
+            pend=np.zeros((E, A), bool),
+            obs=zeros(cols["obs"]),
+            action=zeros(cols["actions"]),
+            extras={k[6:]: zeros(c) for k, c in cols.items() if k.startswith("extra:")},
+            info={k: _info_zeros(c, E, A) for k, c in cols.items() if k.startswith("info:")},
+            reward=np.zeros((E, A)),
+            start=np.zeros((E, A), np.int64),
+            done=np.zeros((E, A), bool),
+            n_act=np.zeros((E, A), np.int64),
+        )
+
+
+def _info_zeros(col: np.ndarray, E: int, A: int) -> np.ndarray:
+    per_agent = col.ndim >= 3 and col.shape[2] == A
+    return np.zeros((E, A) + (col.shape[3:] if per_agent else col.shape[2:]), col.dtype)
+
+
+@dataclasses.dataclass
+class AgentSteps:
+    """Completed agent steps of one call, one entry per step (``n`` of them).
+
+    ``slot`` / ``done_slot`` index the augmented time axis: slot 0 is the carried hanging
+    step, slot ``s >= 1`` is step ``s - 1`` of the call; ``end`` is the slot of the new
+    observation (``obs`` slot ``end - 1`` of the call).
+    """
+
+    env: np.ndarray
+    agent: np.ndarray
+    slot: np.ndarray
+    end: np.ndarray
+    t: np.ndarray  # the agent's own timestep of the step within its episode
+    reward: np.ndarray
+    terminated: np.ndarray
+    truncated: np.ndarray
+    start_step: np.ndarray  # episode env step of the start observation
+    end_step: np.ndarray  # episode env step of the new observation
+
+
+def _first_at_or_after(mask: np.ndarray) -> np.ndarray:
+    """``[E, S, A]`` -> for each slot, the first slot ``>=`` it where ``mask`` holds (or BIG)."""
+    idx = np.arange(mask.shape[1]).reshape(1, -1, 1)
+    pos = np.where(mask, idx, _BIG)
+    return np.minimum.accumulate(pos[:, ::-1], axis=1)[:, ::-1]
+
+
+def agent_steps(
+    cols: dict[str, Any], carry: AgentCarry, episode_step0: np.ndarray, next_acting: np.ndarray
+) -> tuple[AgentSteps, AgentCarry]:
+    """All agent steps completed in this call, and the carry for the next call.
+
+    Args:
+        cols: env-major columns of the call (``acting``, ``is_reset``, ``agent_rewards``,
+            ``agent_terminated``, ``agent_truncated``, ``[E, L(, A)]``) plus ``obs``,
+            ``actions``, ``extra:*`` and ``info:*`` (only used for the new carry).
+        carry: the previous call's carry (``AgentCarry.empty`` after a reset).
+        episode_step0: ``int[E]``, episode env step at the call's first step.
+        next_acting: ``bool[E, A]``, agents that act on the call's last observation (it
+            then completes their previous step, as the observation arrived).
+    """
+    is_reset = cols["is_reset"]
+    E, L = is_reset.shape
+    A = cols["acting"].shape[2]
+    live = ~is_reset[:, :, None]
+    acting = np.concatenate([carry.pend[:, None], cols["acting"] & live], axis=1)  # [E, L + 1, A]
+    flags = np.concatenate([carry.done[:, None], (cols["agent_terminated"] | cols["agent_truncated"]) & live], axis=1)
+    rewards = np.concatenate([carry.reward[:, None], cols["agent_rewards"]], axis=1).astype(np.float64)
+    reset = np.concatenate([np.zeros((E, 1), bool), is_reset], axis=1)
+    S = L + 1
+    slots = np.arange(S)
+    last_reset = np.maximum.accumulate(np.where(reset, slots, 0), axis=1)  # [E, S]
+    after_reset = (last_reset > 0)[:, :, None]
+
+    def since_episode_start(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Inclusive and exclusive counts of ``x`` since the episode's first slot."""
+        c = np.cumsum(x, axis=1)
+        base = np.take_along_axis(c, last_reset[:, :, None], axis=1) * after_reset
+        return c - base, c - x - base
+
+    _, flagged_before = since_episode_start(flags)
+    valid = acting & (flagged_before == 0)
+    first_flag = _first_at_or_after(flags)
+    still_in = since_episode_start(flags)[0][:, -1] == 0
+    valid_next = np.concatenate([valid, (next_acting & still_in)[:, None]], axis=1)  # + the last obs slot
+    next_act = _first_at_or_after(valid_next)[:, 1:]
+    end = np.minimum(next_act, first_flag + 1)
+    complete = valid & (end <= S)
+    count_incl, count_excl = since_episode_start(valid)
+    carried = (carry.n_act - carry.pend)[:, None, :]
+    t_of_slot = count_excl + np.where(after_reset, 0, carried)
+    # Episode env step of each slot (slot s >= 1 is call step s - 1). A new observation
+    # is one env step after the last step of its transition (same episode).
+    step_of_slot = np.where(
+        last_reset > 0, slots[None, :] - last_reset - 1, episode_step0[:, None] + slots[None, :] - 1
+    )
+    csum = np.concatenate([np.zeros((E, 1, A)), np.cumsum(rewards, axis=1)], axis=1)
+    e, s, a = np.nonzero(complete)
+    c = end[e, s, a]
+    by_flag = c == first_flag[e, s, a] + 1
+    term = cols["agent_terminated"][e, np.minimum(c - 2, L - 1), a] & by_flag
+    trunc = cols["agent_truncated"][e, np.minimum(c - 2, L - 1), a] & by_flag
+    start = np.where(s == 0, carry.start[e, a], step_of_slot[e, s])
+    steps = AgentSteps(
+        env=e, agent=a, slot=s, end=c, t=t_of_slot[e, s, a],
+        reward=csum[e, c, a] - csum[e, s, a], terminated=term, truncated=trunc, start_step=start,
+        end_step=step_of_slot[e, c - 1] + 1,
+    )
+    # The carry: hanging steps and per-agent progress of the episodes still running.
+    hanging = valid & ~complete
+    pend = hanging.any(axis=1)
+    hs = np.argmax(hanging, axis=1)  # [E, A] slot of the hanging step (0 if none)
+    ee, aa = np.nonzero(pend)
+    sl = hs[ee, aa]
+    new = AgentCarry.empty(cols, E, A)
+    new.pend = pend
+    new.obs[ee, aa] = take(cols["obs"], carry.obs, ee, sl, aa)
+    new.action[ee, aa] = take(cols["actions"], carry.action, ee, sl, aa)
+    for k in new.extras:
+        new.extras[k][ee, aa] = take(cols["extra:" + k], carry.extras[k], ee, sl, aa)
+    for k in new.info:
+        new.info[k][ee, aa] = take_info(cols[k], carry.info[k], ee, sl, aa, A)
+    new.reward[ee, aa] = csum[ee, S, aa] - csum[ee, sl, aa]
+    new.start[ee, aa] = np.where(sl == 0, carry.start[ee, aa], step_of_slot[ee, sl])
+    last = S - 1
+    total_flags, _ = since_episode_start(flags)
+    new.done = total_flags[:, last] > 0
+    new.n_act = count_incl[:, last] + np.where(last_reset[:, last, None] > 0, 0, carried[:, 0])
+    return steps, new
+
+
+def take(col: np.ndarray, carried: np.ndarray, e: np.ndarray, slot: np.ndarray, a: np.ndarray) -> np.ndarray:
+    """Values of an ``[E, L(+1), A, ...]`` column at augmented ``slot`` (0 = the carry)."""
+    out = np.empty((len(e),) + col.shape[3:], col.dtype)
+    first = slot == 0
+    out[first] = carried[e[first], a[first]]
+    rest = ~first
+    out[rest] = col[e[rest], slot[rest] - 1, a[rest]]
+    return out
+
+
+def take_info(col: np.ndarray, carried: np.ndarray, e: np.ndarray, slot: np.ndarray, a: np.ndarray, A: int) -> np.ndarray:
+    """Info of the observation at augmented ``slot`` (0 = the carry).
+
+    ``col`` has a one-step head: index ``j`` holds the info recorded with the step before
+    observation slot ``j``, i.e. the info that came with that observation. Info leaves
+    with an agent axis (``[E, T, A, ...]``) are split per agent; the others are given
+    whole to every agent.
+    """
+    per_agent = col.ndim >= 3 and col.shape[2] == A
+    out = np.empty((len(e),) + (col.shape[3:] if per_agent else col.shape[2:]), col.dtype)
+    first = slot == 0
+    out[first] = carried[e[first], a[first]]
+    rest = ~first
+    j = slot[rest] - 1
+    out[rest] = col[e[rest], j, a[rest]] if per_agent else col[e[rest], j]
+    return out

@@ -1,0 +1,189 @@
+"""Multi-agent sampling: Sampler.sample() / sample_batch() against a plain Python loop.
+
+The reference replays the same device buffers env step by env step through
+``MultiAgentEpisode.add_env_reset`` / ``add_env_step`` (RLlib's stepping semantics:
+hanging actions, rewards summed while an agent waits, late joiners, agents done at
+different times) and ``cut``s ongoing episodes at every call boundary, as RLlib's env
+runner does. The sampler builds the same chunks vectorized; both must agree field by
+field, and ``sample_batch()`` must equal the batch made from ``sample()``'s episodes.
+"""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+import pytest
+
+import jaxsampler as js
+from jaxsampler.host.multi_agent_episode import MultiAgentEpisode
+from tests.fakes import ChaosEnv, CountingPolicy, TurnEnv
+
+E, T, SEED = 3, 7, 4
+
+
+def device_calls(env, policy, params, n_calls, seed=SEED):
+    """The Sampler's rollout calls, replayed: (traj, acting and needs_reset after it)."""
+    key = jax.random.PRNGKey(seed)
+    key, k = jax.random.split(key)
+    state = js.init_rollout_state(env, policy, E, k)
+    rollout = jax.jit(js.make_rollout(env, policy, E, T))
+    calls = []
+    for _ in range(n_calls):
+        state, traj = rollout(params, state)
+        calls.append((jax.device_get(traj), np.asarray(state.acting), np.asarray(state.needs_reset)))
+    return calls
+
+
+def reference_chunks(calls, env, horizon, mapping):
+    """Per call, the episode chunks of the reference loop in sample()'s order."""
+    ids, A = env.agent_ids, env.num_agents
+    open_eps: dict[int, MultiAgentEpisode] = {}
+    done: dict[int, set] = {}
+    out = []
+    for traj, next_acting, next_reset in calls:
+        finished = []
+        chunk = {e: open_eps.pop(e).cut(horizon) for e in list(open_eps)}
+        acting = np.concatenate([traj.acting, next_acting[None]], axis=0)
+        is_reset = np.concatenate([traj.is_reset, next_reset[None]], axis=0)
+        for t in range(T):
+            for e in range(E):
+                if traj.is_reset[t, e]:
+                    continue
+                obs = traj.obs[:, e]
+                if e not in chunk:  # a new episode starts at obs[t]
+                    ep = MultiAgentEpisode(agent_to_module_mapping_fn=lambda aid, _: mapping[aid])
+                    ep.add_env_reset(observations={ids[a]: obs[t, a] for a in range(A) if acting[t, e, a]})
+                    chunk[e], done[e] = ep, set()
+                ep = chunk[e]
+                flags = traj.terminated[t, e] | traj.truncated[t, e]
+                newly = [a for a in range(A) if flags[a] and ids[a] not in done[e]]
+                all_done = bool(flags.all())
+                ep.add_env_step(
+                    {ids[a]: obs[t + 1, a] for a in range(A)
+                     if a in newly or (not is_reset[t + 1, e] and acting[t + 1, e, a] and ids[a] not in done[e])},
+                    {ids[a]: traj.actions[t, e, a] for a in range(A) if acting[t, e, a]},
+                    {ids[a]: float(traj.rewards[t, e, a]) for a in range(A) if ids[a] not in done[e]},
+                    # No "__all__": RLlib would OR it into the flags of every agent still
+                    # active; jaxsampler keeps each agent's own flags (documented).
+                    terminateds={ids[a]: True for a in newly if traj.terminated[t, e, a]},
+                    truncateds={ids[a]: True for a in newly if traj.truncated[t, e, a] and not traj.terminated[t, e, a]},
+                    extra_model_outputs={ids[a]: {k: v[t, e, a] for k, v in traj.extras.items()}
+                                         for a in range(A) if acting[t, e, a]},
+                )
+                done[e] |= {ids[a] for a in newly}
+                assert ep.is_done == all_done  # every agent done ends the episode
+                if all_done:
+                    ep.is_truncated = bool(traj.truncated[t, e].any())  # truncateds["__all__"]
+                    finished.append((e, t, ep))
+                    del chunk[e]
+        open_eps = dict(chunk)
+        finished.sort(key=lambda x: x[:2])  # the sampler's order: env by env, then in time
+        out.append([ep for _, _, ep in finished] + [chunk[e] for e in sorted(chunk)])
+    return out
+
+
+def assert_same_chunk(got: MultiAgentEpisode, want: MultiAgentEpisode):
+    assert (len(got), got.env_t_started, got.env_t) == (len(want), want.env_t_started, want.env_t)
+    assert (got.is_terminated, got.is_truncated) == (want.is_terminated, want.is_truncated)
+    assert got._len_lookback_buffers == want._len_lookback_buffers
+    assert set(got.agent_episodes) == set(want.agent_episodes)
+    for aid, w in want.agent_episodes.items():
+        g = got.agent_episodes[aid]
+        assert (g.t_started, g.t, g.is_terminated, g.is_truncated) == (w.t_started, w.t, w.is_terminated, w.is_truncated), aid
+        for col in ("observations", "actions", "rewards"):
+            gb, wb = getattr(g, col), getattr(w, col)
+            assert gb.lookback == wb.lookback, (aid, col)
+            np.testing.assert_allclose(np.asarray(gb.data, np.float64), np.asarray(wb.data, np.float64), err_msg=f"{aid} {col}")
+        assert set(g.extra_model_outputs) == set(w.extra_model_outputs) or len(w) == 0
+        for k, wb in w.extra_model_outputs.items():
+            np.testing.assert_array_equal(np.asarray(g.extra_model_outputs[k].data), np.asarray(wb.data))
+        assert g.module_id == w.module_id
+        assert got.env_t_to_agent_t[aid].data == want.env_t_to_agent_t[aid].data, aid
+        assert got.env_t_to_agent_t[aid].lookback == want.env_t_to_agent_t[aid].lookback
+    assert set(got._hanging_actions_end) == set(want._hanging_actions_end)
+    for aid in want._hanging_actions_end:
+        assert got._hanging_actions_end[aid] == want._hanging_actions_end[aid]
+        assert got._hanging_rewards_end[aid] == pytest.approx(want._hanging_rewards_end[aid])
+    assert got.get_return() == pytest.approx(want.get_return())
+    assert got.agent_steps() == want.agent_steps()
+
+
+@pytest.mark.parametrize("env", [ChaosEnv(), TurnEnv(length=5)], ids=["chaos", "turns"])
+@pytest.mark.parametrize("horizon", [0, 2])
+def test_sample_matches_the_reference_loop(env, horizon):
+    policy = CountingPolicy(env.observation_space, env.action_space)
+    n_calls = 6
+    sampler = js.Sampler(env, policy, num_envs=E, rollout_length=T, seed=SEED, episode_lookback_horizon=horizon)
+    got = [sampler.sample(()) for _ in range(n_calls)]
+    mapping = dict.fromkeys(env.agent_ids, "default_policy")
+    want = reference_chunks(device_calls(env, policy, (), n_calls), env, horizon, mapping)
+    n_done = 0
+    for g_call, w_call in zip(got, want):
+        assert len(g_call) == len(w_call)
+        for g, w in zip(g_call, w_call):
+            assert_same_chunk(g, w)
+            n_done += w.is_done
+    assert n_done >= 6  # the fixture really ends episodes (and cuts others)
+
+
+def batch_from_episodes(episodes, policy_of):
+    """The MultiAgentBatch made by hand from episodes (RLlib's get_sample_batch + new_obs)."""
+    rows: dict = {}
+    for ep in episodes:
+        for a, (aid, sa) in enumerate(sorted(ep.agent_episodes.items(), key=lambda kv: kv[0])):
+            if len(sa) == 0:
+                continue
+            b = sa.get_sample_batch()
+            cols = dict(b)
+            cols["new_obs"] = sa.get_observations(slice(1, None))
+            cols["agent_index"] = np.full(len(sa), int(aid.split("_")[1]))
+            rows.setdefault(policy_of[aid], []).append(cols)
+    out = {}
+    for pid, parts in rows.items():
+        out[pid] = {k: (np.concatenate([p[k] for p in parts]) if k != "infos" else sum((list(p[k]) for p in parts), []))
+                    for k in parts[0]}
+    return out
+
+
+@pytest.mark.parametrize("horizon", [0, 1])
+def test_sample_batch_equals_the_batch_built_from_sample(horizon):
+    env = ChaosEnv()
+    policy = js.MultiAgentPolicy(env, {"p0": CountingPolicy(env.observation_space, env.action_space),
+                                       "p1": CountingPolicy(env.observation_space, env.action_space)},
+                                 lambda aid: "p0" if aid == "agent_0" else "p1")
+    params = {"p0": (), "p1": ()}
+    s_eps = js.Sampler(env, policy, num_envs=E, rollout_length=T, seed=SEED, episode_lookback_horizon=horizon)
+    s_bat = js.Sampler(env, policy, num_envs=E, rollout_length=T, seed=SEED, episode_lookback_horizon=horizon)
+    policy_of = {"agent_0": "p0", "agent_1": "p1", "agent_2": "p1"}
+    for _ in range(4):
+        episodes = s_eps.sample(params)
+        batch = s_bat.sample_batch(params)
+        assert isinstance(batch, js.MultiAgentBatch)
+        want = batch_from_episodes(episodes, policy_of)
+        assert batch.env_steps() == s_eps.metrics.num_env_steps_sampled
+        assert batch.agent_steps() == sum(ep.agent_steps() for ep in episodes)
+        for pid, w in want.items():
+            g = batch[pid]
+            # Rows are episode by episode, then agent by agent: same order as built by hand.
+            for k in ("obs", "new_obs", "actions", "rewards", "terminateds", "truncateds", "t", "agent_index", "count"):
+                np.testing.assert_array_equal(np.asarray(g[k]), np.asarray(w[k]), err_msg=f"{pid} {k}")
+            eps_from_batch = np.asarray(g["eps_id"])
+            assert list(eps_from_batch) == list(w["eps_id"])
+
+
+def test_continuation_chunks_keep_ids_and_concatenate_to_the_full_episode():
+    env = ChaosEnv()
+    policy = CountingPolicy(env.observation_space, env.action_space)
+    sampler = js.Sampler(env, policy, num_envs=1, rollout_length=3, seed=1)
+    seen: dict = {}
+    for _ in range(8):
+        for ep in sampler.sample(()):
+            seen.setdefault(ep.id_, []).append(ep)
+    multi = [chunks for chunks in seen.values() if len(chunks) > 1]
+    assert multi
+    for chunks in multi:
+        for a, b in zip(chunks, chunks[1:]):
+            assert a.env_t == b.env_t_started
+            for aid, sa in b.agent_episodes.items():
+                if aid in a.agent_episodes:
+                    assert sa.id_ == a.agent_episodes[aid].id_
