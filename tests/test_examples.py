@@ -45,6 +45,15 @@ def test_ppo_host_example_runs(tmp_path):
     assert res["env_steps"] >= 600 and res["env_steps_per_s"] > 0
 
 
+def test_ppo_multiagent_example_runs(tmp_path):
+    ma = load("ppo_multiagent")
+    out = tmp_path / "ma.json"
+    assert ma.main(["--total-timesteps", "400", "--num-envs", "2", "--rollout-length", "32", "--json", str(out)]) == 0
+    res = json.loads(out.read_text())
+    assert res["env_steps"] >= 400 and 0 < res["agent_steps"] <= 4 * res["env_steps"]
+    assert np.isfinite(res["final_return_per_agent"])
+
+
 def test_batch_gae_matches_the_trajectory_gae():
     """The host example's flat-batch GAE equals js.compute_gae on the same data."""
     import jax

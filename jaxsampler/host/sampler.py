@@ -57,6 +57,7 @@ class SamplerMetrics:
     """
 
     num_env_steps_sampled: int = 0
+    num_agent_steps_sampled: int = 0
     num_episodes_completed: int = 0
     num_episodes_ongoing: int = 0
     episode_return_mean: float = float("nan")
@@ -337,6 +338,7 @@ class Sampler:
             "trunc": trunc[order], "count": count[order],
         }
         m = SamplerMetrics(num_env_steps_sampled=int(np.count_nonzero(live)))
+        m.num_agent_steps_sampled = m.num_env_steps_sampled  # multi-agent: set by the caller
         fin = keep & is_done
         m.num_episodes_completed = int(fin.sum())
         m.num_episodes_ongoing = int((keep & ~is_done).sum())
