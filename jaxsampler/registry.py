@@ -35,6 +35,10 @@ REGISTRY: dict[str, Callable[..., Env]] = {
     "Acrobot-v1": _lazy("jaxsampler.envs.acrobot:Acrobot"),
     # Multi-agent (agent axis A = n): cooperative particle spread, all agents act each step.
     "Spread-v0": _lazy("jaxsampler.envs.spread:Spread"),
+    # Multi-agent, turn-based (A = 2): exactly one agent acts per step, the acting mask alternates.
+    "TicTacToe-v0": _lazy("jaxsampler.envs.tictactoe:TicTacToe"),
+    # Multi-agent (A = n): each agent terminates on its own when it reaches its goal; the rest go on.
+    "Goals-v0": _lazy("jaxsampler.envs.goals:Goals"),
 }
 
 

@@ -145,6 +145,9 @@ def init_rollout_state(
     env_params = env.default_params if env_params is None else env_params
     key, reset_key = jax.random.split(key)
     env_state, ts = vector.reset(env, jax.random.split(reset_key, num_envs), env_params)
+    # Called eagerly, an env whose reset puts one array in both its state and its
+    # TimeStep would hand the same buffer twice to a rollout that donates the state.
+    env_state, ts = jax.tree.map(lambda x: jnp.array(x, copy=True), (env_state, ts))
     return RolloutState(
         env_state=env_state,
         obs=ts.obs,

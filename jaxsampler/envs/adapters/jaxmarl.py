@@ -1,0 +1,274 @@
+"""Adapter: a JaxMARL-style multi-agent env as a jaxsampler :class:`~jaxsampler.env.Env`.
+
+The wrapped object is duck-typed; it needs what JaxMARL's ``MultiAgentEnv`` provides:
+
+* ``agents``: the agent names (their order becomes the agent axis), ``num_agents``;
+* ``reset(key) -> (obs_dict, state)``;
+* ``step_env(key, state, actions_dict) -> (obs_dict, state, reward_dict, done_dict,
+  info)``, the transition without JaxMARL's internal auto-reset (jaxsampler's vector
+  layer resets). Objects without ``step_env`` are stepped with ``step`` instead, which
+  in JaxMARL resets internally: the final observation of an episode is then the next
+  episode's first one;
+* ``observation_space(agent)`` / ``action_space(agent)`` returning gymnax-like spaces
+  (JaxMARL's, gymnax's or jaxsampler's Box / Discrete / MultiDiscrete / Dict / Tuple).
+
+Every agent must have the same observation space and the same action space (the agent
+axis shares one space); heterogeneous agents must first be padded to a common space.
+
+Dicts become arrays on the agent axis, in ``env.agents`` order. JaxMARL agents act in
+lockstep, so ``acting`` is every agent that is not done (``get_avail_actions`` is not
+used: legality masks are the wrapped env's business). JaxMARL reports one ``done`` per
+agent and no truncation: ``done[agent]`` becomes ``terminated`` (also when JaxMARL ends
+an episode because of its own step limit, e.g. MPE's ``max_steps``). The flags are made
+sticky: a done agent stays terminated, stops acting, gets reward 0 and keeps its last
+observation for the rest of the episode. ``done["__all__"]`` ends the episode: every
+agent is terminated then. The wrapped env still gets an action for every agent each step
+(JaxMARL's API expects one), done agents' included: whatever the policy output for them.
+
+The adapter's own time limit, :class:`JaxMARLParams` ``.max_steps_in_episode`` (default:
+none in practice), truncates every agent still going. For a real truncation signal,
+build the JaxMARL env with a step limit it never reaches and put the limit here.
+
+``info`` is the wrapped env's info pytree (leaves as arrays); ``reset`` returns zeros of
+the same structure so that ``reset`` and ``step`` return identical pytrees.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+
+from jaxsampler import spaces as js_spaces
+from jaxsampler.env import Env
+from jaxsampler.spaces import Space
+from jaxsampler.types import TimeStep
+
+__all__ = ["JaxMARLEnv", "JaxMARLParams", "JaxMARLState", "convert_jaxmarl_space", "from_jaxmarl"]
+
+#: Default adapter time limit: the largest int32, i.e. no limit in practice.
+NO_TIME_LIMIT = 2**31 - 1
+
+
+@struct.dataclass
+class JaxMARLParams:
+    """Params of the adapter: its own time limit (the JaxMARL env takes no params)."""
+
+    max_steps_in_episode: int = NO_TIME_LIMIT
+
+
+# One shared default instance: wrappers compare params by identity, so two default-wrapped
+# copies of the same JaxMARL env are equal (and share compiled code).
+_DEFAULT_PARAMS = JaxMARLParams()
+
+
+@struct.dataclass
+class JaxMARLState:
+    env_state: Any  # the wrapped env's state
+    obs: Any  # leaves [A, ...], the last observation (frozen for done agents)
+    terminated: jax.Array  # bool[A], sticky
+    truncated: jax.Array  # bool[A], sticky
+    time: jax.Array  # int32[], steps taken by the adapter
+
+
+def convert_jaxmarl_space(space: Any) -> Space:
+    """Converts a JaxMARL (or gymnax, Gymnasium, jaxsampler) space into a jaxsampler space.
+
+    JaxMARL's spaces are matched by class name and attributes (``Discrete.n``,
+    ``MultiDiscrete.num_categories``, ``Box.low/high/shape/dtype``, ``Dict.spaces``,
+    ``Tuple.spaces``), so jaxmarl need not be importable.
+
+    Raises:
+        TypeError: an unsupported space type.
+    """
+    if isinstance(space, Space):
+        return space
+    module = type(space).__module__
+    if module.startswith(("gymnax", "gymnasium")):
+        return js_spaces.convert_space(space)
+    kind = type(space).__name__
+    if kind == "Discrete":
+        return js_spaces.Discrete(int(space.n), dtype=np.dtype(getattr(space, "dtype", np.int32)))
+    if kind == "MultiDiscrete":
+        return js_spaces.MultiDiscrete(np.asarray(space.num_categories))
+    if kind == "Box":
+        return js_spaces.Box(
+            np.asarray(space.low), np.asarray(space.high), tuple(space.shape), np.dtype(space.dtype)
+        )
+    if kind == "Dict":
+        return js_spaces.Dict({k: convert_jaxmarl_space(v) for k, v in space.spaces.items()})
+    if kind == "Tuple":
+        return js_spaces.Tuple([convert_jaxmarl_space(v) for v in space.spaces])
+    raise TypeError(f"convert_jaxmarl_space: unsupported space type {module}.{kind}")
+
+
+def _common_space(env: Any, what: str) -> Space:
+    agents = list(env.agents)
+    converted = [convert_jaxmarl_space(getattr(env, what)(a)) for a in agents]
+    for agent, space in zip(agents[1:], converted[1:]):
+        if space != converted[0]:
+            raise ValueError(
+                f"from_jaxmarl: agents have different {what.replace('_', ' ')}s "
+                f"({agents[0]!r}: {converted[0]!r}, {agent!r}: {space!r}). jaxsampler puts all agents on "
+                "one agent axis with one shared space: pad observations/actions of heterogeneous "
+                "agents to a common space (e.g. with a wrapper) before adapting the env"
+            )
+    return converted[0]
+
+
+def _stack(tree_dict: Any, agents: tuple[str, ...]) -> Any:
+    """``{agent: leaves [...]}`` -> leaves ``[A, ...]`` in ``agents`` order."""
+    return jax.tree.map(lambda *xs: jnp.stack([jnp.asarray(x) for x in xs]), *[tree_dict[a] for a in agents])
+
+
+def _select_agents(mask: jax.Array, on_true: Any, on_false: Any) -> Any:
+    """Leaf-wise ``where(mask[a], on_true, on_false)`` for leaves ``[A, ...]``."""
+
+    def sel(a: jax.Array, b: jax.Array) -> jax.Array:
+        return jnp.where(mask.reshape(mask.shape + (1,) * (a.ndim - 1)), a, b)
+
+    return jax.tree.map(sel, on_true, on_false)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class JaxMARLEnv(Env):
+    """Wraps a JaxMARL-style multi-agent env (see the module docstring).
+
+    Args:
+        env: the JaxMARL env object (it must be hashable or usable as static config).
+        params: adapter params; defaults to ``JaxMARLParams()`` (no time limit).
+        env_id: a display name (default: the wrapped class name).
+    """
+
+    env: Any
+    params: Any = None
+    env_id: str | None = None
+
+    def __post_init__(self) -> None:
+        for attr in ("agents", "reset", "observation_space", "action_space"):
+            if not hasattr(self.env, attr):
+                raise TypeError(
+                    f"from_jaxmarl: {type(self.env).__name__} has no {attr!r}; expected a JaxMARL MultiAgentEnv"
+                )
+        if not hasattr(self.env, "step_env") and not hasattr(self.env, "step"):
+            raise TypeError(f"from_jaxmarl: {type(self.env).__name__} has neither 'step_env' nor 'step'")
+        agents = tuple(self.env.agents)
+        if not agents:
+            raise ValueError("from_jaxmarl: the env has no agents")
+        declared = getattr(self.env, "num_agents", len(agents))
+        if int(declared) != len(agents):
+            raise ValueError(f"from_jaxmarl: env.num_agents={declared} but env.agents lists {len(agents)} agents")
+        object.__setattr__(self, "num_agents", len(agents))
+        object.__setattr__(self, "_agents", agents)
+        object.__setattr__(self, "_obs_space", _common_space(self.env, "observation_space"))
+        object.__setattr__(self, "_act_space", _common_space(self.env, "action_space"))
+        if self.params is None:
+            object.__setattr__(self, "params", _DEFAULT_PARAMS)
+
+    # Hash/eq by identity of the wrapped env and params: envs are static configuration.
+    def __hash__(self) -> int:
+        return hash((id(self.env), id(self.params), self.env_id))
+
+    def __eq__(self, other: object) -> bool:
+        return (
+            isinstance(other, JaxMARLEnv)
+            and other.env is self.env
+            and other.params is self.params
+            and other.env_id == self.env_id
+        )
+
+    @property
+    def name(self) -> str:
+        return f"jaxmarl:{self.env_id or type(self.env).__name__}"
+
+    @property
+    def agent_ids(self) -> tuple[str, ...]:
+        """The JaxMARL agent names, in agent-axis order."""
+        return self._agents  # type: ignore[attr-defined]
+
+    @property
+    def default_params(self) -> Any:
+        return self.params
+
+    @property
+    def observation_space(self) -> Space:
+        return self._obs_space  # type: ignore[attr-defined]
+
+    @property
+    def action_space(self) -> Space:
+        return self._act_space  # type: ignore[attr-defined]
+
+    def _step_fn(self) -> Any:
+        return self.env.step_env if hasattr(self.env, "step_env") else self.env.step
+
+    def _info_zeros(self) -> Any:
+        key = jax.random.PRNGKey(0)
+        actions = {a: self.action_space.zeros() for a in self._agents}  # type: ignore[attr-defined]
+        shapes = jax.eval_shape(lambda: self._step_fn()(key, self.env.reset(key)[1], actions)[4])
+        return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+
+    def reset(self, key: jax.Array, params: Any = None) -> tuple[JaxMARLState, TimeStep]:
+        """Resets the wrapped env. Pure; safe under jit and vmap."""
+        A = self.num_agents
+        obs_dict, env_state = self.env.reset(key)
+        agents = self._agents  # type: ignore[attr-defined]
+
+        def flags() -> jax.Array:
+            return jnp.zeros((A,), jnp.bool_)
+
+        # The state and the TimeStep share no array: under an eager (un-jitted) vmap a shared
+        # array comes out as one buffer in both, which a rollout donating its state rejects.
+        s = JaxMARLState(env_state, _stack(obs_dict, agents), flags(), flags(), jnp.zeros((), jnp.int32))
+        return s, TimeStep(
+            obs=_stack(obs_dict, agents),
+            reward=jnp.zeros((A,), jnp.float32),
+            terminated=flags(),
+            truncated=flags(),
+            acting=jnp.ones((A,), jnp.bool_),
+            info=self._info_zeros(),
+        )
+
+    def step(
+        self, key: jax.Array, state: JaxMARLState, action: Any, params: Any = None
+    ) -> tuple[JaxMARLState, TimeStep]:
+        """Steps the wrapped env with ``action`` leaves ``[A, ...]``. Pure; safe under jit and vmap."""
+        params = self.params if params is None else params
+        agents = self._agents  # type: ignore[attr-defined]
+        actions = {a: jax.tree.map(lambda x, i=i: x[i], action) for i, a in enumerate(agents)}
+        obs_dict, env_state, reward, done, info = self._step_fn()(key, state.env_state, actions)
+        going = ~(state.terminated | state.truncated)
+        done_now = jnp.stack([jnp.asarray(done[a], jnp.bool_) for a in agents])
+        done_now = done_now | jnp.asarray(done.get("__all__", jnp.all(done_now)), jnp.bool_)
+        time = state.time + 1
+        terminated = state.terminated | (going & done_now)
+        truncated = state.truncated | (going & ~done_now & (time >= params.max_steps_in_episode))
+        obs = _select_agents(going, _stack(obs_dict, agents), state.obs)
+        rewards = jnp.stack([jnp.asarray(reward[a], jnp.float32) for a in agents])
+        s = JaxMARLState(env_state, obs, terminated, truncated, time)
+        return s, TimeStep(
+            obs=obs,
+            reward=jnp.where(going, rewards, 0.0).astype(jnp.float32),
+            terminated=terminated,
+            truncated=truncated,
+            acting=~(terminated | truncated),
+            info=jax.tree.map(jnp.asarray, info),
+        )
+
+
+def from_jaxmarl(env: Any, params: JaxMARLParams | None = None, env_id: str | None = None) -> JaxMARLEnv:
+    """Wraps a JaxMARL ``MultiAgentEnv`` (or any object with its API) as a jaxsampler env.
+
+    Args:
+        env: e.g. ``jaxmarl.make("MPE_simple_spread_v3")``.
+        params: adapter params (:class:`JaxMARLParams`), e.g. a time limit that truncates.
+        env_id: a display name.
+
+    Raises:
+        TypeError: ``env`` lacks the JaxMARL API.
+        ValueError: the agents' observation or action spaces differ (pad them first).
+    """
+    return JaxMARLEnv(env, params, env_id)

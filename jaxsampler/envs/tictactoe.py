@@ -1,0 +1,166 @@
+"""TicTacToe: two players take turns on a 3x3 board (agents act out of lockstep).
+
+``agent_0`` plays X and moves first, ``agent_1`` plays O. Exactly one agent acts per step:
+``TimeStep.acting`` is ``[True, False]`` after a reset and alternates after every move.
+The action (``Discrete(9)``) is a cell index ``row * 3 + col``; the action of the agent
+that is not on turn is ignored.
+
+Rules of one step (the mover is the agent on turn):
+
+* the chosen cell is empty: the mover's mark is placed there. Three of the mover's marks
+  in a row, column or diagonal: the mover gets +1, the opponent -1, both are terminated.
+  Otherwise a full board is a draw: both get 0 and are terminated. Otherwise the turn
+  passes to the opponent and both get 0.
+* the chosen cell is occupied (an illegal move): the board is left unchanged and the
+  mover loses, as if it had resigned: the mover gets -1, the opponent +1, both are
+  terminated. So uniformly random play gives short, valid games; mask with the legal
+  moves (below) to play only legal ones.
+
+A legal game lasts at most 9 moves and always ends by termination at the 9th, so the
+default ``max_steps_in_episode = 9`` never fires. With a smaller limit, a game still
+running after that many moves is truncated for both agents (``truncated`` is set only
+for agents that are not terminated at that step). Once the game is over, further
+``step`` calls change nothing and report the same flags, reward 0 and nobody acting.
+
+Observation of agent ``i`` (float32 ``[27]``, values 0/1, from ``i``'s point of view):
+``[own marks (9 cells), opponent's marks (9), empty cells (9)]``. The last 9 entries
+are the legal-action mask, so a policy that only sees observations can mask illegal
+moves. Both agents get their observation every step (only the mover's is used).
+
+``info`` is :class:`TicTacToeInfo` with ``action_mask: bool[2, 9]``, the empty cells
+(the same row for both agents; all False once the board is full). In rollout buffers,
+``infos[t]`` belongs to ``obs[t + 1]`` (the step's result): it masks the action of
+step ``t + 1``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import ClassVar
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+
+from jaxsampler.env import Env
+from jaxsampler.spaces import Box, Discrete
+from jaxsampler.types import TimeStep
+
+__all__ = ["TicTacToe", "TicTacToeInfo", "TicTacToeParams", "TicTacToeState"]
+
+# The 8 winning lines (rows, columns, diagonals) as cell indices.
+_LINES = np.array(
+    [[0, 1, 2], [3, 4, 5], [6, 7, 8], [0, 3, 6], [1, 4, 7], [2, 5, 8], [0, 4, 8], [2, 4, 6]], np.int32
+)
+
+
+@struct.dataclass
+class TicTacToeState:
+    board: jax.Array  # int32[9]: 0 empty, 1 X (agent_0), 2 O (agent_1)
+    player: jax.Array  # int32[], agent on turn (0 or 1)
+    terminated: jax.Array  # bool[2], sticky
+    truncated: jax.Array  # bool[2], sticky
+    time: jax.Array  # int32[], moves made
+
+
+@struct.dataclass
+class TicTacToeParams:
+    max_steps_in_episode: int = 9
+
+
+@struct.dataclass
+class TicTacToeInfo:
+    """``action_mask: bool[2, 9]``: cells that are empty (legal moves), per agent row."""
+
+    action_mask: jax.Array
+
+
+@dataclasses.dataclass(frozen=True)
+class TicTacToe(Env):
+    """``TicTacToe()``: two-player tic-tac-toe; the loser of an illegal move is the mover."""
+
+    num_agents: ClassVar[int] = 2
+
+    @property
+    def name(self) -> str:
+        return "TicTacToe-v0"
+
+    @property
+    def default_params(self) -> TicTacToeParams:
+        return TicTacToeParams()
+
+    @property
+    def observation_space(self) -> Box:
+        return Box(0.0, 1.0, (27,), np.float32)
+
+    @property
+    def action_space(self) -> Discrete:
+        return Discrete(9)
+
+    def _ts(self, s: TicTacToeState, reward: jax.Array) -> TimeStep:
+        marks = jnp.stack([s.board == 1, s.board == 2])  # [2, 9], row i = agent i's marks
+        empty = s.board == 0
+        own_opp = jnp.stack([marks, marks[::-1]], axis=1)  # [observer, own/opponent, 9]
+        obs = jnp.concatenate(
+            [own_opp.reshape(2, 18), jnp.broadcast_to(empty, (2, 9))], axis=-1
+        ).astype(jnp.float32)
+        done = s.terminated | s.truncated
+        return TimeStep(
+            obs=obs,
+            reward=reward.astype(jnp.float32),
+            terminated=s.terminated,
+            truncated=s.truncated,
+            acting=(jnp.arange(2) == s.player) & ~done,
+            info=TicTacToeInfo(jnp.broadcast_to(empty, (2, 9))),
+        )
+
+    def reset(
+        self, key: jax.Array, params: TicTacToeParams | None = None
+    ) -> tuple[TicTacToeState, TimeStep]:
+        """An empty board, X (agent 0) on turn. ``key`` is unused (the start is fixed)."""
+        s = TicTacToeState(
+            board=jnp.zeros((9,), jnp.int32),
+            player=jnp.zeros((), jnp.int32),
+            terminated=jnp.zeros((2,), jnp.bool_),
+            truncated=jnp.zeros((2,), jnp.bool_),
+            time=jnp.zeros((), jnp.int32),
+        )
+        return s, self._ts(s, jnp.zeros((2,), jnp.float32))
+
+    def step(
+        self,
+        key: jax.Array,
+        state: TicTacToeState,
+        action: jax.Array,
+        params: TicTacToeParams | None = None,
+    ) -> tuple[TicTacToeState, TimeStep]:
+        """Plays ``action[state.player]`` (``int[2]``; the other entry is ignored).
+
+        A cell outside ``0..8`` is clipped into that range. Pure and deterministic (``key``
+        is unused); safe under jit and vmap.
+        """
+        params = self.default_params if params is None else params
+        live = ~jnp.any(state.terminated | state.truncated)
+        cell = jnp.clip(jnp.asarray(action, jnp.int32)[state.player], 0, 8)
+        legal = state.board[cell] == 0
+        mark = state.player + 1
+        board = jnp.where(live & legal, state.board.at[cell].set(mark), state.board)
+        won = jnp.any(jnp.all(board[_LINES] == mark, axis=-1))
+        full = jnp.all(board != 0)
+        # +1 for the mover when it wins, -1 when it moved illegally, 0 otherwise (draw, play on).
+        mover_reward = jnp.where(legal, jnp.where(won, 1.0, 0.0), -1.0)
+        mover = jnp.arange(2) == state.player
+        reward = jnp.where(live, jnp.where(mover, mover_reward, 0.0 - mover_reward), 0.0)  # 0.0 - x: no -0.0
+        over = live & (~legal | won | full)
+        time = state.time + live.astype(jnp.int32)
+        terminated = state.terminated | over
+        truncated = state.truncated | (live & ~over & (time >= params.max_steps_in_episode))
+        s = TicTacToeState(
+            board=board,
+            player=jnp.where(live & ~over, 1 - state.player, state.player),
+            terminated=terminated,
+            truncated=truncated,
+            time=time,
+        )
+        return s, self._ts(s, reward)

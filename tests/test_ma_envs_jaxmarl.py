@@ -1,0 +1,211 @@
+"""The JaxMARL adapter: a fake dict-API env written here, and the real jaxmarl if installed."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import struct
+
+import jaxsampler as js
+from jaxsampler.envs.adapters.jaxmarl import JaxMARLParams, convert_jaxmarl_space, from_jaxmarl
+
+
+class Discrete:  # the attributes JaxMARL's spaces have; duck-typed by the adapter
+    def __init__(self, n):
+        self.n, self.shape, self.dtype = n, (), jnp.int32
+
+
+class Box:
+    def __init__(self, low, high, shape, dtype=jnp.float32):
+        self.low, self.high, self.shape, self.dtype = low, high, shape, dtype
+
+
+@struct.dataclass
+class CounterState:
+    count: jax.Array  # float32[2]
+    step: jax.Array  # int32[]
+    resets: jax.Array  # int32[], how many times the env reset itself (never, via step_env)
+
+
+@dataclasses.dataclass(frozen=True)
+class FakeCounters:
+    """Two agents in lockstep; each adds its action (0, 1, 2) to its own counter.
+
+    ``agent`` ``"bob"`` is done at count >= 3, ``"alice"`` at count >= 5; ``"__all__"`` when
+    both are or after ``max_steps`` steps. Reward: the action taken. Observation of agent i:
+    ``[own count, other count, step]``. Its ``step`` resets internally, like JaxMARL's.
+    """
+
+    max_steps: int = 20
+    obs_dim: int = 3
+    agents: tuple = ("bob", "alice")
+    num_agents: int = 2
+
+    def observation_space(self, agent):
+        return Box(-np.inf, np.inf, (self.obs_dim if agent == "bob" else 3,))
+
+    def action_space(self, agent):
+        return Discrete(3)
+
+    def _obs(self, s):
+        c = s.count
+        t = s.step.astype(jnp.float32)
+        return {"bob": jnp.stack([c[0], c[1], t]), "alice": jnp.stack([c[1], c[0], t])}
+
+    def reset(self, key):
+        s = CounterState(jnp.zeros(2, jnp.float32), jnp.zeros((), jnp.int32), jnp.zeros((), jnp.int32))
+        return self._obs(s), s
+
+    def step_env(self, key, state, actions):
+        a = jnp.stack([actions["bob"], actions["alice"]]).astype(jnp.float32)
+        s = state.replace(count=state.count + a, step=state.step + 1)
+        done = s.count >= jnp.array([3.0, 5.0])
+        dones = {"bob": done[0], "alice": done[1], "__all__": done.all() | (s.step >= self.max_steps)}
+        rewards = {"bob": a[0], "alice": a[1]}
+        return self._obs(s), s, rewards, dones, {"count_sum": s.count.sum()}
+
+    def step(self, key, state, actions):
+        obs, s, r, d, info = self.step_env(key, state, actions)
+        obs_re, s_re = self.reset(key)
+        s_re = s_re.replace(resets=state.resets + 1)
+
+        def pick(x, y):
+            return jnp.where(d["__all__"], x, y)
+
+        return jax.tree.map(pick, obs_re, obs), jax.tree.map(pick, s_re, s), r, d, info
+
+
+def env_slice(tree, e: int):
+    """Env ``e`` of a batched pytree."""
+    return jax.tree.map(lambda x: x[e], tree)
+
+
+FAKE = FakeCounters()
+ENV = from_jaxmarl(FAKE, env_id="counters")
+RESET, STEP = jax.jit(ENV.reset), jax.jit(ENV.step)
+
+
+def test_spaces_names_and_layout():
+    assert ENV.num_agents == 2 and ENV.agent_ids == ("bob", "alice") and ENV.name == "jaxmarl:counters"
+    assert ENV.observation_space == js.spaces.Box(-np.inf, np.inf, (3,))
+    assert ENV.action_space == js.spaces.Discrete(3)
+    assert ENV == from_jaxmarl(FAKE, env_id="counters") and hash(ENV) == hash(from_jaxmarl(FAKE, env_id="counters"))
+    assert ENV != from_jaxmarl(FAKE, JaxMARLParams(max_steps_in_episode=5), "counters")
+    _, ts = RESET(jax.random.PRNGKey(0))
+    assert ts.obs.shape == (2, 3) and ts.acting.all() and not ts.terminated.any()
+    assert float(ts.info["count_sum"]) == 0.0  # zeros of the step's info structure
+
+
+def test_sticky_done_agents_and_episode_end():
+    s, ts = RESET(jax.random.PRNGKey(0))
+    # Bob adds 2 per step (done after step 2), Alice 1 (done after step 5).
+    for t in range(1, 8):
+        prev = ts
+        s, ts = STEP(jax.random.PRNGKey(t), s, jnp.array([2, 1], jnp.int32))
+        bob_done, alice_done = t >= 2, t >= 5
+        np.testing.assert_array_equal(ts.terminated, [bob_done, alice_done])
+        assert not ts.truncated.any()
+        np.testing.assert_array_equal(ts.acting, [not bob_done, not alice_done])
+        np.testing.assert_array_equal(ts.reward, [2.0 * (t <= 2), 1.0 * (t <= 5)])
+        if t > 2:  # Bob's observation is frozen at the step he finished
+            np.testing.assert_array_equal(ts.obs[0], prev.obs[0])
+        if t <= 5:  # Alice's observation is live (stacked in env.agents order)
+            # Bob's action still reaches the wrapped env after he is done (lockstep API).
+            np.testing.assert_array_equal(ts.obs[1], [t, 2 * t, t])
+    assert int(s.env_state.resets) == 0  # step_env was used: no hidden reset
+    np.testing.assert_array_equal(ts.obs[1], [5, 10, 5])  # the real final observation, not a reset one
+
+
+def test_done_all_terminates_everyone_and_time_limit_truncates():
+    short = from_jaxmarl(FakeCounters(max_steps=3))  # "__all__" after 3 steps, Alice not done
+    step = jax.jit(short.step)
+    s, ts = jax.jit(short.reset)(jax.random.PRNGKey(0))
+    for t in range(3):
+        s, ts = step(jax.random.PRNGKey(t), s, jnp.array([0, 1], jnp.int32))
+    np.testing.assert_array_equal(ts.terminated, [True, True])
+    np.testing.assert_array_equal(ts.truncated, [False, False])
+
+    params = JaxMARLParams(max_steps_in_episode=4)  # the adapter's own limit: truncation
+    s, ts = RESET(jax.random.PRNGKey(0), params)
+    for t in range(1, 5):
+        s, ts = STEP(jax.random.PRNGKey(t), s, jnp.array([2, 1], jnp.int32), params)
+        if t < 4:
+            assert not ts.truncated.any()
+    np.testing.assert_array_equal(ts.terminated, [True, False])
+    np.testing.assert_array_equal(ts.truncated, [False, True])
+    assert not ts.acting.any()
+
+
+def test_vmapped_matches_single_env_steps():
+    keys = jax.random.split(jax.random.PRNGKey(0), 3)
+    actions = jax.random.randint(jax.random.PRNGKey(1), (4, 3, 2), 0, 3)
+    step_v = jax.jit(jax.vmap(ENV.step, in_axes=(0, 0, 0, None)))
+    s, _ = jax.jit(jax.vmap(ENV.reset, in_axes=(0, None)))(keys, ENV.params)
+    for t in range(4):
+        s_next, ts = step_v(keys, s, actions[t], ENV.params)
+        for e in range(3):
+            _, ts_e = STEP(keys[e], env_slice(s, e), actions[t, e])
+            for a, b in zip(jax.tree.leaves(ts_e), jax.tree.leaves(env_slice(ts, e))):
+                np.testing.assert_array_equal(a, b)
+        s = s_next
+
+
+def test_check_env_and_donating_rollout():
+    report = js.check_env(ENV, num_envs=4, num_steps=30)
+    assert report.ok, str(report)
+    # Eager init + donating jitted rollout: the adapter's reset must share no array between
+    # its state and its TimeStep (an eager vmap would hand it out as one buffer, donated twice).
+    pol = js.RandomPolicy(ENV.observation_space, ENV.action_space)
+    rollout = js.jit_rollout(js.make_rollout(ENV, pol, 2, 12))
+    state, traj = rollout((), js.init_rollout_state(ENV, pol, 2, jax.random.PRNGKey(0)))
+    done = np.asarray(traj.terminated | traj.truncated).all(-1)
+    np.testing.assert_array_equal(np.asarray(traj.is_reset)[1:], done[:-1])
+    assert done.any()
+    rollout((), state, traj)  # buffers passed back
+def test_heterogeneous_spaces_are_refused():
+    with pytest.raises(ValueError, match="pad"):
+        from_jaxmarl(FakeCounters(obs_dim=4))
+    with pytest.raises(TypeError, match="MultiAgentEnv"):
+        from_jaxmarl(object())
+    with pytest.raises(TypeError, match="unsupported space"):
+        convert_jaxmarl_space(object())
+
+
+@pytest.mark.slow  # imports jaxmarl (seconds); skipped where jaxmarl is not installed
+def test_real_jaxmarl_mpe_matches_stepping_by_hand():
+    jaxmarl = pytest.importorskip("jaxmarl")
+    raw = jaxmarl.make("MPE_simple_spread_v3")
+    env = from_jaxmarl(raw)
+    assert env.agent_ids == tuple(raw.agents) and env.action_space == js.spaces.Discrete(5)
+    assert env.observation_space == js.spaces.Box(-np.inf, np.inf, (18,))
+
+    def stack(d):
+        return jnp.stack([d[n] for n in raw.agents])
+
+    @jax.jit
+    def both(key, actions):  # the adapter and JaxMARL's own step_env side by side, one compile
+        s, ts = env.reset(key)
+        obs, raw_state = raw.reset(key)
+
+        def body(carry, x):
+            s, raw_state = carry
+            k, a = x
+            s, ts = env.step(k, s, a)
+            obs, raw_state, rew, done, _ = raw.step_env(k, raw_state, {n: a[i] for i, n in enumerate(raw.agents)})
+            return (s, raw_state), (ts, stack(obs), stack(rew), stack(done))
+
+        keys = jax.random.split(key, actions.shape[0])
+        _, out = jax.lax.scan(body, (s, raw_state), (keys, actions))
+        return ts.obs, stack(obs), out
+
+    actions = jax.random.randint(jax.random.PRNGKey(1), (4, env.num_agents), 0, 5)
+    obs0, raw_obs0, (ts, raw_obs, raw_rew, raw_done) = both(jax.random.PRNGKey(0), actions)
+    np.testing.assert_allclose(obs0, raw_obs0, rtol=1e-6)
+    np.testing.assert_allclose(ts.obs, raw_obs, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(ts.reward, raw_rew, rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(ts.terminated, raw_done)
+    assert ts.acting.all() and not ts.truncated.any()
