@@ -8,6 +8,7 @@ from jaxsampler import spaces
 from jaxsampler.check import EnvCheckError, EnvCheckReport, check_env
 from jaxsampler.env import DEFAULT_AGENT_ID, Env, EnvParams, SingleAgentEnv
 from jaxsampler.envs.adapters.gymnax import GymnaxEnv, from_gymnax_env as from_gymnax
+from jaxsampler.envs.adapters.jaxmarl import JaxMARLEnv, from_jaxmarl
 from jaxsampler.host import InfiniteLookbackBuffer, Sampler, SamplerMetrics, SingleAgentEpisode
 from jaxsampler.host.batch import MultiAgentBatch, SampleBatch, concat_samples
 from jaxsampler.host.multi_agent_episode import MultiAgentEnvError, MultiAgentEpisode
@@ -32,6 +33,7 @@ __all__ = [
     "EnvCheckError",
     "EnvCheckReport",
     "GymnaxEnv",
+    "JaxMARLEnv",
     "InfiniteLookbackBuffer",
     "MultiAgentBatch",
     "MultiAgentEnvError",
@@ -60,6 +62,7 @@ __all__ = [
     "concat_samples",
     "discounted_returns",
     "from_gymnax",
+    "from_jaxmarl",
     "gae",
     "init_rollout_state",
     "jit_rollout",

@@ -2,6 +2,7 @@
 
 from jaxsampler.host.episode import SingleAgentEpisode
 from jaxsampler.host.lookback import InfiniteLookbackBuffer
+from jaxsampler.host.multi_agent_episode import MultiAgentEpisode
 from jaxsampler.host.sampler import Sampler, SamplerMetrics
 
-__all__ = ["InfiniteLookbackBuffer", "SingleAgentEpisode", "Sampler", "SamplerMetrics"]
+__all__ = ["InfiniteLookbackBuffer", "MultiAgentEpisode", "SingleAgentEpisode", "Sampler", "SamplerMetrics"]
