@@ -140,6 +140,14 @@ def init_rollout_state(
 
     Jittable (``num_envs`` static).
     """
+    return init_state_and_info(env, policy, num_envs, key, env_params)[0]
+
+
+def init_state_and_info(
+    env: Env, policy: Policy, num_envs: int, key: jax.Array, env_params: Any = None
+) -> tuple[RolloutState, Any]:
+    """:func:`init_rollout_state` plus the reset ``info`` of the first observations
+    (leaves ``[E, ...]``), which no trajectory buffer holds."""
     _check_sizes(num_envs)
     check_compatible(env, policy)
     env_params = env.default_params if env_params is None else env_params
@@ -148,7 +156,7 @@ def init_rollout_state(
     # Called eagerly, an env whose reset puts one array in both its state and its
     # TimeStep would hand the same buffer twice to a rollout that donates the state.
     env_state, ts = jax.tree.map(lambda x: jnp.array(x, copy=True), (env_state, ts))
-    return RolloutState(
+    state = RolloutState(
         env_state=env_state,
         obs=ts.obs,
         acting=ts.acting,
@@ -160,6 +168,7 @@ def init_rollout_state(
         num_steps=jnp.zeros((), jnp.int32),
         env_params=env_params,
     )
+    return state, ts.info
 
 
 def _step_outputs(env: Env, policy: Policy, params: Any, state: RolloutState) -> tuple[Any, Any, Any]:

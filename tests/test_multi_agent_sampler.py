@@ -34,15 +34,16 @@ def device_calls(env, policy, params, n_calls, seed=SEED):
     return calls
 
 
-def reference_chunks(calls, env, horizon, mapping):
-    """Per call, the episode chunks of the reference loop in sample()'s order."""
+def reference_chunks(calls, env, horizon, mapping, cut=True, finished_log=None):
+    """Per call, the episode chunks of the reference loop in sample()'s order (with
+    ``cut=False`` episodes are never cut; ``finished_log`` collects (env, episode))."""
     ids, A = env.agent_ids, env.num_agents
     open_eps: dict[int, MultiAgentEpisode] = {}
     done: dict[int, set] = {}
     out = []
     for traj, next_acting, next_reset in calls:
         finished = []
-        chunk = {e: open_eps.pop(e).cut(horizon) for e in list(open_eps)}
+        chunk = {e: (open_eps.pop(e).cut(horizon) if cut else open_eps.pop(e)) for e in list(open_eps)}
         acting = np.concatenate([traj.acting, next_acting[None]], axis=0)
         is_reset = np.concatenate([traj.is_reset, next_reset[None]], axis=0)
         for t in range(T):
@@ -71,9 +72,13 @@ def reference_chunks(calls, env, horizon, mapping):
                                          for a in range(A) if acting[t, e, a]},
                 )
                 done[e] |= {ids[a] for a in newly}
-                assert ep.is_done == all_done  # every agent done ends the episode
+                # The episode ends when the env has every agent done. (RLlib also ends it
+                # when every agent *seen so far* is done; agents may still join here.)
+                ep.is_terminated = ep.is_terminated and all_done
                 if all_done:
                     ep.is_truncated = bool(traj.truncated[t, e].any())  # truncateds["__all__"]
+                    if finished_log is not None:
+                        finished_log.append((e, ep))
                     finished.append((e, t, ep))
                     del chunk[e]
         open_eps = dict(chunk)
@@ -191,3 +196,50 @@ def test_continuation_chunks_keep_ids_and_concatenate_to_the_full_episode():
             for aid, sa in b.agent_episodes.items():
                 if aid in a.agent_episodes:
                     assert sa.id_ == a.agent_episodes[aid].id_
+
+
+@pytest.mark.parametrize("env_id", ["chaos", "TicTacToe-v0"])
+def test_chunks_concatenate_to_the_uncut_episode(env_id):
+    """concat_episode of an episode's sample() chunks equals the episode stepped without cuts."""
+    env = ChaosEnv() if env_id == "chaos" else js.make(env_id)
+    policy = CountingPolicy(env.observation_space, env.action_space)
+    n_calls = 8
+    sampler = js.Sampler(env, policy, num_envs=E, rollout_length=T, seed=SEED, episode_lookback_horizon=1)
+    chunks: dict = {}
+    for _ in range(n_calls):
+        for ep in sampler.sample(()):
+            chunks.setdefault(ep.id_, []).append(ep)
+    log: list = []
+    reference_chunks(device_calls(env, policy, (), n_calls), env, 0, dict.fromkeys(env.agent_ids, "default_policy"),
+                     cut=False, finished_log=log)
+    count = {}
+    checked = multi = 0
+    for e, want in log:
+        c = count[e] = count.get(e, -1) + 1
+        parts = chunks[sampler._episode_id(e, c)]
+        got = parts[0]
+        for part in parts[1:]:
+            got.concat_episode(part)
+        assert_same_chunk(got, want)
+        checked += 1
+        multi += len(parts) > 1
+    assert checked >= 4 and multi >= 2
+
+
+def test_infos_belong_to_each_agents_observations():
+    """TicTacToe's info.action_mask ([A, 9], split per agent) equals the legal-move part of
+    the observation it came with, in every chunk (new ones and continuations) and row."""
+    env = js.make("TicTacToe-v0")
+    policy = js.RandomPolicy(env.observation_space, env.action_space)
+    sampler = js.Sampler(env, policy, num_envs=2, rollout_length=5, seed=3)
+    checked = 0
+    for _ in range(4):
+        for ep in sampler.sample(()):
+            for sa in ep.agent_episodes.values():
+                assert sa.infos.finalized
+                mask = sa.infos.data["action_mask"]
+                np.testing.assert_array_equal(mask, np.asarray(sa.observations.data)[:, 18:27] > 0.5)
+                checked += len(mask)
+    batch = js.Sampler(env, policy, num_envs=2, rollout_length=5, seed=3).sample_batch(())["default_policy"]
+    np.testing.assert_array_equal(batch["infos"]["action_mask"], batch["obs"][:, 18:27] > 0.5)
+    assert checked > 20

@@ -291,7 +291,10 @@ class InfiniteLookbackBuffer:
 
     def extend(self, items: Any) -> None:
         if self.finalized:
-            items = np.array(items) if isinstance(items, list) else items
+            if isinstance(items, list):
+                if not items:
+                    return
+                items = batch(items) if isinstance(items[0], (dict, tuple)) else np.array(items)
             self.data = tree_map(lambda d, x: np.concatenate([d, np.asarray(x)]), self.data, _reorder(items, self.data))
         else:
             self.data.extend(items)

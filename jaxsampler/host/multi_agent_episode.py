@@ -623,6 +623,49 @@ class MultiAgentEpisode:
                     sa.to_numpy()
         return successor
 
+    def concat_episode(self, other: MultiAgentEpisode) -> None:
+        """Appends ``other``, the next chunk of this episode (``other.env_t_started ==
+        self.env_t``, same ``id_``). Agents done here are skipped; agents new in ``other``
+        are added; the hanging caches become ``other``'s (steps that ``other`` completed
+        are no longer hanging)."""
+        if other.id_ != self.id_:
+            raise ValueError(f"cannot concat episodes with different ids ({self.id_} vs {other.id_})")
+        if self.is_done:
+            raise ValueError("cannot concat onto a done episode")
+        if self.env_t != other.env_t_started:
+            raise ValueError(f"chunks do not meet: self.env_t={self.env_t}, other.env_t_started={other.env_t_started}")
+        n_self = self._map_len()
+        olb = other._len_lookback_buffers
+        for aid, osa in other.agent_episodes.items():
+            om = other.env_t_to_agent_t[aid]
+            sa = self.agent_episodes.get(aid)
+            if sa is not None and sa.is_done:
+                continue
+            if sa is None:
+                self.agent_episodes[aid] = osa.slice(slice(0, len(osa)), len_lookback_buffer=0)
+                self.agent_t_started[aid] = osa.t_started
+                self._agent_episode_ids[aid] = osa.id_
+                self._agent_to_module_mapping.setdefault(aid, osa.module_id)
+                self.env_t_to_agent_t[aid] = InfiniteLookbackBuffer(
+                    [SKIP] * (n_self - 1) + list(om.data[olb:]), self._len_lookback_buffers
+                )
+                continue
+            if len(osa) > 0:
+                for k, buf in osa.extra_model_outputs.items():
+                    if k not in sa.extra_model_outputs and sa.rewards.len_incl_lookback() == 0:
+                        sa.extra_model_outputs[k] = InfiniteLookbackBuffer(_empty(buf), 0)
+                sa.concat_episode(osa.slice(slice(0, len(osa)), len_lookback_buffer=0))
+            self.env_t_to_agent_t[aid].data = list(self.env_t_to_agent_t[aid].data) + list(om.data[olb + 1 :])
+        for aid, m in self.env_t_to_agent_t.items():  # agents absent from other: no observation
+            if aid not in other.agent_episodes:
+                m.data = list(m.data) + [SKIP] * (other.env_t - other.env_t_started)
+        self._hanging_actions_end = dict(other._hanging_actions_end)
+        self._hanging_extra_model_outputs_end = defaultdict(dict, copy.deepcopy(dict(other._hanging_extra_model_outputs_end)))
+        self._hanging_rewards_end = defaultdict(float, other._hanging_rewards_end)
+        self.env_t = other.env_t
+        self.is_terminated, self.is_truncated = other.is_terminated, other.is_truncated
+        self._last_step_time = other._last_step_time
+
     # -- misc ----------------------------------------------------------------------------
 
     def print(self) -> None:
@@ -664,3 +707,8 @@ def _like_buffer(buf: InfiniteLookbackBuffer | None, item: Any, one_hot: bool) -
     if buf.finalized:
         item = tree_map(lambda x: np.asarray(x)[()], item) if isinstance(item, (dict, tuple)) else np.asarray(item)[()]
     return buf._convert(item, one_hot) if one_hot else item
+
+
+def _empty(buf: InfiniteLookbackBuffer) -> Any:
+    """A zero-length column in ``buf``'s mode."""
+    return tree_map(lambda x: x[:0], buf.data) if buf.finalized else []

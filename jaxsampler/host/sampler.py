@@ -39,10 +39,10 @@ from jaxsampler.env import Env
 from jaxsampler.host.batch import DEFAULT_POLICY_ID, MultiAgentBatch, SampleBatch
 from jaxsampler.host.agent_steps import AgentCarry, AgentSteps, agent_steps, take, take_info
 from jaxsampler.host.episode import SingleAgentEpisode, _reward_space
-from jaxsampler.host.lookback import InfiniteLookbackBuffer
+from jaxsampler.host.lookback import InfiniteLookbackBuffer, batch, tree_map
 from jaxsampler.host.multi_agent_episode import SKIP, MultiAgentEpisode
 from jaxsampler.policies.base import Policy
-from jaxsampler.rollout import init_rollout_state, jit_rollout, make_rollout
+from jaxsampler.rollout import init_state_and_info, jit_rollout, make_rollout
 from jaxsampler.types import NoInfo, Trajectory
 
 __all__ = ["Sampler", "SamplerMetrics"]
@@ -126,6 +126,7 @@ class Sampler:
         self.metrics = SamplerMetrics()
         self._obs_space, self._act_space = env.observation_space, env.action_space
         self._has_infos = None
+        self._reset_info: dict[str, np.ndarray] = {}
         self._act_zero = np.asarray(jax.tree.leaves(env.action_space.zeros())[0])
         # Multi-agent: agents' policy ids, carried hanging steps, open episode chunks.
         self.multi_agent = env.num_agents != 1
@@ -142,7 +143,8 @@ class Sampler:
     def reset(self) -> None:
         """Resets every env; ongoing episodes are discarded."""
         self._key, k = jax.random.split(self._key)
-        self._state = init_rollout_state(self.env, self.policy, self.num_envs, k, self.env_params)
+        self._state, info = init_state_and_info(self.env, self.policy, self.num_envs, k, self.env_params)
+        self._reset_info = {"info:" + "/".join(path): np.asarray(leaf) for path, leaf in _info_leaves(info)}
         self._resets += 1
         self._tail = None
         self._partial_return[:] = 0.0
@@ -240,6 +242,11 @@ class Sampler:
             if with_obs_slot:  # obs: T + 1 slots per call, consecutive calls share one
                 parts = [p[:-1] for p in parts[:-1]] + [parts[-1]]
             head = self._tail[get.__name__] if self._tail is not None else None
+            if head is None and H and get.__name__ in self._reset_info:
+                # The first observations' info (from the reset): the head's last slot.
+                first = self._reset_info[get.__name__]
+                head = np.zeros((first.shape[0], H) + first.shape[1:], first.dtype)
+                head[:, -1] = first
             return _env_major(parts, head, H)
 
         agent = slice(None) if self.multi_agent else 0  # multi-agent columns keep the agent axis
@@ -491,7 +498,11 @@ class Sampler:
         """The chunk that the call's steps of env ``e`` extend: the successor (``cut``) of
         the open chunk, or a new episode (also when the previous call was ``sample_batch``)."""
         if continues and e in self._open:
-            return self._open[e].cut(self.horizon)
+            ep = self._open[e].cut(self.horizon)
+            for sa in ep.agent_episodes.values():  # env infos stay numpy'ized, as in new chunks
+                if not sa.infos.finalized and sa.infos.data and sa.infos.data[0]:
+                    sa.infos.data, sa.infos.finalized = batch(sa.infos.data), True
+            return ep
         ma_id = self._episode_id(e, count)
         mapping = dict(zip(self.agent_ids, self.agent_policy))
         ep = MultiAgentEpisode(
@@ -574,8 +585,11 @@ class Sampler:
                     if k not in sa.extra_model_outputs:
                         sa.extra_model_outputs[k] = _fast_buffer(data[k][r][:0], sa.actions.lookback)
                     _extend(sa.extra_model_outputs[k], data[k][r])
-                if info_keys:
+                if info_keys and sa.infos.finalized:
                     _extend(sa.infos, _take_rows(data["_next_infos"], r))
+                elif info_keys:  # a list-mode column (a cut successor): one dict per row
+                    rows_info = _take_rows(data["_next_infos"], r)
+                    sa.infos.data.extend(tree_map(lambda x, i=i: x[i], rows_info) for i in range(len(r)))
                 else:
                     sa.infos.data.extend([{}] * len(r))
                 sa.t += len(r)
