@@ -156,6 +156,9 @@ def init_state_and_info(
     # Called eagerly, an env whose reset puts one array in both its state and its
     # TimeStep would hand the same buffer twice to a rollout that donates the state.
     env_state, ts = jax.tree.map(lambda x: jnp.array(x, copy=True), (env_state, ts))
+    # Python-number params as arrays: the rollout's output state has arrays there, and a
+    # jitted rollout would otherwise compile once more for the second call's signature.
+    env_params = jax.tree.map(jnp.asarray, env_params)
     state = RolloutState(
         env_state=env_state,
         obs=ts.obs,

@@ -243,3 +243,30 @@ def test_infos_belong_to_each_agents_observations():
     batch = js.Sampler(env, policy, num_envs=2, rollout_length=5, seed=3).sample_batch(())["default_policy"]
     np.testing.assert_array_equal(batch["infos"]["action_mask"], batch["obs"][:, 18:27] > 0.5)
     assert checked > 20
+
+
+def test_num_episodes_num_timesteps_metrics_and_no_recompile():
+    env = js.make("Goals-v0", n=2)
+    mlp = js.MLPPolicy(env.observation_space, env.action_space, hidden_sizes=(8,))
+    policy = js.MultiAgentPolicy(env, {"a": mlp, "b": mlp}, lambda aid: "a" if aid == "agent_0" else "b")
+    params = policy.init(jax.random.PRNGKey(0))
+    sampler = js.Sampler(env, policy, num_envs=4, rollout_length=16, seed=0)
+    eps = sampler.sample(params, num_episodes=5)
+    done = [ep for ep in eps if ep.is_done]
+    assert len(done) == sampler.metrics.num_episodes_completed >= 5  # all that ended at the step the 5th did
+    assert all(ep.env_t_started == 0 for ep in done)
+    for ep in done:  # every agent finished, each with its own flags, under its own module
+        assert set(ep.agent_episodes) == {"agent_0", "agent_1"}
+        assert all(sa.is_done for sa in ep.agent_episodes.values())
+        assert ep.agent_to_module_mapping == {"agent_0": "a", "agent_1": "b"}
+        assert ep.agent_episodes["agent_1"].module_id == "b"
+    batch = sampler.sample_batch(params, num_timesteps=100)
+    m = sampler.metrics
+    assert m.num_env_steps_sampled >= 100 and batch.env_steps() == m.num_env_steps_sampled
+    assert m.num_agent_steps_sampled == batch.agent_steps() > 0
+    assert set(batch.policy_batches) == {"a", "b"}
+    assert set(np.unique(batch["a"]["agent_index"])) <= {0} and set(np.unique(batch["b"]["agent_index"])) <= {1}
+    for _ in range(3):
+        sampler.sample(params)
+        sampler.sample_batch(params)
+    assert sampler._rollout._cache_size() == 1  # repeated calls never recompile

@@ -329,3 +329,17 @@ def test_sample_batch_num_episodes():
     parts = batch.split_by_episode()
     assert len(parts) >= 3 and all(p["terminateds"][-1] or p["truncateds"][-1] for p in parts)
     assert all(p["t"][0] == 0 for p in parts)
+
+
+def test_sampler_compiles_its_rollout_once():
+    """The state from a reset and the state a rollout returns share one signature (env
+    params of Python numbers used to make the second call compile again)."""
+    env = js.make("CartPole-v1")
+    pol = js.MLPPolicy(env.observation_space, env.action_space, hidden_sizes=(8,))
+    params = pol.init(jax.random.PRNGKey(0))
+    s = js.Sampler(env, pol, num_envs=2, rollout_length=8)
+    s.sample(params)
+    s.sample_batch(params)
+    s.sample(params, num_episodes=1)  # resets
+    s.sample(params)
+    assert s._rollout._cache_size() == 1

@@ -457,6 +457,7 @@ class Sampler:
         """``MultiAgentBatch``: one row per completed agent step, keyed by policy id; rows
         episode by episode (``sample()``'s order), then agent by agent, then by ``t``."""
         call, seg, m, steps, pos, old = self._agent_steps(chunks, num_episodes)
+        self._open = {}  # open sample() chunks are stale now: the next sample() starts new chunks
         ma_ids = [self._episode_id(e, c) for e, c in zip(seg["env"].tolist(), seg["count"].tolist())]
         sa_ids = np.array([self._agent_episode_id(ma_ids[p], a) for p, a in zip(pos.tolist(), steps.agent.tolist())]
                           or [""])[: len(pos)]
