@@ -623,6 +623,63 @@ class MultiAgentEpisode:
                     sa.to_numpy()
         return successor
 
+    def slice(self, slice_: slice, *, len_lookback_buffer: int | None = None) -> MultiAgentEpisode:
+        """A new episode over env steps ``slice_`` (clipped to ``[0, len]``, step 1), with
+        ``len_lookback_buffer`` env steps of lookback (default: this one's). Agents keep
+        their done flags only if the slice ends where this episode ends."""
+        if slice_.step not in (None, 1):
+            raise ValueError("MultiAgentEpisode.slice() supports step 1 only")
+        n = len(self)
+        start = 0 if slice_.start is None else (slice_.start + n if slice_.start < 0 else slice_.start)
+        stop = n if slice_.stop is None else (slice_.stop + n if slice_.stop < 0 else slice_.stop)
+        start, stop = max(0, min(start, n)), max(0, min(stop, n))
+        stop = max(stop, start)
+        lb_old = self._len_lookback_buffers
+        lb = lb_old if len_lookback_buffer is None else int(len_lookback_buffer)
+        lb = min(lb, lb_old + start)
+        first = start - lb  # env step (episode-relative) of the first observation kept
+        obs_idx = slice(first, stop + 1)
+        act_idx = slice(first, stop)
+        kw = {"neg_index_as_lookback": True, "return_list": True}
+        done_here = stop == n
+        agent_t_started = {}
+        for aid, m in self.env_t_to_agent_t.items():
+            upto = [v for v in m.data[: lb_old + start + 1] if v != SKIP]
+            later = [v for v in m.data[lb_old + start + 1 :] if v != SKIP]
+            if upto or later:
+                agent_t_started[aid] = upto[-1] if upto else later[0]
+        out = MultiAgentEpisode(
+            self.id_,
+            observations=self.get_observations(obs_idx, **kw),
+            observation_space=self.observation_space,
+            infos=self.get_infos(obs_idx, **kw),
+            actions=self.get_actions(act_idx, **kw) if stop > first else [],
+            action_space=self.action_space,
+            rewards=self.get_rewards(act_idx, **kw) if stop > first else [],
+            extra_model_outputs=self.get_extra_model_outputs(None, act_idx, **kw) if stop > first else [],
+            terminateds={**{a: sa.is_terminated for a, sa in self.agent_episodes.items()}, _ALL: self.is_terminated}
+            if done_here else False,
+            truncateds={**{a: sa.is_truncated for a, sa in self.agent_episodes.items()}, _ALL: self.is_truncated}
+            if done_here else False,
+            env_t_started=self.env_t_started + start,
+            agent_t_started=agent_t_started,
+            len_lookback_buffer=lb,
+            agent_episode_ids={a: sa.id_ for a, sa in self.agent_episodes.items()},
+            agent_module_ids=self.agent_to_module_mapping,
+            agent_to_module_mapping_fn=self.agent_to_module_mapping_fn,
+        )
+        if self.is_numpy:
+            out.to_numpy()
+        return out
+
+    def __getitem__(self, item: Any) -> MultiAgentEpisode:
+        if isinstance(item, slice):
+            return self.slice(item)
+        raise NotImplementedError(
+            f"{type(self).__name__} does not support getting item '{item}'! Only slice objects "
+            "allowed with the syntax: `episode[a:b]`."
+        )
+
     def concat_episode(self, other: MultiAgentEpisode) -> None:
         """Appends ``other``, the next chunk of this episode (``other.env_t_started ==
         self.env_t``, same ``id_``). Agents done here are skipped; agents new in ``other``
