@@ -179,13 +179,23 @@ def agent_steps(
     return steps, new
 
 
-def take(col: np.ndarray, carried: np.ndarray, e: np.ndarray, slot: np.ndarray, a: np.ndarray) -> np.ndarray:
-    """Values of an ``[E, L(+1), A, ...]`` column at augmented ``slot`` (0 = the carry)."""
-    out = np.empty((len(e),) + col.shape[3:], col.dtype)
-    first = slot == 0
-    out[first] = carried[e[first], a[first]]
-    rest = ~first
-    out[rest] = col[e[rest], slot[rest] - 1, a[rest]]
+def take(col: np.ndarray, carried: np.ndarray, e: np.ndarray, slot: np.ndarray, a: np.ndarray,
+         offset: int = 0, agent_major: bool = False) -> np.ndarray:
+    """Values of an ``[E, L(+1), A, ...]`` column (``agent_major``: ``[E, A, L(+1), ...]``)
+    at augmented ``slot`` (0 = the carry); ``offset`` time slots come before the call's first."""
+    j = np.maximum(slot - 1, 0) + offset
+    if agent_major:  # rows run agent by agent in time: a near-sequential gather
+        E, A, S = col.shape[:3]
+        out = np.take(col.reshape((E * A * S,) + col.shape[3:]), (e * A + a) * S + j, axis=0)
+    elif col.flags.c_contiguous:  # one flat gather (much faster than three index arrays)
+        E, S, A = col.shape[:3]
+        out = np.take(col.reshape((E * S * A,) + col.shape[3:]), (e * S + j) * A + a, axis=0)
+    else:
+        out = col[e, j, a]
+    # then patch the few carried rows
+    first = np.flatnonzero(slot == 0)
+    if len(first):
+        out[first] = carried[e[first], a[first]]
     return out
 
 
@@ -198,10 +208,9 @@ def take_info(col: np.ndarray, carried: np.ndarray, e: np.ndarray, slot: np.ndar
     whole to every agent.
     """
     per_agent = col.ndim >= 3 and col.shape[2] == A
-    out = np.empty((len(e),) + (col.shape[3:] if per_agent else col.shape[2:]), col.dtype)
-    first = slot == 0
-    out[first] = carried[e[first], a[first]]
-    rest = ~first
-    j = slot[rest] - 1
-    out[rest] = col[e[rest], j, a[rest]] if per_agent else col[e[rest], j]
+    j = np.maximum(slot - 1, 0)
+    out = col[e, j, a] if per_agent else col[e, j]
+    first = np.flatnonzero(slot == 0)
+    if len(first):
+        out[first] = carried[e[first], a[first]]
     return out

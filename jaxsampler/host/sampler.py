@@ -404,8 +404,9 @@ class Sampler:
 
     # ------------------------------------------------------------------------- multi-agent
 
-    def _agent_steps(self, chunks: list[Trajectory], num_episodes: int | None):
-        """Segments plus the completed agent steps of the call, rows in output order."""
+    def _agent_steps(self, chunks: list[Trajectory], num_episodes: int | None, by_policy: bool = False):
+        """Segments plus the completed agent steps of the call, rows in output order
+        (``by_policy``: grouped by policy first, so each policy's rows are one slice)."""
         cols, seg, m = self._segments(chunks, num_episodes)
         H, E = self._col_horizon, self.num_envs
         call = {k: (v if k.startswith("info:") else v[:, H:]) for k, v in cols.items()}
@@ -418,19 +419,30 @@ class Sampler:
         offset = np.arange(int(lens.sum())) - np.repeat(np.cumsum(lens) - lens, lens)
         seg_of_step[np.repeat(seg["env"], lens), np.repeat(seg["start"], lens) + offset] = np.repeat(np.arange(len(lens)), lens)
         pos = seg_of_step[steps.env, np.maximum(steps.slot - 1, 0)]
-        order = np.lexsort((steps.t, steps.agent, pos))
+        # One int64 sort key: (policy rank,) segment, agent, t.
+        A = len(self.agent_ids)
+        key = (pos + 1) * A + steps.agent
+        if by_policy:  # policies in order of first appearance on the agent axis
+            pids = list(dict.fromkeys(self.agent_policy))
+            rank = np.array([pids.index(pid) for pid in self.agent_policy])[steps.agent]
+            key = rank * ((len(seg["env"]) + 1) * A) + key
+        t_span = int(steps.t.max()) + 1 if len(steps.t) else 1
+        order = np.argsort(key * t_span + steps.t, kind="stable")
         order = order[pos[order] >= 0]
         steps = AgentSteps(**{f.name: getattr(steps, f.name)[order] for f in dataclasses.fields(AgentSteps)})
-        return call, seg, m, steps, pos[order], old
+        return call, cols, seg, m, steps, pos[order], old
 
-    def _step_columns(self, call: dict[str, Any], steps: AgentSteps, old: AgentCarry, eps_ids: np.ndarray,
-                      next_infos: bool = False) -> dict[str, Any]:
+    def _step_columns(self, call: dict[str, Any], cols: dict[str, Any], steps: AgentSteps, old: AgentCarry,
+                      eps_ids: np.ndarray, next_infos: bool = False) -> dict[str, Any]:
         e, s, a, c = steps.env, steps.slot, steps.agent, steps.end
-        A = self.env.num_agents
+        A, H = self.env.num_agents, self._col_horizon
+        # Observations are the bulk of the data: gather them from an agent-major copy, in
+        # which the rows (agent by agent, in time) are nearly sequential.
+        obs = np.ascontiguousarray(np.swapaxes(cols["obs"], 1, 2))
         data: dict[str, Any] = {
-            SampleBatch.OBS: take(call["obs"], old.obs, e, s, a),
-            SampleBatch.NEXT_OBS: take(call["obs"], old.obs, e, c, a),
-            SampleBatch.ACTIONS: take(call["actions"], old.action, e, s, a),
+            SampleBatch.OBS: take(obs, old.obs, e, s, a, H, agent_major=True),
+            SampleBatch.NEXT_OBS: take(obs, old.obs, e, c, a, H, agent_major=True),
+            SampleBatch.ACTIONS: take(cols["actions"], old.action, e, s, a, H),
             SampleBatch.REWARDS: steps.reward.astype(np.float32),
             SampleBatch.TERMINATEDS: steps.terminated,
             SampleBatch.TRUNCATEDS: steps.truncated,
@@ -447,7 +459,7 @@ class Sampler:
             data["_next_infos"] = _unflatten({k[5:]: take_info(call[k], old.info[k], e, c, a, A) for k in info_keys})
         for k in call:
             if k.startswith("extra:"):
-                data[k[6:]] = take(call[k], old.extras[k[6:]], e, s, a)
+                data[k[6:]] = take(cols[k], old.extras[k[6:]], e, s, a, H)
         return data
 
     def _agent_episode_id(self, ma_id: str, agent: int) -> str:
@@ -456,25 +468,31 @@ class Sampler:
     def _to_ma_batch(self, chunks: list[Trajectory], num_episodes: int | None):
         """``MultiAgentBatch``: one row per completed agent step, keyed by policy id; rows
         episode by episode (``sample()``'s order), then agent by agent, then by ``t``."""
-        call, seg, m, steps, pos, old = self._agent_steps(chunks, num_episodes)
+        call, cols, seg, m, steps, pos, old = self._agent_steps(chunks, num_episodes, by_policy=True)
         self._open = {}  # open sample() chunks are stale now: the next sample() starts new chunks
-        ma_ids = [self._episode_id(e, c) for e, c in zip(seg["env"].tolist(), seg["count"].tolist())]
-        sa_ids = np.array([self._agent_episode_id(ma_ids[p], a) for p, a in zip(pos.tolist(), steps.agent.tolist())]
-                          or [""])[: len(pos)]
-        data = self._step_columns(call, steps, old, sa_ids)
-        policy_of_agent = np.array(self.agent_policy)
-        batches = {}
-        row_policy = policy_of_agent[steps.agent] if len(pos) else np.array([], policy_of_agent.dtype)
-        for pid in dict.fromkeys(self.agent_policy):
-            rows = np.nonzero(row_policy == pid)[0]
-            batches[pid] = SampleBatch(_take_rows(data, rows))
-        m.num_agent_steps_sampled = len(pos)
+        # eps_id: one string per (episode, agent) run of rows, then broadcast to the rows.
+        n = len(pos)
+        uid = pos * len(self.agent_ids) + steps.agent
+        new_run = np.empty(n, bool)
+        new_run[:1] = True
+        np.not_equal(uid[1:], uid[:-1], out=new_run[1:])
+        starts = np.flatnonzero(new_run)
+        ids = [self._agent_episode_id(self._episode_id(int(seg["env"][p]), int(seg["count"][p])), int(a))
+               for p, a in zip(pos[starts].tolist(), steps.agent[starts].tolist())]
+        sa_ids = np.array(ids or [""])[np.cumsum(new_run) - 1]
+        data = self._step_columns(call, cols, steps, old, sa_ids)
+        # Rows are grouped by policy: each policy's batch is one slice (numpy views).
+        pids = list(dict.fromkeys(self.agent_policy))
+        rank = np.array([pids.index(pid) for pid in self.agent_policy])[steps.agent]
+        bounds = np.searchsorted(rank, np.arange(len(pids) + 1))
+        batches = {pid: SampleBatch(_slice_rows(data, int(bounds[i]), int(bounds[i + 1]))) for i, pid in enumerate(pids)}
+        m.num_agent_steps_sampled = n
         return MultiAgentBatch(batches, m.num_env_steps_sampled), m
 
     def _to_ma_episodes(self, chunks: list[Trajectory], num_episodes: int | None):
-        call, seg, m, steps, pos, old = self._agent_steps(chunks, num_episodes)
+        call, cols, seg, m, steps, pos, old = self._agent_steps(chunks, num_episodes)
         n_seg = len(seg["env"])
-        data = self._step_columns(call, steps, old, np.zeros(len(pos), np.int8), next_infos=True)
+        data = self._step_columns(call, cols, steps, old, np.zeros(len(pos), np.int8), next_infos=True)
         bounds = np.searchsorted(pos, np.arange(n_seg + 1))
         step0 = np.asarray(chunks[0].episode_step_0)
         episodes, still_open = [], {}
@@ -733,6 +751,10 @@ _STEP_KEYS = frozenset({
     SampleBatch.TRUNCATEDS, SampleBatch.T, SampleBatch.EPS_ID, SampleBatch.AGENT_INDEX, SampleBatch.INFOS,
     "_next_infos",
 })
+
+
+def _slice_rows(data: dict[str, Any], lo: int, hi: int) -> dict[str, Any]:
+    return {k: (_slice_rows(v, lo, hi) if isinstance(v, dict) else v[lo:hi]) for k, v in data.items() if k != "_next_infos"}
 
 
 def _take_rows(data: dict[str, Any], rows: np.ndarray) -> dict[str, Any]:
