@@ -15,7 +15,17 @@ episode ends) and reports every violation of the env contract in plain words:
   not fall back to 0 on the step that ends an episode; the final observation must not
   equal a fresh reset observation bit for bit);
 * ``terminated`` and ``truncated`` are distinct signals (not mirrors of each other), and
-  with a short ``max_steps_in_episode`` the time limit fires exactly at the limit.
+  with a short ``max_steps_in_episode`` the time limit fires exactly at the limit;
+* the per-agent contract the rollout and the host-side ``Sampler`` rely on (trivially
+  met by single-agent envs): ``reset`` reports every flag False, reward 0 and at least
+  one agent acting (the first observation must belong to someone); an agent's
+  ``terminated``/``truncated`` flags are sticky (once done, at least one of them stays
+  True until the episode ends); a done agent is not ``acting`` while the episode goes on
+  and gets reward 0 on every later step; and by ``max_steps_in_episode`` every agent
+  still going is truncated (or terminated), so the episode ends at the limit.
+
+An episode ends on the step where every agent is done (``all(terminated | truncated)``
+over agents, as the rollout computes it); each checked env is stopped there.
 """
 
 from __future__ import annotations
@@ -100,6 +110,12 @@ def _contains_all(space: Space, obs: Any, batch_ndim: int) -> np.ndarray:
 
 
 @functools.lru_cache(maxsize=32)
+def _jitted(env: Env) -> tuple[Any, Any]:
+    """Jitted ``(reset, step)`` of ``env``; cached, so repeated checks compile once."""
+    return jax.jit(env.reset), jax.jit(env.step)
+
+
+@functools.lru_cache(maxsize=32)
 def _episode_runner(env: Env, num_envs: int, num_steps: int) -> Any:
     """Jitted ``run(key, params)``: steps ``num_envs`` envs with random actions; each stops
     (is frozen) when its episode ends. Cached, so repeated checks compile once."""
@@ -124,6 +140,7 @@ def _episode_runner(env: Env, num_envs: int, num_steps: int) -> Any:
                 "reward": new_ts.reward,
                 "terminated": new_ts.terminated,
                 "truncated": new_ts.truncated,
+                "acting": new_ts.acting,
                 "done": done & alive,
                 "time": jnp.zeros((num_envs,), jnp.int32) if time is None else jnp.asarray(time, jnp.int32).reshape(num_envs),
                 "reset_obs": fresh.obs,
@@ -133,13 +150,17 @@ def _episode_runner(env: Env, num_envs: int, num_steps: int) -> Any:
         _, rec = jax.lax.scan(
             body, (state, ts, jnp.ones((num_envs,), jnp.bool_)), jax.random.split(k_run, num_steps)
         )
-        return ts.obs, rec
+        first = {f"first_{name}": getattr(ts, name) for name in ("obs", "reward", "terminated", "truncated", "acting")}
+        return first, rec
 
     return jax.jit(run)
 
+
 def _run_episodes(env: Env, params: Any, key: jax.Array, num_envs: int, num_steps: int) -> dict[str, Any]:
-    first_obs, rec = _episode_runner(env, num_envs, num_steps)(key, params)
-    return {"first_obs": jax.device_get(first_obs), **jax.device_get(rec)}
+    """Host copies of the run: ``first_*`` (the reset ``TimeStep``, ``[N, A, ...]``) and the
+    per-step records (``[S, N, ...]``; scan index ``t`` is step ``t + 1`` of the episode)."""
+    first, rec = jax.device_get(_episode_runner(env, num_envs, num_steps)(key, params))
+    return {**first, **rec}
 
 
 def check_env(
@@ -159,14 +180,23 @@ def check_env(
         params: env params (default ``env.default_params``).
         seed: PRNG seed of the random actions and resets.
         num_envs: envs run side by side.
-        num_steps: steps per env (default: the time limit + 1, at most 1000).
+        num_steps: steps per env (default: the time limit + 1, at most 1000; with a time
+            limit in params, at least ``short_time_limit + 2``, so both runs share one
+            compiled runner).
         short_time_limit: the ``max_steps_in_episode`` used to check that truncation
-            fires exactly at the limit (if params have that field).
+            fires exactly at the limit, for every agent (if params have that field).
         raise_on_error: raise :class:`EnvCheckError` instead of returning a failing report.
     """
     report = EnvCheckReport(getattr(env, "name", type(env).__name__))
     if not isinstance(env, Env):
         report.problems.append(f"{type(env).__name__} is not a jaxsampler Env (wrap gymnax envs with js.from_gymnax)")
+        return _finish(report, raise_on_error)
+    try:
+        hash(env)
+    except TypeError:
+        report.problems.append(
+            f"{type(env).__name__} is not hashable: make it a frozen dataclass (compiled code is cached per env)"
+        )
         return _finish(report, raise_on_error)
     params = env.default_params if params is None else params
     key = jax.random.PRNGKey(seed)
@@ -179,8 +209,7 @@ def check_env(
     # --- jit, determinism, layout ---------------------------------------------------
     report.checks_run.append("jit and determinism")
     try:
-        reset = jax.jit(env.reset)
-        step = jax.jit(env.step)
+        reset, step = _jitted(env)
         s0, ts0 = reset(key, params)
         s0b, ts0b = reset(key, params)
         action = env.action_space.sample_batch(jax.random.fold_in(key, 7), (env.num_agents,))
@@ -209,8 +238,14 @@ def check_env(
     limit = getattr(params, "max_steps_in_episode", None)
     if num_steps is None:
         num_steps = min(int(limit) + 1, 1000) if limit is not None else 500
+    if limit is not None and hasattr(params, "replace"):
+        num_steps = max(num_steps, short_time_limit + 2)  # one runner (and compile) for both runs
     rec = _run_episodes(env, params, jax.random.fold_in(key, 2), num_envs, num_steps)
     _check_run(env, rec, report, limit)
+    report.checks_run.append("reset TimeStep")
+    report.problems += _reset_problems(rec)
+    report.checks_run.append("done agents (sticky flags, acting, reward)")
+    agent_problems = _done_agent_problems(rec)
 
     # --- time limit -----------------------------------------------------------------
     report.checks_run.append("time limit")
@@ -218,27 +253,99 @@ def check_env(
         report.notes.append("params have no max_steps_in_episode: time-limit checks skipped")
     else:
         short = params.replace(max_steps_in_episode=short_time_limit)
-        rec_s = _run_episodes(env, short, jax.random.fold_in(key, 3), num_envs, max(num_steps, short_time_limit + 2))
+        rec_s = _run_episodes(env, short, jax.random.fold_in(key, 3), num_envs, num_steps)
+        for kind, problem in _done_agent_problems(rec_s).items():
+            agent_problems.setdefault(kind, problem)  # one report per kind of violation
+        multi = env.num_agents > 1
         alive = rec_s["alive"]
-        trunc = np.any(rec_s["truncated"], -1) & alive
+        trunc_a = rec_s["truncated"] & alive[..., None]  # [S, N, A]
+        trunc = np.any(trunc_a, -1)
         term = np.any(rec_s["terminated"], -1) & alive
         steps_taken = np.cumsum(alive, axis=0)  # 1-based step index per env
-        early = trunc & (steps_taken < short_time_limit)
+        early = trunc_a & (steps_taken < short_time_limit)[..., None]
         if early.any():
-            t, e = np.argwhere(early)[0]
+            t, e, a = np.argwhere(early)[0]
             report.problems.append(
-                f"truncated fired at step {steps_taken[t, e]} of env {e}, before max_steps_in_episode={short_time_limit}"
+                f"truncated fired at step {steps_taken[t, e]} of env {e}{f', agent {a}' if multi else ''}, "
+                f"before max_steps_in_episode={short_time_limit}"
             )
-        missed = alive & (steps_taken >= short_time_limit) & ~trunc & ~term
+        # Per agent, not "any agent": the episode ends only when every agent is done.
+        going = ~(rec_s["terminated"] | rec_s["truncated"])
+        missed = (alive & (steps_taken >= short_time_limit))[..., None] & going
         if missed.any():
-            t, e = np.argwhere(missed)[0]
+            t, e, a = np.argwhere(missed)[0]
             report.problems.append(
-                f"time limit did not fire: env {e} is still running after {steps_taken[t, e]} steps with "
-                f"max_steps_in_episode={short_time_limit}"
+                f"time limit did not fire{f' for agent {a}' if multi else ''}: env {e} is still running after "
+                f"{steps_taken[t, e]} steps with max_steps_in_episode={short_time_limit}"
+                + (" (every agent still going at the limit must be truncated or terminated)" if multi else "")
             )
         if trunc.any() and np.array_equal(trunc, term):
             report.problems.append("terminated mirrors truncated exactly: the two signals look merged")
+    report.problems += list(agent_problems.values())
     return _finish(report, raise_on_error)
+
+
+def _reset_problems(rec: dict[str, Any]) -> list[str]:
+    """Violations of the reset ``TimeStep`` contract (first occurrence of each kind)."""
+    out = []
+    nobody = ~rec["first_acting"].any(-1)  # [N]
+    if nobody.any():
+        e = int(np.argmax(nobody))
+        out.append(
+            f"nobody acts at reset in env {e}: at least one agent must be acting, "
+            "or the first observation belongs to nobody"
+        )
+    flagged = rec["first_terminated"] | rec["first_truncated"]  # [N, A]
+    if flagged.any():
+        e, a = np.argwhere(flagged)[0]
+        out.append(
+            f"reset reports agent {a} of env {e} as terminated or truncated: "
+            "every episode must start with all flags False"
+        )
+    rewarded = rec["first_reward"] != 0
+    if rewarded.any():
+        e, a = np.argwhere(rewarded)[0]
+        r = rec["first_reward"][e, a]
+        out.append(f"reset gives agent {a} of env {e} reward {r}: reward must be 0 after a reset")
+    return out
+
+
+def _done_agent_problems(rec: dict[str, Any]) -> dict[str, str]:
+    """Per-agent end-of-episode violations in one run, the first of each kind.
+
+    A done agent (terminated or truncated) must keep a flag set, not act while the
+    episode goes on and get reward 0 on every later step of its episode.
+    """
+    alive = rec["alive"][..., None]  # [S, N, 1]; env stopped after its episode ended
+    done = (rec["terminated"] | rec["truncated"]) & alive  # [S, N, A]
+    done_before = np.zeros_like(done)
+    done_before[1:] = np.logical_or.accumulate(done, axis=0)[:-1]
+    first_done = np.argmax(done, axis=0) + 1  # [N, A]: step it finished (where done_before)
+    goes_on = ~rec["done"][..., None]  # the episode continues after this step
+    out: dict[str, str] = {}
+    bad = done_before & alive & ~done
+    if bad.any():
+        t, e, a = np.argwhere(bad)[0]
+        out["sticky"] = (
+            f"done flags are not sticky: agent {a} of env {e} was done at step {first_done[e, a]} but reports "
+            f"neither terminated nor truncated at step {t + 1}, while the episode goes on "
+            "(a done agent keeps its flag until the episode ends)"
+        )
+    bad = done & rec["acting"] & goes_on
+    if bad.any():
+        t, e, a = np.argwhere(bad)[0]
+        out["acting"] = (
+            f"done agent still acting: agent {a} of env {e} is done at step {t + 1} but acting is True "
+            "while the episode goes on (acting must be False for done agents)"
+        )
+    bad = done_before & alive & (rec["reward"] != 0)
+    if bad.any():
+        t, e, a = np.argwhere(bad)[0]
+        out["reward"] = (
+            f"done agent still rewarded: agent {a} of env {e} was done at step {first_done[e, a]} but gets reward "
+            f"{rec['reward'][t, e, a]} at step {t + 1} (reward must be 0 once an agent is done)"
+        )
+    return out
 
 
 def _check_run(env: Env, rec: dict[str, Any], report: EnvCheckReport, limit: Any) -> None:
