@@ -1,8 +1,8 @@
 """Two PPO policies on the cooperative multi-agent Spread env, each learning from its own
 ``policy_batches``.
 
-Agents ``agent_0`` and ``agent_2`` are controlled by policy ``"even"``, ``agent_1`` and
-``agent_3`` by ``"odd"`` (``js.MultiAgentPolicy`` evaluates both inside the one jitted
+Agents with an even index (``agent_0``, ``agent_2``, ...) are controlled by policy
+``"even"``, the others by ``"odd"`` (``js.MultiAgentPolicy`` evaluates both inside the one jitted
 rollout step, each on its own agents). Every iteration ``Sampler.sample_batch()``
 returns a ``MultiAgentBatch``; each policy computes GAE over its own ``SampleBatch``
 (rows run agent-episode by agent-episode, ``eps_id`` is per agent) and takes PPO steps
@@ -40,23 +40,25 @@ def _load(name: str):
 ppo = _load("ppo")
 batch_gae = _load("ppo_host").batch_gae
 
-POLICY_OF = {"agent_0": "even", "agent_1": "odd", "agent_2": "even", "agent_3": "odd"}
+def policy_of(agent_id: str) -> str:
+    return "even" if int(agent_id.rsplit("_", 1)[1]) % 2 == 0 else "odd"
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--total-timesteps", type=int, default=400_000, help="env steps")
+    p.add_argument("--agents", type=int, default=2, help="Spread agents (>= 2)")
     p.add_argument("--num-envs", type=int, default=16)
     p.add_argument("--rollout-length", type=int, default=128)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args(argv)
-    env = js.make("Spread-v0", n=4)
+    env = js.make("Spread-v0", n=args.agents)
     cfg = dataclasses.replace(ppo.DEFAULTS["CartPole-v1"], env_id="Spread-v0", num_envs=args.num_envs,
                               rollout_length=args.rollout_length, total_timesteps=args.total_timesteps,
                               lr=1e-3, ent_coef=0.01, gamma=0.95)
     mlp = js.MLPPolicy(env.observation_space, env.action_space, cfg.hidden_sizes, cfg.activation)
-    policy = js.MultiAgentPolicy(env, {"even": mlp, "odd": mlp}, POLICY_OF.__getitem__)
+    policy = js.MultiAgentPolicy(env, {"even": mlp, "odd": mlp}, policy_of)
     sampler = js.Sampler(env, policy, num_envs=cfg.num_envs, rollout_length=cfg.rollout_length, seed=args.seed)
     params = policy.init(jax.random.PRNGKey(args.seed))
     tx = ppo.make_optimizer(cfg)
@@ -75,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
 
     # Rows per policy vary (agent steps complete across calls): pad to the most one call
     # can hold, so `update` compiles once; padded rows are masked out.
-    size = cfg.num_envs * cfg.rollout_length * 2
+    size = cfg.num_envs * cfg.rollout_length * ((args.agents + 1) // 2)
     key = jax.random.PRNGKey(args.seed + 1)
     curve, steps, agent_steps, t0 = [], 0, 0, time.perf_counter()
     while steps < cfg.total_timesteps:
@@ -100,12 +102,12 @@ def main(argv: list[str] | None = None) -> int:
     wall = time.perf_counter() - t0
     k = max(1, len(curve) // 10)
     first, last = float(np.mean([r for _, r in curve[:k]])), float(np.mean([r for _, r in curve[-k:]]))
-    print(f"Spread-v0 (4 agents, 2 policies) {steps:,} env steps / {agent_steps:,} agent steps in {wall:.1f} s "
+    print(f"Spread-v0 ({args.agents} agents, 2 policies) {steps:,} env steps / {agent_steps:,} agent steps in {wall:.1f} s "
           f"({agent_steps / wall:,.0f} agent steps/s); mean per-agent return {first:.1f} -> {last:.1f}")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps({
-            "env_steps": steps, "agent_steps": agent_steps, "wall_s": wall, "agent_steps_per_s": agent_steps / wall,
+            "agents": args.agents, "env_steps": steps, "agent_steps": agent_steps, "wall_s": wall, "agent_steps_per_s": agent_steps / wall,
             "first_return_per_agent": first, "final_return_per_agent": last, "curve": curve,
         }, indent=1) + "\n")
     return 0
