@@ -102,7 +102,8 @@ def agent_steps(
 
     Args:
         cols: env-major columns of the call (``acting``, ``is_reset``, ``agent_rewards``,
-            ``agent_terminated``, ``agent_truncated``, ``[E, L(, A)]``) plus ``obs``,
+            ``agent_terminated``, ``agent_truncated``, ``[E, L(, A)]``) plus ``obs``
+            (agent-major ``[E, A, L + 1, ...]``),
             ``actions``, ``extra:*`` and ``info:*`` (only used for the new carry).
         carry: the previous call's carry (``AgentCarry.empty`` after a reset).
         episode_step0: ``int[E]``, episode env step at the call's first step.
@@ -164,7 +165,7 @@ def agent_steps(
     sl = hs[ee, aa]
     new = AgentCarry.empty(cols, E, A)
     new.pend = pend
-    new.obs[ee, aa] = take(cols["obs"], carry.obs, ee, sl, aa)
+    new.obs[ee, aa] = take(cols["obs"], carry.obs, ee, sl, aa, agent_major=True)  # obs are agent-major
     new.action[ee, aa] = take(cols["actions"], carry.action, ee, sl, aa)
     for k in new.extras:
         new.extras[k][ee, aa] = take(cols["extra:" + k], carry.extras[k], ee, sl, aa)
@@ -184,9 +185,11 @@ def take(col: np.ndarray, carried: np.ndarray, e: np.ndarray, slot: np.ndarray, 
     """Values of an ``[E, L(+1), A, ...]`` column (``agent_major``: ``[E, A, L(+1), ...]``)
     at augmented ``slot`` (0 = the carry); ``offset`` time slots come before the call's first."""
     j = np.maximum(slot - 1, 0) + offset
-    if agent_major:  # rows run agent by agent in time: a near-sequential gather
+    if agent_major and col.flags.c_contiguous:  # rows run agent by agent in time: near-sequential
         E, A, S = col.shape[:3]
         out = np.take(col.reshape((E * A * S,) + col.shape[3:]), (e * A + a) * S + j, axis=0)
+    elif agent_major:
+        out = col[e, a, j]
     elif col.flags.c_contiguous:  # one flat gather (much faster than three index arrays)
         E, S, A = col.shape[:3]
         out = np.take(col.reshape((E * S * A,) + col.shape[3:]), (e * S + j) * A + a, axis=0)

@@ -247,6 +247,8 @@ class Sampler:
                 first = self._reset_info[get.__name__]
                 head = np.zeros((first.shape[0], H) + first.shape[1:], first.dtype)
                 head[:, -1] = first
+            if self.multi_agent and get.__name__ == "obs":
+                return _agent_major(parts, head, H)
             return _env_major(parts, head, H)
 
         agent = slice(None) if self.multi_agent else 0  # multi-agent columns keep the agent axis
@@ -279,7 +281,10 @@ class Sampler:
             info.__name__ = "info:" + "/".join(path)
             cols[info.__name__] = cat(info)
         # Keep the last H steps (and H + 1 observations) for the next call's lookback.
-        self._tail = {name: _tail(col, H, name == "obs") for name, col in cols.items()}
+        self._tail = {name: _tail(col, H, name == "obs") for name, col in cols.items() if not (self.multi_agent and name == "obs")}
+        if self.multi_agent:  # agent-major observations [E, A, H + T + 1, ...]
+            obs_col = cols["obs"]
+            self._tail["obs"] = obs_col[:, :, obs_col.shape[2] - 1 - H : obs_col.shape[2] - 1].copy()
         if self.multi_agent:
             # Episode-level views for the segmentation: the episode ends when every agent
             # is done; it counts as truncated if some agent was truncated at that step.
@@ -409,7 +414,7 @@ class Sampler:
         (``by_policy``: grouped by policy first, so each policy's rows are one slice)."""
         cols, seg, m = self._segments(chunks, num_episodes)
         H, E = self._col_horizon, self.num_envs
-        call = {k: (v if k.startswith("info:") else v[:, H:]) for k, v in cols.items()}
+        call = {k: (v if k.startswith("info:") else v[:, :, H:] if k == "obs" else v[:, H:]) for k, v in cols.items()}
         old = self._carry or AgentCarry.empty(call, E, self.env.num_agents)
         steps, self._carry = agent_steps(call, old, np.asarray(chunks[0].episode_step_0), self._next_acting)
         # Each step belongs to the segment of its first call step (the carried ones: step 0).
@@ -436,12 +441,20 @@ class Sampler:
                       eps_ids: np.ndarray, next_infos: bool = False) -> dict[str, Any]:
         e, s, a, c = steps.env, steps.slot, steps.agent, steps.end
         A, H = self.env.num_agents, self._col_horizon
-        # Observations are the bulk of the data: gather them from an agent-major copy, in
-        # which the rows (agent by agent, in time) are nearly sequential.
-        obs = np.ascontiguousarray(np.swapaxes(cols["obs"], 1, 2))
+        # Observations are the bulk of the data: the columns keep them agent-major, so the
+        # rows (agent by agent, in time) gather nearly sequentially; and a row's new_obs is
+        # the next row's obs except where an agent's run of rows ends.
+        obs = take(cols["obs"], old.obs, e, s, a, H, agent_major=True)
+        new_obs = np.empty_like(obs)
+        same = np.zeros(len(e), bool)
+        if len(e) > 1:
+            same[:-1] = (e[1:] == e[:-1]) & (a[1:] == a[:-1]) & (s[1:] == c[:-1])
+            new_obs[:-1] = obs[1:]  # one sequential copy; the other rows are gathered below
+        rest = np.flatnonzero(~same)
+        new_obs[rest] = take(cols["obs"], old.obs, e[rest], c[rest], a[rest], H, agent_major=True)
         data: dict[str, Any] = {
-            SampleBatch.OBS: take(obs, old.obs, e, s, a, H, agent_major=True),
-            SampleBatch.NEXT_OBS: take(obs, old.obs, e, c, a, H, agent_major=True),
+            SampleBatch.OBS: obs,
+            SampleBatch.NEXT_OBS: new_obs,
             SampleBatch.ACTIONS: take(cols["actions"], old.action, e, s, a, H),
             SampleBatch.REWARDS: steps.reward.astype(np.float32),
             SampleBatch.TERMINATEDS: steps.terminated,
@@ -479,7 +492,8 @@ class Sampler:
         starts = np.flatnonzero(new_run)
         ids = [self._agent_episode_id(self._episode_id(int(seg["env"][p]), int(seg["count"][p])), int(a))
                for p, a in zip(pos[starts].tolist(), steps.agent[starts].tolist())]
-        sa_ids = np.array(ids or [""])[np.cumsum(new_run) - 1]
+        # An object array of shared strings: 8 bytes per row (a unicode array would be 144).
+        sa_ids = np.array(ids or [""], dtype=object)[np.cumsum(new_run) - 1]
         data = self._step_columns(call, cols, steps, old, sa_ids)
         # Rows are grouped by policy: each policy's batch is one slice (numpy views).
         pids = list(dict.fromkeys(self.agent_policy))
@@ -629,7 +643,7 @@ class Sampler:
                 L = call["is_reset"].shape[1]
                 info = {k[5:]: take_info(call[k], carry.info[k], np.array([e]), np.array([L + 1]), np.array([a]),
                                          len(self.agent_ids))[0] for k in call if k.startswith("info:")}
-                self._ensure_agent(ep, a, call["obs"][e, L, a], info, int(carry.n_act[e, a]))
+                self._ensure_agent(ep, a, call["obs"][e, a, L], info, int(carry.n_act[e, a]))
                 entries[last - first] = int(carry.n_act[e, a])
             if m is None and aid not in ep.agent_episodes:
                 continue
@@ -690,6 +704,19 @@ def _env_major(parts: Sequence[np.ndarray], head: np.ndarray | None, H: int) -> 
     pos = H
     for p in parts:
         out[:, pos : pos + p.shape[0]] = p.swapaxes(0, 1)
+        pos += p.shape[0]
+    return out
+
+
+def _agent_major(parts: Sequence[np.ndarray], head: np.ndarray | None, H: int) -> np.ndarray:
+    """``[E, A, H + sum(T_i), ...]`` from time-major parts ``[T_i, E, A, ...]``."""
+    T0, E, A = parts[0].shape[:3]
+    total = sum(p.shape[0] for p in parts)
+    out = np.empty((E, A, H + total) + parts[0].shape[3:], parts[0].dtype)
+    out[:, :, :H] = 0 if head is None else head
+    pos = H
+    for p in parts:
+        out[:, :, pos : pos + p.shape[0]] = np.moveaxis(p, 0, 2)
         pos += p.shape[0]
     return out
 
