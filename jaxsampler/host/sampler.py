@@ -81,11 +81,34 @@ def _fast_buffer(data: Any, lookback: int, space: Any = None) -> InfiniteLookbac
     return buf
 
 
+def _host_env(env: Any, num_envs: int, seed: int) -> Any:
+    """``env`` as a :class:`~jaxsampler.hostenv.HostEnv` if it is host-stepped (a HostEnv, a
+    Gymnasium env, a list of envs or factories, or ``"gym:<id>"``), else ``None``."""
+    from jaxsampler.hostenv import GymnasiumVectorEnv, HostEnv
+
+    if isinstance(env, HostEnv):
+        return env
+    if isinstance(env, str) and env.startswith("gym:"):
+        return GymnasiumVectorEnv(env[len("gym:"):], num_envs, seed=seed)
+    if isinstance(env, (list, tuple)) or (
+        not isinstance(env, (Env, str)) and hasattr(env, "step") and hasattr(env, "reset")
+        and type(env).__module__.split(".")[0] not in ("jaxsampler", "gymnax")
+    ):
+        return GymnasiumVectorEnv(env if isinstance(env, (list, tuple)) else [env], seed=seed)
+    return None
+
+
 class Sampler:
-    """Samples episodes from a pure-JAX env with a policy, on the host side.
+    """Samples episodes from an env with a policy, on the host side.
+
+    With a pure-JAX env the whole chunk is one jitted rollout. With a host-stepped env (a
+    :class:`~jaxsampler.hostenv.HostEnv`, a Gymnasium env or list of envs / factories, or
+    ``"gym:<id>"``) ``Sampler(...)`` returns a :class:`~jaxsampler.hostenv.HostSampler`:
+    the same ``sample()`` / ``sample_batch()`` outputs, env steps on the host and one
+    jitted, batched policy call per step.
 
     Args:
-        env: a jaxsampler env or a registered env id (``js.make``).
+        env: a jaxsampler env, a registered env id (``js.make``), or a host-stepped env.
         policy: the policy (``(params, obs, key, state) -> (action, extras, state)``).
         num_envs: envs stepped side by side (the env axis).
         rollout_length: device steps per rollout call.
@@ -93,6 +116,19 @@ class Sampler:
         env_params: env params (default ``env.default_params``).
         episode_lookback_horizon: lookback steps carried into continuation chunks.
     """
+
+    def __new__(cls, env: Any, policy: Policy, num_envs: int = 1, rollout_length: int = 128, seed: int = 0, *,
+                env_params: Any = None, episode_lookback_horizon: int = 1):
+        if cls is Sampler:
+            host = _host_env(env, num_envs, seed)
+            if host is not None:
+                from jaxsampler.hostenv import HostSampler
+
+                if env_params is not None:
+                    raise ValueError("env_params are for pure-JAX envs; configure a host-stepped env directly")
+                return HostSampler(host, policy, seed=seed, episode_lookback_horizon=episode_lookback_horizon,
+                                   rollout_length=rollout_length)
+        return super().__new__(cls)
 
     def __init__(
         self,

@@ -1,0 +1,388 @@
+"""Adapters from Python envs to :class:`~jaxsampler.hostenv.base.HostEnv`.
+
+* :class:`GymnasiumVectorEnv`: single-agent Gymnasium envs (``reset(seed=)`` /
+  5-tuple ``step``), agent id :data:`jaxsampler.env.DEFAULT_AGENT_ID`;
+* :class:`MultiAgentDictEnv`: multi-agent envs with dict observations, either RLlib's
+  ``MultiAgentEnv`` API (``"__all__"`` in the done dicts) or PettingZoo's parallel API
+  (``agents`` / ``possible_agents``, no ``"__all__"``).
+
+Both step their sub-envs on the host, in-process, in lockstep: :meth:`poll` resets the
+sub-envs that need it (the first poll, after an episode ended, after :meth:`reset`) and
+steps the ones that :meth:`send_actions` answered, optionally on a thread pool
+(``num_threads``); nothing happens in ``send_actions`` but checks. An episode's real
+final observation comes in ``obs`` together with its done flags; the env resets at the
+next poll and returns the new episode's first observations (next-step auto-reset, as in
+the device rollout and Gymnasium's ``AutoresetMode.NEXT_STEP``).
+
+Seeding: sub-env ``i`` is reset with ``seed=seed + i`` the first time, and with
+``seed=None`` afterwards (its own RNG continues), as Gymnasium's vector envs do.
+
+Not part of the ``HostEnv`` contract (an optional extra the host sampler uses when
+present): :meth:`reset` drops every running episode; the next poll starts new ones.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from jaxsampler.env import DEFAULT_AGENT_ID
+from jaxsampler.hostenv.base import ALL, HostEnv, MultiEnvDict, PollResult
+
+__all__ = ["GymnasiumVectorEnv", "MultiAgentDictEnv"]
+
+
+def _is_factory(x: Any) -> bool:
+    """An env class or a function that makes an env (not an env object)."""
+    return isinstance(x, type) or (callable(x) and not hasattr(x, "step"))
+
+
+def _make_all(envs: Any, num_envs: int | None, env_kwargs: dict | None) -> list[Any]:
+    """Instantiates ``envs``: an env id (with ``num_envs``), or a sequence of factories / envs."""
+    if isinstance(envs, str):
+        import gymnasium
+
+        n = 1 if num_envs is None else int(num_envs)
+        if n < 1:
+            raise ValueError(f"num_envs must be >= 1, got {num_envs!r}")
+        return [gymnasium.make(envs, **(env_kwargs or {})) for _ in range(n)]
+    if _is_factory(envs):
+        envs = [envs] * (1 if num_envs is None else int(num_envs))
+    if not isinstance(envs, Sequence) or isinstance(envs, (str, bytes)) or not envs:
+        raise TypeError("envs must be an env id, a factory, or a non-empty list of env factories / env objects")
+    if num_envs is not None and int(num_envs) != len(envs):
+        raise ValueError(f"num_envs={num_envs} but {len(envs)} envs / factories were given")
+    out = [e() if _is_factory(e) else e for e in envs]
+    for i, e in enumerate(out):
+        if not (hasattr(e, "reset") and hasattr(e, "step")):
+            raise TypeError(f"envs[{i}] ({type(e).__name__}) has no reset() / step()")
+    return out
+
+
+def _space_key(space: Any) -> Any:
+    from jaxsampler.spaces import Box
+
+    if isinstance(space, Box):  # bounds may differ between sub-envs, shapes and dtypes may not
+        return ("Box", space.shape, np.dtype(space.dtype))
+    return space
+
+
+def _is_space(x: Any) -> bool:
+    from jaxsampler.spaces import Space
+
+    return isinstance(x, Space) or type(x).__module__.startswith(("gymnasium", "gym."))
+
+
+def _convert(space: Any, what: str) -> Any:
+    from jaxsampler.spaces import Space, convert_space
+
+    if isinstance(space, Space):
+        return space
+    try:
+        return convert_space(space)
+    except TypeError as exc:
+        raise TypeError(f"cannot convert the {what} {space!r} into a jaxsampler space: {exc}") from None
+
+
+class _LockstepEnv(HostEnv):
+    """Shared machinery: which sub-envs reset / step at the next poll, checks of actions."""
+
+    def __init__(self, envs: list[Any], seed: int | None, num_threads: int):
+        self._envs = envs
+        self.num_envs = len(envs)
+        self._seed = seed
+        self._seeded = [False] * self.num_envs
+        self._needs_reset = [True] * self.num_envs
+        self._awaiting: dict[int, tuple] = {}  # env_id -> agents that must act (last poll)
+        self._actions: dict[int, dict] = {}
+        self._pool = concurrent.futures.ThreadPoolExecutor(num_threads) if num_threads > 1 else None
+        self._closed = False
+
+    # -- HostEnv -----------------------------------------------------------------------
+
+    def poll(self) -> PollResult:
+        """Resets the sub-envs that need it and steps the answered ones; returns their data."""
+        if self._closed:
+            raise RuntimeError("poll() on a closed env")
+        ready = [i for i in range(self.num_envs) if self._needs_reset[i] or i in self._actions]
+        if not ready:
+            raise RuntimeError(
+                "poll(): no sub-env is ready; answer the last poll's observations with send_actions() first"
+            )
+        jobs = [(i, self._actions.pop(i, None)) for i in ready]
+        run = lambda job: self._reset_one(job[0]) if job[1] is None else self._step_one(*job)  # noqa: E731
+        results = list(self._pool.map(run, jobs)) if self._pool is not None else [run(j) for j in jobs]
+        out = PollResult({}, {}, {}, {}, {}, {})
+        for i, (obs, rewards, terms, truncs, infos) in zip(ready, results):
+            out.obs[i], out.infos[i], out.terminateds[i], out.truncateds[i] = obs, infos, terms, truncs
+            if rewards is not None:
+                out.rewards[i] = rewards
+            done = bool(terms.get(ALL, False) or truncs.get(ALL, False))
+            self._needs_reset[i] = done
+            if done:
+                self._awaiting.pop(i, None)
+            else:
+                acting = tuple(a for a in obs if not (terms.get(a, False) or truncs.get(a, False)))
+                if acting:
+                    self._awaiting[i] = acting
+                else:  # nobody acts at this step: the env steps on with an empty action dict
+                    self._actions[i] = {}
+        return out
+
+    def send_actions(self, actions: MultiEnvDict) -> None:
+        """Records actions for the next poll. Raises ``KeyError`` / ``ValueError`` (and
+        records nothing) for unknown or unexpected env ids / agent ids, or bad actions."""
+        checked = {}
+        for env_id, per_agent in actions.items():
+            if env_id not in self._awaiting:
+                raise KeyError(
+                    f"send_actions: env {env_id!r} is not waiting for actions (waiting: {sorted(self._awaiting)}); "
+                    "answer only the sub-envs of the last poll whose episode is not done"
+                )
+            want = self._awaiting[env_id]
+            if not isinstance(per_agent, dict) or set(per_agent) != set(want):
+                got = sorted(map(str, per_agent)) if isinstance(per_agent, dict) else type(per_agent).__name__
+                raise ValueError(
+                    f"send_actions: env {env_id!r} needs actions for agents {sorted(map(str, want))}, got {got}"
+                )
+            checked[env_id] = {a: self._check_action(env_id, a, act) for a, act in per_agent.items()}
+        for env_id, per_agent in checked.items():
+            del self._awaiting[env_id]
+            self._actions[env_id] = per_agent
+
+    def reset(self) -> None:
+        """Drops every running episode: the next poll starts a new one in every sub-env."""
+        self._needs_reset = [True] * self.num_envs
+        self._awaiting.clear()
+        self._actions.clear()
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+        for e in self._envs:
+            close = getattr(e, "close", None)
+            if close is not None:
+                close()
+
+    # -- helpers -----------------------------------------------------------------------
+
+    def _next_seed(self, i: int) -> int | None:
+        if self._seeded[i] or self._seed is None:
+            return None
+        self._seeded[i] = True
+        return int(self._seed) + i
+
+    def _check_action(self, env_id: int, agent_id: Any, action: Any) -> Any:
+        import gymnasium.spaces as gs
+
+        space = self._gym_action_space(env_id, agent_id)
+        if isinstance(space, gs.Discrete):
+            arr = np.asarray(action)
+            if arr.shape != () or not np.issubdtype(arr.dtype, np.integer):
+                raise ValueError(
+                    f"send_actions: env {env_id!r} agent {agent_id!r}: a Discrete action must be an integer scalar, "
+                    f"got {action!r}"
+                )
+            return int(arr)
+        if isinstance(space, (gs.Box, gs.MultiDiscrete, gs.MultiBinary)):
+            arr = np.asarray(action, dtype=space.dtype)
+            if arr.shape != space.shape:
+                raise ValueError(
+                    f"send_actions: env {env_id!r} agent {agent_id!r}: action shape {arr.shape} does not match "
+                    f"the action space {space} (shape {space.shape})"
+                )
+            return arr
+        return action
+
+    def _gym_action_space(self, env_id: int, agent_id: Any) -> Any:
+        raise NotImplementedError
+
+    def _reset_one(self, i: int) -> tuple:
+        raise NotImplementedError
+
+    def _step_one(self, i: int, actions: dict) -> tuple:
+        raise NotImplementedError
+
+
+class GymnasiumVectorEnv(_LockstepEnv):
+    """Single-agent Gymnasium envs as a :class:`HostEnv` (see the module docstring).
+
+    Args:
+        envs: a registered Gymnasium id (made ``num_envs`` times with ``env_kwargs``), a
+            factory (called ``num_envs`` times), or a list of factories and/or env objects.
+        num_envs: number of sub-envs (with an id or one factory; else it must match).
+        seed: sub-env ``i`` is first reset with ``seed + i`` (``None``: unseeded).
+        env_kwargs: keyword arguments of ``gymnasium.make`` (with an id).
+        num_threads: step the sub-envs on a thread pool of this size (``<= 1``: in the
+            calling thread). Worth it only for envs that release the GIL.
+
+    Raises:
+        TypeError / ValueError: not envs, sub-envs with different observation or action
+            space shapes, spaces that have no jaxsampler equivalent.
+    """
+
+    def __init__(self, envs: Any, num_envs: int | None = None, *, seed: int | None = 0,
+                 env_kwargs: dict | None = None, num_threads: int = 0):
+        made = _make_all(envs, num_envs, env_kwargs)
+        self.agent_ids = (DEFAULT_AGENT_ID,)
+        spaces = []
+        for i, e in enumerate(made):
+            obs_space = _convert(e.observation_space, f"observation space of envs[{i}]")
+            act_space = _convert(e.action_space, f"action space of envs[{i}]")
+            spaces.append((obs_space, act_space))
+        self.observation_space, self.action_space = spaces[0]
+        for i, (o, a) in enumerate(spaces[1:], 1):
+            if _space_key(o) != _space_key(self.observation_space) or _space_key(a) != _space_key(self.action_space):
+                raise ValueError(
+                    f"all sub-envs must share their spaces: envs[0] has {self.observation_space!r} / "
+                    f"{self.action_space!r}, envs[{i}] has {o!r} / {a!r}"
+                )
+        super().__init__(made, seed, num_threads)
+
+    @property
+    def envs(self) -> list[Any]:
+        """The sub-env objects (index = ``env_id``)."""
+        return list(self._envs)
+
+    def _gym_action_space(self, env_id: int, agent_id: Any) -> Any:
+        return self._envs[env_id].action_space
+
+    def _reset_one(self, i: int) -> tuple:
+        obs, info = self._envs[i].reset(seed=self._next_seed(i))
+        a = DEFAULT_AGENT_ID
+        return {a: obs}, None, {ALL: False}, {ALL: False}, {a: dict(info or {})}
+
+    def _step_one(self, i: int, actions: dict) -> tuple:
+        a = DEFAULT_AGENT_ID
+        obs, reward, terminated, truncated, info = self._envs[i].step(actions[a])
+        term, trunc = bool(terminated), bool(truncated)
+        return ({a: obs}, {a: float(reward)}, {a: term, ALL: term}, {a: trunc, ALL: trunc}, {a: dict(info or {})})
+
+
+class MultiAgentDictEnv(_LockstepEnv):
+    """Multi-agent dict-API envs (RLlib's or PettingZoo's parallel API) as a :class:`HostEnv`.
+
+    Each sub-env has ``reset(seed=...) -> (obs_dict, info_dict)`` (a bare ``obs_dict`` is
+    accepted too) and ``step(action_dict) -> (obs, rewards, terminateds, truncateds,
+    infos)``. Agents may be absent from any dict. Without an ``"__all__"`` key (PettingZoo)
+    the episode is over when ``env.agents`` is empty (envs without ``agents``: when every
+    agent that received an observation is done); it then counts as truncated if some agent
+    was truncated at that step and as terminated otherwise.
+
+    Args:
+        envs: a list of env factories and/or env objects (or one factory and ``num_envs``).
+        num_envs: number of sub-envs (with one factory).
+        agent_ids: all possible agent ids in a fixed order (the agent index); default
+            ``env.possible_agents``, else ``env.agents`` after construction, else
+            ``env.get_agent_ids()``.
+        observation_space / action_space: one agent's spaces (Gymnasium or jaxsampler);
+            default from the env: ``get_observation_space(aid)``,
+            ``observation_spaces[aid]``, ``observation_space(aid)`` (PettingZoo), a
+            ``Dict`` keyed by agent id, or one shared space. Agents must share them.
+        seed: sub-env ``i`` is first reset with ``seed + i``.
+        num_threads: step the sub-envs on a thread pool of this size.
+    """
+
+    def __init__(self, envs: Any, num_envs: int | None = None, *, agent_ids: Sequence[Any] | None = None,
+                 observation_space: Any = None, action_space: Any = None, seed: int | None = 0,
+                 num_threads: int = 0):
+        made = _make_all(envs, num_envs, None)
+        first = made[0]
+        if agent_ids is None:
+            for get in (lambda e: e.possible_agents, lambda e: e.agents, lambda e: e.get_agent_ids()):
+                try:
+                    agent_ids = get(first)
+                except (AttributeError, NotImplementedError, TypeError):
+                    continue
+                if agent_ids:
+                    break
+            if not agent_ids:
+                raise ValueError("cannot infer the agent ids from the env: pass agent_ids=[...]")
+        self.agent_ids = tuple(agent_ids)
+        if len(set(self.agent_ids)) != len(self.agent_ids):
+            raise ValueError(f"agent_ids has duplicates: {self.agent_ids}")
+        self.observation_space = self._shared_space(first, observation_space, "observation")
+        self.action_space = self._shared_space(first, action_space, "action")
+        self._gym_act = self.action_space.to_gymnasium() if hasattr(self.action_space, "to_gymnasium") else None
+        self._live: list[set] = [set() for _ in made]
+        super().__init__(made, seed, num_threads)
+
+    def _shared_space(self, env: Any, given: Any, what: str) -> Any:
+        if given is not None:
+            return _convert(given, f"{what} space")
+        plural = getattr(env, f"{what}_spaces", None)
+        per_agent: list[Any] = []
+        for aid in self.agent_ids:
+            space = None
+            getter = getattr(env, f"get_{what}_space", None)
+            if callable(getter):
+                try:
+                    space = getter(aid)
+                except (KeyError, NotImplementedError, TypeError, AttributeError):
+                    space = None
+            if space is None and isinstance(plural, dict):
+                space = plural.get(aid)
+            attr = getattr(env, f"{what}_space", None)
+            if space is None and attr is not None:
+                if _is_space(attr):  # one space, or a Dict keyed by agent id (RLlib's old API)
+                    spaces = getattr(attr, "spaces", None)
+                    space = spaces[aid] if isinstance(spaces, dict) and aid in spaces else attr
+                elif callable(attr):  # PettingZoo: observation_space(agent)
+                    space = attr(aid)
+            if space is None:
+                raise ValueError(f"cannot find the {what} space of agent {aid!r}: pass {what}_space=...")
+            per_agent.append(_convert(space, f"{what} space of agent {aid!r}"))
+        for aid, s in zip(self.agent_ids, per_agent):
+            if _space_key(s) != _space_key(per_agent[0]):
+                raise ValueError(
+                    f"agents must share one {what} space (one agent axis): {self.agent_ids[0]!r} has "
+                    f"{per_agent[0]!r}, {aid!r} has {s!r}; pad them to a common space"
+                )
+        return per_agent[0]
+
+    def _gym_action_space(self, env_id: int, agent_id: Any) -> Any:
+        return self._gym_act
+
+    def _check_agents(self, i: int, *dicts: dict) -> None:
+        for d in dicts:
+            for a in d:
+                if a != ALL and a not in self.agent_ids:
+                    raise ValueError(
+                        f"sub-env {i} returned data for agent {a!r}, which is not one of agent_ids {self.agent_ids}"
+                    )
+
+    def _reset_one(self, i: int) -> tuple:
+        out = self._envs[i].reset(seed=self._next_seed(i))
+        obs, infos = out if isinstance(out, tuple) and len(out) == 2 else (out, {})
+        obs, infos = dict(obs), dict(infos or {})
+        self._check_agents(i, obs, infos)
+        self._live[i] = set(obs)
+        return obs, None, {ALL: False}, {ALL: False}, {a: infos.get(a, {}) for a in obs}
+
+    def _step_one(self, i: int, actions: dict) -> tuple:
+        env = self._envs[i]
+        obs, rewards, terms, truncs, infos = env.step(actions)
+        obs, rewards = dict(obs), {a: float(r) for a, r in dict(rewards).items()}
+        terms = {a: bool(v) for a, v in dict(terms).items()}
+        truncs = {a: bool(v) for a, v in dict(truncs).items()}
+        infos = {a: v for a, v in dict(infos or {}).items() if a != ALL}
+        self._check_agents(i, obs, rewards, terms, truncs, infos)
+        live = self._live[i]
+        live.update(obs)
+        newly_done = {a for a in live if terms.get(a, False) or truncs.get(a, False)}
+        live -= newly_done
+        if ALL not in terms and ALL not in truncs:
+            agents = getattr(env, "agents", None)
+            over = (len(agents) == 0) if agents is not None else not live
+            any_trunc = any(v for a, v in truncs.items() if not terms.get(a, False))
+            terms[ALL], truncs[ALL] = over and not any_trunc, over and any_trunc
+        else:
+            terms.setdefault(ALL, False)
+            truncs.setdefault(ALL, False)
+        return obs, rewards, terms, truncs, {a: infos[a] for a in infos}
