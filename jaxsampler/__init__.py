@@ -12,6 +12,21 @@ from jaxsampler.envs.adapters.jaxmarl import JaxMARLEnv, from_jaxmarl
 from jaxsampler.host import InfiniteLookbackBuffer, Sampler, SamplerMetrics, SingleAgentEpisode
 from jaxsampler.host.batch import MultiAgentBatch, SampleBatch, concat_samples
 from jaxsampler.host.multi_agent_episode import MultiAgentEnvError, MultiAgentEpisode
+from jaxsampler.hostenv import (
+    ExternalEnv,
+    ExternalMultiAgentEnv,
+    GymnasiumVectorEnv,
+    HostEnv,
+    HostSampler,
+    MultiAgentDictEnv,
+    PolicyClient,
+    PolicyServer,
+    SampleCollector,
+    read_batches,
+    read_episodes,
+    write_batches,
+    write_episodes,
+)
 from jaxsampler.policies import MLPPolicy, MultiAgentPolicy, NoState, Policy, RandomPolicy, RecurrentPolicy
 from jaxsampler.postprocessing import GAEOutput, compute_gae, discounted_returns, gae
 from jaxsampler.registry import make, register, registered_ids
@@ -27,6 +42,19 @@ from jaxsampler.types import AUTORESET_MODE, NoInfo, RolloutState, TimeStep, Tra
 __version__ = "0.1.0"
 
 __all__ = [
+    "write_episodes",
+    "write_batches",
+    "read_episodes",
+    "read_batches",
+    "SampleCollector",
+    "PolicyServer",
+    "PolicyClient",
+    "MultiAgentDictEnv",
+    "HostSampler",
+    "HostEnv",
+    "GymnasiumVectorEnv",
+    "ExternalMultiAgentEnv",
+    "ExternalEnv",
     "AUTORESET_MODE",
     "DEFAULT_AGENT_ID",
     "Env",

@@ -1,0 +1,689 @@
+"""``ExternalEnv`` / ``ExternalMultiAgentEnv``: a simulator drives the loop, a sampler polls.
+
+The simulator calls, from any number of threads, ``start_episode``, ``get_action``
+(blocks until the sampler answers), ``log_action`` (an action the simulator took itself),
+``log_returns`` and ``end_episode`` (RLlib's ExternalEnv API; ``shared/reference/
+rllib-semantics.md`` section 5). The sampler sees a :class:`~jaxsampler.hostenv.base.HostEnv`:
+one sub-env per running episode, ``env_id`` = episode id. ``poll()`` blocks until at least
+one request is ready, then waits at most ``max_wait_s`` for more (returning early once
+every running episode has a request waiting), so concurrent ``get_action`` calls are
+answered by one batched policy call; ``send_actions`` wakes exactly the callers answered.
+
+Per episode, one poll delivers one step: the first request is the first observation;
+each later request carries the rewards logged since the previous one; ``end_episode``
+delivers the final observation with ``terminateds = {agent: True, "__all__": True}``
+(``truncated=True`` gives the truncated flags instead). ``log_action`` steps arrive with
+their action in ``off_policy_actions``; they do not block the caller (only when more than
+``max_queued_steps`` steps of that episode wait to be polled: back pressure).
+
+Deviations from RLlib, on purpose:
+
+* infos belong to the step they were logged in (RLlib's infos stick to later steps);
+* ``log_action`` returns at once instead of waiting up to 60 s for an ignored action;
+* an episode whose client goes away (``abandon_episode``, ``get_action`` timeout, no call
+  for ``episode_timeout_s``) ends as *truncated*: if its last request was not yet polled,
+  that request becomes the final observation; otherwise the last observation is repeated.
+  Its info has ``"abandoned": True``; nothing of other episodes is touched, and no
+  episode stays open forever (RLlib leaks them);
+* ids of finished episodes are remembered (for the "already completed" error) only up to
+  ``max_finished_ids``, so memory stays bounded.
+
+Locally inferred steps (:class:`~jaxsampler.hostenv.server.PolicyClient` in ``local``
+mode) are ``log_action`` steps too (the ``off_policy_actions`` channel is how the
+HostEnv protocol records an action the env side chose) whose info has
+:data:`CLIENT_POLICY_INFO` = ``{"weights_version": int, "extra_model_outputs": {...}}``;
+that key tells them apart from truly off-policy actions and carries behaviour logp and
+policy version.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections import OrderedDict, deque
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+
+from jaxsampler.env import DEFAULT_AGENT_ID
+from jaxsampler.hostenv.base import ALL, HostEnv, MultiEnvDict, PollResult
+from jaxsampler.spaces import Box, Dict, Discrete, MultiDiscrete, Space, Tuple
+
+__all__ = [
+    "ExternalEnv",
+    "ExternalMultiAgentEnv",
+    "ExternalEnvError",
+    "UnknownEpisodeError",
+    "EpisodeStateError",
+    "InvalidDataError",
+    "CapacityError",
+    "EnvClosedError",
+    "CLIENT_POLICY_INFO",
+]
+
+#: Info key of steps whose action a client computed with the served policy (local mode).
+CLIENT_POLICY_INFO = "client_policy"
+
+
+class ExternalEnvError(ValueError):
+    """Base of the errors raised in the simulator's thread (a ``ValueError``, as in RLlib)."""
+
+
+class UnknownEpisodeError(ExternalEnvError):
+    """The episode id was never started (or is too old to be remembered)."""
+
+
+class EpisodeStateError(ExternalEnvError):
+    """The call does not fit the episode's state: already started, already completed or
+    abandoned, or another call of the same episode is still waiting."""
+
+
+class InvalidDataError(ExternalEnvError):
+    """An observation, action or reward does not match the spaces / expected types."""
+
+
+class CapacityError(ExternalEnvError):
+    """``max_concurrent_episodes`` episodes are already running."""
+
+
+class EnvClosedError(RuntimeError):
+    """The env was closed."""
+
+
+# -- validation ------------------------------------------------------------------------
+
+
+def check_value(x: Any, space: Space, what: str) -> Any:
+    """``x`` as numpy data of ``space`` (dtype cast within the same kind); raises
+    :class:`InvalidDataError` on a wrong structure, shape, dtype kind or discrete range."""
+    if isinstance(space, Dict):
+        if not isinstance(x, Mapping) or set(x) != set(space.spaces):
+            raise InvalidDataError(f"{what}: expected a dict with keys {sorted(space.spaces)}, got {_short(x)}")
+        return {k: check_value(x[k], s, f"{what}[{k!r}]") for k, s in space.spaces.items()}
+    if isinstance(space, Tuple):
+        if not isinstance(x, (tuple, list)) or len(x) != len(space.spaces):
+            raise InvalidDataError(f"{what}: expected a sequence of {len(space.spaces)} items, got {_short(x)}")
+        return tuple(check_value(xi, s, f"{what}[{i}]") for i, (xi, s) in enumerate(zip(x, space.spaces)))
+    try:
+        a = np.asarray(x)
+    except Exception as e:  # ragged lists and the like
+        raise InvalidDataError(f"{what}: not array-like ({e})") from None
+    if a.shape != tuple(space.shape):
+        raise InvalidDataError(f"{what}: expected shape {tuple(space.shape)}, got {a.shape}")
+    if a.dtype != space.dtype:
+        if a.dtype.kind not in "biuf" or not np.can_cast(a.dtype, space.dtype, casting="same_kind"):
+            raise InvalidDataError(f"{what}: dtype {a.dtype} cannot be cast to {space.dtype}")
+        a = a.astype(space.dtype)
+    if isinstance(space, Discrete) and not space.start <= int(a) < space.start + space.n:
+        raise InvalidDataError(f"{what}: {int(a)} outside Discrete({space.n}, start={space.start})")
+    if isinstance(space, MultiDiscrete) and np.any((a < 0) | (a >= space.nvec)):
+        raise InvalidDataError(f"{what}: {a.tolist()} outside MultiDiscrete({space.nvec.tolist()})")
+    if isinstance(space, Box) and a.dtype.kind == "f" and not np.all(np.isfinite(a) | np.isinf(space.low) | np.isinf(space.high)):
+        raise InvalidDataError(f"{what}: contains NaN")
+    return a
+
+
+def _short(x: Any) -> str:
+    s = repr(x)
+    return s if len(s) <= 80 else s[:77] + "..."
+
+
+def _reward(r: Any, what: str) -> float:
+    try:
+        v = float(r)
+    except (TypeError, ValueError):
+        raise InvalidDataError(f"{what}: reward must be a number, got {_short(r)}") from None
+    if not np.isfinite(v):
+        raise InvalidDataError(f"{what}: reward must be finite, got {v}")
+    return v
+
+
+# -- internal state --------------------------------------------------------------------
+
+
+class _Waiter:
+    """One blocked ``get_action`` call; ``send_actions`` sets it."""
+
+    __slots__ = ("event", "value", "error")
+
+    def __init__(self) -> None:
+        self.event = threading.Event()
+        self.value: Any = None
+        self.error: BaseException | None = None
+
+
+class _Item:
+    """One step as the next poll of its episode will deliver it."""
+
+    __slots__ = ("obs", "rewards", "infos", "terminated", "all_term", "all_trunc", "off_policy", "waiter")
+
+    def __init__(self, obs, rewards, infos, terminated, all_term=False, all_trunc=False, off_policy=None, waiter=None):
+        self.obs, self.rewards, self.infos, self.terminated = obs, rewards, infos, terminated
+        self.all_term, self.all_trunc, self.off_policy, self.waiter = all_term, all_trunc, off_policy, waiter
+
+    @property
+    def final(self) -> bool:
+        return self.all_term or self.all_trunc
+
+
+class _Episode:
+    __slots__ = ("eid", "training_enabled", "pending", "in_flight", "reward", "info", "done_agents",
+                 "newly_done", "closed_reason", "last_obs", "last_activity", "waiter")
+
+    def __init__(self, eid: str, training_enabled: bool):
+        self.eid, self.training_enabled = eid, training_enabled
+        self.pending: deque[_Item] = deque()
+        self.in_flight: _Item | None = None
+        self.reward: dict[Any, float] = {}
+        self.info: dict[Any, dict] = {}
+        self.done_agents: set = set()
+        self.newly_done: set = set()
+        self.closed_reason: str | None = None  # set once no client call may follow
+        self.last_obs: dict | None = None
+        self.last_activity = time.monotonic()
+        self.waiter: _Waiter | None = None  # the caller blocked in get_action, if any
+
+
+class _ExternalBase(HostEnv):
+    """Shared machinery; public classes differ in how they wrap agent dicts."""
+
+    _multi_agent = False
+
+    def __init__(self, observation_space: Space, action_space: Space, agent_ids: tuple, *,
+                 max_wait_s: float = 0.002, action_timeout_s: float = 300.0,
+                 episode_timeout_s: float | None = None, max_concurrent_episodes: int = 4096,
+                 max_queued_steps: int = 256, max_finished_ids: int = 100_000):
+        if max_wait_s < 0:
+            raise ValueError(f"max_wait_s must be >= 0, got {max_wait_s}")
+        self.observation_space, self.action_space = observation_space, action_space
+        self.agent_ids = tuple(agent_ids)
+        self.max_wait_s, self.action_timeout_s = float(max_wait_s), float(action_timeout_s)
+        self.episode_timeout_s = episode_timeout_s
+        self.max_concurrent_episodes, self.max_queued_steps = int(max_concurrent_episodes), int(max_queued_steps)
+        self.max_finished_ids = int(max_finished_ids)
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)  # the poller waits here
+        self._room = threading.Condition(self._lock)  # log_action back pressure waits here
+        self._episodes: dict[str, _Episode] = {}
+        self._finished: OrderedDict[str, str] = OrderedDict()  # eid -> "completed" / "abandoned"
+        self._ready: dict[str, None] = {}  # episodes with a deliverable request (ordered, FIFO)
+        self._idle: set[str] = set()  # running episodes a request may still come from
+        self._offp_in_flight: set[str] = set()
+        self._closed = False
+        self._thread: threading.Thread | None = None
+        self.stats = {"polls": 0, "steps_delivered": 0, "abandoned": 0, "dropped_actions": 0}
+
+    @property
+    def num_envs(self) -> int:  # type: ignore[override]
+        """Upper bound on concurrently running episodes (the number of sub-env slots)."""
+        return self.max_concurrent_episodes
+
+    # -- user loop (RLlib style) ---------------------------------------------------------
+
+    def run(self) -> None:
+        """Override with the simulator loop (start_episode -> get_action/log_action ->
+        log_returns -> end_episode); :meth:`start` runs it in a daemon thread."""
+        raise NotImplementedError("subclass ExternalEnv and override run(), or call its methods from your threads")
+
+    def start(self) -> threading.Thread:
+        """Runs :meth:`run` in a daemon thread (once) and returns the thread."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self.run, name=f"{type(self).__name__}.run", daemon=True)
+            self._thread.start()
+        return self._thread
+
+    # -- simulator side ------------------------------------------------------------------
+
+    def start_episode(self, episode_id: str | None = None, training_enabled: bool = True) -> str:
+        """Registers a new episode and returns its id (a uuid4 hex when ``None``)."""
+        eid = uuid.uuid4().hex if episode_id is None else episode_id
+        if not isinstance(eid, str) or not eid:
+            raise InvalidDataError(f"episode_id must be a non-empty str, got {_short(eid)}")
+        with self._lock:
+            self._check_open()
+            if eid in self._episodes:
+                raise EpisodeStateError(f"Episode {eid} has already been started.")
+            if eid in self._finished:
+                raise EpisodeStateError(f"Episode {eid} has already completed.")
+            if len(self._episodes) >= self.max_concurrent_episodes:
+                raise CapacityError(f"{self.max_concurrent_episodes} episodes are running (max_concurrent_episodes)")
+            ep = _Episode(eid, bool(training_enabled))
+            self._episodes[eid] = ep
+            self._refresh(ep)
+        return eid
+
+    def _get_action(self, episode_id: str, obs: dict, *, timeout: float | None = None,
+                    cancelled: Callable[[], bool] | None = None) -> dict:
+        waiter = self._submit(episode_id, obs, None, None, want_action=True)
+        return self._wait(episode_id, waiter, self.action_timeout_s if timeout is None else timeout, cancelled)
+
+    def _submit(self, episode_id: str, obs: dict, action: dict | None, extra_infos: dict | None,
+                want_action: bool) -> _Waiter | None:
+        obs = self._check_obs(obs)
+        if extra_infos is not None and (not isinstance(extra_infos, Mapping) or set(extra_infos) - set(obs)
+                                        or not all(isinstance(v, Mapping) for v in extra_infos.values())):
+            raise InvalidDataError(f"info must be a dict agent -> dict for observing agents, got {_short(extra_infos)}")
+        with self._lock:
+            ep = self._open_episode(episode_id)
+            self._check_done_agents(ep, obs)
+            if action is not None:  # agents whose final observation this is need no action
+                action = self._check_actions(action, [a for a in obs if a not in ep.newly_done])
+                # back pressure: the simulator may run ahead of the sampler only so far
+                deadline = time.monotonic() + self.action_timeout_s
+                while len(ep.pending) >= self.max_queued_steps and not self._closed and ep.closed_reason is None:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        raise TimeoutError(f"episode {episode_id}: {len(ep.pending)} logged steps not polled "
+                                           f"within {self.action_timeout_s} s")
+                    self._room.wait(left)
+                self._check_open()
+                ep = self._open_episode(episode_id)
+            waiter = _Waiter() if want_action else None
+            item = self._make_item(ep, obs, off_policy=action, waiter=waiter)
+            for agent, extra in (extra_infos or {}).items():
+                item.infos[agent] = {**item.infos[agent], **extra}
+            if want_action:
+                ep.waiter = waiter
+            self._push(ep, item)
+            return waiter
+
+    def _wait(self, episode_id: str, waiter: _Waiter, timeout: float, cancelled: Callable[[], bool] | None) -> dict:
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            step = left if cancelled is None else min(left, 0.1)
+            if step > 0 and waiter.event.wait(step):
+                break
+            gone = cancelled is not None and cancelled()
+            if left <= 0 or gone:
+                with self._lock:
+                    if waiter.event.is_set():
+                        break
+                    why = "client disconnected" if gone else f"get_action timed out after {timeout} s"
+                    ep = self._episodes.get(episode_id)
+                    if ep is not None:
+                        self._abandon(ep, why)
+                if gone:
+                    raise ConnectionAbortedError(f"episode {episode_id}: {why}")
+                raise TimeoutError(f"episode {episode_id}: no action within {timeout} s; episode abandoned")
+        if waiter.error is not None:
+            raise waiter.error
+        return waiter.value
+
+    def _log_returns(self, episode_id: str, rewards: Mapping, infos: Mapping | None, dones: Mapping | None) -> None:
+        if not isinstance(rewards, Mapping):
+            raise InvalidDataError(f"rewards must be a dict agent -> reward, got {_short(rewards)}")
+        checked = {self._check_agent(a): _reward(r, f"reward[{a!r}]") for a, r in rewards.items()}
+        if infos is not None and (not isinstance(infos, Mapping) or not all(isinstance(v, Mapping) for v in infos.values())):
+            raise InvalidDataError(f"infos must be a dict agent -> dict, got {_short(infos)}")
+        if dones is not None and not isinstance(dones, Mapping):
+            raise InvalidDataError(f"multiagent_done_dict must be a dict agent -> bool, got {_short(dones)}")
+        infos = {self._check_agent(a): dict(i) for a, i in (infos or {}).items()}
+        newly_done = {self._check_agent(a) for a, d in (dones or {}).items() if d and a != ALL}
+        with self._lock:  # everything is checked before anything changes
+            ep = self._open_episode(episode_id)
+            done = [a for a in [*checked, *newly_done] if a in ep.done_agents]
+            if done:
+                raise EpisodeStateError(f"episode {episode_id}: agents {done} are already done")
+            for a, r in checked.items():
+                ep.reward[a] = ep.reward.get(a, 0.0) + r
+            ep.info.update(infos)
+            ep.newly_done |= newly_done
+            ep.last_activity = time.monotonic()
+
+    def _end_episode(self, episode_id: str, obs: dict, truncated: bool) -> None:
+        obs = self._check_obs(obs, allow_empty=self._multi_agent)
+        with self._lock:
+            ep = self._open_episode(episode_id)
+            self._check_done_agents(ep, obs, final=True)
+            item = self._make_item(ep, obs, final=True)
+            if truncated:
+                item.all_trunc = True
+            else:
+                item.all_term = True
+                item.terminated = {a: True for a in obs}
+            ep.closed_reason = "completed"
+            self._push(ep, item)
+
+    def abandon_episode(self, episode_id: str, reason: str = "abandoned by the caller") -> None:
+        """Ends a running episode as truncated because its client went away (see the module
+        docstring); a blocked ``get_action`` of it raises. Unknown/finished ids: no-op."""
+        with self._lock:
+            ep = self._episodes.get(episode_id)
+            if ep is not None and ep.closed_reason is None:
+                self._abandon(ep, reason)
+
+    def episode_status(self, episode_id: str) -> str:
+        """``"running"``, ``"finishing"`` (ended, final step not yet polled), ``"completed"``,
+        ``"abandoned"`` or ``"unknown"``."""
+        with self._lock:
+            ep = self._episodes.get(episode_id)
+            if ep is not None:
+                return "running" if ep.closed_reason is None else "finishing"
+            return self._finished.get(episode_id, "unknown")
+
+    def running_episodes(self) -> list[str]:
+        with self._lock:
+            return [e for e, ep in self._episodes.items() if ep.closed_reason is None]
+
+    # -- sampler side (HostEnv) ------------------------------------------------------------
+
+    def poll(self, timeout: float | None = None) -> PollResult:
+        """Blocks until a request is ready (or ``timeout`` s pass, or the env is closed:
+        then every dict is empty), waits up to ``max_wait_s`` for more, returns them all."""
+        end = None if timeout is None else time.monotonic() + timeout
+        with self._lock:
+            for eid in self._offp_in_flight:  # the sampler had its chance to answer them
+                ep = self._episodes.get(eid)
+                if ep is not None and ep.in_flight is not None and ep.in_flight.waiter is None:
+                    ep.in_flight = None
+                    self._refresh(ep)
+            self._offp_in_flight.clear()
+            self._reap_idle()
+            while not self._ready and not self._closed:
+                wait = None if end is None else end - time.monotonic()
+                if wait is not None and wait <= 0:
+                    break
+                if self.episode_timeout_s is not None:
+                    wait = min(wait if wait is not None else 1.0, 1.0)
+                self._cond.wait(wait)
+                self._reap_idle()
+            if self._ready and self.max_wait_s > 0:
+                batch_end = time.monotonic() + self.max_wait_s
+                while self._idle and not self._closed:
+                    left = batch_end - time.monotonic()
+                    if left <= 0:
+                        break
+                    self._cond.wait(left)
+            return self._deliver()
+
+    def send_actions(self, actions: MultiEnvDict) -> None:
+        """Answers the episodes of the last poll; unknown or unexpected env ids are counted in
+        ``stats["dropped_actions"]`` and ignored (an abandoned episode's answer, say). The
+        answer to a ``log_action`` step is ignored and may be left out: the next ``poll``
+        treats such steps as answered."""
+        with self._lock:
+            for eid, acts in actions.items():
+                ep = self._episodes.get(eid)
+                if ep is None or ep.in_flight is None:
+                    self.stats["dropped_actions"] += 1
+                    continue
+                item, ep.in_flight = ep.in_flight, None
+                self._offp_in_flight.discard(eid)
+                w = item.waiter
+                if w is not None:
+                    ep.waiter = None
+                    want = [a for a in item.obs if not item.terminated.get(a, False)]
+                    missing = [a for a in want if a not in acts]
+                    if missing:
+                        w.error = RuntimeError(f"episode {eid}: the sampler sent no action for agents {missing}")
+                    else:
+                        w.value = {a: acts[a] for a in want}
+                    w.event.set()
+                self._refresh(ep)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def close(self) -> None:
+        """Fails every blocked caller with :class:`EnvClosedError` and wakes the poller. Idempotent."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            for ep in self._episodes.values():
+                if ep.waiter is not None:
+                    ep.waiter.error = EnvClosedError("ExternalEnv was closed")
+                    ep.waiter.event.set()
+            self._cond.notify_all()
+            self._room.notify_all()
+
+    # -- internals (called with the lock held unless noted) ------------------------------
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise EnvClosedError("ExternalEnv was closed")
+
+    def _open_episode(self, eid: str) -> _Episode:
+        self._check_open()
+        ep = self._episodes.get(eid)
+        if ep is None:
+            state = self._finished.get(eid) if isinstance(eid, str) else None
+            if state == "completed":
+                raise EpisodeStateError(f"Episode {eid} has already completed.")
+            if state == "abandoned":
+                raise EpisodeStateError(f"Episode {eid} was abandoned (client timeout or disconnect).")
+            raise UnknownEpisodeError(f"Episode {eid} not found.")
+        if ep.closed_reason == "completed":
+            raise EpisodeStateError(f"Episode {eid} has already completed.")
+        if ep.closed_reason is not None:
+            raise EpisodeStateError(f"Episode {eid} was abandoned ({ep.closed_reason}).")
+        if ep.waiter is not None:
+            raise EpisodeStateError(f"Episode {eid}: a get_action call is still waiting for its action.")
+        return ep
+
+    def _check_agent(self, agent: Any) -> Any:
+        if agent not in self.agent_ids:
+            raise InvalidDataError(f"unknown agent id {agent!r}; expected one of {list(self.agent_ids)}")
+        return agent
+
+    def _check_obs(self, obs: Any, allow_empty: bool = False) -> dict:  # no lock needed
+        if not isinstance(obs, Mapping) or not (obs or allow_empty):
+            raise InvalidDataError(f"observations must be a non-empty dict agent -> obs, got {_short(obs)}")
+        return {self._check_agent(a): check_value(o, self.observation_space, f"observation[{a!r}]")
+                for a, o in obs.items()}
+
+    def _check_actions(self, actions: Any, agents: list) -> dict:
+        if not isinstance(actions, Mapping) or set(actions) != set(agents):
+            raise InvalidDataError(f"actions must be a dict with the acting agents {agents}, "
+                                   f"got {_short(actions)}")
+        return {a: check_value(x, self.action_space, f"action[{a!r}]") for a, x in actions.items()}
+
+    def _check_done_agents(self, ep: _Episode, obs: dict, final: bool = False) -> None:
+        again = [a for a in obs if a in ep.done_agents]
+        if again:
+            raise InvalidDataError(f"episode {ep.eid}: agents {again} are done and cannot observe again")
+        missing = [a for a in ep.newly_done if a not in obs]
+        if missing and not final:
+            raise InvalidDataError(f"episode {ep.eid}: agents {missing} were marked done; their final "
+                                   "observations must be in this observation dict")
+
+    def _make_item(self, ep: _Episode, obs: dict, off_policy: dict | None = None, waiter: _Waiter | None = None,
+                   final: bool = False) -> _Item:
+        rewards = {a: 0.0 for a in obs}
+        rewards.update(ep.reward)
+        infos = {a: ep.info.pop(a, {}) for a in obs}
+        if not ep.training_enabled:
+            infos = {a: {**i, "training_enabled": False} for a, i in infos.items()}
+        terminated = {a: (a in ep.newly_done) for a in obs}
+        ep.done_agents |= ep.newly_done
+        ep.newly_done = set()
+        ep.reward = {}
+        ep.last_obs = obs
+        return _Item(obs, rewards, infos, terminated, off_policy=off_policy, waiter=waiter)
+
+    def _push(self, ep: _Episode, item: _Item) -> None:
+        ep.pending.append(item)
+        ep.last_activity = time.monotonic()
+        self._refresh(ep)
+        self._cond.notify()
+
+    def _refresh(self, ep: _Episode) -> None:
+        eid = ep.eid
+        if ep.in_flight is None and ep.pending:
+            self._ready[eid] = None
+        else:
+            self._ready.pop(eid, None)
+        if ep.in_flight is None and not ep.pending and ep.closed_reason is None:
+            self._idle.add(eid)
+        else:
+            self._idle.discard(eid)
+
+    def _deliver(self) -> PollResult:
+        obs: MultiEnvDict = {}
+        rew: MultiEnvDict = {}
+        term: MultiEnvDict = {}
+        trunc: MultiEnvDict = {}
+        infos: MultiEnvDict = {}
+        offp: MultiEnvDict = {}
+        ready, self._ready = list(self._ready), {}
+        for eid in ready:
+            ep = self._episodes[eid]
+            item = ep.pending.popleft()
+            obs[eid], rew[eid], infos[eid] = item.obs, item.rewards, item.infos
+            term[eid] = {**item.terminated, ALL: item.all_term}
+            trunc[eid] = {**{a: item.all_trunc for a in item.obs}, ALL: item.all_trunc}
+            if item.off_policy is not None:
+                offp[eid] = item.off_policy
+            if item.final:
+                del self._episodes[eid]
+                self._idle.discard(eid)
+                self._remember(eid, "completed" if ep.closed_reason == "completed" else "abandoned")
+            elif all(item.terminated.values()):  # every observing agent is done: nothing to answer
+                if item.waiter is not None:
+                    ep.waiter, item.waiter.value = None, {}
+                    item.waiter.event.set()
+            else:
+                ep.in_flight = item
+                if item.waiter is None:
+                    self._offp_in_flight.add(eid)
+            if not item.final:
+                self._refresh(ep)
+        self.stats["polls"] += 1
+        self.stats["steps_delivered"] += len(ready)
+        if ready:
+            self._room.notify_all()
+        return PollResult(obs, rew, term, trunc, infos, offp)
+
+    def _remember(self, eid: str, state: str) -> None:
+        self._finished[eid] = state
+        while len(self._finished) > self.max_finished_ids:
+            self._finished.popitem(last=False)
+
+    def _abandon(self, ep: _Episode, reason: str) -> None:
+        ep.closed_reason = reason
+        self.stats["abandoned"] += 1
+        w = ep.waiter
+        if w is not None:
+            ep.waiter = None
+            if not w.event.is_set():
+                w.error = EpisodeStateError(f"Episode {ep.eid} was abandoned ({reason}).")
+                w.event.set()
+        last = ep.pending[-1] if ep.pending else None
+        if last is not None and last.waiter is not None:
+            # The request was never polled: it becomes the (exact) final observation.
+            last.waiter, last.all_trunc = None, True
+            for a, r in ep.reward.items():
+                last.rewards[a] = last.rewards.get(a, 0.0) + r
+            ep.reward = {}
+            for a in last.infos:
+                last.infos[a] = {**last.infos[a], "abandoned": True}
+        elif ep.last_obs is not None:
+            item = self._make_item(ep, ep.last_obs)
+            item.all_trunc = True
+            item.terminated = {a: False for a in item.obs}
+            for a in item.infos:
+                item.infos[a] = {**item.infos[a], "abandoned": True}
+            ep.pending.append(item)
+        else:  # nothing was ever sent: the sampler never heard of it
+            del self._episodes[ep.eid]
+            self._remember(ep.eid, "abandoned")
+        if ep.eid in self._episodes:
+            self._refresh(ep)
+            self._cond.notify()
+        self._room.notify_all()
+
+    def _reap_idle(self) -> None:
+        if self.episode_timeout_s is None:
+            return
+        limit = time.monotonic() - self.episode_timeout_s
+        for ep in list(self._episodes.values()):
+            if ep.closed_reason is None and ep.waiter is None and ep.last_activity < limit:
+                self._abandon(ep, f"no call for {self.episode_timeout_s} s")
+
+
+class ExternalEnv(_ExternalBase):
+    """A single-agent external env (agent id :data:`~jaxsampler.env.DEFAULT_AGENT_ID`).
+
+    Args:
+        observation_space / action_space: jaxsampler spaces; observations are validated
+            and cast to ``observation_space.dtype`` in the caller's thread.
+        max_wait_s: after the first ready request, how long ``poll`` waits for more.
+        action_timeout_s: how long ``get_action`` (and ``log_action`` under back pressure)
+            waits; on timeout the episode is abandoned and ``TimeoutError`` is raised.
+        episode_timeout_s: abandon episodes with no call for this long (``None``: never).
+        max_concurrent_episodes: ``start_episode`` beyond this raises ``CapacityError``;
+            also ``num_envs``.
+        max_queued_steps: logged steps of one episode waiting to be polled before
+            ``log_action`` blocks.
+        max_finished_ids: finished ids remembered for error messages.
+
+    All simulator-side methods are thread-safe; errors are raised in the calling thread
+    and leave every other episode untouched.
+    """
+
+    def __init__(self, observation_space: Space, action_space: Space, **kwargs: Any):
+        super().__init__(observation_space, action_space, (DEFAULT_AGENT_ID,), **kwargs)
+
+    def get_action(self, episode_id: str, observation: Any) -> Any:
+        """Queues ``observation`` (plus the rewards logged since the last step) and blocks
+        until the sampler answers; returns the action."""
+        return self._get_action(episode_id, {DEFAULT_AGENT_ID: observation})[DEFAULT_AGENT_ID]
+
+    def log_action(self, episode_id: str, observation: Any, action: Any, *, info: dict | None = None) -> None:
+        """Records a step whose action the simulator chose (``off_policy_actions``);
+        ``info`` entries are added to that step's info. Returns without waiting."""
+        self._submit(episode_id, {DEFAULT_AGENT_ID: observation}, {DEFAULT_AGENT_ID: action},
+                     None if info is None else {DEFAULT_AGENT_ID: info}, False)
+
+    def log_returns(self, episode_id: str, reward: float, info: dict | None = None) -> None:
+        """Adds ``reward`` to the previous action's reward (summed until the next step);
+        ``info`` (a dict) becomes the next step's info."""
+        self._log_returns(episode_id, {DEFAULT_AGENT_ID: reward},
+                          None if info is None else {DEFAULT_AGENT_ID: info}, None)
+
+    def end_episode(self, episode_id: str, observation: Any, *, truncated: bool = False) -> None:
+        """Ends the episode with its final observation (terminated, or truncated)."""
+        self._end_episode(episode_id, {DEFAULT_AGENT_ID: observation}, truncated)
+
+
+class ExternalMultiAgentEnv(_ExternalBase):
+    """The multi-agent variant: dict observations / actions / rewards per agent.
+
+    ``observation_space`` / ``action_space`` are one agent's (shared) spaces and
+    ``agent_ids`` the possible agents in agent-index order. Other arguments as in
+    :class:`ExternalEnv`. ``log_returns(..., multiagent_done_dict={agent: True})`` ends an
+    agent early: its final observation must come in the next observation dict, after
+    which it gets no action and may not observe again.
+    """
+
+    _multi_agent = True
+
+    def __init__(self, observation_space: Space, action_space: Space, *, agent_ids: Any, **kwargs: Any):
+        agent_ids = tuple(agent_ids)
+        if not agent_ids or len(set(agent_ids)) != len(agent_ids) or ALL in agent_ids:
+            raise ValueError(f"agent_ids must be distinct and non-empty (not {ALL!r}), got {agent_ids}")
+        super().__init__(observation_space, action_space, agent_ids, **kwargs)
+
+    def get_action(self, episode_id: str, observation_dict: dict) -> dict:
+        """Blocks until the sampler answers; returns ``{agent: action}`` for the observing
+        agents that are not done."""
+        return self._get_action(episode_id, observation_dict)
+
+    def log_action(self, episode_id: str, observation_dict: dict, action_dict: dict, *,
+                   info: dict | None = None) -> None:
+        """Records a step with the simulator's own actions (one per observing agent);
+        ``info`` (``{agent: dict}``) entries are added to that step's infos."""
+        self._submit(episode_id, observation_dict, action_dict, info, False)
+
+    def log_returns(self, episode_id: str, reward_dict: dict, info_dict: dict | None = None,
+                    multiagent_done_dict: dict | None = None) -> None:
+        """Adds per-agent rewards; ``info_dict`` holds per-agent infos for the next step."""
+        self._log_returns(episode_id, reward_dict, info_dict, multiagent_done_dict)
+
+    def end_episode(self, episode_id: str, observation_dict: dict, *, truncated: bool = False) -> None:
+        """Ends the episode with the agents' final observations."""
+        self._end_episode(episode_id, observation_dict, truncated)

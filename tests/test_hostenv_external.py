@@ -1,0 +1,419 @@
+"""ExternalEnv / ExternalMultiAgentEnv: simulator threads drive, a poll loop answers.
+
+The test's "sampler" is a plain poll/send_actions loop answering with a deterministic
+function of the observation (no jax), recording everything ``poll`` delivered; the
+simulator threads record what they logged. Both records must match step for step.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import defaultdict
+
+import numpy as np
+import pytest
+
+from jaxsampler import spaces
+from jaxsampler.env import DEFAULT_AGENT_ID as AGENT
+from jaxsampler.hostenv.base import ALL, HostEnv
+from jaxsampler.hostenv.external import (
+    CLIENT_POLICY_INFO,
+    CapacityError,
+    EnvClosedError,
+    EpisodeStateError,
+    ExternalEnv,
+    ExternalMultiAgentEnv,
+    InvalidDataError,
+    UnknownEpisodeError,
+)
+
+OBS = spaces.Box(-1e6, 1e6, (3,))
+ACT = spaces.Discrete(97)
+
+
+def answer(obs: np.ndarray) -> int:
+    return int(round(float(obs[0]) * 7 + float(obs[1]) * 3 + float(obs[2]))) % 97
+
+
+class PollLoop:
+    """A minimal sampler: polls, records every delivered step, answers with ``answer``."""
+
+    def __init__(self, env, hold=lambda eid: False):
+        self.env, self.hold = env, hold
+        self.steps: dict = defaultdict(list)  # eid -> [(agent obs dict, rewards, term, trunc, infos, offp)]
+        self.poll_sizes: list[int] = []
+        self.stop = threading.Event()
+        self.held: dict = {}
+        self.thread = threading.Thread(target=self.run, daemon=True)
+        self.thread.start()
+
+    def run(self):
+        while not self.stop.is_set():
+            r = self.env.poll(timeout=0.05)
+            if not r.obs:
+                self._release()
+                continue
+            self.poll_sizes.append(len(r.obs))
+            actions = {}
+            for eid, obs in r.obs.items():
+                self.steps[eid].append((obs, r.rewards[eid], r.terminateds[eid], r.truncateds[eid], r.infos[eid],
+                                        r.off_policy_actions.get(eid)))
+                if r.terminateds[eid][ALL] or r.truncateds[eid][ALL]:
+                    continue
+                acts = {a: answer(o) for a, o in obs.items() if not r.terminateds[eid].get(a)}
+                if self.hold(eid):
+                    self.held[eid] = acts
+                else:
+                    actions[eid] = acts
+            self.env.send_actions(actions)
+            self._release()
+
+    def _release(self):
+        for eid in [e for e in self.held if not self.hold(e)]:
+            self.env.send_actions({eid: self.held.pop(eid)})
+
+    def close(self):
+        self.stop.set()
+        self.thread.join(timeout=10)
+        assert not self.thread.is_alive()
+
+
+def run_clients(n_threads, fn):
+    barrier = threading.Barrier(n_threads)
+    errors, logs = [], {}
+
+    def target(cid):
+        try:
+            barrier.wait(timeout=10)
+            logs[cid] = fn(cid)
+        except BaseException as e:  # noqa: BLE001
+            errors.append((cid, e))
+
+    threads = [threading.Thread(target=target, args=(c,)) for c in range(n_threads)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert not any(t.is_alive() for t in threads)
+    assert not errors, errors
+    return logs
+
+
+def simulate(env, cid, n_episodes=3, n_steps=6):
+    """One simulator thread; returns {eid: expected delivered steps}."""
+    expected = {}
+    rng = np.random.default_rng(cid)
+    for e in range(n_episodes):
+        eid = env.start_episode(episode_id=f"c{cid}-e{e}" if e % 2 else None)
+        steps, pending_reward, pending_info = [], 0.0, {}
+        for t in range(n_steps):
+            obs = np.array([cid, e, t], np.float32)
+            if rng.random() < 0.3:
+                act = (answer(obs) + 1) % 97
+                env.log_action(eid, obs, act)
+                off = act
+            else:
+                assert env.get_action(eid, obs) == answer(obs)
+                off = None
+            steps.append(("step", obs, pending_reward, pending_info, off))
+            pending_reward, pending_info = 0.0, {}
+            for _ in range(int(rng.integers(0, 3))):
+                r = float(rng.integers(-5, 5))
+                pending_reward += r
+                env.log_returns(eid, r, {"t": t} if r > 0 else None)
+                if r > 0:
+                    pending_info = {"t": t}
+        final = np.array([cid, e, n_steps], np.float32)
+        env.end_episode(eid, final)
+        steps.append(("end", final, pending_reward, pending_info, None))
+        expected[eid] = steps
+    return expected
+
+
+def wait_finished(env, eids, timeout=20.0):
+    """Waits (bounded) until the poll loop delivered the final step of every episode."""
+    ev = threading.Event()
+    for _ in range(int(timeout / 0.005)):
+        if all(env.episode_status(e) in ("completed", "abandoned") for e in eids):
+            return
+        ev.wait(0.005)
+    raise AssertionError("episodes not finished in time")
+
+
+def check_exactly_once(loop, logs, others=()):
+    expected = {eid: s for log in logs.values() for eid, s in log.items()}
+    assert set(loop.steps) - set(others) == set(expected), "episodes lost or invented"
+    n = 0
+    for eid, exp in expected.items():
+        got = loop.steps[eid]
+        assert len(got) == len(exp), eid
+        for (kind, obs, rew, info, off), (g_obs, g_rew, g_term, g_trunc, g_info, g_off) in zip(exp, got):
+            assert list(g_obs) == [AGENT]
+            np.testing.assert_array_equal(g_obs[AGENT], obs)
+            assert g_obs[AGENT].dtype == np.float32
+            assert g_rew[AGENT] == pytest.approx(rew)
+            assert g_info[AGENT] == info
+            assert g_term == {AGENT: kind == "end", ALL: kind == "end"}
+            assert g_trunc == {AGENT: False, ALL: False}
+            assert (g_off is None) == (off is None)
+            if off is not None:
+                assert g_off == {AGENT: off}
+            n += 1
+    return n
+
+
+def test_many_threads_exactly_once_and_batched():
+    env = ExternalEnv(OBS, ACT, max_wait_s=0.005)
+    assert isinstance(env, HostEnv) and env.agent_ids == (AGENT,)
+    loop = PollLoop(env)
+    try:
+        logs = run_clients(16, lambda cid: simulate(env, cid))
+        wait_finished(env, [e for log in logs.values() for e in log])
+    finally:
+        loop.close()
+    n = check_exactly_once(loop, logs)
+    assert n == 16 * 3 * 7
+    assert sum(loop.poll_sizes) == n == env.stats["steps_delivered"]
+    assert max(loop.poll_sizes) > 1, "concurrent get_action calls were never batched"
+    assert any(s[-1] is not None for steps in loop.steps.values() for s in steps)
+    assert env.running_episodes() == [] and env.stats["dropped_actions"] == 0
+    env.close()
+
+
+def test_protocol_sequence_like_rllib():
+    """The reference's ExternalEnv example (section 5.2), our infos not sticky."""
+    env = ExternalEnv(spaces.Discrete(100), spaces.Discrete(2))
+    got = {}
+
+    def sim():
+        eid = env.start_episode(episode_id="e1")
+        got["a"] = env.get_action(eid, 10)
+        env.log_returns(eid, 1.0, {"x": 1})
+        env.log_returns(eid, 2.0)
+        env.log_action(eid, 11, 1)
+        env.log_returns(eid, 5.0)
+        env.end_episode(eid, 12)
+
+    t = threading.Thread(target=sim)
+    t.start()
+    r0 = env.poll()
+    assert r0.obs == {"e1": {AGENT: 10}} and r0.rewards == {"e1": {AGENT: 0.0}} and r0.off_policy_actions == {}
+    assert r0.terminateds == {"e1": {AGENT: False, ALL: False}}
+    env.send_actions({"e1": {AGENT: np.int32(1)}})
+    r1 = env.poll()
+    assert r1.obs == {"e1": {AGENT: 11}} and r1.rewards == {"e1": {AGENT: 3.0}}
+    assert r1.infos == {"e1": {AGENT: {"x": 1}}} and r1.off_policy_actions == {"e1": {AGENT: 1}}
+    env.send_actions({"e1": {AGENT: 0}})
+    r2 = env.poll()
+    assert r2.obs == {"e1": {AGENT: 12}} and r2.rewards == {"e1": {AGENT: 5.0}} and r2.infos == {"e1": {AGENT: {}}}
+    assert r2.terminateds == {"e1": {AGENT: True, ALL: True}} and r2.truncateds["e1"][ALL] is False
+    t.join(timeout=10)
+    assert got["a"] == 1
+    assert env.episode_status("e1") == "completed"
+    with pytest.raises(EpisodeStateError, match="already completed"):
+        env.get_action("e1", 13)
+    with pytest.raises(EpisodeStateError, match="already completed"):
+        env.start_episode("e1")
+    with pytest.raises(UnknownEpisodeError, match="not found"):
+        env.get_action("nope", 1)
+    assert env.poll(timeout=0.01).obs == {}
+    env.close()
+
+
+def test_bad_input_is_local_to_the_caller():
+    env = ExternalEnv(OBS, ACT, max_concurrent_episodes=3)
+    loop = PollLoop(env)
+    try:
+        ok = env.start_episode("ok")
+        with pytest.raises(EpisodeStateError, match="already been started"):
+            env.start_episode("ok")
+        with pytest.raises(InvalidDataError, match=r"expected shape \(3,\)"):
+            env.get_action(ok, np.zeros(4, np.float32))
+        with pytest.raises(InvalidDataError, match="cannot be cast"):
+            env.get_action(ok, np.array(["a", "b", "c"]))
+        with pytest.raises(InvalidDataError, match="Discrete"):
+            env.log_action(ok, np.zeros(3, np.float32), 97)
+        with pytest.raises(InvalidDataError, match="reward"):
+            env.log_returns(ok, "lots")
+        with pytest.raises(UnknownEpisodeError):
+            env.log_returns("missing", 1.0)
+        env.start_episode("b")
+        env.start_episode("c")
+        with pytest.raises(CapacityError):
+            env.start_episode("d")
+        # After all those errors, the episode still works, float64 obs are cast.
+        obs = np.array([1.0, 2.0, 3.0])
+        assert env.get_action(ok, obs) == answer(obs)
+        env.end_episode(ok, obs)
+        with pytest.raises(EpisodeStateError, match="already completed"):
+            env.get_action(ok, obs)
+        wait_finished(env, [ok])
+    finally:
+        loop.close()
+    assert [s[0][AGENT].dtype for s in loop.steps["ok"]] == [np.float32, np.float32]
+    assert len(loop.steps["ok"]) == 2 and loop.steps["ok"][1][2][ALL]
+    env.close()
+
+
+def test_timeout_abandons_only_that_episode():
+    env = ExternalEnv(OBS, ACT, action_timeout_s=0.2)
+    slow, fast = env.start_episode("slow"), env.start_episode("fast")
+    # Nobody polls: the request is never delivered, so it becomes the final observation.
+    with pytest.raises(TimeoutError):
+        env.get_action(slow, np.ones(3, np.float32))
+    assert env.episode_status(slow) == "finishing"
+    with pytest.raises(EpisodeStateError, match="abandoned"):
+        env.get_action(slow, np.ones(3, np.float32))
+    loop = PollLoop(env)
+    try:
+        obs = np.zeros(3, np.float32)
+        assert env.get_action(fast, obs) == answer(obs)
+        env.end_episode(fast, obs)
+        wait_finished(env, [fast, slow])
+    finally:
+        loop.close()
+    (s,) = loop.steps[slow]
+    assert s[3] == {AGENT: True, ALL: True} and s[2][ALL] is False and s[4][AGENT]["abandoned"] is True
+    np.testing.assert_array_equal(s[0][AGENT], np.ones(3))
+    assert len(loop.steps[fast]) == 2 and env.episode_status(slow) == "abandoned"
+    env.close()
+
+
+def test_abandon_after_delivery_repeats_last_obs_and_drops_late_answer():
+    env = ExternalEnv(OBS, ACT)
+    held = {"e"}
+    loop = PollLoop(env, hold=lambda eid: eid in held)
+    result = {}
+
+    def sim():
+        eid = env.start_episode("e")
+        try:
+            env.get_action(eid, np.full(3, 2.0, np.float32))
+        except EpisodeStateError as e:
+            result["error"] = e
+
+    t = threading.Thread(target=sim)
+    t.start()
+    while "e" not in loop.held:  # delivered, answer held back
+        threading.Event().wait(0.001)
+    env.abandon_episode("e", "test")
+    t.join(timeout=10)
+    held.clear()  # the late answer goes out and is dropped
+    wait_finished(env, ["e"])
+    loop.close()
+    assert "abandoned" in str(result["error"])
+    first, last = loop.steps["e"]
+    np.testing.assert_array_equal(last[0][AGENT], first[0][AGENT])
+    assert last[3][ALL] and last[4][AGENT] == {"abandoned": True}
+    assert env.episode_status("e") == "abandoned"
+    env.close()
+
+
+def test_idle_episode_times_out():
+    env = ExternalEnv(OBS, ACT, episode_timeout_s=0.05)
+    loop = PollLoop(env)
+    try:
+        eid = env.start_episode()
+        env.get_action(eid, np.zeros(3, np.float32))
+        wait_finished(env, [eid])
+    finally:
+        loop.close()
+    assert env.episode_status(eid) == "abandoned"
+    assert loop.steps[eid][-1][3][ALL] and loop.steps[eid][-1][4][AGENT]["abandoned"]
+    env.close()
+
+
+def test_close_fails_blocked_callers():
+    env = ExternalEnv(OBS, ACT)
+    eid = env.start_episode()
+    errors = []
+
+    def sim():
+        try:
+            env.get_action(eid, np.zeros(3, np.float32))
+        except EnvClosedError as e:
+            errors.append(e)
+
+    t = threading.Thread(target=sim)
+    t.start()
+    r = env.poll()
+    assert eid in r.obs
+    env.close()
+    t.join(timeout=10)
+    assert len(errors) == 1
+    assert env.poll().obs == {}
+    with pytest.raises(EnvClosedError):
+        env.start_episode()
+
+
+def test_log_action_extra_info_and_training_disabled():
+    env = ExternalEnv(OBS, ACT)
+    eid = env.start_episode(training_enabled=False)
+    env.log_action(eid, np.zeros(3), 5, info={CLIENT_POLICY_INFO: {"weights_version": 3}})
+    r = env.poll()
+    assert r.off_policy_actions == {eid: {AGENT: 5}}
+    assert r.infos[eid][AGENT] == {CLIENT_POLICY_INFO: {"weights_version": 3}, "training_enabled": False}
+    env.close()
+
+
+def test_multi_agent():
+    agents = ("a", "b", "c")
+    env = ExternalMultiAgentEnv(OBS, ACT, agent_ids=agents, max_wait_s=0.005)
+    loop = PollLoop(env)
+
+    def sim(cid):
+        out = {}
+        for e in range(3):
+            eid = env.start_episode()
+            o = lambda a, t: np.array([cid, e * 10 + agents.index(a), t], np.float32)  # noqa: E731
+            acts = env.get_action(eid, {"a": o("a", 0), "b": o("b", 0)})
+            assert acts == {"a": answer(o("a", 0)), "b": answer(o("b", 0))}
+            env.log_returns(eid, {"a": 1.0, "c": 2.0}, {"a": {"k": 1}})
+            env.log_returns(eid, {"a": 1.0}, None, {"b": True})
+            acts = env.get_action(eid, {"a": o("a", 1), "b": o("b", 1), "c": o("c", 1)})
+            assert acts == {"a": answer(o("a", 1)), "c": answer(o("c", 1))}  # b is done
+            with pytest.raises(InvalidDataError, match="done"):
+                env.get_action(eid, {"b": o("b", 2)})
+            env.log_action(eid, {"c": o("c", 2)}, {"c": 4})
+            env.log_returns(eid, {"a": 0.5, "c": 1.5})
+            env.end_episode(eid, {"a": o("a", 3), "c": o("c", 3)})
+            out[eid] = cid
+        return out
+
+    try:
+        logs = run_clients(8, sim)
+        wait_finished(env, [e for log in logs.values() for e in log])
+    finally:
+        loop.close()
+    eids = {e for log in logs.values() for e in log}
+    assert set(loop.steps) == eids and len(eids) == 24
+    for eid in eids:
+        s0, s1, s2, s3 = loop.steps[eid]
+        assert set(s0[0]) == {"a", "b"} and s0[1] == {"a": 0.0, "b": 0.0}
+        assert set(s1[0]) == {"a", "b", "c"} and s1[1] == {"a": 2.0, "b": 0.0, "c": 2.0}
+        assert s1[2] == {"a": False, "b": True, "c": False, ALL: False}
+        assert s1[4] == {"a": {"k": 1}, "b": {}, "c": {}}
+        assert set(s2[0]) == {"c"} and s2[5] == {"c": 4} and s2[1] == {"c": 0.0}
+        assert s3[1] == {"a": 0.5, "c": 1.5} and s3[2] == {"a": True, "c": True, ALL: True}
+    env.close()
+
+
+def test_subclass_run_loop():
+    class Sim(ExternalEnv):
+        def run(self):
+            eid = self.start_episode("run")
+            obs = np.array([1, 1, 1], np.float32)
+            self.log_returns(eid, 0.0)
+            self.end_episode(eid, obs * self.get_action(eid, obs))
+
+    env = Sim(OBS, ACT)
+    loop = PollLoop(env)
+    try:
+        thread = env.start()
+        assert env.start() is thread
+        thread.join(timeout=10)
+        wait_finished(env, ["run"])
+    finally:
+        loop.close()
+    np.testing.assert_array_equal(loop.steps["run"][1][0][AGENT], np.full(3, answer(np.ones(3))))
+    env.close()
