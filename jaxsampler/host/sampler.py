@@ -88,6 +88,10 @@ def _host_env(env: Any, num_envs: int, seed: int) -> Any:
 
     if isinstance(env, HostEnv):
         return env
+    if type(env).__module__.startswith("gymnasium.vector"):
+        from jaxsampler.hostenv.gym_vector import GymnasiumVectorAdapter
+
+        return GymnasiumVectorAdapter(env, seed=seed)
     if isinstance(env, str) and env.startswith("gym:"):
         return GymnasiumVectorEnv(env[len("gym:"):], num_envs, seed=seed)
     if isinstance(env, (list, tuple)) or (

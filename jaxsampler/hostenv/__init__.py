@@ -4,6 +4,7 @@ from jaxsampler.hostenv.base import ALL, HostEnv, MultiEnvDict, PollResult
 from jaxsampler.hostenv.collector import SampleCollector, episodes_to_batch
 from jaxsampler.hostenv.external import ExternalEnv, ExternalEnvError, ExternalMultiAgentEnv
 from jaxsampler.hostenv.gym import GymnasiumVectorEnv, MultiAgentDictEnv
+from jaxsampler.hostenv.gym_vector import GymnasiumVectorAdapter
 from jaxsampler.hostenv.offline import read_batches, read_episodes, write_batches, write_episodes
 from jaxsampler.hostenv.sampler import HostSampler
 from jaxsampler.hostenv.server import PolicyClient, PolicyServer, PolicyServerError
@@ -20,6 +21,7 @@ __all__ = [
     "read_episodes",
     "write_batches",
     "write_episodes",
+    "GymnasiumVectorAdapter",
     "GymnasiumVectorEnv",
     "HostEnv",
     "HostSampler",
