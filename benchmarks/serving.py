@@ -1,0 +1,665 @@
+"""Policy serving: ``get_action`` throughput and latency with 1-64 concurrent clients.
+
+A simulator-driven setup (issue 5, "Performance"): client threads run episodes against
+a CartPole-shaped env (``obs`` float32 ``(4,)``, ``Discrete(2)`` actions, episodes of
+``--episode-len`` steps), each step one blocking ``get_action`` plus one ``log_returns``,
+then ``end_episode``. The serving side is one :class:`~jaxsampler.hostenv.sampler.HostSampler`
+(64x64 tanh ``MLPPolicy``) in its own thread that calls ``sample_batch(params,
+num_timesteps=--sample-timesteps)`` over and over, so pending ``get_action`` calls are
+answered by one jitted, batched policy call per poll. Modes:
+
+* ``inprocess``: threads call :class:`~jaxsampler.hostenv.external.ExternalEnv` directly;
+* ``http``: a :class:`~jaxsampler.hostenv.server.PolicyServer` on loopback, clients are
+  threads of a second process, each with its own remote-mode
+  :class:`~jaxsampler.hostenv.server.PolicyClient` (one keep-alive connection);
+* ``http-inproc``: the same, but the client threads run in the server's process (they
+  share its GIL: the difference to ``http`` is what the GIL costs).
+
+Per mode the sampler, the server and the jitted policy (every padded batch size,
+compiled before timing) are set up once; then ``--rounds`` rounds each run every client
+count once, in a rotating order, as a phase: start the threads, ``--warmup`` s untimed,
+``--duration`` s timed, stop (each client ends its current episode as truncated) and
+join. Reported per (mode, clients):
+
+* total actions/s = ``get_action`` calls that returned inside the timed window / its
+  length (median over rounds, with min-max), and per client (total / clients);
+* p50 / p99 latency of ``get_action`` measured in the client (all rounds pooled);
+* mean batch size per policy call, policy calls/s, and where the sampler thread's time
+  goes (waiting in ``poll``, the jitted call blocked until ready, ``send_actions``, the
+  rest: HostSampler's Python bookkeeping and batch building), from a thin instrumenting
+  wrapper around the env and the jitted policy functions;
+* CPU time of the process(es) in the window, in cores;
+* speedup = median over rounds of the within-round ratio ``actions/s(N) / actions/s(1)``
+  (target: 64 clients >= 10x one client, in-process).
+
+Usage::
+
+    python benchmarks/serving.py                   # full run (~1.5-2 min), writes results/serving.{json,md}
+    python benchmarks/serving.py --quick           # smoke test (tiny phases), prints only
+    python benchmarks/serving.py --modes inprocess --clients 1 64 --rounds 5
+    python benchmarks/serving.py --out /tmp/serving
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
+HIDDEN = (64, 64)
+MODES = ("inprocess", "http", "http-inproc")
+LABELS = {"inprocess": "in-process (ExternalEnv)", "http": "HTTP, clients in a 2nd process",
+          "http-inproc": "HTTP, clients in the server process"}
+FULL = {"clients": [1, 8, 64], "rounds": 3, "warmup": 0.5, "duration": 1.5, "episode_len": 50,
+        "sample_timesteps": 4096, "modes": list(MODES)}
+QUICK = {"clients": [1, 8, 64], "rounds": 1, "warmup": 0.2, "duration": 0.3, "episode_len": 50,
+         "sample_timesteps": 256, "modes": list(MODES)}
+JOIN_TIMEOUT_S = 15.0
+
+
+def _log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def git_state() -> dict[str, Any]:
+    """HEAD commit and the files changed in the working tree (the code that was measured)."""
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=Path(__file__).resolve().parent, capture_output=True,
+                              text=True, timeout=10).stdout.strip()
+
+    try:
+        return {"commit": git("rev-parse", "HEAD"), "changed": git("status", "--porcelain").splitlines()}
+    except (OSError, subprocess.SubprocessError) as e:
+        return {"error": str(e)}
+
+
+# --------------------------------------------------------------------------- clients
+
+
+def client_observations(client: int, episode_len: int, seed: int) -> np.ndarray:
+    """``[episode_len + 1, 4]`` float32 CartPole-range observations of one client (fixed per client)."""
+    rng = np.random.default_rng([seed, client])
+    scale = np.array([1.0, 0.5, 0.1, 0.5], np.float32)
+    return np.clip(rng.standard_normal((episode_len + 1, 4)) * scale, -2.0, 2.0).astype(np.float32)
+
+
+def _client_thread(factory: Callable[[], Any], obs: np.ndarray, stop: threading.Event, rec: list,
+                   errors: list, cpu: list) -> None:
+    """Episode loop of one simulator: ``start_episode``, then per step ``get_action`` (timed)
+    and ``log_returns``; ``end_episode`` at the end (truncated when stopped mid-episode).
+    Appends ``(t_returned, latency_s)`` of every ``get_action`` to ``rec`` and the thread's
+    CPU time to ``cpu``."""
+    client = None
+    cpu0 = time.thread_time()
+    try:
+        client = factory()
+        episode_len = len(obs) - 1
+        clock = time.perf_counter
+        while not stop.is_set():
+            eid = client.start_episode()
+            t = 0
+            while t < episode_len and not stop.is_set():
+                t0 = clock()
+                client.get_action(eid, obs[t])
+                t1 = clock()
+                rec.append((t1, t1 - t0))
+                client.log_returns(eid, 1.0)
+                t += 1
+            client.end_episode(eid, obs[t], truncated=t < episode_len)
+    except Exception as e:  # noqa: BLE001 -- reported with the phase
+        errors.append(f"{type(e).__name__}: {e}")
+    finally:
+        close = getattr(client, "close", None)
+        if close is not None and not hasattr(client, "poll"):  # a PolicyClient, not the shared env
+            close()
+        cpu.append(time.thread_time() - cpu0)
+
+
+def run_phase(factory: Callable[[], Any], num_clients: int, warmup_s: float, duration_s: float,
+              episode_len: int, seed: int, mark: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Runs ``num_clients`` client threads for ``warmup_s + duration_s`` and measures the window.
+
+    ``mark("start")`` / ``mark("end")`` are called at the window's edges (server-side
+    counters are read there). Returns actions/s, per-client counts, the raw latencies (s)
+    of the window, the process CPU time in cores, errors and hung threads.
+    """
+    stop = threading.Event()
+    recs: list[list] = [[] for _ in range(num_clients)]
+    errors: list[str] = []
+    cpu: list[float] = []
+    threads = [threading.Thread(target=_client_thread, name=f"client-{i}", daemon=True,
+                                args=(factory, client_observations(i, episode_len, seed), stop, recs[i], errors, cpu))
+               for i in range(num_clients)]
+    for th in threads:
+        th.start()
+    time.sleep(warmup_s)
+    if mark:
+        mark("start")
+    t0, c0 = time.perf_counter(), time.process_time()
+    time.sleep(duration_s)
+    t1, c1 = time.perf_counter(), time.process_time()
+    if mark:
+        mark("end")
+    stop.set()
+    deadline = time.monotonic() + JOIN_TIMEOUT_S
+    for th in threads:
+        th.join(max(0.0, deadline - time.monotonic()))
+    hung = sum(th.is_alive() for th in threads)
+    per_client = [sum(1 for td, _ in r if t0 <= td < t1) for r in recs]
+    lat = [lat for r in recs for td, lat in r if t0 <= td < t1]
+    wall = t1 - t0
+    return {"clients": num_clients, "window_s": wall, "actions": len(lat), "actions_per_s": len(lat) / wall,
+            "per_client_actions": per_client, "latencies_s": lat, "cpu_cores": (c1 - c0) / wall,
+            "client_cpu_us_per_action": 1e6 * sum(cpu) / max(1, sum(len(r) for r in recs)),
+            "errors": errors[:5], "num_errors": len(errors), "hung_threads": hung}
+
+
+def _worker(address: str) -> None:
+    """``--client-worker``: runs phases of PolicyClient threads on command (JSON lines on stdin)."""
+    from jaxsampler.hostenv.server import PolicyClient
+
+    def say(msg: dict) -> None:
+        sys.stdout.write(json.dumps(msg) + "\n")
+        sys.stdout.flush()
+
+    say({"event": "ready"})
+    for line in sys.stdin:
+        cmd = json.loads(line)
+        if cmd.get("quit"):
+            break
+        res = run_phase(lambda: PolicyClient(address), cmd["clients"], cmd["warmup_s"], cmd["duration_s"],
+                        cmd["episode_len"], cmd["seed"], mark=lambda what: say({"event": what}))
+        say({"event": "result", "result": res})
+
+
+# --------------------------------------------------------------------------- serving side
+
+
+class _Stopped(Exception):
+    """Raised from the instrumented ``poll`` to end the sampler thread."""
+
+
+def _make_instrumented_env() -> type:
+    from jaxsampler.hostenv.base import HostEnv
+
+    class InstrumentedEnv(HostEnv):
+        """Delegates to ``inner``; counts polls, rows, sends and the time spent in each.
+        ``poll`` hides empty (timed-out) polls and raises :class:`_Stopped` once ``stop`` is set."""
+
+        def __init__(self, inner: Any, stop: threading.Event, stats: dict[str, float]):
+            self.inner, self.stop, self.stats = inner, stop, stats
+            self.observation_space, self.action_space = inner.observation_space, inner.action_space
+            self.agent_ids, self.num_envs = tuple(inner.agent_ids), inner.num_envs
+
+        def poll(self) -> Any:
+            s, clock = self.stats, time.perf_counter
+            while True:
+                t = clock()
+                res = self.inner.poll(timeout=0.05)
+                s["last_poll_end"] = now = clock()
+                s["poll_s"] += now - t
+                s["sampler_cpu"] = time.thread_time()
+                if res.obs or res.rewards:
+                    s["polls"] += 1
+                    s["poll_rows"] += len(res.obs)
+                    return res
+                if self.stop.is_set():
+                    raise _Stopped
+
+        def send_actions(self, actions: Any) -> None:
+            t = time.perf_counter()
+            self.inner.send_actions(actions)
+            self.stats["send_s"] += time.perf_counter() - t
+            self.stats["sends"] += 1
+            self.stats["actions_sent"] += len(actions)
+
+        def close(self) -> None:
+            self.inner.close()
+
+    return InstrumentedEnv
+
+
+STAT_KEYS = ("polls", "poll_rows", "poll_s", "sends", "actions_sent", "send_s", "policy_calls", "policy_rows_padded",
+             "policy_s", "policy_cpu_s", "sample_batch_calls", "batch_build_s", "sampler_cpu")
+
+
+class ServingSide:
+    """ExternalEnv (+ PolicyServer for HTTP) + HostSampler in a daemon thread, instrumented.
+
+    Args:
+        http: serve over HTTP on loopback.
+        max_batch: largest padded batch size (buckets 1, 2, 4, ... up to it).
+        max_wait_s: the ExternalEnv's batching wait.
+        sample_timesteps: ``num_timesteps`` of each ``sample_batch`` call of the loop.
+    """
+
+    def __init__(self, http: bool, max_batch: int, max_wait_s: float, sample_timesteps: int, seed: int):
+        import jax
+
+        import jaxsampler as js
+        from jaxsampler.hostenv.external import ExternalEnv
+        from jaxsampler.hostenv.sampler import HostSampler
+
+        cartpole = js.make("CartPole-v1")
+        self.env = ExternalEnv(cartpole.observation_space, cartpole.action_space, max_wait_s=max_wait_s)
+        self.server = None
+        if http:
+            from jaxsampler.hostenv.server import PolicyServer
+
+            self.server = PolicyServer(self.env)
+        self.policy = js.MLPPolicy(cartpole.observation_space, cartpole.action_space, HIDDEN)
+        self.params = self.policy.init(jax.random.PRNGKey(seed))
+        self.stop = threading.Event()
+        self.stats: dict[str, float] = dict.fromkeys(STAT_KEYS, 0.0) | {"last_poll_end": 0.0}
+        wrapped = _make_instrumented_env()(self.server or self.env, self.stop, self.stats)
+        buckets, b = [], 1
+        while b < max_batch:
+            buckets.append(b)
+            b *= 2
+        buckets.append(max_batch)
+        self.sampler = HostSampler(wrapped, self.policy, seed=seed, batch_sizes=buckets)
+        self.sample_timesteps = sample_timesteps
+        self.compile_s, self.cache_size = self._compile_and_instrument()
+        self.error: str | None = None
+        self.thread = threading.Thread(target=self._loop, name="HostSampler-loop", daemon=True)
+        self.thread.start()
+
+    def _compile_and_instrument(self) -> tuple[float | None, int | None]:
+        """Compiles the jitted policy function for every bucket (before any timing) and wraps
+        it to count calls and time them blocked until ready."""
+        import jax
+
+        fns = getattr(self.sampler, "policy_fns", None)
+        if not isinstance(fns, dict):
+            return None, None  # HostSampler internals changed: warm-up phases compile instead
+        state = jax.device_get(self.policy.initial_state((1, 1)))
+        key = jax.random.PRNGKey(0)
+        t0 = time.perf_counter()
+        for fn in fns.values():
+            for b in self.sampler.batch_sizes:
+                jax.block_until_ready(fn(self.params, np.zeros((b, 1, 4), np.float32), key, state))
+        compile_s = time.perf_counter() - t0
+        sizes = [fn._cache_size() for fn in fns.values() if hasattr(fn, "_cache_size")]
+        self._raw_fns = dict(fns)
+        stats = self.stats
+
+        def timed(fn: Callable) -> Callable:
+            def call(params: Any, obs: Any, key: Any, state: Any) -> Any:
+                t, c = time.perf_counter(), time.thread_time()
+                out = jax.block_until_ready(fn(params, obs, key, state))
+                stats["policy_s"] += time.perf_counter() - t
+                stats["policy_cpu_s"] += time.thread_time() - c
+                stats["policy_calls"] += 1
+                stats["policy_rows_padded"] += jax.tree.leaves(obs)[0].shape[0]
+                return out
+            return call
+
+        for pid, fn in fns.items():
+            fns[pid] = timed(fn)
+        return compile_s, (sum(sizes) if sizes else None)
+
+    def recompiles(self) -> int | None:
+        """Jit cache entries added since the pre-compilation (0 = nothing recompiled while timing)."""
+        fns = getattr(self, "_raw_fns", {})
+        sizes = [fn._cache_size() for fn in fns.values() if hasattr(fn, "_cache_size")]
+        return None if self.cache_size is None or not sizes else sum(sizes) - self.cache_size
+
+    def _loop(self) -> None:
+        s = self.stats
+        try:
+            while not self.stop.is_set():
+                self.sampler.sample_batch(self.params, num_timesteps=self.sample_timesteps)
+                s["batch_build_s"] += time.perf_counter() - s["last_poll_end"]
+                s["sample_batch_calls"] += 1
+        except _Stopped:
+            pass
+        except Exception as e:  # noqa: BLE001 -- reported in the results
+            self.error = f"{type(e).__name__}: {e}"
+            _log(f"sampler thread failed: {self.error}")
+
+    def snapshot(self) -> dict[str, float]:
+        return {k: self.stats[k] for k in STAT_KEYS} | {"t": time.perf_counter(), "cpu": time.process_time()}
+
+    def client_factory(self) -> Callable[[], Any]:
+        if self.server is None:
+            return lambda: self.env
+        from jaxsampler.hostenv.server import PolicyClient
+
+        address = self.server.address
+        return lambda: PolicyClient(address)
+
+    def close(self) -> None:
+        self.stop.set()
+        (self.server or self.env).close()
+        self.thread.join(JOIN_TIMEOUT_S)
+        if self.thread.is_alive():
+            self.error = (self.error or "") + " sampler thread did not stop"
+
+
+def server_window(a: dict[str, float], b: dict[str, float]) -> dict[str, Any]:
+    """Serving-side figures between two :meth:`ServingSide.snapshot` s."""
+    d = {k: b[k] - a[k] for k in STAT_KEYS}
+    wall = b["t"] - a["t"]
+    calls = d["policy_calls"] or d["sends"]
+    busy = d["policy_s"] + d["send_s"]
+    rest = max(0.0, wall - d["poll_s"] - busy)
+    return {
+        "policy_calls_per_s": calls / wall,
+        "mean_batch": d["actions_sent"] / calls if calls else None,
+        "mean_padded_batch": d["policy_rows_padded"] / d["policy_calls"] if d["policy_calls"] else None,
+        "mean_poll_rows": d["poll_rows"] / d["polls"] if d["polls"] else None,
+        "share_poll": d["poll_s"] / wall, "share_policy": d["policy_s"] / wall, "share_send": d["send_s"] / wall,
+        "share_rest": rest / wall, "share_batch_build": d["batch_build_s"] / wall,
+        "policy_us_per_call": 1e6 * d["policy_s"] / d["policy_calls"] if d["policy_calls"] else None,
+        "policy_cpu_us_per_call": 1e6 * d["policy_cpu_s"] / d["policy_calls"] if d["policy_calls"] else None,
+        "sampler_cpu_share": d["sampler_cpu"] / wall,
+        "sampler_cpu_us_per_action": 1e6 * d["sampler_cpu"] / d["actions_sent"] if d["actions_sent"] else None,
+        "process_cpu_cores": (b["cpu"] - a["cpu"]) / wall,
+        "counts": d,
+    }
+
+
+# --------------------------------------------------------------------------- driver
+
+
+class _Worker:
+    """The client process of the ``http`` mode (this script with ``--client-worker``)."""
+
+    def __init__(self, address: str):
+        cmd = [sys.executable, str(Path(__file__).resolve()), "--client-worker", address,
+               "--switch-interval-ms", str(sys.getswitchinterval() * 1e3)]
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self._expect("ready")
+
+    def _expect(self, event: str) -> dict:
+        while True:
+            line = self.proc.stdout.readline()
+            if not line:
+                raise RuntimeError(f"client worker exited (rc {self.proc.poll()}) while waiting for {event!r}")
+            try:
+                msg = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if msg.get("event") == event:
+                return msg
+
+    def run_phase(self, side: ServingSide, cmd: dict) -> tuple[dict, dict, dict]:
+        self.proc.stdin.write(json.dumps(cmd) + "\n")
+        self.proc.stdin.flush()
+        self._expect("start")
+        a = side.snapshot()
+        self._expect("end")
+        b = side.snapshot()
+        return self._expect("result")["result"], a, b
+
+    def close(self) -> None:
+        try:
+            self.proc.stdin.write(json.dumps({"quit": True}) + "\n")
+            self.proc.stdin.close()
+            self.proc.wait(JOIN_TIMEOUT_S)
+        except (OSError, subprocess.TimeoutExpired):
+            self.proc.kill()
+            self.proc.wait()
+
+
+def _percentiles_ms(lat: Sequence[float]) -> tuple[float | None, float | None]:
+    if not lat:
+        return None, None
+    p50, p99 = np.percentile(np.asarray(lat), [50, 99]) * 1e3
+    return float(p50), float(p99)
+
+
+def measure_mode(mode: str, clients: Sequence[int], rounds: int, warmup_s: float, duration_s: float,
+                 episode_len: int, sample_timesteps: int, max_wait_s: float, seed: int) -> dict[str, Any]:
+    """Sets up one mode, runs ``rounds`` rounds of every client count (rotating order), tears down."""
+    t_setup = time.perf_counter()
+    side = ServingSide(mode != "inprocess", max(clients), max_wait_s, sample_timesteps, seed)
+    worker = _Worker(side.server.address) if mode == "http" else None
+    setup_s = time.perf_counter() - t_setup
+    raw: dict[int, list[dict]] = {n: [] for n in clients}
+    lat: dict[int, list[float]] = {n: [] for n in clients}
+    try:
+        def phase(n: int, warm: float, dur: float) -> dict:
+            cmd = {"clients": n, "warmup_s": warm, "duration_s": dur, "episode_len": episode_len, "seed": seed}
+            if worker is not None:
+                res, a, b = worker.run_phase(side, cmd)
+            else:
+                snaps: dict[str, dict] = {}
+                res = run_phase(side.client_factory(), n, warm, dur, episode_len, seed,
+                                mark=lambda what: snaps.__setitem__(what, side.snapshot()))
+                a, b = snaps["start"], snaps["end"]
+            res["server"] = server_window(a, b)
+            return res
+
+        phase(max(clients), 2 * warmup_s, duration_s / 2)  # connections, episodes, any lazy compile
+        phase(min(clients), warmup_s, duration_s / 4)
+        for r in range(rounds * (side.error is None)):
+            order = list(clients[r % len(clients):]) + list(clients[: r % len(clients)])
+            for n in order:
+                if side.error is not None:  # nobody answers get_action any more: stop measuring
+                    break
+                res = phase(n, warmup_s, duration_s)
+                round_lat = res.pop("latencies_s")
+                res["p50_ms"], res["p99_ms"] = _percentiles_ms(round_lat)
+                lat[n].extend(round_lat)
+                raw[n].append(res)
+                _log(f"  {mode} round {r + 1}/{rounds}: {n:3d} clients {res['actions_per_s']:9.0f} actions/s, "
+                     f"batch {res['server']['mean_batch'] or 0:5.1f}, errors {res['num_errors']}")
+    finally:
+        if worker is not None:
+            worker.close()
+        side.close()
+    return summarize_mode(mode, clients, raw, lat, side, setup_s)
+
+
+def summarize_mode(mode: str, clients: Sequence[int], raw: dict[int, list[dict]], lat: dict[int, list[float]],
+                   side: ServingSide, setup_s: float) -> dict[str, Any]:
+    cells = {}
+    for n in clients:
+        rs = raw[n]
+        if not rs:
+            continue
+        aps = [r["actions_per_s"] for r in rs]
+        p50, p99 = _percentiles_ms(lat[n])
+
+        def med(key: str, rs: list[dict] = rs) -> float | None:
+            vals = [r["server"][key] for r in rs if r["server"][key] is not None]
+            return statistics.median(vals) if vals else None
+
+        cells[str(n)] = {
+            "clients": n, "actions_per_s": statistics.median(aps), "actions_per_s_min": min(aps),
+            "actions_per_s_max": max(aps), "per_client_actions_per_s": statistics.median(aps) / n,
+            "p50_ms": p50, "p99_ms": p99, "latency_samples": len(lat[n]),
+            "mean_batch": med("mean_batch"), "mean_padded_batch": med("mean_padded_batch"),
+            "policy_calls_per_s": med("policy_calls_per_s"), "policy_us_per_call": med("policy_us_per_call"),
+            "policy_cpu_us_per_call": med("policy_cpu_us_per_call"), "sampler_cpu_share": med("sampler_cpu_share"),
+            "sampler_cpu_us_per_action": med("sampler_cpu_us_per_action"),
+            "client_cpu_us_per_action": statistics.median(r["client_cpu_us_per_action"] for r in rs),
+            "share_poll": med("share_poll"), "share_policy": med("share_policy"), "share_send": med("share_send"),
+            "share_rest": med("share_rest"), "share_batch_build": med("share_batch_build"),
+            "server_cpu_cores": med("process_cpu_cores"),
+            "server_cpu_us_per_action": statistics.median(1e6 * r["server"]["process_cpu_cores"] / r["actions_per_s"]
+                                                          for r in rs if r["actions_per_s"]) if any(aps) else None,
+            "client_process_cpu_us_per_action": statistics.median(1e6 * r["cpu_cores"] / r["actions_per_s"]
+                                                                  for r in rs if r["actions_per_s"])
+            if any(aps) and mode == "http" else None,  # other modes: one process, counted as the server's
+            "client_cpu_cores": statistics.median(r["cpu_cores"] for r in rs) if mode == "http" else None,
+            "num_errors": sum(r["num_errors"] for r in rs), "hung_threads": sum(r["hung_threads"] for r in rs),
+            "errors": [e for r in rs for e in r["errors"]][:5],
+            "rounds": rs,
+        }
+    base = min(clients)
+    speedup = {}
+    for n in clients:
+        if n != base:
+            ratios = [a["actions_per_s"] / b["actions_per_s"] for a, b in zip(raw[n], raw[base]) if b["actions_per_s"]]
+            if ratios:
+                speedup[str(n)] = {"median": statistics.median(ratios), "min": min(ratios), "max": max(ratios),
+                                   "vs_clients": base}
+    return {"mode": mode, "label": LABELS[mode], "setup_s": setup_s, "compile_s": side.compile_s,
+            "batch_sizes": list(side.sampler.batch_sizes), "recompiles_while_timing": side.recompiles(),
+            "sampler_error": side.error, "cells": cells, "speedup": speedup}
+
+
+def run_benchmark(modes: Sequence[str], clients: Sequence[int], rounds: int, warmup_s: float, duration_s: float,
+                  episode_len: int, sample_timesteps: int, max_wait_s: float, seed: int) -> dict[str, Any]:
+    from importlib import metadata
+
+    from jaxsampler.bench import environment_info
+
+    started = time.perf_counter()
+    clients = sorted(set(clients))
+    results = {}
+    for mode in modes:
+        _log(f"{LABELS[mode]}: clients {clients}, {rounds} rounds x {duration_s} s (+{warmup_s} s warm-up)")
+        results[mode] = measure_mode(mode, clients, rounds, warmup_s, duration_s, episode_len, sample_timesteps,
+                                     max_wait_s, seed)
+    left = [t.name for t in threading.enumerate() if t is not threading.main_thread() and t.is_alive()]
+    return {
+        "benchmark": "Policy serving: get_action actions/s and latency, in-process and over HTTP",
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "command": " ".join([Path(sys.executable).name] + sys.argv),
+        "config": {"env": "CartPole-v1 spaces (obs float32 (4,), Discrete(2)); fixed per-client observations",
+                   "policy": f"MLPPolicy {HIDDEN} tanh", "modes": list(modes), "clients": clients, "rounds": rounds,
+                   "warmup_s": warmup_s, "duration_s": duration_s, "episode_len": episode_len,
+                   "sample_timesteps": sample_timesteps, "max_wait_s": max_wait_s, "seed": seed,
+                   "switch_interval_s": sys.getswitchinterval()},
+        "environment": {**environment_info(), "msgpack": metadata.version("msgpack")},
+        "git": git_state(),
+        "modes": results,
+        "threads_left_after_run": left,
+        "wall_s": time.perf_counter() - started,
+    }
+
+
+# --------------------------------------------------------------------------- reporting
+
+
+def _f(x: float | None, fmt: str = ".0f", scale: float = 1.0) -> str:
+    return "—" if x is None else format(x * scale, fmt)
+
+
+def _rate(x: float) -> str:
+    return f"{x / 1e3:.1f}k" if x >= 1e3 else f"{x:.0f}"
+
+
+def markdown_table(results: dict[str, Any]) -> str:
+    cfg, env = results["config"], results["environment"]
+    md = "# Policy serving: `get_action` throughput and latency\n\n"
+    md += (f"{results['date']} · `{results['command']}` · jax {env['jax']} ({env['backend']}, {env['device_count']} "
+           f"device(s)) · {env['cpu_count']} CPUs · Python {env['python']} (switch interval "
+           f"{cfg['switch_interval_s'] * 1e3:g} ms) · {cfg['policy']} · episodes of {cfg['episode_len']} steps · "
+           f"`sample_batch(num_timesteps={cfg['sample_timesteps']})` loop · max_wait_s={cfg['max_wait_s']} · "
+           f"{cfg['rounds']} rounds x {cfg['duration_s']} s per cell (+{cfg['warmup_s']} s warm-up) · "
+           f"wall {results['wall_s']:.0f} s\n\n")
+    md += "## Throughput and latency\n\n"
+    md += ("Total actions/s: median over rounds [min–max]; latency of `get_action` in the client, all rounds "
+           "pooled; batch = actions per jitted policy call (padded size in brackets); CPU = process CPU time per "
+           "wall second (server process / client process).\n\n")
+    md += ("| mode | clients | total actions/s | per client | p50 ms | p99 ms | batch | policy calls/s | "
+           "CPU cores |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+    for mode, m in results["modes"].items():
+        for c in m["cells"].values():
+            cpu = _f(c["server_cpu_cores"], ".2f")
+            if mode == "http":
+                cpu += f" / {c['client_cpu_cores']:.2f}"
+            md += (f"| {m['label']} | {c['clients']} | **{_rate(c['actions_per_s'])}** "
+                   f"[{_rate(c['actions_per_s_min'])}–{_rate(c['actions_per_s_max'])}] | "
+                   f"{_rate(c['per_client_actions_per_s'])} | {_f(c['p50_ms'], '.2f')} | {_f(c['p99_ms'], '.2f')} | "
+                   f"{_f(c['mean_batch'], '.1f')} ({_f(c['mean_padded_batch'], '.0f')}) | "
+                   f"{_f(c['policy_calls_per_s'])} | {cpu} |\n")
+    md += "\n## Speedup in total actions/s over 1 client (target: 64 clients ≥ 10x, in-process)\n\n"
+    counts = [n for n in cfg["clients"] if n != min(cfg["clients"])]
+    md += "| mode | " + " | ".join(f"{n} clients" for n in counts) + " |\n|---|" + "---:|" * len(counts) + "\n"
+    for m in results["modes"].values():
+        cells = []
+        for n in counts:
+            s = m["speedup"].get(str(n))
+            cells.append(f"**{s['median']:.1f}x** [{s['min']:.1f}–{s['max']:.1f}]" if s else "—")
+        md += f"| {m['label']} | " + " | ".join(cells) + " |\n"
+    md += ("\nMedian over rounds of the within-round ratio [min–max]; the client counts of a round run back to back "
+           "against the same sampler.\n")
+    md += "\n## Where the time goes (timed window, median over rounds)\n\n"
+    md += ("Sampler thread, share of wall time: poll = blocked in `poll()` (waiting for requests, incl. the "
+           "`max_wait_s` batching wait); policy = the jitted call until its result is ready; send = "
+           "`send_actions` (wakes the callers); rest = HostSampler's Python work (validation, collector, per-row "
+           "split of actions and extras, batch building at the end of each `sample_batch`: 'build' is the part "
+           "after a call's last poll). Wall time the thread spends outside `poll` beyond its CPU time is mostly "
+           "waiting for the GIL. CPU µs per action: sampler thread (`time.thread_time`), client threads, and the whole "
+           "process (server process + client process for the 2-process HTTP mode).\n\n")
+    md += ("| mode | clients | poll | policy | send | rest | (build) | sampler CPU | policy µs/call wall (CPU) | "
+           "sampler CPU µs/action | client CPU µs/action | process CPU µs/action |\n"
+           "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+    for m in results["modes"].values():
+        for c in m["cells"].values():
+            md += (f"| {m['label']} | {c['clients']} | {_f(c['share_poll'], '.0%')} | {_f(c['share_policy'], '.0%')} | "
+                   f"{_f(c['share_send'], '.0%')} | {_f(c['share_rest'], '.0%')} | {_f(c['share_batch_build'], '.0%')} | "
+                   f"{_f(c['sampler_cpu_share'], '.0%')} | {_f(c['policy_us_per_call'])} "
+                   f"({_f(c['policy_cpu_us_per_call'])}) | {_f(c['sampler_cpu_us_per_action'])} | "
+                   f"{_f(c['client_cpu_us_per_action'])} | {_f(c['server_cpu_us_per_action'])}"
+                   + (f" + {_f(c['client_process_cpu_us_per_action'])}" if m["mode"] == "http" else "") + " |\n")
+    md += "\n## Setup\n\n| mode | setup s (incl. compile) | compile s (all buckets) | buckets | recompiles while timing | errors |\n"
+    md += "|---|---:|---:|---|---:|---|\n"
+    for m in results["modes"].values():
+        errs = sum(c["num_errors"] + c["hung_threads"] for c in m["cells"].values())
+        note = m["sampler_error"] or (f"{errs} client errors / hung threads" if errs else "none")
+        md += (f"| {m['label']} | {m['setup_s']:.1f} | {_f(m['compile_s'], '.2f')} | {m['batch_sizes']} | "
+               f"{'—' if m['recompiles_while_timing'] is None else m['recompiles_while_timing']} | {note} |\n")
+    if results["threads_left_after_run"]:
+        md += f"\nThreads still alive after the run: {results['threads_left_after_run']}\n"
+    return md
+
+
+def write_results(results: dict[str, Any], out_dir: Path) -> None:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "serving.json").write_text(json.dumps(results, indent=1) + "\n")
+    (out_dir / "serving.md").write_text(markdown_table(results))
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--modes", nargs="+", choices=MODES, help=f"default: {' '.join(MODES)}")
+    p.add_argument("--clients", type=int, nargs="+", help="concurrent client counts (default 1 8 64)")
+    p.add_argument("--rounds", type=int, help="rounds per mode; each runs every client count once (default 3)")
+    p.add_argument("--duration", type=float, help="timed seconds per cell and round (default 1.5)")
+    p.add_argument("--warmup", type=float, help="untimed seconds before each timed window (default 0.5)")
+    p.add_argument("--episode-len", type=int, help="steps per client episode (default 50)")
+    p.add_argument("--sample-timesteps", type=int, help="num_timesteps of each sample_batch call (default 4096)")
+    p.add_argument("--max-wait-ms", type=float, default=2.0, help="ExternalEnv batching wait (default 2 ms)")
+    p.add_argument("--switch-interval-ms", type=float,
+                   help="sys.setswitchinterval for the server and client processes (default: Python's, 5 ms)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--quick", action="store_true", help="tiny smoke run; prints, writes only with --out")
+    p.add_argument("--out", type=Path, help=f"where to write serving.json/.md (default {RESULTS_DIR})")
+    p.add_argument("--client-worker", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.switch_interval_ms is not None:
+        sys.setswitchinterval(args.switch_interval_ms / 1e3)
+    if args.client_worker:
+        _worker(args.client_worker)
+        return
+    for k, v in (QUICK if args.quick else FULL).items():
+        if getattr(args, k) is None:
+            setattr(args, k, v)
+    results = run_benchmark(args.modes, args.clients, args.rounds, args.warmup, args.duration, args.episode_len,
+                            args.sample_timesteps, args.max_wait_ms / 1e3, args.seed)
+    print(markdown_table(results))
+    out_dir = args.out or (None if args.quick else RESULTS_DIR)
+    if out_dir is not None:
+        write_results(results, out_dir)
+        _log(f"wrote {out_dir / 'serving.json'} and {out_dir / 'serving.md'}")
+
+
+if __name__ == "__main__":
+    main()
