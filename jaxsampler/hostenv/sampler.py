@@ -238,9 +238,13 @@ class HostSampler:
         action, extras, new_state, self._keys[pid] = self.policy_fns[pid](params, jax.tree.map(pad, obs),
                                                                           self._keys[pid], state)
         action, extras, new_state = jax.device_get((action, extras, new_state))  # one transfer
+        # Per-row views without a tree walk per row when the leaves are plain arrays.
+        act_col = action[:, 0] if isinstance(action, np.ndarray) else None
+        ext_cols = {k: v[:, 0] for k, v in extras.items() if isinstance(v, np.ndarray)}
         for i, (e, a) in enumerate(zip(env_ids, agent_ids)):
-            act = jax.tree.map(lambda x, i=i: x[i, 0], action)
-            ext = {k: jax.tree.map(lambda x, i=i: x[i, 0], v) for k, v in extras.items()}
+            act = act_col[i] if act_col is not None else jax.tree.map(lambda x, i=i: x[i, 0], action)
+            ext = {k: (ext_cols[k][i] if k in ext_cols else jax.tree.map(lambda x, i=i: x[i, 0], v))
+                   for k, v in extras.items()}
             off = self._off_policy.get(e, {})
             if self.mark_off_policy:
                 ext["off_policy"] = np.bool_(a in off)
@@ -254,6 +258,10 @@ class HostSampler:
     # ------------------------------------------------------------------------- feeding
 
     def _check_obs(self, env_id: Any, agent_id: Any, obs: Any) -> Any:
+        ref = self._obs_ref
+        if isinstance(ref, np.ndarray) and isinstance(obs, np.ndarray) and obs.shape == ref.shape:
+            return obs if obs.dtype == ref.dtype else obs.astype(ref.dtype)  # the common case, no tree walk
+
         def leaf(ref: np.ndarray, x: Any) -> np.ndarray:
             arr = np.asarray(x)
             if arr.shape != ref.shape:
