@@ -167,7 +167,7 @@ def run_phase(factory: Callable[[], Any], num_clients: int, warmup_s: float, dur
 
 def _worker(address: str) -> None:
     """``--client-worker``: runs phases of PolicyClient threads on command (JSON lines on stdin)."""
-    from jaxsampler.hostenv.server import PolicyClient
+    from jaxsampler.hostenv.client import PolicyClient
 
     def say(msg: dict) -> None:
         sys.stdout.write(json.dumps(msg) + "\n")
@@ -334,7 +334,7 @@ class ServingSide:
     def client_factory(self) -> Callable[[], Any]:
         if self.server is None:
             return lambda: self.env
-        from jaxsampler.hostenv.server import PolicyClient
+        from jaxsampler.hostenv.client import PolicyClient
 
         address = self.server.address
         return lambda: PolicyClient(address)

@@ -28,7 +28,8 @@ from jaxsampler.hostenv.external import (
     UnknownEpisodeError,
 )
 from jaxsampler.hostenv.offline import packb, unpackb
-from jaxsampler.hostenv.server import PolicyClient, PolicyServer, PolicyServerError
+from jaxsampler.hostenv.client import PolicyClient
+from jaxsampler.hostenv.server import PolicyServer, PolicyServerError
 from tests.test_hostenv_external import ACT, OBS, PollLoop, answer, check_exactly_once, run_clients, simulate, wait_finished
 
 

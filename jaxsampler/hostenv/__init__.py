@@ -7,7 +7,8 @@ from jaxsampler.hostenv.gym import GymnasiumVectorEnv, MultiAgentDictEnv
 from jaxsampler.hostenv.gym_vector import GymnasiumVectorAdapter
 from jaxsampler.hostenv.offline import read_batches, read_episodes, write_batches, write_episodes
 from jaxsampler.hostenv.sampler import HostSampler
-from jaxsampler.hostenv.server import PolicyClient, PolicyServer, PolicyServerError
+from jaxsampler.hostenv.client import PolicyClient
+from jaxsampler.hostenv.server import PolicyServer, PolicyServerError
 
 __all__ = [
     "ALL",

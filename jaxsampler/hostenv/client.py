@@ -1,0 +1,312 @@
+"""HTTP policy client: :class:`PolicyClient` (the protocol is in :mod:`jaxsampler.hostenv.server`).
+
+``remote`` inference mode sends every call to the server, whose sampler computes the
+actions; ``local`` mode pulls the policy weights every ``update_interval`` seconds,
+computes actions in the client with one jitted call and ships experience back in the
+background through ``/batch``.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import threading
+import time
+import uuid
+from collections.abc import Mapping
+from typing import Any
+from urllib.parse import urlsplit
+
+import numpy as np
+
+from jaxsampler.env import DEFAULT_AGENT_ID
+from jaxsampler.hostenv import external as ext
+from jaxsampler.hostenv.offline import packb, unpackb
+from jaxsampler.hostenv.server import _ERRORS, _MSGPACK, PolicyServerError
+
+__all__ = ["PolicyClient"]
+
+
+class PolicyClient:
+    """Talks to a :class:`PolicyServer`: the five ExternalEnv calls over HTTP.
+
+    Args:
+        address: the server's ``"http://host:port"``.
+        inference_mode: ``"remote"`` (the server's sampler computes every action, one
+            round trip per call) or ``"local"`` (actions come from ``policy`` here, with
+            params pulled from the server; experience is sent back in the background).
+        policy: a :class:`~jaxsampler.policies.base.Policy` (local mode only).
+        update_interval: local mode: pull new params when at least this many seconds
+            passed since the last pull (checked at every call).
+        timeout: socket timeout of one request, in seconds.
+        seed: local mode PRNG seed.
+        flush_interval: local mode: experience is sent at least this often.
+
+    Thread-safe: each thread uses its own keep-alive connection. In local mode, errors of
+    the background sender (e.g. the server refused a step) are raised by the next call.
+    """
+
+    def __init__(self, address: str, inference_mode: str = "remote", *, policy: Any = None,
+                 update_interval: float = 10.0, timeout: float = 600.0, seed: int = 0,
+                 flush_interval: float = 0.05, max_batch_commands: int = 512):
+        parts = urlsplit(address)
+        if parts.scheme != "http" or not parts.hostname or parts.port is None:
+            raise ValueError(f"address must look like 'http://host:port', got {address!r}")
+        if inference_mode not in ("remote", "local"):
+            raise ValueError(f"inference_mode must be 'remote' or 'local', got {inference_mode!r}")
+        self.address, self.inference_mode = address, inference_mode
+        self._host, self._port, self._timeout = parts.hostname, parts.port, timeout
+        self._tls = threading.local()
+        self._closed = False
+        if inference_mode == "local":
+            if policy is None:
+                raise ValueError("inference_mode='local' needs a policy")
+            self._init_local(policy, update_interval, seed, flush_interval, max_batch_commands)
+
+    # -- transport ---------------------------------------------------------------------
+
+    def _conn(self) -> http.client.HTTPConnection:
+        c = getattr(self._tls, "conn", None)
+        if c is None:
+            c = self._tls.conn = http.client.HTTPConnection(self._host, self._port, timeout=self._timeout)
+        return c
+
+    def _request(self, method: str, path: str, body: bytes | None = None, headers: dict | None = None):
+        hdrs = {"Content-Type": _MSGPACK, **(headers or {})}
+        for attempt in (0, 1):
+            conn = self._conn()
+            reused = conn.sock is not None
+            try:
+                conn.request(method, path, body=body, headers=hdrs)
+                resp = conn.getresponse()
+                data = resp.read()
+            except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError) as e:
+                conn.close()
+                if reused and attempt == 0:  # a stale keep-alive connection: retry once, fresh
+                    continue
+                raise ConnectionError(f"policy server {self.address}: {e}") from e
+            if resp.getheader("Connection", "").lower() == "close":
+                conn.close()
+            return resp.status, resp, data
+        raise AssertionError("unreachable")
+
+    def _raise(self, status: int, data: bytes) -> None:
+        try:
+            err = json.loads(data.decode())
+            name, message = err.get("error", ""), err.get("message", "")
+        except (ValueError, UnicodeDecodeError):
+            name, message = "", data[:200].decode(errors="replace")
+        cls = _ERRORS.get(name)
+        if cls is not None:
+            raise cls(f"server: {message}")
+        raise PolicyServerError(status, f"{name}: {message}" if name else message)
+
+    def _post(self, command: str, payload: dict) -> dict:
+        status, _, data = self._request("POST", "/" + command, packb(payload))
+        if status != 200:
+            self._raise(status, data)
+        return unpackb(data, objects=False)
+
+    # -- the five calls ------------------------------------------------------------------
+
+    def start_episode(self, episode_id: str | None = None, training_enabled: bool = True) -> str:
+        """Starts an episode on the server; returns its id."""
+        if self.inference_mode == "local":
+            return self._local_start(episode_id, training_enabled)
+        return self._post("start_episode", {"episode_id": episode_id, "training_enabled": training_enabled})["episode_id"]
+
+    def get_action(self, episode_id: str, observation: Any) -> Any:
+        """The action for ``observation`` (a dict per agent for multi-agent servers)."""
+        if self.inference_mode == "local":
+            return self._local_act(episode_id, observation)
+        return self._post("get_action", {"episode_id": episode_id, "observation": observation})["action"]
+
+    def log_action(self, episode_id: str, observation: Any, action: Any) -> None:
+        """Logs an off-policy step (an action the simulator chose)."""
+        self._send("log_action", {"episode_id": episode_id, "observation": observation, "action": action})
+
+    def log_returns(self, episode_id: str, reward: Any, info: dict | None = None,
+                    multiagent_done_dict: dict | None = None) -> None:
+        """Adds reward(s) to the previous step."""
+        msg = {"episode_id": episode_id, "reward": reward, "info": info}
+        if multiagent_done_dict:
+            msg["done"] = multiagent_done_dict
+        self._send("log_returns", msg)
+
+    def end_episode(self, episode_id: str, observation: Any, truncated: bool = False) -> None:
+        """Ends the episode with its final observation."""
+        self._send("end_episode", {"episode_id": episode_id, "observation": observation, "truncated": truncated})
+        if self.inference_mode == "local":
+            self._states.pop(episode_id, None)
+            self._episodes.discard(episode_id)
+
+    def _send(self, command: str, msg: dict) -> None:
+        if self.inference_mode == "local":
+            if msg["episode_id"] not in self._episodes:
+                raise ext.UnknownEpisodeError(f"Episode {msg['episode_id']} not found (not started by this client).")
+            self._enqueue({"command": command, **msg})
+        else:
+            self._post(command, msg)
+
+    # -- local inference -----------------------------------------------------------------
+
+    def _init_local(self, policy: Any, update_interval: float, seed: int, flush_interval: float, max_batch: int) -> None:
+        import jax
+
+        info = self.server_info()
+        self._multi_agent = bool(info["multi_agent"])
+        self.policy, self.update_interval = policy, float(update_interval)
+        self._params: Any = None
+        self.weights_version = 0
+        self._last_pull = -float("inf")
+        self._key = jax.random.PRNGKey(seed)
+        self._episodes: set[str] = set()
+        self._states: dict[str, dict] = {}
+        self._act_lock = threading.Lock()
+
+        def step(params, obs, key, state):
+            key, sub = jax.random.split(key)
+            action, extras, state = policy(params, obs, sub, state)
+            return action, extras, state, key
+
+        self._step = jax.jit(step)
+        self._out: list[dict] = []
+        self._out_cv = threading.Condition()
+        self._sending, self._send_error = False, None
+        self._flush_interval, self._max_batch = float(flush_interval), int(max_batch)
+        self._sender = threading.Thread(target=self._sender_loop, name="PolicyClient.sender", daemon=True)
+        self._sender.start()
+
+    def server_info(self) -> dict:
+        """The server's ``/info``: protocol version, spaces, agent ids, weights version."""
+        status, _, data = self._request("GET", "/info")
+        if status != 200:
+            self._raise(status, data)
+        return unpackb(data, objects=False)
+
+    def update_policy_weights(self) -> bool:
+        """Pulls params from the server (local mode); returns whether they changed."""
+        import jax
+
+        headers = {"If-None-Match": f'"{self.weights_version}"'} if self._params is not None else {}
+        status, _, data = self._request("GET", "/weights", headers=headers)
+        self._last_pull = time.monotonic()
+        if status == 304:
+            return False
+        if status != 200:
+            self._raise(status, data)
+        msg = unpackb(data, objects=False)
+        self._params = jax.device_put(msg["params"])
+        self.weights_version = int(msg["version"])
+        return True
+
+    def _local_start(self, episode_id: str | None, training_enabled: bool) -> str:
+        eid = uuid.uuid4().hex if episode_id is None else episode_id
+        if eid in self._episodes:
+            raise ext.EpisodeStateError(f"Episode {eid} has already been started.")
+        self._enqueue({"command": "start_episode", "episode_id": eid, "training_enabled": training_enabled})
+        self._episodes.add(eid)
+        self._states[eid] = {}
+        return eid
+
+    def _local_act(self, episode_id: str, observation: Any) -> Any:
+        import jax
+
+        if episode_id not in self._episodes:
+            raise ext.UnknownEpisodeError(f"Episode {episode_id} not found (not started by this client).")
+        self._raise_sender_error()
+        obs = observation if self._multi_agent else {DEFAULT_AGENT_ID: observation}
+        if not isinstance(obs, Mapping) or not obs:
+            raise ext.InvalidDataError(f"observation must be a non-empty dict agent -> obs, got {type(obs).__name__}")
+        space = self.policy.observation_space
+        obs = {a: ext.check_value(o, space, f"observation[{a!r}]") for a, o in obs.items()}
+        agents = list(obs)
+        with self._act_lock:
+            if self._params is None or time.monotonic() - self._last_pull >= self.update_interval:
+                self.update_policy_weights()
+            states = self._states[episode_id]
+            state = jax.tree.map(lambda *xs: np.concatenate(xs, axis=1),
+                                 *[states.get(a) or self.policy.initial_state((1, 1)) for a in agents])
+            batch = jax.tree.map(lambda *xs: np.stack(xs)[None], *[obs[a] for a in agents])
+            action, extras, state, self._key = self._step(self._params, batch, self._key, state)
+            action, extras, state = jax.device_get((action, extras, state))
+            version = self.weights_version
+        for i, a in enumerate(agents):
+            states[a] = jax.tree.map(lambda x, i=i: x[:, i : i + 1], state)
+        acts = {a: jax.tree.map(lambda x, i=i: x[0, i], action) for i, a in enumerate(agents)}
+        infos = {a: {ext.CLIENT_POLICY_INFO: {"weights_version": version,
+                                              "extra_model_outputs": {k: v[0, i] for k, v in extras.items()}}}
+                 for i, a in enumerate(agents)}
+        self._enqueue({"command": "log_action", "episode_id": episode_id,
+                       "observation": obs if self._multi_agent else obs[DEFAULT_AGENT_ID],
+                       "action": acts if self._multi_agent else acts[DEFAULT_AGENT_ID],
+                       "info": infos if self._multi_agent else infos[DEFAULT_AGENT_ID]})
+        return acts if self._multi_agent else acts[DEFAULT_AGENT_ID]
+
+    def _enqueue(self, cmd: dict) -> None:
+        self._raise_sender_error()
+        if self._closed:
+            raise ext.EnvClosedError("PolicyClient was closed")
+        with self._out_cv:
+            self._out.append(cmd)
+            if len(self._out) >= self._max_batch:
+                self._out_cv.notify_all()
+
+    def _sender_loop(self) -> None:
+        while True:
+            with self._out_cv:
+                if not self._out and not self._closed:
+                    self._out_cv.wait(self._flush_interval)
+                if not self._out and self._closed:
+                    return
+                batch, self._out = self._out, []
+                self._sending = bool(batch)
+            if batch:
+                try:
+                    errors = self._post("batch", {"commands": batch})["errors"]
+                    if errors:
+                        first = errors[0]
+                        self._raise(first["status"], json.dumps(first).encode())
+                except Exception as e:  # noqa: BLE001 -- surfaced by the next call
+                    if self._send_error is None:
+                        self._send_error = e
+            with self._out_cv:
+                self._sending = False
+                self._out_cv.notify_all()
+
+    def _raise_sender_error(self) -> None:
+        if self.inference_mode == "local" and self._send_error is not None:
+            e, self._send_error = self._send_error, None
+            raise e
+
+    def flush(self) -> None:
+        """Local mode: blocks until queued experience reached the server; raises its error."""
+        if self.inference_mode != "local":
+            return
+        with self._out_cv:
+            self._out_cv.notify_all()
+            while self._out or self._sending:
+                self._out_cv.wait(0.5)
+        self._raise_sender_error()
+
+    def close(self) -> None:
+        """Flushes (local mode) and closes this thread's connection. Idempotent."""
+        if self._closed:
+            return
+        try:
+            self.flush()
+        finally:
+            self._closed = True
+            if self.inference_mode == "local":
+                with self._out_cv:
+                    self._out_cv.notify_all()
+                self._sender.join(timeout=5)
+            c = getattr(self._tls, "conn", None)
+            if c is not None:
+                c.close()
+
+    def __enter__(self) -> PolicyClient:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
