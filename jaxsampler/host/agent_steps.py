@@ -129,10 +129,10 @@ def agent_steps(
         base = np.take_along_axis(c, last_reset[:, :, None], axis=1) * after_reset
         return c - base, c - x - base
 
-    _, flagged_before = since_episode_start(flags)
+    total_flags, flagged_before = since_episode_start(flags)
     valid = acting & (flagged_before == 0)
     first_flag = _first_at_or_after(flags)
-    still_in = since_episode_start(flags)[0][:, -1] == 0
+    still_in = total_flags[:, -1] == 0
     valid_next = np.concatenate([valid, (next_acting & still_in)[:, None]], axis=1)  # + the last obs slot
     next_act = _first_at_or_after(valid_next)[:, 1:]
     end = np.minimum(next_act, first_flag + 1)
@@ -174,7 +174,6 @@ def agent_steps(
     new.reward[ee, aa] = csum[ee, S, aa] - csum[ee, sl, aa]
     new.start[ee, aa] = np.where(sl == 0, carry.start[ee, aa], step_of_slot[ee, sl])
     last = S - 1
-    total_flags, _ = since_episode_start(flags)
     new.done = total_flags[:, last] > 0
     new.n_act = count_incl[:, last] + np.where(last_reset[:, last, None] > 0, 0, carried[:, 0])
     return steps, new

@@ -143,8 +143,10 @@ class MultiAgentSampling:
         new_run[:1] = True
         np.not_equal(uid[1:], uid[:-1], out=new_run[1:])
         starts = np.flatnonzero(new_run)
-        ids = [self._agent_episode_id(self._episode_id(int(seg["env"][p]), int(seg["count"][p])), int(a))
-               for p, a in zip(pos[starts].tolist(), steps.agent[starts].tolist())]
+        # Episode ids once per segment, then one string concatenation per (segment, agent).
+        ma_ids = [self._episode_id(e, c) for e, c in zip(seg["env"].tolist(), seg["count"].tolist())]
+        suffix = [self._agent_episode_id("", a) for a in range(len(self.agent_ids))]
+        ids = [ma_ids[p] + suffix[a] for p, a in zip(pos[starts].tolist(), steps.agent[starts].tolist())]
         # An object array of shared strings: 8 bytes per row (a unicode array would be 144).
         sa_ids = np.array(ids or [""], dtype=object)[np.cumsum(new_run) - 1]
         data = self._step_columns(call, cols, steps, old, sa_ids)
