@@ -57,6 +57,38 @@ def batch_gae(rewards, values, next_values, terminateds, ends, gamma, lam):
     return adv
 
 
+def make_update(cfg, policy, epochs):
+    """``update(params, opt_state, batch, key)``: GAE over a :func:`padded_batch` (bootstrapping
+    from the value of ``new_obs``) and the minibatch epochs. Jitted."""
+
+    @jax.jit
+    def update(params, opt_state, batch, key):
+        _, nv, _ = policy.forward(params, batch["new_obs"])
+        adv = batch_gae(batch["rewards"], batch["vf_preds"], nv, batch["terminateds"], batch["ends"],
+                        cfg.gamma, cfg.gae_lambda)
+        data = {"obs": batch["obs"], "actions": batch["actions"], "logp": batch["action_logp"],
+                "values": batch["vf_preds"], "advantages": adv, "targets": adv + batch["vf_preds"],
+                "mask": batch["mask"]}
+        return epochs(params, opt_state, data, key)
+
+    return update
+
+
+def padded_batch(sb, size: int) -> dict[str, np.ndarray]:
+    """The columns ``update`` needs from a ``SampleBatch`` whose rows run episode by episode,
+    plus ``ends`` (last row of each ``eps_id`` run) and ``mask``, zero-padded to ``size``
+    rows (padded rows: ``mask`` False, ``ends`` True) so ``update`` compiles once."""
+    n = sb.count
+    ids = sb["eps_id"]
+    ends = np.ones(n, bool)
+    ends[:-1] = ids[1:] != ids[:-1]
+    batch = {k: sb[k] for k in ("obs", "new_obs", "actions", "rewards", "terminateds", "action_logp", "vf_preds")}
+    batch["ends"], batch["mask"] = ends, np.ones(n, bool)
+    batch = {k: np.concatenate([v, np.zeros((size - n,) + v.shape[1:], v.dtype)]) for k, v in batch.items()}
+    batch["ends"][n:] = True
+    return batch
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--total-timesteps", type=int, default=500_000)
@@ -75,16 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     opt_state = tx.init(params)
     epochs = ppo.make_epochs(cfg, ppo.make_loss(cfg, policy), tx)
 
-    @jax.jit
-    def update(params, opt_state, batch, key):
-        _, nv, _ = policy.forward(params, batch["new_obs"])
-        adv = batch_gae(batch["rewards"], batch["vf_preds"], nv, batch["terminateds"], batch["ends"],
-                        cfg.gamma, cfg.gae_lambda)
-        data = {"obs": batch["obs"], "actions": batch["actions"], "logp": batch["action_logp"],
-                "values": batch["vf_preds"], "advantages": adv, "targets": adv + batch["vf_preds"],
-                "mask": batch["mask"]}
-
-        return epochs(params, opt_state, data, key)
+    update = make_update(cfg, policy, epochs)
 
     # Batches vary in length (reset steps are not rows): pad to the fixed device batch size
     # so `update` compiles once; padded rows get mask False.
@@ -94,18 +117,9 @@ def main(argv: list[str] | None = None) -> int:
     while steps < cfg.total_timesteps:
         mab = sampler.sample_batch(params)
         sb = mab["default_policy"]
-        n = sb.count
-        ids = sb["eps_id"]
-        ends = np.ones(n, bool)
-        ends[:-1] = ids[1:] != ids[:-1]
-        batch = {k: sb[k] for k in ("obs", "new_obs", "actions", "rewards", "terminateds", "action_logp", "vf_preds")}
-        batch["ends"] = ends
-        batch["mask"] = np.ones(n, bool)
-        batch = {k: np.concatenate([v, np.zeros((size - n,) + v.shape[1:], v.dtype)]) for k, v in batch.items()}
-        batch["ends"][n:] = True
         key, k = jax.random.split(key)
-        params, opt_state = update(params, opt_state, batch, k)
-        steps += n
+        params, opt_state = update(params, opt_state, padded_batch(sb, size), k)
+        steps += sb.count
         if sampler.metrics.num_episodes_completed:
             returns.append(sampler.metrics.episode_return_mean)
     wall = time.perf_counter() - t0

@@ -38,7 +38,8 @@ def _load(name: str):
 
 
 ppo = _load("ppo")
-batch_gae = _load("ppo_host").batch_gae
+ppo_host = _load("ppo_host")
+
 
 def policy_of(agent_id: str) -> str:
     return "even" if int(agent_id.rsplit("_", 1)[1]) % 2 == 0 else "odd"
@@ -65,15 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     opt_states = {pid: tx.init(params[pid]) for pid in policy.policy_ids}
     epochs = ppo.make_epochs(cfg, ppo.make_loss(cfg, mlp), tx)
 
-    @jax.jit
-    def update(params, opt_state, batch, key):
-        _, nv, _ = mlp.forward(params, batch["new_obs"])
-        adv = batch_gae(batch["rewards"], batch["vf_preds"], nv, batch["terminateds"], batch["ends"],
-                        cfg.gamma, cfg.gae_lambda)
-        data = {"obs": batch["obs"], "actions": batch["actions"], "logp": batch["action_logp"],
-                "values": batch["vf_preds"], "advantages": adv, "targets": adv + batch["vf_preds"],
-                "mask": batch["mask"]}
-        return epochs(params, opt_state, data, key)
+    update = ppo_host.make_update(cfg, mlp, epochs)
 
     # Rows per policy vary (agent steps complete across calls): pad to the most one call
     # can hold, so `update` compiles once; padded rows are masked out.
@@ -83,17 +76,8 @@ def main(argv: list[str] | None = None) -> int:
     while steps < cfg.total_timesteps:
         mab = sampler.sample_batch(params)
         for pid in policy.policy_ids:
-            sb = mab[pid]
-            n = sb.count
-            ids = sb["eps_id"]
-            ends = np.ones(n, bool)
-            ends[:-1] = ids[1:] != ids[:-1]
-            batch = {k: sb[k] for k in ("obs", "new_obs", "actions", "rewards", "terminateds", "action_logp", "vf_preds")}
-            batch["ends"], batch["mask"] = ends, np.ones(n, bool)
-            batch = {k: np.concatenate([v, np.zeros((size - n,) + v.shape[1:], v.dtype)]) for k, v in batch.items()}
-            batch["ends"][n:] = True
             key, k = jax.random.split(key)
-            params[pid], opt_states[pid] = update(params[pid], opt_states[pid], batch, k)
+            params[pid], opt_states[pid] = update(params[pid], opt_states[pid], ppo_host.padded_batch(mab[pid], size), k)
         steps += mab.env_steps()
         agent_steps += mab.agent_steps()
         m = sampler.metrics
