@@ -44,10 +44,8 @@ from __future__ import annotations
 import argparse
 import datetime
 import gc
-import json
 import math
 import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -60,7 +58,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import jaxsampler as js
-from jaxsampler.bench import environment_info, time_calls
+from jaxsampler.bench import environment_info, git_state, log, time_calls, write_results
 from jaxsampler.envs.spread import Spread
 
 DEFAULT_AGENTS = (2, 8, 32)
@@ -75,20 +73,6 @@ HIDDEN = (64, 64)
 SIDES = ("jaxsampler", "handwritten")
 
 
-def _log(msg: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
-
-
-def git_state() -> dict[str, Any]:
-    """HEAD commit and the files changed in the working tree (the code that was measured)."""
-    def git(*args: str) -> str:
-        return subprocess.run(["git", *args], cwd=Path(__file__).resolve().parent, capture_output=True,
-                              text=True, timeout=10).stdout.strip()
-
-    try:
-        return {"commit": git("rev-parse", "HEAD"), "changed": git("status", "--porcelain", "-uno").splitlines()}
-    except (OSError, subprocess.SubprocessError) as e:
-        return {"error": str(e)}
 
 
 def make_env_policy(num_agents: int, seed: int = 0) -> tuple[Spread, js.MLPPolicy, Any]:
@@ -321,7 +305,7 @@ def _time_sample_batch(env: Spread, policy: js.MLPPolicy, params: Any, num_envs:
 def run_benchmark(agents: Sequence[int], widths: Sequence[int], rollout_length: int, repeats: int, big_repeats: int,
                   conversion: Sequence[Sequence[int]], conversion_repeats: int, *, max_buffer_gb: float = 2.5,
                   min_rollout_length: int = 32, seed: int = 0,
-                  progress: Callable[[str], None] | None = _log) -> dict[str, Any]:
+                  progress: Callable[[str], None] | None = log) -> dict[str, Any]:
     """Every rollout cell, then every conversion cell; returns the results dict."""
     started = time.perf_counter()
     cells = []
@@ -416,11 +400,6 @@ def markdown_table(results: dict[str, Any]) -> str:
     return md
 
 
-def write_results(results: dict[str, Any], out_dir: Path) -> None:
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "multiagent.json").write_text(json.dumps(results, indent=1) + "\n")
-    (out_dir / "multiagent.md").write_text(markdown_table(results))
-
 
 def main(argv: Sequence[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -454,8 +433,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     print(markdown_table(results))
     out_dir = args.out or (None if args.quick else RESULTS_DIR)
     if out_dir is not None:
-        write_results(results, out_dir)
-        _log(f"wrote {out_dir / 'multiagent.json'} and {out_dir / 'multiagent.md'}")
+        write_results(results, markdown_table(results), out_dir, "multiagent")
 
 
 if __name__ == "__main__":

@@ -56,6 +56,8 @@ from typing import Any
 
 import numpy as np
 
+from jaxsampler.bench import environment_info, git_state, log, write_results
+
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 HIDDEN = (64, 64)
 MODES = ("inprocess", "http", "http-inproc")
@@ -68,20 +70,6 @@ QUICK = {"clients": [1, 8, 64], "rounds": 1, "warmup": 0.2, "duration": 0.3, "ep
 JOIN_TIMEOUT_S = 15.0
 
 
-def _log(msg: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
-
-
-def git_state() -> dict[str, Any]:
-    """HEAD commit and the files changed in the working tree (the code that was measured)."""
-    def git(*args: str) -> str:
-        return subprocess.run(["git", *args], cwd=Path(__file__).resolve().parent, capture_output=True,
-                              text=True, timeout=10).stdout.strip()
-
-    try:
-        return {"commit": git("rev-parse", "HEAD"), "changed": git("status", "--porcelain").splitlines()}
-    except (OSError, subprocess.SubprocessError) as e:
-        return {"error": str(e)}
 
 
 # --------------------------------------------------------------------------- clients
@@ -326,7 +314,7 @@ class ServingSide:
             pass
         except Exception as e:  # noqa: BLE001 -- reported in the results
             self.error = f"{type(e).__name__}: {e}"
-            _log(f"sampler thread failed: {self.error}")
+            log(f"sampler thread failed: {self.error}")
 
     def snapshot(self) -> dict[str, float]:
         return {k: self.stats[k] for k in STAT_KEYS} | {"t": time.perf_counter(), "cpu": time.process_time()}
@@ -454,7 +442,7 @@ def measure_mode(mode: str, clients: Sequence[int], rounds: int, warmup_s: float
                 res["p50_ms"], res["p99_ms"] = _percentiles_ms(round_lat)
                 lat[n].extend(round_lat)
                 raw[n].append(res)
-                _log(f"  {mode} round {r + 1}/{rounds}: {n:3d} clients {res['actions_per_s']:9.0f} actions/s, "
+                log(f"  {mode} round {r + 1}/{rounds}: {n:3d} clients {res['actions_per_s']:9.0f} actions/s, "
                      f"batch {res['server']['mean_batch'] or 0:5.1f}, errors {res['num_errors']}")
     finally:
         if worker is not None:
@@ -516,13 +504,12 @@ def run_benchmark(modes: Sequence[str], clients: Sequence[int], rounds: int, war
                   episode_len: int, sample_timesteps: int, max_wait_s: float, seed: int) -> dict[str, Any]:
     from importlib import metadata
 
-    from jaxsampler.bench import environment_info
 
     started = time.perf_counter()
     clients = sorted(set(clients))
     results = {}
     for mode in modes:
-        _log(f"{LABELS[mode]}: clients {clients}, {rounds} rounds x {duration_s} s (+{warmup_s} s warm-up)")
+        log(f"{LABELS[mode]}: clients {clients}, {rounds} rounds x {duration_s} s (+{warmup_s} s warm-up)")
         results[mode] = measure_mode(mode, clients, rounds, warmup_s, duration_s, episode_len, sample_timesteps,
                                      max_wait_s, seed)
     left = [t.name for t in threading.enumerate() if t is not threading.main_thread() and t.is_alive()]
@@ -536,7 +523,7 @@ def run_benchmark(modes: Sequence[str], clients: Sequence[int], rounds: int, war
                    "sample_timesteps": sample_timesteps, "max_wait_s": max_wait_s, "seed": seed,
                    "switch_interval_s": sys.getswitchinterval()},
         "environment": {**environment_info(), "msgpack": metadata.version("msgpack")},
-        "git": git_state(),
+        "git": git_state(include_untracked=True),
         "modes": results,
         "threads_left_after_run": left,
         "wall_s": time.perf_counter() - started,
@@ -621,11 +608,6 @@ def markdown_table(results: dict[str, Any]) -> str:
     return md
 
 
-def write_results(results: dict[str, Any], out_dir: Path) -> None:
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "serving.json").write_text(json.dumps(results, indent=1) + "\n")
-    (out_dir / "serving.md").write_text(markdown_table(results))
-
 
 def main(argv: Sequence[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -657,8 +639,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     print(markdown_table(results))
     out_dir = args.out or (None if args.quick else RESULTS_DIR)
     if out_dir is not None:
-        write_results(results, out_dir)
-        _log(f"wrote {out_dir / 'serving.json'} and {out_dir / 'serving.md'}")
+        write_results(results, markdown_table(results), out_dir, "serving")
 
 
 if __name__ == "__main__":

@@ -59,7 +59,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import jaxsampler as js
-from jaxsampler.bench import environment_info, measure_rollout, time_calls
+from jaxsampler.bench import environment_info, log, measure_rollout, time_calls, write_results
 
 ENV_ID = "CartPole-v1"
 DEFAULT_WIDTHS = (1, 8, 64, 256, 1024, 4096, 16384)
@@ -77,9 +77,6 @@ LABELS = {
 JAX_IMPLS = ("jaxsampler", "handwritten", "forward_only")
 HOST_IMPLS = ("sync_vector_env", "make_vec", "envpool")
 
-
-def _log(msg: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
 # --------------------------------------------------------------------------- the policy
@@ -514,7 +511,7 @@ def run_benchmark(
     multi_device: bool = True,
     multi_device_repeats: int = 5,
     seed: int = 0,
-    progress: Callable[[str], None] | None = _log,
+    progress: Callable[[str], None] | None = log,
 ) -> dict[str, Any]:
     """Runs every implementation at every width; returns the full results dict.
 
@@ -700,11 +697,6 @@ def markdown_table(results: dict[str, Any]) -> str:
     return md
 
 
-def write_results(results: dict[str, Any], out_dir: Path) -> None:
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "throughput.json").write_text(json.dumps(results, indent=1) + "\n")
-    (out_dir / "throughput.md").write_text(markdown_table(results))
-
 
 def main(argv: Sequence[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -738,8 +730,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     print(markdown_table(results))
     out_dir = args.output_dir or (None if args.quick else RESULTS_DIR)
     if out_dir is not None:
-        write_results(results, out_dir)
-        _log(f"wrote {out_dir / 'throughput.json'} and {out_dir / 'throughput.md'}")
+        write_results(results, markdown_table(results), out_dir, "throughput")
 
 
 if __name__ == "__main__":

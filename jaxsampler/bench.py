@@ -6,11 +6,15 @@ its result before the clock is read; figures are medians over repeats.
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 import statistics
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import jax
@@ -20,7 +24,34 @@ from jaxsampler.policies import MLPPolicy, RandomPolicy
 from jaxsampler.registry import make
 from jaxsampler.rollout import init_rollout_state, jit_rollout, make_rollout
 
-__all__ = ["environment_info", "time_calls", "measure_rollout", "sweep"]
+__all__ = ["environment_info", "git_state", "log", "write_results", "time_calls", "measure_rollout", "sweep"]
+
+
+def log(msg: str) -> None:
+    """A timestamped progress line on stderr (benchmark scripts)."""
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def git_state(include_untracked: bool = False) -> dict[str, Any]:
+    """HEAD commit and the files changed in the working tree (the code that was measured)."""
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=Path(__file__).resolve().parent, capture_output=True,
+                              text=True, timeout=10).stdout.strip()
+
+    status = ["status", "--porcelain"] + ([] if include_untracked else ["-uno"])
+    try:
+        return {"commit": git("rev-parse", "HEAD"), "changed": git(*status).splitlines()}
+    except (OSError, subprocess.SubprocessError) as e:
+        return {"error": str(e)}
+
+
+def write_results(results: dict[str, Any], markdown: str, out_dir: Path, name: str) -> None:
+    """Writes ``<name>.json`` (the raw results) and ``<name>.md`` (the tables) to ``out_dir``."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / f"{name}.json").write_text(json.dumps(results, indent=1) + "\n")
+    (out_dir / f"{name}.md").write_text(markdown)
+    log(f"wrote {out_dir / (name + '.json')} and {out_dir / (name + '.md')}")
 
 
 def environment_info() -> dict[str, Any]:
