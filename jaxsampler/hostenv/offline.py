@@ -311,39 +311,32 @@ def read_records(path: str) -> Iterator[Any]:
         yield from unpacker
 
 
-def write_batches(path: str, batches: Iterable[SampleBatch | MultiAgentBatch], append: bool = False) -> int:
-    """Writes batches to ``path``; returns how many."""
+def _write(path: str, items: Iterable[Any], kinds: tuple[type, ...], what: str, append: bool) -> int:
     n = 0
     with OfflineWriter(path, append=append) as w:
-        for b in batches:
-            if not isinstance(b, (SampleBatch, MultiAgentBatch)):
-                raise TypeError(f"write_batches: got a {type(b).__name__}")
-            w.write(b)
+        for x in items:
+            if not isinstance(x, kinds):
+                raise TypeError(f"{what}: got a {type(x).__name__}")
+            w.write(x)
             n += 1
     return n
+
+
+def write_batches(path: str, batches: Iterable[SampleBatch | MultiAgentBatch], append: bool = False) -> int:
+    """Writes batches to ``path``; returns how many."""
+    return _write(path, batches, (SampleBatch, MultiAgentBatch), "write_batches", append)
 
 
 def read_batches(path: str) -> Iterator[SampleBatch | MultiAgentBatch]:
     """Yields the batches of an offline log (episodes in it are skipped)."""
-    for r in read_records(path):
-        if isinstance(r, (SampleBatch, MultiAgentBatch)):
-            yield r
+    return (r for r in read_records(path) if isinstance(r, (SampleBatch, MultiAgentBatch)))
 
 
 def write_episodes(path: str, episodes: Iterable[SingleAgentEpisode | MultiAgentEpisode], append: bool = False) -> int:
     """Writes episodes (their full state) to ``path``; returns how many."""
-    n = 0
-    with OfflineWriter(path, append=append) as w:
-        for ep in episodes:
-            if not isinstance(ep, (SingleAgentEpisode, MultiAgentEpisode)):
-                raise TypeError(f"write_episodes: got a {type(ep).__name__}")
-            w.write(ep)
-            n += 1
-    return n
+    return _write(path, episodes, (SingleAgentEpisode, MultiAgentEpisode), "write_episodes", append)
 
 
 def read_episodes(path: str) -> Iterator[SingleAgentEpisode | MultiAgentEpisode]:
     """Yields the episodes of an offline log (batches in it are skipped)."""
-    for r in read_records(path):
-        if isinstance(r, (SingleAgentEpisode, MultiAgentEpisode)):
-            yield r
+    return (r for r in read_records(path) if isinstance(r, (SingleAgentEpisode, MultiAgentEpisode)))
