@@ -169,10 +169,11 @@ class MultiAgentSampling:
             for i in range(n_seg):
                 e, start, length = int(seg["env"][i]), int(seg["start"][i]), int(seg["len"][i])
                 continues = start == 0 and step0[e] > 0
-                ep = self._open_episode(e, int(seg["count"][i]), continues, int(step0[e]), old)
+                ep, first = self._open_episode(e, int(seg["count"][i]), continues, int(step0[e]), old)
                 rows = np.arange(bounds[i], bounds[i + 1])
                 done = bool(seg["term"][i] or seg["trunc"][i])
-                self._extend_episode(ep, e, length, rows, steps, data, not done and start + length == call["is_reset"].shape[1], call)
+                hanging = not done and start + length == call["is_reset"].shape[1]
+                self._extend_episode(ep, first, e, length, rows, steps, data, hanging, call)
                 if done:
                     ep.is_terminated, ep.is_truncated = True, bool(seg["trunc"][i])
                 else:
@@ -182,15 +183,17 @@ class MultiAgentSampling:
         m.num_agent_steps_sampled = len(pos)
         return episodes, m
 
-    def _open_episode(self, e: int, count: int, continues: bool, step0: int, old: AgentCarry) -> MultiAgentEpisode:
+    def _open_episode(self, e: int, count: int, continues: bool, step0: int,
+                      old: AgentCarry) -> tuple[MultiAgentEpisode, int]:
         """The chunk that the call's steps of env ``e`` extend: the successor (``cut``) of
-        the open chunk, or a new episode (also when the previous call was ``sample_batch``)."""
+        the open chunk, or a new episode (also when the previous call was ``sample_batch``);
+        and the env step of its first map entry still to be written."""
         if continues and e in self._open:
             ep = self._open[e].cut(self.horizon)
             for sa in ep.agent_episodes.values():  # env infos stay numpy'ized, as in new chunks
                 if not sa.infos.finalized and sa.infos.data and sa.infos.data[0]:
                     sa.infos.data, sa.infos.finalized = batch(sa.infos.data), True
-            return ep
+            return ep, ep.env_t + 1  # its maps end at env step ep.env_t
         ma_id = self._episode_id(e, count)
         mapping = dict(zip(self.agent_ids, self.agent_policy))
         ep = MultiAgentEpisode(
@@ -201,13 +204,12 @@ class MultiAgentSampling:
             agent_module_ids=mapping,
             agent_to_module_mapping_fn=lambda aid, episode: mapping[aid],
         )
-        ep._first_step = 0  # env step of the first map entry still to be written
+        first = 0
         if continues:  # no chunk to cut: start at the earliest hanging step's observation
             hanging = old.start[e][old.pend[e]]
             first = int(min([step0, *hanging.tolist()]))
             ep.env_t_started = ep.env_t = step0
             ep._len_lookback_buffers = step0 - first
-            ep._first_step = first
             for a in np.nonzero(old.pend[e])[0].tolist():
                 self._ensure_agent(ep, a, old.obs[e, a], {k[5:]: v[e, a] for k, v in old.info.items()},
                                    int(old.n_act[e, a]) - 1)
@@ -215,7 +217,7 @@ class MultiAgentSampling:
                 ep._hanging_actions_end[aid] = old.action[e, a]
                 ep._hanging_rewards_end[aid] = float(old.reward[e, a])
                 ep._hanging_extra_model_outputs_end[aid] = {k: v[e, a] for k, v in old.extras.items()}
-        return ep
+        return ep, first
 
     def _ensure_agent(self, ep: MultiAgentEpisode, a: int, obs: Any, info: dict, t_started: int) -> SingleAgentEpisode:
         aid = self.agent_ids[a]
@@ -239,17 +241,11 @@ class MultiAgentSampling:
         ep.agent_t_started[aid] = t_started
         return sa
 
-    def _extend_episode(self, ep: MultiAgentEpisode, e: int, length: int, rows: np.ndarray, steps: AgentSteps,
-                        data: dict[str, Any], hanging: bool, call: dict[str, Any]) -> None:
-        """Appends ``length`` env steps of env ``e`` (agent steps ``rows``) to ``ep``."""
-        first = getattr(ep, "_first_step", None)
-        if first is None:  # a cut successor: its maps end at env step ep.env_t
-            first = ep.env_t + 1
-        else:
-            del ep._first_step
-        last = ep.env_t + length if ep.env_t_to_agent_t or ep.env_t_started or ep.env_t else length
-        if not ep.env_t_to_agent_t and ep.env_t == 0 and ep.env_t_started == 0:
-            last = length  # a new episode: env steps 0 .. length
+    def _extend_episode(self, ep: MultiAgentEpisode, first: int, e: int, length: int, rows: np.ndarray,
+                        steps: AgentSteps, data: dict[str, Any], hanging: bool, call: dict[str, Any]) -> None:
+        """Appends ``length`` env steps of env ``e`` (agent steps ``rows``) to ``ep``; its map
+        entries are written from env step ``first`` on."""
+        last = ep.env_t + length
         width = last - first + 1
         info_keys = [k for k in data[SampleBatch.INFOS]] if isinstance(data[SampleBatch.INFOS], dict) else []
         extra_keys = [k for k in data if k not in _STEP_KEYS]
