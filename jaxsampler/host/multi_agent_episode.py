@@ -288,14 +288,12 @@ class MultiAgentEpisode:
             self._hanging_rewards_end[aid] = reward
             self._hanging_extra_model_outputs_end[aid] = dict(extras.get(aid) or {})
             self._finish_hanging(aid, term, trunc)
-        else:
-            if aid in self._hanging_actions_end:
-                self._hanging_rewards_end[aid] += reward
-            elif sa is None:
+        else:  # a reward only: for the pending step, or before the agent's first observation
+            if sa is None:
                 self._hanging_rewards_begin[aid] += reward
             else:
                 self._hanging_rewards_end[aid] += reward
-            if aid in self._hanging_actions_end:
+            if hanging:
                 self._finish_hanging(aid, term, trunc)
             elif (term or trunc) and sa is not None:
                 if len(sa) == 0 and sa.observations.lookback == 0:
