@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from jaxsampler.host.episode import SingleAgentEpisode
+from jaxsampler.host.episode import SingleAgentEpisode, _empty_like
 from jaxsampler.host.lookback import InfiniteLookbackBuffer, batch, tree_map
 
 __all__ = ["MultiAgentEpisode", "MultiAgentEnvError", "SKIP"]
@@ -708,7 +708,7 @@ class MultiAgentEpisode:
             if len(osa) > 0:
                 for k, buf in osa.extra_model_outputs.items():
                     if k not in sa.extra_model_outputs and sa.rewards.len_incl_lookback() == 0:
-                        sa.extra_model_outputs[k] = InfiniteLookbackBuffer(_empty(buf), 0)
+                        sa.extra_model_outputs[k] = InfiniteLookbackBuffer(_empty_like(buf), 0)
                 sa.concat_episode(osa.slice(slice(0, len(osa)), len_lookback_buffer=0))
             self.env_t_to_agent_t[aid].data = list(self.env_t_to_agent_t[aid].data) + list(om.data[olb + 1 :])
         for aid, m in self.env_t_to_agent_t.items():  # agents absent from other: no observation
@@ -762,8 +762,3 @@ def _like_buffer(buf: InfiniteLookbackBuffer | None, item: Any, one_hot: bool) -
     if buf.finalized:
         item = tree_map(lambda x: np.asarray(x)[()], item) if isinstance(item, (dict, tuple)) else np.asarray(item)[()]
     return buf._convert(item, one_hot) if one_hot else item
-
-
-def _empty(buf: InfiniteLookbackBuffer) -> Any:
-    """A zero-length column in ``buf``'s mode."""
-    return tree_map(lambda x: x[:0], buf.data) if buf.finalized else []
