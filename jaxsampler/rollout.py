@@ -25,7 +25,7 @@ from jax.experimental import checkify
 from jaxsampler import vector
 from jaxsampler.env import Env
 from jaxsampler.policies.base import Policy
-from jaxsampler.spaces import Box, Discrete, MultiDiscrete, Space
+from jaxsampler.spaces import Box, Discrete, MultiDiscrete, Space, compatible
 from jaxsampler.types import RolloutState, Trajectory
 
 __all__ = [
@@ -57,15 +57,6 @@ def _check_sizes(num_envs: Any, rollout_length: Any | None = None) -> None:
         raise ValueError(f"rollout_length must be an int >= 1, got {rollout_length!r}")
 
 
-def _same_space(a: Space, b: Space) -> bool:
-    if a == b:
-        return True
-    # Bounds may differ (e.g. a policy built for a clipped Box); shapes and dtypes may not.
-    if isinstance(a, Box) and isinstance(b, Box):
-        return a.shape == b.shape and a.dtype == b.dtype
-    return False
-
-
 def check_compatible(env: Env, policy: Policy) -> None:
     """Raises ``ValueError`` naming the mismatch if ``policy`` cannot drive ``env``."""
     if not isinstance(env, Env):
@@ -81,7 +72,7 @@ def check_compatible(env: Env, policy: Policy) -> None:
         if pol_space is None:
             continue
         env_space = getattr(env, what)
-        if not _same_space(env_space, pol_space):
+        if not compatible(env_space, pol_space):
             raise ValueError(
                 f"mismatched {what.replace('_', ' ')}: env {env.name} has {env_space!r}, "
                 f"policy {type(policy).__name__} was built for {pol_space!r}"

@@ -19,6 +19,7 @@ import numpy as np
 
 __all__ = [
     "Space",
+    "compatible",
     "Box",
     "Discrete",
     "MultiDiscrete",
@@ -374,6 +375,16 @@ def from_gymnax(space: Any) -> Space:
     if isinstance(space, gx.Tuple):
         return Tuple([from_gymnax(v) for v in space.spaces])
     raise TypeError(f"from_gymnax: unsupported space type {type(space).__name__}")
+
+
+def compatible(a: Space, b: Space) -> bool:
+    """Whether data of space ``a`` can stand for ``b``: equal spaces, or ``Box`` es of the same
+    shape and dtype (bounds may differ, e.g. a policy built for a clipped Box)."""
+    if a == b:
+        return True
+    if isinstance(a, Box) and isinstance(b, Box):
+        return a.shape == b.shape and a.dtype == b.dtype
+    return False
 
 
 def convert_space(space: Any) -> Space:

@@ -59,6 +59,7 @@ from jaxsampler.host.sampler import SamplerMetrics
 from jaxsampler.hostenv.base import ALL, HostEnv, PollResult
 from jaxsampler.hostenv.collector import SampleCollector, episodes_to_batch
 from jaxsampler.policies.base import Policy
+from jaxsampler.spaces import compatible
 
 __all__ = ["HostSampler"]
 
@@ -109,8 +110,6 @@ class HostSampler:
         mark_off_policy: bool = False,
         timeout_s: float | None = None,
     ):
-        from jaxsampler.rollout import _same_space
-
         if not isinstance(episode_lookback_horizon, int) or episode_lookback_horizon < 0:
             raise ValueError(f"episode_lookback_horizon must be an int >= 0, got {episode_lookback_horizon!r}")
         if not isinstance(rollout_length, int) or rollout_length < 1:
@@ -128,7 +127,7 @@ class HostSampler:
         self._obs_space, self._act_space = host_env.observation_space, host_env.action_space
         for what, env_space in (("observation_space", self._obs_space), ("action_space", self._act_space)):
             pol_space = getattr(policy, what)
-            if not _same_space(env_space, pol_space):
+            if not compatible(env_space, pol_space):
                 raise ValueError(
                     f"mismatched {what.replace('_', ' ')}: the host env has {env_space!r}, "
                     f"policy {type(policy).__name__} was built for {pol_space!r}"

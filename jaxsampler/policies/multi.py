@@ -40,15 +40,9 @@ import numpy as np
 
 from jaxsampler.env import Env
 from jaxsampler.policies.base import Policy
-from jaxsampler.spaces import Space
+from jaxsampler.spaces import Space, compatible
 
 __all__ = ["MultiAgentPolicy"]
-
-
-def _same_space(a: Space, b: Space) -> bool:
-    from jaxsampler.rollout import _same_space as same
-
-    return same(a, b)
 
 
 @dataclasses.dataclass(frozen=True, init=False)
@@ -100,14 +94,14 @@ class MultiAgentPolicy(Policy):
         first = next(iter(policies.values()))
         for pid, p in policies.items():
             for what in ("observation_space", "action_space"):
-                if not _same_space(getattr(p, what), getattr(first, what)):
+                if not compatible(getattr(p, what), getattr(first, what)):
                     raise ValueError(
                         f"policy {pid!r} was built for {what.replace('_', ' ')} {getattr(p, what)!r}, another for "
                         f"{getattr(first, what)!r}: agents on one agent axis share one space (pad to a common space)"
                     )
         if isinstance(env, Env):
             for what in ("observation_space", "action_space"):
-                if not _same_space(getattr(first, what), getattr(env, what)):
+                if not compatible(getattr(first, what), getattr(env, what)):
                     raise ValueError(
                         f"the policies were built for {what.replace('_', ' ')} {getattr(first, what)!r}, "
                         f"env {env.name} has {getattr(env, what)!r}"
