@@ -160,8 +160,6 @@ class Sampler(MultiAgentSampling):
         self.multi_agent = env.num_agents != 1
         self.agent_ids = tuple(env.agent_ids)
         self.agent_policy = tuple(getattr(policy, "agent_policy", None) or (DEFAULT_POLICY_ID,) * env.num_agents)
-        if getattr(policy, "agent_ids", None) is not None and tuple(policy.agent_ids) != self.agent_ids:
-            raise ValueError(f"mismatched agent ids: env has {self.agent_ids}, policy was built for {tuple(policy.agent_ids)}")
         self._carry: AgentCarry | None = None
         self._open: dict[int, Any] = {}
         self._col_horizon = 1 if self.multi_agent else self.horizon  # multi-agent: infos of slot 0
