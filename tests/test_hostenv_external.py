@@ -417,3 +417,39 @@ def test_subclass_run_loop():
         loop.close()
     np.testing.assert_array_equal(loop.steps["run"][1][0][AGENT], np.full(3, answer(np.ones(3))))
     env.close()
+
+
+def test_observation_checks_and_buffer_reuse():
+    """The fast check of exact-dtype arrays rejects what the slow one rejects, and a
+    simulator may overwrite its observation buffer after a call."""
+    bounded = ExternalEnv(spaces.Box(-1.0, 1.0, (3,)), ACT)
+    mixed = ExternalEnv(spaces.Box(np.array([-1.0, -np.inf, -1.0]), np.array([1.0, np.inf, 1.0])), ACT)
+    free = ExternalEnv(spaces.Box(-np.inf, np.inf, (3,)), ACT)
+    for env, bad, ok in (
+        (bounded, [np.array([0, np.inf, 0], np.float32), np.array([0, np.nan, 0], np.float32)], []),
+        (mixed, [np.array([np.inf, 0, 0], np.float32), np.array([0, np.nan, 0], np.float32)],
+         [np.array([0, -np.inf, 0], np.float32)]),
+        (free, [np.array([np.nan, 0, 0], np.float32)], [np.array([np.inf, -np.inf, 0], np.float32)]),
+    ):
+        eid = env.start_episode()
+        for x in bad:
+            what = "NaN" if np.isnan(x).any() else "infinite"
+            with pytest.raises(InvalidDataError, match=what):
+                env.log_action(eid, x, 0)
+            with pytest.raises(InvalidDataError, match=what):  # the slow path (float64) agrees
+                env.log_action(eid, x.astype(np.float64), 0)
+        for x in ok:
+            env.log_action(eid, x, 0)
+        got = env.poll(timeout=0).obs
+        assert len(got) == len(ok) and all(np.array_equal(got[eid][AGENT], o) for o in ok)
+
+    env = ExternalEnv(OBS, ACT)
+    eid = env.start_episode()
+    buf = np.zeros(3, np.float32)
+    for t in range(3):
+        buf[:] = t  # the simulator reuses one buffer
+        env.log_action(eid, buf, t)
+    buf[:] = 99
+    got = [env.poll(timeout=0).obs[eid][AGENT] for _ in range(3)]
+    assert [g.tolist() for g in got] == [[0.0] * 3, [1.0] * 3, [2.0] * 3]
+    env.close()

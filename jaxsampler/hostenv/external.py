@@ -38,6 +38,8 @@ policy version.
 
 from __future__ import annotations
 
+import _thread
+import math
 import threading
 import time
 import uuid
@@ -120,9 +122,41 @@ def check_value(x: Any, space: Space, what: str) -> Any:
         raise InvalidDataError(f"{what}: {int(a)} outside Discrete({space.n}, start={space.start})")
     if isinstance(space, MultiDiscrete) and np.any((a < 0) | (a >= space.nvec)):
         raise InvalidDataError(f"{what}: {a.tolist()} outside MultiDiscrete({space.nvec.tolist()})")
-    if isinstance(space, Box) and a.dtype.kind == "f" and not np.all(np.isfinite(a) | np.isinf(space.low) | np.isinf(space.high)):
-        raise InvalidDataError(f"{what}: contains NaN")
-    return a
+    if isinstance(space, Box) and a.dtype.kind == "f":
+        if np.isnan(a).any():
+            raise InvalidDataError(f"{what}: contains NaN")
+        if not (np.isfinite(a) | np.isinf(space.low) | np.isinf(space.high)).all():
+            raise InvalidDataError(f"{what}: contains an infinite value where {space!r} is bounded")
+    return a.copy() if a is x else a  # never keep a reference to the caller's buffer
+
+
+class ValueChecker:
+    """:func:`check_value` for one space, with a fast path for the common case: an
+    ndarray of a :class:`Box`'s exact shape and dtype is only checked for values the box
+    cannot hold (NaN; infinities where a bound is finite) and copied (so a simulator may
+    reuse its buffer). Anything else goes through :func:`check_value`."""
+
+    __slots__ = ("space", "_shape", "_dtype", "_mode", "_unbounded")
+
+    def __init__(self, space: Space):
+        self.space = space
+        self._shape = self._dtype = self._mode = self._unbounded = None
+        if isinstance(space, Box):
+            self._shape, self._dtype, self._mode = tuple(space.shape), space.dtype, "any"
+            if space.dtype.kind == "f":
+                unbounded = np.isinf(space.low) | np.isinf(space.high)
+                self._mode = "nan" if unbounded.all() else ("finite" if not unbounded.any() else "mask")
+                self._unbounded = unbounded
+
+    def __call__(self, x: Any, what: Any) -> Any:
+        """``what``: a str, or a callable returning it (built only for an error message)."""
+        if type(x) is np.ndarray and x.dtype == self._dtype and x.shape == self._shape:
+            mode = self._mode
+            if (mode == "any" or (mode == "finite" and np.isfinite(x).all())
+                    or (mode == "nan" and not np.isnan(x).any())
+                    or (mode == "mask" and (np.isfinite(x) | (self._unbounded & ~np.isnan(x))).all())):
+                return x.copy()
+        return check_value(x, self.space, what() if callable(what) else what)
 
 
 def _short(x: Any) -> str:
@@ -130,13 +164,13 @@ def _short(x: Any) -> str:
     return s if len(s) <= 80 else s[:77] + "..."
 
 
-def _reward(r: Any, what: str) -> float:
+def _reward(r: Any, agent: Any) -> float:
     try:
         v = float(r)
     except (TypeError, ValueError):
-        raise InvalidDataError(f"{what}: reward must be a number, got {_short(r)}") from None
-    if not np.isfinite(v):
-        raise InvalidDataError(f"{what}: reward must be finite, got {v}")
+        raise InvalidDataError(f"reward[{agent!r}]: reward must be a number, got {_short(r)}") from None
+    if not math.isfinite(v):
+        raise InvalidDataError(f"reward[{agent!r}]: reward must be finite, got {v}")
     return v
 
 
@@ -144,14 +178,30 @@ def _reward(r: Any, what: str) -> float:
 
 
 class _Waiter:
-    """One blocked ``get_action`` call; ``send_actions`` sets it."""
+    """One blocked ``get_action`` call; the sampler answers it with :meth:`set` (under the
+    env lock, at most once). A bare pre-acquired lock rather than a ``threading.Event``:
+    waking a caller is one ``release()``, no condition variable and no second lock."""
 
-    __slots__ = ("event", "value", "error")
+    __slots__ = ("_gate", "value", "error", "done")
 
     def __init__(self) -> None:
-        self.event = threading.Event()
+        self._gate = _thread.allocate_lock()
+        self._gate.acquire()
         self.value: Any = None
         self.error: BaseException | None = None
+        self.done = False  # set() was called
+
+    def set(self) -> None:
+        if not self.done:
+            self.done = True
+            self._gate.release()
+
+    def wait(self, timeout: float) -> bool:
+        """True once answered (then the gate stays open for later calls)."""
+        if self._gate.acquire(timeout=timeout):
+            self._gate.release()
+            return True
+        return False
 
 
 class _Item:
@@ -198,6 +248,7 @@ class _ExternalBase(HostEnv):
         if max_wait_s < 0:
             raise ValueError(f"max_wait_s must be >= 0, got {max_wait_s}")
         self.observation_space, self.action_space = observation_space, action_space
+        self._obs_check, self._act_check = ValueChecker(observation_space), ValueChecker(action_space)
         self.agent_ids = tuple(agent_ids)
         self.max_wait_s, self.action_timeout_s = float(max_wait_s), float(action_timeout_s)
         self.episode_timeout_s = episode_timeout_s
@@ -213,6 +264,7 @@ class _ExternalBase(HostEnv):
         self._offp_in_flight: set[str] = set()
         self._closed = False
         self._thread: threading.Thread | None = None
+        self._poller: str | None = None  # what a poll() blocked in _cond waits for: "any" / "all" requests
         self.stats = {"polls": 0, "steps_delivered": 0, "abandoned": 0, "dropped_actions": 0}
 
     @property
@@ -282,8 +334,9 @@ class _ExternalBase(HostEnv):
                 ep = self._open_episode(episode_id)
             waiter = _Waiter() if want_action else None
             item = self._make_item(ep, obs, off_policy=action, waiter=waiter)
-            for agent, extra in (extra_infos or {}).items():
-                item.infos[agent] = {**item.infos[agent], **extra}
+            if extra_infos:
+                for agent, extra in extra_infos.items():
+                    item.infos[agent] = {**item.infos[agent], **extra}
             if want_action:
                 ep.waiter = waiter
             self._push(ep, item)
@@ -294,12 +347,12 @@ class _ExternalBase(HostEnv):
         while True:
             left = deadline - time.monotonic()
             step = left if cancelled is None else min(left, 0.1)
-            if step > 0 and waiter.event.wait(step):
+            if step > 0 and waiter.wait(step):
                 break
             gone = cancelled is not None and cancelled()
             if left <= 0 or gone:
                 with self._lock:
-                    if waiter.event.is_set():
+                    if waiter.done:
                         break
                     why = "client disconnected" if gone else f"get_action timed out after {timeout} s"
                     ep = self._episodes.get(episode_id)
@@ -315,22 +368,26 @@ class _ExternalBase(HostEnv):
     def _log_returns(self, episode_id: str, rewards: Mapping, infos: Mapping | None, dones: Mapping | None) -> None:
         if not isinstance(rewards, Mapping):
             raise InvalidDataError(f"rewards must be a dict agent -> reward, got {_short(rewards)}")
-        checked = {self._check_agent(a): _reward(r, f"reward[{a!r}]") for a, r in rewards.items()}
+        checked = {self._check_agent(a): _reward(r, a) for a, r in rewards.items()}
         if infos is not None and (not isinstance(infos, Mapping) or not all(isinstance(v, Mapping) for v in infos.values())):
             raise InvalidDataError(f"infos must be a dict agent -> dict, got {_short(infos)}")
         if dones is not None and not isinstance(dones, Mapping):
             raise InvalidDataError(f"multiagent_done_dict must be a dict agent -> bool, got {_short(dones)}")
-        infos = {self._check_agent(a): dict(i) for a, i in (infos or {}).items()}
-        newly_done = {self._check_agent(a) for a, d in (dones or {}).items() if d and a != ALL}
+        infos = {self._check_agent(a): dict(i) for a, i in infos.items()} if infos else None
+        newly_done = {self._check_agent(a) for a, d in dones.items() if d and a != ALL} if dones else None
         with self._lock:  # everything is checked before anything changes
             ep = self._open_episode(episode_id)
-            done = [a for a in [*checked, *newly_done] if a in ep.done_agents]
-            if done:
-                raise EpisodeStateError(f"episode {episode_id}: agents {done} are already done")
+            if ep.done_agents:
+                done = [a for a in [*checked, *(newly_done or ())] if a in ep.done_agents]
+                if done:
+                    raise EpisodeStateError(f"episode {episode_id}: agents {done} are already done")
+            acc = ep.reward
             for a, r in checked.items():
-                ep.reward[a] = ep.reward.get(a, 0.0) + r
-            ep.info.update(infos)
-            ep.newly_done |= newly_done
+                acc[a] = acc.get(a, 0.0) + r
+            if infos:
+                ep.info.update(infos)
+            if newly_done:
+                ep.newly_done |= newly_done
             ep.last_activity = time.monotonic()
 
     def _end_episode(self, episode_id: str, obs: dict, truncated: bool) -> None:
@@ -388,7 +445,9 @@ class _ExternalBase(HostEnv):
                     break
                 if self.episode_timeout_s is not None:
                     wait = min(wait if wait is not None else 1.0, 1.0)
+                self._poller = "any"
                 self._cond.wait(wait)
+                self._poller = None
                 self._reap_idle()
             if self._ready and self.max_wait_s > 0:
                 batch_end = time.monotonic() + self.max_wait_s
@@ -396,7 +455,9 @@ class _ExternalBase(HostEnv):
                     left = batch_end - time.monotonic()
                     if left <= 0:
                         break
+                    self._poller = "all"
                     self._cond.wait(left)
+                    self._poller = None
             return self._deliver()
 
     def send_actions(self, actions: MultiEnvDict) -> None:
@@ -421,7 +482,7 @@ class _ExternalBase(HostEnv):
                         w.error = RuntimeError(f"episode {eid}: the sampler sent no action for agents {missing}")
                     else:
                         w.value = {a: acts[a] for a in want}
-                    w.event.set()
+                    w.set()
                 self._refresh(ep)
 
     @property
@@ -437,7 +498,7 @@ class _ExternalBase(HostEnv):
             for ep in self._episodes.values():
                 if ep.waiter is not None:
                     ep.waiter.error = EnvClosedError("ExternalEnv was closed")
-                    ep.waiter.event.set()
+                    ep.waiter.set()
             self._cond.notify_all()
             self._room.notify_all()
 
@@ -473,16 +534,19 @@ class _ExternalBase(HostEnv):
     def _check_obs(self, obs: Any, allow_empty: bool = False) -> dict:  # no lock needed
         if not isinstance(obs, Mapping) or not (obs or allow_empty):
             raise InvalidDataError(f"observations must be a non-empty dict agent -> obs, got {_short(obs)}")
-        return {self._check_agent(a): check_value(o, self.observation_space, f"observation[{a!r}]")
-                for a, o in obs.items()}
+        check = self._obs_check
+        return {self._check_agent(a): check(o, lambda a=a: f"observation[{a!r}]") for a, o in obs.items()}
 
     def _check_actions(self, actions: Any, agents: list) -> dict:
         if not isinstance(actions, Mapping) or set(actions) != set(agents):
             raise InvalidDataError(f"actions must be a dict with the acting agents {agents}, "
                                    f"got {_short(actions)}")
-        return {a: check_value(x, self.action_space, f"action[{a!r}]") for a, x in actions.items()}
+        check = self._act_check
+        return {a: check(x, lambda a=a: f"action[{a!r}]") for a, x in actions.items()}
 
     def _check_done_agents(self, ep: _Episode, obs: dict, final: bool = False) -> None:
+        if not (ep.done_agents or ep.newly_done):
+            return
         again = [a for a in obs if a in ep.done_agents]
         if again:
             raise InvalidDataError(f"episode {ep.eid}: agents {again} are done and cannot observe again")
@@ -493,15 +557,22 @@ class _ExternalBase(HostEnv):
 
     def _make_item(self, ep: _Episode, obs: dict, off_policy: dict | None = None, waiter: _Waiter | None = None,
                    final: bool = False) -> _Item:
-        rewards = {a: 0.0 for a in obs}
-        rewards.update(ep.reward)
-        infos = {a: ep.info.pop(a, {}) for a in obs}
+        rewards = dict.fromkeys(obs, 0.0)
+        if ep.reward:
+            rewards.update(ep.reward)
+            ep.reward = {}
+        if ep.info:
+            infos = {a: ep.info.pop(a, {}) for a in obs}
+        else:
+            infos = {a: {} for a in obs}
         if not ep.training_enabled:
             infos = {a: {**i, "training_enabled": False} for a, i in infos.items()}
-        terminated = {a: (a in ep.newly_done) for a in obs}
-        ep.done_agents |= ep.newly_done
-        ep.newly_done = set()
-        ep.reward = {}
+        if ep.newly_done:
+            terminated = {a: (a in ep.newly_done) for a in obs}
+            ep.done_agents |= ep.newly_done
+            ep.newly_done = set()
+        else:
+            terminated = dict.fromkeys(obs, False)
         ep.last_obs = obs
         return _Item(obs, rewards, infos, terminated, off_policy=off_policy, waiter=waiter)
 
@@ -509,7 +580,10 @@ class _ExternalBase(HostEnv):
         ep.pending.append(item)
         ep.last_activity = time.monotonic()
         self._refresh(ep)
-        self._cond.notify()
+        # Wake the poller only when it can act: it waits for any request, or for the last
+        # running episode to send one (a wake-up per request costs two thread switches).
+        if self._poller == "any" or (self._poller == "all" and not self._idle):
+            self._cond.notify()
 
     def _refresh(self, ep: _Episode) -> None:
         eid = ep.eid
@@ -545,7 +619,7 @@ class _ExternalBase(HostEnv):
             elif all(item.terminated.values()):  # every observing agent is done: nothing to answer
                 if item.waiter is not None:
                     ep.waiter, item.waiter.value = None, {}
-                    item.waiter.event.set()
+                    item.waiter.set()
             else:
                 ep.in_flight = item
                 if item.waiter is None:
@@ -569,9 +643,9 @@ class _ExternalBase(HostEnv):
         w = ep.waiter
         if w is not None:
             ep.waiter = None
-            if not w.event.is_set():
+            if not w.done:
                 w.error = EpisodeStateError(f"Episode {ep.eid} was abandoned ({reason}).")
-                w.event.set()
+                w.set()
         last = ep.pending[-1] if ep.pending else None
         if last is not None and last.waiter is not None:
             # The request was never polled: it becomes the (exact) final observation.
