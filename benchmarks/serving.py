@@ -9,6 +9,15 @@ num_timesteps=--sample-timesteps)`` over and over, so pending ``get_action`` cal
 answered by one jitted, batched policy call per poll. Modes:
 
 * ``inprocess``: threads call :class:`~jaxsampler.hostenv.external.ExternalEnv` directly;
+* ``bare``: the floor of any Python-threads batching server, side by side with
+  ``inprocess``: the same client threads call :class:`BareEnv` (ExternalEnv's four
+  methods, same signatures, doing the bare minimum: one lock + condition, a list of
+  ``(obs, slot)`` requests, a pre-acquired per-call gate; no validation, episodes or
+  batches), and one server thread with the same batching rule (a first request, then up
+  to ``max_wait_s`` more unless every running episode waits) stacks the whole queue into
+  the same zero-padded buckets and calls the same jitted policy function as HostSampler
+  (same policy, params and buckets, compiled before timing). What is left is thread
+  wake-ups and the GIL, so in-process / bare shows how close jaxsampler gets to the floor;
 * ``http``: a :class:`~jaxsampler.hostenv.server.PolicyServer` on loopback, clients are
   threads of a second process, each with its own remote-mode
   :class:`~jaxsampler.hostenv.server.PolicyClient` (one keep-alive connection);
@@ -30,7 +39,10 @@ join. Reported per (mode, clients):
   wrapper around the env and the jitted policy functions;
 * CPU time of the process(es) in the window, in cores;
 * speedup = median over rounds of the within-round ratio ``actions/s(N) / actions/s(1)``
-  (target: 64 clients >= 10x one client, in-process).
+  (issue target: 64 clients >= 10x one client);
+* in-process vs the bare floor (``results["vs_bare"]``): in-process actions/s over bare
+  actions/s per client count (ratio of the medians over rounds: the modes run one after
+  the other), next to both modes' speedups.
 
 Usage::
 
@@ -42,6 +54,7 @@ Usage::
 
 from __future__ import annotations
 
+import _thread
 import argparse
 import datetime
 import json
@@ -60,9 +73,10 @@ from jaxsampler.bench import environment_info, git_state, log, write_results
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 HIDDEN = (64, 64)
-MODES = ("inprocess", "http", "http-inproc")
-LABELS = {"inprocess": "in-process (ExternalEnv)", "http": "HTTP, clients in a 2nd process",
-          "http-inproc": "HTTP, clients in the server process"}
+MODES = ("inprocess", "bare", "http", "http-inproc")
+LABELS = {"inprocess": "in-process (ExternalEnv)",
+          "bare": "bare floor (lock + list + the same jitted policy)",
+          "http": "HTTP, clients in a 2nd process", "http-inproc": "HTTP, clients in the server process"}
 FULL = {"clients": [1, 8, 64], "rounds": 3, "warmup": 0.5, "duration": 1.5, "episode_len": 50,
         "sample_timesteps": 4096, "modes": list(MODES)}
 QUICK = {"clients": [1, 8, 64], "rounds": 1, "warmup": 0.2, "duration": 0.3, "episode_len": 50,
@@ -218,6 +232,15 @@ def _make_instrumented_env() -> type:
     return InstrumentedEnv
 
 
+def _buckets(max_batch: int) -> list[int]:
+    """Padded batch sizes 1, 2, 4, ... below ``max_batch``, then ``max_batch``."""
+    buckets, b = [], 1
+    while b < max_batch:
+        buckets.append(b)
+        b *= 2
+    return buckets + [max_batch]
+
+
 STAT_KEYS = ("polls", "poll_rows", "poll_s", "sends", "actions_sent", "send_s", "policy_calls", "policy_rows_padded",
              "policy_s", "policy_cpu_s", "sample_batch_calls", "batch_build_s", "sampler_cpu")
 
@@ -251,12 +274,7 @@ class ServingSide:
         self.stop = threading.Event()
         self.stats: dict[str, float] = dict.fromkeys(STAT_KEYS, 0.0) | {"last_poll_end": 0.0}
         wrapped = _make_instrumented_env()(self.server or self.env, self.stop, self.stats)
-        buckets, b = [], 1
-        while b < max_batch:
-            buckets.append(b)
-            b *= 2
-        buckets.append(max_batch)
-        self.sampler = HostSampler(wrapped, self.policy, seed=seed, batch_sizes=buckets)
+        self.sampler = HostSampler(wrapped, self.policy, seed=seed, batch_sizes=_buckets(max_batch))
         self.sample_timesteps = sample_timesteps
         self.compile_s, self.cache_size = self._compile_and_instrument()
         self.error: str | None = None
@@ -333,6 +351,188 @@ class ServingSide:
         self.thread.join(JOIN_TIMEOUT_S)
         if self.thread.is_alive():
             self.error = (self.error or "") + " sampler thread did not stop"
+
+
+class BareEnv:
+    """The floor of a Python-threads batching server: ``ExternalEnv``'s four simulator
+    methods (same signatures) doing the bare minimum. One lock + condition, a list of
+    ``(obs, slot)`` requests; ``get_action`` appends under the lock, wakes the server only
+    when it can act (the queue was empty, or every running episode now waits) and blocks
+    on its slot's pre-acquired gate until the server releases it. No validation, no
+    episodes (ids are counters, start/end only count running ones), no batches."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.cond = threading.Condition(self.lock)
+        self.queue: list[tuple[Any, list]] = []  # (obs, [gate, action])
+        self.running = 0
+        self.returns: dict[Any, float] = {}
+        self.closed = False
+        self._ids = 0
+
+    def start_episode(self, episode_id: str | None = None, training_enabled: bool = True) -> Any:
+        with self.lock:
+            self.running += 1
+            self._ids += 1
+            return self._ids if episode_id is None else episode_id
+
+    def get_action(self, episode_id: Any, observation: Any) -> Any:
+        gate = _thread.allocate_lock()
+        gate.acquire()
+        slot = [gate, None]
+        with self.lock:
+            if self.closed:
+                raise RuntimeError("BareEnv was closed")
+            q = self.queue
+            q.append((observation, slot))
+            if len(q) == 1 or len(q) >= self.running:
+                self.cond.notify()
+        gate.acquire()
+        return slot[1]
+
+    def log_returns(self, episode_id: Any, reward: float, info: dict | None = None) -> None:
+        with self.lock:
+            self.returns[episode_id] = self.returns.get(episode_id, 0.0) + float(reward)
+
+    def end_episode(self, episode_id: Any, observation: Any, truncated: bool = False) -> None:
+        with self.lock:
+            self.running -= 1
+            self.returns.pop(episode_id, None)
+            if self.queue and len(self.queue) >= self.running:  # the rest may all be waiting now
+                self.cond.notify()
+
+    def take(self, max_wait_s: float) -> list[tuple[Any, list]] | None:
+        """Server side: blocks for a first request, then waits up to ``max_wait_s`` more unless
+        every running episode is waiting (``ExternalEnv.poll``'s rule); returns the whole
+        queue, or None once closed."""
+        with self.lock:
+            while not self.queue and not self.closed:
+                self.cond.wait()
+            if max_wait_s > 0:
+                end = time.monotonic() + max_wait_s
+                while len(self.queue) < self.running and not self.closed:
+                    left = end - time.monotonic()
+                    if left <= 0:
+                        break
+                    self.cond.wait(left)
+            if self.closed:
+                return None
+            batch, self.queue = self.queue, []
+            return batch
+
+    def shutdown(self) -> None:
+        """Wakes the server and answers every queued caller with None. (Not ``close``: the
+        client threads close what has a ``close`` and no ``poll``.)"""
+        with self.lock:
+            self.closed = True
+            for _, slot in self.queue:
+                slot[0].release()
+            self.queue = []
+            self.cond.notify_all()
+
+
+class BareSide:
+    """The ``bare`` mode's serving side: :class:`BareEnv` + one server thread that stacks the
+    whole queue into a zero-padded ``[bucket, 1, 4]`` float32 array, calls the same jitted
+    policy function as :class:`ServingSide` (``HostSampler.policy_fns``; same policy, params,
+    buckets), fetches the outputs with one ``jax.device_get`` and releases each caller's
+    gate with its row's action. Instrumented like :class:`ServingSide` (same stat keys, the
+    policy call timed blocked until ready), so the tables compare like with like.
+
+    ``sampler`` is a :class:`~jaxsampler.hostenv.sampler.HostSampler` over an unused
+    ``ExternalEnv``, built only for its jitted policy function and ``batch_sizes``.
+    """
+
+    def __init__(self, max_batch: int, max_wait_s: float, seed: int):
+        import jax
+
+        import jaxsampler as js
+        from jaxsampler.host.batch import DEFAULT_POLICY_ID
+        from jaxsampler.hostenv.external import ExternalEnv
+        from jaxsampler.hostenv.sampler import HostSampler
+
+        cartpole = js.make("CartPole-v1")
+        self.policy = js.MLPPolicy(cartpole.observation_space, cartpole.action_space, HIDDEN)
+        self.params = self.policy.init(jax.random.PRNGKey(seed))
+        self.sampler = HostSampler(ExternalEnv(cartpole.observation_space, cartpole.action_space), self.policy,
+                                   seed=seed, batch_sizes=_buckets(max_batch))
+        self.fn = self.sampler.policy_fns[DEFAULT_POLICY_ID]
+        self.state = jax.device_get(self.policy.initial_state((1, 1)))
+        self.key = jax.random.fold_in(jax.random.PRNGKey(seed), 0)  # HostSampler's key of its first policy
+        self.env = BareEnv()
+        self.max_wait_s = max_wait_s
+        self.stats: dict[str, float] = dict.fromkeys(STAT_KEYS, 0.0)
+        t0 = time.perf_counter()
+        for b in self.sampler.batch_sizes:
+            jax.block_until_ready(self.fn(self.params, np.zeros((b, 1, 4), np.float32), self.key, self.state))
+        self.compile_s = time.perf_counter() - t0
+        self.cache_size = self.fn._cache_size() if hasattr(self.fn, "_cache_size") else None
+        self.error: str | None = None
+        self.thread = threading.Thread(target=self._loop, name="bare-server", daemon=True)
+        self.thread.start()
+
+    def recompiles(self) -> int | None:
+        """Jit cache entries added since the pre-compilation (0 = nothing recompiled while timing)."""
+        return None if self.cache_size is None else self.fn._cache_size() - self.cache_size
+
+    def _bucket(self, n: int) -> int:
+        return next((b for b in self.sampler.batch_sizes if b >= n), self.sampler.batch_sizes[-1])
+
+    def _loop(self) -> None:
+        try:
+            self._serve()
+        except Exception as e:  # noqa: BLE001 -- reported in the results
+            self.error = f"{type(e).__name__}: {e}"
+            log(f"bare server thread failed: {self.error}")
+
+    def _serve(self) -> None:
+        import jax
+
+        s, env, clock = self.stats, self.env, time.perf_counter
+        fn, params, state, key, top = self.fn, self.params, self.state, self.key, self.sampler.batch_sizes[-1]
+        while True:
+            t = clock()
+            batch = env.take(self.max_wait_s)
+            now = clock()
+            s["poll_s"] += now - t
+            s["sampler_cpu"] = time.thread_time()
+            if batch is None:
+                return
+            s["polls"] += 1
+            s["poll_rows"] += len(batch)
+            for lo in range(0, len(batch), top):
+                rows = batch[lo: lo + top]
+                n = len(rows)
+                obs = np.zeros((self._bucket(n), 1, 4), np.float32)
+                obs[:n, 0] = np.stack([o for o, _ in rows])
+                t, c = clock(), time.thread_time()
+                out = jax.block_until_ready(fn(params, obs, key, state))
+                s["policy_s"] += clock() - t
+                s["policy_cpu_s"] += time.thread_time() - c
+                s["policy_calls"] += 1
+                s["policy_rows_padded"] += len(obs)
+                action, extras, new_state, key = out
+                action, extras, new_state = jax.device_get((action, extras, new_state))  # one transfer
+                t = clock()
+                for i, (_, slot) in enumerate(rows):
+                    slot[1] = action[i, 0]
+                    slot[0].release()
+                s["send_s"] += clock() - t
+                s["sends"] += 1
+                s["actions_sent"] += n
+
+    def snapshot(self) -> dict[str, float]:
+        return {k: self.stats[k] for k in STAT_KEYS} | {"t": time.perf_counter(), "cpu": time.process_time()}
+
+    def client_factory(self) -> Callable[[], Any]:
+        return lambda: self.env
+
+    def close(self) -> None:
+        self.env.shutdown()
+        self.thread.join(JOIN_TIMEOUT_S)
+        if self.thread.is_alive():
+            self.error = (self.error or "") + " bare server thread did not stop"
+        self.sampler.host_env.close()
 
 
 def server_window(a: dict[str, float], b: dict[str, float]) -> dict[str, Any]:
@@ -412,7 +612,8 @@ def measure_mode(mode: str, clients: Sequence[int], rounds: int, warmup_s: float
                  episode_len: int, sample_timesteps: int, max_wait_s: float, seed: int) -> dict[str, Any]:
     """Sets up one mode, runs ``rounds`` rounds of every client count (rotating order), tears down."""
     t_setup = time.perf_counter()
-    side = ServingSide(mode != "inprocess", max(clients), max_wait_s, sample_timesteps, seed)
+    side = (BareSide(max(clients), max_wait_s, seed) if mode == "bare"
+            else ServingSide(mode != "inprocess", max(clients), max_wait_s, sample_timesteps, seed))
     worker = _Worker(side.server.address) if mode == "http" else None
     setup_s = time.perf_counter() - t_setup
     raw: dict[int, list[dict]] = {n: [] for n in clients}
@@ -452,7 +653,7 @@ def measure_mode(mode: str, clients: Sequence[int], rounds: int, warmup_s: float
 
 
 def summarize_mode(mode: str, clients: Sequence[int], raw: dict[int, list[dict]], lat: dict[int, list[float]],
-                   side: ServingSide, setup_s: float) -> dict[str, Any]:
+                   side: ServingSide | BareSide, setup_s: float) -> dict[str, Any]:
     cells = {}
     for n in clients:
         rs = raw[n]
@@ -500,6 +701,24 @@ def summarize_mode(mode: str, clients: Sequence[int], raw: dict[int, list[dict]]
             "sampler_error": side.error, "cells": cells, "speedup": speedup}
 
 
+def vs_bare(modes: dict[str, Any]) -> dict[str, Any] | None:
+    """In-process actions/s over the bare floor's, per client count (None unless both modes ran).
+
+    The modes run one after the other, not within the same round, so this is the ratio of
+    the two medians over rounds (not a median of within-round ratios)."""
+    ip, bare = modes.get("inprocess"), modes.get("bare")
+    if ip is None or bare is None:
+        return None
+    cells = {}
+    for n, c in ip["cells"].items():
+        b = bare["cells"].get(n)
+        if b is not None and b["actions_per_s"]:
+            cells[n] = {"clients": c["clients"], "inprocess_actions_per_s": c["actions_per_s"],
+                        "bare_actions_per_s": b["actions_per_s"], "ratio": c["actions_per_s"] / b["actions_per_s"]}
+    return {"ratio": "inprocess / bare, ratio of the medians over rounds (the modes run separately)",
+            "cells": cells, "inprocess_speedup": ip["speedup"], "bare_speedup": bare["speedup"]}
+
+
 def run_benchmark(modes: Sequence[str], clients: Sequence[int], rounds: int, warmup_s: float, duration_s: float,
                   episode_len: int, sample_timesteps: int, max_wait_s: float, seed: int) -> dict[str, Any]:
     from importlib import metadata
@@ -514,7 +733,7 @@ def run_benchmark(modes: Sequence[str], clients: Sequence[int], rounds: int, war
                                      max_wait_s, seed)
     left = [t.name for t in threading.enumerate() if t is not threading.main_thread() and t.is_alive()]
     return {
-        "benchmark": "Policy serving: get_action actions/s and latency, in-process and over HTTP",
+        "benchmark": "Policy serving: get_action actions/s and latency, in-process (vs a bare floor) and over HTTP",
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "command": " ".join([Path(sys.executable).name] + sys.argv),
         "config": {"env": "CartPole-v1 spaces (obs float32 (4,), Discrete(2)); fixed per-client observations",
@@ -525,6 +744,7 @@ def run_benchmark(modes: Sequence[str], clients: Sequence[int], rounds: int, war
         "environment": {**environment_info(), "msgpack": metadata.version("msgpack")},
         "git": git_state(include_untracked=True),
         "modes": results,
+        "vs_bare": vs_bare(results),
         "threads_left_after_run": left,
         "wall_s": time.perf_counter() - started,
     }
@@ -539,6 +759,24 @@ def _f(x: float | None, fmt: str = ".0f", scale: float = 1.0) -> str:
 
 def _rate(x: float) -> str:
     return f"{x / 1e3:.1f}k" if x >= 1e3 else f"{x:.0f}"
+
+
+def markdown_vs_bare(vb: dict[str, Any] | None) -> str:
+    """The "in-process vs the bare floor" table ('' unless both modes ran)."""
+    if not vb or not vb["cells"]:
+        return ""
+    md = "\n### In-process vs the bare floor\n\n"
+    md += ("The bare floor is the most any Python-threads server with this policy gets on this machine (thread "
+           "wake-ups and the GIL bound it, not jaxsampler), so the 10x target is judged against it. In-process / "
+           "bare is the ratio of the two medians over rounds (the modes run one after the other, so there is no "
+           "within-round ratio); speedups as above.\n\n")
+    md += ("| clients | in-process actions/s | bare floor actions/s | in-process / bare | speedup in-process | "
+           "speedup bare floor |\n|---:|---:|---:|---:|---:|---:|\n")
+    for n, c in vb["cells"].items():
+        sp = [vb[k].get(n) for k in ("inprocess_speedup", "bare_speedup")]
+        md += (f"| {c['clients']} | {_rate(c['inprocess_actions_per_s'])} | {_rate(c['bare_actions_per_s'])} | "
+               f"**{c['ratio']:.0%}** | " + " | ".join(f"{s['median']:.1f}x" if s else "—" for s in sp) + " |\n")
+    return md
 
 
 def markdown_table(results: dict[str, Any]) -> str:
@@ -566,7 +804,7 @@ def markdown_table(results: dict[str, Any]) -> str:
                    f"{_rate(c['per_client_actions_per_s'])} | {_f(c['p50_ms'], '.2f')} | {_f(c['p99_ms'], '.2f')} | "
                    f"{_f(c['mean_batch'], '.1f')} ({_f(c['mean_padded_batch'], '.0f')}) | "
                    f"{_f(c['policy_calls_per_s'])} | {cpu} |\n")
-    md += "\n## Speedup in total actions/s over 1 client (target: 64 clients ≥ 10x, in-process)\n\n"
+    md += "\n## Speedup in total actions/s over 1 client (issue target: 64 clients ≥ 10x one client)\n\n"
     counts = [n for n in cfg["clients"] if n != min(cfg["clients"])]
     md += "| mode | " + " | ".join(f"{n} clients" for n in counts) + " |\n|---|" + "---:|" * len(counts) + "\n"
     for m in results["modes"].values():
@@ -577,14 +815,17 @@ def markdown_table(results: dict[str, Any]) -> str:
         md += f"| {m['label']} | " + " | ".join(cells) + " |\n"
     md += ("\nMedian over rounds of the within-round ratio [min–max]; the client counts of a round run back to back "
            "against the same sampler.\n")
+    md += markdown_vs_bare(results.get("vs_bare"))
     md += "\n## Where the time goes (timed window, median over rounds)\n\n"
     md += ("Sampler thread, share of wall time: poll = blocked in `poll()` (waiting for requests, incl. the "
            "`max_wait_s` batching wait); policy = the jitted call until its result is ready; send = "
            "`send_actions` (wakes the callers); rest = HostSampler's Python work (validation, collector, per-row "
            "split of actions and extras, batch building at the end of each `sample_batch`: 'build' is the part "
-           "after a call's last poll). Wall time the thread spends outside `poll` beyond its CPU time is mostly "
-           "waiting for the GIL. CPU µs per action: sampler thread (`time.thread_time`), client threads, and the whole "
-           "process (server process + client process for the 2-process HTTP mode).\n\n")
+           "after a call's last poll); for the bare floor, poll = waiting for requests, send = writing the "
+           "actions and releasing the callers' gates, rest = stacking and padding the observations and `device_get`. "
+           "Wall time the thread spends outside `poll` beyond its CPU time is mostly waiting for the GIL. CPU µs "
+           "per action: sampler thread (`time.thread_time`), client threads, and the whole process (server "
+           "process + client process for the 2-process HTTP mode).\n\n")
     md += ("| mode | clients | poll | policy | send | rest | (build) | sampler CPU | policy µs/call wall (CPU) | "
            "sampler CPU µs/action | client CPU µs/action | process CPU µs/action |\n"
            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")

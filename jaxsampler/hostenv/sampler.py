@@ -52,12 +52,14 @@ from typing import Any
 import jax
 import numpy as np
 
-from jaxsampler.host.batch import DEFAULT_POLICY_ID, MultiAgentBatch
+from jaxsampler.host.batch import DEFAULT_POLICY_ID, MultiAgentBatch, SampleBatch
+from jaxsampler.host.lookback import batch as stack
 from jaxsampler.host.episode import SingleAgentEpisode
 from jaxsampler.host.multi_agent_episode import MultiAgentEpisode
 from jaxsampler.host.sampler import SamplerMetrics
 from jaxsampler.hostenv.base import ALL, HostEnv, PollResult
-from jaxsampler.hostenv.collector import SampleCollector, episodes_to_batch
+from jaxsampler.hostenv.collector import SampleCollector, _concat, episodes_to_batch
+from jaxsampler.hostenv.track import Track, track_rows
 from jaxsampler.policies.base import Policy
 from jaxsampler.spaces import compatible
 
@@ -96,6 +98,10 @@ class HostSampler:
     Raises:
         ValueError: the policy was built for other spaces or other agent ids.
     """
+
+    #: Single-agent envs use list-based tracks (``False``: the collector path, as multi-agent
+    #: envs do; both give the same episodes and batches, the tracks cost less per step).
+    fast_single_agent: bool = True
 
     def __init__(
         self,
@@ -175,6 +181,12 @@ class HostSampler:
         self._returns: dict[str, float] = {}
         self._finished: dict[str, tuple] = {}  # episode id -> (env rank, poll index)
         self._poll_index = 0
+        # Single-agent envs: episodes as plain lists (jaxsampler.hostenv.track), not through the collector.
+        self._fast = not self.multi_agent and self.fast_single_agent
+        self._tracks: dict[Any, Track] = {}  # env id -> running chunk
+        self._closed: list[Track] = []  # chunks closed in this call
+        self._queue: list[tuple[Any, Any]] = []  # (env id, observation) waiting for an action
+        self._env_steps: dict[str, int] = {}  # episode id -> env steps (polls) so far
         self.metrics = SamplerMetrics()
 
     # ------------------------------------------------------------------------- policy
@@ -202,6 +214,16 @@ class HostSampler:
     def _act(self, params: Any) -> bool:
         """Computes and sends the actions of every queued agent; False if none was queued."""
         out: dict[Any, dict] = {}
+        if self._fast:
+            queue, self._queue = self._queue, []
+            if queue:
+                top, agent = self.batch_sizes[-1], self.agent_ids[0]
+                for lo in range(0, len(queue), top):
+                    part = queue[lo:lo + top]
+                    self._act_rows(DEFAULT_POLICY_ID, params, stack([o for _, o in part]), [e for e, _ in part],
+                                   [agent] * len(part), out)
+                self.host_env.send_actions(out)
+            return bool(out)
         for pid in self.policy_ids:
             rows = self.collector.get_inference_input_dict(pid)
             if rows.count == 0:
@@ -294,9 +316,13 @@ class HostSampler:
     def _agent_episode_id(self, ma_id: str, agent_id: Any) -> str:
         return f"{ma_id}{self.agent_ids.index(agent_id):04x}" if self.multi_agent else ma_id
 
-    def _new_episode(self, env_id: Any) -> MultiAgentEpisode:
+    def _new_episode_id(self) -> str:
         ma_id = f"{self._run_id}{self._resets:04x}{self._counter:014x}"
         self._counter += 1
+        return ma_id
+
+    def _new_episode(self, env_id: Any) -> MultiAgentEpisode:
+        ma_id = self._new_episode_id()
         mapping = self._mapping
         ids = {a: self._agent_episode_id(ma_id, a) for a in self.agent_ids}
         return MultiAgentEpisode(
@@ -308,8 +334,72 @@ class HostSampler:
             agent_to_module_mapping_fn=lambda aid, episode: mapping[aid],
         )
 
+    def _feed_tracks(self, res: PollResult, done_log: list) -> int:
+        """:meth:`_feed` of a single-agent env: appends each sub-env's step to its track."""
+        obs_all = self._validate(res)
+        agent = self.agent_ids[0]
+        env_ids: dict[Any, None] = dict.fromkeys(res.obs)
+        for d in (res.rewards, res.terminateds, res.truncateds):
+            if d:
+                env_ids.update(dict.fromkeys(d))
+        steps = 0
+        rank = self._env_rank
+        for e in env_ids:
+            if e not in rank:
+                rank[e] = len(rank)
+            obs = obs_all.get(e, {})
+            tr = self._tracks.get(e)
+            if tr is None:  # a new episode (rewards before acting belong to no step)
+                if agent not in obs:
+                    continue
+                info = res.infos.get(e, {}).get(agent)
+                tr = self._tracks[e] = Track(self._new_episode_id(), [obs[agent]], [{} if info is None else info])
+                self._returns[tr.id_] = 0.0
+                self._env_steps[tr.id_] = 0
+                self._states.pop((e, agent), None)
+                self._queue.append((e, obs[agent]))
+                self._off_policy[e] = res.off_policy_actions.get(e, {})
+                continue
+            rewards = res.rewards.get(e, {})
+            terms, truncs = res.terminateds.get(e, {}), res.truncateds.get(e, {})
+            term, trunc = bool(terms.get(agent, False)), bool(truncs.get(agent, False))
+            all_done = bool(terms.get(ALL, False) or truncs.get(ALL, False))
+            reward = float(rewards.get(agent, 0.0))
+            sent = self._actions.pop(e, None)
+            if agent in obs:
+                if sent is None:
+                    raise ValueError(f"env {e!r} delivered an observation for agent {agent!r}, which has one "
+                                     "waiting for its action")
+                tr.step(sent[agent][0], sent[agent][1], reward, obs[agent], res.infos.get(e, {}).get(agent) or {})
+                tr.terminated, tr.truncated = term, trunc
+                if not (term or trunc or all_done):
+                    self._queue.append((e, obs[agent]))
+            else:  # a reward-only poll: the step hangs until the next observation
+                if term or trunc or all_done:
+                    raise ValueError(f"env {e!r}: agent {agent!r} is done but its final observation is missing")
+                if sent is not None:
+                    self._actions[e] = sent
+                tr.hanging_reward += reward
+            self._returns[tr.id_] += float(sum(rewards.values()))
+            self._env_steps[tr.id_] += 1
+            tr.polls += 1
+            steps += 1
+            if all_done:
+                self._finished[tr.id_] = (rank[e], self._poll_index)
+                done_log.append((tr.id_, self._returns.pop(tr.id_), self._env_steps.pop(tr.id_)))
+                self._closed.append(tr)
+                del self._tracks[e]
+                self._off_policy.pop(e, None)
+                self._states.pop((e, agent), None)
+            else:
+                self._off_policy[e] = res.off_policy_actions.get(e, {})
+        self._poll_index += 1
+        return steps
+
     def _feed(self, res: PollResult, done_log: list) -> int:
         """Feeds one poll to the collector; returns the number of env steps it held."""
+        if self._fast:
+            return self._feed_tracks(res, done_log)
         obs_all = self._validate(res)
         env_ids: dict[Any, None] = {}
         for d in (res.obs, res.rewards, res.terminateds, res.truncateds):
@@ -393,6 +483,11 @@ class HostSampler:
             self.collector.discard_episode(eid)
             self._returns.pop(eid, None)
         self.collector.pop_built_episodes()
+        self._tracks.clear()
+        self._closed.clear()
+        self._queue.clear()
+        self._returns.clear()
+        self._env_steps.clear()
         self._running.clear()
         self._actions.clear()
         self._off_policy.clear()
@@ -415,6 +510,8 @@ class HostSampler:
         Metrics of the call are in :attr:`metrics`.
         """
         chunks = self._sample(params, num_timesteps, num_episodes, force_reset)
+        if self._fast:
+            return [tr.episode(self._obs_space, self._act_space) for tr in chunks]
         if self.multi_agent:
             return chunks
         out = []
@@ -432,7 +529,14 @@ class HostSampler:
         ``actions``, ``rewards``, ``terminateds``, ``truncateds``, ``t``, ``eps_id``,
         ``agent_index``, ``infos`` (list of dicts) and the policy's extras."""
         chunks = self._sample(params, num_timesteps, num_episodes, force_reset)
-        batch = episodes_to_batch(chunks, self.agent_ids, self.policy_ids)
+        if self._fast:
+            rows = [track_rows(tr) for tr in chunks if len(tr)]
+            policy_batches = {}
+            if rows:
+                policy_batches[DEFAULT_POLICY_ID] = SampleBatch({k: _concat([r[k] for r in rows]) for k in rows[0]})
+            batch = MultiAgentBatch(policy_batches, sum(len(tr) for tr in chunks))
+        else:
+            batch = episodes_to_batch(chunks, self.agent_ids, self.policy_ids)
         batch.count = self.metrics.num_env_steps_sampled
         return batch
 
@@ -470,21 +574,24 @@ class HostSampler:
                 break
             if getattr(self.host_env, "closed", False) or (deadline is not None and time.monotonic() >= deadline):
                 break
-        if num_episodes is not None and can_reset:
+        if self._fast:
+            chunks = self._close_tracks(num_episodes is not None and can_reset)
+        elif num_episodes is not None and can_reset:
             for eid in list(self._running.values()):
                 self.collector.discard_episode(eid)
             self._needs_reset = True
+            chunks = self.collector.pop_built_episodes()
         else:
             for e in sorted(self._running, key=self._env_rank.__getitem__):
                 self.collector.postprocess_episode(self._running[e], is_done=False)
-        chunks = self.collector.pop_built_episodes()
+            chunks = self.collector.pop_built_episodes()
         done = sorted((c for c in chunks if c.id_ in self._finished), key=lambda c: self._finished[c.id_])
         ongoing = [c for c in chunks if c.id_ not in self._finished]
         for c in done:
             del self._finished[c.id_]
         chunks = done + ongoing
         m = SamplerMetrics(num_env_steps_sampled=env_steps, num_rollout_calls=polls)
-        m.num_agent_steps_sampled = sum(c.agent_steps() for c in chunks)
+        m.num_agent_steps_sampled = sum(len(c) if self._fast else c.agent_steps() for c in chunks)
         m.num_episodes_completed, m.num_episodes_ongoing = len(done), len(ongoing)
         if done_log:
             rets = np.array([r for _, r, _ in done_log])
@@ -495,6 +602,25 @@ class HostSampler:
                       "episode_len_min", "episode_len_max"):
                 setattr(m, k, float(getattr(m, k)))
         self.metrics = m
+        return chunks
+
+    def _close_tracks(self, discard_running: bool) -> list[Track]:
+        """The call's chunks in closing order: finished ones, then (unless discarded) the
+        running ones, env by env, each continued in its ``cut`` successor."""
+        if discard_running:
+            for tr in self._tracks.values():
+                self._returns.pop(tr.id_, None)
+                self._env_steps.pop(tr.id_, None)
+            self._tracks.clear()
+            self._queue.clear()
+            self._needs_reset = True
+        else:
+            for e in sorted(self._tracks, key=self._env_rank.__getitem__):
+                tr = self._tracks[e]
+                if tr.polls > 0:  # as the collector: a chunk with env steps is closed (even without agent steps)
+                    self._closed.append(tr)
+                    self._tracks[e] = tr.cut(self.horizon)
+        chunks, self._closed = self._closed, []
         return chunks
 
     def close(self) -> None:
