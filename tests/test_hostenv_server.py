@@ -29,7 +29,7 @@ from jaxsampler.hostenv.external import (
 )
 from jaxsampler.hostenv.offline import packb, unpackb
 from jaxsampler.hostenv.client import PolicyClient
-from jaxsampler.hostenv.server import PolicyServer, PolicyServerError
+from jaxsampler.hostenv.server import PROTOCOL_VERSION, PolicyServer, PolicyServerError
 from tests.test_hostenv_external import ACT, OBS, PollLoop, answer, check_exactly_once, run_clients, simulate, wait_finished
 
 
@@ -70,6 +70,7 @@ def test_remote_many_clients_exactly_once_and_disconnect(served):
     c = PolicyClient(server.address)
     c.start_episode("gone")
     c.log_returns("gone", 1.0)
+    c.flush()  # the deferred reward goes now, not with this client's next request
     host, port = server.address[len("http://"):].split(":")
 
     def clients(cid):
@@ -128,8 +129,18 @@ def test_bad_requests_get_4xx_and_server_keeps_serving(served):
         client.start_episode(eid)
     with pytest.raises(InvalidDataError, match="shape"):
         client.get_action(eid, np.zeros(5, np.float32))
+    with pytest.raises(InvalidDataError, match="finite"):  # checked before the call returns
+        client.log_returns(eid, float("nan"))
+    client.log_returns("nope", 1.0)  # deferred: the next request carries it, and fails with it
+    with pytest.raises(UnknownEpisodeError, match="deferred log_returns"):
+        client.get_action(eid, np.zeros(3, np.float32))
+    client.log_returns("nope", 1.0)
     with pytest.raises(UnknownEpisodeError):
-        client.log_returns("nope", 1.0)
+        client.flush()
+    eager = PolicyClient(server.address, defer_returns=False)
+    with pytest.raises(UnknownEpisodeError):
+        eager.log_returns("nope", 1.0)
+    eager.close()
     batch = {"commands": [{"command": "log_returns", "episode_id": "nope", "reward": 1.0},
                           {"command": "get_action", "episode_id": eid, "observation": [0, 0, 0]},
                           {"command": "log_returns", "episode_id": eid, "reward": 1.0}]}
@@ -147,7 +158,7 @@ def test_bad_requests_get_4xx_and_server_keeps_serving(served):
     (s0, s1) = loop.steps[eid]
     assert s0[1] == {AGENT: 1.0} and s1[2][ALL]
     info = client.server_info()
-    assert info["protocol"] == 1 and info["observation_space"] == OBS and info["multi_agent"] is False
+    assert info["protocol"] == PROTOCOL_VERSION == 2 and info["observation_space"] == OBS and info["multi_agent"] is False
     client.close()
 
 

@@ -8,8 +8,9 @@ background through ``/batch``.
 
 from __future__ import annotations
 
-import http.client
 import json
+import math
+import socket
 import threading
 import time
 import uuid
@@ -17,6 +18,7 @@ from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
+import httptools
 import numpy as np
 
 from jaxsampler.env import DEFAULT_AGENT_ID
@@ -25,6 +27,92 @@ from jaxsampler.hostenv.offline import packb, unpackb
 from jaxsampler.hostenv.server import _ERRORS, _MSGPACK, PolicyServerError
 
 __all__ = ["PolicyClient"]
+
+
+def _check_rewards(reward: Any) -> None:
+    """The reward(s) of a deferred ``log_returns`` must be finite numbers (a dict of them
+    for multi-agent servers): checked before the call returns."""
+    for r in (reward.values() if isinstance(reward, Mapping) else (reward,)):
+        try:
+            ok = math.isfinite(float(r))
+        except (TypeError, ValueError):
+            ok = False
+        if not ok:
+            raise ext.InvalidDataError(f"reward must be a finite number, got {r!r}")
+
+
+class _StaleConnection(ConnectionError):
+    """The server closed the connection before answering (e.g. an idle keep-alive one)."""
+
+
+class _Connection:
+    """A keep-alive HTTP/1.1 connection: writes a request, reads one response with
+    httptools (llhttp). Used by one thread at a time."""
+
+    def __init__(self, host: str, port: int, timeout: float):
+        self.host, self.port, self.timeout = host, port, timeout
+        self.sock: socket.socket | None = None
+        self.used = False  # a request was answered on the current socket
+        self._status = 0
+        self._headers: dict[str, str] = {}
+        self._body: list[bytes] = []
+        self._complete = False
+        self._name = b""
+
+    def _open(self) -> socket.socket:
+        sock = socket.create_connection((self.host, self.port), timeout=self.timeout)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.sock, self.used = sock, False
+        return sock
+
+    # httptools callbacks
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._headers[name.decode("latin-1").lower()] = value.decode("latin-1")
+
+    def on_body(self, body: bytes) -> None:
+        self._body.append(body)
+
+    def on_message_complete(self) -> None:
+        self._complete = True
+
+    def round_trip(self, request: bytes) -> tuple[int, dict, bytes]:
+        sock = self.sock or self._open()
+        try:
+            sock.sendall(request)
+        except (BrokenPipeError, ConnectionResetError) as e:
+            raise _StaleConnection(str(e)) from None
+        parser = httptools.HttpResponseParser(self)
+        self._headers, self._body, self._complete = {}, [], False
+        got = False
+        while not self._complete:
+            try:
+                chunk = sock.recv(1 << 16)
+            except ConnectionResetError as e:
+                if got:
+                    raise
+                raise _StaleConnection(str(e)) from None
+            if not chunk:
+                if got:
+                    raise ConnectionError("the server closed the connection mid-answer")
+                raise _StaleConnection("the server closed the connection")
+            got = True
+            try:
+                parser.feed_data(chunk)
+            except httptools.HttpParserError as e:
+                self.close()
+                raise ConnectionError(f"malformed HTTP answer: {e}") from None
+        status = parser.get_status_code()
+        self.used = True
+        if self._headers.get("connection", "").lower() == "close":
+            self.close()
+        return status, self._headers, b"".join(self._body)
+
+    def close(self) -> None:
+        if self.sock is not None:
+            try:
+                self.sock.close()
+            finally:
+                self.sock = None
 
 
 class PolicyClient:
@@ -41,6 +129,13 @@ class PolicyClient:
         timeout: socket timeout of one request, in seconds.
         seed: local mode PRNG seed.
         flush_interval: local mode: experience is sent at least this often.
+        max_batch_commands: local mode: a ``/batch`` request carries at most this many steps.
+        defer_returns: remote mode: ``log_returns`` does not make its own round trip; its
+            reward travels with the thread's next request (``get_action``, ``end_episode``,
+            ...), which the server runs after it (one round trip per step instead of two).
+            A server-side error of a deferred call (say, an unknown episode) is raised by
+            that next call, which is then not run. :meth:`flush` / :meth:`close` send what
+            is left.
 
     Thread-safe: each thread uses its own keep-alive connection. In local mode, errors of
     the background sender (e.g. the server refused a step) are raised by the next call.
@@ -48,13 +143,14 @@ class PolicyClient:
 
     def __init__(self, address: str, inference_mode: str = "remote", *, policy: Any = None,
                  update_interval: float = 10.0, timeout: float = 600.0, seed: int = 0,
-                 flush_interval: float = 0.05, max_batch_commands: int = 512):
+                 flush_interval: float = 0.05, max_batch_commands: int = 512, defer_returns: bool = True):
         parts = urlsplit(address)
         if parts.scheme != "http" or not parts.hostname or parts.port is None:
             raise ValueError(f"address must look like 'http://host:port', got {address!r}")
         if inference_mode not in ("remote", "local"):
             raise ValueError(f"inference_mode must be 'remote' or 'local', got {inference_mode!r}")
         self.address, self.inference_mode = address, inference_mode
+        self.defer_returns = bool(defer_returns)
         self._host, self._port, self._timeout = parts.hostname, parts.port, timeout
         self._tls = threading.local()
         self._closed = False
@@ -65,29 +161,35 @@ class PolicyClient:
 
     # -- transport ---------------------------------------------------------------------
 
-    def _conn(self) -> http.client.HTTPConnection:
+    def _conn(self) -> _Connection:
         c = getattr(self._tls, "conn", None)
         if c is None:
-            c = self._tls.conn = http.client.HTTPConnection(self._host, self._port, timeout=self._timeout)
+            c = self._tls.conn = _Connection(self._host, self._port, self._timeout)
         return c
 
-    def _request(self, method: str, path: str, body: bytes | None = None, headers: dict | None = None):
-        hdrs = {"Content-Type": _MSGPACK, **(headers or {})}
+    def _request(self, method: str, path: str, body: bytes | None = None,
+                 headers: dict | None = None) -> tuple[int, dict, bytes]:
+        """One round trip on this thread's keep-alive connection: ``(status, headers, body)``
+        (header names lower-case)."""
+        head = f"{method} {path} HTTP/1.1\r\nHost: {self._host}:{self._port}\r\n"
+        if body is not None:
+            head += f"Content-Type: {_MSGPACK}\r\nContent-Length: {len(body)}\r\n"
+        for k, v in (headers or {}).items():
+            head += f"{k}: {v}\r\n"
+        data = head.encode("latin-1") + b"\r\n" + (body or b"")
         for attempt in (0, 1):
             conn = self._conn()
-            reused = conn.sock is not None
+            reused = conn.used
             try:
-                conn.request(method, path, body=body, headers=hdrs)
-                resp = conn.getresponse()
-                data = resp.read()
-            except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError) as e:
+                return conn.round_trip(data)
+            except _StaleConnection as e:
                 conn.close()
-                if reused and attempt == 0:  # a stale keep-alive connection: retry once, fresh
+                if reused and attempt == 0:  # the server closed an idle keep-alive connection: retry once
                     continue
-                raise ConnectionError(f"policy server {self.address}: {e}") from e
-            if resp.getheader("Connection", "").lower() == "close":
+                raise ConnectionError(f"policy server {self.address}: {e}") from None
+            except OSError as e:
                 conn.close()
-            return resp.status, resp, data
+                raise ConnectionError(f"policy server {self.address}: {e}") from e
         raise AssertionError("unreachable")
 
     def _raise(self, status: int, data: bytes) -> None:
@@ -102,6 +204,10 @@ class PolicyClient:
         raise PolicyServerError(status, f"{name}: {message}" if name else message)
 
     def _post(self, command: str, payload: dict) -> dict:
+        deferred = getattr(self._tls, "returns", None)
+        if deferred and command != "batch":  # this thread's log_returns calls travel with its next request
+            payload = {**payload, "returns": deferred}
+            self._tls.returns = []
         status, _, data = self._request("POST", "/" + command, packb(payload))
         if status != 200:
             self._raise(status, data)
@@ -131,6 +237,15 @@ class PolicyClient:
         msg = {"episode_id": episode_id, "reward": reward, "info": info}
         if multiagent_done_dict:
             msg["done"] = multiagent_done_dict
+        if self.inference_mode == "remote" and self.defer_returns:
+            _check_rewards(reward)  # what can be checked here fails here; the rest at the next call
+            if info is not None and not isinstance(info, Mapping):
+                raise ext.InvalidDataError(f"info must be a dict, got {type(info).__name__}")
+            returns = getattr(self._tls, "returns", None)
+            if returns is None:
+                returns = self._tls.returns = []
+            returns.append(msg)
+            return
         self._send("log_returns", msg)
 
     def end_episode(self, episode_id: str, observation: Any, truncated: bool = False) -> None:
@@ -280,8 +395,16 @@ class PolicyClient:
             raise e
 
     def flush(self) -> None:
-        """Local mode: blocks until queued experience reached the server; raises its error."""
+        """Sends what this client holds back: remote mode, this thread's deferred
+        ``log_returns`` (one ``/batch`` request); local mode, blocks until queued experience
+        reached the server. Raises the server's error, if any."""
         if self.inference_mode != "local":
+            returns = getattr(self._tls, "returns", None)
+            if returns:
+                self._tls.returns = []
+                errors = self._post("batch", {"commands": [{"command": "log_returns", **m} for m in returns]})["errors"]
+                if errors:
+                    self._raise(errors[0]["status"], json.dumps(errors[0]).encode())
             return
         with self._out_cv:
             self._out_cv.notify_all()
@@ -290,7 +413,7 @@ class PolicyClient:
         self._raise_sender_error()
 
     def close(self) -> None:
-        """Flushes (local mode) and closes this thread's connection. Idempotent."""
+        """Flushes (see :meth:`flush`) and closes this thread's connection. Idempotent."""
         if self._closed:
             return
         try:
@@ -304,6 +427,7 @@ class PolicyClient:
             c = getattr(self._tls, "conn", None)
             if c is not None:
                 c.close()
+                self._tls.conn = None
 
     def __enter__(self) -> PolicyClient:
         return self

@@ -61,6 +61,7 @@ __all__ = [
     "EpisodeStateError",
     "InvalidDataError",
     "CapacityError",
+    "WouldBlockError",
     "EnvClosedError",
     "CLIENT_POLICY_INFO",
 ]
@@ -84,6 +85,11 @@ class EpisodeStateError(ExternalEnvError):
 
 class InvalidDataError(ExternalEnvError):
     """An observation, action or reward does not match the spaces / expected types."""
+
+
+class WouldBlockError(ExternalEnvError):
+    """A non-blocking ``log_action`` found the episode's queue full (back pressure); the
+    call changed nothing and may be retried where blocking is allowed."""
 
 
 class CapacityError(ExternalEnvError):
@@ -182,19 +188,24 @@ class _Waiter:
     env lock, at most once). A bare pre-acquired lock rather than a ``threading.Event``:
     waking a caller is one ``release()``, no condition variable and no second lock."""
 
-    __slots__ = ("_gate", "value", "error", "done")
+    __slots__ = ("_gate", "value", "error", "done", "callback")
 
-    def __init__(self) -> None:
+    def __init__(self, callback: Callable[[], None] | None = None) -> None:
         self._gate = _thread.allocate_lock()
         self._gate.acquire()
         self.value: Any = None
         self.error: BaseException | None = None
         self.done = False  # set() was called
+        #: called once by set() (under the env lock, in the answering thread): how an
+        #: event loop learns of the answer without a thread blocked in wait()
+        self.callback = callback
 
     def set(self) -> None:
         if not self.done:
             self.done = True
             self._gate.release()
+            if self.callback is not None:
+                self.callback()
 
     def wait(self, timeout: float) -> bool:
         """True once answered (then the gate stays open for later calls)."""
@@ -312,7 +323,11 @@ class _ExternalBase(HostEnv):
         return self._wait(episode_id, waiter, self.action_timeout_s if timeout is None else timeout, cancelled)
 
     def _submit(self, episode_id: str, obs: dict, action: dict | None, extra_infos: dict | None,
-                want_action: bool) -> _Waiter | None:
+                want_action: bool, *, block: bool = True,
+                on_answer: Callable[[], None] | None = None) -> _Waiter | None:
+        """Queues one request. ``block=False``: raise :class:`WouldBlockError` instead of
+        waiting under back pressure. ``on_answer``: the waiter's callback (see
+        :class:`_Waiter`), set before the request becomes visible to the poller."""
         obs = self._check_obs(obs)
         if extra_infos is not None and (not isinstance(extra_infos, Mapping) or set(extra_infos) - set(obs)
                                         or not all(isinstance(v, Mapping) for v in extra_infos.values())):
@@ -325,6 +340,8 @@ class _ExternalBase(HostEnv):
                 # back pressure: the simulator may run ahead of the sampler only so far
                 deadline = time.monotonic() + self.action_timeout_s
                 while len(ep.pending) >= self.max_queued_steps and not self._closed and ep.closed_reason is None:
+                    if not block:
+                        raise WouldBlockError(f"episode {episode_id}: {len(ep.pending)} logged steps wait to be polled")
                     left = deadline - time.monotonic()
                     if left <= 0:
                         raise TimeoutError(f"episode {episode_id}: {len(ep.pending)} logged steps not polled "
@@ -332,7 +349,7 @@ class _ExternalBase(HostEnv):
                     self._room.wait(left)
                 self._check_open()
                 ep = self._open_episode(episode_id)
-            waiter = _Waiter() if want_action else None
+            waiter = _Waiter(on_answer) if want_action else None
             item = self._make_item(ep, obs, off_policy=action, waiter=waiter)
             if extra_infos:
                 for agent, extra in extra_infos.items():
@@ -351,19 +368,29 @@ class _ExternalBase(HostEnv):
                 break
             gone = cancelled is not None and cancelled()
             if left <= 0 or gone:
-                with self._lock:
-                    if waiter.done:
-                        break
-                    why = "client disconnected" if gone else f"get_action timed out after {timeout} s"
-                    ep = self._episodes.get(episode_id)
-                    if ep is not None:
-                        self._abandon(ep, why)
+                why = "client disconnected" if gone else f"get_action timed out after {timeout} s"
+                if not self._expire(episode_id, waiter, why):
+                    break  # answered meanwhile
                 if gone:
                     raise ConnectionAbortedError(f"episode {episode_id}: {why}")
                 raise TimeoutError(f"episode {episode_id}: no action within {timeout} s; episode abandoned")
         if waiter.error is not None:
             raise waiter.error
         return waiter.value
+
+    def _expire(self, episode_id: str, waiter: _Waiter, why: str) -> bool:
+        """Gives up a waiting ``get_action`` (timeout, client gone): abandons its episode
+        unless the answer came first. Returns whether it abandoned."""
+        with self._lock:
+            if waiter.done:
+                return False
+            ep = self._episodes.get(episode_id)
+            if ep is not None and ep.waiter is waiter:
+                self._abandon(ep, why)
+            else:  # not the episode's waiter any more (closed env): fail just this call
+                waiter.error = EpisodeStateError(f"Episode {episode_id}: {why}.")
+                waiter.set()
+            return True
 
     def _log_returns(self, episode_id: str, rewards: Mapping, infos: Mapping | None, dones: Mapping | None) -> None:
         if not isinstance(rewards, Mapping):

@@ -3,11 +3,17 @@
 The server owns an :class:`~jaxsampler.hostenv.external.ExternalEnv` (or the multi-agent
 variant) and is itself a :class:`~jaxsampler.hostenv.base.HostEnv` (``poll`` /
 ``send_actions`` go to that env), so any host sampler can sample from it: experience of
-remote clients ends up in the sampler's episodes and batches. The stack is the Python
-standard library (``http.server.ThreadingHTTPServer``, ``http.client``): HTTP/1.1 with
-keep-alive, one server thread per connection.
+remote clients ends up in the sampler's episodes and batches.
 
-Protocol (version 1)
+The stack: HTTP/1.1 with keep-alive, parsed by ``httptools`` (llhttp, Node.js's parser)
+on both ends. The server is one asyncio event loop in a daemon thread serving every
+connection: a ``get_action`` is queued into the env without blocking anything, and the
+sampler's answers for a whole batch wake the loop once (no thread per connection, so
+the sampler's thread does not compete with dozens of handler threads for the GIL). Calls
+that may block (``log_action`` under back pressure, ``/batch``) run on a small worker
+pool. The client keeps one socket per thread.
+
+Protocol (version 2)
 --------------------
 Bodies are msgpack (``Content-Type: application/msgpack``) encoded with
 :func:`jaxsampler.hostenv.offline.packb`: numpy arrays travel as raw bytes plus dtype and
@@ -31,6 +37,12 @@ GET  /info            --                                                        
                                                                                      action_space}``
 ====================  ==========================================================  =====================
 
+Any POST body may carry ``returns: [{episode_id, reward, info?, done?}, ...]``: those
+``log_returns`` calls run first, in order; if one fails, the command is not run and its
+error is the answer (message prefixed ``deferred log_returns``). This is how a remote
+:class:`~jaxsampler.hostenv.client.PolicyClient` sends ``log_returns`` without a round
+trip of its own (version 2; version 1 had no such field).
+
 Multi-agent envs take dicts ``agent -> value`` for ``observation``, ``action``,
 ``reward``, ``info`` and ``done`` (``multiagent_done_dict``). ``/batch`` runs the
 non-blocking commands (not ``get_action``) in order; a refused command does not stop the
@@ -46,8 +58,8 @@ abandoned, a get_action still waiting), 411 no ``Content-Length``, 413 body over
 504 no action within the env's ``action_timeout_s``, 500 anything unexpected. The server
 keeps serving after every error.
 
-A client that disconnects while its ``get_action`` waits is noticed (the handler peeks at
-its socket while waiting): its episode is abandoned and ends as truncated (see
+A client that disconnects while its ``get_action`` waits is noticed at once (the event
+loop sees the connection close): its episode is abandoned and ends as truncated (see
 :mod:`~jaxsampler.hostenv.external`); other episodes are untouched. A client that
 vanishes between calls is caught by the env's ``episode_timeout_s``.
 
@@ -61,16 +73,20 @@ with the behaviour policy's version and logp.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
-import select
 import socket
 import threading
 import time
+from collections import deque
 from collections.abc import Mapping
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from concurrent.futures import ThreadPoolExecutor
+from http import HTTPStatus
 from typing import Any
 from urllib.parse import urlsplit
+
+import httptools
 
 from jaxsampler.env import DEFAULT_AGENT_ID
 from jaxsampler.hostenv import external as ext
@@ -79,7 +95,7 @@ from jaxsampler.hostenv.offline import packb, unpackb
 
 __all__ = ["PolicyServer", "PolicyServerError", "PROTOCOL_VERSION"]
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
 _log = logging.getLogger(__name__)
 _MSGPACK = "application/msgpack"
 _COMMANDS = ("start_episode", "get_action", "log_action", "log_returns", "end_episode")
@@ -131,181 +147,171 @@ def _field(msg: Mapping, name: str, kind: Any = None, optional: bool = False) ->
     return v
 
 
-class _HTTPServer(ThreadingHTTPServer):
-    daemon_threads = True
-    allow_reuse_address = True
-    request_queue_size = 1024  # the default (5) drops SYNs of concurrent clients: 1 s retries
-    policy_server: PolicyServer
+_REASONS = {s.value: s.phrase for s in HTTPStatus}
+_SERVER = f"jaxsampler-policy-server/{PROTOCOL_VERSION}"
 
 
-class _Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    server_version = f"jaxsampler-policy-server/{PROTOCOL_VERSION}"
-    server: _HTTPServer
+class _Request:
+    """One parsed HTTP request (httptools callbacks fill it)."""
 
-    def setup(self) -> None:
-        super().setup()
-        self.timeout = self.server.policy_server.keepalive_timeout_s
-        self.connection.settimeout(self.timeout)
-        self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self.server.policy_server._track(self.connection, True)
+    __slots__ = ("url", "body", "size", "content_length", "chunked", "if_none_match", "error", "keep_alive",
+                 "method")
 
-    def finish(self) -> None:
+    def __init__(self) -> None:
+        self.url = b""
+        self.body: list[bytes] = []
+        self.size = 0
+        self.content_length: int | None = None
+        self.chunked = False
+        self.if_none_match = b""
+        self.error: tuple[int, str, str] | None = None  # found while parsing: answered, then the connection closes
+        self.keep_alive = True
+        self.method = b""
+
+
+class _Connection(asyncio.Protocol):
+    """One client connection, served in the event-loop thread. Requests on it are answered
+    in order, one at a time (a ``get_action`` holds the connection until its answer)."""
+
+    def __init__(self, ps: PolicyServer):
+        self.ps = ps
+        self.transport: asyncio.Transport | None = None
+        self.parser = httptools.HttpRequestParser(self)
+        self.req: _Request | None = None
+        self.queue: deque[_Request] = deque()
+        self.busy = False  # a request is being answered
+        self.waiting: tuple[str, ext._Waiter] | None = None  # (episode id, waiter) of a pending get_action
+        self.closing = False
+        self.timed_out = False  # the pending get_action ran out of time
+        self.current: _Request | None = None  # the request being answered
+        self.last_activity = time.monotonic()
+
+    # -- asyncio.Protocol ----------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.ps._conns.add(self)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closing = True
+        self.ps._conns.discard(self)
+        if self.waiting is not None:  # the client went away while its get_action waited
+            eid, waiter = self.waiting
+            self.ps.env._expire(eid, waiter, "client disconnected")
+
+    def data_received(self, data: bytes) -> None:
+        if self.closing:
+            return  # after an error answer: the rest is dropped until the peer closes
+        self.last_activity = time.monotonic()
         try:
-            super().finish()
-        finally:
-            self.server.policy_server._track(self.connection, False)
-
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
-        _log.debug("%s " + format, self.address_string(), *args)
-
-    # -- responses ---------------------------------------------------------------------
-
-    def _send(self, status: int, body: bytes, content_type: str, extra: dict | None = None, close: bool = False) -> None:
-        self.send_response(status)
-        self.send_header("Content-Type", content_type)
-        self.send_header("Content-Length", str(len(body)))
-        for k, v in (extra or {}).items():
-            self.send_header(k, v)
-        if close:
-            self.send_header("Connection", "close")
-            self.close_connection = True
-        # Headers and body in one send (what end_headers + write would split in two).
-        self._headers_buffer.extend((b"\r\n", body))
-        self.flush_headers()
-
-    def _error(self, status: int, error: str, message: str, close: bool = False) -> None:
-        payload = {"error": error, "message": message}
-        self._send(status, json.dumps(payload).encode(), "application/json", close=close)
-
-    def _exception(self, e: BaseException) -> None:
-        status, name = _status_of(e)
-        self._error(status, name, str(e) if status != 500 else f"internal error: {e}")
-
-    def _linger(self, n: int) -> None:
-        """Reads and drops (a bounded part of) an unread body after answering, so closing the
-        socket does not reset the connection before the client read the answer."""
-        try:
-            self.connection.shutdown(socket.SHUT_WR)
-            self.connection.settimeout(1.0)
-            left, deadline = min(n, 64 << 20), time.monotonic() + 2.0
-            while left > 0 and time.monotonic() < deadline:
-                chunk = self.rfile.read1(min(left, 1 << 16))
-                if not chunk:
-                    break
-                left -= len(chunk)
-        except OSError:
-            pass
-
-    def _client_gone(self) -> bool:
-        """Whether the peer closed the connection (an HTTP/1.1 client sends nothing else
-        while it waits for the answer), without consuming anything."""
-        try:
-            if hasattr(select, "poll"):  # no FD_SETSIZE limit, unlike select()
-                p = select.poll()
-                p.register(self.connection, select.POLLIN | select.POLLHUP)
-                ready = bool(p.poll(0))
-            else:
-                ready = bool(select.select([self.connection], [], [], 0)[0])
-            # Ready: recv returns at once (b"" = closed by the peer).
-            return ready and self.connection.recv(1, socket.MSG_PEEK) == b""
-        except (OSError, ValueError):
-            return True
-
-    # -- GET ---------------------------------------------------------------------------
-
-    def do_GET(self) -> None:  # noqa: N802
-        ps = self.server.policy_server
-        path = urlsplit(self.path).path
-        if path == "/weights":
-            version, data = ps._weights
-            if data is None:
-                self._error(404, "NoWeights", "no policy weights yet (PolicyServer.set_weights)")
-            elif self.headers.get("If-None-Match", "").strip('"') == str(version):
-                self._send(304, b"", _MSGPACK, {"ETag": f'"{version}"'})
-            else:
-                self._send(200, data, _MSGPACK, {"ETag": f'"{version}"'})
-        elif path == "/info":
-            env = ps.env
-            info = {"protocol": PROTOCOL_VERSION, "multi_agent": env._multi_agent, "agent_ids": list(env.agent_ids),
-                    "weights_version": ps._weights[0], "observation_space": env.observation_space,
-                    "action_space": env.action_space}
-            self._send(200, packb(info), _MSGPACK)
-        elif path.lstrip("/") in _COMMANDS or path == "/batch":
-            self._error(405, "MethodNotAllowed", f"{path} needs POST", close=False)
-        else:
-            self._error(404, "NotFound", f"unknown path {path}")
-
-    # -- POST --------------------------------------------------------------------------
-
-    def do_POST(self) -> None:  # noqa: N802
-        ps = self.server.policy_server
-        path = urlsplit(self.path).path
-        length = self.headers.get("Content-Length")
-        if length is None:
-            self._error(411, "LengthRequired", "Content-Length header required (no chunked bodies)", close=True)
+            self.parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            self._fail(400, "InvalidDataError", "protocol upgrades are not supported")
             return
-        try:
-            n = int(length)
-            if n < 0:
-                raise ValueError
-        except ValueError:
-            self._error(400, "InvalidDataError", f"bad Content-Length {length!r}", close=True)
+        except httptools.HttpParserError as e:
+            self._fail(400, "InvalidDataError", f"malformed HTTP request: {e}")
             return
-        if n > ps.max_body_bytes:
-            self._error(413, "PayloadTooLarge", f"body of {n} bytes exceeds max_body_bytes={ps.max_body_bytes}",
-                        close=True)
-            self._linger(n)
-            return
-        body = self.rfile.read(n)
-        if len(body) < n:  # the client went away mid-body
-            self.close_connection = True
-            return
-        command = path.lstrip("/")
-        if command not in _COMMANDS and command != "batch":
-            self._error(404, "NotFound", f"unknown path {path}")
-            return
-        eid = None
-        try:
-            msg = unpackb(body, objects=False)
-            if not isinstance(msg, dict):
-                raise _BadRequest(f"body must be a msgpack map, got {type(msg).__name__}")
-            if command == "batch":
-                self._batch(ps, msg)
-                return
-            if command == "get_action":
-                eid = _field(msg, "episode_id", str)
-                result = ps._get_action(eid, _field(msg, "observation"), self._client_gone)
-            else:
-                result = ps._run(command, msg)
-        except ConnectionAbortedError:
-            self.close_connection = True
-            return
-        except Exception as e:  # noqa: BLE001 -- every error becomes an HTTP answer
-            self._exception(e)
-            return
-        try:
-            self._send(200, packb(result), _MSGPACK)
-        except OSError:
-            self.close_connection = True
-            if eid is not None:  # the action never reached the client
-                ps.env.abandon_episode(eid, "client disconnected before receiving its action")
+        self._next()
 
-    def _batch(self, ps: PolicyServer, msg: dict) -> None:
-        commands = _field(msg, "commands", list)
-        errors = []
-        for i, c in enumerate(commands):  # a refused command does not stop the others
+    def eof_received(self) -> bool | None:
+        return None  # close our side too
+
+    # -- httptools callbacks ---------------------------------------------------------------
+
+    def on_message_begin(self) -> None:
+        self.req = _Request()
+
+    def on_url(self, url: bytes) -> None:
+        self.req.url += url
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        name = name.lower()
+        req = self.req
+        if name == b"content-length":
             try:
-                if not isinstance(c, dict):
-                    raise _BadRequest(f"command {i} must be a map")
-                name = _field(c, "command", str)
-                if name not in _BATCHABLE:
-                    raise _BadRequest(f"command {name!r} cannot be batched (allowed: {list(_BATCHABLE)})")
-                ps._run(name, c)
-            except Exception as e:  # noqa: BLE001
-                status, name = _status_of(e)
-                errors.append({"index": i, "status": status, "error": name, "message": str(e)})
-        self._send(200, packb({"done": len(commands) - len(errors), "errors": errors}), _MSGPACK)
+                req.content_length = int(value)
+            except ValueError:
+                req.error = req.error or (400, "InvalidDataError", f"bad Content-Length {value.decode(errors='replace')!r}")
+        elif name == b"transfer-encoding" and b"chunked" in value.lower():
+            req.chunked = True
+        elif name == b"if-none-match":
+            req.if_none_match = value
+
+    def on_headers_complete(self) -> None:
+        req, ps = self.req, self.ps
+        req.method = self.parser.get_method()
+        req.keep_alive = self.parser.should_keep_alive()
+        if req.method != b"POST" or req.error:
+            return
+        if req.content_length is None or req.chunked:
+            req.error = (411, "LengthRequired", "Content-Length header required (no chunked bodies)")
+        elif req.content_length > ps.max_body_bytes:
+            req.error = (413, "PayloadTooLarge",
+                         f"body of {req.content_length} bytes exceeds max_body_bytes={ps.max_body_bytes}")
+        if req.error:  # answer now, without waiting for (or reading) the body
+            self.queue.append(req)
+            self.req = None
+
+    def on_body(self, body: bytes) -> None:
+        req = self.req
+        if req is not None:
+            req.body.append(body)
+            req.size += len(body)
+
+    def on_message_complete(self) -> None:
+        if self.req is not None:
+            self.queue.append(self.req)
+            self.req = None
+
+    # -- answering -------------------------------------------------------------------------
+
+    def _next(self) -> None:
+        while not self.busy and self.queue and not self.closing:
+            req = self.queue.popleft()
+            if req.error is not None:
+                self._fail(*req.error)
+                return
+            self.current = req
+            self.ps._dispatch(self, req)
+
+    def respond(self, status: int, body: bytes, content_type: str = _MSGPACK, extra: str = "",
+                close: bool = False) -> None:
+        if self.closing or self.transport is None:
+            return
+        close = close or (self.current is not None and not self.current.keep_alive)
+        head = (f"HTTP/1.1 {status} {_REASONS.get(status, '')}\r\nServer: {_SERVER}\r\n"
+                f"Content-Type: {content_type}\r\nContent-Length: {len(body)}\r\n{extra}")
+        if close:
+            head += "Connection: close\r\n"
+        self.transport.write(head.encode("latin-1") + b"\r\n" + body)
+        self.last_activity = time.monotonic()
+        if close:
+            self.closing = True
+            # Half-close and drop what the client still sends (an oversized body, say), so
+            # it reads the answer before the connection goes (no reset); then close.
+            if self.transport.can_write_eof():
+                self.transport.write_eof()
+                self.ps._loop.call_later(2.0, self.transport.close)
+            else:
+                self.transport.close()
+
+    def error(self, status: int, name: str, message: str, close: bool = False) -> None:
+        self.respond(status, json.dumps({"error": name, "message": message}).encode(), "application/json", close=close)
+
+    def _fail(self, status: int, name: str, message: str) -> None:
+        self.error(status, name, message, close=True)
+
+    def exception(self, e: BaseException) -> None:
+        status, name = _status_of(e)
+        self.error(status, name, str(e) if status != 500 else f"internal error: {e}")
+
+    def done(self) -> None:
+        """The current request is answered: serve the next one queued on this connection."""
+        self.busy = False
+        self._next()
 
 
 class PolicyServer(HostEnv):
@@ -320,8 +326,11 @@ class PolicyServer(HostEnv):
         max_body_bytes: larger request bodies are refused with 413.
         keepalive_timeout_s: idle keep-alive connections are closed after this long.
 
-    The HTTP server runs in daemon threads from construction on. Use as a context
-    manager or call :meth:`close`.
+    The server runs in a daemon thread (an asyncio event loop) from construction on. Use as
+    a context manager or call :meth:`close`.
+
+    Raises:
+        OSError: the address cannot be bound (e.g. the port is in use).
     """
 
     def __init__(self, env: ext._ExternalBase, host: str = "127.0.0.1", port: int = 0, *,
@@ -331,14 +340,43 @@ class PolicyServer(HostEnv):
         self.env = env
         self.max_body_bytes, self.keepalive_timeout_s = int(max_body_bytes), float(keepalive_timeout_s)
         self._weights: tuple[int, bytes | None] = (0, None)
-        self._conns: set[socket.socket] = set()
-        self._conns_lock = threading.Lock()
-        self._httpd = _HTTPServer((host, port), _Handler)
-        self._httpd.policy_server = self
+        self._conns: set[_Connection] = set()
         self._closed = False
-        self._thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.1},
-                                        name="PolicyServer", daemon=True)
+        self._answers: deque[tuple[_Connection, str, ext._Waiter, Any]] = deque()  # answered get_actions
+        self._wake_pending = False
+        self._executor = ThreadPoolExecutor(max_workers=4, thread_name_prefix="PolicyServer-blocking")
+        self._loop = asyncio.new_event_loop()
+        started: dict[str, Any] = {}
+        ready = threading.Event()
+
+        def run() -> None:
+            asyncio.set_event_loop(self._loop)
+            try:
+                server = self._loop.run_until_complete(
+                    self._loop.create_server(lambda: _Connection(self), host, port, backlog=1024, reuse_address=True))
+            except BaseException as e:  # noqa: BLE001 -- raised in the constructor
+                started["error"] = e
+                ready.set()
+                return
+            started["server"] = server
+            ready.set()
+            self._loop.call_later(1.0, self._reap_idle)
+            self._loop.run_forever()
+            server.close()
+            for c in list(self._conns):
+                if c.transport is not None:
+                    c.transport.close()
+            self._loop.run_until_complete(asyncio.sleep(0.05))  # flush the last answers
+            self._loop.close()
+
+        self._thread = threading.Thread(target=run, name="PolicyServer", daemon=True)
         self._thread.start()
+        ready.wait()
+        if "error" in started:
+            self._executor.shutdown(wait=False)
+            raise started["error"]
+        self._server = started["server"]
+        self._sockname = self._server.sockets[0].getsockname()
 
     # -- HostEnv (delegated) -------------------------------------------------------------
 
@@ -368,7 +406,7 @@ class PolicyServer(HostEnv):
 
     @property
     def address(self) -> str:
-        host, port = self._httpd.server_address[:2]
+        host, port = self._sockname[:2]
         return f"http://{host}:{port}"
 
     def set_weights(self, params: Any) -> int:
@@ -394,15 +432,11 @@ class PolicyServer(HostEnv):
         if self._closed:
             return
         self._closed = True
-        self.env.close()
-        self._httpd.shutdown()
-        self._httpd.server_close()
-        with self._conns_lock:
-            for c in list(self._conns):
-                try:
-                    c.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
+        self.env.close()  # fails every waiting get_action: their answers are sent first
+        if self._loop.is_running():
+            self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=10)
+        self._executor.shutdown(wait=False)
 
     def __enter__(self) -> PolicyServer:
         return self
@@ -410,20 +444,168 @@ class PolicyServer(HostEnv):
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
-    def _track(self, conn: socket.socket, add: bool) -> None:
-        with self._conns_lock:
-            (self._conns.add if add else self._conns.discard)(conn)
+    # -- requests (event-loop thread) --------------------------------------------------------
 
-    # -- command execution (handler threads) -----------------------------------------------
+    def _reap_idle(self) -> None:
+        limit = time.monotonic() - self.keepalive_timeout_s
+        for c in list(self._conns):
+            if not c.busy and not c.queue and c.last_activity < limit and c.transport is not None:
+                c.transport.close()
+        if not self._closed:
+            self._loop.call_later(1.0, self._reap_idle)
+
+    def _dispatch(self, conn: _Connection, req: _Request) -> None:
+        path = urlsplit(req.url.decode("latin-1")).path
+        command = path.lstrip("/")
+        if req.method == b"GET":
+            self._get(conn, req, path)
+            return
+        if req.method != b"POST":
+            conn.error(405, "MethodNotAllowed", f"{req.method.decode(errors='replace')} is not supported")
+            return
+        if command not in _COMMANDS and command != "batch":
+            conn.error(404, "NotFound", f"unknown path {path}")
+            return
+        try:
+            msg = unpackb(b"".join(req.body), objects=False)
+            if not isinstance(msg, dict):
+                raise _BadRequest(f"body must be a msgpack map, got {type(msg).__name__}")
+            if "returns" in msg:  # log_returns calls deferred by the client: first, in order
+                self._returns(_field(msg, "returns", list))
+            if command == "get_action":
+                self._start_get_action(conn, _field(msg, "episode_id", str), _field(msg, "observation"))
+                return
+            if command == "batch":
+                self._in_executor(conn, self._batch, msg)
+                return
+            try:
+                result = self._run(command, msg, block=False)
+            except ext.WouldBlockError:  # back pressure: wait for room off the event loop
+                self._in_executor(conn, self._run, command, msg)
+                return
+        except Exception as e:  # noqa: BLE001 -- every error becomes an HTTP answer
+            conn.exception(e)
+            return
+        conn.respond(200, packb(result))
+
+    def _get(self, conn: _Connection, req: _Request, path: str) -> None:
+        if path == "/weights":
+            version, data = self._weights
+            etag = f'ETag: "{version}"\r\n'
+            if data is None:
+                conn.error(404, "NoWeights", "no policy weights yet (PolicyServer.set_weights)")
+            elif req.if_none_match.decode("latin-1").strip('"') == str(version):
+                conn.respond(304, b"", extra=etag)
+            else:
+                conn.respond(200, data, extra=etag)
+        elif path == "/info":
+            env = self.env
+            info = {"protocol": PROTOCOL_VERSION, "multi_agent": env._multi_agent, "agent_ids": list(env.agent_ids),
+                    "weights_version": self._weights[0], "observation_space": env.observation_space,
+                    "action_space": env.action_space}
+            conn.respond(200, packb(info))
+        elif path.lstrip("/") in _COMMANDS or path == "/batch":
+            conn.error(405, "MethodNotAllowed", f"{path} needs POST")
+        else:
+            conn.error(404, "NotFound", f"unknown path {path}")
+
+    def _in_executor(self, conn: _Connection, fn: Any, *args: Any) -> None:
+        """Runs a call that may block (back pressure) on a worker thread; answers when done."""
+        conn.busy = True
+
+        def finished(fut: Any) -> None:
+            e = fut.exception()
+            if e is not None:
+                conn.exception(e)
+            else:
+                conn.respond(200, packb(fut.result()))
+            conn.done()
+
+        self._loop.run_in_executor(self._executor, fn, *args).add_done_callback(finished)
+
+    def _start_get_action(self, conn: _Connection, eid: str, obs: Any) -> None:
+        entry: list = [conn, eid, None, None]  # waiter and timer are filled in below
+
+        def answered() -> None:  # sampler thread (or whoever ends the wait), under the env lock
+            self._answers.append(entry)
+            if not self._wake_pending:
+                self._wake_pending = True
+                try:
+                    self._loop.call_soon_threadsafe(self._deliver_answers)
+                except RuntimeError:  # the loop is closed: nobody to answer any more
+                    pass
+
+        timeout = self.env.action_timeout_s
+        timer = self._loop.call_later(timeout, self._expire, conn, eid, timeout)
+        try:
+            waiter = self.env._submit(eid, self._agents(obs), None, None, True, on_answer=answered)
+        except BaseException:
+            timer.cancel()
+            raise
+        # Still in the loop thread: answered()'s delivery runs after this, with the entry complete.
+        entry[2], entry[3] = waiter, timer
+        conn.busy, conn.waiting = True, (eid, waiter)
+
+    def _expire(self, conn: _Connection, eid: str, timeout: float) -> None:
+        if conn.waiting is not None and conn.waiting[0] == eid:
+            conn.timed_out = True
+            self.env._expire(eid, conn.waiting[1], f"get_action timed out after {timeout} s")
+
+    def _deliver_answers(self) -> None:
+        self._wake_pending = False
+        answers = self._answers
+        while answers:
+            conn, eid, waiter, timer = answers.popleft()
+            if conn.waiting is None or conn.waiting[1] is not waiter:
+                continue
+            timer.cancel()
+            conn.waiting = None
+            if conn.closing:  # the action never reaches the client
+                if waiter.error is None:
+                    self.env.abandon_episode(eid, "client disconnected before receiving its action")
+            elif conn.timed_out:
+                conn.timed_out = False
+                conn.exception(TimeoutError(f"episode {eid}: no action within {self.env.action_timeout_s} s; "
+                                            "episode abandoned"))
+            elif waiter.error is not None:
+                conn.exception(waiter.error)
+            else:
+                out = waiter.value
+                conn.respond(200, packb({"action": out if self.env._multi_agent else out[DEFAULT_AGENT_ID]}))
+            conn.done()
+
+    def _returns(self, returns: list) -> None:
+        for i, r in enumerate(returns):
+            if not isinstance(r, dict):
+                raise _BadRequest(f"returns[{i}] must be a map")
+            try:
+                self._run("log_returns", r)
+            except Exception as e:
+                e.args = (f"deferred log_returns (returns[{i}]): {e}", *e.args[1:])
+                raise
+
+    def _batch(self, msg: dict) -> dict:
+        commands = _field(msg, "commands", list)
+        errors = []
+        for i, c in enumerate(commands):  # a refused command does not stop the others
+            try:
+                if not isinstance(c, dict):
+                    raise _BadRequest(f"command {i} must be a map")
+                name = _field(c, "command", str)
+                if name not in _BATCHABLE:
+                    raise _BadRequest(f"command {name!r} cannot be batched (allowed: {list(_BATCHABLE)})")
+                self._run(name, c)
+            except Exception as e:  # noqa: BLE001
+                status, name = _status_of(e)
+                errors.append({"index": i, "status": status, "error": name, "message": str(e)})
+        return {"done": len(commands) - len(errors), "errors": errors}
+
+    # -- command execution ---------------------------------------------------------------------
 
     def _agents(self, x: Any) -> Any:
         return x if self.env._multi_agent else {DEFAULT_AGENT_ID: x}
 
-    def _get_action(self, eid: str, obs: Any, cancelled: Any) -> dict:
-        out = self.env._get_action(eid, self._agents(obs), cancelled=cancelled)
-        return {"action": out if self.env._multi_agent else out[DEFAULT_AGENT_ID]}
-
-    def _run(self, command: str, msg: Mapping) -> dict:
+    def _run(self, command: str, msg: Mapping, block: bool = True) -> dict:
         env = self.env
         if command == "start_episode":
             eid = env.start_episode(_field(msg, "episode_id", str, optional=True),
@@ -433,7 +615,7 @@ class PolicyServer(HostEnv):
         if command == "log_action":
             info = _field(msg, "info", dict, optional=True)
             env._submit(eid, self._agents(_field(msg, "observation")), self._agents(_field(msg, "action")),
-                        None if info is None else self._agents(info), False)
+                        None if info is None else self._agents(info), False, block=block)
         elif command == "log_returns":
             info = _field(msg, "info", dict, optional=True)
             reward = _field(msg, "reward")
