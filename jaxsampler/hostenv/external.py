@@ -154,15 +154,15 @@ class ValueChecker:
                 self._mode = "nan" if unbounded.all() else ("finite" if not unbounded.any() else "mask")
                 self._unbounded = unbounded
 
-    def __call__(self, x: Any, what: Any) -> Any:
-        """``what``: a str, or a callable returning it (built only for an error message)."""
+    def __call__(self, x: Any, kind: str, agent: Any) -> Any:
+        """``kind`` and ``agent`` name the value in an error message (``kind[agent]``)."""
         if type(x) is np.ndarray and x.dtype == self._dtype and x.shape == self._shape:
             mode = self._mode
             if (mode == "any" or (mode == "finite" and np.isfinite(x).all())
                     or (mode == "nan" and not np.isnan(x).any())
                     or (mode == "mask" and (np.isfinite(x) | (self._unbounded & ~np.isnan(x))).all())):
                 return x.copy()
-        return check_value(x, self.space, what() if callable(what) else what)
+        return check_value(x, self.space, f"{kind}[{agent!r}]")
 
 
 def _short(x: Any) -> str:
@@ -395,7 +395,8 @@ class _ExternalBase(HostEnv):
     def _log_returns(self, episode_id: str, rewards: Mapping, infos: Mapping | None, dones: Mapping | None) -> None:
         if not isinstance(rewards, Mapping):
             raise InvalidDataError(f"rewards must be a dict agent -> reward, got {_short(rewards)}")
-        checked = {self._check_agent(a): _reward(r, a) for a, r in rewards.items()}
+        ids = self.agent_ids
+        checked = {(a if a in ids else self._check_agent(a)): _reward(r, a) for a, r in rewards.items()}
         if infos is not None and (not isinstance(infos, Mapping) or not all(isinstance(v, Mapping) for v in infos.values())):
             raise InvalidDataError(f"infos must be a dict agent -> dict, got {_short(infos)}")
         if dones is not None and not isinstance(dones, Mapping):
@@ -561,15 +562,15 @@ class _ExternalBase(HostEnv):
     def _check_obs(self, obs: Any, allow_empty: bool = False) -> dict:  # no lock needed
         if not isinstance(obs, Mapping) or not (obs or allow_empty):
             raise InvalidDataError(f"observations must be a non-empty dict agent -> obs, got {_short(obs)}")
-        check = self._obs_check
-        return {self._check_agent(a): check(o, lambda a=a: f"observation[{a!r}]") for a, o in obs.items()}
+        check, ids = self._obs_check, self.agent_ids
+        return {(a if a in ids else self._check_agent(a)): check(o, "observation", a) for a, o in obs.items()}
 
     def _check_actions(self, actions: Any, agents: list) -> dict:
         if not isinstance(actions, Mapping) or set(actions) != set(agents):
             raise InvalidDataError(f"actions must be a dict with the acting agents {agents}, "
                                    f"got {_short(actions)}")
         check = self._act_check
-        return {a: check(x, lambda a=a: f"action[{a!r}]") for a, x in actions.items()}
+        return {a: check(x, "action", a) for a, x in actions.items()}
 
     def _check_done_agents(self, ep: _Episode, obs: dict, final: bool = False) -> None:
         if not (ep.done_agents or ep.newly_done):
@@ -606,7 +607,9 @@ class _ExternalBase(HostEnv):
     def _push(self, ep: _Episode, item: _Item) -> None:
         ep.pending.append(item)
         ep.last_activity = time.monotonic()
-        self._refresh(ep)
+        if ep.in_flight is None:  # what _refresh does for an episode with a pending item
+            self._ready[ep.eid] = None
+        self._idle.discard(ep.eid)
         # Wake the poller only when it can act: it waits for any request, or for the last
         # running episode to send one (a wake-up per request costs two thread switches).
         if self._poller == "any" or (self._poller == "all" and not self._idle):
@@ -631,28 +634,33 @@ class _ExternalBase(HostEnv):
         infos: MultiEnvDict = {}
         offp: MultiEnvDict = {}
         ready, self._ready = list(self._ready), {}
+        episodes = self._episodes
         for eid in ready:
-            ep = self._episodes[eid]
+            ep = episodes[eid]
             item = ep.pending.popleft()
             obs[eid], rew[eid], infos[eid] = item.obs, item.rewards, item.infos
-            term[eid] = {**item.terminated, ALL: item.all_term}
-            trunc[eid] = {**{a: item.all_trunc for a in item.obs}, ALL: item.all_trunc}
+            flags = dict(item.terminated)
+            flags[ALL] = item.all_term
+            term[eid] = flags
+            flags = dict.fromkeys(item.obs, item.all_trunc)
+            flags[ALL] = item.all_trunc
+            trunc[eid] = flags
             if item.off_policy is not None:
                 offp[eid] = item.off_policy
             if item.final:
-                del self._episodes[eid]
+                del episodes[eid]
                 self._idle.discard(eid)
                 self._remember(eid, "completed" if ep.closed_reason == "completed" else "abandoned")
-            elif all(item.terminated.values()):  # every observing agent is done: nothing to answer
+                continue
+            if all(item.terminated.values()):  # every observing agent is done: nothing to answer
                 if item.waiter is not None:
                     ep.waiter, item.waiter.value = None, {}
                     item.waiter.set()
-            else:
+                self._refresh(ep)
+            else:  # in flight until answered: neither ready nor idle (it had a pending item)
                 ep.in_flight = item
                 if item.waiter is None:
                     self._offp_in_flight.add(eid)
-            if not item.final:
-                self._refresh(ep)
         self.stats["polls"] += 1
         self.stats["steps_delivered"] += len(ready)
         if ready:

@@ -153,6 +153,7 @@ class HostSampler:
             self._mapping = dict.fromkeys(self.agent_ids, DEFAULT_POLICY_ID)
             self._split_params = False
         self.policy_ids = tuple(self._policies)
+        self._known_keys = frozenset(self._mapping) | {ALL}  # agent keys a poll may carry
         if batch_sizes is None:
             n = getattr(host_env, "num_envs", None)
             n = max_batch_size if not isinstance(n, int) else n * len(self.agent_ids)
@@ -261,20 +262,30 @@ class HostSampler:
         action, extras, new_state = jax.device_get((action, extras, new_state))  # one transfer
         # Per-row views without a tree walk per row when the leaves are plain arrays.
         act_col = action[:, 0] if isinstance(action, np.ndarray) else None
-        ext_cols = {k: v[:, 0] for k, v in extras.items() if isinstance(v, np.ndarray)}
+        if all(isinstance(v, np.ndarray) for v in extras.values()):
+            ext_cols = [(k, v[:, 0]) for k, v in extras.items()]
+        else:  # nested extras: one tree walk per row
+            ext_cols = [(k, (lambda i, v=v: jax.tree.map(lambda x: x[i, 0], v))) for k, v in extras.items()]
+        nested = not all(isinstance(c, np.ndarray) for _, c in ext_cols)
+        mark, stateful, offs, sent = self.mark_off_policy, self._stateful[pid], self._off_policy, self._actions
         for i, (e, a) in enumerate(zip(env_ids, agent_ids)):
             act = act_col[i] if act_col is not None else jax.tree.map(lambda x, i=i: x[i, 0], action)
-            ext = {k: (ext_cols[k][i] if k in ext_cols else jax.tree.map(lambda x, i=i: x[i, 0], v))
-                   for k, v in extras.items()}
-            off = self._off_policy.get(e, {})
-            if self.mark_off_policy:
-                ext["off_policy"] = np.bool_(a in off)
-            if a in off:
+            ext = {k: c(i) for k, c in ext_cols} if nested else {k: c[i] for k, c in ext_cols}
+            off = offs.get(e)
+            if mark:
+                ext["off_policy"] = np.bool_(off is not None and a in off)
+            if off and a in off:
                 act = off[a]
-            if self._stateful[pid]:
+            if stateful:
                 self._states[(e, a)] = jax.tree.map(lambda x, i=i: x[i : i + 1], new_state)
-            self._actions.setdefault(e, {})[a] = (act, ext)
-            out.setdefault(e, {})[a] = act
+            if e in sent:
+                sent[e][a] = (act, ext)
+            else:
+                sent[e] = {a: (act, ext)}
+            if e in out:
+                out[e][a] = act
+            else:
+                out[e] = {a: act}
 
     # ------------------------------------------------------------------------- feeding
 
@@ -301,8 +312,11 @@ class HostSampler:
     def _validate(self, res: PollResult) -> dict[Any, dict]:
         """Checks a whole poll before anything is recorded; returns the checked observations."""
         checked: dict[Any, dict] = {}
+        known = self._known_keys
         for d in (res.obs, res.rewards, res.terminateds, res.truncateds):
             for env_id, per_agent in d.items():
+                if per_agent.keys() <= known:
+                    continue
                 for a in per_agent:
                     if a != ALL and a not in self._mapping:
                         raise ValueError(
