@@ -32,6 +32,14 @@ recurrent state are kept; ``mark_off_policy=True`` adds an ``off_policy`` bool c
   and continue in the next call with the same ``id_``; the actions of the last poll's
   observations are computed at the start of the next call, with that call's params.
 
+Single-agent envs do not go through the collector: each running episode is a list
+:class:`~jaxsampler.hostenv.track.Track` (a few appends per step), built into the same
+numpy'ized episodes and batch rows only when its chunk closes (``fast_single_agent``;
+``tests/test_hostenv_track.py`` checks both paths agree). One difference: continuation
+chunks get ``episode_lookback_horizon`` *agent* steps of lookback there (RLlib's
+``SingleAgentEpisode.cut``) and env steps on the collector path; they differ only for
+envs that send reward-only polls.
+
 Order of the output: finished episodes (env by env, in time), then ongoing chunks (env
 by env); envs in order of first appearance. Single-agent envs (one agent id) give
 :class:`SingleAgentEpisode` objects (``id_`` = the episode id), multi-agent envs
