@@ -162,6 +162,7 @@ class HostSampler:
             self._split_params = False
         self.policy_ids = tuple(self._policies)
         self._known_keys = frozenset(self._mapping) | {ALL}  # agent keys a poll may carry
+        self._unrecorded: list[tuple] = []  # policy outputs sent but not yet stored (_record)
         if batch_sizes is None:
             n = getattr(host_env, "num_envs", None)
             n = max_batch_size if not isinstance(n, int) else n * len(self.agent_ids)
@@ -232,6 +233,7 @@ class HostSampler:
                     self._act_rows(DEFAULT_POLICY_ID, params, stack([o for _, o in part]), [e for e, _ in part],
                                    [agent] * len(part), out)
                 self.host_env.send_actions(out)
+                self._record()
             return bool(out)
         for pid in self.policy_ids:
             rows = self.collector.get_inference_input_dict(pid)
@@ -247,6 +249,7 @@ class HostSampler:
                                agent_ids[lo:hi], out)
         if out:
             self.host_env.send_actions(out)
+        self._record()
         return bool(out)
 
     def _act_rows(self, pid: Any, params: Any, obs: Any, env_ids: list, agent_ids: list, out: dict) -> None:
@@ -270,30 +273,43 @@ class HostSampler:
         action, extras, new_state = jax.device_get((action, extras, new_state))  # one transfer
         # Per-row views without a tree walk per row when the leaves are plain arrays.
         act_col = action[:, 0] if isinstance(action, np.ndarray) else None
-        if all(isinstance(v, np.ndarray) for v in extras.values()):
-            ext_cols = [(k, v[:, 0]) for k, v in extras.items()]
-        else:  # nested extras: one tree walk per row
-            ext_cols = [(k, (lambda i, v=v: jax.tree.map(lambda x: x[i, 0], v))) for k, v in extras.items()]
-        nested = not all(isinstance(c, np.ndarray) for _, c in ext_cols)
-        mark, stateful, offs, sent = self.mark_off_policy, self._stateful[pid], self._off_policy, self._actions
+        offs = self._off_policy
+        acts = []
         for i, (e, a) in enumerate(zip(env_ids, agent_ids)):
             act = act_col[i] if act_col is not None else jax.tree.map(lambda x, i=i: x[i, 0], action)
-            ext = {k: c(i) for k, c in ext_cols} if nested else {k: c[i] for k, c in ext_cols}
             off = offs.get(e)
-            if mark:
-                ext["off_policy"] = np.bool_(off is not None and a in off)
             if off and a in off:
                 act = off[a]
-            if stateful:
-                self._states[(e, a)] = jax.tree.map(lambda x, i=i: x[i : i + 1], new_state)
-            if e in sent:
-                sent[e][a] = (act, ext)
-            else:
-                sent[e] = {a: (act, ext)}
+            acts.append(act)
             if e in out:
                 out[e][a] = act
             else:
                 out[e] = {a: act}
+        # Recorded after the actions are sent (callers already run meanwhile).
+        self._unrecorded.append((pid, env_ids, agent_ids, acts, extras, new_state))
+
+    def _record(self) -> None:
+        """Stores the sent actions with their extras (and recurrent states) for the next poll."""
+        for pid, env_ids, agent_ids, acts, extras, new_state in self._unrecorded:
+            if all(isinstance(v, np.ndarray) for v in extras.values()):
+                ext_cols = [(k, v[:, 0]) for k, v in extras.items()]
+                nested = False
+            else:  # nested extras: one tree walk per row
+                ext_cols = [(k, (lambda i, v=v: jax.tree.map(lambda x: x[i, 0], v))) for k, v in extras.items()]
+                nested = True
+            mark, stateful, offs, sent = self.mark_off_policy, self._stateful[pid], self._off_policy, self._actions
+            for i, (e, a) in enumerate(zip(env_ids, agent_ids)):
+                ext = {k: c(i) for k, c in ext_cols} if nested else {k: c[i] for k, c in ext_cols}
+                if mark:
+                    off = offs.get(e)
+                    ext["off_policy"] = np.bool_(off is not None and a in off)
+                if stateful:
+                    self._states[(e, a)] = jax.tree.map(lambda x, i=i: x[i : i + 1], new_state)
+                if e in sent:
+                    sent[e][a] = (acts[i], ext)
+                else:
+                    sent[e] = {a: (acts[i], ext)}
+        self._unrecorded.clear()
 
     # ------------------------------------------------------------------------- feeding
 
@@ -508,6 +524,7 @@ class HostSampler:
         self._tracks.clear()
         self._closed.clear()
         self._queue.clear()
+        self._unrecorded.clear()
         self._returns.clear()
         self._env_steps.clear()
         self._running.clear()
