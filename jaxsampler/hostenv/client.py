@@ -206,9 +206,11 @@ class PolicyClient:
     def _post(self, command: str, payload: dict) -> dict:
         deferred = getattr(self._tls, "returns", None)
         if deferred and command != "batch":  # this thread's log_returns calls travel with its next request
-            payload = {**payload, "returns": deferred}
-            self._tls.returns = []
-        status, _, data = self._request("POST", "/" + command, packb(payload))
+            body = packb({**payload, "returns": deferred})
+            self._tls.returns = []  # only once encoded: a payload that cannot be sent keeps them
+        else:
+            body = packb(payload)
+        status, _, data = self._request("POST", "/" + command, body)
         if status != 200:
             self._raise(status, data)
         return unpackb(data, objects=False)

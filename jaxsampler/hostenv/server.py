@@ -182,6 +182,7 @@ class _Connection(asyncio.Protocol):
         self.busy = False  # a request is being answered
         self.waiting: tuple[str, ext._Waiter] | None = None  # (episode id, waiter) of a pending get_action
         self.closing = False
+        self.broken = False  # the request stream could not be parsed further: the rest is dropped
         self.timed_out = False  # the pending get_action ran out of time
         self.current: _Request | None = None  # the request being answered
         self.last_activity = time.monotonic()
@@ -203,18 +204,29 @@ class _Connection(asyncio.Protocol):
             self.ps.env._expire(eid, waiter, "client disconnected")
 
     def data_received(self, data: bytes) -> None:
-        if self.closing:
+        if self.closing or self.broken:
             return  # after an error answer: the rest is dropped until the peer closes
         self.last_activity = time.monotonic()
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade:
-            self._fail(400, "InvalidDataError", "protocol upgrades are not supported")
-            return
+            self._unparsable((400, "InvalidDataError", "protocol upgrades are not supported"), upgrade=True)
         except httptools.HttpParserError as e:
-            self._fail(400, "InvalidDataError", f"malformed HTTP request: {e}")
-            return
+            self._unparsable((400, "InvalidDataError", f"malformed HTTP request: {e}"))
         self._next()
+
+    def _unparsable(self, error: tuple[int, str, str], upgrade: bool = False) -> None:
+        """Parsing stopped: the requests parsed before are still answered, in order (they may
+        sit in the same read), then ``error`` (unless one of them closes the connection),
+        then the connection closes."""
+        self.broken, self.req = True, None
+        last = self.queue[-1] if upgrade and self.queue else None
+        if last is not None and last.error is None:  # the request asking for the upgrade
+            last.error = error
+        else:
+            req = _Request()
+            req.error = error
+            self.queue.append(req)
 
     def eof_received(self) -> bool | None:
         return None  # close our side too
@@ -244,20 +256,20 @@ class _Connection(asyncio.Protocol):
         req, ps = self.req, self.ps
         req.method = self.parser.get_method()
         req.keep_alive = self.parser.should_keep_alive()
-        if req.method != b"POST" or req.error:
+        if req.error:
             return
-        if req.content_length is None or req.chunked:
-            req.error = (411, "LengthRequired", "Content-Length header required (no chunked bodies)")
-        elif req.content_length > ps.max_body_bytes:
+        if req.content_length is not None and req.content_length > ps.max_body_bytes:  # any method
             req.error = (413, "PayloadTooLarge",
                          f"body of {req.content_length} bytes exceeds max_body_bytes={ps.max_body_bytes}")
+        elif req.method == b"POST" and (req.content_length is None or req.chunked):
+            req.error = (411, "LengthRequired", "Content-Length header required (no chunked bodies)")
         if req.error:  # answer now, without waiting for (or reading) the body
             self.queue.append(req)
             self.req = None
 
     def on_body(self, body: bytes) -> None:
         req = self.req
-        if req is not None:
+        if req is not None and req.method == b"POST":  # other methods take no body: not kept
             req.body.append(body)
             req.size += len(body)
 
@@ -275,7 +287,11 @@ class _Connection(asyncio.Protocol):
                 self._fail(*req.error)
                 return
             self.current = req
-            self.ps._dispatch(self, req)
+            try:
+                self.ps._dispatch(self, req)
+            except Exception as e:  # noqa: BLE001 -- a bug: answer it, keep the loop (and other answers) going
+                self.busy = False
+                self.exception(e)
 
     def respond(self, status: int, body: bytes, content_type: str = _MSGPACK, extra: str = "",
                 close: bool = False) -> None:
@@ -356,6 +372,7 @@ class PolicyServer(HostEnv):
                     self._loop.create_server(lambda: _Connection(self), host, port, backlog=1024, reuse_address=True))
             except BaseException as e:  # noqa: BLE001 -- raised in the constructor
                 started["error"] = e
+                self._loop.close()
                 ready.set()
                 return
             started["server"] = server
@@ -433,8 +450,10 @@ class PolicyServer(HostEnv):
             return
         self._closed = True
         self.env.close()  # fails every waiting get_action: their answers are sent first
-        if self._loop.is_running():
+        try:  # also when the loop thread has not reached run_forever yet: it stops on its first turn
             self._loop.call_soon_threadsafe(self._loop.stop)
+        except RuntimeError:  # the loop is closed already
+            pass
         self._thread.join(timeout=10)
         self._executor.shutdown(wait=False)
 
@@ -455,7 +474,11 @@ class PolicyServer(HostEnv):
             self._loop.call_later(1.0, self._reap_idle)
 
     def _dispatch(self, conn: _Connection, req: _Request) -> None:
-        path = urlsplit(req.url.decode("latin-1")).path
+        try:
+            path = urlsplit(req.url.decode("latin-1")).path
+        except ValueError as e:  # e.g. "http://[": llhttp lets it through
+            conn.error(400, "InvalidDataError", f"malformed URL {req.url[:100].decode('latin-1')!r}: {e}")
+            return
         command = path.lstrip("/")
         if req.method == b"GET":
             self._get(conn, req, path)
@@ -548,8 +571,8 @@ class PolicyServer(HostEnv):
 
     def _expire(self, conn: _Connection, eid: str, timeout: float) -> None:
         if conn.waiting is not None and conn.waiting[0] == eid:
-            conn.timed_out = True
-            self.env._expire(eid, conn.waiting[1], f"get_action timed out after {timeout} s")
+            # False when the answer came first (its delivery is queued): then it is delivered
+            conn.timed_out = self.env._expire(eid, conn.waiting[1], f"get_action timed out after {timeout} s")
 
     def _deliver_answers(self) -> None:
         self._wake_pending = False
