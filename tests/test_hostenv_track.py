@@ -35,8 +35,9 @@ class Scripted(HostEnv):
     action_space = spaces.Discrete(5)
     agent_ids = (A,)
 
-    def __init__(self, n: int = 4, seed: int = 0, reward_only: bool = True):
-        self.num_envs, self.reward_only = n, reward_only
+    def __init__(self, n: int = 4, seed: int = 0, reward_only: bool = True, off_policy: bool = True,
+                 ready_p: float = 0.7):
+        self.num_envs, self.reward_only, self.off_policy, self.ready_p = n, reward_only, off_policy, ready_p
         self.rng = np.random.default_rng(seed)
         self.t = [None] * n  # None: not started
         self.limit = [0] * n
@@ -49,7 +50,7 @@ class Scripted(HostEnv):
 
     def poll(self) -> PollResult:
         obs, rew, term, trunc, infos, offp = {}, {}, {}, {}, {}, {}
-        ready = [e for e in range(self.num_envs) if not self.waiting[e] and self.rng.random() < 0.7]
+        ready = [e for e in range(self.num_envs) if not self.waiting[e] and self.rng.random() < self.ready_p]
         for e in ready or [e for e in range(self.num_envs) if not self.waiting[e]][:1]:
             r = float(self.rng.integers(-3, 4))
             if self.t[e] is None:  # first observation
@@ -75,7 +76,7 @@ class Scripted(HostEnv):
                 self.t[e] = None
             else:
                 self.waiting[e] = True
-                if self.rng.random() < 0.2:
+                if self.rng.random() < 0.2 and self.off_policy:
                     offp[e] = {A: 4}
         return PollResult(obs, rew, term, trunc, infos, offp)
 
@@ -178,3 +179,31 @@ def test_reward_only_polls_sum_into_the_next_step():
     assert tr.rewards == [2.5] and tr.hanging_reward == 0.0
     succ = tr.cut(1)
     assert (succ.lookback, succ.t_started, len(succ), succ.rewards, len(succ.obs)) == (1, 1, 0, [2.5], 2)
+
+
+@dataclasses.dataclass(frozen=True)
+class ParamAction(Policy):
+    """The action is the params (an int): shows which call's params chose it."""
+
+    observation_space: object
+    action_space: object
+
+    def init(self, key):
+        return 0
+
+    def __call__(self, params, obs, key, state):
+        return jnp.full(obs.shape[:2], params, jnp.int32), {}, state
+
+
+@pytest.mark.parametrize("fast", [True, False])
+@pytest.mark.parametrize("kw", [{}, {"num_timesteps": 9}])
+def test_each_call_acts_with_its_own_params(fast, kw):
+    """The actions of a call's last observations come from the next call's params (both
+    paths; the fast one answers each poll before recording it). Lockstep sub-envs, so
+    every step of a call's chunk was chosen in that call."""
+    env = Scripted(reward_only=False, off_policy=False, ready_p=1.0)  # lockstep
+    s = HostSampler(env, ParamAction(env.observation_space, env.action_space), rollout_length=5)
+    s._fast = fast
+    for p in (1, 2, 3):
+        for ep in s.sample(p, **kw):
+            assert ep.actions.data.tolist()[ep.actions.lookback:] == [p] * len(ep), (p, ep)
