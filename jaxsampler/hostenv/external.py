@@ -136,6 +136,9 @@ def check_value(x: Any, space: Space, what: str) -> Any:
     return a.copy() if a is x else a  # never keep a reference to the caller's buffer
 
 
+_all, _any = np.logical_and.reduce, np.logical_or.reduce
+
+
 class ValueChecker:
     """:func:`check_value` for one space, with a fast path for the common case: an
     ndarray of a :class:`Box`'s exact shape and dtype is only checked for values the box
@@ -158,9 +161,10 @@ class ValueChecker:
         """``kind`` and ``agent`` name the value in an error message (``kind[agent]``)."""
         if type(x) is np.ndarray and x.dtype == self._dtype and x.shape == self._shape:
             mode = self._mode
-            if (mode == "any" or (mode == "finite" and np.isfinite(x).all())
-                    or (mode == "nan" and not np.isnan(x).any())
-                    or (mode == "mask" and (np.isfinite(x) | (self._unbounded & ~np.isnan(x))).all())):
+            # ufunc reductions directly (ndarray.all/any go through a Python wrapper)
+            if (mode == "any" or (mode == "finite" and _all(np.isfinite(x), axis=None))
+                    or (mode == "nan" and not _any(np.isnan(x), axis=None))
+                    or (mode == "mask" and _all(np.isfinite(x) | (self._unbounded & ~np.isnan(x)), axis=None))):
                 return x.copy()
         return check_value(x, self.space, f"{kind}[{agent!r}]")
 

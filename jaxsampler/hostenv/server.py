@@ -184,6 +184,7 @@ class _Connection(asyncio.Protocol):
         self.closing = False
         self.broken = False  # the request stream could not be parsed further: the rest is dropped
         self.timed_out = False  # the pending get_action ran out of time
+        self.deadline = 0.0  # when the pending get_action times out
         self.current: _Request | None = None  # the request being answered
         self.last_activity = time.monotonic()
 
@@ -358,8 +359,9 @@ class PolicyServer(HostEnv):
         self._weights: tuple[int, bytes | None] = (0, None)
         self._conns: set[_Connection] = set()
         self._closed = False
-        self._answers: deque[tuple[_Connection, str, ext._Waiter, Any]] = deque()  # answered get_actions
+        self._answers: deque[list] = deque()  # [connection, episode id, waiter] of answered get_actions
         self._wake_pending = False
+        self._tick_s = min(1.0, max(0.01, env.action_timeout_s / 10))  # get_action timeouts: +10% at most
         self._executor = ThreadPoolExecutor(max_workers=4, thread_name_prefix="PolicyServer-blocking")
         self._loop = asyncio.new_event_loop()
         started: dict[str, Any] = {}
@@ -377,7 +379,7 @@ class PolicyServer(HostEnv):
                 return
             started["server"] = server
             ready.set()
-            self._loop.call_later(1.0, self._reap_idle)
+            self._loop.call_later(self._tick_s, self._tick)
             self._loop.run_forever()
             server.close()
             for c in list(self._conns):
@@ -465,13 +467,19 @@ class PolicyServer(HostEnv):
 
     # -- requests (event-loop thread) --------------------------------------------------------
 
-    def _reap_idle(self) -> None:
-        limit = time.monotonic() - self.keepalive_timeout_s
+    def _tick(self) -> None:
+        """Periodic: times out waiting ``get_action`` calls (one sweep instead of a timer per
+        call) and closes idle keep-alive connections."""
+        now = time.monotonic()
+        timeout = self.env.action_timeout_s
         for c in list(self._conns):
-            if not c.busy and not c.queue and c.last_activity < limit and c.transport is not None:
+            if c.waiting is not None and now >= c.deadline:
+                self._expire(c, c.waiting[0], timeout)
+            elif not c.busy and not c.queue and c.last_activity < now - self.keepalive_timeout_s \
+                    and c.transport is not None:
                 c.transport.close()
         if not self._closed:
-            self._loop.call_later(1.0, self._reap_idle)
+            self._loop.call_later(self._tick_s, self._tick)
 
     def _dispatch(self, conn: _Connection, req: _Request) -> None:
         try:
@@ -547,7 +555,7 @@ class PolicyServer(HostEnv):
         self._loop.run_in_executor(self._executor, fn, *args).add_done_callback(finished)
 
     def _start_get_action(self, conn: _Connection, eid: str, obs: Any) -> None:
-        entry: list = [conn, eid, None, None]  # waiter and timer are filled in below
+        entry: list = [conn, eid, None]  # the waiter is filled in below
 
         def answered() -> None:  # sampler thread (or whoever ends the wait), under the env lock
             self._answers.append(entry)
@@ -558,16 +566,11 @@ class PolicyServer(HostEnv):
                 except RuntimeError:  # the loop is closed: nobody to answer any more
                     pass
 
-        timeout = self.env.action_timeout_s
-        timer = self._loop.call_later(timeout, self._expire, conn, eid, timeout)
-        try:
-            waiter = self.env._submit(eid, self._agents(obs), None, None, True, on_answer=answered)
-        except BaseException:
-            timer.cancel()
-            raise
+        waiter = self.env._submit(eid, self._agents(obs), None, None, True, on_answer=answered)
         # Still in the loop thread: answered()'s delivery runs after this, with the entry complete.
-        entry[2], entry[3] = waiter, timer
+        entry[2] = waiter
         conn.busy, conn.waiting = True, (eid, waiter)
+        conn.deadline = time.monotonic() + self.env.action_timeout_s  # checked by _tick
 
     def _expire(self, conn: _Connection, eid: str, timeout: float) -> None:
         if conn.waiting is not None and conn.waiting[0] == eid:
@@ -578,10 +581,9 @@ class PolicyServer(HostEnv):
         self._wake_pending = False
         answers = self._answers
         while answers:
-            conn, eid, waiter, timer = answers.popleft()
+            conn, eid, waiter = answers.popleft()
             if conn.waiting is None or conn.waiting[1] is not waiter:
                 continue
-            timer.cancel()
             conn.waiting = None
             if conn.closing:  # the action never reaches the client
                 if waiter.error is None:
