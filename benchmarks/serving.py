@@ -19,7 +19,9 @@ answered by one jitted, batched policy call per poll. Modes:
   (same policy, params and buckets, compiled before timing). What is left is thread
   wake-ups and the GIL, so in-process / bare shows how close jaxsampler gets to the floor;
 * ``http``: a :class:`~jaxsampler.hostenv.server.PolicyServer` on loopback, clients are
-  threads of a second process, each with its own remote-mode
+  threads of other processes (dealt over ``--client-procs`` processes, default 4, as
+  simulators usually run in their own processes; one process of 64 threads is itself
+  GIL-bound), each with its own remote-mode
   :class:`~jaxsampler.hostenv.server.PolicyClient` (one keep-alive connection);
 * ``http-inproc``: the same, but the client threads run in the server's process (they
   share its GIL: the difference to ``http`` is what the GIL costs).
@@ -76,7 +78,7 @@ HIDDEN = (64, 64)
 MODES = ("inprocess", "bare", "http", "http-inproc")
 LABELS = {"inprocess": "in-process (ExternalEnv)",
           "bare": "bare floor (lock + list + the same jitted policy)",
-          "http": "HTTP, clients in a 2nd process", "http-inproc": "HTTP, clients in the server process"}
+          "http": "HTTP, clients in other processes", "http-inproc": "HTTP, clients in the server process"}
 FULL = {"clients": [1, 8, 64], "rounds": 3, "warmup": 0.5, "duration": 1.5, "episode_len": 50,
         "sample_timesteps": 4096, "modes": list(MODES)}
 QUICK = {"clients": [1, 8, 64], "rounds": 1, "warmup": 0.2, "duration": 0.3, "episode_len": 50,
@@ -129,7 +131,8 @@ def _client_thread(factory: Callable[[], Any], obs: np.ndarray, stop: threading.
 
 
 def run_phase(factory: Callable[[], Any], num_clients: int, warmup_s: float, duration_s: float,
-              episode_len: int, seed: int, mark: Callable[[str], None] | None = None) -> dict[str, Any]:
+              episode_len: int, seed: int, mark: Callable[[str], None] | None = None,
+              first_client: int = 0) -> dict[str, Any]:
     """Runs ``num_clients`` client threads for ``warmup_s + duration_s`` and measures the window.
 
     ``mark("start")`` / ``mark("end")`` are called at the window's edges (server-side
@@ -141,7 +144,8 @@ def run_phase(factory: Callable[[], Any], num_clients: int, warmup_s: float, dur
     errors: list[str] = []
     cpu: list[float] = []
     threads = [threading.Thread(target=_client_thread, name=f"client-{i}", daemon=True,
-                                args=(factory, client_observations(i, episode_len, seed), stop, recs[i], errors, cpu))
+                                args=(factory, client_observations(first_client + i, episode_len, seed), stop,
+                                      recs[i], errors, cpu))
                for i in range(num_clients)]
     for th in threads:
         th.start()
@@ -181,7 +185,8 @@ def _worker(address: str) -> None:
         if cmd.get("quit"):
             break
         res = run_phase(lambda: PolicyClient(address), cmd["clients"], cmd["warmup_s"], cmd["duration_s"],
-                        cmd["episode_len"], cmd["seed"], mark=lambda what: say({"event": what}))
+                        cmd["episode_len"], cmd["seed"], mark=lambda what: say({"event": what}),
+                        first_client=cmd.get("first_client", 0))
         say({"event": "result", "result": res})
 
 
@@ -582,14 +587,9 @@ class _Worker:
             if msg.get("event") == event:
                 return msg
 
-    def run_phase(self, side: ServingSide, cmd: dict) -> tuple[dict, dict, dict]:
+    def send(self, cmd: dict) -> None:
         self.proc.stdin.write(json.dumps(cmd) + "\n")
         self.proc.stdin.flush()
-        self._expect("start")
-        a = side.snapshot()
-        self._expect("end")
-        b = side.snapshot()
-        return self._expect("result")["result"], a, b
 
     def close(self) -> None:
         try:
@@ -601,6 +601,50 @@ class _Worker:
             self.proc.wait()
 
 
+class _WorkerPool:
+    """The client processes of the ``http`` mode: a phase's clients are dealt out over up to
+    ``procs`` workers (each its own process, GIL and ``PolicyClient`` threads), which start
+    together; the server-side window runs from the last worker's start to the first one's end."""
+
+    def __init__(self, address: str, procs: int):
+        self.workers = [_Worker(address) for _ in range(procs)]
+
+    def run_phase(self, side: ServingSide, cmd: dict) -> tuple[dict, dict, dict]:
+        n = cmd["clients"]
+        used = self.workers[:min(n, len(self.workers))]
+        shares = [n // len(used) + (i < n % len(used)) for i in range(len(used))]
+        first = 0
+        for w, k in zip(used, shares):
+            w.send({**cmd, "clients": k, "first_client": first})
+            first += k
+        for w in used:
+            w._expect("start")
+        a = side.snapshot()
+        for w in used:
+            w._expect("end")
+        b = side.snapshot()
+        return _merge([w._expect("result")["result"] for w in used]), a, b
+
+    def close(self) -> None:
+        for w in self.workers:
+            w.close()
+
+
+def _merge(results: list[dict]) -> dict:
+    """One phase result from the workers' (their windows overlap up to the start skew)."""
+    actions = sum(r["actions"] for r in results)
+    return {"clients": sum(r["clients"] for r in results),
+            "window_s": statistics.mean(r["window_s"] for r in results), "actions": actions,
+            "actions_per_s": sum(r["actions_per_s"] for r in results),
+            "per_client_actions": [c for r in results for c in r["per_client_actions"]],
+            "latencies_s": [x for r in results for x in r["latencies_s"]],
+            "cpu_cores": sum(r["cpu_cores"] for r in results),
+            "client_cpu_us_per_action": sum(r["client_cpu_us_per_action"] * r["actions"] for r in results)
+            / max(1, actions),
+            "errors": [e for r in results for e in r["errors"]][:5], "num_errors": sum(r["num_errors"] for r in results),
+            "hung_threads": sum(r["hung_threads"] for r in results), "processes": len(results)}
+
+
 def _percentiles_ms(lat: Sequence[float]) -> tuple[float | None, float | None]:
     if not lat:
         return None, None
@@ -609,12 +653,13 @@ def _percentiles_ms(lat: Sequence[float]) -> tuple[float | None, float | None]:
 
 
 def measure_mode(mode: str, clients: Sequence[int], rounds: int, warmup_s: float, duration_s: float,
-                 episode_len: int, sample_timesteps: int, max_wait_s: float, seed: int) -> dict[str, Any]:
+                 episode_len: int, sample_timesteps: int, max_wait_s: float, seed: int,
+                 client_procs: int = 4) -> dict[str, Any]:
     """Sets up one mode, runs ``rounds`` rounds of every client count (rotating order), tears down."""
     t_setup = time.perf_counter()
     side = (BareSide(max(clients), max_wait_s, seed) if mode == "bare"
             else ServingSide(mode != "inprocess", max(clients), max_wait_s, sample_timesteps, seed))
-    worker = _Worker(side.server.address) if mode == "http" else None
+    worker = _WorkerPool(side.server.address, client_procs) if mode == "http" else None
     setup_s = time.perf_counter() - t_setup
     raw: dict[int, list[dict]] = {n: [] for n in clients}
     lat: dict[int, list[float]] = {n: [] for n in clients}
@@ -720,7 +765,8 @@ def vs_bare(modes: dict[str, Any]) -> dict[str, Any] | None:
 
 
 def run_benchmark(modes: Sequence[str], clients: Sequence[int], rounds: int, warmup_s: float, duration_s: float,
-                  episode_len: int, sample_timesteps: int, max_wait_s: float, seed: int) -> dict[str, Any]:
+                  episode_len: int, sample_timesteps: int, max_wait_s: float, seed: int,
+                  client_procs: int = 4) -> dict[str, Any]:
     from importlib import metadata
 
 
@@ -730,7 +776,7 @@ def run_benchmark(modes: Sequence[str], clients: Sequence[int], rounds: int, war
     for mode in modes:
         log(f"{LABELS[mode]}: clients {clients}, {rounds} rounds x {duration_s} s (+{warmup_s} s warm-up)")
         results[mode] = measure_mode(mode, clients, rounds, warmup_s, duration_s, episode_len, sample_timesteps,
-                                     max_wait_s, seed)
+                                     max_wait_s, seed, client_procs)
     left = [t.name for t in threading.enumerate() if t is not threading.main_thread() and t.is_alive()]
     return {
         "benchmark": "Policy serving: get_action actions/s and latency, in-process (vs a bare floor) and over HTTP",
@@ -740,6 +786,7 @@ def run_benchmark(modes: Sequence[str], clients: Sequence[int], rounds: int, war
                    "policy": f"MLPPolicy {HIDDEN} tanh", "modes": list(modes), "clients": clients, "rounds": rounds,
                    "warmup_s": warmup_s, "duration_s": duration_s, "episode_len": episode_len,
                    "sample_timesteps": sample_timesteps, "max_wait_s": max_wait_s, "seed": seed,
+                   "http_client_processes": client_procs,
                    "switch_interval_s": sys.getswitchinterval()},
         "environment": {**environment_info(), "msgpack": metadata.version("msgpack")},
         "git": git_state(include_untracked=True),
@@ -791,7 +838,7 @@ def markdown_table(results: dict[str, Any]) -> str:
     md += "## Throughput and latency\n\n"
     md += ("Total actions/s: median over rounds [min–max]; latency of `get_action` in the client, all rounds "
            "pooled; batch = actions per jitted policy call (padded size in brackets); CPU = process CPU time per "
-           "wall second (server process / client process).\n\n")
+           "wall second (server process / client processes, summed).\n\n")
     md += ("| mode | clients | total actions/s | per client | p50 ms | p99 ms | batch | policy calls/s | "
            "CPU cores |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|\n")
     for mode, m in results["modes"].items():
@@ -825,7 +872,7 @@ def markdown_table(results: dict[str, Any]) -> str:
            "actions and releasing the callers' gates, rest = stacking and padding the observations and `device_get`. "
            "Wall time the thread spends outside `poll` beyond its CPU time is mostly waiting for the GIL. CPU µs "
            "per action: sampler thread (`time.thread_time`), client threads, and the whole process (server "
-           "process + client process for the 2-process HTTP mode).\n\n")
+           "process + client processes for the HTTP mode with clients in other processes).\n\n")
     md += ("| mode | clients | poll | policy | send | rest | (build) | sampler CPU | policy µs/call wall (CPU) | "
            "sampler CPU µs/action | client CPU µs/action | process CPU µs/action |\n"
            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
@@ -862,6 +909,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--max-wait-ms", type=float, default=2.0, help="ExternalEnv batching wait (default 2 ms)")
     p.add_argument("--switch-interval-ms", type=float,
                    help="sys.setswitchinterval for the server and client processes (default: Python's, 5 ms)")
+    p.add_argument("--client-procs", type=int, default=4,
+                   help="http mode: client processes the clients are dealt over (default 4)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--quick", action="store_true", help="tiny smoke run; prints, writes only with --out")
     p.add_argument("--out", type=Path, help=f"where to write serving.json/.md (default {RESULTS_DIR})")
@@ -876,7 +925,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         if getattr(args, k) is None:
             setattr(args, k, v)
     results = run_benchmark(args.modes, args.clients, args.rounds, args.warmup, args.duration, args.episode_len,
-                            args.sample_timesteps, args.max_wait_ms / 1e3, args.seed)
+                            args.sample_timesteps, args.max_wait_ms / 1e3, args.seed, args.client_procs)
     print(markdown_table(results))
     out_dir = args.out or (None if args.quick else RESULTS_DIR)
     if out_dir is not None:
