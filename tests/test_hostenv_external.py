@@ -453,3 +453,52 @@ def test_observation_checks_and_buffer_reuse():
     got = [env.poll(timeout=0).obs[eid][AGENT] for _ in range(3)]
     assert [g.tolist() for g in got] == [[0.0] * 3, [1.0] * 3, [2.0] * 3]
     env.close()
+
+
+def test_abandoning_a_silent_episode_does_not_slow_later_polls():
+    """An episode abandoned before its first request leaves no trace: a poll whose every
+    running episode has a request returns at once, not after max_wait_s."""
+    env = ExternalEnv(OBS, ACT, max_wait_s=5.0)
+    for _ in range(3):
+        env.abandon_episode(env.start_episode())  # the client went away before any call
+    eid = env.start_episode()
+    t = threading.Thread(target=env.get_action, args=(eid, np.zeros(3, np.float32)))
+    t.start()
+    res = env.poll(timeout=10.0)
+    assert list(res.obs) == [eid]
+    assert not env._idle - set(env._episodes)
+    env.send_actions({eid: {AGENT: 0}})
+    t.join(timeout=5)
+    assert not t.is_alive()
+    env.close()
+
+
+def test_back_pressure_waiters_are_not_idle_and_their_timeout_abandons():
+    env = ExternalEnv(OBS, ACT, max_queued_steps=2, episode_timeout_s=0.2, action_timeout_s=5.0)
+    eid = env.start_episode()
+    out = {}
+
+    def sim():
+        try:
+            for t in range(4):
+                env.log_action(eid, np.full(3, t, np.float32), 0)
+            out["ok"] = True
+        except Exception as e:  # noqa: BLE001
+            out["err"] = e
+
+    th = threading.Thread(target=sim)
+    th.start()
+    threading.Event().wait(0.4)  # the sampler pauses longer than episode_timeout_s
+    for _ in range(3):
+        env.poll(timeout=0.5)
+    th.join(timeout=5)
+    assert out == {"ok": True} and env.episode_status(eid) == "running"
+    env.close()
+
+    env = ExternalEnv(OBS, ACT, max_queued_steps=1, action_timeout_s=0.2)
+    eid = env.start_episode()
+    env.log_action(eid, np.zeros(3, np.float32), 0)
+    with pytest.raises(TimeoutError, match="abandoned"):
+        env.log_action(eid, np.zeros(3, np.float32), 0)
+    assert env.episode_status(eid) in ("finishing", "abandoned")
+    env.close()

@@ -545,3 +545,32 @@ def test_binding_a_port_in_use_raises_oserror():
             PolicyServer(ExternalEnv(OBS, ACT), port=int(first.address.rsplit(":", 1)[1]))
         with PolicyClient(first.address) as c:  # the first one still serves
             assert c.server_info()["protocol"] == PROTOCOL_VERSION
+
+
+def test_an_answer_that_cannot_be_encoded_fails_only_its_call():
+    """A 500 for the client whose action msgpack cannot encode; the other answers of the
+    same batch still go out and the server keeps serving."""
+    env = ExternalEnv(OBS, ACT, max_wait_s=0.5)
+    server = PolicyServer(env)
+    res = {}
+
+    def client(name):
+        c = PolicyClient(server.address, timeout=10.0)
+        eid = c.start_episode(episode_id=name)
+        try:
+            res[name] = c.get_action(eid, np.zeros(3, np.float32))
+        except PolicyServerError as e:
+            res[name] = e.status
+        c.close()
+
+    threads = [threading.Thread(target=client, args=(n,)) for n in ("a-bad", "b-good")]
+    for t in threads:
+        t.start()
+    got = {}
+    while len(got) < 2:
+        got.update(server.poll(timeout=5.0).obs)
+    server.send_actions({e: {AGENT: (object() if e == "a-bad" else 7)} for e in sorted(got)})
+    for t in threads:
+        t.join(timeout=10)
+    assert res == {"a-bad": 500, "b-good": 7}
+    server.close()

@@ -207,3 +207,28 @@ def test_each_call_acts_with_its_own_params(fast, kw):
     for p in (1, 2, 3):
         for ep in s.sample(p, **kw):
             assert ep.actions.data.tolist()[ep.actions.lookback:] == [p] * len(ep), (p, ep)
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_one_agent_multi_agent_policy_and_episodes_ended_before_their_first_step(fast):
+    """A one-agent env with a MultiAgentPolicy files rows under its policy id; an episode
+    whose first observation is already final (start_episode, then end_episode) is no
+    episode: nothing is emitted, counted or left running, and no action is sent to it."""
+    from jaxsampler.hostenv.external import ExternalEnv
+
+    env = ExternalEnv(Scripted.observation_space, Scripted.action_space)
+    pol = js.MultiAgentPolicy(env.agent_ids, {"main": ParamAction(env.observation_space, env.action_space)})
+    s = HostSampler(env, pol, timeout_s=0.3)
+    s._fast = fast
+    o = np.zeros(2, np.float32)
+    for _ in range(3):
+        env.end_episode(env.start_episode(), o)
+    eid = env.start_episode()
+    env.log_action(eid, o, 1)
+    env.end_episode(eid, o)
+    batch = s.sample_batch({"main": 2})
+    assert list(batch.policy_batches) == ["main"]
+    assert batch["main"]["actions"].tolist() == [1] and batch["main"]["terminateds"].tolist() == [True]
+    assert s.metrics.num_episodes_completed == 1 and env.stats["dropped_actions"] == 0
+    assert not s._tracks and not s._running and not s._returns
+    env.close()

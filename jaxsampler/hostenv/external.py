@@ -234,7 +234,7 @@ class _Item:
 
 
 class _Episode:
-    __slots__ = ("eid", "training_enabled", "pending", "in_flight", "reward", "info", "done_agents",
+    __slots__ = ("eid", "training_enabled", "pending", "in_flight", "reward", "info", "done_agents", "blocked",
                  "newly_done", "closed_reason", "last_obs", "last_activity", "waiter")
 
     def __init__(self, eid: str, training_enabled: bool):
@@ -249,6 +249,7 @@ class _Episode:
         self.last_obs: dict | None = None
         self.last_activity = time.monotonic()
         self.waiter: _Waiter | None = None  # the caller blocked in get_action, if any
+        self.blocked = 0  # callers waiting in log_action's back pressure
 
 
 class _ExternalBase(HostEnv):
@@ -348,9 +349,14 @@ class _ExternalBase(HostEnv):
                         raise WouldBlockError(f"episode {episode_id}: {len(ep.pending)} logged steps wait to be polled")
                     left = deadline - time.monotonic()
                     if left <= 0:
-                        raise TimeoutError(f"episode {episode_id}: {len(ep.pending)} logged steps not polled "
-                                           f"within {self.action_timeout_s} s")
-                    self._room.wait(left)
+                        why = f"{len(ep.pending)} logged steps not polled within {self.action_timeout_s} s"
+                        self._abandon(ep, why)
+                        raise TimeoutError(f"episode {episode_id}: {why}; episode abandoned")
+                    ep.blocked += 1  # a caller waiting here is not idle (episode_timeout_s)
+                    try:
+                        self._room.wait(left)
+                    finally:
+                        ep.blocked -= 1
                 self._check_open()
                 ep = self._open_episode(episode_id)
             waiter = _Waiter(on_answer) if want_action else None
@@ -703,10 +709,11 @@ class _ExternalBase(HostEnv):
             ep.pending.append(item)
         else:  # nothing was ever sent: the sampler never heard of it
             del self._episodes[ep.eid]
+            self._idle.discard(ep.eid)  # else poll() would wait for it (the full max_wait_s) forever
             self._remember(ep.eid, "abandoned")
         if ep.eid in self._episodes:
             self._refresh(ep)
-            self._cond.notify()
+        self._cond.notify()
         self._room.notify_all()
 
     def _reap_idle(self) -> None:
@@ -714,7 +721,7 @@ class _ExternalBase(HostEnv):
             return
         limit = time.monotonic() - self.episode_timeout_s
         for ep in list(self._episodes.values()):
-            if ep.closed_reason is None and ep.waiter is None and ep.last_activity < limit:
+            if ep.closed_reason is None and ep.waiter is None and not ep.blocked and ep.last_activity < limit:
                 self._abandon(ep, f"no call for {self.episode_timeout_s} s")
 
 

@@ -74,6 +74,10 @@ from jaxsampler.spaces import compatible
 __all__ = ["HostSampler"]
 
 
+def _all_done(res: PollResult, env_id: Any) -> bool:
+    return bool(res.terminateds.get(env_id, {}).get(ALL, False) or res.truncateds.get(env_id, {}).get(ALL, False))
+
+
 def _default_buckets(n: int, cap: int) -> tuple[int, ...]:
     top = 1
     while top < min(max(n, 1), cap):
@@ -228,12 +232,13 @@ class HostSampler:
             queue, self._queue = self._queue, []
             if queue:
                 top, agent = self.batch_sizes[-1], self.agent_ids[0]
+                pid = self._mapping[agent]  # DEFAULT_POLICY_ID, or a one-agent MultiAgentPolicy's id
+                p_params = params[pid] if self._split_params else params
                 for lo in range(0, len(queue), top):
                     part = queue[lo:lo + top]
-                    self._act_rows(DEFAULT_POLICY_ID, params, stack([o for _, o in part]), [e for e, _ in part],
+                    self._act_rows(pid, p_params, stack([o for _, o in part]), [e for e, _ in part],
                                    [agent] * len(part), out)
-                self.host_env.send_actions(out)
-                self._record()
+                self._send(out)
             return bool(out)
         for pid in self.policy_ids:
             rows = self.collector.get_inference_input_dict(pid)
@@ -248,9 +253,16 @@ class HostSampler:
                 self._act_rows(pid, p_params, jax.tree.map(lambda x: x[lo:hi], obs), env_ids[lo:hi],
                                agent_ids[lo:hi], out)
         if out:
-            self.host_env.send_actions(out)
-        self._record()
+            self._send(out)
         return bool(out)
+
+    def _send(self, out: dict) -> None:
+        try:
+            self.host_env.send_actions(out)
+        except BaseException:
+            self._unrecorded.clear()  # not sent: nothing to record
+            raise
+        self._record()
 
     def _act_rows(self, pid: Any, params: Any, obs: Any, env_ids: list, agent_ids: list, out: dict) -> None:
         n = len(env_ids)
@@ -388,7 +400,7 @@ class HostSampler:
             obs = obs_all.get(e, {})
             tr = self._tracks.get(e)
             if tr is None:  # a new episode (rewards before acting belong to no step)
-                if agent not in obs:
+                if agent not in obs or _all_done(res, e):  # ended before its first step: no episode
                     continue
                 info = res.infos.get(e, {}).get(agent)
                 tr = self._tracks[e] = Track(self._new_episode_id(), [obs[agent]], [{} if info is None else info])
@@ -447,7 +459,7 @@ class HostSampler:
             self._env_rank.setdefault(e, len(self._env_rank))
             obs, infos = obs_all.get(e, {}), res.infos.get(e, {})
             if e not in self._running:  # a new episode (rewards before acting belong to no step)
-                if not obs:
+                if not obs or _all_done(res, e):  # ended before its first step: no episode
                     continue
                 ep = self._new_episode(e)
                 self._running[e] = ep.id_
@@ -572,7 +584,8 @@ class HostSampler:
             rows = [track_rows(tr) for tr in chunks if len(tr)]
             policy_batches = {}
             if rows:
-                policy_batches[DEFAULT_POLICY_ID] = SampleBatch({k: _concat([r[k] for r in rows]) for k in rows[0]})
+                pid = self._mapping[self.agent_ids[0]]
+                policy_batches[pid] = SampleBatch({k: _concat([r[k] for r in rows]) for k in rows[0]})
             batch = MultiAgentBatch(policy_batches, sum(len(tr) for tr in chunks))
         else:
             batch = episodes_to_batch(chunks, self.agent_ids, self.policy_ids)

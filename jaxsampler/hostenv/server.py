@@ -585,18 +585,21 @@ class PolicyServer(HostEnv):
             if conn.waiting is None or conn.waiting[1] is not waiter:
                 continue
             conn.waiting = None
-            if conn.closing:  # the action never reaches the client
-                if waiter.error is None:
-                    self.env.abandon_episode(eid, "client disconnected before receiving its action")
-            elif conn.timed_out:
-                conn.timed_out = False
-                conn.exception(TimeoutError(f"episode {eid}: no action within {self.env.action_timeout_s} s; "
-                                            "episode abandoned"))
-            elif waiter.error is not None:
-                conn.exception(waiter.error)
-            else:
-                out = waiter.value
-                conn.respond(200, packb({"action": out if self.env._multi_agent else out[DEFAULT_AGENT_ID]}))
+            try:
+                if conn.closing:  # the action never reaches the client
+                    if waiter.error is None:
+                        self.env.abandon_episode(eid, "client disconnected before receiving its action")
+                elif conn.timed_out:
+                    conn.timed_out = False
+                    conn.exception(TimeoutError(f"episode {eid}: no action within {self.env.action_timeout_s} s; "
+                                                "episode abandoned"))
+                elif waiter.error is not None:
+                    conn.exception(waiter.error)
+                else:
+                    out = waiter.value
+                    conn.respond(200, packb({"action": out if self.env._multi_agent else out[DEFAULT_AGENT_ID]}))
+            except Exception as e:  # noqa: BLE001 -- e.g. an action msgpack cannot encode: answer, go on
+                conn.exception(e)
             conn.done()
 
     def _returns(self, returns: list) -> None:
