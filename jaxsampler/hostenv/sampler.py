@@ -17,7 +17,9 @@ recurrent state are kept; ``mark_off_policy=True`` adds an ``off_policy`` bool c
 
 ``sample()`` / ``sample_batch()`` follow the device sampler:
 
-* the first call (and every reset) polls the first observations before any action;
+* the first call (and every reset) polls the first observations before any action; a
+  sub-env whose first observation is already final (``ExternalEnv.start_episode`` then
+  ``end_episode``) has no step: it is not an episode (nothing is emitted or counted);
 * ``num_timesteps=N``: until at least ``N`` env steps (polls of a sub-env that step it;
   reset polls are not counted);
 * ``num_episodes=N``: reset first (ongoing episodes discarded; needs the env's optional
