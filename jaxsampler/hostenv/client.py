@@ -9,7 +9,6 @@ background through ``/batch``.
 from __future__ import annotations
 
 import json
-import math
 import socket
 import threading
 import time
@@ -27,18 +26,6 @@ from jaxsampler.hostenv.offline import packb, unpackb
 from jaxsampler.hostenv.server import _ERRORS, _MSGPACK, PolicyServerError
 
 __all__ = ["PolicyClient"]
-
-
-def _check_rewards(reward: Any) -> None:
-    """The reward(s) of a deferred ``log_returns`` must be finite numbers (a dict of them
-    for multi-agent servers): checked before the call returns."""
-    for r in (reward.values() if isinstance(reward, Mapping) else (reward,)):
-        try:
-            ok = math.isfinite(float(r))
-        except (TypeError, ValueError):
-            ok = False
-        if not ok:
-            raise ext.InvalidDataError(f"reward must be a finite number, got {r!r}")
 
 
 class _StaleConnection(ConnectionError):
@@ -240,7 +227,9 @@ class PolicyClient:
         if multiagent_done_dict:
             msg["done"] = multiagent_done_dict
         if self.inference_mode == "remote" and self.defer_returns:
-            _check_rewards(reward)  # what can be checked here fails here; the rest at the next call
+            # What can be checked here fails here (the env's own reward check); the rest at the next call.
+            for a, r in (reward.items() if isinstance(reward, Mapping) else ((DEFAULT_AGENT_ID, reward),)):
+                ext._reward(r, a)
             if info is not None and not isinstance(info, Mapping):
                 raise ext.InvalidDataError(f"info must be a dict, got {type(info).__name__}")
             returns = getattr(self._tls, "returns", None)

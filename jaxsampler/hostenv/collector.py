@@ -414,29 +414,38 @@ def _column(x: Any) -> Any:
     return x
 
 
-def _agent_rows(sa: Any, index: int) -> dict[str, Any]:
-    n = len(sa)
-    obs = _column(sa.get_observations(slice(0, n + 1)))
+def step_rows(obs: Any, actions: Any, rewards: Any, terminated: bool, truncated: bool, t_started: int, eps_id: str,
+              agent_index: int, infos: list, extras: dict[str, Any]) -> dict[str, Any]:
+    """The batch rows of ``n`` agent steps (``n >= 1``): ``obs`` holds the ``n + 1``
+    observations (stacked), the flags are those of the last step; the columns of
+    :func:`episodes_to_batch`."""
+    n = len(rewards)
     flags = np.zeros(n, bool)
     rows: dict[str, Any] = {
         SampleBatch.OBS: tree_map(lambda x: x[:n], obs),
         SampleBatch.NEXT_OBS: tree_map(lambda x: x[1:], obs),
-        SampleBatch.ACTIONS: _column(sa.get_actions()),
-        SampleBatch.REWARDS: np.asarray(sa.get_rewards(), np.float32).reshape(n),
+        SampleBatch.ACTIONS: actions,
+        SampleBatch.REWARDS: np.asarray(rewards, np.float32).reshape(n),
         SampleBatch.TERMINATEDS: flags.copy(),
         SampleBatch.TRUNCATEDS: flags.copy(),
-        SampleBatch.T: np.arange(sa.t_started, sa.t, dtype=np.int64),
-        SampleBatch.EPS_ID: np.asarray([sa.id_] * n),
-        SampleBatch.AGENT_INDEX: np.full(n, index, np.int64),
+        SampleBatch.T: np.arange(t_started, t_started + n, dtype=np.int64),
+        SampleBatch.EPS_ID: np.asarray([eps_id] * n),
+        SampleBatch.AGENT_INDEX: np.full(n, agent_index, np.int64),
+        SampleBatch.INFOS: infos,
     }
-    rows[SampleBatch.TERMINATEDS][-1] = sa.is_terminated
-    rows[SampleBatch.TRUNCATEDS][-1] = sa.is_truncated
-    infos = sa.get_infos(slice(0, n))
-    rows[SampleBatch.INFOS] = list(infos) if isinstance(infos, list) else [tree_map(lambda x, i=i: x[i], infos)
-                                                                           for i in range(n)]
-    for k in sa.extra_model_outputs:
-        rows[k] = _column(sa.get_extra_model_outputs(k))
+    rows[SampleBatch.TERMINATEDS][-1] = terminated
+    rows[SampleBatch.TRUNCATEDS][-1] = truncated
+    rows.update(extras)
     return rows
+
+
+def _agent_rows(sa: Any, index: int) -> dict[str, Any]:
+    n = len(sa)
+    infos = sa.get_infos(slice(0, n))
+    infos = list(infos) if isinstance(infos, list) else [tree_map(lambda x, i=i: x[i], infos) for i in range(n)]
+    return step_rows(_column(sa.get_observations(slice(0, n + 1))), _column(sa.get_actions()), sa.get_rewards(),
+                     sa.is_terminated, sa.is_truncated, sa.t_started, sa.id_, index, infos,
+                     {k: _column(sa.get_extra_model_outputs(k)) for k in sa.extra_model_outputs})
 
 
 def _concat(parts: list[Any]) -> Any:

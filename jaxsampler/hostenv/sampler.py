@@ -76,6 +76,14 @@ from jaxsampler.spaces import compatible
 __all__ = ["HostSampler"]
 
 
+def _env_ids(res: PollResult) -> dict[Any, None]:
+    """The sub-envs a poll has data of, in order of first appearance."""
+    env_ids: dict[Any, None] = {}
+    for d in (res.obs, res.rewards, res.terminateds, res.truncateds):
+        env_ids.update(dict.fromkeys(d))
+    return env_ids
+
+
 def _all_done(res: PollResult, env_id: Any) -> bool:
     return bool(res.terminateds.get(env_id, {}).get(ALL, False) or res.truncateds.get(env_id, {}).get(ALL, False))
 
@@ -233,30 +241,27 @@ class HostSampler:
         if self._fast:
             queue, self._queue = self._queue, []
             if queue:
-                top, agent = self.batch_sizes[-1], self.agent_ids[0]
-                pid = self._mapping[agent]  # DEFAULT_POLICY_ID, or a one-agent MultiAgentPolicy's id
-                p_params = params[pid] if self._split_params else params
-                for lo in range(0, len(queue), top):
-                    part = queue[lo:lo + top]
-                    self._act_rows(pid, p_params, stack([o for _, o in part]), [e for e, _ in part],
-                                   [agent] * len(part), out)
-                self._send(out)
-            return bool(out)
-        for pid in self.policy_ids:
-            rows = self.collector.get_inference_input_dict(pid)
-            if rows.count == 0:
-                continue
-            p_params = params[pid] if self._split_params else params
-            env_ids, agent_ids = rows["env_id"].tolist(), rows["agent_id"].tolist()
-            obs = rows["obs"]
-            top = self.batch_sizes[-1]
-            for lo in range(0, rows.count, top):
-                hi = min(lo + top, rows.count)
-                self._act_rows(pid, p_params, jax.tree.map(lambda x: x[lo:hi], obs), env_ids[lo:hi],
-                               agent_ids[lo:hi], out)
+                agent = self.agent_ids[0]
+                self._act_policy(self._mapping[agent], params, stack([o for _, o in queue]), [e for e, _ in queue],
+                                 [agent] * len(queue), out)
+        else:
+            for pid in self.policy_ids:
+                rows = self.collector.get_inference_input_dict(pid)
+                if rows.count:
+                    self._act_policy(pid, params, rows["obs"], rows["env_id"].tolist(), rows["agent_id"].tolist(),
+                                     out)
         if out:
             self._send(out)
         return bool(out)
+
+    def _act_policy(self, pid: Any, params: Any, obs: Any, env_ids: list, agent_ids: list, out: dict) -> None:
+        """The actions of one policy's rows, in calls of at most the largest bucket."""
+        p_params = params[pid] if self._split_params else params
+        top = self.batch_sizes[-1]
+        for lo in range(0, len(env_ids), top):
+            hi = min(lo + top, len(env_ids))
+            self._act_rows(pid, p_params, jax.tree.map(lambda x: x[lo:hi], obs), env_ids[lo:hi], agent_ids[lo:hi],
+                           out)
 
     def _send(self, out: dict) -> None:
         try:
@@ -390,13 +395,9 @@ class HostSampler:
         """:meth:`_feed` of a single-agent env: appends each sub-env's step to its track."""
         obs_all = self._validate(res)
         agent = self.agent_ids[0]
-        env_ids: dict[Any, None] = dict.fromkeys(res.obs)
-        for d in (res.rewards, res.terminateds, res.truncateds):
-            if d:
-                env_ids.update(dict.fromkeys(d))
         steps = 0
         rank = self._env_rank
-        for e in env_ids:
+        for e in _env_ids(res):
             if e not in rank:
                 rank[e] = len(rank)
             obs = obs_all.get(e, {})
@@ -453,11 +454,8 @@ class HostSampler:
         if self._fast:
             return self._feed_tracks(res, done_log)
         obs_all = self._validate(res)
-        env_ids: dict[Any, None] = {}
-        for d in (res.obs, res.rewards, res.terminateds, res.truncateds):
-            env_ids.update(dict.fromkeys(d))
         steps = 0
-        for e in env_ids:
+        for e in _env_ids(res):
             self._env_rank.setdefault(e, len(self._env_rank))
             obs, infos = obs_all.get(e, {}), res.infos.get(e, {})
             if e not in self._running:  # a new episode (rewards before acting belong to no step)

@@ -13,11 +13,9 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
-
-from jaxsampler.host.batch import SampleBatch
 from jaxsampler.host.episode import SingleAgentEpisode
-from jaxsampler.host.lookback import batch as stack, tree_map
+from jaxsampler.host.lookback import batch as stack
+from jaxsampler.hostenv.collector import step_rows
 
 __all__ = ["Track", "track_rows"]
 
@@ -90,25 +88,9 @@ class Track:
 
 
 def track_rows(track: Track, agent_index: int = 0) -> dict[str, Any]:
-    """The batch rows of a chunk: one per step, the columns of
+    """The batch rows of a chunk (``len >= 1``): one per step, the columns of
     :func:`jaxsampler.hostenv.collector.episodes_to_batch`."""
-    n, lb = len(track), track.lookback
-    obs = stack(track.obs[lb:])
-    flags = np.zeros(n, bool)
-    rows: dict[str, Any] = {
-        SampleBatch.OBS: tree_map(lambda x: x[:n], obs),
-        SampleBatch.NEXT_OBS: tree_map(lambda x: x[1:], obs),
-        SampleBatch.ACTIONS: stack(track.actions[lb:]),
-        SampleBatch.REWARDS: np.asarray(track.rewards[lb:], np.float32).reshape(n),
-        SampleBatch.TERMINATEDS: flags.copy(),
-        SampleBatch.TRUNCATEDS: flags.copy(),
-        SampleBatch.T: np.arange(track.t_started, track.env_t, dtype=np.int64),
-        SampleBatch.EPS_ID: np.asarray([track.id_] * n),
-        SampleBatch.AGENT_INDEX: np.full(n, agent_index, np.int64),
-        SampleBatch.INFOS: list(track.infos[lb:lb + n]),
-    }
-    rows[SampleBatch.TERMINATEDS][-1] = track.terminated
-    rows[SampleBatch.TRUNCATEDS][-1] = track.truncated
-    for k, col in track.extras.items():
-        rows[k] = stack(col[lb:])
-    return rows
+    lb = track.lookback
+    return step_rows(stack(track.obs[lb:]), stack(track.actions[lb:]), track.rewards[lb:], track.terminated,
+                     track.truncated, track.t_started, track.id_, agent_index, list(track.infos[lb:-1]),
+                     {k: stack(col[lb:]) for k, col in track.extras.items()})
