@@ -12,3 +12,20 @@ def fake_env():
 @pytest.fixture(scope="session")
 def key():
     return jax.random.PRNGKey(0)
+
+
+@pytest.fixture
+def served():
+    """A PolicyServer (4 KB body limit) answered by a test PollLoop; ``holds``: episode ids
+    whose answers the loop holds back while they run. Yields ``(server, loop, holds)``."""
+    from jaxsampler.hostenv.external import ExternalEnv
+    from jaxsampler.hostenv.server import PolicyServer
+    from tests.test_hostenv_external import ACT, OBS, PollLoop
+
+    env = ExternalEnv(OBS, ACT, max_wait_s=0.005, episode_timeout_s=30.0)
+    server = PolicyServer(env, port=0, max_body_bytes=4096)
+    holds: set = set()
+    loop = PollLoop(server, hold=lambda eid: eid in holds and env.episode_status(eid) == "running")
+    yield server, loop, holds
+    loop.close()
+    server.close()

@@ -123,15 +123,6 @@ def poll_until(server: PolicyServer, eids: set, timeout: float = 5.0) -> None:
 OB = [np.full(3, float(i), np.float32) for i in range(5)]
 
 
-@pytest.fixture
-def served():
-    env = ExternalEnv(OBS, ACT, max_wait_s=0.002, episode_timeout_s=30.0)
-    server = PolicyServer(env, port=0, max_body_bytes=4096)
-    holds: set = set()
-    loop = PollLoop(server, hold=lambda eid: eid in holds and env.episode_status(eid) == "running")
-    yield server, loop, holds
-    loop.close()
-    server.close()
 
 
 # -- framing ---------------------------------------------------------------------------------

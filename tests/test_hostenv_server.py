@@ -33,17 +33,6 @@ from jaxsampler.hostenv.server import PROTOCOL_VERSION, PolicyServer, PolicyServ
 from tests.test_hostenv_external import ACT, OBS, PollLoop, answer, check_exactly_once, run_clients, simulate, wait_finished
 
 
-@pytest.fixture
-def served():
-    env = ExternalEnv(OBS, ACT, max_wait_s=0.005, episode_timeout_s=30.0)
-    server = PolicyServer(env, port=0, max_body_bytes=4096)
-    holds: set = set()
-    loop = PollLoop(server, hold=lambda eid: eid in holds and env.episode_status(eid) == "running")
-    yield server, loop, holds
-    loop.close()
-    server.close()
-
-
 def raw(server, method, path, body=None, headers=None):
     host, port = server.address[len("http://"):].split(":")
     conn = http.client.HTTPConnection(host, int(port), timeout=30)
