@@ -53,7 +53,11 @@ def measure(policy_name: str, num_envs: int, rollout_length: int, repeats: int) 
             (convert_s if build == "episodes" else batch_s).append(t2 - t1)
         episodes.append(len(eps))
         steps.append(metrics.num_env_steps_sampled)
-    r, c, bt = statistics.median(rollout_s), statistics.median(convert_s), statistics.median(batch_s)
+    r, c, bt = (
+        statistics.median(rollout_s),
+        statistics.median(convert_s),
+        statistics.median(batch_s),
+    )
     return {
         "policy": policy_name,
         "num_envs": num_envs,
@@ -81,10 +85,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=9)
     p.add_argument("--out", type=Path, default=RESULTS)
     args = p.parse_args(argv)
-    rows = [measure(name, args.num_envs, args.rollout_length, args.repeats) for name in ("random", "mlp")]
+    rows = [
+        measure(name, args.num_envs, args.rollout_length, args.repeats)
+        for name in ("random", "mlp")
+    ]
     args.out.mkdir(parents=True, exist_ok=True)
     stamp = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-    payload = {"date": stamp, "argv": sys.argv[1:], "environment": environment_info(), "results": rows}
+    payload = {
+        "date": stamp,
+        "argv": sys.argv[1:],
+        "environment": environment_info(),
+        "results": rows,
+    }
     (args.out / "episodes.json").write_text(json.dumps(payload, indent=2) + "\n")
     lines = [
         "# Buffer -> episode conversion vs rollout (CartPole-v1)",

@@ -64,15 +64,27 @@ from jaxsampler.envs.spread import Spread
 DEFAULT_AGENTS = (2, 8, 32)
 DEFAULT_WIDTHS = (64, 256, 1024, 4096)
 DEFAULT_CONVERSION = ((8, 64), (8, 1024), (8, 4096))
-QUICK = {"agents": [2], "widths": [8], "rollout_length": 16, "repeats": 1, "big_repeats": 1,
-         "conversion": [(2, 8)], "conversion_repeats": 1}
-FULL = {"agents": list(DEFAULT_AGENTS), "widths": list(DEFAULT_WIDTHS), "rollout_length": 128, "repeats": 5,
-        "big_repeats": 3, "conversion": [list(c) for c in DEFAULT_CONVERSION], "conversion_repeats": 3}
+QUICK = {
+    "agents": [2],
+    "widths": [8],
+    "rollout_length": 16,
+    "repeats": 1,
+    "big_repeats": 1,
+    "conversion": [(2, 8)],
+    "conversion_repeats": 1,
+}
+FULL = {
+    "agents": list(DEFAULT_AGENTS),
+    "widths": list(DEFAULT_WIDTHS),
+    "rollout_length": 128,
+    "repeats": 5,
+    "big_repeats": 3,
+    "conversion": [list(c) for c in DEFAULT_CONVERSION],
+    "conversion_repeats": 3,
+}
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 HIDDEN = (64, 64)
 SIDES = ("jaxsampler", "handwritten")
-
-
 
 
 def make_env_policy(num_agents: int, seed: int = 0) -> tuple[Spread, js.MLPPolicy, Any]:
@@ -88,11 +100,20 @@ def obs_buffer_bytes(num_agents: int, num_envs: int, rollout_length: int) -> int
     return 4 * (rollout_length + 1) * num_envs * num_agents * obs_dim
 
 
-def cell_rollout_length(num_agents: int, num_envs: int, rollout_length: int, max_buffer_gb: float,
-                        min_rollout_length: int) -> int:
+def cell_rollout_length(
+    num_agents: int,
+    num_envs: int,
+    rollout_length: int,
+    max_buffer_gb: float,
+    min_rollout_length: int,
+) -> int:
     """``rollout_length`` halved until the observation buffer fits ``max_buffer_gb`` (0: no cap)."""
     T = rollout_length
-    while max_buffer_gb > 0 and T > min_rollout_length and obs_buffer_bytes(num_agents, num_envs, T) > max_buffer_gb * 1e9:
+    while (
+        max_buffer_gb > 0
+        and min_rollout_length < T
+        and obs_buffer_bytes(num_agents, num_envs, T) > max_buffer_gb * 1e9
+    ):
         T = max(min_rollout_length, T // 2)
     return T
 
@@ -118,8 +139,9 @@ class HandTransition:
     value: jax.Array  # float32[T, E, A]
 
 
-def make_handwritten(env: Spread, policy: js.MLPPolicy, num_envs: int, rollout_length: int,
-                     seed: int = 0) -> tuple[Callable, HandCarry]:
+def make_handwritten(
+    env: Spread, policy: js.MLPPolicy, num_envs: int, rollout_length: int, seed: int = 0
+) -> tuple[Callable, HandCarry]:
     """PureJaxRL-style sampler over ``Spread``: returns ``(jitted run(params, carry), carry)``.
 
     One env's step computes the step and a reset and keeps the reset (state and first
@@ -152,7 +174,9 @@ def make_handwritten(env: Spread, policy: js.MLPPolicy, num_envs: int, rollout_l
         return jax.lax.scan(step, carry, None, rollout_length)
 
     key, reset_key = jax.random.split(jax.random.PRNGKey(seed))
-    state, ts = jax.vmap(env.reset, in_axes=(0, None))(jax.random.split(reset_key, num_envs), env_params)
+    state, ts = jax.vmap(env.reset, in_axes=(0, None))(
+        jax.random.split(reset_key, num_envs), env_params
+    )
     return jax.jit(run, donate_argnums=1), HandCarry(state, ts.obs, key)
 
 
@@ -162,8 +186,16 @@ def make_handwritten(env: Spread, policy: js.MLPPolicy, num_envs: int, rollout_l
 class Side:
     """One implementation at one cell: compiles on construction, then times rounds of calls."""
 
-    def __init__(self, name: str, env: Spread, policy: js.MLPPolicy, params: Any, num_envs: int,
-                 rollout_length: int, seed: int):
+    def __init__(
+        self,
+        name: str,
+        env: Spread,
+        policy: js.MLPPolicy,
+        params: Any,
+        num_envs: int,
+        rollout_length: int,
+        seed: int,
+    ):
         self.name, self.params = name, params
         if name == "jaxsampler":
             rollout = js.jit_rollout(js.make_rollout(env, policy, num_envs, rollout_length))
@@ -202,13 +234,25 @@ class Side:
         return 1.0
 
 
-def measure_cell(num_agents: int, num_envs: int, rollout_length: int, repeats: int, big_repeats: int,
-                 *, target_s: float = 0.3, big_call_s: float = 1.0, seed: int = 0) -> dict[str, Any]:
+def measure_cell(
+    num_agents: int,
+    num_envs: int,
+    rollout_length: int,
+    repeats: int,
+    big_repeats: int,
+    *,
+    target_s: float = 0.3,
+    big_call_s: float = 1.0,
+    seed: int = 0,
+) -> dict[str, Any]:
     """Both sides at one ``(agents, width)`` cell, interleaved round by round."""
     env, policy, params = make_env_policy(num_agents, seed)
     A, W, T = num_agents, num_envs, rollout_length
     sides = {name: Side(name, env, policy, params, W, T, seed) for name in SIDES}
-    warm = {name: min(time_calls(s.call, 1 if s.compile_s > 2 * big_call_s else 2)) for name, s in sides.items()}
+    warm = {
+        name: min(time_calls(s.call, 1 if s.compile_s > 2 * big_call_s else 2))
+        for name, s in sides.items()
+    }
     call_s = max(warm.values())
     inner = max(1, min(20, math.ceil(target_s / call_s)))
     rounds = repeats if call_s < big_call_s else min(repeats, big_repeats)
@@ -218,9 +262,16 @@ def measure_cell(num_agents: int, num_envs: int, rollout_length: int, repeats: i
         med = {name: sides[name].round(inner) for name in order}
         ratio_rounds.append(med["handwritten"] / med["jaxsampler"])  # ratio of rates
     agent_steps = W * A * T
-    out: dict[str, Any] = {"num_agents": A, "num_envs": W, "rollout_length": T, "agent_steps_per_call": agent_steps,
-                           "obs_dim": int(env.observation_space.shape[0]), "rounds": rounds, "calls_per_round": inner,
-                           "obs_buffer_gb": obs_buffer_bytes(A, W, T) / 1e9}
+    out: dict[str, Any] = {
+        "num_agents": A,
+        "num_envs": W,
+        "rollout_length": T,
+        "agent_steps_per_call": agent_steps,
+        "obs_dim": int(env.observation_space.shape[0]),
+        "rounds": rounds,
+        "calls_per_round": inner,
+        "obs_buffer_gb": obs_buffer_bytes(A, W, T) / 1e9,
+    }
     for name, s in sides.items():
         med = statistics.median(s.times)
         frac = s.acting_fraction()
@@ -244,10 +295,16 @@ def measure_cell(num_agents: int, num_envs: int, rollout_length: int, repeats: i
 # --------------------------------------------------------------------------- conversion
 
 
-def measure_conversion(num_agents: int, num_envs: int, rollout_length: int, repeats: int, seed: int = 0) -> dict[str, Any]:
+def measure_conversion(
+    num_agents: int, num_envs: int, rollout_length: int, repeats: int, seed: int = 0
+) -> dict[str, Any]:
     """``Sampler.sample_batch`` total vs its rollout part (``Sampler._call``), in the same calls."""
     env, policy, params = make_env_policy(num_agents, seed)
-    row: dict[str, Any] = {"num_agents": num_agents, "num_envs": num_envs, "rollout_length": rollout_length}
+    row: dict[str, Any] = {
+        "num_agents": num_agents,
+        "num_envs": num_envs,
+        "rollout_length": rollout_length,
+    }
     try:
         row.update(_time_sample_batch(env, policy, params, num_envs, rollout_length, repeats, seed))
     except NotImplementedError as e:
@@ -258,12 +315,20 @@ def measure_conversion(num_agents: int, num_envs: int, rollout_length: int, repe
     return row
 
 
-def _time_sample_batch(env: Spread, policy: js.MLPPolicy, params: Any, num_envs: int, rollout_length: int,
-                       repeats: int, seed: int) -> dict[str, Any]:
+def _time_sample_batch(
+    env: Spread,
+    policy: js.MLPPolicy,
+    params: Any,
+    num_envs: int,
+    rollout_length: int,
+    repeats: int,
+    seed: int,
+) -> dict[str, Any]:
     sampler = js.Sampler(env, policy, num_envs=num_envs, rollout_length=rollout_length, seed=seed)
     rollout_s: list[float] = []
     inner_call = getattr(sampler, "_call", None)
     if inner_call is not None:
+
         def timed_call(p: Any) -> Any:
             t0 = time.perf_counter()
             out = inner_call(p)
@@ -291,39 +356,62 @@ def _time_sample_batch(env: Spread, policy: js.MLPPolicy, params: Any, num_envs:
     return {
         "status": "ok" if inner_call is not None else "ok (no Sampler._call: total only)",
         "first_call_s": first_call_s,
-        "total_s_median": t, "rollout_s_median": r, "conversion_s_median": c,
+        "total_s_median": t,
+        "rollout_s_median": r,
+        "conversion_s_median": c,
         "ratio_conversion_over_rollout": c / r,
-        "total_s": total_s, "rollout_s": roll_s, "conversion_s": conv,
-        "env_steps": statistics.median(rows), "agent_steps": statistics.median(agent_rows),
-        "policy_batches": sorted(map(str, batch.policy_batches)) if hasattr(batch, "policy_batches") else None,
+        "total_s": total_s,
+        "rollout_s": roll_s,
+        "conversion_s": conv,
+        "env_steps": statistics.median(rows),
+        "agent_steps": statistics.median(agent_rows),
+        "policy_batches": sorted(map(str, batch.policy_batches))
+        if hasattr(batch, "policy_batches")
+        else None,
     }
 
 
 # --------------------------------------------------------------------------- driver
 
 
-def run_benchmark(agents: Sequence[int], widths: Sequence[int], rollout_length: int, repeats: int, big_repeats: int,
-                  conversion: Sequence[Sequence[int]], conversion_repeats: int, *, max_buffer_gb: float = 2.5,
-                  min_rollout_length: int = 32, seed: int = 0,
-                  progress: Callable[[str], None] | None = log) -> dict[str, Any]:
+def run_benchmark(
+    agents: Sequence[int],
+    widths: Sequence[int],
+    rollout_length: int,
+    repeats: int,
+    big_repeats: int,
+    conversion: Sequence[Sequence[int]],
+    conversion_repeats: int,
+    *,
+    max_buffer_gb: float = 2.5,
+    min_rollout_length: int = 32,
+    seed: int = 0,
+    progress: Callable[[str], None] | None = log,
+) -> dict[str, Any]:
     """Every rollout cell, then every conversion cell; returns the results dict."""
     started = time.perf_counter()
     cells = []
     n = len(agents) * len(widths)
     for a in agents:
         for w in widths:
-            T = cell_rollout_length(a, w, rollout_length, max_buffer_gb, min(min_rollout_length, rollout_length))
+            T = cell_rollout_length(
+                a, w, rollout_length, max_buffer_gb, min(min_rollout_length, rollout_length)
+            )
             if progress:
                 progress(f"[{len(cells) + 1}/{n}] rollout: {a} agents x {w} envs x T={T}")
             cells.append(measure_cell(a, w, T, repeats, big_repeats, seed=seed))
             c = cells[-1]
             if progress:
-                progress(f"    jaxsampler {c['jaxsampler']['agent_steps_per_s'] / 1e6:.2f}M agent-steps/s, "
-                         f"hand-written {c['handwritten']['agent_steps_per_s'] / 1e6:.2f}M, ratio {c['ratio']:.2f} "
-                         f"({c['rounds']} rounds x {c['calls_per_round']} calls)")
+                progress(
+                    f"    jaxsampler {c['jaxsampler']['agent_steps_per_s'] / 1e6:.2f}M agent-steps/s, "
+                    f"hand-written {c['handwritten']['agent_steps_per_s'] / 1e6:.2f}M, ratio {c['ratio']:.2f} "
+                    f"({c['rounds']} rounds x {c['calls_per_round']} calls)"
+                )
     conv = []
     for a, w in conversion:
-        T = cell_rollout_length(a, w, rollout_length, max_buffer_gb, min(min_rollout_length, rollout_length))
+        T = cell_rollout_length(
+            a, w, rollout_length, max_buffer_gb, min(min_rollout_length, rollout_length)
+        )
         if progress:
             progress(f"conversion: {a} agents x {w} envs x T={T}")
         conv.append(measure_conversion(a, w, T, conversion_repeats, seed))
@@ -333,11 +421,20 @@ def run_benchmark(agents: Sequence[int], widths: Sequence[int], rollout_length: 
         "benchmark": "Spread multi-agent sampling: jaxsampler vs hand-written vmap+scan; sample_batch conversion",
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "command": " ".join([Path(sys.executable).name] + sys.argv),
-        "config": {"env": "Spread(n)", "policy": f"MLPPolicy {HIDDEN} tanh, shared over agents",
-                   "agents": list(agents), "widths": list(widths), "rollout_length": rollout_length,
-                   "repeats": repeats, "big_repeats": big_repeats, "max_buffer_gb": max_buffer_gb,
-                   "min_rollout_length": min_rollout_length, "conversion": [list(c) for c in conversion],
-                   "conversion_repeats": conversion_repeats, "seed": seed},
+        "config": {
+            "env": "Spread(n)",
+            "policy": f"MLPPolicy {HIDDEN} tanh, shared over agents",
+            "agents": list(agents),
+            "widths": list(widths),
+            "rollout_length": rollout_length,
+            "repeats": repeats,
+            "big_repeats": big_repeats,
+            "max_buffer_gb": max_buffer_gb,
+            "min_rollout_length": min_rollout_length,
+            "conversion": [list(c) for c in conversion],
+            "conversion_repeats": conversion_repeats,
+            "seed": seed,
+        },
         "environment": environment_info(),
         "git": git_state(),
         "cells": cells,
@@ -354,71 +451,138 @@ def markdown_table(results: dict[str, Any]) -> str:
     cfg, env = results["config"], results["environment"]
     agents, widths = cfg["agents"], cfg["widths"]
     by = {(c["num_agents"], c["num_envs"]): c for c in results["cells"]}
-    head = "| agents | " + " | ".join(f"W={w}" for w in widths) + " |\n|---|" + "---:|" * len(widths) + "\n"
+    head = (
+        "| agents | "
+        + " | ".join(f"W={w}" for w in widths)
+        + " |\n|---|"
+        + "---:|" * len(widths)
+        + "\n"
+    )
 
     def grid(fmt: Callable[[dict[str, Any]], str]) -> str:
-        return head + "".join(f"| {a} | " + " | ".join(fmt(by[a, w]) if (a, w) in by else "—" for w in widths) + " |\n"
-                              for a in agents)
+        return head + "".join(
+            f"| {a} | "
+            + " | ".join(fmt(by[a, w]) if (a, w) in by else "—" for w in widths)
+            + " |\n"
+            for a in agents
+        )
 
     md = "# Multi-agent sampling: Spread, jaxsampler vs hand-written vmap + scan\n\n"
-    md += (f"{results['date']} · `{results['command']}` · jax {env['jax']} ({env['backend']}, "
-           f"{env['device_count']} device(s), {env['cpu_count']} CPUs) · shared 64x64 tanh `MLPPolicy` · "
-           f"T={cfg['rollout_length']} unless the cell says otherwise · wall {results['wall_s']:.0f} s\n\n")
+    md += (
+        f"{results['date']} · `{results['command']}` · jax {env['jax']} ({env['backend']}, "
+        f"{env['device_count']} device(s), {env['cpu_count']} CPUs) · shared 64x64 tanh `MLPPolicy` · "
+        f"T={cfg['rollout_length']} unless the cell says otherwise · wall {results['wall_s']:.0f} s\n\n"
+    )
     if results["cells"]:
         md += "## jaxsampler / hand-written, agent-steps/s (target ≥ 0.9)\n\n"
         md += "Median over rounds of the within-round ratio; [min–max over rounds].\n\n"
-        md += grid(lambda c: f"**{c['ratio']:.2f}** [{c['ratio_min']:.2f}–{c['ratio_max']:.2f}]"
-                   + (f" (T={c['rollout_length']})" if c["rollout_length"] != cfg["rollout_length"] else ""))
+        md += grid(
+            lambda c: (
+                f"**{c['ratio']:.2f}** [{c['ratio_min']:.2f}–{c['ratio_max']:.2f}]"
+                + (
+                    f" (T={c['rollout_length']})"
+                    if c["rollout_length"] != cfg["rollout_length"]
+                    else ""
+                )
+            )
+        )
         md += "\n## Agent-steps per second (median), jaxsampler / hand-written\n\n"
-        md += ("Medians over all timed calls of each side: they move with the machine's load (a slow round "
-               "can hit one side's median more than the other's); compare the sides with the ratios above.\n\n")
-        md += grid(lambda c: f"{_fmt_rate(c['jaxsampler']['agent_steps_per_s'])} / {_fmt_rate(c['handwritten']['agent_steps_per_s'])}")
+        md += (
+            "Medians over all timed calls of each side: they move with the machine's load (a slow round "
+            "can hit one side's median more than the other's); compare the sides with the ratios above.\n\n"
+        )
+        md += grid(
+            lambda c: (
+                f"{_fmt_rate(c['jaxsampler']['agent_steps_per_s'])} / {_fmt_rate(c['handwritten']['agent_steps_per_s'])}"
+            )
+        )
         md += "\n## Compile time, seconds (first call), jaxsampler / hand-written\n\n"
-        md += grid(lambda c: f"{c['jaxsampler']['compile_s']:.1f} / {c['handwritten']['compile_s']:.1f}")
+        md += grid(
+            lambda c: f"{c['jaxsampler']['compile_s']:.1f} / {c['handwritten']['compile_s']:.1f}"
+        )
         md += "\n## Rounds x calls per round\n\n"
         md += grid(lambda c: f"{c['rounds']} x {c['calls_per_round']}")
         fr = [c["jaxsampler"]["acting_fraction"] for c in results["cells"]]
-        md += (f"\nAgent-steps count every `[T, E, A]` slot. jaxsampler resets on the step after an episode "
-               f"ends (Spread truncates at 25 steps), and that step takes no action: its acting fraction is "
-               f"{statistics.median(fr):.3f}; the hand-written loop resets within the step (and drops each "
-               f"episode's final observation), so all its slots act. Both compute a step and a reset for every "
-               f"env at every step.\n")
+        md += (
+            f"\nAgent-steps count every `[T, E, A]` slot. jaxsampler resets on the step after an episode "
+            f"ends (Spread truncates at 25 steps), and that step takes no action: its acting fraction is "
+            f"{statistics.median(fr):.3f}; the hand-written loop resets within the step (and drops each "
+            f"episode's final observation), so all its slots act. Both compute a step and a reset for every "
+            f"env at every step.\n"
+        )
     if not results["conversion"]:
         return md
     md += "\n## `Sampler.sample_batch()`: conversion vs rollout (target: conversion / rollout < 1)\n\n"
-    md += ("Rollout = `Sampler._call` (jitted rollout + one device-to-host transfer), timed inside the same "
-           "`sample_batch` call; conversion = total − rollout. Medians.\n\n")
+    md += (
+        "Rollout = `Sampler._call` (jitted rollout + one device-to-host transfer), timed inside the same "
+        "`sample_batch` call; conversion = total − rollout. Medians.\n\n"
+    )
     md += "| agents | envs | T | rows (agent-steps) | rollout ms | conversion ms | total ms | conversion / rollout |\n"
     md += "|---:|---:|---:|---:|---:|---:|---:|---:|\n"
     for r in results["conversion"]:
         if r["status"].startswith("ok"):
-            md += (f"| {r['num_agents']} | {r['num_envs']} | {r['rollout_length']} | {r['agent_steps']:.0f} | "
-                   f"{r['rollout_s_median'] * 1e3:.1f} | {r['conversion_s_median'] * 1e3:.1f} | "
-                   f"{r['total_s_median'] * 1e3:.1f} | **{r['ratio_conversion_over_rollout']:.2f}** |\n")
+            md += (
+                f"| {r['num_agents']} | {r['num_envs']} | {r['rollout_length']} | {r['agent_steps']:.0f} | "
+                f"{r['rollout_s_median'] * 1e3:.1f} | {r['conversion_s_median'] * 1e3:.1f} | "
+                f"{r['total_s_median'] * 1e3:.1f} | **{r['ratio_conversion_over_rollout']:.2f}** |\n"
+            )
         else:
             md += f"| {r['num_agents']} | {r['num_envs']} | {r['rollout_length']} | {r['status']} | | | | |\n"
     return md
 
 
-
 def main(argv: Sequence[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--agents", type=int, nargs="+", help=f"agent counts (default {' '.join(map(str, DEFAULT_AGENTS))})")
-    p.add_argument("--widths", type=int, nargs="+", help=f"num_envs (default {' '.join(map(str, DEFAULT_WIDTHS))})")
+    p.add_argument(
+        "--agents",
+        type=int,
+        nargs="+",
+        help=f"agent counts (default {' '.join(map(str, DEFAULT_AGENTS))})",
+    )
+    p.add_argument(
+        "--widths",
+        type=int,
+        nargs="+",
+        help=f"num_envs (default {' '.join(map(str, DEFAULT_WIDTHS))})",
+    )
     p.add_argument("--rollout-length", type=int, help="T, steps per call (default 128)")
     p.add_argument("--repeats", type=int, help="rounds per cell; figures are medians (default 5)")
-    p.add_argument("--big-repeats", type=int, help="rounds (at most --repeats) for cells whose call takes > 1 s (default 3)")
-    p.add_argument("--max-buffer-gb", type=float, default=2.5,
-                   help="halve T for cells whose observation buffer exceeds this (0: never; default 2.5)")
-    p.add_argument("--min-rollout-length", type=int, default=32, help="never halve T below this (default 32)")
-    p.add_argument("--conversion", type=int, nargs=2, action="append", metavar=("AGENTS", "WIDTH"),
-                   help="a sample_batch conversion cell (repeatable; default 8 64, 8 1024, 8 4096)")
-    p.add_argument("--conversion-repeats", type=int, help="timed sample_batch calls per cell (default 3)")
+    p.add_argument(
+        "--big-repeats",
+        type=int,
+        help="rounds (at most --repeats) for cells whose call takes > 1 s (default 3)",
+    )
+    p.add_argument(
+        "--max-buffer-gb",
+        type=float,
+        default=2.5,
+        help="halve T for cells whose observation buffer exceeds this (0: never; default 2.5)",
+    )
+    p.add_argument(
+        "--min-rollout-length", type=int, default=32, help="never halve T below this (default 32)"
+    )
+    p.add_argument(
+        "--conversion",
+        type=int,
+        nargs=2,
+        action="append",
+        metavar=("AGENTS", "WIDTH"),
+        help="a sample_batch conversion cell (repeatable; default 8 64, 8 1024, 8 4096)",
+    )
+    p.add_argument(
+        "--conversion-repeats", type=int, help="timed sample_batch calls per cell (default 3)"
+    )
     p.add_argument("--no-conversion", action="store_true", help="skip the sample_batch measurement")
-    p.add_argument("--no-rollout", action="store_true", help="skip the rollout grid (conversion cells only)")
+    p.add_argument(
+        "--no-rollout", action="store_true", help="skip the rollout grid (conversion cells only)"
+    )
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--quick", action="store_true", help="tiny smoke run; prints, writes only with --out")
-    p.add_argument("--out", type=Path, help=f"where to write multiagent.json/.md (default {RESULTS_DIR})")
+    p.add_argument(
+        "--quick", action="store_true", help="tiny smoke run; prints, writes only with --out"
+    )
+    p.add_argument(
+        "--out", type=Path, help=f"where to write multiagent.json/.md (default {RESULTS_DIR})"
+    )
     args = p.parse_args(argv)
     for k, v in (QUICK if args.quick else FULL).items():
         if getattr(args, k) is None:
@@ -427,9 +591,18 @@ def main(argv: Sequence[str] | None = None) -> None:
         args.conversion = []
     if args.no_rollout:
         args.agents, args.widths = [], []
-    results = run_benchmark(args.agents, args.widths, args.rollout_length, args.repeats, args.big_repeats,
-                            args.conversion, args.conversion_repeats, max_buffer_gb=args.max_buffer_gb,
-                            min_rollout_length=args.min_rollout_length, seed=args.seed)
+    results = run_benchmark(
+        args.agents,
+        args.widths,
+        args.rollout_length,
+        args.repeats,
+        args.big_repeats,
+        args.conversion,
+        args.conversion_repeats,
+        max_buffer_gb=args.max_buffer_gb,
+        min_rollout_length=args.min_rollout_length,
+        seed=args.seed,
+    )
     print(markdown_table(results))
     out_dir = args.out or (None if args.quick else RESULTS_DIR)
     if out_dir is not None:

@@ -3,12 +3,12 @@
 A simulator-driven setup (issue 5, "Performance"): client threads run episodes against
 a CartPole-shaped env (``obs`` float32 ``(4,)``, ``Discrete(2)`` actions, episodes of
 ``--episode-len`` steps), each step one blocking ``get_action`` plus one ``log_returns``,
-then ``end_episode``. The serving side is one :class:`~jaxsampler.hostenv.sampler.HostSampler`
+then ``end_episode``. The serving side is one :class:`~jaxsampler.sampling.host.HostSampler`
 (64x64 tanh ``MLPPolicy``) in its own thread that calls ``sample_batch(params,
 num_timesteps=--sample-timesteps)`` over and over, so pending ``get_action`` calls are
 answered by one jitted, batched policy call per poll. Modes:
 
-* ``inprocess``: threads call :class:`~jaxsampler.hostenv.external.ExternalEnv` directly;
+* ``inprocess``: threads call :class:`~jaxsampler.host_envs.external.ExternalEnv` directly;
 * ``bare``: the floor of any Python-threads batching server, side by side with
   ``inprocess``: the same client threads call :class:`BareEnv` (ExternalEnv's four
   methods, same signatures, doing the bare minimum: one lock + condition, a list of
@@ -18,11 +18,11 @@ answered by one jitted, batched policy call per poll. Modes:
   the same zero-padded buckets and calls the same jitted policy function as HostSampler
   (same policy, params and buckets, compiled before timing). What is left is thread
   wake-ups and the GIL, so in-process / bare shows how close jaxsampler gets to the floor;
-* ``http``: a :class:`~jaxsampler.hostenv.server.PolicyServer` on loopback, clients are
+* ``http``: a :class:`~jaxsampler.serving.server.PolicyServer` on loopback, clients are
   threads of other processes (dealt over ``--client-procs`` processes, default 4, as
   simulators usually run in their own processes; one process of 64 threads is itself
   GIL-bound), each with its own remote-mode
-  :class:`~jaxsampler.hostenv.server.PolicyClient` (one keep-alive connection);
+  :class:`~jaxsampler.serving.server.PolicyClient` (one keep-alive connection);
 * ``http-inproc``: the same, but the client threads run in the server's process (they
   share its GIL: the difference to ``http`` is what the GIL costs).
 
@@ -76,16 +76,31 @@ from jaxsampler.bench import environment_info, git_state, log, write_results
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 HIDDEN = (64, 64)
 MODES = ("inprocess", "bare", "http", "http-inproc")
-LABELS = {"inprocess": "in-process (ExternalEnv)",
-          "bare": "bare floor (lock + list + the same jitted policy)",
-          "http": "HTTP, clients in other processes", "http-inproc": "HTTP, clients in the server process"}
-FULL = {"clients": [1, 8, 64], "rounds": 3, "warmup": 0.5, "duration": 1.5, "episode_len": 50,
-        "sample_timesteps": 4096, "modes": list(MODES)}
-QUICK = {"clients": [1, 8, 64], "rounds": 1, "warmup": 0.2, "duration": 0.3, "episode_len": 50,
-         "sample_timesteps": 256, "modes": list(MODES)}
+LABELS = {
+    "inprocess": "in-process (ExternalEnv)",
+    "bare": "bare floor (lock + list + the same jitted policy)",
+    "http": "HTTP, clients in other processes",
+    "http-inproc": "HTTP, clients in the server process",
+}
+FULL = {
+    "clients": [1, 8, 64],
+    "rounds": 3,
+    "warmup": 0.5,
+    "duration": 1.5,
+    "episode_len": 50,
+    "sample_timesteps": 4096,
+    "modes": list(MODES),
+}
+QUICK = {
+    "clients": [1, 8, 64],
+    "rounds": 1,
+    "warmup": 0.2,
+    "duration": 0.3,
+    "episode_len": 50,
+    "sample_timesteps": 256,
+    "modes": list(MODES),
+}
 JOIN_TIMEOUT_S = 15.0
-
-
 
 
 # --------------------------------------------------------------------------- clients
@@ -98,8 +113,14 @@ def client_observations(client: int, episode_len: int, seed: int) -> np.ndarray:
     return np.clip(rng.standard_normal((episode_len + 1, 4)) * scale, -2.0, 2.0).astype(np.float32)
 
 
-def _client_thread(factory: Callable[[], Any], obs: np.ndarray, stop: threading.Event, rec: list,
-                   errors: list, cpu: list) -> None:
+def _client_thread(
+    factory: Callable[[], Any],
+    obs: np.ndarray,
+    stop: threading.Event,
+    rec: list,
+    errors: list,
+    cpu: list,
+) -> None:
     """Episode loop of one simulator: ``start_episode``, then per step ``get_action`` (timed)
     and ``log_returns``; ``end_episode`` at the end (truncated when stopped mid-episode).
     Appends ``(t_returned, latency_s)`` of every ``get_action`` to ``rec`` and the thread's
@@ -121,7 +142,7 @@ def _client_thread(factory: Callable[[], Any], obs: np.ndarray, stop: threading.
                 client.log_returns(eid, 1.0)
                 t += 1
             client.end_episode(eid, obs[t], truncated=t < episode_len)
-    except Exception as e:  # noqa: BLE001 -- reported with the phase
+    except Exception as e:
         errors.append(f"{type(e).__name__}: {e}")
     finally:
         close = getattr(client, "close", None)
@@ -130,9 +151,16 @@ def _client_thread(factory: Callable[[], Any], obs: np.ndarray, stop: threading.
         cpu.append(time.thread_time() - cpu0)
 
 
-def run_phase(factory: Callable[[], Any], num_clients: int, warmup_s: float, duration_s: float,
-              episode_len: int, seed: int, mark: Callable[[str], None] | None = None,
-              first_client: int = 0) -> dict[str, Any]:
+def run_phase(
+    factory: Callable[[], Any],
+    num_clients: int,
+    warmup_s: float,
+    duration_s: float,
+    episode_len: int,
+    seed: int,
+    mark: Callable[[str], None] | None = None,
+    first_client: int = 0,
+) -> dict[str, Any]:
     """Runs ``num_clients`` client threads for ``warmup_s + duration_s`` and measures the window.
 
     ``mark("start")`` / ``mark("end")`` are called at the window's edges (server-side
@@ -143,10 +171,22 @@ def run_phase(factory: Callable[[], Any], num_clients: int, warmup_s: float, dur
     recs: list[list] = [[] for _ in range(num_clients)]
     errors: list[str] = []
     cpu: list[float] = []
-    threads = [threading.Thread(target=_client_thread, name=f"client-{i}", daemon=True,
-                                args=(factory, client_observations(first_client + i, episode_len, seed), stop,
-                                      recs[i], errors, cpu))
-               for i in range(num_clients)]
+    threads = [
+        threading.Thread(
+            target=_client_thread,
+            name=f"client-{i}",
+            daemon=True,
+            args=(
+                factory,
+                client_observations(first_client + i, episode_len, seed),
+                stop,
+                recs[i],
+                errors,
+                cpu,
+            ),
+        )
+        for i in range(num_clients)
+    ]
     for th in threads:
         th.start()
     time.sleep(warmup_s)
@@ -165,15 +205,24 @@ def run_phase(factory: Callable[[], Any], num_clients: int, warmup_s: float, dur
     per_client = [sum(1 for td, _ in r if t0 <= td < t1) for r in recs]
     lat = [lat for r in recs for td, lat in r if t0 <= td < t1]
     wall = t1 - t0
-    return {"clients": num_clients, "window_s": wall, "actions": len(lat), "actions_per_s": len(lat) / wall,
-            "per_client_actions": per_client, "latencies_s": lat, "cpu_cores": (c1 - c0) / wall,
-            "client_cpu_us_per_action": 1e6 * sum(cpu) / max(1, sum(len(r) for r in recs)),
-            "errors": errors[:5], "num_errors": len(errors), "hung_threads": hung}
+    return {
+        "clients": num_clients,
+        "window_s": wall,
+        "actions": len(lat),
+        "actions_per_s": len(lat) / wall,
+        "per_client_actions": per_client,
+        "latencies_s": lat,
+        "cpu_cores": (c1 - c0) / wall,
+        "client_cpu_us_per_action": 1e6 * sum(cpu) / max(1, sum(len(r) for r in recs)),
+        "errors": errors[:5],
+        "num_errors": len(errors),
+        "hung_threads": hung,
+    }
 
 
 def _worker(address: str) -> None:
     """``--client-worker``: runs phases of PolicyClient threads on command (JSON lines on stdin)."""
-    from jaxsampler.hostenv.client import PolicyClient
+    from jaxsampler.serving.client import PolicyClient
 
     def say(msg: dict) -> None:
         sys.stdout.write(json.dumps(msg) + "\n")
@@ -184,9 +233,16 @@ def _worker(address: str) -> None:
         cmd = json.loads(line)
         if cmd.get("quit"):
             break
-        res = run_phase(lambda: PolicyClient(address), cmd["clients"], cmd["warmup_s"], cmd["duration_s"],
-                        cmd["episode_len"], cmd["seed"], mark=lambda what: say({"event": what}),
-                        first_client=cmd.get("first_client", 0))
+        res = run_phase(
+            lambda: PolicyClient(address),
+            cmd["clients"],
+            cmd["warmup_s"],
+            cmd["duration_s"],
+            cmd["episode_len"],
+            cmd["seed"],
+            mark=lambda what: say({"event": what}),
+            first_client=cmd.get("first_client", 0),
+        )
         say({"event": "result", "result": res})
 
 
@@ -198,7 +254,7 @@ class _Stopped(Exception):
 
 
 def _make_instrumented_env() -> type:
-    from jaxsampler.hostenv.base import HostEnv
+    from jaxsampler.host_envs.base import HostEnv
 
     class InstrumentedEnv(HostEnv):
         """Delegates to ``inner``; counts polls, rows, sends and the time spent in each.
@@ -246,8 +302,21 @@ def _buckets(max_batch: int) -> list[int]:
     return buckets + [max_batch]
 
 
-STAT_KEYS = ("polls", "poll_rows", "poll_s", "sends", "actions_sent", "send_s", "policy_calls", "policy_rows_padded",
-             "policy_s", "policy_cpu_s", "sample_batch_calls", "batch_build_s", "sampler_cpu")
+STAT_KEYS = (
+    "polls",
+    "poll_rows",
+    "poll_s",
+    "sends",
+    "actions_sent",
+    "send_s",
+    "policy_calls",
+    "policy_rows_padded",
+    "policy_s",
+    "policy_cpu_s",
+    "sample_batch_calls",
+    "batch_build_s",
+    "sampler_cpu",
+)
 
 
 class ServingSide:
@@ -260,18 +329,22 @@ class ServingSide:
         sample_timesteps: ``num_timesteps`` of each ``sample_batch`` call of the loop.
     """
 
-    def __init__(self, http: bool, max_batch: int, max_wait_s: float, sample_timesteps: int, seed: int):
+    def __init__(
+        self, http: bool, max_batch: int, max_wait_s: float, sample_timesteps: int, seed: int
+    ):
         import jax
 
         import jaxsampler as js
-        from jaxsampler.hostenv.external import ExternalEnv
-        from jaxsampler.hostenv.sampler import HostSampler
+        from jaxsampler.host_envs.external import ExternalEnv
+        from jaxsampler.sampling.host import HostSampler
 
         cartpole = js.make("CartPole-v1")
-        self.env = ExternalEnv(cartpole.observation_space, cartpole.action_space, max_wait_s=max_wait_s)
+        self.env = ExternalEnv(
+            cartpole.observation_space, cartpole.action_space, max_wait_s=max_wait_s
+        )
         self.server = None
         if http:
-            from jaxsampler.hostenv.server import PolicyServer
+            from jaxsampler.serving.server import PolicyServer
 
             self.server = PolicyServer(self.env)
         self.policy = js.MLPPolicy(cartpole.observation_space, cartpole.action_space, HIDDEN)
@@ -314,6 +387,7 @@ class ServingSide:
                 stats["policy_calls"] += 1
                 stats["policy_rows_padded"] += jax.tree.leaves(obs)[0].shape[0]
                 return out
+
             return call
 
         for pid, fn in fns.items():
@@ -335,17 +409,20 @@ class ServingSide:
                 s["sample_batch_calls"] += 1
         except _Stopped:
             pass
-        except Exception as e:  # noqa: BLE001 -- reported in the results
+        except Exception as e:
             self.error = f"{type(e).__name__}: {e}"
             log(f"sampler thread failed: {self.error}")
 
     def snapshot(self) -> dict[str, float]:
-        return {k: self.stats[k] for k in STAT_KEYS} | {"t": time.perf_counter(), "cpu": time.process_time()}
+        return {k: self.stats[k] for k in STAT_KEYS} | {
+            "t": time.perf_counter(),
+            "cpu": time.process_time(),
+        }
 
     def client_factory(self) -> Callable[[], Any]:
         if self.server is None:
             return lambda: self.env
-        from jaxsampler.hostenv.client import PolicyClient
+        from jaxsampler.serving.client import PolicyClient
 
         address = self.server.address
         return lambda: PolicyClient(address)
@@ -444,7 +521,7 @@ class BareSide:
     gate with its row's action. Instrumented like :class:`ServingSide` (same stat keys, the
     policy call timed blocked until ready), so the tables compare like with like.
 
-    ``sampler`` is a :class:`~jaxsampler.hostenv.sampler.HostSampler` over an unused
+    ``sampler`` is a :class:`~jaxsampler.sampling.host.HostSampler` over an unused
     ``ExternalEnv``, built only for its jitted policy function and ``batch_sizes``.
     """
 
@@ -452,24 +529,32 @@ class BareSide:
         import jax
 
         import jaxsampler as js
-        from jaxsampler.host.batch import DEFAULT_POLICY_ID
-        from jaxsampler.hostenv.external import ExternalEnv
-        from jaxsampler.hostenv.sampler import HostSampler
+        from jaxsampler.constants import DEFAULT_POLICY_ID
+        from jaxsampler.host_envs.external import ExternalEnv
+        from jaxsampler.sampling.host import HostSampler
 
         cartpole = js.make("CartPole-v1")
         self.policy = js.MLPPolicy(cartpole.observation_space, cartpole.action_space, HIDDEN)
         self.params = self.policy.init(jax.random.PRNGKey(seed))
-        self.sampler = HostSampler(ExternalEnv(cartpole.observation_space, cartpole.action_space), self.policy,
-                                   seed=seed, batch_sizes=_buckets(max_batch))
+        self.sampler = HostSampler(
+            ExternalEnv(cartpole.observation_space, cartpole.action_space),
+            self.policy,
+            seed=seed,
+            batch_sizes=_buckets(max_batch),
+        )
         self.fn = self.sampler.policy_fns[DEFAULT_POLICY_ID]
         self.state = jax.device_get(self.policy.initial_state((1, 1)))
-        self.key = jax.random.fold_in(jax.random.PRNGKey(seed), 0)  # HostSampler's key of its first policy
+        self.key = jax.random.fold_in(
+            jax.random.PRNGKey(seed), 0
+        )  # HostSampler's key of its first policy
         self.env = BareEnv()
         self.max_wait_s = max_wait_s
         self.stats: dict[str, float] = dict.fromkeys(STAT_KEYS, 0.0)
         t0 = time.perf_counter()
         for b in self.sampler.batch_sizes:
-            jax.block_until_ready(self.fn(self.params, np.zeros((b, 1, 4), np.float32), self.key, self.state))
+            jax.block_until_ready(
+                self.fn(self.params, np.zeros((b, 1, 4), np.float32), self.key, self.state)
+            )
         self.compile_s = time.perf_counter() - t0
         self.cache_size = self.fn._cache_size() if hasattr(self.fn, "_cache_size") else None
         self.error: str | None = None
@@ -486,7 +571,7 @@ class BareSide:
     def _loop(self) -> None:
         try:
             self._serve()
-        except Exception as e:  # noqa: BLE001 -- reported in the results
+        except Exception as e:
             self.error = f"{type(e).__name__}: {e}"
             log(f"bare server thread failed: {self.error}")
 
@@ -494,7 +579,13 @@ class BareSide:
         import jax
 
         s, env, clock = self.stats, self.env, time.perf_counter
-        fn, params, state, key, top = self.fn, self.params, self.state, self.key, self.sampler.batch_sizes[-1]
+        fn, params, state, key, top = (
+            self.fn,
+            self.params,
+            self.state,
+            self.key,
+            self.sampler.batch_sizes[-1],
+        )
         while True:
             t = clock()
             batch = env.take(self.max_wait_s)
@@ -506,7 +597,7 @@ class BareSide:
             s["polls"] += 1
             s["poll_rows"] += len(batch)
             for lo in range(0, len(batch), top):
-                rows = batch[lo: lo + top]
+                rows = batch[lo : lo + top]
                 n = len(rows)
                 obs = np.zeros((self._bucket(n), 1, 4), np.float32)
                 obs[:n, 0] = np.stack([o for o, _ in rows])
@@ -517,7 +608,9 @@ class BareSide:
                 s["policy_calls"] += 1
                 s["policy_rows_padded"] += len(obs)
                 action, extras, new_state, key = out
-                action, extras, new_state = jax.device_get((action, extras, new_state))  # one transfer
+                action, extras, new_state = jax.device_get(
+                    (action, extras, new_state)
+                )  # one transfer
                 t = clock()
                 for i, (_, slot) in enumerate(rows):
                     slot[1] = action[i, 0]
@@ -527,7 +620,10 @@ class BareSide:
                 s["actions_sent"] += n
 
     def snapshot(self) -> dict[str, float]:
-        return {k: self.stats[k] for k in STAT_KEYS} | {"t": time.perf_counter(), "cpu": time.process_time()}
+        return {k: self.stats[k] for k in STAT_KEYS} | {
+            "t": time.perf_counter(),
+            "cpu": time.process_time(),
+        }
 
     def client_factory(self) -> Callable[[], Any]:
         return lambda: self.env
@@ -550,14 +646,25 @@ def server_window(a: dict[str, float], b: dict[str, float]) -> dict[str, Any]:
     return {
         "policy_calls_per_s": calls / wall,
         "mean_batch": d["actions_sent"] / calls if calls else None,
-        "mean_padded_batch": d["policy_rows_padded"] / d["policy_calls"] if d["policy_calls"] else None,
+        "mean_padded_batch": d["policy_rows_padded"] / d["policy_calls"]
+        if d["policy_calls"]
+        else None,
         "mean_poll_rows": d["poll_rows"] / d["polls"] if d["polls"] else None,
-        "share_poll": d["poll_s"] / wall, "share_policy": d["policy_s"] / wall, "share_send": d["send_s"] / wall,
-        "share_rest": rest / wall, "share_batch_build": d["batch_build_s"] / wall,
-        "policy_us_per_call": 1e6 * d["policy_s"] / d["policy_calls"] if d["policy_calls"] else None,
-        "policy_cpu_us_per_call": 1e6 * d["policy_cpu_s"] / d["policy_calls"] if d["policy_calls"] else None,
+        "share_poll": d["poll_s"] / wall,
+        "share_policy": d["policy_s"] / wall,
+        "share_send": d["send_s"] / wall,
+        "share_rest": rest / wall,
+        "share_batch_build": d["batch_build_s"] / wall,
+        "policy_us_per_call": 1e6 * d["policy_s"] / d["policy_calls"]
+        if d["policy_calls"]
+        else None,
+        "policy_cpu_us_per_call": 1e6 * d["policy_cpu_s"] / d["policy_calls"]
+        if d["policy_calls"]
+        else None,
         "sampler_cpu_share": d["sampler_cpu"] / wall,
-        "sampler_cpu_us_per_action": 1e6 * d["sampler_cpu"] / d["actions_sent"] if d["actions_sent"] else None,
+        "sampler_cpu_us_per_action": 1e6 * d["sampler_cpu"] / d["actions_sent"]
+        if d["actions_sent"]
+        else None,
         "process_cpu_cores": (b["cpu"] - a["cpu"]) / wall,
         "counts": d,
     }
@@ -570,8 +677,14 @@ class _Worker:
     """The client process of the ``http`` mode (this script with ``--client-worker``)."""
 
     def __init__(self, address: str):
-        cmd = [sys.executable, str(Path(__file__).resolve()), "--client-worker", address,
-               "--switch-interval-ms", str(sys.getswitchinterval() * 1e3)]
+        cmd = [
+            sys.executable,
+            str(Path(__file__).resolve()),
+            "--client-worker",
+            address,
+            "--switch-interval-ms",
+            str(sys.getswitchinterval() * 1e3),
+        ]
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         self._expect("ready")
 
@@ -579,7 +692,9 @@ class _Worker:
         while True:
             line = self.proc.stdout.readline()
             if not line:
-                raise RuntimeError(f"client worker exited (rc {self.proc.poll()}) while waiting for {event!r}")
+                raise RuntimeError(
+                    f"client worker exited (rc {self.proc.poll()}) while waiting for {event!r}"
+                )
             try:
                 msg = json.loads(line)
             except json.JSONDecodeError:
@@ -611,7 +726,7 @@ class _WorkerPool:
 
     def run_phase(self, side: ServingSide, cmd: dict) -> tuple[dict, dict, dict]:
         n = cmd["clients"]
-        used = self.workers[:min(n, len(self.workers))]
+        used = self.workers[: min(n, len(self.workers))]
         shares = [n // len(used) + (i < n % len(used)) for i in range(len(used))]
         first = 0
         for w, k in zip(used, shares):
@@ -633,16 +748,23 @@ class _WorkerPool:
 def _merge(results: list[dict]) -> dict:
     """One phase result from the workers' (their windows overlap up to the start skew)."""
     actions = sum(r["actions"] for r in results)
-    return {"clients": sum(r["clients"] for r in results),
-            "window_s": statistics.mean(r["window_s"] for r in results), "actions": actions,
-            "actions_per_s": sum(r["actions_per_s"] for r in results),
-            "per_client_actions": [c for r in results for c in r["per_client_actions"]],
-            "latencies_s": [x for r in results for x in r["latencies_s"]],
-            "cpu_cores": sum(r["cpu_cores"] for r in results),
-            "client_cpu_us_per_action": sum(r["client_cpu_us_per_action"] * r["actions"] for r in results)
-            / max(1, actions),
-            "errors": [e for r in results for e in r["errors"]][:5], "num_errors": sum(r["num_errors"] for r in results),
-            "hung_threads": sum(r["hung_threads"] for r in results), "processes": len(results)}
+    return {
+        "clients": sum(r["clients"] for r in results),
+        "window_s": statistics.mean(r["window_s"] for r in results),
+        "actions": actions,
+        "actions_per_s": sum(r["actions_per_s"] for r in results),
+        "per_client_actions": [c for r in results for c in r["per_client_actions"]],
+        "latencies_s": [x for r in results for x in r["latencies_s"]],
+        "cpu_cores": sum(r["cpu_cores"] for r in results),
+        "client_cpu_us_per_action": sum(
+            r["client_cpu_us_per_action"] * r["actions"] for r in results
+        )
+        / max(1, actions),
+        "errors": [e for r in results for e in r["errors"]][:5],
+        "num_errors": sum(r["num_errors"] for r in results),
+        "hung_threads": sum(r["hung_threads"] for r in results),
+        "processes": len(results),
+    }
 
 
 def _percentiles_ms(lat: Sequence[float]) -> tuple[float | None, float | None]:
@@ -652,26 +774,52 @@ def _percentiles_ms(lat: Sequence[float]) -> tuple[float | None, float | None]:
     return float(p50), float(p99)
 
 
-def measure_mode(mode: str, clients: Sequence[int], rounds: int, warmup_s: float, duration_s: float,
-                 episode_len: int, sample_timesteps: int, max_wait_s: float, seed: int,
-                 client_procs: int = 4) -> dict[str, Any]:
+def measure_mode(
+    mode: str,
+    clients: Sequence[int],
+    rounds: int,
+    warmup_s: float,
+    duration_s: float,
+    episode_len: int,
+    sample_timesteps: int,
+    max_wait_s: float,
+    seed: int,
+    client_procs: int = 4,
+) -> dict[str, Any]:
     """Sets up one mode, runs ``rounds`` rounds of every client count (rotating order), tears down."""
     t_setup = time.perf_counter()
-    side = (BareSide(max(clients), max_wait_s, seed) if mode == "bare"
-            else ServingSide(mode != "inprocess", max(clients), max_wait_s, sample_timesteps, seed))
+    side = (
+        BareSide(max(clients), max_wait_s, seed)
+        if mode == "bare"
+        else ServingSide(mode != "inprocess", max(clients), max_wait_s, sample_timesteps, seed)
+    )
     worker = _WorkerPool(side.server.address, client_procs) if mode == "http" else None
     setup_s = time.perf_counter() - t_setup
     raw: dict[int, list[dict]] = {n: [] for n in clients}
     lat: dict[int, list[float]] = {n: [] for n in clients}
     try:
+
         def phase(n: int, warm: float, dur: float) -> dict:
-            cmd = {"clients": n, "warmup_s": warm, "duration_s": dur, "episode_len": episode_len, "seed": seed}
+            cmd = {
+                "clients": n,
+                "warmup_s": warm,
+                "duration_s": dur,
+                "episode_len": episode_len,
+                "seed": seed,
+            }
             if worker is not None:
                 res, a, b = worker.run_phase(side, cmd)
             else:
                 snaps: dict[str, dict] = {}
-                res = run_phase(side.client_factory(), n, warm, dur, episode_len, seed,
-                                mark=lambda what: snaps.__setitem__(what, side.snapshot()))
+                res = run_phase(
+                    side.client_factory(),
+                    n,
+                    warm,
+                    dur,
+                    episode_len,
+                    seed,
+                    mark=lambda what: snaps.__setitem__(what, side.snapshot()),
+                )
                 a, b = snaps["start"], snaps["end"]
             res["server"] = server_window(a, b)
             return res
@@ -679,7 +827,7 @@ def measure_mode(mode: str, clients: Sequence[int], rounds: int, warmup_s: float
         phase(max(clients), 2 * warmup_s, duration_s / 2)  # connections, episodes, any lazy compile
         phase(min(clients), warmup_s, duration_s / 4)
         for r in range(rounds * (side.error is None)):
-            order = list(clients[r % len(clients):]) + list(clients[: r % len(clients)])
+            order = list(clients[r % len(clients) :]) + list(clients[: r % len(clients)])
             for n in order:
                 if side.error is not None:  # nobody answers get_action any more: stop measuring
                     break
@@ -688,8 +836,10 @@ def measure_mode(mode: str, clients: Sequence[int], rounds: int, warmup_s: float
                 res["p50_ms"], res["p99_ms"] = _percentiles_ms(round_lat)
                 lat[n].extend(round_lat)
                 raw[n].append(res)
-                log(f"  {mode} round {r + 1}/{rounds}: {n:3d} clients {res['actions_per_s']:9.0f} actions/s, "
-                     f"batch {res['server']['mean_batch'] or 0:5.1f}, errors {res['num_errors']}")
+                log(
+                    f"  {mode} round {r + 1}/{rounds}: {n:3d} clients {res['actions_per_s']:9.0f} actions/s, "
+                    f"batch {res['server']['mean_batch'] or 0:5.1f}, errors {res['num_errors']}"
+                )
     finally:
         if worker is not None:
             worker.close()
@@ -697,8 +847,14 @@ def measure_mode(mode: str, clients: Sequence[int], rounds: int, warmup_s: float
     return summarize_mode(mode, clients, raw, lat, side, setup_s)
 
 
-def summarize_mode(mode: str, clients: Sequence[int], raw: dict[int, list[dict]], lat: dict[int, list[float]],
-                   side: ServingSide | BareSide, setup_s: float) -> dict[str, Any]:
+def summarize_mode(
+    mode: str,
+    clients: Sequence[int],
+    raw: dict[int, list[dict]],
+    lat: dict[int, list[float]],
+    side: ServingSide | BareSide,
+    setup_s: float,
+) -> dict[str, Any]:
     cells = {}
     for n in clients:
         rs = raw[n]
@@ -712,24 +868,47 @@ def summarize_mode(mode: str, clients: Sequence[int], raw: dict[int, list[dict]]
             return statistics.median(vals) if vals else None
 
         cells[str(n)] = {
-            "clients": n, "actions_per_s": statistics.median(aps), "actions_per_s_min": min(aps),
-            "actions_per_s_max": max(aps), "per_client_actions_per_s": statistics.median(aps) / n,
-            "p50_ms": p50, "p99_ms": p99, "latency_samples": len(lat[n]),
-            "mean_batch": med("mean_batch"), "mean_padded_batch": med("mean_padded_batch"),
-            "policy_calls_per_s": med("policy_calls_per_s"), "policy_us_per_call": med("policy_us_per_call"),
-            "policy_cpu_us_per_call": med("policy_cpu_us_per_call"), "sampler_cpu_share": med("sampler_cpu_share"),
+            "clients": n,
+            "actions_per_s": statistics.median(aps),
+            "actions_per_s_min": min(aps),
+            "actions_per_s_max": max(aps),
+            "per_client_actions_per_s": statistics.median(aps) / n,
+            "p50_ms": p50,
+            "p99_ms": p99,
+            "latency_samples": len(lat[n]),
+            "mean_batch": med("mean_batch"),
+            "mean_padded_batch": med("mean_padded_batch"),
+            "policy_calls_per_s": med("policy_calls_per_s"),
+            "policy_us_per_call": med("policy_us_per_call"),
+            "policy_cpu_us_per_call": med("policy_cpu_us_per_call"),
+            "sampler_cpu_share": med("sampler_cpu_share"),
             "sampler_cpu_us_per_action": med("sampler_cpu_us_per_action"),
-            "client_cpu_us_per_action": statistics.median(r["client_cpu_us_per_action"] for r in rs),
-            "share_poll": med("share_poll"), "share_policy": med("share_policy"), "share_send": med("share_send"),
-            "share_rest": med("share_rest"), "share_batch_build": med("share_batch_build"),
+            "client_cpu_us_per_action": statistics.median(
+                r["client_cpu_us_per_action"] for r in rs
+            ),
+            "share_poll": med("share_poll"),
+            "share_policy": med("share_policy"),
+            "share_send": med("share_send"),
+            "share_rest": med("share_rest"),
+            "share_batch_build": med("share_batch_build"),
             "server_cpu_cores": med("process_cpu_cores"),
-            "server_cpu_us_per_action": statistics.median(1e6 * r["server"]["process_cpu_cores"] / r["actions_per_s"]
-                                                          for r in rs if r["actions_per_s"]) if any(aps) else None,
-            "client_process_cpu_us_per_action": statistics.median(1e6 * r["cpu_cores"] / r["actions_per_s"]
-                                                                  for r in rs if r["actions_per_s"])
-            if any(aps) and mode == "http" else None,  # other modes: one process, counted as the server's
-            "client_cpu_cores": statistics.median(r["cpu_cores"] for r in rs) if mode == "http" else None,
-            "num_errors": sum(r["num_errors"] for r in rs), "hung_threads": sum(r["hung_threads"] for r in rs),
+            "server_cpu_us_per_action": statistics.median(
+                1e6 * r["server"]["process_cpu_cores"] / r["actions_per_s"]
+                for r in rs
+                if r["actions_per_s"]
+            )
+            if any(aps)
+            else None,
+            "client_process_cpu_us_per_action": statistics.median(
+                1e6 * r["cpu_cores"] / r["actions_per_s"] for r in rs if r["actions_per_s"]
+            )
+            if any(aps) and mode == "http"
+            else None,  # other modes: one process, counted as the server's
+            "client_cpu_cores": statistics.median(r["cpu_cores"] for r in rs)
+            if mode == "http"
+            else None,
+            "num_errors": sum(r["num_errors"] for r in rs),
+            "hung_threads": sum(r["hung_threads"] for r in rs),
             "errors": [e for r in rs for e in r["errors"]][:5],
             "rounds": rs,
         }
@@ -737,13 +916,29 @@ def summarize_mode(mode: str, clients: Sequence[int], raw: dict[int, list[dict]]
     speedup = {}
     for n in clients:
         if n != base:
-            ratios = [a["actions_per_s"] / b["actions_per_s"] for a, b in zip(raw[n], raw[base]) if b["actions_per_s"]]
+            ratios = [
+                a["actions_per_s"] / b["actions_per_s"]
+                for a, b in zip(raw[n], raw[base])
+                if b["actions_per_s"]
+            ]
             if ratios:
-                speedup[str(n)] = {"median": statistics.median(ratios), "min": min(ratios), "max": max(ratios),
-                                   "vs_clients": base}
-    return {"mode": mode, "label": LABELS[mode], "setup_s": setup_s, "compile_s": side.compile_s,
-            "batch_sizes": list(side.sampler.batch_sizes), "recompiles_while_timing": side.recompiles(),
-            "sampler_error": side.error, "cells": cells, "speedup": speedup}
+                speedup[str(n)] = {
+                    "median": statistics.median(ratios),
+                    "min": min(ratios),
+                    "max": max(ratios),
+                    "vs_clients": base,
+                }
+    return {
+        "mode": mode,
+        "label": LABELS[mode],
+        "setup_s": setup_s,
+        "compile_s": side.compile_s,
+        "batch_sizes": list(side.sampler.batch_sizes),
+        "recompiles_while_timing": side.recompiles(),
+        "sampler_error": side.error,
+        "cells": cells,
+        "speedup": speedup,
+    }
 
 
 def vs_bare(modes: dict[str, Any]) -> dict[str, Any] | None:
@@ -758,36 +953,75 @@ def vs_bare(modes: dict[str, Any]) -> dict[str, Any] | None:
     for n, c in ip["cells"].items():
         b = bare["cells"].get(n)
         if b is not None and b["actions_per_s"]:
-            cells[n] = {"clients": c["clients"], "inprocess_actions_per_s": c["actions_per_s"],
-                        "bare_actions_per_s": b["actions_per_s"], "ratio": c["actions_per_s"] / b["actions_per_s"]}
-    return {"ratio": "inprocess / bare, ratio of the medians over rounds (the modes run separately)",
-            "cells": cells, "inprocess_speedup": ip["speedup"], "bare_speedup": bare["speedup"]}
+            cells[n] = {
+                "clients": c["clients"],
+                "inprocess_actions_per_s": c["actions_per_s"],
+                "bare_actions_per_s": b["actions_per_s"],
+                "ratio": c["actions_per_s"] / b["actions_per_s"],
+            }
+    return {
+        "ratio": "inprocess / bare, ratio of the medians over rounds (the modes run separately)",
+        "cells": cells,
+        "inprocess_speedup": ip["speedup"],
+        "bare_speedup": bare["speedup"],
+    }
 
 
-def run_benchmark(modes: Sequence[str], clients: Sequence[int], rounds: int, warmup_s: float, duration_s: float,
-                  episode_len: int, sample_timesteps: int, max_wait_s: float, seed: int,
-                  client_procs: int = 4) -> dict[str, Any]:
+def run_benchmark(
+    modes: Sequence[str],
+    clients: Sequence[int],
+    rounds: int,
+    warmup_s: float,
+    duration_s: float,
+    episode_len: int,
+    sample_timesteps: int,
+    max_wait_s: float,
+    seed: int,
+    client_procs: int = 4,
+) -> dict[str, Any]:
     from importlib import metadata
-
 
     started = time.perf_counter()
     clients = sorted(set(clients))
     results = {}
     for mode in modes:
-        log(f"{LABELS[mode]}: clients {clients}, {rounds} rounds x {duration_s} s (+{warmup_s} s warm-up)")
-        results[mode] = measure_mode(mode, clients, rounds, warmup_s, duration_s, episode_len, sample_timesteps,
-                                     max_wait_s, seed, client_procs)
-    left = [t.name for t in threading.enumerate() if t is not threading.main_thread() and t.is_alive()]
+        log(
+            f"{LABELS[mode]}: clients {clients}, {rounds} rounds x {duration_s} s (+{warmup_s} s warm-up)"
+        )
+        results[mode] = measure_mode(
+            mode,
+            clients,
+            rounds,
+            warmup_s,
+            duration_s,
+            episode_len,
+            sample_timesteps,
+            max_wait_s,
+            seed,
+            client_procs,
+        )
+    left = [
+        t.name for t in threading.enumerate() if t is not threading.main_thread() and t.is_alive()
+    ]
     return {
         "benchmark": "Policy serving: get_action actions/s and latency, in-process (vs a bare floor) and over HTTP",
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "command": " ".join([Path(sys.executable).name] + sys.argv),
-        "config": {"env": "CartPole-v1 spaces (obs float32 (4,), Discrete(2)); fixed per-client observations",
-                   "policy": f"MLPPolicy {HIDDEN} tanh", "modes": list(modes), "clients": clients, "rounds": rounds,
-                   "warmup_s": warmup_s, "duration_s": duration_s, "episode_len": episode_len,
-                   "sample_timesteps": sample_timesteps, "max_wait_s": max_wait_s, "seed": seed,
-                   "http_client_processes": client_procs,
-                   "switch_interval_s": sys.getswitchinterval()},
+        "config": {
+            "env": "CartPole-v1 spaces (obs float32 (4,), Discrete(2)); fixed per-client observations",
+            "policy": f"MLPPolicy {HIDDEN} tanh",
+            "modes": list(modes),
+            "clients": clients,
+            "rounds": rounds,
+            "warmup_s": warmup_s,
+            "duration_s": duration_s,
+            "episode_len": episode_len,
+            "sample_timesteps": sample_timesteps,
+            "max_wait_s": max_wait_s,
+            "seed": seed,
+            "http_client_processes": client_procs,
+            "switch_interval_s": sys.getswitchinterval(),
+        },
         "environment": {**environment_info(), "msgpack": metadata.version("msgpack")},
         "git": git_state(include_untracked=True),
         "modes": results,
@@ -813,107 +1047,162 @@ def markdown_vs_bare(vb: dict[str, Any] | None) -> str:
     if not vb or not vb["cells"]:
         return ""
     md = "\n### In-process vs the bare floor\n\n"
-    md += ("The bare floor is the most any Python-threads server with this policy gets on this machine (thread "
-           "wake-ups and the GIL bound it, not jaxsampler), so the 10x target is judged against it. In-process / "
-           "bare is the ratio of the two medians over rounds (the modes run one after the other, so there is no "
-           "within-round ratio); speedups as above.\n\n")
-    md += ("| clients | in-process actions/s | bare floor actions/s | in-process / bare | speedup in-process | "
-           "speedup bare floor |\n|---:|---:|---:|---:|---:|---:|\n")
+    md += (
+        "The bare floor is the most any Python-threads server with this policy gets on this machine (thread "
+        "wake-ups and the GIL bound it, not jaxsampler), so the 10x target is judged against it. In-process / "
+        "bare is the ratio of the two medians over rounds (the modes run one after the other, so there is no "
+        "within-round ratio); speedups as above.\n\n"
+    )
+    md += (
+        "| clients | in-process actions/s | bare floor actions/s | in-process / bare | speedup in-process | "
+        "speedup bare floor |\n|---:|---:|---:|---:|---:|---:|\n"
+    )
     for n, c in vb["cells"].items():
         sp = [vb[k].get(n) for k in ("inprocess_speedup", "bare_speedup")]
-        md += (f"| {c['clients']} | {_rate(c['inprocess_actions_per_s'])} | {_rate(c['bare_actions_per_s'])} | "
-               f"**{c['ratio']:.0%}** | " + " | ".join(f"{s['median']:.1f}x" if s else "—" for s in sp) + " |\n")
+        md += (
+            f"| {c['clients']} | {_rate(c['inprocess_actions_per_s'])} | {_rate(c['bare_actions_per_s'])} | "
+            f"**{c['ratio']:.0%}** | "
+            + " | ".join(f"{s['median']:.1f}x" if s else "—" for s in sp)
+            + " |\n"
+        )
     return md
 
 
 def markdown_table(results: dict[str, Any]) -> str:
     cfg, env = results["config"], results["environment"]
     md = "# Policy serving: `get_action` throughput and latency\n\n"
-    md += (f"{results['date']} · `{results['command']}` · jax {env['jax']} ({env['backend']}, {env['device_count']} "
-           f"device(s)) · {env['cpu_count']} CPUs · Python {env['python']} (switch interval "
-           f"{cfg['switch_interval_s'] * 1e3:g} ms) · {cfg['policy']} · episodes of {cfg['episode_len']} steps · "
-           f"`sample_batch(num_timesteps={cfg['sample_timesteps']})` loop · max_wait_s={cfg['max_wait_s']} · "
-           f"{cfg['rounds']} rounds x {cfg['duration_s']} s per cell (+{cfg['warmup_s']} s warm-up) · "
-           f"wall {results['wall_s']:.0f} s\n\n")
+    md += (
+        f"{results['date']} · `{results['command']}` · jax {env['jax']} ({env['backend']}, {env['device_count']} "
+        f"device(s)) · {env['cpu_count']} CPUs · Python {env['python']} (switch interval "
+        f"{cfg['switch_interval_s'] * 1e3:g} ms) · {cfg['policy']} · episodes of {cfg['episode_len']} steps · "
+        f"`sample_batch(num_timesteps={cfg['sample_timesteps']})` loop · max_wait_s={cfg['max_wait_s']} · "
+        f"{cfg['rounds']} rounds x {cfg['duration_s']} s per cell (+{cfg['warmup_s']} s warm-up) · "
+        f"wall {results['wall_s']:.0f} s\n\n"
+    )
     md += "## Throughput and latency\n\n"
-    md += ("Total actions/s: median over rounds [min–max]; latency of `get_action` in the client, all rounds "
-           "pooled; batch = actions per jitted policy call (padded size in brackets); CPU = process CPU time per "
-           "wall second (server process / client processes, summed).\n\n")
-    md += ("| mode | clients | total actions/s | per client | p50 ms | p99 ms | batch | policy calls/s | "
-           "CPU cores |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+    md += (
+        "Total actions/s: median over rounds [min–max]; latency of `get_action` in the client, all rounds "
+        "pooled; batch = actions per jitted policy call (padded size in brackets); CPU = process CPU time per "
+        "wall second (server process / client processes, summed).\n\n"
+    )
+    md += (
+        "| mode | clients | total actions/s | per client | p50 ms | p99 ms | batch | policy calls/s | "
+        "CPU cores |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|\n"
+    )
     for mode, m in results["modes"].items():
         for c in m["cells"].values():
             cpu = _f(c["server_cpu_cores"], ".2f")
             if mode == "http":
                 cpu += f" / {c['client_cpu_cores']:.2f}"
-            md += (f"| {m['label']} | {c['clients']} | **{_rate(c['actions_per_s'])}** "
-                   f"[{_rate(c['actions_per_s_min'])}–{_rate(c['actions_per_s_max'])}] | "
-                   f"{_rate(c['per_client_actions_per_s'])} | {_f(c['p50_ms'], '.2f')} | {_f(c['p99_ms'], '.2f')} | "
-                   f"{_f(c['mean_batch'], '.1f')} ({_f(c['mean_padded_batch'], '.0f')}) | "
-                   f"{_f(c['policy_calls_per_s'])} | {cpu} |\n")
+            md += (
+                f"| {m['label']} | {c['clients']} | **{_rate(c['actions_per_s'])}** "
+                f"[{_rate(c['actions_per_s_min'])}–{_rate(c['actions_per_s_max'])}] | "
+                f"{_rate(c['per_client_actions_per_s'])} | {_f(c['p50_ms'], '.2f')} | {_f(c['p99_ms'], '.2f')} | "
+                f"{_f(c['mean_batch'], '.1f')} ({_f(c['mean_padded_batch'], '.0f')}) | "
+                f"{_f(c['policy_calls_per_s'])} | {cpu} |\n"
+            )
     md += "\n## Speedup in total actions/s over 1 client (issue target: 64 clients ≥ 10x one client)\n\n"
     counts = [n for n in cfg["clients"] if n != min(cfg["clients"])]
-    md += "| mode | " + " | ".join(f"{n} clients" for n in counts) + " |\n|---|" + "---:|" * len(counts) + "\n"
+    md += (
+        "| mode | "
+        + " | ".join(f"{n} clients" for n in counts)
+        + " |\n|---|"
+        + "---:|" * len(counts)
+        + "\n"
+    )
     for m in results["modes"].values():
         cells = []
         for n in counts:
             s = m["speedup"].get(str(n))
             cells.append(f"**{s['median']:.1f}x** [{s['min']:.1f}–{s['max']:.1f}]" if s else "—")
         md += f"| {m['label']} | " + " | ".join(cells) + " |\n"
-    md += ("\nMedian over rounds of the within-round ratio [min–max]; the client counts of a round run back to back "
-           "against the same sampler.\n")
+    md += (
+        "\nMedian over rounds of the within-round ratio [min–max]; the client counts of a round run back to back "
+        "against the same sampler.\n"
+    )
     md += markdown_vs_bare(results.get("vs_bare"))
     md += "\n## Where the time goes (timed window, median over rounds)\n\n"
-    md += ("Sampler thread, share of wall time: poll = blocked in `poll()` (waiting for requests, incl. the "
-           "`max_wait_s` batching wait); policy = the jitted call until its result is ready; send = "
-           "`send_actions` (wakes the callers); rest = HostSampler's Python work (validation, collector, per-row "
-           "split of actions and extras, batch building at the end of each `sample_batch`: 'build' is the part "
-           "after a call's last poll); for the bare floor, poll = waiting for requests, send = writing the "
-           "actions and releasing the callers' gates, rest = stacking and padding the observations and `device_get`. "
-           "Wall time the thread spends outside `poll` beyond its CPU time is mostly waiting for the GIL. CPU µs "
-           "per action: sampler thread (`time.thread_time`), client threads, and the whole process (server "
-           "process + client processes for the HTTP mode with clients in other processes).\n\n")
-    md += ("| mode | clients | poll | policy | send | rest | (build) | sampler CPU | policy µs/call wall (CPU) | "
-           "sampler CPU µs/action | client CPU µs/action | process CPU µs/action |\n"
-           "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+    md += (
+        "Sampler thread, share of wall time: poll = blocked in `poll()` (waiting for requests, incl. the "
+        "`max_wait_s` batching wait); policy = the jitted call until its result is ready; send = "
+        "`send_actions` (wakes the callers); rest = HostSampler's Python work (validation, collector, per-row "
+        "split of actions and extras, batch building at the end of each `sample_batch`: 'build' is the part "
+        "after a call's last poll); for the bare floor, poll = waiting for requests, send = writing the "
+        "actions and releasing the callers' gates, rest = stacking and padding the observations and `device_get`. "
+        "Wall time the thread spends outside `poll` beyond its CPU time is mostly waiting for the GIL. CPU µs "
+        "per action: sampler thread (`time.thread_time`), client threads, and the whole process (server "
+        "process + client processes for the HTTP mode with clients in other processes).\n\n"
+    )
+    md += (
+        "| mode | clients | poll | policy | send | rest | (build) | sampler CPU | policy µs/call wall (CPU) | "
+        "sampler CPU µs/action | client CPU µs/action | process CPU µs/action |\n"
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n"
+    )
     for m in results["modes"].values():
         for c in m["cells"].values():
-            md += (f"| {m['label']} | {c['clients']} | {_f(c['share_poll'], '.0%')} | {_f(c['share_policy'], '.0%')} | "
-                   f"{_f(c['share_send'], '.0%')} | {_f(c['share_rest'], '.0%')} | {_f(c['share_batch_build'], '.0%')} | "
-                   f"{_f(c['sampler_cpu_share'], '.0%')} | {_f(c['policy_us_per_call'])} "
-                   f"({_f(c['policy_cpu_us_per_call'])}) | {_f(c['sampler_cpu_us_per_action'])} | "
-                   f"{_f(c['client_cpu_us_per_action'])} | {_f(c['server_cpu_us_per_action'])}"
-                   + (f" + {_f(c['client_process_cpu_us_per_action'])}" if m["mode"] == "http" else "") + " |\n")
+            md += (
+                f"| {m['label']} | {c['clients']} | {_f(c['share_poll'], '.0%')} | {_f(c['share_policy'], '.0%')} | "
+                f"{_f(c['share_send'], '.0%')} | {_f(c['share_rest'], '.0%')} | {_f(c['share_batch_build'], '.0%')} | "
+                f"{_f(c['sampler_cpu_share'], '.0%')} | {_f(c['policy_us_per_call'])} "
+                f"({_f(c['policy_cpu_us_per_call'])}) | {_f(c['sampler_cpu_us_per_action'])} | "
+                f"{_f(c['client_cpu_us_per_action'])} | {_f(c['server_cpu_us_per_action'])}"
+                + (f" + {_f(c['client_process_cpu_us_per_action'])}" if m["mode"] == "http" else "")
+                + " |\n"
+            )
     md += "\n## Setup\n\n| mode | setup s (incl. compile) | compile s (all buckets) | buckets | recompiles while timing | errors |\n"
     md += "|---|---:|---:|---|---:|---|\n"
     for m in results["modes"].values():
         errs = sum(c["num_errors"] + c["hung_threads"] for c in m["cells"].values())
         note = m["sampler_error"] or (f"{errs} client errors / hung threads" if errs else "none")
-        md += (f"| {m['label']} | {m['setup_s']:.1f} | {_f(m['compile_s'], '.2f')} | {m['batch_sizes']} | "
-               f"{'—' if m['recompiles_while_timing'] is None else m['recompiles_while_timing']} | {note} |\n")
+        md += (
+            f"| {m['label']} | {m['setup_s']:.1f} | {_f(m['compile_s'], '.2f')} | {m['batch_sizes']} | "
+            f"{'—' if m['recompiles_while_timing'] is None else m['recompiles_while_timing']} | {note} |\n"
+        )
     if results["threads_left_after_run"]:
         md += f"\nThreads still alive after the run: {results['threads_left_after_run']}\n"
     return md
 
 
-
 def main(argv: Sequence[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--modes", nargs="+", choices=MODES, help=f"default: {' '.join(MODES)}")
-    p.add_argument("--clients", type=int, nargs="+", help="concurrent client counts (default 1 8 64)")
-    p.add_argument("--rounds", type=int, help="rounds per mode; each runs every client count once (default 3)")
+    p.add_argument(
+        "--clients", type=int, nargs="+", help="concurrent client counts (default 1 8 64)"
+    )
+    p.add_argument(
+        "--rounds", type=int, help="rounds per mode; each runs every client count once (default 3)"
+    )
     p.add_argument("--duration", type=float, help="timed seconds per cell and round (default 1.5)")
-    p.add_argument("--warmup", type=float, help="untimed seconds before each timed window (default 0.5)")
+    p.add_argument(
+        "--warmup", type=float, help="untimed seconds before each timed window (default 0.5)"
+    )
     p.add_argument("--episode-len", type=int, help="steps per client episode (default 50)")
-    p.add_argument("--sample-timesteps", type=int, help="num_timesteps of each sample_batch call (default 4096)")
-    p.add_argument("--max-wait-ms", type=float, default=2.0, help="ExternalEnv batching wait (default 2 ms)")
-    p.add_argument("--switch-interval-ms", type=float,
-                   help="sys.setswitchinterval for the server and client processes (default: Python's, 5 ms)")
-    p.add_argument("--client-procs", type=int, default=4,
-                   help="http mode: client processes the clients are dealt over (default 4)")
+    p.add_argument(
+        "--sample-timesteps",
+        type=int,
+        help="num_timesteps of each sample_batch call (default 4096)",
+    )
+    p.add_argument(
+        "--max-wait-ms", type=float, default=2.0, help="ExternalEnv batching wait (default 2 ms)"
+    )
+    p.add_argument(
+        "--switch-interval-ms",
+        type=float,
+        help="sys.setswitchinterval for the server and client processes (default: Python's, 5 ms)",
+    )
+    p.add_argument(
+        "--client-procs",
+        type=int,
+        default=4,
+        help="http mode: client processes the clients are dealt over (default 4)",
+    )
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--quick", action="store_true", help="tiny smoke run; prints, writes only with --out")
-    p.add_argument("--out", type=Path, help=f"where to write serving.json/.md (default {RESULTS_DIR})")
+    p.add_argument(
+        "--quick", action="store_true", help="tiny smoke run; prints, writes only with --out"
+    )
+    p.add_argument(
+        "--out", type=Path, help=f"where to write serving.json/.md (default {RESULTS_DIR})"
+    )
     p.add_argument("--client-worker", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.switch_interval_ms is not None:
@@ -924,8 +1213,18 @@ def main(argv: Sequence[str] | None = None) -> None:
     for k, v in (QUICK if args.quick else FULL).items():
         if getattr(args, k) is None:
             setattr(args, k, v)
-    results = run_benchmark(args.modes, args.clients, args.rounds, args.warmup, args.duration, args.episode_len,
-                            args.sample_timesteps, args.max_wait_ms / 1e3, args.seed, args.client_procs)
+    results = run_benchmark(
+        args.modes,
+        args.clients,
+        args.rounds,
+        args.warmup,
+        args.duration,
+        args.episode_len,
+        args.sample_timesteps,
+        args.max_wait_ms / 1e3,
+        args.seed,
+        args.client_procs,
+    )
     print(markdown_table(results))
     out_dir = args.out or (None if args.quick else RESULTS_DIR)
     if out_dir is not None:

@@ -63,7 +63,13 @@ from jaxsampler.bench import environment_info, log, measure_rollout, time_calls,
 
 ENV_ID = "CartPole-v1"
 DEFAULT_WIDTHS = (1, 8, 64, 256, 1024, 4096, 16384)
-QUICK = {"widths": [1, 8], "rollout_length": 8, "repeats": 1, "host_max_width": 8, "host_target_s": 0.05}
+QUICK = {
+    "widths": [1, 8],
+    "rollout_length": 8,
+    "repeats": 1,
+    "host_max_width": 8,
+    "host_target_s": 0.05,
+}
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 LABELS = {
     "jaxsampler": "jaxsampler (measure_rollout)",
@@ -76,7 +82,6 @@ LABELS = {
 }
 JAX_IMPLS = ("jaxsampler", "handwritten", "forward_only")
 HOST_IMPLS = ("sync_vector_env", "make_vec", "envpool")
-
 
 
 # --------------------------------------------------------------------------- the policy
@@ -108,13 +113,19 @@ def policy_params(seed: int = 0) -> Any:
     env = js.make(ENV_ID)
     policy = js.MLPPolicy(env.observation_space, env.action_space, (64, 64))
     params = policy.init(jax.random.PRNGKey(seed))
-    hand = HandActorCritic(env.action_space.n).init(jax.random.PRNGKey(seed), jnp.zeros((1, 4), jnp.float32))
+    hand = HandActorCritic(env.action_space.n).init(
+        jax.random.PRNGKey(seed), jnp.zeros((1, 4), jnp.float32)
+    )
     if jax.tree.structure(hand) != jax.tree.structure(params):
-        raise AssertionError("HandActorCritic and jaxsampler's ActorCriticMLP have different layouts")
+        raise AssertionError(
+            "HandActorCritic and jaxsampler's ActorCriticMLP have different layouts"
+        )
     return params
 
 
-def sample_jax(params: Any, obs: jax.Array, key: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+def sample_jax(
+    params: Any, obs: jax.Array, key: jax.Array
+) -> tuple[jax.Array, jax.Array, jax.Array]:
     """``(action int32[E], logp float32[E], value float32[E])`` for ``obs float32[E, 4]``."""
     logits, value = HandActorCritic(2).apply(params, obs)
     action = jax.random.categorical(key, logits)
@@ -127,7 +138,10 @@ class NumpyActorCritic:
 
     def __init__(self, params: Any, seed: int = 0):
         p = jax.device_get(params["params"])
-        self.w = {k: (np.asarray(v["kernel"], np.float32), np.asarray(v["bias"], np.float32)) for k, v in p.items()}
+        self.w = {
+            k: (np.asarray(v["kernel"], np.float32), np.asarray(v["bias"], np.float32))
+            for k, v in p.items()
+        }
         self.rng = np.random.default_rng(seed)
 
     def _mlp(self, x: np.ndarray, prefix: str) -> np.ndarray:
@@ -170,7 +184,9 @@ class HandTransition:
     value: jax.Array
 
 
-def make_handwritten(num_envs: int, rollout_length: int, seed: int = 0) -> tuple[Callable, HandCarry]:
+def make_handwritten(
+    num_envs: int, rollout_length: int, seed: int = 0
+) -> tuple[Callable, HandCarry]:
     """PureJaxRL-style sampler: returns ``(jitted run(params, carry), initial carry)``.
 
     ``run`` scans ``T`` steps of ``vmap(gymnax step)`` + MLP and returns the new carry and
@@ -185,15 +201,19 @@ def make_handwritten(num_envs: int, rollout_length: int, seed: int = 0) -> tuple
             key, k_act, k_step = jax.random.split(c.key, 3)
             action, logp, value = sample_jax(params, c.obs, k_act)
             step_keys = jax.random.split(k_step, num_envs)
-            obs, env_state, reward, terminated, truncated, _ = jax.vmap(env.step, in_axes=(0, 0, 0, None))(
-                step_keys, c.env_state, action, env_params
+            obs, env_state, reward, terminated, truncated, _ = jax.vmap(
+                env.step, in_axes=(0, 0, 0, None)
+            )(step_keys, c.env_state, action, env_params)
+            return HandCarry(env_state, obs, key), HandTransition(
+                c.obs, action, reward, terminated, truncated, logp, value
             )
-            return HandCarry(env_state, obs, key), HandTransition(c.obs, action, reward, terminated, truncated, logp, value)
 
         return jax.lax.scan(step, carry, None, rollout_length)
 
     key, reset_key = jax.random.split(jax.random.PRNGKey(seed))
-    obs, env_state = jax.vmap(env.reset, in_axes=(0, None))(jax.random.split(reset_key, num_envs), env_params)
+    obs, env_state = jax.vmap(env.reset, in_axes=(0, None))(
+        jax.random.split(reset_key, num_envs), env_params
+    )
     return jax.jit(run), HandCarry(env_state, obs, key)
 
 
@@ -254,7 +274,9 @@ class HostLoop:
     episode end only resets (its action is ignored), so it is a step but not an action.
     """
 
-    def __init__(self, vec_env: Any, act: Callable, num_envs: int, buffer_len: int, seed: int | None):
+    def __init__(
+        self, vec_env: Any, act: Callable, num_envs: int, buffer_len: int, seed: int | None
+    ):
         self.env, self.act, self.W = vec_env, act, num_envs
         with warnings.catch_warnings():  # EnvPool's Box bounds are float64; Gymnasium warns
             warnings.filterwarnings("ignore", message=".*precision lowered", category=UserWarning)
@@ -308,11 +330,14 @@ def envpool_status() -> str | None:
     return None
 
 
-def make_host_loop(kind: str, num_envs: int, params: Any, buffer_len: int, seed: int) -> tuple[HostLoop, float | None]:
+def make_host_loop(
+    kind: str, num_envs: int, params: Any, buffer_len: int, seed: int
+) -> tuple[HostLoop, float | None]:
     """Builds a host loop; returns it and the policy compile time (``make_vec`` only)."""
     vec_env = _host_env(kind, num_envs, seed)
     compile_s = None
     if kind == "make_vec":
+
         def sample(p: Any, obs: jax.Array, key: jax.Array) -> tuple[jax.Array, ...]:
             key, k = jax.random.split(key)
             return (*sample_jax(p, obs, k), key)
@@ -338,7 +363,10 @@ def make_host_loop(kind: str, num_envs: int, params: Any, buffer_len: int, seed:
 
 
 def _summary(
-    times: Sequence[float], round_s: Sequence[float], steps_per_call: int, acting_fraction: float = 1.0
+    times: Sequence[float],
+    round_s: Sequence[float],
+    steps_per_call: int,
+    acting_fraction: float = 1.0,
 ) -> dict[str, Any]:
     """Throughput from all timed calls; ``round_*`` lists keep each round's own figure."""
     med = statistics.median(times)
@@ -421,12 +449,19 @@ def measure_width(
     js_times = [t for res in js_rounds for t in _steady_times(res)]
     out = {
         "jaxsampler": {
-            **_summary(js_times, [statistics.median(_steady_times(res)) for res in js_rounds], W * T,
-                       statistics.median(res["acting_fraction"] for res in js_rounds)),
+            **_summary(
+                js_times,
+                [statistics.median(_steady_times(res)) for res in js_rounds],
+                W * T,
+                statistics.median(res["acting_fraction"] for res in js_rounds),
+            ),
             "compile_s": statistics.median(_compile_total(res) for res in js_rounds),
             "compile_s_reported": [res["compile_s"] for res in js_rounds],
             "first_timed_call_s": [res["times_s"][0] for res in js_rounds],
-            "rounds": [{k: res[k] for k in ("median_s", "env_steps_per_s", "actions_per_s")} for res in js_rounds],
+            "rounds": [
+                {k: res[k] for k in ("median_s", "env_steps_per_s", "actions_per_s")}
+                for res in js_rounds
+            ],
         },
         "handwritten": {**_summary(hand.times, hand.round_s, W * T), "compile_s": hand.compile_s},
         "forward_only": {**_summary(fwd.times, fwd.round_s, W * T), "compile_s": fwd.compile_s},
@@ -457,20 +492,38 @@ def _supports_num_devices() -> bool:
     return "num_devices" in inspect.signature(measure_rollout).parameters
 
 
-def measure_multi_device(widths: Sequence[int], rollout_length: int, repeats: int, devices: int = 2) -> dict[str, Any]:
+def measure_multi_device(
+    widths: Sequence[int], rollout_length: int, repeats: int, devices: int = 2
+) -> dict[str, Any]:
     """jaxsampler on ``devices`` forced CPU devices, in a subprocess (XLA_FLAGS must be set
     before jax is imported). Interleaves ``num_devices=1`` and ``=devices`` there."""
     if not _supports_num_devices():
         return {"status": "skipped: jaxsampler.bench.measure_rollout has no num_devices parameter"}
     env = dict(os.environ)
-    env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count={devices}").strip()
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--devices-worker", str(devices),
-           "--rollout-length", str(rollout_length), "--repeats", str(repeats), "--widths", *map(str, widths)]
+    env["XLA_FLAGS"] = (
+        env.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count={devices}"
+    ).strip()
+    cmd = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--devices-worker",
+        str(devices),
+        "--rollout-length",
+        str(rollout_length),
+        "--repeats",
+        str(repeats),
+        "--widths",
+        *map(str, widths),
+    ]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1800)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT_JSON:")]
     if proc.returncode != 0 or not lines:
         return {"status": f"failed (rc={proc.returncode}): {proc.stderr.strip()[-2000:]}"}
-    return {"status": "ok", "XLA_FLAGS": env["XLA_FLAGS"], **json.loads(lines[-1][len("RESULT_JSON:"):])}
+    return {
+        "status": "ok",
+        "XLA_FLAGS": env["XLA_FLAGS"],
+        **json.loads(lines[-1][len("RESULT_JSON:") :]),
+    }
 
 
 def _devices_worker(widths: Sequence[int], rollout_length: int, repeats: int, devices: int) -> None:
@@ -482,20 +535,31 @@ def _devices_worker(widths: Sequence[int], rollout_length: int, repeats: int, de
         rounds: dict[int, list[dict[str, Any]]] = {1: [], devices: []}
         inner = 3
         for r in range(repeats):
-            for n in ((1, devices) if r % 2 == 0 else (devices, 1)):
+            for n in (1, devices) if r % 2 == 0 else (devices, 1):
                 # One extra call: see _steady_times.
-                rounds[n].append(measure_rollout(ENV_ID, w, rollout_length, repeats=inner + 1, num_devices=n))
-            inner = max(1, min(50, math.ceil(0.3 / statistics.median(_steady_times(rounds[1][-1])))))
+                rounds[n].append(
+                    measure_rollout(ENV_ID, w, rollout_length, repeats=inner + 1, num_devices=n)
+                )
+            inner = max(
+                1, min(50, math.ceil(0.3 / statistics.median(_steady_times(rounds[1][-1]))))
+            )
         row = {}
         for n, res in rounds.items():
             row[f"{n}dev"] = {
-                **_summary([t for x in res for t in _steady_times(x)],
-                           [statistics.median(_steady_times(x)) for x in res], w * rollout_length,
-                           statistics.median(x["acting_fraction"] for x in res)),
+                **_summary(
+                    [t for x in res for t in _steady_times(x)],
+                    [statistics.median(_steady_times(x)) for x in res],
+                    w * rollout_length,
+                    statistics.median(x["acting_fraction"] for x in res),
+                ),
                 "compile_s": statistics.median(_compile_total(x) for x in res),
             }
         by_width[str(w)] = row
-    out = {"device_count": jax.device_count(), "devices": [str(d) for d in jax.devices()], "by_width": by_width}
+    out = {
+        "device_count": jax.device_count(),
+        "devices": [str(d) for d in jax.devices()],
+        "by_width": by_width,
+    }
     print("RESULT_JSON:" + json.dumps(out), flush=True)
 
 
@@ -529,21 +593,37 @@ def run_benchmark(
         reps = big_repeats if (big_repeats and w >= big_width) else repeats
         hw = host if w <= host_max_width else []
         if progress:
-            progress(f"[{i + 1}/{len(widths)}] width {w}: {reps} rounds of {', '.join(list(JAX_IMPLS) + hw)}")
-        by_width[str(w)] = measure_width(w, rollout_length, reps, params, host=hw, host_target_s=host_target_s, seed=seed)
+            progress(
+                f"[{i + 1}/{len(widths)}] width {w}: {reps} rounds of {', '.join(list(JAX_IMPLS) + hw)}"
+            )
+        by_width[str(w)] = measure_width(
+            w, rollout_length, reps, params, host=hw, host_target_s=host_target_s, seed=seed
+        )
     if progress and multi_device:
-        progress("jaxsampler on 2 CPU devices (subprocess) ..." if _supports_num_devices() else
-                 "skipping 2-device column: measure_rollout has no num_devices parameter")
-    multi = (measure_multi_device(widths, rollout_length, min(repeats, multi_device_repeats)) if multi_device
-             else {"status": "skipped: disabled"})
+        progress(
+            "jaxsampler on 2 CPU devices (subprocess) ..."
+            if _supports_num_devices()
+            else "skipping 2-device column: measure_rollout has no num_devices parameter"
+        )
+    multi = (
+        measure_multi_device(widths, rollout_length, min(repeats, multi_device_repeats))
+        if multi_device
+        else {"status": "skipped: disabled"}
+    )
     return {
         "benchmark": "CartPole-v1 sampling throughput, 64x64 tanh actor-critic MLP",
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "command": " ".join([Path(sys.executable).name] + sys.argv),
         "config": {
-            "env_id": ENV_ID, "widths": list(widths), "rollout_length": rollout_length, "repeats": repeats,
-            "big_width": big_width, "big_repeats": big_repeats or repeats, "host_max_width": host_max_width,
-            "host_target_s": host_target_s, "seed": seed,
+            "env_id": ENV_ID,
+            "widths": list(widths),
+            "rollout_length": rollout_length,
+            "repeats": repeats,
+            "big_width": big_width,
+            "big_repeats": big_repeats or repeats,
+            "host_max_width": host_max_width,
+            "host_target_s": host_target_s,
+            "seed": seed,
             "multi_device_repeats": min(repeats, multi_device_repeats) if multi_device else 0,
             "OPENBLAS_NUM_THREADS": os.environ.get("OPENBLAS_NUM_THREADS"),
         },
@@ -575,10 +655,14 @@ def paired_ratio(a: dict[str, Any], b: dict[str, Any], key: str = "actions_per_s
     Both ran in every round, one after the other, so noise that hits a whole round
     cancels out; the median then discards rounds where it hit only one of them.
     """
-    return statistics.median(x / y for x, y in zip(a[f"round_{key}"], b[f"round_{key}"], strict=True))
+    return statistics.median(
+        x / y for x, y in zip(a[f"round_{key}"], b[f"round_{key}"], strict=True)
+    )
 
 
-def ratios(by_width: dict[str, Any], multi: dict[str, Any] | None = None) -> dict[str, dict[str, float]]:
+def ratios(
+    by_width: dict[str, Any], multi: dict[str, Any] | None = None
+) -> dict[str, dict[str, float]]:
     """Side-by-side ratios per width (:func:`paired_ratio` over the rounds).
 
     ``jaxsampler/<x>``: actions/s over actions/s. ``rollout/forward_only``: jaxsampler env
@@ -589,7 +673,9 @@ def ratios(by_width: dict[str, Any], multi: dict[str, Any] | None = None) -> dic
     for w, row in by_width.items():
         for other in ("handwritten", "sync_vector_env", "make_vec", "envpool"):
             if other in row:
-                out.setdefault(f"jaxsampler/{other}", {})[w] = paired_ratio(row["jaxsampler"], row[other])
+                out.setdefault(f"jaxsampler/{other}", {})[w] = paired_ratio(
+                    row["jaxsampler"], row[other]
+                )
         out.setdefault("rollout/forward_only", {})[w] = paired_ratio(
             row["jaxsampler"], row["forward_only"], "env_steps_per_s"
         )
@@ -615,7 +701,9 @@ def _note(text: str, limit: int = 160) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
-def series(results: dict[str, Any], key: str = "actions_per_s") -> dict[str, tuple[list[int], list[float]]]:
+def series(
+    results: dict[str, Any], key: str = "actions_per_s"
+) -> dict[str, tuple[list[int], list[float]]]:
     """``{implementation: (widths, values)}`` for plotting; skips widths not measured."""
     out: dict[str, tuple[list[int], list[float]]] = {}
     for w, row in results["by_width"].items():
@@ -635,7 +723,9 @@ def series(results: dict[str, Any], key: str = "actions_per_s") -> dict[str, tup
 def markdown_table(results: dict[str, Any]) -> str:
     """The results as Markdown: throughput, ratios and compile times per width."""
     widths = [str(w) for w in results["config"]["widths"]]
-    head = "| | " + " | ".join(f"W={w}" for w in widths) + " |\n|---|" + "---:|" * len(widths) + "\n"
+    head = (
+        "| | " + " | ".join(f"W={w}" for w in widths) + " |\n|---|" + "---:|" * len(widths) + "\n"
+    )
 
     def row(label: str, cells: list[str]) -> str:
         return f"| {label} | " + " | ".join(cells) + " |\n"
@@ -645,7 +735,9 @@ def markdown_table(results: dict[str, Any]) -> str:
         for name in ("jaxsampler", "handwritten", "forward_only", *HOST_IMPLS):
             recs = [results["by_width"][w].get(name) for w in widths]
             if name == "envpool" and results["envpool_status"] != "ok":
-                s += row(LABELS[name], [_note(results["envpool_status"])] + [""] * (len(widths) - 1))
+                s += row(
+                    LABELS[name], [_note(results["envpool_status"])] + [""] * (len(widths) - 1)
+                )
                 continue
             s += row(LABELS[name], [_si(r[key]) if r else "—" for r in recs])
         multi = results["jaxsampler_2dev"]
@@ -661,22 +753,44 @@ def markdown_table(results: dict[str, Any]) -> str:
 
     cfg = results["config"]
     md = f"# {results['benchmark']}\n\n"
-    md += (f"{results['date']} · `{results['command']}` · T={cfg['rollout_length']} · "
-           f"{cfg['repeats']} rounds (widths ≥ {cfg['big_width']}: {cfg['big_repeats']}; "
-           f"2-device subprocess: {cfg['multi_device_repeats']}) · "
-           f"OPENBLAS_NUM_THREADS={cfg['OPENBLAS_NUM_THREADS']} · "
-           f"{results['environment']['cpu_count']} CPUs, jax {results['environment']['jax']} "
-           f"({results['environment']['backend']}) · total {results['wall_s']:.0f} s\n\n")
+    md += (
+        f"{results['date']} · `{results['command']}` · T={cfg['rollout_length']} · "
+        f"{cfg['repeats']} rounds (widths ≥ {cfg['big_width']}: {cfg['big_repeats']}; "
+        f"2-device subprocess: {cfg['multi_device_repeats']}) · "
+        f"OPENBLAS_NUM_THREADS={cfg['OPENBLAS_NUM_THREADS']} · "
+        f"{results['environment']['cpu_count']} CPUs, jax {results['environment']['jax']} "
+        f"({results['environment']['backend']}) · total {results['wall_s']:.0f} s\n\n"
+    )
     md += "## Actions per second (median)\n\n" + head + impl_rows("actions_per_s")
     rat = results["ratios"]
-    for name, label in (("handwritten", "jaxsampler / hand-written"), ("sync_vector_env", "jaxsampler / SyncVectorEnv"),
-                        ("make_vec", "jaxsampler / make_vec"), ("envpool", "jaxsampler / EnvPool")):
+    for name, label in (
+        ("handwritten", "jaxsampler / hand-written"),
+        ("sync_vector_env", "jaxsampler / SyncVectorEnv"),
+        ("make_vec", "jaxsampler / make_vec"),
+        ("envpool", "jaxsampler / EnvPool"),
+    ):
         if f"jaxsampler/{name}" in rat:
-            md += row(f"**{label}**", [f"{rat[f'jaxsampler/{name}'][w]:.2f}" if w in rat[f"jaxsampler/{name}"] else "—" for w in widths])
-    md += row("**rollout / forward-only** (env steps/s)", [f"{rat['rollout/forward_only'][w]:.2f}" for w in widths])
+            md += row(
+                f"**{label}**",
+                [
+                    f"{rat[f'jaxsampler/{name}'][w]:.2f}" if w in rat[f"jaxsampler/{name}"] else "—"
+                    for w in widths
+                ],
+            )
+    md += row(
+        "**rollout / forward-only** (env steps/s)",
+        [f"{rat['rollout/forward_only'][w]:.2f}" for w in widths],
+    )
     if "2dev/1dev" in rat:
-        md += row("**2 devices / 1 device** (subprocess)", [f"{rat['2dev/1dev'][w]:.2f}" if w in rat["2dev/1dev"] else "—" for w in widths])
-    md += "\n## Env steps per second (median; reset steps included)\n\n" + head + impl_rows("env_steps_per_s")
+        md += row(
+            "**2 devices / 1 device** (subprocess)",
+            [f"{rat['2dev/1dev'][w]:.2f}" if w in rat["2dev/1dev"] else "—" for w in widths],
+        )
+    md += (
+        "\n## Env steps per second (median; reset steps included)\n\n"
+        + head
+        + impl_rows("env_steps_per_s")
+    )
     md += "\n## Compile time, seconds (first call: trace + compile + one run)\n\n" + head
     for name in ("jaxsampler", "handwritten", "forward_only", "make_vec"):
         recs = [results["by_width"][w].get(name) for w in widths]
@@ -687,35 +801,71 @@ def markdown_table(results: dict[str, Any]) -> str:
         recs = [results["by_width"][w].get(name) for w in widths]
         if any(recs):
             md += row(LABELS[name], [str(r["steps_per_run"]) if r else "—" for r in recs])
-    md += ("\nNotes: jaxsampler auto-resets on the next step, so its actions/s exclude reset steps "
-           "(acting fraction ≈ "
-           f"{statistics.median(results['by_width'][w]['jaxsampler']['acting_fraction'] for w in widths):.3f}); "
-           "the host loops (Gymnasium, EnvPool) also reset on the next step and are counted the same way; "
-           "gymnax resets within the step, so every hand-written step is an action. Ratios compare runs "
-           "interleaved round by round in one process: each is the median over rounds of the within-round ratio. Host loops run at widths ≤ "
-           f"{cfg['host_max_width']} only (—).\n")
+    md += (
+        "\nNotes: jaxsampler auto-resets on the next step, so its actions/s exclude reset steps "
+        "(acting fraction ≈ "
+        f"{statistics.median(results['by_width'][w]['jaxsampler']['acting_fraction'] for w in widths):.3f}); "
+        "the host loops (Gymnasium, EnvPool) also reset on the next step and are counted the same way; "
+        "gymnax resets within the step, so every hand-written step is an action. Ratios compare runs "
+        "interleaved round by round in one process: each is the median over rounds of the within-round ratio. Host loops run at widths ≤ "
+        f"{cfg['host_max_width']} only (—).\n"
+    )
     return md
-
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--widths", type=int, nargs="+", help=f"env counts (default {' '.join(map(str, DEFAULT_WIDTHS))})")
+    p.add_argument(
+        "--widths",
+        type=int,
+        nargs="+",
+        help=f"env counts (default {' '.join(map(str, DEFAULT_WIDTHS))})",
+    )
     p.add_argument("--rollout-length", type=int, help="T, steps per rollout call (default 128)")
     p.add_argument("--repeats", type=int, help="rounds per width; figures are medians (default 5)")
     p.add_argument("--big-width", type=int, default=4096, help="widths >= this use --big-repeats")
-    p.add_argument("--big-repeats", type=int, help="rounds for widths >= --big-width (default --repeats)")
-    p.add_argument("--host-max-width", type=int, help="largest width for the host-loop baselines (default 1024)")
-    p.add_argument("--host-target-s", type=float, help="seconds per timed host-loop run (default 1.5)")
-    p.add_argument("--no-multi-device", action="store_true", help="skip the 2-CPU-device subprocess")
-    p.add_argument("--multi-device-repeats", type=int, default=5, help="max rounds in the 2-device subprocess (default 5)")
+    p.add_argument(
+        "--big-repeats", type=int, help="rounds for widths >= --big-width (default --repeats)"
+    )
+    p.add_argument(
+        "--host-max-width",
+        type=int,
+        help="largest width for the host-loop baselines (default 1024)",
+    )
+    p.add_argument(
+        "--host-target-s", type=float, help="seconds per timed host-loop run (default 1.5)"
+    )
+    p.add_argument(
+        "--no-multi-device", action="store_true", help="skip the 2-CPU-device subprocess"
+    )
+    p.add_argument(
+        "--multi-device-repeats",
+        type=int,
+        default=5,
+        help="max rounds in the 2-device subprocess (default 5)",
+    )
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--quick", action="store_true", help="tiny smoke run; prints, writes only with --output-dir")
-    p.add_argument("--output-dir", type=Path, help=f"where to write throughput.json/.md (default {RESULTS_DIR})")
+    p.add_argument(
+        "--quick", action="store_true", help="tiny smoke run; prints, writes only with --output-dir"
+    )
+    p.add_argument(
+        "--output-dir",
+        type=Path,
+        help=f"where to write throughput.json/.md (default {RESULTS_DIR})",
+    )
     p.add_argument("--devices-worker", type=int, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
-    base = QUICK if args.quick else {"widths": list(DEFAULT_WIDTHS), "rollout_length": 128, "repeats": 5,
-                                     "host_max_width": 1024, "host_target_s": 1.5}
+    base = (
+        QUICK
+        if args.quick
+        else {
+            "widths": list(DEFAULT_WIDTHS),
+            "rollout_length": 128,
+            "repeats": 5,
+            "host_max_width": 1024,
+            "host_target_s": 1.5,
+        }
+    )
     for k, v in base.items():
         if getattr(args, k) is None:
             setattr(args, k, v)
@@ -723,9 +873,16 @@ def main(argv: Sequence[str] | None = None) -> None:
         _devices_worker(args.widths, args.rollout_length, args.repeats, args.devices_worker)
         return
     results = run_benchmark(
-        args.widths, args.rollout_length, args.repeats, host_max_width=args.host_max_width,
-        host_target_s=args.host_target_s, big_width=args.big_width, big_repeats=args.big_repeats,
-        multi_device=not args.no_multi_device, multi_device_repeats=args.multi_device_repeats, seed=args.seed,
+        args.widths,
+        args.rollout_length,
+        args.repeats,
+        host_max_width=args.host_max_width,
+        host_target_s=args.host_target_s,
+        big_width=args.big_width,
+        big_repeats=args.big_repeats,
+        multi_device=not args.no_multi_device,
+        multi_device_repeats=args.multi_device_repeats,
+        seed=args.seed,
     )
     print(markdown_table(results))
     out_dir = args.output_dir or (None if args.quick else RESULTS_DIR)

@@ -63,8 +63,17 @@ class PPOConfig:
 DEFAULTS = {
     "CartPole-v1": PPOConfig(),
     "Pendulum-v1": PPOConfig(
-        env_id="Pendulum-v1", num_envs=8, rollout_length=256, total_timesteps=1_000_000, update_epochs=10,
-        num_minibatches=32, lr=1e-3, gamma=0.9, gae_lambda=0.95, ent_coef=0.0, anneal_lr=True,
+        env_id="Pendulum-v1",
+        num_envs=8,
+        rollout_length=256,
+        total_timesteps=1_000_000,
+        update_epochs=10,
+        num_minibatches=32,
+        lr=1e-3,
+        gamma=0.9,
+        gae_lambda=0.95,
+        ent_coef=0.0,
+        anneal_lr=True,
     ),
 }
 
@@ -84,9 +93,14 @@ def jaxsampler_sampler(cfg: PPOConfig, env: js.Env, policy: js.MLPPolicy):
         _, last_value, _ = policy.forward(params, state.obs)
         adv = js.compute_gae(traj, last_value, cfg.gamma, cfg.gae_lambda)
         batch = {
-            "obs": traj.obs[:-1], "actions": traj.actions, "logp": traj.extras["action_logp"],
-            "values": traj.extras["vf_preds"], "advantages": adv.advantages, "targets": adv.value_targets,
-            "mask": traj.acting, "rewards": traj.rewards,
+            "obs": traj.obs[:-1],
+            "actions": traj.actions,
+            "logp": traj.extras["action_logp"],
+            "values": traj.extras["vf_preds"],
+            "advantages": adv.advantages,
+            "targets": adv.value_targets,
+            "mask": traj.acting,
+            "rewards": traj.rewards,
             "done": traj.terminated | traj.truncated,
         }
         return state, batch
@@ -117,19 +131,36 @@ def handwritten_sampler(cfg: PPOConfig, env: js.Env, policy: js.MLPPolicy):
                 action = dist + jnp.exp(log_std) * jax.random.normal(k_act, dist.shape)
             logp = log_prob(policy.action_space, dist, log_std, action)
             obs2, st, r, term, trunc, _ = jax.vmap(genv.step, in_axes=(0, 0, 0, None))(
-                jax.random.split(k_step, E), st, action, gparams)
+                jax.random.split(k_step, E), st, action, gparams
+            )
             return (obs2, st, key), (obs, action, r, term, trunc, logp, value)
 
-        carry, (obs, actions, rewards, term, trunc, logp, values) = jax.lax.scan(body, carry, None, T)
+        carry, (obs, actions, rewards, term, trunc, logp, values) = jax.lax.scan(
+            body, carry, None, T
+        )
         _, last_value, _ = policy.forward(params, carry[0])
-        add_agent = lambda x: x[:, :, None]  # noqa: E731
-        adv = js.gae(add_agent(rewards), add_agent(values), add_agent(term), add_agent(trunc),
-                     jnp.ones((T, E, 1), bool), jnp.zeros((T, E), bool), last_value[:, None],
-                     cfg.gamma, cfg.gae_lambda)
+        add_agent = lambda x: x[:, :, None]
+        adv = js.postprocessing.gae(
+            add_agent(rewards),
+            add_agent(values),
+            add_agent(term),
+            add_agent(trunc),
+            jnp.ones((T, E, 1), bool),
+            jnp.zeros((T, E), bool),
+            last_value[:, None],
+            cfg.gamma,
+            cfg.gae_lambda,
+        )
         batch = {
-            "obs": obs[:, :, None], "actions": add_agent(actions), "logp": add_agent(logp), "values": add_agent(values),
-            "advantages": adv.advantages, "targets": adv.value_targets, "mask": jnp.ones((T, E, 1), bool),
-            "rewards": add_agent(rewards), "done": add_agent(term | trunc),
+            "obs": obs[:, :, None],
+            "actions": add_agent(actions),
+            "logp": add_agent(logp),
+            "values": add_agent(values),
+            "advantages": adv.advantages,
+            "targets": adv.value_targets,
+            "mask": jnp.ones((T, E, 1), bool),
+            "rewards": add_agent(rewards),
+            "done": add_agent(term | trunc),
         }
         return carry, batch
 
@@ -148,12 +179,14 @@ def make_loss(cfg: PPOConfig, policy: js.MLPPolicy):
         logp = log_prob(policy.action_space, dist, log_std, mb["actions"])
         w = mb["mask"].astype(jnp.float32)
         n = jnp.maximum(w.sum(), 1.0)
-        mean = lambda x: (x * w).sum() / n  # noqa: E731
+        mean = lambda x: (x * w).sum() / n
         ratio = jnp.exp(logp - mb["logp"])
         adv = mb["advantages"]
         a_mean = mean(adv)
         adv = (adv - a_mean) / (jnp.sqrt(mean((adv - a_mean) ** 2)) + 1e-8)
-        pg = -mean(jnp.minimum(ratio * adv, jnp.clip(ratio, 1 - cfg.clip_eps, 1 + cfg.clip_eps) * adv))
+        pg = -mean(
+            jnp.minimum(ratio * adv, jnp.clip(ratio, 1 - cfg.clip_eps, 1 + cfg.clip_eps) * adv)
+        )
         v_clipped = mb["values"] + jnp.clip(value - mb["values"], -cfg.clip_eps, cfg.clip_eps)
         vf = 0.5 * mean(jnp.maximum((value - mb["targets"]) ** 2, (v_clipped - mb["targets"]) ** 2))
         if log_std is None:
@@ -188,7 +221,9 @@ def make_epochs(cfg: PPOConfig, loss_fn: Any, tx: optax.GradientTransformation):
             # argsort of uniforms: a permutation that avoided an XLA CPU hang seen with
             # jax.random.permutation in vmapped training graphs.
             perm = jnp.argsort(jax.random.uniform(k, (data["mask"].shape[0],)))
-            mbs = jax.tree.map(lambda x: x[perm].reshape((cfg.num_minibatches, -1) + x.shape[1:]), data)
+            mbs = jax.tree.map(
+                lambda x: x[perm].reshape((cfg.num_minibatches, -1) + x.shape[1:]), data
+            )
 
             def minibatch(c, mb):
                 params, opt_state = c
@@ -207,20 +242,25 @@ def make_train(cfg: PPOConfig):
     """Returns ``train(key) -> metrics``: a pure function, jit/vmap it (see ``main``)."""
     env = js.make(cfg.env_id)
     policy = js.MLPPolicy(env.observation_space, env.action_space, cfg.hidden_sizes, cfg.activation)
-    init_sampler, sample = (jaxsampler_sampler if cfg.sampler == "jaxsampler" else handwritten_sampler)(cfg, env, policy)
+    init_sampler, sample = (
+        jaxsampler_sampler if cfg.sampler == "jaxsampler" else handwritten_sampler
+    )(cfg, env, policy)
     batch_size = cfg.num_envs * cfg.rollout_length
     tx = make_optimizer(cfg)
     epochs = make_epochs(cfg, make_loss(cfg, policy), tx)
 
     def episode_returns(batch, running):
         """Completed-episode returns of this rollout (sum, count), with a running total per env."""
+
         def step(run, x):
             r, done, m = x
             run = run + (r * m).sum(-1)
             d = done.any(-1)
             return jnp.where(d, 0.0, run), (jnp.where(d, run, 0.0), d)
 
-        running, (rets, dones) = jax.lax.scan(step, running, (batch["rewards"], batch["done"], batch["mask"]))
+        running, (rets, dones) = jax.lax.scan(
+            step, running, (batch["rewards"], batch["done"], batch["mask"])
+        )
         return running, rets.sum(), dones.sum()
 
     def train(key):
@@ -233,7 +273,9 @@ def make_train(cfg: PPOConfig):
             params, opt_state, sstate, running, key = carry
             sstate, batch = sample(params, sstate)
             running, ret_sum, ret_count = episode_returns(batch, running)
-            flat = jax.tree.map(lambda x: x.reshape((batch_size * x.shape[2],) + x.shape[3:]), batch)
+            flat = jax.tree.map(
+                lambda x: x.reshape((batch_size * x.shape[2],) + x.shape[3:]), batch
+            )
 
             key, k_epochs = jax.random.split(key)
             params, opt_state = epochs(params, opt_state, flat, k_epochs)
@@ -291,8 +333,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", type=Path, default=None, help="write the result as JSON here")
     args = p.parse_args(argv)
     cfg = dataclasses.replace(DEFAULTS[args.env], sampler=args.sampler)
-    for field, value in (("total_timesteps", args.total_timesteps), ("num_envs", args.num_envs),
-                         ("rollout_length", args.rollout_length)):
+    for field, value in (
+        ("total_timesteps", args.total_timesteps),
+        ("num_envs", args.num_envs),
+        ("rollout_length", args.rollout_length),
+    ):
         if value is not None:
             cfg = dataclasses.replace(cfg, **{field: value})
     res = run(cfg, args.seeds, args.seed)

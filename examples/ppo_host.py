@@ -64,11 +64,24 @@ def make_update(cfg, policy, epochs):
     @jax.jit
     def update(params, opt_state, batch, key):
         _, nv, _ = policy.forward(params, batch["new_obs"])
-        adv = batch_gae(batch["rewards"], batch["vf_preds"], nv, batch["terminateds"], batch["ends"],
-                        cfg.gamma, cfg.gae_lambda)
-        data = {"obs": batch["obs"], "actions": batch["actions"], "logp": batch["action_logp"],
-                "values": batch["vf_preds"], "advantages": adv, "targets": adv + batch["vf_preds"],
-                "mask": batch["mask"]}
+        adv = batch_gae(
+            batch["rewards"],
+            batch["vf_preds"],
+            nv,
+            batch["terminateds"],
+            batch["ends"],
+            cfg.gamma,
+            cfg.gae_lambda,
+        )
+        data = {
+            "obs": batch["obs"],
+            "actions": batch["actions"],
+            "logp": batch["action_logp"],
+            "values": batch["vf_preds"],
+            "advantages": adv,
+            "targets": adv + batch["vf_preds"],
+            "mask": batch["mask"],
+        }
         return epochs(params, opt_state, data, key)
 
     return update
@@ -82,9 +95,15 @@ def padded_batch(sb, size: int) -> dict[str, np.ndarray]:
     ids = sb["eps_id"]
     ends = np.ones(n, bool)
     ends[:-1] = ids[1:] != ids[:-1]
-    batch = {k: sb[k] for k in ("obs", "new_obs", "actions", "rewards", "terminateds", "action_logp", "vf_preds")}
+    batch = {
+        k: sb[k]
+        for k in ("obs", "new_obs", "actions", "rewards", "terminateds", "action_logp", "vf_preds")
+    }
     batch["ends"], batch["mask"] = ends, np.ones(n, bool)
-    batch = {k: np.concatenate([v, np.zeros((size - n,) + v.shape[1:], v.dtype)]) for k, v in batch.items()}
+    batch = {
+        k: np.concatenate([v, np.zeros((size - n,) + v.shape[1:], v.dtype)])
+        for k, v in batch.items()
+    }
     batch["ends"][n:] = True
     return batch
 
@@ -97,11 +116,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args(argv)
-    cfg = dataclasses.replace(ppo.DEFAULTS["CartPole-v1"], total_timesteps=args.total_timesteps,
-                              num_envs=args.num_envs, rollout_length=args.rollout_length)
+    cfg = dataclasses.replace(
+        ppo.DEFAULTS["CartPole-v1"],
+        total_timesteps=args.total_timesteps,
+        num_envs=args.num_envs,
+        rollout_length=args.rollout_length,
+    )
     env = js.make(cfg.env_id)
     policy = js.MLPPolicy(env.observation_space, env.action_space, cfg.hidden_sizes, cfg.activation)
-    sampler = js.Sampler(env, policy, num_envs=cfg.num_envs, rollout_length=cfg.rollout_length, seed=args.seed)
+    sampler = js.Sampler(
+        env, policy, num_envs=cfg.num_envs, rollout_length=cfg.rollout_length, seed=args.seed
+    )
     params = policy.init(jax.random.PRNGKey(args.seed))
     tx = ppo.make_optimizer(cfg)
     opt_state = tx.init(params)
@@ -123,13 +148,26 @@ def main(argv: list[str] | None = None) -> int:
         if sampler.metrics.num_episodes_completed:
             returns.append(sampler.metrics.episode_return_mean)
     wall = time.perf_counter() - t0
-    final = float(np.mean(returns[-max(1, len(returns) // 20):])) if returns else float("nan")
-    print(f"{cfg.env_id} [host learner, sample_batch()] {steps:,} steps in {wall:.1f} s "
-          f"({steps / wall:,.0f} env steps/s); final mean return {final:.1f}")
+    final = float(np.mean(returns[-max(1, len(returns) // 20) :])) if returns else float("nan")
+    print(
+        f"{cfg.env_id} [host learner, sample_batch()] {steps:,} steps in {wall:.1f} s "
+        f"({steps / wall:,.0f} env steps/s); final mean return {final:.1f}"
+    )
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({"env_steps": steps, "wall_s": wall, "env_steps_per_s": steps / wall,
-                                         "final_mean_return": final, "returns": returns}, indent=1) + "\n")
+        args.json.write_text(
+            json.dumps(
+                {
+                    "env_steps": steps,
+                    "wall_s": wall,
+                    "env_steps_per_s": steps / wall,
+                    "final_mean_return": final,
+                    "returns": returns,
+                },
+                indent=1,
+            )
+            + "\n"
+        )
     return 0
 
 

@@ -55,12 +55,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args(argv)
     env = js.make("Spread-v0", n=args.agents)
-    cfg = dataclasses.replace(ppo.DEFAULTS["CartPole-v1"], env_id="Spread-v0", num_envs=args.num_envs,
-                              rollout_length=args.rollout_length, total_timesteps=args.total_timesteps,
-                              lr=1e-3, ent_coef=0.01, gamma=0.95)
+    cfg = dataclasses.replace(
+        ppo.DEFAULTS["CartPole-v1"],
+        env_id="Spread-v0",
+        num_envs=args.num_envs,
+        rollout_length=args.rollout_length,
+        total_timesteps=args.total_timesteps,
+        lr=1e-3,
+        ent_coef=0.01,
+        gamma=0.95,
+    )
     mlp = js.MLPPolicy(env.observation_space, env.action_space, cfg.hidden_sizes, cfg.activation)
     policy = js.MultiAgentPolicy(env, {"even": mlp, "odd": mlp}, policy_of)
-    sampler = js.Sampler(env, policy, num_envs=cfg.num_envs, rollout_length=cfg.rollout_length, seed=args.seed)
+    sampler = js.Sampler(
+        env, policy, num_envs=cfg.num_envs, rollout_length=cfg.rollout_length, seed=args.seed
+    )
     params = policy.init(jax.random.PRNGKey(args.seed))
     tx = ppo.make_optimizer(cfg)
     opt_states = {pid: tx.init(params[pid]) for pid in policy.policy_ids}
@@ -77,7 +86,9 @@ def main(argv: list[str] | None = None) -> int:
         mab = sampler.sample_batch(params)
         for pid in policy.policy_ids:
             key, k = jax.random.split(key)
-            params[pid], opt_states[pid] = update(params[pid], opt_states[pid], ppo_host.padded_batch(mab[pid], size), k)
+            params[pid], opt_states[pid] = update(
+                params[pid], opt_states[pid], ppo_host.padded_batch(mab[pid], size), k
+            )
         steps += mab.env_steps()
         agent_steps += mab.agent_steps()
         m = sampler.metrics
@@ -85,15 +96,32 @@ def main(argv: list[str] | None = None) -> int:
             curve.append((steps, m.episode_return_mean / env.num_agents))
     wall = time.perf_counter() - t0
     k = max(1, len(curve) // 10)
-    first, last = float(np.mean([r for _, r in curve[:k]])), float(np.mean([r for _, r in curve[-k:]]))
-    print(f"Spread-v0 ({args.agents} agents, 2 policies) {steps:,} env steps / {agent_steps:,} agent steps in {wall:.1f} s "
-          f"({agent_steps / wall:,.0f} agent steps/s); mean per-agent return {first:.1f} -> {last:.1f}")
+    first, last = (
+        float(np.mean([r for _, r in curve[:k]])),
+        float(np.mean([r for _, r in curve[-k:]])),
+    )
+    print(
+        f"Spread-v0 ({args.agents} agents, 2 policies) {steps:,} env steps / {agent_steps:,} agent steps in {wall:.1f} s "
+        f"({agent_steps / wall:,.0f} agent steps/s); mean per-agent return {first:.1f} -> {last:.1f}"
+    )
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({
-            "agents": args.agents, "env_steps": steps, "agent_steps": agent_steps, "wall_s": wall, "agent_steps_per_s": agent_steps / wall,
-            "first_return_per_agent": first, "final_return_per_agent": last, "curve": curve,
-        }, indent=1) + "\n")
+        args.json.write_text(
+            json.dumps(
+                {
+                    "agents": args.agents,
+                    "env_steps": steps,
+                    "agent_steps": agent_steps,
+                    "wall_s": wall,
+                    "agent_steps_per_s": agent_steps / wall,
+                    "first_return_per_agent": first,
+                    "final_return_per_agent": last,
+                    "curve": curve,
+                },
+                indent=1,
+            )
+            + "\n"
+        )
     return 0
 
 

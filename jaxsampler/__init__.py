@@ -1,102 +1,102 @@
 """jaxsampler: RL experience sampling at accelerator speed.
 
 Pure-JAX envs vmapped over an env axis and an agent axis, a jitted ``lax.scan`` rollout
-into preallocated time-major buffers ``[T, E, A, ...]``, and host-side tooling.
+into preallocated time-major buffers ``[T, E, A, ...]``, and host-side samplers that
+return RLlib's episodes and batches.
+
+The top level holds the everyday path. The layers, bottom to top, are subpackages:
+:mod:`~jaxsampler.spaces`, :mod:`~jaxsampler.envs` (pure-JAX envs, adapters),
+:mod:`~jaxsampler.vector`, :mod:`~jaxsampler.policies`, :mod:`~jaxsampler.rollout`,
+:mod:`~jaxsampler.scale`, :mod:`~jaxsampler.postprocessing`, :mod:`~jaxsampler.episodes`
+(RLlib's data model in numpy), :mod:`~jaxsampler.host_envs` (host-stepped envs),
+:mod:`~jaxsampler.sampling` (the sampler family), :mod:`~jaxsampler.serving` (HTTP policy
+server and client) and :mod:`~jaxsampler.offline` (logs).
 """
 
-from jaxsampler import spaces
-from jaxsampler.check import EnvCheckError, EnvCheckReport, check_env
-from jaxsampler.env import DEFAULT_AGENT_ID, Env, EnvParams, SingleAgentEnv
-from jaxsampler.envs.adapters.gymnax import GymnaxEnv, from_gymnax_env as from_gymnax
-from jaxsampler.envs.adapters.jaxmarl import JaxMARLEnv, from_jaxmarl
-from jaxsampler.host import InfiniteLookbackBuffer, Sampler, SamplerMetrics, SingleAgentEpisode
-from jaxsampler.host.batch import MultiAgentBatch, SampleBatch, concat_samples
-from jaxsampler.host.multi_agent_episode import MultiAgentEnvError, MultiAgentEpisode
-from jaxsampler.hostenv import (
-    ExternalEnv,
-    ExternalMultiAgentEnv,
-    GymnasiumVectorEnv,
-    HostEnv,
-    HostSampler,
-    MultiAgentDictEnv,
-    PolicyClient,
-    PolicyServer,
-    SampleCollector,
-    read_batches,
-    read_episodes,
-    write_batches,
-    write_episodes,
+from jaxsampler import (
+    episodes,
+    host_envs,
+    offline,
+    policies,
+    postprocessing,
+    rollout,
+    sampling,
+    serving,
+    spaces,
 )
-from jaxsampler.policies import MLPPolicy, MultiAgentPolicy, NoState, Policy, RandomPolicy, RecurrentPolicy
-from jaxsampler.postprocessing import GAEOutput, compute_gae, discounted_returns, gae
+from jaxsampler.check import EnvCheckError, check_env
+from jaxsampler.constants import DEFAULT_AGENT_ID, DEFAULT_POLICY_ID
+from jaxsampler.envs.adapters.gymnax import from_gymnax
+from jaxsampler.envs.adapters.jaxmarl import from_jaxmarl
+from jaxsampler.envs.base import Env, SingleAgentEnv
+from jaxsampler.episodes import (
+    InfiniteLookbackBuffer,
+    MultiAgentBatch,
+    MultiAgentEpisode,
+    SampleBatch,
+    SingleAgentEpisode,
+    concat_samples,
+)
+from jaxsampler.host_envs import HostEnv
+from jaxsampler.policies import (
+    MLPPolicy,
+    MultiAgentPolicy,
+    NoState,
+    Policy,
+    RandomPolicy,
+    RecurrentPolicy,
+)
+from jaxsampler.postprocessing import compute_gae
 from jaxsampler.registry import make, register, registered_ids
-from jaxsampler.rollout import (
-    RolloutDebugError,
-    allocate_trajectory,
-    init_rollout_state,
-    jit_rollout,
-    make_rollout,
-)
-from jaxsampler.types import AUTORESET_MODE, NoInfo, RolloutState, TimeStep, Trajectory
+from jaxsampler.rollout import init_rollout_state, jit_rollout, make_rollout
+from jaxsampler.sampling import Sampler, SamplerMetrics
+from jaxsampler.scale import make_sharded_rollout
+from jaxsampler.types import RolloutState, TimeStep, Trajectory
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "write_episodes",
-    "write_batches",
-    "read_episodes",
-    "read_batches",
-    "SampleCollector",
-    "PolicyServer",
-    "PolicyClient",
-    "MultiAgentDictEnv",
-    "HostSampler",
-    "HostEnv",
-    "GymnasiumVectorEnv",
-    "ExternalMultiAgentEnv",
-    "ExternalEnv",
-    "AUTORESET_MODE",
     "DEFAULT_AGENT_ID",
+    "DEFAULT_POLICY_ID",
     "Env",
     "EnvCheckError",
-    "EnvCheckReport",
-    "GymnaxEnv",
-    "JaxMARLEnv",
+    "HostEnv",
     "InfiniteLookbackBuffer",
+    "MLPPolicy",
     "MultiAgentBatch",
-    "MultiAgentEnvError",
     "MultiAgentEpisode",
     "MultiAgentPolicy",
-    "EnvParams",
-    "GAEOutput",
-    "MLPPolicy",
-    "NoInfo",
     "NoState",
     "Policy",
     "RandomPolicy",
     "RecurrentPolicy",
-    "RolloutDebugError",
     "RolloutState",
     "SampleBatch",
     "Sampler",
     "SamplerMetrics",
-    "SingleAgentEpisode",
     "SingleAgentEnv",
+    "SingleAgentEpisode",
     "TimeStep",
     "Trajectory",
-    "allocate_trajectory",
     "check_env",
     "compute_gae",
     "concat_samples",
-    "discounted_returns",
+    "episodes",
     "from_gymnax",
     "from_jaxmarl",
-    "gae",
+    "host_envs",
     "init_rollout_state",
     "jit_rollout",
     "make",
     "make_rollout",
+    "make_sharded_rollout",
+    "offline",
+    "policies",
+    "postprocessing",
     "register",
     "registered_ids",
+    "rollout",
+    "sampling",
+    "serving",
     "spaces",
 ]

@@ -24,7 +24,15 @@ from jaxsampler.policies import MLPPolicy, RandomPolicy
 from jaxsampler.registry import make
 from jaxsampler.rollout import init_rollout_state, jit_rollout, make_rollout
 
-__all__ = ["environment_info", "git_state", "log", "write_results", "time_calls", "measure_rollout", "sweep"]
+__all__ = [
+    "environment_info",
+    "git_state",
+    "log",
+    "write_results",
+    "time_calls",
+    "measure_rollout",
+    "sweep",
+]
 
 
 def log(msg: str) -> None:
@@ -36,8 +44,13 @@ def git_state(include_untracked: bool = False) -> dict[str, Any]:
     """HEAD commit and the files changed in the working tree (the code that was measured)."""
 
     def git(*args: str) -> str:
-        return subprocess.run(["git", *args], cwd=Path(__file__).resolve().parent, capture_output=True,
-                              text=True, timeout=10).stdout.strip()
+        return subprocess.run(
+            ["git", *args],
+            cwd=Path(__file__).resolve().parent,
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout.strip()
 
     status = ["status", "--porcelain"] + ([] if include_untracked else ["-uno"])
     try:

@@ -39,7 +39,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxsampler import vector
-from jaxsampler.env import Env
+from jaxsampler.envs.base import Env
 from jaxsampler.spaces import Space
 from jaxsampler.types import TimeStep
 
@@ -80,16 +80,25 @@ def _describe(tree: Any) -> Any:
 def _layout_problems(ts: TimeStep, env: Env, where: str) -> list[str]:
     out = []
     A = env.num_agents
-    for name, want in (("reward", jnp.float32), ("terminated", jnp.bool_), ("truncated", jnp.bool_), ("acting", jnp.bool_)):
+    for name, want in (
+        ("reward", jnp.float32),
+        ("terminated", jnp.bool_),
+        ("truncated", jnp.bool_),
+        ("acting", jnp.bool_),
+    ):
         x = getattr(ts, name)
         if tuple(x.shape) != (A,):
-            out.append(f"{where}: TimeStep.{name} has shape {tuple(x.shape)}, expected ({A},) (one entry per agent)")
+            out.append(
+                f"{where}: TimeStep.{name} has shape {tuple(x.shape)}, expected ({A},) (one entry per agent)"
+            )
         if x.dtype != want:
             out.append(f"{where}: TimeStep.{name} has dtype {x.dtype}, expected {jnp.dtype(want)}")
     space_leaves = jax.tree.leaves(env.observation_space.zeros())
     obs_leaves = jax.tree.leaves(ts.obs)
     if len(space_leaves) != len(obs_leaves):
-        out.append(f"{where}: observation has {len(obs_leaves)} leaves, the observation space {len(space_leaves)}")
+        out.append(
+            f"{where}: observation has {len(obs_leaves)} leaves, the observation space {len(space_leaves)}"
+        )
     for s, o in zip(space_leaves, obs_leaves):
         if tuple(o.shape) != (A,) + tuple(s.shape):
             out.append(
@@ -97,7 +106,9 @@ def _layout_problems(ts: TimeStep, env: Env, where: str) -> list[str]:
                 f"(agent axis {A} + observation space shape)"
             )
         elif o.dtype != s.dtype:
-            out.append(f"{where}: observation dtype {o.dtype} differs from the observation space's {s.dtype}")
+            out.append(
+                f"{where}: observation dtype {o.dtype} differs from the observation space's {s.dtype}"
+            )
     return out
 
 
@@ -128,7 +139,9 @@ def _episode_runner(env: Env, num_envs: int, num_steps: int) -> Any:
             state, ts, alive = carry
             k_act, k_step, k_re = jax.random.split(key, 3)
             action = env.action_space.sample_batch(k_act, (num_envs, env.num_agents))
-            new_state, new_ts = vector.step(env, jax.random.split(k_step, num_envs), state, action, params)
+            new_state, new_ts = vector.step(
+                env, jax.random.split(k_step, num_envs), state, action, params
+            )
             _, fresh = vector.reset(env, jax.random.split(k_re, num_envs), params)
             done = jnp.all(new_ts.terminated | new_ts.truncated, axis=-1)
             new_state = vector.select_envs(alive, new_state, state)
@@ -142,7 +155,9 @@ def _episode_runner(env: Env, num_envs: int, num_steps: int) -> Any:
                 "truncated": new_ts.truncated,
                 "acting": new_ts.acting,
                 "done": done & alive,
-                "time": jnp.zeros((num_envs,), jnp.int32) if time is None else jnp.asarray(time, jnp.int32).reshape(num_envs),
+                "time": jnp.zeros((num_envs,), jnp.int32)
+                if time is None
+                else jnp.asarray(time, jnp.int32).reshape(num_envs),
                 "reset_obs": fresh.obs,
             }
             return (new_state, new_ts, alive & ~done), rec
@@ -150,13 +165,18 @@ def _episode_runner(env: Env, num_envs: int, num_steps: int) -> Any:
         _, rec = jax.lax.scan(
             body, (state, ts, jnp.ones((num_envs,), jnp.bool_)), jax.random.split(k_run, num_steps)
         )
-        first = {f"first_{name}": getattr(ts, name) for name in ("obs", "reward", "terminated", "truncated", "acting")}
+        first = {
+            f"first_{name}": getattr(ts, name)
+            for name in ("obs", "reward", "terminated", "truncated", "acting")
+        }
         return first, rec
 
     return jax.jit(run)
 
 
-def _run_episodes(env: Env, params: Any, key: jax.Array, num_envs: int, num_steps: int) -> dict[str, Any]:
+def _run_episodes(
+    env: Env, params: Any, key: jax.Array, num_envs: int, num_steps: int
+) -> dict[str, Any]:
     """Host copies of the run: ``first_*`` (the reset ``TimeStep``, ``[N, A, ...]``) and the
     per-step records (``[S, N, ...]``; scan index ``t`` is step ``t + 1`` of the episode)."""
     first, rec = jax.device_get(_episode_runner(env, num_envs, num_steps)(key, params))
@@ -189,7 +209,9 @@ def check_env(
     """
     report = EnvCheckReport(getattr(env, "name", type(env).__name__))
     if not isinstance(env, Env):
-        report.problems.append(f"{type(env).__name__} is not a jaxsampler Env (wrap gymnax envs with js.from_gymnax)")
+        report.problems.append(
+            f"{type(env).__name__} is not a jaxsampler Env (wrap gymnax envs with js.from_gymnax)"
+        )
         return _finish(report, raise_on_error)
     try:
         hash(env)
@@ -202,7 +224,9 @@ def check_env(
     key = jax.random.PRNGKey(seed)
     for what in ("observation_space", "action_space"):
         if not isinstance(getattr(env, what), Space):
-            report.problems.append(f"env.{what} is {type(getattr(env, what)).__name__}, not a jaxsampler Space")
+            report.problems.append(
+                f"env.{what} is {type(getattr(env, what)).__name__}, not a jaxsampler Space"
+            )
     if report.problems:
         return _finish(report, raise_on_error)
 
@@ -221,11 +245,15 @@ def check_env(
     if not _tree_equal((s0, ts0), (s0b, ts0b)):
         report.problems.append("reset is not deterministic: the same key gave different outputs")
     if not _tree_equal((s1, ts1), (s1b, ts1b)):
-        report.problems.append("step is not deterministic: the same key, state and action gave different outputs")
+        report.problems.append(
+            "step is not deterministic: the same key, state and action gave different outputs"
+        )
     report.checks_run.append("TimeStep layout")
     for ts, where in ((ts0, "reset"), (ts1, "step")):
         report.problems += _layout_problems(ts, env, where)
-    if _describe((s0, ts0)) != _describe((s1, ts1)) or jax.tree.structure((s0, ts0)) != jax.tree.structure((s1, ts1)):
+    if _describe((s0, ts0)) != _describe((s1, ts1)) or jax.tree.structure(
+        (s0, ts0)
+    ) != jax.tree.structure((s1, ts1)):
         report.problems.append(
             "reset and step return different pytrees (structure, shape or dtype of state/TimeStep/info differ); "
             "lax.scan needs them identical. reset: "
@@ -277,10 +305,16 @@ def check_env(
             report.problems.append(
                 f"time limit did not fire{f' for agent {a}' if multi else ''}: env {e} is still running after "
                 f"{steps_taken[t, e]} steps with max_steps_in_episode={short_time_limit}"
-                + (" (every agent still going at the limit must be truncated or terminated)" if multi else "")
+                + (
+                    " (every agent still going at the limit must be truncated or terminated)"
+                    if multi
+                    else ""
+                )
             )
         if trunc.any() and np.array_equal(trunc, term):
-            report.problems.append("terminated mirrors truncated exactly: the two signals look merged")
+            report.problems.append(
+                "terminated mirrors truncated exactly: the two signals look merged"
+            )
     report.problems += list(agent_problems.values())
     return _finish(report, raise_on_error)
 
@@ -373,7 +407,9 @@ def _check_run(env: Env, rec: dict[str, Any], report: EnvCheckReport, limit: Any
     report.checks_run.append("final observation is real")
     done = rec["done"]
     if not done.any():
-        report.notes.append(f"no episode ended within {alive.shape[0]} random steps: end-of-episode checks skipped")
+        report.notes.append(
+            f"no episode ended within {alive.shape[0]} random steps: end-of-episode checks skipped"
+        )
         return
     t_idx, e_idx = np.nonzero(done)
     if np.any(rec["time"][done] == 0) and np.any(rec["time"] != 0):
@@ -387,7 +423,9 @@ def _check_run(env: Env, rec: dict[str, Any], report: EnvCheckReport, limit: Any
     for f, r in zip(final, fresh):
         same &= (f.reshape(len(t_idx), -1) == r.reshape(len(t_idx), -1)).all(-1)
     if same.all() and len(same) > 1:
-        report.problems.append("every final observation equals a reset observation: the env resets itself")
+        report.problems.append(
+            "every final observation equals a reset observation: the env resets itself"
+        )
     report.checks_run.append("terminated vs truncated")
     term = np.any(rec["terminated"], -1) & alive
     trunc = np.any(rec["truncated"], -1) & alive
@@ -398,7 +436,9 @@ def _check_run(env: Env, rec: dict[str, Any], report: EnvCheckReport, limit: Any
 def _tree_equal(a: Any, b: Any) -> bool:
     la, lb = jax.tree.leaves(a), jax.tree.leaves(b)
     return jax.tree.structure(a) == jax.tree.structure(b) and all(
-        np.array_equal(np.asarray(x), np.asarray(y), equal_nan=np.issubdtype(np.asarray(x).dtype, np.inexact))
+        np.array_equal(
+            np.asarray(x), np.asarray(y), equal_nan=np.issubdtype(np.asarray(x).dtype, np.inexact)
+        )
         for x, y in zip(la, lb)
     )
 

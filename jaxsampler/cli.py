@@ -52,16 +52,33 @@ def _widths(text: str) -> list[int]:
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="jaxsampler", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="command")
-    b = sub.add_parser("bench", help="throughput of the jitted rollout across vector widths (default)")
-    b.add_argument("--env", default="CartPole-v1", help="env id (default CartPole-v1; 'gymnax:<id>' works)")
-    b.add_argument("--widths", type=_widths, default=_widths(DEFAULT_WIDTHS), help=f"comma-separated (default {DEFAULT_WIDTHS})")
-    b.add_argument("--rollout-length", type=int, default=128, help="steps per rollout call (default 128)")
-    b.add_argument("--repeats", type=int, default=5, help="timed calls per width; the median is reported")
+    b = sub.add_parser(
+        "bench", help="throughput of the jitted rollout across vector widths (default)"
+    )
+    b.add_argument(
+        "--env", default="CartPole-v1", help="env id (default CartPole-v1; 'gymnax:<id>' works)"
+    )
+    b.add_argument(
+        "--widths",
+        type=_widths,
+        default=_widths(DEFAULT_WIDTHS),
+        help=f"comma-separated (default {DEFAULT_WIDTHS})",
+    )
+    b.add_argument(
+        "--rollout-length", type=int, default=128, help="steps per rollout call (default 128)"
+    )
+    b.add_argument(
+        "--repeats", type=int, default=5, help="timed calls per width; the median is reported"
+    )
     b.add_argument("--policy", choices=["mlp", "random"], default="mlp")
     b.add_argument("--hidden", default="64,64", help="MLP hidden sizes (default 64,64)")
-    b.add_argument("--devices", default="auto", help="'auto' (one CPU device per core), or a number")
+    b.add_argument(
+        "--devices", default="auto", help="'auto' (one CPU device per core), or a number"
+    )
     b.add_argument("--seed", type=int, default=0)
-    b.add_argument("--json", metavar="PATH", help="also write the results as JSON to PATH ('-' for stdout)")
+    b.add_argument(
+        "--json", metavar="PATH", help="also write the results as JSON to PATH ('-' for stdout)"
+    )
     c = sub.add_parser("check", help="validate an env with jaxsampler.check_env")
     c.add_argument("env", help="env id")
     sub.add_parser("envs", help="list registered env ids")
@@ -99,12 +116,26 @@ def _bench(args: argparse.Namespace) -> int:
     rows = []
     for i, w in enumerate(args.widths):
         n = ndev if ndev > 1 and w % ndev == 0 else 1
-        print(f"[{i + 1}/{len(args.widths)}] width {w} on {n} device(s): compiling and timing ...", file=sys.stderr, flush=True)
-        row = bench.measure_rollout(
-            args.env, w, args.rollout_length, policy=args.policy, hidden_sizes=hidden,
-            repeats=args.repeats, seed=args.seed, num_devices=n,
+        print(
+            f"[{i + 1}/{len(args.widths)}] width {w} on {n} device(s): compiling and timing ...",
+            file=sys.stderr,
+            flush=True,
         )
-        print(f"      {row['actions_per_s']:,.0f} actions/s (compile {row['compile_s']:.2f} s)", file=sys.stderr, flush=True)
+        row = bench.measure_rollout(
+            args.env,
+            w,
+            args.rollout_length,
+            policy=args.policy,
+            hidden_sizes=hidden,
+            repeats=args.repeats,
+            seed=args.seed,
+            num_devices=n,
+        )
+        print(
+            f"      {row['actions_per_s']:,.0f} actions/s (compile {row['compile_s']:.2f} s)",
+            file=sys.stderr,
+            flush=True,
+        )
         rows.append(row)
     print(_table(rows))
     if args.json:

@@ -53,8 +53,14 @@ def _check_shapes(rewards: jax.Array, **arrays: jax.Array) -> None:
     if rewards.ndim != 3:
         raise ValueError(f"rewards must have shape [T, E, A], got {tuple(rewards.shape)}")
     T, E, A = rewards.shape
-    want = {"values": (T, E, A), "terminated": (T, E, A), "truncated": (T, E, A), "acting": (T, E, A),
-            "is_reset": (T, E), "last_value": (E, A)}
+    want = {
+        "values": (T, E, A),
+        "terminated": (T, E, A),
+        "truncated": (T, E, A),
+        "acting": (T, E, A),
+        "is_reset": (T, E),
+        "last_value": (E, A),
+    }
     for name, arr in arrays.items():
         if tuple(arr.shape) != want[name]:
             raise ValueError(
@@ -89,8 +95,15 @@ def gae(
     """
     _check_coefficient("gamma", gamma)
     _check_coefficient("lam", lam)
-    _check_shapes(rewards, values=values, terminated=terminated, truncated=truncated, acting=acting,
-                  is_reset=is_reset, last_value=last_value)
+    _check_shapes(
+        rewards,
+        values=values,
+        terminated=terminated,
+        truncated=truncated,
+        acting=acting,
+        is_reset=is_reset,
+        last_value=last_value,
+    )
     f32 = jnp.float32
     reset = jnp.broadcast_to(is_reset[..., None], rewards.shape)
 
@@ -136,13 +149,31 @@ def discounted_returns(
     :func:`gae`: 0 after a termination, the final observation's value after a truncation,
     ``last_value`` at the rollout cut. ``values`` matter only at those bootstrap points.
     ``float32[T, E, A]``, 0 where the agent did not act."""
-    return gae(rewards, values, terminated, truncated, acting, is_reset, last_value, gamma, 1.0).value_targets
+    return gae(
+        rewards, values, terminated, truncated, acting, is_reset, last_value, gamma, 1.0
+    ).value_targets
 
 
-def compute_gae(traj: Trajectory, last_value: jax.Array, gamma: float = 0.99, lam: float = 0.95,
-                value_key: str = "vf_preds") -> GAEOutput:
+def compute_gae(
+    traj: Trajectory,
+    last_value: jax.Array,
+    gamma: float = 0.99,
+    lam: float = 0.95,
+    value_key: str = "vf_preds",
+) -> GAEOutput:
     """:func:`gae` on a :class:`Trajectory` whose extras hold ``value_key``."""
     if value_key not in traj.extras:
-        raise KeyError(f"the trajectory's extras have no {value_key!r} (have {sorted(traj.extras)})")
-    return gae(traj.rewards, traj.extras[value_key], traj.terminated, traj.truncated, traj.acting,
-               traj.is_reset, last_value, gamma, lam)
+        raise KeyError(
+            f"the trajectory's extras have no {value_key!r} (have {sorted(traj.extras)})"
+        )
+    return gae(
+        traj.rewards,
+        traj.extras[value_key],
+        traj.terminated,
+        traj.truncated,
+        traj.acting,
+        traj.is_reset,
+        last_value,
+        gamma,
+        lam,
+    )

@@ -1,7 +1,10 @@
 """Env registry: a dict from id to factory, plus ``make(name, **kwargs)``.
 
 Ids of the form ``"gymnax:<gymnax id>"`` build the gymnax env of that id and wrap it
-with :class:`jaxsampler.envs.adapters.gymnax.GymnaxEnv`.
+with :class:`jaxsampler.envs.adapters.gymnax.GymnaxEnv`; ids of the form
+``"gym:<Gymnasium id>"`` build host-stepped Gymnasium envs
+(:class:`jaxsampler.host_envs.GymnasiumHostEnv`), the same ones ``js.Sampler("gym:<id>")``
+samples from. The registry sits above both env kinds, so one ``make`` names them all.
 """
 
 from __future__ import annotations
@@ -11,7 +14,8 @@ import importlib
 from collections.abc import Callable
 from typing import Any
 
-from jaxsampler.env import Env
+from jaxsampler.envs.base import Env
+from jaxsampler.host_envs import HostEnv
 
 __all__ = ["REGISTRY", "make", "register", "registered_ids"]
 
@@ -31,7 +35,9 @@ REGISTRY: dict[str, Callable[..., Env]] = {
     "CartPole-v1": _lazy("jaxsampler.envs.cartpole:CartPole"),
     "Pendulum-v1": _lazy("jaxsampler.envs.pendulum:Pendulum"),
     "MountainCar-v0": _lazy("jaxsampler.envs.mountain_car:MountainCar"),
-    "MountainCarContinuous-v0": _lazy("jaxsampler.envs.mountain_car_continuous:MountainCarContinuous"),
+    "MountainCarContinuous-v0": _lazy(
+        "jaxsampler.envs.mountain_car_continuous:MountainCarContinuous"
+    ),
     "Acrobot-v1": _lazy("jaxsampler.envs.acrobot:Acrobot"),
     # Multi-agent (agent axis A = n): cooperative particle spread, all agents act each step.
     "Spread-v0": _lazy("jaxsampler.envs.spread:Spread"),
@@ -46,8 +52,10 @@ def register(env_id: str, factory: Callable[..., Env], *, overwrite: bool = Fals
     """Adds ``env_id`` to the registry. Raises ``ValueError`` if it exists (unless ``overwrite``)."""
     if env_id in REGISTRY and not overwrite:
         raise ValueError(f"env id {env_id!r} is already registered")
-    if env_id.startswith("gymnax:"):
-        raise ValueError("ids starting with 'gymnax:' are reserved for the gymnax adapter")
+    if env_id.startswith(("gymnax:", "gym:")):
+        raise ValueError(
+            "ids starting with 'gymnax:' or 'gym:' are reserved for the gymnax and Gymnasium adapters"
+        )
     REGISTRY[env_id] = factory
 
 
@@ -56,13 +64,16 @@ def registered_ids() -> list[str]:
     return sorted(REGISTRY)
 
 
-def make(name: str, **kwargs: Any) -> Env:
+def make(name: str, **kwargs: Any) -> Env | HostEnv:
     """Builds the env registered as ``name``.
 
     Args:
-        name: a registered id (``registered_ids()``), or ``"gymnax:<id>"`` for any gymnax
-            env (``gymnax.registered_envs``).
-        **kwargs: passed to the env's constructor (for gymnax ids: to ``gymnax.make``).
+        name: a registered id (``registered_ids()``), ``"gymnax:<id>"`` for any gymnax
+            env (``gymnax.registered_envs``), or ``"gym:<id>"`` for a Gymnasium env,
+            stepped on the host.
+        **kwargs: passed to the env's constructor (for gymnax ids: to ``gymnax.make``; for
+            Gymnasium ids: ``num_envs`` (default 1) and ``seed`` go to
+            :class:`~jaxsampler.host_envs.GymnasiumHostEnv`, the rest to ``gymnasium.make``).
 
     Raises:
         ValueError: unknown id; the message lists close matches.
@@ -72,12 +83,17 @@ def make(name: str, **kwargs: Any) -> Env:
     if name.startswith("gymnax:"):
         from jaxsampler.envs.adapters.gymnax import make_gymnax
 
-        return make_gymnax(name[len("gymnax:"):], **kwargs)
+        return make_gymnax(name[len("gymnax:") :], **kwargs)
+    if name.startswith("gym:"):
+        from jaxsampler.host_envs import GymnasiumHostEnv
+
+        num_envs, seed = kwargs.pop("num_envs", 1), kwargs.pop("seed", 0)
+        return GymnasiumHostEnv(name[len("gym:") :], num_envs, seed=seed, env_kwargs=kwargs or None)
     if name not in REGISTRY:
         close = difflib.get_close_matches(name, list(REGISTRY), n=3)
         hint = f" Did you mean {', '.join(map(repr, close))}?" if close else ""
         raise ValueError(
             f"unknown env id {name!r}.{hint} Registered: {', '.join(registered_ids())}; "
-            "gymnax envs via 'gymnax:<id>'."
+            "gymnax envs via 'gymnax:<id>', Gymnasium envs via 'gym:<id>'."
         )
     return REGISTRY[name](**kwargs)

@@ -23,7 +23,7 @@ import numpy as np
 from jax.experimental import checkify
 
 from jaxsampler import vector
-from jaxsampler.env import Env
+from jaxsampler.envs.base import Env
 from jaxsampler.policies.base import Policy
 from jaxsampler.spaces import Box, Discrete, MultiDiscrete, Space, compatible
 from jaxsampler.types import RolloutState, Trajectory
@@ -60,7 +60,9 @@ def _check_sizes(num_envs: Any, rollout_length: Any | None = None) -> None:
 def check_compatible(env: Env, policy: Policy) -> None:
     """Raises ``ValueError`` naming the mismatch if ``policy`` cannot drive ``env``."""
     if not isinstance(env, Env):
-        raise TypeError(f"env must be a jaxsampler Env, got {type(env).__name__} (wrap gymnax envs with js.from_gymnax)")
+        raise TypeError(
+            f"env must be a jaxsampler Env, got {type(env).__name__} (wrap gymnax envs with js.from_gymnax)"
+        )
     policy_agents = getattr(policy, "agent_ids", None)
     if policy_agents is not None and tuple(policy_agents) != tuple(env.agent_ids):
         raise ValueError(
@@ -105,9 +107,13 @@ def check_action(space: Space, action: Any, batch_shape: tuple[int, ...]) -> Non
             isinstance(space, Box) and np.issubdtype(space.dtype, np.integer)
         ):
             if not jnp.issubdtype(got_dtype, jnp.integer):
-                raise TypeError(f"action dtype {got_dtype} is not an integer dtype, as {space!r} requires")
+                raise TypeError(
+                    f"action dtype {got_dtype} is not an integer dtype, as {space!r} requires"
+                )
         elif got_dtype != exp.dtype:
-            raise TypeError(f"action dtype {got_dtype} does not match {space!r} (expected {exp.dtype})")
+            raise TypeError(
+                f"action dtype {got_dtype} does not match {space!r} (expected {exp.dtype})"
+            )
 
 
 def _initial_policy_state(policy: Policy, num_envs: int, num_agents: int) -> Any:
@@ -165,7 +171,9 @@ def init_state_and_info(
     return state, ts.info
 
 
-def _step_outputs(env: Env, policy: Policy, params: Any, state: RolloutState) -> tuple[Any, Any, Any]:
+def _step_outputs(
+    env: Env, policy: Policy, params: Any, state: RolloutState
+) -> tuple[Any, Any, Any]:
     """Abstract (action, extras, info) of one step, via ``jax.eval_shape``."""
     num_envs = state.needs_reset.shape[0]
     key = jax.random.PRNGKey(0)
@@ -179,14 +187,18 @@ def _step_outputs(env: Env, policy: Policy, params: Any, state: RolloutState) ->
     return action, extras, ts.info
 
 
-def trajectory_spec(env: Env, policy: Policy, rollout_length: int, params: Any, state: RolloutState) -> Trajectory:
+def trajectory_spec(
+    env: Env, policy: Policy, rollout_length: int, params: Any, state: RolloutState
+) -> Trajectory:
     """Shapes and dtypes (``jax.ShapeDtypeStruct`` leaves) of the rollout's buffers."""
     action, extras, info = _step_outputs(env, policy, params, state)
     T = rollout_length
     E, A = state.acting.shape
 
     def tm(x: Any, extra: int = 0) -> Any:
-        return jax.tree.map(lambda l: jax.ShapeDtypeStruct((T + extra,) + tuple(l.shape), l.dtype), x)
+        return jax.tree.map(
+            lambda l: jax.ShapeDtypeStruct((T + extra,) + tuple(l.shape), l.dtype), x
+        )
 
     def sd(x: Any) -> Any:
         return jax.tree.map(lambda l: jax.ShapeDtypeStruct(tuple(l.shape), l.dtype), x)
@@ -208,7 +220,9 @@ def trajectory_spec(env: Env, policy: Policy, rollout_length: int, params: Any, 
     )
 
 
-def allocate_trajectory(env: Env, policy: Policy, rollout_length: int, params: Any, state: RolloutState) -> Trajectory:
+def allocate_trajectory(
+    env: Env, policy: Policy, rollout_length: int, params: Any, state: RolloutState
+) -> Trajectory:
     """Zero-filled buffers for ``rollout_length`` steps (jittable)."""
     spec = trajectory_spec(env, policy, rollout_length, params, state)
     return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), spec)
@@ -279,7 +293,9 @@ def make_rollout(
             key, k_pol, k_step, k_reset = jax.random.split(rs.key, 4)
             if shard_axis is not None:  # distinct streams per shard, same carried key
                 shard = jax.lax.axis_index(shard_axis)
-                k_pol, k_step, k_reset = (jax.random.fold_in(k, shard) for k in (k_pol, k_step, k_reset))
+                k_pol, k_step, k_reset = (
+                    jax.random.fold_in(k, shard) for k in (k_pol, k_step, k_reset)
+                )
             # Separate splits: an env whose step ignores its key lets XLA drop that work.
             step_keys, reset_keys = jax.random.split(k_step, E), jax.random.split(k_reset, E)
             pstate = rs.policy_state
@@ -376,7 +392,9 @@ def _debug_checks(env: Env, traj: Trajectory) -> None:
     obs_in = jax.vmap(jax.vmap(jax.vmap(env.observation_space.contains)))(traj.obs)
     candidates.append((f"observation outside {env.observation_space!r}", ~obs_in[:T]))
     act_in = jax.vmap(jax.vmap(jax.vmap(env.action_space.contains)))(traj.actions)
-    candidates.append((f"action outside {env.action_space!r} (acting agent)", ~act_in & traj.acting))
+    candidates.append(
+        (f"action outside {env.action_space!r} (acting agent)", ~act_in & traj.acting)
+    )
     firsts = [(name, *_first_bad(bad)) for name, bad in candidates]
     big = jnp.int32(T * E * A)
     earliest = jnp.min(jnp.stack([jnp.where(found, idx, big) for _, found, idx in firsts]))

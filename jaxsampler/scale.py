@@ -18,11 +18,18 @@ from typing import Any
 
 import jax
 import numpy as np
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
-from jaxsampler.env import Env
+from jaxsampler.envs.base import Env
 from jaxsampler.policies.base import Policy
-from jaxsampler.rollout import RolloutFn, _check_sizes, allocate_trajectory, init_rollout_state, make_rollout
+from jaxsampler.rollout import (
+    RolloutFn,
+    _check_sizes,
+    allocate_trajectory,
+    init_rollout_state,
+    make_rollout,
+)
 from jaxsampler.types import RolloutState, Trajectory
 
 __all__ = ["env_mesh", "make_sharded_rollout", "init_sharded_state", "state_sharding"]
@@ -45,8 +52,8 @@ def env_mesh(devices: Sequence[jax.Device] | int | None = None) -> Mesh:
 
 
 def _state_specs(state: RolloutState) -> RolloutState:
-    env = lambda tree: jax.tree.map(lambda _: P(AXIS), tree)  # noqa: E731
-    rep = lambda tree: jax.tree.map(lambda _: P(), tree)  # noqa: E731
+    env = lambda tree: jax.tree.map(lambda _: P(AXIS), tree)
+    rep = lambda tree: jax.tree.map(lambda _: P(), tree)
     return RolloutState(
         env_state=env(state.env_state),
         obs=env(state.obs),
@@ -62,8 +69,8 @@ def _state_specs(state: RolloutState) -> RolloutState:
 
 
 def _traj_specs(traj: Trajectory) -> Trajectory:
-    tm = lambda tree: jax.tree.map(lambda _: P(None, AXIS), tree)  # noqa: E731
-    env = lambda tree: jax.tree.map(lambda _: P(AXIS), tree)  # noqa: E731
+    tm = lambda tree: jax.tree.map(lambda _: P(None, AXIS), tree)
+    env = lambda tree: jax.tree.map(lambda _: P(AXIS), tree)
     return Trajectory(
         obs=tm(traj.obs),
         actions=tm(traj.actions),
@@ -82,8 +89,11 @@ def _traj_specs(traj: Trajectory) -> Trajectory:
 
 def state_sharding(state: RolloutState, mesh: Mesh) -> RolloutState:
     """``NamedSharding``s that split every env-axis leaf of ``state`` over ``mesh``."""
-    return jax.tree.map(lambda spec: NamedSharding(mesh, spec), _state_specs(state),
-                        is_leaf=lambda x: isinstance(x, P))
+    return jax.tree.map(
+        lambda spec: NamedSharding(mesh, spec),
+        _state_specs(state),
+        is_leaf=lambda x: isinstance(x, P),
+    )
 
 
 def init_sharded_state(
@@ -122,7 +132,11 @@ def make_sharded_rollout(
         sspec, tspec = _state_specs(state), _traj_specs(buffers)
         pspec = jax.tree.map(lambda _: P(), params)
         fn = jax.shard_map(
-            inner, mesh=mesh, in_specs=(pspec, sspec, tspec), out_specs=(sspec, tspec), check_vma=False
+            inner,
+            mesh=mesh,
+            in_specs=(pspec, sspec, tspec),
+            out_specs=(sspec, tspec),
+            check_vma=False,
         )
         return fn(params, state, buffers)
 
@@ -130,10 +144,11 @@ def make_sharded_rollout(
         traj = allocate_trajectory(env, policy, rollout_length, params, state)
         specs = _traj_specs(traj)
         return jax.tree.map(
-            lambda x, spec: jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec)), traj, specs,
+            lambda x, spec: jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec)),
+            traj,
+            specs,
             is_leaf=lambda x: isinstance(x, P),
         )
 
     rollout.allocate = allocate  # type: ignore[attr-defined]
     return rollout
-

@@ -5,7 +5,7 @@ hash equal, so they can sit in static fields of jitted code without recompiling)
 Bounds are kept as read-only numpy arrays; ``sample`` and ``contains`` turn them into
 constants while tracing.
 
-Conversions: :func:`from_gymnax`, :func:`from_gymnasium` and :meth:`Space.to_gymnasium`.
+Conversions: :func:`from_gymnax_space`, :func:`from_gymnasium_space` and :meth:`Space.to_gymnasium`.
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ __all__ = [
     "MultiDiscrete",
     "Dict",
     "Tuple",
-    "from_gymnax",
-    "from_gymnasium",
+    "from_gymnax_space",
+    "from_gymnasium_space",
     "convert_space",
 ]
 
@@ -147,7 +147,9 @@ class Box(Space):
         high = np.where(np.isfinite(self.high), self.high, 1.0).astype(self.dtype)
         # low * (1 - u) + high * u never overflows, even for bounds near the dtype's max.
         w = jax.random.uniform(key, shape, self.dtype)
-        u = jnp.clip(jnp.asarray(low) * (1 - w) + jnp.asarray(high) * w, jnp.asarray(low), jnp.asarray(high))
+        u = jnp.clip(
+            jnp.asarray(low) * (1 - w) + jnp.asarray(high) * w, jnp.asarray(low), jnp.asarray(high)
+        )
         if self.is_bounded:
             return u
         # Unbounded sides: a half-normal offset from the finite bound, or a normal if both open.
@@ -204,7 +206,9 @@ class Discrete(Space):
         return (self.n, self.start, self.dtype.str)
 
     def __repr__(self) -> str:
-        return f"Discrete({self.n})" if self.start == 0 else f"Discrete({self.n}, start={self.start})"
+        return (
+            f"Discrete({self.n})" if self.start == 0 else f"Discrete({self.n}, start={self.start})"
+        )
 
     def sample(self, key: jax.Array) -> jax.Array:
         return self.sample_batch(key, ())
@@ -342,7 +346,7 @@ class Tuple(Space):
         return gymnasium.spaces.Tuple([s.to_gymnasium() for s in self.spaces])
 
 
-def from_gymnasium(space: Any) -> Space:
+def from_gymnasium_space(space: Any) -> Space:
     """Converts a ``gymnasium.spaces`` object (Box, Discrete, MultiDiscrete, Dict, Tuple)."""
     import gymnasium.spaces as gs
 
@@ -352,16 +356,18 @@ def from_gymnasium(space: Any) -> Space:
         return Discrete(int(space.n), start=int(space.start))
     if isinstance(space, gs.MultiDiscrete):
         if np.any(np.asarray(space.start) != 0):
-            raise ValueError("from_gymnasium: MultiDiscrete with a nonzero start is not supported")
+            raise ValueError(
+                "from_gymnasium_space: MultiDiscrete with a nonzero start is not supported"
+            )
         return MultiDiscrete(space.nvec)
     if isinstance(space, gs.Dict):
-        return Dict({k: from_gymnasium(v) for k, v in space.spaces.items()})
+        return Dict({k: from_gymnasium_space(v) for k, v in space.spaces.items()})
     if isinstance(space, gs.Tuple):
-        return Tuple([from_gymnasium(v) for v in space.spaces])
-    raise TypeError(f"from_gymnasium: unsupported space type {type(space).__name__}")
+        return Tuple([from_gymnasium_space(v) for v in space.spaces])
+    raise TypeError(f"from_gymnasium_space: unsupported space type {type(space).__name__}")
 
 
-def from_gymnax(space: Any) -> Space:
+def from_gymnax_space(space: Any) -> Space:
     """Converts a ``gymnax.environments.spaces`` object (Box, Discrete, Dict, Tuple)."""
     from gymnax.environments import spaces as gx
 
@@ -371,10 +377,10 @@ def from_gymnax(space: Any) -> Space:
         dtype = np.dtype(space.dtype)
         return Box(np.asarray(space.low), np.asarray(space.high), tuple(space.shape), dtype)
     if isinstance(space, gx.Dict):
-        return Dict({k: from_gymnax(v) for k, v in space.spaces.items()})
+        return Dict({k: from_gymnax_space(v) for k, v in space.spaces.items()})
     if isinstance(space, gx.Tuple):
-        return Tuple([from_gymnax(v) for v in space.spaces])
-    raise TypeError(f"from_gymnax: unsupported space type {type(space).__name__}")
+        return Tuple([from_gymnax_space(v) for v in space.spaces])
+    raise TypeError(f"from_gymnax_space: unsupported space type {type(space).__name__}")
 
 
 def compatible(a: Space, b: Space) -> bool:
@@ -393,7 +399,9 @@ def convert_space(space: Any) -> Space:
         return space
     mod = type(space).__module__
     if mod.startswith("gymnax"):
-        return from_gymnax(space)
+        return from_gymnax_space(space)
     if mod.startswith("gymnasium"):
-        return from_gymnasium(space)
-    raise TypeError(f"cannot convert {type(space).__name__} from module {mod} into a jaxsampler space")
+        return from_gymnasium_space(space)
+    raise TypeError(
+        f"cannot convert {type(space).__name__} from module {mod} into a jaxsampler space"
+    )

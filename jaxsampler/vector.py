@@ -19,7 +19,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from jaxsampler.env import Env
+from jaxsampler.envs.base import Env
 from jaxsampler.types import TimeStep
 
 __all__ = ["vmap_agents", "reset", "step", "autoreset_step", "select_envs"]

@@ -18,8 +18,8 @@ def key():
 def served():
     """A PolicyServer (4 KB body limit) answered by a test PollLoop; ``holds``: episode ids
     whose answers the loop holds back while they run. Yields ``(server, loop, holds)``."""
-    from jaxsampler.hostenv.external import ExternalEnv
-    from jaxsampler.hostenv.server import PolicyServer
+    from jaxsampler.host_envs.external import ExternalEnv
+    from jaxsampler.serving.server import PolicyServer
     from tests.test_hostenv_external import ACT, OBS, PollLoop
 
     env = ExternalEnv(OBS, ACT, max_wait_s=0.005, episode_timeout_s=30.0)

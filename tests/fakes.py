@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from jaxsampler.env import Env, SingleAgentEnv
+from jaxsampler.envs.base import Env, SingleAgentEnv
 from jaxsampler.policies.base import Policy
 from jaxsampler.spaces import Box, Discrete
 from jaxsampler.types import NoInfo, TimeStep
@@ -58,7 +58,13 @@ class FakeEnv(SingleAgentEnv):
     def step_env(self, key, state, action, params):
         time = state.time + 1
         terminated = (time == params.term_len) & (state.tag < 0.5)
-        return state, self._obs(time, state.tag, params), action.astype(jnp.float32), terminated, NoInfo()
+        return (
+            state,
+            self._obs(time, state.tag, params),
+            action.astype(jnp.float32),
+            terminated,
+            NoInfo(),
+        )
 
     @staticmethod
     def _obs(time, tag, params):
@@ -189,7 +195,9 @@ def check_fake_trajectory(traj, params: FakeParams = FakeParams()) -> dict[str, 
                 step, ended = 0, False
                 seen["resets"] += 1
                 continue
-            assert not ended, f"env {e} step {t}: the step after an episode end must be a reset step"
+            assert not ended, (
+                f"env {e} step {t}: the step after an episode end must be a reset step"
+            )
             assert time == step, (t, e, time, step)
             length, is_term, is_trunc = expected_episode(float(tag), params)
             assert acting[t, e, 0]
@@ -238,8 +246,15 @@ class ChaosEnv(Env):
         return Discrete(4)
 
     def _ts(self, s: ChaosState, reward, term, trunc, acting):
-        obs = jnp.stack([jnp.broadcast_to(s.time.astype(jnp.float32), (3,)), jnp.arange(3, dtype=jnp.float32),
-                         jnp.broadcast_to(s.uid, (3,)), s.done.astype(jnp.float32)], axis=-1)
+        obs = jnp.stack(
+            [
+                jnp.broadcast_to(s.time.astype(jnp.float32), (3,)),
+                jnp.arange(3, dtype=jnp.float32),
+                jnp.broadcast_to(s.uid, (3,)),
+                s.done.astype(jnp.float32),
+            ],
+            axis=-1,
+        )
         return TimeStep(obs=obs, reward=reward, terminated=term, truncated=trunc, acting=acting)
 
     def reset(self, key, params=None):
@@ -257,7 +272,9 @@ class ChaosEnv(Env):
         term = state.done | newly  # sticky
         trunc = (t >= params.max_steps_in_episode) & ~term
         done = term | trunc
-        reward = jnp.where(state.done, 0.0, jnp.round(jax.random.uniform(k_rew, (3,)) * 8) / 4).astype(jnp.float32)
+        reward = jnp.where(
+            state.done, 0.0, jnp.round(jax.random.uniform(k_rew, (3,)) * 8) / 4
+        ).astype(jnp.float32)
         acting = jax.random.bernoulli(k_act, 0.6, (3,)) & ~done
         s = ChaosState(t, done, state.uid)
         return s, self._ts(s, reward, term, trunc, acting)

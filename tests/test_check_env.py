@@ -20,7 +20,9 @@ from tests.fakes import ChaosEnv, FakeEnv, FakeParams
 def test_good_envs_pass(env_id):
     report = js.check_env(js.make(env_id), num_envs=4)
     assert report.ok, str(report)
-    assert {"jit and determinism", "TimeStep layout", "observations in space", "time limit"} <= set(report.checks_run)
+    assert {"jit and determinism", "TimeStep layout", "observations in space", "time limit"} <= set(
+        report.checks_run
+    )
 
 
 def test_fake_env_passes():
@@ -37,7 +39,7 @@ class SelfResetting(FakeEnv):
         state, ts = super().step(key, state, action, params)
         done = ts.terminated[0] | ts.truncated[0]
         re_state, re_ts = self.reset(key, params)
-        pick = lambda a, b: jnp.where(done, a, b)  # noqa: E731
+        pick = lambda a, b: jnp.where(done, a, b)
         return jax.tree.map(pick, re_state, state), ts.replace(obs=pick(re_ts.obs, ts.obs))
 
 
@@ -141,14 +143,21 @@ def test_unhashable_env():
 
 @pytest.mark.parametrize(
     "env, num_envs",
-    [(js.make("Spread-v0"), 4), (js.make("TicTacToe-v0"), 8), (js.make("Goals-v0", n=2), 8), (ChaosEnv(), 8)],
+    [
+        (js.make("Spread-v0"), 4),
+        (js.make("TicTacToe-v0"), 8),
+        (js.make("Goals-v0", n=2), 8),
+        (ChaosEnv(), 8),
+    ],
     ids=["Spread-v0", "TicTacToe-v0", "Goals-v0", "ChaosEnv"],
 )
 def test_multi_agent_envs_pass(env, num_envs):
     # The same sizes as the envs' own check_env tests: one compiled runner in a full run.
     report = js.check_env(env, num_envs=num_envs)
     assert report.ok, str(report)
-    assert {"reset TimeStep", "done agents (sticky flags, acting, reward)", "time limit"} <= set(report.checks_run)
+    assert {"reset TimeStep", "done agents (sticky flags, acting, reward)", "time limit"} <= set(
+        report.checks_run
+    )
 
 
 @struct.dataclass
@@ -199,17 +208,28 @@ def test_buggy_chaos_without_a_bug_passes():
 @pytest.mark.parametrize(
     "bug, needle",
     [
-        (1, r"done flags are not sticky: agent \d of env \d+ was done at step \d+ but reports neither"),
+        (
+            1,
+            r"done flags are not sticky: agent \d of env \d+ was done at step \d+ but reports neither",
+        ),
         (2, r"done agent still acting: agent \d of env \d+ is done at step \d+"),
-        (3, r"done agent still rewarded: agent \d of env \d+ was done at step \d+ but gets reward 1.0"),
+        (
+            3,
+            r"done agent still rewarded: agent \d of env \d+ was done at step \d+ but gets reward 1.0",
+        ),
         (4, r"time limit did not fire for agent [12]: env \d+ is still running after 7 steps"),
         (5, r"nobody acts at reset in env 0"),
         (6, r"reset reports agent 2 of env 0 as terminated or truncated"),
         (6, r"reset gives agent 2 of env 0 reward 1.0"),
     ],
     ids=[
-        "not-sticky", "done-acting", "done-rewarded", "partial-time-limit", "nobody-at-reset",
-        "reset-flags", "reset-reward",
+        "not-sticky",
+        "done-acting",
+        "done-rewarded",
+        "partial-time-limit",
+        "nobody-at-reset",
+        "reset-flags",
+        "reset-reward",
     ],
 )
 def test_multi_agent_violations_are_reported(bug, needle):

@@ -70,7 +70,10 @@ def _cartpole_margin(s):
 def _pendulum_edge(rng):
     # Speed at the clip bound, angle at the wrap point of the cost.
     return np.array(
-        [rng.choice([-1, 1]) * PI + rng.uniform(-0.05, 0.05), rng.choice([-1, 1]) * rng.uniform(7.5, 8.0)]
+        [
+            rng.choice([-1, 1]) * PI + rng.uniform(-0.05, 0.05),
+            rng.choice([-1, 1]) * rng.uniform(7.5, 8.0),
+        ]
     )
 
 
@@ -230,7 +233,9 @@ def _assert_state_close(spec: Spec, js_state, gym_state):
         assert abs(diff) <= ATOL + RTOL * abs(g), f"state.{f}: {float(getattr(js_state, f))} vs {g}"
 
 
-def _run_parity(env_id: str, starts: list, max_steps: int, rng: np.random.Generator, action_scale=1.0):
+def _run_parity(
+    env_id: str, starts: list, max_steps: int, rng: np.random.Generator, action_scale=1.0
+):
     """Teacher-forced lockstep of jaxsampler and Gymnasium; returns per-step outcomes.
 
     ``starts`` are float64 initial states, or ``None`` to keep Gymnasium's reset state.
@@ -333,7 +338,9 @@ def test_terminal_state_terminates(env_id):
     if hasattr(env.action_space, "n"):
         actions = [(a, np.array([a], np.int32)) for a in range(env.action_space.n)]
     else:
-        actions = [(np.array([u], np.float32), np.array([[u]], np.float32)) for u in (-1.0, 0.0, 1.0)]
+        actions = [
+            (np.array([u], np.float32), np.array([[u]], np.float32)) for u in (-1.0, 0.0, 1.0)
+        ]
     for gym_action, js_action in actions:
         gym_env.reset(seed=0)
         gym_env.state = np.array(spec.terminal_state, np.float64)
@@ -454,7 +461,9 @@ def test_reset_distribution(env_id):
         states.append([float(getattr(s, f)) for f in spec.fields])
         obs.append(np.asarray(ts.obs[0]))
         assert int(s.time) == 0
-        assert not bool(ts.terminated[0]) and not bool(ts.truncated[0]) and float(ts.reward[0]) == 0.0
+        assert (
+            not bool(ts.terminated[0]) and not bool(ts.truncated[0]) and float(ts.reward[0]) == 0.0
+        )
     states = np.array(states)
     low, high = np.array(spec.reset_low), np.array(spec.reset_high)
     assert np.all(states >= low) and np.all(states <= high)

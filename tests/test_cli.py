@@ -10,7 +10,19 @@ from jaxsampler import cli
 def test_bench_prints_a_table_and_writes_json(tmp_path, capsys):
     out = tmp_path / "bench.json"
     rc = cli.main(
-        ["bench", "--widths", "1,2", "--rollout-length", "4", "--repeats", "1", "--devices", "1", "--json", str(out)]
+        [
+            "bench",
+            "--widths",
+            "1,2",
+            "--rollout-length",
+            "4",
+            "--repeats",
+            "1",
+            "--devices",
+            "1",
+            "--json",
+            str(out),
+        ]
     )
     assert rc == 0
     captured = capsys.readouterr()
@@ -27,8 +39,23 @@ def test_bench_prints_a_table_and_writes_json(tmp_path, capsys):
 
 
 def test_bench_other_env_and_random_policy(capsys):
-    rc = cli.main(["bench", "--env", "Pendulum-v1", "--policy", "random", "--widths", "2",
-                   "--rollout-length", "3", "--repeats", "1", "--devices", "1"])
+    rc = cli.main(
+        [
+            "bench",
+            "--env",
+            "Pendulum-v1",
+            "--policy",
+            "random",
+            "--widths",
+            "2",
+            "--rollout-length",
+            "3",
+            "--repeats",
+            "1",
+            "--devices",
+            "1",
+        ]
+    )
     assert rc == 0
     assert "Pendulum-v1" in capsys.readouterr().err
 

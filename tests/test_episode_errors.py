@@ -14,7 +14,10 @@ from jaxsampler import SingleAgentEpisode
 
 def make_episode(**kw):
     ep = SingleAgentEpisode(
-        id_="e", observation_space=gym.spaces.Box(-1, 1, (2,), np.float32), action_space=gym.spaces.Discrete(3), **kw
+        id_="e",
+        observation_space=gym.spaces.Box(-1, 1, (2,), np.float32),
+        action_space=gym.spaces.Discrete(3),
+        **kw,
     )
     ep.add_env_reset(np.zeros(2, np.float32))
     ep.add_env_step(np.full(2, 0.5, np.float32), 1, 1.0, extra_model_outputs={"vf": 0.1})
@@ -32,7 +35,9 @@ def snapshot(ep):
 
 def test_step_after_done_raises_and_changes_nothing():
     ep = make_episode()
-    ep.add_env_step(np.zeros(2, np.float32), 0, 1.0, extra_model_outputs={"vf": 0.2}, terminated=True)
+    ep.add_env_step(
+        np.zeros(2, np.float32), 0, 1.0, extra_model_outputs={"vf": 0.2}, terminated=True
+    )
     before = snapshot(ep)
     with pytest.raises(AssertionError, match="already done"):
         ep.add_env_step(np.zeros(2, np.float32), 0, 1.0)
@@ -53,7 +58,9 @@ def test_validation_rejects_out_of_space_data_before_changing_anything(obs, acti
     with pytest.raises(ValueError, match=match):
         ep.add_env_step(obs, action, 1.0, extra_model_outputs={"vf": 0.3}, validate=True)
     assert snapshot(ep) == before
-    ep.add_env_step(np.zeros(2, np.float32), 2, 1.0, extra_model_outputs={"vf": 0.3}, validate=True)  # valid data passes
+    ep.add_env_step(
+        np.zeros(2, np.float32), 2, 1.0, extra_model_outputs={"vf": 0.3}, validate=True
+    )  # valid data passes
     assert len(ep) == 2
 
 
@@ -69,10 +76,17 @@ def test_reset_validation_and_double_reset():
 
 def test_mismatched_constructor_lengths():
     with pytest.raises(AssertionError):
-        SingleAgentEpisode(observations=[0, 1, 2], actions=[1], rewards=[1.0, 2.0], len_lookback_buffer=0)
+        SingleAgentEpisode(
+            observations=[0, 1, 2], actions=[1], rewards=[1.0, 2.0], len_lookback_buffer=0
+        )
     with pytest.raises(AssertionError):
-        SingleAgentEpisode(observations=[0, 1], actions=[1], rewards=[1.0], extra_model_outputs={"vf": [1.0, 2.0]},
-                           len_lookback_buffer=0)
+        SingleAgentEpisode(
+            observations=[0, 1],
+            actions=[1],
+            rewards=[1.0],
+            extra_model_outputs={"vf": [1.0, 2.0]},
+            len_lookback_buffer=0,
+        )
     with pytest.raises(ValueError, match="len_lookback_buffer"):
         SingleAgentEpisode(observations=[0, 1], actions=[1], rewards=[1.0], len_lookback_buffer=-1)
 
@@ -95,7 +109,9 @@ def test_cut_of_done_episode_and_negative_lookback():
     ep = make_episode()
     with pytest.raises(AssertionError):
         ep.cut(-1)
-    ep.add_env_step(np.zeros(2, np.float32), 0, 1.0, extra_model_outputs={"vf": 0.2}, truncated=True)
+    ep.add_env_step(
+        np.zeros(2, np.float32), 0, 1.0, extra_model_outputs={"vf": 0.2}, truncated=True
+    )
     with pytest.raises(AssertionError, match="done"):
         ep.cut()
 

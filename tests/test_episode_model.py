@@ -60,10 +60,21 @@ ops = st.lists(
     st.one_of(
         st.tuples(st.just("step")),
         st.tuples(st.just("cut"), st.integers(0, 4)),
-        st.tuples(st.just("int"), st.sampled_from(["obs", "act", "rew"]), st.integers(-8, 8), st.booleans(),
-                  st.sampled_from([None, -1])),
-        st.tuples(st.just("slice"), st.sampled_from(["obs", "act", "rew"]), st.one_of(st.none(), st.integers(-8, 8)),
-                  st.one_of(st.none(), st.integers(-8, 8)), st.booleans(), st.sampled_from([None, -1])),
+        st.tuples(
+            st.just("int"),
+            st.sampled_from(["obs", "act", "rew"]),
+            st.integers(-8, 8),
+            st.booleans(),
+            st.sampled_from([None, -1]),
+        ),
+        st.tuples(
+            st.just("slice"),
+            st.sampled_from(["obs", "act", "rew"]),
+            st.one_of(st.none(), st.integers(-8, 8)),
+            st.one_of(st.none(), st.integers(-8, 8)),
+            st.booleans(),
+            st.sampled_from([None, -1]),
+        ),
     ),
     max_size=40,
 )
@@ -83,14 +94,25 @@ def test_model_catches_chained_lookback():
     ep.add_env_step(6, 106, 6.0)
     ep = ep.cut(4)
     assert ep.observations.lookback == 1  # only 1 step was kept after cut(0)
-    assert ep.get_observations(slice(-4, None), neg_index_as_lookback=True, fill=-1).tolist() if ep.is_numpy else \
-        ep.get_observations(slice(-4, None), neg_index_as_lookback=True, fill=-1) == [-1, -1, -1, 5, 6]
+    assert (
+        ep.get_observations(slice(-4, None), neg_index_as_lookback=True, fill=-1).tolist()
+        if ep.is_numpy
+        else ep.get_observations(slice(-4, None), neg_index_as_lookback=True, fill=-1)
+        == [-1, -1, -1, 5, 6]
+    )
 
 
 @settings(max_examples=300, deadline=None)
 @given(ops, st.booleans())
-@example([("step",)] * 5 + [("cut", 0), ("step",), ("cut", 4), ("slice", "obs", -4, None, True, -1)], False)
-@example([("step",)] * 3 + [("cut", 2), ("int", "act", -2, True, None), ("slice", "rew", -3, 2, False, -1)], True)
+@example(
+    [("step",)] * 5 + [("cut", 0), ("step",), ("cut", 4), ("slice", "obs", -4, None, True, -1)],
+    False,
+)
+@example(
+    [("step",)] * 3
+    + [("cut", 2), ("int", "act", -2, True, None), ("slice", "rew", -3, 2, False, -1)],
+    True,
+)
 def test_episode_matches_plain_list_model(operations, numpy_mode):
     model = Model()
     ep = SingleAgentEpisode(id_="m")

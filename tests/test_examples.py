@@ -15,20 +15,40 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def load(name: str):
-    spec = importlib.util.spec_from_file_location(f"example_{name}", ROOT / "examples" / f"{name}.py")
+    spec = importlib.util.spec_from_file_location(
+        f"example_{name}", ROOT / "examples" / f"{name}.py"
+    )
     mod = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = mod  # dataclasses look their module up while the class is built
     spec.loader.exec_module(mod)
     return mod
 
 
-@pytest.mark.parametrize("env_id, sampler", [("CartPole-v1", "jaxsampler"), ("CartPole-v1", "handwritten"),
-                                             ("Pendulum-v1", "jaxsampler")])
+@pytest.mark.parametrize(
+    "env_id, sampler",
+    [("CartPole-v1", "jaxsampler"), ("CartPole-v1", "handwritten"), ("Pendulum-v1", "jaxsampler")],
+)
 def test_ppo_example_runs(env_id, sampler, tmp_path):
     ppo = load("ppo")
     out = tmp_path / "ppo.json"
-    rc = ppo.main(["--env", env_id, "--sampler", sampler, "--seeds", "2", "--total-timesteps", "512",
-                   "--num-envs", "2", "--rollout-length", "64", "--json", str(out)])
+    rc = ppo.main(
+        [
+            "--env",
+            env_id,
+            "--sampler",
+            sampler,
+            "--seeds",
+            "2",
+            "--total-timesteps",
+            "512",
+            "--num-envs",
+            "2",
+            "--rollout-length",
+            "64",
+            "--json",
+            str(out),
+        ]
+    )
     assert rc == 0
     res = json.loads(out.read_text())
     assert res["seeds"] == 2 and res["env_steps_per_seed"] == 512
@@ -40,7 +60,21 @@ def test_ppo_example_runs(env_id, sampler, tmp_path):
 def test_ppo_host_example_runs(tmp_path):
     host = load("ppo_host")
     out = tmp_path / "host.json"
-    assert host.main(["--total-timesteps", "600", "--num-envs", "2", "--rollout-length", "64", "--json", str(out)]) == 0
+    assert (
+        host.main(
+            [
+                "--total-timesteps",
+                "600",
+                "--num-envs",
+                "2",
+                "--rollout-length",
+                "64",
+                "--json",
+                str(out),
+            ]
+        )
+        == 0
+    )
     res = json.loads(out.read_text())
     assert res["env_steps"] >= 600 and res["env_steps_per_s"] > 0
 
@@ -48,7 +82,21 @@ def test_ppo_host_example_runs(tmp_path):
 def test_ppo_multiagent_example_runs(tmp_path):
     ma = load("ppo_multiagent")
     out = tmp_path / "ma.json"
-    assert ma.main(["--total-timesteps", "400", "--num-envs", "2", "--rollout-length", "32", "--json", str(out)]) == 0
+    assert (
+        ma.main(
+            [
+                "--total-timesteps",
+                "400",
+                "--num-envs",
+                "2",
+                "--rollout-length",
+                "32",
+                "--json",
+                str(out),
+            ]
+        )
+        == 0
+    )
     res = json.loads(out.read_text())
     assert res["env_steps"] >= 400 and 0 < res["agent_steps"] <= 4 * res["env_steps"]
     assert np.isfinite(res["final_return_per_agent"])
@@ -70,7 +118,9 @@ def test_batch_gae_matches_the_trajectory_gae():
     _, nv, _ = pol.forward(params, sb["new_obs"])
     ends = np.ones(sb.count, bool)
     ends[:-1] = sb["eps_id"][1:] != sb["eps_id"][:-1]
-    adv = np.asarray(host.batch_gae(sb["rewards"], sb["vf_preds"], nv, sb["terminateds"], ends, 0.99, 0.95))
+    adv = np.asarray(
+        host.batch_gae(sb["rewards"], sb["vf_preds"], nv, sb["terminateds"], ends, 0.99, 0.95)
+    )
     # Reference: the same steps' advantages from the device-side GAE, matched by (eps_id, t).
     s2 = js.Sampler(env, pol, num_envs=3, rollout_length=40, seed=5, episode_lookback_horizon=0)
     s2.sample_batch(params)

@@ -39,7 +39,7 @@ N_STEPS = 40
 @dataclasses.dataclass
 class Setup:
     env_id: str
-    ours: js.GymnaxEnv
+    ours: js.envs.adapters.gymnax.GymnaxEnv
     ref: object  # the independent gymnax env
     params: object
     ours_reset: object
@@ -63,8 +63,14 @@ def _setup(env_id: str) -> Setup:
             return obs, state, reward, terminated, ref.is_truncated(state, params), info
 
         _SETUPS[env_id] = Setup(
-            env_id, ours, ref, params,
-            jax.jit(ours.reset), jax.jit(ours.step), jax.jit(ref.reset_env), jax.jit(ref_step),
+            env_id,
+            ours,
+            ref,
+            params,
+            jax.jit(ours.reset),
+            jax.jit(ours.step),
+            jax.jit(ref.reset_env),
+            jax.jit(ref_step),
         )
     return _SETUPS[env_id]
 
@@ -81,7 +87,9 @@ def _actions(env_id: str, space: S.Space, n: int) -> list[np.ndarray]:
 
 def _equal(a, b) -> bool:
     la, lb = jax.tree.leaves(a), jax.tree.leaves(b)
-    return len(la) == len(lb) and all(np.array_equal(np.asarray(x), np.asarray(y)) for x, y in zip(la, lb))
+    return len(la) == len(lb) and all(
+        np.array_equal(np.asarray(x), np.asarray(y)) for x, y in zip(la, lb)
+    )
 
 
 def _close(a, b) -> None:
@@ -109,7 +117,9 @@ def test_parity_with_gymnax(env_id):
         # By hand.
         r_obs, r_state, r_rew, r_term, r_trunc, r_info = s.ref_step(k_step, ref_state, a, params)
         # Ours (agent axis of size 1).
-        our_state, ts = s.ours_step(k_step, our_state, jax.tree.map(lambda x: jnp.asarray(x)[None], a), params)
+        our_state, ts = s.ours_step(
+            k_step, our_state, jax.tree.map(lambda x: jnp.asarray(x)[None], a), params
+        )
         # gymnax's auto-resetting step.
         g_obs, g_state, g_rew, g_term, g_trunc, g_info = env.step(keys[t + 1], ref_state, a, params)
         ep_len += 1
@@ -161,8 +171,12 @@ def test_spaces_converted(env_id):
             assert isinstance(ours, S.Box)
             assert ours.shape == tuple(theirs.shape)
             assert ours.dtype == np.dtype(theirs.dtype)
-            np.testing.assert_array_equal(ours.low, np.broadcast_to(np.asarray(theirs.low, ours.dtype), ours.shape))
-            np.testing.assert_array_equal(ours.high, np.broadcast_to(np.asarray(theirs.high, ours.dtype), ours.shape))
+            np.testing.assert_array_equal(
+                ours.low, np.broadcast_to(np.asarray(theirs.low, ours.dtype), ours.shape)
+            )
+            np.testing.assert_array_equal(
+                ours.high, np.broadcast_to(np.asarray(theirs.high, ours.dtype), ours.shape)
+            )
     assert s.ours.name == f"gymnax:{env_id}"
 
 
@@ -191,7 +205,7 @@ def test_from_gymnax_with_custom_params():
     ref, default = gymnax.make("Pendulum-v1")
     params = default.replace(max_torque=1.0, max_steps_in_episode=5)
     env = js.from_gymnax(ref, params)
-    assert isinstance(env, js.GymnaxEnv) and env.default_params is params
+    assert isinstance(env, js.envs.adapters.gymnax.GymnaxEnv) and env.default_params is params
     assert env.action_space == S.Box(-1.0, 1.0, (1,))  # the space follows the params
     assert js.from_gymnax(ref).action_space == S.Box(-2.0, 2.0, (1,))
     assert env.name == "gymnax:Pendulum-v1"
@@ -216,7 +230,9 @@ def test_from_gymnax_with_custom_params():
     # Independent check against gymnax with the default params (torque 2 not clipped).
     o, st = ref.reset_env(jax.random.PRNGKey(0), default)
     assert np.array_equal(np.asarray(env.reset(jax.random.PRNGKey(0))[1].obs[0]), np.asarray(o))
-    o2 = ref.step_env(jax.random.split(jax.random.PRNGKey(0), 6)[0], st, jnp.array([2.0]), default)[0]
+    o2 = ref.step_env(jax.random.split(jax.random.PRNGKey(0), 6)[0], st, jnp.array([2.0]), default)[
+        0
+    ]
     assert not np.allclose(np.asarray(o2), np.asarray(obs_big)[0])
 
 
@@ -278,7 +294,9 @@ def test_rollout_over_gymnax_cartpole_keeps_final_observations():
                 continue
             x, x_dot, theta, theta_dot = obs[t, e]
             st = EnvState(time=jnp.int32(0), x=x, x_dot=x_dot, theta=theta, theta_dot=theta_dot)
-            r_obs, _, r_rew, r_term, _ = step(jax.random.PRNGKey(0), st, jnp.int32(actions[t, e]), p)
+            r_obs, _, r_rew, r_term, _ = step(
+                jax.random.PRNGKey(0), st, jnp.int32(actions[t, e]), p
+            )
             np.testing.assert_allclose(obs[t + 1, e], np.asarray(r_obs), rtol=1e-6, atol=1e-6)
             assert float(traj.rewards[t, e, 0]) == float(r_rew)
             assert bool(term[t, e]) == bool(r_term), (t, e)

@@ -10,8 +10,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from jaxsampler.host.multi_agent_episode import MultiAgentEpisode
-from jaxsampler.hostenv import SampleCollector, episodes_to_batch
+from jaxsampler.episodes.multi_agent import MultiAgentEpisode
+from jaxsampler.sampling import SampleCollector, episodes_to_batch
 from tests.test_multi_agent_sampler import assert_same_chunk
 
 POLICY = {"x": "px", "y": "py"}
@@ -35,26 +35,42 @@ def reference():
     ep = MultiAgentEpisode("ma", agent_to_module_mapping_fn=lambda aid, _: POLICY[aid])
     ep.add_env_reset(observations={"x": o(0)}, infos={"x": {"i": 0}})
     for t, (actions, obs, rewards, terms) in enumerate(SCRIPT, 1):
-        ep.add_env_step(obs, actions, rewards, {a: {"i": t} for a in obs}, terminateds=terms,
-                        truncateds={"__all__": False},
-                        extra_model_outputs={a: {"logp": np.float32(-a_)} for a, a_ in actions.items()})
+        ep.add_env_step(
+            obs,
+            actions,
+            rewards,
+            {a: {"i": t} for a in obs},
+            terminateds=terms,
+            truncateds={"__all__": False},
+            extra_model_outputs={a: {"logp": np.float32(-a_)} for a, a_ in actions.items()},
+        )
     return ep
 
 
 def feed(collector, ep, steps, single=None):
     """Feeds the script (and ``single``: a one-agent episode in env 1); yields after each
     env step the queued rows of both policies."""
-    collector.add_init_obs(episode=ep, agent_id="x", env_id=0, policy_id="px", init_obs=o(0), init_infos={"i": 0})
+    collector.add_init_obs(
+        episode=ep, agent_id="x", env_id=0, policy_id="px", init_obs=o(0), init_infos={"i": 0}
+    )
     if single is not None:
-        collector.add_init_obs(episode=single, agent_id="x", env_id=1, policy_id="px", init_obs=o(100))
+        collector.add_init_obs(
+            episode=single, agent_id="x", env_id=1, policy_id="px", init_obs=o(100)
+        )
     yield {p: collector.get_inference_input_dict(p) for p in ("px", "py")}
     for t, (actions, obs, rewards, terms) in enumerate(steps, 1):
         for aid in dict.fromkeys([*actions, *obs, *rewards, *terms]):
             if aid == "__all__":
                 continue
             if aid in obs and aid not in actions and aid not in ep.agent_episodes:
-                collector.add_init_obs(episode=ep.id_, agent_id=aid, env_id=0, policy_id=POLICY[aid], init_obs=obs[aid],
-                                       init_infos={"i": t})
+                collector.add_init_obs(
+                    episode=ep.id_,
+                    agent_id=aid,
+                    env_id=0,
+                    policy_id=POLICY[aid],
+                    init_obs=obs[aid],
+                    init_infos={"i": t},
+                )
                 values = {}
             else:
                 values = {"new_obs": obs[aid], "infos": {"i": t}} if aid in obs else {}
@@ -64,11 +80,19 @@ def feed(collector, ep, steps, single=None):
                 values["rewards"] = rewards[aid]
             done = bool(terms.get(aid) or terms.get("__all__"))
             if values:
-                collector.add_action_reward_next_obs(ep.id_, aid, 0, POLICY[aid], done, {**values, "terminateds": done})
+                collector.add_action_reward_next_obs(
+                    ep.id_, aid, 0, POLICY[aid], done, {**values, "terminateds": done}
+                )
         collector.episode_step(ep.id_, terminateds=terms, truncateds={"__all__": False})
         if single is not None:
-            collector.add_action_reward_next_obs(single.id_, "x", 1, "px", False, {
-                "actions": 1, "rewards": 0.25, "new_obs": o(100 + t), "logp": np.float32(-1)})
+            collector.add_action_reward_next_obs(
+                single.id_,
+                "x",
+                1,
+                "px",
+                False,
+                {"actions": 1, "rewards": 0.25, "new_obs": o(100 + t), "logp": np.float32(-1)},
+            )
             collector.episode_step(single)
         yield {p: collector.get_inference_input_dict(p) for p in ("px", "py")}
 
@@ -89,8 +113,12 @@ def test_collector_builds_the_reference_episode_and_inference_inputs():
     for got, want in zip(rows, want_rows):
         for pid, w in want.items():
             g = got[pid]
-            assert [(int(e), a, int(t), list(ob)) for e, a, t, ob in zip(g.get("env_id", []), g.get("agent_id", []),
-                                                                           g.get("t", []), g.get("obs", []))] == w
+            assert [
+                (int(e), a, int(t), list(ob))
+                for e, a, t, ob in zip(
+                    g.get("env_id", []), g.get("agent_id", []), g.get("t", []), g.get("obs", [])
+                )
+            ] == w
             if w:
                 assert list(g["eps_id"]) == ["ma" if e == 0 else "sa" for e, *_ in w]
                 assert list(g["agent_index"]) == [("x", "y").index(a) for _, a, *_ in w]
@@ -104,7 +132,12 @@ def test_collector_builds_the_reference_episode_and_inference_inputs():
     assert chunks[0].is_numpy and chunks[0].is_terminated
     assert len(chunks[1]) == len(SCRIPT) and not chunks[1].is_done
     cont = c.episode("sa")
-    assert (cont.id_, cont.env_t_started, len(cont), cont._len_lookback_buffers) == ("sa", len(SCRIPT), 0, 1)
+    assert (cont.id_, cont.env_t_started, len(cont), cont._len_lookback_buffers) == (
+        "sa",
+        len(SCRIPT),
+        0,
+        1,
+    )
     assert c.total_env_steps() == 0
 
 
@@ -122,7 +155,9 @@ def test_build_multi_agent_batch_has_the_device_columns():
         np.testing.assert_array_equal(b["obs"], np.stack(sa.get_observations()[:n]))
         np.testing.assert_array_equal(b["new_obs"], np.stack(sa.get_observations()[1:]))
         np.testing.assert_array_equal(b["actions"], sa.get_actions())
-        np.testing.assert_array_equal(b["rewards"], np.clip(sa.get_rewards(), -1, 1))  # clip_rewards=1.0
+        np.testing.assert_array_equal(
+            b["rewards"], np.clip(sa.get_rewards(), -1, 1)
+        )  # clip_rewards=1.0
         assert b["rewards"].dtype == np.float32
         np.testing.assert_array_equal(b["t"], np.arange(n))
         np.testing.assert_array_equal(b["terminateds"], [False] * (n - 1) + [True])
@@ -144,8 +179,14 @@ def test_truncated_fragments_have_exactly_rollout_fragment_length_steps():
     for t in range(1, 15):
         c.get_inference_input_dict("p")
         done = t % 6 == 0  # episodes of 6 steps
-        c.add_action_reward_next_obs(ep.id_, "x", 0, "p", done, {"actions": t, "rewards": float(t), "new_obs": o(t),
-                                                                 "terminateds": done})
+        c.add_action_reward_next_obs(
+            ep.id_,
+            "x",
+            0,
+            "p",
+            done,
+            {"actions": t, "rewards": float(t), "new_obs": o(t), "terminateds": done},
+        )
         c.episode_step(ep, terminateds={"__all__": done})
         if done:
             c.postprocess_episode(ep, is_done=True, check_dones=True)
@@ -157,9 +198,14 @@ def test_truncated_fragments_have_exactly_rollout_fragment_length_steps():
         assert out == [] or t % 4 == 0
         fragments += out
     assert len(fragments) == 3
-    names = {first_chunks[k].agent_episodes["x"].id_: f"e{k}" for k in range(2)}  # eps_id: the agent's episode id
-    rows = [(names[e], int(tt), int(a)) for f in fragments
-            for e, tt, a in zip(f["p"]["eps_id"], f["p"]["t"], f["p"]["actions"])]
+    names = {
+        first_chunks[k].agent_episodes["x"].id_: f"e{k}" for k in range(2)
+    }  # eps_id: the agent's episode id
+    rows = [
+        (names[e], int(tt), int(a))
+        for f in fragments
+        for e, tt, a in zip(f["p"]["eps_id"], f["p"]["t"], f["p"]["actions"])
+    ]
     assert all(f.env_steps() == 4 for f in fragments)
     # Every step exactly once, episodes continue across fragments with their ids and t.
     assert rows == [("e0", t, t + 1) for t in range(6)] + [("e1", t, t + 7) for t in range(6)]
@@ -168,7 +214,9 @@ def test_truncated_fragments_have_exactly_rollout_fragment_length_steps():
 
 
 def test_count_by_agent_steps():
-    c = SampleCollector(rollout_fragment_length=5, count_steps_by="agent_steps", agent_ids=("x", "y"))
+    c = SampleCollector(
+        rollout_fragment_length=5, count_steps_by="agent_steps", agent_ids=("x", "y")
+    )
     ep = MultiAgentEpisode("ma")
     built = []
     for _ in feed(c, ep, SCRIPT[:3]):
@@ -191,7 +239,9 @@ def test_errors_are_clear():
         c.add_action_reward_next_obs("ma", "x", 3, "p", False, {"actions": 0})
     with pytest.raises(KeyError, match="unknown or finished episode 'nope'"):
         c.episode_step("nope")
-    c.add_action_reward_next_obs("ma", "x", 0, "p", False, {"actions": 0, "rewards": 1.0, "new_obs": o(1)})
+    c.add_action_reward_next_obs(
+        "ma", "x", 0, "p", False, {"actions": 0, "rewards": 1.0, "new_obs": o(1)}
+    )
     with pytest.raises(RuntimeError, match="call episode_step"):
         c.get_inference_input_dict("p")
     with pytest.raises(RuntimeError, match="call episode_step"):

@@ -14,9 +14,10 @@ import numpy as np
 import pytest
 
 from jaxsampler import spaces
-from jaxsampler.env import DEFAULT_AGENT_ID as AGENT
-from jaxsampler.hostenv.base import ALL, HostEnv
-from jaxsampler.hostenv.external import (
+from jaxsampler.constants import ALL_AGENTS
+from jaxsampler.envs.base import DEFAULT_AGENT_ID as AGENT
+from jaxsampler.host_envs.base import HostEnv
+from jaxsampler.host_envs.external import (
     CLIENT_POLICY_INFO,
     CapacityError,
     EnvClosedError,
@@ -40,7 +41,9 @@ class PollLoop:
 
     def __init__(self, env, hold=lambda eid: False):
         self.env, self.hold = env, hold
-        self.steps: dict = defaultdict(list)  # eid -> [(agent obs dict, rewards, term, trunc, infos, offp)]
+        self.steps: dict = defaultdict(
+            list
+        )  # eid -> [(agent obs dict, rewards, term, trunc, infos, offp)]
         self.poll_sizes: list[int] = []
         self.stop = threading.Event()
         self.held: dict = {}
@@ -56,9 +59,17 @@ class PollLoop:
             self.poll_sizes.append(len(r.obs))
             actions = {}
             for eid, obs in r.obs.items():
-                self.steps[eid].append((obs, r.rewards[eid], r.terminateds[eid], r.truncateds[eid], r.infos[eid],
-                                        r.off_policy_actions.get(eid)))
-                if r.terminateds[eid][ALL] or r.truncateds[eid][ALL]:
+                self.steps[eid].append(
+                    (
+                        obs,
+                        r.rewards[eid],
+                        r.terminateds[eid],
+                        r.truncateds[eid],
+                        r.infos[eid],
+                        r.off_policy_actions.get(eid),
+                    )
+                )
+                if r.terminateds[eid][ALL_AGENTS] or r.truncateds[eid][ALL_AGENTS]:
                     continue
                 acts = {a: answer(o) for a, o in obs.items() if not r.terminateds[eid].get(a)}
                 if self.hold(eid):
@@ -86,7 +97,7 @@ def run_clients(n_threads, fn):
         try:
             barrier.wait(timeout=10)
             logs[cid] = fn(cid)
-        except BaseException as e:  # noqa: BLE001
+        except BaseException as e:
             errors.append((cid, e))
 
     threads = [threading.Thread(target=target, args=(c,)) for c in range(n_threads)]
@@ -147,14 +158,16 @@ def check_exactly_once(loop, logs, others=()):
     for eid, exp in expected.items():
         got = loop.steps[eid]
         assert len(got) == len(exp), eid
-        for (kind, obs, rew, info, off), (g_obs, g_rew, g_term, g_trunc, g_info, g_off) in zip(exp, got):
+        for (kind, obs, rew, info, off), (g_obs, g_rew, g_term, g_trunc, g_info, g_off) in zip(
+            exp, got
+        ):
             assert list(g_obs) == [AGENT]
             np.testing.assert_array_equal(g_obs[AGENT], obs)
             assert g_obs[AGENT].dtype == np.float32
             assert g_rew[AGENT] == pytest.approx(rew)
             assert g_info[AGENT] == info
-            assert g_term == {AGENT: kind == "end", ALL: kind == "end"}
-            assert g_trunc == {AGENT: False, ALL: False}
+            assert g_term == {AGENT: kind == "end", ALL_AGENTS: kind == "end"}
+            assert g_trunc == {AGENT: False, ALL_AGENTS: False}
             assert (g_off is None) == (off is None)
             if off is not None:
                 assert g_off == {AGENT: off}
@@ -197,16 +210,27 @@ def test_protocol_sequence_like_rllib():
     t = threading.Thread(target=sim)
     t.start()
     r0 = env.poll()
-    assert r0.obs == {"e1": {AGENT: 10}} and r0.rewards == {"e1": {AGENT: 0.0}} and r0.off_policy_actions == {}
-    assert r0.terminateds == {"e1": {AGENT: False, ALL: False}}
+    assert (
+        r0.obs == {"e1": {AGENT: 10}}
+        and r0.rewards == {"e1": {AGENT: 0.0}}
+        and r0.off_policy_actions == {}
+    )
+    assert r0.terminateds == {"e1": {AGENT: False, ALL_AGENTS: False}}
     env.send_actions({"e1": {AGENT: np.int32(1)}})
     r1 = env.poll()
     assert r1.obs == {"e1": {AGENT: 11}} and r1.rewards == {"e1": {AGENT: 3.0}}
     assert r1.infos == {"e1": {AGENT: {"x": 1}}} and r1.off_policy_actions == {"e1": {AGENT: 1}}
     env.send_actions({"e1": {AGENT: 0}})
     r2 = env.poll()
-    assert r2.obs == {"e1": {AGENT: 12}} and r2.rewards == {"e1": {AGENT: 5.0}} and r2.infos == {"e1": {AGENT: {}}}
-    assert r2.terminateds == {"e1": {AGENT: True, ALL: True}} and r2.truncateds["e1"][ALL] is False
+    assert (
+        r2.obs == {"e1": {AGENT: 12}}
+        and r2.rewards == {"e1": {AGENT: 5.0}}
+        and r2.infos == {"e1": {AGENT: {}}}
+    )
+    assert (
+        r2.terminateds == {"e1": {AGENT: True, ALL_AGENTS: True}}
+        and r2.truncateds["e1"][ALL_AGENTS] is False
+    )
     t.join(timeout=10)
     assert got["a"] == 1
     assert env.episode_status("e1") == "completed"
@@ -251,7 +275,7 @@ def test_bad_input_is_local_to_the_caller():
     finally:
         loop.close()
     assert [s[0][AGENT].dtype for s in loop.steps["ok"]] == [np.float32, np.float32]
-    assert len(loop.steps["ok"]) == 2 and loop.steps["ok"][1][2][ALL]
+    assert len(loop.steps["ok"]) == 2 and loop.steps["ok"][1][2][ALL_AGENTS]
     env.close()
 
 
@@ -273,7 +297,11 @@ def test_timeout_abandons_only_that_episode():
     finally:
         loop.close()
     (s,) = loop.steps[slow]
-    assert s[3] == {AGENT: True, ALL: True} and s[2][ALL] is False and s[4][AGENT]["abandoned"] is True
+    assert (
+        s[3] == {AGENT: True, ALL_AGENTS: True}
+        and s[2][ALL_AGENTS] is False
+        and s[4][AGENT]["abandoned"] is True
+    )
     np.testing.assert_array_equal(s[0][AGENT], np.ones(3))
     assert len(loop.steps[fast]) == 2 and env.episode_status(slow) == "abandoned"
     env.close()
@@ -304,7 +332,7 @@ def test_abandon_after_delivery_repeats_last_obs_and_drops_late_answer():
     assert "abandoned" in str(result["error"])
     first, last = loop.steps["e"]
     np.testing.assert_array_equal(last[0][AGENT], first[0][AGENT])
-    assert last[3][ALL] and last[4][AGENT] == {"abandoned": True}
+    assert last[3][ALL_AGENTS] and last[4][AGENT] == {"abandoned": True}
     assert env.episode_status("e") == "abandoned"
     env.close()
 
@@ -319,7 +347,7 @@ def test_idle_episode_times_out():
     finally:
         loop.close()
     assert env.episode_status(eid) == "abandoned"
-    assert loop.steps[eid][-1][3][ALL] and loop.steps[eid][-1][4][AGENT]["abandoned"]
+    assert loop.steps[eid][-1][3][ALL_AGENTS] and loop.steps[eid][-1][4][AGENT]["abandoned"]
     env.close()
 
 
@@ -352,7 +380,10 @@ def test_log_action_extra_info_and_training_disabled():
     env.log_action(eid, np.zeros(3), 5, info={CLIENT_POLICY_INFO: {"weights_version": 3}})
     r = env.poll()
     assert r.off_policy_actions == {eid: {AGENT: 5}}
-    assert r.infos[eid][AGENT] == {CLIENT_POLICY_INFO: {"weights_version": 3}, "training_enabled": False}
+    assert r.infos[eid][AGENT] == {
+        CLIENT_POLICY_INFO: {"weights_version": 3},
+        "training_enabled": False,
+    }
     env.close()
 
 
@@ -365,7 +396,7 @@ def test_multi_agent():
         out = {}
         for e in range(3):
             eid = env.start_episode()
-            o = lambda a, t: np.array([cid, e * 10 + agents.index(a), t], np.float32)  # noqa: E731
+            o = lambda a, t: np.array([cid, e * 10 + agents.index(a), t], np.float32)
             acts = env.get_action(eid, {"a": o("a", 0), "b": o("b", 0)})
             assert acts == {"a": answer(o("a", 0)), "b": answer(o("b", 0))}
             env.log_returns(eid, {"a": 1.0, "c": 2.0}, {"a": {"k": 1}})
@@ -391,10 +422,10 @@ def test_multi_agent():
         s0, s1, s2, s3 = loop.steps[eid]
         assert set(s0[0]) == {"a", "b"} and s0[1] == {"a": 0.0, "b": 0.0}
         assert set(s1[0]) == {"a", "b", "c"} and s1[1] == {"a": 2.0, "b": 0.0, "c": 2.0}
-        assert s1[2] == {"a": False, "b": True, "c": False, ALL: False}
+        assert s1[2] == {"a": False, "b": True, "c": False, ALL_AGENTS: False}
         assert s1[4] == {"a": {"k": 1}, "b": {}, "c": {}}
         assert set(s2[0]) == {"c"} and s2[5] == {"c": 4} and s2[1] == {"c": 0.0}
-        assert s3[1] == {"a": 0.5, "c": 1.5} and s3[2] == {"a": True, "c": True, ALL: True}
+        assert s3[1] == {"a": 0.5, "c": 1.5} and s3[2] == {"a": True, "c": True, ALL_AGENTS: True}
     env.close()
 
 
@@ -423,13 +454,22 @@ def test_observation_checks_and_buffer_reuse():
     """The fast check of exact-dtype arrays rejects what the slow one rejects, and a
     simulator may overwrite its observation buffer after a call."""
     bounded = ExternalEnv(spaces.Box(-1.0, 1.0, (3,)), ACT)
-    mixed = ExternalEnv(spaces.Box(np.array([-1.0, -np.inf, -1.0]), np.array([1.0, np.inf, 1.0])), ACT)
+    mixed = ExternalEnv(
+        spaces.Box(np.array([-1.0, -np.inf, -1.0]), np.array([1.0, np.inf, 1.0])), ACT
+    )
     free = ExternalEnv(spaces.Box(-np.inf, np.inf, (3,)), ACT)
     for env, bad, ok in (
         (bounded, [np.array([0, np.inf, 0], np.float32), np.array([0, np.nan, 0], np.float32)], []),
-        (mixed, [np.array([np.inf, 0, 0], np.float32), np.array([0, np.nan, 0], np.float32)],
-         [np.array([0, -np.inf, 0], np.float32)]),
-        (free, [np.array([np.nan, 0, 0], np.float32)], [np.array([np.inf, -np.inf, 0], np.float32)]),
+        (
+            mixed,
+            [np.array([np.inf, 0, 0], np.float32), np.array([0, np.nan, 0], np.float32)],
+            [np.array([0, -np.inf, 0], np.float32)],
+        ),
+        (
+            free,
+            [np.array([np.nan, 0, 0], np.float32)],
+            [np.array([np.inf, -np.inf, 0], np.float32)],
+        ),
     ):
         eid = env.start_episode()
         for x in bad:
@@ -483,7 +523,7 @@ def test_back_pressure_waiters_are_not_idle_and_their_timeout_abandons():
             for t in range(4):
                 env.log_action(eid, np.full(3, t, np.float32), 0)
             out["ok"] = True
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:
             out["err"] = e
 
     th = threading.Thread(target=sim)

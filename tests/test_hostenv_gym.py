@@ -24,9 +24,10 @@ gym = pytest.importorskip("gymnasium")
 
 import jaxsampler as js  # noqa: E402
 from jaxsampler.envs.cartpole import CartPoleParams  # noqa: E402
-from jaxsampler.host.multi_agent_episode import MultiAgentEpisode  # noqa: E402
-from jaxsampler.hostenv import GymnasiumVectorEnv, HostSampler, MultiAgentDictEnv  # noqa: E402
+from jaxsampler.episodes.multi_agent import MultiAgentEpisode  # noqa: E402
+from jaxsampler.host_envs import GymnasiumHostEnv, MultiAgentDictEnv
 from jaxsampler.policies.base import Policy  # noqa: E402
+from jaxsampler.sampling import HostSampler  # noqa: E402
 from tests.test_multi_agent_sampler import assert_same_chunk  # noqa: E402
 
 
@@ -68,8 +69,15 @@ KINDS = ("eps", "batch", "eps", "eps", "batch")
 def _device_run(horizon):
     env = js.make("CartPole-v1")
     policy = PoleSign(env.observation_space, env.action_space)
-    s = js.Sampler(env, policy, num_envs=E, rollout_length=T, seed=1,
-                   env_params=CartPoleParams(max_steps_in_episode=LIMIT), episode_lookback_horizon=horizon)
+    s = js.Sampler(
+        env,
+        policy,
+        num_envs=E,
+        rollout_length=T,
+        seed=1,
+        env_params=CartPoleParams(max_steps_in_episode=LIMIT),
+        episode_lookback_horizon=horizon,
+    )
     calls, metrics = [], []
     for kind in KINDS:
         calls.append(s.sample(()) if kind == "eps" else s.sample_batch(()))
@@ -97,11 +105,19 @@ def _starts(sampler, calls):
 
 
 def _host_sampler(starts, horizon):
-    fns = [lambda s=s: ReplayStarts(gym.make("CartPole-v1", max_episode_steps=LIMIT), s) for s in starts]
-    henv = GymnasiumVectorEnv(fns, seed=0)
+    fns = [
+        lambda s=s: ReplayStarts(gym.make("CartPole-v1", max_episode_steps=LIMIT), s)
+        for s in starts
+    ]
+    henv = GymnasiumHostEnv(fns, seed=0)
     space = js.make("CartPole-v1")
-    return HostSampler(henv, PoleSign(space.observation_space, space.action_space), seed=1,
-                       episode_lookback_horizon=horizon, rollout_length=T)
+    return HostSampler(
+        henv,
+        PoleSign(space.observation_space, space.action_space),
+        seed=1,
+        episode_lookback_horizon=horizon,
+        rollout_length=T,
+    )
 
 
 def _assert_same_episodes(got_eps, want_eps, ids, ends):
@@ -115,8 +131,9 @@ def _assert_same_episodes(got_eps, want_eps, ids, ends):
         np.testing.assert_allclose(g.observations.data, w.observations.data, atol=1e-4)
         np.testing.assert_array_equal(g.actions.data, w.actions.data)
         np.testing.assert_array_equal(g.rewards.data, w.rewards.data)
-        np.testing.assert_allclose(g.extra_model_outputs["theta"].data, w.extra_model_outputs["theta"].data,
-                                   atol=1e-4)
+        np.testing.assert_allclose(
+            g.extra_model_outputs["theta"].data, w.extra_model_outputs["theta"].data, atol=1e-4
+        )
         ends["term"] += bool(w.is_terminated)
         ends["trunc"] += bool(w.is_truncated)
 
@@ -147,9 +164,17 @@ def test_gymnasium_cartpole_equals_device_cartpole(horizon):
             _assert_same_episodes(host.sample(()), want, ids, ends)
         else:
             _assert_same_batch(host.sample_batch(()), want, ids)
-        for k in ("num_env_steps_sampled", "num_agent_steps_sampled", "num_episodes_completed",
-                  "num_episodes_ongoing", "episode_len_mean", "episode_return_mean"):
-            assert getattr(host.metrics, k) == pytest.approx(getattr(dev_metrics[call], k), nan_ok=True), (call, k)
+        for k in (
+            "num_env_steps_sampled",
+            "num_agent_steps_sampled",
+            "num_episodes_completed",
+            "num_episodes_ongoing",
+            "episode_len_mean",
+            "episode_return_mean",
+        ):
+            assert getattr(host.metrics, k) == pytest.approx(
+                getattr(dev_metrics[call], k), nan_ok=True
+            ), (call, k)
     assert ends["term"] >= 2 and ends["trunc"] >= 2
     assert len(set(ids.values())) == len(ids)
 
@@ -173,18 +198,34 @@ class CountEnv(gym.Env):
     def step(self, action):
         self.t += 1
         done = self.t >= self.L
-        return (np.array([self.k * 100.0 + self.t], np.float32), float(self.t), done and not self.trunc,
-                done and self.trunc, {"t": self.t})
+        return (
+            np.array([self.k * 100.0 + self.t], np.float32),
+            float(self.t),
+            done and not self.trunc,
+            done and self.trunc,
+            {"t": self.t},
+        )
 
 
 def _show(eps, ids):
-    return [(ids.setdefault(e.id_, f"ep{len(ids)}"), e.t_started, e.t, len(e), e.observations.lookback,
-             np.asarray(e.observations.data).ravel().tolist(), np.asarray(e.rewards.data).tolist(),
-             bool(e.is_terminated), bool(e.is_truncated)) for e in eps]
+    return [
+        (
+            ids.setdefault(e.id_, f"ep{len(ids)}"),
+            e.t_started,
+            e.t,
+            len(e),
+            e.observations.lookback,
+            np.asarray(e.observations.data).ravel().tolist(),
+            np.asarray(e.rewards.data).tolist(),
+            bool(e.is_terminated),
+            bool(e.is_truncated),
+        )
+        for e in eps
+    ]
 
 
 def test_matches_rllib_single_agent_env_runner_reference_output():
-    henv = GymnasiumVectorEnv([lambda: CountEnv(3, trunc=True)])
+    henv = GymnasiumHostEnv([lambda: CountEnv(3, trunc=True)])
     policy = js.RandomPolicy(henv.observation_space, henv.action_space)
     s, ids = HostSampler(henv, policy, episode_lookback_horizon=2), {}
     got = [_show(s.sample((), num_timesteps=2), ids) for _ in range(3)]
@@ -192,31 +233,41 @@ def test_matches_rllib_single_agent_env_runner_reference_output():
     got.append(_show(s.sample((), num_timesteps=2), ids))
     assert got == [
         [("ep0", 0, 2, 2, 0, [100.0, 101.0, 102.0], [1.0, 2.0], False, False)],
-        [("ep0", 2, 3, 1, 2, [100.0, 101.0, 102.0, 103.0], [1.0, 2.0, 3.0], False, True),
-         ("ep1", 0, 1, 1, 0, [200.0, 201.0], [1.0], False, False)],
+        [
+            ("ep0", 2, 3, 1, 2, [100.0, 101.0, 102.0, 103.0], [1.0, 2.0, 3.0], False, True),
+            ("ep1", 0, 1, 1, 0, [200.0, 201.0], [1.0], False, False),
+        ],
         [("ep1", 1, 3, 2, 1, [200.0, 201.0, 202.0, 203.0], [1.0, 2.0, 3.0], False, True)],
         [("ep2", 0, 3, 3, 0, [300.0, 301.0, 302.0, 303.0], [1.0, 2.0, 3.0], False, True)],
         [("ep3", 0, 2, 2, 0, [400.0, 401.0, 402.0], [1.0, 2.0], False, False)],
     ]
-    henv = GymnasiumVectorEnv([lambda: CountEnv(3)] * 2)
+    henv = GymnasiumHostEnv([lambda: CountEnv(3)] * 2)
     s, ids = HostSampler(henv, policy, episode_lookback_horizon=1), {}
     eps = s.sample((), num_timesteps=3)
-    assert eps[0].get_infos() == [{"reset": 1}, {"t": 1}, {"t": 2}]  # infos come with their observation
+    assert eps[0].get_infos() == [
+        {"reset": 1},
+        {"t": 1},
+        {"t": 2},
+    ]  # infos come with their observation
     first = _show(eps, ids)
     assert s.metrics.num_env_steps_sampled == 4
     second = _show(s.sample((), num_timesteps=3), ids)
     assert s.metrics.num_env_steps_sampled == 4
-    assert first == [("ep0", 0, 2, 2, 0, [100.0, 101.0, 102.0], [1.0, 2.0], False, False),
-                     ("ep1", 0, 2, 2, 0, [100.0, 101.0, 102.0], [1.0, 2.0], False, False)]
-    assert second == [("ep0", 2, 3, 1, 1, [101.0, 102.0, 103.0], [2.0, 3.0], True, False),
-                      ("ep1", 2, 3, 1, 1, [101.0, 102.0, 103.0], [2.0, 3.0], True, False),
-                      ("ep2", 0, 1, 1, 0, [200.0, 201.0], [1.0], False, False),
-                      ("ep3", 0, 1, 1, 0, [200.0, 201.0], [1.0], False, False)]
+    assert first == [
+        ("ep0", 0, 2, 2, 0, [100.0, 101.0, 102.0], [1.0, 2.0], False, False),
+        ("ep1", 0, 2, 2, 0, [100.0, 101.0, 102.0], [1.0, 2.0], False, False),
+    ]
+    assert second == [
+        ("ep0", 2, 3, 1, 1, [101.0, 102.0, 103.0], [2.0, 3.0], True, False),
+        ("ep1", 2, 3, 1, 1, [101.0, 102.0, 103.0], [2.0, 3.0], True, False),
+        ("ep2", 0, 1, 1, 0, [200.0, 201.0], [1.0], False, False),
+        ("ep3", 0, 1, 1, 0, [200.0, 201.0], [1.0], False, False),
+    ]
     assert s.sample((), num_timesteps=3)[0].get_infos() == [{"t": 1}, {"t": 2}, {"t": 3}]
 
 
 def test_gymnasium_adapter_seeds_final_obs_and_next_step_reset():
-    henv = GymnasiumVectorEnv("CartPole-v1", 2, seed=7, env_kwargs={"max_episode_steps": 3})
+    henv = GymnasiumHostEnv("CartPole-v1", 2, seed=7, env_kwargs={"max_episode_steps": 3})
     first = henv.poll()
     for i in range(2):
         want, _ = gym.make("CartPole-v1").reset(seed=7 + i)
@@ -279,8 +330,13 @@ class TurnDictEnv:
             self.live.add("a1")
         if t == 2:
             self.live.add("a2")
-        seen = {a for a in self.live if (a == "a0" and t % 2 == 0) or (a == "a1" and t % 2 == 1)
-                or (a == "a2" and t % 3 == 2)}
+        seen = {
+            a
+            for a in self.live
+            if (a == "a0" and t % 2 == 0)
+            or (a == "a1" and t % 2 == 1)
+            or (a == "a2" and t % 3 == 2)
+        }
         terms, truncs = {}, {}
         if t == 3 and "a1" in self.live:
             terms["a1"] = True
@@ -293,7 +349,13 @@ class TurnDictEnv:
         terms.setdefault("__all__", False)
         truncs.setdefault("__all__", False)
         self.live -= {a for a in self.live if terms.get(a) or truncs.get(a)}
-        return ({a: self._obs(a) for a in seen}, rewards, terms, truncs, {a: {"t": t} for a in seen})
+        return (
+            {a: self._obs(a) for a in seen},
+            rewards,
+            terms,
+            truncs,
+            {a: {"t": t} for a in seen},
+        )
 
 
 def _action(obs):
@@ -329,11 +391,15 @@ def _reference(num_envs, calls, length, horizon):
     for call in range(calls):
         finished = []
         chunks = {e: (ep.cut(horizon) if len(ep) > 0 else ep) for e, ep in running.items()}
-        for slot in range(length + (1 if call == 0 else 0)):  # the first call also polls the first reset
+        for slot in range(
+            length + (1 if call == 0 else 0)
+        ):  # the first call also polls the first reset
             for e, env in enumerate(envs):
                 if e not in chunks:
                     obs, infos = env.reset(seed=e if env.k == 0 else None)
-                    ep = MultiAgentEpisode(agent_to_module_mapping_fn=lambda aid, _: "p0" if aid == "a0" else "p1")
+                    ep = MultiAgentEpisode(
+                        agent_to_module_mapping_fn=lambda aid, _: "p0" if aid == "a0" else "p1"
+                    )
                     ep.add_env_reset(observations=obs, infos=infos)
                     chunks[e], env.acting = ep, obs
                     continue
@@ -341,14 +407,23 @@ def _reference(num_envs, calls, length, horizon):
                 actions = {a: _action(o) for a, o in env.acting.items()}
                 extras = {a: {"v": np.float32(o[0] * 10 + o[1])} for a, o in env.acting.items()}
                 obs, rewards, terms, truncs, infos = env.step(actions)
-                ep.add_env_step(obs, actions, rewards, infos, terminateds=terms, truncateds=truncs,
-                                extra_model_outputs=extras)
+                ep.add_env_step(
+                    obs,
+                    actions,
+                    rewards,
+                    infos,
+                    terminateds=terms,
+                    truncateds=truncs,
+                    extra_model_outputs=extras,
+                )
                 env.acting = {a: o for a, o in obs.items() if not (terms.get(a) or truncs.get(a))}
                 if terms["__all__"] or truncs["__all__"]:
                     finished.append((e, slot, ep))
                     del chunks[e]
         finished.sort(key=lambda x: x[:2])
-        out.append([ep for *_, ep in finished] + [chunks[e] for e in sorted(chunks) if len(chunks[e]) > 0])
+        out.append(
+            [ep for *_, ep in finished] + [chunks[e] for e in sorted(chunks) if len(chunks[e]) > 0]
+        )
         running = chunks
     return out
 
@@ -364,8 +439,13 @@ def _batch_by_hand(episodes):
             cols["new_obs"] = sa.get_observations(slice(1, None))
             cols["agent_index"] = np.full(len(sa), AGENTS.index(aid))
             parts.setdefault("p0" if aid == "a0" else "p1", []).append(cols)
+
     def cat(ps, k):
-        return sum((list(p[k]) for p in ps), []) if k == "infos" else np.concatenate([np.asarray(p[k]) for p in ps])
+        return (
+            sum((list(p[k]) for p in ps), [])
+            if k == "infos"
+            else np.concatenate([np.asarray(p[k]) for p in ps])
+        )
 
     return {pid: {k: cat(ps, k) for k in ps[0]} for pid, ps in parts.items()}
 
@@ -387,7 +467,9 @@ def test_multi_agent_dict_env_equals_the_plain_add_env_step_loop(horizon):
             assert ids.setdefault(w.id_, g.id_) == g.id_
             assert_same_chunk(g, w)
             for aid, sa in g.agent_episodes.items():
-                assert sa.id_ == f"{g.id_}{AGENTS.index(aid):04x}" and sa.module_id == ("p0" if aid == "a0" else "p1")
+                assert sa.id_ == f"{g.id_}{AGENTS.index(aid):04x}" and sa.module_id == (
+                    "p0" if aid == "a0" else "p1"
+                )
                 assert sa.get_infos() == w.agent_episodes[aid].get_infos()
             done += g.is_done
             truncated += g.is_truncated
@@ -398,7 +480,7 @@ def test_multi_agent_dict_env_equals_the_plain_add_env_step_loop(horizon):
 
 def test_multi_agent_sample_batch_equals_the_batch_built_from_episodes():
     n_envs, length = 2, 6
-    make = lambda: MultiAgentDictEnv([TurnDictEnv for _ in range(n_envs)], seed=0)  # noqa: E731
+    make = lambda: MultiAgentDictEnv([TurnDictEnv for _ in range(n_envs)], seed=0)
     henv_a, henv_b = make(), make()
     s_eps = HostSampler(henv_a, _ma_policy(henv_a), rollout_length=length)
     s_bat = HostSampler(henv_b, _ma_policy(henv_b), rollout_length=length)
@@ -411,9 +493,21 @@ def test_multi_agent_sample_batch_equals_the_batch_built_from_episodes():
         want = _batch_by_hand(episodes)
         for pid, w in want.items():
             g = batch[pid]
-            for k in ("obs", "new_obs", "actions", "rewards", "terminateds", "truncateds", "t", "agent_index", "v",
-                      "eps_id"):
-                np.testing.assert_array_equal(np.asarray(g[k]), np.asarray(w[k]), err_msg=f"{pid} {k}")
+            for k in (
+                "obs",
+                "new_obs",
+                "actions",
+                "rewards",
+                "terminateds",
+                "truncateds",
+                "t",
+                "agent_index",
+                "v",
+                "eps_id",
+            ):
+                np.testing.assert_array_equal(
+                    np.asarray(g[k]), np.asarray(w[k]), err_msg=f"{pid} {k}"
+                )
             assert list(g["infos"]) == list(w["infos"])
 
 
@@ -447,7 +541,9 @@ def test_recurrent_state_is_kept_per_agent_and_reset_per_episode():
     from tests.fakes import CountingPolicy  # state = steps the agent acted in its episode
 
     henv = MultiAgentDictEnv([TurnDictEnv for _ in range(2)], seed=0)
-    s = HostSampler(henv, CountingPolicy(henv.observation_space, henv.action_space), rollout_length=7)
+    s = HostSampler(
+        henv, CountingPolicy(henv.observation_space, henv.action_space), rollout_length=7
+    )
     checked = 0
     for _ in range(3):
         for ep in s.sample(()):
@@ -471,18 +567,24 @@ class WrongShapeEnv(CountEnv):
 
 
 def test_bad_input_gives_clear_errors():
-    henv = GymnasiumVectorEnv("CartPole-v1", 2)
+    henv = GymnasiumHostEnv("CartPole-v1", 2)
     obs_space = henv.observation_space
     with pytest.raises(ValueError, match="mismatched action space"):
         HostSampler(henv, js.MLPPolicy(obs_space, js.spaces.Discrete(3)))
     with pytest.raises(ValueError, match="mismatched observation space"):
-        HostSampler(henv, js.RandomPolicy(js.spaces.Box(-1, 1, (5,), np.float32), henv.action_space))
+        HostSampler(
+            henv, js.RandomPolicy(js.spaces.Box(-1, 1, (5,), np.float32), henv.action_space)
+        )
     mad = MultiAgentDictEnv([TurnDictEnv])
-    other = js.MultiAgentPolicy(("x", "y"), {"p": ModPolicy(mad.observation_space, mad.action_space)})
+    other = js.MultiAgentPolicy(
+        ("x", "y"), {"p": ModPolicy(mad.observation_space, mad.action_space)}
+    )
     with pytest.raises(ValueError, match="mismatched agent ids"):
         HostSampler(mad, other)
-    s = HostSampler(GymnasiumVectorEnv([lambda: WrongShapeEnv()]), js.RandomPolicy(
-        js.spaces.Box(-1e4, 1e4, (1,), np.float32), js.spaces.Discrete(2)))
+    s = HostSampler(
+        GymnasiumHostEnv([lambda: WrongShapeEnv()]),
+        js.RandomPolicy(js.spaces.Box(-1e4, 1e4, (1,), np.float32), js.spaces.Discrete(2)),
+    )
     with pytest.raises(ValueError, match=r"observation shape \(5,\) does not match"):
         s.sample((), num_timesteps=3)
     with pytest.raises(ValueError, match="not both"):
@@ -508,7 +610,10 @@ def test_bad_input_gives_clear_errors():
             obs, *rest = super().step(actions)
             return ({**obs, "ghost": obs.get("a0", np.zeros(3, np.float32))}, *rest)
 
-    s = HostSampler(MultiAgentDictEnv([Intruder], agent_ids=AGENTS), ModPolicy(mad.observation_space, mad.action_space))
+    s = HostSampler(
+        MultiAgentDictEnv([Intruder], agent_ids=AGENTS),
+        ModPolicy(mad.observation_space, mad.action_space),
+    )
     with pytest.raises(ValueError, match="'ghost'"):
         s.sample(())
     with pytest.raises(ValueError, match="share one observation space"):
@@ -550,12 +655,17 @@ class ParallelTurns:
 
     def reset(self, seed=None, options=None):
         self.t, self.agents = 0, list(self.possible_agents)
-        return {a: np.array([0, 0, i], np.float32) for i, a in enumerate(self.agents)}, {a: {} for a in self.agents}
+        return {a: np.array([0, 0, i], np.float32) for i, a in enumerate(self.agents)}, {
+            a: {} for a in self.agents
+        }
 
     def step(self, actions):
         self.t += 1
-        obs = {a: np.array([self.t, actions[a], i], np.float32) for i, a in enumerate(self.possible_agents)
-               if a in self.agents}
+        obs = {
+            a: np.array([self.t, actions[a], i], np.float32)
+            for i, a in enumerate(self.possible_agents)
+            if a in self.agents
+        }
         terms = {a: a == "p1" and self.t == 2 for a in obs}
         truncs = {a: a == "p0" and self.t == 4 for a in obs}
         rewards = {a: float(self.t) for a in obs}
@@ -578,7 +688,7 @@ def test_pettingzoo_parallel_env_derives_all_done():
         assert ep.get_return() == pytest.approx(1 + 2 + 3 + 4 + 1 + 2)
 
 
-class LoggedActions(GymnasiumVectorEnv):
+class LoggedActions(GymnasiumHostEnv):
     """Env 0 takes its own action (always 1), as ExternalEnv.log_action does."""
 
     def poll(self):
@@ -603,12 +713,21 @@ class Zeros(Policy):
 
 def test_off_policy_actions_are_sent_recorded_and_marked():
     henv = LoggedActions([lambda: CountEnv(4), lambda: CountEnv(4)])
-    s = HostSampler(henv, Zeros(henv.observation_space, henv.action_space), mark_off_policy=True, rollout_length=9)
+    s = HostSampler(
+        henv,
+        Zeros(henv.observation_space, henv.action_space),
+        mark_off_policy=True,
+        rollout_length=9,
+    )
     batch = s.sample_batch(())["default_policy"]
     marked = batch["off_policy"]
-    assert marked.dtype == bool and marked.sum() == (~marked).sum() == 8  # env 0's steps, env 1's steps
+    assert (
+        marked.dtype == bool and marked.sum() == (~marked).sum() == 8
+    )  # env 0's steps, env 1's steps
     for eid in set(batch["eps_id"]):  # one episode runs in one env: all or nothing
         assert len(set(marked[batch["eps_id"] == eid])) == 1
     np.testing.assert_array_equal(batch["actions"][marked], 1)  # the env's own action, recorded
     np.testing.assert_array_equal(batch["actions"][~marked], 0)  # the policy's
-    np.testing.assert_array_equal(batch["vf_preds"], batch["obs"][:, 0])  # the policy's extras are kept
+    np.testing.assert_array_equal(
+        batch["vf_preds"], batch["obs"][:, 0]
+    )  # the policy's extras are kept

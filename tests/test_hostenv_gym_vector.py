@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import jaxsampler as js
-from jaxsampler.hostenv.gym_vector import GymnasiumVectorAdapter
+from jaxsampler.host_envs.gymnasium_vector import GymnasiumVectorHostEnv
 
 
 def policy_and_params():
@@ -23,19 +23,29 @@ def episodes_data(sampler, params, calls=3):
     out = []
     for _ in range(calls):
         for ep in sampler.sample(params):
-            out.append((len(ep), ep.is_terminated, ep.is_truncated, np.asarray(ep.get_observations()),
-                        np.asarray(ep.get_actions()), np.asarray(ep.get_rewards())))
+            out.append(
+                (
+                    len(ep),
+                    ep.is_terminated,
+                    ep.is_truncated,
+                    np.asarray(ep.get_observations()),
+                    np.asarray(ep.get_actions()),
+                    np.asarray(ep.get_rewards()),
+                )
+            )
     return out
 
 
 def test_sync_vector_env_equals_the_list_of_envs():
     """A SyncVectorEnv (next-step autoreset) gives the same episodes as the same envs
-    stepped one by one (GymnasiumVectorEnv), with the same seeds and a greedy policy."""
+    stepped one by one (GymnasiumHostEnv), with the same seeds and a greedy policy."""
     pol, params = policy_and_params()
     vec = gym.vector.SyncVectorEnv([lambda: gym.make("CartPole-v1", max_episode_steps=30)] * 3)
     a = js.Sampler(vec, pol, rollout_length=40, seed=7)
-    assert type(a).__name__ == "HostSampler" and isinstance(a.host_env, GymnasiumVectorAdapter)
-    b = js.Sampler([lambda: gym.make("CartPole-v1", max_episode_steps=30)] * 3, pol, rollout_length=40, seed=7)
+    assert type(a).__name__ == "HostSampler" and isinstance(a.host_env, GymnasiumVectorHostEnv)
+    b = js.Sampler(
+        [lambda: gym.make("CartPole-v1", max_episode_steps=30)] * 3, pol, rollout_length=40, seed=7
+    )
     got, want = episodes_data(a, params), episodes_data(b, params)
     assert len(got) == len(want) and len(got) > 3
     assert any(w[2] for w in want)  # truncations happen (time limit 30)
@@ -48,7 +58,9 @@ def test_sync_vector_env_equals_the_list_of_envs():
 def test_async_vector_env_runs_in_worker_processes():
     pol, params = policy_and_params()
     # "spawn": forking a process that runs JAX threads can deadlock.
-    vec = gym.vector.AsyncVectorEnv([functools.partial(gym.make, "CartPole-v1")] * 2, context="spawn")
+    vec = gym.vector.AsyncVectorEnv(
+        [functools.partial(gym.make, "CartPole-v1")] * 2, context="spawn"
+    )
     try:
         s = js.Sampler(vec, pol, rollout_length=20, seed=0)
         batch = s.sample_batch(params)["default_policy"]
@@ -62,7 +74,8 @@ def test_async_vector_env_runs_in_worker_processes():
 
 
 def test_other_autoreset_modes_are_refused():
-    vec = gym.vector.SyncVectorEnv([lambda: gym.make("CartPole-v1")] * 2,
-                                   autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+    vec = gym.vector.SyncVectorEnv(
+        [lambda: gym.make("CartPole-v1")] * 2, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP
+    )
     with pytest.raises(ValueError, match="NEXT_STEP"):
-        GymnasiumVectorAdapter(vec)
+        GymnasiumVectorHostEnv(vec)

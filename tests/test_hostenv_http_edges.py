@@ -21,12 +21,17 @@ import httptools
 import numpy as np
 import pytest
 
-from jaxsampler.env import DEFAULT_AGENT_ID as AGENT
-from jaxsampler.hostenv.base import ALL
-from jaxsampler.hostenv.client import PolicyClient
-from jaxsampler.hostenv.external import EnvClosedError, EpisodeStateError, ExternalEnv, ExternalMultiAgentEnv
-from jaxsampler.hostenv.offline import packb, unpackb
-from jaxsampler.hostenv.server import PROTOCOL_VERSION, PolicyServer, PolicyServerError
+from jaxsampler.codec import packb, unpackb
+from jaxsampler.constants import ALL_AGENTS
+from jaxsampler.envs.base import DEFAULT_AGENT_ID as AGENT
+from jaxsampler.host_envs.external import (
+    EnvClosedError,
+    EpisodeStateError,
+    ExternalEnv,
+    ExternalMultiAgentEnv,
+)
+from jaxsampler.serving.client import PolicyClient
+from jaxsampler.serving.server import PROTOCOL_VERSION, PolicyServer, PolicyServerError
 from tests.test_hostenv_external import ACT, OBS, PollLoop, answer, wait_finished
 
 MP = "application/msgpack"
@@ -36,14 +41,18 @@ MP = "application/msgpack"
 
 
 def connect(server: PolicyServer, timeout: float = 5.0) -> socket.socket:
-    host, port = server.address[len("http://"):].rsplit(":", 1)
+    host, port = server.address[len("http://") :].rsplit(":", 1)
     return socket.create_connection((host, int(port)), timeout=timeout)
 
 
 def post(path: str, msg: dict, version: str = "1.1", extra: bytes = b"") -> bytes:
     body = packb(msg)
-    return (f"POST {path} HTTP/{version}\r\nHost: t\r\nContent-Type: {MP}\r\nContent-Length: {len(body)}\r\n"
-            .encode() + extra + b"\r\n" + body)
+    return (
+        f"POST {path} HTTP/{version}\r\nHost: t\r\nContent-Type: {MP}\r\nContent-Length: {len(body)}\r\n".encode()
+        + extra
+        + b"\r\n"
+        + body
+    )
 
 
 def get(path: str, version: str = "1.1", extra: bytes = b"") -> bytes:
@@ -100,7 +109,7 @@ def capture(fn, *args):
     """``fn(*args)``, or the exception it raised."""
     try:
         return fn(*args)
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:
         return e
 
 
@@ -123,17 +132,20 @@ def poll_until(server: PolicyServer, eids: set, timeout: float = 5.0) -> None:
 OB = [np.full(3, float(i), np.float32) for i in range(5)]
 
 
-
-
 # -- framing ---------------------------------------------------------------------------------
 
 
 def test_pipelined_requests_are_answered_in_order(served):
     server, loop, _ = served
     with connect(server) as sock:
-        sock.sendall(post("/start_episode", {"episode_id": "p"}) + post("/get_action", {"episode_id": "p", "observation": OB[1]})
-                     + get("/info") + post("/start_episode", {"episode_id": "p"}) + get("/nowhere")
-                     + post("/end_episode", {"episode_id": "p", "observation": OB[2]}))
+        sock.sendall(
+            post("/start_episode", {"episode_id": "p"})
+            + post("/get_action", {"episode_id": "p", "observation": OB[1]})
+            + get("/info")
+            + post("/start_episode", {"episode_id": "p"})
+            + get("/nowhere")
+            + post("/end_episode", {"episode_id": "p", "observation": OB[2]})
+        )
         r = Responses(sock).read(6)
     assert [x["status"] for x in r] == [200, 200, 200, 409, 404, 200]
     assert unpackb(r[0]["body"]) == {"episode_id": "p"}
@@ -156,14 +168,18 @@ def test_request_pipelined_behind_a_waiting_get_action_waits_its_turn(served):
         holds.discard("h")
         r = Responses(sock).read(2)
     assert [x["status"] for x in r] == [200, 200]
-    assert int(unpackb(r[0]["body"])["action"]) == answer(OB[1]) and "protocol" in unpackb(r[1]["body"])
+    assert int(unpackb(r[0]["body"])["action"]) == answer(OB[1]) and "protocol" in unpackb(
+        r[1]["body"]
+    )
 
 
 def test_connection_close_and_http10_are_answered_then_closed(served):
     server, *_ = served
-    for data in (get("/info", version="1.0"),
-                 get("/info", extra=b"Connection: close\r\n") + get("/info"),  # the second is not answered
-                 post("/start_episode", {"episode_id": "c10"}, version="1.0")):
+    for data in (
+        get("/info", version="1.0"),
+        get("/info", extra=b"Connection: close\r\n") + get("/info"),  # the second is not answered
+        post("/start_episode", {"episode_id": "c10"}, version="1.0"),
+    ):
         with connect(server) as sock:
             sock.sendall(data)
             rs = Responses(sock)
@@ -175,8 +191,10 @@ def test_connection_close_and_http10_are_answered_then_closed(served):
 
 def test_missing_length_and_chunked_bodies_get_411_and_serving_goes_on(served):
     server, *_ = served
-    for data in (b"POST /start_episode HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n",
-                 b"POST /start_episode HTTP/1.1\r\nHost: t\r\n\r\n"):
+    for data in (
+        b"POST /start_episode HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n",
+        b"POST /start_episode HTTP/1.1\r\nHost: t\r\n\r\n",
+    ):
         with connect(server) as sock:
             sock.sendall(data)
             rs = Responses(sock)
@@ -188,12 +206,15 @@ def test_missing_length_and_chunked_bodies_get_411_and_serving_goes_on(served):
         assert c.get_action(eid, OB[1]) == answer(OB[1])
 
 
-@pytest.mark.parametrize("data", [
-    b"GARBAGE\r\n\r\n",
-    b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03",  # a TLS ClientHello
-    b"GET /info HTTP/1.1\r\nHost t\r\n\r\n",  # a header without a colon
-    b"GET /info HTTP/1.1\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n",
-])
+@pytest.mark.parametrize(
+    "data",
+    [
+        b"GARBAGE\r\n\r\n",
+        b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03",  # a TLS ClientHello
+        b"GET /info HTTP/1.1\r\nHost t\r\n\r\n",  # a header without a colon
+        b"GET /info HTTP/1.1\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n",
+    ],
+)
 def test_malformed_request_gets_400_json_and_the_connection_closes(served, data):
     server, *_ = served
     with connect(server) as sock:
@@ -209,7 +230,9 @@ def test_malformed_request_gets_400_json_and_the_connection_closes(served, data)
 def test_requests_before_a_malformed_one_are_answered_first(served):
     server, *_ = served
     with connect(server) as sock:
-        sock.sendall(get("/info") + post("/start_episode", {"episode_id": "m"}) + b"GARBAGE\r\n\r\n")
+        sock.sendall(
+            get("/info") + post("/start_episode", {"episode_id": "m"}) + b"GARBAGE\r\n\r\n"
+        )
         rs = Responses(sock)
         r = rs.read(3)
         assert [x["status"] for x in r] == [200, 200, 400] and rs.closed()
@@ -224,8 +247,11 @@ def test_unparsable_url_gets_400_and_does_not_stall_other_answers():
         env.start_episode("a")
         env.start_episode("b")
         with connect(server, timeout=3.0) as sa, connect(server, timeout=3.0) as sb:
-            sa.sendall(post("/get_action", {"episode_id": "a", "observation": OB[1]})
-                       + b"GET http://[ HTTP/1.1\r\nHost: t\r\n\r\n" + get("/info"))
+            sa.sendall(
+                post("/get_action", {"episode_id": "a", "observation": OB[1]})
+                + b"GET http://[ HTTP/1.1\r\nHost: t\r\n\r\n"
+                + get("/info")
+            )
             sb.sendall(post("/get_action", {"episode_id": "b", "observation": OB[2]}))
             poll_until(server, {"a", "b"})
             server.send_actions({"a": {AGENT: 1}, "b": {AGENT: 2}})  # a's answer is delivered first
@@ -239,8 +265,10 @@ def test_oversized_body_gets_413_without_being_read(served):
     server, *_ = served
     big = b"\0" * (4 << 20)  # far more than the socket buffers: the server must drain, not read it
     with connect(server) as sock:
-        sock.sendall(f"POST /log_action HTTP/1.1\r\nHost: t\r\nContent-Type: {MP}\r\nContent-Length: {len(big)}\r\n\r\n"
-                     .encode() + big)
+        sock.sendall(
+            f"POST /log_action HTTP/1.1\r\nHost: t\r\nContent-Type: {MP}\r\nContent-Length: {len(big)}\r\n\r\n".encode()
+            + big
+        )
         rs = Responses(sock)
         (r,) = rs.read(1)
         assert "max_body_bytes" in json_error(r, 413)["message"]
@@ -250,14 +278,18 @@ def test_oversized_body_gets_413_without_being_read(served):
         with pytest.raises(PolicyServerError) as e:
             c.get_action(eid, np.zeros(1 << 20, np.float32))  # a 4 MB body from the client itself
         assert e.value.status == 413
-        assert c.get_action(eid, OB[1]) == answer(OB[1])  # the same client goes on, on a new connection
+        assert c.get_action(eid, OB[1]) == answer(
+            OB[1]
+        )  # the same client goes on, on a new connection
 
 
 def test_any_request_body_over_max_body_bytes_gets_413(served):
     """A GET with a huge body is refused too: it is not buffered in the server's memory."""
     server, *_ = served
     with connect(server) as sock:
-        sock.sendall(get("/info", extra=f"Content-Length: {4 << 20}\r\n".encode()) + b"\0" * (4 << 20))
+        sock.sendall(
+            get("/info", extra=f"Content-Length: {4 << 20}\r\n".encode()) + b"\0" * (4 << 20)
+        )
         rs = Responses(sock)
         (r,) = rs.read(1)
         assert "max_body_bytes" in json_error(r, 413)["message"] and rs.closed()
@@ -281,7 +313,10 @@ def test_unanswered_get_action_gets_504_and_only_its_episode_is_abandoned():
             def step_fast():  # keeps stepping while "slow" waits
                 t = 0
                 while not done.is_set() and t < 1000:
-                    fast_actions.append(fast.get_action("fast", np.array([t, 0, 0], np.float32)) == answer([t, 0, 0]))
+                    fast_actions.append(
+                        fast.get_action("fast", np.array([t, 0, 0], np.float32))
+                        == answer([t, 0, 0])
+                    )
                     t += 1
 
             th = threading.Thread(target=step_fast)
@@ -304,7 +339,7 @@ def test_unanswered_get_action_gets_504_and_only_its_episode_is_abandoned():
             loop.close()
     assert env.episode_status("slow") == "abandoned" and env.episode_status("fast") == "completed"
     last = loop.steps["slow"][-1]
-    assert last[3][ALL] and last[4][AGENT] == {"abandoned": True}
+    assert last[3][ALL_AGENTS] and last[4][AGENT] == {"abandoned": True}
 
 
 def test_answer_racing_the_timeout_is_delivered():
@@ -378,7 +413,9 @@ def test_idle_connection_is_reaped_busy_one_is_not_and_the_client_reconnects():
             busy, idle = PolicyClient(server.address), PolicyClient(server.address)
             busy.start_episode("busy")
             out: dict = {}
-            th = threading.Thread(target=lambda: out.update(r=capture(busy.get_action, "busy", OB[1])))
+            th = threading.Thread(
+                target=lambda: out.update(r=capture(busy.get_action, "busy", OB[1]))
+            )
             th.start()
             until(lambda: "busy" in loop.held)
             eid = idle.start_episode()  # after busy's request: its connection is the younger one
@@ -511,9 +548,17 @@ def test_deferred_multi_agent_returns():
         finally:
             loop.close()
     s = loop.steps[eid]
-    assert [x[1] for x in s] == [{"a": 0.0, "b": 0.0}, {"a": 1.5, "b": 2.0}, {"a": 0.0, "b": 3.0}, {"a": 7.0}]
+    assert [x[1] for x in s] == [
+        {"a": 0.0, "b": 0.0},
+        {"a": 1.5, "b": 2.0},
+        {"a": 0.0, "b": 3.0},
+        {"a": 7.0},
+    ]
     assert s[1][4] == {"a": {}, "b": {"x": 1}}
-    assert s[2][2] == {"a": False, "b": True, ALL: False} and s[3][2] == {"a": True, ALL: True}
+    assert s[2][2] == {"a": False, "b": True, ALL_AGENTS: False} and s[3][2] == {
+        "a": True,
+        ALL_AGENTS: True,
+    }
 
 
 # -- construction ------------------------------------------------------------------------------
@@ -529,7 +574,11 @@ def test_binding_a_port_in_use_raises_oserror():
             with pytest.raises(OSError):
                 PolicyServer(ExternalEnv(OBS, ACT), port=s.getsockname()[1])
             gc.collect()
-        leaks = [w for w in caught if issubclass(w.category, ResourceWarning) and "event loop" in str(w.message)]
+        leaks = [
+            w
+            for w in caught
+            if issubclass(w.category, ResourceWarning) and "event loop" in str(w.message)
+        ]
         assert not leaks, leaks  # the failed constructor closed its event loop
     with PolicyServer(ExternalEnv(OBS, ACT)) as first:
         with pytest.raises(OSError):

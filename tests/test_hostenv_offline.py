@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 
 import jaxsampler as js
-from jaxsampler.host.episode import SingleAgentEpisode
-from jaxsampler.host.lookback import InfiniteLookbackBuffer
-from jaxsampler.host.multi_agent_episode import default_agent_to_module_mapping_fn
-from jaxsampler.hostenv.offline import (
+from jaxsampler.episodes.lookback import InfiniteLookbackBuffer
+from jaxsampler.episodes.multi_agent import default_agent_to_module_mapping_fn
+from jaxsampler.episodes.single_agent import SingleAgentEpisode
+from jaxsampler.offline import (
     OfflineWriter,
     read_batches,
     read_episodes,
@@ -35,7 +35,14 @@ def assert_same(a, b, path="root"):
         assert a.dtype == b.dtype and (a == b or (a != a and b != b)), path
     elif isinstance(a, (js.SampleBatch,)):
         assert_same(dict(a), dict(b), path)
-        for attr in ("count", "time_major", "max_seq_len", "zero_padded", "is_training", "num_grad_updates"):
+        for attr in (
+            "count",
+            "time_major",
+            "max_seq_len",
+            "zero_padded",
+            "is_training",
+            "num_grad_updates",
+        ):
             assert getattr(a, attr) == getattr(b, attr), (path, attr)
     elif isinstance(a, js.MultiAgentBatch):
         assert a.count == b.count
@@ -50,9 +57,7 @@ def assert_same(a, b, path="root"):
         assert len(a) == len(b), path
         for i, (x, y) in enumerate(zip(a, b)):
             assert_same(x, y, f"{path}[{i}]")
-    elif isinstance(a, SingleAgentEpisode):
-        assert_same(a.get_state(), b.get_state(), path)
-    elif isinstance(a, InfiniteLookbackBuffer):
+    elif isinstance(a, SingleAgentEpisode) or isinstance(a, InfiniteLookbackBuffer):
         assert_same(a.get_state(), b.get_state(), path)
     elif isinstance(a, js.MultiAgentEpisode):
         sa, sb = dict(a.__dict__), dict(b.__dict__)
@@ -77,19 +82,30 @@ def hand_made_batches():
         state_in_0=np.zeros((2, 5), np.float16),
         seq_lens=np.array([2, 2], np.int32),
         extra={"a": np.zeros((4, 2, 2), np.uint8), "b": np.full(4, np.int16(-3))},
-        _time_major=False, _max_seq_len=2, _zero_padded=True, _is_training=True, _num_grad_updates=3.5,
+        _time_major=False,
+        _max_seq_len=2,
+        _zero_padded=True,
+        _is_training=True,
+        _num_grad_updates=3.5,
     )
     obj = js.SampleBatch(obs=np.ones((2, 1)), infos=np.array([{"k": [1, 2]}, None], dtype=object))
-    ma = js.MultiAgentBatch({"p0": sb.copy(), "p1": js.SampleBatch(obs=np.zeros((0, 3), np.float32))}, 7)
+    ma = js.MultiAgentBatch(
+        {"p0": sb.copy(), "p1": js.SampleBatch(obs=np.zeros((0, 3), np.float32))}, 7
+    )
     return [sb, obj, ma, js.SampleBatch()]
 
 
 @pytest.mark.parametrize("suffix", [".msgpack", ".msgpack.gz"])
 def test_batches_round_trip(tmp_path, suffix):
     batches = hand_made_batches()
-    sampler = js.Sampler("CartPole-v1", js.RandomPolicy(js.make("CartPole-v1").observation_space,
-                                                        js.make("CartPole-v1").action_space), num_envs=2,
-                         rollout_length=16)
+    sampler = js.Sampler(
+        "CartPole-v1",
+        js.RandomPolicy(
+            js.make("CartPole-v1").observation_space, js.make("CartPole-v1").action_space
+        ),
+        num_envs=2,
+        rollout_length=16,
+    )
     batches.append(sampler.sample_batch((), num_timesteps=32))
     path = str(tmp_path / ("log" + suffix))
     assert write_batches(path, batches) == len(batches)
@@ -104,12 +120,14 @@ def test_batches_round_trip(tmp_path, suffix):
 
 def test_episodes_round_trip(tmp_path):
     env = js.make("CartPole-v1")
-    sa = js.Sampler(env, js.RandomPolicy(env.observation_space, env.action_space), num_envs=2,
-                    rollout_length=16).sample((), num_timesteps=40)
+    sa = js.Sampler(
+        env, js.RandomPolicy(env.observation_space, env.action_space), num_envs=2, rollout_length=16
+    ).sample((), num_timesteps=40)
     turn = TurnEnv()
     policy = CountingPolicy(turn.observation_space, turn.action_space)
     ma = js.Sampler(turn, policy, num_envs=2, rollout_length=5).sample(
-        policy.init(jax.random.PRNGKey(0)), num_timesteps=10)
+        policy.init(jax.random.PRNGKey(0)), num_timesteps=10
+    )
     episodes = list(sa) + list(ma)
     assert any(isinstance(e, js.MultiAgentEpisode) for e in episodes)
     path = str(tmp_path / "eps.msgpack")

@@ -17,9 +17,11 @@ import numpy as np
 import pytest
 
 import jaxsampler as js
-from jaxsampler.env import DEFAULT_AGENT_ID as AGENT
-from jaxsampler.hostenv.base import ALL, HostEnv
-from jaxsampler.hostenv.external import (
+from jaxsampler.codec import packb, unpackb
+from jaxsampler.constants import ALL_AGENTS
+from jaxsampler.envs.base import DEFAULT_AGENT_ID as AGENT
+from jaxsampler.host_envs.base import HostEnv
+from jaxsampler.host_envs.external import (
     CLIENT_POLICY_INFO,
     EpisodeStateError,
     ExternalEnv,
@@ -27,14 +29,22 @@ from jaxsampler.hostenv.external import (
     InvalidDataError,
     UnknownEpisodeError,
 )
-from jaxsampler.hostenv.offline import packb, unpackb
-from jaxsampler.hostenv.client import PolicyClient
-from jaxsampler.hostenv.server import PROTOCOL_VERSION, PolicyServer, PolicyServerError
-from tests.test_hostenv_external import ACT, OBS, PollLoop, answer, check_exactly_once, run_clients, simulate, wait_finished
+from jaxsampler.serving.client import PolicyClient
+from jaxsampler.serving.server import PROTOCOL_VERSION, PolicyServer, PolicyServerError
+from tests.test_hostenv_external import (
+    ACT,
+    OBS,
+    PollLoop,
+    answer,
+    check_exactly_once,
+    run_clients,
+    simulate,
+    wait_finished,
+)
 
 
 def raw(server, method, path, body=None, headers=None):
-    host, port = server.address[len("http://"):].split(":")
+    host, port = server.address[len("http://") :].split(":")
     conn = http.client.HTTPConnection(host, int(port), timeout=30)
     try:
         conn.request(method, path, body=body, headers=headers or {})
@@ -60,14 +70,17 @@ def test_remote_many_clients_exactly_once_and_disconnect(served):
     c.start_episode("gone")
     c.log_returns("gone", 1.0)
     c.flush()  # the deferred reward goes now, not with this client's next request
-    host, port = server.address[len("http://"):].split(":")
+    host, port = server.address[len("http://") :].split(":")
 
     def clients(cid):
         if cid == 0:  # the disconnecting client: sends get_action, then hangs up
             sock = socket.create_connection((host, int(port)))
             body = packb({"episode_id": "gone", "observation": np.full(3, 9.0, np.float32)})
-            sock.sendall(b"POST /get_action HTTP/1.1\r\nHost: x\r\nContent-Type: application/msgpack\r\n"
-                         + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+            sock.sendall(
+                b"POST /get_action HTTP/1.1\r\nHost: x\r\nContent-Type: application/msgpack\r\n"
+                + f"Content-Length: {len(body)}\r\n\r\n".encode()
+                + body
+            )
             while "gone" not in loop.held:  # delivered to the sampler, answer held back
                 threading.Event().wait(0.002)
             sock.close()
@@ -82,7 +95,7 @@ def test_remote_many_clients_exactly_once_and_disconnect(served):
     first, last = loop.steps["gone"]
     assert first[1] == {AGENT: 1.0}  # the logged reward preceding the first observation
     np.testing.assert_array_equal(last[0][AGENT], np.full(3, 9.0))
-    assert last[3] == {AGENT: True, ALL: True} and last[4][AGENT] == {"abandoned": True}
+    assert last[3] == {AGENT: True, ALL_AGENTS: True} and last[4][AGENT] == {"abandoned": True}
     assert env.episode_status("gone") == "abandoned"
     with pytest.raises(EpisodeStateError, match="abandoned"):
         c.get_action("gone", np.zeros(3))
@@ -99,7 +112,15 @@ def test_bad_requests_get_4xx_and_server_keeps_serving(served):
     assert s == 400 and "map" in e["message"]
     s, e = error_of(*raw(server, "POST", "/get_action", packb({"episode_id": "x"}), mp))
     assert s == 400 and "observation" in e["message"]
-    s, e = error_of(*raw(server, "POST", "/get_action", packb({"episode_id": "nope", "observation": [0, 0, 0]}), mp))
+    s, e = error_of(
+        *raw(
+            server,
+            "POST",
+            "/get_action",
+            packb({"episode_id": "nope", "observation": [0, 0, 0]}),
+            mp,
+        )
+    )
     assert s == 404 and e["error"] == "UnknownEpisodeError" and "nope" in e["message"]
     s, e = error_of(*raw(server, "POST", "/log_returns", json.dumps({"a": 1}).encode(), mp))
     assert s == 400
@@ -130,13 +151,20 @@ def test_bad_requests_get_4xx_and_server_keeps_serving(served):
     with pytest.raises(UnknownEpisodeError):
         eager.log_returns("nope", 1.0)
     eager.close()
-    batch = {"commands": [{"command": "log_returns", "episode_id": "nope", "reward": 1.0},
-                          {"command": "get_action", "episode_id": eid, "observation": [0, 0, 0]},
-                          {"command": "log_returns", "episode_id": eid, "reward": 1.0}]}
+    batch = {
+        "commands": [
+            {"command": "log_returns", "episode_id": "nope", "reward": 1.0},
+            {"command": "get_action", "episode_id": eid, "observation": [0, 0, 0]},
+            {"command": "log_returns", "episode_id": eid, "reward": 1.0},
+        ]
+    }
     s, ctype, data = raw(server, "POST", "/batch", packb(batch), mp)
     assert s == 200 and ctype == "application/msgpack"
     res = unpackb(data)
-    assert res["done"] == 1 and [(x["index"], x["status"]) for x in res["errors"]] == [(0, 404), (1, 400)]
+    assert res["done"] == 1 and [(x["index"], x["status"]) for x in res["errors"]] == [
+        (0, 404),
+        (1, 400),
+    ]
     s, e = error_of(*raw(server, "POST", "/batch", packb({"commands": 3}), mp))
     assert s == 400 and "commands" in e["message"]
     # Still serving; the episode survived every error above (and got the batched reward).
@@ -145,9 +173,13 @@ def test_bad_requests_get_4xx_and_server_keeps_serving(served):
     client.end_episode(eid, obs)
     wait_finished(server.env, [eid])
     (s0, s1) = loop.steps[eid]
-    assert s0[1] == {AGENT: 1.0} and s1[2][ALL]
+    assert s0[1] == {AGENT: 1.0} and s1[2][ALL_AGENTS]
     info = client.server_info()
-    assert info["protocol"] == PROTOCOL_VERSION == 2 and info["observation_space"] == OBS and info["multi_agent"] is False
+    assert (
+        info["protocol"] == PROTOCOL_VERSION == 2
+        and info["observation_space"] == OBS
+        and info["multi_agent"] is False
+    )
     client.close()
 
 
@@ -169,9 +201,9 @@ def test_multi_agent_remote():
         finally:
             loop.close()
     s0, s1, s2 = loop.steps[eid]
-    assert s1[1] == {"a": 1.0, "b": 0.0} and s1[2] == {"a": False, "b": True, ALL: False}
+    assert s1[1] == {"a": 1.0, "b": 0.0} and s1[2] == {"a": False, "b": True, ALL_AGENTS: False}
     assert s1[4] == {"a": {}, "b": {"x": 1}} and s1[5] == {"a": 3}
-    assert s2[2] == {"a": True, ALL: True}
+    assert s2[2] == {"a": True, ALL_AGENTS: True}
 
 
 def test_local_inference_pulls_weights_and_logs_experience():
@@ -192,7 +224,9 @@ def test_local_inference_pulls_weights_and_logs_experience():
                 for t in range(4):
                     obs = np.array([e, t, 100.0 * t], np.float32)
                     act = client.get_action(eid, obs)
-                    ref, extras, _ = policy(params, obs[None, None], jax.random.PRNGKey(0), js.NoState())
+                    ref, extras, _ = policy(
+                        params, obs[None, None], jax.random.PRNGKey(0), js.NoState()
+                    )
                     assert int(act) == int(ref[0, 0])
                     expected.append((eid, obs, int(act), float(extras["vf_preds"][0, 0]), e + 1))
                     client.log_returns(eid, 1.0)
@@ -214,7 +248,7 @@ def test_local_inference_pulls_weights_and_logs_experience():
         assert set(cp["extra_model_outputs"]) == {"action_logp", "vf_preds"}
         assert float(cp["extra_model_outputs"]["vf_preds"]) == pytest.approx(vf, rel=1e-5, abs=1e-6)
     for eid in eids:
-        assert loop.steps[eid][-1][1] == {AGENT: 1.0} and loop.steps[eid][-1][2][ALL]
+        assert loop.steps[eid][-1][1] == {AGENT: 1.0} and loop.steps[eid][-1][2][ALL_AGENTS]
 
 
 def test_local_client_errors():

@@ -25,11 +25,13 @@ def obs_of(cid: int, ep: int, t: int) -> np.ndarray:
 
 
 def test_http_clients_to_sampler_batches_exactly_once():
-    env = js.ExternalEnv(OBS, ACT, max_wait_s=0.005)
-    server = js.PolicyServer(env, port=0)
+    env = js.host_envs.ExternalEnv(OBS, ACT, max_wait_s=0.005)
+    server = js.serving.PolicyServer(env, port=0)
     policy = js.MLPPolicy(OBS, ACT, hidden_sizes=(8,))
     params = policy.init(jax.random.PRNGKey(0))
-    sampler = js.HostSampler(server, policy, seed=0, timeout_s=0.2, mark_off_policy=True, batch_sizes=(8,))
+    sampler = js.sampling.HostSampler(
+        server, policy, seed=0, timeout_s=0.2, mark_off_policy=True, batch_sizes=(8,)
+    )
     batches, stop = [], threading.Event()
 
     def sample_forever():
@@ -37,7 +39,7 @@ def test_http_clients_to_sampler_batches_exactly_once():
             batches.append(sampler.sample_batch(params, num_timesteps=8))
 
     def client(cid: int):
-        c = js.PolicyClient(server.address)
+        c = js.serving.PolicyClient(server.address)
         for ep in range(EPISODES):
             eid = c.start_episode(f"c{cid}e{ep}")
             for t in range(STEPS):
@@ -56,6 +58,7 @@ def test_http_clients_to_sampler_batches_exactly_once():
         th.start()
     for th in threads:
         th.join(60)
+
     # Drain: keep sampling until every step has come out (bounded).
     def rows():
         out = [b["default_policy"] for b in batches if b.agent_steps()]
@@ -79,7 +82,9 @@ def test_http_clients_to_sampler_batches_exactly_once():
     eps = np.concatenate([sb["eps_id"] for sb in parts])
     keys = {tuple(o) for o in obs.astype(int).tolist()}
     assert len(keys) == total  # exactly once: every (client, episode, step) once
-    assert keys == {(c, e, t) for c in range(CLIENTS) for e in range(EPISODES) for t in range(STEPS)}
+    assert keys == {
+        (c, e, t) for c in range(CLIENTS) for e in range(EPISODES) for t in range(STEPS)
+    }
     np.testing.assert_array_equal(new_obs[:, 2], obs[:, 2] + 1)  # the next obs of the same episode
     np.testing.assert_array_equal(new_obs[:, :2], obs[:, :2])
     np.testing.assert_allclose(rewards, 100 * obs[:, 0] + 10 * obs[:, 1] + obs[:, 2])

@@ -18,10 +18,11 @@ import pytest
 
 import jaxsampler as js
 from jaxsampler import spaces
-from jaxsampler.hostenv import HostSampler
-from jaxsampler.hostenv.base import ALL, HostEnv, PollResult
-from jaxsampler.hostenv.track import Track
+from jaxsampler.constants import ALL_AGENTS
+from jaxsampler.host_envs.base import HostEnv, PollResult
 from jaxsampler.policies.base import Policy
+from jaxsampler.sampling import HostSampler
+from jaxsampler.sampling.track import Track
 
 A = js.DEFAULT_AGENT_ID
 
@@ -35,9 +36,20 @@ class Scripted(HostEnv):
     action_space = spaces.Discrete(5)
     agent_ids = (A,)
 
-    def __init__(self, n: int = 4, seed: int = 0, reward_only: bool = True, off_policy: bool = True,
-                 ready_p: float = 0.7):
-        self.num_envs, self.reward_only, self.off_policy, self.ready_p = n, reward_only, off_policy, ready_p
+    def __init__(
+        self,
+        n: int = 4,
+        seed: int = 0,
+        reward_only: bool = True,
+        off_policy: bool = True,
+        ready_p: float = 0.7,
+    ):
+        self.num_envs, self.reward_only, self.off_policy, self.ready_p = (
+            n,
+            reward_only,
+            off_policy,
+            ready_p,
+        )
         self.rng = np.random.default_rng(seed)
         self.t = [None] * n  # None: not started
         self.limit = [0] * n
@@ -50,7 +62,11 @@ class Scripted(HostEnv):
 
     def poll(self) -> PollResult:
         obs, rew, term, trunc, infos, offp = {}, {}, {}, {}, {}, {}
-        ready = [e for e in range(self.num_envs) if not self.waiting[e] and self.rng.random() < self.ready_p]
+        ready = [
+            e
+            for e in range(self.num_envs)
+            if not self.waiting[e] and self.rng.random() < self.ready_p
+        ]
         for e in ready or [e for e in range(self.num_envs) if not self.waiting[e]][:1]:
             r = float(self.rng.integers(-3, 4))
             if self.t[e] is None:  # first observation
@@ -61,16 +77,16 @@ class Scripted(HostEnv):
                 continue
             if self.reward_only and self.rng.random() < 0.15:  # a reward, no observation yet
                 rew[e] = {A: r}
-                term[e] = {A: False, ALL: False}
-                trunc[e] = {A: False, ALL: False}
+                term[e] = {A: False, ALL_AGENTS: False}
+                trunc[e] = {A: False, ALL_AGENTS: False}
                 continue
             self.t[e] += 1
             done = self.t[e] >= self.limit[e]
             kind = self.rng.random()
             obs[e] = {A: np.array([e, self.t[e] * 10 + self.last_action[e]], np.float32)}
             rew[e] = {A: r}
-            term[e] = {A: done and kind < 0.5, ALL: done and kind < 0.5}
-            trunc[e] = {A: done and kind >= 0.5, ALL: done and kind >= 0.5}
+            term[e] = {A: done and kind < 0.5, ALL_AGENTS: done and kind < 0.5}
+            trunc[e] = {A: done and kind >= 0.5, ALL_AGENTS: done and kind >= 0.5}
             infos[e] = {A: {"t": self.t[e]}}
             if done:
                 self.t[e] = None
@@ -104,14 +120,28 @@ class Noisy(Policy):
         return a, {"vf_preds": obs[..., 1] * 0.5, "action_logp": -a.astype(jnp.float32)}, state
 
 
-CALLS = [("eps", {}), ("batch", {}), ("eps", {"num_timesteps": 7}), ("batch", {"num_episodes": 3}),
-         ("eps", {}), ("batch", {"num_timesteps": 11}), ("eps", {"num_episodes": 2}), ("batch", {})]
+CALLS = [
+    ("eps", {}),
+    ("batch", {}),
+    ("eps", {"num_timesteps": 7}),
+    ("batch", {"num_episodes": 3}),
+    ("eps", {}),
+    ("batch", {"num_timesteps": 11}),
+    ("eps", {"num_episodes": 2}),
+    ("batch", {}),
+]
 
 
 def _run(fast: bool, horizon: int, reward_only: bool = True):
     env = Scripted(reward_only=reward_only)
-    s = HostSampler(env, Noisy(env.observation_space, env.action_space), seed=3, episode_lookback_horizon=horizon,
-                    rollout_length=6, mark_off_policy=True)
+    s = HostSampler(
+        env,
+        Noisy(env.observation_space, env.action_space),
+        seed=3,
+        episode_lookback_horizon=horizon,
+        rollout_length=6,
+        mark_off_policy=True,
+    )
     s.fast_single_agent = fast
     s._fast = fast  # the instance attribute set at construction
     out = []
@@ -144,13 +174,21 @@ def test_fast_path_equals_collector_path(horizon, reward_only):
             assert len(got) == len(want)
             for g, w in zip(got, want):
                 assert type(g) is type(w) is js.SingleAgentEpisode
-                assert (g.id_, len(g), g.t_started, g.t, g.is_terminated, g.is_truncated) == \
-                       (w.id_, len(w), w.t_started, w.t, w.is_terminated, w.is_truncated)
+                assert (g.id_, len(g), g.t_started, g.t, g.is_terminated, g.is_truncated) == (
+                    w.id_,
+                    len(w),
+                    w.t_started,
+                    w.t,
+                    w.is_terminated,
+                    w.is_truncated,
+                )
                 assert (g.agent_id, g.module_id, g.multi_agent_episode_id) == (None, None, None)
                 for name in ("observations", "actions", "rewards", "infos"):
                     _same_buffer(getattr(g, name), getattr(w, name), name)
                 assert set(g.extra_model_outputs) == set(w.extra_model_outputs)
-                assert set(w.extra_model_outputs) == ({"vf_preds", "action_logp", "off_policy"} if len(w) else set())
+                assert set(w.extra_model_outputs) == (
+                    {"vf_preds", "action_logp", "off_policy"} if len(w) else set()
+                )
                 for k in w.extra_model_outputs:
                     _same_buffer(g.extra_model_outputs[k], w.extra_model_outputs[k], k)
                 n_eps += 1
@@ -178,7 +216,13 @@ def test_reward_only_polls_sum_into_the_next_step():
     tr.step(1, {}, 0.5, np.ones(2), {})
     assert tr.rewards == [2.5] and tr.hanging_reward == 0.0
     succ = tr.cut(1)
-    assert (succ.lookback, succ.t_started, len(succ), succ.rewards, len(succ.obs)) == (1, 1, 0, [2.5], 2)
+    assert (succ.lookback, succ.t_started, len(succ), succ.rewards, len(succ.obs)) == (
+        1,
+        1,
+        0,
+        [2.5],
+        2,
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -206,7 +250,7 @@ def test_each_call_acts_with_its_own_params(fast, kw):
     s._fast = fast
     for p in (1, 2, 3):
         for ep in s.sample(p, **kw):
-            assert ep.actions.data.tolist()[ep.actions.lookback:] == [p] * len(ep), (p, ep)
+            assert ep.actions.data.tolist()[ep.actions.lookback :] == [p] * len(ep), (p, ep)
 
 
 @pytest.mark.parametrize("fast", [True, False])
@@ -214,10 +258,12 @@ def test_one_agent_multi_agent_policy_and_episodes_ended_before_their_first_step
     """A one-agent env with a MultiAgentPolicy files rows under its policy id; an episode
     whose first observation is already final (start_episode, then end_episode) is no
     episode: nothing is emitted, counted or left running, and no action is sent to it."""
-    from jaxsampler.hostenv.external import ExternalEnv
+    from jaxsampler.host_envs.external import ExternalEnv
 
     env = ExternalEnv(Scripted.observation_space, Scripted.action_space)
-    pol = js.MultiAgentPolicy(env.agent_ids, {"main": ParamAction(env.observation_space, env.action_space)})
+    pol = js.MultiAgentPolicy(
+        env.agent_ids, {"main": ParamAction(env.observation_space, env.action_space)}
+    )
     s = HostSampler(env, pol, timeout_s=0.3)
     s._fast = fast
     o = np.zeros(2, np.float32)
@@ -228,7 +274,9 @@ def test_one_agent_multi_agent_policy_and_episodes_ended_before_their_first_step
     env.end_episode(eid, o)
     batch = s.sample_batch({"main": 2})
     assert list(batch.policy_batches) == ["main"]
-    assert batch["main"]["actions"].tolist() == [1] and batch["main"]["terminateds"].tolist() == [True]
+    assert batch["main"]["actions"].tolist() == [1] and batch["main"]["terminateds"].tolist() == [
+        True
+    ]
     assert s.metrics.num_episodes_completed == 1 and env.stats["dropped_actions"] == 0
     assert not s._tracks and not s._running and not s._returns
     env.close()

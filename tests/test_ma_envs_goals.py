@@ -35,7 +35,9 @@ class RefGoals:
         rows = []
         for i in range(len(self.pos)):
             others = [self.pos[j] - self.pos[i] for j in range(len(self.pos)) if j != i]
-            rows.append(np.concatenate([self.pos[i], self.goals[i] - self.pos[i], np.ravel(others)]))
+            rows.append(
+                np.concatenate([self.pos[i], self.goals[i] - self.pos[i], np.ravel(others)])
+            )
         return np.stack(rows).astype(np.float32)
 
     def step(self, action) -> np.ndarray:
@@ -46,7 +48,9 @@ class RefGoals:
         dist = np.sqrt(((self.goals - self.pos) ** 2).sum(-1))
         reached = going & (dist <= np.float32(p.goal_radius))
         self.t += 1
-        reward = np.where(going, -p.step_penalty - p.distance_penalty * dist + p.goal_reward * reached, 0.0)
+        reward = np.where(
+            going, -p.step_penalty - p.distance_penalty * dist + p.goal_reward * reached, 0.0
+        )
         self.term = self.term | reached
         self.trunc = self.trunc | (going & ~reached & (self.t >= p.max_steps_in_episode))
         self.obs = np.where(going[:, None], self.observe(), self.obs)

@@ -57,14 +57,20 @@ class FakeCounters:
         return {"bob": jnp.stack([c[0], c[1], t]), "alice": jnp.stack([c[1], c[0], t])}
 
     def reset(self, key):
-        s = CounterState(jnp.zeros(2, jnp.float32), jnp.zeros((), jnp.int32), jnp.zeros((), jnp.int32))
+        s = CounterState(
+            jnp.zeros(2, jnp.float32), jnp.zeros((), jnp.int32), jnp.zeros((), jnp.int32)
+        )
         return self._obs(s), s
 
     def step_env(self, key, state, actions):
         a = jnp.stack([actions["bob"], actions["alice"]]).astype(jnp.float32)
         s = state.replace(count=state.count + a, step=state.step + 1)
         done = s.count >= jnp.array([3.0, 5.0])
-        dones = {"bob": done[0], "alice": done[1], "__all__": done.all() | (s.step >= self.max_steps)}
+        dones = {
+            "bob": done[0],
+            "alice": done[1],
+            "__all__": done.all() | (s.step >= self.max_steps),
+        }
         rewards = {"bob": a[0], "alice": a[1]}
         return self._obs(s), s, rewards, dones, {"count_sum": s.count.sum()}
 
@@ -90,11 +96,15 @@ RESET, STEP = jax.jit(ENV.reset), jax.jit(ENV.step)
 
 
 def test_spaces_names_and_layout():
-    assert ENV.num_agents == 2 and ENV.agent_ids == ("bob", "alice") and ENV.name == "jaxmarl:counters"
+    assert (
+        ENV.num_agents == 2 and ENV.agent_ids == ("bob", "alice") and ENV.name == "jaxmarl:counters"
+    )
     assert ENV.observation_space == js.spaces.Box(-np.inf, np.inf, (3,))
     assert ENV.action_space == js.spaces.Discrete(3)
-    assert ENV == from_jaxmarl(FAKE, env_id="counters") and hash(ENV) == hash(from_jaxmarl(FAKE, env_id="counters"))
-    assert ENV != from_jaxmarl(FAKE, JaxMARLParams(max_steps_in_episode=5), "counters")
+    assert from_jaxmarl(FAKE, env_id="counters") == ENV and hash(ENV) == hash(
+        from_jaxmarl(FAKE, env_id="counters")
+    )
+    assert from_jaxmarl(FAKE, JaxMARLParams(max_steps_in_episode=5), "counters") != ENV
     _, ts = RESET(jax.random.PRNGKey(0))
     assert ts.obs.shape == (2, 3) and ts.acting.all() and not ts.terminated.any()
     assert float(ts.info["count_sum"]) == 0.0  # zeros of the step's info structure
@@ -117,7 +127,9 @@ def test_sticky_done_agents_and_episode_end():
             # Bob's action still reaches the wrapped env after he is done (lockstep API).
             np.testing.assert_array_equal(ts.obs[1], [t, 2 * t, t])
     assert int(s.env_state.resets) == 0  # step_env was used: no hidden reset
-    np.testing.assert_array_equal(ts.obs[1], [5, 10, 5])  # the real final observation, not a reset one
+    np.testing.assert_array_equal(
+        ts.obs[1], [5, 10, 5]
+    )  # the real final observation, not a reset one
 
 
 def test_done_all_terminates_everyone_and_time_limit_truncates():
@@ -166,6 +178,8 @@ def test_check_env_and_donating_rollout():
     np.testing.assert_array_equal(np.asarray(traj.is_reset)[1:], done[:-1])
     assert done.any()
     rollout((), state, traj)  # buffers passed back
+
+
 def test_heterogeneous_spaces_are_refused():
     with pytest.raises(ValueError, match="pad"):
         from_jaxmarl(FakeCounters(obs_dim=4))
@@ -195,7 +209,9 @@ def test_real_jaxmarl_mpe_matches_stepping_by_hand():
             s, raw_state = carry
             k, a = x
             s, ts = env.step(k, s, a)
-            obs, raw_state, rew, done, _ = raw.step_env(k, raw_state, {n: a[i] for i, n in enumerate(raw.agents)})
+            obs, raw_state, rew, done, _ = raw.step_env(
+                k, raw_state, {n: a[i] for i, n in enumerate(raw.agents)}
+            )
             return (s, raw_state), (ts, stack(obs), stack(rew), stack(done))
 
         keys = jax.random.split(key, actions.shape[0])

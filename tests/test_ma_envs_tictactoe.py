@@ -61,12 +61,18 @@ class RefGame:
 
 
 def assert_matches(ts, ref: RefGame, reward, where: str) -> None:
-    np.testing.assert_array_equal(np.asarray(ts.obs), np.stack([ref.obs(0), ref.obs(1)]), err_msg=where)
-    np.testing.assert_array_equal(np.asarray(ts.reward), np.asarray(reward, np.float32), err_msg=where)
+    np.testing.assert_array_equal(
+        np.asarray(ts.obs), np.stack([ref.obs(0), ref.obs(1)]), err_msg=where
+    )
+    np.testing.assert_array_equal(
+        np.asarray(ts.reward), np.asarray(reward, np.float32), err_msg=where
+    )
     np.testing.assert_array_equal(np.asarray(ts.terminated), ref.terminated, err_msg=where)
     np.testing.assert_array_equal(np.asarray(ts.truncated), ref.truncated, err_msg=where)
     np.testing.assert_array_equal(np.asarray(ts.acting), ref.acting(), err_msg=where)
-    np.testing.assert_array_equal(np.asarray(ts.info.action_mask), np.asarray(ts.obs)[:, 18:] == 1, err_msg=where)
+    np.testing.assert_array_equal(
+        np.asarray(ts.info.action_mask), np.asarray(ts.obs)[:, 18:] == 1, err_msg=where
+    )
 
 
 def random_moves(rng: np.random.Generator, ref: RefGame, p_illegal: float) -> int:
@@ -113,7 +119,9 @@ def test_vmapped_jitted_games_match_reference(seed, limit):
             cell = random_moves(rng, ref, p_illegal[e])
             action[e, ref.turn] = cell
             rewards.append(ref.play(cell))
-        s, ts = step(jax.random.split(jax.random.PRNGKey(t), num_envs), s, action.astype(np.int32), params)
+        s, ts = step(
+            jax.random.split(jax.random.PRNGKey(t), num_envs), s, action.astype(np.int32), params
+        )
         for e, ref in enumerate(refs):
             assert_matches(env_slice(ts, e), ref, rewards[e], f"step {t + 1} env {e}")
     assert all(ref.over() for ref in refs)
@@ -144,10 +152,12 @@ def test_jitted_and_unjitted_agree_and_acting_alternates():
 
 @pytest.mark.parametrize(
     "moves,reward",
-    [([0, 3, 1, 4, 2], [1.0, -1.0]),  # X wins the top row on move 5
-     ([0, 3, 1, 4, 8, 5], [-1.0, 1.0]),  # O wins the middle row on move 6
-     ([4, 4], [1.0, -1.0]),  # O plays onto X's cell: O loses
-     ([4, 0, 0], [-1.0, 1.0])],  # X plays onto O's cell: X loses
+    [
+        ([0, 3, 1, 4, 2], [1.0, -1.0]),  # X wins the top row on move 5
+        ([0, 3, 1, 4, 8, 5], [-1.0, 1.0]),  # O wins the middle row on move 6
+        ([4, 4], [1.0, -1.0]),  # O plays onto X's cell: O loses
+        ([4, 0, 0], [-1.0, 1.0]),
+    ],  # X plays onto O's cell: X loses
 )
 def test_wins_and_illegal_moves(moves, reward):
     env, step = ENV, STEP
@@ -188,14 +198,20 @@ def test_check_env_and_random_rollout():
     pol = js.RandomPolicy(env.observation_space, env.action_space)
     rollout = js.make_rollout(env, pol, 4, 40)
     # init and rollout in one jit: one compile
-    _, traj = jax.jit(lambda key: rollout((), js.init_rollout_state(env, pol, 4, key)))(jax.random.PRNGKey(1))
+    _, traj = jax.jit(lambda key: rollout((), js.init_rollout_state(env, pol, 4, key)))(
+        jax.random.PRNGKey(1)
+    )
     acting, rewards = np.asarray(traj.acting), np.asarray(traj.rewards)
     is_reset, done = np.asarray(traj.is_reset), np.asarray(traj.terminated | traj.truncated).all(-1)
     assert traj.obs.shape == (41, 4, 2, 27) and traj.infos.action_mask.shape == (40, 4, 2, 9)
-    np.testing.assert_array_equal(acting.sum(-1), np.where(is_reset, 0, 1))  # exactly one mover per step
+    np.testing.assert_array_equal(
+        acting.sum(-1), np.where(is_reset, 0, 1)
+    )  # exactly one mover per step
     np.testing.assert_array_equal(rewards.sum(-1), 0.0)  # zero-sum
     assert set(np.unique(rewards)) <= {-1.0, 0.0, 1.0}
-    np.testing.assert_array_equal(is_reset[1:], done[:-1])  # a reset step follows every finished game
+    np.testing.assert_array_equal(
+        is_reset[1:], done[:-1]
+    )  # a reset step follows every finished game
     assert done.sum() >= 8
     for e in range(4):  # within a game, agent_0 moves on even steps, agent_1 on odd ones
         k = 0

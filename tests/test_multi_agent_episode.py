@@ -8,17 +8,34 @@ import pickle
 import numpy as np
 import pytest
 
-from jaxsampler import MultiAgentEnvError, MultiAgentEpisode
+from jaxsampler.episodes import MultiAgentEnvError, MultiAgentEpisode
 from jaxsampler.spaces import Box, Discrete
 
 STEPS = [
     dict(observations={"a0": 1}, actions={"a0": 0, "a1": 1}, rewards={"a0": 1.0, "a1": 0.5}),
-    dict(observations={"a0": 2, "a1": 101, "a2": 200}, actions={"a0": 1}, rewards={"a0": 2.0, "a1": 0.25, "a2": 7.0}),
-    dict(observations={"a0": 3, "a1": 102, "a2": 201}, actions={"a0": 2, "a1": 0, "a2": 2},
-         rewards={"a0": 3.0, "a1": 1.0, "a2": 1.0}),
-    dict(observations={"a0": 4}, actions={"a0": 0, "a1": 1, "a2": 1}, rewards={"a0": 4.0, "a1": 2.0}),
-    dict(observations={"a0": 5, "a1": 103}, actions={"a0": 1}, rewards={"a0": 5.0, "a1": 3.0, "a2": 0.5}),
-    dict(observations={"a0": 6, "a1": 104, "a2": 202}, actions={"a0": 2, "a1": 2}, rewards={"a0": 6.0, "a1": 4.0, "a2": 1.0}),
+    dict(
+        observations={"a0": 2, "a1": 101, "a2": 200},
+        actions={"a0": 1},
+        rewards={"a0": 2.0, "a1": 0.25, "a2": 7.0},
+    ),
+    dict(
+        observations={"a0": 3, "a1": 102, "a2": 201},
+        actions={"a0": 2, "a1": 0, "a2": 2},
+        rewards={"a0": 3.0, "a1": 1.0, "a2": 1.0},
+    ),
+    dict(
+        observations={"a0": 4}, actions={"a0": 0, "a1": 1, "a2": 1}, rewards={"a0": 4.0, "a1": 2.0}
+    ),
+    dict(
+        observations={"a0": 5, "a1": 103},
+        actions={"a0": 1},
+        rewards={"a0": 5.0, "a1": 3.0, "a2": 0.5},
+    ),
+    dict(
+        observations={"a0": 6, "a1": 104, "a2": 202},
+        actions={"a0": 2, "a1": 2},
+        rewards={"a0": 6.0, "a1": 4.0, "a2": 1.0},
+    ),
 ]
 
 
@@ -35,8 +52,16 @@ def build(upto=len(STEPS), **kw) -> MultiAgentEpisode:
 
 
 def agent_data(ep):
-    return {a: (sa.t_started, sa.t, list(np.asarray(sa.get_observations())), list(np.asarray(sa.get_actions())),
-                list(np.asarray(sa.get_rewards()))) for a, sa in sorted(ep.agent_episodes.items())}
+    return {
+        a: (
+            sa.t_started,
+            sa.t,
+            list(np.asarray(sa.get_observations())),
+            list(np.asarray(sa.get_actions())),
+            list(np.asarray(sa.get_rewards())),
+        )
+        for a, sa in sorted(ep.agent_episodes.items())
+    }
 
 
 def test_cut_chunks_concatenate_back_and_slices_match_them():
@@ -47,7 +72,9 @@ def test_cut_chunks_concatenate_back_and_slices_match_them():
         tail = head.cut(len_lookback_buffer=1)
         for s in STEPS[cut_at:]:
             tail.add_env_step(**s)
-        if not hanging:  # (a step hanging at the cut completes in the tail; a slice starts after it)
+        if (
+            not hanging
+        ):  # (a step hanging at the cut completes in the tail; a slice starts after it)
             assert agent_data(tail) == agent_data(full[cut_at:]), cut_at
         head.concat_episode(tail)
         assert agent_data(head) == agent_data(full)
@@ -58,8 +85,10 @@ def test_cut_chunks_concatenate_back_and_slices_match_them():
 
 def test_state_round_trip_and_pickle():
     ep = build(4)
-    for other in (MultiAgentEpisode.from_state(ep.get_state()),
-                  MultiAgentEpisode.from_state(pickle.loads(pickle.dumps(ep.get_state())))):
+    for other in (
+        MultiAgentEpisode.from_state(ep.get_state()),
+        MultiAgentEpisode.from_state(pickle.loads(pickle.dumps(ep.get_state()))),
+    ):
         assert agent_data(other) == agent_data(ep)
         assert other._hanging_actions_end == ep._hanging_actions_end
         assert other.get_actions(-1) == ep.get_actions(-1)
@@ -68,16 +97,25 @@ def test_state_round_trip_and_pickle():
 
 
 def test_numpy_mode_fill_and_one_hot_use_the_spaces():
-    ep = build(4, observation_space={a: Box(-1e3, 1e3, (), np.float32) for a in ("a0", "a1", "a2")},
-               action_space={a: Discrete(3) for a in ("a0", "a1", "a2")})
+    ep = build(
+        4,
+        observation_space={a: Box(-1e3, 1e3, (), np.float32) for a in ("a0", "a1", "a2")},
+        action_space={a: Discrete(3) for a in ("a0", "a1", "a2")},
+    )
     ep.to_numpy()
     assert ep.is_numpy
     got = ep.get_actions(slice(0, 4), fill=0, one_hot_discrete=True)
-    np.testing.assert_array_equal(got["a1"], np.eye(3)[[1, 0, 0, 1]] * np.array([[1], [0], [1], [1]]))
+    np.testing.assert_array_equal(
+        got["a1"], np.eye(3)[[1, 0, 0, 1]] * np.array([[1], [0], [1], [1]])
+    )
     obs = ep.get_observations(slice(0, 5), fill=-1.0)
     assert list(obs["a2"]) == [-1, -1, 200, 201, -1]
     assert ep.get_actions(-1, env_steps=False) == {"a0": 0, "a1": 1, "a2": 1}  # hanging included
-    assert {a: list(v) for a, v in ep.get_actions(env_steps=False).items()} == {"a0": [0, 1, 2, 0], "a1": [1, 0], "a2": [2]}
+    assert {a: list(v) for a, v in ep.get_actions(env_steps=False).items()} == {
+        "a0": [0, 1, 2, 0],
+        "a1": [1, 0],
+        "a2": [2],
+    }
 
 
 def test_bad_input_raises_clear_errors():
@@ -89,7 +127,9 @@ def test_bad_input_raises_clear_errors():
         e2.add_env_reset(observations={"x": 0})
         e2.add_env_step({"x": 1}, {}, {"x": 0.0})
     with pytest.raises(MultiAgentEnvError, match="truncated, but did NOT receive a last"):
-        copy.deepcopy(ep).add_env_step({"a0": 3}, {"a0": 0, "a1": 0}, {"a0": 0.0}, truncateds={"a1": True})
+        copy.deepcopy(ep).add_env_step(
+            {"a0": 3}, {"a0": 0, "a1": 0}, {"a0": 0.0}, truncateds={"a1": True}
+        )
     with pytest.raises(KeyError, match="unknown agent"):
         ep.set_actions(new_data={"zz": [1]})
     with pytest.raises(ValueError, match="one observation dict more"):
@@ -102,7 +142,12 @@ def test_bad_input_raises_clear_errors():
         ep.concat_episode(MultiAgentEpisode("ma", env_t_started=ep.env_t + 3))
     with pytest.raises(RuntimeError, match="already done"):
         ended = build(2)
-        ended.add_env_step({"a0": 3, "a1": 102}, {"a0": 0, "a1": 0}, {"a0": 0.0, "a1": 0.0}, terminateds={"__all__": True})
+        ended.add_env_step(
+            {"a0": 3, "a1": 102},
+            {"a0": 0, "a1": 0},
+            {"a0": 0.0, "a1": 0.0},
+            terminateds={"__all__": True},
+        )
         ended.cut()
 
 
@@ -110,8 +155,14 @@ def test_terminated_agent_without_final_obs_and_agents_to_act():
     ep = build(1)  # a1 hanging
     ep.add_env_step({"a0": 2}, {"a0": 1}, {"a0": 1.0, "a1": 2.0}, terminateds={"a1": True})
     sa = ep.agent_episodes["a1"]
-    assert sa.is_terminated and list(sa.get_observations()) == [100, 100] and list(sa.get_rewards()) == [2.5]
+    assert (
+        sa.is_terminated
+        and list(sa.get_observations()) == [100, 100]
+        and list(sa.get_rewards()) == [2.5]
+    )
     assert ep.get_agents_to_act() == {"a0"} and not ep.is_done
     assert ep.get_terminateds() == {"a0": False, "a1": True, "__all__": False}
     ep.add_env_step({"a0": 3}, {"a0": 1}, {"a0": 1.0}, truncateds={"a0": True, "__all__": True})
-    assert ep.is_done and ep.get_truncateds()["__all__"] is True  # RLlib returns is_terminated here (a bug)
+    assert (
+        ep.is_done and ep.get_truncateds()["__all__"] is True
+    )  # RLlib returns is_terminated here (a bug)

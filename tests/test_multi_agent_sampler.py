@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import jaxsampler as js
-from jaxsampler.host.multi_agent_episode import MultiAgentEpisode
+from jaxsampler.episodes.multi_agent import MultiAgentEpisode
 from tests.fakes import ChaosEnv, CountingPolicy, TurnEnv
 
 E, T, SEED = 3, 7, 4
@@ -30,7 +30,9 @@ def device_calls(env, policy, params, n_calls, seed=SEED):
     calls = []
     for _ in range(n_calls):
         state, traj = rollout(params, state)
-        calls.append((jax.device_get(traj), np.asarray(state.acting), np.asarray(state.needs_reset)))
+        calls.append(
+            (jax.device_get(traj), np.asarray(state.acting), np.asarray(state.needs_reset))
+        )
     return calls
 
 
@@ -43,7 +45,9 @@ def reference_chunks(calls, env, horizon, mapping, cut=True, finished_log=None):
     out = []
     for traj, next_acting, next_reset in calls:
         finished = []
-        chunk = {e: (open_eps.pop(e).cut(horizon) if cut else open_eps.pop(e)) for e in list(open_eps)}
+        chunk = {
+            e: (open_eps.pop(e).cut(horizon) if cut else open_eps.pop(e)) for e in list(open_eps)
+        }
         acting = np.concatenate([traj.acting, next_acting[None]], axis=0)
         is_reset = np.concatenate([traj.is_reset, next_reset[None]], axis=0)
         for t in range(T):
@@ -53,23 +57,42 @@ def reference_chunks(calls, env, horizon, mapping, cut=True, finished_log=None):
                 obs = traj.obs[:, e]
                 if e not in chunk:  # a new episode starts at obs[t]
                     ep = MultiAgentEpisode(agent_to_module_mapping_fn=lambda aid, _: mapping[aid])
-                    ep.add_env_reset(observations={ids[a]: obs[t, a] for a in range(A) if acting[t, e, a]})
+                    ep.add_env_reset(
+                        observations={ids[a]: obs[t, a] for a in range(A) if acting[t, e, a]}
+                    )
                     chunk[e], done[e] = ep, set()
                 ep = chunk[e]
                 flags = traj.terminated[t, e] | traj.truncated[t, e]
                 newly = [a for a in range(A) if flags[a] and ids[a] not in done[e]]
                 all_done = bool(flags.all())
                 ep.add_env_step(
-                    {ids[a]: obs[t + 1, a] for a in range(A)
-                     if a in newly or (not is_reset[t + 1, e] and acting[t + 1, e, a] and ids[a] not in done[e])},
+                    {
+                        ids[a]: obs[t + 1, a]
+                        for a in range(A)
+                        if a in newly
+                        or (
+                            not is_reset[t + 1, e] and acting[t + 1, e, a] and ids[a] not in done[e]
+                        )
+                    },
                     {ids[a]: traj.actions[t, e, a] for a in range(A) if acting[t, e, a]},
-                    {ids[a]: float(traj.rewards[t, e, a]) for a in range(A) if ids[a] not in done[e]},
+                    {
+                        ids[a]: float(traj.rewards[t, e, a])
+                        for a in range(A)
+                        if ids[a] not in done[e]
+                    },
                     # No "__all__": RLlib would OR it into the flags of every agent still
                     # active; jaxsampler keeps each agent's own flags (documented).
                     terminateds={ids[a]: True for a in newly if traj.terminated[t, e, a]},
-                    truncateds={ids[a]: True for a in newly if traj.truncated[t, e, a] and not traj.terminated[t, e, a]},
-                    extra_model_outputs={ids[a]: {k: v[t, e, a] for k, v in traj.extras.items()}
-                                         for a in range(A) if acting[t, e, a]},
+                    truncateds={
+                        ids[a]: True
+                        for a in newly
+                        if traj.truncated[t, e, a] and not traj.terminated[t, e, a]
+                    },
+                    extra_model_outputs={
+                        ids[a]: {k: v[t, e, a] for k, v in traj.extras.items()}
+                        for a in range(A)
+                        if acting[t, e, a]
+                    },
                 )
                 done[e] |= {ids[a] for a in newly}
                 # The episode ends when the env has every agent done. (RLlib also ends it
@@ -94,14 +117,25 @@ def assert_same_chunk(got: MultiAgentEpisode, want: MultiAgentEpisode):
     assert set(got.agent_episodes) == set(want.agent_episodes)
     for aid, w in want.agent_episodes.items():
         g = got.agent_episodes[aid]
-        assert (g.t_started, g.t, g.is_terminated, g.is_truncated) == (w.t_started, w.t, w.is_terminated, w.is_truncated), aid
+        assert (g.t_started, g.t, g.is_terminated, g.is_truncated) == (
+            w.t_started,
+            w.t,
+            w.is_terminated,
+            w.is_truncated,
+        ), aid
         for col in ("observations", "actions", "rewards"):
             gb, wb = getattr(g, col), getattr(w, col)
             assert gb.lookback == wb.lookback, (aid, col)
-            np.testing.assert_allclose(np.asarray(gb.data, np.float64), np.asarray(wb.data, np.float64), err_msg=f"{aid} {col}")
+            np.testing.assert_allclose(
+                np.asarray(gb.data, np.float64),
+                np.asarray(wb.data, np.float64),
+                err_msg=f"{aid} {col}",
+            )
         assert set(g.extra_model_outputs) == set(w.extra_model_outputs) or len(w) == 0
         for k, wb in w.extra_model_outputs.items():
-            np.testing.assert_array_equal(np.asarray(g.extra_model_outputs[k].data), np.asarray(wb.data))
+            np.testing.assert_array_equal(
+                np.asarray(g.extra_model_outputs[k].data), np.asarray(wb.data)
+            )
         assert g.module_id == w.module_id
         assert got.env_t_to_agent_t[aid].data == want.env_t_to_agent_t[aid].data, aid
         assert got.env_t_to_agent_t[aid].lookback == want.env_t_to_agent_t[aid].lookback
@@ -122,7 +156,9 @@ def test_sample_matches_the_reference_loop(env_id, horizon):
     else:
         policy = CountingPolicy(env.observation_space, env.action_space)
     n_calls = 6 if env_id != "Goals-v0" else 12
-    sampler = js.Sampler(env, policy, num_envs=E, rollout_length=T, seed=SEED, episode_lookback_horizon=horizon)
+    sampler = js.Sampler(
+        env, policy, num_envs=E, rollout_length=T, seed=SEED, episode_lookback_horizon=horizon
+    )
     got = [sampler.sample(()) for _ in range(n_calls)]
     mapping = dict.fromkeys(env.agent_ids, "default_policy")
     want = reference_chunks(device_calls(env, policy, (), n_calls), env, horizon, mapping)
@@ -149,20 +185,35 @@ def batch_from_episodes(episodes, policy_of):
             rows.setdefault(policy_of[aid], []).append(cols)
     out = {}
     for pid, parts in rows.items():
-        out[pid] = {k: (np.concatenate([p[k] for p in parts]) if k != "infos" else sum((list(p[k]) for p in parts), []))
-                    for k in parts[0]}
+        out[pid] = {
+            k: (
+                np.concatenate([p[k] for p in parts])
+                if k != "infos"
+                else sum((list(p[k]) for p in parts), [])
+            )
+            for k in parts[0]
+        }
     return out
 
 
 @pytest.mark.parametrize("horizon", [0, 1])
 def test_sample_batch_equals_the_batch_built_from_sample(horizon):
     env = ChaosEnv()
-    policy = js.MultiAgentPolicy(env, {"p0": CountingPolicy(env.observation_space, env.action_space),
-                                       "p1": CountingPolicy(env.observation_space, env.action_space)},
-                                 lambda aid: "p0" if aid == "agent_0" else "p1")
+    policy = js.MultiAgentPolicy(
+        env,
+        {
+            "p0": CountingPolicy(env.observation_space, env.action_space),
+            "p1": CountingPolicy(env.observation_space, env.action_space),
+        },
+        lambda aid: "p0" if aid == "agent_0" else "p1",
+    )
     params = {"p0": (), "p1": ()}
-    s_eps = js.Sampler(env, policy, num_envs=E, rollout_length=T, seed=SEED, episode_lookback_horizon=horizon)
-    s_bat = js.Sampler(env, policy, num_envs=E, rollout_length=T, seed=SEED, episode_lookback_horizon=horizon)
+    s_eps = js.Sampler(
+        env, policy, num_envs=E, rollout_length=T, seed=SEED, episode_lookback_horizon=horizon
+    )
+    s_bat = js.Sampler(
+        env, policy, num_envs=E, rollout_length=T, seed=SEED, episode_lookback_horizon=horizon
+    )
     policy_of = {"agent_0": "p0", "agent_1": "p1", "agent_2": "p1"}
     for _ in range(4):
         episodes = s_eps.sample(params)
@@ -174,8 +225,20 @@ def test_sample_batch_equals_the_batch_built_from_sample(horizon):
         for pid, w in want.items():
             g = batch[pid]
             # Rows are episode by episode, then agent by agent: same order as built by hand.
-            for k in ("obs", "new_obs", "actions", "rewards", "terminateds", "truncateds", "t", "agent_index", "count"):
-                np.testing.assert_array_equal(np.asarray(g[k]), np.asarray(w[k]), err_msg=f"{pid} {k}")
+            for k in (
+                "obs",
+                "new_obs",
+                "actions",
+                "rewards",
+                "terminateds",
+                "truncateds",
+                "t",
+                "agent_index",
+                "count",
+            ):
+                np.testing.assert_array_equal(
+                    np.asarray(g[k]), np.asarray(w[k]), err_msg=f"{pid} {k}"
+                )
             eps_from_batch = np.asarray(g["eps_id"])
             assert list(eps_from_batch) == list(w["eps_id"])
 
@@ -204,14 +267,22 @@ def test_chunks_concatenate_to_the_uncut_episode(env_id):
     env = ChaosEnv() if env_id == "chaos" else js.make(env_id)
     policy = CountingPolicy(env.observation_space, env.action_space)
     n_calls = 8
-    sampler = js.Sampler(env, policy, num_envs=E, rollout_length=T, seed=SEED, episode_lookback_horizon=1)
+    sampler = js.Sampler(
+        env, policy, num_envs=E, rollout_length=T, seed=SEED, episode_lookback_horizon=1
+    )
     chunks: dict = {}
     for _ in range(n_calls):
         for ep in sampler.sample(()):
             chunks.setdefault(ep.id_, []).append(ep)
     log: list = []
-    reference_chunks(device_calls(env, policy, (), n_calls), env, 0, dict.fromkeys(env.agent_ids, "default_policy"),
-                     cut=False, finished_log=log)
+    reference_chunks(
+        device_calls(env, policy, (), n_calls),
+        env,
+        0,
+        dict.fromkeys(env.agent_ids, "default_policy"),
+        cut=False,
+        finished_log=log,
+    )
     count = {}
     checked = multi = 0
     for e, want in log:
@@ -238,9 +309,13 @@ def test_infos_belong_to_each_agents_observations():
             for sa in ep.agent_episodes.values():
                 assert sa.infos.finalized
                 mask = sa.infos.data["action_mask"]
-                np.testing.assert_array_equal(mask, np.asarray(sa.observations.data)[:, 18:27] > 0.5)
+                np.testing.assert_array_equal(
+                    mask, np.asarray(sa.observations.data)[:, 18:27] > 0.5
+                )
                 checked += len(mask)
-    batch = js.Sampler(env, policy, num_envs=2, rollout_length=5, seed=3).sample_batch(())["default_policy"]
+    batch = js.Sampler(env, policy, num_envs=2, rollout_length=5, seed=3).sample_batch(())[
+        "default_policy"
+    ]
     np.testing.assert_array_equal(batch["infos"]["action_mask"], batch["obs"][:, 18:27] > 0.5)
     assert checked > 20
 
@@ -248,12 +323,16 @@ def test_infos_belong_to_each_agents_observations():
 def test_num_episodes_num_timesteps_metrics_and_no_recompile():
     env = js.make("Goals-v0", n=2)
     mlp = js.MLPPolicy(env.observation_space, env.action_space, hidden_sizes=(8,))
-    policy = js.MultiAgentPolicy(env, {"a": mlp, "b": mlp}, lambda aid: "a" if aid == "agent_0" else "b")
+    policy = js.MultiAgentPolicy(
+        env, {"a": mlp, "b": mlp}, lambda aid: "a" if aid == "agent_0" else "b"
+    )
     params = policy.init(jax.random.PRNGKey(0))
     sampler = js.Sampler(env, policy, num_envs=4, rollout_length=16, seed=0)
     eps = sampler.sample(params, num_episodes=5)
     done = [ep for ep in eps if ep.is_done]
-    assert len(done) == sampler.metrics.num_episodes_completed >= 5  # all that ended at the step the 5th did
+    assert (
+        len(done) == sampler.metrics.num_episodes_completed >= 5
+    )  # all that ended at the step the 5th did
     assert all(ep.env_t_started == 0 for ep in done)
     for ep in done:  # every agent finished, each with its own flags, under its own module
         assert set(ep.agent_episodes) == {"agent_0", "agent_1"}
@@ -265,7 +344,9 @@ def test_num_episodes_num_timesteps_metrics_and_no_recompile():
     assert m.num_env_steps_sampled >= 100 and batch.env_steps() == m.num_env_steps_sampled
     assert m.num_agent_steps_sampled == batch.agent_steps() > 0
     assert set(batch.policy_batches) == {"a", "b"}
-    assert set(np.unique(batch["a"]["agent_index"])) <= {0} and set(np.unique(batch["b"]["agent_index"])) <= {1}
+    assert set(np.unique(batch["a"]["agent_index"])) <= {0} and set(
+        np.unique(batch["b"]["agent_index"])
+    ) <= {1}
     for _ in range(3):
         sampler.sample(params)
         sampler.sample_batch(params)

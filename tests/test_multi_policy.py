@@ -29,7 +29,14 @@ class TagPolicy(Policy):
     def __call__(self, params, obs, key, state):
         batch = obs.shape[:2]
         action = jnp.full(batch, params["action"], jnp.int32)
-        return action, {self.extra_key: jnp.full(batch, params["tag"], jnp.float32), "width": jnp.full(batch, batch[1], jnp.float32)}, state
+        return (
+            action,
+            {
+                self.extra_key: jnp.full(batch, params["tag"], jnp.float32),
+                "width": jnp.full(batch, batch[1], jnp.float32),
+            },
+            state,
+        )
 
 
 ENV = Spread(4)
@@ -41,14 +48,21 @@ def red_blue(aid: str) -> str:
 
 
 def test_each_agent_acts_with_its_own_policy_on_only_its_agents():
-    pol = js.MultiAgentPolicy(ENV, {"red": TagPolicy(OBS, ACT), "blue": TagPolicy(OBS, ACT)}, red_blue)
+    pol = js.MultiAgentPolicy(
+        ENV, {"red": TagPolicy(OBS, ACT), "blue": TagPolicy(OBS, ACT)}, red_blue
+    )
     assert pol.agent_policy == ("red", "blue", "red", "blue")
-    params = {"red": {"action": jnp.int32(3), "tag": jnp.float32(1.5)}, "blue": {"action": jnp.int32(1), "tag": jnp.float32(-2.0)}}
+    params = {
+        "red": {"action": jnp.int32(3), "tag": jnp.float32(1.5)},
+        "blue": {"action": jnp.int32(1), "tag": jnp.float32(-2.0)},
+    }
     rollout = jax.jit(js.make_rollout(ENV, pol, num_envs=3, rollout_length=4))
     state = js.init_rollout_state(ENV, pol, 3, jax.random.PRNGKey(0))
     _, traj = rollout(params, state)
     np.testing.assert_array_equal(np.asarray(traj.actions[0, 0]), [3, 1, 3, 1])
-    np.testing.assert_array_equal(np.asarray(traj.extras["tag"][:, :, :]), np.broadcast_to([1.5, -2.0, 1.5, -2.0], (4, 3, 4)))
+    np.testing.assert_array_equal(
+        np.asarray(traj.extras["tag"][:, :, :]), np.broadcast_to([1.5, -2.0, 1.5, -2.0], (4, 3, 4))
+    )
     # Each policy saw exactly its 2 agents (not all 4).
     np.testing.assert_array_equal(np.asarray(traj.extras["width"]), 2.0)
 
@@ -66,15 +80,27 @@ def test_mlp_policies_match_calling_each_on_its_agents():
     a_blue, x_blue, _ = mlp(params["blue"], obs[:, [1, 3]], k_blue, NoState())
     np.testing.assert_array_equal(np.asarray(action)[:, [0, 2]], np.asarray(a_red))
     np.testing.assert_array_equal(np.asarray(action)[:, [1, 3]], np.asarray(a_blue))
-    np.testing.assert_allclose(np.asarray(extras["vf_preds"])[:, [1, 3]], np.asarray(x_blue["vf_preds"]), rtol=1e-6)
-    np.testing.assert_allclose(np.asarray(extras["action_logp"])[:, [0, 2]], np.asarray(x_red["action_logp"]), rtol=1e-6)
+    np.testing.assert_allclose(
+        np.asarray(extras["vf_preds"])[:, [1, 3]], np.asarray(x_blue["vf_preds"]), rtol=1e-6
+    )
+    np.testing.assert_allclose(
+        np.asarray(extras["action_logp"])[:, [0, 2]], np.asarray(x_red["action_logp"]), rtol=1e-6
+    )
 
 
 def test_missing_extras_are_zero_for_the_other_policy():
-    pol = js.MultiAgentPolicy(ENV, {"a": TagPolicy(OBS, ACT, "x"), "b": TagPolicy(OBS, ACT, "y")},
-                              lambda aid: "a" if aid == "agent_3" else "b")
-    params = {"a": {"action": jnp.int32(0), "tag": jnp.float32(7.0)}, "b": {"action": jnp.int32(2), "tag": jnp.float32(5.0)}}
-    action, extras, _ = pol(params, jnp.zeros((2, 4) + OBS.shape), jax.random.PRNGKey(0), pol.initial_state((2, 4)))
+    pol = js.MultiAgentPolicy(
+        ENV,
+        {"a": TagPolicy(OBS, ACT, "x"), "b": TagPolicy(OBS, ACT, "y")},
+        lambda aid: "a" if aid == "agent_3" else "b",
+    )
+    params = {
+        "a": {"action": jnp.int32(0), "tag": jnp.float32(7.0)},
+        "b": {"action": jnp.int32(2), "tag": jnp.float32(5.0)},
+    }
+    action, extras, _ = pol(
+        params, jnp.zeros((2, 4) + OBS.shape), jax.random.PRNGKey(0), pol.initial_state((2, 4))
+    )
     np.testing.assert_array_equal(np.asarray(action[0]), [2, 2, 2, 0])
     np.testing.assert_array_equal(np.asarray(extras["x"][0]), [0, 0, 0, 7])
     np.testing.assert_array_equal(np.asarray(extras["y"][0]), [5, 5, 5, 0])
@@ -84,7 +110,9 @@ def test_single_policy_default_mapping():
     pol = js.MultiAgentPolicy(ENV, {"shared": js.MLPPolicy(OBS, ACT, hidden_sizes=(8,))})
     assert pol.agent_policy == ("shared",) * 4
     assert pol.policy_mapping_fn("agent_2") == "shared"
-    assert hash(pol) == hash(js.MultiAgentPolicy(ENV, {"shared": js.MLPPolicy(OBS, ACT, hidden_sizes=(8,))}))
+    assert hash(pol) == hash(
+        js.MultiAgentPolicy(ENV, {"shared": js.MLPPolicy(OBS, ACT, hidden_sizes=(8,))})
+    )
 
 
 def test_bad_input_is_rejected_with_clear_errors():
@@ -105,4 +133,9 @@ def test_bad_input_is_rejected_with_clear_errors():
         js.make_rollout(ENV, pol, num_envs=2, rollout_length=2)
     good = js.MultiAgentPolicy(ENV, {"red": mlp, "blue": mlp}, red_blue)
     with pytest.raises(KeyError, match="no entry for policies"):
-        good({"red": mlp.init(jax.random.PRNGKey(0))}, jnp.zeros((1, 4) + OBS.shape), jax.random.PRNGKey(0), good.initial_state((1, 4)))
+        good(
+            {"red": mlp.init(jax.random.PRNGKey(0))},
+            jnp.zeros((1, 4) + OBS.shape),
+            jax.random.PRNGKey(0),
+            good.initial_state((1, 4)),
+        )

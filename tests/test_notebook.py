@@ -45,7 +45,10 @@ def test_ppo_notebook_runs_and_plots(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("JAXSAMPLER_NOTEBOOK_QUICK", "1")
     nb = nbformat.read(PPO_NOTEBOOK, as_version=4)
     client = nbclient.NotebookClient(
-        nb, kernel_name="python3", timeout=180, resources={"metadata": {"path": str(PPO_NOTEBOOK.parent)}}
+        nb,
+        kernel_name="python3",
+        timeout=180,
+        resources={"metadata": {"path": str(PPO_NOTEBOOK.parent)}},
     )
     client.execute()
     outputs = [o for cell in nb.cells if cell.cell_type == "code" for o in cell.get("outputs", [])]

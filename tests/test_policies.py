@@ -31,7 +31,10 @@ DISCRETE_START = S.Discrete(4, start=2)
 BOX = S.Box(-2.0, 2.0, (2,))
 HIDDEN = 8
 LOG_STD = np.array([-0.7, 0.4], np.float32)
-LOGIT_BIAS = {3: np.array([1.0, 0.0, -1.5], np.float32), 4: np.array([0.5, -1.0, 1.2, 0.0], np.float32)}
+LOGIT_BIAS = {
+    3: np.array([1.0, 0.0, -1.5], np.float32),
+    4: np.array([0.5, -1.0, 1.2, 0.0], np.float32),
+}
 
 
 def _make(kind: str) -> js.Policy:
@@ -73,7 +76,9 @@ def _call(policy, params, obs, key, state):
 
 
 def _obs(batch_shape, seed=0):
-    return jax.random.uniform(jax.random.key(100 + seed), tuple(batch_shape) + OBS.shape, minval=-1, maxval=1)
+    return jax.random.uniform(
+        jax.random.key(100 + seed), tuple(batch_shape) + OBS.shape, minval=-1, maxval=1
+    )
 
 
 def _state(policy, batch_shape):
@@ -97,8 +102,6 @@ def _np_log_softmax(logits):
 def _np_gauss_logp(x, mean, log_std):
     z = (x - mean) / np.exp(log_std)
     return np.sum(-0.5 * z**2 - log_std - 0.5 * np.log(2 * np.pi), axis=-1)
-
-
 
 
 # --------------------------------------------------------------------------- shapes
@@ -130,7 +133,9 @@ def test_output_shapes_and_extras(setups, kind, batch_shape):
 def test_unbatched_observation(setups):
     policy, params = setups["mlp_discrete"]
     action, extras, _ = _call(policy, params, _obs(()), jax.random.key(0), js.NoState())
-    assert action.shape == () and extras["action_logp"].shape == () and extras["vf_preds"].shape == ()
+    assert (
+        action.shape == () and extras["action_logp"].shape == () and extras["vf_preds"].shape == ()
+    )
 
 
 # --------------------------------------------------------------------------- log-probs
@@ -150,13 +155,20 @@ def test_action_logp_matches_independent_recomputation(setups, kind):
     space = policy.action_space
     if isinstance(space, S.Discrete):
         assert log_std is None
-        expected = np.take_along_axis(_np_log_softmax(dist), (act - space.start)[..., None], -1)[..., 0]
+        expected = np.take_along_axis(_np_log_softmax(dist), (act - space.start)[..., None], -1)[
+            ..., 0
+        ]
     else:
         np.testing.assert_allclose(log_std, LOG_STD, rtol=1e-6)
         expected = _np_gauss_logp(act.reshape(act.shape[:-1] + (-1,)), dist, log_std)
     np.testing.assert_allclose(np.asarray(extras["action_logp"]), expected, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(np.asarray(extras["vf_preds"]), value, rtol=1e-5, atol=1e-6)
-    lp = log_prob(space, jnp.asarray(dist, jnp.float32), None if log_std is None else jnp.asarray(log_std, jnp.float32), action)
+    lp = log_prob(
+        space,
+        jnp.asarray(dist, jnp.float32),
+        None if log_std is None else jnp.asarray(log_std, jnp.float32),
+        action,
+    )
     np.testing.assert_allclose(np.asarray(lp), expected, rtol=1e-5, atol=1e-5)
 
 
@@ -192,7 +204,9 @@ def test_explore_false_is_greedy(setups, kind):
         np.testing.assert_array_equal(np.asarray(action), dist.argmax(-1) + space.start)
         expected = _np_log_softmax(dist).max(-1)
     else:
-        np.testing.assert_allclose(np.asarray(action), dist.reshape(batch_shape + space.shape), rtol=1e-6, atol=1e-7)
+        np.testing.assert_allclose(
+            np.asarray(action), dist.reshape(batch_shape + space.shape), rtol=1e-6, atol=1e-7
+        )
         expected = _np_gauss_logp(dist, dist, log_std)
     np.testing.assert_allclose(np.asarray(extras["action_logp"]), expected, rtol=1e-5)
 
@@ -283,7 +297,9 @@ def test_recurrent_state(setups):
     _, e_row, s_row = _call(policy, params, obs[0], key, s0[0])
     assert s_row.shape == (3, HIDDEN)
     np.testing.assert_allclose(np.asarray(s_row), np.asarray(s1[0]), rtol=1e-6, atol=1e-6)
-    np.testing.assert_allclose(np.asarray(e_row["vf_preds"]), np.asarray(e1["vf_preds"][0]), rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(
+        np.asarray(e_row["vf_preds"]), np.asarray(e1["vf_preds"][0]), rtol=1e-6, atol=1e-6
+    )
 
 
 # --------------------------------------------------------------------------- random policy
@@ -291,8 +307,12 @@ def test_recurrent_state(setups):
 
 @pytest.mark.parametrize(
     "action_space",
-    [S.Discrete(3, start=1), S.Box(-1.0, 1.0, (2,)), S.MultiDiscrete([2, 3]),
-     S.Dict(a=S.Discrete(2), b=S.Box(0.0, 1.0, (1,)))],
+    [
+        S.Discrete(3, start=1),
+        S.Box(-1.0, 1.0, (2,)),
+        S.MultiDiscrete([2, 3]),
+        S.Dict(a=S.Discrete(2), b=S.Box(0.0, 1.0, (1,))),
+    ],
     ids=["discrete", "box", "multidiscrete", "dict"],
 )
 def test_random_policy_actions_in_space(action_space):
@@ -338,16 +358,32 @@ def test_discrete_observation_is_one_hot():
     "build,exc,match",
     [
         (lambda: js.MLPPolicy(OBS, S.MultiDiscrete([2, 2])), TypeError, "Discrete or float Box"),
-        (lambda: js.MLPPolicy(OBS, S.Box(0, 3, (2,), np.int32)), TypeError, "Discrete or float Box"),
+        (
+            lambda: js.MLPPolicy(OBS, S.Box(0, 3, (2,), np.int32)),
+            TypeError,
+            "Discrete or float Box",
+        ),
         (lambda: js.MLPPolicy(OBS, S.Dict(a=S.Discrete(2))), TypeError, "Discrete or float Box"),
         (lambda: js.MLPPolicy(S.Dict(a=OBS), DISCRETE), TypeError, "observation space"),
         (lambda: js.MLPPolicy(S.MultiDiscrete([2]), DISCRETE), TypeError, "observation space"),
         (lambda: js.MLPPolicy(OBS, DISCRETE, activation="sigmoid"), ValueError, "activation"),
-        (lambda: js.RecurrentPolicy(OBS, S.MultiDiscrete([2, 2])), TypeError, "Discrete or float Box"),
+        (
+            lambda: js.RecurrentPolicy(OBS, S.MultiDiscrete([2, 2])),
+            TypeError,
+            "Discrete or float Box",
+        ),
         (lambda: js.RecurrentPolicy(S.Tuple([OBS]), DISCRETE), TypeError, "observation space"),
     ],
-    ids=["md_action", "int_box_action", "dict_action", "dict_obs", "md_obs", "activation",
-         "gru_md_action", "gru_tuple_obs"],
+    ids=[
+        "md_action",
+        "int_box_action",
+        "dict_action",
+        "dict_obs",
+        "md_obs",
+        "activation",
+        "gru_md_action",
+        "gru_tuple_obs",
+    ],
 )
 def test_constructor_errors(build, exc, match):
     with pytest.raises(exc, match=match):
@@ -363,7 +399,10 @@ def test_policies_are_hashable_frozen_static_config():
     assert a != js.MLPPolicy(OBS, DISCRETE, hidden_sizes=(HIDDEN,))
     with pytest.raises(dataclasses.FrozenInstanceError):
         a.explore = False
-    r1, r2 = js.RecurrentPolicy(OBS, DISCRETE, hidden_size=4), js.RecurrentPolicy(OBS, DISCRETE, hidden_size=4)
+    r1, r2 = (
+        js.RecurrentPolicy(OBS, DISCRETE, hidden_size=4),
+        js.RecurrentPolicy(OBS, DISCRETE, hidden_size=4),
+    )
     assert r1 == r2 and hash(r1) == hash(r2)
     assert hash(js.RandomPolicy(OBS, DISCRETE)) == hash(js.RandomPolicy(OBS, S.Discrete(3)))
     assert len({a, b, r1, r2}) == 2

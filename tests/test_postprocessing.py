@@ -88,7 +88,9 @@ def test_gae_matches_numpy_reference(seed, gamma, lam):
     out = jax.jit(gae, static_argnames=())(*fx, gamma, lam)
     ref = reference_gae(*fx, gamma, lam)
     np.testing.assert_allclose(out.advantages, ref, rtol=2e-5, atol=2e-5)
-    np.testing.assert_allclose(out.value_targets, np.where(acting, ref + values, 0.0), rtol=2e-5, atol=2e-5)
+    np.testing.assert_allclose(
+        out.value_targets, np.where(acting, ref + values, 0.0), rtol=2e-5, atol=2e-5
+    )
     assert np.all(np.asarray(out.advantages)[~acting] == 0)
 
 
@@ -135,14 +137,24 @@ def test_compute_gae_on_a_real_rollout():
     state, traj = jax.jit(js.make_rollout(env, pol, 4, 64))(params, state)
     _, last_value, _ = pol.forward(params, state.obs)
     out = compute_gae(traj, last_value, 0.99, 0.95)
-    ref = reference_gae(np.asarray(traj.rewards), np.asarray(traj.extras["vf_preds"]), np.asarray(traj.terminated),
-                        np.asarray(traj.truncated), np.asarray(traj.acting), np.asarray(traj.is_reset),
-                        np.asarray(last_value), 0.99, 0.95)
+    ref = reference_gae(
+        np.asarray(traj.rewards),
+        np.asarray(traj.extras["vf_preds"]),
+        np.asarray(traj.terminated),
+        np.asarray(traj.truncated),
+        np.asarray(traj.acting),
+        np.asarray(traj.is_reset),
+        np.asarray(last_value),
+        0.99,
+        0.95,
+    )
     assert np.asarray(traj.is_reset).any()
     np.testing.assert_allclose(out.advantages, ref, rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("name, kwargs", [("gamma", {"gamma": 1.5}), ("gamma", {"gamma": -0.1}), ("lam", {"lam": 2.0})])
+@pytest.mark.parametrize(
+    "name, kwargs", [("gamma", {"gamma": 1.5}), ("gamma", {"gamma": -0.1}), ("lam", {"lam": 2.0})]
+)
 def test_bad_coefficients_are_named(name, kwargs):
     fx = make_fixture(0)
     with pytest.raises(ValueError, match=f"{name} must lie in"):
@@ -158,5 +170,7 @@ def test_mismatched_shapes_are_named():
     with pytest.raises(ValueError, match=r"rewards must have shape \[T, E, A\]"):
         gae(rewards[..., 0], values, term, trunc, acting, is_reset, last_value)
     with pytest.raises(KeyError, match="nope"):
-        traj = js.Trajectory(rewards, None, rewards, term, trunc, acting, is_reset, {}, None, None, None, None)
+        traj = js.Trajectory(
+            rewards, None, rewards, term, trunc, acting, is_reset, {}, None, None, None, None
+        )
         compute_gae(traj, last_value, value_key="nope")

@@ -12,7 +12,13 @@ import pytest
 import jaxsampler as js
 from jaxsampler import registry
 
-BUILTIN_IDS = ["Acrobot-v1", "CartPole-v1", "MountainCar-v0", "MountainCarContinuous-v0", "Pendulum-v1"]
+BUILTIN_IDS = [
+    "Acrobot-v1",
+    "CartPole-v1",
+    "MountainCar-v0",
+    "MountainCarContinuous-v0",
+    "Pendulum-v1",
+]
 
 
 @pytest.fixture
@@ -70,8 +76,12 @@ def test_make_builds_fresh_equal_envs():
 
 @pytest.mark.parametrize(
     "bad,suggestion",
-    [("CartPole-v2", "'CartPole-v1'"), ("cartpole-v1", "'CartPole-v1'"), ("Pendulum-v0", "'Pendulum-v1'"),
-     ("MountainCar-v1", "'MountainCar-v0'")],
+    [
+        ("CartPole-v2", "'CartPole-v1'"),
+        ("cartpole-v1", "'CartPole-v1'"),
+        ("Pendulum-v0", "'Pendulum-v1'"),
+        ("MountainCar-v1", "'MountainCar-v0'"),
+    ],
 )
 def test_unknown_id_suggests_close_match(bad, suggestion):
     with pytest.raises(ValueError, match="unknown env id") as info:

@@ -27,7 +27,10 @@ DEVIATIONS = {
         "get(-4, nial)      <-- BUG: wraps, list mode raises -> !! IndexError: index -1 is out of bounds for axis 0 with size 6",
         "RLlib bug (reference §0.3): numpy'ized buffers wrap around; we raise like list mode",
     ),
-    ("4.3", "shuffled obs [3 1 2 4 5] infos (NOT shuffled): [{'a': 0}, {'a': 1}, {'a': 2}, {'a': 3}, {'a': 4}]"): (
+    (
+        "4.3",
+        "shuffled obs [3 1 2 4 5] infos (NOT shuffled): [{'a': 0}, {'a': 1}, {'a': 2}, {'a': 3}, {'a': 4}]",
+    ): (
         "shuffled obs [3 1 2 4 5] infos (NOT shuffled): [{'a': 2}, {'a': 0}, {'a': 1}, {'a': 3}, {'a': 4}]",
         "RLlib bug (§4.3): shuffle() leaves infos in place; we permute them with the rows",
     ),
@@ -44,7 +47,7 @@ DEVIATIONS = {
     ),
 }
 
-PRELUDE = '''
+PRELUDE = """
 import copy, numpy as np, gymnasium as gym
 from jaxsampler import InfiniteLookbackBuffer, MultiAgentBatch, SampleBatch, SingleAgentEpisode, concat_samples
 def show(label, f):
@@ -52,7 +55,7 @@ def show(label, f):
         print(label, "->", repr(f()))
     except Exception as e:
         print(label, "-> !!", type(e).__name__ + ":", e)
-'''
+"""
 
 
 def run(code: str) -> str:
@@ -68,7 +71,9 @@ def exception_type(line: str) -> str | None:
 
 
 @pytest.mark.parametrize(
-    "example", DATA["examples"], ids=[f"s{e['section']}-{i}" for i, e in enumerate(DATA["examples"])]
+    "example",
+    DATA["examples"],
+    ids=[f"s{e['section']}-{i}" for i, e in enumerate(DATA["examples"])],
 )
 def test_rllib_example_reproduced(example):
     got = run(example["code"]).rstrip("\n").split("\n")

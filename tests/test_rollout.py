@@ -109,7 +109,9 @@ def test_two_calls_of_t_equal_one_call_of_2t():
     s_long, t_long = rollout2((), fresh_state(7))
     assert tree_equal(s2, s_long)
     for field in ("actions", "rewards", "terminated", "truncated", "acting", "is_reset", "extras"):
-        joined = jax.tree.map(lambda a, b: jnp.concatenate([a, b]), getattr(t1, field), getattr(t2, field))
+        joined = jax.tree.map(
+            lambda a, b: jnp.concatenate([a, b]), getattr(t1, field), getattr(t2, field)
+        )
         assert tree_equal(joined, getattr(t_long, field)), field
     np.testing.assert_array_equal(t1.obs[T], t2.obs[0])  # the shared slot
     np.testing.assert_array_equal(jnp.concatenate([t1.obs[:T], t2.obs]), t_long.obs)
@@ -166,9 +168,15 @@ def test_repeated_calls_do_not_recompile():
 def test_buffers_are_donated_and_reused():
     _, _, rollout = fake_setup()
     state, traj = rollout((), fresh_state(12))
-    pointers = [x.unsafe_buffer_pointer() for x in jax.tree.leaves(traj.replace(episode_count_0=None, episode_step_0=None))]
+    pointers = [
+        x.unsafe_buffer_pointer()
+        for x in jax.tree.leaves(traj.replace(episode_count_0=None, episode_step_0=None))
+    ]
     state, traj2 = rollout((), state, traj)
-    reused = [x.unsafe_buffer_pointer() for x in jax.tree.leaves(traj2.replace(episode_count_0=None, episode_step_0=None))]
+    reused = [
+        x.unsafe_buffer_pointer()
+        for x in jax.tree.leaves(traj2.replace(episode_count_0=None, episode_step_0=None))
+    ]
     assert pointers == reused
     assert traj.rewards.is_deleted()
 
@@ -261,7 +269,10 @@ def test_state_width_must_match_rollout_width():
 
 @pytest.mark.parametrize(
     "mode, exc, match",
-    [("shape", ValueError, r"action has shape \(4,\), expected \(4, 1\)"), ("dtype", TypeError, "not an integer dtype")],
+    [
+        ("shape", ValueError, r"action has shape \(4,\), expected \(4, 1\)"),
+        ("dtype", TypeError, "not an integer dtype"),
+    ],
 )
 def test_wrong_action_shape_or_dtype_fails_at_trace_time(mode, exc, match):
     env = FakeEnv()
@@ -281,7 +292,9 @@ def test_debug_mode_names_the_first_nan():
     assert len(bad), "fixture must produce a NaN"
     t, e = bad[0]
     debug = js.make_rollout(env, pol, E, T, debug=True)
-    with pytest.raises(js.RolloutDebugError, match=f"non-finite observation at step {t} .*env {e}, agent 0"):
+    with pytest.raises(
+        js.rollout.RolloutDebugError, match=f"non-finite observation at step {t} .*env {e}, agent 0"
+    ):
         debug((), state)
     # A clean run passes and returns the same data as the plain rollout.
     clean = js.init_rollout_state(env, pol, E, jax.random.PRNGKey(17))
@@ -292,7 +305,9 @@ def test_debug_mode_reports_actions_outside_the_space():
     env = FakeEnv()
     pol = BadPolicy(env.observation_space, env.action_space, "value")
     debug = js.make_rollout(env, pol, E, T, debug=True)
-    with pytest.raises(js.RolloutDebugError, match=r"action outside Discrete\(3\).*step 0 .*env 0, agent 0"):
+    with pytest.raises(
+        js.rollout.RolloutDebugError, match=r"action outside Discrete\(3\).*step 0 .*env 0, agent 0"
+    ):
         debug((), js.init_rollout_state(env, pol, E, jax.random.PRNGKey(0)))
 
 
@@ -315,11 +330,23 @@ def test_recurrent_policy_logp_replays_with_resets_at_episode_starts():
     for t in range(9):
         obs = traj.obs[t]
         carry = np.where((step == 0)[:, None, None], 0.0, carry)
-        new_carry, (dist, value, log_std) = pol.module.apply(params, jnp.asarray(carry), _flatten_obs(obs, env.observation_space))
+        new_carry, (dist, value, log_std) = pol.module.apply(
+            params, jnp.asarray(carry), _flatten_obs(obs, env.observation_space)
+        )
         logp = log_prob(env.action_space, dist, log_std, traj.actions[t])
         live = ~resets[t]
-        np.testing.assert_allclose(np.asarray(logp)[live], np.asarray(traj.extras["action_logp"][t])[live], rtol=1e-5, atol=1e-6)
-        np.testing.assert_allclose(np.asarray(value)[live], np.asarray(traj.extras["vf_preds"][t])[live], rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(
+            np.asarray(logp)[live],
+            np.asarray(traj.extras["action_logp"][t])[live],
+            rtol=1e-5,
+            atol=1e-6,
+        )
+        np.testing.assert_allclose(
+            np.asarray(value)[live],
+            np.asarray(traj.extras["vf_preds"][t])[live],
+            rtol=1e-5,
+            atol=1e-6,
+        )
         checked += int(live.sum())
         carry = np.asarray(new_carry)
         step = np.where(resets[t], 0, step + 1)

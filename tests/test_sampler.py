@@ -18,8 +18,14 @@ E, T = 3, 7
 def fake_sampler(seed=0, horizon=2, num_envs=E, rollout_length=T):
     env = FakeEnv()
     pol = js.RandomPolicy(env.observation_space, env.action_space)
-    return js.Sampler(env, pol, num_envs=num_envs, rollout_length=rollout_length, seed=seed,
-                      episode_lookback_horizon=horizon)
+    return js.Sampler(
+        env,
+        pol,
+        num_envs=num_envs,
+        rollout_length=rollout_length,
+        seed=seed,
+        episode_lookback_horizon=horizon,
+    )
 
 
 def check_chunk(ep: js.SingleAgentEpisode, params=FakeParams()):
@@ -47,7 +53,9 @@ def test_chunks_follow_the_env_and_continue_across_calls():
         eps = s.sample(())
         sampled += s.metrics.num_env_steps_sampled
         assert sum(len(e) for e in eps) == s.metrics.num_env_steps_sampled  # nothing dropped
-        assert [e.is_done for e in eps] == sorted([e.is_done for e in eps], reverse=True)  # done first
+        assert [e.is_done for e in eps] == sorted(
+            [e.is_done for e in eps], reverse=True
+        )  # done first
         for ep in eps:
             check_chunk(ep)
             by_id[ep.id_].append(ep)
@@ -57,13 +65,19 @@ def test_chunks_follow_the_env_and_continue_across_calls():
             assert not prev.is_done and nxt.t_started == prev.t  # RLlib cut() semantics
             lb = nxt.observations.lookback
             assert lb == min(2, len(prev) + prev.observations.lookback)
-            np.testing.assert_array_equal(nxt.observations.data[: lb + 1], prev.observations.data[-lb - 1 :])
-            np.testing.assert_array_equal(nxt.actions.data[:lb], prev.actions.data[len(prev.actions.data) - lb :])
+            np.testing.assert_array_equal(
+                nxt.observations.data[: lb + 1], prev.observations.data[-lb - 1 :]
+            )
+            np.testing.assert_array_equal(
+                nxt.actions.data[:lb], prev.actions.data[len(prev.actions.data) - lb :]
+            )
         assert chunks[0].t_started == 0 and chunks[0].observations.lookback == 0
         finished += chunks[-1].is_done
     assert finished > 3 and any(len(c) > 1 for c in by_id.values())
     # Every device step is either a counted env step or a reset step (one per finished episode).
-    assert sampled + finished - E <= 5 * E * T <= sampled + finished  # reset of the last ends may be pending
+    assert (
+        sampled + finished - E <= 5 * E * T <= sampled + finished
+    )  # reset of the last ends may be pending
 
 
 def test_every_sampled_step_appears_exactly_once():
@@ -97,7 +111,9 @@ def test_metrics_match_the_episodes():
         if done_returns:
             assert m.episode_return_mean == pytest.approx(np.mean(done_returns))
             assert m.episode_return_max == pytest.approx(np.max(done_returns))
-            assert m.episode_len_min == np.min(done_lens) and m.episode_len_mean == pytest.approx(np.mean(done_lens))
+            assert m.episode_len_min == np.min(done_lens) and m.episode_len_mean == pytest.approx(
+                np.mean(done_lens)
+            )
         else:
             assert np.isnan(m.episode_return_mean)
 
@@ -188,15 +204,29 @@ def python_loop_reference(env, policy, params, num_envs, steps, seed):
         states.append(st)
         obs.append(np.asarray(ts.obs))
     needs_reset = [False] * num_envs
-    episodes = [[{"obs": [obs[e][0]], "act": [], "rew": [], "term": False, "trunc": False}] for e in range(num_envs)]
+    episodes = [
+        [{"obs": [obs[e][0]], "act": [], "rew": [], "term": False, "trunc": False}]
+        for e in range(num_envs)
+    ]
     for _ in range(steps):
         key, k_pol, k_step, k_reset = jax.random.split(key, 4)
-        step_keys, reset_keys = jax.random.split(k_step, num_envs), jax.random.split(k_reset, num_envs)
+        step_keys, reset_keys = (
+            jax.random.split(k_step, num_envs),
+            jax.random.split(k_reset, num_envs),
+        )
         actions, _, _ = policy(params, jnp.stack(obs), k_pol, js.NoState())
         for e in range(num_envs):
             if needs_reset[e]:
                 states[e], ts = reset(reset_keys[e])
-                episodes[e].append({"obs": [np.asarray(ts.obs)[0]], "act": [], "rew": [], "term": False, "trunc": False})
+                episodes[e].append(
+                    {
+                        "obs": [np.asarray(ts.obs)[0]],
+                        "act": [],
+                        "rew": [],
+                        "term": False,
+                        "trunc": False,
+                    }
+                )
                 needs_reset[e] = False
             else:
                 states[e], ts = step(step_keys[e], states[e], actions[e])
@@ -214,7 +244,9 @@ def test_round_trip_equals_a_python_loop_with_the_same_keys():
     env = js.make("CartPole-v1")
     pol = js.RandomPolicy(env.observation_space, env.action_space)
     num_envs, T_, calls = 2, 20, 3
-    s = js.Sampler(env, pol, num_envs=num_envs, rollout_length=T_, seed=11, episode_lookback_horizon=0)
+    s = js.Sampler(
+        env, pol, num_envs=num_envs, rollout_length=T_, seed=11, episode_lookback_horizon=0
+    )
     chunks = defaultdict(list)
     for _ in range(calls):
         for ep in s.sample(()):
@@ -223,14 +255,32 @@ def test_round_trip_equals_a_python_loop_with_the_same_keys():
     ref_eps = [ep for per_env in ref for ep in per_env if ep["act"]]
     got = []
     for cs in chunks.values():
-        obs = np.concatenate([cs[0].get_observations()] + [c.get_observations()[1:] for c in cs[1:]])
-        got.append((obs, np.concatenate([c.get_actions() for c in cs]), np.concatenate([c.get_rewards() for c in cs]),
-                    cs[-1].is_terminated, cs[-1].is_truncated))
+        obs = np.concatenate(
+            [cs[0].get_observations()] + [c.get_observations()[1:] for c in cs[1:]]
+        )
+        got.append(
+            (
+                obs,
+                np.concatenate([c.get_actions() for c in cs]),
+                np.concatenate([c.get_rewards() for c in cs]),
+                cs[-1].is_terminated,
+                cs[-1].is_truncated,
+            )
+        )
     assert len(got) == len(ref_eps) > 2
-    key = lambda g: (tuple(np.round(g[0][0], 6)), len(g[1]))  # noqa: E731
+    key = lambda g: (tuple(np.round(g[0][0], 6)), len(g[1]))
     got.sort(key=key)
     ref_sorted = sorted(
-        [(np.stack(r["obs"]), np.array(r["act"]), np.array(r["rew"], np.float32), r["term"], r["trunc"]) for r in ref_eps],
+        [
+            (
+                np.stack(r["obs"]),
+                np.array(r["act"]),
+                np.array(r["rew"], np.float32),
+                r["term"],
+                r["trunc"],
+            )
+            for r in ref_eps
+        ],
         key=key,
     )
     for g, r in zip(got, ref_sorted):
@@ -265,7 +315,9 @@ def test_bad_sampler_construction():
     with pytest.raises(ValueError, match="unknown env id"):
         js.Sampler("NoSuchEnv-v9", pol)
     turn = TurnEnv()
-    other = js.MultiAgentPolicy(("x", "y"), {"p": js.RandomPolicy(turn.observation_space, turn.action_space)})
+    other = js.MultiAgentPolicy(
+        ("x", "y"), {"p": js.RandomPolicy(turn.observation_space, turn.action_space)}
+    )
     with pytest.raises(ValueError, match="mismatched agent ids"):
         js.Sampler(turn, other)
 
@@ -286,8 +338,11 @@ def episodes_to_batch(eps):
 @pytest.mark.parametrize("policy", ["random", "mlp"])
 def test_sample_batch_equals_the_batch_built_from_episodes(policy):
     env = FakeEnv() if policy == "random" else js.make("CartPole-v1")
-    pol = (js.RandomPolicy(env.observation_space, env.action_space) if policy == "random"
-           else js.MLPPolicy(env.observation_space, env.action_space, hidden_sizes=(8,)))
+    pol = (
+        js.RandomPolicy(env.observation_space, env.action_space)
+        if policy == "random"
+        else js.MLPPolicy(env.observation_space, env.action_space, hidden_sizes=(8,))
+    )
     params = pol.init(jax.random.PRNGKey(0))
     a = js.Sampler(env, pol, num_envs=3, rollout_length=9, seed=21, episode_lookback_horizon=2)
     b = js.Sampler(env, pol, num_envs=3, rollout_length=9, seed=21, episode_lookback_horizon=2)
@@ -295,10 +350,27 @@ def test_sample_batch_equals_the_batch_built_from_episodes(policy):
         kwargs = {"num_timesteps": 40} if call == 2 else {}
         eps = a.sample(params, **kwargs)
         mab = b.sample_batch(params, **kwargs)
-        assert isinstance(mab, js.MultiAgentBatch) and list(mab.policy_batches) == ["default_policy"]
+        assert isinstance(mab, js.MultiAgentBatch) and list(mab.policy_batches) == [
+            "default_policy"
+        ]
         direct, ref = mab["default_policy"], episodes_to_batch(eps)
-        assert mab.env_steps() == mab.agent_steps() == direct.count == ref.count == b.metrics.num_env_steps_sampled
-        for col in ("obs", "new_obs", "actions", "rewards", "terminateds", "truncateds", "t", "eps_id"):
+        assert (
+            mab.env_steps()
+            == mab.agent_steps()
+            == direct.count
+            == ref.count
+            == b.metrics.num_env_steps_sampled
+        )
+        for col in (
+            "obs",
+            "new_obs",
+            "actions",
+            "rewards",
+            "terminateds",
+            "truncateds",
+            "t",
+            "eps_id",
+        ):
             np.testing.assert_array_equal(direct[col], ref[col], err_msg=col)
             assert direct[col].dtype.kind == ref[col].dtype.kind, col
         for col in set(eps[0].extra_model_outputs):

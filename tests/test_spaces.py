@@ -38,7 +38,7 @@ def _draw(space, key, batch_shape):
     one = space.sample(key)
     batch = space.sample_batch(key, batch_shape)
     n = int(np.prod(batch_shape))
-    flat = jax.tree.map(lambda a: a.reshape((n,) + a.shape[len(batch_shape):]), batch)
+    flat = jax.tree.map(lambda a: a.reshape((n,) + a.shape[len(batch_shape) :]), batch)
     return one, space.contains(one), batch, jnp.all(jax.vmap(space.contains)(flat))
 
 
@@ -160,7 +160,7 @@ def test_box_sample_with_float32_extreme_bounds(which):
         import gymnax
 
         env, params = gymnax.make("CartPole-v1")
-        space = S.from_gymnax(env.observation_space(params))
+        space = S.from_gymnax_space(env.observation_space(params))
     x = np.asarray(_draw(space, KEY, (64,))[2])
     assert np.all(np.isfinite(x))
     assert _np_inside(space, x)
@@ -296,14 +296,20 @@ def test_zeros():
 # --------------------------------------------------------------------------- jit / vmap
 
 
-@pytest.mark.parametrize("space", [BOXES["mixed"], S.Discrete(5, start=1), DICT], ids=["box", "discrete", "dict"])
+@pytest.mark.parametrize(
+    "space", [BOXES["mixed"], S.Discrete(5, start=1), DICT], ids=["box", "discrete", "dict"]
+)
 def test_sample_under_jit_and_vmap(space):
     eager = space.sample(KEY)
     jitted = jax.jit(space.sample)(KEY)
-    chex_equal = jax.tree.map(lambda a, b: np.array_equal(np.asarray(a), np.asarray(b)), eager, jitted)
+    chex_equal = jax.tree.map(
+        lambda a, b: np.array_equal(np.asarray(a), np.asarray(b)), eager, jitted
+    )
     assert all(jax.tree.leaves(chex_equal))
     keys = jax.random.split(KEY, 6)
-    batch, inside = jax.jit(lambda k: (jax.vmap(space.sample)(k), jax.vmap(space.contains)(jax.vmap(space.sample)(k))))(keys)
+    batch, inside = jax.jit(
+        lambda k: (jax.vmap(space.sample)(k), jax.vmap(space.contains)(jax.vmap(space.sample)(k)))
+    )(keys)
     assert inside.shape == (6,) and bool(jnp.all(inside))
     one = space.sample(keys[5])  # vmapped draws equal the per-key draws
     same = jax.tree.map(lambda b, o: np.array_equal(np.asarray(b)[5], np.asarray(o)), batch, one)
@@ -361,23 +367,35 @@ def test_space_as_static_jit_arg_does_not_retrace():
 
 GYM_PAIRS = [
     (S.Box(-1.0, 2.0, (3,)), gs.Box(-1.0, 2.0, (3,), np.float32)),
-    (S.Box(np.array([0.0, -np.inf]), np.array([1.0, np.inf])), gs.Box(np.array([0.0, -np.inf], np.float32), np.array([1.0, np.inf], np.float32))),
+    (
+        S.Box(np.array([0.0, -np.inf]), np.array([1.0, np.inf])),
+        gs.Box(np.array([0.0, -np.inf], np.float32), np.array([1.0, np.inf], np.float32)),
+    ),
     (S.Box(0, 255, (2, 2), np.uint8), gs.Box(0, 255, (2, 2), np.uint8)),
     (S.Discrete(3, start=2), gs.Discrete(3, start=2)),
     (S.MultiDiscrete([2, 4]), gs.MultiDiscrete([2, 4])),
     (
         S.Dict(a=S.Discrete(2), b=S.Tuple([S.Box(0.0, 1.0, (2,)), S.Dict(c=S.Discrete(5))])),
-        gs.Dict({"a": gs.Discrete(2), "b": gs.Tuple([gs.Box(0.0, 1.0, (2,), np.float32), gs.Dict({"c": gs.Discrete(5)})])}),
+        gs.Dict(
+            {
+                "a": gs.Discrete(2),
+                "b": gs.Tuple([gs.Box(0.0, 1.0, (2,), np.float32), gs.Dict({"c": gs.Discrete(5)})]),
+            }
+        ),
     ),
 ]
 
 
-@pytest.mark.parametrize("ours,theirs", GYM_PAIRS, ids=["box", "box_inf", "box_uint8", "discrete", "multidiscrete", "nested"])
+@pytest.mark.parametrize(
+    "ours,theirs",
+    GYM_PAIRS,
+    ids=["box", "box_inf", "box_uint8", "discrete", "multidiscrete", "nested"],
+)
 def test_gymnasium_round_trip(ours, theirs):
     assert ours.to_gymnasium() == theirs
-    assert S.from_gymnasium(theirs) == ours
+    assert S.from_gymnasium_space(theirs) == ours
     assert S.convert_space(theirs) == ours
-    assert S.from_gymnasium(ours.to_gymnasium()) == ours
+    assert S.from_gymnasium_space(ours.to_gymnasium()) == ours
 
 
 def test_gymnasium_box_details():
@@ -391,15 +409,18 @@ def test_gymnasium_box_details():
 
 def test_from_gymnasium_errors():
     with pytest.raises(ValueError, match="start"):
-        S.from_gymnasium(gs.MultiDiscrete([2, 3], start=[1, 0]))
+        S.from_gymnasium_space(gs.MultiDiscrete([2, 3], start=[1, 0]))
     with pytest.raises(TypeError, match="Text"):
-        S.from_gymnasium(gs.Text(5))
+        S.from_gymnasium_space(gs.Text(5))
 
 
 GYMNAX_PAIRS = [
     (gx.Discrete(4), S.Discrete(4)),
     (gx.Box(0.0, 1.0, (2, 3)), S.Box(0.0, 1.0, (2, 3))),
-    (gx.Box(jnp.array([-1.0, -2.0]), jnp.array([1.0, 2.0]), (2,), jnp.float32), S.Box(np.array([-1.0, -2.0]), np.array([1.0, 2.0]))),
+    (
+        gx.Box(jnp.array([-1.0, -2.0]), jnp.array([1.0, 2.0]), (2,), jnp.float32),
+        S.Box(np.array([-1.0, -2.0]), np.array([1.0, 2.0])),
+    ),
     (gx.Box(0, 10, (3,), jnp.int32), S.Box(0, 10, (3,), np.int32)),
     (
         gx.Dict({"x": gx.Discrete(2), "y": gx.Tuple([gx.Box(-1.0, 1.0, (1,)), gx.Discrete(3)])}),
@@ -408,12 +429,14 @@ GYMNAX_PAIRS = [
 ]
 
 
-@pytest.mark.parametrize("theirs,ours", GYMNAX_PAIRS, ids=["discrete", "box", "box_array", "box_int", "nested"])
+@pytest.mark.parametrize(
+    "theirs,ours", GYMNAX_PAIRS, ids=["discrete", "box", "box_array", "box_int", "nested"]
+)
 def test_from_gymnax(theirs, ours):
-    assert S.from_gymnax(theirs) == ours
+    assert S.from_gymnax_space(theirs) == ours
     assert S.convert_space(theirs) == ours
     # Independent route: gymnax's own conversion to gymnasium, then ours from gymnasium.
-    assert S.from_gymnasium(gx.gymnax_space_to_gym_space(theirs)) == ours
+    assert S.from_gymnasium_space(gx.gymnax_space_to_gym_space(theirs)) == ours
 
 
 def test_convert_space_identity_and_errors():
@@ -422,7 +445,7 @@ def test_convert_space_identity_and_errors():
     with pytest.raises(TypeError, match="cannot convert"):
         S.convert_space(object())
     with pytest.raises(TypeError):
-        S.from_gymnax(gs.Discrete(2))
+        S.from_gymnax_space(gs.Discrete(2))
 
 
 # --------------------------------------------------------------------------- errors
@@ -443,8 +466,19 @@ def test_convert_space_identity_and_errors():
         (lambda: S.Dict({"a": gs.Discrete(2)}), TypeError),
         (lambda: S.Tuple([S.Discrete(2), "x"]), TypeError),
     ],
-    ids=["n0", "n_neg", "low_gt_high", "low_gt_high_elem", "shape_mismatch", "shape_arg",
-         "md_empty", "md_zero", "dict_int", "dict_gym", "tuple_str"],
+    ids=[
+        "n0",
+        "n_neg",
+        "low_gt_high",
+        "low_gt_high_elem",
+        "shape_mismatch",
+        "shape_arg",
+        "md_empty",
+        "md_zero",
+        "dict_int",
+        "dict_gym",
+        "tuple_str",
+    ],
 )
 def test_constructor_errors(build, exc):
     with pytest.raises(exc):
@@ -467,7 +501,9 @@ def _boxes(draw):
         return S.Box(a.reshape(shape), (a + b).reshape(shape), shape, np.int32)
     a = np.array(draw(st.lists(_BOUND, min_size=n, max_size=n)), np.float32)
     w = np.array(draw(st.lists(st.floats(0, 1e6, width=32), min_size=n, max_size=n)), np.float32)
-    kind = np.array(draw(st.lists(st.sampled_from(["both", "lo", "hi", "none"]), min_size=n, max_size=n)))
+    kind = np.array(
+        draw(st.lists(st.sampled_from(["both", "lo", "hi", "none"]), min_size=n, max_size=n))
+    )
     low = np.where((kind == "both") | (kind == "lo"), a, -np.inf)
     high = np.where((kind == "both") | (kind == "hi"), a.astype(np.float64) + w, np.inf)
     return S.Box(low.reshape(shape), high.reshape(shape), shape, np.float32)

@@ -26,7 +26,9 @@ def numpy_obs(pos, vel, landmarks):
     rows = []
     for i in range(n):
         others = [pos[j] - pos[i] for j in range(n) if j != i]
-        rows.append(np.concatenate([vel[i], pos[i], (landmarks - pos[i]).ravel(), np.ravel(others)]))
+        rows.append(
+            np.concatenate([vel[i], pos[i], (landmarks - pos[i]).ravel(), np.ravel(others)])
+        )
     return np.stack(rows)
 
 
@@ -37,7 +39,11 @@ def test_dynamics_reward_and_observations_match_numpy(n):
     reset, step = jax.jit(env.reset), jax.jit(env.step)
     s, ts = reset(jax.random.PRNGKey(n))
     rng = np.random.default_rng(0)
-    pos, vel, land = np.asarray(s.pos, np.float64), np.zeros((n, 2)), np.asarray(s.landmarks, np.float64)
+    pos, vel, land = (
+        np.asarray(s.pos, np.float64),
+        np.zeros((n, 2)),
+        np.asarray(s.landmarks, np.float64),
+    )
     np.testing.assert_allclose(ts.obs, numpy_obs(pos, vel, land), rtol=1e-6)
     for t in range(1, 26):
         a = rng.integers(0, 5, n)
@@ -69,7 +75,9 @@ def test_check_env_and_rollout_on_the_agent_axis():
     _, traj = jax.jit(js.make_rollout(env, pol, 2, 30))(params, state)
     assert traj.obs.shape == (31, 2, 3, 14) and traj.actions.shape == (30, 2, 3)
     assert traj.extras["action_logp"].shape == (30, 2, 3)
-    np.testing.assert_array_equal(np.asarray(traj.is_reset)[25], True)  # one reset step after 25 steps
+    np.testing.assert_array_equal(
+        np.asarray(traj.is_reset)[25], True
+    )  # one reset step after 25 steps
     np.testing.assert_array_equal(np.asarray(traj.truncated)[24], True)
 
 

@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from jaxsampler.env import SingleAgentEnv
+from jaxsampler.envs.base import SingleAgentEnv
 from jaxsampler.spaces import Box, Discrete
 
 __all__ = ["Acrobot", "AcrobotParams", "AcrobotState"]
@@ -91,7 +91,9 @@ class Acrobot(SingleAgentEnv):
         state = AcrobotState(t1, t2, d1, d2, jnp.zeros((), jnp.int32))
         return state, _obs(state)
 
-    def step_env(self, key: jax.Array, state: AcrobotState, action: jax.Array, params: AcrobotParams):
+    def step_env(
+        self, key: jax.Array, state: AcrobotState, action: jax.Array, params: AcrobotParams
+    ):
         # The noise is always drawn (no branch on a traced number); it is 0 by default.
         noise = jax.random.uniform(key, (), jnp.float32, -1.0, 1.0) * params.torque_noise_max
         torque = jnp.asarray(action, jnp.float32) - 1.0 + noise
@@ -153,5 +155,12 @@ def _wrap(x: jax.Array, low: float, high: float) -> jax.Array:
 
 def _obs(s: AcrobotState) -> jax.Array:
     return jnp.stack(
-        [jnp.cos(s.theta1), jnp.sin(s.theta1), jnp.cos(s.theta2), jnp.sin(s.theta2), s.dtheta1, s.dtheta2]
+        [
+            jnp.cos(s.theta1),
+            jnp.sin(s.theta1),
+            jnp.cos(s.theta2),
+            jnp.sin(s.theta2),
+            s.dtheta1,
+            s.dtheta2,
+        ]
     ).astype(jnp.float32)

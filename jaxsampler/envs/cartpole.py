@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from jaxsampler.env import SingleAgentEnv
+from jaxsampler.envs.base import SingleAgentEnv
 from jaxsampler.spaces import Box, Discrete
 
 __all__ = ["CartPole", "CartPoleParams", "CartPoleState"]
@@ -74,7 +74,9 @@ class CartPole(SingleAgentEnv):
         state = CartPoleState(x, x_dot, theta, theta_dot, jnp.zeros((), jnp.int32))
         return state, _obs(state)
 
-    def step_env(self, key: jax.Array, state: CartPoleState, action: jax.Array, params: CartPoleParams):
+    def step_env(
+        self, key: jax.Array, state: CartPoleState, action: jax.Array, params: CartPoleParams
+    ):
         del key
         force = jnp.where(action == 1, params.force_mag, -params.force_mag)
         total_mass = params.masspole + params.masscart
@@ -91,9 +93,8 @@ class CartPole(SingleAgentEnv):
             theta=state.theta + params.tau * state.theta_dot,
             theta_dot=state.theta_dot + params.tau * theta_acc,
         )
-        terminated = (
-            (jnp.abs(new.x) > params.x_threshold)
-            | (jnp.abs(new.theta) > params.theta_threshold_radians)
+        terminated = (jnp.abs(new.x) > params.x_threshold) | (
+            jnp.abs(new.theta) > params.theta_threshold_radians
         )
         reward = jnp.ones((), jnp.float32)
         return new, _obs(new), reward, terminated, self.reset_info(params)

@@ -32,7 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from jaxsampler.env import Env
+from jaxsampler.envs.base import Env
 from jaxsampler.spaces import Box, Discrete
 from jaxsampler.types import NoInfo, TimeStep
 
@@ -93,7 +93,9 @@ class Goals(Env):
     def _obs(self, pos: jax.Array, goals: jax.Array) -> jax.Array:
         n = self.n
         rel = pos[None, :, :] - pos[:, None, :]  # [observer, other, 2]
-        others = np.array([[j for j in range(n) if j != i] for i in range(n)], np.int32).reshape(n, n - 1)
+        others = np.array([[j for j in range(n) if j != i] for i in range(n)], np.int32).reshape(
+            n, n - 1
+        )
         rel_others = jnp.take_along_axis(rel, others[:, :, None], axis=1)  # [N, N-1, 2]
         parts = [pos, goals - pos, rel_others.reshape(n, -1)]
         return jnp.concatenate(parts, axis=-1).astype(jnp.float32)
@@ -123,14 +125,18 @@ class Goals(Env):
         def flags() -> jax.Array:
             return jnp.zeros((self.n,), jnp.bool_)
 
-        s = GoalsState(pos, goals, self._obs(pos, goals), flags(), flags(), jnp.zeros((), jnp.int32))
+        s = GoalsState(
+            pos, goals, self._obs(pos, goals), flags(), flags(), jnp.zeros((), jnp.int32)
+        )
         # Fresh arrays for the TimeStep, none shared with the state: under an eager
         # (un-jitted) vmap, a shared array comes out as one buffer in both places, and a
         # jitted rollout that donates its state would be handed that buffer twice.
         ts = self._ts(s, jnp.zeros((self.n,), jnp.float32))
         return s, ts.replace(obs=self._obs(pos, goals), terminated=flags(), truncated=flags())
 
-    def reset(self, key: jax.Array, params: GoalsParams | None = None) -> tuple[GoalsState, TimeStep]:
+    def reset(
+        self, key: jax.Array, params: GoalsParams | None = None
+    ) -> tuple[GoalsState, TimeStep]:
         """Agents and goals uniform in ``[-1, 1]^2``. Pure; safe under jit and vmap."""
         k_pos, k_goal = jax.random.split(key)
         pos = jax.random.uniform(k_pos, (self.n, 2), jnp.float32, -1.0, 1.0)
@@ -138,7 +144,11 @@ class Goals(Env):
         return self.reset_to(pos, goals)
 
     def step(
-        self, key: jax.Array, state: GoalsState, action: jax.Array, params: GoalsParams | None = None
+        self,
+        key: jax.Array,
+        state: GoalsState,
+        action: jax.Array,
+        params: GoalsParams | None = None,
     ) -> tuple[GoalsState, TimeStep]:
         """Moves every agent still going by ``action`` (``int[N]``, values 0..4).
 
@@ -152,7 +162,9 @@ class Goals(Env):
         dist = jnp.linalg.norm(state.goals - pos, axis=-1)
         reached = going & (dist <= params.goal_radius)
         time = state.time + 1
-        reward = -params.step_penalty - params.distance_penalty * dist + params.goal_reward * reached
+        reward = (
+            -params.step_penalty - params.distance_penalty * dist + params.goal_reward * reached
+        )
         s = GoalsState(
             pos=pos,
             goals=state.goals,

@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from jaxsampler.env import SingleAgentEnv
+from jaxsampler.envs.base import SingleAgentEnv
 from jaxsampler.spaces import Box, Discrete
 
 __all__ = ["MountainCar", "MountainCarParams", "MountainCarState"]
@@ -70,7 +70,9 @@ class MountainCar(SingleAgentEnv):
     def reset_env(self, key: jax.Array, params: MountainCarParams):
         return reset_valley(key)
 
-    def step_env(self, key: jax.Array, state: MountainCarState, action: jax.Array, params: MountainCarParams):
+    def step_env(
+        self, key: jax.Array, state: MountainCarState, action: jax.Array, params: MountainCarParams
+    ):
         del key
         push = jnp.asarray(action, jnp.float32) - 1.0
         new, terminated = valley_step(state, push * params.force, params)
@@ -85,7 +87,9 @@ def reset_valley(key: jax.Array) -> tuple[MountainCarState, jax.Array]:
     return state, _obs(state)
 
 
-def valley_step(state: MountainCarState, acceleration: jax.Array, params: Any) -> tuple[MountainCarState, jax.Array]:
+def valley_step(
+    state: MountainCarState, acceleration: jax.Array, params: Any
+) -> tuple[MountainCarState, jax.Array]:
     """One step of the valley dynamics given the engine's acceleration; returns
     ``(state, terminated)``. ``params`` needs the gravity, speed, position and goal fields."""
     velocity = state.velocity + acceleration - jnp.cos(3.0 * state.position) * params.gravity
@@ -93,7 +97,9 @@ def valley_step(state: MountainCarState, acceleration: jax.Array, params: Any) -
     position = jnp.clip(state.position + velocity, params.min_position, params.max_position)
     # Inelastic collision with the left wall.
     velocity = jnp.where((position == params.min_position) & (velocity < 0.0), 0.0, velocity)
-    new = state.replace(position=position.astype(jnp.float32), velocity=velocity.astype(jnp.float32))
+    new = state.replace(
+        position=position.astype(jnp.float32), velocity=velocity.astype(jnp.float32)
+    )
     terminated = (new.position >= params.goal_position) & (new.velocity >= params.goal_velocity)
     return new, terminated
 

@@ -16,8 +16,15 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from jaxsampler.env import SingleAgentEnv
-from jaxsampler.envs.mountain_car import _OBS_HIGH, _OBS_LOW, MountainCarState, _obs, reset_valley, valley_step
+from jaxsampler.envs.base import SingleAgentEnv
+from jaxsampler.envs.mountain_car import (
+    _OBS_HIGH,
+    _OBS_LOW,
+    MountainCarState,
+    _obs,
+    reset_valley,
+    valley_step,
+)
 from jaxsampler.spaces import Box
 
 __all__ = ["MountainCarContinuous", "MountainCarContinuousParams", "MountainCarContinuousState"]
@@ -79,4 +86,3 @@ class MountainCarContinuous(SingleAgentEnv):
         new, terminated = valley_step(state, force * params.power, params)
         reward = jnp.where(terminated, params.goal_reward, 0.0) - params.action_cost * a**2
         return new, _obs(new), reward.astype(jnp.float32), terminated, self.reset_info(params)
-

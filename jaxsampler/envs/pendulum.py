@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from jaxsampler.env import SingleAgentEnv
+from jaxsampler.envs.base import SingleAgentEnv
 from jaxsampler.spaces import Box
 
 __all__ = ["Pendulum", "PendulumParams", "PendulumState"]
@@ -70,17 +70,16 @@ class Pendulum(SingleAgentEnv):
         state = PendulumState(theta, theta_dot, jnp.zeros((), jnp.int32))
         return state, _obs(state)
 
-    def step_env(self, key: jax.Array, state: PendulumState, action: jax.Array, params: PendulumParams):
+    def step_env(
+        self, key: jax.Array, state: PendulumState, action: jax.Array, params: PendulumParams
+    ):
         del key
         u = jnp.clip(jnp.asarray(action, jnp.float32)[0], -params.max_torque, params.max_torque)
-        costs = (
-            _angle_normalize(state.theta) ** 2
-            + 0.1 * state.theta_dot**2
-            + 0.001 * u**2
+        costs = _angle_normalize(state.theta) ** 2 + 0.1 * state.theta_dot**2 + 0.001 * u**2
+        theta_acc = (
+            3.0 * params.g / (2.0 * params.l) * jnp.sin(state.theta)
+            + 3.0 / (params.m * params.l**2) * u
         )
-        theta_acc = 3.0 * params.g / (2.0 * params.l) * jnp.sin(state.theta) + 3.0 / (
-            params.m * params.l**2
-        ) * u
         theta_dot = jnp.clip(
             state.theta_dot + theta_acc * params.dt, -params.max_speed, params.max_speed
         )

@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from jaxsampler.env import Env
+from jaxsampler.envs.base import Env
 from jaxsampler.spaces import Box, Discrete
 from jaxsampler.types import NoInfo, TimeStep
 
@@ -81,7 +81,9 @@ class Spread(Env):
         n = self.n
         rel_land = s.landmarks[None, :, :] - s.pos[:, None, :]  # [N, N, 2]
         rel_agents = s.pos[None, :, :] - s.pos[:, None, :]  # [N, N, 2]
-        others = np.array([[j for j in range(n) if j != i] for i in range(n)], np.int32).reshape(n, n - 1)
+        others = np.array([[j for j in range(n) if j != i] for i in range(n)], np.int32).reshape(
+            n, n - 1
+        )
         rel_others = jnp.take_along_axis(rel_agents, others[:, :, None], axis=1)  # [N, N-1, 2]
         parts = [s.vel, s.pos, rel_land.reshape(n, -1), rel_others.reshape(n, -1)]
         return jnp.concatenate(parts, axis=-1).astype(jnp.float32)
@@ -97,20 +99,34 @@ class Spread(Env):
             info=NoInfo(),
         )
 
-    def reset(self, key: jax.Array, params: SpreadParams | None = None) -> tuple[SpreadState, TimeStep]:
+    def reset(
+        self, key: jax.Array, params: SpreadParams | None = None
+    ) -> tuple[SpreadState, TimeStep]:
         k_pos, k_land = jax.random.split(key)
         pos = jax.random.uniform(k_pos, (self.n, 2), jnp.float32, -1.0, 1.0)
         landmarks = jax.random.uniform(k_land, (self.n, 2), jnp.float32, -1.0, 1.0)
-        s = SpreadState(pos, jnp.zeros((self.n, 2), jnp.float32), landmarks, jnp.zeros((), jnp.int32))
+        s = SpreadState(
+            pos, jnp.zeros((self.n, 2), jnp.float32), landmarks, jnp.zeros((), jnp.int32)
+        )
         return s, self._ts(s, jnp.zeros((), jnp.float32), jnp.asarray(False))
 
-    def step(self, key: jax.Array, state: SpreadState, action: jax.Array, params: SpreadParams | None = None):
+    def step(
+        self,
+        key: jax.Array,
+        state: SpreadState,
+        action: jax.Array,
+        params: SpreadParams | None = None,
+    ):
         params = self.default_params if params is None else params
         push = jnp.asarray(_PUSH)[action]  # [N, 2]
         vel = state.vel * (1.0 - params.damping) + push * params.accel * params.dt
         pos = state.pos + vel * params.dt
-        s = SpreadState(pos.astype(jnp.float32), vel.astype(jnp.float32), state.landmarks, state.time + 1)
-        dist = jnp.linalg.norm(s.landmarks[:, None, :] - s.pos[None, :, :], axis=-1)  # [landmark, agent]
+        s = SpreadState(
+            pos.astype(jnp.float32), vel.astype(jnp.float32), state.landmarks, state.time + 1
+        )
+        dist = jnp.linalg.norm(
+            s.landmarks[:, None, :] - s.pos[None, :, :], axis=-1
+        )  # [landmark, agent]
         coverage = -jnp.sum(jnp.min(dist, axis=1))
         gap = jnp.linalg.norm(s.pos[:, None, :] - s.pos[None, :, :], axis=-1)
         pairs = jnp.sum(jnp.triu(gap < 2 * params.agent_radius, k=1))

@@ -43,7 +43,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from jaxsampler.env import Env
+from jaxsampler.envs.base import Env
 from jaxsampler.spaces import Box, Discrete
 from jaxsampler.types import TimeStep
 
@@ -51,7 +51,8 @@ __all__ = ["TicTacToe", "TicTacToeInfo", "TicTacToeParams", "TicTacToeState"]
 
 # The 8 winning lines (rows, columns, diagonals) as cell indices.
 _LINES = np.array(
-    [[0, 1, 2], [3, 4, 5], [6, 7, 8], [0, 3, 6], [1, 4, 7], [2, 5, 8], [0, 4, 8], [2, 4, 6]], np.int32
+    [[0, 1, 2], [3, 4, 5], [6, 7, 8], [0, 3, 6], [1, 4, 7], [2, 5, 8], [0, 4, 8], [2, 4, 6]],
+    np.int32,
 )
 
 
@@ -151,7 +152,9 @@ class TicTacToe(Env):
         # +1 for the mover when it wins, -1 when it moved illegally, 0 otherwise (draw, play on).
         mover_reward = jnp.where(legal, jnp.where(won, 1.0, 0.0), -1.0)
         mover = jnp.arange(2) == state.player
-        reward = jnp.where(live, jnp.where(mover, mover_reward, 0.0 - mover_reward), 0.0)  # 0.0 - x: no -0.0
+        reward = jnp.where(
+            live, jnp.where(mover, mover_reward, 0.0 - mover_reward), 0.0
+        )  # 0.0 - x: no -0.0
         over = live & (~legal | won | full)
         time = state.time + live.astype(jnp.int32)
         terminated = state.terminated | over

@@ -1,8 +1,8 @@
 """Policies: the protocol, a random policy, Flax actor-critic MLP and GRU policies."""
 
 from jaxsampler.policies.base import NoState, Policy, RandomPolicy, batch_dims
-from jaxsampler.policies.multi import MultiAgentPolicy
 from jaxsampler.policies.mlp import ActorCriticMLP, MLPPolicy, RecurrentPolicy, log_prob
+from jaxsampler.policies.multi import MultiAgentPolicy
 
 __all__ = [
     "Policy",

@@ -45,7 +45,9 @@ def action_dim(space: Space) -> int:
 
 def _check_obs_space(space: Space) -> None:
     if not isinstance(space, (Box, Discrete)):
-        raise TypeError(f"actor-critic policies need a Box or Discrete observation space, got {space!r}")
+        raise TypeError(
+            f"actor-critic policies need a Box or Discrete observation space, got {space!r}"
+        )
 
 
 def _flatten_obs(obs: jax.Array, space: Space) -> jax.Array:
@@ -58,7 +60,11 @@ def _flatten_obs(obs: jax.Array, space: Space) -> jax.Array:
 
 def _mlp(x: jax.Array, sizes: Sequence[int], act: Any, prefix: str) -> jax.Array:
     for i, h in enumerate(sizes):
-        x = act(nn.Dense(h, kernel_init=nn.initializers.orthogonal(math.sqrt(2)), name=f"{prefix}_{i}")(x))
+        x = act(
+            nn.Dense(h, kernel_init=nn.initializers.orthogonal(math.sqrt(2)), name=f"{prefix}_{i}")(
+                x
+            )
+        )
     return x
 
 
@@ -74,11 +80,17 @@ class ActorCriticMLP(nn.Module):
     def __call__(self, x: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array | None]:
         act = _ACTIVATIONS[self.activation]
         a = _mlp(x, self.hidden_sizes, act, "actor")
-        out = nn.Dense(self.num_outputs, kernel_init=nn.initializers.orthogonal(0.01), name="actor_out")(a)
+        out = nn.Dense(
+            self.num_outputs, kernel_init=nn.initializers.orthogonal(0.01), name="actor_out"
+        )(a)
         c = _mlp(x, self.hidden_sizes, act, "critic")
-        value = nn.Dense(1, kernel_init=nn.initializers.orthogonal(1.0), name="critic_out")(c)[..., 0]
+        value = nn.Dense(1, kernel_init=nn.initializers.orthogonal(1.0), name="critic_out")(c)[
+            ..., 0
+        ]
         log_std = (
-            self.param("log_std", nn.initializers.zeros, (self.num_outputs,)) if self.continuous else None
+            self.param("log_std", nn.initializers.zeros, (self.num_outputs,))
+            if self.continuous
+            else None
         )
         return out, value, log_std
 
@@ -102,7 +114,9 @@ def _sample_action(
     return action, logp
 
 
-def log_prob(space: Space, dist_inputs: jax.Array, log_std: jax.Array | None, action: jax.Array) -> jax.Array:
+def log_prob(
+    space: Space, dist_inputs: jax.Array, log_std: jax.Array | None, action: jax.Array
+) -> jax.Array:
     """Log-probability of ``action`` under the policy's distribution (for learners)."""
     if isinstance(space, Discrete):
         logp_all = jax.nn.log_softmax(dist_inputs)
@@ -135,7 +149,9 @@ class MLPPolicy(Policy):
         _check_obs_space(self.observation_space)
         action_dim(self.action_space)
         if self.activation not in _ACTIVATIONS:
-            raise ValueError(f"activation must be one of {sorted(_ACTIVATIONS)}, got {self.activation!r}")
+            raise ValueError(
+                f"activation must be one of {sorted(_ACTIVATIONS)}, got {self.activation!r}"
+            )
         object.__setattr__(self, "hidden_sizes", tuple(int(h) for h in self.hidden_sizes))
 
     @property
@@ -174,10 +190,14 @@ class _GRUActorCritic(nn.Module):
     def __call__(self, carry: jax.Array, x: jax.Array):
         x = nn.tanh(nn.Dense(self.hidden_size, name="embed")(x))
         carry, h = nn.GRUCell(self.hidden_size, name="gru")(carry, x)
-        out = nn.Dense(self.num_outputs, kernel_init=nn.initializers.orthogonal(0.01), name="actor_out")(h)
+        out = nn.Dense(
+            self.num_outputs, kernel_init=nn.initializers.orthogonal(0.01), name="actor_out"
+        )(h)
         value = nn.Dense(1, name="critic_out")(h)[..., 0]
         log_std = (
-            self.param("log_std", nn.initializers.zeros, (self.num_outputs,)) if self.continuous else None
+            self.param("log_std", nn.initializers.zeros, (self.num_outputs,))
+            if self.continuous
+            else None
         )
         return carry, (out, value, log_std)
 
@@ -201,7 +221,9 @@ class RecurrentPolicy(Policy):
 
     @property
     def module(self) -> _GRUActorCritic:
-        return _GRUActorCritic(action_dim(self.action_space), self.hidden_size, isinstance(self.action_space, Box))
+        return _GRUActorCritic(
+            action_dim(self.action_space), self.hidden_size, isinstance(self.action_space, Box)
+        )
 
     def init(self, key: jax.Array) -> Any:
         x = _flatten_obs(self.observation_space.zeros()[None], self.observation_space)

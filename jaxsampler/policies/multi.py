@@ -38,7 +38,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxsampler.env import Env
+from jaxsampler.envs.base import Env
 from jaxsampler.policies.base import Policy
 from jaxsampler.spaces import Space, compatible
 
@@ -78,13 +78,17 @@ class MultiAgentPolicy(Policy):
             raise ValueError("policies must be a non-empty dict policy_id -> Policy")
         for pid, p in policies.items():
             if not isinstance(p, Policy):
-                raise TypeError(f"policies[{pid!r}] is a {type(p).__name__}, not a jaxsampler Policy")
+                raise TypeError(
+                    f"policies[{pid!r}] is a {type(p).__name__}, not a jaxsampler Policy"
+                )
         agent_ids = tuple(env.agent_ids) if isinstance(env, Env) else tuple(env)
         if policy_mapping_fn is None:
             if len(policies) != 1:
-                raise ValueError(f"{len(policies)} policies need a policy_mapping_fn (agent_id -> policy_id)")
+                raise ValueError(
+                    f"{len(policies)} policies need a policy_mapping_fn (agent_id -> policy_id)"
+                )
             only = next(iter(policies))
-            policy_mapping_fn = lambda aid: only  # noqa: E731
+            policy_mapping_fn = lambda aid: only
         mapping = tuple(policy_mapping_fn(a) for a in agent_ids)
         for aid, pid in zip(agent_ids, mapping):
             if pid not in policies:
@@ -140,12 +144,15 @@ class MultiAgentPolicy(Policy):
     def initial_state(self, batch_shape: tuple[int, ...]) -> dict[str, Any]:
         *lead, _ = batch_shape
         return {
-            pid: p.initial_state((*lead, len(self.agents_of(pid)))) for pid, p in zip(self.policy_ids, self.policies)
+            pid: p.initial_state((*lead, len(self.agents_of(pid))))
+            for pid, p in zip(self.policy_ids, self.policies)
         }
 
     def __call__(self, params: Mapping[str, Any], obs: Any, key: jax.Array, policy_state: Any):
         if not isinstance(params, Mapping):
-            raise TypeError(f"MultiAgentPolicy params must be a dict policy_id -> params, got {type(params).__name__}")
+            raise TypeError(
+                f"MultiAgentPolicy params must be a dict policy_id -> params, got {type(params).__name__}"
+            )
         missing = [pid for pid in self.policy_ids if pid not in params]
         if missing:
             raise KeyError(f"params have no entry for policies {missing}; got {sorted(params)}")
@@ -172,7 +179,9 @@ class MultiAgentPolicy(Policy):
         return merge(actions), merge(_align_extras(extras, batches)), states
 
 
-def _align_extras(extras: list[dict[str, Any]], batches: list[tuple[int, int]]) -> list[dict[str, Any]]:
+def _align_extras(
+    extras: list[dict[str, Any]], batches: list[tuple[int, int]]
+) -> list[dict[str, Any]]:
     """Every policy's extras with the union of keys; a key a policy lacks is zeros."""
     keys = sorted({k for x in extras for k in x})
     out = []
@@ -180,6 +189,10 @@ def _align_extras(extras: list[dict[str, Any]], batches: list[tuple[int, int]]) 
         filled = {}
         for k in keys:
             ref = x[k] if k in x else next(y[k] for y in extras if k in y)
-            filled[k] = x[k] if k in x else jax.tree.map(lambda r: jnp.zeros(batch + r.shape[2:], r.dtype), ref)
+            filled[k] = (
+                x[k]
+                if k in x
+                else jax.tree.map(lambda r: jnp.zeros(batch + r.shape[2:], r.dtype), ref)
+            )
         out.append(filled)
     return out

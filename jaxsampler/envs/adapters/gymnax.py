@@ -1,4 +1,4 @@
-"""Adapter: any gymnax environment as a jaxsampler :class:`~jaxsampler.env.Env`.
+"""Adapter: any gymnax environment as a jaxsampler :class:`~jaxsampler.envs.base.Env`.
 
 The adapter calls gymnax's ``reset_env`` / ``step_env`` (not gymnax's auto-resetting
 ``step``): jaxsampler's vector layer does the auto-reset, so no reset is computed twice.
@@ -20,11 +20,11 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from jaxsampler.env import Env
-from jaxsampler.spaces import Space, from_gymnax
+from jaxsampler.envs.base import Env
+from jaxsampler.spaces import Space, from_gymnax_space
 from jaxsampler.types import TimeStep
 
-__all__ = ["GymnaxEnv", "from_gymnax_env", "make_gymnax"]
+__all__ = ["GymnaxEnv", "from_gymnax", "make_gymnax"]
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -68,11 +68,11 @@ class GymnaxEnv(Env):
 
     @property
     def observation_space(self) -> Space:
-        return from_gymnax(self.env.observation_space(self.params))
+        return from_gymnax_space(self.env.observation_space(self.params))
 
     @property
     def action_space(self) -> Space:
-        return from_gymnax(self.env.action_space(self.params))
+        return from_gymnax_space(self.env.action_space(self.params))
 
     def _info_zeros(self, params: Any) -> Any:
         key = jax.random.PRNGKey(0)
@@ -95,7 +95,9 @@ class GymnaxEnv(Env):
             info=self._info_zeros(params),
         )
 
-    def step(self, key: jax.Array, state: Any, action: Any, params: Any = None) -> tuple[Any, TimeStep]:
+    def step(
+        self, key: jax.Array, state: Any, action: Any, params: Any = None
+    ) -> tuple[Any, TimeStep]:
         params = self.params if params is None else params
         action = jax.tree.map(lambda a: a[0], action)
         obs, state, reward, terminated, info = self.env.step_env(key, state, action, params)
@@ -111,7 +113,7 @@ class GymnaxEnv(Env):
         )
 
 
-def from_gymnax_env(env: Any, params: Any = None, env_id: str | None = None) -> GymnaxEnv:
+def from_gymnax(env: Any, params: Any = None, env_id: str | None = None) -> GymnaxEnv:
     """Wraps a gymnax env object (and optionally its params) as a jaxsampler env."""
     if not hasattr(env, "step_env") or not hasattr(env, "reset_env"):
         raise TypeError(f"expected a gymnax Environment, got {type(env).__name__}")

@@ -1,4 +1,4 @@
-"""Adapter: a JaxMARL-style multi-agent env as a jaxsampler :class:`~jaxsampler.env.Env`.
+"""Adapter: a JaxMARL-style multi-agent env as a jaxsampler :class:`~jaxsampler.envs.base.Env`.
 
 The wrapped object is duck-typed; it needs what JaxMARL's ``MultiAgentEnv`` provides:
 
@@ -44,7 +44,7 @@ import numpy as np
 from flax import struct
 
 from jaxsampler import spaces as js_spaces
-from jaxsampler.env import Env
+from jaxsampler.envs.base import Env
 from jaxsampler.spaces import Space
 from jaxsampler.types import TimeStep
 
@@ -122,7 +122,9 @@ def _common_space(env: Any, what: str) -> Space:
 
 def _stack(tree_dict: Any, agents: tuple[str, ...]) -> Any:
     """``{agent: leaves [...]}`` -> leaves ``[A, ...]`` in ``agents`` order."""
-    return jax.tree.map(lambda *xs: jnp.stack([jnp.asarray(x) for x in xs]), *[tree_dict[a] for a in agents])
+    return jax.tree.map(
+        lambda *xs: jnp.stack([jnp.asarray(x) for x in xs]), *[tree_dict[a] for a in agents]
+    )
 
 
 def _select_agents(mask: jax.Array, on_true: Any, on_false: Any) -> Any:
@@ -155,13 +157,17 @@ class JaxMARLEnv(Env):
                     f"from_jaxmarl: {type(self.env).__name__} has no {attr!r}; expected a JaxMARL MultiAgentEnv"
                 )
         if not hasattr(self.env, "step_env") and not hasattr(self.env, "step"):
-            raise TypeError(f"from_jaxmarl: {type(self.env).__name__} has neither 'step_env' nor 'step'")
+            raise TypeError(
+                f"from_jaxmarl: {type(self.env).__name__} has neither 'step_env' nor 'step'"
+            )
         agents = tuple(self.env.agents)
         if not agents:
             raise ValueError("from_jaxmarl: the env has no agents")
         declared = getattr(self.env, "num_agents", len(agents))
         if int(declared) != len(agents):
-            raise ValueError(f"from_jaxmarl: env.num_agents={declared} but env.agents lists {len(agents)} agents")
+            raise ValueError(
+                f"from_jaxmarl: env.num_agents={declared} but env.agents lists {len(agents)} agents"
+            )
         object.__setattr__(self, "num_agents", len(agents))
         object.__setattr__(self, "_agents", agents)
         object.__setattr__(self, "_obs_space", _common_space(self.env, "observation_space"))
@@ -222,7 +228,9 @@ class JaxMARLEnv(Env):
 
         # The state and the TimeStep share no array: under an eager (un-jitted) vmap a shared
         # array comes out as one buffer in both, which a rollout donating its state rejects.
-        s = JaxMARLState(env_state, _stack(obs_dict, agents), flags(), flags(), jnp.zeros((), jnp.int32))
+        s = JaxMARLState(
+            env_state, _stack(obs_dict, agents), flags(), flags(), jnp.zeros((), jnp.int32)
+        )
         return s, TimeStep(
             obs=_stack(obs_dict, agents),
             reward=jnp.zeros((A,), jnp.float32),
@@ -259,7 +267,9 @@ class JaxMARLEnv(Env):
         )
 
 
-def from_jaxmarl(env: Any, params: JaxMARLParams | None = None, env_id: str | None = None) -> JaxMARLEnv:
+def from_jaxmarl(
+    env: Any, params: JaxMARLParams | None = None, env_id: str | None = None
+) -> JaxMARLEnv:
     """Wraps a JaxMARL ``MultiAgentEnv`` (or any object with its API) as a jaxsampler env.
 
     Args:

@@ -1,8 +1,8 @@
-"""``Sampler``: the host-side sampler (RLlib's ``EnvRunner`` role) over the jitted rollout.
+"""``DeviceSampler``: the sampler (RLlib's ``EnvRunner`` role) of pure-JAX envs.
 
-``Sampler.sample(params)`` runs whole ``rollout_length`` device chunks and turns them
+``DeviceSampler.sample(params)`` runs whole ``rollout_length`` device chunks and turns them
 into numpy'ized :class:`SingleAgentEpisode` objects, following RLlib's
-``SingleAgentEnvRunner.sample()`` (``shared/reference/rllib-semantics.md`` section 7),
+``SingleAgentEnvRunner.sample()``,
 adapted to a device that runs whole chunks:
 
 * jaxsampler's next-step auto-reset *is* Gymnasium's NEXT_STEP mode: reset steps
@@ -33,71 +33,25 @@ from typing import Any
 import jax
 import numpy as np
 
-from jaxsampler.env import Env
-from jaxsampler.host.agent_steps import AgentCarry
-from jaxsampler.host.batch import DEFAULT_POLICY_ID, MultiAgentBatch, SampleBatch
-from jaxsampler.host.episode import SingleAgentEpisode, _reward_space
-from jaxsampler.host.ma_sampler import MultiAgentSampling, _fast_buffer, _no_gc, _unflatten
+from jaxsampler.constants import DEFAULT_POLICY_ID
+from jaxsampler.envs.base import Env
+from jaxsampler.episodes.batch import MultiAgentBatch, SampleBatch
+from jaxsampler.episodes.ids import EpisodeIds
+from jaxsampler.episodes.lookback import InfiniteLookbackBuffer
+from jaxsampler.episodes.single_agent import SingleAgentEpisode, _reward_space
 from jaxsampler.policies.base import Policy
 from jaxsampler.rollout import init_state_and_info, jit_rollout, make_rollout
+from jaxsampler.sampling.agent_steps import AgentCarry
+from jaxsampler.sampling.base import Sampler, SamplerMetrics, check_lookback, check_sample_counts
+from jaxsampler.sampling.multi_agent import MultiAgentSampling, _no_gc, _unflatten
 from jaxsampler.types import NoInfo, Trajectory
 
-__all__ = ["Sampler", "SamplerMetrics"]
+__all__ = ["DeviceSampler"]
 
 
-@dataclasses.dataclass
-class SamplerMetrics:
-    """Per-``sample()`` statistics: what every training loop logs.
-
-    ``episode_*`` statistics cover the episodes *completed* in the call (NaN if none);
-    ``num_episodes_ongoing`` counts chunks of episodes still running.
-    """
-
-    num_env_steps_sampled: int = 0
-    num_agent_steps_sampled: int = 0
-    num_episodes_completed: int = 0
-    num_episodes_ongoing: int = 0
-    episode_return_mean: float = float("nan")
-    episode_return_min: float = float("nan")
-    episode_return_max: float = float("nan")
-    episode_len_mean: float = float("nan")
-    episode_len_min: float = float("nan")
-    episode_len_max: float = float("nan")
-    num_rollout_calls: int = 0
-
-    def as_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-
-def _host_env(env: Any, num_envs: int, seed: int) -> Any:
-    """``env`` as a :class:`~jaxsampler.hostenv.HostEnv` if it is host-stepped (a HostEnv, a
-    Gymnasium env, a list of envs or factories, or ``"gym:<id>"``), else ``None``."""
-    from jaxsampler.hostenv import GymnasiumVectorEnv, HostEnv
-
-    if isinstance(env, HostEnv):
-        return env
-    if type(env).__module__.startswith("gymnasium.vector"):
-        from jaxsampler.hostenv.gym_vector import GymnasiumVectorAdapter
-
-        return GymnasiumVectorAdapter(env, seed=seed)
-    if isinstance(env, str) and env.startswith("gym:"):
-        return GymnasiumVectorEnv(env[len("gym:"):], num_envs, seed=seed)
-    if isinstance(env, (list, tuple)) or (
-        not isinstance(env, (Env, str)) and hasattr(env, "step") and hasattr(env, "reset")
-        and type(env).__module__.split(".")[0] not in ("jaxsampler", "gymnax")
-    ):
-        return GymnasiumVectorEnv(env if isinstance(env, (list, tuple)) else [env], seed=seed)
-    return None
-
-
-class Sampler(MultiAgentSampling):
-    """Samples episodes from an env with a policy, on the host side.
-
-    With a pure-JAX env the whole chunk is one jitted rollout. With a host-stepped env (a
-    :class:`~jaxsampler.hostenv.HostEnv`, a Gymnasium env or list of envs / factories, or
-    ``"gym:<id>"``) ``Sampler(...)`` returns a :class:`~jaxsampler.hostenv.HostSampler`:
-    the same ``sample()`` / ``sample_batch()`` outputs, env steps on the host and one
-    jitted, batched policy call per step.
+class DeviceSampler(MultiAgentSampling, Sampler):
+    """The :class:`~jaxsampler.sampling.base.Sampler` of a pure-JAX env: each call runs
+    whole jitted rollout chunks and converts them in bulk on the host.
 
     Args:
         env: a jaxsampler env, a registered env id (``js.make``), or a host-stepped env.
@@ -108,19 +62,6 @@ class Sampler(MultiAgentSampling):
         env_params: env params (default ``env.default_params``).
         episode_lookback_horizon: lookback steps carried into continuation chunks.
     """
-
-    def __new__(cls, env: Any, policy: Policy, num_envs: int = 1, rollout_length: int = 128, seed: int = 0, *,
-                env_params: Any = None, episode_lookback_horizon: int = 1):
-        if cls is Sampler:
-            host = _host_env(env, num_envs, seed)
-            if host is not None:
-                from jaxsampler.hostenv import HostSampler
-
-                if env_params is not None:
-                    raise ValueError("env_params are for pure-JAX envs; configure a host-stepped env directly")
-                return HostSampler(host, policy, seed=seed, episode_lookback_horizon=episode_lookback_horizon,
-                                   rollout_length=rollout_length)
-        return super().__new__(cls)
 
     def __init__(
         self,
@@ -137,16 +78,14 @@ class Sampler(MultiAgentSampling):
             from jaxsampler.registry import make
 
             env = make(env)
-        if not isinstance(episode_lookback_horizon, int) or episode_lookback_horizon < 0:
-            raise ValueError(f"episode_lookback_horizon must be an int >= 0, got {episode_lookback_horizon!r}")
+        check_lookback(episode_lookback_horizon)
         self.env, self.policy = env, policy
         self.num_envs, self.rollout_length = num_envs, rollout_length
         self.env_params = env.default_params if env_params is None else env_params
         self.horizon = episode_lookback_horizon
         self._rollout = jit_rollout(make_rollout(env, policy, num_envs, rollout_length))
         self._key = jax.random.PRNGKey(seed)
-        self._run_id = np.random.default_rng(seed).bytes(7).hex()  # episode ids: deterministic per seed
-        self._resets = 0
+        self._episode_id = EpisodeIds(seed)  # (env, count) -> id, deterministic per seed
         self._state = None
         self._buffers: Trajectory | None = None
         self._tail: dict[str, Any] | None = None
@@ -159,7 +98,9 @@ class Sampler(MultiAgentSampling):
         # Multi-agent: agents' policy ids, carried hanging steps, open episode chunks.
         self.multi_agent = env.num_agents != 1
         self.agent_ids = tuple(env.agent_ids)
-        self.agent_policy = tuple(getattr(policy, "agent_policy", None) or (DEFAULT_POLICY_ID,) * env.num_agents)
+        self.agent_policy = tuple(
+            getattr(policy, "agent_policy", None) or (DEFAULT_POLICY_ID,) * env.num_agents
+        )
         self._carry: AgentCarry | None = None
         self._open: dict[int, Any] = {}
         self._col_horizon = 1 if self.multi_agent else self.horizon  # multi-agent: infos of slot 0
@@ -169,9 +110,13 @@ class Sampler(MultiAgentSampling):
     def reset(self) -> None:
         """Resets every env; ongoing episodes are discarded."""
         self._key, k = jax.random.split(self._key)
-        self._state, info = init_state_and_info(self.env, self.policy, self.num_envs, k, self.env_params)
-        self._reset_info = {"info:" + "/".join(path): np.asarray(leaf) for path, leaf in _info_leaves(info)}
-        self._resets += 1
+        self._state, info = init_state_and_info(
+            self.env, self.policy, self.num_envs, k, self.env_params
+        )
+        self._reset_info = {
+            "info:" + "/".join(path): np.asarray(leaf) for path, leaf in _info_leaves(info)
+        }
+        self._episode_id.new_run()
         self._tail = None
         self._partial_return[:] = 0.0
         self._carry = None
@@ -181,7 +126,9 @@ class Sampler(MultiAgentSampling):
         self._state, traj = self._rollout(params, self._state, self._buffers)
         host = jax.device_get(traj)  # one transfer per call
         if self.multi_agent:  # agents acting on the last observation (it completes their step)
-            self._next_acting = np.asarray(jax.device_get(self._state.acting & ~self._state.needs_reset[:, None]))
+            self._next_acting = np.asarray(
+                jax.device_get(self._state.acting & ~self._state.needs_reset[:, None])
+            )
         self._buffers = traj
         return host
 
@@ -205,8 +152,13 @@ class Sampler(MultiAgentSampling):
 
         Metrics of the call are in :attr:`metrics`.
         """
-        return self._sample(params, num_timesteps, num_episodes, force_reset,
-                            self._to_ma_episodes if self.multi_agent else self._to_episodes)
+        return self._sample(
+            params,
+            num_timesteps,
+            num_episodes,
+            force_reset,
+            self._to_ma_episodes if self.multi_agent else self._to_episodes,
+        )
 
     def sample_batch(
         self,
@@ -225,15 +177,23 @@ class Sampler(MultiAgentSampling):
         :meth:`sample` would return the episodes. Episodes continue across calls exactly
         as with :meth:`sample` (the two may be mixed).
         """
-        return self._sample(params, num_timesteps, num_episodes, force_reset,
-                            self._to_ma_batch if self.multi_agent else self._to_batch)
+        return self._sample(
+            params,
+            num_timesteps,
+            num_episodes,
+            force_reset,
+            self._to_ma_batch if self.multi_agent else self._to_batch,
+        )
 
-    def _sample(self, params: Any, num_timesteps: int | None, num_episodes: int | None, force_reset: bool, build: Any):
-        if num_timesteps is not None and num_episodes is not None:
-            raise ValueError("give num_timesteps or num_episodes, not both")
-        for name, v in (("num_timesteps", num_timesteps), ("num_episodes", num_episodes)):
-            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1):
-                raise ValueError(f"{name} must be an int >= 1, got {v!r}")
+    def _sample(
+        self,
+        params: Any,
+        num_timesteps: int | None,
+        num_episodes: int | None,
+        force_reset: bool,
+        build: Any,
+    ):
+        check_sample_counts(num_timesteps, num_episodes)
         if self._state is None or force_reset or num_episodes is not None:
             self.reset()
         chunks, steps = [], 0
@@ -255,7 +215,10 @@ class Sampler(MultiAgentSampling):
 
     def _count_done(self, chunks: list[Trajectory]) -> int:
         # An episode ends at the step where every agent is done (flags are sticky).
-        return sum(int(np.count_nonzero(np.all(c.terminated | c.truncated, axis=-1) & ~c.is_reset)) for c in chunks)
+        return sum(
+            int(np.count_nonzero(np.all(c.terminated | c.truncated, axis=-1) & ~c.is_reset))
+            for c in chunks
+        )
 
     # ------------------------------------------------------------------------- conversion
 
@@ -279,12 +242,23 @@ class Sampler(MultiAgentSampling):
 
         agent = slice(None) if self.multi_agent else 0  # multi-agent columns keep the agent axis
 
-        def obs(c): return c.obs[:, :, agent]  # noqa: E704
-        def actions(c): return c.actions[:, :, agent]  # noqa: E704
-        def rewards(c): return c.rewards[:, :, agent]  # noqa: E704
-        def terminated(c): return c.terminated[:, :, agent]  # noqa: E704
-        def truncated(c): return c.truncated[:, :, agent]  # noqa: E704
-        def is_reset(c): return c.is_reset  # noqa: E704
+        def obs(c):
+            return c.obs[:, :, agent]  # noqa: E704
+
+        def actions(c):
+            return c.actions[:, :, agent]  # noqa: E704
+
+        def rewards(c):
+            return c.rewards[:, :, agent]  # noqa: E704
+
+        def terminated(c):
+            return c.terminated[:, :, agent]  # noqa: E704
+
+        def truncated(c):
+            return c.truncated[:, :, agent]  # noqa: E704
+
+        def is_reset(c):
+            return c.is_reset  # noqa: E704
 
         cols = {
             "obs": cat(obs, True),
@@ -295,22 +269,37 @@ class Sampler(MultiAgentSampling):
             "is_reset": cat(is_reset),
         }
         if self.multi_agent:
-            def acting(c): return c.acting  # noqa: E704
+
+            def acting(c):
+                return c.acting  # noqa: E704
+
             cols["acting"] = cat(acting)
         keys = sorted(chunks[0].extras) if isinstance(chunks[0].extras, dict) else []
         for k in keys:
-            def extra(c, k=k): return c.extras[k][:, :, agent]  # noqa: E704
+
+            def extra(c, k=k):
+                return c.extras[k][:, :, agent]  # noqa: E704
+
             extra.__name__ = f"extra:{k}"
             cols[f"extra:{k}"] = cat(extra)
         for path, _ in _info_leaves(chunks[0].infos):
-            def info(c, path=path): return _info_get(c.infos, path)  # noqa: E704
+
+            def info(c, path=path):
+                return _info_get(c.infos, path)  # noqa: E704
+
             info.__name__ = "info:" + "/".join(path)
             cols[info.__name__] = cat(info)
         # Keep the last H steps (and H + 1 observations) for the next call's lookback.
-        self._tail = {name: _tail(col, H, name == "obs") for name, col in cols.items() if not (self.multi_agent and name == "obs")}
+        self._tail = {
+            name: _tail(col, H, name == "obs")
+            for name, col in cols.items()
+            if not (self.multi_agent and name == "obs")
+        }
         if self.multi_agent:  # agent-major observations [E, A, H + T + 1, ...]
             obs_col = cols["obs"]
-            self._tail["obs"] = obs_col[:, :, obs_col.shape[2] - 1 - H : obs_col.shape[2] - 1].copy()
+            self._tail["obs"] = obs_col[
+                :, :, obs_col.shape[2] - 1 - H : obs_col.shape[2] - 1
+            ].copy()
         if self.multi_agent:
             # Episode-level views for the segmentation: the episode ends when every agent
             # is done; it counts as truncated if some agent was truncated at that step.
@@ -371,9 +360,14 @@ class Sampler(MultiAgentSampling):
         self._partial_return[seg_env[ongoing]] = seg_return[ongoing]
         order = np.concatenate([np.nonzero(keep & is_done)[0], np.nonzero(keep & ~is_done)[0]])
         seg = {
-            "env": seg_env[order], "start": seg_start[order], "len": seg_len[order],
-            "lookback": lookback[order], "t_started": t_started[order], "term": term[order],
-            "trunc": trunc[order], "count": count[order],
+            "env": seg_env[order],
+            "start": seg_start[order],
+            "len": seg_len[order],
+            "lookback": lookback[order],
+            "t_started": t_started[order],
+            "term": term[order],
+            "trunc": trunc[order],
+            "count": count[order],
         }
         m = SamplerMetrics(num_env_steps_sampled=int(np.count_nonzero(live)))
         m.num_agent_steps_sampled = m.num_env_steps_sampled  # multi-agent: set by the caller
@@ -382,12 +376,17 @@ class Sampler(MultiAgentSampling):
         m.num_episodes_ongoing = int((keep & ~is_done).sum())
         if fin.any():
             rets, lens = seg_return[fin], (t_started + seg_len)[fin]
-            m.episode_return_mean, m.episode_return_min, m.episode_return_max = float(rets.mean()), float(rets.min()), float(rets.max())
-            m.episode_len_mean, m.episode_len_min, m.episode_len_max = float(lens.mean()), float(lens.min()), float(lens.max())
+            m.episode_return_mean, m.episode_return_min, m.episode_return_max = (
+                float(rets.mean()),
+                float(rets.min()),
+                float(rets.max()),
+            )
+            m.episode_len_mean, m.episode_len_min, m.episode_len_max = (
+                float(lens.mean()),
+                float(lens.min()),
+                float(lens.max()),
+            )
         return cols, seg, m
-
-    def _episode_id(self, env: int, count: int) -> str:
-        return f"{self._run_id}{self._resets:04x}{env:06x}{count:08x}"
 
     def _to_episodes(self, chunks: list[Trajectory], num_episodes: int | None):
         cols, seg, m = self._segments(chunks, num_episodes)
@@ -410,7 +409,10 @@ class Sampler(MultiAgentSampling):
         offset = np.arange(n_rows) - np.repeat(np.cumsum(lens) - lens, lens)
         e = seg["env"][seg_of_row]
         j = H + seg["start"][seg_of_row] + offset
-        ids = np.array([self._episode_id(a, c) for a, c in zip(seg["env"].tolist(), seg["count"].tolist())] or [""])
+        ids = np.array(
+            [self._episode_id(a, c) for a, c in zip(seg["env"].tolist(), seg["count"].tolist())]
+            or [""]
+        )
         data: dict[str, Any] = {
             SampleBatch.OBS: cols["obs"][e, j],
             SampleBatch.NEXT_OBS: cols["obs"][e, j + 1],
@@ -425,7 +427,9 @@ class Sampler(MultiAgentSampling):
         info_cols = [(name[5:], col) for name, col in cols.items() if name.startswith("info:")]
         if info_cols:
             # The info of the observation at step j was recorded with step j - 1.
-            data[SampleBatch.INFOS] = _unflatten({k: _info_for_obs(col, e, j) for k, col in info_cols})
+            data[SampleBatch.INFOS] = _unflatten(
+                {k: _info_for_obs(col, e, j) for k, col in info_cols}
+            )
         else:
             data[SampleBatch.INFOS] = [{}] * n_rows
         for name, col in cols.items():
@@ -433,30 +437,45 @@ class Sampler(MultiAgentSampling):
                 data[name[6:]] = col[e, j]
         return MultiAgentBatch({DEFAULT_POLICY_ID: SampleBatch(data)}, n_rows), m
 
-    def _episode(self, cols: dict[str, Any], extra_cols: list, info_cols: list, e: int, start: int, length: int, lb: int,
-                 t_started: int, term: bool, trunc: bool, count: int) -> SingleAgentEpisode:
+    def _episode(
+        self,
+        cols: dict[str, Any],
+        extra_cols: list,
+        info_cols: list,
+        e: int,
+        start: int,
+        length: int,
+        lb: int,
+        t_started: int,
+        term: bool,
+        trunc: bool,
+        count: int,
+    ) -> SingleAgentEpisode:
         H = self.horizon
         a, b = H + start - lb, H + start + length  # step range incl. lookback
-        ep = SingleAgentEpisode.__new__(SingleAgentEpisode)
-        ep.id_ = self._episode_id(e, count)
-        ep.agent_id = ep.module_id = ep.multi_agent_episode_id = None
-        ep._observation_space, ep._action_space = self._obs_space, self._act_space
-        ep.observations = _fast_buffer(cols["obs"][e, a : b + 1], lb, self._obs_space)
+        trusted = InfiniteLookbackBuffer.trusted
         if info_cols:
             # Env infos come with the step that produced each observation: the info of
             # observation j + 1 was recorded at step j (the first observation's is zeros).
             slots = np.arange(a, b + 1)
-            ep.infos = _fast_buffer(_unflatten({k: _info_for_obs(col, e, slots) for k, col in info_cols}), lb)
+            infos = trusted(
+                _unflatten({k: _info_for_obs(col, e, slots) for k, col in info_cols}), lb
+            )
         else:
-            ep.infos = _fast_buffer([{}] * (length + lb + 1), lb)
-        ep.actions = _fast_buffer(cols["actions"][e, a:b], lb, self._act_space)
-        ep.rewards = _fast_buffer(cols["rewards"][e, a:b], lb, _reward_space())
-        ep.extra_model_outputs = {name: _fast_buffer(col[e, a:b], lb) for name, col in extra_cols}
-        ep.is_terminated, ep.is_truncated = term, trunc
-        ep.t_started, ep.t = t_started, t_started + length
-        ep.custom_data = {}
-        ep._start_time = ep._last_step_time = None
-        return ep
+            infos = trusted([{}] * (length + lb + 1), lb)
+        return SingleAgentEpisode.trusted(
+            self._episode_id(e, count),
+            observations=trusted(cols["obs"][e, a : b + 1], lb, self._obs_space),
+            infos=infos,
+            actions=trusted(cols["actions"][e, a:b], lb, self._act_space),
+            rewards=trusted(cols["rewards"][e, a:b], lb, _reward_space()),
+            extra_model_outputs={name: trusted(col[e, a:b], lb) for name, col in extra_cols},
+            observation_space=self._obs_space,
+            action_space=self._act_space,
+            terminated=term,
+            truncated=trunc,
+            t_started=t_started,
+        )
 
 
 def _env_major(parts: Sequence[np.ndarray], head: np.ndarray | None, H: int) -> np.ndarray:

@@ -32,13 +32,10 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-__all__ = ["HostEnv", "MultiEnvDict", "PollResult", "ALL"]
+__all__ = ["HostEnv", "MultiEnvDict", "PollResult"]
 
 #: ``{env_id: {agent_id: value}}``
 MultiEnvDict = dict[Any, dict[Any, Any]]
-
-#: Episode-wide done key in ``terminateds`` / ``truncateds`` (RLlib's name).
-ALL = "__all__"
 
 
 class PollResult(NamedTuple):

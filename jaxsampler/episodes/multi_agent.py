@@ -27,22 +27,22 @@ from __future__ import annotations
 
 import copy
 import time
-import uuid
 from collections import defaultdict
 from collections.abc import Callable, Collection
 from typing import Any
 
 import numpy as np
 
-from jaxsampler.host.episode import SingleAgentEpisode, _empty_like
-from jaxsampler.host.lookback import InfiniteLookbackBuffer, batch, tree_map
+from jaxsampler.constants import ALL_AGENTS
+from jaxsampler.episodes.ids import random_episode_id
+from jaxsampler.episodes.lookback import InfiniteLookbackBuffer, batch, tree_map
+from jaxsampler.episodes.single_agent import SingleAgentEpisode, _empty_like
 
 __all__ = ["MultiAgentEpisode", "MultiAgentEnvError", "SKIP"]
 
 #: Entry of ``env_t_to_agent_t`` for env steps at which an agent had no observation.
 SKIP = "S"
 _OUT = object()  # an index outside the data (filled or dropped)
-_ALL = "__all__"
 
 
 class MultiAgentEnvError(Exception):
@@ -83,8 +83,10 @@ class MultiAgentEpisode:
         agent_module_ids: dict | None = None,
         agent_to_module_mapping_fn: Callable[[Any, Any], Any] | None = None,
     ):
-        self.id_ = id_ or uuid.uuid4().hex
-        self.agent_to_module_mapping_fn = agent_to_module_mapping_fn or default_agent_to_module_mapping_fn
+        self.id_ = id_ or random_episode_id()
+        self.agent_to_module_mapping_fn = (
+            agent_to_module_mapping_fn or default_agent_to_module_mapping_fn
+        )
         self._agent_to_module_mapping: dict[Any, Any] = dict(agent_module_ids or {})
         self.observation_space = observation_space or {}
         self.action_space = action_space or {}
@@ -92,7 +94,9 @@ class MultiAgentEpisode:
         self.env_t = self.env_t_started
         self.agent_t_started: defaultdict[Any, int] = defaultdict(int, agent_t_started or {})
         self.agent_episodes: dict[Any, SingleAgentEpisode] = {}
-        self.env_t_to_agent_t: defaultdict[Any, InfiniteLookbackBuffer] = defaultdict(InfiniteLookbackBuffer)
+        self.env_t_to_agent_t: defaultdict[Any, InfiniteLookbackBuffer] = defaultdict(
+            InfiniteLookbackBuffer
+        )
         self._agent_episode_ids = dict(agent_episode_ids or {})
         self._hanging_actions_end: dict[Any, Any] = {}
         self._hanging_extra_model_outputs_end: defaultdict[Any, dict] = defaultdict(dict)
@@ -105,15 +109,29 @@ class MultiAgentEpisode:
         self._start_time: float | None = None
         self._last_step_time: float | None = None
         if observations:
-            self._init_from_lists(observations, infos, actions or [], rewards or [], extra_model_outputs,
-                                  terminateds, truncateds, len_lookback_buffer)
+            self._init_from_lists(
+                observations,
+                infos,
+                actions or [],
+                rewards or [],
+                extra_model_outputs,
+                terminateds,
+                truncateds,
+                len_lookback_buffer,
+            )
         else:
-            self.is_terminated = bool(terminateds.get(_ALL, False) if isinstance(terminateds, dict) else terminateds)
-            self.is_truncated = bool(truncateds.get(_ALL, False) if isinstance(truncateds, dict) else truncateds)
+            self.is_terminated = bool(
+                terminateds.get(ALL_AGENTS, False) if isinstance(terminateds, dict) else terminateds
+            )
+            self.is_truncated = bool(
+                truncateds.get(ALL_AGENTS, False) if isinstance(truncateds, dict) else truncateds
+            )
 
     # -- construction from lists -------------------------------------------------------
 
-    def _init_from_lists(self, observations, infos, actions, rewards, extras, terminateds, truncateds, lb) -> None:
+    def _init_from_lists(
+        self, observations, infos, actions, rewards, extras, terminateds, truncateds, lb
+    ) -> None:
         n = len(rewards)
         if len(actions) != n or len(observations) != n + 1:
             raise ValueError(
@@ -130,9 +148,19 @@ class MultiAgentEpisode:
         self.add_env_reset(observations=observations[0], infos=infos[0])
         for i in range(n):
             # An agent that observed but did not act (and is not hanging) is done.
-            done = {a: True for a in observations[i] if a not in actions[i] and a not in self._hanging_actions_end}
-            self.add_env_step(observations[i + 1], actions[i], rewards[i], infos[i + 1], terminateds=done,
-                              extra_model_outputs=extras[i])
+            done = {
+                a: True
+                for a in observations[i]
+                if a not in actions[i] and a not in self._hanging_actions_end
+            }
+            self.add_env_step(
+                observations[i + 1],
+                actions[i],
+                rewards[i],
+                infos[i + 1],
+                terminateds=done,
+                extra_model_outputs=extras[i],
+            )
         # Move the first ``lb`` env steps into the lookback and switch to absolute agent timesteps.
         self._len_lookback_buffers = lb
         for aid, m in self.env_t_to_agent_t.items():
@@ -140,7 +168,13 @@ class MultiAgentEpisode:
             sa_lb = max(real) if real else 0
             sa = self.agent_episodes[aid]
             t0 = agent_t_started.get(aid, 0)
-            for buf in (sa.observations, sa.infos, sa.actions, sa.rewards, *sa.extra_model_outputs.values()):
+            for buf in (
+                sa.observations,
+                sa.infos,
+                sa.actions,
+                sa.rewards,
+                *sa.extra_model_outputs.values(),
+            ):
                 buf.lookback = sa_lb
             sa.t_started, sa.t = t0, t0 + sa.rewards.len_incl_lookback() - sa_lb
             m.data = [v if v == SKIP else v - sa_lb + t0 for v in m.data]
@@ -151,9 +185,9 @@ class MultiAgentEpisode:
         for flags, attr in ((terminateds, "is_terminated"), (truncateds, "is_truncated")):
             if isinstance(flags, dict):
                 for aid, v in flags.items():
-                    if aid != _ALL and aid in self.agent_episodes:
+                    if aid != ALL_AGENTS and aid in self.agent_episodes:
                         setattr(self.agent_episodes[aid], attr, bool(v))
-                setattr(self, attr, bool(flags.get(_ALL, False)) or getattr(self, attr))
+                setattr(self, attr, bool(flags.get(ALL_AGENTS, False)) or getattr(self, attr))
             else:
                 setattr(self, attr, bool(flags) or getattr(self, attr))
 
@@ -162,7 +196,9 @@ class MultiAgentEpisode:
     def module_for(self, agent_id: Any) -> Any:
         """The module (policy) id controlling ``agent_id`` (mapped once, then cached)."""
         if agent_id not in self._agent_to_module_mapping:
-            self._agent_to_module_mapping[agent_id] = self.agent_to_module_mapping_fn(agent_id, self)
+            self._agent_to_module_mapping[agent_id] = self.agent_to_module_mapping_fn(
+                agent_id, self
+            )
         return self._agent_to_module_mapping[agent_id]
 
     @property
@@ -176,8 +212,12 @@ class MultiAgentEpisode:
     def _new_agent(self, aid: Any, observation: Any, info: Any) -> None:
         sa = SingleAgentEpisode(
             self._agent_episode_ids.get(aid),
-            observation_space=self.observation_space.get(aid) if isinstance(self.observation_space, dict) else None,
-            action_space=self.action_space.get(aid) if isinstance(self.action_space, dict) else None,
+            observation_space=self.observation_space.get(aid)
+            if isinstance(self.observation_space, dict)
+            else None,
+            action_space=self.action_space.get(aid)
+            if isinstance(self.action_space, dict)
+            else None,
             agent_id=aid,
             module_id=self.module_for(aid),
             multi_agent_episode_id=self.id_,
@@ -216,10 +256,15 @@ class MultiAgentEpisode:
         """Adds one env step: the actions taken (by the agents that acted), then the
         observations, rewards, infos and done flags the env returned."""
         if self.is_done:
-            raise MultiAgentEnvError("Cannot call `add_env_step` on a MultiAgentEpisode that is already done!")
+            raise MultiAgentEnvError(
+                "Cannot call `add_env_step` on a MultiAgentEpisode that is already done!"
+            )
         infos, extras = infos or {}, extra_model_outputs or {}
         terminateds, truncateds = terminateds or {}, truncateds or {}
-        all_term, all_trunc = bool(terminateds.get(_ALL, False)), bool(truncateds.get(_ALL, False))
+        all_term, all_trunc = (
+            bool(terminateds.get(ALL_AGENTS, False)),
+            bool(truncateds.get(ALL_AGENTS, False)),
+        )
         self.env_t += 1
         map_len = self._map_len()
         for aid, m in self.env_t_to_agent_t.items():
@@ -227,20 +272,24 @@ class MultiAgentEpisode:
                 m.append(SKIP)
         agents: dict[Any, None] = {}
         for d in (observations, actions, rewards, terminateds, truncateds):
-            agents.update((a, None) for a in d if a != _ALL)
+            agents.update((a, None) for a in d if a != ALL_AGENTS)
         if all_term or all_trunc:
             agents.update((a, None) for a in self.agent_episodes)
         for aid in agents:
             term = bool(terminateds.get(aid, False)) or all_term
             trunc = bool(truncateds.get(aid, False)) or all_trunc
-            self._agent_step(aid, observations, actions, rewards, infos, extras, term, trunc, map_len)
+            self._agent_step(
+                aid, observations, actions, rewards, infos, extras, term, trunc, map_len
+            )
         self.is_terminated = all_term or (
             bool(self.agent_episodes) and all(sa.is_done for sa in self.agent_episodes.values())
         )
         self.is_truncated = all_trunc
         self._last_step_time = time.perf_counter()
 
-    def _agent_step(self, aid, observations, actions, rewards, infos, extras, term, trunc, map_len) -> None:
+    def _agent_step(
+        self, aid, observations, actions, rewards, infos, extras, term, trunc, map_len
+    ) -> None:
         sa = self.agent_episodes.get(aid)
         has_obs, has_act = aid in observations, aid in actions
         reward = rewards.get(aid, 0.0)
@@ -259,16 +308,32 @@ class MultiAgentEpisode:
                     f"Agent {aid} acted (and received next obs), but did NOT receive any reward from the env!"
                 )
             if sa is None:
-                raise MultiAgentEnvError(f"Agent {aid} acted without ever having received an observation")
+                raise MultiAgentEnvError(
+                    f"Agent {aid} acted without ever having received an observation"
+                )
             total = self._hanging_rewards_end.pop(aid, 0.0) + reward
             self._hanging_actions_end.pop(aid, None)
             self._hanging_extra_model_outputs_end.pop(aid, None)
-            self._complete(aid, observations[aid], infos.get(aid), actions[aid], total, extras.get(aid), term, trunc)
+            self._complete(
+                aid,
+                observations[aid],
+                infos.get(aid),
+                actions[aid],
+                total,
+                extras.get(aid),
+                term,
+                trunc,
+            )
         elif has_obs and hanging:
             self._complete(
-                aid, observations[aid], infos.get(aid), self._hanging_actions_end.pop(aid),
+                aid,
+                observations[aid],
+                infos.get(aid),
+                self._hanging_actions_end.pop(aid),
                 self._hanging_rewards_end.pop(aid, 0.0) + reward,
-                self._hanging_extra_model_outputs_end.pop(aid, None), term, trunc,
+                self._hanging_extra_model_outputs_end.pop(aid, None),
+                term,
+                trunc,
             )
         elif has_obs:
             if sa is not None:
@@ -278,12 +343,15 @@ class MultiAgentEpisode:
             if term or trunc:
                 return  # an agent that arrives done never steps
             self._new_agent(aid, observations[aid], infos.get(aid))
-            self.env_t_to_agent_t[aid] = InfiniteLookbackBuffer([SKIP] * (map_len - 1) + [self.agent_t_started[aid]],
-                                                                self._len_lookback_buffers)
+            self.env_t_to_agent_t[aid] = InfiniteLookbackBuffer(
+                [SKIP] * (map_len - 1) + [self.agent_t_started[aid]], self._len_lookback_buffers
+            )
             self._hanging_rewards_begin[aid] += reward
         elif has_act:
             if sa is None:
-                raise MultiAgentEnvError(f"Agent {aid} acted without ever having received an observation")
+                raise MultiAgentEnvError(
+                    f"Agent {aid} acted without ever having received an observation"
+                )
             self._hanging_actions_end[aid] = actions[aid]
             self._hanging_rewards_end[aid] = reward
             self._hanging_extra_model_outputs_end[aid] = dict(extras.get(aid) or {})
@@ -312,14 +380,30 @@ class MultiAgentEpisode:
         if term:
             sa = self.agent_episodes[aid]
             self._complete(
-                aid, sa.get_observations(-1), sa.get_infos(-1), self._hanging_actions_end.pop(aid),
-                self._hanging_rewards_end.pop(aid, 0.0), self._hanging_extra_model_outputs_end.pop(aid, None),
-                True, trunc, replace_skip=True,
+                aid,
+                sa.get_observations(-1),
+                sa.get_infos(-1),
+                self._hanging_actions_end.pop(aid),
+                self._hanging_rewards_end.pop(aid, 0.0),
+                self._hanging_extra_model_outputs_end.pop(aid, None),
+                True,
+                trunc,
+                replace_skip=True,
             )
 
-    def _complete(self, aid, obs, info, action, reward, extras, term, trunc, replace_skip: bool = False) -> None:
+    def _complete(
+        self, aid, obs, info, action, reward, extras, term, trunc, replace_skip: bool = False
+    ) -> None:
         sa = self.agent_episodes[aid]
-        sa.add_env_step(obs, action, reward, info, terminated=term, truncated=trunc, extra_model_outputs=extras or None)
+        sa.add_env_step(
+            obs,
+            action,
+            reward,
+            info,
+            terminated=term,
+            truncated=trunc,
+            extra_model_outputs=extras or None,
+        )
         m = self.env_t_to_agent_t[aid]
         value = len(sa) + self.agent_t_started[aid]
         if replace_skip and m.data and m.data[-1] == SKIP:
@@ -328,8 +412,14 @@ class MultiAgentEpisode:
             m.append(value)
 
     def _drop_agent(self, aid: Any) -> None:
-        for d in (self.agent_episodes, self.env_t_to_agent_t, self._hanging_actions_end,
-                  self._hanging_extra_model_outputs_end, self._hanging_rewards_end, self._hanging_rewards_begin):
+        for d in (
+            self.agent_episodes,
+            self.env_t_to_agent_t,
+            self._hanging_actions_end,
+            self._hanging_extra_model_outputs_end,
+            self._hanging_rewards_end,
+            self._hanging_rewards_begin,
+        ):
             d.pop(aid, None)
 
     # -- done flags --------------------------------------------------------------------
@@ -343,10 +433,16 @@ class MultiAgentEpisode:
         return bool(self.agent_episodes)
 
     def get_terminateds(self) -> dict:
-        return {**{a: sa.is_terminated for a, sa in self.agent_episodes.items()}, _ALL: self.is_terminated}
+        return {
+            **{a: sa.is_terminated for a, sa in self.agent_episodes.items()},
+            ALL_AGENTS: self.is_terminated,
+        }
 
     def get_truncateds(self) -> dict:
-        return {**{a: sa.is_truncated for a, sa in self.agent_episodes.items()}, _ALL: self.is_truncated}
+        return {
+            **{a: sa.is_truncated for a, sa in self.agent_episodes.items()},
+            ALL_AGENTS: self.is_truncated,
+        }
 
     def get_agents_that_stepped(self) -> set:
         """Agents with an observation at the last env step."""
@@ -370,8 +466,18 @@ class MultiAgentEpisode:
         buf = InfiniteLookbackBuffer(list(range(n_items)), self._len_lookback_buffers)
         return buf.get(indices, neg_index_as_lookback=nial, fill=_OUT if fill is not None else None)
 
-    def _get(self, what: str, key: Any, indices: Any, agent_ids: Any, env_steps: bool, nial: bool, fill: Any,
-             one_hot: bool, return_list: bool) -> Any:
+    def _get(
+        self,
+        what: str,
+        key: Any,
+        indices: Any,
+        agent_ids: Any,
+        env_steps: bool,
+        nial: bool,
+        fill: Any,
+        one_hot: bool,
+        return_list: bool,
+    ) -> Any:
         if return_list and not env_steps:
             raise ValueError(
                 f"`MultiAgentEpisode.get_{what}()` can't be called with both `env_steps=False` and `return_list=True`!"
@@ -386,7 +492,10 @@ class MultiAgentEpisode:
         positions = [pos] if scalar else pos
         values = {a: self._agent_values(what, key, a, positions, fill, one_hot) for a in agents}
         if return_list:
-            return [{a: v[i] for a, v in values.items() if v[i] is not _OUT} for i in range(len(positions))]
+            return [
+                {a: v[i] for a, v in values.items() if v[i] is not _OUT}
+                for i in range(len(positions))
+            ]
         out = {}
         for a, vals in values.items():
             kept = [v for v in vals if v is not _OUT]
@@ -415,7 +524,9 @@ class MultiAgentEpisode:
             return self._hanging_extra_model_outputs_end.get(aid, {}).get(key, _OUT)
         return _OUT
 
-    def _agent_values(self, what: str, key: Any, aid: Any, positions: list, fill: Any, one_hot: bool) -> list:
+    def _agent_values(
+        self, what: str, key: Any, aid: Any, positions: list, fill: Any, one_hot: bool
+    ) -> list:
         m = self.env_t_to_agent_t[aid]
         buf = self._column(aid, what, key)
         hanging = self._hanging(aid, what, key)
@@ -426,7 +537,11 @@ class MultiAgentEpisode:
             v = _OUT
             agent_t = m.data[p] if p is not _OUT and 0 <= p < len(m.data) else SKIP
             if agent_t != SKIP:
-                lb = buf.lookback if buf is not None else self.agent_episodes[aid].observations.lookback
+                lb = (
+                    buf.lookback
+                    if buf is not None
+                    else self.agent_episodes[aid].observations.lookback
+                )
                 q = agent_t - t0 + lb
                 n = buf.len_incl_lookback() if buf is not None else 0
                 if 0 <= q < n:
@@ -441,8 +556,9 @@ class MultiAgentEpisode:
             out.append(v)
         return out
 
-    def _get_agent_steps(self, what: str, key: Any, indices: Any, agents: list, nial: bool, fill: Any,
-                         one_hot: bool) -> dict:
+    def _get_agent_steps(
+        self, what: str, key: Any, indices: Any, agents: list, nial: bool, fill: Any, one_hot: bool
+    ) -> dict:
         out = {}
         for a in agents:
             buf = self._column(a, what, key)
@@ -453,48 +569,155 @@ class MultiAgentEpisode:
                 buf = InfiniteLookbackBuffer([])
             if indices is not None and hanging is not _OUT:
                 buf = _with_item(buf, hanging)
-            kwargs = {"one_hot_discrete": one_hot} if what not in ("rewards", "infos", "extra_model_outputs") else {}
+            kwargs = (
+                {"one_hot_discrete": one_hot}
+                if what not in ("rewards", "infos", "extra_model_outputs")
+                else {}
+            )
             out[a] = buf.get(indices, neg_index_as_lookback=nial, fill=fill, **kwargs)
         return out
 
-    def get_observations(self, indices: Any = None, agent_ids: Any = None, *, env_steps: bool = True,
-                         neg_index_as_lookback: bool = False, fill: Any = None, one_hot_discrete: bool = False,
-                         return_list: bool = False) -> Any:
-        return self._get("observations", None, indices, agent_ids, env_steps, neg_index_as_lookback, fill,
-                         one_hot_discrete, return_list)
+    def get_observations(
+        self,
+        indices: Any = None,
+        agent_ids: Any = None,
+        *,
+        env_steps: bool = True,
+        neg_index_as_lookback: bool = False,
+        fill: Any = None,
+        one_hot_discrete: bool = False,
+        return_list: bool = False,
+    ) -> Any:
+        return self._get(
+            "observations",
+            None,
+            indices,
+            agent_ids,
+            env_steps,
+            neg_index_as_lookback,
+            fill,
+            one_hot_discrete,
+            return_list,
+        )
 
-    def get_infos(self, indices: Any = None, agent_ids: Any = None, *, env_steps: bool = True,
-                  neg_index_as_lookback: bool = False, fill: Any = None, return_list: bool = False) -> Any:
-        return self._get("infos", None, indices, agent_ids, env_steps, neg_index_as_lookback, fill, False, return_list)
+    def get_infos(
+        self,
+        indices: Any = None,
+        agent_ids: Any = None,
+        *,
+        env_steps: bool = True,
+        neg_index_as_lookback: bool = False,
+        fill: Any = None,
+        return_list: bool = False,
+    ) -> Any:
+        return self._get(
+            "infos",
+            None,
+            indices,
+            agent_ids,
+            env_steps,
+            neg_index_as_lookback,
+            fill,
+            False,
+            return_list,
+        )
 
-    def get_actions(self, indices: Any = None, agent_ids: Any = None, *, env_steps: bool = True,
-                    neg_index_as_lookback: bool = False, fill: Any = None, one_hot_discrete: bool = False,
-                    return_list: bool = False) -> Any:
-        return self._get("actions", None, indices, agent_ids, env_steps, neg_index_as_lookback, fill,
-                         one_hot_discrete, return_list)
+    def get_actions(
+        self,
+        indices: Any = None,
+        agent_ids: Any = None,
+        *,
+        env_steps: bool = True,
+        neg_index_as_lookback: bool = False,
+        fill: Any = None,
+        one_hot_discrete: bool = False,
+        return_list: bool = False,
+    ) -> Any:
+        return self._get(
+            "actions",
+            None,
+            indices,
+            agent_ids,
+            env_steps,
+            neg_index_as_lookback,
+            fill,
+            one_hot_discrete,
+            return_list,
+        )
 
-    def get_rewards(self, indices: Any = None, agent_ids: Any = None, *, env_steps: bool = True,
-                    neg_index_as_lookback: bool = False, fill: Any = None, return_list: bool = False) -> Any:
-        return self._get("rewards", None, indices, agent_ids, env_steps, neg_index_as_lookback, fill, False,
-                         return_list)
+    def get_rewards(
+        self,
+        indices: Any = None,
+        agent_ids: Any = None,
+        *,
+        env_steps: bool = True,
+        neg_index_as_lookback: bool = False,
+        fill: Any = None,
+        return_list: bool = False,
+    ) -> Any:
+        return self._get(
+            "rewards",
+            None,
+            indices,
+            agent_ids,
+            env_steps,
+            neg_index_as_lookback,
+            fill,
+            False,
+            return_list,
+        )
 
-    def get_extra_model_outputs(self, key: str | None = None, indices: Any = None, agent_ids: Any = None, *,
-                                env_steps: bool = True, neg_index_as_lookback: bool = False, fill: Any = None,
-                                return_list: bool = False) -> Any:
+    def get_extra_model_outputs(
+        self,
+        key: str | None = None,
+        indices: Any = None,
+        agent_ids: Any = None,
+        *,
+        env_steps: bool = True,
+        neg_index_as_lookback: bool = False,
+        fill: Any = None,
+        return_list: bool = False,
+    ) -> Any:
         """Extra model outputs: ``{agent: values}`` for ``key``, ``{agent: {key: values}}`` for all keys."""
         if key is not None:
-            return self._get("extra_model_outputs", key, indices, agent_ids, env_steps, neg_index_as_lookback,
-                             fill, False, return_list)
+            return self._get(
+                "extra_model_outputs",
+                key,
+                indices,
+                agent_ids,
+                env_steps,
+                neg_index_as_lookback,
+                fill,
+                False,
+                return_list,
+            )
         keys: dict[str, None] = {}
         for a in self._agent_list(agent_ids):
             keys.update((k, None) for k in self.agent_episodes[a].extra_model_outputs)
             keys.update((k, None) for k in self._hanging_extra_model_outputs_end.get(a, {}))
-        per_key = {k: self._get("extra_model_outputs", k, indices, agent_ids, env_steps, neg_index_as_lookback,
-                                fill, False, return_list) for k in keys}
+        per_key = {
+            k: self._get(
+                "extra_model_outputs",
+                k,
+                indices,
+                agent_ids,
+                env_steps,
+                neg_index_as_lookback,
+                fill,
+                False,
+                return_list,
+            )
+            for k in keys
+        }
         if return_list:
             steps = len(next(iter(per_key.values()))) if per_key else 0
-            return [{a: {k: per_key[k][i][a] for k in keys if a in per_key[k][i]}
-                     for a in {a for k in keys for a in per_key[k][i]}} for i in range(steps)]
+            return [
+                {
+                    a: {k: per_key[k][i][a] for k in keys if a in per_key[k][i]}
+                    for a in {a for k in keys for a in per_key[k][i]}
+                }
+                for i in range(steps)
+            ]
         out: dict[Any, dict] = {}
         for k, d in per_key.items():
             for a, v in d.items():
@@ -506,22 +729,56 @@ class MultiAgentEpisode:
     def _set(self, name: str, new_data: dict, **kw: Any) -> None:
         for aid, data in new_data.items():
             if aid not in self.agent_episodes:
-                raise KeyError(f"unknown agent {aid!r}; this episode has {sorted(map(str, self.agent_episodes))}")
+                raise KeyError(
+                    f"unknown agent {aid!r}; this episode has {sorted(map(str, self.agent_episodes))}"
+                )
             getattr(self.agent_episodes[aid], name)(new_data=data, **kw)
 
-    def set_observations(self, *, new_data: dict, at_indices: Any = None, neg_index_as_lookback: bool = False) -> None:
-        self._set("set_observations", new_data, at_indices=at_indices, neg_index_as_lookback=neg_index_as_lookback)
+    def set_observations(
+        self, *, new_data: dict, at_indices: Any = None, neg_index_as_lookback: bool = False
+    ) -> None:
+        self._set(
+            "set_observations",
+            new_data,
+            at_indices=at_indices,
+            neg_index_as_lookback=neg_index_as_lookback,
+        )
 
-    def set_actions(self, *, new_data: dict, at_indices: Any = None, neg_index_as_lookback: bool = False) -> None:
-        self._set("set_actions", new_data, at_indices=at_indices, neg_index_as_lookback=neg_index_as_lookback)
+    def set_actions(
+        self, *, new_data: dict, at_indices: Any = None, neg_index_as_lookback: bool = False
+    ) -> None:
+        self._set(
+            "set_actions",
+            new_data,
+            at_indices=at_indices,
+            neg_index_as_lookback=neg_index_as_lookback,
+        )
 
-    def set_rewards(self, *, new_data: dict, at_indices: Any = None, neg_index_as_lookback: bool = False) -> None:
-        self._set("set_rewards", new_data, at_indices=at_indices, neg_index_as_lookback=neg_index_as_lookback)
+    def set_rewards(
+        self, *, new_data: dict, at_indices: Any = None, neg_index_as_lookback: bool = False
+    ) -> None:
+        self._set(
+            "set_rewards",
+            new_data,
+            at_indices=at_indices,
+            neg_index_as_lookback=neg_index_as_lookback,
+        )
 
-    def set_extra_model_outputs(self, *, key: str, new_data: dict, at_indices: Any = None,
-                                neg_index_as_lookback: bool = False) -> None:
-        self._set("set_extra_model_outputs", new_data, key=key, at_indices=at_indices,
-                  neg_index_as_lookback=neg_index_as_lookback)
+    def set_extra_model_outputs(
+        self,
+        *,
+        key: str,
+        new_data: dict,
+        at_indices: Any = None,
+        neg_index_as_lookback: bool = False,
+    ) -> None:
+        self._set(
+            "set_extra_model_outputs",
+            new_data,
+            key=key,
+            at_indices=at_indices,
+            neg_index_as_lookback=neg_index_as_lookback,
+        )
 
     # -- counters, returns, conversion ---------------------------------------------------
 
@@ -538,7 +795,9 @@ class MultiAgentEpisode:
     def get_return(self, include_hanging_rewards: bool = False) -> float:
         ret = sum(sa.get_return() for sa in self.agent_episodes.values())
         if include_hanging_rewards:
-            ret += sum(self._hanging_rewards_begin.values()) + sum(self._hanging_rewards_end.values())
+            ret += sum(self._hanging_rewards_begin.values()) + sum(
+                self._hanging_rewards_end.values()
+            )
         return ret
 
     def get_duration_s(self) -> float:
@@ -563,10 +822,11 @@ class MultiAgentEpisode:
 
     def get_sample_batch(self) -> Any:
         """``MultiAgentBatch`` keyed by agent id (as RLlib's), ``env_steps = len(self)``."""
-        from jaxsampler.host.batch import MultiAgentBatch
+        from jaxsampler.episodes.batch import MultiAgentBatch
 
         return MultiAgentBatch(
-            {a: sa.get_sample_batch() for a, sa in self.agent_episodes.items() if len(sa) > 0}, len(self)
+            {a: sa.get_sample_batch() for a, sa in self.agent_episodes.items() if len(sa) > 0},
+            len(self),
         )
 
     # -- chunks --------------------------------------------------------------------------
@@ -577,7 +837,9 @@ class MultiAgentEpisode:
         agent's last observation is inside (its step then completes in the successor).
         Done agents are not carried over."""
         if self.is_done:
-            raise RuntimeError("Can't call `MultiAgentEpisode.cut()` when the episode is already done!")
+            raise RuntimeError(
+                "Can't call `MultiAgentEpisode.cut()` when the episode is already done!"
+            )
         n = int(len_lookback_buffer)
         if n < 0:
             raise ValueError(f"len_lookback_buffer must be >= 0, got {n}")
@@ -589,7 +851,7 @@ class MultiAgentEpisode:
                 n = max(n, last - real[-1])
         n = min(n, last)
         active = [a for a, sa in self.agent_episodes.items() if not sa.is_done]
-        keep = lambda steps: [{a: v for a, v in d.items() if a in active} for d in steps]  # noqa: E731
+        keep = lambda steps: [{a: v for a, v in d.items() if a in active} for d in steps]
         observations = keep(self.get_observations(slice(-n - 1, None), return_list=True))
         if n > 0:
             actions = keep(self.get_actions(slice(-n, None), return_list=True))
@@ -628,7 +890,9 @@ class MultiAgentEpisode:
         if slice_.step not in (None, 1):
             raise ValueError("MultiAgentEpisode.slice() supports step 1 only")
         n = len(self)
-        start = 0 if slice_.start is None else (slice_.start + n if slice_.start < 0 else slice_.start)
+        start = (
+            0 if slice_.start is None else (slice_.start + n if slice_.start < 0 else slice_.start)
+        )
         stop = n if slice_.stop is None else (slice_.stop + n if slice_.stop < 0 else slice_.stop)
         start, stop = max(0, min(start, n)), max(0, min(stop, n))
         stop = max(stop, start)
@@ -654,11 +918,21 @@ class MultiAgentEpisode:
             actions=self.get_actions(act_idx, **kw) if stop > first else [],
             action_space=self.action_space,
             rewards=self.get_rewards(act_idx, **kw) if stop > first else [],
-            extra_model_outputs=self.get_extra_model_outputs(None, act_idx, **kw) if stop > first else [],
-            terminateds={**{a: sa.is_terminated for a, sa in self.agent_episodes.items()}, _ALL: self.is_terminated}
-            if done_here else False,
-            truncateds={**{a: sa.is_truncated for a, sa in self.agent_episodes.items()}, _ALL: self.is_truncated}
-            if done_here else False,
+            extra_model_outputs=self.get_extra_model_outputs(None, act_idx, **kw)
+            if stop > first
+            else [],
+            terminateds={
+                **{a: sa.is_terminated for a, sa in self.agent_episodes.items()},
+                ALL_AGENTS: self.is_terminated,
+            }
+            if done_here
+            else False,
+            truncateds={
+                **{a: sa.is_truncated for a, sa in self.agent_episodes.items()},
+                ALL_AGENTS: self.is_truncated,
+            }
+            if done_here
+            else False,
             env_t_started=self.env_t_started + start,
             agent_t_started=agent_t_started,
             len_lookback_buffer=lb,
@@ -684,11 +958,15 @@ class MultiAgentEpisode:
         are added; the hanging caches become ``other``'s (steps that ``other`` completed
         are no longer hanging)."""
         if other.id_ != self.id_:
-            raise ValueError(f"cannot concat episodes with different ids ({self.id_} vs {other.id_})")
+            raise ValueError(
+                f"cannot concat episodes with different ids ({self.id_} vs {other.id_})"
+            )
         if self.is_done:
             raise ValueError("cannot concat onto a done episode")
         if self.env_t != other.env_t_started:
-            raise ValueError(f"chunks do not meet: self.env_t={self.env_t}, other.env_t_started={other.env_t_started}")
+            raise ValueError(
+                f"chunks do not meet: self.env_t={self.env_t}, other.env_t_started={other.env_t_started}"
+            )
         n_self = self._map_len()
         olb = other._len_lookback_buffers
         for aid, osa in other.agent_episodes.items():
@@ -710,12 +988,16 @@ class MultiAgentEpisode:
                     if k not in sa.extra_model_outputs and sa.rewards.len_incl_lookback() == 0:
                         sa.extra_model_outputs[k] = InfiniteLookbackBuffer(_empty_like(buf), 0)
                 sa.concat_episode(osa.slice(slice(0, len(osa)), len_lookback_buffer=0))
-            self.env_t_to_agent_t[aid].data = list(self.env_t_to_agent_t[aid].data) + list(om.data[olb + 1 :])
+            self.env_t_to_agent_t[aid].data = list(self.env_t_to_agent_t[aid].data) + list(
+                om.data[olb + 1 :]
+            )
         for aid, m in self.env_t_to_agent_t.items():  # agents absent from other: no observation
             if aid not in other.agent_episodes:
                 m.data = list(m.data) + [SKIP] * (other.env_t - other.env_t_started)
         self._hanging_actions_end = dict(other._hanging_actions_end)
-        self._hanging_extra_model_outputs_end = defaultdict(dict, copy.deepcopy(dict(other._hanging_extra_model_outputs_end)))
+        self._hanging_extra_model_outputs_end = defaultdict(
+            dict, copy.deepcopy(dict(other._hanging_extra_model_outputs_end))
+        )
         self._hanging_rewards_end = defaultdict(float, other._hanging_rewards_end)
         self.env_t = other.env_t
         self.is_terminated, self.is_truncated = other.is_terminated, other.is_truncated
@@ -730,7 +1012,11 @@ class MultiAgentEpisode:
         print(("ts".ljust(width) + "".join(f"{t:>3} " for t in range(n))).rstrip())
         for aid, m in self.env_t_to_agent_t.items():
             cells = m.data[self._len_lookback_buffers :]
-            print((str(aid).ljust(width) + "".join("   x" if v != SKIP else "    " for v in cells)).rstrip())
+            print(
+                (
+                    str(aid).ljust(width) + "".join("   x" if v != SKIP else "    " for v in cells)
+                ).rstrip()
+            )
 
     def get_state(self) -> dict[str, Any]:
         return copy.deepcopy({k: v for k, v in self.__dict__.items()})
@@ -760,5 +1046,9 @@ def _like_buffer(buf: InfiniteLookbackBuffer | None, item: Any, one_hot: bool) -
     if buf is None:
         return item
     if buf.finalized:
-        item = tree_map(lambda x: np.asarray(x)[()], item) if isinstance(item, (dict, tuple)) else np.asarray(item)[()]
+        item = (
+            tree_map(lambda x: np.asarray(x)[()], item)
+            if isinstance(item, (dict, tuple))
+            else np.asarray(item)[()]
+        )
     return buf._convert(item, one_hot) if one_hot else item

@@ -6,7 +6,7 @@ jaxsampler :class:`MultiAgentEpisode`, fed with ``add_env_reset`` / ``add_env_st
 host-stepped and serving envs produce the same episode objects, and the same batch
 columns, as the device :class:`jaxsampler.Sampler`.
 
-Flow per env step (what :class:`jaxsampler.hostenv.sampler.HostSampler` does)::
+Flow per env step (what :class:`jaxsampler.sampling.host.HostSampler` does)::
 
     collector.add_init_obs(episode=ep, agent_id=a, env_id=e, policy_id=p, init_obs=obs)  # episode start / late join
     batch = collector.get_inference_input_dict(p)    # rows to act on: obs, env_id, agent_id, ...
@@ -52,10 +52,11 @@ from typing import Any
 
 import numpy as np
 
-from jaxsampler.host.batch import DEFAULT_POLICY_ID, MultiAgentBatch, SampleBatch
-from jaxsampler.host.lookback import batch as stack, tree_map
-from jaxsampler.host.multi_agent_episode import MultiAgentEpisode
-from jaxsampler.hostenv.base import ALL
+from jaxsampler.constants import ALL_AGENTS, DEFAULT_POLICY_ID
+from jaxsampler.episodes.batch import MultiAgentBatch, SampleBatch
+from jaxsampler.episodes.lookback import batch as stack
+from jaxsampler.episodes.lookback import tree_map
+from jaxsampler.episodes.multi_agent import MultiAgentEpisode
 
 __all__ = ["SampleCollector", "episodes_to_batch"]
 
@@ -108,11 +109,17 @@ class SampleCollector:
         policy_ids: Sequence[Any] | None = None,
     ):
         if count_steps_by not in ("env_steps", "agent_steps"):
-            raise ValueError(f"count_steps_by must be 'env_steps' or 'agent_steps', got {count_steps_by!r}")
+            raise ValueError(
+                f"count_steps_by must be 'env_steps' or 'agent_steps', got {count_steps_by!r}"
+            )
         if not isinstance(rollout_fragment_length, int) or rollout_fragment_length < 1:
-            raise ValueError(f"rollout_fragment_length must be an int >= 1, got {rollout_fragment_length!r}")
+            raise ValueError(
+                f"rollout_fragment_length must be an int >= 1, got {rollout_fragment_length!r}"
+            )
         if not isinstance(episode_lookback_horizon, int) or episode_lookback_horizon < 0:
-            raise ValueError(f"episode_lookback_horizon must be an int >= 0, got {episode_lookback_horizon!r}")
+            raise ValueError(
+                f"episode_lookback_horizon must be an int >= 0, got {episode_lookback_horizon!r}"
+            )
         self.rollout_fragment_length = rollout_fragment_length
         self.count_steps_by = count_steps_by
         self.agent_ids = tuple(agent_ids) if agent_ids is not None else None
@@ -123,13 +130,24 @@ class SampleCollector:
         self._env_of: dict[Any, Any] = {}
         self._reset: dict[Any, _Pending] = {}  # first observations, before the first env step
         self._step: dict[Any, _Pending] = {}
-        self._queues: dict[Any, list[tuple]] = {}  # policy id -> [(episode id, env id, agent id, obs, info)]
+        self._queues: dict[
+            Any, list[tuple]
+        ] = {}  # policy id -> [(episode id, env id, agent id, obs, info)]
         self._built: list[MultiAgentEpisode] = []  # closed chunks not yet in a batch
 
     # -- feeding -----------------------------------------------------------------------
 
-    def add_init_obs(self, *, episode: MultiAgentEpisode | Any, agent_id: Any, env_id: Any, policy_id: Any,
-                     init_obs: Any, init_infos: dict | None = None, t: int = -1) -> None:
+    def add_init_obs(
+        self,
+        *,
+        episode: MultiAgentEpisode | Any,
+        agent_id: Any,
+        env_id: Any,
+        policy_id: Any,
+        init_obs: Any,
+        init_infos: dict | None = None,
+        t: int = -1,
+    ) -> None:
         """The first observation of ``agent_id`` in ``episode`` (at the episode's start, or
         when the agent joins later); queues the agent for :meth:`get_inference_input_dict`.
 
@@ -148,18 +166,31 @@ class SampleCollector:
         started = ep.is_reset or ep.env_t > ep.env_t_started
         pending = self._step[eid] if started else self._reset.setdefault(eid, _Pending())
         if agent_id in ep.agent_episodes or agent_id in pending.obs:
-            raise ValueError(f"add_init_obs: agent {agent_id!r} already has an observation in episode {eid!r}")
+            raise ValueError(
+                f"add_init_obs: agent {agent_id!r} already has an observation in episode {eid!r}"
+            )
         pending.obs[agent_id] = init_obs
         pending.infos[agent_id] = {} if init_infos is None else init_infos
-        self._queues.setdefault(policy_id, []).append((eid, env_id, agent_id, init_obs, pending.infos[agent_id]))
+        self._queues.setdefault(policy_id, []).append(
+            (eid, env_id, agent_id, init_obs, pending.infos[agent_id])
+        )
 
-    def add_action_reward_next_obs(self, episode_id: Any, agent_id: Any, env_id: Any, policy_id: Any,
-                                   agent_done: bool, values: dict[str, Any]) -> None:
+    def add_action_reward_next_obs(
+        self,
+        episode_id: Any,
+        agent_id: Any,
+        env_id: Any,
+        policy_id: Any,
+        agent_done: bool,
+        values: dict[str, Any],
+    ) -> None:
         """One agent's part of the current env step (see the module docstring for
         ``values``); queues the agent if it got ``new_obs`` and is not ``agent_done``."""
         ep = self._episode(episode_id)
         if self._env_of[ep.id_] != env_id:
-            raise ValueError(f"episode {episode_id!r} runs in env {self._env_of[ep.id_]!r}, not {env_id!r}")
+            raise ValueError(
+                f"episode {episode_id!r} runs in env {self._env_of[ep.id_]!r}, not {env_id!r}"
+            )
         self._map_policy(ep, agent_id, policy_id)
         self._flush_reset(ep)
         p = self._step[ep.id_]
@@ -181,11 +212,16 @@ class SampleCollector:
             p.obs[agent_id] = values["new_obs"]
             p.infos[agent_id] = values.get("infos") or {}
             if not (agent_done or term or trunc):
-                self._queues.setdefault(policy_id, []).append((ep.id_, env_id, agent_id, values["new_obs"],
-                                                               p.infos[agent_id]))
+                self._queues.setdefault(policy_id, []).append(
+                    (ep.id_, env_id, agent_id, values["new_obs"], p.infos[agent_id])
+                )
 
-    def episode_step(self, episode: MultiAgentEpisode | Any, terminateds: dict | None = None,
-                     truncateds: dict | None = None) -> None:
+    def episode_step(
+        self,
+        episode: MultiAgentEpisode | Any,
+        terminateds: dict | None = None,
+        truncateds: dict | None = None,
+    ) -> None:
         """Ends the current env step of ``episode``: one ``add_env_step`` with the agents'
         data. ``terminateds`` / ``truncateds``: the env's dicts (``"__all__"`` and
         per-agent flags, OR-ed with those given per agent)."""
@@ -197,10 +233,22 @@ class SampleCollector:
             for a, v in src.items():
                 if v:
                     dst[a] = True
-        ep.add_env_step(p.obs, p.actions, p.rewards, p.infos, terminateds=terms, truncateds=truncs,
-                        extra_model_outputs=p.extras)
-        if terminateds is not None and ALL in terminateds or truncateds is not None and ALL in truncateds:
-            env_done = bool(terms.get(ALL, False) or truncs.get(ALL, False))
+        ep.add_env_step(
+            p.obs,
+            p.actions,
+            p.rewards,
+            p.infos,
+            terminateds=terms,
+            truncateds=truncs,
+            extra_model_outputs=p.extras,
+        )
+        if (
+            terminateds is not None
+            and ALL_AGENTS in terminateds
+            or truncateds is not None
+            and ALL_AGENTS in truncateds
+        ):
+            env_done = bool(terms.get(ALL_AGENTS, False) or truncs.get(ALL_AGENTS, False))
             ep.is_terminated = ep.is_terminated and env_done
         self._step[ep.id_] = _Pending()
 
@@ -221,10 +269,18 @@ class SampleCollector:
             return SampleBatch()
         for eid in dict.fromkeys(e[0] for e in entries):
             if self._step[eid]:
-                raise RuntimeError(f"episode {eid!r} has an open env step: call episode_step() before "
-                                   "get_inference_input_dict()")
+                raise RuntimeError(
+                    f"episode {eid!r} has an open env step: call episode_step() before "
+                    "get_inference_input_dict()"
+                )
         del self._queues[policy_id]
-        cols: dict[str, list] = {"env_id": [], "agent_id": [], "eps_id": [], "agent_index": [], "t": []}
+        cols: dict[str, list] = {
+            "env_id": [],
+            "agent_id": [],
+            "eps_id": [],
+            "agent_index": [],
+            "t": [],
+        }
         for eid, env_id, aid, _, _ in entries:
             ep = self._episode(eid)
             self._flush_reset(ep)
@@ -242,8 +298,13 @@ class SampleCollector:
 
     # -- closing chunks and building batches ---------------------------------------------
 
-    def postprocess_episode(self, episode: MultiAgentEpisode | Any, is_done: bool = False,
-                            check_dones: bool = False, build: bool = False) -> MultiAgentBatch | None:
+    def postprocess_episode(
+        self,
+        episode: MultiAgentEpisode | Any,
+        is_done: bool = False,
+        check_dones: bool = False,
+        build: bool = False,
+    ) -> MultiAgentBatch | None:
         """Closes the episode's current chunk (numpy'ized) for the next batch.
 
         ``is_done``: the episode is over and forgotten; otherwise it continues in a ``cut``
@@ -323,7 +384,9 @@ class SampleCollector:
 
     def total_agent_steps(self) -> int:
         """Completed agent steps collected and not yet built into a batch."""
-        return sum(c.agent_steps() for c in self._built) + sum(ep.agent_steps() for ep in self._episodes.values())
+        return sum(c.agent_steps() for c in self._built) + sum(
+            ep.agent_steps() for ep in self._episodes.values()
+        )
 
     def episode(self, episode_id: Any) -> MultiAgentEpisode:
         """The running chunk of an episode."""
@@ -356,7 +419,9 @@ class SampleCollector:
             self._env_of[ep.id_] = env_id
             self._step[ep.id_] = _Pending()
         elif self._env_of[ep.id_] != env_id:
-            raise ValueError(f"episode {ep.id_!r} runs in env {self._env_of[ep.id_]!r}, not {env_id!r}")
+            raise ValueError(
+                f"episode {ep.id_!r} runs in env {self._env_of[ep.id_]!r}, not {env_id!r}"
+            )
         return ep
 
     def _episode(self, episode: MultiAgentEpisode | Any) -> MultiAgentEpisode:
@@ -364,15 +429,19 @@ class SampleCollector:
         try:
             return self._episodes[eid]
         except KeyError:
-            raise KeyError(f"unknown or finished episode {eid!r}; start it with add_init_obs()") from None
+            raise KeyError(
+                f"unknown or finished episode {eid!r}; start it with add_init_obs()"
+            ) from None
 
     def _map_policy(self, ep: MultiAgentEpisode, agent_id: Any, policy_id: Any) -> None:
         current = ep._agent_to_module_mapping.get(agent_id)
         if current is None:
             ep._agent_to_module_mapping[agent_id] = policy_id
         elif current != policy_id:
-            raise ValueError(f"agent {agent_id!r} of episode {ep.id_!r} is mapped to policy {current!r}, "
-                             f"not {policy_id!r}")
+            raise ValueError(
+                f"agent {agent_id!r} of episode {ep.id_!r} is mapped to policy {current!r}, "
+                f"not {policy_id!r}"
+            )
 
     def _flush_reset(self, ep: MultiAgentEpisode) -> None:
         p = self._reset.pop(ep.id_, None)
@@ -414,8 +483,18 @@ def _column(x: Any) -> Any:
     return x
 
 
-def step_rows(obs: Any, actions: Any, rewards: Any, terminated: bool, truncated: bool, t_started: int, eps_id: str,
-              agent_index: int, infos: list, extras: dict[str, Any]) -> dict[str, Any]:
+def step_rows(
+    obs: Any,
+    actions: Any,
+    rewards: Any,
+    terminated: bool,
+    truncated: bool,
+    t_started: int,
+    eps_id: str,
+    agent_index: int,
+    infos: list,
+    extras: dict[str, Any],
+) -> dict[str, Any]:
     """The batch rows of ``n`` agent steps (``n >= 1``): ``obs`` holds the ``n + 1``
     observations (stacked), the flags are those of the last step; the columns of
     :func:`episodes_to_batch`."""
@@ -442,10 +521,23 @@ def step_rows(obs: Any, actions: Any, rewards: Any, terminated: bool, truncated:
 def _agent_rows(sa: Any, index: int) -> dict[str, Any]:
     n = len(sa)
     infos = sa.get_infos(slice(0, n))
-    infos = list(infos) if isinstance(infos, list) else [tree_map(lambda x, i=i: x[i], infos) for i in range(n)]
-    return step_rows(_column(sa.get_observations(slice(0, n + 1))), _column(sa.get_actions()), sa.get_rewards(),
-                     sa.is_terminated, sa.is_truncated, sa.t_started, sa.id_, index, infos,
-                     {k: _column(sa.get_extra_model_outputs(k)) for k in sa.extra_model_outputs})
+    infos = (
+        list(infos)
+        if isinstance(infos, list)
+        else [tree_map(lambda x, i=i: x[i], infos) for i in range(n)]
+    )
+    return step_rows(
+        _column(sa.get_observations(slice(0, n + 1))),
+        _column(sa.get_actions()),
+        sa.get_rewards(),
+        sa.is_terminated,
+        sa.is_truncated,
+        sa.t_started,
+        sa.id_,
+        index,
+        infos,
+        {k: _column(sa.get_extra_model_outputs(k)) for k in sa.extra_model_outputs},
+    )
 
 
 def _concat(parts: list[Any]) -> Any:
@@ -454,8 +546,12 @@ def _concat(parts: list[Any]) -> Any:
     return tree_map(lambda *xs: np.concatenate([np.asarray(x) for x in xs]), parts[0], *parts[1:])
 
 
-def episodes_to_batch(episodes: Sequence[MultiAgentEpisode], agent_ids: Sequence[Any] | None = None,
-                      policy_ids: Sequence[Any] = (), clip_rewards: bool | float | None = None) -> MultiAgentBatch:
+def episodes_to_batch(
+    episodes: Sequence[MultiAgentEpisode],
+    agent_ids: Sequence[Any] | None = None,
+    policy_ids: Sequence[Any] = (),
+    clip_rewards: bool | float | None = None,
+) -> MultiAgentBatch:
     """The device path's ``MultiAgentBatch`` made from episode chunks: one row per
     completed agent step, keyed by policy (the agents' ``module_id``); rows chunk by
     chunk, then agent by agent (``agent_ids`` order), then by ``t``. Columns: ``obs``,
@@ -465,14 +561,18 @@ def episodes_to_batch(episodes: Sequence[MultiAgentEpisode], agent_ids: Sequence
     order = list(agent_ids or ())
     parts: dict[Any, list[dict]] = {pid: [] for pid in policy_ids}
     for ep in episodes:
-        agents = sorted(ep.agent_episodes, key=lambda a: (order.index(a) if a in order else len(order)))
+        agents = sorted(
+            ep.agent_episodes, key=lambda a: order.index(a) if a in order else len(order)
+        )
         for aid in agents:
             sa = ep.agent_episodes[aid]
             if len(sa) == 0:
                 continue
             index = order.index(aid) if aid in order else list(ep.agent_episodes).index(aid)
             pid = sa.module_id if sa.module_id is not None else ep.module_for(aid)
-            parts.setdefault(DEFAULT_POLICY_ID if pid is None else pid, []).append(_agent_rows(sa, index))
+            parts.setdefault(DEFAULT_POLICY_ID if pid is None else pid, []).append(
+                _agent_rows(sa, index)
+            )
     batches = {}
     for pid, rows in parts.items():
         if not rows:

@@ -1,6 +1,6 @@
-"""``HostSampler``: :class:`jaxsampler.Sampler`'s API over a host-stepped env.
+"""``HostSampler``: the :class:`~jaxsampler.sampling.base.Sampler` of host-stepped envs.
 
-The env is any :class:`~jaxsampler.hostenv.base.HostEnv` (Gymnasium envs, dict-API
+The env is any :class:`~jaxsampler.host_envs.base.HostEnv` (Gymnasium envs, dict-API
 multi-agent envs, external / served envs); the policy is a jaxsampler policy, evaluated
 as **one jitted call per policy per env step** on the observations of every agent that
 must act, stacked to ``[N, 1, ...]`` (the policy protocol's ``[E, A, ...]`` with one
@@ -9,7 +9,7 @@ of two), so the jitted function compiles at most once per bucket. More than the 
 bucket is split into several calls.
 
 Loop per env step: compute and send the actions of the queued agents; ``poll()``; feed
-the :class:`~jaxsampler.hostenv.collector.SampleCollector` (which builds
+the :class:`~jaxsampler.sampling.collector.SampleCollector` (which builds
 :class:`MultiAgentEpisode` objects with ``add_env_reset`` / ``add_env_step``). An
 off-policy action of the poll (``off_policy_actions``) is sent and recorded instead of
 the policy's (the policy is still evaluated on that observation: its extras and
@@ -35,7 +35,7 @@ recurrent state are kept; ``mark_off_policy=True`` adds an ``off_policy`` bool c
   observations are computed at the start of the next call, with that call's params.
 
 Single-agent envs do not go through the collector: each running episode is a list
-:class:`~jaxsampler.hostenv.track.Track` (a few appends per step), built into the same
+:class:`~jaxsampler.sampling.track.Track` (a few appends per step), built into the same
 numpy'ized episodes and batch rows only when its chunk closes (``fast_single_agent``;
 ``tests/test_hostenv_track.py`` checks both paths agree). One difference: continuation
 chunks get ``episode_lookback_horizon`` *agent* steps of lookback there (RLlib's
@@ -55,22 +55,23 @@ from __future__ import annotations
 
 import inspect
 import time
-
 from collections.abc import Sequence
 from typing import Any
 
 import jax
 import numpy as np
 
-from jaxsampler.host.batch import DEFAULT_POLICY_ID, MultiAgentBatch, SampleBatch
-from jaxsampler.host.lookback import batch as stack
-from jaxsampler.host.episode import SingleAgentEpisode
-from jaxsampler.host.multi_agent_episode import MultiAgentEpisode
-from jaxsampler.host.sampler import SamplerMetrics
-from jaxsampler.hostenv.base import ALL, HostEnv, PollResult
-from jaxsampler.hostenv.collector import SampleCollector, _concat, episodes_to_batch
-from jaxsampler.hostenv.track import Track, track_rows
+from jaxsampler.constants import ALL_AGENTS, DEFAULT_POLICY_ID
+from jaxsampler.episodes.batch import MultiAgentBatch, SampleBatch
+from jaxsampler.episodes.ids import EpisodeIds, agent_episode_id
+from jaxsampler.episodes.lookback import batch as stack
+from jaxsampler.episodes.multi_agent import MultiAgentEpisode
+from jaxsampler.episodes.single_agent import SingleAgentEpisode
+from jaxsampler.host_envs.base import HostEnv, PollResult
 from jaxsampler.policies.base import Policy
+from jaxsampler.sampling.base import Sampler, SamplerMetrics, check_lookback, check_sample_counts
+from jaxsampler.sampling.collector import SampleCollector, _concat, episodes_to_batch
+from jaxsampler.sampling.track import Track, track_rows
 from jaxsampler.spaces import compatible
 
 __all__ = ["HostSampler"]
@@ -85,7 +86,10 @@ def _env_ids(res: PollResult) -> dict[Any, None]:
 
 
 def _all_done(res: PollResult, env_id: Any) -> bool:
-    return bool(res.terminateds.get(env_id, {}).get(ALL, False) or res.truncateds.get(env_id, {}).get(ALL, False))
+    return bool(
+        res.terminateds.get(env_id, {}).get(ALL_AGENTS, False)
+        or res.truncateds.get(env_id, {}).get(ALL_AGENTS, False)
+    )
 
 
 def _default_buckets(n: int, cap: int) -> tuple[int, ...]:
@@ -99,7 +103,7 @@ def _default_buckets(n: int, cap: int) -> tuple[int, ...]:
     return tuple(out)
 
 
-class HostSampler:
+class HostSampler(Sampler):
     """Samples episodes from a host-stepped env with a jaxsampler policy.
 
     Args:
@@ -129,17 +133,16 @@ class HostSampler:
         self,
         host_env: HostEnv,
         policy: Policy,
+        *,
         seed: int = 0,
         episode_lookback_horizon: int = 1,
         batch_sizes: Sequence[int] | None = None,
-        *,
         rollout_length: int = 128,
         max_batch_size: int = 1024,
         mark_off_policy: bool = False,
         timeout_s: float | None = None,
     ):
-        if not isinstance(episode_lookback_horizon, int) or episode_lookback_horizon < 0:
-            raise ValueError(f"episode_lookback_horizon must be an int >= 0, got {episode_lookback_horizon!r}")
+        check_lookback(episode_lookback_horizon)
         if not isinstance(rollout_length, int) or rollout_length < 1:
             raise ValueError(f"rollout_length must be an int >= 1, got {rollout_length!r}")
         self.host_env, self.policy = host_env, policy
@@ -153,7 +156,10 @@ class HostSampler:
         except (TypeError, ValueError):
             self._poll_takes_timeout = False
         self._obs_space, self._act_space = host_env.observation_space, host_env.action_space
-        for what, env_space in (("observation_space", self._obs_space), ("action_space", self._act_space)):
+        for what, env_space in (
+            ("observation_space", self._obs_space),
+            ("action_space", self._act_space),
+        ):
             pol_space = getattr(policy, what)
             if not compatible(env_space, pol_space):
                 raise ValueError(
@@ -175,7 +181,7 @@ class HostSampler:
             self._mapping = dict.fromkeys(self.agent_ids, DEFAULT_POLICY_ID)
             self._split_params = False
         self.policy_ids = tuple(self._policies)
-        self._known_keys = frozenset(self._mapping) | {ALL}  # agent keys a poll may carry
+        self._known_keys = frozenset(self._mapping) | {ALL_AGENTS}  # agent keys a poll may carry
         self._unrecorded: list[tuple] = []  # policy outputs sent but not yet stored (_record)
         if batch_sizes is None:
             n = getattr(host_env, "num_envs", None)
@@ -188,24 +194,31 @@ class HostSampler:
         self.policy_fns = {pid: self._make_fn(p) for pid, p in self._policies.items()}
         base = jax.random.PRNGKey(seed)
         self._keys = {pid: jax.random.fold_in(base, i) for i, pid in enumerate(self.policy_ids)}
-        self._init_state = {pid: jax.device_get(p.initial_state((1, 1))) for pid, p in self._policies.items()}
+        self._init_state = {
+            pid: jax.device_get(p.initial_state((1, 1))) for pid, p in self._policies.items()
+        }
         self._stateful = {pid: bool(jax.tree.leaves(s)) for pid, s in self._init_state.items()}
         self._obs_ref = jax.tree.map(np.asarray, self._obs_space.zeros())
-        self._run_id = np.random.default_rng(seed).bytes(7).hex()
-        self.collector = SampleCollector(agent_ids=self.agent_ids, episode_lookback_horizon=episode_lookback_horizon,
-                                         policy_ids=self.policy_ids)
-        self._resets = self._counter = 0
+        self._episode_ids = EpisodeIds(seed)
+        self.collector = SampleCollector(
+            agent_ids=self.agent_ids,
+            episode_lookback_horizon=episode_lookback_horizon,
+            policy_ids=self.policy_ids,
+        )
+        self._counter = 0
         self._needs_reset = True
         self._fresh = True
         self._running: dict[Any, str] = {}  # env id -> running episode id
         self._env_rank: dict[Any, int] = {}
-        self._actions: dict[Any, dict] = {}  # env id -> agent id -> (action, extras) sent, awaiting the poll
+        self._actions: dict[
+            Any, dict
+        ] = {}  # env id -> agent id -> (action, extras) sent, awaiting the poll
         self._off_policy: dict[Any, dict] = {}
         self._states: dict[tuple, Any] = {}
         self._returns: dict[str, float] = {}
         self._finished: dict[str, tuple] = {}  # episode id -> (env rank, poll index)
         self._poll_index = 0
-        # Single-agent envs: episodes as plain lists (jaxsampler.hostenv.track), not through the collector.
+        # Single-agent envs: episodes as plain lists (jaxsampler.sampling.track), not through the collector.
         self._fast = not self.multi_agent and self.fast_single_agent
         self._tracks: dict[Any, Track] = {}  # env id -> running chunk
         self._closed: list[Track] = []  # chunks closed in this call
@@ -242,26 +255,46 @@ class HostSampler:
             queue, self._queue = self._queue, []
             if queue:
                 agent = self.agent_ids[0]
-                self._act_policy(self._mapping[agent], params, stack([o for _, o in queue]), [e for e, _ in queue],
-                                 [agent] * len(queue), out)
+                self._act_policy(
+                    self._mapping[agent],
+                    params,
+                    stack([o for _, o in queue]),
+                    [e for e, _ in queue],
+                    [agent] * len(queue),
+                    out,
+                )
         else:
             for pid in self.policy_ids:
                 rows = self.collector.get_inference_input_dict(pid)
                 if rows.count:
-                    self._act_policy(pid, params, rows["obs"], rows["env_id"].tolist(), rows["agent_id"].tolist(),
-                                     out)
+                    self._act_policy(
+                        pid,
+                        params,
+                        rows["obs"],
+                        rows["env_id"].tolist(),
+                        rows["agent_id"].tolist(),
+                        out,
+                    )
         if out:
             self._send(out)
         return bool(out)
 
-    def _act_policy(self, pid: Any, params: Any, obs: Any, env_ids: list, agent_ids: list, out: dict) -> None:
+    def _act_policy(
+        self, pid: Any, params: Any, obs: Any, env_ids: list, agent_ids: list, out: dict
+    ) -> None:
         """The actions of one policy's rows, in calls of at most the largest bucket."""
         p_params = params[pid] if self._split_params else params
         top = self.batch_sizes[-1]
         for lo in range(0, len(env_ids), top):
             hi = min(lo + top, len(env_ids))
-            self._act_rows(pid, p_params, jax.tree.map(lambda x: x[lo:hi], obs), env_ids[lo:hi], agent_ids[lo:hi],
-                           out)
+            self._act_rows(
+                pid,
+                p_params,
+                jax.tree.map(lambda x: x[lo:hi], obs),
+                env_ids[lo:hi],
+                agent_ids[lo:hi],
+                out,
+            )
 
     def _send(self, out: dict) -> None:
         try:
@@ -271,7 +304,9 @@ class HostSampler:
             raise
         self._record()
 
-    def _act_rows(self, pid: Any, params: Any, obs: Any, env_ids: list, agent_ids: list, out: dict) -> None:
+    def _act_rows(
+        self, pid: Any, params: Any, obs: Any, env_ids: list, agent_ids: list, out: dict
+    ) -> None:
         n = len(env_ids)
         b = self._bucket(n)
 
@@ -283,19 +318,24 @@ class HostSampler:
 
         init = self._init_state[pid]
         if self._stateful[pid]:
-            rows = [self._states.get((e, a), init) for e, a in zip(env_ids, agent_ids)] + [init] * (b - n)
+            rows = [self._states.get((e, a), init) for e, a in zip(env_ids, agent_ids)] + [init] * (
+                b - n
+            )
             state = jax.tree.map(lambda *xs: np.concatenate(xs), *rows)
         else:
             state = init
-        action, extras, new_state, self._keys[pid] = self.policy_fns[pid](params, jax.tree.map(pad, obs),
-                                                                          self._keys[pid], state)
+        action, extras, new_state, self._keys[pid] = self.policy_fns[pid](
+            params, jax.tree.map(pad, obs), self._keys[pid], state
+        )
         action, extras, new_state = jax.device_get((action, extras, new_state))  # one transfer
         # Per-row views without a tree walk per row when the leaves are plain arrays.
         act_col = action[:, 0] if isinstance(action, np.ndarray) else None
         offs = self._off_policy
         acts = []
         for i, (e, a) in enumerate(zip(env_ids, agent_ids)):
-            act = act_col[i] if act_col is not None else jax.tree.map(lambda x, i=i: x[i, 0], action)
+            act = (
+                act_col[i] if act_col is not None else jax.tree.map(lambda x, i=i: x[i, 0], action)
+            )
             off = offs.get(e)
             if off and a in off:
                 act = off[a]
@@ -314,9 +354,17 @@ class HostSampler:
                 ext_cols = [(k, v[:, 0]) for k, v in extras.items()]
                 nested = False
             else:  # nested extras: one tree walk per row
-                ext_cols = [(k, (lambda i, v=v: jax.tree.map(lambda x: x[i, 0], v))) for k, v in extras.items()]
+                ext_cols = [
+                    (k, (lambda i, v=v: jax.tree.map(lambda x: x[i, 0], v)))
+                    for k, v in extras.items()
+                ]
                 nested = True
-            mark, stateful, offs, sent = self.mark_off_policy, self._stateful[pid], self._off_policy, self._actions
+            mark, stateful, offs, sent = (
+                self.mark_off_policy,
+                self._stateful[pid],
+                self._off_policy,
+                self._actions,
+            )
             for i, (e, a) in enumerate(zip(env_ids, agent_ids)):
                 ext = {k: c(i) for k, c in ext_cols} if nested else {k: c[i] for k, c in ext_cols}
                 if mark:
@@ -335,7 +383,9 @@ class HostSampler:
     def _check_obs(self, env_id: Any, agent_id: Any, obs: Any) -> Any:
         ref = self._obs_ref
         if isinstance(ref, np.ndarray) and isinstance(obs, np.ndarray) and obs.shape == ref.shape:
-            return obs if obs.dtype == ref.dtype else obs.astype(ref.dtype)  # the common case, no tree walk
+            return (
+                obs if obs.dtype == ref.dtype else obs.astype(ref.dtype)
+            )  # the common case, no tree walk
 
         def leaf(ref: np.ndarray, x: Any) -> np.ndarray:
             arr = np.asarray(x)
@@ -349,8 +399,10 @@ class HostSampler:
         try:
             return jax.tree.map(leaf, self._obs_ref, obs)
         except (TypeError, KeyError) as exc:
-            raise ValueError(f"env {env_id!r} agent {agent_id!r}: observation {obs!r} does not match the "
-                             f"observation space {self._obs_space!r}: {exc}") from None
+            raise ValueError(
+                f"env {env_id!r} agent {agent_id!r}: observation {obs!r} does not match the "
+                f"observation space {self._obs_space!r}: {exc}"
+            ) from None
 
     def _validate(self, res: PollResult) -> dict[Any, dict]:
         """Checks a whole poll before anything is recorded; returns the checked observations."""
@@ -361,7 +413,7 @@ class HostSampler:
                 if per_agent.keys() <= known:
                     continue
                 for a in per_agent:
-                    if a != ALL and a not in self._mapping:
+                    if a != ALL_AGENTS and a not in self._mapping:
                         raise ValueError(
                             f"env {env_id!r} returned data for agent {a!r}, which is not one of the policy's / "
                             f"env's agent ids {self.agent_ids}"
@@ -371,10 +423,12 @@ class HostSampler:
         return checked
 
     def _agent_episode_id(self, ma_id: str, agent_id: Any) -> str:
-        return f"{ma_id}{self.agent_ids.index(agent_id):04x}" if self.multi_agent else ma_id
+        return (
+            agent_episode_id(ma_id, self.agent_ids.index(agent_id)) if self.multi_agent else ma_id
+        )
 
     def _new_episode_id(self) -> str:
-        ma_id = f"{self._run_id}{self._resets:04x}{self._counter:014x}"
+        ma_id = self._episode_ids(0, self._counter)
         self._counter += 1
         return ma_id
 
@@ -406,7 +460,9 @@ class HostSampler:
                 if agent not in obs or _all_done(res, e):  # ended before its first step: no episode
                     continue
                 info = res.infos.get(e, {}).get(agent)
-                tr = self._tracks[e] = Track(self._new_episode_id(), [obs[agent]], [{} if info is None else info])
+                tr = self._tracks[e] = Track(
+                    self._new_episode_id(), [obs[agent]], [{} if info is None else info]
+                )
                 self._returns[tr.id_] = 0.0
                 self._env_steps[tr.id_] = 0
                 self._states.pop((e, agent), None)
@@ -416,20 +472,30 @@ class HostSampler:
             rewards = res.rewards.get(e, {})
             terms, truncs = res.terminateds.get(e, {}), res.truncateds.get(e, {})
             term, trunc = bool(terms.get(agent, False)), bool(truncs.get(agent, False))
-            all_done = bool(terms.get(ALL, False) or truncs.get(ALL, False))
+            all_done = bool(terms.get(ALL_AGENTS, False) or truncs.get(ALL_AGENTS, False))
             reward = float(rewards.get(agent, 0.0))
             sent = self._actions.pop(e, None)
             if agent in obs:
                 if sent is None:
-                    raise ValueError(f"env {e!r} delivered an observation for agent {agent!r}, which has one "
-                                     "waiting for its action")
-                tr.step(sent[agent][0], sent[agent][1], reward, obs[agent], res.infos.get(e, {}).get(agent) or {})
+                    raise ValueError(
+                        f"env {e!r} delivered an observation for agent {agent!r}, which has one "
+                        "waiting for its action"
+                    )
+                tr.step(
+                    sent[agent][0],
+                    sent[agent][1],
+                    reward,
+                    obs[agent],
+                    res.infos.get(e, {}).get(agent) or {},
+                )
                 tr.terminated, tr.truncated = term, trunc
                 if not (term or trunc or all_done):
                     self._queue.append((e, obs[agent]))
             else:  # a reward-only poll: the step hangs until the next observation
                 if term or trunc or all_done:
-                    raise ValueError(f"env {e!r}: agent {agent!r} is done but its final observation is missing")
+                    raise ValueError(
+                        f"env {e!r}: agent {agent!r} is done but its final observation is missing"
+                    )
                 if sent is not None:
                     self._actions[e] = sent
                 tr.hanging_reward += reward
@@ -466,19 +532,25 @@ class HostSampler:
                 self._returns[ep.id_] = 0.0
                 for a, o in obs.items():
                     self._states.pop((e, a), None)
-                    self.collector.add_init_obs(episode=ep, agent_id=a, env_id=e, policy_id=self._mapping[a],
-                                                init_obs=o, init_infos=infos.get(a))
+                    self.collector.add_init_obs(
+                        episode=ep,
+                        agent_id=a,
+                        env_id=e,
+                        policy_id=self._mapping[a],
+                        init_obs=o,
+                        init_infos=infos.get(a),
+                    )
                 self._off_policy[e] = res.off_policy_actions.get(e, {})
                 continue
             eid = self._running[e]
             rewards = res.rewards.get(e, {})
             terms, truncs = res.terminateds.get(e, {}), res.truncateds.get(e, {})
-            all_done = bool(terms.get(ALL, False) or truncs.get(ALL, False))
+            all_done = bool(terms.get(ALL_AGENTS, False) or truncs.get(ALL_AGENTS, False))
             sent = self._actions.pop(e, {})
             ep = self.collector.episode(eid)
             agents: dict[Any, None] = dict.fromkeys(sent)
             for d in (obs, rewards, terms, truncs):
-                agents.update((a, None) for a in d if a != ALL)
+                agents.update((a, None) for a in d if a != ALL_AGENTS)
             for a in agents:
                 values: dict[str, Any] = {}
                 if a in sent:
@@ -493,15 +565,22 @@ class HostSampler:
                         self._states.pop((e, a), None)
                         # A cut chunk knows only the ids of agents seen so far.
                         ep._agent_episode_ids.setdefault(a, self._agent_episode_id(ep.id_, a))
-                        self.collector.add_init_obs(episode=eid, agent_id=a, env_id=e, policy_id=self._mapping[a],
-                                                    init_obs=obs[a], init_infos=infos.get(a))
+                        self.collector.add_init_obs(
+                            episode=eid,
+                            agent_id=a,
+                            env_id=e,
+                            policy_id=self._mapping[a],
+                            init_obs=obs[a],
+                            init_infos=infos.get(a),
+                        )
                         values = {k: v for k, v in values.items() if k not in ("new_obs", "infos")}
                         if not values:
                             continue
                 term, trunc = bool(terms.get(a, False)), bool(truncs.get(a, False))
                 values["terminateds"], values["truncateds"] = term, trunc
-                self.collector.add_action_reward_next_obs(eid, a, e, self._mapping[a], term or trunc or all_done,
-                                                          values)
+                self.collector.add_action_reward_next_obs(
+                    eid, a, e, self._mapping[a], term or trunc or all_done, values
+                )
             self.collector.episode_step(eid, terminateds=terms, truncateds=truncs)
             self._returns[eid] += float(sum(rewards.values()))
             steps += 1
@@ -544,12 +623,17 @@ class HostSampler:
         self._off_policy.clear()
         self._states.clear()
         self._finished.clear()
-        self._resets += 1
+        self._episode_ids.new_run()
         self._needs_reset = False
         self._fresh = True
 
-    def sample(self, params: Any, num_timesteps: int | None = None, num_episodes: int | None = None,
-               force_reset: bool = False) -> list[SingleAgentEpisode | MultiAgentEpisode]:
+    def sample(
+        self,
+        params: Any,
+        num_timesteps: int | None = None,
+        num_episodes: int | None = None,
+        force_reset: bool = False,
+    ) -> list[SingleAgentEpisode | MultiAgentEpisode]:
         """Samples and returns numpy'ized episodes: finished ones, then ongoing chunks.
 
         Args:
@@ -572,8 +656,13 @@ class HostSampler:
             out.append(sa)
         return out
 
-    def sample_batch(self, params: Any, num_timesteps: int | None = None, num_episodes: int | None = None,
-                     force_reset: bool = False) -> MultiAgentBatch:
+    def sample_batch(
+        self,
+        params: Any,
+        num_timesteps: int | None = None,
+        num_episodes: int | None = None,
+        force_reset: bool = False,
+    ) -> MultiAgentBatch:
         """Like :meth:`sample`, but returns a ``MultiAgentBatch`` (policy id ->
         ``SampleBatch``; rows episode by episode in :meth:`sample`'s order, then agent by
         agent, then by ``t``) with the device sampler's columns: ``obs``, ``new_obs``,
@@ -585,20 +674,19 @@ class HostSampler:
             policy_batches = {}
             if rows:
                 pid = self._mapping[self.agent_ids[0]]
-                policy_batches[pid] = SampleBatch({k: _concat([r[k] for r in rows]) for k in rows[0]})
+                policy_batches[pid] = SampleBatch(
+                    {k: _concat([r[k] for r in rows]) for k in rows[0]}
+                )
             batch = MultiAgentBatch(policy_batches, sum(len(tr) for tr in chunks))
         else:
             batch = episodes_to_batch(chunks, self.agent_ids, self.policy_ids)
         batch.count = self.metrics.num_env_steps_sampled
         return batch
 
-    def _sample(self, params: Any, num_timesteps: int | None, num_episodes: int | None,
-                force_reset: bool) -> list[MultiAgentEpisode]:
-        if num_timesteps is not None and num_episodes is not None:
-            raise ValueError("give num_timesteps or num_episodes, not both")
-        for name, v in (("num_timesteps", num_timesteps), ("num_episodes", num_episodes)):
-            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1):
-                raise ValueError(f"{name} must be an int >= 1, got {v!r}")
+    def _sample(
+        self, params: Any, num_timesteps: int | None, num_episodes: int | None, force_reset: bool
+    ) -> list[MultiAgentEpisode]:
+        check_sample_counts(num_timesteps, num_episodes)
         can_reset = getattr(self.host_env, "reset", None) is not None
         if force_reset or ((num_episodes is not None or self._needs_reset) and can_reset):
             self.reset()
@@ -614,7 +702,9 @@ class HostSampler:
                 polled = self.host_env.poll()
             steps = self._feed(polled, done_log)
             env_steps += steps
-            polls += not self._fresh  # the first poll after a (re)start only delivers first observations
+            polls += (
+                not self._fresh
+            )  # the first poll after a (re)start only delivers first observations
             self._fresh = False
             if num_episodes is not None:
                 if len(done_log) >= num_episodes:
@@ -624,7 +714,9 @@ class HostSampler:
                     break
             elif polls >= self.rollout_length:
                 break
-            if getattr(self.host_env, "closed", False) or (deadline is not None and time.monotonic() >= deadline):
+            if getattr(self.host_env, "closed", False) or (
+                deadline is not None and time.monotonic() >= deadline
+            ):
                 break
         if self._fast:
             chunks = self._close_tracks(num_episodes is not None and can_reset)
@@ -637,7 +729,9 @@ class HostSampler:
             for e in sorted(self._running, key=self._env_rank.__getitem__):
                 self.collector.postprocess_episode(self._running[e], is_done=False)
             chunks = self.collector.pop_built_episodes()
-        done = sorted((c for c in chunks if c.id_ in self._finished), key=lambda c: self._finished[c.id_])
+        done = sorted(
+            (c for c in chunks if c.id_ in self._finished), key=lambda c: self._finished[c.id_]
+        )
         ongoing = [c for c in chunks if c.id_ not in self._finished]
         for c in done:
             del self._finished[c.id_]
@@ -648,10 +742,24 @@ class HostSampler:
         if done_log:
             rets = np.array([r for _, r, _ in done_log])
             lens = np.array([n for _, _, n in done_log])
-            m.episode_return_mean, m.episode_return_min, m.episode_return_max = rets.mean(), rets.min(), rets.max()
-            m.episode_len_mean, m.episode_len_min, m.episode_len_max = lens.mean(), lens.min(), lens.max()
-            for k in ("episode_return_mean", "episode_return_min", "episode_return_max", "episode_len_mean",
-                      "episode_len_min", "episode_len_max"):
+            m.episode_return_mean, m.episode_return_min, m.episode_return_max = (
+                rets.mean(),
+                rets.min(),
+                rets.max(),
+            )
+            m.episode_len_mean, m.episode_len_min, m.episode_len_max = (
+                lens.mean(),
+                lens.min(),
+                lens.max(),
+            )
+            for k in (
+                "episode_return_mean",
+                "episode_return_min",
+                "episode_return_max",
+                "episode_len_mean",
+                "episode_len_min",
+                "episode_len_max",
+            ):
                 setattr(m, k, float(getattr(m, k)))
         self.metrics = m
         return chunks
@@ -669,7 +777,9 @@ class HostSampler:
         else:
             for e in sorted(self._tracks, key=self._env_rank.__getitem__):
                 tr = self._tracks[e]
-                if tr.polls > 0:  # as the collector: a chunk with env steps is closed (even without agent steps)
+                if (
+                    tr.polls > 0
+                ):  # as the collector: a chunk with env steps is closed (even without agent steps)
                     self._closed.append(tr)
                     self._tracks[e] = tr.cut(self.horizon)
         chunks, self._closed = self._closed, []

@@ -115,8 +115,12 @@ def agent_steps(
     A = cols["acting"].shape[2]
     live = ~is_reset[:, :, None]
     acting = np.concatenate([carry.pend[:, None], cols["acting"] & live], axis=1)  # [E, L + 1, A]
-    flags = np.concatenate([carry.done[:, None], (cols["agent_terminated"] | cols["agent_truncated"]) & live], axis=1)
-    rewards = np.concatenate([carry.reward[:, None], cols["agent_rewards"]], axis=1).astype(np.float64)
+    flags = np.concatenate(
+        [carry.done[:, None], (cols["agent_terminated"] | cols["agent_truncated"]) & live], axis=1
+    )
+    rewards = np.concatenate([carry.reward[:, None], cols["agent_rewards"]], axis=1).astype(
+        np.float64
+    )
     reset = np.concatenate([np.zeros((E, 1), bool), is_reset], axis=1)
     S = L + 1
     slots = np.arange(S)
@@ -133,7 +137,9 @@ def agent_steps(
     valid = acting & (flagged_before == 0)
     first_flag = _first_at_or_after(flags)
     still_in = total_flags[:, -1] == 0
-    valid_next = np.concatenate([valid, (next_acting & still_in)[:, None]], axis=1)  # + the last obs slot
+    valid_next = np.concatenate(
+        [valid, (next_acting & still_in)[:, None]], axis=1
+    )  # + the last obs slot
     next_act = _first_at_or_after(valid_next)[:, 1:]
     end = np.minimum(next_act, first_flag + 1)
     complete = valid & (end <= S)
@@ -153,8 +159,15 @@ def agent_steps(
     trunc = cols["agent_truncated"][e, np.minimum(c - 2, L - 1), a] & by_flag
     start = np.where(s == 0, carry.start[e, a], step_of_slot[e, s])
     steps = AgentSteps(
-        env=e, agent=a, slot=s, end=c, t=t_of_slot[e, s, a],
-        reward=csum[e, c, a] - csum[e, s, a], terminated=term, truncated=trunc, start_step=start,
+        env=e,
+        agent=a,
+        slot=s,
+        end=c,
+        t=t_of_slot[e, s, a],
+        reward=csum[e, c, a] - csum[e, s, a],
+        terminated=term,
+        truncated=trunc,
+        start_step=start,
         end_step=step_of_slot[e, c - 1] + 1,
     )
     # The carry: hanging steps and per-agent progress of the episodes still running.
@@ -165,7 +178,9 @@ def agent_steps(
     sl = hs[ee, aa]
     new = AgentCarry.empty(cols, E, A)
     new.pend = pend
-    new.obs[ee, aa] = take(cols["obs"], carry.obs, ee, sl, aa, agent_major=True)  # obs are agent-major
+    new.obs[ee, aa] = take(
+        cols["obs"], carry.obs, ee, sl, aa, agent_major=True
+    )  # obs are agent-major
     new.action[ee, aa] = take(cols["actions"], carry.action, ee, sl, aa)
     for k in new.extras:
         new.extras[k][ee, aa] = take(cols["extra:" + k], carry.extras[k], ee, sl, aa)
@@ -179,8 +194,15 @@ def agent_steps(
     return steps, new
 
 
-def take(col: np.ndarray, carried: np.ndarray, e: np.ndarray, slot: np.ndarray, a: np.ndarray,
-         offset: int = 0, agent_major: bool = False) -> np.ndarray:
+def take(
+    col: np.ndarray,
+    carried: np.ndarray,
+    e: np.ndarray,
+    slot: np.ndarray,
+    a: np.ndarray,
+    offset: int = 0,
+    agent_major: bool = False,
+) -> np.ndarray:
     """Values of an ``[E, L(+1), A, ...]`` column (``agent_major``: ``[E, A, L(+1), ...]``)
     at augmented ``slot`` (0 = the carry); ``offset`` time slots come before the call's first."""
     j = np.maximum(slot - 1, 0) + offset
@@ -201,7 +223,9 @@ def take(col: np.ndarray, carried: np.ndarray, e: np.ndarray, slot: np.ndarray, 
     return out
 
 
-def take_info(col: np.ndarray, carried: np.ndarray, e: np.ndarray, slot: np.ndarray, a: np.ndarray, A: int) -> np.ndarray:
+def take_info(
+    col: np.ndarray, carried: np.ndarray, e: np.ndarray, slot: np.ndarray, a: np.ndarray, A: int
+) -> np.ndarray:
     """Info of the observation at augmented ``slot`` (0 = the carry).
 
     ``col`` has a one-step head: index ``j`` holds the info recorded with the step before

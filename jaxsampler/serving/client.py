@@ -1,4 +1,4 @@
-"""HTTP policy client: :class:`PolicyClient` (the protocol is in :mod:`jaxsampler.hostenv.server`).
+"""HTTP policy client: :class:`PolicyClient` (the protocol is in :mod:`jaxsampler.serving.server`).
 
 ``remote`` inference mode sends every call to the server, whose sampler computes the
 actions; ``local`` mode pulls the policy weights every ``update_interval`` seconds,
@@ -12,7 +12,6 @@ import json
 import socket
 import threading
 import time
-import uuid
 from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urlsplit
@@ -20,10 +19,11 @@ from urllib.parse import urlsplit
 import httptools
 import numpy as np
 
-from jaxsampler.env import DEFAULT_AGENT_ID
-from jaxsampler.hostenv import external as ext
-from jaxsampler.hostenv.offline import packb, unpackb
-from jaxsampler.hostenv.server import _ERRORS, _MSGPACK, PolicyServerError
+from jaxsampler.codec import packb, unpackb
+from jaxsampler.constants import DEFAULT_AGENT_ID
+from jaxsampler.episodes.ids import random_episode_id
+from jaxsampler.host_envs import external as ext
+from jaxsampler.serving.protocol import CONTENT_TYPE, ERRORS_BY_NAME, PolicyServerError
 
 __all__ = ["PolicyClient"]
 
@@ -128,9 +128,19 @@ class PolicyClient:
     the background sender (e.g. the server refused a step) are raised by the next call.
     """
 
-    def __init__(self, address: str, inference_mode: str = "remote", *, policy: Any = None,
-                 update_interval: float = 10.0, timeout: float = 600.0, seed: int = 0,
-                 flush_interval: float = 0.05, max_batch_commands: int = 512, defer_returns: bool = True):
+    def __init__(
+        self,
+        address: str,
+        inference_mode: str = "remote",
+        *,
+        policy: Any = None,
+        update_interval: float = 10.0,
+        timeout: float = 600.0,
+        seed: int = 0,
+        flush_interval: float = 0.05,
+        max_batch_commands: int = 512,
+        defer_returns: bool = True,
+    ):
         parts = urlsplit(address)
         if parts.scheme != "http" or not parts.hostname or parts.port is None:
             raise ValueError(f"address must look like 'http://host:port', got {address!r}")
@@ -154,13 +164,14 @@ class PolicyClient:
             c = self._tls.conn = _Connection(self._host, self._port, self._timeout)
         return c
 
-    def _request(self, method: str, path: str, body: bytes | None = None,
-                 headers: dict | None = None) -> tuple[int, dict, bytes]:
+    def _request(
+        self, method: str, path: str, body: bytes | None = None, headers: dict | None = None
+    ) -> tuple[int, dict, bytes]:
         """One round trip on this thread's keep-alive connection: ``(status, headers, body)``
         (header names lower-case)."""
         head = f"{method} {path} HTTP/1.1\r\nHost: {self._host}:{self._port}\r\n"
         if body is not None:
-            head += f"Content-Type: {_MSGPACK}\r\nContent-Length: {len(body)}\r\n"
+            head += f"Content-Type: {CONTENT_TYPE}\r\nContent-Length: {len(body)}\r\n"
         for k, v in (headers or {}).items():
             head += f"{k}: {v}\r\n"
         data = head.encode("latin-1") + b"\r\n" + (body or b"")
@@ -171,7 +182,9 @@ class PolicyClient:
                 return conn.round_trip(data)
             except _StaleConnection as e:
                 conn.close()
-                if reused and attempt == 0:  # the server closed an idle keep-alive connection: retry once
+                if (
+                    reused and attempt == 0
+                ):  # the server closed an idle keep-alive connection: retry once
                     continue
                 raise ConnectionError(f"policy server {self.address}: {e}") from None
             except OSError as e:
@@ -185,14 +198,16 @@ class PolicyClient:
             name, message = err.get("error", ""), err.get("message", "")
         except (ValueError, UnicodeDecodeError):
             name, message = "", data[:200].decode(errors="replace")
-        cls = _ERRORS.get(name)
+        cls = ERRORS_BY_NAME.get(name)
         if cls is not None:
             raise cls(f"server: {message}")
         raise PolicyServerError(status, f"{name}: {message}" if name else message)
 
     def _post(self, command: str, payload: dict) -> dict:
         deferred = getattr(self._tls, "returns", None)
-        if deferred and command != "batch":  # this thread's log_returns calls travel with its next request
+        if (
+            deferred and command != "batch"
+        ):  # this thread's log_returns calls travel with its next request
             body = packb({**payload, "returns": deferred})
             self._tls.returns = []  # only once encoded: a payload that cannot be sent keeps them
         else:
@@ -208,28 +223,41 @@ class PolicyClient:
         """Starts an episode on the server; returns its id."""
         if self.inference_mode == "local":
             return self._local_start(episode_id, training_enabled)
-        return self._post("start_episode", {"episode_id": episode_id, "training_enabled": training_enabled})["episode_id"]
+        return self._post(
+            "start_episode", {"episode_id": episode_id, "training_enabled": training_enabled}
+        )["episode_id"]
 
     def get_action(self, episode_id: str, observation: Any) -> Any:
         """The action for ``observation`` (a dict per agent for multi-agent servers)."""
         if self.inference_mode == "local":
             return self._local_act(episode_id, observation)
-        return self._post("get_action", {"episode_id": episode_id, "observation": observation})["action"]
+        return self._post("get_action", {"episode_id": episode_id, "observation": observation})[
+            "action"
+        ]
 
     def log_action(self, episode_id: str, observation: Any, action: Any) -> None:
         """Logs an off-policy step (an action the simulator chose)."""
-        self._send("log_action", {"episode_id": episode_id, "observation": observation, "action": action})
+        self._send(
+            "log_action", {"episode_id": episode_id, "observation": observation, "action": action}
+        )
 
-    def log_returns(self, episode_id: str, reward: Any, info: dict | None = None,
-                    multiagent_done_dict: dict | None = None) -> None:
+    def log_returns(
+        self,
+        episode_id: str,
+        reward: Any,
+        info: dict | None = None,
+        multiagent_done_dict: dict | None = None,
+    ) -> None:
         """Adds reward(s) to the previous step."""
         msg = {"episode_id": episode_id, "reward": reward, "info": info}
         if multiagent_done_dict:
             msg["done"] = multiagent_done_dict
         if self.inference_mode == "remote" and self.defer_returns:
             # What can be checked here fails here (the env's own reward check); the rest at the next call.
-            for a, r in (reward.items() if isinstance(reward, Mapping) else ((DEFAULT_AGENT_ID, reward),)):
-                ext._reward(r, a)
+            for a, r in (
+                reward.items() if isinstance(reward, Mapping) else ((DEFAULT_AGENT_ID, reward),)
+            ):
+                ext.check_reward(r, a)
             if info is not None and not isinstance(info, Mapping):
                 raise ext.InvalidDataError(f"info must be a dict, got {type(info).__name__}")
             returns = getattr(self._tls, "returns", None)
@@ -241,7 +269,10 @@ class PolicyClient:
 
     def end_episode(self, episode_id: str, observation: Any, truncated: bool = False) -> None:
         """Ends the episode with its final observation."""
-        self._send("end_episode", {"episode_id": episode_id, "observation": observation, "truncated": truncated})
+        self._send(
+            "end_episode",
+            {"episode_id": episode_id, "observation": observation, "truncated": truncated},
+        )
         if self.inference_mode == "local":
             self._states.pop(episode_id, None)
             self._episodes.discard(episode_id)
@@ -249,14 +280,18 @@ class PolicyClient:
     def _send(self, command: str, msg: dict) -> None:
         if self.inference_mode == "local":
             if msg["episode_id"] not in self._episodes:
-                raise ext.UnknownEpisodeError(f"Episode {msg['episode_id']} not found (not started by this client).")
+                raise ext.UnknownEpisodeError(
+                    f"Episode {msg['episode_id']} not found (not started by this client)."
+                )
             self._enqueue({"command": command, **msg})
         else:
             self._post(command, msg)
 
     # -- local inference -----------------------------------------------------------------
 
-    def _init_local(self, policy: Any, update_interval: float, seed: int, flush_interval: float, max_batch: int) -> None:
+    def _init_local(
+        self, policy: Any, update_interval: float, seed: int, flush_interval: float, max_batch: int
+    ) -> None:
         import jax
 
         info = self.server_info()
@@ -280,7 +315,9 @@ class PolicyClient:
         self._out_cv = threading.Condition()
         self._sending, self._send_error = False, None
         self._flush_interval, self._max_batch = float(flush_interval), int(max_batch)
-        self._sender = threading.Thread(target=self._sender_loop, name="PolicyClient.sender", daemon=True)
+        self._sender = threading.Thread(
+            target=self._sender_loop, name="PolicyClient.sender", daemon=True
+        )
         self._sender.start()
 
     def server_info(self) -> dict:
@@ -307,10 +344,12 @@ class PolicyClient:
         return True
 
     def _local_start(self, episode_id: str | None, training_enabled: bool) -> str:
-        eid = uuid.uuid4().hex if episode_id is None else episode_id
+        eid = random_episode_id() if episode_id is None else episode_id
         if eid in self._episodes:
             raise ext.EpisodeStateError(f"Episode {eid} has already been started.")
-        self._enqueue({"command": "start_episode", "episode_id": eid, "training_enabled": training_enabled})
+        self._enqueue(
+            {"command": "start_episode", "episode_id": eid, "training_enabled": training_enabled}
+        )
         self._episodes.add(eid)
         self._states[eid] = {}
         return eid
@@ -319,11 +358,15 @@ class PolicyClient:
         import jax
 
         if episode_id not in self._episodes:
-            raise ext.UnknownEpisodeError(f"Episode {episode_id} not found (not started by this client).")
+            raise ext.UnknownEpisodeError(
+                f"Episode {episode_id} not found (not started by this client)."
+            )
         self._raise_sender_error()
         obs = observation if self._multi_agent else {DEFAULT_AGENT_ID: observation}
         if not isinstance(obs, Mapping) or not obs:
-            raise ext.InvalidDataError(f"observation must be a non-empty dict agent -> obs, got {type(obs).__name__}")
+            raise ext.InvalidDataError(
+                f"observation must be a non-empty dict agent -> obs, got {type(obs).__name__}"
+            )
         space = self.policy.observation_space
         obs = {a: ext.check_value(o, space, f"observation[{a!r}]") for a, o in obs.items()}
         agents = list(obs)
@@ -331,8 +374,10 @@ class PolicyClient:
             if self._params is None or time.monotonic() - self._last_pull >= self.update_interval:
                 self.update_policy_weights()
             states = self._states[episode_id]
-            state = jax.tree.map(lambda *xs: np.concatenate(xs, axis=1),
-                                 *[states.get(a) or self.policy.initial_state((1, 1)) for a in agents])
+            state = jax.tree.map(
+                lambda *xs: np.concatenate(xs, axis=1),
+                *[states.get(a) or self.policy.initial_state((1, 1)) for a in agents],
+            )
             batch = jax.tree.map(lambda *xs: np.stack(xs)[None], *[obs[a] for a in agents])
             action, extras, state, self._key = self._step(self._params, batch, self._key, state)
             action, extras, state = jax.device_get((action, extras, state))
@@ -340,13 +385,24 @@ class PolicyClient:
         for i, a in enumerate(agents):
             states[a] = jax.tree.map(lambda x, i=i: x[:, i : i + 1], state)
         acts = {a: jax.tree.map(lambda x, i=i: x[0, i], action) for i, a in enumerate(agents)}
-        infos = {a: {ext.CLIENT_POLICY_INFO: {"weights_version": version,
-                                              "extra_model_outputs": {k: v[0, i] for k, v in extras.items()}}}
-                 for i, a in enumerate(agents)}
-        self._enqueue({"command": "log_action", "episode_id": episode_id,
-                       "observation": obs if self._multi_agent else obs[DEFAULT_AGENT_ID],
-                       "action": acts if self._multi_agent else acts[DEFAULT_AGENT_ID],
-                       "info": infos if self._multi_agent else infos[DEFAULT_AGENT_ID]})
+        infos = {
+            a: {
+                ext.CLIENT_POLICY_INFO: {
+                    "weights_version": version,
+                    "extra_model_outputs": {k: v[0, i] for k, v in extras.items()},
+                }
+            }
+            for i, a in enumerate(agents)
+        }
+        self._enqueue(
+            {
+                "command": "log_action",
+                "episode_id": episode_id,
+                "observation": obs if self._multi_agent else obs[DEFAULT_AGENT_ID],
+                "action": acts if self._multi_agent else acts[DEFAULT_AGENT_ID],
+                "info": infos if self._multi_agent else infos[DEFAULT_AGENT_ID],
+            }
+        )
         return acts if self._multi_agent else acts[DEFAULT_AGENT_ID]
 
     def _enqueue(self, cmd: dict) -> None:
@@ -373,7 +429,7 @@ class PolicyClient:
                     if errors:
                         first = errors[0]
                         self._raise(first["status"], json.dumps(first).encode())
-                except Exception as e:  # noqa: BLE001 -- surfaced by the next call
+                except Exception as e:
                     if self._send_error is None:
                         self._send_error = e
             with self._out_cv:
@@ -393,7 +449,9 @@ class PolicyClient:
             returns = getattr(self._tls, "returns", None)
             if returns:
                 self._tls.returns = []
-                errors = self._post("batch", {"commands": [{"command": "log_returns", **m} for m in returns]})["errors"]
+                errors = self._post(
+                    "batch", {"commands": [{"command": "log_returns", **m} for m in returns]}
+                )["errors"]
                 if errors:
                     self._raise(errors[0]["status"], json.dumps(errors[0]).encode())
             return

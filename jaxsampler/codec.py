@@ -1,22 +1,11 @@
-"""Offline logs: write batches and episodes to files and read them back exactly.
-
-Format: a stream of msgpack frames (https://msgpack.org), optionally gzip-compressed
-(paths ending in ``.gz``). The first frame is the header ``{"format":
-"jaxsampler.offline", "version": 1}``; every later frame is one record: a
-:class:`SampleBatch`, :class:`MultiAgentBatch`, :class:`SingleAgentEpisode` or
-:class:`MultiAgentEpisode`. Files can be appended to (one writer at a time) and read
-while streaming, record by record.
+"""The wire codec: msgpack with exact numpy arrays, shared by the policy server's
+protocol (:mod:`jaxsampler.serving`) and offline logs (:mod:`jaxsampler.offline`).
 
 Why msgpack: arrays travel as their raw bytes plus dtype and shape, so a round trip is
 bit-exact (float32 stays float32, NaNs and -0.0 survive) and cheap (no base64, no text
 formatting); it streams without an index; the ``msgpack`` package is small, stable,
 maintained, and already installed with flax (whose checkpoint format uses it); readers
-exist for every language. A columnar format (Parquet via pyarrow) would add a heavy
-dependency and cannot hold nested infos or multi-dimensional columns without schema
-tricks; JSON lines would need base64 for arrays and lose numpy scalar types.
-
-The codec (:func:`packb` / :func:`unpackb`) is also the wire format of the policy server
-(:mod:`jaxsampler.hostenv.server`). msgpack ext types used:
+exist for every language. msgpack ext types used:
 
 ==== ==================================================================================
 code payload
@@ -32,43 +21,35 @@ code payload
 
 Dicts may have any hashable keys (str, int, tuple). jax arrays are written as numpy
 arrays. ``MultiAgentEpisode.agent_to_module_mapping_fn`` (a function) is not stored: the
-episode's resolved agent -> module ids are, and a read episode uses the default mapping
-function for agents it has not seen.
+episode's resolved agent -> module ids are, and a decoded episode uses the default
+mapping function for agents it has not seen.
 """
 
 from __future__ import annotations
 
-import gzip
-import io
 from collections import defaultdict
-from collections.abc import Iterable, Iterator
 from typing import Any, BinaryIO
 
 import msgpack
 import numpy as np
 
 from jaxsampler import spaces as sp
-from jaxsampler.host.batch import MultiAgentBatch, SampleBatch
-from jaxsampler.host.episode import SingleAgentEpisode
-from jaxsampler.host.lookback import InfiniteLookbackBuffer
-from jaxsampler.host.multi_agent_episode import MultiAgentEpisode, default_agent_to_module_mapping_fn
+from jaxsampler.episodes.batch import MultiAgentBatch, SampleBatch
+from jaxsampler.episodes.lookback import InfiniteLookbackBuffer
+from jaxsampler.episodes.multi_agent import MultiAgentEpisode, default_agent_to_module_mapping_fn
+from jaxsampler.episodes.single_agent import SingleAgentEpisode
 
-__all__ = [
-    "packb",
-    "unpackb",
-    "OfflineWriter",
-    "write_batches",
-    "read_batches",
-    "write_episodes",
-    "read_episodes",
-    "read_records",
-]
+__all__ = ["packb", "unpackb", "unpacker"]
 
-FORMAT, VERSION = "jaxsampler.offline", 1
 _ARRAY, _SCALAR, _TUPLE, _OBJARRAY, _SPACE, _OBJECT = 1, 2, 3, 4, 5, 6
 
-_FACTORIES: dict[Any, str] = {int: "int", float: "float", dict: "dict", list: "list",
-                              InfiniteLookbackBuffer: "InfiniteLookbackBuffer"}
+_FACTORIES: dict[Any, str] = {
+    int: "int",
+    float: "float",
+    dict: "dict",
+    list: "list",
+    InfiniteLookbackBuffer: "InfiniteLookbackBuffer",
+}
 _FACTORY_BY_NAME = {v: k for k, v in _FACTORIES.items()}
 
 
@@ -97,8 +78,14 @@ def _space_args(s: sp.Space) -> list:
 
 def _object_state(obj: Any) -> list:
     if isinstance(obj, SampleBatch):
-        attrs = {"time_major": obj.time_major, "max_seq_len": obj.max_seq_len, "zero_padded": obj.zero_padded,
-                 "is_training": obj.is_training, "num_grad_updates": obj.num_grad_updates, "count": obj.count}
+        attrs = {
+            "time_major": obj.time_major,
+            "max_seq_len": obj.max_seq_len,
+            "zero_padded": obj.zero_padded,
+            "is_training": obj.is_training,
+            "num_grad_updates": obj.num_grad_updates,
+            "count": obj.count,
+        }
         return ["SampleBatch", [dict(dict.items(obj)), attrs]]
     if isinstance(obj, MultiAgentBatch):
         return ["MultiAgentBatch", [obj.policy_batches, obj.count]]
@@ -107,8 +94,11 @@ def _object_state(obj: Any) -> list:
     if isinstance(obj, MultiAgentEpisode):
         state = dict(obj.__dict__)
         fn = state.pop("agent_to_module_mapping_fn")
-        state["agent_to_module_mapping_fn"] = None if fn is default_agent_to_module_mapping_fn else getattr(
-            fn, "__qualname__", repr(fn))
+        state["agent_to_module_mapping_fn"] = (
+            None
+            if fn is default_agent_to_module_mapping_fn
+            else getattr(fn, "__qualname__", repr(fn))
+        )
         return ["MultiAgentEpisode", state]
     if isinstance(obj, InfiniteLookbackBuffer):
         return ["InfiniteLookbackBuffer", obj.get_state()]
@@ -183,9 +173,13 @@ def _space(args: list) -> sp.Space:
 def _object(tag: str, state: Any) -> Any:
     if tag == "SampleBatch":
         cols, attrs = state
-        b = SampleBatch(_time_major=attrs["time_major"], _max_seq_len=attrs["max_seq_len"],
-                        _zero_padded=attrs["zero_padded"], _is_training=attrs["is_training"],
-                        _num_grad_updates=attrs["num_grad_updates"])
+        b = SampleBatch(
+            _time_major=attrs["time_major"],
+            _max_seq_len=attrs["max_seq_len"],
+            _zero_padded=attrs["zero_padded"],
+            _is_training=attrs["is_training"],
+            _num_grad_updates=attrs["num_grad_updates"],
+        )
         dict.update(b, cols)
         b.count = attrs["count"]
         return b
@@ -247,96 +241,12 @@ def unpackb(data: bytes, *, objects: bool = True) -> Any:
     (or a msgpack error, a ``ValueError`` subclass) on malformed input."""
     try:
         return _unpack(data, _HOOK_ALL if objects else _HOOK_DATA)
-    except Exception as e:  # noqa: BLE001 -- msgpack errors are often message-less
+    except Exception as e:
         raise ValueError(f"malformed msgpack data ({type(e).__name__}: {e})") from e
 
 
-# -- files -----------------------------------------------------------------------------
-
-
-def _open(path: str, mode: str) -> BinaryIO:
-    path = str(path)
-    if path.endswith(".gz"):
-        return gzip.open(path, mode)  # type: ignore[return-value]
-    return open(path, mode)  # noqa: SIM115
-
-
-class OfflineWriter:
-    """Appends records (batches or episodes) to an offline log file, one msgpack frame each.
-
-    Args:
-        path: the file; ``.gz`` compresses with gzip.
-        append: add to an existing file (its header is kept) instead of truncating it.
-
-    Use as a context manager, or call :meth:`close`. Not thread-safe.
-    """
-
-    def __init__(self, path: str, append: bool = False):
-        import os
-
-        exists = append and os.path.exists(str(path)) and os.path.getsize(str(path)) > 0
-        self._f = _open(path, "ab" if append else "wb")
-        if not exists:
-            self._f.write(packb({"format": FORMAT, "version": VERSION}))
-
-    def write(self, record: SampleBatch | MultiAgentBatch | SingleAgentEpisode | MultiAgentEpisode) -> None:
-        if not isinstance(record, (SampleBatch, MultiAgentBatch, SingleAgentEpisode, MultiAgentEpisode)):
-            raise TypeError(f"cannot log a {type(record).__name__}: give a batch or an episode")
-        self._f.write(packb(record))
-
-    def flush(self) -> None:
-        self._f.flush()
-
-    def close(self) -> None:
-        if not self._f.closed:
-            self._f.close()
-
-    def __enter__(self) -> OfflineWriter:
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
-
-
-def read_records(path: str) -> Iterator[Any]:
-    """Yields every record of an offline log, in file order (streaming)."""
-    with _open(path, "rb") as f:
-        unpacker = msgpack.Unpacker(f if not isinstance(f, io.TextIOBase) else f.buffer, ext_hook=_HOOK_ALL,
-                                    raw=False, strict_map_key=False, max_buffer_size=2**31 - 1)
-        header = next(unpacker, None)
-        if not isinstance(header, dict) or header.get("format") != FORMAT:
-            raise ValueError(f"{path}: not a jaxsampler offline log (header {header!r})")
-        if header.get("version") != VERSION:
-            raise ValueError(f"{path}: unsupported offline log version {header.get('version')!r}")
-        yield from unpacker
-
-
-def _write(path: str, items: Iterable[Any], kinds: tuple[type, ...], what: str, append: bool) -> int:
-    n = 0
-    with OfflineWriter(path, append=append) as w:
-        for x in items:
-            if not isinstance(x, kinds):
-                raise TypeError(f"{what}: got a {type(x).__name__}")
-            w.write(x)
-            n += 1
-    return n
-
-
-def write_batches(path: str, batches: Iterable[SampleBatch | MultiAgentBatch], append: bool = False) -> int:
-    """Writes batches to ``path``; returns how many."""
-    return _write(path, batches, (SampleBatch, MultiAgentBatch), "write_batches", append)
-
-
-def read_batches(path: str) -> Iterator[SampleBatch | MultiAgentBatch]:
-    """Yields the batches of an offline log (episodes in it are skipped)."""
-    return (r for r in read_records(path) if isinstance(r, (SampleBatch, MultiAgentBatch)))
-
-
-def write_episodes(path: str, episodes: Iterable[SingleAgentEpisode | MultiAgentEpisode], append: bool = False) -> int:
-    """Writes episodes (their full state) to ``path``; returns how many."""
-    return _write(path, episodes, (SingleAgentEpisode, MultiAgentEpisode), "write_episodes", append)
-
-
-def read_episodes(path: str) -> Iterator[SingleAgentEpisode | MultiAgentEpisode]:
-    """Yields the episodes of an offline log (batches in it are skipped)."""
-    return (r for r in read_records(path) if isinstance(r, (SingleAgentEpisode, MultiAgentEpisode)))
+def unpacker(f: BinaryIO) -> msgpack.Unpacker:
+    """A streaming decoder of consecutive :func:`packb` frames read from ``f``."""
+    return msgpack.Unpacker(
+        f, ext_hook=_HOOK_ALL, raw=False, strict_map_key=False, max_buffer_size=2**31 - 1
+    )

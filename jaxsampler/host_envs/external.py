@@ -3,7 +3,7 @@
 The simulator calls, from any number of threads, ``start_episode``, ``get_action``
 (blocks until the sampler answers), ``log_action`` (an action the simulator took itself),
 ``log_returns`` and ``end_episode`` (RLlib's ExternalEnv API; ``shared/reference/
-rllib-semantics.md`` section 5). The sampler sees a :class:`~jaxsampler.hostenv.base.HostEnv`:
+rllib-semantics.md`` section 5). The sampler sees a :class:`~jaxsampler.host_envs.base.HostEnv`:
 one sub-env per running episode, ``env_id`` = episode id. ``poll()`` blocks until at least
 one request is ready, then waits at most ``max_wait_s`` for more (returning early once
 every running episode has a request waiting), so concurrent ``get_action`` calls are
@@ -28,7 +28,7 @@ Deviations from RLlib, on purpose:
 * ids of finished episodes are remembered (for the "already completed" error) only up to
   ``max_finished_ids``, so memory stays bounded.
 
-Locally inferred steps (:class:`~jaxsampler.hostenv.server.PolicyClient` in ``local``
+Locally inferred steps (:class:`~jaxsampler.serving.server.PolicyClient` in ``local``
 mode) are ``log_action`` steps too (the ``off_policy_actions`` channel is how the
 HostEnv protocol records an action the env side chose) whose info has
 :data:`CLIENT_POLICY_INFO` = ``{"weights_version": int, "extra_model_outputs": {...}}``;
@@ -42,15 +42,15 @@ import _thread
 import math
 import threading
 import time
-import uuid
 from collections import OrderedDict, deque
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
 
-from jaxsampler.env import DEFAULT_AGENT_ID
-from jaxsampler.hostenv.base import ALL, HostEnv, MultiEnvDict, PollResult
+from jaxsampler.constants import ALL_AGENTS, DEFAULT_AGENT_ID
+from jaxsampler.episodes.ids import random_episode_id
+from jaxsampler.host_envs.base import HostEnv, MultiEnvDict, PollResult
 from jaxsampler.spaces import Box, Dict, Discrete, MultiDiscrete, Space, Tuple
 
 __all__ = [
@@ -108,12 +108,18 @@ def check_value(x: Any, space: Space, what: str) -> Any:
     :class:`InvalidDataError` on a wrong structure, shape, dtype kind or discrete range."""
     if isinstance(space, Dict):
         if not isinstance(x, Mapping) or set(x) != set(space.spaces):
-            raise InvalidDataError(f"{what}: expected a dict with keys {sorted(space.spaces)}, got {_short(x)}")
+            raise InvalidDataError(
+                f"{what}: expected a dict with keys {sorted(space.spaces)}, got {_short(x)}"
+            )
         return {k: check_value(x[k], s, f"{what}[{k!r}]") for k, s in space.spaces.items()}
     if isinstance(space, Tuple):
         if not isinstance(x, (tuple, list)) or len(x) != len(space.spaces):
-            raise InvalidDataError(f"{what}: expected a sequence of {len(space.spaces)} items, got {_short(x)}")
-        return tuple(check_value(xi, s, f"{what}[{i}]") for i, (xi, s) in enumerate(zip(x, space.spaces)))
+            raise InvalidDataError(
+                f"{what}: expected a sequence of {len(space.spaces)} items, got {_short(x)}"
+            )
+        return tuple(
+            check_value(xi, s, f"{what}[{i}]") for i, (xi, s) in enumerate(zip(x, space.spaces))
+        )
     try:
         a = np.asarray(x)
     except Exception as e:  # ragged lists and the like
@@ -154,7 +160,9 @@ class ValueChecker:
             self._shape, self._dtype, self._mode = tuple(space.shape), space.dtype, "any"
             if space.dtype.kind == "f":
                 unbounded = np.isinf(space.low) | np.isinf(space.high)
-                self._mode = "nan" if unbounded.all() else ("finite" if not unbounded.any() else "mask")
+                self._mode = (
+                    "nan" if unbounded.all() else ("finite" if not unbounded.any() else "mask")
+                )
                 self._unbounded = unbounded
 
     def __call__(self, x: Any, kind: str, agent: Any) -> Any:
@@ -162,9 +170,15 @@ class ValueChecker:
         if type(x) is np.ndarray and x.dtype == self._dtype and x.shape == self._shape:
             mode = self._mode
             # ufunc reductions directly (ndarray.all/any go through a Python wrapper)
-            if (mode == "any" or (mode == "finite" and _all(np.isfinite(x), axis=None))
-                    or (mode == "nan" and not _any(np.isnan(x), axis=None))
-                    or (mode == "mask" and _all(np.isfinite(x) | (self._unbounded & ~np.isnan(x)), axis=None))):
+            if (
+                mode == "any"
+                or (mode == "finite" and _all(np.isfinite(x), axis=None))
+                or (mode == "nan" and not _any(np.isnan(x), axis=None))
+                or (
+                    mode == "mask"
+                    and _all(np.isfinite(x) | (self._unbounded & ~np.isnan(x)), axis=None)
+                )
+            ):
                 return x.copy()
         return check_value(x, self.space, f"{kind}[{agent!r}]")
 
@@ -174,11 +188,13 @@ def _short(x: Any) -> str:
     return s if len(s) <= 80 else s[:77] + "..."
 
 
-def _reward(r: Any, agent: Any) -> float:
+def check_reward(r: Any, agent: Any) -> float:
     try:
         v = float(r)
     except (TypeError, ValueError):
-        raise InvalidDataError(f"reward[{agent!r}]: reward must be a number, got {_short(r)}") from None
+        raise InvalidDataError(
+            f"reward[{agent!r}]: reward must be a number, got {_short(r)}"
+        ) from None
     if not math.isfinite(v):
         raise InvalidDataError(f"reward[{agent!r}]: reward must be finite, got {v}")
     return v
@@ -187,7 +203,7 @@ def _reward(r: Any, agent: Any) -> float:
 # -- internal state --------------------------------------------------------------------
 
 
-class _Waiter:
+class Waiter:
     """One blocked ``get_action`` call; the sampler answers it with :meth:`set` (under the
     env lock, at most once). A bare pre-acquired lock rather than a ``threading.Event``:
     waking a caller is one ``release()``, no condition variable and no second lock."""
@@ -222,11 +238,35 @@ class _Waiter:
 class _Item:
     """One step as the next poll of its episode will deliver it."""
 
-    __slots__ = ("obs", "rewards", "infos", "terminated", "all_term", "all_trunc", "off_policy", "waiter")
+    __slots__ = (
+        "obs",
+        "rewards",
+        "infos",
+        "terminated",
+        "all_term",
+        "all_trunc",
+        "off_policy",
+        "waiter",
+    )
 
-    def __init__(self, obs, rewards, infos, terminated, all_term=False, all_trunc=False, off_policy=None, waiter=None):
+    def __init__(
+        self,
+        obs,
+        rewards,
+        infos,
+        terminated,
+        all_term=False,
+        all_trunc=False,
+        off_policy=None,
+        waiter=None,
+    ):
         self.obs, self.rewards, self.infos, self.terminated = obs, rewards, infos, terminated
-        self.all_term, self.all_trunc, self.off_policy, self.waiter = all_term, all_trunc, off_policy, waiter
+        self.all_term, self.all_trunc, self.off_policy, self.waiter = (
+            all_term,
+            all_trunc,
+            off_policy,
+            waiter,
+        )
 
     @property
     def final(self) -> bool:
@@ -234,8 +274,21 @@ class _Item:
 
 
 class _Episode:
-    __slots__ = ("eid", "training_enabled", "pending", "in_flight", "reward", "info", "done_agents", "blocked",
-                 "newly_done", "closed_reason", "last_obs", "last_activity", "waiter")
+    __slots__ = (
+        "eid",
+        "training_enabled",
+        "pending",
+        "in_flight",
+        "reward",
+        "info",
+        "done_agents",
+        "blocked",
+        "newly_done",
+        "closed_reason",
+        "last_obs",
+        "last_activity",
+        "waiter",
+    )
 
     def __init__(self, eid: str, training_enabled: bool):
         self.eid, self.training_enabled = eid, training_enabled
@@ -248,27 +301,42 @@ class _Episode:
         self.closed_reason: str | None = None  # set once no client call may follow
         self.last_obs: dict | None = None
         self.last_activity = time.monotonic()
-        self.waiter: _Waiter | None = None  # the caller blocked in get_action, if any
+        self.waiter: Waiter | None = None  # the caller blocked in get_action, if any
         self.blocked = 0  # callers waiting in log_action's back pressure
 
 
-class _ExternalBase(HostEnv):
+class ExternalEnvBase(HostEnv):
     """Shared machinery; public classes differ in how they wrap agent dicts."""
 
     _multi_agent = False
 
-    def __init__(self, observation_space: Space, action_space: Space, agent_ids: tuple, *,
-                 max_wait_s: float = 0.002, action_timeout_s: float = 300.0,
-                 episode_timeout_s: float | None = None, max_concurrent_episodes: int = 4096,
-                 max_queued_steps: int = 256, max_finished_ids: int = 100_000):
+    def __init__(
+        self,
+        observation_space: Space,
+        action_space: Space,
+        agent_ids: tuple,
+        *,
+        max_wait_s: float = 0.002,
+        action_timeout_s: float = 300.0,
+        episode_timeout_s: float | None = None,
+        max_concurrent_episodes: int = 4096,
+        max_queued_steps: int = 256,
+        max_finished_ids: int = 100_000,
+    ):
         if max_wait_s < 0:
             raise ValueError(f"max_wait_s must be >= 0, got {max_wait_s}")
         self.observation_space, self.action_space = observation_space, action_space
-        self._obs_check, self._act_check = ValueChecker(observation_space), ValueChecker(action_space)
+        self._obs_check, self._act_check = (
+            ValueChecker(observation_space),
+            ValueChecker(action_space),
+        )
         self.agent_ids = tuple(agent_ids)
         self.max_wait_s, self.action_timeout_s = float(max_wait_s), float(action_timeout_s)
         self.episode_timeout_s = episode_timeout_s
-        self.max_concurrent_episodes, self.max_queued_steps = int(max_concurrent_episodes), int(max_queued_steps)
+        self.max_concurrent_episodes, self.max_queued_steps = (
+            int(max_concurrent_episodes),
+            int(max_queued_steps),
+        )
         self.max_finished_ids = int(max_finished_ids)
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)  # the poller waits here
@@ -280,7 +348,9 @@ class _ExternalBase(HostEnv):
         self._offp_in_flight: set[str] = set()
         self._closed = False
         self._thread: threading.Thread | None = None
-        self._poller: str | None = None  # what a poll() blocked in _cond waits for: "any" / "all" requests
+        self._poller: str | None = (
+            None  # what a poll() blocked in _cond waits for: "any" / "all" requests
+        )
         self.stats = {"polls": 0, "steps_delivered": 0, "abandoned": 0, "dropped_actions": 0}
 
     @property
@@ -293,12 +363,16 @@ class _ExternalBase(HostEnv):
     def run(self) -> None:
         """Override with the simulator loop (start_episode -> get_action/log_action ->
         log_returns -> end_episode); :meth:`start` runs it in a daemon thread."""
-        raise NotImplementedError("subclass ExternalEnv and override run(), or call its methods from your threads")
+        raise NotImplementedError(
+            "subclass ExternalEnv and override run(), or call its methods from your threads"
+        )
 
     def start(self) -> threading.Thread:
         """Runs :meth:`run` in a daemon thread (once) and returns the thread."""
         if self._thread is None:
-            self._thread = threading.Thread(target=self.run, name=f"{type(self).__name__}.run", daemon=True)
+            self._thread = threading.Thread(
+                target=self.run, name=f"{type(self).__name__}.run", daemon=True
+            )
             self._thread.start()
         return self._thread
 
@@ -306,7 +380,7 @@ class _ExternalBase(HostEnv):
 
     def start_episode(self, episode_id: str | None = None, training_enabled: bool = True) -> str:
         """Registers a new episode and returns its id (a uuid4 hex when ``None``)."""
-        eid = uuid.uuid4().hex if episode_id is None else episode_id
+        eid = random_episode_id() if episode_id is None else episode_id
         if not isinstance(eid, str) or not eid:
             raise InvalidDataError(f"episode_id must be a non-empty str, got {_short(eid)}")
         with self._lock:
@@ -316,27 +390,50 @@ class _ExternalBase(HostEnv):
             if eid in self._finished:
                 raise EpisodeStateError(f"Episode {eid} has already completed.")
             if len(self._episodes) >= self.max_concurrent_episodes:
-                raise CapacityError(f"{self.max_concurrent_episodes} episodes are running (max_concurrent_episodes)")
+                raise CapacityError(
+                    f"{self.max_concurrent_episodes} episodes are running (max_concurrent_episodes)"
+                )
             ep = _Episode(eid, bool(training_enabled))
             self._episodes[eid] = ep
             self._refresh(ep)
         return eid
 
-    def _get_action(self, episode_id: str, obs: dict, *, timeout: float | None = None,
-                    cancelled: Callable[[], bool] | None = None) -> dict:
+    def _get_action(
+        self,
+        episode_id: str,
+        obs: dict,
+        *,
+        timeout: float | None = None,
+        cancelled: Callable[[], bool] | None = None,
+    ) -> dict:
         waiter = self._submit(episode_id, obs, None, None, want_action=True)
-        return self._wait(episode_id, waiter, self.action_timeout_s if timeout is None else timeout, cancelled)
+        return self._wait(
+            episode_id, waiter, self.action_timeout_s if timeout is None else timeout, cancelled
+        )
 
-    def _submit(self, episode_id: str, obs: dict, action: dict | None, extra_infos: dict | None,
-                want_action: bool, *, block: bool = True,
-                on_answer: Callable[[], None] | None = None) -> _Waiter | None:
+    def _submit(
+        self,
+        episode_id: str,
+        obs: dict,
+        action: dict | None,
+        extra_infos: dict | None,
+        want_action: bool,
+        *,
+        block: bool = True,
+        on_answer: Callable[[], None] | None = None,
+    ) -> Waiter | None:
         """Queues one request. ``block=False``: raise :class:`WouldBlockError` instead of
         waiting under back pressure. ``on_answer``: the waiter's callback (see
-        :class:`_Waiter`), set before the request becomes visible to the poller."""
+        :class:`Waiter`), set before the request becomes visible to the poller."""
         obs = self._check_obs(obs)
-        if extra_infos is not None and (not isinstance(extra_infos, Mapping) or set(extra_infos) - set(obs)
-                                        or not all(isinstance(v, Mapping) for v in extra_infos.values())):
-            raise InvalidDataError(f"info must be a dict agent -> dict for observing agents, got {_short(extra_infos)}")
+        if extra_infos is not None and (
+            not isinstance(extra_infos, Mapping)
+            or set(extra_infos) - set(obs)
+            or not all(isinstance(v, Mapping) for v in extra_infos.values())
+        ):
+            raise InvalidDataError(
+                f"info must be a dict agent -> dict for observing agents, got {_short(extra_infos)}"
+            )
         with self._lock:
             ep = self._open_episode(episode_id)
             self._check_done_agents(ep, obs)
@@ -344,9 +441,15 @@ class _ExternalBase(HostEnv):
                 action = self._check_actions(action, [a for a in obs if a not in ep.newly_done])
                 # back pressure: the simulator may run ahead of the sampler only so far
                 deadline = time.monotonic() + self.action_timeout_s
-                while len(ep.pending) >= self.max_queued_steps and not self._closed and ep.closed_reason is None:
+                while (
+                    len(ep.pending) >= self.max_queued_steps
+                    and not self._closed
+                    and ep.closed_reason is None
+                ):
                     if not block:
-                        raise WouldBlockError(f"episode {episode_id}: {len(ep.pending)} logged steps wait to be polled")
+                        raise WouldBlockError(
+                            f"episode {episode_id}: {len(ep.pending)} logged steps wait to be polled"
+                        )
                     left = deadline - time.monotonic()
                     if left <= 0:
                         why = f"{len(ep.pending)} logged steps not polled within {self.action_timeout_s} s"
@@ -359,7 +462,7 @@ class _ExternalBase(HostEnv):
                         ep.blocked -= 1
                 self._check_open()
                 ep = self._open_episode(episode_id)
-            waiter = _Waiter(on_answer) if want_action else None
+            waiter = Waiter(on_answer) if want_action else None
             item = self._make_item(ep, obs, off_policy=action, waiter=waiter)
             if extra_infos:
                 for agent, extra in extra_infos.items():
@@ -369,7 +472,9 @@ class _ExternalBase(HostEnv):
             self._push(ep, item)
             return waiter
 
-    def _wait(self, episode_id: str, waiter: _Waiter, timeout: float, cancelled: Callable[[], bool] | None) -> dict:
+    def _wait(
+        self, episode_id: str, waiter: Waiter, timeout: float, cancelled: Callable[[], bool] | None
+    ) -> dict:
         deadline = time.monotonic() + timeout
         while True:
             left = deadline - time.monotonic()
@@ -383,12 +488,14 @@ class _ExternalBase(HostEnv):
                     break  # answered meanwhile
                 if gone:
                     raise ConnectionAbortedError(f"episode {episode_id}: {why}")
-                raise TimeoutError(f"episode {episode_id}: no action within {timeout} s; episode abandoned")
+                raise TimeoutError(
+                    f"episode {episode_id}: no action within {timeout} s; episode abandoned"
+                )
         if waiter.error is not None:
             raise waiter.error
         return waiter.value
 
-    def _expire(self, episode_id: str, waiter: _Waiter, why: str) -> bool:
+    def _expire(self, episode_id: str, waiter: Waiter, why: str) -> bool:
         """Gives up a waiting ``get_action`` (timeout, client gone): abandons its episode
         unless the answer came first. Returns whether it abandoned."""
         with self._lock:
@@ -402,17 +509,31 @@ class _ExternalBase(HostEnv):
                 waiter.set()
             return True
 
-    def _log_returns(self, episode_id: str, rewards: Mapping, infos: Mapping | None, dones: Mapping | None) -> None:
+    def _log_returns(
+        self, episode_id: str, rewards: Mapping, infos: Mapping | None, dones: Mapping | None
+    ) -> None:
         if not isinstance(rewards, Mapping):
             raise InvalidDataError(f"rewards must be a dict agent -> reward, got {_short(rewards)}")
         ids = self.agent_ids
-        checked = {(a if a in ids else self._check_agent(a)): _reward(r, a) for a, r in rewards.items()}
-        if infos is not None and (not isinstance(infos, Mapping) or not all(isinstance(v, Mapping) for v in infos.values())):
+        checked = {
+            (a if a in ids else self._check_agent(a)): check_reward(r, a)
+            for a, r in rewards.items()
+        }
+        if infos is not None and (
+            not isinstance(infos, Mapping)
+            or not all(isinstance(v, Mapping) for v in infos.values())
+        ):
             raise InvalidDataError(f"infos must be a dict agent -> dict, got {_short(infos)}")
         if dones is not None and not isinstance(dones, Mapping):
-            raise InvalidDataError(f"multiagent_done_dict must be a dict agent -> bool, got {_short(dones)}")
+            raise InvalidDataError(
+                f"multiagent_done_dict must be a dict agent -> bool, got {_short(dones)}"
+            )
         infos = {self._check_agent(a): dict(i) for a, i in infos.items()} if infos else None
-        newly_done = {self._check_agent(a) for a, d in dones.items() if d and a != ALL} if dones else None
+        newly_done = (
+            {self._check_agent(a) for a, d in dones.items() if d and a != ALL_AGENTS}
+            if dones
+            else None
+        )
         with self._lock:  # everything is checked before anything changes
             ep = self._open_episode(episode_id)
             if ep.done_agents:
@@ -517,7 +638,9 @@ class _ExternalBase(HostEnv):
                     want = [a for a in item.obs if not item.terminated.get(a, False)]
                     missing = [a for a in want if a not in acts]
                     if missing:
-                        w.error = RuntimeError(f"episode {eid}: the sampler sent no action for agents {missing}")
+                        w.error = RuntimeError(
+                            f"episode {eid}: the sampler sent no action for agents {missing}"
+                        )
                     else:
                         w.value = {a: acts[a] for a in want}
                     w.set()
@@ -554,31 +677,43 @@ class _ExternalBase(HostEnv):
             if state == "completed":
                 raise EpisodeStateError(f"Episode {eid} has already completed.")
             if state == "abandoned":
-                raise EpisodeStateError(f"Episode {eid} was abandoned (client timeout or disconnect).")
+                raise EpisodeStateError(
+                    f"Episode {eid} was abandoned (client timeout or disconnect)."
+                )
             raise UnknownEpisodeError(f"Episode {eid} not found.")
         if ep.closed_reason == "completed":
             raise EpisodeStateError(f"Episode {eid} has already completed.")
         if ep.closed_reason is not None:
             raise EpisodeStateError(f"Episode {eid} was abandoned ({ep.closed_reason}).")
         if ep.waiter is not None:
-            raise EpisodeStateError(f"Episode {eid}: a get_action call is still waiting for its action.")
+            raise EpisodeStateError(
+                f"Episode {eid}: a get_action call is still waiting for its action."
+            )
         return ep
 
     def _check_agent(self, agent: Any) -> Any:
         if agent not in self.agent_ids:
-            raise InvalidDataError(f"unknown agent id {agent!r}; expected one of {list(self.agent_ids)}")
+            raise InvalidDataError(
+                f"unknown agent id {agent!r}; expected one of {list(self.agent_ids)}"
+            )
         return agent
 
     def _check_obs(self, obs: Any, allow_empty: bool = False) -> dict:  # no lock needed
         if not isinstance(obs, Mapping) or not (obs or allow_empty):
-            raise InvalidDataError(f"observations must be a non-empty dict agent -> obs, got {_short(obs)}")
+            raise InvalidDataError(
+                f"observations must be a non-empty dict agent -> obs, got {_short(obs)}"
+            )
         check, ids = self._obs_check, self.agent_ids
-        return {(a if a in ids else self._check_agent(a)): check(o, "observation", a) for a, o in obs.items()}
+        return {
+            (a if a in ids else self._check_agent(a)): check(o, "observation", a)
+            for a, o in obs.items()
+        }
 
     def _check_actions(self, actions: Any, agents: list) -> dict:
         if not isinstance(actions, Mapping) or set(actions) != set(agents):
-            raise InvalidDataError(f"actions must be a dict with the acting agents {agents}, "
-                                   f"got {_short(actions)}")
+            raise InvalidDataError(
+                f"actions must be a dict with the acting agents {agents}, got {_short(actions)}"
+            )
         check = self._act_check
         return {a: check(x, "action", a) for a, x in actions.items()}
 
@@ -587,14 +722,24 @@ class _ExternalBase(HostEnv):
             return
         again = [a for a in obs if a in ep.done_agents]
         if again:
-            raise InvalidDataError(f"episode {ep.eid}: agents {again} are done and cannot observe again")
+            raise InvalidDataError(
+                f"episode {ep.eid}: agents {again} are done and cannot observe again"
+            )
         missing = [a for a in ep.newly_done if a not in obs]
         if missing and not final:
-            raise InvalidDataError(f"episode {ep.eid}: agents {missing} were marked done; their final "
-                                   "observations must be in this observation dict")
+            raise InvalidDataError(
+                f"episode {ep.eid}: agents {missing} were marked done; their final "
+                "observations must be in this observation dict"
+            )
 
-    def _make_item(self, ep: _Episode, obs: dict, off_policy: dict | None = None, waiter: _Waiter | None = None,
-                   final: bool = False) -> _Item:
+    def _make_item(
+        self,
+        ep: _Episode,
+        obs: dict,
+        off_policy: dict | None = None,
+        waiter: Waiter | None = None,
+        final: bool = False,
+    ) -> _Item:
         rewards = dict.fromkeys(obs, 0.0)
         if ep.reward:
             rewards.update(ep.reward)
@@ -650,10 +795,10 @@ class _ExternalBase(HostEnv):
             item = ep.pending.popleft()
             obs[eid], rew[eid], infos[eid] = item.obs, item.rewards, item.infos
             flags = dict(item.terminated)
-            flags[ALL] = item.all_term
+            flags[ALL_AGENTS] = item.all_term
             term[eid] = flags
             flags = dict.fromkeys(item.obs, item.all_trunc)
-            flags[ALL] = item.all_trunc
+            flags[ALL_AGENTS] = item.all_trunc
             trunc[eid] = flags
             if item.off_policy is not None:
                 offp[eid] = item.off_policy
@@ -709,7 +854,9 @@ class _ExternalBase(HostEnv):
             ep.pending.append(item)
         else:  # nothing was ever sent: the sampler never heard of it
             del self._episodes[ep.eid]
-            self._idle.discard(ep.eid)  # else poll() would wait for it (the full max_wait_s) forever
+            self._idle.discard(
+                ep.eid
+            )  # else poll() would wait for it (the full max_wait_s) forever
             self._remember(ep.eid, "abandoned")
         if ep.eid in self._episodes:
             self._refresh(ep)
@@ -721,12 +868,17 @@ class _ExternalBase(HostEnv):
             return
         limit = time.monotonic() - self.episode_timeout_s
         for ep in list(self._episodes.values()):
-            if ep.closed_reason is None and ep.waiter is None and not ep.blocked and ep.last_activity < limit:
+            if (
+                ep.closed_reason is None
+                and ep.waiter is None
+                and not ep.blocked
+                and ep.last_activity < limit
+            ):
                 self._abandon(ep, f"no call for {self.episode_timeout_s} s")
 
 
-class ExternalEnv(_ExternalBase):
-    """A single-agent external env (agent id :data:`~jaxsampler.env.DEFAULT_AGENT_ID`).
+class ExternalEnv(ExternalEnvBase):
+    """A single-agent external env (agent id :data:`~jaxsampler.envs.base.DEFAULT_AGENT_ID`).
 
     Args:
         observation_space / action_space: jaxsampler spaces; observations are validated
@@ -753,24 +905,35 @@ class ExternalEnv(_ExternalBase):
         until the sampler answers; returns the action."""
         return self._get_action(episode_id, {DEFAULT_AGENT_ID: observation})[DEFAULT_AGENT_ID]
 
-    def log_action(self, episode_id: str, observation: Any, action: Any, *, info: dict | None = None) -> None:
+    def log_action(
+        self, episode_id: str, observation: Any, action: Any, *, info: dict | None = None
+    ) -> None:
         """Records a step whose action the simulator chose (``off_policy_actions``);
         ``info`` entries are added to that step's info. Returns without waiting."""
-        self._submit(episode_id, {DEFAULT_AGENT_ID: observation}, {DEFAULT_AGENT_ID: action},
-                     None if info is None else {DEFAULT_AGENT_ID: info}, False)
+        self._submit(
+            episode_id,
+            {DEFAULT_AGENT_ID: observation},
+            {DEFAULT_AGENT_ID: action},
+            None if info is None else {DEFAULT_AGENT_ID: info},
+            False,
+        )
 
     def log_returns(self, episode_id: str, reward: float, info: dict | None = None) -> None:
         """Adds ``reward`` to the previous action's reward (summed until the next step);
         ``info`` (a dict) becomes the next step's info."""
-        self._log_returns(episode_id, {DEFAULT_AGENT_ID: reward},
-                          None if info is None else {DEFAULT_AGENT_ID: info}, None)
+        self._log_returns(
+            episode_id,
+            {DEFAULT_AGENT_ID: reward},
+            None if info is None else {DEFAULT_AGENT_ID: info},
+            None,
+        )
 
     def end_episode(self, episode_id: str, observation: Any, *, truncated: bool = False) -> None:
         """Ends the episode with its final observation (terminated, or truncated)."""
         self._end_episode(episode_id, {DEFAULT_AGENT_ID: observation}, truncated)
 
 
-class ExternalMultiAgentEnv(_ExternalBase):
+class ExternalMultiAgentEnv(ExternalEnvBase):
     """The multi-agent variant: dict observations / actions / rewards per agent.
 
     ``observation_space`` / ``action_space`` are one agent's (shared) spaces and
@@ -782,10 +945,14 @@ class ExternalMultiAgentEnv(_ExternalBase):
 
     _multi_agent = True
 
-    def __init__(self, observation_space: Space, action_space: Space, *, agent_ids: Any, **kwargs: Any):
+    def __init__(
+        self, observation_space: Space, action_space: Space, *, agent_ids: Any, **kwargs: Any
+    ):
         agent_ids = tuple(agent_ids)
-        if not agent_ids or len(set(agent_ids)) != len(agent_ids) or ALL in agent_ids:
-            raise ValueError(f"agent_ids must be distinct and non-empty (not {ALL!r}), got {agent_ids}")
+        if not agent_ids or len(set(agent_ids)) != len(agent_ids) or ALL_AGENTS in agent_ids:
+            raise ValueError(
+                f"agent_ids must be distinct and non-empty (not {ALL_AGENTS!r}), got {agent_ids}"
+            )
         super().__init__(observation_space, action_space, agent_ids, **kwargs)
 
     def get_action(self, episode_id: str, observation_dict: dict) -> dict:
@@ -793,17 +960,30 @@ class ExternalMultiAgentEnv(_ExternalBase):
         agents that are not done."""
         return self._get_action(episode_id, observation_dict)
 
-    def log_action(self, episode_id: str, observation_dict: dict, action_dict: dict, *,
-                   info: dict | None = None) -> None:
+    def log_action(
+        self,
+        episode_id: str,
+        observation_dict: dict,
+        action_dict: dict,
+        *,
+        info: dict | None = None,
+    ) -> None:
         """Records a step with the simulator's own actions (one per observing agent);
         ``info`` (``{agent: dict}``) entries are added to that step's infos."""
         self._submit(episode_id, observation_dict, action_dict, info, False)
 
-    def log_returns(self, episode_id: str, reward_dict: dict, info_dict: dict | None = None,
-                    multiagent_done_dict: dict | None = None) -> None:
+    def log_returns(
+        self,
+        episode_id: str,
+        reward_dict: dict,
+        info_dict: dict | None = None,
+        multiagent_done_dict: dict | None = None,
+    ) -> None:
         """Adds per-agent rewards; ``info_dict`` holds per-agent infos for the next step."""
         self._log_returns(episode_id, reward_dict, info_dict, multiagent_done_dict)
 
-    def end_episode(self, episode_id: str, observation_dict: dict, *, truncated: bool = False) -> None:
+    def end_episode(
+        self, episode_id: str, observation_dict: dict, *, truncated: bool = False
+    ) -> None:
         """Ends the episode with the agents' final observations."""
         self._end_episode(episode_id, observation_dict, truncated)

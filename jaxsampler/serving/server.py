@@ -1,7 +1,7 @@
-"""HTTP policy serving: :class:`PolicyServer` (the client is :mod:`jaxsampler.hostenv.client`).
+"""HTTP policy serving: :class:`PolicyServer` (the client is :mod:`jaxsampler.serving.client`).
 
-The server owns an :class:`~jaxsampler.hostenv.external.ExternalEnv` (or the multi-agent
-variant) and is itself a :class:`~jaxsampler.hostenv.base.HostEnv` (``poll`` /
+The server owns an :class:`~jaxsampler.host_envs.external.ExternalEnv` (or the multi-agent
+variant) and is itself a :class:`~jaxsampler.host_envs.base.HostEnv` (``poll`` /
 ``send_actions`` go to that env), so any host sampler can sample from it: experience of
 remote clients ends up in the sampler's episodes and batches.
 
@@ -16,7 +16,7 @@ pool. The client keeps one socket per thread.
 Protocol (version 2)
 --------------------
 Bodies are msgpack (``Content-Type: application/msgpack``) encoded with
-:func:`jaxsampler.hostenv.offline.packb`: numpy arrays travel as raw bytes plus dtype and
+:func:`jaxsampler.offline.packb`: numpy arrays travel as raw bytes plus dtype and
 shape (msgpack ext type 1), numpy scalars as type 2, tuples as type 3. Plain lists and
 numbers work too; the server validates every observation / action against the env's
 spaces and casts it to the space's dtype.
@@ -40,7 +40,7 @@ GET  /info            --                                                        
 Any POST body may carry ``returns: [{episode_id, reward, info?, done?}, ...]``: those
 ``log_returns`` calls run first, in order; if one fails, the command is not run and its
 error is the answer (message prefixed ``deferred log_returns``). This is how a remote
-:class:`~jaxsampler.hostenv.client.PolicyClient` sends ``log_returns`` without a round
+:class:`~jaxsampler.serving.client.PolicyClient` sends ``log_returns`` without a round
 trip of its own (version 2; version 1 had no such field).
 
 Multi-agent envs take dicts ``agent -> value`` for ``observation``, ``action``,
@@ -60,7 +60,7 @@ keeps serving after every error.
 
 A client that disconnects while its ``get_action`` waits is noticed at once (the event
 loop sees the connection close): its episode is abandoned and ends as truncated (see
-:mod:`~jaxsampler.hostenv.external`); other episodes are untouched. A client that
+:mod:`~jaxsampler.host_envs.external`); other episodes are untouched. A client that
 vanishes between calls is caught by the env's ``episode_timeout_s``.
 
 Local inference: ``PolicyClient(inference_mode="local", policy=...)`` pulls the params
@@ -88,50 +88,35 @@ from urllib.parse import urlsplit
 
 import httptools
 
-from jaxsampler.env import DEFAULT_AGENT_ID
-from jaxsampler.hostenv import external as ext
-from jaxsampler.hostenv.base import HostEnv, MultiEnvDict, PollResult
-from jaxsampler.hostenv.offline import packb, unpackb
+from jaxsampler.codec import packb, unpackb
+from jaxsampler.constants import DEFAULT_AGENT_ID
+from jaxsampler.host_envs import external as ext
+from jaxsampler.host_envs.base import HostEnv, MultiEnvDict, PollResult
+from jaxsampler.serving.protocol import (
+    BATCHABLE_COMMANDS,
+    COMMANDS,
+    CONTENT_TYPE,
+    ERRORS_BY_NAME,
+    PROTOCOL_VERSION,
+    STATUS_OF_ERROR,
+    PolicyServerError,
+)
 
 __all__ = ["PolicyServer", "PolicyServerError", "PROTOCOL_VERSION"]
 
-PROTOCOL_VERSION = 2
 _log = logging.getLogger(__name__)
-_MSGPACK = "application/msgpack"
-_COMMANDS = ("start_episode", "get_action", "log_action", "log_returns", "end_episode")
-_BATCHABLE = ("start_episode", "log_action", "log_returns", "end_episode")
-
-
-class PolicyServerError(RuntimeError):
-    """An HTTP error from the server that maps to no env exception."""
-
-    def __init__(self, status: int, message: str):
-        super().__init__(f"HTTP {status}: {message}")
-        self.status = status
 
 
 class _BadRequest(ValueError):
     pass
 
 
-_STATUS: list[tuple[type, int]] = [
-    (ext.UnknownEpisodeError, 404),
-    (ext.EpisodeStateError, 409),
-    (ext.CapacityError, 503),
-    (ext.EnvClosedError, 503),
-    (TimeoutError, 504),
-    (ValueError, 400),  # InvalidDataError, _BadRequest, malformed msgpack
-]
-_ERRORS = {c.__name__: c for c in (ext.UnknownEpisodeError, ext.EpisodeStateError, ext.InvalidDataError,
-                                   ext.CapacityError, ext.EnvClosedError, TimeoutError)}
-
-
 def _status_of(e: BaseException) -> tuple[int, str]:
     """HTTP status and error name of an exception raised while serving a command."""
-    for cls, status in _STATUS:
+    for cls, status in STATUS_OF_ERROR:
         if isinstance(e, cls):
             name = type(e).__name__
-            return status, name if name in _ERRORS or status != 400 else "InvalidDataError"
+            return status, name if name in ERRORS_BY_NAME or status != 400 else "InvalidDataError"
     _log.error("policy server: unexpected error", exc_info=e)
     return 500, type(e).__name__
 
@@ -143,7 +128,9 @@ def _field(msg: Mapping, name: str, kind: Any = None, optional: bool = False) ->
         raise _BadRequest(f"missing field {name!r}")
     v = msg[name]
     if kind is not None and not isinstance(v, kind) and not (optional and v is None):
-        raise _BadRequest(f"field {name!r} must be {getattr(kind, '__name__', kind)}, got {type(v).__name__}")
+        raise _BadRequest(
+            f"field {name!r} must be {getattr(kind, '__name__', kind)}, got {type(v).__name__}"
+        )
     return v
 
 
@@ -154,8 +141,17 @@ _SERVER = f"jaxsampler-policy-server/{PROTOCOL_VERSION}"
 class _Request:
     """One parsed HTTP request (httptools callbacks fill it)."""
 
-    __slots__ = ("url", "body", "size", "content_length", "chunked", "if_none_match", "error", "keep_alive",
-                 "method")
+    __slots__ = (
+        "url",
+        "body",
+        "size",
+        "content_length",
+        "chunked",
+        "if_none_match",
+        "error",
+        "keep_alive",
+        "method",
+    )
 
     def __init__(self) -> None:
         self.url = b""
@@ -164,7 +160,9 @@ class _Request:
         self.content_length: int | None = None
         self.chunked = False
         self.if_none_match = b""
-        self.error: tuple[int, str, str] | None = None  # found while parsing: answered, then the connection closes
+        self.error: tuple[int, str, str] | None = (
+            None  # found while parsing: answered, then the connection closes
+        )
         self.keep_alive = True
         self.method = b""
 
@@ -180,7 +178,9 @@ class _Connection(asyncio.Protocol):
         self.req: _Request | None = None
         self.queue: deque[_Request] = deque()
         self.busy = False  # a request is being answered
-        self.waiting: tuple[str, ext._Waiter] | None = None  # (episode id, waiter) of a pending get_action
+        self.waiting: tuple[str, ext.Waiter] | None = (
+            None  # (episode id, waiter) of a pending get_action
+        )
         self.closing = False
         self.broken = False  # the request stream could not be parsed further: the rest is dropped
         self.timed_out = False  # the pending get_action ran out of time
@@ -211,7 +211,9 @@ class _Connection(asyncio.Protocol):
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade:
-            self._unparsable((400, "InvalidDataError", "protocol upgrades are not supported"), upgrade=True)
+            self._unparsable(
+                (400, "InvalidDataError", "protocol upgrades are not supported"), upgrade=True
+            )
         except httptools.HttpParserError as e:
             self._unparsable((400, "InvalidDataError", f"malformed HTTP request: {e}"))
         self._next()
@@ -247,7 +249,11 @@ class _Connection(asyncio.Protocol):
             try:
                 req.content_length = int(value)
             except ValueError:
-                req.error = req.error or (400, "InvalidDataError", f"bad Content-Length {value.decode(errors='replace')!r}")
+                req.error = req.error or (
+                    400,
+                    "InvalidDataError",
+                    f"bad Content-Length {value.decode(errors='replace')!r}",
+                )
         elif name == b"transfer-encoding" and b"chunked" in value.lower():
             req.chunked = True
         elif name == b"if-none-match":
@@ -260,10 +266,17 @@ class _Connection(asyncio.Protocol):
         if req.error:
             return
         if req.content_length is not None and req.content_length > ps.max_body_bytes:  # any method
-            req.error = (413, "PayloadTooLarge",
-                         f"body of {req.content_length} bytes exceeds max_body_bytes={ps.max_body_bytes}")
+            req.error = (
+                413,
+                "PayloadTooLarge",
+                f"body of {req.content_length} bytes exceeds max_body_bytes={ps.max_body_bytes}",
+            )
         elif req.method == b"POST" and (req.content_length is None or req.chunked):
-            req.error = (411, "LengthRequired", "Content-Length header required (no chunked bodies)")
+            req.error = (
+                411,
+                "LengthRequired",
+                "Content-Length header required (no chunked bodies)",
+            )
         if req.error:  # answer now, without waiting for (or reading) the body
             self.queue.append(req)
             self.req = None
@@ -290,17 +303,25 @@ class _Connection(asyncio.Protocol):
             self.current = req
             try:
                 self.ps._dispatch(self, req)
-            except Exception as e:  # noqa: BLE001 -- a bug: answer it, keep the loop (and other answers) going
+            except Exception as e:
                 self.busy = False
                 self.exception(e)
 
-    def respond(self, status: int, body: bytes, content_type: str = _MSGPACK, extra: str = "",
-                close: bool = False) -> None:
+    def respond(
+        self,
+        status: int,
+        body: bytes,
+        content_type: str = CONTENT_TYPE,
+        extra: str = "",
+        close: bool = False,
+    ) -> None:
         if self.closing or self.transport is None:
             return
         close = close or (self.current is not None and not self.current.keep_alive)
-        head = (f"HTTP/1.1 {status} {_REASONS.get(status, '')}\r\nServer: {_SERVER}\r\n"
-                f"Content-Type: {content_type}\r\nContent-Length: {len(body)}\r\n{extra}")
+        head = (
+            f"HTTP/1.1 {status} {_REASONS.get(status, '')}\r\nServer: {_SERVER}\r\n"
+            f"Content-Type: {content_type}\r\nContent-Length: {len(body)}\r\n{extra}"
+        )
         if close:
             head += "Connection: close\r\n"
         self.transport.write(head.encode("latin-1") + b"\r\n" + body)
@@ -316,7 +337,12 @@ class _Connection(asyncio.Protocol):
                 self.transport.close()
 
     def error(self, status: int, name: str, message: str, close: bool = False) -> None:
-        self.respond(status, json.dumps({"error": name, "message": message}).encode(), "application/json", close=close)
+        self.respond(
+            status,
+            json.dumps({"error": name, "message": message}).encode(),
+            "application/json",
+            close=close,
+        )
 
     def _fail(self, status: int, name: str, message: str) -> None:
         self.error(status, name, message, close=True)
@@ -350,19 +376,37 @@ class PolicyServer(HostEnv):
         OSError: the address cannot be bound (e.g. the port is in use).
     """
 
-    def __init__(self, env: ext._ExternalBase, host: str = "127.0.0.1", port: int = 0, *,
-                 max_body_bytes: int = 8 << 20, keepalive_timeout_s: float = 120.0):
-        if not isinstance(env, ext._ExternalBase):
-            raise TypeError(f"PolicyServer needs an ExternalEnv or ExternalMultiAgentEnv, got {type(env).__name__}")
+    def __init__(
+        self,
+        env: ext.ExternalEnvBase,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        *,
+        max_body_bytes: int = 8 << 20,
+        keepalive_timeout_s: float = 120.0,
+    ):
+        if not isinstance(env, ext.ExternalEnvBase):
+            raise TypeError(
+                f"PolicyServer needs an ExternalEnv or ExternalMultiAgentEnv, got {type(env).__name__}"
+            )
         self.env = env
-        self.max_body_bytes, self.keepalive_timeout_s = int(max_body_bytes), float(keepalive_timeout_s)
+        self.max_body_bytes, self.keepalive_timeout_s = (
+            int(max_body_bytes),
+            float(keepalive_timeout_s),
+        )
         self._weights: tuple[int, bytes | None] = (0, None)
         self._conns: set[_Connection] = set()
         self._closed = False
-        self._answers: deque[list] = deque()  # [connection, episode id, waiter] of answered get_actions
+        self._answers: deque[list] = (
+            deque()
+        )  # [connection, episode id, waiter] of answered get_actions
         self._wake_pending = False
-        self._tick_s = min(1.0, max(0.01, env.action_timeout_s / 10))  # get_action timeouts: +10% at most
-        self._executor = ThreadPoolExecutor(max_workers=4, thread_name_prefix="PolicyServer-blocking")
+        self._tick_s = min(
+            1.0, max(0.01, env.action_timeout_s / 10)
+        )  # get_action timeouts: +10% at most
+        self._executor = ThreadPoolExecutor(
+            max_workers=4, thread_name_prefix="PolicyServer-blocking"
+        )
         self._loop = asyncio.new_event_loop()
         started: dict[str, Any] = {}
         ready = threading.Event()
@@ -371,8 +415,11 @@ class PolicyServer(HostEnv):
             asyncio.set_event_loop(self._loop)
             try:
                 server = self._loop.run_until_complete(
-                    self._loop.create_server(lambda: _Connection(self), host, port, backlog=1024, reuse_address=True))
-            except BaseException as e:  # noqa: BLE001 -- raised in the constructor
+                    self._loop.create_server(
+                        lambda: _Connection(self), host, port, backlog=1024, reuse_address=True
+                    )
+                )
+            except BaseException as e:
                 started["error"] = e
                 self._loop.close()
                 ready.set()
@@ -475,8 +522,12 @@ class PolicyServer(HostEnv):
         for c in list(self._conns):
             if c.waiting is not None and now >= c.deadline:
                 self._expire(c, c.waiting[0], timeout)
-            elif not c.busy and not c.queue and c.last_activity < now - self.keepalive_timeout_s \
-                    and c.transport is not None:
+            elif (
+                not c.busy
+                and not c.queue
+                and c.last_activity < now - self.keepalive_timeout_s
+                and c.transport is not None
+            ):
                 c.transport.close()
         if not self._closed:
             self._loop.call_later(self._tick_s, self._tick)
@@ -485,16 +536,20 @@ class PolicyServer(HostEnv):
         try:
             path = urlsplit(req.url.decode("latin-1")).path
         except ValueError as e:  # e.g. "http://[": llhttp lets it through
-            conn.error(400, "InvalidDataError", f"malformed URL {req.url[:100].decode('latin-1')!r}: {e}")
+            conn.error(
+                400, "InvalidDataError", f"malformed URL {req.url[:100].decode('latin-1')!r}: {e}"
+            )
             return
         command = path.lstrip("/")
         if req.method == b"GET":
             self._get(conn, req, path)
             return
         if req.method != b"POST":
-            conn.error(405, "MethodNotAllowed", f"{req.method.decode(errors='replace')} is not supported")
+            conn.error(
+                405, "MethodNotAllowed", f"{req.method.decode(errors='replace')} is not supported"
+            )
             return
-        if command not in _COMMANDS and command != "batch":
+        if command not in COMMANDS and command != "batch":
             conn.error(404, "NotFound", f"unknown path {path}")
             return
         try:
@@ -504,7 +559,9 @@ class PolicyServer(HostEnv):
             if "returns" in msg:  # log_returns calls deferred by the client: first, in order
                 self._returns(_field(msg, "returns", list))
             if command == "get_action":
-                self._start_get_action(conn, _field(msg, "episode_id", str), _field(msg, "observation"))
+                self._start_get_action(
+                    conn, _field(msg, "episode_id", str), _field(msg, "observation")
+                )
                 return
             if command == "batch":
                 self._in_executor(conn, self._batch, msg)
@@ -514,7 +571,7 @@ class PolicyServer(HostEnv):
             except ext.WouldBlockError:  # back pressure: wait for room off the event loop
                 self._in_executor(conn, self._run, command, msg)
                 return
-        except Exception as e:  # noqa: BLE001 -- every error becomes an HTTP answer
+        except Exception as e:
             conn.exception(e)
             return
         conn.respond(200, packb(result))
@@ -531,11 +588,16 @@ class PolicyServer(HostEnv):
                 conn.respond(200, data, extra=etag)
         elif path == "/info":
             env = self.env
-            info = {"protocol": PROTOCOL_VERSION, "multi_agent": env._multi_agent, "agent_ids": list(env.agent_ids),
-                    "weights_version": self._weights[0], "observation_space": env.observation_space,
-                    "action_space": env.action_space}
+            info = {
+                "protocol": PROTOCOL_VERSION,
+                "multi_agent": env._multi_agent,
+                "agent_ids": list(env.agent_ids),
+                "weights_version": self._weights[0],
+                "observation_space": env.observation_space,
+                "action_space": env.action_space,
+            }
             conn.respond(200, packb(info))
-        elif path.lstrip("/") in _COMMANDS or path == "/batch":
+        elif path.lstrip("/") in COMMANDS or path == "/batch":
             conn.error(405, "MethodNotAllowed", f"{path} needs POST")
         else:
             conn.error(404, "NotFound", f"unknown path {path}")
@@ -575,7 +637,9 @@ class PolicyServer(HostEnv):
     def _expire(self, conn: _Connection, eid: str, timeout: float) -> None:
         if conn.waiting is not None and conn.waiting[0] == eid:
             # False when the answer came first (its delivery is queued): then it is delivered
-            conn.timed_out = self.env._expire(eid, conn.waiting[1], f"get_action timed out after {timeout} s")
+            conn.timed_out = self.env._expire(
+                eid, conn.waiting[1], f"get_action timed out after {timeout} s"
+            )
 
     def _deliver_answers(self) -> None:
         self._wake_pending = False
@@ -588,17 +652,26 @@ class PolicyServer(HostEnv):
             try:
                 if conn.closing:  # the action never reaches the client
                     if waiter.error is None:
-                        self.env.abandon_episode(eid, "client disconnected before receiving its action")
+                        self.env.abandon_episode(
+                            eid, "client disconnected before receiving its action"
+                        )
                 elif conn.timed_out:
                     conn.timed_out = False
-                    conn.exception(TimeoutError(f"episode {eid}: no action within {self.env.action_timeout_s} s; "
-                                                "episode abandoned"))
+                    conn.exception(
+                        TimeoutError(
+                            f"episode {eid}: no action within {self.env.action_timeout_s} s; "
+                            "episode abandoned"
+                        )
+                    )
                 elif waiter.error is not None:
                     conn.exception(waiter.error)
                 else:
                     out = waiter.value
-                    conn.respond(200, packb({"action": out if self.env._multi_agent else out[DEFAULT_AGENT_ID]}))
-            except Exception as e:  # noqa: BLE001 -- e.g. an action msgpack cannot encode: answer, go on
+                    conn.respond(
+                        200,
+                        packb({"action": out if self.env._multi_agent else out[DEFAULT_AGENT_ID]}),
+                    )
+            except Exception as e:
                 conn.exception(e)
             conn.done()
 
@@ -620,10 +693,12 @@ class PolicyServer(HostEnv):
                 if not isinstance(c, dict):
                     raise _BadRequest(f"command {i} must be a map")
                 name = _field(c, "command", str)
-                if name not in _BATCHABLE:
-                    raise _BadRequest(f"command {name!r} cannot be batched (allowed: {list(_BATCHABLE)})")
+                if name not in BATCHABLE_COMMANDS:
+                    raise _BadRequest(
+                        f"command {name!r} cannot be batched (allowed: {list(BATCHABLE_COMMANDS)})"
+                    )
                 self._run(name, c)
-            except Exception as e:  # noqa: BLE001
+            except Exception as e:
                 status, name = _status_of(e)
                 errors.append({"index": i, "status": status, "error": name, "message": str(e)})
         return {"done": len(commands) - len(errors), "errors": errors}
@@ -636,14 +711,22 @@ class PolicyServer(HostEnv):
     def _run(self, command: str, msg: Mapping, block: bool = True) -> dict:
         env = self.env
         if command == "start_episode":
-            eid = env.start_episode(_field(msg, "episode_id", str, optional=True),
-                                    bool(_field(msg, "training_enabled", bool, optional=True) is not False))
+            eid = env.start_episode(
+                _field(msg, "episode_id", str, optional=True),
+                bool(_field(msg, "training_enabled", bool, optional=True) is not False),
+            )
             return {"episode_id": eid}
         eid = _field(msg, "episode_id", str)
         if command == "log_action":
             info = _field(msg, "info", dict, optional=True)
-            env._submit(eid, self._agents(_field(msg, "observation")), self._agents(_field(msg, "action")),
-                        None if info is None else self._agents(info), False, block=block)
+            env._submit(
+                eid,
+                self._agents(_field(msg, "observation")),
+                self._agents(_field(msg, "action")),
+                None if info is None else self._agents(info),
+                False,
+                block=block,
+            )
         elif command == "log_returns":
             info = _field(msg, "info", dict, optional=True)
             reward = _field(msg, "reward")
@@ -651,11 +734,18 @@ class PolicyServer(HostEnv):
             if env._multi_agent:
                 env._log_returns(eid, reward, info, done)
             else:
-                env._log_returns(eid, {DEFAULT_AGENT_ID: reward}, None if info is None else {DEFAULT_AGENT_ID: info},
-                                 None)
+                env._log_returns(
+                    eid,
+                    {DEFAULT_AGENT_ID: reward},
+                    None if info is None else {DEFAULT_AGENT_ID: info},
+                    None,
+                )
         elif command == "end_episode":
-            env._end_episode(eid, self._agents(_field(msg, "observation")),
-                             bool(_field(msg, "truncated", bool, optional=True)))
+            env._end_episode(
+                eid,
+                self._agents(_field(msg, "observation")),
+                bool(_field(msg, "truncated", bool, optional=True)),
+            )
         elif command == "get_action":
             raise _BadRequest("get_action is not allowed here")
         return {}

@@ -16,9 +16,9 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["SampleBatch", "MultiAgentBatch", "concat_samples", "DEFAULT_POLICY_ID"]
+from jaxsampler.constants import DEFAULT_POLICY_ID
 
-DEFAULT_POLICY_ID = "default_policy"
+__all__ = ["SampleBatch", "MultiAgentBatch", "concat_samples"]
 
 
 def _is_state_key(k: str) -> bool:
@@ -71,9 +71,16 @@ class SampleBatch(dict):
     PREV_REWARDS = "prev_rewards"
     DONES = "dones"
 
-    def __init__(self, *args: Any, _time_major: bool | None = None, _max_seq_len: int | None = None,
-                 _zero_padded: bool = False, _is_training: bool | None = None,
-                 _num_grad_updates: float | None = None, **kwargs: Any):
+    def __init__(
+        self,
+        *args: Any,
+        _time_major: bool | None = None,
+        _max_seq_len: int | None = None,
+        _zero_padded: bool = False,
+        _is_training: bool | None = None,
+        _num_grad_updates: float | None = None,
+        **kwargs: Any,
+    ):
         data = dict(*args, **kwargs)
         if self.DONES in data:
             raise KeyError(
@@ -85,7 +92,11 @@ class SampleBatch(dict):
             if k != self.INFOS and isinstance(v, (list, int, float, bool, np.number, np.bool_)):
                 data[k] = np.array(v)
         super().__init__(data)
-        self.time_major, self.max_seq_len, self.zero_padded = _time_major, _max_seq_len, _zero_padded
+        self.time_major, self.max_seq_len, self.zero_padded = (
+            _time_major,
+            _max_seq_len,
+            _zero_padded,
+        )
         self.is_training, self.num_grad_updates = _is_training, _num_grad_updates
         self.count = self._count()
 
@@ -135,7 +146,11 @@ class SampleBatch(dict):
 
     def _with_rows(self, fn: Any) -> SampleBatch:
         out = SampleBatch({k: _map_rows(v, fn) for k, v in self.items()})
-        out.time_major, out.max_seq_len, out.zero_padded = self.time_major, self.max_seq_len, self.zero_padded
+        out.time_major, out.max_seq_len, out.zero_padded = (
+            self.time_major,
+            self.max_seq_len,
+            self.zero_padded,
+        )
         out.is_training, out.num_grad_updates = self.is_training, self.num_grad_updates
         return out
 
@@ -148,7 +163,9 @@ class SampleBatch(dict):
 
     def rows(self) -> Iterator[dict[str, Any]]:
         for i in range(self.count):
-            yield {k: _map_rows(v, lambda x, i=i: x[i]) for k, v in self.items() if k != self.SEQ_LENS}
+            yield {
+                k: _map_rows(v, lambda x, i=i: x[i]) for k, v in self.items() if k != self.SEQ_LENS
+            }
 
     def copy(self, shallow: bool = False) -> SampleBatch:  # type: ignore[override]
         if shallow:
@@ -174,7 +191,9 @@ class SampleBatch(dict):
         bounds = [0, *cuts.tolist(), n]
         return [self.slice(a, b) for a, b in zip(bounds[:-1], bounds[1:])]
 
-    def timeslices(self, size: int | None = None, num_slices: int | None = None, k: int | None = None) -> list[SampleBatch]:
+    def timeslices(
+        self, size: int | None = None, num_slices: int | None = None, k: int | None = None
+    ) -> list[SampleBatch]:
         """Consecutive slices of ``size`` rows (the last may be shorter), or ``num_slices``
         near-equal slices (the remainder goes to the last ones)."""
         size = size if size is not None else k
@@ -195,7 +214,9 @@ class SampleBatch(dict):
     def shuffle(self) -> SampleBatch:
         """Permutes the rows in place (``np.random.permutation``; ``infos`` too)."""
         if dict.get(self, self.SEQ_LENS) is not None and not self.zero_padded:
-            raise ValueError("SampleBatch.shuffle() needs zero-padded sequences when seq_lens are present")
+            raise ValueError(
+                "SampleBatch.shuffle() needs zero-padded sequences when seq_lens are present"
+            )
         perm = np.random.permutation(self.count)
         for key, v in list(self.items()):
             if isinstance(v, list):
@@ -242,7 +263,9 @@ class MultiAgentBatch:
         return self
 
     @staticmethod
-    def wrap_as_needed(policy_batches: dict[Any, SampleBatch], env_steps: int) -> SampleBatch | MultiAgentBatch:
+    def wrap_as_needed(
+        policy_batches: dict[Any, SampleBatch], env_steps: int
+    ) -> SampleBatch | MultiAgentBatch:
         if len(policy_batches) == 1 and DEFAULT_POLICY_ID in policy_batches:
             return policy_batches[DEFAULT_POLICY_ID]
         return MultiAgentBatch(policy_batches, env_steps)
@@ -254,9 +277,19 @@ class MultiAgentBatch:
         for pid, b in self.policy_batches.items():
             for col in (SampleBatch.EPS_ID, SampleBatch.T, SampleBatch.AGENT_INDEX):
                 if col not in b:
-                    raise KeyError(f"MultiAgentBatch.timeslices needs column {col!r} (missing in {pid!r})")
+                    raise KeyError(
+                        f"MultiAgentBatch.timeslices needs column {col!r} (missing in {pid!r})"
+                    )
             for i in range(b.count):
-                rows.append((b[SampleBatch.EPS_ID][i], b[SampleBatch.T][i], b[SampleBatch.AGENT_INDEX][i], pid, i))
+                rows.append(
+                    (
+                        b[SampleBatch.EPS_ID][i],
+                        b[SampleBatch.T][i],
+                        b[SampleBatch.AGENT_INDEX][i],
+                        pid,
+                        i,
+                    )
+                )
         rows.sort(key=lambda r: (r[0], r[1], r[2]))
         steps: list[list[tuple]] = []
         for r in rows:
@@ -270,7 +303,9 @@ class MultiAgentBatch:
             for pid in dict.fromkeys(r[3] for r in chunk):
                 idx = np.array([r[4] for r in chunk if r[3] == pid])
                 src = self.policy_batches[pid]
-                batches[pid] = src._with_rows(lambda v, idx=idx: [v[i] for i in idx] if isinstance(v, list) else v[idx])
+                batches[pid] = src._with_rows(
+                    lambda v, idx=idx: [v[i] for i in idx] if isinstance(v, list) else v[idx]
+                )
             out.append(MultiAgentBatch(batches, len(steps[a : a + k])))
         return out
 
@@ -280,7 +315,9 @@ class MultiAgentBatch:
     __str__ = __repr__
 
 
-def concat_samples(samples: Sequence[SampleBatch | MultiAgentBatch]) -> SampleBatch | MultiAgentBatch:
+def concat_samples(
+    samples: Sequence[SampleBatch | MultiAgentBatch],
+) -> SampleBatch | MultiAgentBatch:
     """Concatenates batches; any ``MultiAgentBatch`` input makes the result one (env steps add up)."""
     if any(isinstance(s, MultiAgentBatch) for s in samples):
         return _concat_ma([s.as_multi_agent() for s in samples])
@@ -298,7 +335,12 @@ def concat_samples(samples: Sequence[SampleBatch | MultiAgentBatch]) -> SampleBa
             out[key] = [x for c in cols for x in c]
         else:
             out[key] = _concat_col(cols)
-    res = SampleBatch(out, _time_major=first.time_major, _max_seq_len=first.max_seq_len, _zero_padded=first.zero_padded)
+    res = SampleBatch(
+        out,
+        _time_major=first.time_major,
+        _max_seq_len=first.max_seq_len,
+        _zero_padded=first.zero_padded,
+    )
     ngu = [b.num_grad_updates for b in batches]
     if all(g is not None for g in ngu):
         res.num_grad_updates = float(np.average(ngu, weights=[b.count for b in batches]))

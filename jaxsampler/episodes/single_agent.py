@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import copy
 import time
-import uuid
 from typing import Any
 
 import numpy as np
 
-from jaxsampler.host.lookback import InfiniteLookbackBuffer, data_len
+from jaxsampler.episodes.ids import random_episode_id
+from jaxsampler.episodes.lookback import InfiniteLookbackBuffer, data_len
 
 __all__ = ["SingleAgentEpisode"]
 
@@ -90,6 +90,45 @@ class SingleAgentEpisode:
         "_last_step_time",
     )
 
+    @classmethod
+    def trusted(
+        cls,
+        id_: str,
+        *,
+        observations: InfiniteLookbackBuffer,
+        infos: InfiniteLookbackBuffer,
+        actions: InfiniteLookbackBuffer,
+        rewards: InfiniteLookbackBuffer,
+        extra_model_outputs: dict[str, InfiniteLookbackBuffer],
+        observation_space: Any,
+        action_space: Any,
+        terminated: bool,
+        truncated: bool,
+        t_started: int,
+        agent_id: Any = None,
+        module_id: Any = None,
+        multi_agent_episode_id: str | None = None,
+    ) -> SingleAgentEpisode:
+        """An episode over prebuilt, already-validated buffers (RLlib's constructor accepts
+        prebuilt lookback buffers too) without the constructor's checks: the samplers' fast
+        path. ``t`` is ``t_started + len(rewards)``."""
+        ep = cls.__new__(cls)
+        ep.id_ = id_
+        ep.agent_id, ep.module_id, ep.multi_agent_episode_id = (
+            agent_id,
+            module_id,
+            multi_agent_episode_id,
+        )
+        ep._observation_space, ep._action_space = observation_space, action_space
+        ep.observations, ep.infos, ep.actions, ep.rewards = observations, infos, actions, rewards
+        ep.extra_model_outputs = extra_model_outputs
+        ep.is_terminated, ep.is_truncated = terminated, truncated
+        ep.t_started = t_started
+        ep.t = t_started + len(rewards)
+        ep.custom_data = {}
+        ep._start_time = ep._last_step_time = None
+        return ep
+
     def __init__(
         self,
         id_: str | None = None,
@@ -109,26 +148,42 @@ class SingleAgentEpisode:
         module_id: Any = None,
         multi_agent_episode_id: str | None = None,
     ):
-        self.id_ = id_ or uuid.uuid4().hex
-        self.agent_id, self.module_id, self.multi_agent_episode_id = agent_id, module_id, multi_agent_episode_id
+        self.id_ = id_ or random_episode_id()
+        self.agent_id, self.module_id, self.multi_agent_episode_id = (
+            agent_id,
+            module_id,
+            multi_agent_episode_id,
+        )
         observations = [] if observations is None else observations
         rewards = [] if rewards is None else rewards
         actions = [] if actions is None else actions
         if infos is None:
-            n_obs = observations.len_incl_lookback() if isinstance(observations, InfiniteLookbackBuffer) else data_len(observations)
+            n_obs = (
+                observations.len_incl_lookback()
+                if isinstance(observations, InfiniteLookbackBuffer)
+                else data_len(observations)
+            )
             infos = [{} for _ in range(n_obs)]
-        n_rewards = rewards.len_incl_lookback() if isinstance(rewards, InfiniteLookbackBuffer) else data_len(rewards)
+        n_rewards = (
+            rewards.len_incl_lookback()
+            if isinstance(rewards, InfiniteLookbackBuffer)
+            else data_len(rewards)
+        )
         if len_lookback_buffer == "auto" or len_lookback_buffer > n_rewards:
             len_lookback_buffer = n_rewards
         if isinstance(len_lookback_buffer, str) or len_lookback_buffer < 0:
-            raise ValueError(f"len_lookback_buffer must be 'auto' or an int >= 0, got {len_lookback_buffer!r}")
+            raise ValueError(
+                f"len_lookback_buffer must be 'auto' or an int >= 0, got {len_lookback_buffer!r}"
+            )
         lb = int(len_lookback_buffer)
         self._observation_space, self._action_space = observation_space, action_space
         self.observations = _as_buffer(observations, lb, observation_space)
         self.infos = _as_buffer(infos, lb, None)
         self.actions = _as_buffer(actions, lb, action_space)
         self.rewards = _as_buffer(rewards, lb, _reward_space())
-        self.extra_model_outputs = {k: _as_buffer(v, lb, None) for k, v in (extra_model_outputs or {}).items()}
+        self.extra_model_outputs = {
+            k: _as_buffer(v, lb, None) for k, v in (extra_model_outputs or {}).items()
+        }
         self.is_terminated, self.is_truncated = terminated, truncated
         self.t_started = t_started or 0
         self.t = len(self.rewards) + self.t_started
@@ -183,13 +238,17 @@ class SingleAgentEpisode:
 
     # -- stepping --------------------------------------------------------------------
 
-    def add_env_reset(self, observation: Any, infos: dict | None = None, *, validate: bool = False) -> None:
+    def add_env_reset(
+        self, observation: Any, infos: dict | None = None, *, validate: bool = False
+    ) -> None:
         """Adds the first observation (and info) of the episode."""
         assert not self.is_reset, "The episode is already reset."
         assert not self.is_done, "The episode is already done."
         assert self.t == self.t_started == 0, "add_env_reset needs t == t_started == 0."
         if validate and not _contains(self.observation_space, observation):
-            raise ValueError(f"observation {observation!r} is not in the observation space {self.observation_space!r}")
+            raise ValueError(
+                f"observation {observation!r} is not in the observation space {self.observation_space!r}"
+            )
         self.observations.append(observation)
         self.infos.append({} if infos is None else infos)
         self._start_time = self._last_step_time = time.perf_counter()
@@ -210,9 +269,13 @@ class SingleAgentEpisode:
         assert not self.is_done, "The agent is already done: no data can be added to its episode."
         if validate:
             if not _contains(self.observation_space, observation):
-                raise ValueError(f"observation {observation!r} is not in the observation space {self.observation_space!r}")
+                raise ValueError(
+                    f"observation {observation!r} is not in the observation space {self.observation_space!r}"
+                )
             if not _contains(self.action_space, action):
-                raise ValueError(f"action {action!r} is not in the action space {self.action_space!r}")
+                raise ValueError(
+                    f"action {action!r} is not in the action space {self.action_space!r}"
+                )
         self.observations.append(observation)
         self.actions.append(action)
         self.rewards.append(reward)
@@ -228,38 +291,100 @@ class SingleAgentEpisode:
 
     # -- getters ---------------------------------------------------------------------
 
-    def get_observations(self, indices: Any = None, *, neg_index_as_lookback: bool = False, fill: Any = None, one_hot_discrete: bool = False) -> Any:
-        return self.observations.get(indices, neg_index_as_lookback=neg_index_as_lookback, fill=fill, one_hot_discrete=one_hot_discrete)
+    def get_observations(
+        self,
+        indices: Any = None,
+        *,
+        neg_index_as_lookback: bool = False,
+        fill: Any = None,
+        one_hot_discrete: bool = False,
+    ) -> Any:
+        return self.observations.get(
+            indices,
+            neg_index_as_lookback=neg_index_as_lookback,
+            fill=fill,
+            one_hot_discrete=one_hot_discrete,
+        )
 
-    def get_infos(self, indices: Any = None, *, neg_index_as_lookback: bool = False, fill: Any = None) -> Any:
+    def get_infos(
+        self, indices: Any = None, *, neg_index_as_lookback: bool = False, fill: Any = None
+    ) -> Any:
         return self.infos.get(indices, neg_index_as_lookback=neg_index_as_lookback, fill=fill)
 
-    def get_actions(self, indices: Any = None, *, neg_index_as_lookback: bool = False, fill: Any = None, one_hot_discrete: bool = False) -> Any:
-        return self.actions.get(indices, neg_index_as_lookback=neg_index_as_lookback, fill=fill, one_hot_discrete=one_hot_discrete)
+    def get_actions(
+        self,
+        indices: Any = None,
+        *,
+        neg_index_as_lookback: bool = False,
+        fill: Any = None,
+        one_hot_discrete: bool = False,
+    ) -> Any:
+        return self.actions.get(
+            indices,
+            neg_index_as_lookback=neg_index_as_lookback,
+            fill=fill,
+            one_hot_discrete=one_hot_discrete,
+        )
 
-    def get_rewards(self, indices: Any = None, *, neg_index_as_lookback: bool = False, fill: Any = None) -> Any:
+    def get_rewards(
+        self, indices: Any = None, *, neg_index_as_lookback: bool = False, fill: Any = None
+    ) -> Any:
         return self.rewards.get(indices, neg_index_as_lookback=neg_index_as_lookback, fill=fill)
 
-    def get_extra_model_outputs(self, key: str, indices: Any = None, *, neg_index_as_lookback: bool = False, fill: Any = None) -> Any:
+    def get_extra_model_outputs(
+        self,
+        key: str,
+        indices: Any = None,
+        *,
+        neg_index_as_lookback: bool = False,
+        fill: Any = None,
+    ) -> Any:
         if key not in self.extra_model_outputs:
-            raise KeyError(f"no extra model output {key!r}; this episode has {sorted(self.extra_model_outputs)}")
-        return self.extra_model_outputs[key].get(indices, neg_index_as_lookback=neg_index_as_lookback, fill=fill)
+            raise KeyError(
+                f"no extra model output {key!r}; this episode has {sorted(self.extra_model_outputs)}"
+            )
+        return self.extra_model_outputs[key].get(
+            indices, neg_index_as_lookback=neg_index_as_lookback, fill=fill
+        )
 
     # -- setters ---------------------------------------------------------------------
 
-    def set_observations(self, *, new_data: Any, at_indices: Any = None, neg_index_as_lookback: bool = False) -> None:
-        self.observations.set(new_data, at_indices=at_indices, neg_index_as_lookback=neg_index_as_lookback)
+    def set_observations(
+        self, *, new_data: Any, at_indices: Any = None, neg_index_as_lookback: bool = False
+    ) -> None:
+        self.observations.set(
+            new_data, at_indices=at_indices, neg_index_as_lookback=neg_index_as_lookback
+        )
 
-    def set_actions(self, *, new_data: Any, at_indices: Any = None, neg_index_as_lookback: bool = False) -> None:
-        self.actions.set(new_data, at_indices=at_indices, neg_index_as_lookback=neg_index_as_lookback)
+    def set_actions(
+        self, *, new_data: Any, at_indices: Any = None, neg_index_as_lookback: bool = False
+    ) -> None:
+        self.actions.set(
+            new_data, at_indices=at_indices, neg_index_as_lookback=neg_index_as_lookback
+        )
 
-    def set_rewards(self, *, new_data: Any, at_indices: Any = None, neg_index_as_lookback: bool = False) -> None:
-        self.rewards.set(new_data, at_indices=at_indices, neg_index_as_lookback=neg_index_as_lookback)
+    def set_rewards(
+        self, *, new_data: Any, at_indices: Any = None, neg_index_as_lookback: bool = False
+    ) -> None:
+        self.rewards.set(
+            new_data, at_indices=at_indices, neg_index_as_lookback=neg_index_as_lookback
+        )
 
-    def set_extra_model_outputs(self, *, key: str, new_data: Any, at_indices: Any = None, neg_index_as_lookback: bool = False) -> None:
+    def set_extra_model_outputs(
+        self,
+        *,
+        key: str,
+        new_data: Any,
+        at_indices: Any = None,
+        neg_index_as_lookback: bool = False,
+    ) -> None:
         if key not in self.extra_model_outputs:
-            raise KeyError(f"no extra model output {key!r}; this episode has {sorted(self.extra_model_outputs)}")
-        self.extra_model_outputs[key].set(new_data, at_indices=at_indices, neg_index_as_lookback=neg_index_as_lookback)
+            raise KeyError(
+                f"no extra model output {key!r}; this episode has {sorted(self.extra_model_outputs)}"
+            )
+        self.extra_model_outputs[key].set(
+            new_data, at_indices=at_indices, neg_index_as_lookback=neg_index_as_lookback
+        )
 
     # -- numpy'ize -------------------------------------------------------------------
 
@@ -311,7 +436,9 @@ class SingleAgentEpisode:
         """A new episode over ``slice_`` of this one's own timesteps (see RLlib)."""
         n = len(self)
         step = 1 if slice_.step is None else slice_.step
-        start = 0 if slice_.start is None else (slice_.start + n if slice_.start < 0 else slice_.start)
+        start = (
+            0 if slice_.start is None else (slice_.start + n if slice_.start < 0 else slice_.start)
+        )
         stop = n if slice_.stop is None else (slice_.stop + n if slice_.stop < 0 else slice_.stop)
         start, stop = max(0, min(start, n)), max(0, min(stop, n))
         lb_old = self.rewards.lookback
@@ -321,7 +448,7 @@ class SingleAgentEpisode:
         def cols(buf: InfiniteLookbackBuffer, extra: int) -> Any:
             a, b = buf.lookback + start - lb, buf.lookback + stop + extra
             if buf.finalized:
-                from jaxsampler.host.lookback import tree_map
+                from jaxsampler.episodes.lookback import tree_map
 
                 return tree_map(lambda x: x[a:b:step], buf.data)
             return buf.data[a:b:step]
@@ -354,15 +481,20 @@ class SingleAgentEpisode:
 
     def concat_episode(self, other: SingleAgentEpisode) -> None:
         """Appends ``other`` (the next chunk of the same episode) to this one."""
-        assert other.id_ == self.id_, f"cannot concat episodes with different ids ({self.id_} vs {other.id_})"
+        assert other.id_ == self.id_, (
+            f"cannot concat episodes with different ids ({self.id_} vs {other.id_})"
+        )
         assert not self.is_done, "cannot concat onto a done episode"
-        assert self.t == other.t_started, f"chunks do not meet: self.t={self.t}, other.t_started={other.t_started}"
-        from jaxsampler.host.lookback import _leaves
+        assert self.t == other.t_started, (
+            f"chunks do not meet: self.t={self.t}, other.t_started={other.t_started}"
+        )
+        from jaxsampler.episodes.lookback import _leaves
 
         last, first = self.get_observations(-1), other.get_observations(0)
-        assert all(np.array_equal(np.asarray(a), np.asarray(b)) for a, b in zip(_leaves(last), _leaves(first))), (
-            "the last observation of self differs from the first of other"
-        )
+        assert all(
+            np.array_equal(np.asarray(a), np.asarray(b))
+            for a, b in zip(_leaves(last), _leaves(first))
+        ), "the last observation of self differs from the first of other"
         for k in other.extra_model_outputs:
             assert k in self.extra_model_outputs, f"extra model output {k!r} missing in self"
         self.observations.pop()
@@ -402,7 +534,7 @@ class SingleAgentEpisode:
     def get_data_dict(self) -> dict[str, Any]:
         """Columns as in RLlib: terminateds, truncateds, t, eps_id, obs, infos, actions, rewards, extras."""
         n = len(self)
-        flags = lambda last: [False] * (n - 1) + [bool(last)] if n else []  # noqa: E731
+        flags = lambda last: [False] * (n - 1) + [bool(last)] if n else []
         d: dict[str, Any] = {
             "terminateds": flags(self.is_terminated),
             "truncateds": flags(self.is_truncated),
@@ -421,7 +553,7 @@ class SingleAgentEpisode:
 
     def get_sample_batch(self) -> Any:
         """``SampleBatch(get_data_dict())``."""
-        from jaxsampler.host.batch import SampleBatch
+        from jaxsampler.episodes.batch import SampleBatch
 
         return SampleBatch(self.get_data_dict())
 
@@ -450,13 +582,26 @@ class SingleAgentEpisode:
     @staticmethod
     def from_state(state: dict[str, Any]) -> SingleAgentEpisode:
         ep = SingleAgentEpisode.__new__(SingleAgentEpisode)
-        for k in ("id_", "agent_id", "module_id", "multi_agent_episode_id", "is_terminated", "is_truncated",
-                  "t_started", "t", "custom_data", "_start_time", "_last_step_time"):
+        for k in (
+            "id_",
+            "agent_id",
+            "module_id",
+            "multi_agent_episode_id",
+            "is_terminated",
+            "is_truncated",
+            "t_started",
+            "t",
+            "custom_data",
+            "_start_time",
+            "_last_step_time",
+        ):
             setattr(ep, k, state[k])
         ep._observation_space, ep._action_space = state["observation_space"], state["action_space"]
         for k in ("observations", "infos", "actions", "rewards"):
             setattr(ep, k, InfiniteLookbackBuffer.from_state(state[k]))
-        ep.extra_model_outputs = {k: InfiniteLookbackBuffer.from_state(v) for k, v in state["extra_model_outputs"].items()}
+        ep.extra_model_outputs = {
+            k: InfiniteLookbackBuffer.from_state(v) for k, v in state["extra_model_outputs"].items()
+        }
         return ep
 
     def __getstate__(self) -> dict[str, Any]:

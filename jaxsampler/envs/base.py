@@ -24,13 +24,13 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
+from jaxsampler.constants import DEFAULT_AGENT_ID
 from jaxsampler.spaces import Space
 from jaxsampler.types import NoInfo, TimeStep
 
-__all__ = ["Env", "EnvParams", "SingleAgentEnv", "DEFAULT_AGENT_ID"]
+__all__ = ["Env", "EnvParams", "SingleAgentEnv"]
 
 #: Agent id of single-agent envs on the host (RLlib uses the same default).
-DEFAULT_AGENT_ID = "default_agent"
 
 
 @struct.dataclass
@@ -144,4 +144,3 @@ class SingleAgentEnv(Env):
             info=info,
         )
         return state, ts
-

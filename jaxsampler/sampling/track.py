@@ -3,9 +3,9 @@
 A host env with one agent delivers, per poll of a running sub-env, the agent's next
 observation, its reward and flags: one complete step. :class:`Track` appends such steps
 to Python lists (a few list appends per step instead of the general
-:class:`~jaxsampler.host.multi_agent_episode.MultiAgentEpisode` bookkeeping of hanging
+:class:`~jaxsampler.episodes.multi_agent.MultiAgentEpisode` bookkeeping of hanging
 actions and per-agent maps) and builds, only when a chunk closes, the same numpy'ized
-:class:`~jaxsampler.host.episode.SingleAgentEpisode` and the same batch rows that the
+:class:`~jaxsampler.episodes.single_agent.SingleAgentEpisode` and the same batch rows that the
 collector path builds (``tests/test_hostenv_track.py`` checks the two paths agree).
 """
 
@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from jaxsampler.host.episode import SingleAgentEpisode
-from jaxsampler.host.lookback import batch as stack
-from jaxsampler.hostenv.collector import step_rows
+from jaxsampler.episodes.lookback import batch as stack
+from jaxsampler.episodes.single_agent import SingleAgentEpisode
+from jaxsampler.sampling.collector import step_rows
 
 __all__ = ["Track", "track_rows"]
 
@@ -25,12 +25,33 @@ class Track:
     ``actions`` / ``rewards`` / each ``extras`` column; the first ``lookback`` steps (and
     observations) are lookback from the previous chunk, not part of this one."""
 
-    __slots__ = ("id_", "obs", "infos", "actions", "rewards", "extras", "lookback", "t_started", "terminated",
-                 "truncated", "hanging_reward", "polls")
+    __slots__ = (
+        "id_",
+        "obs",
+        "infos",
+        "actions",
+        "rewards",
+        "extras",
+        "lookback",
+        "t_started",
+        "terminated",
+        "truncated",
+        "hanging_reward",
+        "polls",
+    )
 
-    def __init__(self, id_: str, obs: list, infos: list, *, actions: list | None = None,
-                 rewards: list | None = None, extras: dict[str, list] | None = None, lookback: int = 0,
-                 t_started: int = 0):
+    def __init__(
+        self,
+        id_: str,
+        obs: list,
+        infos: list,
+        *,
+        actions: list | None = None,
+        rewards: list | None = None,
+        extras: dict[str, list] | None = None,
+        lookback: int = 0,
+        t_started: int = 0,
+    ):
         self.id_ = id_
         self.obs, self.infos = obs, infos
         self.actions = [] if actions is None else actions
@@ -70,27 +91,51 @@ class Track:
         ``SingleAgentEpisode.cut`` semantics."""
         lb = min(horizon, len(self.rewards))
         tail = slice(len(self.rewards) - lb, None)
-        succ = Track(self.id_, self.obs[-lb - 1:], self.infos[-lb - 1:], actions=self.actions[tail],
-                     rewards=self.rewards[tail], extras={k: v[tail] for k, v in self.extras.items()},
-                     lookback=lb, t_started=self.env_t)
+        succ = Track(
+            self.id_,
+            self.obs[-lb - 1 :],
+            self.infos[-lb - 1 :],
+            actions=self.actions[tail],
+            rewards=self.rewards[tail],
+            extras={k: v[tail] for k, v in self.extras.items()},
+            lookback=lb,
+            t_started=self.env_t,
+        )
         succ.hanging_reward = self.hanging_reward
         return succ
 
     def episode(self, observation_space: Any, action_space: Any) -> SingleAgentEpisode:
         """This chunk as a numpy'ized :class:`SingleAgentEpisode` (infos stay dicts)."""
         ep = SingleAgentEpisode(
-            self.id_, observations=self.obs, observation_space=observation_space, infos=self.infos,
-            actions=self.actions, action_space=action_space, rewards=self.rewards,
-            terminated=self.terminated, truncated=self.truncated, extra_model_outputs=self.extras,
-            t_started=self.t_started, len_lookback_buffer=self.lookback,
+            self.id_,
+            observations=self.obs,
+            observation_space=observation_space,
+            infos=self.infos,
+            actions=self.actions,
+            action_space=action_space,
+            rewards=self.rewards,
+            terminated=self.terminated,
+            truncated=self.truncated,
+            extra_model_outputs=self.extras,
+            t_started=self.t_started,
+            len_lookback_buffer=self.lookback,
         )
         return ep.to_numpy()
 
 
 def track_rows(track: Track, agent_index: int = 0) -> dict[str, Any]:
     """The batch rows of a chunk (``len >= 1``): one per step, the columns of
-    :func:`jaxsampler.hostenv.collector.episodes_to_batch`."""
+    :func:`jaxsampler.sampling.collector.episodes_to_batch`."""
     lb = track.lookback
-    return step_rows(stack(track.obs[lb:]), stack(track.actions[lb:]), track.rewards[lb:], track.terminated,
-                     track.truncated, track.t_started, track.id_, agent_index, list(track.infos[lb:-1]),
-                     {k: stack(col[lb:]) for k, col in track.extras.items()})
+    return step_rows(
+        stack(track.obs[lb:]),
+        stack(track.actions[lb:]),
+        track.rewards[lb:],
+        track.terminated,
+        track.truncated,
+        track.t_started,
+        track.id_,
+        agent_index,
+        list(track.infos[lb:-1]),
+        {k: stack(col[lb:]) for k, col in track.extras.items()},
+    )

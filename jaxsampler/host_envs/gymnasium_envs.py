@@ -1,7 +1,7 @@
-"""Adapters from Python envs to :class:`~jaxsampler.hostenv.base.HostEnv`.
+"""Adapters from Python envs to :class:`~jaxsampler.host_envs.base.HostEnv`.
 
-* :class:`GymnasiumVectorEnv`: single-agent Gymnasium envs (``reset(seed=)`` /
-  5-tuple ``step``), agent id :data:`jaxsampler.env.DEFAULT_AGENT_ID`;
+* :class:`GymnasiumHostEnv`: single-agent Gymnasium envs (``reset(seed=)`` /
+  5-tuple ``step``), agent id :data:`jaxsampler.envs.base.DEFAULT_AGENT_ID`;
 * :class:`MultiAgentDictEnv`: multi-agent envs with dict observations, either RLlib's
   ``MultiAgentEnv`` API (``"__all__"`` in the done dicts) or PettingZoo's parallel API
   (``agents`` / ``possible_agents``, no ``"__all__"``).
@@ -29,10 +29,10 @@ from typing import Any
 
 import numpy as np
 
-from jaxsampler.env import DEFAULT_AGENT_ID
-from jaxsampler.hostenv.base import ALL, HostEnv, MultiEnvDict, PollResult
+from jaxsampler.constants import ALL_AGENTS, DEFAULT_AGENT_ID
+from jaxsampler.host_envs.base import HostEnv, MultiEnvDict, PollResult
 
-__all__ = ["GymnasiumVectorEnv", "MultiAgentDictEnv"]
+__all__ = ["GymnasiumHostEnv", "MultiAgentDictEnv"]
 
 
 def _is_factory(x: Any) -> bool:
@@ -52,7 +52,9 @@ def _make_all(envs: Any, num_envs: int | None, env_kwargs: dict | None) -> list[
     if _is_factory(envs):
         envs = [envs] * (1 if num_envs is None else int(num_envs))
     if not isinstance(envs, Sequence) or isinstance(envs, (str, bytes)) or not envs:
-        raise TypeError("envs must be an env id, a factory, or a non-empty list of env factories / env objects")
+        raise TypeError(
+            "envs must be an env id, a factory, or a non-empty list of env factories / env objects"
+        )
     if num_envs is not None and int(num_envs) != len(envs):
         raise ValueError(f"num_envs={num_envs} but {len(envs)} envs / factories were given")
     out = [e() if _is_factory(e) else e for e in envs]
@@ -84,7 +86,9 @@ def _convert(space: Any, what: str) -> Any:
     try:
         return convert_space(space)
     except TypeError as exc:
-        raise TypeError(f"cannot convert the {what} {space!r} into a jaxsampler space: {exc}") from None
+        raise TypeError(
+            f"cannot convert the {what} {space!r} into a jaxsampler space: {exc}"
+        ) from None
 
 
 class _LockstepEnv(HostEnv):
@@ -113,14 +117,21 @@ class _LockstepEnv(HostEnv):
                 "poll(): no sub-env is ready; answer the last poll's observations with send_actions() first"
             )
         jobs = [(i, self._actions.pop(i, None)) for i in ready]
-        run = lambda job: self._reset_one(job[0]) if job[1] is None else self._step_one(*job)  # noqa: E731
-        results = list(self._pool.map(run, jobs)) if self._pool is not None else [run(j) for j in jobs]
+        run = lambda job: self._reset_one(job[0]) if job[1] is None else self._step_one(*job)
+        results = (
+            list(self._pool.map(run, jobs)) if self._pool is not None else [run(j) for j in jobs]
+        )
         out = PollResult({}, {}, {}, {}, {}, {})
         for i, (obs, rewards, terms, truncs, infos) in zip(ready, results):
-            out.obs[i], out.infos[i], out.terminateds[i], out.truncateds[i] = obs, infos, terms, truncs
+            out.obs[i], out.infos[i], out.terminateds[i], out.truncateds[i] = (
+                obs,
+                infos,
+                terms,
+                truncs,
+            )
             if rewards is not None:
                 out.rewards[i] = rewards
-            done = bool(terms.get(ALL, False) or truncs.get(ALL, False))
+            done = bool(terms.get(ALL_AGENTS, False) or truncs.get(ALL_AGENTS, False))
             self._needs_reset[i] = done
             if done:
                 self._awaiting.pop(i, None)
@@ -144,11 +155,17 @@ class _LockstepEnv(HostEnv):
                 )
             want = self._awaiting[env_id]
             if not isinstance(per_agent, dict) or set(per_agent) != set(want):
-                got = sorted(map(str, per_agent)) if isinstance(per_agent, dict) else type(per_agent).__name__
+                got = (
+                    sorted(map(str, per_agent))
+                    if isinstance(per_agent, dict)
+                    else type(per_agent).__name__
+                )
                 raise ValueError(
                     f"send_actions: env {env_id!r} needs actions for agents {sorted(map(str, want))}, got {got}"
                 )
-            checked[env_id] = {a: self._check_action(env_id, a, act) for a, act in per_agent.items()}
+            checked[env_id] = {
+                a: self._check_action(env_id, a, act) for a, act in per_agent.items()
+            }
         for env_id, per_agent in checked.items():
             del self._awaiting[env_id]
             self._actions[env_id] = per_agent
@@ -210,7 +227,7 @@ class _LockstepEnv(HostEnv):
         raise NotImplementedError
 
 
-class GymnasiumVectorEnv(_LockstepEnv):
+class GymnasiumHostEnv(_LockstepEnv):
     """Single-agent Gymnasium envs as a :class:`HostEnv` (see the module docstring).
 
     Args:
@@ -227,8 +244,15 @@ class GymnasiumVectorEnv(_LockstepEnv):
             space shapes, spaces that have no jaxsampler equivalent.
     """
 
-    def __init__(self, envs: Any, num_envs: int | None = None, *, seed: int | None = 0,
-                 env_kwargs: dict | None = None, num_threads: int = 0):
+    def __init__(
+        self,
+        envs: Any,
+        num_envs: int | None = None,
+        *,
+        seed: int | None = 0,
+        env_kwargs: dict | None = None,
+        num_threads: int = 0,
+    ):
         made = _make_all(envs, num_envs, env_kwargs)
         self.agent_ids = (DEFAULT_AGENT_ID,)
         spaces = []
@@ -238,7 +262,9 @@ class GymnasiumVectorEnv(_LockstepEnv):
             spaces.append((obs_space, act_space))
         self.observation_space, self.action_space = spaces[0]
         for i, (o, a) in enumerate(spaces[1:], 1):
-            if _space_key(o) != _space_key(self.observation_space) or _space_key(a) != _space_key(self.action_space):
+            if _space_key(o) != _space_key(self.observation_space) or _space_key(a) != _space_key(
+                self.action_space
+            ):
                 raise ValueError(
                     f"all sub-envs must share their spaces: envs[0] has {self.observation_space!r} / "
                     f"{self.action_space!r}, envs[{i}] has {o!r} / {a!r}"
@@ -256,13 +282,19 @@ class GymnasiumVectorEnv(_LockstepEnv):
     def _reset_one(self, i: int) -> tuple:
         obs, info = self._envs[i].reset(seed=self._next_seed(i))
         a = DEFAULT_AGENT_ID
-        return {a: obs}, None, {ALL: False}, {ALL: False}, {a: dict(info or {})}
+        return {a: obs}, None, {ALL_AGENTS: False}, {ALL_AGENTS: False}, {a: dict(info or {})}
 
     def _step_one(self, i: int, actions: dict) -> tuple:
         a = DEFAULT_AGENT_ID
         obs, reward, terminated, truncated, info = self._envs[i].step(actions[a])
         term, trunc = bool(terminated), bool(truncated)
-        return ({a: obs}, {a: float(reward)}, {a: term, ALL: term}, {a: trunc, ALL: trunc}, {a: dict(info or {})})
+        return (
+            {a: obs},
+            {a: float(reward)},
+            {a: term, ALL_AGENTS: term},
+            {a: trunc, ALL_AGENTS: trunc},
+            {a: dict(info or {})},
+        )
 
 
 class MultiAgentDictEnv(_LockstepEnv):
@@ -289,13 +321,25 @@ class MultiAgentDictEnv(_LockstepEnv):
         num_threads: step the sub-envs on a thread pool of this size.
     """
 
-    def __init__(self, envs: Any, num_envs: int | None = None, *, agent_ids: Sequence[Any] | None = None,
-                 observation_space: Any = None, action_space: Any = None, seed: int | None = 0,
-                 num_threads: int = 0):
+    def __init__(
+        self,
+        envs: Any,
+        num_envs: int | None = None,
+        *,
+        agent_ids: Sequence[Any] | None = None,
+        observation_space: Any = None,
+        action_space: Any = None,
+        seed: int | None = 0,
+        num_threads: int = 0,
+    ):
         made = _make_all(envs, num_envs, None)
         first = made[0]
         if agent_ids is None:
-            for get in (lambda e: e.possible_agents, lambda e: e.agents, lambda e: e.get_agent_ids()):
+            for get in (
+                lambda e: e.possible_agents,
+                lambda e: e.agents,
+                lambda e: e.get_agent_ids(),
+            ):
                 try:
                     agent_ids = get(first)
                 except (AttributeError, NotImplementedError, TypeError):
@@ -309,7 +353,9 @@ class MultiAgentDictEnv(_LockstepEnv):
             raise ValueError(f"agent_ids has duplicates: {self.agent_ids}")
         self.observation_space = self._shared_space(first, observation_space, "observation")
         self.action_space = self._shared_space(first, action_space, "action")
-        self._gym_act = self.action_space.to_gymnasium() if hasattr(self.action_space, "to_gymnasium") else None
+        self._gym_act = (
+            self.action_space.to_gymnasium() if hasattr(self.action_space, "to_gymnasium") else None
+        )
         self._live: list[set] = [set() for _ in made]
         super().__init__(made, seed, num_threads)
 
@@ -336,7 +382,9 @@ class MultiAgentDictEnv(_LockstepEnv):
                 elif callable(attr):  # PettingZoo: observation_space(agent)
                     space = attr(aid)
             if space is None:
-                raise ValueError(f"cannot find the {what} space of agent {aid!r}: pass {what}_space=...")
+                raise ValueError(
+                    f"cannot find the {what} space of agent {aid!r}: pass {what}_space=..."
+                )
             per_agent.append(_convert(space, f"{what} space of agent {aid!r}"))
         for aid, s in zip(self.agent_ids, per_agent):
             if _space_key(s) != _space_key(per_agent[0]):
@@ -352,7 +400,7 @@ class MultiAgentDictEnv(_LockstepEnv):
     def _check_agents(self, i: int, *dicts: dict) -> None:
         for d in dicts:
             for a in d:
-                if a != ALL and a not in self.agent_ids:
+                if a != ALL_AGENTS and a not in self.agent_ids:
                     raise ValueError(
                         f"sub-env {i} returned data for agent {a!r}, which is not one of agent_ids {self.agent_ids}"
                     )
@@ -363,7 +411,13 @@ class MultiAgentDictEnv(_LockstepEnv):
         obs, infos = dict(obs), dict(infos or {})
         self._check_agents(i, obs, infos)
         self._live[i] = set(obs)
-        return obs, None, {ALL: False}, {ALL: False}, {a: infos.get(a, {}) for a in obs}
+        return (
+            obs,
+            None,
+            {ALL_AGENTS: False},
+            {ALL_AGENTS: False},
+            {a: infos.get(a, {}) for a in obs},
+        )
 
     def _step_one(self, i: int, actions: dict) -> tuple:
         env = self._envs[i]
@@ -371,18 +425,18 @@ class MultiAgentDictEnv(_LockstepEnv):
         obs, rewards = dict(obs), {a: float(r) for a, r in dict(rewards).items()}
         terms = {a: bool(v) for a, v in dict(terms).items()}
         truncs = {a: bool(v) for a, v in dict(truncs).items()}
-        infos = {a: v for a, v in dict(infos or {}).items() if a != ALL}
+        infos = {a: v for a, v in dict(infos or {}).items() if a != ALL_AGENTS}
         self._check_agents(i, obs, rewards, terms, truncs, infos)
         live = self._live[i]
         live.update(obs)
         newly_done = {a for a in live if terms.get(a, False) or truncs.get(a, False)}
         live -= newly_done
-        if ALL not in terms and ALL not in truncs:
+        if ALL_AGENTS not in terms and ALL_AGENTS not in truncs:
             agents = getattr(env, "agents", None)
             over = (len(agents) == 0) if agents is not None else not live
             any_trunc = any(v for a, v in truncs.items() if not terms.get(a, False))
-            terms[ALL], truncs[ALL] = over and not any_trunc, over and any_trunc
+            terms[ALL_AGENTS], truncs[ALL_AGENTS] = over and not any_trunc, over and any_trunc
         else:
-            terms.setdefault(ALL, False)
-            truncs.setdefault(ALL, False)
+            terms.setdefault(ALL_AGENTS, False)
+            truncs.setdefault(ALL_AGENTS, False)
         return obs, rewards, terms, truncs, {a: infos[a] for a in infos}

@@ -4,7 +4,7 @@
 in parallel while the policy still runs as one jitted, batched call. The vector env must
 use Gymnasium's ``AutoresetMode.NEXT_STEP`` (the default): the step after an episode
 ends returns the new episode's first observation (reward 0, action ignored), which is
-exactly :mod:`jaxsampler.hostenv.base`'s next-step contract. Vector envs step in
+exactly :mod:`jaxsampler.host_envs.base`'s next-step contract. Vector envs step in
 lockstep, so every poll delivers every sub-env; sub-envs that reset take a placeholder
 action that Gymnasium ignores. Create ``AsyncVectorEnv(..., context="spawn")`` (or
 ``"forkserver"``): forking a process in which JAX threads run can deadlock.
@@ -16,10 +16,10 @@ from typing import Any
 
 import numpy as np
 
-from jaxsampler.env import DEFAULT_AGENT_ID
-from jaxsampler.hostenv.base import ALL, HostEnv, MultiEnvDict, PollResult
+from jaxsampler.constants import ALL_AGENTS, DEFAULT_AGENT_ID
+from jaxsampler.host_envs.base import HostEnv, MultiEnvDict, PollResult
 
-__all__ = ["GymnasiumVectorAdapter"]
+__all__ = ["GymnasiumVectorHostEnv"]
 
 
 def _item(tree: Any, i: int) -> Any:
@@ -43,7 +43,7 @@ def _infos_of(infos: dict, i: int) -> dict:
     return out
 
 
-class GymnasiumVectorAdapter(HostEnv):
+class GymnasiumVectorHostEnv(HostEnv):
     """A ``gymnasium.vector.VectorEnv`` as a :class:`HostEnv` (single agent).
 
     Args:
@@ -57,7 +57,7 @@ class GymnasiumVectorAdapter(HostEnv):
     def __init__(self, vector_env: Any, *, seed: int | None = 0):
         import gymnasium
 
-        from jaxsampler.spaces import from_gymnasium
+        from jaxsampler.spaces import from_gymnasium_space
 
         mode = vector_env.metadata.get("autoreset_mode", gymnasium.vector.AutoresetMode.NEXT_STEP)
         if str(getattr(mode, "value", mode)) != gymnasium.vector.AutoresetMode.NEXT_STEP.value:
@@ -69,8 +69,8 @@ class GymnasiumVectorAdapter(HostEnv):
         self.num_envs = int(vector_env.num_envs)
         self.agent_ids = (DEFAULT_AGENT_ID,)
         self._gym_action_space = vector_env.single_action_space
-        self.observation_space = from_gymnasium(vector_env.single_observation_space)
-        self.action_space = from_gymnasium(vector_env.single_action_space)
+        self.observation_space = from_gymnasium_space(vector_env.single_observation_space)
+        self.action_space = from_gymnasium_space(vector_env.single_action_space)
         self._started = False
         self._resetting = np.zeros(self.num_envs, bool)  # done last step: this step resets
         self._awaiting: set[int] = set()
@@ -97,13 +97,17 @@ class GymnasiumVectorAdapter(HostEnv):
             for i in range(self.num_envs):
                 out.obs[i] = {a: _item(obs, i)}
                 out.infos[i] = {a: _infos_of(infos, i)}
-                out.terminateds[i], out.truncateds[i] = {ALL: False}, {ALL: False}
+                out.terminateds[i], out.truncateds[i] = {ALL_AGENTS: False}, {ALL_AGENTS: False}
             self._awaiting = set(range(self.num_envs))
             return out
         if self._awaiting:
-            raise RuntimeError(f"poll(): answer sub-envs {sorted(self._awaiting)} with send_actions() first")
-        actions = [self._actions[i] if i in self._actions else self._gym_action_space.sample()
-                   for i in range(self.num_envs)]
+            raise RuntimeError(
+                f"poll(): answer sub-envs {sorted(self._awaiting)} with send_actions() first"
+            )
+        actions = [
+            self._actions[i] if i in self._actions else self._gym_action_space.sample()
+            for i in range(self.num_envs)
+        ]
         self._actions.clear()
         batched = np.stack([np.asarray(x) for x in actions])
         obs, rewards, terms, truncs, infos = self._vec.step(batched)
@@ -112,13 +116,16 @@ class GymnasiumVectorAdapter(HostEnv):
             out.obs[i] = {a: _item(obs, i)}
             out.infos[i] = {a: _infos_of(infos, i)}
             if was_resetting[i]:  # the new episode's first observation
-                out.terminateds[i], out.truncateds[i] = {ALL: False}, {ALL: False}
+                out.terminateds[i], out.truncateds[i] = {ALL_AGENTS: False}, {ALL_AGENTS: False}
                 self._resetting[i] = False
                 self._awaiting.add(i)
                 continue
             term, trunc = bool(terms[i]), bool(truncs[i])
             out.rewards[i] = {a: float(rewards[i])}
-            out.terminateds[i], out.truncateds[i] = {a: term, ALL: term}, {a: trunc, ALL: trunc}
+            out.terminateds[i], out.truncateds[i] = (
+                {a: term, ALL_AGENTS: term},
+                {a: trunc, ALL_AGENTS: trunc},
+            )
             if term or trunc:
                 self._resetting[i] = True
             else:
@@ -132,10 +139,14 @@ class GymnasiumVectorAdapter(HostEnv):
             if env_id not in self._awaiting:
                 raise KeyError(f"send_actions: env {env_id!r} is not waiting for an action")
             if not isinstance(per_agent, dict) or set(per_agent) != {a}:
-                raise ValueError(f"send_actions: env {env_id!r} needs an action for {a!r}, got {per_agent!r}")
+                raise ValueError(
+                    f"send_actions: env {env_id!r} needs an action for {a!r}, got {per_agent!r}"
+                )
             action = np.asarray(per_agent[a])
             if not self._gym_action_space.contains(action.astype(self._gym_action_space.dtype)):
-                raise ValueError(f"send_actions: env {env_id!r}: {per_agent[a]!r} is not in {self._gym_action_space}")
+                raise ValueError(
+                    f"send_actions: env {env_id!r}: {per_agent[a]!r} is not in {self._gym_action_space}"
+                )
             self._actions[env_id] = action
         self._awaiting -= set(actions)
 

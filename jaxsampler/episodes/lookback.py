@@ -86,7 +86,9 @@ def _space_struct(space: Any) -> Any:
         dtype = np.dtype(getattr(space, "dtype", np.int64) or np.int64)
         return _SpaceLeaf((), dtype, (int(space.n),))
     if name == "MultiDiscrete":
-        return _SpaceLeaf(tuple(space.shape), np.dtype(space.dtype), tuple(int(n) for n in np.ravel(space.nvec)))
+        return _SpaceLeaf(
+            tuple(space.shape), np.dtype(space.dtype), tuple(int(n) for n in np.ravel(space.nvec))
+        )
     if name == "Box" or isinstance(space, js_spaces.Box):
         return _SpaceLeaf(tuple(space.shape), np.dtype(space.dtype), None)
     raise TypeError(f"unsupported space for lookback buffers: {space!r}")
@@ -111,7 +113,9 @@ def _one_hot(x: Any, s: _SpaceLeaf) -> Any:
     if len(s.onehot) == 1:
         return np.eye(s.onehot[0], dtype=np.float32)[x.astype(np.int64)]
     flat = x.reshape(x.shape[: x.ndim - len(s.shape)] + (-1,))
-    parts = [np.eye(n, dtype=np.float32)[flat[..., i].astype(np.int64)] for i, n in enumerate(s.onehot)]
+    parts = [
+        np.eye(n, dtype=np.float32)[flat[..., i].astype(np.int64)] for i, n in enumerate(s.onehot)
+    ]
     return np.concatenate(parts, axis=-1)
 
 
@@ -135,6 +139,17 @@ class InfiniteLookbackBuffer:
         self.finalized = not isinstance(self.data, list)
         self.lookback = min(int(lookback), self.len_incl_lookback())
         self.space = space
+
+    @classmethod
+    def trusted(cls, data: Any, lookback: int, space: Any = None) -> InfiniteLookbackBuffer:
+        """A buffer over already-validated ``data`` without the constructor's checks or
+        copies: the samplers' fast path. A list stays in list mode; anything else (an
+        array or a struct of arrays, possibly a view) is taken as numpy'ized.
+        ``lookback`` must not exceed the data's length."""
+        buf = cls.__new__(cls)
+        buf.data, buf.finalized, buf.lookback = data, not isinstance(data, list), lookback
+        buf._space, buf._struct = space, None
+        return buf
 
     @property
     def space(self) -> Any:
@@ -193,7 +208,10 @@ class InfiniteLookbackBuffer:
         if isinstance(indices, slice):
             return self._get_slice(indices, neg_index_as_lookback, fill, one_hot_discrete)
         if isinstance(indices, (list, np.ndarray)):
-            items = [self._get_int(int(i), neg_index_as_lookback, fill, one_hot_discrete) for i in indices]
+            items = [
+                self._get_int(int(i), neg_index_as_lookback, fill, one_hot_discrete)
+                for i in indices
+            ]
             if not self.finalized:
                 return items
             return batch(items) if items else np.array([])
@@ -209,7 +227,11 @@ class InfiniteLookbackBuffer:
     def _convert(self, x: Any, one_hot: bool) -> Any:
         if not one_hot:
             return x
-        return tree_map(_one_hot, x, self.space_struct) if isinstance(x, (dict, tuple)) else _one_hot(x, self.space_struct)
+        return (
+            tree_map(_one_hot, x, self.space_struct)
+            if isinstance(x, (dict, tuple))
+            else _one_hot(x, self.space_struct)
+        )
 
     def _get_int(self, i: int, nial: bool, fill: Any, one_hot: bool) -> Any:
         return self._item_at(self._position(i, nial), fill, one_hot)
@@ -270,9 +292,12 @@ class InfiniteLookbackBuffer:
             one = self._fill_item(fill, one_hot)
             return [one] * left + list(part) + [one] * right
         if self.space_struct is None:
-            pad = lambda k, x: np.array([fill] * k) if k else None  # noqa: E731
+            pad = lambda k, x: np.array([fill] * k) if k else None
             return tree_map(
-                lambda x: np.concatenate([p for p in (pad(left, x), x, pad(right, x)) if p is not None]), part
+                lambda x: np.concatenate(
+                    [p for p in (pad(left, x), x, pad(right, x)) if p is not None]
+                ),
+                part,
             )
         lpad, rpad = (_dummy(self.space_struct, fill, k, one_hot) for k in (left, right))
         return tree_map(lambda l, x, r: np.concatenate([l, x, r]), lpad, _reorder(part, lpad), rpad)
@@ -285,7 +310,11 @@ class InfiniteLookbackBuffer:
 
     def append(self, item: Any) -> None:
         if self.finalized:
-            self.data = tree_map(lambda d, x: np.concatenate([d, np.asarray(x)[None]]), self.data, _reorder(item, self.data))
+            self.data = tree_map(
+                lambda d, x: np.concatenate([d, np.asarray(x)[None]]),
+                self.data,
+                _reorder(item, self.data),
+            )
         else:
             self.data.append(item)
 
@@ -295,7 +324,11 @@ class InfiniteLookbackBuffer:
                 if not items:
                     return
                 items = batch(items) if isinstance(items[0], (dict, tuple)) else np.array(items)
-            self.data = tree_map(lambda d, x: np.concatenate([d, np.asarray(x)]), self.data, _reorder(items, self.data))
+            self.data = tree_map(
+                lambda d, x: np.concatenate([d, np.asarray(x)]),
+                self.data,
+                _reorder(items, self.data),
+            )
         else:
             self.data.extend(items)
 
@@ -310,7 +343,9 @@ class InfiniteLookbackBuffer:
         """Appends ``other``'s non-lookback items."""
         self.extend(other.get())
 
-    def set(self, new_data: Any, *, at_indices: Any = None, neg_index_as_lookback: bool = False) -> None:
+    def set(
+        self, new_data: Any, *, at_indices: Any = None, neg_index_as_lookback: bool = False
+    ) -> None:
         """Overwrites items (same index rules as :meth:`get`, without ``fill``).
 
         Raises:
@@ -334,20 +369,36 @@ class InfiniteLookbackBuffer:
                     f"neg_index_as_lookback={neg_index_as_lookback})! Slice of data does NOT have the same "
                     "size as `new_data`."
                 )
-            values = [tree_map(lambda x: x[j], new_data) for j in range(size)] if self.finalized else list(new_data)
+            values = (
+                [tree_map(lambda x: x[j], new_data) for j in range(size)]
+                if self.finalized
+                else list(new_data)
+            )
         elif isinstance(at_indices, (list, np.ndarray)):
             positions = [self._position(int(i), neg_index_as_lookback) for i in at_indices]
-            values = [tree_map(lambda x: x[j], new_data) for j in range(len(positions))] if self.finalized else list(new_data)
+            values = (
+                [tree_map(lambda x: x[j], new_data) for j in range(len(positions))]
+                if self.finalized
+                else list(new_data)
+            )
         else:
             positions = [self._position(int(at_indices), neg_index_as_lookback)]
             values = [new_data]
         for p in positions:
             if not 0 <= p < n:
-                raise IndexError(f"Cannot `set()` value at index {p}: the buffer holds {n} items (lookback included)")
+                raise IndexError(
+                    f"Cannot `set()` value at index {p}: the buffer holds {n} items (lookback included)"
+                )
         for p, v in zip(positions, values):
             if self.finalized:
-                if self._space is not None and hasattr(self._space, "contains") and not bool(np.asarray(self._space.contains(v))):
-                    raise ValueError(f"new value {v!r} is not in the buffer's space {self._space!r}")
+                if (
+                    self._space is not None
+                    and hasattr(self._space, "contains")
+                    and not bool(np.asarray(self._space.contains(v)))
+                ):
+                    raise ValueError(
+                        f"new value {v!r} is not in the buffer's space {self._space!r}"
+                    )
 
                 def put(d: np.ndarray, x: Any) -> None:
                     d[p] = x
@@ -356,13 +407,13 @@ class InfiniteLookbackBuffer:
             else:
                 self.data[p] = v
 
-    __setitem__ = lambda self, k, v: self.set(v, at_indices=k)  # noqa: E731
+    __setitem__ = lambda self, k, v: self.set(v, at_indices=k)
 
     def __add__(self, other: Any) -> InfiniteLookbackBuffer:
         if self.finalized:
             raise RuntimeError(f"cannot `add` to a numpy'ized {type(self).__name__}")
         if isinstance(other, InfiniteLookbackBuffer):
-            data = self.data + list(other.data[other.lookback:])
+            data = self.data + list(other.data[other.lookback :])
         elif isinstance(other, list):
             data = self.data + other
         else:
@@ -372,7 +423,12 @@ class InfiniteLookbackBuffer:
     # -- state -----------------------------------------------------------------------
 
     def get_state(self) -> dict[str, Any]:
-        return {"data": self.data, "lookback": self.lookback, "finalized": self.finalized, "space": self._space}
+        return {
+            "data": self.data,
+            "lookback": self.lookback,
+            "finalized": self.finalized,
+            "space": self._space,
+        }
 
     @staticmethod
     def from_state(state: dict[str, Any]) -> InfiniteLookbackBuffer:
@@ -383,11 +439,20 @@ class InfiniteLookbackBuffer:
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, InfiniteLookbackBuffer):
             return False
-        if (self.lookback, self.finalized, self._space) != (other.lookback, other.finalized, other._space):
+        if (self.lookback, self.finalized, self._space) != (
+            other.lookback,
+            other.finalized,
+            other._space,
+        ):
             return False
         try:
-            la, lb = _leaves(self.data) if self.finalized else self.data, _leaves(other.data) if other.finalized else other.data
-            return len(la) == len(lb) and all(np.array_equal(np.asarray(x), np.asarray(y)) for x, y in zip(la, lb))
+            la, lb = (
+                _leaves(self.data) if self.finalized else self.data,
+                _leaves(other.data) if other.finalized else other.data,
+            )
+            return len(la) == len(lb) and all(
+                np.array_equal(np.asarray(x), np.asarray(y)) for x, y in zip(la, lb)
+            )
         except (TypeError, ValueError):
             return self.data == other.data
 
@@ -396,7 +461,10 @@ class InfiniteLookbackBuffer:
     def __repr__(self) -> str:
         lb = self.lookback
         if self.finalized:
-            head, tail = tree_map(lambda x: x[:lb], self.data), tree_map(lambda x: x[lb:], self.data)
+            head, tail = (
+                tree_map(lambda x: x[:lb], self.data),
+                tree_map(lambda x: x[lb:], self.data),
+            )
         else:
             head, tail = self.data[:lb], self.data[lb:]
         return f"{type(self).__name__}({head} <- lookback({lb}) | {tail})"

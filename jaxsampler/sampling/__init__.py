@@ -1,0 +1,18 @@
+"""The sampler family: :class:`Sampler` (the base, and the factory that picks a member),
+:class:`DeviceSampler` for pure-JAX envs, :class:`HostSampler` for host-stepped envs,
+their :class:`SamplerMetrics`, and the :class:`SampleCollector` that builds episodes from
+host env steps."""
+
+from jaxsampler.sampling.base import Sampler, SamplerMetrics
+from jaxsampler.sampling.collector import SampleCollector, episodes_to_batch
+from jaxsampler.sampling.device import DeviceSampler
+from jaxsampler.sampling.host import HostSampler
+
+__all__ = [
+    "DeviceSampler",
+    "HostSampler",
+    "SampleCollector",
+    "Sampler",
+    "SamplerMetrics",
+    "episodes_to_batch",
+]

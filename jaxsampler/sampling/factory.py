@@ -1,0 +1,72 @@
+"""Which member of the sampler family ``js.Sampler(env, ...)`` builds, decided once from the env."""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+from jaxsampler.envs.base import Env
+from jaxsampler.host_envs import GymnasiumHostEnv, GymnasiumVectorHostEnv, HostEnv
+
+__all__ = ["as_host_env", "sampler_class"]
+
+_SIGNATURE = inspect.Signature(
+    [
+        inspect.Parameter("env", inspect.Parameter.POSITIONAL_OR_KEYWORD),
+        inspect.Parameter("policy", inspect.Parameter.POSITIONAL_OR_KEYWORD),
+        inspect.Parameter("num_envs", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=None),
+        inspect.Parameter("rollout_length", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=128),
+        inspect.Parameter("seed", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=0),
+        inspect.Parameter("options", inspect.Parameter.VAR_KEYWORD),
+    ]
+)
+
+
+def as_host_env(env: Any, num_envs: int | None, seed: int) -> HostEnv | None:
+    """``env`` as a :class:`HostEnv` if it is host-stepped (a HostEnv, a Gymnasium env or
+    vector env, a list of envs or factories, or ``"gym:<id>"``), else ``None``."""
+    if isinstance(env, HostEnv):
+        return env
+    if type(env).__module__.startswith("gymnasium.vector"):
+        return GymnasiumVectorHostEnv(env, seed=seed)
+    if isinstance(env, str) and env.startswith("gym:"):
+        return GymnasiumHostEnv(env[len("gym:") :], 1 if num_envs is None else num_envs, seed=seed)
+    if isinstance(env, (list, tuple)) or (
+        not isinstance(env, (Env, str))
+        and hasattr(env, "step")
+        and hasattr(env, "reset")
+        and type(env).__module__.split(".")[0] not in ("jaxsampler", "gymnax")
+    ):
+        return GymnasiumHostEnv(env if isinstance(env, (list, tuple)) else [env], seed=seed)
+    return None
+
+
+def sampler_class(args: tuple, kwargs: dict) -> tuple[type, tuple, dict]:
+    """The sampler class for ``Sampler(*args, **kwargs)`` and the arguments to build it with."""
+    from jaxsampler.sampling.device import DeviceSampler
+    from jaxsampler.sampling.host import HostSampler
+
+    try:
+        bound = _SIGNATURE.bind(*args, **kwargs)
+    except TypeError as e:
+        raise TypeError(f"Sampler{_SIGNATURE}: {e}") from None
+    a = bound.arguments
+    options = dict(a.get("options", {}))
+    seed = a.get("seed", 0)
+    num_envs = a.get("num_envs")
+    host = as_host_env(a["env"], num_envs, seed)
+    if host is None:
+        if num_envs is not None:
+            options["num_envs"] = num_envs
+        options.setdefault("rollout_length", a.get("rollout_length", 128))
+        return DeviceSampler, (a["env"], a["policy"]), {"seed": seed, **options}
+    if options.get("env_params") is not None:
+        raise ValueError("env_params are for pure-JAX envs; configure a host-stepped env directly")
+    options.pop("env_params", None)
+    if num_envs is not None and getattr(host, "num_envs", num_envs) != num_envs:
+        raise ValueError(f"num_envs={num_envs} but the host env has {host.num_envs} sub-envs")
+    return (
+        HostSampler,
+        (host, a["policy"]),
+        {"seed": seed, "rollout_length": a.get("rollout_length", 128), **options},
+    )
