@@ -258,14 +258,15 @@ def _make_instrumented_env() -> type:
 
     class InstrumentedEnv(HostEnv):
         """Delegates to ``inner``; counts polls, rows, sends and the time spent in each.
-        ``poll`` hides empty (timed-out) polls and raises :class:`_Stopped` once ``stop`` is set."""
+        ``poll`` hides empty (timed-out) polls and raises :class:`_Stopped` once ``stop`` is
+        set (so it ignores the sampler's ``timeout``)."""
 
         def __init__(self, inner: Any, stop: threading.Event, stats: dict[str, float]):
             self.inner, self.stop, self.stats = inner, stop, stats
             self.observation_space, self.action_space = inner.observation_space, inner.action_space
             self.agent_ids, self.num_envs = tuple(inner.agent_ids), inner.num_envs
 
-        def poll(self) -> Any:
+        def poll(self, timeout: float | None = None) -> Any:
             s, clock = self.stats, time.perf_counter
             while True:
                 t = clock()

@@ -515,14 +515,14 @@ def test_policy_compiles_once_per_bucket_with_varying_ready_agents():
     henv = MultiAgentDictEnv([TurnDictEnv for _ in range(3)], seed=0)
     s = HostSampler(henv, _ma_policy(henv, split=False), rollout_length=10, batch_sizes=(8,))
     counts = set()
-    orig = s.collector.get_inference_input_dict
+    orig = s.feed.collector.get_inference_input_dict
 
     def spy(pid):
         rows = orig(pid)
         counts.add(rows.count)
         return rows
 
-    s.collector.get_inference_input_dict = spy
+    s.feed.collector.get_inference_input_dict = spy
     for _ in range(4):
         s.sample({"p": ()})
     assert len(counts - {0}) >= 3  # really different numbers of agents to act
@@ -585,7 +585,9 @@ def test_bad_input_gives_clear_errors():
         GymnasiumHostEnv([lambda: WrongShapeEnv()]),
         js.RandomPolicy(js.spaces.Box(-1e4, 1e4, (1,), np.float32), js.spaces.Discrete(2)),
     )
-    with pytest.raises(ValueError, match=r"observation shape \(5,\) does not match"):
+    with pytest.raises(
+        ValueError, match=r"env 0: observation\['default_agent'\] shape \(5,\) does not match"
+    ):
         s.sample((), num_timesteps=3)
     with pytest.raises(ValueError, match="not both"):
         s.sample((), num_timesteps=1, num_episodes=1)
@@ -691,8 +693,8 @@ def test_pettingzoo_parallel_env_derives_all_done():
 class LoggedActions(GymnasiumHostEnv):
     """Env 0 takes its own action (always 1), as ExternalEnv.log_action does."""
 
-    def poll(self):
-        res = super().poll()
+    def poll(self, timeout=None):
+        res = super().poll(timeout)
         for e in res.obs:
             if e == 0 and not (res.terminateds[e]["__all__"] or res.truncateds[e]["__all__"]):
                 res.off_policy_actions[e] = {js.DEFAULT_AGENT_ID: 1}

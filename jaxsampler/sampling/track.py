@@ -1,12 +1,13 @@
-"""Single-agent episodes of a host-stepped env as plain lists (the HostSampler's fast path).
+"""Single-agent episodes of a host-stepped env as plain lists (the host sampler's track feed).
 
 A host env with one agent delivers, per poll of a running sub-env, the agent's next
 observation, its reward and flags: one complete step. :class:`Track` appends such steps
 to Python lists (a few list appends per step instead of the general
 :class:`~jaxsampler.episodes.multi_agent.MultiAgentEpisode` bookkeeping of hanging
 actions and per-agent maps) and builds, only when a chunk closes, the same numpy'ized
-:class:`~jaxsampler.episodes.single_agent.SingleAgentEpisode` and the same batch rows that the
-collector path builds (``tests/test_hostenv_track.py`` checks the two paths agree).
+:class:`~jaxsampler.episodes.single_agent.SingleAgentEpisode` and the same batch rows
+that the collector feed builds (:mod:`jaxsampler.sampling.feeds`; the tests check that
+the two feeds agree).
 """
 
 from __future__ import annotations
