@@ -810,7 +810,7 @@ class ExternalEnvBase(HostEnv):
 
 
 class ExternalEnv(ExternalEnvBase):
-    """A single-agent external env (agent id :data:`~jaxsampler.envs.base.DEFAULT_AGENT_ID`).
+    """A single-agent external env (agent id :data:`~jaxsampler.constants.DEFAULT_AGENT_ID`).
 
     Args:
         observation_space / action_space: jaxsampler spaces; observations are validated

@@ -1,7 +1,7 @@
 """Adapters from Python envs to :class:`~jaxsampler.host_envs.base.HostEnv`.
 
 * :class:`GymnasiumHostEnv`: single-agent Gymnasium envs (``reset(seed=)`` /
-  5-tuple ``step``), agent id :data:`jaxsampler.envs.base.DEFAULT_AGENT_ID`;
+  5-tuple ``step``), agent id :data:`jaxsampler.constants.DEFAULT_AGENT_ID`;
 * :class:`MultiAgentDictEnv`: multi-agent envs with dict observations, either RLlib's
   ``MultiAgentEnv`` API (``"__all__"`` in the done dicts) or PettingZoo's parallel API
   (``agents`` / ``possible_agents``, no ``"__all__"``).

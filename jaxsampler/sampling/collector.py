@@ -63,6 +63,7 @@ from jaxsampler.episodes.batch import MultiAgentBatch, SampleBatch
 from jaxsampler.episodes.lookback import batch as stack
 from jaxsampler.episodes.lookback import tree_map
 from jaxsampler.episodes.multi_agent import MultiAgentEpisode
+from jaxsampler.sampling.base import check_lookback, check_positive_int
 
 __all__ = ["SampleCollector", "concat_rows", "episodes_to_batch", "step_rows"]
 
@@ -118,18 +119,12 @@ class SampleCollector:
             raise ValueError(
                 f"count_steps_by must be 'env_steps' or 'agent_steps', got {count_steps_by!r}"
             )
-        if not isinstance(rollout_fragment_length, int) or rollout_fragment_length < 1:
-            raise ValueError(
-                f"rollout_fragment_length must be an int >= 1, got {rollout_fragment_length!r}"
-            )
-        if not isinstance(episode_lookback_horizon, int) or episode_lookback_horizon < 0:
-            raise ValueError(
-                f"episode_lookback_horizon must be an int >= 0, got {episode_lookback_horizon!r}"
-            )
-        self.rollout_fragment_length = rollout_fragment_length
+        self.rollout_fragment_length = check_positive_int(
+            "rollout_fragment_length", rollout_fragment_length
+        )
         self.count_steps_by = count_steps_by
         self.agent_ids = tuple(agent_ids) if agent_ids is not None else None
-        self.episode_lookback_horizon = episode_lookback_horizon
+        self.episode_lookback_horizon = check_lookback(episode_lookback_horizon)
         self.clip_rewards = clip_rewards
         self.policy_ids = tuple(policy_ids or ())
         self._episodes: dict[Any, MultiAgentEpisode] = {}  # running chunk per episode id

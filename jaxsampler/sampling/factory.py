@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import inspect
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from jaxsampler.envs.base import Env
 from jaxsampler.host_envs import GymnasiumHostEnv, GymnasiumVectorHostEnv, HostEnv
 from jaxsampler.host_envs.base import check_host_env
+
+if TYPE_CHECKING:  # base imports this module when a Sampler is built
+    from jaxsampler.sampling.base import Sampler
 
 __all__ = ["as_host_env", "sampler_class"]
 
@@ -47,7 +50,9 @@ def as_host_env(env: Any, num_envs: int | None, seed: int) -> HostEnv | None:
     return None
 
 
-def sampler_class(args: tuple, kwargs: dict) -> tuple[type, tuple, dict]:
+def sampler_class(
+    args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[type[Sampler], tuple[Any, ...], dict[str, Any]]:
     """The sampler class for ``Sampler(*args, **kwargs)`` and the arguments to build it with."""
     from jaxsampler.sampling.device import DeviceSampler
     from jaxsampler.sampling.host import HostSampler

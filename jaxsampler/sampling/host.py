@@ -71,7 +71,13 @@ from jaxsampler.episodes.single_agent import SingleAgentEpisode
 from jaxsampler.host_envs.base import HostEnv, PollResult, check_host_env
 from jaxsampler.policies.base import Policy
 from jaxsampler.policies.multi import MultiAgentPolicy
-from jaxsampler.sampling.base import Sampler, SamplerMetrics, check_lookback, check_sample_counts
+from jaxsampler.sampling.base import (
+    Sampler,
+    SamplerMetrics,
+    check_lookback,
+    check_positive_int,
+    check_sample_counts,
+)
 from jaxsampler.sampling.feeds import Books, DoneRecord, Feed, make_feed
 from jaxsampler.spaces import ValueChecker, compatible
 
@@ -87,12 +93,6 @@ def _default_buckets(n: int, cap: int) -> tuple[int, ...]:
         out.append(b)
         b *= 2
     return tuple(out)
-
-
-def _check_positive_int(name: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be an int >= 1, got {value!r}")
-    return value
 
 
 class HostSampler(Sampler):
@@ -142,7 +142,7 @@ class HostSampler(Sampler):
         self.host_env = check_host_env(host_env)
         self.policy = policy
         horizon = check_lookback(episode_lookback_horizon)
-        self.rollout_length = _check_positive_int("rollout_length", rollout_length)
+        self.rollout_length = check_positive_int("rollout_length", rollout_length)
         self.agent_ids = tuple(host_env.agent_ids)
         self.multi_agent = len(self.agent_ids) != 1
         self.mark_off_policy = mark_off_policy
@@ -200,11 +200,10 @@ class HostSampler(Sampler):
                     f"mismatched {what.replace('_', ' ')}: the host env has {env_space!r}, "
                     f"policy {type(policy).__name__} was built for {pol_space!r}"
                 )
-        policy_agents = getattr(policy, "agent_ids", None)
-        if policy_agents is not None and tuple(policy_agents) != self.agent_ids:
+        if isinstance(policy, MultiAgentPolicy) and tuple(policy.agent_ids) != self.agent_ids:
             raise ValueError(
                 f"mismatched agent ids: the host env has {self.agent_ids}, "
-                f"the policy was built for {tuple(policy_agents)}"
+                f"the policy was built for {tuple(policy.agent_ids)}"
             )
 
     def _policy_table(self, policy: Any) -> tuple[dict[Any, Policy], dict[Any, Any], bool]:
