@@ -582,8 +582,8 @@ class ExternalEnvBase(HostEnv):
         return self._closed
 
     def close(self) -> None:
-        """Fails every blocked caller with :class:`EnvClosedError` and wakes the poller. "
-        "Idempotent."""
+        """Fails every blocked caller with :class:`EnvClosedError` and wakes the poller.
+        Idempotent."""
         with self._lock:
             if self._closed:
                 return

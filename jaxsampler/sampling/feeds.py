@@ -5,8 +5,8 @@ A feed owns the running episodes of a host sampler: it takes each checked poll
 the call's chunks (:meth:`Feed.close_call`) and turns them into episodes or a batch. The
 sampler picks one feed at construction and never branches on it again:
 
-* :class:`TrackFeed` (single-agent envs): each running episode is a list
-  :class:`~jaxsampler.sampling.track.Track`, a few appends per step, built into numpy'ized
+* :class:`~jaxsampler.sampling.track.TrackFeed` (single-agent envs): each running episode
+  is a list :class:`~jaxsampler.sampling.track.Track`, a few appends per step, built into numpy'ized
   :class:`SingleAgentEpisode` objects and batch rows only when its chunk closes;
 * :class:`CollectorFeed` (multi-agent envs, and single-agent ones on request): episodes
   are :class:`MultiAgentEpisode` objects built by the
@@ -29,23 +29,21 @@ import dataclasses
 from typing import Any
 
 from jaxsampler.constants import ALL_AGENTS
-from jaxsampler.episodes.batch import MultiAgentBatch, SampleBatch
+from jaxsampler.episodes.batch import MultiAgentBatch
 from jaxsampler.episodes.ids import EpisodeIds, agent_episode_id
-from jaxsampler.episodes.lookback import batch as stack
 from jaxsampler.episodes.multi_agent import MultiAgentEpisode
 from jaxsampler.episodes.single_agent import SingleAgentEpisode
 from jaxsampler.host_envs.base import PollResult
-from jaxsampler.sampling.collector import SampleCollector, concat_rows, episodes_to_batch
-from jaxsampler.sampling.track import Track, track_rows
+from jaxsampler.sampling.collector import SampleCollector, episodes_to_batch
 
 __all__ = [
     "Books",
     "CollectorFeed",
+    "DoneRecord",
     "Feed",
     "QueuedRows",
-    "TrackFeed",
     "env_ids_of",
-    "make_feed",
+    "episode_over",
 ]
 
 #: One policy's agents waiting for an action: ``(policy_id, stacked obs, env ids, agent ids)``.
@@ -63,7 +61,8 @@ def env_ids_of(res: PollResult) -> dict[Any, None]:
     return env_ids
 
 
-def _all_done(res: PollResult, env_id: Any) -> bool:
+def episode_over(res: PollResult, env_id: Any) -> bool:
+    """Whether the poll ends the episode of sub-env ``env_id`` (its ``"__all__"`` flags)."""
     return bool(
         res.terminateds.get(env_id, {}).get(ALL_AGENTS, False)
         or res.truncateds.get(env_id, {}).get(ALL_AGENTS, False)
@@ -174,133 +173,6 @@ class Feed(abc.ABC):
         """The ids of the running episodes, in order of their env's first appearance."""
 
 
-class TrackFeed(Feed):
-    """The feed of single-agent envs: one list :class:`Track` per running episode."""
-
-    def __init__(self, books: Books):
-        if len(books.agent_ids) != 1:
-            raise ValueError(
-                f"the track feed is for single-agent envs; this env has agents {books.agent_ids}"
-            )
-        super().__init__(books)
-        self.agent = books.agent_ids[0]
-        self._tracks: dict[Any, Track] = {}  # env id -> running chunk
-        self._closed: list[Track] = []  # chunks closed in this call
-        self._queue: list[tuple[Any, Any]] = []  # (env id, observation) waiting for an action
-        self._env_steps: dict[str, int] = {}  # episode id -> env steps (polls) so far
-
-    def queued(self) -> list[QueuedRows]:
-        queue, self._queue = self._queue, []
-        if not queue:
-            return []
-        n = len(queue)
-        pid = self.books.mapping[self.agent]
-        return [(pid, stack([o for _, o in queue]), [e for e, _ in queue], [self.agent] * n)]
-
-    def feed(self, res: PollResult, obs: dict[Any, dict[Any, Any]], done: list[DoneRecord]) -> int:
-        b, agent = self.books, self.agent
-        steps = 0
-        for e in env_ids_of(res):
-            rank = b.rank(e)
-            o = obs.get(e, {})
-            tr = self._tracks.get(e)
-            if tr is None:  # a new episode (rewards before acting belong to no step)
-                if agent not in o or _all_done(res, e):  # ended before its first step
-                    continue
-                info = res.infos.get(e, {}).get(agent)
-                tr = self._tracks[e] = Track(
-                    b.new_episode_id(), [o[agent]], [{} if info is None else info]
-                )
-                b.returns[tr.id_] = 0.0
-                self._env_steps[tr.id_] = 0
-                b.states.pop((e, agent), None)
-                self._queue.append((e, o[agent]))
-                b.off_policy[e] = res.off_policy_actions.get(e, {})
-                continue
-            rewards = res.rewards.get(e, {})
-            terms, truncs = res.terminateds.get(e, {}), res.truncateds.get(e, {})
-            term, trunc = bool(terms.get(agent, False)), bool(truncs.get(agent, False))
-            all_done = bool(terms.get(ALL_AGENTS, False) or truncs.get(ALL_AGENTS, False))
-            reward = float(rewards.get(agent, 0.0))
-            sent = b.actions.pop(e, None)
-            if agent in o:
-                if sent is None:
-                    raise ValueError(
-                        f"env {e!r} delivered an observation for agent {agent!r}, which has one "
-                        "waiting for its action"
-                    )
-                action, extras = sent[agent]
-                tr.step(action, extras, reward, o[agent], res.infos.get(e, {}).get(agent) or {})
-                tr.terminated, tr.truncated = term, trunc
-                if not (term or trunc or all_done):
-                    self._queue.append((e, o[agent]))
-            else:  # a reward-only poll: the step hangs until the next observation
-                if term or trunc or all_done:
-                    raise ValueError(
-                        f"env {e!r}: agent {agent!r} is done but its final observation is missing"
-                    )
-                if sent is not None:
-                    b.actions[e] = sent
-                tr.hanging_reward += reward
-            b.returns[tr.id_] += float(sum(rewards.values()))
-            self._env_steps[tr.id_] += 1
-            tr.polls += 1
-            steps += 1
-            if all_done:
-                b.finished[tr.id_] = (rank, b.poll_index)
-                done.append((tr.id_, b.returns.pop(tr.id_), self._env_steps.pop(tr.id_)))
-                self._closed.append(tr)
-                del self._tracks[e]
-                b.off_policy.pop(e, None)
-                b.states.pop((e, agent), None)
-            else:
-                b.off_policy[e] = res.off_policy_actions.get(e, {})
-        b.poll_index += 1
-        return steps
-
-    def close_call(self, discard_running: bool) -> list[Any]:
-        if discard_running:
-            for tr in self._tracks.values():
-                self.books.returns.pop(tr.id_, None)
-                self._env_steps.pop(tr.id_, None)
-            self._tracks.clear()
-            self._queue.clear()
-        else:
-            for e in sorted(self._tracks, key=self.books.env_rank.__getitem__):
-                tr = self._tracks[e]
-                if tr.polls > 0:  # as the collector: a chunk with env steps is closed
-                    self._closed.append(tr)
-                    self._tracks[e] = tr.cut(self.books.horizon)
-        chunks, self._closed = self._closed, []
-        return chunks
-
-    def episodes(self, chunks: list[Any]) -> list[SingleAgentEpisode]:
-        b = self.books
-        return [tr.episode(b.observation_space, b.action_space) for tr in chunks]
-
-    def batch(self, chunks: list[Any]) -> MultiAgentBatch:
-        rows = [track_rows(tr) for tr in chunks if len(tr)]
-        policy_batches = {}
-        if rows:
-            policy_batches[self.books.mapping[self.agent]] = SampleBatch(
-                {k: concat_rows([r[k] for r in rows]) for k in rows[0]}
-            )
-        return MultiAgentBatch(policy_batches, sum(len(tr) for tr in chunks))
-
-    def agent_steps(self, chunks: list[Any]) -> int:
-        return sum(len(tr) for tr in chunks)
-
-    def running_ids(self) -> list[str]:
-        order = sorted(self._tracks, key=self.books.env_rank.__getitem__)
-        return [self._tracks[e].id_ for e in order]
-
-    def reset(self) -> None:
-        self._tracks.clear()
-        self._closed.clear()
-        self._queue.clear()
-        self._env_steps.clear()
-
-
 def _name_late_agent(ep: MultiAgentEpisode, agent_id: Any, agent_episode: str) -> None:
     """Gives an agent that joins a ``cut`` chunk its agent-episode id (a cut chunk knows
     only the ids of the agents seen so far).
@@ -378,7 +250,7 @@ class CollectorFeed(Feed):
             rank = b.rank(e)
             o, infos = obs.get(e, {}), res.infos.get(e, {})
             if e not in self._running:  # a new episode (rewards before acting belong to no step)
-                if o and not _all_done(res, e):  # else it ended before its first step
+                if o and not episode_over(res, e):  # else it ended before its first step
                     self._start(e, res, o)
                 continue
             eid = self._running[e]
@@ -484,14 +356,3 @@ def _plain(sa: SingleAgentEpisode) -> SingleAgentEpisode:
         truncated=sa.is_truncated,
         t_started=sa.t_started,
     )
-
-
-def make_feed(kind: str, books: Books) -> Feed:
-    """The feed named ``kind`` (``"auto"``: tracks for one agent, else the collector)."""
-    if kind == "auto":
-        kind = "track" if len(books.agent_ids) == 1 else "collector"
-    if kind == "track":
-        return TrackFeed(books)
-    if kind == "collector":
-        return CollectorFeed(books)
-    raise ValueError(f"feed must be 'auto', 'track' or 'collector', got {kind!r}")

@@ -36,7 +36,7 @@ recurrent state are kept; ``mark_off_policy=True`` adds an ``off_policy`` bool c
   observations are computed at the start of the next call, with that call's params.
 
 The feed is chosen once, at construction (``feed``): single-agent envs use list
-tracks (:class:`~jaxsampler.sampling.feeds.TrackFeed`, a few appends per step), multi-agent
+tracks (:class:`~jaxsampler.sampling.track.TrackFeed`, a few appends per step), multi-agent
 envs the :class:`~jaxsampler.sampling.collector.SampleCollector`
 (:class:`~jaxsampler.sampling.feeds.CollectorFeed`, which builds :class:`MultiAgentEpisode`
 objects with ``add_env_reset`` / ``add_env_step``). Both give the same episodes and
@@ -78,7 +78,8 @@ from jaxsampler.sampling.base import (
     check_positive_int,
     check_sample_counts,
 )
-from jaxsampler.sampling.feeds import Books, DoneRecord, Feed, make_feed
+from jaxsampler.sampling.feeds import Books, CollectorFeed, DoneRecord, Feed
+from jaxsampler.sampling.track import TrackFeed
 from jaxsampler.spaces import ValueChecker, compatible
 
 __all__ = ["HostSampler"]
@@ -93,6 +94,17 @@ def _default_buckets(n: int, cap: int) -> tuple[int, ...]:
         out.append(b)
         b *= 2
     return tuple(out)
+
+
+def _make_feed(kind: str, books: Books) -> Feed:
+    """The feed named ``kind`` (``"auto"``: tracks for one agent, else the collector)."""
+    if kind == "auto":
+        kind = "track" if len(books.agent_ids) == 1 else "collector"
+    if kind == "track":
+        return TrackFeed(books)
+    if kind == "collector":
+        return CollectorFeed(books)
+    raise ValueError(f"feed must be 'auto', 'track' or 'collector', got {kind!r}")
 
 
 class HostSampler(Sampler):
@@ -182,7 +194,7 @@ class HostSampler(Sampler):
             ids=EpisodeIds(seed),
         )
         #: the feed chosen at construction (:mod:`jaxsampler.sampling.feeds`)
-        self.feed: Feed = make_feed(feed, self._books)
+        self.feed: Feed = _make_feed(feed, self._books)
         self._needs_reset = True
         self._fresh = True
         self.metrics = SamplerMetrics()
