@@ -1,4 +1,4 @@
-"""The one interface of every host-stepped env: ``poll()`` / ``send_actions()``.
+"""The one interface of every host-stepped env: ``poll(timeout)`` / ``send_actions()``.
 
 Envs that are not pure JAX (Gymnasium envs, dict-API multi-agent envs, an
 ``ExternalEnv`` driven by a simulator thread, the HTTP policy server) are all converted
@@ -7,8 +7,8 @@ to :class:`HostEnv`; the collector and the host sampler consume only this interf
 
 Nested dicts ``env_id -> agent_id -> value`` (:data:`MultiEnvDict`) carry the data of
 the sub-envs that are *ready*; sub-envs need not be in lockstep and a poll may return
-any subset of them (but at least one, unless every sub-env is finished, which only
-bounded sources such as replayed logs do).
+any subset of them: at least one, unless its ``timeout`` ran out, the env was closed, or
+every sub-env is finished (bounded sources such as replayed logs).
 
 Protocol, per sub-env ``env_id``:
 
@@ -18,7 +18,8 @@ Protocol, per sub-env ``env_id``:
 * afterwards each poll of ``env_id`` delivers one env step: ``obs`` of the agents that
   must act next (agents may be absent: they wait), ``rewards`` of any agent (summed by
   the collector into the agent's pending step), per-agent ``terminateds`` /
-  ``truncateds`` and the episode-wide ``"__all__"`` key in both; the final observations
+  ``truncateds`` and the episode-wide ``"__all__"`` key
+  (:data:`jaxsampler.constants.ALL_AGENTS`) in both; the final observations
   of agents that finish come in ``obs`` with their done flag (and need no action);
 * ``off_policy_actions[env_id][agent_id]`` is an action the env took itself (e.g.
   ``ExternalEnv.log_action``); the sampler records it instead of the policy's;

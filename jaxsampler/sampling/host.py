@@ -58,7 +58,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Literal
 
 import jax
 import numpy as np
@@ -149,7 +149,7 @@ class HostSampler(Sampler):
         max_batch_size: int = 1024,
         mark_off_policy: bool = False,
         timeout_s: float | None = None,
-        feed: str = "auto",
+        feed: Literal["auto", "track", "collector"] = "auto",
     ):
         self.host_env = check_host_env(host_env)
         self.policy = policy
@@ -182,7 +182,8 @@ class HostSampler(Sampler):
             pid: jax.device_get(p.initial_state((1, 1))) for pid, p in policies.items()
         }
         self._stateful = {pid: bool(jax.tree.leaves(s)) for pid, s in self._init_state.items()}
-        # Shapes and dtypes only: host envs' observations are not value-checked (as before).
+        # Structure, shapes and dtypes only: Gymnasium envs may return observations outside
+        # their declared bounds, and the episodes record them as they came.
         self._obs_check = ValueChecker(self._obs_space, values=False)
         self._books = Books(
             agent_ids=self.agent_ids,

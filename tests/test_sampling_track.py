@@ -5,7 +5,7 @@ terminated or truncated, off-policy actions, infos, reward-only polls) with the 
 policy and seed; every ``sample()`` / ``sample_batch()`` call (mixed, lookback 0 and 2,
 ``num_episodes`` resets) must give identical episodes, batches and metrics. The collector
 path is itself checked against the device sampler and RLlib's reference output in
-``test_hostenv_gym.py``.
+``test_host_envs_gym.py``.
 """
 
 from __future__ import annotations

@@ -32,7 +32,7 @@ from jaxsampler.host_envs.external import (
 )
 from jaxsampler.serving.client import PolicyClient
 from jaxsampler.serving.server import PROTOCOL_VERSION, PolicyServer, PolicyServerError
-from tests.test_hostenv_external import ACT, OBS, PollLoop, answer, wait_finished
+from tests.test_host_envs_external import ACT, OBS, PollLoop, answer, wait_finished
 
 MP = "application/msgpack"
 
