@@ -48,7 +48,7 @@ join. Reported per (mode, clients):
 
 Usage::
 
-    python benchmarks/serving.py                   # full run (~1.5-2 min), writes results/serving.{json,md}
+    python benchmarks/serving.py          # full run (~1.5-2 min), writes results/serving.{json,md}
     python benchmarks/serving.py --quick           # smoke test (tiny phases), prints only
     python benchmarks/serving.py --modes inprocess --clients 1 64 --rounds 5
     python benchmarks/serving.py --out /tmp/serving
@@ -107,7 +107,8 @@ JOIN_TIMEOUT_S = 15.0
 
 
 def client_observations(client: int, episode_len: int, seed: int) -> np.ndarray:
-    """``[episode_len + 1, 4]`` float32 CartPole-range observations of one client (fixed per client)."""
+    """``[episode_len + 1, 4]`` float32 CartPole-range observations of one client (fixed per
+    client)."""
     rng = np.random.default_rng([seed, client])
     scale = np.array([1.0, 0.5, 0.1, 0.5], np.float32)
     return np.clip(rng.standard_normal((episode_len + 1, 4)) * scale, -2.0, 2.0).astype(np.float32)
@@ -258,14 +259,15 @@ def _make_instrumented_env() -> type:
 
     class InstrumentedEnv(HostEnv):
         """Delegates to ``inner``; counts polls, rows, sends and the time spent in each.
-        ``poll`` hides empty (timed-out) polls and raises :class:`_Stopped` once ``stop`` is set."""
+        ``poll`` hides empty (timed-out) polls and raises :class:`_Stopped` once ``stop`` is
+        set (so it ignores the sampler's ``timeout``)."""
 
         def __init__(self, inner: Any, stop: threading.Event, stats: dict[str, float]):
             self.inner, self.stop, self.stats = inner, stop, stats
             self.observation_space, self.action_space = inner.observation_space, inner.action_space
             self.agent_ids, self.num_envs = tuple(inner.agent_ids), inner.num_envs
 
-        def poll(self) -> Any:
+        def poll(self, timeout: float | None = None) -> Any:
             s, clock = self.stats, time.perf_counter
             while True:
                 t = clock()
@@ -395,7 +397,8 @@ class ServingSide:
         return compile_s, (sum(sizes) if sizes else None)
 
     def recompiles(self) -> int | None:
-        """Jit cache entries added since the pre-compilation (0 = nothing recompiled while timing)."""
+        """Jit cache entries added since the pre-compilation (0 = nothing recompiled while
+        timing)."""
         fns = getattr(self, "_raw_fns", {})
         sizes = [fn._cache_size() for fn in fns.values() if hasattr(fn, "_cache_size")]
         return None if self.cache_size is None or not sizes else sum(sizes) - self.cache_size
@@ -562,7 +565,8 @@ class BareSide:
         self.thread.start()
 
     def recompiles(self) -> int | None:
-        """Jit cache entries added since the pre-compilation (0 = nothing recompiled while timing)."""
+        """Jit cache entries added since the pre-compilation (0 = nothing recompiled while
+        timing)."""
         return None if self.cache_size is None else self.fn._cache_size() - self.cache_size
 
     def _bucket(self, n: int) -> int:
@@ -786,7 +790,8 @@ def measure_mode(
     seed: int,
     client_procs: int = 4,
 ) -> dict[str, Any]:
-    """Sets up one mode, runs ``rounds`` rounds of every client count (rotating order), tears down."""
+    """Sets up one mode, runs ``rounds`` rounds of every client count (rotating order), tears
+    down."""
     t_setup = time.perf_counter()
     side = (
         BareSide(max(clients), max_wait_s, seed)
@@ -837,7 +842,8 @@ def measure_mode(
                 lat[n].extend(round_lat)
                 raw[n].append(res)
                 log(
-                    f"  {mode} round {r + 1}/{rounds}: {n:3d} clients {res['actions_per_s']:9.0f} actions/s, "
+                    f"  {mode} round {r + 1}/{rounds}: {n:3d} clients {res['actions_per_s']:9.0f} "
+                    "actions/s, "
                     f"batch {res['server']['mean_batch'] or 0:5.1f}, errors {res['num_errors']}"
                 )
     finally:
@@ -986,7 +992,8 @@ def run_benchmark(
     results = {}
     for mode in modes:
         log(
-            f"{LABELS[mode]}: clients {clients}, {rounds} rounds x {duration_s} s (+{warmup_s} s warm-up)"
+            f"{LABELS[mode]}: clients {clients}, {rounds} rounds x {duration_s} s (+{warmup_s} s "
+            "warm-up)"
         )
         results[mode] = measure_mode(
             mode,
@@ -1004,11 +1011,13 @@ def run_benchmark(
         t.name for t in threading.enumerate() if t is not threading.main_thread() and t.is_alive()
     ]
     return {
-        "benchmark": "Policy serving: get_action actions/s and latency, in-process (vs a bare floor) and over HTTP",
+        "benchmark": "Policy serving: get_action actions/s and latency, in-process (vs a bare "
+        "floor) and over HTTP",
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "command": " ".join([Path(sys.executable).name] + sys.argv),
         "config": {
-            "env": "CartPole-v1 spaces (obs float32 (4,), Discrete(2)); fixed per-client observations",
+            "env": "CartPole-v1 spaces (obs float32 (4,), Discrete(2)); fixed per-client "
+            "observations",
             "policy": f"MLPPolicy {HIDDEN} tanh",
             "modes": list(modes),
             "clients": clients,
@@ -1048,19 +1057,24 @@ def markdown_vs_bare(vb: dict[str, Any] | None) -> str:
         return ""
     md = "\n### In-process vs the bare floor\n\n"
     md += (
-        "The bare floor is the most any Python-threads server with this policy gets on this machine (thread "
-        "wake-ups and the GIL bound it, not jaxsampler), so the 10x target is judged against it. In-process / "
-        "bare is the ratio of the two medians over rounds (the modes run one after the other, so there is no "
+        "The bare floor is the most any Python-threads server with this policy gets on this "
+        "machine (thread "
+        "wake-ups and the GIL bound it, not jaxsampler), so the 10x target is judged against it. "
+        "In-process / "
+        "bare is the ratio of the two medians over rounds (the modes run one after the other, so "
+        "there is no "
         "within-round ratio); speedups as above.\n\n"
     )
     md += (
-        "| clients | in-process actions/s | bare floor actions/s | in-process / bare | speedup in-process | "
+        "| clients | in-process actions/s | bare floor actions/s | in-process / bare | speedup "
+        "in-process | "
         "speedup bare floor |\n|---:|---:|---:|---:|---:|---:|\n"
     )
     for n, c in vb["cells"].items():
         sp = [vb[k].get(n) for k in ("inprocess_speedup", "bare_speedup")]
         md += (
-            f"| {c['clients']} | {_rate(c['inprocess_actions_per_s'])} | {_rate(c['bare_actions_per_s'])} | "
+            f"| {c['clients']} | {_rate(c['inprocess_actions_per_s'])} | "
+            f"{_rate(c['bare_actions_per_s'])} | "
             f"**{c['ratio']:.0%}** | "
             + " | ".join(f"{s['median']:.1f}x" if s else "—" for s in sp)
             + " |\n"
@@ -1072,21 +1086,27 @@ def markdown_table(results: dict[str, Any]) -> str:
     cfg, env = results["config"], results["environment"]
     md = "# Policy serving: `get_action` throughput and latency\n\n"
     md += (
-        f"{results['date']} · `{results['command']}` · jax {env['jax']} ({env['backend']}, {env['device_count']} "
+        f"{results['date']} · `{results['command']}` · jax {env['jax']} ({env['backend']}, "
+        f"{env['device_count']} "
         f"device(s)) · {env['cpu_count']} CPUs · Python {env['python']} (switch interval "
-        f"{cfg['switch_interval_s'] * 1e3:g} ms) · {cfg['policy']} · episodes of {cfg['episode_len']} steps · "
-        f"`sample_batch(num_timesteps={cfg['sample_timesteps']})` loop · max_wait_s={cfg['max_wait_s']} · "
+        f"{cfg['switch_interval_s'] * 1e3:g} ms) · {cfg['policy']} · episodes of "
+        f"{cfg['episode_len']} steps · "
+        f"`sample_batch(num_timesteps={cfg['sample_timesteps']})` loop · "
+        f"max_wait_s={cfg['max_wait_s']} · "
         f"{cfg['rounds']} rounds x {cfg['duration_s']} s per cell (+{cfg['warmup_s']} s warm-up) · "
         f"wall {results['wall_s']:.0f} s\n\n"
     )
     md += "## Throughput and latency\n\n"
     md += (
-        "Total actions/s: median over rounds [min–max]; latency of `get_action` in the client, all rounds "
-        "pooled; batch = actions per jitted policy call (padded size in brackets); CPU = process CPU time per "
+        "Total actions/s: median over rounds [min–max]; latency of `get_action` in the client, all "
+        "rounds "
+        "pooled; batch = actions per jitted policy call (padded size in brackets); CPU = process "
+        "CPU time per "
         "wall second (server process / client processes, summed).\n\n"
     )
     md += (
-        "| mode | clients | total actions/s | per client | p50 ms | p99 ms | batch | policy calls/s | "
+        "| mode | clients | total actions/s | per client | p50 ms | p99 ms | batch | policy "
+        "calls/s | "
         "CPU cores |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|\n"
     )
     for mode, m in results["modes"].items():
@@ -1097,11 +1117,15 @@ def markdown_table(results: dict[str, Any]) -> str:
             md += (
                 f"| {m['label']} | {c['clients']} | **{_rate(c['actions_per_s'])}** "
                 f"[{_rate(c['actions_per_s_min'])}–{_rate(c['actions_per_s_max'])}] | "
-                f"{_rate(c['per_client_actions_per_s'])} | {_f(c['p50_ms'], '.2f')} | {_f(c['p99_ms'], '.2f')} | "
+                f"{_rate(c['per_client_actions_per_s'])} | {_f(c['p50_ms'], '.2f')} | "
+                f"{_f(c['p99_ms'], '.2f')} | "
                 f"{_f(c['mean_batch'], '.1f')} ({_f(c['mean_padded_batch'], '.0f')}) | "
                 f"{_f(c['policy_calls_per_s'])} | {cpu} |\n"
             )
-    md += "\n## Speedup in total actions/s over 1 client (issue target: 64 clients ≥ 10x one client)\n\n"
+    md += (
+        "\n## Speedup in total actions/s over 1 client "
+        "(issue target: 64 clients ≥ 10x one client)\n\n"
+    )
     counts = [n for n in cfg["clients"] if n != min(cfg["clients"])]
     md += (
         "| mode | "
@@ -1117,46 +1141,62 @@ def markdown_table(results: dict[str, Any]) -> str:
             cells.append(f"**{s['median']:.1f}x** [{s['min']:.1f}–{s['max']:.1f}]" if s else "—")
         md += f"| {m['label']} | " + " | ".join(cells) + " |\n"
     md += (
-        "\nMedian over rounds of the within-round ratio [min–max]; the client counts of a round run back to back "
+        "\nMedian over rounds of the within-round ratio [min–max]; the client counts of a round "
+        "run back to back "
         "against the same sampler.\n"
     )
     md += markdown_vs_bare(results.get("vs_bare"))
     md += "\n## Where the time goes (timed window, median over rounds)\n\n"
     md += (
-        "Sampler thread, share of wall time: poll = blocked in `poll()` (waiting for requests, incl. the "
+        "Sampler thread, share of wall time: poll = blocked in `poll()` (waiting for requests, "
+        "incl. the "
         "`max_wait_s` batching wait); policy = the jitted call until its result is ready; send = "
-        "`send_actions` (wakes the callers); rest = HostSampler's Python work (validation, collector, per-row "
-        "split of actions and extras, batch building at the end of each `sample_batch`: 'build' is the part "
-        "after a call's last poll); for the bare floor, poll = waiting for requests, send = writing the "
-        "actions and releasing the callers' gates, rest = stacking and padding the observations and `device_get`. "
-        "Wall time the thread spends outside `poll` beyond its CPU time is mostly waiting for the GIL. CPU µs "
-        "per action: sampler thread (`time.thread_time`), client threads, and the whole process (server "
+        "`send_actions` (wakes the callers); rest = HostSampler's Python work (validation, "
+        "collector, per-row "
+        "split of actions and extras, batch building at the end of each `sample_batch`: 'build' is "
+        "the part "
+        "after a call's last poll); for the bare floor, poll = waiting for requests, send = "
+        "writing the "
+        "actions and releasing the callers' gates, rest = stacking and padding the observations "
+        "and `device_get`. "
+        "Wall time the thread spends outside `poll` beyond its CPU time is mostly waiting for the "
+        "GIL. CPU µs "
+        "per action: sampler thread (`time.thread_time`), client threads, and the whole process "
+        "(server "
         "process + client processes for the HTTP mode with clients in other processes).\n\n"
     )
     md += (
-        "| mode | clients | poll | policy | send | rest | (build) | sampler CPU | policy µs/call wall (CPU) | "
+        "| mode | clients | poll | policy | send | rest | (build) | sampler CPU | policy µs/call "
+        "wall (CPU) | "
         "sampler CPU µs/action | client CPU µs/action | process CPU µs/action |\n"
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n"
     )
     for m in results["modes"].values():
         for c in m["cells"].values():
             md += (
-                f"| {m['label']} | {c['clients']} | {_f(c['share_poll'], '.0%')} | {_f(c['share_policy'], '.0%')} | "
-                f"{_f(c['share_send'], '.0%')} | {_f(c['share_rest'], '.0%')} | {_f(c['share_batch_build'], '.0%')} | "
+                f"| {m['label']} | {c['clients']} | {_f(c['share_poll'], '.0%')} | "
+                f"{_f(c['share_policy'], '.0%')} | "
+                f"{_f(c['share_send'], '.0%')} | {_f(c['share_rest'], '.0%')} | "
+                f"{_f(c['share_batch_build'], '.0%')} | "
                 f"{_f(c['sampler_cpu_share'], '.0%')} | {_f(c['policy_us_per_call'])} "
                 f"({_f(c['policy_cpu_us_per_call'])}) | {_f(c['sampler_cpu_us_per_action'])} | "
                 f"{_f(c['client_cpu_us_per_action'])} | {_f(c['server_cpu_us_per_action'])}"
                 + (f" + {_f(c['client_process_cpu_us_per_action'])}" if m["mode"] == "http" else "")
                 + " |\n"
             )
-    md += "\n## Setup\n\n| mode | setup s (incl. compile) | compile s (all buckets) | buckets | recompiles while timing | errors |\n"
+    md += (
+        "\n## Setup\n\n| mode | setup s (incl. compile) | compile s (all buckets) | buckets "
+        "| recompiles while timing | errors |\n"
+    )
     md += "|---|---:|---:|---|---:|---|\n"
     for m in results["modes"].values():
         errs = sum(c["num_errors"] + c["hung_threads"] for c in m["cells"].values())
         note = m["sampler_error"] or (f"{errs} client errors / hung threads" if errs else "none")
         md += (
-            f"| {m['label']} | {m['setup_s']:.1f} | {_f(m['compile_s'], '.2f')} | {m['batch_sizes']} | "
-            f"{'—' if m['recompiles_while_timing'] is None else m['recompiles_while_timing']} | {note} |\n"
+            f"| {m['label']} | {m['setup_s']:.1f} | {_f(m['compile_s'], '.2f')} | "
+            f"{m['batch_sizes']} | "
+            f"{'—' if m['recompiles_while_timing'] is None else m['recompiles_while_timing']} | "
+            f"{note} |\n"
         )
     if results["threads_left_after_run"]:
         md += f"\nThreads still alive after the run: {results['threads_left_after_run']}\n"

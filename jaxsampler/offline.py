@@ -16,7 +16,7 @@ from __future__ import annotations
 import gzip
 import os
 from collections.abc import Iterable, Iterator
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, cast
 
 from jaxsampler.codec import packb, unpacker
 from jaxsampler.episodes import MultiAgentBatch, MultiAgentEpisode, SampleBatch, SingleAgentEpisode
@@ -39,8 +39,12 @@ FORMAT, VERSION = "jaxsampler.offline", 1
 def _open(path: str, mode: str) -> BinaryIO:
     path = str(path)
     if path.endswith(".gz"):
-        return gzip.open(path, mode)  # type: ignore[return-value]
-    return open(path, mode)
+        return cast(BinaryIO, gzip.open(path, mode))
+    return cast(BinaryIO, open(path, mode))  # mode is always binary ("rb", "wb", "ab")
+
+
+#: What an offline log holds: batches or episodes.
+Record = SampleBatch | MultiAgentBatch | SingleAgentEpisode | MultiAgentEpisode
 
 
 class OfflineWriter:
@@ -59,9 +63,8 @@ class OfflineWriter:
         if not exists:
             self._f.write(packb({"format": FORMAT, "version": VERSION}))
 
-    def write(
-        self, record: SampleBatch | MultiAgentBatch | SingleAgentEpisode | MultiAgentEpisode
-    ) -> None:
+    def write(self, record: Record) -> None:
+        """Appends one record (a batch or an episode) as one frame."""
         if not isinstance(
             record, (SampleBatch, MultiAgentBatch, SingleAgentEpisode, MultiAgentEpisode)
         ):
@@ -102,7 +105,7 @@ def _write(
         for x in items:
             if not isinstance(x, kinds):
                 raise TypeError(f"{what}: got a {type(x).__name__}")
-            w.write(x)
+            w.write(cast(Record, x))  # checked against ``kinds`` just above
             n += 1
     return n
 

@@ -6,6 +6,11 @@ Bounds are kept as read-only numpy arrays; ``sample`` and ``contains`` turn them
 constants while tracing.
 
 Conversions: :func:`from_gymnax_space`, :func:`from_gymnasium_space` and :meth:`Space.to_gymnasium`.
+
+Host-side validation: :func:`check_value` (one value against a space, returned as numpy
+data of the space) and :class:`ValueChecker` (the same check precomputed for one space,
+with a fast path for the per-step common case). Every host-side caller (host envs, the
+host sampler, the policy client) validates with these two.
 """
 
 from __future__ import annotations
@@ -28,6 +33,8 @@ __all__ = [
     "from_gymnax_space",
     "from_gymnasium_space",
     "convert_space",
+    "check_value",
+    "ValueChecker",
 ]
 
 
@@ -77,7 +84,9 @@ class Space:
         raise NotImplementedError
 
     def __eq__(self, other: object) -> bool:
-        return type(self) is type(other) and self._key() == other._key()  # type: ignore[attr-defined]
+        return (
+            isinstance(other, Space) and type(self) is type(other) and self._key() == other._key()
+        )
 
     def __hash__(self) -> int:
         return hash((type(self).__name__, self._key()))
@@ -111,7 +120,8 @@ class Box(Space):
             high_a = np.broadcast_to(high_a, self.shape)
         except ValueError as e:
             raise ValueError(
-                f"Box: low {low_a.shape} / high {high_a.shape} do not broadcast to shape {self.shape}"
+                f"Box: low {low_a.shape} / high {high_a.shape} do not broadcast to shape "
+                f"{self.shape}"
             ) from e
         if np.any(low_a > high_a):
             raise ValueError("Box: low must be <= high everywhere")
@@ -188,7 +198,8 @@ class Box(Space):
     def to_gymnasium(self) -> Any:
         import gymnasium
 
-        return gymnasium.spaces.Box(self.low, self.high, self.shape, self.dtype)
+        dtype: Any = self.dtype  # gymnasium's stubs want a scalar type; a dtype works too
+        return gymnasium.spaces.Box(self.low, self.high, self.shape, dtype)
 
 
 class Discrete(Space):
@@ -405,3 +416,146 @@ def convert_space(space: Any) -> Space:
     raise TypeError(
         f"cannot convert {type(space).__name__} from module {mod} into a jaxsampler space"
     )
+
+
+# -- host-side validation ----------------------------------------------------------------
+
+
+def _short(x: Any) -> str:
+    s = repr(x)
+    return s if len(s) <= 80 else s[:77] + "..."
+
+
+def check_value(
+    x: Any,
+    space: Space,
+    what: str,
+    *,
+    values: bool = True,
+    error: type[Exception] = ValueError,
+) -> Any:
+    """``x`` as numpy data of ``space``, checked on the host (numpy only; not jittable).
+
+    Checks the structure (``Dict`` keys, ``Tuple`` length), each leaf's shape and dtype
+    (cast to the space's dtype within the same kind: ints to ints, floats to floats,
+    bools to anything numeric) and, with ``values``, what the space cannot hold: a
+    ``Discrete`` / ``MultiDiscrete`` value out of range, NaN in a float ``Box``, an
+    infinity where the ``Box`` is bounded. ``Box`` bounds themselves are not enforced
+    (observations may leave them, as in Gymnasium).
+
+    Args:
+        x: the value (nested dicts / tuples of array-likes for ``Dict`` / ``Tuple``).
+        space: a jaxsampler space.
+        what: names the value in error messages (``"observation['agent0']"``).
+        values: also check the values (above); ``False``: structure, shapes, dtypes only.
+        error: the exception class raised (callers raise their own ``ValueError``
+            subclasses).
+
+    Returns:
+        numpy data of the space; a leaf is a new array whenever ``values`` is set (the
+        caller's buffer is never kept), else it may be ``x`` itself.
+
+    Raises:
+        error: with ``what`` and the problem in the message.
+    """
+    if isinstance(space, Dict):
+        if not isinstance(x, Mapping) or set(x) != set(space.spaces):
+            raise error(
+                f"{what}: expected a dict with keys {sorted(space.spaces)}, got {_short(x)}"
+            )
+        return {
+            k: check_value(x[k], s, f"{what}[{k!r}]", values=values, error=error)
+            for k, s in space.spaces.items()
+        }
+    if isinstance(space, Tuple):
+        if not isinstance(x, (tuple, list)) or len(x) != len(space.spaces):
+            raise error(
+                f"{what}: expected a sequence of {len(space.spaces)} items, got {_short(x)}"
+            )
+        return tuple(
+            check_value(xi, s, f"{what}[{i}]", values=values, error=error)
+            for i, (xi, s) in enumerate(zip(x, space.spaces))
+        )
+    try:
+        a = np.asarray(x)
+    except Exception as e:  # ragged lists and the like
+        raise error(f"{what}: not array-like ({e})") from None
+    shape, dtype = tuple(space.shape), space.dtype
+    if a.shape != shape:
+        raise error(f"{what} shape {a.shape} does not match {space!r} (expected shape {shape})")
+    if a.dtype != dtype:
+        if a.dtype.kind not in "biuf" or not np.can_cast(a.dtype, dtype, casting="same_kind"):
+            raise error(f"{what}: dtype {a.dtype} cannot be cast to {dtype}")
+        a = a.astype(dtype)
+    if values:
+        _check_values(a, space, what, error)
+        if a is x:
+            a = a.copy()  # never keep a reference to the caller's buffer
+    return a
+
+
+def _check_values(a: np.ndarray, space: Space, what: str, error: type[Exception]) -> None:
+    if isinstance(space, Discrete) and not space.start <= int(a) < space.start + space.n:
+        raise error(f"{what}: {int(a)} outside Discrete({space.n}, start={space.start})")
+    if isinstance(space, MultiDiscrete) and np.any((a < 0) | (a >= space.nvec)):
+        raise error(f"{what}: {a.tolist()} outside MultiDiscrete({space.nvec.tolist()})")
+    if isinstance(space, Box) and a.dtype.kind == "f":
+        if np.isnan(a).any():
+            raise error(f"{what}: contains NaN")
+        if not (np.isfinite(a) | np.isinf(space.low) | np.isinf(space.high)).all():
+            raise error(f"{what}: contains an infinite value where {space!r} is bounded")
+
+
+_all, _any = np.logical_and.reduce, np.logical_or.reduce
+
+
+class ValueChecker:
+    """:func:`check_value` precomputed for one space, for per-step hot paths.
+
+    Fast path: an ndarray of a :class:`Box`'s exact shape (and, with ``values``, exact
+    dtype) is checked only for what the box cannot hold (NaN; infinities where a bound is
+    finite) and copied (``values``) or cast if needed (without ``values``); anything else
+    goes through :func:`check_value` with the same arguments.
+
+    Args:
+        space: the space every value must belong to.
+        values: as in :func:`check_value`.
+        error: as in :func:`check_value`.
+    """
+
+    __slots__ = ("space", "values", "error", "_shape", "_dtype", "_mode", "_unbounded")
+
+    def __init__(self, space: Space, *, values: bool = True, error: type[Exception] = ValueError):
+        self.space, self.values, self.error = space, values, error
+        self._shape: tuple[int, ...] | None = None
+        self._dtype: np.dtype | None = None
+        self._mode = "none"  # no fast path
+        self._unbounded: np.ndarray | None = None
+        if isinstance(space, Box):
+            self._shape, self._dtype, self._mode = tuple(space.shape), space.dtype, "any"
+            if values and space.dtype.kind == "f":
+                unbounded = np.isinf(space.low) | np.isinf(space.high)
+                self._mode = (
+                    "nan" if unbounded.all() else ("finite" if not unbounded.any() else "mask")
+                )
+                self._unbounded = unbounded
+
+    def __call__(self, x: Any, kind: str, key: Any) -> Any:
+        """``x`` checked; ``kind`` and ``key`` name it in an error message (``kind[key]``)."""
+        if type(x) is np.ndarray and x.shape == self._shape:
+            mode = self._mode
+            if not self.values:
+                if x.dtype == self._dtype:
+                    return x
+            elif x.dtype == self._dtype and (
+                # ufunc reductions directly (ndarray.all/any go through a Python wrapper)
+                mode == "any"
+                or (mode == "finite" and _all(np.isfinite(x), axis=None))
+                or (mode == "nan" and not _any(np.isnan(x), axis=None))
+                or (
+                    mode == "mask"
+                    and _all(np.isfinite(x) | (self._unbounded & ~np.isnan(x)), axis=None)
+                )
+            ):
+                return x.copy()
+        return check_value(x, self.space, f"{kind}[{key!r}]", values=self.values, error=self.error)

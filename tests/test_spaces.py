@@ -519,3 +519,92 @@ def test_box_samples_always_contained(space, seed):
     assert np.all(np.isfinite(np.asarray(xs, np.float64)))
     assert bool(jnp.all(jax.vmap(space.contains)(xs)))
     assert bool(space.contains(space.sample(key)))
+
+
+# -- host-side validation: check_value / ValueChecker --------------------------------------
+
+
+class _Bad(ValueError):
+    pass
+
+
+def test_check_value_casts_within_a_kind_and_names_the_problem():
+    box = S.Box(-1.0, 1.0, (2,))
+    got = S.check_value([0.5, 2.0], box, "obs")  # bounds are not enforced (as in Gymnasium)
+    assert got.dtype == np.float32 and got.tolist() == [0.5, 2.0]
+    with pytest.raises(
+        ValueError, match=r"obs shape \(3,\) does not match .*expected shape \(2,\)"
+    ):
+        S.check_value(np.zeros(3), box, "obs")
+    with pytest.raises(_Bad, match="obs: dtype complex128 cannot be cast to float32"):
+        S.check_value(np.zeros(2, complex), box, "obs", error=_Bad)
+    with pytest.raises(ValueError, match="float64 cannot be cast to int32"):
+        S.check_value(1.5, S.Discrete(3), "act")
+    assert S.check_value(np.int64(2), S.Discrete(3), "act").dtype == np.int32
+    with pytest.raises(ValueError, match=r"act: 3 outside Discrete\(3"):
+        S.check_value(3, S.Discrete(3), "act")
+    with pytest.raises(ValueError, match="outside MultiDiscrete"):
+        S.check_value([1, 5], S.MultiDiscrete([2, 5]), "act")
+    with pytest.raises(ValueError, match="contains NaN"):
+        S.check_value([np.nan, 0.0], box, "obs")
+    with pytest.raises(ValueError, match="infinite value"):
+        S.check_value([np.inf, 0.0], box, "obs")
+
+
+def test_check_value_walks_dicts_and_tuples():
+    space = S.Dict({"a": S.Discrete(2), "b": S.Tuple([S.Box(0.0, 1.0, (1,)), S.Discrete(4)])})
+    got = S.check_value({"a": 1, "b": ([0.5], 3)}, space, "obs")
+    assert got["a"] == 1 and isinstance(got["b"], tuple) and got["b"][0].dtype == np.float32
+    with pytest.raises(ValueError, match=r"obs: expected a dict with keys \['a', 'b'\]"):
+        S.check_value({"a": 1}, space, "obs")
+    with pytest.raises(ValueError, match=r"obs\['b'\]: expected a sequence of 2 items"):
+        S.check_value({"a": 1, "b": [0.5]}, space, "obs")
+    with pytest.raises(ValueError, match=r"obs\['b'\]\[1\]: 9 outside Discrete"):
+        S.check_value({"a": 1, "b": ([0.5], 9)}, space, "obs")
+
+
+def test_without_values_only_structure_shapes_and_dtypes_are_checked():
+    box = S.Box(-1.0, 1.0, (2,))
+    x = np.array([np.nan, 5.0], np.float32)
+    assert S.check_value(x, box, "obs", values=False) is x  # no copy, no value check
+    assert S.check_value(7, S.Discrete(3), "act", values=False) == 7
+    with pytest.raises(ValueError, match="shape"):
+        S.check_value(np.zeros(3), box, "obs", values=False)
+
+
+@pytest.mark.parametrize("values", [True, False])
+def test_value_checker_agrees_with_check_value(values):
+    spaces = [
+        S.Box(-1.0, 1.0, (3,)),
+        S.Box(np.array([-1.0, -np.inf]), np.array([1.0, np.inf])),
+        S.Box(-np.inf, np.inf, (2,)),
+        S.Box(0, 5, (2,), np.int32),
+        S.Discrete(3),
+    ]
+    candidates = [
+        np.zeros(3, np.float32),
+        np.array([0.0, np.inf, 0.0], np.float32),
+        np.array([np.nan, 0.0], np.float32),
+        np.array([0.0, -np.inf], np.float32),
+        np.array([np.inf, 0.0], np.float32),
+        np.zeros(2, np.float64),
+        np.array([1, 2], np.int32),
+        np.int64(2),
+        5,
+        [0.0, 1.0],
+    ]
+    for space in spaces:
+        check = S.ValueChecker(space, values=values, error=_Bad)
+        for x in candidates:
+            try:
+                want = S.check_value(x, space, "v['k']", values=values, error=_Bad)
+            except _Bad as e:
+                with pytest.raises(_Bad) as info:
+                    check(x, "v", "k")
+                assert str(info.value) == str(e)
+                continue
+            got = check(x, "v", "k")
+            np.testing.assert_array_equal(got, want)
+            assert np.asarray(got).dtype == np.asarray(want).dtype
+            if values and isinstance(x, np.ndarray):
+                assert got is not x  # the caller's buffer is never kept

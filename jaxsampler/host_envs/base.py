@@ -1,4 +1,4 @@
-"""The one interface of every host-stepped env: ``poll()`` / ``send_actions()``.
+"""The one interface of every host-stepped env: ``poll(timeout)`` / ``send_actions()``.
 
 Envs that are not pure JAX (Gymnasium envs, dict-API multi-agent envs, an
 ``ExternalEnv`` driven by a simulator thread, the HTTP policy server) are all converted
@@ -7,8 +7,8 @@ to :class:`HostEnv`; the collector and the host sampler consume only this interf
 
 Nested dicts ``env_id -> agent_id -> value`` (:data:`MultiEnvDict`) carry the data of
 the sub-envs that are *ready*; sub-envs need not be in lockstep and a poll may return
-any subset of them (but at least one, unless every sub-env is finished, which only
-bounded sources such as replayed logs do).
+any subset of them: at least one, unless its ``timeout`` ran out, the env was closed, or
+every sub-env is finished (bounded sources such as replayed logs).
 
 Protocol, per sub-env ``env_id``:
 
@@ -18,7 +18,8 @@ Protocol, per sub-env ``env_id``:
 * afterwards each poll of ``env_id`` delivers one env step: ``obs`` of the agents that
   must act next (agents may be absent: they wait), ``rewards`` of any agent (summed by
   the collector into the agent's pending step), per-agent ``terminateds`` /
-  ``truncateds`` and the episode-wide ``"__all__"`` key in both; the final observations
+  ``truncateds`` and the episode-wide ``"__all__"`` key
+  (:data:`jaxsampler.constants.ALL_AGENTS`) in both; the final observations
   of agents that finish come in ``obs`` with their done flag (and need no action);
 * ``off_policy_actions[env_id][agent_id]`` is an action the env took itself (e.g.
   ``ExternalEnv.log_action``); the sampler records it instead of the policy's;
@@ -30,12 +31,24 @@ Protocol, per sub-env ``env_id``:
 
 from __future__ import annotations
 
+import abc
 from typing import Any, NamedTuple
 
-__all__ = ["HostEnv", "MultiEnvDict", "PollResult"]
+__all__ = ["REQUIRED_MEMBERS", "HostEnv", "MultiEnvDict", "PollResult", "check_host_env"]
 
 #: ``{env_id: {agent_id: value}}``
 MultiEnvDict = dict[Any, dict[Any, Any]]
+
+#: What every host env must provide (the samplers call or read each of them).
+REQUIRED_MEMBERS = (
+    "poll",
+    "send_actions",
+    "close",
+    "observation_space",
+    "action_space",
+    "agent_ids",
+    "num_envs",
+)
 
 
 class PollResult(NamedTuple):
@@ -49,27 +62,94 @@ class PollResult(NamedTuple):
     off_policy_actions: MultiEnvDict
 
 
-class HostEnv:
+class HostEnv(abc.ABC):
     """Base class of host-stepped (vector) envs; see the module docstring.
+
+    Subclasses implement :meth:`poll` and :meth:`send_actions` and set the four attributes
+    below (class attributes or in ``__init__``); :meth:`close`, :meth:`reset` and
+    :attr:`closed` have documented defaults. :func:`check_host_env` names whatever is
+    missing; the samplers call it at construction.
 
     Attributes:
         observation_space / action_space: one agent's spaces (jaxsampler spaces); agents
             share them (as on the device agent axis).
         agent_ids: the possible agent ids, in a fixed order (the agent index).
         num_envs: number of sub-envs (``env_id`` values are ``0 .. num_envs - 1`` unless
-            the env says otherwise, e.g. episode ids of external envs).
+            the env says otherwise, e.g. episode ids of external envs); for envs whose
+            sub-envs come and go, an upper bound on how many run at once.
+        resettable: whether :meth:`reset` is implemented; a subclass that overrides
+            :meth:`reset` gets ``True`` unless it sets the attribute itself.
     """
 
     observation_space: Any
     action_space: Any
     agent_ids: tuple[Any, ...]
     num_envs: int
+    resettable: bool = False
 
-    def poll(self) -> PollResult:
-        raise NotImplementedError
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        # Decided once per class, so the samplers never probe an instance for reset().
+        if "resettable" not in vars(cls) and "reset" in vars(cls):
+            cls.resettable = True
 
+    @abc.abstractmethod
+    def poll(self, timeout: float | None = None) -> PollResult:
+        """The data of the sub-envs that are ready (see the module docstring).
+
+        Args:
+            timeout: wait at most about this many seconds for a sub-env to become ready
+                (``None``: as long as the env needs). Envs that are always ready (lockstep
+                envs) ignore it; envs that wait for outside callers return empty dicts
+                when it runs out.
+        """
+
+    @abc.abstractmethod
     def send_actions(self, actions: MultiEnvDict) -> None:
-        raise NotImplementedError
+        """Answers the agents of the last poll: ``{env_id: {agent_id: action}}``."""
 
     def close(self) -> None:
-        """Releases resources (processes, threads, sockets). Idempotent."""
+        """Releases resources (processes, threads, sockets). Idempotent. Default: nothing."""
+        return None
+
+    def reset(self) -> None:
+        """Discards every running episode: every sub-env starts a new one at the next poll.
+
+        Optional: overriding it makes :attr:`resettable` ``True``. The default
+        raises, because an env whose episodes are driven from outside (external and served
+        envs) cannot discard them.
+
+        Raises:
+            NotImplementedError: the env cannot reset (:attr:`resettable` is ``False``).
+        """
+        raise NotImplementedError(
+            f"{type(self).__name__} has no reset(): its running episodes cannot be discarded"
+        )
+
+    @property
+    def closed(self) -> bool:
+        """``True`` once the env delivers nothing more (the sampler then ends its call).
+        Default: ``False`` (the env does not say)."""
+        return False
+
+
+def check_host_env(env: object) -> HostEnv:
+    """``env`` if it is a complete :class:`HostEnv`.
+
+    Raises:
+        TypeError: ``env`` lacks members of :data:`REQUIRED_MEMBERS` (all of them are
+            named), or has them all but does not subclass :class:`HostEnv`.
+    """
+    missing = [name for name in REQUIRED_MEMBERS if not hasattr(env, name)]
+    kind = type(env).__name__
+    if missing:
+        raise TypeError(
+            f"{kind} is not a complete host env: it lacks {', '.join(missing)} "
+            "(see jaxsampler.host_envs.HostEnv)"
+        )
+    if not isinstance(env, HostEnv):
+        raise TypeError(
+            f"{kind} has the host-env members but is not a jaxsampler.host_envs.HostEnv: "
+            "subclass HostEnv (it supplies close(), reset() and closed defaults)"
+        )
+    return env

@@ -2,12 +2,12 @@
 
 The simulator calls, from any number of threads, ``start_episode``, ``get_action``
 (blocks until the sampler answers), ``log_action`` (an action the simulator took itself),
-``log_returns`` and ``end_episode`` (RLlib's ExternalEnv API; ``shared/reference/
-rllib-semantics.md`` section 5). The sampler sees a :class:`~jaxsampler.host_envs.base.HostEnv`:
-one sub-env per running episode, ``env_id`` = episode id. ``poll()`` blocks until at least
-one request is ready, then waits at most ``max_wait_s`` for more (returning early once
-every running episode has a request waiting), so concurrent ``get_action`` calls are
-answered by one batched policy call; ``send_actions`` wakes exactly the callers answered.
+``log_returns`` and ``end_episode`` (RLlib's ExternalEnv API). The sampler sees a
+:class:`~jaxsampler.host_envs.base.HostEnv`: one sub-env per running episode,
+``env_id`` = episode id. ``poll()`` blocks until at least one request is ready, then
+waits at most ``max_wait_s`` for more (returning early once every running episode has a
+request waiting), so concurrent ``get_action`` calls are answered by one batched policy
+call; ``send_actions`` wakes exactly the callers answered.
 
 Per episode, one poll delivers one step: the first request is the first observation;
 each later request carries the rewards logged since the previous one; ``end_episode``
@@ -28,7 +28,7 @@ Deviations from RLlib, on purpose:
 * ids of finished episodes are remembered (for the "already completed" error) only up to
   ``max_finished_ids``, so memory stays bounded.
 
-Locally inferred steps (:class:`~jaxsampler.serving.server.PolicyClient` in ``local``
+Locally inferred steps (:class:`~jaxsampler.serving.client.PolicyClient` in ``local``
 mode) are ``log_action`` steps too (the ``off_policy_actions`` channel is how the
 HostEnv protocol records an action the env side chose) whose info has
 :data:`CLIENT_POLICY_INFO` = ``{"weights_version": int, "extra_model_outputs": {...}}``;
@@ -46,14 +46,13 @@ from collections import OrderedDict, deque
 from collections.abc import Callable, Mapping
 from typing import Any
 
-import numpy as np
-
 from jaxsampler.constants import ALL_AGENTS, DEFAULT_AGENT_ID
 from jaxsampler.episodes.ids import random_episode_id
 from jaxsampler.host_envs.base import HostEnv, MultiEnvDict, PollResult
-from jaxsampler.spaces import Box, Dict, Discrete, MultiDiscrete, Space, Tuple
+from jaxsampler.spaces import Space, ValueChecker
 
 __all__ = [
+    "ExternalEnvBase",
     "ExternalEnv",
     "ExternalMultiAgentEnv",
     "ExternalEnvError",
@@ -64,6 +63,8 @@ __all__ = [
     "WouldBlockError",
     "EnvClosedError",
     "CLIENT_POLICY_INFO",
+    "Waiter",
+    "check_reward",
 ]
 
 #: Info key of steps whose action a client computed with the served policy (local mode).
@@ -101,86 +102,6 @@ class EnvClosedError(RuntimeError):
 
 
 # -- validation ------------------------------------------------------------------------
-
-
-def check_value(x: Any, space: Space, what: str) -> Any:
-    """``x`` as numpy data of ``space`` (dtype cast within the same kind); raises
-    :class:`InvalidDataError` on a wrong structure, shape, dtype kind or discrete range."""
-    if isinstance(space, Dict):
-        if not isinstance(x, Mapping) or set(x) != set(space.spaces):
-            raise InvalidDataError(
-                f"{what}: expected a dict with keys {sorted(space.spaces)}, got {_short(x)}"
-            )
-        return {k: check_value(x[k], s, f"{what}[{k!r}]") for k, s in space.spaces.items()}
-    if isinstance(space, Tuple):
-        if not isinstance(x, (tuple, list)) or len(x) != len(space.spaces):
-            raise InvalidDataError(
-                f"{what}: expected a sequence of {len(space.spaces)} items, got {_short(x)}"
-            )
-        return tuple(
-            check_value(xi, s, f"{what}[{i}]") for i, (xi, s) in enumerate(zip(x, space.spaces))
-        )
-    try:
-        a = np.asarray(x)
-    except Exception as e:  # ragged lists and the like
-        raise InvalidDataError(f"{what}: not array-like ({e})") from None
-    if a.shape != tuple(space.shape):
-        raise InvalidDataError(f"{what}: expected shape {tuple(space.shape)}, got {a.shape}")
-    if a.dtype != space.dtype:
-        if a.dtype.kind not in "biuf" or not np.can_cast(a.dtype, space.dtype, casting="same_kind"):
-            raise InvalidDataError(f"{what}: dtype {a.dtype} cannot be cast to {space.dtype}")
-        a = a.astype(space.dtype)
-    if isinstance(space, Discrete) and not space.start <= int(a) < space.start + space.n:
-        raise InvalidDataError(f"{what}: {int(a)} outside Discrete({space.n}, start={space.start})")
-    if isinstance(space, MultiDiscrete) and np.any((a < 0) | (a >= space.nvec)):
-        raise InvalidDataError(f"{what}: {a.tolist()} outside MultiDiscrete({space.nvec.tolist()})")
-    if isinstance(space, Box) and a.dtype.kind == "f":
-        if np.isnan(a).any():
-            raise InvalidDataError(f"{what}: contains NaN")
-        if not (np.isfinite(a) | np.isinf(space.low) | np.isinf(space.high)).all():
-            raise InvalidDataError(f"{what}: contains an infinite value where {space!r} is bounded")
-    return a.copy() if a is x else a  # never keep a reference to the caller's buffer
-
-
-_all, _any = np.logical_and.reduce, np.logical_or.reduce
-
-
-class ValueChecker:
-    """:func:`check_value` for one space, with a fast path for the common case: an
-    ndarray of a :class:`Box`'s exact shape and dtype is only checked for values the box
-    cannot hold (NaN; infinities where a bound is finite) and copied (so a simulator may
-    reuse its buffer). Anything else goes through :func:`check_value`."""
-
-    __slots__ = ("space", "_shape", "_dtype", "_mode", "_unbounded")
-
-    def __init__(self, space: Space):
-        self.space = space
-        self._shape = self._dtype = self._mode = self._unbounded = None
-        if isinstance(space, Box):
-            self._shape, self._dtype, self._mode = tuple(space.shape), space.dtype, "any"
-            if space.dtype.kind == "f":
-                unbounded = np.isinf(space.low) | np.isinf(space.high)
-                self._mode = (
-                    "nan" if unbounded.all() else ("finite" if not unbounded.any() else "mask")
-                )
-                self._unbounded = unbounded
-
-    def __call__(self, x: Any, kind: str, agent: Any) -> Any:
-        """``kind`` and ``agent`` name the value in an error message (``kind[agent]``)."""
-        if type(x) is np.ndarray and x.dtype == self._dtype and x.shape == self._shape:
-            mode = self._mode
-            # ufunc reductions directly (ndarray.all/any go through a Python wrapper)
-            if (
-                mode == "any"
-                or (mode == "finite" and _all(np.isfinite(x), axis=None))
-                or (mode == "nan" and not _any(np.isnan(x), axis=None))
-                or (
-                    mode == "mask"
-                    and _all(np.isfinite(x) | (self._unbounded & ~np.isnan(x)), axis=None)
-                )
-            ):
-                return x.copy()
-        return check_value(x, self.space, f"{kind}[{agent!r}]")
 
 
 def _short(x: Any) -> str:
@@ -306,9 +227,13 @@ class _Episode:
 
 
 class ExternalEnvBase(HostEnv):
-    """Shared machinery; public classes differ in how they wrap agent dicts."""
+    """Shared machinery of :class:`ExternalEnv` and :class:`ExternalMultiAgentEnv`, which
+    differ only in how they wrap agent dicts. Its agent-dict methods (:meth:`submit`,
+    :meth:`expire_waiter`, :meth:`log_agent_returns`, :meth:`end_agent_episode`) are what
+    the policy server calls."""
 
-    _multi_agent = False
+    #: whether the public methods take agent dicts (``ExternalMultiAgentEnv``)
+    multi_agent = False
 
     def __init__(
         self,
@@ -327,8 +252,8 @@ class ExternalEnvBase(HostEnv):
             raise ValueError(f"max_wait_s must be >= 0, got {max_wait_s}")
         self.observation_space, self.action_space = observation_space, action_space
         self._obs_check, self._act_check = (
-            ValueChecker(observation_space),
-            ValueChecker(action_space),
+            ValueChecker(observation_space, error=InvalidDataError),
+            ValueChecker(action_space, error=InvalidDataError),
         )
         self.agent_ids = tuple(agent_ids)
         self.max_wait_s, self.action_timeout_s = float(max_wait_s), float(action_timeout_s)
@@ -338,6 +263,8 @@ class ExternalEnvBase(HostEnv):
             int(max_queued_steps),
         )
         self.max_finished_ids = int(max_finished_ids)
+        #: the HostEnv's sub-env count: an upper bound on concurrently running episodes
+        self.num_envs = self.max_concurrent_episodes
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)  # the poller waits here
         self._room = threading.Condition(self._lock)  # log_action back pressure waits here
@@ -352,11 +279,6 @@ class ExternalEnvBase(HostEnv):
             None  # what a poll() blocked in _cond waits for: "any" / "all" requests
         )
         self.stats = {"polls": 0, "steps_delivered": 0, "abandoned": 0, "dropped_actions": 0}
-
-    @property
-    def num_envs(self) -> int:  # type: ignore[override]
-        """Upper bound on concurrently running episodes (the number of sub-env slots)."""
-        return self.max_concurrent_episodes
 
     # -- user loop (RLlib style) ---------------------------------------------------------
 
@@ -406,12 +328,13 @@ class ExternalEnvBase(HostEnv):
         timeout: float | None = None,
         cancelled: Callable[[], bool] | None = None,
     ) -> dict:
-        waiter = self._submit(episode_id, obs, None, None, want_action=True)
+        waiter = self.submit(episode_id, obs, None, None, want_action=True)
+        assert waiter is not None  # a request that wants an action always has a waiter
         return self._wait(
             episode_id, waiter, self.action_timeout_s if timeout is None else timeout, cancelled
         )
 
-    def _submit(
+    def submit(
         self,
         episode_id: str,
         obs: dict,
@@ -448,11 +371,15 @@ class ExternalEnvBase(HostEnv):
                 ):
                     if not block:
                         raise WouldBlockError(
-                            f"episode {episode_id}: {len(ep.pending)} logged steps wait to be polled"
+                            f"episode {episode_id}: {len(ep.pending)} logged steps wait to be "
+                            "polled"
                         )
                     left = deadline - time.monotonic()
                     if left <= 0:
-                        why = f"{len(ep.pending)} logged steps not polled within {self.action_timeout_s} s"
+                        why = (
+                            f"{len(ep.pending)} logged steps not polled within "
+                            f"{self.action_timeout_s} s"
+                        )
                         self._abandon(ep, why)
                         raise TimeoutError(f"episode {episode_id}: {why}; episode abandoned")
                     ep.blocked += 1  # a caller waiting here is not idle (episode_timeout_s)
@@ -484,7 +411,7 @@ class ExternalEnvBase(HostEnv):
             gone = cancelled is not None and cancelled()
             if left <= 0 or gone:
                 why = "client disconnected" if gone else f"get_action timed out after {timeout} s"
-                if not self._expire(episode_id, waiter, why):
+                if not self.expire_waiter(episode_id, waiter, why):
                     break  # answered meanwhile
                 if gone:
                     raise ConnectionAbortedError(f"episode {episode_id}: {why}")
@@ -495,7 +422,7 @@ class ExternalEnvBase(HostEnv):
             raise waiter.error
         return waiter.value
 
-    def _expire(self, episode_id: str, waiter: Waiter, why: str) -> bool:
+    def expire_waiter(self, episode_id: str, waiter: Waiter, why: str) -> bool:
         """Gives up a waiting ``get_action`` (timeout, client gone): abandons its episode
         unless the answer came first. Returns whether it abandoned."""
         with self._lock:
@@ -509,9 +436,11 @@ class ExternalEnvBase(HostEnv):
                 waiter.set()
             return True
 
-    def _log_returns(
+    def log_agent_returns(
         self, episode_id: str, rewards: Mapping, infos: Mapping | None, dones: Mapping | None
     ) -> None:
+        """``log_returns`` with agent dicts (what both public classes and the policy
+        server call): rewards are checked and summed into each agent's pending reward."""
         if not isinstance(rewards, Mapping):
             raise InvalidDataError(f"rewards must be a dict agent -> reward, got {_short(rewards)}")
         ids = self.agent_ids
@@ -549,8 +478,10 @@ class ExternalEnvBase(HostEnv):
                 ep.newly_done |= newly_done
             ep.last_activity = time.monotonic()
 
-    def _end_episode(self, episode_id: str, obs: dict, truncated: bool) -> None:
-        obs = self._check_obs(obs, allow_empty=self._multi_agent)
+    def end_agent_episode(self, episode_id: str, obs: dict, truncated: bool) -> None:
+        """``end_episode`` with an agent dict of final observations (what both public
+        classes and the policy server call)."""
+        obs = self._check_obs(obs, allow_empty=self.multi_agent)
         with self._lock:
             ep = self._open_episode(episode_id)
             self._check_done_agents(ep, obs, final=True)
@@ -651,7 +582,8 @@ class ExternalEnvBase(HostEnv):
         return self._closed
 
     def close(self) -> None:
-        """Fails every blocked caller with :class:`EnvClosedError` and wakes the poller. Idempotent."""
+        """Fails every blocked caller with :class:`EnvClosedError` and wakes the poller.
+        Idempotent."""
         with self._lock:
             if self._closed:
                 return
@@ -878,7 +810,7 @@ class ExternalEnvBase(HostEnv):
 
 
 class ExternalEnv(ExternalEnvBase):
-    """A single-agent external env (agent id :data:`~jaxsampler.envs.base.DEFAULT_AGENT_ID`).
+    """A single-agent external env (agent id :data:`~jaxsampler.constants.DEFAULT_AGENT_ID`).
 
     Args:
         observation_space / action_space: jaxsampler spaces; observations are validated
@@ -910,7 +842,7 @@ class ExternalEnv(ExternalEnvBase):
     ) -> None:
         """Records a step whose action the simulator chose (``off_policy_actions``);
         ``info`` entries are added to that step's info. Returns without waiting."""
-        self._submit(
+        self.submit(
             episode_id,
             {DEFAULT_AGENT_ID: observation},
             {DEFAULT_AGENT_ID: action},
@@ -921,7 +853,7 @@ class ExternalEnv(ExternalEnvBase):
     def log_returns(self, episode_id: str, reward: float, info: dict | None = None) -> None:
         """Adds ``reward`` to the previous action's reward (summed until the next step);
         ``info`` (a dict) becomes the next step's info."""
-        self._log_returns(
+        self.log_agent_returns(
             episode_id,
             {DEFAULT_AGENT_ID: reward},
             None if info is None else {DEFAULT_AGENT_ID: info},
@@ -930,7 +862,7 @@ class ExternalEnv(ExternalEnvBase):
 
     def end_episode(self, episode_id: str, observation: Any, *, truncated: bool = False) -> None:
         """Ends the episode with its final observation (terminated, or truncated)."""
-        self._end_episode(episode_id, {DEFAULT_AGENT_ID: observation}, truncated)
+        self.end_agent_episode(episode_id, {DEFAULT_AGENT_ID: observation}, truncated)
 
 
 class ExternalMultiAgentEnv(ExternalEnvBase):
@@ -943,7 +875,7 @@ class ExternalMultiAgentEnv(ExternalEnvBase):
     which it gets no action and may not observe again.
     """
 
-    _multi_agent = True
+    multi_agent = True
 
     def __init__(
         self, observation_space: Space, action_space: Space, *, agent_ids: Any, **kwargs: Any
@@ -970,7 +902,7 @@ class ExternalMultiAgentEnv(ExternalEnvBase):
     ) -> None:
         """Records a step with the simulator's own actions (one per observing agent);
         ``info`` (``{agent: dict}``) entries are added to that step's infos."""
-        self._submit(episode_id, observation_dict, action_dict, info, False)
+        self.submit(episode_id, observation_dict, action_dict, info, False)
 
     def log_returns(
         self,
@@ -980,10 +912,10 @@ class ExternalMultiAgentEnv(ExternalEnvBase):
         multiagent_done_dict: dict | None = None,
     ) -> None:
         """Adds per-agent rewards; ``info_dict`` holds per-agent infos for the next step."""
-        self._log_returns(episode_id, reward_dict, info_dict, multiagent_done_dict)
+        self.log_agent_returns(episode_id, reward_dict, info_dict, multiagent_done_dict)
 
     def end_episode(
         self, episode_id: str, observation_dict: dict, *, truncated: bool = False
     ) -> None:
         """Ends the episode with the agents' final observations."""
-        self._end_episode(episode_id, observation_dict, truncated)
+        self.end_agent_episode(episode_id, observation_dict, truncated)

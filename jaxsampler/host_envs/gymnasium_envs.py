@@ -1,7 +1,7 @@
 """Adapters from Python envs to :class:`~jaxsampler.host_envs.base.HostEnv`.
 
 * :class:`GymnasiumHostEnv`: single-agent Gymnasium envs (``reset(seed=)`` /
-  5-tuple ``step``), agent id :data:`jaxsampler.envs.base.DEFAULT_AGENT_ID`;
+  5-tuple ``step``), agent id :data:`jaxsampler.constants.DEFAULT_AGENT_ID`;
 * :class:`MultiAgentDictEnv`: multi-agent envs with dict observations, either RLlib's
   ``MultiAgentEnv`` API (``"__all__"`` in the done dicts) or PettingZoo's parallel API
   (``agents`` / ``possible_agents``, no ``"__all__"``).
@@ -107,14 +107,16 @@ class _LockstepEnv(HostEnv):
 
     # -- HostEnv -----------------------------------------------------------------------
 
-    def poll(self) -> PollResult:
-        """Resets the sub-envs that need it and steps the answered ones; returns their data."""
+    def poll(self, timeout: float | None = None) -> PollResult:
+        """Resets the sub-envs that need it and steps the answered ones; returns their data
+        (``timeout`` is ignored: every answered sub-env is ready)."""
         if self._closed:
             raise RuntimeError("poll() on a closed env")
         ready = [i for i in range(self.num_envs) if self._needs_reset[i] or i in self._actions]
         if not ready:
             raise RuntimeError(
-                "poll(): no sub-env is ready; answer the last poll's observations with send_actions() first"
+                "poll(): no sub-env is ready; answer the last poll's observations with "
+                "send_actions() first"
             )
         jobs = [(i, self._actions.pop(i, None)) for i in ready]
         run = lambda job: self._reset_one(job[0]) if job[1] is None else self._step_one(*job)
@@ -150,7 +152,8 @@ class _LockstepEnv(HostEnv):
         for env_id, per_agent in actions.items():
             if env_id not in self._awaiting:
                 raise KeyError(
-                    f"send_actions: env {env_id!r} is not waiting for actions (waiting: {sorted(self._awaiting)}); "
+                    f"send_actions: env {env_id!r} is not waiting for actions (waiting: "
+                    f"{sorted(self._awaiting)}); "
                     "answer only the sub-envs of the last poll whose episode is not done"
                 )
             want = self._awaiting[env_id]
@@ -161,7 +164,8 @@ class _LockstepEnv(HostEnv):
                     else type(per_agent).__name__
                 )
                 raise ValueError(
-                    f"send_actions: env {env_id!r} needs actions for agents {sorted(map(str, want))}, got {got}"
+                    f"send_actions: env {env_id!r} needs actions for agents "
+                    f"{sorted(map(str, want))}, got {got}"
                 )
             checked[env_id] = {
                 a: self._check_action(env_id, a, act) for a, act in per_agent.items()
@@ -203,7 +207,8 @@ class _LockstepEnv(HostEnv):
             arr = np.asarray(action)
             if arr.shape != () or not np.issubdtype(arr.dtype, np.integer):
                 raise ValueError(
-                    f"send_actions: env {env_id!r} agent {agent_id!r}: a Discrete action must be an integer scalar, "
+                    f"send_actions: env {env_id!r} agent {agent_id!r}: a Discrete action must be "
+                    "an integer scalar, "
                     f"got {action!r}"
                 )
             return int(arr)
@@ -211,7 +216,8 @@ class _LockstepEnv(HostEnv):
             arr = np.asarray(action, dtype=space.dtype)
             if arr.shape != space.shape:
                 raise ValueError(
-                    f"send_actions: env {env_id!r} agent {agent_id!r}: action shape {arr.shape} does not match "
+                    f"send_actions: env {env_id!r} agent {agent_id!r}: action shape {arr.shape} "
+                    "does not match "
                     f"the action space {space} (shape {space.shape})"
                 )
             return arr
@@ -266,7 +272,8 @@ class GymnasiumHostEnv(_LockstepEnv):
                 self.action_space
             ):
                 raise ValueError(
-                    f"all sub-envs must share their spaces: envs[0] has {self.observation_space!r} / "
+                    f"all sub-envs must share their spaces: envs[0] has {self.observation_space!r} "
+                    "/ "
                     f"{self.action_space!r}, envs[{i}] has {o!r} / {a!r}"
                 )
         super().__init__(made, seed, num_threads)
@@ -389,7 +396,8 @@ class MultiAgentDictEnv(_LockstepEnv):
         for aid, s in zip(self.agent_ids, per_agent):
             if _space_key(s) != _space_key(per_agent[0]):
                 raise ValueError(
-                    f"agents must share one {what} space (one agent axis): {self.agent_ids[0]!r} has "
+                    f"agents must share one {what} space (one agent axis): {self.agent_ids[0]!r} "
+                    "has "
                     f"{per_agent[0]!r}, {aid!r} has {s!r}; pad them to a common space"
                 )
         return per_agent[0]
@@ -402,7 +410,8 @@ class MultiAgentDictEnv(_LockstepEnv):
             for a in d:
                 if a != ALL_AGENTS and a not in self.agent_ids:
                     raise ValueError(
-                        f"sub-env {i} returned data for agent {a!r}, which is not one of agent_ids {self.agent_ids}"
+                        f"sub-env {i} returned data for agent {a!r}, which is not one of agent_ids "
+                        f"{self.agent_ids}"
                     )
 
     def _reset_one(self, i: int) -> tuple:

@@ -62,7 +62,8 @@ class GymnasiumVectorHostEnv(HostEnv):
         mode = vector_env.metadata.get("autoreset_mode", gymnasium.vector.AutoresetMode.NEXT_STEP)
         if str(getattr(mode, "value", mode)) != gymnasium.vector.AutoresetMode.NEXT_STEP.value:
             raise ValueError(
-                f"the vector env uses autoreset mode {mode!r}; jaxsampler needs AutoresetMode.NEXT_STEP "
+                f"the vector env uses autoreset mode {mode!r}; jaxsampler needs "
+                "AutoresetMode.NEXT_STEP "
                 "(the default; pass autoreset_mode=gymnasium.vector.AutoresetMode.NEXT_STEP)"
             )
         self._vec, self._seed = vector_env, seed
@@ -87,7 +88,8 @@ class GymnasiumVectorHostEnv(HostEnv):
         self._awaiting.clear()
         self._actions.clear()
 
-    def poll(self) -> PollResult:
+    def poll(self, timeout: float | None = None) -> PollResult:
+        """Steps every sub-env at once (``timeout`` is ignored: the vector env is always ready)."""
         a = DEFAULT_AGENT_ID
         out = PollResult({}, {}, {}, {}, {}, {})
         if not self._started:
@@ -145,7 +147,8 @@ class GymnasiumVectorHostEnv(HostEnv):
             action = np.asarray(per_agent[a])
             if not self._gym_action_space.contains(action.astype(self._gym_action_space.dtype)):
                 raise ValueError(
-                    f"send_actions: env {env_id!r}: {per_agent[a]!r} is not in {self._gym_action_space}"
+                    f"send_actions: env {env_id!r}: {per_agent[a]!r} is not in "
+                    f"{self._gym_action_space}"
                 )
             self._actions[env_id] = action
         self._awaiting -= set(actions)

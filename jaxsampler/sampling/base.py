@@ -27,7 +27,13 @@ import numpy as np
 
 from jaxsampler.episodes import MultiAgentBatch, MultiAgentEpisode, SingleAgentEpisode
 
-__all__ = ["Sampler", "SamplerMetrics", "check_sample_counts", "check_lookback"]
+__all__ = [
+    "Sampler",
+    "SamplerMetrics",
+    "check_lookback",
+    "check_positive_int",
+    "check_sample_counts",
+]
 
 
 @dataclasses.dataclass
@@ -65,13 +71,20 @@ class SamplerMetrics:
             self.episode_len_max = float(np.max(lengths))
 
 
+def check_positive_int(name: str, value: Any) -> int:
+    """Validates an int >= 1 argument (numpy ints count, bools do not) and returns it."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+    return int(value)
+
+
 def check_sample_counts(num_timesteps: Any, num_episodes: Any) -> None:
     """Validates the ``num_timesteps`` / ``num_episodes`` arguments of ``sample()``."""
     if num_timesteps is not None and num_episodes is not None:
         raise ValueError("give num_timesteps or num_episodes, not both")
     for name, v in (("num_timesteps", num_timesteps), ("num_episodes", num_episodes)):
-        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1):
-            raise ValueError(f"{name} must be an int >= 1, got {v!r}")
+        if v is not None:
+            check_positive_int(name, v)
 
 
 def check_lookback(episode_lookback_horizon: Any) -> int:

@@ -1,22 +1,28 @@
 """``SampleCollector``: per-agent experience in, episodes and batches out (RLlib's old API).
 
-The method names and arguments are those of RLlib's old-stack ``SampleCollector``
-(``shared/reference/rllib-semantics.md`` section 6). Internally every episode is a
+The method names and arguments are those of RLlib's old-stack ``SampleCollector`` (the
+sampler-side object that gathers per-agent steps of many concurrent episodes, serves the
+policies' inference inputs and builds the training batches). Internally every episode is a
 jaxsampler :class:`MultiAgentEpisode`, fed with ``add_env_reset`` / ``add_env_step``, so
 host-stepped and serving envs produce the same episode objects, and the same batch
 columns, as the device :class:`jaxsampler.Sampler`.
 
-Flow per env step (what :class:`jaxsampler.sampling.host.HostSampler` does)::
+Flow per env step (what :class:`jaxsampler.sampling.feeds.CollectorFeed` does for the
+:class:`jaxsampler.sampling.host.HostSampler`)::
 
-    collector.add_init_obs(episode=ep, agent_id=a, env_id=e, policy_id=p, init_obs=obs)  # episode start / late join
-    batch = collector.get_inference_input_dict(p)    # rows to act on: obs, env_id, agent_id, ...
-    ...                                              # compute actions, step the env
-    collector.add_action_reward_next_obs(ep.id_, a, e, p, agent_done, {"actions": ..., "rewards": ...,
-                                         "new_obs": ..., "terminateds": ..., "truncateds": ..., "infos": ...,
-                                         **extra_model_outputs})   # once per agent with data this step
-    collector.episode_step(ep, terminateds=env_terms, truncateds=env_truncs)   # once per env step
+    # episode start, or an agent joining late:
+    collector.add_init_obs(episode=ep, agent_id=a, env_id=e, policy_id=p, init_obs=obs)
+    batch = collector.get_inference_input_dict(p)  # rows to act on: obs, env_id, agent_id, ...
+    ...  # compute actions, step the env
+    # once per agent with data this step:
+    collector.add_action_reward_next_obs(
+        ep.id_, a, e, p, agent_done,
+        {"actions": ..., "rewards": ..., "new_obs": ..., "terminateds": ...,
+         "truncateds": ..., "infos": ..., **extra_model_outputs},
+    )
+    collector.episode_step(ep, terminateds=env_terms, truncateds=env_truncs)  # once per step
     collector.postprocess_episode(ep, is_done=True)  # when the episode ended
-    batch = collector.build_multi_agent_batch()      # or try_build_truncated_episode_multi_agent_batch()
+    batch = collector.build_multi_agent_batch()  # or try_build_truncated_episode_...()
 
 Semantics of one agent's values in an env step (the :class:`MultiAgentEpisode` rules):
 ``actions`` is the action the agent took on its previous observation (absent if it did
@@ -57,8 +63,9 @@ from jaxsampler.episodes.batch import MultiAgentBatch, SampleBatch
 from jaxsampler.episodes.lookback import batch as stack
 from jaxsampler.episodes.lookback import tree_map
 from jaxsampler.episodes.multi_agent import MultiAgentEpisode
+from jaxsampler.sampling.base import check_lookback, check_positive_int
 
-__all__ = ["SampleCollector", "episodes_to_batch"]
+__all__ = ["SampleCollector", "concat_rows", "episodes_to_batch", "step_rows"]
 
 _STEP_KEYS = frozenset({"actions", "rewards", "new_obs", "infos", "terminateds", "truncateds"})
 
@@ -112,18 +119,12 @@ class SampleCollector:
             raise ValueError(
                 f"count_steps_by must be 'env_steps' or 'agent_steps', got {count_steps_by!r}"
             )
-        if not isinstance(rollout_fragment_length, int) or rollout_fragment_length < 1:
-            raise ValueError(
-                f"rollout_fragment_length must be an int >= 1, got {rollout_fragment_length!r}"
-            )
-        if not isinstance(episode_lookback_horizon, int) or episode_lookback_horizon < 0:
-            raise ValueError(
-                f"episode_lookback_horizon must be an int >= 0, got {episode_lookback_horizon!r}"
-            )
-        self.rollout_fragment_length = rollout_fragment_length
+        self.rollout_fragment_length = check_positive_int(
+            "rollout_fragment_length", rollout_fragment_length
+        )
         self.count_steps_by = count_steps_by
         self.agent_ids = tuple(agent_ids) if agent_ids is not None else None
-        self.episode_lookback_horizon = episode_lookback_horizon
+        self.episode_lookback_horizon = check_lookback(episode_lookback_horizon)
         self.clip_rewards = clip_rewards
         self.policy_ids = tuple(policy_ids or ())
         self._episodes: dict[Any, MultiAgentEpisode] = {}  # running chunk per episode id
@@ -289,7 +290,9 @@ class SampleCollector:
             cols["eps_id"].append(eid)
             cols["agent_index"].append(self._agent_index(ep, aid))
             cols["t"].append(ep.agent_episodes[aid].t)
-        out = {k: _obj_array(v) for k, v in cols.items() if k in ("env_id", "agent_id", "eps_id")}
+        out: dict[str, Any] = {
+            k: _obj_array(v) for k, v in cols.items() if k in ("env_id", "agent_id", "eps_id")
+        }
         out["agent_index"] = np.asarray(cols["agent_index"], np.int64)
         out["t"] = np.asarray(cols["t"], np.int64)
         out["obs"] = stack([e[3] for e in entries])
@@ -323,9 +326,9 @@ class SampleCollector:
                 not_done = [a for a, sa in ep.agent_episodes.items() if not sa.is_done]
                 if not ep.is_done or not_done:
                     raise ValueError(
-                        f"postprocess_episode(is_done=True, check_dones=True): episode {eid!r} is not done "
-                        f"(is_terminated={ep.is_terminated}, is_truncated={ep.is_truncated}, agents not done: "
-                        f"{not_done})"
+                        f"postprocess_episode(is_done=True, check_dones=True): episode {eid!r} "
+                        f"is not done (is_terminated={ep.is_terminated}, "
+                        f"is_truncated={ep.is_truncated}, agents not done: {not_done})"
                     )
             self._forget(eid)
             closed = ep
@@ -409,9 +412,8 @@ class SampleCollector:
                 raise ValueError(f"another episode object with id {episode.id_!r} is running")
             ep = episode
         else:
-            ep = self._episodes.get(episode)
-            if ep is None:
-                ep = MultiAgentEpisode(episode)
+            known = self._episodes.get(episode)
+            ep = known if known is not None else MultiAgentEpisode(episode)
         if ep.id_ not in self._episodes:
             if ep.is_done:
                 raise ValueError(f"episode {ep.id_!r} is already done")
@@ -434,6 +436,8 @@ class SampleCollector:
             ) from None
 
     def _map_policy(self, ep: MultiAgentEpisode, agent_id: Any, policy_id: Any) -> None:
+        # MultiAgentEpisode has no public way yet to record an agent's module once it is
+        # known (only its mapping function, at construction): the one private write here.
         current = ep._agent_to_module_mapping.get(agent_id)
         if current is None:
             ep._agent_to_module_mapping[agent_id] = policy_id
@@ -540,7 +544,8 @@ def _agent_rows(sa: Any, index: int) -> dict[str, Any]:
     )
 
 
-def _concat(parts: list[Any]) -> Any:
+def concat_rows(parts: list[Any]) -> Any:
+    """One column of several row dicts joined (lists chained, arrays concatenated)."""
     if isinstance(parts[0], list):
         return [x for p in parts for x in p]
     return tree_map(lambda *xs: np.concatenate([np.asarray(x) for x in xs]), parts[0], *parts[1:])
@@ -577,7 +582,7 @@ def episodes_to_batch(
     for pid, rows in parts.items():
         if not rows:
             continue
-        cols = {k: _concat([r[k] for r in rows]) for k in rows[0]}
+        cols = {k: concat_rows([r[k] for r in rows]) for k in rows[0]}
         if clip_rewards is True:
             cols[SampleBatch.REWARDS] = np.sign(cols[SampleBatch.REWARDS]).astype(np.float32)
         elif clip_rewards:

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import inspect
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from jaxsampler.envs.base import Env
 from jaxsampler.host_envs import GymnasiumHostEnv, GymnasiumVectorHostEnv, HostEnv
+from jaxsampler.host_envs.base import check_host_env
+
+if TYPE_CHECKING:  # base imports this module when a Sampler is built
+    from jaxsampler.sampling.base import Sampler
 
 __all__ = ["as_host_env", "sampler_class"]
 
@@ -24,9 +28,14 @@ _SIGNATURE = inspect.Signature(
 
 def as_host_env(env: Any, num_envs: int | None, seed: int) -> HostEnv | None:
     """``env`` as a :class:`HostEnv` if it is host-stepped (a HostEnv, a Gymnasium env or
-    vector env, a list of envs or factories, or ``"gym:<id>"``), else ``None``."""
-    if isinstance(env, HostEnv):
-        return env
+    vector env, a list of envs or factories, or ``"gym:<id>"``), else ``None``.
+
+    Raises:
+        TypeError: ``env`` looks like a host env (it has ``poll`` or ``send_actions``) but
+            is not a complete :class:`HostEnv`; the message names what it lacks.
+    """
+    if isinstance(env, HostEnv) or hasattr(env, "poll") or hasattr(env, "send_actions"):
+        return check_host_env(env)
     if type(env).__module__.startswith("gymnasium.vector"):
         return GymnasiumVectorHostEnv(env, seed=seed)
     if isinstance(env, str) and env.startswith("gym:"):
@@ -41,7 +50,9 @@ def as_host_env(env: Any, num_envs: int | None, seed: int) -> HostEnv | None:
     return None
 
 
-def sampler_class(args: tuple, kwargs: dict) -> tuple[type, tuple, dict]:
+def sampler_class(
+    args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[type[Sampler], tuple[Any, ...], dict[str, Any]]:
     """The sampler class for ``Sampler(*args, **kwargs)`` and the arguments to build it with."""
     from jaxsampler.sampling.device import DeviceSampler
     from jaxsampler.sampling.host import HostSampler
@@ -63,7 +74,7 @@ def sampler_class(args: tuple, kwargs: dict) -> tuple[type, tuple, dict]:
     if options.get("env_params") is not None:
         raise ValueError("env_params are for pure-JAX envs; configure a host-stepped env directly")
     options.pop("env_params", None)
-    if num_envs is not None and getattr(host, "num_envs", num_envs) != num_envs:
+    if num_envs is not None and host.num_envs != num_envs:
         raise ValueError(f"num_envs={num_envs} but the host env has {host.num_envs} sub-envs")
     return (
         HostSampler,

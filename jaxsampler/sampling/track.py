@@ -1,23 +1,28 @@
-"""Single-agent episodes of a host-stepped env as plain lists (the HostSampler's fast path).
+"""Single-agent episodes of a host-stepped env as plain lists (the host sampler's track feed).
 
 A host env with one agent delivers, per poll of a running sub-env, the agent's next
 observation, its reward and flags: one complete step. :class:`Track` appends such steps
 to Python lists (a few list appends per step instead of the general
 :class:`~jaxsampler.episodes.multi_agent.MultiAgentEpisode` bookkeeping of hanging
 actions and per-agent maps) and builds, only when a chunk closes, the same numpy'ized
-:class:`~jaxsampler.episodes.single_agent.SingleAgentEpisode` and the same batch rows that the
-collector path builds (``tests/test_hostenv_track.py`` checks the two paths agree).
+:class:`~jaxsampler.episodes.single_agent.SingleAgentEpisode` and the same batch rows
+that the collector feed builds (:mod:`jaxsampler.sampling.feeds`; the tests check that
+the two feeds agree). :class:`TrackFeed` is the host sampler's feed made of tracks.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from jaxsampler.constants import ALL_AGENTS
+from jaxsampler.episodes.batch import MultiAgentBatch, SampleBatch
 from jaxsampler.episodes.lookback import batch as stack
 from jaxsampler.episodes.single_agent import SingleAgentEpisode
-from jaxsampler.sampling.collector import step_rows
+from jaxsampler.host_envs.base import PollResult
+from jaxsampler.sampling.collector import concat_rows, step_rows
+from jaxsampler.sampling.feeds import Books, DoneRecord, Feed, QueuedRows, env_ids_of, episode_over
 
-__all__ = ["Track", "track_rows"]
+__all__ = ["Track", "TrackFeed", "track_rows"]
 
 
 class Track:
@@ -139,3 +144,130 @@ def track_rows(track: Track, agent_index: int = 0) -> dict[str, Any]:
         list(track.infos[lb:-1]),
         {k: stack(col[lb:]) for k, col in track.extras.items()},
     )
+
+
+class TrackFeed(Feed):
+    """The feed of single-agent envs: one list :class:`Track` per running episode."""
+
+    def __init__(self, books: Books):
+        if len(books.agent_ids) != 1:
+            raise ValueError(
+                f"the track feed is for single-agent envs; this env has agents {books.agent_ids}"
+            )
+        super().__init__(books)
+        self.agent = books.agent_ids[0]
+        self._tracks: dict[Any, Track] = {}  # env id -> running chunk
+        self._closed: list[Track] = []  # chunks closed in this call
+        self._queue: list[tuple[Any, Any]] = []  # (env id, observation) waiting for an action
+        self._env_steps: dict[str, int] = {}  # episode id -> env steps (polls) so far
+
+    def queued(self) -> list[QueuedRows]:
+        queue, self._queue = self._queue, []
+        if not queue:
+            return []
+        n = len(queue)
+        pid = self.books.mapping[self.agent]
+        return [(pid, stack([o for _, o in queue]), [e for e, _ in queue], [self.agent] * n)]
+
+    def feed(self, res: PollResult, obs: dict[Any, dict[Any, Any]], done: list[DoneRecord]) -> int:
+        b, agent = self.books, self.agent
+        steps = 0
+        for e in env_ids_of(res):
+            rank = b.rank(e)
+            o = obs.get(e, {})
+            tr = self._tracks.get(e)
+            if tr is None:  # a new episode (rewards before acting belong to no step)
+                if agent not in o or episode_over(res, e):  # ended before its first step
+                    continue
+                info = res.infos.get(e, {}).get(agent)
+                tr = self._tracks[e] = Track(
+                    b.new_episode_id(), [o[agent]], [{} if info is None else info]
+                )
+                b.returns[tr.id_] = 0.0
+                self._env_steps[tr.id_] = 0
+                b.states.pop((e, agent), None)
+                self._queue.append((e, o[agent]))
+                b.off_policy[e] = res.off_policy_actions.get(e, {})
+                continue
+            rewards = res.rewards.get(e, {})
+            terms, truncs = res.terminateds.get(e, {}), res.truncateds.get(e, {})
+            term, trunc = bool(terms.get(agent, False)), bool(truncs.get(agent, False))
+            all_done = bool(terms.get(ALL_AGENTS, False) or truncs.get(ALL_AGENTS, False))
+            reward = float(rewards.get(agent, 0.0))
+            sent = b.actions.pop(e, None)
+            if agent in o:
+                if sent is None:
+                    raise ValueError(
+                        f"env {e!r} delivered an observation for agent {agent!r}, which has one "
+                        "waiting for its action"
+                    )
+                action, extras = sent[agent]
+                tr.step(action, extras, reward, o[agent], res.infos.get(e, {}).get(agent) or {})
+                tr.terminated, tr.truncated = term, trunc
+                if not (term or trunc or all_done):
+                    self._queue.append((e, o[agent]))
+            else:  # a reward-only poll: the step hangs until the next observation
+                if term or trunc or all_done:
+                    raise ValueError(
+                        f"env {e!r}: agent {agent!r} is done but its final observation is missing"
+                    )
+                if sent is not None:
+                    b.actions[e] = sent
+                tr.hanging_reward += reward
+            b.returns[tr.id_] += float(sum(rewards.values()))
+            self._env_steps[tr.id_] += 1
+            tr.polls += 1
+            steps += 1
+            if all_done:
+                b.finished[tr.id_] = (rank, b.poll_index)
+                done.append((tr.id_, b.returns.pop(tr.id_), self._env_steps.pop(tr.id_)))
+                self._closed.append(tr)
+                del self._tracks[e]
+                b.off_policy.pop(e, None)
+                b.states.pop((e, agent), None)
+            else:
+                b.off_policy[e] = res.off_policy_actions.get(e, {})
+        b.poll_index += 1
+        return steps
+
+    def close_call(self, discard_running: bool) -> list[Any]:
+        if discard_running:
+            for tr in self._tracks.values():
+                self.books.returns.pop(tr.id_, None)
+                self._env_steps.pop(tr.id_, None)
+            self._tracks.clear()
+            self._queue.clear()
+        else:
+            for e in sorted(self._tracks, key=self.books.env_rank.__getitem__):
+                tr = self._tracks[e]
+                if tr.polls > 0:  # as the collector: a chunk with env steps is closed
+                    self._closed.append(tr)
+                    self._tracks[e] = tr.cut(self.books.horizon)
+        chunks, self._closed = self._closed, []
+        return chunks
+
+    def episodes(self, chunks: list[Any]) -> list[SingleAgentEpisode]:
+        b = self.books
+        return [tr.episode(b.observation_space, b.action_space) for tr in chunks]
+
+    def batch(self, chunks: list[Any]) -> MultiAgentBatch:
+        rows = [track_rows(tr) for tr in chunks if len(tr)]
+        policy_batches = {}
+        if rows:
+            policy_batches[self.books.mapping[self.agent]] = SampleBatch(
+                {k: concat_rows([r[k] for r in rows]) for k in rows[0]}
+            )
+        return MultiAgentBatch(policy_batches, sum(len(tr) for tr in chunks))
+
+    def agent_steps(self, chunks: list[Any]) -> int:
+        return sum(len(tr) for tr in chunks)
+
+    def running_ids(self) -> list[str]:
+        order = sorted(self._tracks, key=self.books.env_rank.__getitem__)
+        return [self._tracks[e].id_ for e in order]
+
+    def reset(self) -> None:
+        self._tracks.clear()
+        self._closed.clear()
+        self._queue.clear()
+        self._env_steps.clear()

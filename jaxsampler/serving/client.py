@@ -1,4 +1,6 @@
-"""HTTP policy client: :class:`PolicyClient` (the protocol is in :mod:`jaxsampler.serving.server`).
+"""HTTP policy client: :class:`PolicyClient` (the wire protocol is in
+:mod:`jaxsampler.serving.protocol`, the endpoints are documented in
+:mod:`jaxsampler.serving.server`).
 
 ``remote`` inference mode sends every call to the server, whose sampler computes the
 actions; ``local`` mode pulls the policy weights every ``update_interval`` seconds,
@@ -24,6 +26,7 @@ from jaxsampler.constants import DEFAULT_AGENT_ID
 from jaxsampler.episodes.ids import random_episode_id
 from jaxsampler.host_envs import external as ext
 from jaxsampler.serving.protocol import CONTENT_TYPE, ERRORS_BY_NAME, PolicyServerError
+from jaxsampler.spaces import check_value
 
 __all__ = ["PolicyClient"]
 
@@ -253,7 +256,8 @@ class PolicyClient:
         if multiagent_done_dict:
             msg["done"] = multiagent_done_dict
         if self.inference_mode == "remote" and self.defer_returns:
-            # What can be checked here fails here (the env's own reward check); the rest at the next call.
+            # What can be checked here fails here (the env's own reward check); the rest
+            # at the next call.
             for a, r in (
                 reward.items() if isinstance(reward, Mapping) else ((DEFAULT_AGENT_ID, reward),)
             ):
@@ -313,7 +317,8 @@ class PolicyClient:
         self._step = jax.jit(step)
         self._out: list[dict] = []
         self._out_cv = threading.Condition()
-        self._sending, self._send_error = False, None
+        self._sending = False
+        self._send_error: Exception | None = None
         self._flush_interval, self._max_batch = float(flush_interval), int(max_batch)
         self._sender = threading.Thread(
             target=self._sender_loop, name="PolicyClient.sender", daemon=True
@@ -368,7 +373,10 @@ class PolicyClient:
                 f"observation must be a non-empty dict agent -> obs, got {type(obs).__name__}"
             )
         space = self.policy.observation_space
-        obs = {a: ext.check_value(o, space, f"observation[{a!r}]") for a, o in obs.items()}
+        obs = {
+            a: check_value(o, space, f"observation[{a!r}]", error=ext.InvalidDataError)
+            for a, o in obs.items()
+        }
         agents = list(obs)
         with self._act_lock:
             if self._params is None or time.monotonic() - self._last_pull >= self.update_interval:

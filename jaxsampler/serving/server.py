@@ -21,21 +21,23 @@ shape (msgpack ext type 1), numpy scalars as type 2, tuples as type 3. Plain lis
 numbers work too; the server validates every observation / action against the env's
 spaces and casts it to the space's dtype.
 
-====================  ==========================================================  =====================
-endpoint              request body                                                 200 response body
-====================  ==========================================================  =====================
-POST /start_episode   ``{episode_id: str|nil, training_enabled: bool}``              ``{episode_id}``
-POST /get_action      ``{episode_id, observation}``                                  ``{action}``
-POST /log_action      ``{episode_id, observation, action, info?}``                   ``{}``
-POST /log_returns     ``{episode_id, reward, info?, done?}``                         ``{}``
-POST /end_episode     ``{episode_id, observation, truncated?: bool}``                ``{}``
-POST /batch           ``{commands: [{command: <name above>, ...fields}, ...]}``      ``{done: n, errors}``
-GET  /weights         header ``If-None-Match: "<version>"`` optional                 ``{version, params}``
-GET  /info            --                                                             ``{protocol, multi_agent,
-                                                                                     agent_ids, weights_version,
-                                                                                     observation_space,
-                                                                                     action_space}``
-====================  ==========================================================  =====================
+====================  ===================================================  ==================
+endpoint              request body                                         200 response body
+====================  ===================================================  ==================
+POST /start_episode   ``{episode_id: str|nil, training_enabled: bool}``    ``{episode_id}``
+POST /get_action      ``{episode_id, observation}``                        ``{action}``
+POST /log_action      ``{episode_id, observation, action, info?}``         ``{}``
+POST /log_returns     ``{episode_id, reward, info?, done?}``               ``{}``
+POST /end_episode     ``{episode_id, observation, truncated?: bool}``      ``{}``
+POST /batch           ``{commands: [{command: <name>, ...fields}, ...]}``  ``{done: n, errors}``
+GET  /weights         header ``If-None-Match: "<version>"`` optional       ``{version, params}``
+GET  /info            --                                                   ``{protocol,
+                                                                           multi_agent,
+                                                                           agent_ids,
+                                                                           weights_version,
+                                                                           observation_space,
+                                                                           action_space}``
+====================  ===================================================  ==================
 
 Any POST body may carry ``returns: [{episode_id, reward, info?, done?}, ...]``: those
 ``log_returns`` calls run first, in order; if one fails, the command is not run and its
@@ -74,6 +76,7 @@ with the behaviour policy's version and logp.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import socket
@@ -202,7 +205,7 @@ class _Connection(asyncio.Protocol):
         self.ps._conns.discard(self)
         if self.waiting is not None:  # the client went away while its get_action waited
             eid, waiter = self.waiting
-            self.ps.env._expire(eid, waiter, "client disconnected")
+            self.ps.env.expire_waiter(eid, waiter, "client disconnected")
 
     def data_received(self, data: bytes) -> None:
         if self.closing or self.broken:
@@ -239,12 +242,18 @@ class _Connection(asyncio.Protocol):
     def on_message_begin(self) -> None:
         self.req = _Request()
 
+    def _req(self) -> _Request:
+        """The request being parsed (httptools calls back only inside a message)."""
+        req = self.req
+        assert req is not None
+        return req
+
     def on_url(self, url: bytes) -> None:
-        self.req.url += url
+        self._req().url += url
 
     def on_header(self, name: bytes, value: bytes) -> None:
         name = name.lower()
-        req = self.req
+        req = self._req()
         if name == b"content-length":
             try:
                 req.content_length = int(value)
@@ -260,7 +269,7 @@ class _Connection(asyncio.Protocol):
             req.if_none_match = value
 
     def on_headers_complete(self) -> None:
-        req, ps = self.req, self.ps
+        req, ps = self._req(), self.ps
         req.method = self.parser.get_method()
         req.keep_alive = self.parser.should_keep_alive()
         if req.error:
@@ -387,9 +396,13 @@ class PolicyServer(HostEnv):
     ):
         if not isinstance(env, ext.ExternalEnvBase):
             raise TypeError(
-                f"PolicyServer needs an ExternalEnv or ExternalMultiAgentEnv, got {type(env).__name__}"
+                "PolicyServer needs an ExternalEnv or ExternalMultiAgentEnv, got "
+                f"{type(env).__name__}"
             )
         self.env = env
+        # The env's spaces, agents and capacity are fixed at its construction.
+        self.observation_space, self.action_space = env.observation_space, env.action_space
+        self.agent_ids, self.num_envs = env.agent_ids, env.num_envs
         self.max_body_bytes, self.keepalive_timeout_s = (
             int(max_body_bytes),
             float(keepalive_timeout_s),
@@ -446,22 +459,6 @@ class PolicyServer(HostEnv):
 
     # -- HostEnv (delegated) -------------------------------------------------------------
 
-    @property
-    def observation_space(self) -> Any:  # type: ignore[override]
-        return self.env.observation_space
-
-    @property
-    def action_space(self) -> Any:  # type: ignore[override]
-        return self.env.action_space
-
-    @property
-    def agent_ids(self) -> tuple:  # type: ignore[override]
-        return self.env.agent_ids
-
-    @property
-    def num_envs(self) -> int:  # type: ignore[override]
-        return self.env.num_envs
-
     def poll(self, timeout: float | None = None) -> PollResult:
         return self.env.poll(timeout)
 
@@ -499,10 +496,10 @@ class PolicyServer(HostEnv):
             return
         self._closed = True
         self.env.close()  # fails every waiting get_action: their answers are sent first
-        try:  # also when the loop thread has not reached run_forever yet: it stops on its first turn
+        # Also when the loop thread has not reached run_forever yet: it stops on its first
+        # turn. A RuntimeError means the loop is closed already.
+        with contextlib.suppress(RuntimeError):
             self._loop.call_soon_threadsafe(self._loop.stop)
-        except RuntimeError:  # the loop is closed already
-            pass
         self._thread.join(timeout=10)
         self._executor.shutdown(wait=False)
 
@@ -590,7 +587,7 @@ class PolicyServer(HostEnv):
             env = self.env
             info = {
                 "protocol": PROTOCOL_VERSION,
-                "multi_agent": env._multi_agent,
+                "multi_agent": env.multi_agent,
                 "agent_ids": list(env.agent_ids),
                 "weights_version": self._weights[0],
                 "observation_space": env.observation_space,
@@ -623,12 +620,12 @@ class PolicyServer(HostEnv):
             self._answers.append(entry)
             if not self._wake_pending:
                 self._wake_pending = True
-                try:
+                # A RuntimeError means the loop is closed: nobody to answer any more.
+                with contextlib.suppress(RuntimeError):
                     self._loop.call_soon_threadsafe(self._deliver_answers)
-                except RuntimeError:  # the loop is closed: nobody to answer any more
-                    pass
 
-        waiter = self.env._submit(eid, self._agents(obs), None, None, True, on_answer=answered)
+        waiter = self.env.submit(eid, self._agents(obs), None, None, True, on_answer=answered)
+        assert waiter is not None  # a request that wants an action always has a waiter
         # Still in the loop thread: answered()'s delivery runs after this, with the entry complete.
         entry[2] = waiter
         conn.busy, conn.waiting = True, (eid, waiter)
@@ -637,7 +634,7 @@ class PolicyServer(HostEnv):
     def _expire(self, conn: _Connection, eid: str, timeout: float) -> None:
         if conn.waiting is not None and conn.waiting[0] == eid:
             # False when the answer came first (its delivery is queued): then it is delivered
-            conn.timed_out = self.env._expire(
+            conn.timed_out = self.env.expire_waiter(
                 eid, conn.waiting[1], f"get_action timed out after {timeout} s"
             )
 
@@ -669,7 +666,7 @@ class PolicyServer(HostEnv):
                     out = waiter.value
                     conn.respond(
                         200,
-                        packb({"action": out if self.env._multi_agent else out[DEFAULT_AGENT_ID]}),
+                        packb({"action": out if self.env.multi_agent else out[DEFAULT_AGENT_ID]}),
                     )
             except Exception as e:
                 conn.exception(e)
@@ -706,7 +703,7 @@ class PolicyServer(HostEnv):
     # -- command execution ---------------------------------------------------------------------
 
     def _agents(self, x: Any) -> Any:
-        return x if self.env._multi_agent else {DEFAULT_AGENT_ID: x}
+        return x if self.env.multi_agent else {DEFAULT_AGENT_ID: x}
 
     def _run(self, command: str, msg: Mapping, block: bool = True) -> dict:
         env = self.env
@@ -719,7 +716,7 @@ class PolicyServer(HostEnv):
         eid = _field(msg, "episode_id", str)
         if command == "log_action":
             info = _field(msg, "info", dict, optional=True)
-            env._submit(
+            env.submit(
                 eid,
                 self._agents(_field(msg, "observation")),
                 self._agents(_field(msg, "action")),
@@ -731,17 +728,17 @@ class PolicyServer(HostEnv):
             info = _field(msg, "info", dict, optional=True)
             reward = _field(msg, "reward")
             done = _field(msg, "done", dict, optional=True)
-            if env._multi_agent:
-                env._log_returns(eid, reward, info, done)
+            if env.multi_agent:
+                env.log_agent_returns(eid, reward, info, done)
             else:
-                env._log_returns(
+                env.log_agent_returns(
                     eid,
                     {DEFAULT_AGENT_ID: reward},
                     None if info is None else {DEFAULT_AGENT_ID: info},
                     None,
                 )
         elif command == "end_episode":
-            env._end_episode(
+            env.end_agent_episode(
                 eid,
                 self._agents(_field(msg, "observation")),
                 bool(_field(msg, "truncated", bool, optional=True)),

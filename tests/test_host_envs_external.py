@@ -396,7 +396,7 @@ def test_multi_agent():
         out = {}
         for e in range(3):
             eid = env.start_episode()
-            o = lambda a, t: np.array([cid, e * 10 + agents.index(a), t], np.float32)
+            o = lambda a, t, e=e: np.array([cid, e * 10 + agents.index(a), t], np.float32)
             acts = env.get_action(eid, {"a": o("a", 0), "b": o("b", 0)})
             assert acts == {"a": answer(o("a", 0)), "b": answer(o("b", 0))}
             env.log_returns(eid, {"a": 1.0, "c": 2.0}, {"a": {"k": 1}})

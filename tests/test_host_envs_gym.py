@@ -4,8 +4,8 @@
   deterministic policy, the Gymnasium envs replaying the device episodes' initial states,
   a short time limit so both ends (terminated, truncated) occur; the episodes and the
   batches must agree step by step (float64 vs float32 dynamics: observations to 1e-4).
-* RLlib's documented ``SingleAgentEnvRunner`` output (``shared/reference/
-  rllib-semantics.md`` section 7, CountEnv) reproduced exactly.
+* RLlib's documented ``SingleAgentEnvRunner`` output for a counting env (CountEnv)
+  reproduced exactly.
 * A turn-based multi-agent dict env (agents join late, wait, finish at different times)
   vs a plain ``add_env_reset`` / ``add_env_step`` loop over the same env; ``sample_batch``
   vs the batch built by hand from those episodes.
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import chex
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -25,7 +26,7 @@ gym = pytest.importorskip("gymnasium")
 import jaxsampler as js  # noqa: E402
 from jaxsampler.envs.cartpole import CartPoleParams  # noqa: E402
 from jaxsampler.episodes.multi_agent import MultiAgentEpisode  # noqa: E402
-from jaxsampler.host_envs import GymnasiumHostEnv, MultiAgentDictEnv
+from jaxsampler.host_envs import GymnasiumHostEnv, MultiAgentDictEnv  # noqa: E402
 from jaxsampler.policies.base import Policy  # noqa: E402
 from jaxsampler.sampling import HostSampler  # noqa: E402
 from tests.test_multi_agent_sampler import assert_same_chunk  # noqa: E402
@@ -511,30 +512,41 @@ def test_multi_agent_sample_batch_equals_the_batch_built_from_episodes():
             assert list(g["infos"]) == list(w["infos"])
 
 
+def _max_traces_policy(henv, n):
+    """``_ma_policy(henv, split=False)`` whose policy fails once it is traced more than
+    ``n`` times (each compile of the sampler's jitted policy call traces it once)."""
+    counted = chex.assert_max_traces(ModPolicy.__call__, n=n)
+
+    @dataclasses.dataclass(frozen=True)
+    class Counted(ModPolicy):
+        def __call__(self, params, obs, key, state):
+            return counted(self, params, obs, key, state)
+
+    return js.MultiAgentPolicy(
+        henv.agent_ids, {"p": Counted(henv.observation_space, henv.action_space)}
+    )
+
+
 def test_policy_compiles_once_per_bucket_with_varying_ready_agents():
     henv = MultiAgentDictEnv([TurnDictEnv for _ in range(3)], seed=0)
-    s = HostSampler(henv, _ma_policy(henv, split=False), rollout_length=10, batch_sizes=(8,))
+    s = HostSampler(henv, _max_traces_policy(henv, 1), rollout_length=10, batch_sizes=(8,))
     counts = set()
-    orig = s.collector.get_inference_input_dict
+    orig = s.feed.collector.get_inference_input_dict
 
     def spy(pid):
         rows = orig(pid)
         counts.add(rows.count)
         return rows
 
-    s.collector.get_inference_input_dict = spy
+    s.feed.collector.get_inference_input_dict = spy
     for _ in range(4):
-        s.sample({"p": ()})
+        s.sample({"p": ()})  # one bucket: traced once, whatever the number of rows
     assert len(counts - {0}) >= 3  # really different numbers of agents to act
-    assert s.policy_fns["p"]._cache_size() == 1
     # Default buckets (powers of two up to 3 envs x 3 agents): one compile per bucket, at most.
-    s = HostSampler(henv, _ma_policy(henv, split=False), rollout_length=10)
+    s = HostSampler(henv, _max_traces_policy(henv, 5), rollout_length=10)
     assert s.batch_sizes == (1, 2, 4, 8, 16)
-    s.sample({"p": ()}, force_reset=True)
-    n = s.policy_fns["p"]._cache_size()
-    for _ in range(3):
-        s.sample({"p": ()})
-    assert n <= len(s.batch_sizes) and s.policy_fns["p"]._cache_size() <= len(s.batch_sizes)
+    for _ in range(4):
+        s.sample({"p": ()}, force_reset=True)
 
 
 def test_recurrent_state_is_kept_per_agent_and_reset_per_episode():
@@ -585,7 +597,9 @@ def test_bad_input_gives_clear_errors():
         GymnasiumHostEnv([lambda: WrongShapeEnv()]),
         js.RandomPolicy(js.spaces.Box(-1e4, 1e4, (1,), np.float32), js.spaces.Discrete(2)),
     )
-    with pytest.raises(ValueError, match=r"observation shape \(5,\) does not match"):
+    with pytest.raises(
+        ValueError, match=r"env 0: observation\['default_agent'\] shape \(5,\) does not match"
+    ):
         s.sample((), num_timesteps=3)
     with pytest.raises(ValueError, match="not both"):
         s.sample((), num_timesteps=1, num_episodes=1)
@@ -691,8 +705,8 @@ def test_pettingzoo_parallel_env_derives_all_done():
 class LoggedActions(GymnasiumHostEnv):
     """Env 0 takes its own action (always 1), as ExternalEnv.log_action does."""
 
-    def poll(self):
-        res = super().poll()
+    def poll(self, timeout=None):
+        res = super().poll(timeout)
         for e in res.obs:
             if e == 0 and not (res.terminateds[e]["__all__"] or res.truncateds[e]["__all__"]):
                 res.off_policy_actions[e] = {js.DEFAULT_AGENT_ID: 1}

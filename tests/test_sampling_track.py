@@ -5,7 +5,7 @@ terminated or truncated, off-policy actions, infos, reward-only polls) with the 
 policy and seed; every ``sample()`` / ``sample_batch()`` call (mixed, lookback 0 and 2,
 ``num_episodes`` resets) must give identical episodes, batches and metrics. The collector
 path is itself checked against the device sampler and RLlib's reference output in
-``test_hostenv_gym.py``.
+``test_host_envs_gym.py``.
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ class Scripted(HostEnv):
         self.t = [None] * self.num_envs
         self.waiting = [False] * self.num_envs
 
-    def poll(self) -> PollResult:
+    def poll(self, timeout: float | None = None) -> PollResult:
         obs, rew, term, trunc, infos, offp = {}, {}, {}, {}, {}, {}
         ready = [
             e
@@ -141,9 +141,9 @@ def _run(fast: bool, horizon: int, reward_only: bool = True):
         episode_lookback_horizon=horizon,
         rollout_length=6,
         mark_off_policy=True,
+        feed="track" if fast else "collector",
     )
-    s.fast_single_agent = fast
-    s._fast = fast  # the instance attribute set at construction
+    assert type(s.feed).__name__ == ("TrackFeed" if fast else "CollectorFeed")
     out = []
     for kind, kw in CALLS:
         out.append((s.sample if kind == "eps" else s.sample_batch)((), **kw))
@@ -246,8 +246,12 @@ def test_each_call_acts_with_its_own_params(fast, kw):
     paths; the fast one answers each poll before recording it). Lockstep sub-envs, so
     every step of a call's chunk was chosen in that call."""
     env = Scripted(reward_only=False, off_policy=False, ready_p=1.0)  # lockstep
-    s = HostSampler(env, ParamAction(env.observation_space, env.action_space), rollout_length=5)
-    s._fast = fast
+    s = HostSampler(
+        env,
+        ParamAction(env.observation_space, env.action_space),
+        rollout_length=5,
+        feed="track" if fast else "collector",
+    )
     for p in (1, 2, 3):
         for ep in s.sample(p, **kw):
             assert ep.actions.data.tolist()[ep.actions.lookback :] == [p] * len(ep), (p, ep)
@@ -264,8 +268,7 @@ def test_one_agent_multi_agent_policy_and_episodes_ended_before_their_first_step
     pol = js.MultiAgentPolicy(
         env.agent_ids, {"main": ParamAction(env.observation_space, env.action_space)}
     )
-    s = HostSampler(env, pol, timeout_s=0.3)
-    s._fast = fast
+    s = HostSampler(env, pol, timeout_s=0.3, feed="track" if fast else "collector")
     o = np.zeros(2, np.float32)
     for _ in range(3):
         env.end_episode(env.start_episode(), o)
@@ -278,5 +281,5 @@ def test_one_agent_multi_agent_policy_and_episodes_ended_before_their_first_step
         True
     ]
     assert s.metrics.num_episodes_completed == 1 and env.stats["dropped_actions"] == 0
-    assert not s._tracks and not s._running and not s._returns
+    assert not s.feed.running_ids() and not s.feed.books.returns
     env.close()

@@ -32,7 +32,7 @@ from jaxsampler.host_envs.external import (
 )
 from jaxsampler.serving.client import PolicyClient
 from jaxsampler.serving.server import PROTOCOL_VERSION, PolicyServer, PolicyServerError
-from tests.test_hostenv_external import ACT, OBS, PollLoop, answer, wait_finished
+from tests.test_host_envs_external import ACT, OBS, PollLoop, answer, wait_finished
 
 MP = "application/msgpack"
 
@@ -48,7 +48,10 @@ def connect(server: PolicyServer, timeout: float = 5.0) -> socket.socket:
 def post(path: str, msg: dict, version: str = "1.1", extra: bytes = b"") -> bytes:
     body = packb(msg)
     return (
-        f"POST {path} HTTP/{version}\r\nHost: t\r\nContent-Type: {MP}\r\nContent-Length: {len(body)}\r\n".encode()
+        (
+            f"POST {path} HTTP/{version}\r\nHost: t\r\nContent-Type: {MP}\r\n"
+            f"Content-Length: {len(body)}\r\n"
+        ).encode()
         + extra
         + b"\r\n"
         + body
@@ -192,7 +195,8 @@ def test_connection_close_and_http10_are_answered_then_closed(served):
 def test_missing_length_and_chunked_bodies_get_411_and_serving_goes_on(served):
     server, *_ = served
     for data in (
-        b"POST /start_episode HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n",
+        b"POST /start_episode HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n"
+        b"5\r\nhello\r\n0\r\n\r\n",
         b"POST /start_episode HTTP/1.1\r\nHost: t\r\n\r\n",
     ):
         with connect(server) as sock:
@@ -266,7 +270,10 @@ def test_oversized_body_gets_413_without_being_read(served):
     big = b"\0" * (4 << 20)  # far more than the socket buffers: the server must drain, not read it
     with connect(server) as sock:
         sock.sendall(
-            f"POST /log_action HTTP/1.1\r\nHost: t\r\nContent-Type: {MP}\r\nContent-Length: {len(big)}\r\n\r\n".encode()
+            (
+                f"POST /log_action HTTP/1.1\r\nHost: t\r\nContent-Type: {MP}\r\n"
+                f"Content-Length: {len(big)}\r\n\r\n"
+            ).encode()
             + big
         )
         rs = Responses(sock)

@@ -57,7 +57,7 @@ def assert_same(a, b, path="root"):
         assert len(a) == len(b), path
         for i, (x, y) in enumerate(zip(a, b)):
             assert_same(x, y, f"{path}[{i}]")
-    elif isinstance(a, SingleAgentEpisode) or isinstance(a, InfiniteLookbackBuffer):
+    elif isinstance(a, (SingleAgentEpisode, InfiniteLookbackBuffer)):
         assert_same(a.get_state(), b.get_state(), path)
     elif isinstance(a, js.MultiAgentEpisode):
         sa, sb = dict(a.__dict__), dict(b.__dict__)

@@ -31,7 +31,7 @@ from jaxsampler.host_envs.external import (
 )
 from jaxsampler.serving.client import PolicyClient
 from jaxsampler.serving.server import PROTOCOL_VERSION, PolicyServer, PolicyServerError
-from tests.test_hostenv_external import (
+from tests.test_host_envs_external import (
     ACT,
     OBS,
     PollLoop,

@@ -1,0 +1,358 @@
+"""How :class:`~jaxsampler.sampling.host.HostSampler` turns polls into episodes: two feeds.
+
+A feed owns the running episodes of a host sampler: it takes each checked poll
+(:meth:`Feed.feed`), says which agents wait for an action (:meth:`Feed.queued`), closes
+the call's chunks (:meth:`Feed.close_call`) and turns them into episodes or a batch. The
+sampler picks one feed at construction and never branches on it again:
+
+* :class:`~jaxsampler.sampling.track.TrackFeed` (single-agent envs): each running episode
+  is a list :class:`~jaxsampler.sampling.track.Track`, a few appends per step, built into numpy'ized
+  :class:`SingleAgentEpisode` objects and batch rows only when its chunk closes;
+* :class:`CollectorFeed` (multi-agent envs, and single-agent ones on request): episodes
+  are :class:`MultiAgentEpisode` objects built by the
+  :class:`~jaxsampler.sampling.collector.SampleCollector`; for a single-agent env the
+  agent's :class:`SingleAgentEpisode` is returned.
+
+Both give the same episodes and batches for single-agent envs (the tests compare them),
+except one detail: continuation chunks get ``episode_lookback_horizon`` *agent* steps of
+lookback on the track feed (RLlib's ``SingleAgentEpisode.cut``) and env steps on the
+collector feed; they differ only for envs that send reward-only polls.
+
+What the sampler and its feed share (actions sent and awaiting their poll, off-policy
+actions, recurrent states, returns, the finishing order) lives in one :class:`Books`.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+from typing import Any
+
+from jaxsampler.constants import ALL_AGENTS
+from jaxsampler.episodes.batch import MultiAgentBatch
+from jaxsampler.episodes.ids import EpisodeIds, agent_episode_id
+from jaxsampler.episodes.multi_agent import MultiAgentEpisode
+from jaxsampler.episodes.single_agent import SingleAgentEpisode
+from jaxsampler.host_envs.base import PollResult
+from jaxsampler.sampling.collector import SampleCollector, episodes_to_batch
+
+__all__ = [
+    "Books",
+    "CollectorFeed",
+    "DoneRecord",
+    "Feed",
+    "QueuedRows",
+    "env_ids_of",
+    "episode_over",
+]
+
+#: One policy's agents waiting for an action: ``(policy_id, stacked obs, env ids, agent ids)``.
+QueuedRows = tuple[Any, Any, list[Any], list[Any]]
+
+#: One finished episode for the metrics: ``(episode id, return, env steps)``.
+DoneRecord = tuple[str, float, int]
+
+
+def env_ids_of(res: PollResult) -> dict[Any, None]:
+    """The sub-envs a poll has data of, in order of first appearance."""
+    env_ids: dict[Any, None] = {}
+    for d in (res.obs, res.rewards, res.terminateds, res.truncateds):
+        env_ids.update(dict.fromkeys(d))
+    return env_ids
+
+
+def episode_over(res: PollResult, env_id: Any) -> bool:
+    """Whether the poll ends the episode of sub-env ``env_id`` (its ``"__all__"`` flags)."""
+    return bool(
+        res.terminateds.get(env_id, {}).get(ALL_AGENTS, False)
+        or res.truncateds.get(env_id, {}).get(ALL_AGENTS, False)
+    )
+
+
+@dataclasses.dataclass
+class Books:
+    """The host sampler's bookkeeping that its feed reads and writes.
+
+    Attributes:
+        agent_ids: the env's agent ids (the agent index is the position).
+        mapping: agent id -> policy id.
+        policy_ids: the policies, in batch order.
+        horizon: ``episode_lookback_horizon``.
+        observation_space / action_space: one agent's spaces.
+        ids: the sampler's episode ids.
+        count: episodes started so far (the next id's number).
+        env_rank: env id -> order of first appearance.
+        actions: env id -> agent id -> ``(action, extras)`` sent, awaiting the next poll.
+        off_policy: env id -> agent id -> the action the env took itself at its last poll.
+        states: ``(env id, agent id)`` -> recurrent policy state (``[1, 1, ...]`` leaves).
+        returns: running episode id -> return so far.
+        finished: episode id -> ``(env rank, poll index)`` of the poll that finished it.
+        poll_index: polls fed so far.
+    """
+
+    agent_ids: tuple[Any, ...]
+    mapping: dict[Any, Any]
+    policy_ids: tuple[Any, ...]
+    horizon: int
+    observation_space: Any
+    action_space: Any
+    ids: EpisodeIds
+    count: int = 0
+    env_rank: dict[Any, int] = dataclasses.field(default_factory=dict)
+    actions: dict[Any, dict[Any, tuple[Any, dict[str, Any]]]] = dataclasses.field(
+        default_factory=dict
+    )
+    off_policy: dict[Any, dict[Any, Any]] = dataclasses.field(default_factory=dict)
+    states: dict[tuple[Any, Any], Any] = dataclasses.field(default_factory=dict)
+    returns: dict[str, float] = dataclasses.field(default_factory=dict)
+    finished: dict[str, tuple[int, int]] = dataclasses.field(default_factory=dict)
+    poll_index: int = 0
+
+    def new_episode_id(self) -> str:
+        eid = self.ids(0, self.count)
+        self.count += 1
+        return eid
+
+    def rank(self, env_id: Any) -> int:
+        """The env's order of first appearance (assigned at its first poll)."""
+        rank = self.env_rank.get(env_id)
+        if rank is None:
+            rank = self.env_rank[env_id] = len(self.env_rank)
+        return rank
+
+    def clear(self) -> None:
+        """Forgets every running episode (a reset); ids continue in a new id space."""
+        for d in (self.actions, self.off_policy, self.states, self.returns, self.finished):
+            d.clear()
+        self.ids.new_run()
+
+
+class Feed(abc.ABC):
+    """Polls in, episodes out; see the module docstring.
+
+    Args:
+        books: the sampler's shared bookkeeping.
+    """
+
+    def __init__(self, books: Books):
+        self.books = books
+
+    @abc.abstractmethod
+    def queued(self) -> list[QueuedRows]:
+        """The agents waiting for an action, per policy; the queue is emptied."""
+
+    @abc.abstractmethod
+    def feed(self, res: PollResult, obs: dict[Any, dict[Any, Any]], done: list[DoneRecord]) -> int:
+        """Feeds one poll (``obs``: its checked observations); appends each episode it
+        finishes to ``done``; returns the number of env steps it held."""
+
+    @abc.abstractmethod
+    def close_call(self, discard_running: bool) -> list[Any]:
+        """The call's chunks in closing order: finished ones, then (unless
+        ``discard_running``, which forgets them) the running ones env by env, each
+        continued in its ``cut`` successor."""
+
+    @abc.abstractmethod
+    def episodes(self, chunks: list[Any]) -> list[SingleAgentEpisode] | list[MultiAgentEpisode]:
+        """The chunks as numpy'ized episodes."""
+
+    @abc.abstractmethod
+    def batch(self, chunks: list[Any]) -> MultiAgentBatch:
+        """The chunks' rows as a batch (``count``: the chunks' env steps)."""
+
+    @abc.abstractmethod
+    def agent_steps(self, chunks: list[Any]) -> int:
+        """The agent steps the chunks hold."""
+
+    @abc.abstractmethod
+    def reset(self) -> None:
+        """Forgets every running episode and every chunk not yet returned."""
+
+    @abc.abstractmethod
+    def running_ids(self) -> list[str]:
+        """The ids of the running episodes, in order of their env's first appearance."""
+
+
+def _name_late_agent(ep: MultiAgentEpisode, agent_id: Any, agent_episode: str) -> None:
+    """Gives an agent that joins a ``cut`` chunk its agent-episode id (a cut chunk knows
+    only the ids of the agents seen so far).
+
+    ``MultiAgentEpisode`` has no public method for this yet, hence the one write into its
+    id table, kept here.
+    """
+    ep._agent_episode_ids.setdefault(agent_id, agent_episode)
+
+
+class CollectorFeed(Feed):
+    """The feed of multi-agent envs: :class:`MultiAgentEpisode` objects built by a
+    :class:`SampleCollector`. Also usable for single-agent envs (``feed="collector"``):
+    each chunk's one agent episode is then returned."""
+
+    def __init__(self, books: Books):
+        super().__init__(books)
+        self.multi_agent = len(books.agent_ids) != 1
+        self.collector = SampleCollector(
+            agent_ids=books.agent_ids,
+            episode_lookback_horizon=books.horizon,
+            policy_ids=books.policy_ids,
+        )
+        self._running: dict[Any, str] = {}  # env id -> running episode id
+
+    def queued(self) -> list[QueuedRows]:
+        out = []
+        for pid in self.books.policy_ids:
+            rows = self.collector.get_inference_input_dict(pid)
+            if rows.count:
+                out.append((pid, rows["obs"], rows["env_id"].tolist(), rows["agent_id"].tolist()))
+        return out
+
+    def _agent_episode_id(self, ma_id: str, agent_id: Any) -> str:
+        if not self.multi_agent:
+            return ma_id
+        return agent_episode_id(ma_id, self.books.agent_ids.index(agent_id))
+
+    def _new_episode(self) -> MultiAgentEpisode:
+        b = self.books
+        ma_id = b.new_episode_id()
+        mapping = b.mapping
+        return MultiAgentEpisode(
+            ma_id,
+            observation_space={a: b.observation_space for a in b.agent_ids},
+            action_space={a: b.action_space for a in b.agent_ids},
+            agent_episode_ids={a: self._agent_episode_id(ma_id, a) for a in b.agent_ids},
+            agent_module_ids=dict(mapping),
+            agent_to_module_mapping_fn=lambda aid, episode: mapping[aid],
+        )
+
+    def _start(self, e: Any, res: PollResult, obs: dict[Any, Any]) -> None:
+        """Starts the episode of sub-env ``e`` with the poll's first observations."""
+        b = self.books
+        ep = self._new_episode()
+        self._running[e] = ep.id_
+        b.returns[ep.id_] = 0.0
+        infos = res.infos.get(e, {})
+        for a, o in obs.items():
+            b.states.pop((e, a), None)
+            self.collector.add_init_obs(
+                episode=ep,
+                agent_id=a,
+                env_id=e,
+                policy_id=b.mapping[a],
+                init_obs=o,
+                init_infos=infos.get(a),
+            )
+        b.off_policy[e] = res.off_policy_actions.get(e, {})
+
+    def feed(self, res: PollResult, obs: dict[Any, dict[Any, Any]], done: list[DoneRecord]) -> int:
+        b, c = self.books, self.collector
+        steps = 0
+        for e in env_ids_of(res):
+            rank = b.rank(e)
+            o, infos = obs.get(e, {}), res.infos.get(e, {})
+            if e not in self._running:  # a new episode (rewards before acting belong to no step)
+                if o and not episode_over(res, e):  # else it ended before its first step
+                    self._start(e, res, o)
+                continue
+            eid = self._running[e]
+            rewards = res.rewards.get(e, {})
+            terms, truncs = res.terminateds.get(e, {}), res.truncateds.get(e, {})
+            all_done = bool(terms.get(ALL_AGENTS, False) or truncs.get(ALL_AGENTS, False))
+            sent = b.actions.pop(e, {})
+            ep = c.episode(eid)
+            agents: dict[Any, None] = dict.fromkeys(sent)
+            for d in (o, rewards, terms, truncs):
+                agents.update((a, None) for a in d if a != ALL_AGENTS)
+            for a in agents:
+                values: dict[str, Any] = {}
+                if a in sent:
+                    values["actions"], extras = sent[a]
+                    values.update(extras)
+                if a in rewards:
+                    values["rewards"] = rewards[a]
+                if a in o:
+                    values["new_obs"] = o[a]
+                    values["infos"] = infos.get(a, {})
+                    if a not in ep.agent_episodes and a not in sent:  # joins the running episode
+                        b.states.pop((e, a), None)
+                        _name_late_agent(ep, a, self._agent_episode_id(ep.id_, a))
+                        c.add_init_obs(
+                            episode=eid,
+                            agent_id=a,
+                            env_id=e,
+                            policy_id=b.mapping[a],
+                            init_obs=o[a],
+                            init_infos=infos.get(a),
+                        )
+                        values = {k: v for k, v in values.items() if k not in ("new_obs", "infos")}
+                        if not values:
+                            continue
+                term, trunc = bool(terms.get(a, False)), bool(truncs.get(a, False))
+                values["terminateds"], values["truncateds"] = term, trunc
+                c.add_action_reward_next_obs(
+                    eid, a, e, b.mapping[a], term or trunc or all_done, values
+                )
+            c.episode_step(eid, terminateds=terms, truncateds=truncs)
+            b.returns[eid] += float(sum(rewards.values()))
+            steps += 1
+            if all_done:
+                b.finished[eid] = (rank, b.poll_index)
+                done.append((eid, b.returns.pop(eid), c.episode(eid).env_t))
+                c.postprocess_episode(eid, is_done=True)
+                del self._running[e]
+                b.off_policy.pop(e, None)
+                for a in b.agent_ids:
+                    b.states.pop((e, a), None)
+            else:
+                b.off_policy[e] = res.off_policy_actions.get(e, {})
+        b.poll_index += 1
+        return steps
+
+    def close_call(self, discard_running: bool) -> list[Any]:
+        if discard_running:
+            for eid in self._running.values():
+                self.collector.discard_episode(eid)
+                self.books.returns.pop(eid, None)
+            self._running.clear()
+        else:
+            for e in sorted(self._running, key=self.books.env_rank.__getitem__):
+                self.collector.postprocess_episode(self._running[e], is_done=False)
+        return list(self.collector.pop_built_episodes())
+
+    def episodes(self, chunks: list[Any]) -> list[SingleAgentEpisode] | list[MultiAgentEpisode]:
+        if self.multi_agent:
+            return list(chunks)
+        return [_plain(next(iter(ep.agent_episodes.values()))) for ep in chunks]
+
+    def batch(self, chunks: list[Any]) -> MultiAgentBatch:
+        return episodes_to_batch(chunks, self.books.agent_ids, self.books.policy_ids)
+
+    def agent_steps(self, chunks: list[Any]) -> int:
+        return sum(ep.agent_steps() for ep in chunks)
+
+    def running_ids(self) -> list[str]:
+        order = sorted(self._running, key=self.books.env_rank.__getitem__)
+        return [self._running[e] for e in order]
+
+    def reset(self) -> None:
+        for eid in self._running.values():
+            self.collector.discard_episode(eid)
+        self.collector.pop_built_episodes()
+        self._running.clear()
+
+
+def _plain(sa: SingleAgentEpisode) -> SingleAgentEpisode:
+    """A single-agent env's agent episode as a plain episode (no agent, module or
+    multi-agent episode id), over the same buffers."""
+    return SingleAgentEpisode.trusted(
+        sa.id_,
+        observations=sa.observations,
+        infos=sa.infos,
+        actions=sa.actions,
+        rewards=sa.rewards,
+        extra_model_outputs=sa.extra_model_outputs,
+        observation_space=sa.observation_space,
+        action_space=sa.action_space,
+        terminated=sa.is_terminated,
+        truncated=sa.is_truncated,
+        t_started=sa.t_started,
+    )
