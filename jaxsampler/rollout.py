@@ -14,6 +14,7 @@ See :mod:`jaxsampler.types` for the layout and the auto-reset contract.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -29,6 +30,7 @@ from jaxsampler.spaces import Box, Discrete, MultiDiscrete, Space, compatible
 from jaxsampler.types import RolloutState, Trajectory
 
 __all__ = [
+    "Rollout",
     "make_rollout",
     "init_rollout_state",
     "jit_rollout",
@@ -39,7 +41,12 @@ __all__ = [
     "RolloutDebugError",
 ]
 
+#: ``(params, state, buffers=None) -> (state, traj)``: one rollout call.
 RolloutFn = Callable[..., tuple[RolloutState, Trajectory]]
+#: ``(key, env_params=None) -> state``: the state a rollout starts from.
+InitFn = Callable[..., RolloutState]
+#: ``(params, state) -> buffers``: zero-filled trajectory buffers.
+AllocateFn = Callable[[Any, RolloutState], Trajectory]
 
 
 class RolloutDebugError(FloatingPointError):
@@ -116,10 +123,6 @@ def check_action(space: Space, action: Any, batch_shape: tuple[int, ...]) -> Non
             )
 
 
-def _initial_policy_state(policy: Policy, num_envs: int, num_agents: int) -> Any:
-    return policy.initial_state((num_envs, num_agents))
-
-
 def init_rollout_state(
     env: Env,
     policy: Policy,
@@ -163,7 +166,7 @@ def init_state_and_info(
         needs_reset=jnp.zeros((num_envs,), jnp.bool_),
         episode_count=jnp.zeros((num_envs,), jnp.int32),
         episode_step=jnp.zeros((num_envs,), jnp.int32),
-        policy_state=_initial_policy_state(policy, num_envs, env.num_agents),
+        policy_state=policy.initial_state((num_envs, env.num_agents)),
         key=key,
         num_steps=jnp.zeros((), jnp.int32),
         env_params=env_params,
@@ -234,6 +237,42 @@ def _write(buf: Any, t: jax.Array, value: Any) -> Any:
     )
 
 
+@dataclasses.dataclass(frozen=True)
+class Rollout:
+    """One env and policy at fixed sizes, as a frozen bundle of pure functions.
+
+    Built by :func:`make_rollout` (or :func:`jaxsampler.scale.make_sharded_rollout`); the
+    state initialiser and the buffer allocator come from the same object that runs, so
+    their sizes cannot disagree with the rollout's::
+
+        rollout = js.make_rollout(env, policy, num_envs=64, rollout_length=128)
+        state = rollout.init(key)
+        state, traj = rollout(params, state)
+
+    Attributes:
+        num_envs: ``E``, the env axis width (global, for a sharded rollout).
+        rollout_length: ``T``, steps per call.
+        num_agents: ``A``, the agent axis width.
+        run: ``(params, state, buffers) -> (state, traj)``, what ``__call__`` runs.
+        init: ``(key, env_params=None) -> RolloutState``: resets the ``E`` envs.
+        allocate: ``(params, state) -> Trajectory``: zero-filled buffers of the shapes
+            ``run`` writes (jittable).
+    """
+
+    num_envs: int
+    rollout_length: int
+    num_agents: int
+    run: RolloutFn
+    init: InitFn
+    allocate: AllocateFn
+
+    def __call__(
+        self, params: Any, state: RolloutState, buffers: Trajectory | None = None
+    ) -> tuple[RolloutState, Trajectory]:
+        """Runs ``T`` steps from ``state``; see :func:`make_rollout`. Pure and jittable."""
+        return self.run(params, state, buffers)
+
+
 def make_rollout(
     env: Env,
     policy: Policy,
@@ -242,28 +281,30 @@ def make_rollout(
     *,
     debug: bool = False,
     shard_axis: str | None = None,
-) -> RolloutFn:
-    """Builds the pure rollout function ``(params, state, buffers=None) -> (state, traj)``.
+) -> Rollout:
+    """Builds the rollout of ``policy`` in ``num_envs`` copies of ``env``.
 
     Args:
         env: the env (static configuration; its params live in ``state.env_params``).
         policy: the policy (static configuration; its params are the ``params`` argument).
         num_envs: ``E``, the env axis width.
         rollout_length: ``T``, steps per call.
-        debug: if True, return a host-side function (jitted internally with ``checkify``)
-            that raises :class:`RolloutDebugError` naming the field, step, env and agent of
-            the first NaN/Inf (in observations, rewards, float actions or extras), the first
-            observation outside ``env.observation_space`` and the first action outside
-            ``env.action_space`` taken by an acting agent. Not for use inside your own jit.
+        debug: if True, the returned object runs a host-side function (jitted internally
+            with ``checkify``) that raises :class:`RolloutDebugError` naming the field,
+            step, env and agent of the first NaN/Inf (in observations, rewards, float
+            actions or extras), the first observation outside ``env.observation_space``
+            and the first action outside ``env.action_space`` taken by an acting agent.
+            Not for use inside your own jit.
         shard_axis: set by :mod:`jaxsampler.scale` only: the mesh axis the env axis is
             split over; each shard folds its axis index into its PRNG keys.
 
     Returns:
-        ``rollout(params, state, buffers=None)``: runs ``T`` steps from ``state`` (a
-        :class:`RolloutState`) and returns the new state and a :class:`Trajectory` of
-        shape ``[T, E, A, ...]`` (``obs``: ``T + 1``). ``buffers`` (a previous
-        trajectory of the same shapes) is overwritten in place when donated. Pure and
-        jittable; no Python branching on traced values; shapes are checked at trace time.
+        A :class:`Rollout`. Calling it, ``rollout(params, state, buffers=None)``, runs
+        ``T`` steps from ``state`` (a :class:`RolloutState`, e.g. from
+        ``rollout.init(key)``) and returns the new state and a :class:`Trajectory` of
+        shape ``[T, E, A, ...]`` (``obs``: ``T + 1``). ``buffers`` (a previous trajectory
+        of the same shapes) is overwritten in place when donated. Pure and jittable; no
+        Python branching on traced values; shapes are checked at trace time.
 
     Raises:
         ValueError / TypeError: bad sizes, mismatched spaces; at trace time, actions of the
@@ -273,13 +314,21 @@ def make_rollout(
     check_compatible(env, policy)
     T, E, A = int(rollout_length), int(num_envs), env.num_agents
 
-    def rollout(params: Any, state: RolloutState, buffers: Trajectory | None = None):
+    def allocate(params: Any, state: RolloutState) -> Trajectory:
+        return allocate_trajectory(env, policy, T, params, state)
+
+    def init(key: jax.Array, env_params: Any = None) -> RolloutState:
+        return init_rollout_state(env, policy, E, key, env_params)
+
+    def rollout(
+        params: Any, state: RolloutState, buffers: Trajectory | None = None
+    ) -> tuple[RolloutState, Trajectory]:
         if state.needs_reset.shape != (E,):
             raise ValueError(
                 f"state was built for {state.needs_reset.shape[0]} envs, rollout for {E}"
             )
         if buffers is None:
-            buffers = allocate_trajectory(env, policy, T, params, state)
+            buffers = allocate(params, state)
         init_pstate = policy.initial_state((E, A))
         has_pstate = len(jax.tree.leaves(init_pstate)) > 0
         buffers = buffers.replace(
@@ -288,7 +337,9 @@ def make_rollout(
             policy_state_0=state.policy_state,
         )
 
-        def body(carry: tuple[RolloutState, Trajectory], t: jax.Array):
+        def body(
+            carry: tuple[RolloutState, Trajectory], t: jax.Array
+        ) -> tuple[tuple[RolloutState, Trajectory], None]:
             rs, buf = carry
             key, k_pol, k_step, k_reset = jax.random.split(rs.key, 4)
             if shard_axis is not None:  # distinct streams per shard, same carried key
@@ -336,33 +387,33 @@ def make_rollout(
         buffers = buffers.replace(obs=_write(buffers.obs, jnp.int32(T), state.obs))
         return state, buffers
 
-    rollout.allocate = lambda params, state: allocate_trajectory(env, policy, T, params, state)  # type: ignore[attr-defined]
-    if not debug:
-        return rollout
-    return _debug_rollout(env, rollout)
+    run: RolloutFn = _debug_rollout(env, rollout) if debug else rollout
+    return Rollout(E, T, A, run=run, init=init, allocate=allocate)
 
 
-def jit_rollout(rollout: RolloutFn) -> RolloutFn:
-    """``jax.jit`` of a rollout that donates the state and the buffers (args 1 and 2).
+def jit_rollout(rollout: Rollout) -> Rollout:
+    """The same :class:`Rollout`, jitted, donating the state and the buffers.
 
     A call without ``buffers`` first allocates them with a small separate jitted
     function, so the rollout compiles once: the first call and the steady-state calls
-    (which pass the previous trajectory back) share one executable.
+    (which pass the previous trajectory back) share one executable. ``init`` is kept
+    as it is (it runs once).
     """
-    jitted = jax.jit(rollout, donate_argnums=(1, 2))
-    allocate = getattr(rollout, "allocate", None)
-    if allocate is None:
-        return jitted
-    allocate = jax.jit(allocate)
+    if not isinstance(rollout, Rollout):
+        raise TypeError(
+            f"jit_rollout takes the Rollout that make_rollout returns, got {type(rollout).__name__}"
+        )
+    jitted = jax.jit(rollout.run, donate_argnums=(1, 2))
+    allocate = jax.jit(rollout.allocate)
 
-    def call(params: Any, state: RolloutState, buffers: Trajectory | None = None):
+    def call(
+        params: Any, state: RolloutState, buffers: Trajectory | None = None
+    ) -> tuple[RolloutState, Trajectory]:
         if buffers is None:
             buffers = allocate(params, state)
         return jitted(params, state, buffers)
 
-    call._cache_size = jitted._cache_size  # type: ignore[attr-defined]
-    call.jitted = jitted  # type: ignore[attr-defined]
-    return call
+    return dataclasses.replace(rollout, run=call, allocate=allocate)
 
 
 # --------------------------------------------------------------------------- debug mode
@@ -378,17 +429,19 @@ def _debug_checks(env: Env, traj: Trajectory) -> None:
     T, E, A = traj.rewards.shape
     candidates: list[tuple[str, jax.Array]] = []
 
-    def nonfinite(name: str, tree: Any, steps: int) -> None:
+    def nonfinite(name: str, tree: Any) -> None:
         for i, leaf in enumerate(jax.tree.leaves(tree)):
             if jnp.issubdtype(leaf.dtype, jnp.inexact):
                 bad = ~jnp.isfinite(leaf.reshape(leaf.shape[:3] + (-1,))).all(-1)
-                candidates.append((f"non-finite {name}{'' if i == 0 else f'[leaf {i}]'}", bad[:T]))
+                where = "" if i == 0 else f"[leaf {i}]"
+                # [:T]: the observation track's extra slot T is the next call's slot 0.
+                candidates.append((f"non-finite {name}{where}", bad[:T]))
 
-    nonfinite("observation", traj.obs, T + 1)
-    nonfinite("reward", traj.rewards, T)
-    nonfinite("action", traj.actions, T)
+    nonfinite("observation", traj.obs)
+    nonfinite("reward", traj.rewards)
+    nonfinite("action", traj.actions)
     for k in sorted(traj.extras) if isinstance(traj.extras, dict) else []:
-        nonfinite(f"extra model output {k!r}", traj.extras[k], T)
+        nonfinite(f"extra model output {k!r}", traj.extras[k])
     obs_in = jax.vmap(jax.vmap(jax.vmap(env.observation_space.contains)))(traj.obs)
     candidates.append((f"observation outside {env.observation_space!r}", ~obs_in[:T]))
     act_in = jax.vmap(jax.vmap(jax.vmap(env.action_space.contains)))(traj.actions)
@@ -410,14 +463,18 @@ def _debug_checks(env: Env, traj: Trajectory) -> None:
 
 
 def _debug_rollout(env: Env, rollout: RolloutFn) -> RolloutFn:
-    def checked(params: Any, state: RolloutState, buffers: Trajectory | None = None):
+    def checked(
+        params: Any, state: RolloutState, buffers: Trajectory | None = None
+    ) -> tuple[RolloutState, Trajectory]:
         state, traj = rollout(params, state, buffers)
         _debug_checks(env, traj)
         return state, traj
 
     jitted = jax.jit(checkify.checkify(checked, errors=checkify.user_checks))
 
-    def debug_rollout(params: Any, state: RolloutState, buffers: Trajectory | None = None):
+    def debug_rollout(
+        params: Any, state: RolloutState, buffers: Trajectory | None = None
+    ) -> tuple[RolloutState, Trajectory]:
         err, out = jitted(params, state, buffers)
         msg = err.get()
         if msg is not None:

@@ -24,7 +24,7 @@ from jax.sharding import PartitionSpec as P
 from jaxsampler.envs.base import Env
 from jaxsampler.policies.base import Policy
 from jaxsampler.rollout import (
-    RolloutFn,
+    Rollout,
     _check_sizes,
     allocate_trajectory,
     init_rollout_state,
@@ -114,41 +114,51 @@ def _check_divisible(num_envs: int, mesh: Mesh) -> None:
 
 def make_sharded_rollout(
     env: Env, policy: Policy, num_envs: int, rollout_length: int, mesh: Mesh
-) -> RolloutFn:
+) -> Rollout:
     """Like :func:`~jaxsampler.rollout.make_rollout`, with the env axis split over ``mesh``.
 
-    Returns ``rollout(params, state, buffers=None) -> (state, traj)``; ``params`` are
-    replicated, ``state`` comes from :func:`init_sharded_state`, and the trajectory is
-    sharded along its env axis (axis 1). Jittable; wrap with
+    Returns a :class:`~jaxsampler.rollout.Rollout` whose call,
+    ``rollout(params, state, buffers=None) -> (state, traj)``, takes replicated
+    ``params`` and a ``state`` from its ``init(key)`` (or :func:`init_sharded_state`),
+    and returns a trajectory sharded along its env axis (axis 1); ``allocate`` places
+    the buffers the same way. Jittable; wrap with
     :func:`~jaxsampler.rollout.jit_rollout` to donate state and buffers.
     """
     _check_divisible(num_envs, mesh)
     per_device = num_envs // mesh.shape[AXIS]
     inner = make_rollout(env, policy, per_device, rollout_length, shard_axis=AXIS)
 
-    def rollout(params: Any, state: RolloutState, buffers: Trajectory | None = None):
+    def run(
+        params: Any, state: RolloutState, buffers: Trajectory | None = None
+    ) -> tuple[RolloutState, Trajectory]:
         if buffers is None:
             buffers = allocate_trajectory(env, policy, rollout_length, params, state)
         sspec, tspec = _state_specs(state), _traj_specs(buffers)
         pspec = jax.tree.map(lambda _: P(), params)
         fn = jax.shard_map(
-            inner,
+            inner.run,
             mesh=mesh,
             in_specs=(pspec, sspec, tspec),
             out_specs=(sspec, tspec),
             check_vma=False,
         )
-        return fn(params, state, buffers)
+        out: tuple[RolloutState, Trajectory] = fn(params, state, buffers)
+        return out
 
     def allocate(params: Any, state: RolloutState) -> Trajectory:
         traj = allocate_trajectory(env, policy, rollout_length, params, state)
         specs = _traj_specs(traj)
-        return jax.tree.map(
+        placed: Trajectory = jax.tree.map(
             lambda x, spec: jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec)),
             traj,
             specs,
             is_leaf=lambda x: isinstance(x, P),
         )
+        return placed
 
-    rollout.allocate = allocate  # type: ignore[attr-defined]
-    return rollout
+    def init(key: jax.Array, env_params: Any = None) -> RolloutState:
+        return init_sharded_state(env, policy, num_envs, key, mesh, env_params)
+
+    return Rollout(
+        int(num_envs), inner.rollout_length, inner.num_agents, run=run, init=init, allocate=allocate
+    )
