@@ -53,14 +53,14 @@ class FakeEnv(SingleAgentEnv):
     def reset_env(self, key, params):
         tag = jax.random.uniform(key, (), jnp.float32)
         state = FakeState(jnp.zeros((), jnp.int32), tag)
-        return state, self._obs(state.time, tag, params)
+        return self._obs(state.time, tag, params), state
 
     def step_env(self, key, state, action, params):
         time = state.time + 1
         terminated = (time == params.term_len) & (state.tag < 0.5)
         return (
-            state,
             self._obs(time, state.tag, params),
+            state,
             action.astype(jnp.float32),
             terminated,
             NoInfo(),

@@ -89,7 +89,7 @@ class Acrobot(SingleAgentEnv):
     def reset_env(self, key: jax.Array, params: AcrobotParams):
         t1, t2, d1, d2 = jax.random.uniform(key, (4,), jnp.float32, -0.1, 0.1)
         state = AcrobotState(t1, t2, d1, d2, jnp.zeros((), jnp.int32))
-        return state, _obs(state)
+        return _obs(state), state
 
     def step_env(
         self, key: jax.Array, state: AcrobotState, action: jax.Array, params: AcrobotParams
@@ -107,7 +107,7 @@ class Acrobot(SingleAgentEnv):
         )
         terminated = -jnp.cos(new.theta1) - jnp.cos(new.theta2 + new.theta1) > 1.0
         reward = jnp.where(terminated, 0.0, -1.0).astype(jnp.float32)
-        return new, _obs(new), reward, terminated, self.reset_info(params)
+        return _obs(new), new, reward, terminated, self.reset_info(params)
 
     def _dsdt(self, y: jax.Array, torque: jax.Array, p: AcrobotParams) -> jax.Array:
         """Time derivative of ``y = [theta1, theta2, dtheta1, dtheta2]`` (float32[4])."""

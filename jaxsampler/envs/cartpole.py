@@ -72,7 +72,7 @@ class CartPole(SingleAgentEnv):
     def reset_env(self, key: jax.Array, params: CartPoleParams):
         x, x_dot, theta, theta_dot = jax.random.uniform(key, (4,), jnp.float32, -0.05, 0.05)
         state = CartPoleState(x, x_dot, theta, theta_dot, jnp.zeros((), jnp.int32))
-        return state, _obs(state)
+        return _obs(state), state
 
     def step_env(
         self, key: jax.Array, state: CartPoleState, action: jax.Array, params: CartPoleParams
@@ -97,7 +97,7 @@ class CartPole(SingleAgentEnv):
             jnp.abs(new.theta) > params.theta_threshold_radians
         )
         reward = jnp.ones((), jnp.float32)
-        return new, _obs(new), reward, terminated, self.reset_info(params)
+        return _obs(new), new, reward, terminated, self.reset_info(params)
 
 
 def _obs(s: CartPoleState) -> jax.Array:

@@ -77,14 +77,15 @@ class MountainCar(SingleAgentEnv):
         push = jnp.asarray(action, jnp.float32) - 1.0
         new, terminated = valley_step(state, push * params.force, params)
         reward = jnp.full((), -1.0, jnp.float32)
-        return new, _obs(new), reward, terminated, self.reset_info(params)
+        return _obs(new), new, reward, terminated, self.reset_info(params)
 
 
-def reset_valley(key: jax.Array) -> tuple[MountainCarState, jax.Array]:
-    """Start at rest, uniformly in ``[-0.6, -0.4]`` (both MountainCar variants)."""
+def reset_valley(key: jax.Array) -> tuple[jax.Array, MountainCarState]:
+    """Start at rest, uniformly in ``[-0.6, -0.4]`` (both MountainCar variants); returns
+    ``(obs, state)``."""
     position = jax.random.uniform(key, (), jnp.float32, -0.6, -0.4)
     state = MountainCarState(position, jnp.zeros((), jnp.float32), jnp.zeros((), jnp.int32))
-    return state, _obs(state)
+    return _obs(state), state
 
 
 def valley_step(

@@ -85,4 +85,4 @@ class MountainCarContinuous(SingleAgentEnv):
         force = jnp.clip(a, params.min_action, params.max_action)
         new, terminated = valley_step(state, force * params.power, params)
         reward = jnp.where(terminated, params.goal_reward, 0.0) - params.action_cost * a**2
-        return new, _obs(new), reward.astype(jnp.float32), terminated, self.reset_info(params)
+        return _obs(new), new, reward.astype(jnp.float32), terminated, self.reset_info(params)

@@ -68,7 +68,7 @@ class Pendulum(SingleAgentEnv):
         high = jnp.array([math.pi, 1.0], jnp.float32)
         theta, theta_dot = jax.random.uniform(key, (2,), jnp.float32, -high, high)
         state = PendulumState(theta, theta_dot, jnp.zeros((), jnp.int32))
-        return state, _obs(state)
+        return _obs(state), state
 
     def step_env(
         self, key: jax.Array, state: PendulumState, action: jax.Array, params: PendulumParams
@@ -89,7 +89,7 @@ class Pendulum(SingleAgentEnv):
         )
         reward = (-costs).astype(jnp.float32)
         terminated = jnp.zeros((), jnp.bool_)
-        return new, _obs(new), reward, terminated, self.reset_info(params)
+        return _obs(new), new, reward, terminated, self.reset_info(params)
 
 
 def _angle_normalize(x: jax.Array) -> jax.Array:
