@@ -21,8 +21,8 @@ import jax
 import numpy as np
 
 from jaxsampler.policies import MLPPolicy, RandomPolicy
-from jaxsampler.registry import make
-from jaxsampler.rollout import init_rollout_state, jit_rollout, make_rollout
+from jaxsampler.registry import make_jax_env
+from jaxsampler.rollout import jit_rollout, make_rollout
 
 __all__ = [
     "environment_info",
@@ -128,8 +128,11 @@ def measure_rollout(
     included) and ``actions_per_s`` (agent actions actually taken per second: acting
     agents only, so reset steps are not counted). ``num_devices > 1`` splits the env
     axis over that many devices (:mod:`jaxsampler.scale`).
+
+    Raises:
+        TypeError: ``env_id`` names a host-stepped env (``"gym:<id>"``).
     """
-    env = make(env_id)
+    env = make_jax_env(env_id)
     if policy == "mlp":
         pol = MLPPolicy(env.observation_space, env.action_space, tuple(hidden_sizes))
     elif policy == "random":
@@ -143,10 +146,10 @@ def measure_rollout(
 
         mesh = scale.env_mesh(num_devices)
         rollout = jit_rollout(scale.make_sharded_rollout(env, pol, num_envs, rollout_length, mesh))
-        state = scale.init_sharded_state(env, pol, num_envs, jax.random.fold_in(key, 1), mesh)
+        state = rollout.init(jax.random.fold_in(key, 1))
     else:
         rollout = jit_rollout(make_rollout(env, pol, num_envs, rollout_length))
-        state = init_rollout_state(env, pol, num_envs, jax.random.fold_in(key, 1))
+        state = rollout.init(jax.random.fold_in(key, 1))
     t0 = time.perf_counter()
     state, traj = rollout(params, state)
     jax.block_until_ready(traj)

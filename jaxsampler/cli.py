@@ -101,9 +101,15 @@ def _bench(args: argparse.Namespace) -> int:
     import jax
 
     from jaxsampler import bench
+    from jaxsampler.registry import make_jax_env
 
     if args.rollout_length < 1 or args.repeats < 1:
         print("error: --rollout-length and --repeats must be >= 1", file=sys.stderr)
+        return 2
+    try:
+        make_jax_env(args.env)  # fail before any timing: unknown ids, host-stepped envs
+    except (TypeError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
         return 2
     hidden = tuple(int(h) for h in args.hidden.split(","))
     ndev = jax.device_count()
@@ -162,10 +168,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if args.command == "check":
         import jaxsampler as js
+        from jaxsampler.registry import make_jax_env
 
         try:
-            env = js.make(args.env)
-        except ValueError as e:
+            env = make_jax_env(args.env)
+        except (TypeError, ValueError) as e:
             print(f"error: {e}", file=sys.stderr)
             return 2
         report = js.check_env(env)

@@ -17,7 +17,7 @@ from typing import Any
 from jaxsampler.envs.base import Env
 from jaxsampler.host_envs import HostEnv
 
-__all__ = ["REGISTRY", "make", "register", "registered_ids"]
+__all__ = ["REGISTRY", "make", "make_jax_env", "register", "registered_ids"]
 
 
 def _lazy(path: str) -> Callable[..., Env]:
@@ -97,3 +97,20 @@ def make(name: str, **kwargs: Any) -> Env | HostEnv:
             "gymnax envs via 'gymnax:<id>', Gymnasium envs via 'gym:<id>'."
         )
     return REGISTRY[name](**kwargs)
+
+
+def make_jax_env(name: str, **kwargs: Any) -> Env:
+    """:func:`make`, for callers that need a pure-JAX env (rollouts, benchmarks, checks).
+
+    Raises:
+        TypeError: ``name`` builds a host-stepped env (``"gym:<id>"``), which only
+            ``js.Sampler`` can drive; the message says so.
+        ValueError: unknown id, as :func:`make`.
+    """
+    env = make(name, **kwargs)
+    if not isinstance(env, Env):
+        raise TypeError(
+            f"{name!r} is a host-stepped env ({type(env).__name__}), not a pure-JAX env: "
+            "use a built-in id or 'gymnax:<id>' here; js.Sampler samples 'gym:<id>' envs"
+        )
+    return env
