@@ -6,6 +6,7 @@ its result before the clock is read; figures are medians over repeats.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
@@ -20,9 +21,10 @@ from typing import Any
 import jax
 import numpy as np
 
-from jaxsampler.policies import MLPPolicy, RandomPolicy
+from jaxsampler.policies import MLPPolicy, Policy, RandomPolicy
 from jaxsampler.registry import make_jax_env
 from jaxsampler.rollout import jit_rollout, make_rollout
+from jaxsampler.types import Trajectory
 
 __all__ = [
     "environment_info",
@@ -87,10 +89,8 @@ def environment_info() -> dict[str, Any]:
         "OPENBLAS_NUM_THREADS": os.environ.get("OPENBLAS_NUM_THREADS", ""),
         "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", ""),
     }
-    try:
+    with contextlib.suppress(AttributeError):  # not on every OS
         info["affinity"] = sorted(os.sched_getaffinity(0))
-    except AttributeError:  # pragma: no cover - not on Linux
-        pass
     return info
 
 
@@ -133,6 +133,7 @@ def measure_rollout(
         TypeError: ``env_id`` names a host-stepped env (``"gym:<id>"``).
     """
     env = make_jax_env(env_id)
+    pol: Policy
     if policy == "mlp":
         pol = MLPPolicy(env.observation_space, env.action_space, tuple(hidden_sizes))
     elif policy == "random":
@@ -154,17 +155,17 @@ def measure_rollout(
     state, traj = rollout(params, state)
     jax.block_until_ready(traj)
     compile_s = time.perf_counter() - t0
-    box = {"state": state, "traj": traj}
     acted = []
 
-    def call() -> Any:
-        box["state"], box["traj"] = rollout(params, box["state"], box["traj"])
-        return box["traj"]
+    def call() -> Trajectory:
+        nonlocal state, traj
+        state, traj = rollout(params, state, traj)
+        return traj
 
     times = []
     for _ in range(repeats):
         times.extend(time_calls(call, 1))
-        acted.append(int(np.asarray(box["traj"].acting).sum()))
+        acted.append(int(np.asarray(traj.acting).sum()))
     med = statistics.median(times)
     steps = num_envs * rollout_length
     return {

@@ -43,18 +43,23 @@ REGISTRY: dict[str, Callable[..., Env]] = {
     "Spread-v0": _lazy("jaxsampler.envs.spread:Spread"),
     # Multi-agent, turn-based (A = 2): exactly one agent acts per step, the acting mask alternates.
     "TicTacToe-v0": _lazy("jaxsampler.envs.tictactoe:TicTacToe"),
-    # Multi-agent (A = n): each agent terminates on its own when it reaches its goal; the rest go on.
+    # Multi-agent (A = n): each agent terminates on its own at its goal; the rest go on.
     "Goals-v0": _lazy("jaxsampler.envs.goals:Goals"),
 }
 
 
 def register(env_id: str, factory: Callable[..., Env], *, overwrite: bool = False) -> None:
-    """Adds ``env_id`` to the registry. Raises ``ValueError`` if it exists (unless ``overwrite``)."""
+    """Adds ``env_id`` to the registry.
+
+    Raises:
+        ValueError: ``env_id`` exists (unless ``overwrite``) or has a reserved prefix.
+    """
     if env_id in REGISTRY and not overwrite:
         raise ValueError(f"env id {env_id!r} is already registered")
     if env_id.startswith(("gymnax:", "gym:")):
         raise ValueError(
-            "ids starting with 'gymnax:' or 'gym:' are reserved for the gymnax and Gymnasium adapters"
+            "ids starting with 'gymnax:' or 'gym:' are reserved for the gymnax and Gymnasium "
+            "adapters"
         )
     REGISTRY[env_id] = factory
 

@@ -68,7 +68,8 @@ def check_compatible(env: Env, policy: Policy) -> None:
     """Raises ``ValueError`` naming the mismatch if ``policy`` cannot drive ``env``."""
     if not isinstance(env, Env):
         raise TypeError(
-            f"env must be a jaxsampler Env, got {type(env).__name__} (wrap gymnax envs with js.from_gymnax)"
+            f"env must be a jaxsampler Env, got {type(env).__name__} (wrap gymnax envs with "
+            "js.from_gymnax)"
         )
     policy_agents = getattr(policy, "agent_ids", None)
     if policy_agents is not None and tuple(policy_agents) != tuple(env.agent_ids):
@@ -99,9 +100,11 @@ def check_action(space: Space, action: Any, batch_shape: tuple[int, ...]) -> Non
     expected = jax.tree.map(
         lambda z: jax.ShapeDtypeStruct(tuple(batch_shape) + z.shape, z.dtype), space.zeros()
     )
-    if jax.tree.structure(expected) != jax.tree.structure(action):
+    got_def: Any = jax.tree.structure(action)  # PyTreeDef: untyped for mypy
+    if got_def != jax.tree.structure(expected):
         raise TypeError(
-            f"action has structure {jax.tree.structure(action)}, expected {jax.tree.structure(expected)} for {space!r}"
+            f"action has structure {got_def}, expected "
+            f"{jax.tree.structure(expected)} for {space!r}"
         )
     for exp, got in zip(jax.tree.leaves(expected), jax.tree.leaves(action)):
         got_shape, got_dtype = tuple(np.shape(got)), jnp.result_type(got)
@@ -200,25 +203,28 @@ def trajectory_spec(
 
     def tm(x: Any, extra: int = 0) -> Any:
         return jax.tree.map(
-            lambda l: jax.ShapeDtypeStruct((T + extra,) + tuple(l.shape), l.dtype), x
+            lambda leaf: jax.ShapeDtypeStruct((T + extra,) + tuple(leaf.shape), leaf.dtype), x
         )
 
     def sd(x: Any) -> Any:
-        return jax.tree.map(lambda l: jax.ShapeDtypeStruct(tuple(l.shape), l.dtype), x)
+        return jax.tree.map(lambda leaf: jax.ShapeDtypeStruct(tuple(leaf.shape), leaf.dtype), x)
 
-    flags = jax.ShapeDtypeStruct((T, E, A), jnp.bool_)
+    def spec(shape: tuple[int, ...], dtype: Any) -> Any:  # a Trajectory of specs, not arrays
+        return jax.ShapeDtypeStruct(shape, dtype)
+
+    flags = spec((T, E, A), jnp.bool_)
     return Trajectory(
         obs=tm(state.obs, 1),
         actions=tm(action),
-        rewards=jax.ShapeDtypeStruct((T, E, A), jnp.float32),
+        rewards=spec((T, E, A), jnp.float32),
         terminated=flags,
         truncated=flags,
         acting=flags,
-        is_reset=jax.ShapeDtypeStruct((T, E), jnp.bool_),
+        is_reset=spec((T, E), jnp.bool_),
         extras=tm(extras),
         infos=tm(info),
-        episode_count_0=jax.ShapeDtypeStruct((E,), jnp.int32),
-        episode_step_0=jax.ShapeDtypeStruct((E,), jnp.int32),
+        episode_count_0=spec((E,), jnp.int32),
+        episode_step_0=spec((E,), jnp.int32),
         policy_state_0=sd(state.policy_state),
     )
 
@@ -331,7 +337,8 @@ def make_rollout(
             buffers = allocate(params, state)
         init_pstate = policy.initial_state((E, A))
         has_pstate = len(jax.tree.leaves(init_pstate)) > 0
-        buffers = buffers.replace(
+        buf0 = dataclasses.replace(
+            buffers,
             episode_count_0=state.episode_count,
             episode_step_0=state.episode_step,
             policy_state_0=state.policy_state,
@@ -358,7 +365,8 @@ def make_rollout(
                 env, step_keys, reset_keys, rs.env_state, action, rs.needs_reset, rs.env_params
             )
             acting = rs.acting & ~rs.needs_reset[:, None]
-            buf = buf.replace(
+            buf = dataclasses.replace(
+                buf,
                 obs=_write(buf.obs, t, rs.obs),
                 actions=_write(buf.actions, t, action),
                 rewards=_write(buf.rewards, t, ts.reward),
@@ -370,7 +378,8 @@ def make_rollout(
                 infos=_write(buf.infos, t, ts.info),
             )
             done = jnp.all(ts.terminated | ts.truncated, axis=-1)
-            rs = rs.replace(
+            rs = dataclasses.replace(
+                rs,
                 env_state=env_state,
                 obs=ts.obs,
                 acting=ts.acting,
@@ -383,9 +392,8 @@ def make_rollout(
             )
             return (rs, buf), None
 
-        (state, buffers), _ = jax.lax.scan(body, (state, buffers), jnp.arange(T, dtype=jnp.int32))
-        buffers = buffers.replace(obs=_write(buffers.obs, jnp.int32(T), state.obs))
-        return state, buffers
+        (state, buf), _ = jax.lax.scan(body, (state, buf0), jnp.arange(T, dtype=jnp.int32))
+        return state, dataclasses.replace(buf, obs=_write(buf.obs, jnp.int32(T), state.obs))
 
     run: RolloutFn = _debug_rollout(env, rollout) if debug else rollout
     return Rollout(E, T, A, run=run, init=init, allocate=allocate)

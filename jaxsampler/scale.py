@@ -13,6 +13,7 @@ the single-device stream).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
@@ -45,45 +46,34 @@ def env_mesh(devices: Sequence[jax.Device] | int | None = None) -> Mesh:
         if not 1 <= devices <= jax.device_count():
             raise ValueError(
                 f"asked for {devices} devices, {jax.device_count()} available "
-                "(on CPU set XLA_FLAGS=--xla_force_host_platform_device_count=N before importing jax)"
+                "(on CPU set XLA_FLAGS=--xla_force_host_platform_device_count=N before importing "
+                "jax)"
             )
         devices = jax.devices()[:devices]
     return Mesh(np.asarray(list(devices)), (AXIS,))
 
 
 def _state_specs(state: RolloutState) -> RolloutState:
-    env = lambda tree: jax.tree.map(lambda _: P(AXIS), tree)
-    rep = lambda tree: jax.tree.map(lambda _: P(), tree)
-    return RolloutState(
-        env_state=env(state.env_state),
-        obs=env(state.obs),
-        acting=P(AXIS),
-        needs_reset=P(AXIS),
-        episode_count=P(AXIS),
-        episode_step=P(AXIS),
-        policy_state=env(state.policy_state),
-        key=P(),
-        num_steps=P(),
-        env_params=rep(state.env_params),
+    """``PartitionSpec`` leaves: env-axis leaves split, the key, counter and params replicated."""
+    split: RolloutState = jax.tree.map(lambda _: P(AXIS), state)
+    replicated: Any = P()  # a spec where the field holds an array
+    return dataclasses.replace(
+        split,
+        key=replicated,
+        num_steps=replicated,
+        env_params=jax.tree.map(lambda _: P(), state.env_params),
     )
 
 
 def _traj_specs(traj: Trajectory) -> Trajectory:
-    tm = lambda tree: jax.tree.map(lambda _: P(None, AXIS), tree)
-    env = lambda tree: jax.tree.map(lambda _: P(AXIS), tree)
-    return Trajectory(
-        obs=tm(traj.obs),
-        actions=tm(traj.actions),
-        rewards=P(None, AXIS),
-        terminated=P(None, AXIS),
-        truncated=P(None, AXIS),
-        acting=P(None, AXIS),
-        is_reset=P(None, AXIS),
-        extras=tm(traj.extras),
-        infos=tm(traj.infos),
-        episode_count_0=P(AXIS),
-        episode_step_0=P(AXIS),
-        policy_state_0=env(traj.policy_state_0),
+    """``PartitionSpec`` leaves: time-major buffers split on axis 1, the slot-0 records on 0."""
+    split: Trajectory = jax.tree.map(lambda _: P(None, AXIS), traj)
+    env_axis: Any = P(AXIS)  # a spec where the field holds an array
+    return dataclasses.replace(
+        split,
+        episode_count_0=env_axis,
+        episode_step_0=env_axis,
+        policy_state_0=jax.tree.map(lambda _: P(AXIS), traj.policy_state_0),
     )
 
 

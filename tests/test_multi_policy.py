@@ -17,7 +17,8 @@ from jaxsampler.spaces import Box, Discrete
 
 @dataclasses.dataclass(frozen=True)
 class TagPolicy(Policy):
-    """action = params["action"]; extras["tag"] = params["tag"] + obs[..., 0] * 0; counts its calls' batch."""
+    """action = params["action"]; extras["tag"] = params["tag"]; extras["width"] = the
+    number of agents it was called on."""
 
     observation_space: Box
     action_space: Discrete

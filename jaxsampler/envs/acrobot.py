@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -99,7 +100,8 @@ class Acrobot(SingleAgentEnv):
         torque = jnp.asarray(action, jnp.float32) - 1.0 + noise
         y0 = jnp.stack([state.theta1, state.theta2, state.dtheta1, state.dtheta2])
         y1 = _rk4(lambda y: self._dsdt(y, torque, params), y0, params.dt)
-        new = state.replace(
+        new = dataclasses.replace(
+            state,
             theta1=_wrap(y1[0], -jnp.pi, jnp.pi).astype(jnp.float32),
             theta2=_wrap(y1[1], -jnp.pi, jnp.pi).astype(jnp.float32),
             dtheta1=jnp.clip(y1[2], -params.max_vel_1, params.max_vel_1).astype(jnp.float32),
@@ -133,7 +135,9 @@ class Acrobot(SingleAgentEnv):
         return jnp.stack([dtheta1, dtheta2, ddtheta1, ddtheta2])
 
 
-def _rk4(derivs, y0: jax.Array, dt: jax.Array) -> jax.Array:
+def _rk4(
+    derivs: Callable[[jax.Array], jax.Array], y0: jax.Array, dt: float | jax.Array
+) -> jax.Array:
     """One classical Runge-Kutta step of size ``dt`` for the autonomous ODE ``y' = derivs(y)``."""
     k1 = derivs(y0)
     k2 = derivs(y0 + dt / 2.0 * k1)

@@ -168,19 +168,23 @@ class MultiAgentEnv(Env):
       under every agent's action (``action``: ``[A, *action_space.shape]``; the actions
       of agents that are not acting must be ignored). ``shared`` is any pytree of this
       step's facts the agents' rewards read (a team reward, who moved), ``()`` if none.
-    * ``agent_obs(agent_id, state, params)``: one agent's observation.
-    * ``agent_reward(agent_id, state, shared, params)``: one agent's reward (a scalar)
-      for the step that produced ``state``.
+    * ``agent_rows(state)``: the agent-major part of ``state`` (a pytree, leaves
+      ``[A, ...]``, default ``()``); each per-agent function gets its own row as ``own``.
+      ``vmap`` hands out these rows as slices, where ``x[agent_id]`` would be a gather:
+      read your own data from ``own``, other agents' from ``state``.
+    * ``agent_obs(agent_id, own, state, params)``: one agent's observation.
+    * ``agent_reward(agent_id, own, state, shared, params)``: one agent's reward (a
+      scalar) for the step that produced ``state``.
     * optionally ``agent_terminated`` / ``agent_truncated`` / ``agent_acting``
-      ``(agent_id, state, params)`` (scalars; by default: never terminated, truncated
-      once ``state.time >= params.max_steps_in_episode``, acting while neither), and
-      ``info(state, params)`` (whole-env, default :class:`NoInfo`).
+      ``(agent_id, own, state, params)`` (scalars; by default: never terminated,
+      truncated once ``state.time >= params.max_steps_in_episode``, acting while
+      neither), and ``info(state, params)`` (whole-env, default :class:`NoInfo`).
 
     ``agent_id`` is a traced ``int32[]`` index on the agent axis, so per-agent code
-    selects with it (``x[agent_id]``, ``jnp.where``), never with Python ``if``. At
-    reset every agent's reward is 0 and its flags are False. Per-agent flags must be
-    sticky once an agent is done (keep them in ``state``); the episode ends when every
-    agent is terminated or truncated. Reset and step are pure; safe under jit and vmap.
+    selects with it (``jnp.where``, indexing), never with Python ``if``. At reset every
+    agent's reward is 0 and its flags are False. Per-agent flags must be sticky once an
+    agent is done (keep them in ``state``); the episode ends when every agent is
+    terminated or truncated. Reset and step are pure; safe under jit and vmap.
     """
 
     def reset_world(self, key: jax.Array, params: Any) -> Any:
@@ -189,25 +193,26 @@ class MultiAgentEnv(Env):
     def step_world(self, key: jax.Array, state: Any, action: Any, params: Any) -> tuple[Any, Any]:
         raise NotImplementedError
 
-    def agent_obs(self, agent_id: jax.Array, state: Any, params: Any) -> PyTree:
+    def agent_rows(self, state: Any) -> PyTree:
+        return ()
+
+    def agent_obs(self, agent_id: jax.Array, own: Any, state: Any, params: Any) -> PyTree:
         raise NotImplementedError
 
     def agent_reward(
-        self, agent_id: jax.Array, state: Any, shared: Any, params: Any
+        self, agent_id: jax.Array, own: Any, state: Any, shared: Any, params: Any
     ) -> jax.Array:
         raise NotImplementedError
 
-    def agent_terminated(self, agent_id: jax.Array, state: Any, params: Any) -> jax.Array:
+    def agent_terminated(self, agent_id: jax.Array, own: Any, state: Any, params: Any) -> jax.Array:
         return jnp.zeros((), jnp.bool_)
 
-    def agent_truncated(self, agent_id: jax.Array, state: Any, params: Any) -> jax.Array:
+    def agent_truncated(self, agent_id: jax.Array, own: Any, state: Any, params: Any) -> jax.Array:
         return jnp.asarray(state.time >= params.max_steps_in_episode)
 
-    def agent_acting(self, agent_id: jax.Array, state: Any, params: Any) -> jax.Array:
-        done = self.agent_terminated(agent_id, state, params) | self.agent_truncated(
-            agent_id, state, params
-        )
-        return ~done
+    def agent_acting(self, agent_id: jax.Array, own: Any, state: Any, params: Any) -> jax.Array:
+        terminated = self.agent_terminated(agent_id, own, state, params)
+        return ~(terminated | self.agent_truncated(agent_id, own, state, params))
 
     def info(self, state: Any, params: Any) -> PyTree:
         return NoInfo()
@@ -216,21 +221,28 @@ class MultiAgentEnv(Env):
         """``fn(agent_id, *args)`` for every agent id, stacked on a leading agent axis.
 
         ``args`` are shared by all agents (not split); the outputs get a leading ``[A]``.
-        The mechanism of the whole class, public so world code can reuse per-agent
-        functions (e.g. to store each agent's observation in the state).
+        Public so world code can reuse per-agent functions (e.g. to store each agent's
+        observation in the state).
         """
         lifted = vector.vmap_agents(fn, in_axes=(0,) + (None,) * len(args))
         return lifted(jnp.arange(self.num_agents, dtype=jnp.int32), *args)
+
+    def _lift(self, fn: Callable[..., Any], state: Any, *args: Any) -> Any:
+        """``fn(agent_id, own, state, *args)`` for every agent: ids and ``agent_rows``
+        mapped, the rest shared."""
+        lifted = vector.vmap_agents(fn, in_axes=(0, 0) + (None,) * (1 + len(args)))
+        ids = jnp.arange(self.num_agents, dtype=jnp.int32)
+        return lifted(ids, self.agent_rows(state), state, *args)
 
     def reset_timestep(self, state: Any, params: Any) -> TimeStep:
         """The :class:`TimeStep` of a freshly reset ``state`` (reward 0, flags False)."""
         a = self.num_agents
         return TimeStep(
-            obs=self.for_each_agent(self.agent_obs, state, params),
+            obs=self._lift(self.agent_obs, state, params),
             reward=jnp.zeros((a,), jnp.float32),
             terminated=jnp.zeros((a,), jnp.bool_),
             truncated=jnp.zeros((a,), jnp.bool_),
-            acting=self.for_each_agent(self.agent_acting, state, params).astype(jnp.bool_),
+            acting=self._lift(self.agent_acting, state, params).astype(jnp.bool_),
             info=self.info(state, params),
         )
 
@@ -244,16 +256,13 @@ class MultiAgentEnv(Env):
     ) -> tuple[Any, TimeStep]:
         params = self.default_params if params is None else params
         state, shared = self.step_world(key, state, action, params)
+        reward = self._lift(self.agent_reward, state, shared, params)
         ts = TimeStep(
-            obs=self.for_each_agent(self.agent_obs, state, params),
-            reward=self.for_each_agent(self.agent_reward, state, shared, params).astype(
-                jnp.float32
-            ),
-            terminated=self.for_each_agent(self.agent_terminated, state, params).astype(
-                jnp.bool_
-            ),
-            truncated=self.for_each_agent(self.agent_truncated, state, params).astype(jnp.bool_),
-            acting=self.for_each_agent(self.agent_acting, state, params).astype(jnp.bool_),
+            obs=self._lift(self.agent_obs, state, params),
+            reward=reward.astype(jnp.float32),
+            terminated=self._lift(self.agent_terminated, state, params).astype(jnp.bool_),
+            truncated=self._lift(self.agent_truncated, state, params).astype(jnp.bool_),
+            acting=self._lift(self.agent_acting, state, params).astype(jnp.bool_),
             info=self.info(state, params),
         )
         return state, ts

@@ -87,7 +87,8 @@ class CartPole(SingleAgentEnv):
             params.length * (4.0 / 3.0 - params.masspole * cos**2 / total_mass)
         )
         x_acc = temp - polemass_length * theta_acc * cos / total_mass
-        new = state.replace(
+        new = dataclasses.replace(
+            state,
             x=state.x + params.tau * state.x_dot,
             x_dot=state.x_dot + params.tau * x_acc,
             theta=state.theta + params.tau * state.theta_dot,

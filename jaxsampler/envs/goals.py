@@ -25,7 +25,7 @@ Scenarios with known finishing times (tests, demos) start from
 from __future__ import annotations
 
 import dataclasses
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -102,7 +102,7 @@ class Goals(MultiAgentEnv):
     def observe(self, agent_id: jax.Array, pos: jax.Array, goals: jax.Array) -> jax.Array:
         """Agent ``agent_id``'s view of ``pos`` and ``goals`` (``float32[N, 2]`` each)."""
         mine = pos[agent_id]
-        parts = [mine, goals[agent_id] - mine, (pos[others(agent_id, self.n)] - mine).reshape(-1)]
+        parts = [mine, goals[agent_id] - mine, (others(pos, agent_id) - mine).reshape(-1)]
         return jnp.concatenate(parts).astype(jnp.float32)
 
     def _world(self, pos: jax.Array, goals: jax.Array) -> GoalsState:
@@ -163,25 +163,36 @@ class Goals(MultiAgentEnv):
         )
         return s, GoalsMove(going=going, dist=dist)
 
-    def agent_obs(self, agent_id: jax.Array, state: GoalsState, params: GoalsParams) -> jax.Array:
-        return state.obs[agent_id]  # frozen once the agent is done
+    def agent_rows(self, state: GoalsState) -> tuple[jax.Array, jax.Array, jax.Array]:
+        # own = (observation, terminated, truncated)
+        return state.obs, state.terminated, state.truncated
+
+    def agent_obs(
+        self, agent_id: jax.Array, own: Any, state: GoalsState, params: GoalsParams
+    ) -> jax.Array:
+        return own[0]  # frozen once the agent is done
 
     def agent_reward(
-        self, agent_id: jax.Array, state: GoalsState, shared: GoalsMove, params: GoalsParams
+        self,
+        agent_id: jax.Array,
+        own: Any,
+        state: GoalsState,
+        shared: GoalsMove,
+        params: GoalsParams,
     ) -> jax.Array:
         going, dist = shared.going[agent_id], shared.dist[agent_id]
-        reached = going & state.terminated[agent_id]  # it was going, so it ended just now
+        reached = going & own[1]  # it was going and is terminated: it ended just now
         reward = (
             -params.step_penalty - params.distance_penalty * dist + params.goal_reward * reached
         )
         return jnp.where(going, reward, 0.0)
 
     def agent_terminated(
-        self, agent_id: jax.Array, state: GoalsState, params: GoalsParams
+        self, agent_id: jax.Array, own: Any, state: GoalsState, params: GoalsParams
     ) -> jax.Array:
-        return state.terminated[agent_id]
+        return own[1]
 
     def agent_truncated(
-        self, agent_id: jax.Array, state: GoalsState, params: GoalsParams
+        self, agent_id: jax.Array, own: Any, state: GoalsState, params: GoalsParams
     ) -> jax.Array:
-        return state.truncated[agent_id]
+        return own[2]

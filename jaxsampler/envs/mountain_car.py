@@ -98,8 +98,8 @@ def valley_step(
     position = jnp.clip(state.position + velocity, params.min_position, params.max_position)
     # Inelastic collision with the left wall.
     velocity = jnp.where((position == params.min_position) & (velocity < 0.0), 0.0, velocity)
-    new = state.replace(
-        position=position.astype(jnp.float32), velocity=velocity.astype(jnp.float32)
+    new = dataclasses.replace(
+        state, position=position.astype(jnp.float32), velocity=velocity.astype(jnp.float32)
     )
     terminated = (new.position >= params.goal_position) & (new.velocity >= params.goal_velocity)
     return new, terminated

@@ -52,7 +52,8 @@ class MountainCarContinuousParams:
 
 @dataclasses.dataclass(frozen=True)
 class MountainCarContinuous(SingleAgentEnv):
-    """MountainCarContinuous-v0: push with a force in ``[-1, 1]`` (shape ``(1,)``) to reach the hilltop."""
+    """MountainCarContinuous-v0: push with a force in ``[-1, 1]`` (shape ``(1,)``) to reach
+    the hilltop."""
 
     @property
     def name(self) -> str:

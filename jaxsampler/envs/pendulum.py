@@ -83,7 +83,8 @@ class Pendulum(SingleAgentEnv):
         theta_dot = jnp.clip(
             state.theta_dot + theta_acc * params.dt, -params.max_speed, params.max_speed
         )
-        new = state.replace(
+        new = dataclasses.replace(
+            state,
             theta=(state.theta + theta_dot * params.dt).astype(jnp.float32),
             theta_dot=theta_dot.astype(jnp.float32),
         )

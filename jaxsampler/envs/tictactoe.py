@@ -36,7 +36,7 @@ step ``t + 1``.
 from __future__ import annotations
 
 import dataclasses
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -151,16 +151,20 @@ class TicTacToe(MultiAgentEnv):
         )
         return s, TicTacToeMove(live=live, mover=state.player, mover_reward=mover_reward)
 
+    def agent_rows(self, state: TicTacToeState) -> tuple[jax.Array, jax.Array]:
+        return state.terminated, state.truncated  # own = (terminated, truncated)
+
     def agent_obs(
-        self, agent_id: jax.Array, state: TicTacToeState, params: TicTacToeParams
+        self, agent_id: jax.Array, own: Any, state: TicTacToeState, params: TicTacToeParams
     ) -> jax.Array:
         """``[own marks, opponent's marks, empty cells]`` from ``agent_id``'s side."""
-        own, opponent = state.board == agent_id + 1, state.board == 2 - agent_id
-        return jnp.concatenate([own, opponent, state.board == 0]).astype(jnp.float32)
+        mine, opponent = state.board == agent_id + 1, state.board == 2 - agent_id
+        return jnp.concatenate([mine, opponent, state.board == 0]).astype(jnp.float32)
 
     def agent_reward(
         self,
         agent_id: jax.Array,
+        own: Any,
         state: TicTacToeState,
         shared: TicTacToeMove,
         params: TicTacToeParams,
@@ -169,20 +173,20 @@ class TicTacToe(MultiAgentEnv):
         return jnp.where(shared.live, mine, 0.0)  # 0.0 - x above: no -0.0
 
     def agent_terminated(
-        self, agent_id: jax.Array, state: TicTacToeState, params: TicTacToeParams
+        self, agent_id: jax.Array, own: Any, state: TicTacToeState, params: TicTacToeParams
     ) -> jax.Array:
-        return state.terminated[agent_id]
+        return own[0]
 
     def agent_truncated(
-        self, agent_id: jax.Array, state: TicTacToeState, params: TicTacToeParams
+        self, agent_id: jax.Array, own: Any, state: TicTacToeState, params: TicTacToeParams
     ) -> jax.Array:
-        return state.truncated[agent_id]
+        return own[1]
 
     def agent_acting(
-        self, agent_id: jax.Array, state: TicTacToeState, params: TicTacToeParams
+        self, agent_id: jax.Array, own: Any, state: TicTacToeState, params: TicTacToeParams
     ) -> jax.Array:
-        done = state.terminated[agent_id] | state.truncated[agent_id]
-        return (agent_id == state.player) & ~done
+        terminated, truncated = own
+        return (agent_id == state.player) & ~(terminated | truncated)
 
     def info(self, state: TicTacToeState, params: TicTacToeParams) -> TicTacToeInfo:
         return TicTacToeInfo(jnp.broadcast_to(state.board == 0, (2, 9)))

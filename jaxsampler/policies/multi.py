@@ -111,14 +111,17 @@ class MultiAgentPolicy(Policy):
             for what in ("observation_space", "action_space"):
                 if not compatible(getattr(p, what), getattr(first, what)):
                     raise ValueError(
-                        f"policy {pid!r} was built for {what.replace('_', ' ')} {getattr(p, what)!r}, another for "
-                        f"{getattr(first, what)!r}: agents on one agent axis share one space (pad to a common space)"
+                        f"policy {pid!r} was built for {what.replace('_', ' ')} "
+                        f"{getattr(p, what)!r}, another for "
+                        f"{getattr(first, what)!r}: agents on one agent axis share one space (pad "
+                        "to a common space)"
                     )
         if isinstance(env, Env):
             for what in ("observation_space", "action_space"):
                 if not compatible(getattr(first, what), getattr(env, what)):
                     raise ValueError(
-                        f"the policies were built for {what.replace('_', ' ')} {getattr(first, what)!r}, "
+                        f"the policies were built for {what.replace('_', ' ')} "
+                        f"{getattr(first, what)!r}, "
                         f"env {env.name} has {getattr(env, what)!r}"
                     )
         used = tuple(pid for pid in policies if pid in mapping)  # dict order, unused ones dropped
@@ -163,7 +166,8 @@ class MultiAgentPolicy(Policy):
     def __call__(self, params: Mapping[str, Any], obs: Any, key: jax.Array, policy_state: Any):
         if not isinstance(params, Mapping):
             raise TypeError(
-                f"MultiAgentPolicy params must be a dict policy_id -> params, got {type(params).__name__}"
+                "MultiAgentPolicy params must be a dict policy_id -> params, got "
+                f"{type(params).__name__}"
             )
         missing = [pid for pid in self.policy_ids if pid not in params]
         if missing:
@@ -225,7 +229,7 @@ def _align_extras(
             filled[k] = (
                 x[k]
                 if k in x
-                else jax.tree.map(lambda r: jnp.zeros(batch + r.shape[2:], r.dtype), ref)
+                else jax.tree.map(lambda r, b=batch: jnp.zeros(b + r.shape[2:], r.dtype), ref)
             )
         out.append(filled)
     return out
