@@ -30,6 +30,7 @@ import argparse
 import dataclasses
 import datetime
 import json
+import os
 import statistics
 import sys
 import time
@@ -47,6 +48,7 @@ from jaxsampler.envs.spread import _PUSH, Spread, SpreadParams, SpreadState
 from jaxsampler.types import NoInfo, TimeStep
 
 RESULTS = Path(__file__).parent / "results"
+LOAD_BEFORE = os.getloadavg()[0]  # other processes on the machine: the spread of the ratios
 
 
 @dataclasses.dataclass(frozen=True)
@@ -222,7 +224,9 @@ def markdown(rows: list[dict[str, Any]], info: dict[str, Any]) -> str:
         "actions; ratio = `MultiAgentEnv` (vmap over agent ids) / hand-written whole-array "
         "step, median over alternating rounds (< 1: the vmapped env is faster). "
         f"{info['when']}, jax {info['jax']}, backend {info['backend']} "
-        f"x{info['device_count']}.",
+        f"x{info['device_count']}; 1-min load average {info['loadavg_1m_before']:.1f} before, "
+        f"{info['loadavg_1m_after']:.1f} after (other processes share the cores: the "
+        "min..max spread is theirs, the alternation keeps the median ratio fair).",
         "",
         "| measured | envs | ratio (median) | ratio min..max | vmap_agents agent-steps/s "
         "| whole-array agent-steps/s | compile s (vmap / whole) |",
@@ -270,6 +274,8 @@ def main(argv: list[str] | None = None) -> int:
         "jax": jax.__version__,
         "backend": jax.default_backend(),
         "device_count": jax.device_count(),
+        "loadavg_1m_before": LOAD_BEFORE,
+        "loadavg_1m_after": os.getloadavg()[0],
     }
     text = markdown(rows, info)
     print(text)
