@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -87,14 +88,14 @@ class Acrobot(SingleAgentEnv):
     def action_space(self) -> Discrete:
         return Discrete(3)
 
-    def reset_env(self, key: jax.Array, params: AcrobotParams):
+    def reset_env(self, key: jax.Array, params: AcrobotParams) -> tuple[jax.Array, AcrobotState]:
         t1, t2, d1, d2 = jax.random.uniform(key, (4,), jnp.float32, -0.1, 0.1)
         state = AcrobotState(t1, t2, d1, d2, jnp.zeros((), jnp.int32))
         return _obs(state), state
 
     def step_env(
         self, key: jax.Array, state: AcrobotState, action: jax.Array, params: AcrobotParams
-    ):
+    ) -> tuple[jax.Array, AcrobotState, jax.Array, jax.Array, Any]:
         # The noise is always drawn (no branch on a traced number); it is 0 by default.
         noise = jax.random.uniform(key, (), jnp.float32, -1.0, 1.0) * params.torque_noise_max
         torque = jnp.asarray(action, jnp.float32) - 1.0 + noise

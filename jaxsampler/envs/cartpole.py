@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -69,14 +70,14 @@ class CartPole(SingleAgentEnv):
     def action_space(self) -> Discrete:
         return Discrete(2)
 
-    def reset_env(self, key: jax.Array, params: CartPoleParams):
+    def reset_env(self, key: jax.Array, params: CartPoleParams) -> tuple[jax.Array, CartPoleState]:
         x, x_dot, theta, theta_dot = jax.random.uniform(key, (4,), jnp.float32, -0.05, 0.05)
         state = CartPoleState(x, x_dot, theta, theta_dot, jnp.zeros((), jnp.int32))
         return _obs(state), state
 
     def step_env(
         self, key: jax.Array, state: CartPoleState, action: jax.Array, params: CartPoleParams
-    ):
+    ) -> tuple[jax.Array, CartPoleState, jax.Array, jax.Array, Any]:
         del key
         force = jnp.where(action == 1, params.force_mag, -params.force_mag)
         total_mass = params.masspole + params.masscart

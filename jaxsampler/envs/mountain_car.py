@@ -67,12 +67,14 @@ class MountainCar(SingleAgentEnv):
     def action_space(self) -> Discrete:
         return Discrete(3)
 
-    def reset_env(self, key: jax.Array, params: MountainCarParams):
+    def reset_env(
+        self, key: jax.Array, params: MountainCarParams
+    ) -> tuple[jax.Array, MountainCarState]:
         return reset_valley(key)
 
     def step_env(
         self, key: jax.Array, state: MountainCarState, action: jax.Array, params: MountainCarParams
-    ):
+    ) -> tuple[jax.Array, MountainCarState, jax.Array, jax.Array, Any]:
         del key
         push = jnp.asarray(action, jnp.float32) - 1.0
         new, terminated = valley_step(state, push * params.force, params)

@@ -10,6 +10,7 @@ action *before* clipping. Time limit 999 steps.
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -71,7 +72,9 @@ class MountainCarContinuous(SingleAgentEnv):
     def action_space(self) -> Box:
         return Box(-1.0, 1.0, (1,), np.float32)
 
-    def reset_env(self, key: jax.Array, params: MountainCarContinuousParams):
+    def reset_env(
+        self, key: jax.Array, params: MountainCarContinuousParams
+    ) -> tuple[jax.Array, MountainCarContinuousState]:
         return reset_valley(key)
 
     def step_env(
@@ -80,7 +83,7 @@ class MountainCarContinuous(SingleAgentEnv):
         state: MountainCarContinuousState,
         action: jax.Array,
         params: MountainCarContinuousParams,
-    ):
+    ) -> tuple[jax.Array, MountainCarContinuousState, jax.Array, jax.Array, Any]:
         del key
         a = jnp.asarray(action, jnp.float32)[0]
         force = jnp.clip(a, params.min_action, params.max_action)
