@@ -180,7 +180,9 @@ class MLPPolicy(Policy):
         out, value, log_std = outputs
         return out.reshape(batch + out.shape[-1:]), value.reshape(batch), log_std
 
-    def __call__(self, params: Any, obs: jax.Array, key: jax.Array, policy_state: Any):
+    def __call__(
+        self, params: Any, obs: jax.Array, key: jax.Array, policy_state: Any
+    ) -> tuple[Any, dict[str, jax.Array], Any]:
         dist_inputs, value, log_std = self.forward(params, obs)
         action, logp = _sample_action(self.action_space, dist_inputs, log_std, key, self.explore)
         return action, {"action_logp": logp, "vf_preds": value}, policy_state
@@ -192,7 +194,9 @@ class _GRUActorCritic(nn.Module):
     continuous: bool
 
     @nn.compact
-    def __call__(self, carry: jax.Array, x: jax.Array):
+    def __call__(
+        self, carry: jax.Array, x: jax.Array
+    ) -> tuple[jax.Array, tuple[jax.Array, jax.Array, jax.Array | None]]:
         x = nn.tanh(nn.Dense(self.hidden_size, name="embed")(x))
         carry, h = nn.GRUCell(self.hidden_size, name="gru")(carry, x)
         out = nn.Dense(
@@ -237,7 +241,9 @@ class RecurrentPolicy(Policy):
     def initial_state(self, batch_shape: tuple[int, ...]) -> jax.Array:
         return jnp.zeros(tuple(batch_shape) + (self.hidden_size,), jnp.float32)
 
-    def __call__(self, params: Any, obs: jax.Array, key: jax.Array, policy_state: jax.Array):
+    def __call__(
+        self, params: Any, obs: jax.Array, key: jax.Array, policy_state: jax.Array
+    ) -> tuple[Any, dict[str, jax.Array], Any]:
         outputs: Any = self.module.apply(
             params, policy_state, _flatten_obs(obs, self.observation_space)
         )

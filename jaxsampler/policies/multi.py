@@ -163,7 +163,9 @@ class MultiAgentPolicy(Policy):
             for pid, p in zip(self.policy_ids, self.policies)
         }
 
-    def __call__(self, params: Mapping[str, Any], obs: Any, key: jax.Array, policy_state: Any):
+    def __call__(
+        self, params: Mapping[str, Any], obs: Any, key: jax.Array, policy_state: Any
+    ) -> tuple[Any, dict[str, jax.Array], Any]:
         if not isinstance(params, Mapping):
             raise TypeError(
                 "MultiAgentPolicy params must be a dict policy_id -> params, got "
