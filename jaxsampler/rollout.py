@@ -103,8 +103,7 @@ def check_action(space: Space, action: Any, batch_shape: tuple[int, ...]) -> Non
     got_def: Any = jax.tree.structure(action)  # PyTreeDef: untyped for mypy
     if got_def != jax.tree.structure(expected):
         raise TypeError(
-            f"action has structure {got_def}, expected "
-            f"{jax.tree.structure(expected)} for {space!r}"
+            f"action has structure {got_def}, expected {jax.tree.structure(expected)} for {space!r}"
         )
     for exp, got in zip(jax.tree.leaves(expected), jax.tree.leaves(action)):
         got_shape, got_dtype = tuple(np.shape(got)), jnp.result_type(got)
