@@ -84,9 +84,7 @@ DEFAULTS = {
 def jaxsampler_sampler(cfg: PPOConfig, env: js.Env, policy: js.MLPPolicy):
     """``(init(key), rollout(params, state) -> (state, batch))`` over jaxsampler."""
     rollout = js.make_rollout(env, policy, cfg.num_envs, cfg.rollout_length)
-
-    def init(key):
-        return js.init_rollout_state(env, policy, cfg.num_envs, key)
+    init = rollout.init  # the state initialiser of the same sizes
 
     def run(params, state):
         state, traj = rollout(params, state)

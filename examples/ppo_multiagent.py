@@ -21,6 +21,7 @@ import json
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import jax
 import numpy as np
@@ -41,7 +42,8 @@ ppo = _load("ppo")
 ppo_host = _load("ppo_host")
 
 
-def policy_of(agent_id: str) -> str:
+def policy_of(agent_id: str, episode: Any = None, **kwargs: Any) -> str:
+    """RLlib's mapping-function signature; called once per agent (``episode=None``)."""
     return "even" if int(agent_id.rsplit("_", 1)[1]) % 2 == 0 else "odd"
 
 
@@ -101,8 +103,9 @@ def main(argv: list[str] | None = None) -> int:
         float(np.mean([r for _, r in curve[-k:]])),
     )
     print(
-        f"Spread-v0 ({args.agents} agents, 2 policies) {steps:,} env steps / {agent_steps:,} agent steps in {wall:.1f} s "
-        f"({agent_steps / wall:,.0f} agent steps/s); mean per-agent return {first:.1f} -> {last:.1f}"
+        f"Spread-v0 ({args.agents} agents, 2 policies) {steps:,} env steps / "
+        f"{agent_steps:,} agent steps in {wall:.1f} s ({agent_steps / wall:,.0f} agent steps/s); "
+        f"mean per-agent return {first:.1f} -> {last:.1f}"
     )
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -6,6 +6,7 @@ its result before the clock is read; figures are medians over repeats.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
@@ -20,9 +21,10 @@ from typing import Any
 import jax
 import numpy as np
 
-from jaxsampler.policies import MLPPolicy, RandomPolicy
-from jaxsampler.registry import make
-from jaxsampler.rollout import init_rollout_state, jit_rollout, make_rollout
+from jaxsampler.policies import MLPPolicy, Policy, RandomPolicy
+from jaxsampler.registry import make_jax_env
+from jaxsampler.rollout import jit_rollout, make_rollout
+from jaxsampler.types import Trajectory
 
 __all__ = [
     "environment_info",
@@ -87,10 +89,8 @@ def environment_info() -> dict[str, Any]:
         "OPENBLAS_NUM_THREADS": os.environ.get("OPENBLAS_NUM_THREADS", ""),
         "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", ""),
     }
-    try:
+    with contextlib.suppress(AttributeError):  # not on every OS
         info["affinity"] = sorted(os.sched_getaffinity(0))
-    except AttributeError:  # pragma: no cover - not on Linux
-        pass
     return info
 
 
@@ -128,8 +128,12 @@ def measure_rollout(
     included) and ``actions_per_s`` (agent actions actually taken per second: acting
     agents only, so reset steps are not counted). ``num_devices > 1`` splits the env
     axis over that many devices (:mod:`jaxsampler.scale`).
+
+    Raises:
+        TypeError: ``env_id`` names a host-stepped env (``"gym:<id>"``).
     """
-    env = make(env_id)
+    env = make_jax_env(env_id)
+    pol: Policy
     if policy == "mlp":
         pol = MLPPolicy(env.observation_space, env.action_space, tuple(hidden_sizes))
     elif policy == "random":
@@ -143,25 +147,25 @@ def measure_rollout(
 
         mesh = scale.env_mesh(num_devices)
         rollout = jit_rollout(scale.make_sharded_rollout(env, pol, num_envs, rollout_length, mesh))
-        state = scale.init_sharded_state(env, pol, num_envs, jax.random.fold_in(key, 1), mesh)
+        state = rollout.init(jax.random.fold_in(key, 1))
     else:
         rollout = jit_rollout(make_rollout(env, pol, num_envs, rollout_length))
-        state = init_rollout_state(env, pol, num_envs, jax.random.fold_in(key, 1))
+        state = rollout.init(jax.random.fold_in(key, 1))
     t0 = time.perf_counter()
     state, traj = rollout(params, state)
     jax.block_until_ready(traj)
     compile_s = time.perf_counter() - t0
-    box = {"state": state, "traj": traj}
     acted = []
 
-    def call() -> Any:
-        box["state"], box["traj"] = rollout(params, box["state"], box["traj"])
-        return box["traj"]
+    def call() -> Trajectory:
+        nonlocal state, traj
+        state, traj = rollout(params, state, traj)
+        return traj
 
     times = []
     for _ in range(repeats):
         times.extend(time_calls(call, 1))
-        acted.append(int(np.asarray(box["traj"].acting).sum()))
+        acted.append(int(np.asarray(traj.acting).sum()))
     med = statistics.median(times)
     steps = num_envs * rollout_length
     return {

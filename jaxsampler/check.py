@@ -89,7 +89,8 @@ def _layout_problems(ts: TimeStep, env: Env, where: str) -> list[str]:
         x = getattr(ts, name)
         if tuple(x.shape) != (A,):
             out.append(
-                f"{where}: TimeStep.{name} has shape {tuple(x.shape)}, expected ({A},) (one entry per agent)"
+                f"{where}: TimeStep.{name} has shape {tuple(x.shape)}, expected ({A},) (one entry "
+                "per agent)"
             )
         if x.dtype != want:
             out.append(f"{where}: TimeStep.{name} has dtype {x.dtype}, expected {jnp.dtype(want)}")
@@ -97,17 +98,20 @@ def _layout_problems(ts: TimeStep, env: Env, where: str) -> list[str]:
     obs_leaves = jax.tree.leaves(ts.obs)
     if len(space_leaves) != len(obs_leaves):
         out.append(
-            f"{where}: observation has {len(obs_leaves)} leaves, the observation space {len(space_leaves)}"
+            f"{where}: observation has {len(obs_leaves)} leaves, the observation space "
+            f"{len(space_leaves)}"
         )
     for s, o in zip(space_leaves, obs_leaves):
         if tuple(o.shape) != (A,) + tuple(s.shape):
             out.append(
-                f"{where}: observation has shape {tuple(o.shape)}, expected {(A,) + tuple(s.shape)} "
+                f"{where}: observation has shape {tuple(o.shape)}, expected "
+                f"{(A,) + tuple(s.shape)} "
                 f"(agent axis {A} + observation space shape)"
             )
         elif o.dtype != s.dtype:
             out.append(
-                f"{where}: observation dtype {o.dtype} differs from the observation space's {s.dtype}"
+                f"{where}: observation dtype {o.dtype} differs from the observation space's "
+                f"{s.dtype}"
             )
     return out
 
@@ -217,7 +221,8 @@ def check_env(
         hash(env)
     except TypeError:
         report.problems.append(
-            f"{type(env).__name__} is not hashable: make it a frozen dataclass (compiled code is cached per env)"
+            f"{type(env).__name__} is not hashable: make it a frozen dataclass (compiled code is "
+            "cached per env)"
         )
         return _finish(report, raise_on_error)
     params = env.default_params if params is None else params
@@ -251,11 +256,11 @@ def check_env(
     report.checks_run.append("TimeStep layout")
     for ts, where in ((ts0, "reset"), (ts1, "step")):
         report.problems += _layout_problems(ts, env, where)
-    if _describe((s0, ts0)) != _describe((s1, ts1)) or jax.tree.structure(
-        (s0, ts0)
-    ) != jax.tree.structure((s1, ts1)):
+    reset_def: Any = jax.tree.structure((s0, ts0))  # PyTreeDef: untyped for mypy
+    if _describe((s0, ts0)) != _describe((s1, ts1)) or reset_def != jax.tree.structure((s1, ts1)):
         report.problems.append(
-            "reset and step return different pytrees (structure, shape or dtype of state/TimeStep/info differ); "
+            "reset and step return different pytrees (structure, shape or dtype of "
+            "state/TimeStep/info differ); "
             "lax.scan needs them identical. reset: "
             f"{_describe(ts0)}; step: {_describe(ts1)}"
         )
@@ -292,19 +297,21 @@ def check_env(
         steps_taken = np.cumsum(alive, axis=0)  # 1-based step index per env
         early = trunc_a & (steps_taken < short_time_limit)[..., None]
         if early.any():
-            t, e, a = np.argwhere(early)[0]
+            t, env_i, a = np.argwhere(early)[0]
             report.problems.append(
-                f"truncated fired at step {steps_taken[t, e]} of env {e}{f', agent {a}' if multi else ''}, "
+                f"truncated fired at step {steps_taken[t, env_i]} of env "
+                f"{env_i}{f', agent {a}' if multi else ''}, "
                 f"before max_steps_in_episode={short_time_limit}"
             )
         # Per agent, not "any agent": the episode ends only when every agent is done.
         going = ~(rec_s["terminated"] | rec_s["truncated"])
         missed = (alive & (steps_taken >= short_time_limit))[..., None] & going
         if missed.any():
-            t, e, a = np.argwhere(missed)[0]
+            t, env_i, a = np.argwhere(missed)[0]
             report.problems.append(
-                f"time limit did not fire{f' for agent {a}' if multi else ''}: env {e} is still running after "
-                f"{steps_taken[t, e]} steps with max_steps_in_episode={short_time_limit}"
+                f"time limit did not fire{f' for agent {a}' if multi else ''}: env {env_i} is "
+                "still running after "
+                f"{steps_taken[t, env_i]} steps with max_steps_in_episode={short_time_limit}"
                 + (
                     " (every agent still going at the limit must be truncated or terminated)"
                     if multi
@@ -361,7 +368,8 @@ def _done_agent_problems(rec: dict[str, Any]) -> dict[str, str]:
     if bad.any():
         t, e, a = np.argwhere(bad)[0]
         out["sticky"] = (
-            f"done flags are not sticky: agent {a} of env {e} was done at step {first_done[e, a]} but reports "
+            f"done flags are not sticky: agent {a} of env {e} was done at step {first_done[e, a]} "
+            "but reports "
             f"neither terminated nor truncated at step {t + 1}, while the episode goes on "
             "(a done agent keeps its flag until the episode ends)"
         )
@@ -369,14 +377,16 @@ def _done_agent_problems(rec: dict[str, Any]) -> dict[str, str]:
     if bad.any():
         t, e, a = np.argwhere(bad)[0]
         out["acting"] = (
-            f"done agent still acting: agent {a} of env {e} is done at step {t + 1} but acting is True "
+            f"done agent still acting: agent {a} of env {e} is done at step {t + 1} but acting is "
+            "True "
             "while the episode goes on (acting must be False for done agents)"
         )
     bad = done_before & alive & (rec["reward"] != 0)
     if bad.any():
         t, e, a = np.argwhere(bad)[0]
         out["reward"] = (
-            f"done agent still rewarded: agent {a} of env {e} was done at step {first_done[e, a]} but gets reward "
+            f"done agent still rewarded: agent {a} of env {e} was done at step {first_done[e, a]} "
+            "but gets reward "
             f"{rec['reward'][t, e, a]} at step {t + 1} (reward must be 0 once an agent is done)"
         )
     return out
@@ -393,7 +403,8 @@ def _check_run(env: Env, rec: dict[str, Any], report: EnvCheckReport, limit: Any
         t, e, a = np.argwhere(~inside)[0]
         bad = jax.tree.map(lambda x: np.asarray(x)[t, e, a], rec["obs"])
         report.problems.append(
-            f"observation outside {env.observation_space!r} at step {t + 1} of env {e}, agent {a}: {bad}"
+            f"observation outside {env.observation_space!r} at step {t + 1} of env {e}, agent "
+            f"{a}: {bad}"
         )
     report.checks_run.append("finite values")
     for name, tree in (("observation", rec["obs"]), ("reward", rec["reward"])):
@@ -414,7 +425,8 @@ def _check_run(env: Env, rec: dict[str, Any], report: EnvCheckReport, limit: Any
     t_idx, e_idx = np.nonzero(done)
     if np.any(rec["time"][done] == 0) and np.any(rec["time"] != 0):
         report.problems.append(
-            "the state's time counter is 0 on the step that ends an episode: the env seems to reset itself, "
+            "the state's time counter is 0 on the step that ends an episode: the env seems to "
+            "reset itself, "
             "so the final observation is the next episode's first one (let jaxsampler auto-reset)"
         )
     final = [np.asarray(x)[t_idx, e_idx] for x in jax.tree.leaves(rec["obs"])]
@@ -435,7 +447,8 @@ def _check_run(env: Env, rec: dict[str, Any], report: EnvCheckReport, limit: Any
 
 def _tree_equal(a: Any, b: Any) -> bool:
     la, lb = jax.tree.leaves(a), jax.tree.leaves(b)
-    return jax.tree.structure(a) == jax.tree.structure(b) and all(
+    a_def: Any = jax.tree.structure(a)  # PyTreeDef: untyped for mypy
+    return a_def == jax.tree.structure(b) and all(
         np.array_equal(
             np.asarray(x), np.asarray(y), equal_nan=np.issubdtype(np.asarray(x).dtype, np.inexact)
         )

@@ -43,7 +43,9 @@ def _widths(text: str) -> list[int]:
     try:
         widths = [int(w) for w in text.split(",") if w.strip()]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"widths must be comma-separated integers, got {text!r}")
+        raise argparse.ArgumentTypeError(
+            f"widths must be comma-separated integers, got {text!r}"
+        ) from None
     if not widths or any(w < 1 for w in widths):
         raise argparse.ArgumentTypeError(f"widths must be integers >= 1, got {text!r}")
     return widths
@@ -86,12 +88,16 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _table(rows: list[dict[str, Any]]) -> str:
-    head = f"{'width':>7} {'devices':>7} {'actions/s':>12} {'env steps/s':>12} {'compile s':>10} {'steps/call':>11}"
+    head = (
+        f"{'width':>7} {'devices':>7} {'actions/s':>12} {'env steps/s':>12} "
+        f"{'compile s':>10} {'steps/call':>11}"
+    )
     lines = [head, "-" * len(head)]
     for r in rows:
         lines.append(
             f"{r['num_envs']:>7} {r['num_devices']:>7} {r['actions_per_s']:>12,.0f} "
-            f"{r['env_steps_per_s']:>12,.0f} {r['compile_s']:>10.2f} {r['num_envs'] * r['rollout_length']:>11,}"
+            f"{r['env_steps_per_s']:>12,.0f} {r['compile_s']:>10.2f} "
+            f"{r['num_envs'] * r['rollout_length']:>11,}"
         )
     return "\n".join(lines)
 
@@ -101,15 +107,22 @@ def _bench(args: argparse.Namespace) -> int:
     import jax
 
     from jaxsampler import bench
+    from jaxsampler.registry import make_jax_env
 
     if args.rollout_length < 1 or args.repeats < 1:
         print("error: --rollout-length and --repeats must be >= 1", file=sys.stderr)
+        return 2
+    try:
+        make_jax_env(args.env)  # fail before any timing: unknown ids, host-stepped envs
+    except (TypeError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
         return 2
     hidden = tuple(int(h) for h in args.hidden.split(","))
     ndev = jax.device_count()
     info = bench.environment_info()
     print(
-        f"jaxsampler bench: {args.env}, {args.policy} policy {hidden if args.policy == 'mlp' else ''}, "
+        f"jaxsampler bench: {args.env}, {args.policy} policy "
+        f"{hidden if args.policy == 'mlp' else ''}, "
         f"T={args.rollout_length}, backend {info['backend']} x{ndev} device(s)",
         file=sys.stderr,
     )
@@ -162,10 +175,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if args.command == "check":
         import jaxsampler as js
+        from jaxsampler.registry import make_jax_env
 
         try:
-            env = js.make(args.env)
-        except ValueError as e:
+            env = make_jax_env(args.env)
+        except (TypeError, ValueError) as e:
             print(f"error: {e}", file=sys.stderr)
             return 2
         report = js.check_env(env)

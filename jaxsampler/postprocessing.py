@@ -64,7 +64,8 @@ def _check_shapes(rewards: jax.Array, **arrays: jax.Array) -> None:
     for name, arr in arrays.items():
         if tuple(arr.shape) != want[name]:
             raise ValueError(
-                f"{name} has shape {tuple(arr.shape)}, expected {want[name]} to match rewards {tuple(rewards.shape)}"
+                f"{name} has shape {tuple(arr.shape)}, expected {want[name]} to match rewards "
+                f"{tuple(rewards.shape)}"
             )
 
 

@@ -17,7 +17,7 @@ from typing import Any
 from jaxsampler.envs.base import Env
 from jaxsampler.host_envs import HostEnv
 
-__all__ = ["REGISTRY", "make", "register", "registered_ids"]
+__all__ = ["REGISTRY", "make", "make_jax_env", "register", "registered_ids"]
 
 
 def _lazy(path: str) -> Callable[..., Env]:
@@ -43,18 +43,23 @@ REGISTRY: dict[str, Callable[..., Env]] = {
     "Spread-v0": _lazy("jaxsampler.envs.spread:Spread"),
     # Multi-agent, turn-based (A = 2): exactly one agent acts per step, the acting mask alternates.
     "TicTacToe-v0": _lazy("jaxsampler.envs.tictactoe:TicTacToe"),
-    # Multi-agent (A = n): each agent terminates on its own when it reaches its goal; the rest go on.
+    # Multi-agent (A = n): each agent terminates on its own at its goal; the rest go on.
     "Goals-v0": _lazy("jaxsampler.envs.goals:Goals"),
 }
 
 
 def register(env_id: str, factory: Callable[..., Env], *, overwrite: bool = False) -> None:
-    """Adds ``env_id`` to the registry. Raises ``ValueError`` if it exists (unless ``overwrite``)."""
+    """Adds ``env_id`` to the registry.
+
+    Raises:
+        ValueError: ``env_id`` exists (unless ``overwrite``) or has a reserved prefix.
+    """
     if env_id in REGISTRY and not overwrite:
         raise ValueError(f"env id {env_id!r} is already registered")
     if env_id.startswith(("gymnax:", "gym:")):
         raise ValueError(
-            "ids starting with 'gymnax:' or 'gym:' are reserved for the gymnax and Gymnasium adapters"
+            "ids starting with 'gymnax:' or 'gym:' are reserved for the gymnax and Gymnasium "
+            "adapters"
         )
     REGISTRY[env_id] = factory
 
@@ -97,3 +102,20 @@ def make(name: str, **kwargs: Any) -> Env | HostEnv:
             "gymnax envs via 'gymnax:<id>', Gymnasium envs via 'gym:<id>'."
         )
     return REGISTRY[name](**kwargs)
+
+
+def make_jax_env(name: str, **kwargs: Any) -> Env:
+    """:func:`make`, for callers that need a pure-JAX env (rollouts, benchmarks, checks).
+
+    Raises:
+        TypeError: ``name`` builds a host-stepped env (``"gym:<id>"``), which only
+            ``js.Sampler`` can drive; the message says so.
+        ValueError: unknown id, as :func:`make`.
+    """
+    env = make(name, **kwargs)
+    if not isinstance(env, Env):
+        raise TypeError(
+            f"{name!r} is a host-stepped env ({type(env).__name__}), not a pure-JAX env: "
+            "use a built-in id or 'gymnax:<id>' here; js.Sampler samples 'gym:<id>' envs"
+        )
+    return env

@@ -14,6 +14,7 @@ See :mod:`jaxsampler.types` for the layout and the auto-reset contract.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -29,6 +30,7 @@ from jaxsampler.spaces import Box, Discrete, MultiDiscrete, Space, compatible
 from jaxsampler.types import RolloutState, Trajectory
 
 __all__ = [
+    "Rollout",
     "make_rollout",
     "init_rollout_state",
     "jit_rollout",
@@ -39,7 +41,12 @@ __all__ = [
     "RolloutDebugError",
 ]
 
+#: ``(params, state, buffers=None) -> (state, traj)``: one rollout call.
 RolloutFn = Callable[..., tuple[RolloutState, Trajectory]]
+#: ``(key, env_params=None) -> state``: the state a rollout starts from.
+InitFn = Callable[..., RolloutState]
+#: ``(params, state) -> buffers``: zero-filled trajectory buffers.
+AllocateFn = Callable[[Any, RolloutState], Trajectory]
 
 
 class RolloutDebugError(FloatingPointError):
@@ -61,7 +68,8 @@ def check_compatible(env: Env, policy: Policy) -> None:
     """Raises ``ValueError`` naming the mismatch if ``policy`` cannot drive ``env``."""
     if not isinstance(env, Env):
         raise TypeError(
-            f"env must be a jaxsampler Env, got {type(env).__name__} (wrap gymnax envs with js.from_gymnax)"
+            f"env must be a jaxsampler Env, got {type(env).__name__} (wrap gymnax envs with "
+            "js.from_gymnax)"
         )
     policy_agents = getattr(policy, "agent_ids", None)
     if policy_agents is not None and tuple(policy_agents) != tuple(env.agent_ids):
@@ -92,9 +100,10 @@ def check_action(space: Space, action: Any, batch_shape: tuple[int, ...]) -> Non
     expected = jax.tree.map(
         lambda z: jax.ShapeDtypeStruct(tuple(batch_shape) + z.shape, z.dtype), space.zeros()
     )
-    if jax.tree.structure(expected) != jax.tree.structure(action):
+    got_def: Any = jax.tree.structure(action)  # PyTreeDef: untyped for mypy
+    if got_def != jax.tree.structure(expected):
         raise TypeError(
-            f"action has structure {jax.tree.structure(action)}, expected {jax.tree.structure(expected)} for {space!r}"
+            f"action has structure {got_def}, expected {jax.tree.structure(expected)} for {space!r}"
         )
     for exp, got in zip(jax.tree.leaves(expected), jax.tree.leaves(action)):
         got_shape, got_dtype = tuple(np.shape(got)), jnp.result_type(got)
@@ -114,10 +123,6 @@ def check_action(space: Space, action: Any, batch_shape: tuple[int, ...]) -> Non
             raise TypeError(
                 f"action dtype {got_dtype} does not match {space!r} (expected {exp.dtype})"
             )
-
-
-def _initial_policy_state(policy: Policy, num_envs: int, num_agents: int) -> Any:
-    return policy.initial_state((num_envs, num_agents))
 
 
 def init_rollout_state(
@@ -163,7 +168,7 @@ def init_state_and_info(
         needs_reset=jnp.zeros((num_envs,), jnp.bool_),
         episode_count=jnp.zeros((num_envs,), jnp.int32),
         episode_step=jnp.zeros((num_envs,), jnp.int32),
-        policy_state=_initial_policy_state(policy, num_envs, env.num_agents),
+        policy_state=policy.initial_state((num_envs, env.num_agents)),
         key=key,
         num_steps=jnp.zeros((), jnp.int32),
         env_params=env_params,
@@ -197,25 +202,28 @@ def trajectory_spec(
 
     def tm(x: Any, extra: int = 0) -> Any:
         return jax.tree.map(
-            lambda l: jax.ShapeDtypeStruct((T + extra,) + tuple(l.shape), l.dtype), x
+            lambda leaf: jax.ShapeDtypeStruct((T + extra,) + tuple(leaf.shape), leaf.dtype), x
         )
 
     def sd(x: Any) -> Any:
-        return jax.tree.map(lambda l: jax.ShapeDtypeStruct(tuple(l.shape), l.dtype), x)
+        return jax.tree.map(lambda leaf: jax.ShapeDtypeStruct(tuple(leaf.shape), leaf.dtype), x)
 
-    flags = jax.ShapeDtypeStruct((T, E, A), jnp.bool_)
+    def spec(shape: tuple[int, ...], dtype: Any) -> Any:  # a Trajectory of specs, not arrays
+        return jax.ShapeDtypeStruct(shape, dtype)
+
+    flags = spec((T, E, A), jnp.bool_)
     return Trajectory(
         obs=tm(state.obs, 1),
         actions=tm(action),
-        rewards=jax.ShapeDtypeStruct((T, E, A), jnp.float32),
+        rewards=spec((T, E, A), jnp.float32),
         terminated=flags,
         truncated=flags,
         acting=flags,
-        is_reset=jax.ShapeDtypeStruct((T, E), jnp.bool_),
+        is_reset=spec((T, E), jnp.bool_),
         extras=tm(extras),
         infos=tm(info),
-        episode_count_0=jax.ShapeDtypeStruct((E,), jnp.int32),
-        episode_step_0=jax.ShapeDtypeStruct((E,), jnp.int32),
+        episode_count_0=spec((E,), jnp.int32),
+        episode_step_0=spec((E,), jnp.int32),
         policy_state_0=sd(state.policy_state),
     )
 
@@ -234,6 +242,42 @@ def _write(buf: Any, t: jax.Array, value: Any) -> Any:
     )
 
 
+@dataclasses.dataclass(frozen=True)
+class Rollout:
+    """One env and policy at fixed sizes, as a frozen bundle of pure functions.
+
+    Built by :func:`make_rollout` (or :func:`jaxsampler.scale.make_sharded_rollout`); the
+    state initialiser and the buffer allocator come from the same object that runs, so
+    their sizes cannot disagree with the rollout's::
+
+        rollout = js.make_rollout(env, policy, num_envs=64, rollout_length=128)
+        state = rollout.init(key)
+        state, traj = rollout(params, state)
+
+    Attributes:
+        num_envs: ``E``, the env axis width (global, for a sharded rollout).
+        rollout_length: ``T``, steps per call.
+        num_agents: ``A``, the agent axis width.
+        run: ``(params, state, buffers) -> (state, traj)``, what ``__call__`` runs.
+        init: ``(key, env_params=None) -> RolloutState``: resets the ``E`` envs.
+        allocate: ``(params, state) -> Trajectory``: zero-filled buffers of the shapes
+            ``run`` writes (jittable).
+    """
+
+    num_envs: int
+    rollout_length: int
+    num_agents: int
+    run: RolloutFn
+    init: InitFn
+    allocate: AllocateFn
+
+    def __call__(
+        self, params: Any, state: RolloutState, buffers: Trajectory | None = None
+    ) -> tuple[RolloutState, Trajectory]:
+        """Runs ``T`` steps from ``state``; see :func:`make_rollout`. Pure and jittable."""
+        return self.run(params, state, buffers)
+
+
 def make_rollout(
     env: Env,
     policy: Policy,
@@ -242,28 +286,30 @@ def make_rollout(
     *,
     debug: bool = False,
     shard_axis: str | None = None,
-) -> RolloutFn:
-    """Builds the pure rollout function ``(params, state, buffers=None) -> (state, traj)``.
+) -> Rollout:
+    """Builds the rollout of ``policy`` in ``num_envs`` copies of ``env``.
 
     Args:
         env: the env (static configuration; its params live in ``state.env_params``).
         policy: the policy (static configuration; its params are the ``params`` argument).
         num_envs: ``E``, the env axis width.
         rollout_length: ``T``, steps per call.
-        debug: if True, return a host-side function (jitted internally with ``checkify``)
-            that raises :class:`RolloutDebugError` naming the field, step, env and agent of
-            the first NaN/Inf (in observations, rewards, float actions or extras), the first
-            observation outside ``env.observation_space`` and the first action outside
-            ``env.action_space`` taken by an acting agent. Not for use inside your own jit.
+        debug: if True, the returned object runs a host-side function (jitted internally
+            with ``checkify``) that raises :class:`RolloutDebugError` naming the field,
+            step, env and agent of the first NaN/Inf (in observations, rewards, float
+            actions or extras), the first observation outside ``env.observation_space``
+            and the first action outside ``env.action_space`` taken by an acting agent.
+            Not for use inside your own jit.
         shard_axis: set by :mod:`jaxsampler.scale` only: the mesh axis the env axis is
             split over; each shard folds its axis index into its PRNG keys.
 
     Returns:
-        ``rollout(params, state, buffers=None)``: runs ``T`` steps from ``state`` (a
-        :class:`RolloutState`) and returns the new state and a :class:`Trajectory` of
-        shape ``[T, E, A, ...]`` (``obs``: ``T + 1``). ``buffers`` (a previous
-        trajectory of the same shapes) is overwritten in place when donated. Pure and
-        jittable; no Python branching on traced values; shapes are checked at trace time.
+        A :class:`Rollout`. Calling it, ``rollout(params, state, buffers=None)``, runs
+        ``T`` steps from ``state`` (a :class:`RolloutState`, e.g. from
+        ``rollout.init(key)``) and returns the new state and a :class:`Trajectory` of
+        shape ``[T, E, A, ...]`` (``obs``: ``T + 1``). ``buffers`` (a previous trajectory
+        of the same shapes) is overwritten in place when donated. Pure and jittable; no
+        Python branching on traced values; shapes are checked at trace time.
 
     Raises:
         ValueError / TypeError: bad sizes, mismatched spaces; at trace time, actions of the
@@ -273,22 +319,33 @@ def make_rollout(
     check_compatible(env, policy)
     T, E, A = int(rollout_length), int(num_envs), env.num_agents
 
-    def rollout(params: Any, state: RolloutState, buffers: Trajectory | None = None):
+    def allocate(params: Any, state: RolloutState) -> Trajectory:
+        return allocate_trajectory(env, policy, T, params, state)
+
+    def init(key: jax.Array, env_params: Any = None) -> RolloutState:
+        return init_rollout_state(env, policy, E, key, env_params)
+
+    def rollout(
+        params: Any, state: RolloutState, buffers: Trajectory | None = None
+    ) -> tuple[RolloutState, Trajectory]:
         if state.needs_reset.shape != (E,):
             raise ValueError(
                 f"state was built for {state.needs_reset.shape[0]} envs, rollout for {E}"
             )
         if buffers is None:
-            buffers = allocate_trajectory(env, policy, T, params, state)
+            buffers = allocate(params, state)
         init_pstate = policy.initial_state((E, A))
         has_pstate = len(jax.tree.leaves(init_pstate)) > 0
-        buffers = buffers.replace(
+        buf0 = dataclasses.replace(
+            buffers,
             episode_count_0=state.episode_count,
             episode_step_0=state.episode_step,
             policy_state_0=state.policy_state,
         )
 
-        def body(carry: tuple[RolloutState, Trajectory], t: jax.Array):
+        def body(
+            carry: tuple[RolloutState, Trajectory], t: jax.Array
+        ) -> tuple[tuple[RolloutState, Trajectory], None]:
             rs, buf = carry
             key, k_pol, k_step, k_reset = jax.random.split(rs.key, 4)
             if shard_axis is not None:  # distinct streams per shard, same carried key
@@ -307,7 +364,8 @@ def make_rollout(
                 env, step_keys, reset_keys, rs.env_state, action, rs.needs_reset, rs.env_params
             )
             acting = rs.acting & ~rs.needs_reset[:, None]
-            buf = buf.replace(
+            buf = dataclasses.replace(
+                buf,
                 obs=_write(buf.obs, t, rs.obs),
                 actions=_write(buf.actions, t, action),
                 rewards=_write(buf.rewards, t, ts.reward),
@@ -319,7 +377,8 @@ def make_rollout(
                 infos=_write(buf.infos, t, ts.info),
             )
             done = jnp.all(ts.terminated | ts.truncated, axis=-1)
-            rs = rs.replace(
+            rs = dataclasses.replace(
+                rs,
                 env_state=env_state,
                 obs=ts.obs,
                 acting=ts.acting,
@@ -332,37 +391,36 @@ def make_rollout(
             )
             return (rs, buf), None
 
-        (state, buffers), _ = jax.lax.scan(body, (state, buffers), jnp.arange(T, dtype=jnp.int32))
-        buffers = buffers.replace(obs=_write(buffers.obs, jnp.int32(T), state.obs))
-        return state, buffers
+        (state, buf), _ = jax.lax.scan(body, (state, buf0), jnp.arange(T, dtype=jnp.int32))
+        return state, dataclasses.replace(buf, obs=_write(buf.obs, jnp.int32(T), state.obs))
 
-    rollout.allocate = lambda params, state: allocate_trajectory(env, policy, T, params, state)  # type: ignore[attr-defined]
-    if not debug:
-        return rollout
-    return _debug_rollout(env, rollout)
+    run: RolloutFn = _debug_rollout(env, rollout) if debug else rollout
+    return Rollout(E, T, A, run=run, init=init, allocate=allocate)
 
 
-def jit_rollout(rollout: RolloutFn) -> RolloutFn:
-    """``jax.jit`` of a rollout that donates the state and the buffers (args 1 and 2).
+def jit_rollout(rollout: Rollout) -> Rollout:
+    """The same :class:`Rollout`, jitted, donating the state and the buffers.
 
     A call without ``buffers`` first allocates them with a small separate jitted
     function, so the rollout compiles once: the first call and the steady-state calls
-    (which pass the previous trajectory back) share one executable.
+    (which pass the previous trajectory back) share one executable. ``init`` is kept
+    as it is (it runs once).
     """
-    jitted = jax.jit(rollout, donate_argnums=(1, 2))
-    allocate = getattr(rollout, "allocate", None)
-    if allocate is None:
-        return jitted
-    allocate = jax.jit(allocate)
+    if not isinstance(rollout, Rollout):
+        raise TypeError(
+            f"jit_rollout takes the Rollout that make_rollout returns, got {type(rollout).__name__}"
+        )
+    jitted = jax.jit(rollout.run, donate_argnums=(1, 2))
+    allocate = jax.jit(rollout.allocate)
 
-    def call(params: Any, state: RolloutState, buffers: Trajectory | None = None):
+    def call(
+        params: Any, state: RolloutState, buffers: Trajectory | None = None
+    ) -> tuple[RolloutState, Trajectory]:
         if buffers is None:
             buffers = allocate(params, state)
         return jitted(params, state, buffers)
 
-    call._cache_size = jitted._cache_size  # type: ignore[attr-defined]
-    call.jitted = jitted  # type: ignore[attr-defined]
-    return call
+    return dataclasses.replace(rollout, run=call, allocate=allocate)
 
 
 # --------------------------------------------------------------------------- debug mode
@@ -378,17 +436,19 @@ def _debug_checks(env: Env, traj: Trajectory) -> None:
     T, E, A = traj.rewards.shape
     candidates: list[tuple[str, jax.Array]] = []
 
-    def nonfinite(name: str, tree: Any, steps: int) -> None:
+    def nonfinite(name: str, tree: Any) -> None:
         for i, leaf in enumerate(jax.tree.leaves(tree)):
             if jnp.issubdtype(leaf.dtype, jnp.inexact):
                 bad = ~jnp.isfinite(leaf.reshape(leaf.shape[:3] + (-1,))).all(-1)
-                candidates.append((f"non-finite {name}{'' if i == 0 else f'[leaf {i}]'}", bad[:T]))
+                where = "" if i == 0 else f"[leaf {i}]"
+                # [:T]: the observation track's extra slot T is the next call's slot 0.
+                candidates.append((f"non-finite {name}{where}", bad[:T]))
 
-    nonfinite("observation", traj.obs, T + 1)
-    nonfinite("reward", traj.rewards, T)
-    nonfinite("action", traj.actions, T)
+    nonfinite("observation", traj.obs)
+    nonfinite("reward", traj.rewards)
+    nonfinite("action", traj.actions)
     for k in sorted(traj.extras) if isinstance(traj.extras, dict) else []:
-        nonfinite(f"extra model output {k!r}", traj.extras[k], T)
+        nonfinite(f"extra model output {k!r}", traj.extras[k])
     obs_in = jax.vmap(jax.vmap(jax.vmap(env.observation_space.contains)))(traj.obs)
     candidates.append((f"observation outside {env.observation_space!r}", ~obs_in[:T]))
     act_in = jax.vmap(jax.vmap(jax.vmap(env.action_space.contains)))(traj.actions)
@@ -410,14 +470,18 @@ def _debug_checks(env: Env, traj: Trajectory) -> None:
 
 
 def _debug_rollout(env: Env, rollout: RolloutFn) -> RolloutFn:
-    def checked(params: Any, state: RolloutState, buffers: Trajectory | None = None):
+    def checked(
+        params: Any, state: RolloutState, buffers: Trajectory | None = None
+    ) -> tuple[RolloutState, Trajectory]:
         state, traj = rollout(params, state, buffers)
         _debug_checks(env, traj)
         return state, traj
 
     jitted = jax.jit(checkify.checkify(checked, errors=checkify.user_checks))
 
-    def debug_rollout(params: Any, state: RolloutState, buffers: Trajectory | None = None):
+    def debug_rollout(
+        params: Any, state: RolloutState, buffers: Trajectory | None = None
+    ) -> tuple[RolloutState, Trajectory]:
         err, out = jitted(params, state, buffers)
         msg = err.get()
         if msg is not None:

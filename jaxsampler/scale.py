@@ -13,6 +13,7 @@ the single-device stream).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
@@ -24,7 +25,7 @@ from jax.sharding import PartitionSpec as P
 from jaxsampler.envs.base import Env
 from jaxsampler.policies.base import Policy
 from jaxsampler.rollout import (
-    RolloutFn,
+    Rollout,
     _check_sizes,
     allocate_trajectory,
     init_rollout_state,
@@ -45,45 +46,34 @@ def env_mesh(devices: Sequence[jax.Device] | int | None = None) -> Mesh:
         if not 1 <= devices <= jax.device_count():
             raise ValueError(
                 f"asked for {devices} devices, {jax.device_count()} available "
-                "(on CPU set XLA_FLAGS=--xla_force_host_platform_device_count=N before importing jax)"
+                "(on CPU set XLA_FLAGS=--xla_force_host_platform_device_count=N before importing "
+                "jax)"
             )
         devices = jax.devices()[:devices]
     return Mesh(np.asarray(list(devices)), (AXIS,))
 
 
 def _state_specs(state: RolloutState) -> RolloutState:
-    env = lambda tree: jax.tree.map(lambda _: P(AXIS), tree)
-    rep = lambda tree: jax.tree.map(lambda _: P(), tree)
-    return RolloutState(
-        env_state=env(state.env_state),
-        obs=env(state.obs),
-        acting=P(AXIS),
-        needs_reset=P(AXIS),
-        episode_count=P(AXIS),
-        episode_step=P(AXIS),
-        policy_state=env(state.policy_state),
-        key=P(),
-        num_steps=P(),
-        env_params=rep(state.env_params),
+    """``PartitionSpec`` leaves: env-axis leaves split, the key, counter and params replicated."""
+    split: RolloutState = jax.tree.map(lambda _: P(AXIS), state)
+    replicated: Any = P()  # a spec where the field holds an array
+    return dataclasses.replace(
+        split,
+        key=replicated,
+        num_steps=replicated,
+        env_params=jax.tree.map(lambda _: P(), state.env_params),
     )
 
 
 def _traj_specs(traj: Trajectory) -> Trajectory:
-    tm = lambda tree: jax.tree.map(lambda _: P(None, AXIS), tree)
-    env = lambda tree: jax.tree.map(lambda _: P(AXIS), tree)
-    return Trajectory(
-        obs=tm(traj.obs),
-        actions=tm(traj.actions),
-        rewards=P(None, AXIS),
-        terminated=P(None, AXIS),
-        truncated=P(None, AXIS),
-        acting=P(None, AXIS),
-        is_reset=P(None, AXIS),
-        extras=tm(traj.extras),
-        infos=tm(traj.infos),
-        episode_count_0=P(AXIS),
-        episode_step_0=P(AXIS),
-        policy_state_0=env(traj.policy_state_0),
+    """``PartitionSpec`` leaves: time-major buffers split on axis 1, the slot-0 records on 0."""
+    split: Trajectory = jax.tree.map(lambda _: P(None, AXIS), traj)
+    env_axis: Any = P(AXIS)  # a spec where the field holds an array
+    return dataclasses.replace(
+        split,
+        episode_count_0=env_axis,
+        episode_step_0=env_axis,
+        policy_state_0=jax.tree.map(lambda _: P(AXIS), traj.policy_state_0),
     )
 
 
@@ -114,41 +104,51 @@ def _check_divisible(num_envs: int, mesh: Mesh) -> None:
 
 def make_sharded_rollout(
     env: Env, policy: Policy, num_envs: int, rollout_length: int, mesh: Mesh
-) -> RolloutFn:
+) -> Rollout:
     """Like :func:`~jaxsampler.rollout.make_rollout`, with the env axis split over ``mesh``.
 
-    Returns ``rollout(params, state, buffers=None) -> (state, traj)``; ``params`` are
-    replicated, ``state`` comes from :func:`init_sharded_state`, and the trajectory is
-    sharded along its env axis (axis 1). Jittable; wrap with
+    Returns a :class:`~jaxsampler.rollout.Rollout` whose call,
+    ``rollout(params, state, buffers=None) -> (state, traj)``, takes replicated
+    ``params`` and a ``state`` from its ``init(key)`` (or :func:`init_sharded_state`),
+    and returns a trajectory sharded along its env axis (axis 1); ``allocate`` places
+    the buffers the same way. Jittable; wrap with
     :func:`~jaxsampler.rollout.jit_rollout` to donate state and buffers.
     """
     _check_divisible(num_envs, mesh)
     per_device = num_envs // mesh.shape[AXIS]
     inner = make_rollout(env, policy, per_device, rollout_length, shard_axis=AXIS)
 
-    def rollout(params: Any, state: RolloutState, buffers: Trajectory | None = None):
+    def run(
+        params: Any, state: RolloutState, buffers: Trajectory | None = None
+    ) -> tuple[RolloutState, Trajectory]:
         if buffers is None:
             buffers = allocate_trajectory(env, policy, rollout_length, params, state)
         sspec, tspec = _state_specs(state), _traj_specs(buffers)
         pspec = jax.tree.map(lambda _: P(), params)
         fn = jax.shard_map(
-            inner,
+            inner.run,
             mesh=mesh,
             in_specs=(pspec, sspec, tspec),
             out_specs=(sspec, tspec),
             check_vma=False,
         )
-        return fn(params, state, buffers)
+        out: tuple[RolloutState, Trajectory] = fn(params, state, buffers)
+        return out
 
     def allocate(params: Any, state: RolloutState) -> Trajectory:
         traj = allocate_trajectory(env, policy, rollout_length, params, state)
         specs = _traj_specs(traj)
-        return jax.tree.map(
+        placed: Trajectory = jax.tree.map(
             lambda x, spec: jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec)),
             traj,
             specs,
             is_leaf=lambda x: isinstance(x, P),
         )
+        return placed
 
-    rollout.allocate = allocate  # type: ignore[attr-defined]
-    return rollout
+    def init(key: jax.Array, env_params: Any = None) -> RolloutState:
+        return init_sharded_state(env, policy, num_envs, key, mesh, env_params)
+
+    return Rollout(
+        int(num_envs), inner.rollout_length, inner.num_agents, run=run, init=init, allocate=allocate
+    )

@@ -22,12 +22,41 @@ from typing import Any
 import jax
 from flax import struct
 
-__all__ = ["AUTORESET_MODE", "NoInfo", "TimeStep", "RolloutState", "Trajectory"]
+__all__ = [
+    "AUTORESET_MODE",
+    "NoInfo",
+    "TimeStep",
+    "RolloutState",
+    "Trajectory",
+    "PyTree",
+    "FlagsA",
+    "RewardA",
+    "FlagsE",
+    "CountE",
+    "FlagsEA",
+    "FlagsTE",
+    "FlagsTEA",
+    "RewardTEA",
+    "Scalar",
+]
 
 #: The auto-reset contract of every jaxsampler rollout (see the module docstring).
 AUTORESET_MODE = "next_step"
 
+# Shape-annotated aliases (plain ``jax.Array``; the comment is the shape and dtype):
+# ``T`` time, ``E`` env, ``A`` agent. Pytree fields (observations, actions, extras,
+# infos, env and policy state) stay ``PyTree``; their leaves' leading axes are given
+# in each field's docstring.
 PyTree = Any
+FlagsA = jax.Array  # bool[A]: one env's per-agent flags
+RewardA = jax.Array  # float32[A]
+FlagsE = jax.Array  # bool[E]
+CountE = jax.Array  # int32[E]
+FlagsEA = jax.Array  # bool[E, A]
+FlagsTE = jax.Array  # bool[T, E]
+FlagsTEA = jax.Array  # bool[T, E, A]
+RewardTEA = jax.Array  # float32[T, E, A]
+Scalar = jax.Array  # a rank-0 array (int32 counters, float32 rewards)
 
 
 @struct.dataclass
@@ -51,10 +80,10 @@ class TimeStep:
     """
 
     obs: PyTree
-    reward: jax.Array
-    terminated: jax.Array
-    truncated: jax.Array
-    acting: jax.Array
+    reward: RewardA
+    terminated: FlagsA
+    truncated: FlagsA
+    acting: FlagsA
     info: PyTree = struct.field(default_factory=NoInfo)
 
 
@@ -79,13 +108,13 @@ class RolloutState:
 
     env_state: PyTree
     obs: PyTree
-    acting: jax.Array
-    needs_reset: jax.Array
-    episode_count: jax.Array
-    episode_step: jax.Array
+    acting: FlagsEA
+    needs_reset: FlagsE
+    episode_count: CountE
+    episode_step: CountE
     policy_state: PyTree
     key: jax.Array
-    num_steps: jax.Array
+    num_steps: Scalar
     env_params: PyTree
 
 
@@ -113,25 +142,28 @@ class Trajectory:
 
     obs: PyTree
     actions: PyTree
-    rewards: jax.Array
-    terminated: jax.Array
-    truncated: jax.Array
-    acting: jax.Array
-    is_reset: jax.Array
+    rewards: RewardTEA
+    terminated: FlagsTEA
+    truncated: FlagsTEA
+    acting: FlagsTEA
+    is_reset: FlagsTE
     extras: PyTree
     infos: PyTree
-    episode_count_0: jax.Array
-    episode_step_0: jax.Array
+    episode_count_0: CountE
+    episode_step_0: CountE
     policy_state_0: PyTree
 
     @property
     def rollout_length(self) -> int:
-        return self.rewards.shape[0]
+        """``T``."""
+        return int(self.rewards.shape[0])
 
     @property
     def num_envs(self) -> int:
-        return self.rewards.shape[1]
+        """``E``."""
+        return int(self.rewards.shape[1])
 
     @property
     def num_agents(self) -> int:
-        return self.rewards.shape[2]
+        """``A``."""
+        return int(self.rewards.shape[2])

@@ -1,7 +1,9 @@
-"""Vectorization over the env axis (and helpers for the agent axis), with auto-reset.
+"""Vectorization over the agent axis and the env axis, with auto-reset.
 
-Every env already returns a leading agent axis; :func:`vmap_agents` lifts per-agent
-functions onto it. :func:`reset` / :func:`step` add the env axis with one ``jax.vmap``.
+:func:`vmap_agents` lifts a function written for one agent onto the agent axis: it is
+the mechanism of :class:`jaxsampler.envs.base.MultiAgentEnv`, which writes each agent's
+observation, reward and flags once and maps them over ``jnp.arange(num_agents)``.
+:func:`reset` / :func:`step` add the env axis to any env with one ``jax.vmap``.
 :func:`autoreset_step` implements the library's "next-step" auto-reset (see
 :mod:`jaxsampler.types`): envs flagged ``needs_reset`` are reset instead of stepped, so
 the step that ended an episode keeps its real final observation.
@@ -14,19 +16,37 @@ gather/scatter of the envs that need it.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import jax
 import jax.numpy as jnp
 
-from jaxsampler.envs.base import Env
 from jaxsampler.types import TimeStep
 
 __all__ = ["vmap_agents", "reset", "step", "autoreset_step", "select_envs"]
 
 
+class Env(Protocol):
+    """What the env axis needs of an env: :class:`jaxsampler.envs.base.Env`'s two
+    functions (structural, so this layer sits below the envs that use it)."""
+
+    def reset(self, key: jax.Array, params: Any = None) -> tuple[Any, TimeStep]: ...
+
+    def step(
+        self, key: jax.Array, state: Any, action: Any, params: Any = None
+    ) -> tuple[Any, TimeStep]: ...
+
+
 def vmap_agents(fn: Callable[..., Any], in_axes: Any = 0) -> Callable[..., Any]:
-    """``jax.vmap`` over the agent axis: lifts a one-agent function to ``[A, ...]`` inputs."""
+    """Lifts a one-agent function onto the agent axis (``jax.vmap``, outputs ``[A, ...]``).
+
+    Args:
+        fn: a function written for one agent, typically ``fn(agent_id, *shared)``.
+        in_axes: as for ``jax.vmap``; ``(0, None, ...)`` maps the agent ids and shares
+            the rest (the usual call is on ``jnp.arange(num_agents)``).
+
+    Safe under jit and vmap (the env axis is added around it).
+    """
     return jax.vmap(fn, in_axes=in_axes)
 
 

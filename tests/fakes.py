@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -53,14 +53,14 @@ class FakeEnv(SingleAgentEnv):
     def reset_env(self, key, params):
         tag = jax.random.uniform(key, (), jnp.float32)
         state = FakeState(jnp.zeros((), jnp.int32), tag)
-        return state, self._obs(state.time, tag, params)
+        return self._obs(state.time, tag, params), state
 
     def step_env(self, key, state, action, params):
         time = state.time + 1
         terminated = (time == params.term_len) & (state.tag < 0.5)
         return (
-            state,
             self._obs(time, state.tag, params),
+            state,
             action.astype(jnp.float32),
             terminated,
             NoInfo(),
@@ -278,3 +278,23 @@ class ChaosEnv(Env):
         acting = jax.random.bernoulli(k_act, 0.6, (3,)) & ~done
         s = ChaosState(t, done, state.uid)
         return s, self._ts(s, reward, term, trunc, acting)
+
+
+def guard_rollout_traces(monkeypatch, module: Any, n: int = 1) -> None:
+    """Makes every rollout that ``module`` builds with ``make_rollout`` fail the test when
+    its pure function is traced more than ``n`` times (``chex.assert_max_traces``)."""
+    import chex
+
+    from jaxsampler.rollout import make_rollout
+
+    chex.clear_trace_counter()
+
+    def guarded(*args: Any, **kwargs: Any) -> Any:
+        rollout = make_rollout(*args, **kwargs)
+
+        def run(params: Any, state: Any, buffers: Any = None) -> Any:
+            return rollout.run(params, state, buffers)
+
+        return dataclasses.replace(rollout, run=chex.assert_max_traces(run, n=n))
+
+    monkeypatch.setattr(module, "make_rollout", guarded)

@@ -210,12 +210,14 @@ def test_buggy_chaos_without_a_bug_passes():
     [
         (
             1,
-            r"done flags are not sticky: agent \d of env \d+ was done at step \d+ but reports neither",
+            r"done flags are not sticky: agent \d of env \d+ was done at step \d+ "
+            r"but reports neither",
         ),
         (2, r"done agent still acting: agent \d of env \d+ is done at step \d+"),
         (
             3,
-            r"done agent still rewarded: agent \d of env \d+ was done at step \d+ but gets reward 1.0",
+            r"done agent still rewarded: agent \d of env \d+ was done at step \d+ "
+            r"but gets reward 1.0",
         ),
         (4, r"time limit did not fire for agent [12]: env \d+ is still running after 7 steps"),
         (5, r"nobody acts at reset in env 0"),

@@ -73,3 +73,13 @@ def test_check_and_envs_commands(capsys):
     assert "CartPole-v1" in capsys.readouterr().out
     assert cli.main(["check", "NoSuchEnv-v0"]) == 2
     assert "unknown env id" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", ["check", "bench"])
+def test_host_stepped_env_is_refused_with_a_clear_error(command, capsys):
+    argv = ["check", "gym:CartPole-v1"] if command == "check" else ["bench", "--env"]
+    if command == "bench":
+        argv += ["gym:CartPole-v1", "--widths", "1", "--devices", "1"]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert "host-stepped env" in err and "not a pure-JAX env" in err

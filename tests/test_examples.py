@@ -127,6 +127,27 @@ def test_batch_gae_matches_the_trajectory_gae():
     s2._state, traj = s2._rollout(params, s2._state, s2._buffers)
     _, last_value, _ = pol.forward(params, s2._state.obs)
     ref = np.asarray(js.compute_gae(traj, last_value, 0.99, 0.95).advantages)[..., 0]
-    live = ~np.asarray(traj.is_reset)
-    ref_sorted = np.sort(ref[live])
-    np.testing.assert_allclose(np.sort(adv), ref_sorted, rtol=1e-4, atol=1e-4)
+    # Each live (step, env) cell of the trajectory: its env, episode number in that env
+    # and step in that episode, walked with the rollout's documented counters.
+    obs, is_reset = np.asarray(traj.obs[:-1, :, 0]), np.asarray(traj.is_reset)
+    count = np.asarray(traj.episode_count_0).copy()
+    step = np.asarray(traj.episode_step_0).copy()
+    ref_at: dict[tuple[int, int, int], float] = {}  # (env, episode, t) -> advantage
+    episode_of_obs: dict[bytes, tuple[int, int]] = {}  # a cell's observation -> (env, episode)
+    for tau, e in np.ndindex(*is_reset.shape):
+        if is_reset[tau, e]:  # a reset step: the next step starts the env's next episode
+            count[e], step[e] = count[e] + 1, 0
+            continue
+        ref_at[(e, int(count[e]), int(step[e]))] = float(ref[tau, e])
+        episode_of_obs[obs[tau, e].tobytes()] = (e, int(count[e]))
+        step[e] += 1
+    assert len(ref_at) == sb.count == len(adv)
+    # Every batch row is matched by (eps_id, t); which env episode an eps_id names is
+    # read off its rows' observations (the same one for all of them).
+    episode_of_id: dict[str, tuple[int, int]] = {}
+    for i in range(sb.count):
+        episode = episode_of_obs[np.asarray(sb["obs"][i], np.float32).tobytes()]
+        assert episode_of_id.setdefault(str(sb["eps_id"][i]), episode) == episode
+        expected = ref_at[(*episode, int(sb["t"][i]))]
+        np.testing.assert_allclose(adv[i], expected, rtol=1e-4, atol=1e-4, err_msg=f"row {i}")
+    assert len(episode_of_id) > 3  # several episodes, some cut by the call boundary

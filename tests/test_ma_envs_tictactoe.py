@@ -76,7 +76,8 @@ def assert_matches(ts, ref: RefGame, reward, where: str) -> None:
 
 
 def random_moves(rng: np.random.Generator, ref: RefGame, p_illegal: float) -> int:
-    """A cell: an occupied one with probability ``p_illegal`` (when there is one), else an empty one."""
+    """A cell: an occupied one with probability ``p_illegal`` (when there is one), else an
+    empty one."""
     empty = [c for c in range(9) if ref.board[c] is None]
     taken = [c for c in range(9) if ref.board[c] is not None]
     if taken and rng.random() < p_illegal:

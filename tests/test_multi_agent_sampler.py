@@ -320,7 +320,11 @@ def test_infos_belong_to_each_agents_observations():
     assert checked > 20
 
 
-def test_num_episodes_num_timesteps_metrics_and_no_recompile():
+def test_num_episodes_num_timesteps_metrics_and_no_recompile(monkeypatch):
+    import jaxsampler.sampling.device
+    from tests.fakes import guard_rollout_traces
+
+    guard_rollout_traces(monkeypatch, jaxsampler.sampling.device)  # a 2nd trace fails
     env = js.make("Goals-v0", n=2)
     mlp = js.MLPPolicy(env.observation_space, env.action_space, hidden_sizes=(8,))
     policy = js.MultiAgentPolicy(
@@ -350,4 +354,3 @@ def test_num_episodes_num_timesteps_metrics_and_no_recompile():
     for _ in range(3):
         sampler.sample(params)
         sampler.sample_batch(params)
-    assert sampler._rollout._cache_size() == 1  # repeated calls never recompile

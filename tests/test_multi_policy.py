@@ -17,7 +17,8 @@ from jaxsampler.spaces import Box, Discrete
 
 @dataclasses.dataclass(frozen=True)
 class TagPolicy(Policy):
-    """action = params["action"]; extras["tag"] = params["tag"] + obs[..., 0] * 0; counts its calls' batch."""
+    """action = params["action"]; extras["tag"] = params["tag"]; extras["width"] = the
+    number of agents it was called on."""
 
     observation_space: Box
     action_space: Discrete
@@ -113,6 +114,39 @@ def test_single_policy_default_mapping():
     assert hash(pol) == hash(
         js.MultiAgentPolicy(ENV, {"shared": js.MLPPolicy(OBS, ACT, hidden_sizes=(8,))})
     )
+
+
+def rllib_red_blue(agent_id, episode, **kwargs):
+    assert episode is None and not kwargs  # static mapping: no episode at construction
+    return "red" if agent_id in ("agent_0", "agent_2") else "blue"
+
+
+class Mapper:
+    def __call__(self, agent_id, episode=None, *, worker=None):
+        return red_blue(agent_id)
+
+
+@pytest.mark.parametrize(
+    "mapping_fn",
+    [red_blue, rllib_red_blue, lambda aid, ep, **kw: red_blue(aid), Mapper()],
+    ids=["one-arg", "rllib", "rllib-lambda", "callable-object"],
+)
+def test_rllib_and_one_argument_mapping_functions(mapping_fn):
+    mlp = js.MLPPolicy(OBS, ACT, hidden_sizes=(8,))
+    pol = js.MultiAgentPolicy(ENV, {"red": mlp, "blue": mlp}, mapping_fn)
+    assert pol.agent_policy == ("red", "blue", "red", "blue")
+    assert pol.policy_mapping_fn("agent_1", None) == pol.policy_mapping_fn("agent_1") == "blue"
+
+
+@pytest.mark.parametrize(
+    "mapping_fn",
+    [lambda: "red", lambda aid, ep, worker: "red", lambda *, agent_id: "red", "red"],
+    ids=["no-args", "three-required", "keyword-only", "not-callable"],
+)
+def test_mapping_function_of_neither_signature_is_a_clear_error(mapping_fn):
+    mlp = js.MLPPolicy(OBS, ACT, hidden_sizes=(8,))
+    with pytest.raises(TypeError, match=r"policy_mapping_fn .*(must take RLlib|callable)"):
+        js.MultiAgentPolicy(ENV, {"red": mlp}, mapping_fn)
 
 
 def test_bad_input_is_rejected_with_clear_errors():

@@ -146,3 +146,13 @@ def test_registry_restored_after_registration_tests():
     # Runs after the tests above (file order): nothing they added is left behind.
     assert "Tagged-v0" not in js.registered_ids()
     assert js.registered_ids() == sorted(registry.REGISTRY)
+
+
+def test_make_jax_env_refuses_host_envs_and_passes_jax_envs():
+    from jaxsampler.registry import make_jax_env
+
+    assert make_jax_env("Spread-v0", n=2) == js.make("Spread-v0", n=2)
+    with pytest.raises(TypeError, match="host-stepped env .*js.Sampler samples 'gym:<id>'"):
+        make_jax_env("gym:CartPole-v1")
+    with pytest.raises(ValueError, match="unknown env id"):
+        make_jax_env("NoSuchEnv-v0")

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -86,20 +88,21 @@ class Acrobot(SingleAgentEnv):
     def action_space(self) -> Discrete:
         return Discrete(3)
 
-    def reset_env(self, key: jax.Array, params: AcrobotParams):
+    def reset_env(self, key: jax.Array, params: AcrobotParams) -> tuple[jax.Array, AcrobotState]:
         t1, t2, d1, d2 = jax.random.uniform(key, (4,), jnp.float32, -0.1, 0.1)
         state = AcrobotState(t1, t2, d1, d2, jnp.zeros((), jnp.int32))
-        return state, _obs(state)
+        return _obs(state), state
 
     def step_env(
         self, key: jax.Array, state: AcrobotState, action: jax.Array, params: AcrobotParams
-    ):
+    ) -> tuple[jax.Array, AcrobotState, jax.Array, jax.Array, Any]:
         # The noise is always drawn (no branch on a traced number); it is 0 by default.
         noise = jax.random.uniform(key, (), jnp.float32, -1.0, 1.0) * params.torque_noise_max
         torque = jnp.asarray(action, jnp.float32) - 1.0 + noise
         y0 = jnp.stack([state.theta1, state.theta2, state.dtheta1, state.dtheta2])
         y1 = _rk4(lambda y: self._dsdt(y, torque, params), y0, params.dt)
-        new = state.replace(
+        new = dataclasses.replace(
+            state,
             theta1=_wrap(y1[0], -jnp.pi, jnp.pi).astype(jnp.float32),
             theta2=_wrap(y1[1], -jnp.pi, jnp.pi).astype(jnp.float32),
             dtheta1=jnp.clip(y1[2], -params.max_vel_1, params.max_vel_1).astype(jnp.float32),
@@ -107,7 +110,7 @@ class Acrobot(SingleAgentEnv):
         )
         terminated = -jnp.cos(new.theta1) - jnp.cos(new.theta2 + new.theta1) > 1.0
         reward = jnp.where(terminated, 0.0, -1.0).astype(jnp.float32)
-        return new, _obs(new), reward, terminated, self.reset_info(params)
+        return _obs(new), new, reward, terminated, self.reset_info(params)
 
     def _dsdt(self, y: jax.Array, torque: jax.Array, p: AcrobotParams) -> jax.Array:
         """Time derivative of ``y = [theta1, theta2, dtheta1, dtheta2]`` (float32[4])."""
@@ -133,7 +136,9 @@ class Acrobot(SingleAgentEnv):
         return jnp.stack([dtheta1, dtheta2, ddtheta1, ddtheta2])
 
 
-def _rk4(derivs, y0: jax.Array, dt: jax.Array) -> jax.Array:
+def _rk4(
+    derivs: Callable[[jax.Array], jax.Array], y0: jax.Array, dt: float | jax.Array
+) -> jax.Array:
     """One classical Runge-Kutta step of size ``dt`` for the autonomous ODE ``y' = derivs(y)``."""
     k1 = derivs(y0)
     k2 = derivs(y0 + dt / 2.0 * k1)

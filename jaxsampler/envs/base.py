@@ -1,4 +1,4 @@
-"""The environment protocol.
+"""The environment protocol, and the two helper bases that env authors subclass.
 
 An :class:`Env` is static configuration (a frozen, hashable object) plus two pure
 functions over **one** env::
@@ -11,33 +11,32 @@ agent axis ``A = num_agents``. ``observation_space`` / ``action_space`` describe
 agent. Tunable numbers (time limit, physics constants) live in ``params``, a pytree, so
 changing them never recompiles. Batching over envs happens in :mod:`jaxsampler.vector`.
 
-Single-agent envs subclass :class:`SingleAgentEnv` and write plain one-agent logic
-(``reset_env`` / ``step_env`` on unbatched arrays); the base class adds the agent axis of
-size 1, the time limit and the terminated/truncated split.
+Env authors rarely write ``reset``/``step`` themselves:
+
+* single-agent envs subclass :class:`SingleAgentEnv` and write plain one-agent logic
+  (``reset_env`` / ``step_env`` on unbatched arrays, in gymnax's argument and return
+  order); the base class adds the agent axis of size 1, the time limit and the
+  terminated/truncated split;
+* multi-agent envs subclass :class:`MultiAgentEnv`: the shared world dynamics are
+  whole-array code, and each agent's observation, reward, acting flag and done flags
+  are written once, for one agent id; the base class lifts them onto the agent axis
+  with :func:`jaxsampler.vector.vmap_agents` over ``jnp.arange(num_agents)``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
-from flax import struct
 
+from jaxsampler import vector
 from jaxsampler.constants import DEFAULT_AGENT_ID
 from jaxsampler.spaces import Space
-from jaxsampler.types import NoInfo, TimeStep
+from jaxsampler.types import NoInfo, PyTree, TimeStep
 
-__all__ = ["Env", "EnvParams", "SingleAgentEnv"]
-
-#: Agent id of single-agent envs on the host (RLlib uses the same default).
-
-
-@struct.dataclass
-class EnvParams:
-    """Base of env parameters: the episode time limit (a traced number, not static)."""
-
-    max_steps_in_episode: int = 500
+__all__ = ["Env", "MultiAgentEnv", "SingleAgentEnv"]
 
 
 class Env:
@@ -59,7 +58,9 @@ class Env:
 
     @property
     def default_params(self) -> Any:
-        return EnvParams()
+        """The params ``reset``/``step`` use when given none (a pytree, usually a
+        ``flax.struct`` dataclass with a ``max_steps_in_episode`` field)."""
+        raise NotImplementedError(f"{type(self).__name__} defines no default_params")
 
     @property
     def observation_space(self) -> Space:
@@ -89,34 +90,41 @@ class Env:
 class SingleAgentEnv(Env):
     """Helper base for single-agent envs written as one-agent, unbatched logic.
 
-    Subclasses implement:
+    Subclasses implement, in gymnax's order (so a gymnax env's ``reset_env`` /
+    ``step_env`` port unchanged):
 
-    * ``reset_env(key, params) -> (state, obs)``; ``state`` must have an int32 ``time``.
-    * ``step_env(key, state, action, params) -> (state, obs, reward, terminated, info)``
-      for an unbatched ``action`` (shape ``action_space.shape``). ``step_env`` does not
-      touch ``state.time``: the base class counts steps and sets ``truncated`` once
-      ``time >= params.max_steps_in_episode`` (independently of ``terminated``, as
-      Gymnasium's ``TimeLimit`` does).
+    * ``reset_env(key, params) -> (obs, state)``; ``state`` must have an int32 ``time``.
+    * ``step_env(key, state, action, params) -> (obs, state, reward, terminated, info)``
+      for an unbatched ``action`` (shape ``action_space.shape``). ``terminated`` is the
+      MDP's own end only: ``step_env`` does not touch ``state.time``; the base class
+      counts steps and sets ``truncated`` once ``time >= params.max_steps_in_episode``
+      (independently of ``terminated``, as Gymnasium's ``TimeLimit`` does).
     * ``info`` must have the same structure after reset and step; ``reset_info``
       returns the reset-time value (default :class:`NoInfo`).
+
+    Note the order differs from :meth:`Env.reset` / :meth:`Env.step`, which return the
+    state first: those are the library's batched protocol, these gymnax's.
     """
 
     num_agents: ClassVar[int] = 1
 
-    def reset_env(self, key: jax.Array, params: Any) -> tuple[Any, Any]:
+    def reset_env(self, key: jax.Array, params: Any) -> tuple[PyTree, Any]:
+        """Starts an episode: ``(obs, state)`` for one agent, no agent axis."""
         raise NotImplementedError
 
     def step_env(
         self, key: jax.Array, state: Any, action: jax.Array, params: Any
-    ) -> tuple[Any, Any, jax.Array, jax.Array, Any]:
+    ) -> tuple[PyTree, Any, jax.Array, jax.Array, Any]:
+        """One step: ``(obs, state, reward, terminated, info)``, no agent axis."""
         raise NotImplementedError
 
     def reset_info(self, params: Any) -> Any:
+        """The ``info`` reported at reset (the structure ``step_env`` returns)."""
         return NoInfo()
 
     def reset(self, key: jax.Array, params: Any = None) -> tuple[Any, TimeStep]:
         params = self.default_params if params is None else params
-        state, obs = self.reset_env(key, params)
+        obs, state = self.reset_env(key, params)
         ts = TimeStep(
             obs=jax.tree.map(lambda x: x[None], obs),
             reward=jnp.zeros((1,), jnp.float32),
@@ -132,7 +140,7 @@ class SingleAgentEnv(Env):
     ) -> tuple[Any, TimeStep]:
         params = self.default_params if params is None else params
         action = jax.tree.map(lambda a: a[0], action)  # drop the agent axis (A = 1)
-        state, obs, reward, terminated, info = self.step_env(key, state, action, params)
+        obs, state, reward, terminated, info = self.step_env(key, state, action, params)
         state = state.replace(time=state.time + 1)
         truncated = state.time >= params.max_steps_in_episode
         ts = TimeStep(
@@ -142,5 +150,119 @@ class SingleAgentEnv(Env):
             truncated=jnp.reshape(truncated, (1,)).astype(jnp.bool_),
             acting=jnp.ones((1,), jnp.bool_),
             info=info,
+        )
+        return state, ts
+
+
+class MultiAgentEnv(Env):
+    """Helper base for multi-agent envs: whole-array world, per-agent logic per agent id.
+
+    The world (positions, a board, the clock) is one state pytree stepped by whole-array
+    code; what each agent sees and gets is written once, for one agent, and lifted onto
+    the agent axis with :func:`jaxsampler.vector.vmap_agents` over
+    ``jnp.arange(num_agents)`` (the way :class:`SingleAgentEnv` lifts one-agent logic).
+    Subclasses implement:
+
+    * ``reset_world(key, params) -> state``: a new world.
+    * ``step_world(key, state, action, params) -> (state, shared)``: the world dynamics
+      under every agent's action (``action``: ``[A, *action_space.shape]``; the actions
+      of agents that are not acting must be ignored). ``shared`` is any pytree of this
+      step's facts the agents' rewards read (a team reward, who moved), ``()`` if none.
+    * ``agent_rows(state)``: the agent-major part of ``state`` (a pytree, leaves
+      ``[A, ...]``, default ``()``); each per-agent function gets its own row as ``own``.
+      ``vmap`` hands out these rows as slices, where ``x[agent_id]`` would be a gather:
+      read your own data from ``own``, other agents' from ``state``.
+    * ``agent_obs(agent_id, own, state, params)``: one agent's observation.
+    * ``agent_reward(agent_id, own, state, shared, params)``: one agent's reward (a
+      scalar) for the step that produced ``state``.
+    * optionally ``agent_terminated`` / ``agent_truncated`` / ``agent_acting``
+      ``(agent_id, own, state, params)`` (scalars; by default: never terminated,
+      truncated once ``state.time >= params.max_steps_in_episode``, acting while
+      neither), and ``info(state, params)`` (whole-env, default :class:`NoInfo`).
+
+    ``agent_id`` is a traced ``int32[]`` index on the agent axis, so per-agent code
+    selects with it (``jnp.where``, indexing), never with Python ``if``. At reset every
+    agent's reward is 0 and its flags are False. Per-agent flags must be sticky once an
+    agent is done (keep them in ``state``); the episode ends when every agent is
+    terminated or truncated. Reset and step are pure; safe under jit and vmap.
+    """
+
+    def reset_world(self, key: jax.Array, params: Any) -> Any:
+        raise NotImplementedError
+
+    def step_world(self, key: jax.Array, state: Any, action: Any, params: Any) -> tuple[Any, Any]:
+        raise NotImplementedError
+
+    def agent_rows(self, state: Any) -> PyTree:
+        return ()
+
+    def agent_obs(self, agent_id: jax.Array, own: Any, state: Any, params: Any) -> PyTree:
+        raise NotImplementedError
+
+    def agent_reward(
+        self, agent_id: jax.Array, own: Any, state: Any, shared: Any, params: Any
+    ) -> jax.Array:
+        raise NotImplementedError
+
+    def agent_terminated(self, agent_id: jax.Array, own: Any, state: Any, params: Any) -> jax.Array:
+        return jnp.zeros((), jnp.bool_)
+
+    def agent_truncated(self, agent_id: jax.Array, own: Any, state: Any, params: Any) -> jax.Array:
+        return jnp.asarray(state.time >= params.max_steps_in_episode)
+
+    def agent_acting(self, agent_id: jax.Array, own: Any, state: Any, params: Any) -> jax.Array:
+        terminated = self.agent_terminated(agent_id, own, state, params)
+        return ~(terminated | self.agent_truncated(agent_id, own, state, params))
+
+    def info(self, state: Any, params: Any) -> PyTree:
+        return NoInfo()
+
+    def for_each_agent(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """``fn(agent_id, *args)`` for every agent id, stacked on a leading agent axis.
+
+        ``args`` are shared by all agents (not split); the outputs get a leading ``[A]``.
+        Public so world code can reuse per-agent functions (e.g. to store each agent's
+        observation in the state).
+        """
+        lifted = vector.vmap_agents(fn, in_axes=(0,) + (None,) * len(args))
+        return lifted(jnp.arange(self.num_agents, dtype=jnp.int32), *args)
+
+    def _lift(self, fn: Callable[..., Any], state: Any, *args: Any) -> Any:
+        """``fn(agent_id, own, state, *args)`` for every agent: ids and ``agent_rows``
+        mapped, the rest shared."""
+        lifted = vector.vmap_agents(fn, in_axes=(0, 0) + (None,) * (1 + len(args)))
+        ids = jnp.arange(self.num_agents, dtype=jnp.int32)
+        return lifted(ids, self.agent_rows(state), state, *args)
+
+    def reset_timestep(self, state: Any, params: Any) -> TimeStep:
+        """The :class:`TimeStep` of a freshly reset ``state`` (reward 0, flags False)."""
+        a = self.num_agents
+        return TimeStep(
+            obs=self._lift(self.agent_obs, state, params),
+            reward=jnp.zeros((a,), jnp.float32),
+            terminated=jnp.zeros((a,), jnp.bool_),
+            truncated=jnp.zeros((a,), jnp.bool_),
+            acting=self._lift(self.agent_acting, state, params).astype(jnp.bool_),
+            info=self.info(state, params),
+        )
+
+    def reset(self, key: jax.Array, params: Any = None) -> tuple[Any, TimeStep]:
+        params = self.default_params if params is None else params
+        state = self.reset_world(key, params)
+        return state, self.reset_timestep(state, params)
+
+    def step(
+        self, key: jax.Array, state: Any, action: Any, params: Any = None
+    ) -> tuple[Any, TimeStep]:
+        params = self.default_params if params is None else params
+        state, shared = self.step_world(key, state, action, params)
+        reward = self._lift(self.agent_reward, state, shared, params)
+        ts = TimeStep(
+            obs=self._lift(self.agent_obs, state, params),
+            reward=reward.astype(jnp.float32),
+            terminated=self._lift(self.agent_terminated, state, params).astype(jnp.bool_),
+            truncated=self._lift(self.agent_truncated, state, params).astype(jnp.bool_),
+            acting=self._lift(self.agent_acting, state, params).astype(jnp.bool_),
+            info=self.info(state, params),
         )
         return state, ts

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -69,14 +70,14 @@ class CartPole(SingleAgentEnv):
     def action_space(self) -> Discrete:
         return Discrete(2)
 
-    def reset_env(self, key: jax.Array, params: CartPoleParams):
+    def reset_env(self, key: jax.Array, params: CartPoleParams) -> tuple[jax.Array, CartPoleState]:
         x, x_dot, theta, theta_dot = jax.random.uniform(key, (4,), jnp.float32, -0.05, 0.05)
         state = CartPoleState(x, x_dot, theta, theta_dot, jnp.zeros((), jnp.int32))
-        return state, _obs(state)
+        return _obs(state), state
 
     def step_env(
         self, key: jax.Array, state: CartPoleState, action: jax.Array, params: CartPoleParams
-    ):
+    ) -> tuple[jax.Array, CartPoleState, jax.Array, jax.Array, Any]:
         del key
         force = jnp.where(action == 1, params.force_mag, -params.force_mag)
         total_mass = params.masspole + params.masscart
@@ -87,7 +88,8 @@ class CartPole(SingleAgentEnv):
             params.length * (4.0 / 3.0 - params.masspole * cos**2 / total_mass)
         )
         x_acc = temp - polemass_length * theta_acc * cos / total_mass
-        new = state.replace(
+        new = dataclasses.replace(
+            state,
             x=state.x + params.tau * state.x_dot,
             x_dot=state.x_dot + params.tau * x_acc,
             theta=state.theta + params.tau * state.theta_dot,
@@ -97,7 +99,7 @@ class CartPole(SingleAgentEnv):
             jnp.abs(new.theta) > params.theta_threshold_radians
         )
         reward = jnp.ones((), jnp.float32)
-        return new, _obs(new), reward, terminated, self.reset_info(params)
+        return _obs(new), new, reward, terminated, self.reset_info(params)
 
 
 def _obs(s: CartPoleState) -> jax.Array:

@@ -25,18 +25,19 @@ Scenarios with known finishing times (tests, demos) start from
 from __future__ import annotations
 
 import dataclasses
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from jaxsampler.envs.base import Env
+from jaxsampler.envs.base import MultiAgentEnv
+from jaxsampler.envs.spread import others
 from jaxsampler.spaces import Box, Discrete
-from jaxsampler.types import NoInfo, TimeStep
+from jaxsampler.types import TimeStep
 
-__all__ = ["Goals", "GoalsParams", "GoalsState"]
+__all__ = ["Goals", "GoalsMove", "GoalsParams", "GoalsState"]
 
 _MOVES = np.array([[0.0, 0.0], [-1.0, 0.0], [1.0, 0.0], [0.0, -1.0], [0.0, 1.0]], np.float32)
 
@@ -52,6 +53,14 @@ class GoalsState:
 
 
 @struct.dataclass
+class GoalsMove:
+    """What one step did, read by every agent's reward."""
+
+    going: jax.Array  # bool[N], the agent was still going before the step
+    dist: jax.Array  # float32[N], its distance to its goal after the step
+
+
+@struct.dataclass
 class GoalsParams:
     step_size: float = 0.1
     goal_radius: float = 0.1
@@ -63,7 +72,7 @@ class GoalsParams:
 
 
 @dataclasses.dataclass(frozen=True)
-class Goals(Env):
+class Goals(MultiAgentEnv):
     """``Goals(n=3)``: ``n`` agents, each walking to its own goal; each finishes on its own."""
 
     n: int = 3
@@ -90,25 +99,18 @@ class Goals(Env):
     def action_space(self) -> Discrete:
         return Discrete(5)
 
-    def _obs(self, pos: jax.Array, goals: jax.Array) -> jax.Array:
-        n = self.n
-        rel = pos[None, :, :] - pos[:, None, :]  # [observer, other, 2]
-        others = np.array([[j for j in range(n) if j != i] for i in range(n)], np.int32).reshape(
-            n, n - 1
-        )
-        rel_others = jnp.take_along_axis(rel, others[:, :, None], axis=1)  # [N, N-1, 2]
-        parts = [pos, goals - pos, rel_others.reshape(n, -1)]
-        return jnp.concatenate(parts, axis=-1).astype(jnp.float32)
+    def observe(self, agent_id: jax.Array, pos: jax.Array, goals: jax.Array) -> jax.Array:
+        """Agent ``agent_id``'s view of ``pos`` and ``goals`` (``float32[N, 2]`` each)."""
+        mine = pos[agent_id]
+        parts = [mine, goals[agent_id] - mine, (others(pos, agent_id) - mine).reshape(-1)]
+        return jnp.concatenate(parts).astype(jnp.float32)
 
-    def _ts(self, s: GoalsState, reward: jax.Array) -> TimeStep:
-        return TimeStep(
-            obs=s.obs,
-            reward=reward.astype(jnp.float32),
-            terminated=s.terminated,
-            truncated=s.truncated,
-            acting=~(s.terminated | s.truncated),
-            info=NoInfo(),
-        )
+    def _world(self, pos: jax.Array, goals: jax.Array) -> GoalsState:
+        def flags() -> jax.Array:
+            return jnp.zeros((self.n,), jnp.bool_)
+
+        obs = self.for_each_agent(self.observe, pos, goals)
+        return GoalsState(pos, goals, obs, flags(), flags(), jnp.zeros((), jnp.int32))
 
     def reset_to(self, pos: jax.Array, goals: jax.Array) -> tuple[GoalsState, TimeStep]:
         """Starts an episode from given ``pos`` and ``goals`` (``float32[N, 2]`` each).
@@ -119,42 +121,30 @@ class Goals(Env):
         goals = jnp.asarray(goals, jnp.float32)
         if pos.shape != (self.n, 2) or goals.shape != (self.n, 2):
             raise ValueError(
-                f"reset_to needs pos and goals of shape ({self.n}, 2), got {pos.shape}, {goals.shape}"
+                f"reset_to needs pos and goals of shape ({self.n}, 2), "
+                f"got {pos.shape}, {goals.shape}"
             )
+        # The TimeStep's arrays are computed from the state's (per agent), never the
+        # same arrays: under an eager (un-jitted) vmap a shared array comes out as one
+        # buffer in both places, and a jitted rollout that donates its state would be
+        # handed that buffer twice.
+        s = self._world(pos, goals)
+        return s, self.reset_timestep(s, self.default_params)
 
-        def flags() -> jax.Array:
-            return jnp.zeros((self.n,), jnp.bool_)
-
-        s = GoalsState(
-            pos, goals, self._obs(pos, goals), flags(), flags(), jnp.zeros((), jnp.int32)
-        )
-        # Fresh arrays for the TimeStep, none shared with the state: under an eager
-        # (un-jitted) vmap, a shared array comes out as one buffer in both places, and a
-        # jitted rollout that donates its state would be handed that buffer twice.
-        ts = self._ts(s, jnp.zeros((self.n,), jnp.float32))
-        return s, ts.replace(obs=self._obs(pos, goals), terminated=flags(), truncated=flags())
-
-    def reset(
-        self, key: jax.Array, params: GoalsParams | None = None
-    ) -> tuple[GoalsState, TimeStep]:
-        """Agents and goals uniform in ``[-1, 1]^2``. Pure; safe under jit and vmap."""
+    def reset_world(self, key: jax.Array, params: GoalsParams) -> GoalsState:
+        """Agents and goals uniform in ``[-1, 1]^2``."""
         k_pos, k_goal = jax.random.split(key)
         pos = jax.random.uniform(k_pos, (self.n, 2), jnp.float32, -1.0, 1.0)
         goals = jax.random.uniform(k_goal, (self.n, 2), jnp.float32, -1.0, 1.0)
-        return self.reset_to(pos, goals)
+        return self._world(pos, goals)
 
-    def step(
-        self,
-        key: jax.Array,
-        state: GoalsState,
-        action: jax.Array,
-        params: GoalsParams | None = None,
-    ) -> tuple[GoalsState, TimeStep]:
+    def step_world(
+        self, key: jax.Array, state: GoalsState, action: jax.Array, params: GoalsParams
+    ) -> tuple[GoalsState, GoalsMove]:
         """Moves every agent still going by ``action`` (``int[N]``, values 0..4).
 
-        Pure and deterministic (``key`` is unused); safe under jit and vmap.
+        Deterministic (``key`` is unused). The shared part is a :class:`GoalsMove`.
         """
-        params = self.default_params if params is None else params
         going = ~(state.terminated | state.truncated)
         move = jnp.asarray(_MOVES)[action] * params.step_size  # [N, 2]
         moved = jnp.clip(state.pos + move, -params.arena, params.arena)
@@ -162,15 +152,47 @@ class Goals(Env):
         dist = jnp.linalg.norm(state.goals - pos, axis=-1)
         reached = going & (dist <= params.goal_radius)
         time = state.time + 1
-        reward = (
-            -params.step_penalty - params.distance_penalty * dist + params.goal_reward * reached
-        )
+        obs = self.for_each_agent(self.observe, pos, state.goals)
         s = GoalsState(
             pos=pos,
             goals=state.goals,
-            obs=jnp.where(going[:, None], self._obs(pos, state.goals), state.obs),
+            obs=jnp.where(going[:, None], obs, state.obs),
             terminated=state.terminated | reached,
             truncated=state.truncated | (going & ~reached & (time >= params.max_steps_in_episode)),
             time=time,
         )
-        return s, self._ts(s, jnp.where(going, reward, 0.0))
+        return s, GoalsMove(going=going, dist=dist)
+
+    def agent_rows(self, state: GoalsState) -> tuple[jax.Array, jax.Array, jax.Array]:
+        # own = (observation, terminated, truncated)
+        return state.obs, state.terminated, state.truncated
+
+    def agent_obs(
+        self, agent_id: jax.Array, own: Any, state: GoalsState, params: GoalsParams
+    ) -> jax.Array:
+        return own[0]  # frozen once the agent is done
+
+    def agent_reward(
+        self,
+        agent_id: jax.Array,
+        own: Any,
+        state: GoalsState,
+        shared: GoalsMove,
+        params: GoalsParams,
+    ) -> jax.Array:
+        going, dist = shared.going[agent_id], shared.dist[agent_id]
+        reached = going & own[1]  # it was going and is terminated: it ended just now
+        reward = (
+            -params.step_penalty - params.distance_penalty * dist + params.goal_reward * reached
+        )
+        return jnp.where(going, reward, 0.0)
+
+    def agent_terminated(
+        self, agent_id: jax.Array, own: Any, state: GoalsState, params: GoalsParams
+    ) -> jax.Array:
+        return own[1]
+
+    def agent_truncated(
+        self, agent_id: jax.Array, own: Any, state: GoalsState, params: GoalsParams
+    ) -> jax.Array:
+        return own[2]

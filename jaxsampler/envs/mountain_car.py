@@ -67,24 +67,27 @@ class MountainCar(SingleAgentEnv):
     def action_space(self) -> Discrete:
         return Discrete(3)
 
-    def reset_env(self, key: jax.Array, params: MountainCarParams):
+    def reset_env(
+        self, key: jax.Array, params: MountainCarParams
+    ) -> tuple[jax.Array, MountainCarState]:
         return reset_valley(key)
 
     def step_env(
         self, key: jax.Array, state: MountainCarState, action: jax.Array, params: MountainCarParams
-    ):
+    ) -> tuple[jax.Array, MountainCarState, jax.Array, jax.Array, Any]:
         del key
         push = jnp.asarray(action, jnp.float32) - 1.0
         new, terminated = valley_step(state, push * params.force, params)
         reward = jnp.full((), -1.0, jnp.float32)
-        return new, _obs(new), reward, terminated, self.reset_info(params)
+        return _obs(new), new, reward, terminated, self.reset_info(params)
 
 
-def reset_valley(key: jax.Array) -> tuple[MountainCarState, jax.Array]:
-    """Start at rest, uniformly in ``[-0.6, -0.4]`` (both MountainCar variants)."""
+def reset_valley(key: jax.Array) -> tuple[jax.Array, MountainCarState]:
+    """Start at rest, uniformly in ``[-0.6, -0.4]`` (both MountainCar variants); returns
+    ``(obs, state)``."""
     position = jax.random.uniform(key, (), jnp.float32, -0.6, -0.4)
     state = MountainCarState(position, jnp.zeros((), jnp.float32), jnp.zeros((), jnp.int32))
-    return state, _obs(state)
+    return _obs(state), state
 
 
 def valley_step(
@@ -97,8 +100,8 @@ def valley_step(
     position = jnp.clip(state.position + velocity, params.min_position, params.max_position)
     # Inelastic collision with the left wall.
     velocity = jnp.where((position == params.min_position) & (velocity < 0.0), 0.0, velocity)
-    new = state.replace(
-        position=position.astype(jnp.float32), velocity=velocity.astype(jnp.float32)
+    new = dataclasses.replace(
+        state, position=position.astype(jnp.float32), velocity=velocity.astype(jnp.float32)
     )
     terminated = (new.position >= params.goal_position) & (new.velocity >= params.goal_velocity)
     return new, terminated

@@ -10,6 +10,7 @@ action *before* clipping. Time limit 999 steps.
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -52,7 +53,8 @@ class MountainCarContinuousParams:
 
 @dataclasses.dataclass(frozen=True)
 class MountainCarContinuous(SingleAgentEnv):
-    """MountainCarContinuous-v0: push with a force in ``[-1, 1]`` (shape ``(1,)``) to reach the hilltop."""
+    """MountainCarContinuous-v0: push with a force in ``[-1, 1]`` (shape ``(1,)``) to reach
+    the hilltop."""
 
     @property
     def name(self) -> str:
@@ -70,7 +72,9 @@ class MountainCarContinuous(SingleAgentEnv):
     def action_space(self) -> Box:
         return Box(-1.0, 1.0, (1,), np.float32)
 
-    def reset_env(self, key: jax.Array, params: MountainCarContinuousParams):
+    def reset_env(
+        self, key: jax.Array, params: MountainCarContinuousParams
+    ) -> tuple[jax.Array, MountainCarContinuousState]:
         return reset_valley(key)
 
     def step_env(
@@ -79,10 +83,10 @@ class MountainCarContinuous(SingleAgentEnv):
         state: MountainCarContinuousState,
         action: jax.Array,
         params: MountainCarContinuousParams,
-    ):
+    ) -> tuple[jax.Array, MountainCarContinuousState, jax.Array, jax.Array, Any]:
         del key
         a = jnp.asarray(action, jnp.float32)[0]
         force = jnp.clip(a, params.min_action, params.max_action)
         new, terminated = valley_step(state, force * params.power, params)
         reward = jnp.where(terminated, params.goal_reward, 0.0) - params.action_cost * a**2
-        return new, _obs(new), reward.astype(jnp.float32), terminated, self.reset_info(params)
+        return _obs(new), new, reward.astype(jnp.float32), terminated, self.reset_info(params)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -64,15 +65,15 @@ class Pendulum(SingleAgentEnv):
     def action_space(self) -> Box:
         return Box(-2.0, 2.0, (1,), np.float32)
 
-    def reset_env(self, key: jax.Array, params: PendulumParams):
+    def reset_env(self, key: jax.Array, params: PendulumParams) -> tuple[jax.Array, PendulumState]:
         high = jnp.array([math.pi, 1.0], jnp.float32)
         theta, theta_dot = jax.random.uniform(key, (2,), jnp.float32, -high, high)
         state = PendulumState(theta, theta_dot, jnp.zeros((), jnp.int32))
-        return state, _obs(state)
+        return _obs(state), state
 
     def step_env(
         self, key: jax.Array, state: PendulumState, action: jax.Array, params: PendulumParams
-    ):
+    ) -> tuple[jax.Array, PendulumState, jax.Array, jax.Array, Any]:
         del key
         u = jnp.clip(jnp.asarray(action, jnp.float32)[0], -params.max_torque, params.max_torque)
         costs = _angle_normalize(state.theta) ** 2 + 0.1 * state.theta_dot**2 + 0.001 * u**2
@@ -83,13 +84,14 @@ class Pendulum(SingleAgentEnv):
         theta_dot = jnp.clip(
             state.theta_dot + theta_acc * params.dt, -params.max_speed, params.max_speed
         )
-        new = state.replace(
+        new = dataclasses.replace(
+            state,
             theta=(state.theta + theta_dot * params.dt).astype(jnp.float32),
             theta_dot=theta_dot.astype(jnp.float32),
         )
         reward = (-costs).astype(jnp.float32)
         terminated = jnp.zeros((), jnp.bool_)
-        return new, _obs(new), reward, terminated, self.reset_info(params)
+        return _obs(new), new, reward, terminated, self.reset_info(params)
 
 
 def _angle_normalize(x: jax.Array) -> jax.Array:

@@ -36,18 +36,17 @@ step ``t + 1``.
 from __future__ import annotations
 
 import dataclasses
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from jaxsampler.envs.base import Env
+from jaxsampler.envs.base import MultiAgentEnv
 from jaxsampler.spaces import Box, Discrete
-from jaxsampler.types import TimeStep
 
-__all__ = ["TicTacToe", "TicTacToeInfo", "TicTacToeParams", "TicTacToeState"]
+__all__ = ["TicTacToe", "TicTacToeInfo", "TicTacToeMove", "TicTacToeParams", "TicTacToeState"]
 
 # The 8 winning lines (rows, columns, diagonals) as cell indices.
 _LINES = np.array(
@@ -77,8 +76,17 @@ class TicTacToeInfo:
     action_mask: jax.Array
 
 
+@struct.dataclass
+class TicTacToeMove:
+    """What one step did, read by both agents' rewards."""
+
+    live: jax.Array  # bool[], the game was still on
+    mover: jax.Array  # int32[], the agent that was on turn
+    mover_reward: jax.Array  # float32[], its reward (the opponent gets the negation)
+
+
 @dataclasses.dataclass(frozen=True)
-class TicTacToe(Env):
+class TicTacToe(MultiAgentEnv):
     """``TicTacToe()``: two-player tic-tac-toe; the loser of an illegal move is the mover."""
 
     num_agents: ClassVar[int] = 2
@@ -99,49 +107,28 @@ class TicTacToe(Env):
     def action_space(self) -> Discrete:
         return Discrete(9)
 
-    def _ts(self, s: TicTacToeState, reward: jax.Array) -> TimeStep:
-        marks = jnp.stack([s.board == 1, s.board == 2])  # [2, 9], row i = agent i's marks
-        empty = s.board == 0
-        own_opp = jnp.stack([marks, marks[::-1]], axis=1)  # [observer, own/opponent, 9]
-        obs = jnp.concatenate(
-            [own_opp.reshape(2, 18), jnp.broadcast_to(empty, (2, 9))], axis=-1
-        ).astype(jnp.float32)
-        done = s.terminated | s.truncated
-        return TimeStep(
-            obs=obs,
-            reward=reward.astype(jnp.float32),
-            terminated=s.terminated,
-            truncated=s.truncated,
-            acting=(jnp.arange(2) == s.player) & ~done,
-            info=TicTacToeInfo(jnp.broadcast_to(empty, (2, 9))),
-        )
-
-    def reset(
-        self, key: jax.Array, params: TicTacToeParams | None = None
-    ) -> tuple[TicTacToeState, TimeStep]:
+    def reset_world(self, key: jax.Array, params: TicTacToeParams) -> TicTacToeState:
         """An empty board, X (agent 0) on turn. ``key`` is unused (the start is fixed)."""
-        s = TicTacToeState(
+        return TicTacToeState(
             board=jnp.zeros((9,), jnp.int32),
             player=jnp.zeros((), jnp.int32),
             terminated=jnp.zeros((2,), jnp.bool_),
             truncated=jnp.zeros((2,), jnp.bool_),
             time=jnp.zeros((), jnp.int32),
         )
-        return s, self._ts(s, jnp.zeros((2,), jnp.float32))
 
-    def step(
+    def step_world(
         self,
         key: jax.Array,
         state: TicTacToeState,
         action: jax.Array,
-        params: TicTacToeParams | None = None,
-    ) -> tuple[TicTacToeState, TimeStep]:
+        params: TicTacToeParams,
+    ) -> tuple[TicTacToeState, TicTacToeMove]:
         """Plays ``action[state.player]`` (``int[2]``; the other entry is ignored).
 
-        A cell outside ``0..8`` is clipped into that range. Pure and deterministic (``key``
-        is unused); safe under jit and vmap.
+        A cell outside ``0..8`` is clipped into that range. Deterministic (``key`` is
+        unused). The shared part is a :class:`TicTacToeMove`.
         """
-        params = self.default_params if params is None else params
         live = ~jnp.any(state.terminated | state.truncated)
         cell = jnp.clip(jnp.asarray(action, jnp.int32)[state.player], 0, 8)
         legal = state.board[cell] == 0
@@ -151,10 +138,6 @@ class TicTacToe(Env):
         full = jnp.all(board != 0)
         # +1 for the mover when it wins, -1 when it moved illegally, 0 otherwise (draw, play on).
         mover_reward = jnp.where(legal, jnp.where(won, 1.0, 0.0), -1.0)
-        mover = jnp.arange(2) == state.player
-        reward = jnp.where(
-            live, jnp.where(mover, mover_reward, 0.0 - mover_reward), 0.0
-        )  # 0.0 - x: no -0.0
         over = live & (~legal | won | full)
         time = state.time + live.astype(jnp.int32)
         terminated = state.terminated | over
@@ -166,4 +149,44 @@ class TicTacToe(Env):
             truncated=truncated,
             time=time,
         )
-        return s, self._ts(s, reward)
+        return s, TicTacToeMove(live=live, mover=state.player, mover_reward=mover_reward)
+
+    def agent_rows(self, state: TicTacToeState) -> tuple[jax.Array, jax.Array]:
+        return state.terminated, state.truncated  # own = (terminated, truncated)
+
+    def agent_obs(
+        self, agent_id: jax.Array, own: Any, state: TicTacToeState, params: TicTacToeParams
+    ) -> jax.Array:
+        """``[own marks, opponent's marks, empty cells]`` from ``agent_id``'s side."""
+        mine, opponent = state.board == agent_id + 1, state.board == 2 - agent_id
+        return jnp.concatenate([mine, opponent, state.board == 0]).astype(jnp.float32)
+
+    def agent_reward(
+        self,
+        agent_id: jax.Array,
+        own: Any,
+        state: TicTacToeState,
+        shared: TicTacToeMove,
+        params: TicTacToeParams,
+    ) -> jax.Array:
+        mine = jnp.where(agent_id == shared.mover, shared.mover_reward, 0.0 - shared.mover_reward)
+        return jnp.where(shared.live, mine, 0.0)  # 0.0 - x above: no -0.0
+
+    def agent_terminated(
+        self, agent_id: jax.Array, own: Any, state: TicTacToeState, params: TicTacToeParams
+    ) -> jax.Array:
+        return own[0]
+
+    def agent_truncated(
+        self, agent_id: jax.Array, own: Any, state: TicTacToeState, params: TicTacToeParams
+    ) -> jax.Array:
+        return own[1]
+
+    def agent_acting(
+        self, agent_id: jax.Array, own: Any, state: TicTacToeState, params: TicTacToeParams
+    ) -> jax.Array:
+        terminated, truncated = own
+        return (agent_id == state.player) & ~(terminated | truncated)
+
+    def info(self, state: TicTacToeState, params: TicTacToeParams) -> TicTacToeInfo:
+        return TicTacToeInfo(jnp.broadcast_to(state.board == 0, (2, 9)))

@@ -62,7 +62,9 @@ class RandomPolicy(Policy):
     def init(self, key: jax.Array) -> Any:
         return ()
 
-    def __call__(self, params: Any, obs: Any, key: jax.Array, policy_state: Any):
+    def __call__(
+        self, params: Any, obs: Any, key: jax.Array, policy_state: Any
+    ) -> tuple[Any, dict[str, jax.Array], Any]:
         action = self.action_space.sample_batch(key, batch_dims(obs, self.observation_space))
         return action, {}, policy_state
 

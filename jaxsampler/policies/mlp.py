@@ -105,6 +105,8 @@ def _sample_action(
         logp_all = jax.nn.log_softmax(logits)
         logp = jnp.take_along_axis(logp_all, action[..., None], -1)[..., 0]
         return (action + space.start).astype(space.dtype), logp
+    if log_std is None:
+        raise ValueError(f"sampling from {space!r} needs a log_std (continuous actions)")
     mean = dist_inputs
     std = jnp.exp(log_std)
     eps = jax.random.normal(key, mean.shape, mean.dtype) if explore else jnp.zeros_like(mean)
@@ -122,6 +124,8 @@ def log_prob(
         logp_all = jax.nn.log_softmax(dist_inputs)
         idx = (action - space.start).astype(jnp.int32)
         return jnp.take_along_axis(logp_all, idx[..., None], -1)[..., 0]
+    if log_std is None:
+        raise ValueError(f"the log-probability under {space!r} needs a log_std")
     flat = action.reshape(action.shape[: action.ndim - len(space.shape)] + (-1,))
     z = (flat - dist_inputs) / jnp.exp(log_std)
     return jnp.sum(-0.5 * z**2 - log_std - 0.5 * math.log(2 * math.pi), axis=-1)
@@ -172,10 +176,13 @@ class MLPPolicy(Policy):
         x = _flatten_obs(obs, self.observation_space)
         batch = x.shape[:-1]
         # One 2-D matmul per layer: XLA's CPU dot is fastest on [rows, features].
-        out, value, log_std = self.module.apply(params, x.reshape(-1, x.shape[-1]))
+        outputs: Any = self.module.apply(params, x.reshape(-1, x.shape[-1]))
+        out, value, log_std = outputs
         return out.reshape(batch + out.shape[-1:]), value.reshape(batch), log_std
 
-    def __call__(self, params: Any, obs: jax.Array, key: jax.Array, policy_state: Any):
+    def __call__(
+        self, params: Any, obs: jax.Array, key: jax.Array, policy_state: Any
+    ) -> tuple[Any, dict[str, jax.Array], Any]:
         dist_inputs, value, log_std = self.forward(params, obs)
         action, logp = _sample_action(self.action_space, dist_inputs, log_std, key, self.explore)
         return action, {"action_logp": logp, "vf_preds": value}, policy_state
@@ -187,7 +194,9 @@ class _GRUActorCritic(nn.Module):
     continuous: bool
 
     @nn.compact
-    def __call__(self, carry: jax.Array, x: jax.Array):
+    def __call__(
+        self, carry: jax.Array, x: jax.Array
+    ) -> tuple[jax.Array, tuple[jax.Array, jax.Array, jax.Array | None]]:
         x = nn.tanh(nn.Dense(self.hidden_size, name="embed")(x))
         carry, h = nn.GRUCell(self.hidden_size, name="gru")(carry, x)
         out = nn.Dense(
@@ -232,10 +241,13 @@ class RecurrentPolicy(Policy):
     def initial_state(self, batch_shape: tuple[int, ...]) -> jax.Array:
         return jnp.zeros(tuple(batch_shape) + (self.hidden_size,), jnp.float32)
 
-    def __call__(self, params: Any, obs: jax.Array, key: jax.Array, policy_state: jax.Array):
-        carry, (dist_inputs, value, log_std) = self.module.apply(
+    def __call__(
+        self, params: Any, obs: jax.Array, key: jax.Array, policy_state: jax.Array
+    ) -> tuple[Any, dict[str, jax.Array], Any]:
+        outputs: Any = self.module.apply(
             params, policy_state, _flatten_obs(obs, self.observation_space)
         )
+        carry, (dist_inputs, value, log_std) = outputs
         action, logp = _sample_action(self.action_space, dist_inputs, log_std, key, self.explore)
         return action, {"action_logp": logp, "vf_preds": value}, carry
 

@@ -5,12 +5,17 @@
     policy = js.MultiAgentPolicy(
         env,
         {"red": MLPPolicy(...), "blue": MLPPolicy(...)},
-        policy_mapping_fn=lambda agent_id: "red" if agent_id in ("agent_0", "agent_1") else "blue",
+        policy_mapping_fn=lambda agent_id, episode, **kwargs: (
+            "red" if agent_id in ("agent_0", "agent_1") else "blue"
+        ),
     )
     params = policy.init(key)            # {"red": red_params, "blue": blue_params}
 
-``policy_mapping_fn(agent_id) -> policy_id`` is static: it is called once per agent at
-construction, so each policy owns a fixed set of agent-axis slots. Inside the step every
+``policy_mapping_fn`` takes RLlib's signature, ``(agent_id, episode, **kwargs) ->
+policy_id``, or just ``(agent_id) -> policy_id``. The mapping is static: it is called
+once per agent at construction (with ``episode=None``, as there is no episode yet), so
+each policy owns a fixed set of agent-axis slots; a mapping that depends on the episode
+cannot be expressed. Inside the step every
 policy is evaluated on exactly its own agents (a static slice or gather of the agent
 axis, ``[E, A_p, ...]``), never on the others', and the outputs are put back in agent
 order with one static permutation. The result is itself a :class:`Policy`, so
@@ -31,6 +36,7 @@ Rules:
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -52,12 +58,15 @@ class MultiAgentPolicy(Policy):
     Args:
         env: the multi-agent env (its ``agent_ids`` and spaces), or a tuple of agent ids.
         policies: ``policy_id -> Policy``.
-        policy_mapping_fn: ``agent_id -> policy_id``; default: every agent uses the only
+        policy_mapping_fn: RLlib's ``(agent_id, episode, **kwargs) -> policy_id`` (called
+            once per agent, here, with ``episode=None``: the mapping is static) or the
+            one-argument ``(agent_id) -> policy_id``; default: every agent uses the only
             policy (an error if there are several).
 
     Raises:
         ValueError: empty ``policies``, a mapping to an unknown policy id, policies built
             for different spaces.
+        TypeError: a ``policy_mapping_fn`` that takes neither signature.
     """
 
     observation_space: Space
@@ -72,8 +81,8 @@ class MultiAgentPolicy(Policy):
         self,
         env: Env | tuple[str, ...],
         policies: Mapping[str, Policy],
-        policy_mapping_fn: Callable[[str], str] | None = None,
-    ):
+        policy_mapping_fn: Callable[..., str] | None = None,
+    ) -> None:
         if not isinstance(policies, Mapping) or not policies:
             raise ValueError("policies must be a non-empty dict policy_id -> Policy")
         for pid, p in policies.items():
@@ -88,26 +97,31 @@ class MultiAgentPolicy(Policy):
                     f"{len(policies)} policies need a policy_mapping_fn (agent_id -> policy_id)"
                 )
             only = next(iter(policies))
-            policy_mapping_fn = lambda aid: only
-        mapping = tuple(policy_mapping_fn(a) for a in agent_ids)
+            mapping = (only,) * len(agent_ids)
+        else:
+            mapping = tuple(_map_agents(policy_mapping_fn, agent_ids))
         for aid, pid in zip(agent_ids, mapping):
             if pid not in policies:
                 raise ValueError(
-                    f"policy_mapping_fn maps agent {aid!r} to unknown policy id {pid!r}; policies: {sorted(policies)}"
+                    f"policy_mapping_fn maps agent {aid!r} to unknown policy id {pid!r}; "
+                    f"policies: {sorted(policies)}"
                 )
         first = next(iter(policies.values()))
         for pid, p in policies.items():
             for what in ("observation_space", "action_space"):
                 if not compatible(getattr(p, what), getattr(first, what)):
                     raise ValueError(
-                        f"policy {pid!r} was built for {what.replace('_', ' ')} {getattr(p, what)!r}, another for "
-                        f"{getattr(first, what)!r}: agents on one agent axis share one space (pad to a common space)"
+                        f"policy {pid!r} was built for {what.replace('_', ' ')} "
+                        f"{getattr(p, what)!r}, another for "
+                        f"{getattr(first, what)!r}: agents on one agent axis share one space (pad "
+                        "to a common space)"
                     )
         if isinstance(env, Env):
             for what in ("observation_space", "action_space"):
                 if not compatible(getattr(first, what), getattr(env, what)):
                     raise ValueError(
-                        f"the policies were built for {what.replace('_', ' ')} {getattr(first, what)!r}, "
+                        f"the policies were built for {what.replace('_', ' ')} "
+                        f"{getattr(first, what)!r}, "
                         f"env {env.name} has {getattr(env, what)!r}"
                     )
         used = tuple(pid for pid in policies if pid in mapping)  # dict order, unused ones dropped
@@ -124,7 +138,8 @@ class MultiAgentPolicy(Policy):
         """Agent-axis indices controlled by ``policy_id`` (ascending)."""
         return np.array([i for i, p in enumerate(self.agent_policy) if p == policy_id], np.int64)
 
-    def policy_mapping_fn(self, agent_id: str) -> str:
+    def policy_mapping_fn(self, agent_id: str, episode: Any = None, **kwargs: Any) -> str:
+        """The policy id of ``agent_id`` (RLlib's signature; ``episode`` is ignored)."""
         return self.agent_policy[self.agent_ids.index(agent_id)]
 
     def _take(self, tree: Any, idx: np.ndarray) -> Any:
@@ -148,10 +163,13 @@ class MultiAgentPolicy(Policy):
             for pid, p in zip(self.policy_ids, self.policies)
         }
 
-    def __call__(self, params: Mapping[str, Any], obs: Any, key: jax.Array, policy_state: Any):
+    def __call__(
+        self, params: Mapping[str, Any], obs: Any, key: jax.Array, policy_state: Any
+    ) -> tuple[Any, dict[str, jax.Array], Any]:
         if not isinstance(params, Mapping):
             raise TypeError(
-                f"MultiAgentPolicy params must be a dict policy_id -> params, got {type(params).__name__}"
+                "MultiAgentPolicy params must be a dict policy_id -> params, got "
+                f"{type(params).__name__}"
             )
         missing = [pid for pid in self.policy_ids if pid not in params]
         if missing:
@@ -179,6 +197,27 @@ class MultiAgentPolicy(Policy):
         return merge(actions), merge(_align_extras(extras, batches)), states
 
 
+def _map_agents(fn: Callable[..., str], agent_ids: tuple[str, ...]) -> list[str]:
+    """``fn``'s policy id for every agent, called as ``fn(agent_id, None)`` (RLlib's
+    ``(agent_id, episode, **kwargs)``) or, if it takes one argument, ``fn(agent_id)``."""
+    if not callable(fn):
+        raise TypeError(f"policy_mapping_fn must be callable, got {type(fn).__name__}")
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):  # some builtins have no signature: try the short form
+        return [fn(aid) for aid in agent_ids]
+    for args in (("agent_0", None), ("agent_0",)):
+        try:
+            sig.bind(*args)
+        except TypeError:
+            continue
+        return [fn(aid, *args[1:]) for aid in agent_ids]
+    raise TypeError(
+        f"policy_mapping_fn {getattr(fn, '__name__', fn)!r} takes {sig}; it must take "
+        "RLlib's (agent_id, episode, **kwargs) or (agent_id)"
+    )
+
+
 def _align_extras(
     extras: list[dict[str, Any]], batches: list[tuple[int, int]]
 ) -> list[dict[str, Any]]:
@@ -192,7 +231,7 @@ def _align_extras(
             filled[k] = (
                 x[k]
                 if k in x
-                else jax.tree.map(lambda r: jnp.zeros(batch + r.shape[2:], r.dtype), ref)
+                else jax.tree.map(lambda r, b=batch: jnp.zeros(b + r.shape[2:], r.dtype), ref)
             )
         out.append(filled)
     return out

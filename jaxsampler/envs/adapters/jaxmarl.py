@@ -113,7 +113,8 @@ def _common_space(env: Any, what: str) -> Space:
         if space != converted[0]:
             raise ValueError(
                 f"from_jaxmarl: agents have different {what.replace('_', ' ')}s "
-                f"({agents[0]!r}: {converted[0]!r}, {agent!r}: {space!r}). jaxsampler puts all agents on "
+                f"({agents[0]!r}: {converted[0]!r}, {agent!r}: {space!r}). jaxsampler puts all "
+                "agents on "
                 "one agent axis with one shared space: pad observations/actions of heterogeneous "
                 "agents to a common space (e.g. with a wrapper) before adapting the env"
             )
@@ -154,7 +155,8 @@ class JaxMARLEnv(Env):
         for attr in ("agents", "reset", "observation_space", "action_space"):
             if not hasattr(self.env, attr):
                 raise TypeError(
-                    f"from_jaxmarl: {type(self.env).__name__} has no {attr!r}; expected a JaxMARL MultiAgentEnv"
+                    f"from_jaxmarl: {type(self.env).__name__} has no {attr!r}; expected a JaxMARL "
+                    "MultiAgentEnv"
                 )
         if not hasattr(self.env, "step_env") and not hasattr(self.env, "step"):
             raise TypeError(
@@ -243,7 +245,10 @@ class JaxMARLEnv(Env):
     def step(
         self, key: jax.Array, state: JaxMARLState, action: Any, params: Any = None
     ) -> tuple[JaxMARLState, TimeStep]:
-        """Steps the wrapped env with ``action`` leaves ``[A, ...]``. Pure; safe under jit and vmap."""
+        """Steps the wrapped env with ``action`` leaves ``[A, ...]``.
+
+        Pure; safe under jit and vmap.
+        """
         params = self.params if params is None else params
         agents = self._agents  # type: ignore[attr-defined]
         actions = {a: jax.tree.map(lambda x, i=i: x[i], action) for i, a in enumerate(agents)}
