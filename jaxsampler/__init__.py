@@ -5,8 +5,8 @@ into preallocated time-major buffers ``[T, E, A, ...]``, and host-side samplers 
 return RLlib's episodes and batches.
 
 The top level holds the everyday path. The layers, bottom to top, are subpackages:
-:mod:`~jaxsampler.spaces`, :mod:`~jaxsampler.envs` (pure-JAX envs, adapters),
-:mod:`~jaxsampler.vector`, :mod:`~jaxsampler.policies`, :mod:`~jaxsampler.rollout`,
+:mod:`~jaxsampler.spaces`, :mod:`~jaxsampler.vector`, :mod:`~jaxsampler.envs`
+(pure-JAX envs, adapters), :mod:`~jaxsampler.policies`, :mod:`~jaxsampler.rollout`,
 :mod:`~jaxsampler.scale`, :mod:`~jaxsampler.postprocessing`, :mod:`~jaxsampler.episodes`
 (RLlib's data model in numpy), :mod:`~jaxsampler.host_envs` (host-stepped envs),
 :mod:`~jaxsampler.sampling` (the sampler family), :mod:`~jaxsampler.serving` (HTTP policy
@@ -28,7 +28,7 @@ from jaxsampler.check import EnvCheckError, check_env
 from jaxsampler.constants import DEFAULT_AGENT_ID, DEFAULT_POLICY_ID
 from jaxsampler.envs.adapters.gymnax import from_gymnax
 from jaxsampler.envs.adapters.jaxmarl import from_jaxmarl
-from jaxsampler.envs.base import Env, SingleAgentEnv
+from jaxsampler.envs.base import Env, MultiAgentEnv, SingleAgentEnv
 from jaxsampler.episodes import (
     InfiniteLookbackBuffer,
     MultiAgentBatch,
@@ -64,6 +64,7 @@ __all__ = [
     "InfiniteLookbackBuffer",
     "MLPPolicy",
     "MultiAgentBatch",
+    "MultiAgentEnv",
     "MultiAgentEpisode",
     "MultiAgentPolicy",
     "NoState",
