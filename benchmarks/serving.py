@@ -71,7 +71,7 @@ from typing import Any
 
 import numpy as np
 
-from jaxsampler.bench import environment_info, git_state, log, write_results
+from jaxsampler.bench import compile_count, environment_info, git_state, log, write_results
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 HIDDEN = (64, 64)
@@ -356,7 +356,7 @@ class ServingSide:
         wrapped = _make_instrumented_env()(self.server or self.env, self.stop, self.stats)
         self.sampler = HostSampler(wrapped, self.policy, seed=seed, batch_sizes=_buckets(max_batch))
         self.sample_timesteps = sample_timesteps
-        self.compile_s, self.cache_size = self._compile_and_instrument()
+        self.compile_s, self.compiles_at_start = self._compile_and_instrument()
         self.error: str | None = None
         self.thread = threading.Thread(target=self._loop, name="HostSampler-loop", daemon=True)
         self.thread.start()
@@ -376,7 +376,7 @@ class ServingSide:
             for b in self.sampler.batch_sizes:
                 jax.block_until_ready(fn(self.params, np.zeros((b, 1, 4), np.float32), key, state))
         compile_s = time.perf_counter() - t0
-        sizes = [fn._cache_size() for fn in fns.values() if hasattr(fn, "_cache_size")]
+        compiles = compile_count()
         self._raw_fns = dict(fns)
         stats = self.stats
 
@@ -394,14 +394,12 @@ class ServingSide:
 
         for pid, fn in fns.items():
             fns[pid] = timed(fn)
-        return compile_s, (sum(sizes) if sizes else None)
+        return compile_s, compiles
 
     def recompiles(self) -> int | None:
-        """Jit cache entries added since the pre-compilation (0 = nothing recompiled while
-        timing)."""
-        fns = getattr(self, "_raw_fns", {})
-        sizes = [fn._cache_size() for fn in fns.values() if hasattr(fn, "_cache_size")]
-        return None if self.cache_size is None or not sizes else sum(sizes) - self.cache_size
+        """XLA compilations in this process since the pre-compilation (0 = nothing compiled
+        while timing)."""
+        return None if self.compiles_at_start is None else compile_count() - self.compiles_at_start
 
     def _loop(self) -> None:
         s = self.stats
@@ -559,15 +557,15 @@ class BareSide:
                 self.fn(self.params, np.zeros((b, 1, 4), np.float32), self.key, self.state)
             )
         self.compile_s = time.perf_counter() - t0
-        self.cache_size = self.fn._cache_size() if hasattr(self.fn, "_cache_size") else None
+        self.compiles_at_start = compile_count()
         self.error: str | None = None
         self.thread = threading.Thread(target=self._loop, name="bare-server", daemon=True)
         self.thread.start()
 
     def recompiles(self) -> int | None:
-        """Jit cache entries added since the pre-compilation (0 = nothing recompiled while
-        timing)."""
-        return None if self.cache_size is None else self.fn._cache_size() - self.cache_size
+        """XLA compilations in this process since the pre-compilation (0 = nothing compiled
+        while timing)."""
+        return compile_count() - self.compiles_at_start
 
     def _bucket(self, n: int) -> int:
         return next((b for b in self.sampler.batch_sizes if b >= n), self.sampler.batch_sizes[-1])

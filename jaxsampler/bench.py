@@ -27,6 +27,7 @@ from jaxsampler.rollout import jit_rollout, make_rollout
 from jaxsampler.types import Trajectory
 
 __all__ = [
+    "compile_count",
     "environment_info",
     "git_state",
     "log",
@@ -35,6 +36,25 @@ __all__ = [
     "measure_rollout",
     "sweep",
 ]
+
+
+_BACKEND_COMPILE = "/jax/core/compile/backend_compile_duration"
+_compiles = {"count": 0, "listening": False}
+
+
+def _on_event(event: str, duration_secs: float, **kwargs: str | int) -> None:
+    if event == _BACKEND_COMPILE:
+        _compiles["count"] += 1
+
+
+def compile_count() -> int:
+    """XLA compilations in this process since the first call of this function, counted
+    from JAX's public monitoring events (any jitted function, not one cache): the
+    difference of two calls is what compiled in between, e.g. 0 while timing."""
+    if not _compiles["listening"]:
+        jax.monitoring.register_event_duration_secs_listener(_on_event)
+        _compiles["listening"] = True
+    return _compiles["count"]
 
 
 def log(msg: str) -> None:
