@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections import defaultdict
+from collections.abc import Iterator
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -403,15 +406,35 @@ def test_sample_batch_num_episodes():
     assert all(p["t"][0] == 0 for p in parts)
 
 
-def test_sampler_compiles_its_rollout_once():
+def test_sampler_compiles_its_rollout_once(monkeypatch):
     """The state from a reset and the state a rollout returns share one signature (env
     params of Python numbers used to make the second call compile again)."""
     env = js.make("CartPole-v1")
     pol = js.MLPPolicy(env.observation_space, env.action_space, hidden_sizes=(8,))
     params = pol.init(jax.random.PRNGKey(0))
     s = js.Sampler(env, pol, num_envs=2, rollout_length=8)
-    s.sample(params)
-    s.sample_batch(params)
-    s.sample(params, num_episodes=1)  # resets
-    s.sample(params)
-    assert s._rollout._cache_size() == 1
+    s.sample(params)  # compiles the rollout: the policy is traced here, and never again
+    with no_policy_traces(monkeypatch, js.MLPPolicy):
+        s.sample_batch(params)
+        s.sample(params, num_episodes=1)  # resets
+        s.sample(params)
+
+
+@contextlib.contextmanager
+def no_policy_traces(monkeypatch: pytest.MonkeyPatch, policy_cls: type) -> Iterator[None]:
+    """Fails (``chex.assert_max_traces``) if ``policy_cls`` is traced inside the block: a
+    rollout that compiles again traces its policy again."""
+    with monkeypatch.context() as m:
+        m.setattr(policy_cls, "__call__", chex.assert_max_traces(policy_cls.__call__, n=0))
+        yield
+
+
+def test_no_policy_traces_catches_a_recompile(monkeypatch):
+    """The helper above really sees a compile: a new rollout shape traces the policy."""
+    env = js.make("CartPole-v1")
+    pol = js.MLPPolicy(env.observation_space, env.action_space, hidden_sizes=(8,))
+    params = pol.init(jax.random.PRNGKey(0))
+    js.Sampler(env, pol, num_envs=2, rollout_length=8).sample(params)
+    with pytest.raises(AssertionError, match="traced"):
+        with no_policy_traces(monkeypatch, js.MLPPolicy):
+            js.Sampler(env, pol, num_envs=3, rollout_length=8).sample(params)

@@ -268,7 +268,7 @@ class InfiniteLookbackBuffer:
             left, lo, hi = -start, 0, max(stop, 0)
         elif fill is not None and stop > n:
             lo, hi = start, stop
-            right = (stop - start) - len(range(start, min(stop, n)))
+            right = max((stop - start) - len(range(start, min(stop, n))), 0)  # stop < start: 0
         else:
             lo, hi = max(start, 0), max(stop, 0)
         if self.finalized:

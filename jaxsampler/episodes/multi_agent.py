@@ -231,6 +231,79 @@ class MultiAgentEpisode:
     def _map_len(self) -> int:
         return self.env_t - self.env_t_started + self._len_lookback_buffers + 1
 
+    # -- trusted construction (the samplers' fast path) ---------------------------------
+
+    def start_at(self, env_t: int, len_lookback_buffer: int) -> None:
+        """Makes this empty episode a chunk that starts at env step ``env_t`` with
+        ``len_lookback_buffer`` env steps of lookback in its maps (not validated)."""
+        self.env_t_started = self.env_t = env_t
+        self._len_lookback_buffers = len_lookback_buffer
+
+    def trusted_agent(
+        self,
+        agent_id: Any,
+        *,
+        observations: InfiniteLookbackBuffer,
+        infos: InfiniteLookbackBuffer,
+        actions: InfiniteLookbackBuffer,
+        rewards: InfiniteLookbackBuffer,
+        t_started: int,
+        default_id: str | None = None,
+    ) -> SingleAgentEpisode:
+        """Adds (and returns) ``agent_id``'s episode over prebuilt, already-validated
+        buffers, as :meth:`SingleAgentEpisode.trusted` does. Its id is the one this episode
+        knows for the agent, else ``default_id`` (else a random one)."""
+        sa = SingleAgentEpisode.trusted(
+            self._agent_episode_ids.get(agent_id) or default_id or random_episode_id(),
+            observations=observations,
+            infos=infos,
+            actions=actions,
+            rewards=rewards,
+            extra_model_outputs={},
+            observation_space=self.observation_space.get(agent_id)
+            if isinstance(self.observation_space, dict)
+            else None,
+            action_space=self.action_space.get(agent_id)
+            if isinstance(self.action_space, dict)
+            else None,
+            terminated=False,
+            truncated=False,
+            t_started=t_started,
+            agent_id=agent_id,
+            module_id=self.module_for(agent_id),
+            multi_agent_episode_id=self.id_,
+        )
+        self._agent_episode_ids[agent_id] = sa.id_
+        self.agent_episodes[agent_id] = sa
+        self.agent_t_started[agent_id] = t_started
+        return sa
+
+    def set_hanging(self, agent_id: Any, action: Any, reward: float, extras: dict) -> None:
+        """``agent_id`` acted and waits for its next observation: its ``action``,
+        ``extras`` and the ``reward`` collected so far wait in the hanging caches."""
+        self._hanging_actions_end[agent_id] = action
+        self._hanging_rewards_end[agent_id] = reward
+        self._hanging_extra_model_outputs_end[agent_id] = extras
+
+    def clear_hanging(self, agent_id: Any) -> None:
+        """Empties ``agent_id``'s hanging caches (its step completed)."""
+        self._hanging_actions_end.pop(agent_id, None)
+        self._hanging_rewards_end.pop(agent_id, None)
+        self._hanging_extra_model_outputs_end.pop(agent_id, None)
+
+    def extend_agent_map(self, agent_id: Any, entries: list, first_env_t: int) -> None:
+        """Appends ``entries`` (agent timesteps or :data:`SKIP`) to ``agent_id``'s
+        ``env_t_to_agent_t``, the first one for env step ``first_env_t``; a new map is
+        padded with ``SKIP`` from the chunk's first (lookback) env step."""
+        m = self.env_t_to_agent_t.get(agent_id)
+        if m is None:
+            pad = first_env_t - (self.env_t_started - self._len_lookback_buffers)
+            self.env_t_to_agent_t[agent_id] = InfiniteLookbackBuffer(
+                [SKIP] * pad + entries, self._len_lookback_buffers
+            )
+        else:
+            m.data.extend(entries)
+
     # -- stepping ----------------------------------------------------------------------
 
     def add_env_reset(self, *, observations: dict, infos: dict | None = None) -> None:

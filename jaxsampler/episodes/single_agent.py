@@ -108,10 +108,11 @@ class SingleAgentEpisode:
         agent_id: Any = None,
         module_id: Any = None,
         multi_agent_episode_id: str | None = None,
+        t: int | None = None,
     ) -> SingleAgentEpisode:
         """An episode over prebuilt, already-validated buffers (RLlib's constructor accepts
         prebuilt lookback buffers too) without the constructor's checks: the samplers' fast
-        path. ``t`` is ``t_started + len(rewards)``."""
+        path. ``t`` must be ``t_started + len(rewards)``; computed when not given."""
         ep = cls.__new__(cls)
         ep.id_ = id_
         ep.agent_id, ep.module_id, ep.multi_agent_episode_id = (
@@ -124,7 +125,7 @@ class SingleAgentEpisode:
         ep.extra_model_outputs = extra_model_outputs
         ep.is_terminated, ep.is_truncated = terminated, truncated
         ep.t_started = t_started
-        ep.t = t_started + len(rewards)
+        ep.t = t_started + len(rewards) if t is None else t
         ep.custom_data = {}
         ep._start_time = ep._last_step_time = None
         return ep
