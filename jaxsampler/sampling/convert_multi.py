@@ -219,7 +219,7 @@ class MultiAgentConverter:
         np.not_equal(uid[1:], uid[:-1], out=new_run[1:])
         starts = np.flatnonzero(new_run)
         # Episode ids once per segment, then one string concatenation per (segment, agent).
-        ma_ids = [self._ids(e, c) for e, c in zip(seg.env.tolist(), seg.count.tolist())]
+        ma_ids = self._ids.many(seg.env, seg.count).tolist()
         suffix = [agent_episode_id("", a) for a in range(len(self._agent_ids))]
         ids = [
             ma_ids[p] + suffix[a]

@@ -17,7 +17,7 @@ from jaxsampler.constants import DEFAULT_POLICY_ID
 from jaxsampler.episodes.batch import MultiAgentBatch, SampleBatch
 from jaxsampler.episodes.ids import EpisodeIds
 from jaxsampler.episodes.lookback import InfiniteLookbackBuffer
-from jaxsampler.episodes.single_agent import SingleAgentEpisode, _reward_space
+from jaxsampler.episodes.single_agent import EpisodeBuffers, SingleAgentEpisode, _reward_space
 from jaxsampler.sampling.base import SamplerMetrics
 from jaxsampler.sampling.columns import (
     Columns,
@@ -92,54 +92,36 @@ class SingleAgentConverter:
     def episodes(
         self, chunks: list[Trajectory], num_episodes: int | None, state: Any = None
     ) -> tuple[list[SingleAgentEpisode], SamplerMetrics]:
-        """The call's episodes (finished ones, then ongoing chunks) and its metrics."""
+        """The call's episodes (finished ones, then ongoing chunks) and its metrics.
+
+        Each episode's buffers (numpy views of the call's columns) are built on first
+        access (:meth:`SingleAgentEpisode.lazy`): per episode, only its object is made here.
+        """
         cols, seg, m = self._segments(chunks, num_episodes)
-        H = self._horizon
-        obs_space, act_space, reward_space = self._obs_space, self._act_space, _reward_space()
-        trusted, episode, ids = (
-            InfiniteLookbackBuffer.trusted,
-            SingleAgentEpisode.trusted,
-            self._ids,
-        )
-        extras = sorted(cols.extras.items())
-        infos = list(cols.infos.items())
+        build = _EpisodeBuffers(cols, seg, self._horizon, self._obs_space, self._act_space)
+        lazy, obs_space, act_space = SingleAgentEpisode.lazy, self._obs_space, self._act_space
         fields = zip(
-            *(
-                x.tolist()
-                for x in (seg.env, seg.start, seg.len, seg.lookback, seg.t_started, seg.count)
-            ),
+            self._ids.many(seg.env, seg.count).tolist(),
+            seg.t_started.tolist(),
+            (seg.t_started + seg.len).tolist(),
             seg.term.tolist(),
             seg.trunc.tolist(),
         )
-        out = []
         with no_gc():  # thousands of small objects: skip cyclic-GC passes while building
-            for e, start, length, lb, t_started, count, term, trunc in fields:
-                a, b = H + start - lb, H + start + length  # step range incl. lookback
-                if infos:
-                    # The info of observation j + 1 was recorded at step j (the first
-                    # observation's is zeros when the buffers do not hold it).
-                    slots = np.arange(a, b + 1)
-                    info = trusted(
-                        unflatten({k: info_for_obs(col, e, slots) for k, col in infos}), lb
-                    )
-                else:
-                    info = trusted([{}] * (length + lb + 1), lb)
-                out.append(
-                    episode(
-                        ids(e, count),
-                        observations=trusted(cols.obs[e, a : b + 1], lb, obs_space),
-                        infos=info,
-                        actions=trusted(cols.actions[e, a:b], lb, act_space),
-                        rewards=trusted(cols.rewards[e, a:b], lb, reward_space),
-                        extra_model_outputs={k: trusted(c[e, a:b], lb) for k, c in extras},
-                        observation_space=obs_space,
-                        action_space=act_space,
-                        terminated=term,
-                        truncated=trunc,
-                        t_started=t_started,
-                        t=t_started + length,
-                    )
+            out = [
+                lazy(
+                    id_,
+                    build,
+                    i,
+                    observation_space=obs_space,
+                    action_space=act_space,
+                    terminated=term,
+                    truncated=trunc,
+                    t_started=t_started,
+                    t=t,
                 )
+                for i, (id_, t_started, t, term, trunc) in enumerate(fields)
+            ]
         return out, m
 
     def batch(
@@ -162,9 +144,7 @@ class SingleAgentConverter:
         def rows(col: np.ndarray, index: np.ndarray) -> np.ndarray:
             return np.take(col.reshape((-1,) + col.shape[2:]), index, axis=0)
 
-        ids = np.array(
-            [self._ids(a, c) for a, c in zip(seg.env.tolist(), seg.count.tolist())] or [""]
-        )
+        ids = self._ids.many(seg.env, seg.count)  # <U32, as episodes_to_batch gives
         data: dict[str, Any] = {
             SampleBatch.OBS: rows(cols.obs, flat_obs),
             SampleBatch.NEXT_OBS: rows(cols.obs, flat_obs + 1),
@@ -173,7 +153,7 @@ class SingleAgentConverter:
             SampleBatch.TERMINATEDS: rows(cols.terminated, flat),
             SampleBatch.TRUNCATEDS: rows(cols.truncated, flat),
             SampleBatch.T: (seg.t_started[seg_of_row] + offset).astype(np.int64),
-            SampleBatch.EPS_ID: ids[seg_of_row] if n_rows else np.array([], ids.dtype),
+            SampleBatch.EPS_ID: ids[seg_of_row],
             SampleBatch.AGENT_INDEX: np.zeros(n_rows, np.int64),
         }
         if cols.infos:
@@ -186,3 +166,38 @@ class SingleAgentConverter:
         for name, col in cols.extras.items():
             data[name] = rows(col, flat)
         return MultiAgentBatch({DEFAULT_POLICY_ID: SampleBatch(data)}, n_rows), m
+
+
+class _EpisodeBuffers:
+    """Builds the buffers of the call's episode ``i``: numpy views of the call's columns
+    (``EpisodeBuffers``, as :meth:`SingleAgentEpisode.lazy` asks)."""
+
+    __slots__ = ("_cols", "_a", "_b", "_env", "_lb", "_obs_space", "_act_space", "_infos")
+
+    def __init__(self, cols: Columns, seg: Segments, H: int, obs_space: Any, act_space: Any):
+        self._cols = cols
+        self._a = (H + seg.start - seg.lookback).tolist()  # first slot, lookback included
+        self._b = (H + seg.start + seg.len).tolist()  # one past the last step's slot
+        self._env, self._lb = seg.env.tolist(), seg.lookback.tolist()
+        self._obs_space, self._act_space = obs_space, act_space
+        self._infos = list(cols.infos.items())
+
+    def __call__(self, i: int) -> EpisodeBuffers:
+        cols, trusted = self._cols, InfiniteLookbackBuffer.trusted
+        e, a, b, lb = self._env[i], self._a[i], self._b[i], self._lb[i]
+        if self._infos:
+            # The info of observation j + 1 was recorded at step j (the first
+            # observation's is zeros when the buffers do not hold it).
+            slots = np.arange(a, b + 1)
+            infos = trusted(
+                unflatten({k: info_for_obs(col, e, slots) for k, col in self._infos}), lb
+            )
+        else:
+            infos = trusted([{}] * (b - a + 1), lb)
+        return (
+            trusted(cols.obs[e, a : b + 1], lb, self._obs_space),
+            infos,
+            trusted(cols.actions[e, a:b], lb, self._act_space),
+            trusted(cols.rewards[e, a:b], lb, _reward_space()),
+            {k: trusted(c[e, a:b], lb) for k, c in cols.extras.items()},
+        )
