@@ -176,7 +176,7 @@ def batch_from_episodes(episodes, policy_of):
     """The MultiAgentBatch made by hand from episodes (RLlib's get_sample_batch + new_obs)."""
     rows: dict = {}
     for ep in episodes:
-        for a, (aid, sa) in enumerate(sorted(ep.agent_episodes.items(), key=lambda kv: kv[0])):
+        for aid, sa in sorted(ep.agent_episodes.items(), key=lambda kv: kv[0]):
             if len(sa) == 0:
                 continue
             b = sa.get_sample_batch()

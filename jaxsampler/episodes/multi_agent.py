@@ -135,7 +135,8 @@ class MultiAgentEpisode:
         n = len(rewards)
         if len(actions) != n or len(observations) != n + 1:
             raise ValueError(
-                f"need one observation dict more than action/reward dicts, got {len(observations)} observations, "
+                "need one observation dict more than action/reward dicts, got "
+                f"{len(observations)} observations, "
                 f"{len(actions)} actions, {len(rewards)} rewards"
             )
         infos = infos or [{} for _ in observations]
@@ -369,16 +370,19 @@ class MultiAgentEpisode:
         if sa is not None and sa.is_done:
             if has_obs or has_act or aid in rewards:
                 raise MultiAgentEnvError(
-                    f"Agent {aid} already had its `SingleAgentEpisode.is_done` set to True, but still received "
+                    f"Agent {aid} already had its `SingleAgentEpisode.is_done` set to True, but "
+                    "still received "
                     f"data in a following step! obs={observations.get(aid)} act={actions.get(aid)} "
-                    f"rew={rewards.get(aid)} info={infos.get(aid)} extra_model_outputs={extras.get(aid)}"
+                    f"rew={rewards.get(aid)} info={infos.get(aid)} "
+                    f"extra_model_outputs={extras.get(aid)}"
                 )
             return
         hanging = aid in self._hanging_actions_end
         if has_obs and has_act:
             if aid not in rewards:
                 raise MultiAgentEnvError(
-                    f"Agent {aid} acted (and received next obs), but did NOT receive any reward from the env!"
+                    f"Agent {aid} acted (and received next obs), but did NOT receive any reward "
+                    "from the env!"
                 )
             if sa is None:
                 raise MultiAgentEnvError(
@@ -447,7 +451,8 @@ class MultiAgentEpisode:
         """A hanging agent that is done without a next observation."""
         if trunc and not term:
             raise MultiAgentEnvError(
-                f"Agent {aid} acted and then got truncated, but did NOT receive a last (truncation) observation, "
+                f"Agent {aid} acted and then got truncated, but did NOT receive a last "
+                "(truncation) observation, "
                 "required for e.g. value function bootstrapping!"
             )
         if term:
@@ -553,7 +558,8 @@ class MultiAgentEpisode:
     ) -> Any:
         if return_list and not env_steps:
             raise ValueError(
-                f"`MultiAgentEpisode.get_{what}()` can't be called with both `env_steps=False` and `return_list=True`!"
+                f"`MultiAgentEpisode.get_{what}()` can't be called with both `env_steps=False` "
+                "and `return_list=True`!"
             )
         agents = self._agent_list(agent_ids)
         if not env_steps:
@@ -610,6 +616,7 @@ class MultiAgentEpisode:
             v = _OUT
             agent_t = m.data[p] if p is not _OUT and 0 <= p < len(m.data) else SKIP
             if agent_t != SKIP:
+                assert isinstance(agent_t, int)
                 lb = (
                     buf.lookback
                     if buf is not None
@@ -617,7 +624,7 @@ class MultiAgentEpisode:
                 )
                 q = agent_t - t0 + lb
                 n = buf.len_incl_lookback() if buf is not None else 0
-                if 0 <= q < n:
+                if buf is not None and 0 <= q < n:
                     v = buf._item_at(q, None, one_hot)
                 elif q == n and hanging is not _OUT:
                     v = _like_buffer(buf, hanging, one_hot)
@@ -751,7 +758,8 @@ class MultiAgentEpisode:
         fill: Any = None,
         return_list: bool = False,
     ) -> Any:
-        """Extra model outputs: ``{agent: values}`` for ``key``, ``{agent: {key: values}}`` for all keys."""
+        """Extra model outputs: ``{agent: values}`` for ``key``, ``{agent: {key: values}}``
+        for all keys."""
         if key is not None:
             return self._get(
                 "extra_model_outputs",
@@ -803,7 +811,8 @@ class MultiAgentEpisode:
         for aid, data in new_data.items():
             if aid not in self.agent_episodes:
                 raise KeyError(
-                    f"unknown agent {aid!r}; this episode has {sorted(map(str, self.agent_episodes))}"
+                    f"unknown agent {aid!r}; this episode has "
+                    f"{sorted(map(str, self.agent_episodes))}"
                 )
             getattr(self.agent_episodes[aid], name)(new_data=data, **kw)
 
@@ -1038,7 +1047,8 @@ class MultiAgentEpisode:
             raise ValueError("cannot concat onto a done episode")
         if self.env_t != other.env_t_started:
             raise ValueError(
-                f"chunks do not meet: self.env_t={self.env_t}, other.env_t_started={other.env_t_started}"
+                f"chunks do not meet: self.env_t={self.env_t}, "
+                f"other.env_t_started={other.env_t_started}"
             )
         n_self = self._map_len()
         olb = other._len_lookback_buffers

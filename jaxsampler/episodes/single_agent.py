@@ -100,6 +100,7 @@ class SingleAgentEpisode:
         "_start_time",
         "_last_step_time",
     )
+    _lazy: tuple[Callable[[Any], EpisodeBuffers], Any] | None  # see lazy()
 
     @classmethod
     def trusted(
@@ -179,6 +180,7 @@ class SingleAgentEpisode:
 
     def _build(self) -> None:
         """Builds the buffers of a :meth:`lazy` episode."""
+        assert self._lazy is not None
         build, key = self._lazy
         self._lazy = None
         (
@@ -290,7 +292,9 @@ class SingleAgentEpisode:
             if isinstance(rewards, InfiniteLookbackBuffer)
             else data_len(rewards)
         )
-        if len_lookback_buffer == "auto" or len_lookback_buffer > n_rewards:
+        if len_lookback_buffer == "auto" or (
+            isinstance(len_lookback_buffer, int) and len_lookback_buffer > n_rewards
+        ):
             len_lookback_buffer = n_rewards
         if isinstance(len_lookback_buffer, str) or len_lookback_buffer < 0:
             raise ValueError(
@@ -368,7 +372,8 @@ class SingleAgentEpisode:
         assert self.t == self.t_started == 0, "add_env_reset needs t == t_started == 0."
         if validate and not _contains(self.observation_space, observation):
             raise ValueError(
-                f"observation {observation!r} is not in the observation space {self.observation_space!r}"
+                f"observation {observation!r} is not in the observation space "
+                f"{self.observation_space!r}"
             )
         self.observations.append(observation)
         self.infos.append({} if infos is None else infos)
@@ -391,7 +396,8 @@ class SingleAgentEpisode:
         if validate:
             if not _contains(self.observation_space, observation):
                 raise ValueError(
-                    f"observation {observation!r} is not in the observation space {self.observation_space!r}"
+                    f"observation {observation!r} is not in the observation space "
+                    f"{self.observation_space!r}"
                 )
             if not _contains(self.action_space, action):
                 raise ValueError(
@@ -462,7 +468,8 @@ class SingleAgentEpisode:
     ) -> Any:
         if key not in self.extra_model_outputs:
             raise KeyError(
-                f"no extra model output {key!r}; this episode has {sorted(self.extra_model_outputs)}"
+                f"no extra model output {key!r}; this episode has "
+                f"{sorted(self.extra_model_outputs)}"
             )
         return self.extra_model_outputs[key].get(
             indices, neg_index_as_lookback=neg_index_as_lookback, fill=fill
@@ -501,7 +508,8 @@ class SingleAgentEpisode:
     ) -> None:
         if key not in self.extra_model_outputs:
             raise KeyError(
-                f"no extra model output {key!r}; this episode has {sorted(self.extra_model_outputs)}"
+                f"no extra model output {key!r}; this episode has "
+                f"{sorted(self.extra_model_outputs)}"
             )
         self.extra_model_outputs[key].set(
             new_data, at_indices=at_indices, neg_index_as_lookback=neg_index_as_lookback
@@ -653,7 +661,8 @@ class SingleAgentEpisode:
         return (self._last_step_time or self._start_time) - self._start_time
 
     def get_data_dict(self) -> dict[str, Any]:
-        """Columns as in RLlib: terminateds, truncateds, t, eps_id, obs, infos, actions, rewards, extras."""
+        """Columns as in RLlib: terminateds, truncateds, t, eps_id, obs, infos, actions,
+        rewards, extras."""
         n = len(self)
         flags = lambda last: [False] * (n - 1) + [bool(last)] if n else []
         d: dict[str, Any] = {

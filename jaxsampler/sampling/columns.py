@@ -179,25 +179,31 @@ def build_columns(
     def old(name: str) -> np.ndarray | None:
         return None if head is None else getattr(head, name)
 
+    def field(name: str) -> np.ndarray:
+        if name in ("is_reset", "acting"):  # no agent axis to select / keep as is
+            return col(lambda c: np.asarray(getattr(c, name)), old(name))
+        return col(lambda c: np.asarray(getattr(c, name))[:, :, agent], old(name))
+
+    def extra(k: str) -> np.ndarray:
+        return col(
+            lambda c: np.asarray(c.extras[k])[:, :, agent],
+            None if head is None else head.extras[k],
+        )
+
+    def info(path: InfoPath) -> np.ndarray:
+        return col(lambda c: _info_get(c.infos, path), info_head(path))
+
     extras = first.extras if isinstance(first.extras, dict) else {}
     return Columns(
         obs=obs,
-        actions=col(lambda c: c.actions[:, :, agent], old("actions")),
-        rewards=col(lambda c: c.rewards[:, :, agent], old("rewards")),
-        terminated=col(lambda c: c.terminated[:, :, agent], old("terminated")),
-        truncated=col(lambda c: c.truncated[:, :, agent], old("truncated")),
-        is_reset=col(lambda c: c.is_reset, old("is_reset")),
-        acting=col(lambda c: c.acting, old("acting")) if multi_agent else None,
-        extras={
-            k: col(
-                lambda c, k=k: c.extras[k][:, :, agent], None if head is None else head.extras[k]
-            )
-            for k in sorted(extras)
-        },
-        infos={
-            path: col(lambda c, path=path: _info_get(c.infos, path), info_head(path))
-            for path, _ in info_leaves(first.infos)
-        },
+        actions=field("actions"),
+        rewards=field("rewards"),
+        terminated=field("terminated"),
+        truncated=field("truncated"),
+        is_reset=field("is_reset"),
+        acting=field("acting") if multi_agent else None,
+        extras={k: extra(k) for k in sorted(extras)},
+        infos={path: info(path) for path, _ in info_leaves(first.infos)},
         agent_major_obs=multi_agent,
     )
 

@@ -460,7 +460,7 @@ def _slice_rows(data: dict[str, Any], lo: int, hi: int) -> dict[str, Any]:
 
 
 def _take_rows(data: dict[str, Any], rows: np.ndarray) -> dict[str, Any]:
-    out = {}
+    out: dict[str, Any] = {}
     for k, v in data.items():
         if isinstance(v, dict):
             out[k] = _take_rows(v, rows)

@@ -28,7 +28,7 @@ The only Python loop is over episodes, never over timesteps.
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import jax
 import numpy as np
@@ -88,10 +88,7 @@ class DeviceSampler(Sampler):
         env_params: Any = None,
         episode_lookback_horizon: int = 1,
     ):
-        if isinstance(env, str):
-            from jaxsampler.registry import make
-
-            env = make(env)
+        env = _resolve(env)
         check_lookback(episode_lookback_horizon)
         self.env, self.policy = env, policy
         self.num_envs, self.rollout_length = num_envs, rollout_length
@@ -220,6 +217,14 @@ class DeviceSampler(Sampler):
         if num_episodes is not None:
             self._state = None  # the next call starts fresh, as RLlib does
         return out
+
+
+def _resolve(env: Env | str) -> Env:
+    if isinstance(env, str):
+        from jaxsampler.registry import make
+
+        return cast(Env, make(env))  # a registered id names a pure-JAX env
+    return env
 
 
 def _count_done(chunks: list[Trajectory]) -> int:
