@@ -152,23 +152,27 @@ def agent_steps(
         last_reset > 0, slots[None, :] - last_reset - 1, episode_step0[:, None] + slots[None, :] - 1
     )
     csum = np.concatenate([np.zeros((E, 1, A)), np.cumsum(rewards, axis=1)], axis=1)
-    e, s, a = np.nonzero(complete)
-    c = end[e, s, a]
-    by_flag = c == first_flag[e, s, a] + 1
-    term = cols.terminated[e, np.minimum(c - 2, L - 1), a] & by_flag
-    trunc = cols.truncated[e, np.minimum(c - 2, L - 1), a] & by_flag
-    start = np.where(s == 0, carry.start[e, a], step_of_slot[e, s])
+    # Gathers with one flat index each (several times faster than three index arrays).
+    flat = np.flatnonzero(complete)  # the order of np.nonzero: (env, slot, agent)
+    e, rest = np.divmod(flat, S * A)
+    s, a = np.divmod(rest, A)
+    c = np.take(end, flat)
+    by_flag = c == np.take(first_flag, flat) + 1
+    at_flag = (e * L + np.minimum(c - 2, L - 1)) * A + a
+    at_c, at_s = (e * (S + 1) + c) * A + a, (e * (S + 1) + s) * A + a
     steps = AgentSteps(
         env=e,
         agent=a,
         slot=s,
         end=c,
-        t=t_of_slot[e, s, a],
-        reward=csum[e, c, a] - csum[e, s, a],
-        terminated=term,
-        truncated=trunc,
-        start_step=start,
-        end_step=step_of_slot[e, c - 1] + 1,
+        t=np.take(t_of_slot, flat),
+        reward=np.take(csum, at_c) - np.take(csum, at_s),
+        terminated=np.take(cols.terminated, at_flag) & by_flag,
+        truncated=np.take(cols.truncated, at_flag) & by_flag,
+        start_step=np.where(
+            s == 0, np.take(carry.start, e * A + a), np.take(step_of_slot, e * S + s)
+        ),
+        end_step=np.take(step_of_slot, e * S + c - 1) + 1,
     )
     # The carry: hanging steps and per-agent progress of the episodes still running.
     hanging = valid & ~complete
