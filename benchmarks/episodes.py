@@ -1,123 +1,237 @@
-"""Buffer -> episode (and -> SampleBatch) conversion cost vs the rollout that produced the data.
+"""What conversion costs: ``Sampler.sample()`` / ``sample_batch()`` vs the bare rollout.
 
-CartPole-v1, 1024 envs x 128 steps, with (a) a random policy (many short episodes, the
-worst case for per-episode work) and (b) a 64x64 tanh MLP policy. For each, per
-``Sampler.sample()`` call: the device rollout (including the one device-to-host copy)
-and the conversion into numpy'ized ``SingleAgentEpisode``s are timed separately,
-interleaved, as medians over repeats. Reported: timesteps/s of the conversion and the
-ratio conversion time / rollout time (goal: < 1).
+Cells: CartPole-v1 (1 agent) at 1024 envs and Spread(8) at 64, 1024 and 4096 envs, each
+with a random policy and a 64x64 tanh ``MLPPolicy``, ``T`` steps per call (default 128).
+In every round three things run back to back, in a rotating order, on the same env,
+policy and shapes:
 
-    python benchmarks/episodes.py [--num-envs 1024] [--rollout-length 128] [--repeats 9]
+* ``rollout``: the bare rollout, ``js.jit_rollout(js.make_rollout(...))`` with its
+  buffers passed back, plus the one ``jax.device_get`` of the trajectory (what any
+  sampler must do);
+* ``sample``: ``Sampler.sample(params)`` end to end (rollout + conversion into
+  numpy'ized episodes);
+* ``sample_batch``: ``Sampler.sample_batch(params)`` end to end.
+
+Reported per cell: medians over rounds of each time, the within-round ratios
+``sample / rollout`` and ``sample_batch / rollout`` (medians; noise from other
+processes hits the three alike), and timesteps/s (env steps sampled per second) of the
+three side by side. Targets (issue 11): ``sample_batch <= 1.3x`` everywhere;
+``sample <= 1.5x`` (MLP) and ``<= 2x`` (random). ``sample()`` builds each episode's
+buffers on first access (``SingleAgentEpisode.lazy``), so its figure is the cost of
+getting the episodes, not of reading every one of them; ``--touch`` adds a
+``sample+read`` side that also reads every single-agent episode's columns.
+
+    python benchmarks/episodes.py                 # full run, writes results/episodes.*
+    python benchmarks/episodes.py --quick         # smoke test, prints only
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
+import gc
 import statistics
 import sys
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import jax
 
 import jaxsampler as js
-from jaxsampler.bench import environment_info
+from jaxsampler.bench import environment_info, git_state, log, write_results
+from jaxsampler.envs.spread import Spread
+from jaxsampler.sampling import DeviceSampler
 
-RESULTS = Path(__file__).parent / "results"
+RESULTS = Path(__file__).resolve().parent / "results"
+CELLS = (("CartPole-v1", 1, 1024), ("Spread", 8, 64), ("Spread", 8, 1024), ("Spread", 8, 4096))
+POLICIES = ("random", "mlp")
+TARGETS = {"sample_batch": {"random": 1.3, "mlp": 1.3}, "sample": {"random": 2.0, "mlp": 1.5}}
 
 
-def measure(policy_name: str, num_envs: int, rollout_length: int, repeats: int) -> dict:
-    env = js.make("CartPole-v1")
+def make(env_name: str, agents: int, policy_name: str) -> tuple[Any, Any, Any]:
+    """The env, the policy and its params (``PRNGKey(0)``)."""
+    env = js.make("CartPole-v1") if env_name == "CartPole-v1" else Spread(agents)
     if policy_name == "random":
-        pol = js.RandomPolicy(env.observation_space, env.action_space)
+        pol: Any = js.RandomPolicy(env.observation_space, env.action_space)
     else:
         pol = js.MLPPolicy(env.observation_space, env.action_space, (64, 64))
-    params = pol.init(jax.random.PRNGKey(0))
-    sampler = js.Sampler(env, pol, num_envs=num_envs, rollout_length=rollout_length, seed=0)
-    for _ in range(2):  # compile, warm up
+    return env, pol, pol.init(jax.random.PRNGKey(0))
+
+
+def _read_all(episodes: list[Any]) -> None:
+    for ep in episodes:
+        if isinstance(ep, js.SingleAgentEpisode):
+            ep.get_observations(), ep.get_actions(), ep.get_rewards()
+
+
+def measure(
+    env_name: str, agents: int, num_envs: int, policy_name: str, T: int, repeats: int, touch: bool
+) -> dict[str, Any]:
+    """One cell: ``repeats`` rounds of rollout / sample / sample_batch (rotating order)."""
+    env, pol, params = make(env_name, agents, policy_name)
+    rollout = js.jit_rollout(js.make_rollout(env, pol, num_envs, T))
+    state = js.init_rollout_state(env, pol, num_envs, jax.random.PRNGKey(1))
+    sampler = DeviceSampler(env, pol, num_envs=num_envs, rollout_length=T, seed=0)
+    bare: dict[str, Any] = {"state": state, "buffers": None}
+
+    def run_rollout() -> int:
+        bare["state"], traj = rollout(params, bare["state"], bare["buffers"])
+        host = jax.device_get(traj)
+        bare["buffers"] = traj
+        return int((~host.is_reset).sum())
+
+    def run_sample() -> int:
         sampler.sample(params)
-    rollout_s, convert_s, batch_s, episodes, steps = [], [], [], [], []
-    for _ in range(repeats):
-        for build in ("episodes", "batch"):
+        return sampler.metrics.num_env_steps_sampled
+
+    def run_sample_read() -> int:
+        _read_all(sampler.sample(params))
+        return sampler.metrics.num_env_steps_sampled
+
+    def run_batch() -> int:
+        sampler.sample_batch(params)
+        return sampler.metrics.num_env_steps_sampled
+
+    sides: dict[str, Callable[[], int]] = {
+        "rollout": run_rollout,
+        "sample": run_sample,
+        "sample_batch": run_batch,
+    }
+    if touch:
+        sides["sample+read"] = run_sample_read
+    t0 = time.perf_counter()
+    for fn in sides.values():  # compile and warm up
+        fn()
+        fn()
+    warmup_s = time.perf_counter() - t0
+    times: dict[str, list[float]] = {k: [] for k in sides}
+    steps: dict[str, list[int]] = {k: [] for k in sides}
+    names = list(sides)
+    for r in range(repeats):
+        for name in names[r % len(names) :] + names[: r % len(names)]:
+            gc.collect()
             t0 = time.perf_counter()
-            traj = sampler._call(params)  # rollout + one device-to-host transfer
-            t1 = time.perf_counter()
-            if build == "episodes":
-                eps, metrics = sampler._to_episodes([traj], None)
-            else:
-                sampler._to_batch([traj], None)
-            t2 = time.perf_counter()
-            rollout_s.append(t1 - t0)
-            (convert_s if build == "episodes" else batch_s).append(t2 - t1)
-        episodes.append(len(eps))
-        steps.append(metrics.num_env_steps_sampled)
-    r, c, bt = (
-        statistics.median(rollout_s),
-        statistics.median(convert_s),
-        statistics.median(batch_s),
-    )
-    return {
-        "policy": policy_name,
+            n = sides[name]()
+            times[name].append(time.perf_counter() - t0)
+            steps[name].append(n)
+    row: dict[str, Any] = {
+        "env": env_name,
+        "agents": agents,
         "num_envs": num_envs,
-        "rollout_length": rollout_length,
-        "rollout_s_median": r,
-        "convert_s_median": c,
-        "rollout_s": rollout_s,
-        "convert_s": convert_s,
-        "episodes_per_call": statistics.median(episodes),
-        "env_steps_per_call": statistics.median(steps),
-        "convert_timesteps_per_s": statistics.median(steps) / c,
-        "convert_us_per_episode": c / statistics.median(episodes) * 1e6,
-        "ratio_convert_over_rollout": c / r,
-        "batch_s_median": bt,
-        "batch_s": batch_s,
-        "batch_timesteps_per_s": statistics.median(steps) / bt,
-        "ratio_batch_over_rollout": bt / r,
+        "rollout_length": T,
+        "policy": policy_name,
+        "repeats": repeats,
+        "warmup_s": warmup_s,
+        "times_s": times,
+        "env_steps": steps,
     }
+    for name in sides:
+        med = statistics.median(times[name])
+        row[f"{name}_s"] = med
+        row[f"{name}_timesteps_per_s"] = statistics.median(steps[name]) / med
+        if name != "rollout":
+            row[f"ratio_{name}"] = statistics.median(
+                a / b for a, b in zip(times[name], times["rollout"])
+            )
+    return row
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--num-envs", type=int, default=1024)
-    p.add_argument("--rollout-length", type=int, default=128)
-    p.add_argument("--repeats", type=int, default=9)
-    p.add_argument("--out", type=Path, default=RESULTS)
-    args = p.parse_args(argv)
-    rows = [
-        measure(name, args.num_envs, args.rollout_length, args.repeats)
-        for name in ("random", "mlp")
-    ]
-    args.out.mkdir(parents=True, exist_ok=True)
-    stamp = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-    payload = {
-        "date": stamp,
-        "argv": sys.argv[1:],
-        "environment": environment_info(),
-        "results": rows,
-    }
-    (args.out / "episodes.json").write_text(json.dumps(payload, indent=2) + "\n")
+def markdown(results: dict[str, Any]) -> str:
+    env = results["environment"]
     lines = [
-        "# Buffer -> episode conversion vs rollout (CartPole-v1)",
+        "# Conversion cost: `sample()` / `sample_batch()` vs the bare rollout",
         "",
-        f"{stamp} · `python benchmarks/episodes.py` · {args.num_envs} envs x {args.rollout_length} steps · "
-        f"median of {args.repeats} · jax {jax.__version__}, {jax.device_count()} device(s)",
+        f"{results['date']} · `{results['command']}` · T={results['config']['rollout_length']} · "
+        f"jax {env['jax']} ({env['backend']}, {env['device_count']} device(s), "
+        f"{env['cpu_count']} CPUs) · wall {results['wall_s']:.0f} s",
         "",
-        "`sample()` builds episodes; `sample_batch()` builds one SampleBatch straight from the buffers.",
+        "Times are medians over rounds; ratios are medians of the within-round ratios to the "
+        "bare rollout (jitted rollout + one device-to-host copy). Targets: `sample_batch` ≤ 1.3x; "
+        "`sample` ≤ 1.5x (MLP), ≤ 2x (random). Timesteps/s: env steps sampled per second.",
         "",
-        "| policy | episodes / call | rollout ms | episodes ms | episodes timesteps/s | µs / episode | episodes / rollout | batch ms | batch / rollout |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| env | envs | policy | rollout ms | sample ms | sample_batch ms | **sample / rollout** "
+        "| **sample_batch / rollout** | timesteps/s rollout · sample · sample_batch |",
+        "|---|---:|---|---:|---:|---:|---:|---:|---:|",
     ]
-    for r in rows:
+
+    def mark(r: dict[str, Any], side: str) -> str:
+        ok = r[f"ratio_{side}"] <= TARGETS[side][r["policy"]]
+        return f"**{r[f'ratio_{side}']:.2f}**" + ("" if ok else " ✗")
+
+    def rate(x: float) -> str:
+        return f"{x / 1e6:.2f}M" if x >= 1e6 else f"{x / 1e3:.0f}k"
+
+    for r in results["results"]:
+        name = r["env"] if r["agents"] == 1 else f"{r['env']}({r['agents']})"
         lines.append(
-            f"| {r['policy']} | {r['episodes_per_call']:.0f} | {r['rollout_s_median'] * 1e3:.1f} | "
-            f"{r['convert_s_median'] * 1e3:.1f} | {r['convert_timesteps_per_s'] / 1e6:.2f}M | "
-            f"{r['convert_us_per_episode']:.1f} | {r['ratio_convert_over_rollout']:.2f} | "
-            f"{r['batch_s_median'] * 1e3:.1f} | {r['ratio_batch_over_rollout']:.2f} |"
+            f"| {name} | {r['num_envs']} | {r['policy']} | {r['rollout_s'] * 1e3:.1f} | "
+            f"{r['sample_s'] * 1e3:.1f} | {r['sample_batch_s'] * 1e3:.1f} | {mark(r, 'sample')} | "
+            f"{mark(r, 'sample_batch')} | {rate(r['rollout_timesteps_per_s'])} · "
+            f"{rate(r['sample_timesteps_per_s'])} · {rate(r['sample_batch_timesteps_per_s'])} |"
         )
-    (args.out / "episodes.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    touched = [r for r in results["results"] if "ratio_sample+read" in r]
+    if touched:
+        lines += [
+            "",
+            "`sample+read`: `sample()` and then every single-agent episode's observations, "
+            "actions and rewards read once (the lazily built buffers made):",
+            "",
+            "| env | envs | policy | sample+read / rollout |",
+            "|---|---:|---|---:|",
+        ]
+        for r in touched:
+            lines.append(
+                f"| {r['env']} | {r['num_envs']} | {r['policy']} | {r['ratio_sample+read']:.2f} |"
+            )
+    lines.append("")
+    lines.append("✗: above the target.")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--rollout-length", type=int, default=128)
+    p.add_argument("--repeats", type=int, default=7, help="rounds per cell (default 7)")
+    p.add_argument("--big-repeats", type=int, default=3, help="rounds at 4096 envs (default 3)")
+    p.add_argument(
+        "--touch", action="store_true", help="also time sample() + reading every episode"
+    )
+    p.add_argument("--quick", action="store_true", help="small cells, prints only")
+    p.add_argument("--out", type=Path, default=None, help=f"results dir (default {RESULTS})")
+    args = p.parse_args(argv)
+    cells = [("CartPole-v1", 1, 64), ("Spread", 8, 16)] if args.quick else list(CELLS)
+    T = 16 if args.quick else args.rollout_length
+    started = time.perf_counter()
+    rows = []
+    for env_name, agents, width in cells:
+        for pol in POLICIES:
+            log(f"{env_name} x{agents} agents, {width} envs, {pol} policy")
+            reps = 2 if args.quick else args.big_repeats if width >= 4096 else args.repeats
+            rows.append(measure(env_name, agents, width, pol, T, reps, args.touch))
+            r = rows[-1]
+            log(
+                f"    sample {r['ratio_sample']:.2f}x, sample_batch {r['ratio_sample_batch']:.2f}x "
+                f"(rollout {r['rollout_s'] * 1e3:.1f} ms)"
+            )
+            gc.collect()
+    import datetime
+
+    results = {
+        "benchmark": "conversion: Sampler.sample / sample_batch vs the bare rollout",
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "command": " ".join(["python", "benchmarks/episodes.py", *sys.argv[1:]]),
+        "config": {"rollout_length": T, "cells": [list(c) for c in cells], "policies": POLICIES},
+        "environment": environment_info(),
+        "git": git_state(),
+        "results": rows,
+        "wall_s": time.perf_counter() - started,
+    }
+    md = markdown(results)
+    print(md)
+    out = args.out or (None if args.quick else RESULTS)
+    if out is not None:
+        write_results(results, md, out, "episodes")
     return 0
 
 

@@ -33,7 +33,7 @@ would exceed ``--max-buffer-gb`` run with ``T`` halved until it fits (never belo
 
 Usage::
 
-    python benchmarks/multiagent.py                   # full run (~6-9 min on 2 cores), writes results/
+    python benchmarks/multiagent.py                   # full run (~6-9 min, 2 cores): results/
     python benchmarks/multiagent.py --quick           # smoke test, prints only
     python benchmarks/multiagent.py --agents 8 --widths 1024 --repeats 3 --no-conversion
     python benchmarks/multiagent.py --out /tmp/ma     # write multiagent.json/.md elsewhere
@@ -60,6 +60,7 @@ import numpy as np
 import jaxsampler as js
 from jaxsampler.bench import environment_info, git_state, log, time_calls, write_results
 from jaxsampler.envs.spread import Spread
+from jaxsampler.sampling import DeviceSampler
 
 DEFAULT_AGENTS = (2, 8, 32)
 DEFAULT_WIDTHS = (64, 256, 1024, 4096)
@@ -201,7 +202,8 @@ class Side:
             rollout = js.jit_rollout(js.make_rollout(env, policy, num_envs, rollout_length))
             state = js.init_rollout_state(env, policy, num_envs, jax.random.PRNGKey(seed + 1))
             jax.block_until_ready(state)
-            self._rollout, self._state, self._traj = rollout, state, None
+            self._rollout, self._state = rollout, state
+            self._traj: Any = None
         else:
             self._run, self._carry = make_handwritten(env, policy, num_envs, rollout_length, seed)
             jax.block_until_ready(self._carry)
@@ -273,14 +275,14 @@ def measure_cell(
         "obs_buffer_gb": obs_buffer_bytes(A, W, T) / 1e9,
     }
     for name, s in sides.items():
-        med = statistics.median(s.times)
+        side_s = statistics.median(s.times)
         frac = s.acting_fraction()
         out[name] = {
             "compile_s": s.compile_s,
-            "median_s": med,
-            "agent_steps_per_s": agent_steps / med,
+            "median_s": side_s,
+            "agent_steps_per_s": agent_steps / side_s,
             "acting_fraction": frac,
-            "acting_agent_steps_per_s": agent_steps * frac / med,
+            "acting_agent_steps_per_s": agent_steps * frac / side_s,
             "times_s": s.times,
             "round_median_s": s.round_s,
         }
@@ -324,7 +326,9 @@ def _time_sample_batch(
     repeats: int,
     seed: int,
 ) -> dict[str, Any]:
-    sampler = js.Sampler(env, policy, num_envs=num_envs, rollout_length=rollout_length, seed=seed)
+    sampler = DeviceSampler(
+        env, policy, num_envs=num_envs, rollout_length=rollout_length, seed=seed
+    )
     rollout_s: list[float] = []
     inner_call = getattr(sampler, "_call", None)
     if inner_call is not None:
@@ -335,7 +339,8 @@ def _time_sample_batch(
             rollout_s.append(time.perf_counter() - t0)
             return out
 
-        sampler._call = timed_call  # instance attribute: times the rollout inside sample_batch
+        # an instance attribute: times the rollout inside sample_batch
+        setattr(sampler, "_call", timed_call)  # noqa: B010
     t0 = time.perf_counter()
     sampler.sample_batch(params)
     first_call_s = time.perf_counter() - t0  # includes compile
@@ -351,6 +356,7 @@ def _time_sample_batch(
         roll_s.append(sum(rollout_s) if rollout_s else float("nan"))
         rows.append(int(batch.env_steps()))
         agent_rows.append(int(batch.agent_steps()))
+    assert batch is not None
     conv = [a - b for a, b in zip(total_s, roll_s)]
     t, r, c = statistics.median(total_s), statistics.median(roll_s), statistics.median(conv)
     return {
@@ -390,7 +396,7 @@ def run_benchmark(
 ) -> dict[str, Any]:
     """Every rollout cell, then every conversion cell; returns the results dict."""
     started = time.perf_counter()
-    cells = []
+    cells: list[dict[str, Any]] = []
     n = len(agents) * len(widths)
     for a in agents:
         for w in widths:
@@ -403,8 +409,10 @@ def run_benchmark(
             c = cells[-1]
             if progress:
                 progress(
-                    f"    jaxsampler {c['jaxsampler']['agent_steps_per_s'] / 1e6:.2f}M agent-steps/s, "
-                    f"hand-written {c['handwritten']['agent_steps_per_s'] / 1e6:.2f}M, ratio {c['ratio']:.2f} "
+                    f"    jaxsampler {c['jaxsampler']['agent_steps_per_s'] / 1e6:.2f}M "
+                    "agent-steps/s, "
+                    f"hand-written {c['handwritten']['agent_steps_per_s'] / 1e6:.2f}M, ratio "
+                    f"{c['ratio']:.2f} "
                     f"({c['rounds']} rounds x {c['calls_per_round']} calls)"
                 )
     conv = []
@@ -418,7 +426,8 @@ def run_benchmark(
         if progress and not conv[-1]["status"].startswith("ok"):
             progress("    " + conv[-1]["status"])
     return {
-        "benchmark": "Spread multi-agent sampling: jaxsampler vs hand-written vmap+scan; sample_batch conversion",
+        "benchmark": "Spread multi-agent sampling: jaxsampler vs hand-written vmap+scan; "
+        "sample_batch conversion",
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "command": " ".join([Path(sys.executable).name] + sys.argv),
         "config": {
@@ -470,8 +479,10 @@ def markdown_table(results: dict[str, Any]) -> str:
     md = "# Multi-agent sampling: Spread, jaxsampler vs hand-written vmap + scan\n\n"
     md += (
         f"{results['date']} · `{results['command']}` · jax {env['jax']} ({env['backend']}, "
-        f"{env['device_count']} device(s), {env['cpu_count']} CPUs) · shared 64x64 tanh `MLPPolicy` · "
-        f"T={cfg['rollout_length']} unless the cell says otherwise · wall {results['wall_s']:.0f} s\n\n"
+        f"{env['device_count']} device(s), {env['cpu_count']} CPUs) · shared 64x64 tanh "
+        "`MLPPolicy` · "
+        f"T={cfg['rollout_length']} unless the cell says otherwise · wall {results['wall_s']:.0f} "
+        "s\n\n"
     )
     if results["cells"]:
         md += "## jaxsampler / hand-written, agent-steps/s (target ≥ 0.9)\n\n"
@@ -488,12 +499,15 @@ def markdown_table(results: dict[str, Any]) -> str:
         )
         md += "\n## Agent-steps per second (median), jaxsampler / hand-written\n\n"
         md += (
-            "Medians over all timed calls of each side: they move with the machine's load (a slow round "
-            "can hit one side's median more than the other's); compare the sides with the ratios above.\n\n"
+            "Medians over all timed calls of each side: they move with the machine's load (a slow "
+            "round "
+            "can hit one side's median more than the other's); compare the sides with the ratios "
+            "above.\n\n"
         )
         md += grid(
             lambda c: (
-                f"{_fmt_rate(c['jaxsampler']['agent_steps_per_s'])} / {_fmt_rate(c['handwritten']['agent_steps_per_s'])}"
+                f"{_fmt_rate(c['jaxsampler']['agent_steps_per_s'])} / "
+                f"{_fmt_rate(c['handwritten']['agent_steps_per_s'])}"
             )
         )
         md += "\n## Compile time, seconds (first call), jaxsampler / hand-written\n\n"
@@ -504,30 +518,46 @@ def markdown_table(results: dict[str, Any]) -> str:
         md += grid(lambda c: f"{c['rounds']} x {c['calls_per_round']}")
         fr = [c["jaxsampler"]["acting_fraction"] for c in results["cells"]]
         md += (
-            f"\nAgent-steps count every `[T, E, A]` slot. jaxsampler resets on the step after an episode "
-            f"ends (Spread truncates at 25 steps), and that step takes no action: its acting fraction is "
-            f"{statistics.median(fr):.3f}; the hand-written loop resets within the step (and drops each "
-            f"episode's final observation), so all its slots act. Both compute a step and a reset for every "
+            "\nAgent-steps count every `[T, E, A]` slot. jaxsampler resets on the step after an "
+            "episode "
+            "ends (Spread truncates at 25 steps), and that step takes no action: its acting "
+            "fraction is "
+            f"{statistics.median(fr):.3f}; the hand-written loop resets within the step (and "
+            "drops each "
+            "episode's final observation), so all its slots act. Both compute a step and a reset "
+            "for every "
             f"env at every step.\n"
         )
     if not results["conversion"]:
         return md
-    md += "\n## `Sampler.sample_batch()`: conversion vs rollout (target: conversion / rollout < 1)\n\n"
     md += (
-        "Rollout = `Sampler._call` (jitted rollout + one device-to-host transfer), timed inside the same "
+        "\n## `Sampler.sample_batch()`: conversion vs rollout "
+        "(target: conversion / rollout < 1)\n\n"
+    )
+    md += (
+        "Rollout = `Sampler._call` (jitted rollout + one device-to-host transfer), timed inside "
+        "the same "
         "`sample_batch` call; conversion = total − rollout. Medians.\n\n"
     )
-    md += "| agents | envs | T | rows (agent-steps) | rollout ms | conversion ms | total ms | conversion / rollout |\n"
+    md += (
+        "| agents | envs | T | rows (agent-steps) | rollout ms | conversion ms | total ms "
+        "| conversion / rollout |\n"
+    )
     md += "|---:|---:|---:|---:|---:|---:|---:|---:|\n"
     for r in results["conversion"]:
         if r["status"].startswith("ok"):
             md += (
-                f"| {r['num_agents']} | {r['num_envs']} | {r['rollout_length']} | {r['agent_steps']:.0f} | "
+                f"| {r['num_agents']} | {r['num_envs']} | {r['rollout_length']} | "
+                f"{r['agent_steps']:.0f} | "
                 f"{r['rollout_s_median'] * 1e3:.1f} | {r['conversion_s_median'] * 1e3:.1f} | "
-                f"{r['total_s_median'] * 1e3:.1f} | **{r['ratio_conversion_over_rollout']:.2f}** |\n"
+                f"{r['total_s_median'] * 1e3:.1f} | **{r['ratio_conversion_over_rollout']:.2f}** "
+                "|\n"
             )
         else:
-            md += f"| {r['num_agents']} | {r['num_envs']} | {r['rollout_length']} | {r['status']} | | | | |\n"
+            md += (
+                f"| {r['num_agents']} | {r['num_envs']} | {r['rollout_length']} "
+                f"| {r['status']} | | | | |\n"
+            )
     return md
 
 

@@ -50,7 +50,7 @@ import time
 import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import flax.linen as nn
 import flax.struct
@@ -60,6 +60,7 @@ import numpy as np
 
 import jaxsampler as js
 from jaxsampler.bench import environment_info, log, measure_rollout, time_calls, write_results
+from jaxsampler.envs.base import Env
 
 ENV_ID = "CartPole-v1"
 DEFAULT_WIDTHS = (1, 8, 64, 256, 1024, 4096, 16384)
@@ -113,19 +114,18 @@ def policy_params(seed: int = 0) -> Any:
     env = js.make(ENV_ID)
     policy = js.MLPPolicy(env.observation_space, env.action_space, (64, 64))
     params = policy.init(jax.random.PRNGKey(seed))
-    hand = HandActorCritic(env.action_space.n).init(
+    hand = HandActorCritic(cast(Any, env.action_space).n).init(
         jax.random.PRNGKey(seed), jnp.zeros((1, 4), jnp.float32)
     )
-    if jax.tree.structure(hand) != jax.tree.structure(params):
+    hand_layout: Any = jax.tree.structure(hand)
+    if hand_layout != jax.tree.structure(params):
         raise AssertionError(
             "HandActorCritic and jaxsampler's ActorCriticMLP have different layouts"
         )
     return params
 
 
-def sample_jax(
-    params: Any, obs: jax.Array, key: jax.Array
-) -> tuple[jax.Array, jax.Array, jax.Array]:
+def sample_jax(params: Any, obs: jax.Array, key: jax.Array) -> tuple[jax.Array, jax.Array, Any]:
     """``(action int32[E], logp float32[E], value float32[E])`` for ``obs float32[E, 4]``."""
     logits, value = HandActorCritic(2).apply(params, obs)
     action = jax.random.categorical(key, logits)
@@ -223,7 +223,7 @@ def make_forward_only(num_envs: int, rollout_length: int, seed: int = 0) -> tupl
     The next obs depends on the sampled action (a cheap nudge), so XLA cannot hoist the
     forward pass out of the loop. Returns ``(jitted run(params, carry), carry)``.
     """
-    env = js.make(ENV_ID)
+    env = cast(Env, js.make(ENV_ID))
     policy = js.MLPPolicy(env.observation_space, env.action_space, (64, 64))
     pstate = policy.initial_state((num_envs, env.num_agents))
 
@@ -594,7 +594,8 @@ def run_benchmark(
         hw = host if w <= host_max_width else []
         if progress:
             progress(
-                f"[{i + 1}/{len(widths)}] width {w}: {reps} rounds of {', '.join(list(JAX_IMPLS) + hw)}"
+                f"[{i + 1}/{len(widths)}] width {w}: {reps} rounds of "
+                f"{', '.join(list(JAX_IMPLS) + hw)}"
             )
         by_width[str(w)] = measure_width(
             w, rollout_length, reps, params, host=hw, host_target_s=host_target_s, seed=seed
@@ -720,6 +721,12 @@ def series(
     return out
 
 
+def _acting_fraction(results: dict[str, Any], widths: Sequence[Any]) -> float:
+    return statistics.median(
+        results["by_width"][w]["jaxsampler"]["acting_fraction"] for w in widths
+    )
+
+
 def markdown_table(results: dict[str, Any]) -> str:
     """The results as Markdown: throughput, ratios and compile times per width."""
     widths = [str(w) for w in results["config"]["widths"]]
@@ -804,10 +811,13 @@ def markdown_table(results: dict[str, Any]) -> str:
     md += (
         "\nNotes: jaxsampler auto-resets on the next step, so its actions/s exclude reset steps "
         "(acting fraction ≈ "
-        f"{statistics.median(results['by_width'][w]['jaxsampler']['acting_fraction'] for w in widths):.3f}); "
-        "the host loops (Gymnasium, EnvPool) also reset on the next step and are counted the same way; "
-        "gymnax resets within the step, so every hand-written step is an action. Ratios compare runs "
-        "interleaved round by round in one process: each is the median over rounds of the within-round ratio. Host loops run at widths ≤ "
+        f"{_acting_fraction(results, widths):.3f}); "
+        "the host loops (Gymnasium, EnvPool) also reset on the next step and are counted the same "
+        "way; "
+        "gymnax resets within the step, so every hand-written step is an action. Ratios compare "
+        "runs "
+        "interleaved round by round in one process: each is the median over rounds of the "
+        "within-round ratio. Host loops run at widths ≤ "
         f"{cfg['host_max_width']} only (—).\n"
     )
     return md

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -278,23 +278,3 @@ class ChaosEnv(Env):
         acting = jax.random.bernoulli(k_act, 0.6, (3,)) & ~done
         s = ChaosState(t, done, state.uid)
         return s, self._ts(s, reward, term, trunc, acting)
-
-
-def guard_rollout_traces(monkeypatch, module: Any, n: int = 1) -> None:
-    """Makes every rollout that ``module`` builds with ``make_rollout`` fail the test when
-    its pure function is traced more than ``n`` times (``chex.assert_max_traces``)."""
-    import chex
-
-    from jaxsampler.rollout import make_rollout
-
-    chex.clear_trace_counter()
-
-    def guarded(*args: Any, **kwargs: Any) -> Any:
-        rollout = make_rollout(*args, **kwargs)
-
-        def run(params: Any, state: Any, buffers: Any = None) -> Any:
-            return rollout.run(params, state, buffers)
-
-        return dataclasses.replace(rollout, run=chex.assert_max_traces(run, n=n))
-
-    monkeypatch.setattr(module, "make_rollout", guarded)

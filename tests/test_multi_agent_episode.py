@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import pickle
+from typing import Any
 
 import numpy as np
 import pytest
@@ -11,7 +12,7 @@ import pytest
 from jaxsampler.episodes import MultiAgentEnvError, MultiAgentEpisode
 from jaxsampler.spaces import Box, Discrete
 
-STEPS = [
+STEPS: list[dict[str, Any]] = [
     dict(observations={"a0": 1}, actions={"a0": 0, "a1": 1}, rewards={"a0": 1.0, "a1": 0.5}),
     dict(
         observations={"a0": 2, "a1": 101, "a2": 200},

@@ -24,24 +24,34 @@ DATA = json.loads((Path(__file__).parent / "data" / "rllib_examples_single_agent
 # (section, expected line) -> the line jaxsampler prints instead, and why.
 DEVIATIONS = {
     ("1.2", "get(-4, nial)      <-- BUG: wraps, list mode raises -> np.int64(9)"): (
-        "get(-4, nial)      <-- BUG: wraps, list mode raises -> !! IndexError: index -1 is out of bounds for axis 0 with size 6",
+        "get(-4, nial)      <-- BUG: wraps, list mode raises -> !! IndexError: index -1 is out of "
+        "bounds for axis 0 with size 6",
         "RLlib bug (reference §0.3): numpy'ized buffers wrap around; we raise like list mode",
     ),
     (
         "4.3",
-        "shuffled obs [3 1 2 4 5] infos (NOT shuffled): [{'a': 0}, {'a': 1}, {'a': 2}, {'a': 3}, {'a': 4}]",
+        "shuffled obs [3 1 2 4 5] infos (NOT shuffled): [{'a': 0}, {'a': 1}, {'a': 2}, {'a': 3}, "
+        "{'a': 4}]",
     ): (
-        "shuffled obs [3 1 2 4 5] infos (NOT shuffled): [{'a': 2}, {'a': 0}, {'a': 1}, {'a': 3}, {'a': 4}]",
+        "shuffled obs [3 1 2 4 5] infos (NOT shuffled): [{'a': 2}, {'a': 0}, {'a': 1}, {'a': 3}, "
+        "{'a': 4}]",
         "RLlib bug (§4.3): shuffle() leaves infos in place; we permute them with the rows",
     ),
     ("4.3", "list(b.rows()) -> !! TypeError: 'int' object is not subscriptable"): (
-        "list(b.rows()) -> [{'obs': np.int64(1), 'rewards': np.float64(0.0), 'eps_id': np.int64(7), "
-        "'terminateds': np.False_, 'truncateds': np.False_, 'infos': {'a': 0}}, {'obs': np.int64(2), "
-        "'rewards': np.float64(1.0), 'eps_id': np.int64(7), 'terminateds': np.True_, 'truncateds': np.False_, "
-        "'infos': {'a': 1}}, {'obs': np.int64(3), 'rewards': np.float64(0.0), 'eps_id': np.int64(8), "
-        "'terminateds': np.False_, 'truncateds': np.False_, 'infos': {'a': 2}}, {'obs': np.int64(4), "
-        "'rewards': np.float64(1.0), 'eps_id': np.int64(8), 'terminateds': np.False_, 'truncateds': np.False_, "
-        "'infos': {'a': 3}}, {'obs': np.int64(5), 'rewards': np.float64(0.0), 'eps_id': np.int64(8), "
+        "list(b.rows()) -> "
+        "[{'obs': np.int64(1), 'rewards': np.float64(0.0), 'eps_id': np.int64(7), "
+        "'terminateds': np.False_, 'truncateds': np.False_, 'infos': {'a': 0}}, {'obs': "
+        "np.int64(2), "
+        "'rewards': np.float64(1.0), 'eps_id': np.int64(7), 'terminateds': np.True_, "
+        "'truncateds': np.False_, "
+        "'infos': {'a': 1}}, {'obs': np.int64(3), 'rewards': np.float64(0.0), 'eps_id': "
+        "np.int64(8), "
+        "'terminateds': np.False_, 'truncateds': np.False_, 'infos': {'a': 2}}, {'obs': "
+        "np.int64(4), "
+        "'rewards': np.float64(1.0), 'eps_id': np.int64(8), 'terminateds': np.False_, "
+        "'truncateds': np.False_, "
+        "'infos': {'a': 3}}, {'obs': np.int64(5), 'rewards': np.float64(0.0), 'eps_id': "
+        "np.int64(8), "
         "'terminateds': np.True_, 'truncateds': np.False_, 'infos': {'a': 4}}]",
         "RLlib bug (§4.3): rows() fails on dict infos; we yield one dict per row",
     ),
@@ -49,7 +59,9 @@ DEVIATIONS = {
 
 PRELUDE = """
 import copy, numpy as np, gymnasium as gym
-from jaxsampler import InfiniteLookbackBuffer, MultiAgentBatch, SampleBatch, SingleAgentEpisode, concat_samples
+from jaxsampler import (
+    InfiniteLookbackBuffer, MultiAgentBatch, SampleBatch, SingleAgentEpisode, concat_samples
+)
 def show(label, f):
     try:
         print(label, "->", repr(f()))

@@ -26,25 +26,35 @@ from jaxsampler import MultiAgentEpisode, MultiAgentBatch, SampleBatch
 DEVIATIONS: dict[tuple[str, str], tuple[list[str], str]] = {
     (
         "3.4",
-        "get_extra_model_outputs('vf', env_steps=False)   (BUG) -> !! TypeError: 'NoneType' object is not subscriptable",
+        "get_extra_model_outputs('vf', env_steps=False)   (BUG) -> !! TypeError: 'NoneType' "
+        "object is not subscriptable",
     ): (
         [
-            "get_extra_model_outputs('vf', env_steps=False)   (BUG) -> {'a0': [0.1, 0.2, 0.3, 0.4], 'a1': [10.1, 10.3], 'a2': [20.3]}"
+            "get_extra_model_outputs('vf', env_steps=False)   (BUG) -> "
+            "{'a0': [0.1, 0.2, 0.3, 0.4], 'a1': [10.1, 10.3], 'a2': [20.3]}"
         ],
-        "RLlib bug (§3.12.2): env_steps=False extras raise TypeError; we return them (hanging excluded for indices=None)",
+        "RLlib bug (§3.12.2): env_steps=False extras raise TypeError; we return them (hanging "
+        "excluded for indices=None)",
     ),
     (
         "3.4",
-        "get_rewards(slice(0, 5), fill=0.0) -> {'a0': array([1., 2., 3., 4., 0.]), 'a1': array([0.75, 0.  , 1.  , 2.  , 0.  ]), 'a2': array([0., 0., 1., 0., 0.], dtype=float32)}",
+        "get_rewards(slice(0, 5), fill=0.0) -> "
+        "{'a0': array([1., 2., 3., 4., 0.]), 'a1': array([0.75, 0.  , 1.  , 2.  , 0.  ]), 'a2': "
+        "array([0., 0., 1., 0., 0.], dtype=float32)}",
     ): (
         [
-            "get_rewards(slice(0, 5), fill=0.0) -> {'a0': array([1., 2., 3., 4., 0.]), 'a1': array([0.75, 0.  , 1.  , 2.  , 0.  ]), 'a2': array([0., 0., 1., 0., 0.])}"
+            "get_rewards(slice(0, 5), fill=0.0) -> "
+            "{'a0': array([1., 2., 3., 4., 0.]), 'a1': array([0.75, 0.  , 1.  , 2.  , 0.  ]), "
+            "'a2': array([0., 0., 1., 0., 0.])}"
         ],
-        "RLlib returns float32 for one agent only (an artefact of how it pads a hanging reward); we keep one dtype",
+        "RLlib returns float32 for one agent only (an artefact of how it pads a hanging reward); "
+        "we keep one dtype",
     ),
     (
         "3.6",
-        "to_numpy with len-0 agent (a2) then is_numpy -> !! RuntimeError: Only some SingleAgentEpisode objects in MAEps(len=3 done=False Rs={'a0': np.float64(6.0), 'a1': np.float64(0.75), 'a2': 0} id_=ma) are converted to nu",
+        "to_numpy with len-0 agent (a2) then is_numpy -> !! RuntimeError: Only some "
+        "SingleAgentEpisode objects in MAEps(len=3 done=False "
+        "Rs={'a0': np.float64(6.0), 'a1': np.float64(0.75), 'a2': 0} id_=ma) are converted to nu",
     ): (
         ["to_numpy with len-0 agent (a2) then is_numpy -> True"],
         "RLlib bug (§3.12.8): an agent without steps makes is_numpy raise; we ignore such agents",
@@ -54,40 +64,50 @@ DEVIATIONS: dict[tuple[str, str], tuple[list[str], str]] = {
             "    a0 same SA id: True t_started 1 LB 1 obs(incl LB) [0, 1] act(incl LB) [0]",
             "    a1 same SA id: True t_started 0 LB 0 obs(incl LB) [100] act(incl LB) []",
         ],
-        "RLlib bug (§3.12.4): cut(0) drops hanging agent a1; we raise the lookback to keep its last obs",
+        "RLlib bug (§3.12.4): cut(0) drops hanging agent a1; we raise the lookback to keep its "
+        "last obs",
     ),
     ("3.7", "    map {'a0': ([1], 0)} hanging {} rew_end {'a1': 0.0} rew_begin {'a1': 0.5}"): (
         [
-            "    map {'a0': ([0, 1], 1), 'a1': ([0, 'S'], 1)} hanging {'a1': 10} rew_end {'a1': 0.5} rew_begin {}"
+            "    map {'a0': ([0, 1], 1), 'a1': ([0, 'S'], 1)} hanging {'a1': 10} rew_end "
+            "{'a1': 0.5} rew_begin {}"
         ],
         "same bug (§3.12.4): a1's hanging action and reward stay hanging in the successor",
     ),
     (
         "3.7",
-        "    map {'a0': ([3, 4], 1), 'a1': ([2, 'S'], 1), 'a2': ([1, 'S'], 1)} hanging {'a1': 12, 'a2': 21} rew_end {'a1': 2.0, 'a2': 0.0} rew_begin {'a1': 2.0, 'a2': 0.0}",
+        "    map {'a0': ([3, 4], 1), 'a1': ([2, 'S'], 1), 'a2': ([1, 'S'], 1)} hanging "
+        "{'a1': 12, 'a2': 21} rew_end {'a1': 2.0, 'a2': 0.0} rew_begin {'a1': 2.0, 'a2': 0.0}",
     ): (
         [
-            "    map {'a0': ([3, 4], 1), 'a1': ([2, 'S'], 1), 'a2': ([1, 'S'], 1)} hanging {'a1': 12, 'a2': 21} rew_end {'a1': 2.0, 'a2': 0.0} rew_begin {}"
+            "    map {'a0': ([3, 4], 1), 'a1': ([2, 'S'], 1), 'a2': ([1, 'S'], 1)} hanging "
+            "{'a1': 12, 'a2': 21} rew_end {'a1': 2.0, 'a2': 0.0} rew_begin {}"
         ],
-        "RLlib bug (§3.12.5): the successor copies rew_end into rew_begin (counted twice); ours starts empty",
+        "RLlib bug (§3.12.5): the successor copies rew_end into rew_begin (counted twice); ours "
+        "starts empty",
     ),
     (
         "3.7",
-        "    map {'a0': ([2, 3, 4], 2), 'a1': ([1, 2, 'S'], 2), 'a2': ([0, 1, 'S'], 2)} hanging {'a1': 12, 'a2': 21} rew_end {'a1': 2.0, 'a2': 0.0} rew_begin {'a1': 2.0, 'a2': 0.0}",
+        "    map {'a0': ([2, 3, 4], 2), 'a1': ([1, 2, 'S'], 2), 'a2': ([0, 1, 'S'], 2)} hanging "
+        "{'a1': 12, 'a2': 21} rew_end {'a1': 2.0, 'a2': 0.0} rew_begin {'a1': 2.0, 'a2': 0.0}",
     ): (
         [
-            "    map {'a0': ([2, 3, 4], 2), 'a1': ([1, 2, 'S'], 2), 'a2': ([0, 1, 'S'], 2)} hanging {'a1': 12, 'a2': 21} rew_end {'a1': 2.0, 'a2': 0.0} rew_begin {}"
+            "    map {'a0': ([2, 3, 4], 2), 'a1': ([1, 2, 'S'], 2), 'a2': ([0, 1, 'S'], 2)} "
+            "hanging {'a1': 12, 'a2': 21} rew_end {'a1': 2.0, 'a2': 0.0} rew_begin {}"
         ],
         "same bug (§3.12.5)",
     ),
     (
         "3.7",
-        "  get_actions(slice(-2, None), nial)   (BUG: misses a0's 3, a1's 12) -> {'a0': [4, 5], 'a1': [13]}",
+        "  get_actions(slice(-2, None), nial)   (BUG: misses a0's 3, a1's 12) -> "
+        "{'a0': [4, 5], 'a1': [13]}",
     ): (
         [
-            "  get_actions(slice(-2, None), nial)   (BUG: misses a0's 3, a1's 12) -> {'a0': [3, 4, 5], 'a1': [12, 13], 'a2': [21]}"
+            "  get_actions(slice(-2, None), nial)   (BUG: misses a0's 3, a1's 12) -> "
+            "{'a0': [3, 4, 5], 'a1': [12, 13], 'a2': [21]}"
         ],
-        "RLlib bug (§3.12.1): env-step getters drop items on cut chunks; we return the actions at env steps -2..end",
+        "RLlib bug (§3.12.1): env-step getters drop items on cut chunks; we return the actions at "
+        "env steps -2..end",
     ),
     ("3.7", "  get_return(include_hanging_rewards=True) -> 23.5"): (
         ["  get_return(include_hanging_rewards=True) -> 21.5"],
@@ -95,7 +115,8 @@ DEVIATIONS: dict[tuple[str, str], tuple[list[str], str]] = {
     ),
     ("3.7", "  lb=2 chunk get_actions()   (BUG: should be a0 [4, 5], a1 [13]) -> {'a0': [5]}"): (
         [
-            "  lb=2 chunk get_actions()   (BUG: should be a0 [4, 5], a1 [13]) -> {'a0': [4, 5], 'a1': [13]}"
+            "  lb=2 chunk get_actions()   (BUG: should be a0 [4, 5], a1 [13]) -> "
+            "{'a0': [4, 5], 'a1': [13]}"
         ],
         "RLlib bug (§3.12.1), fixed: the value the reference says it should be",
     ),
@@ -103,7 +124,7 @@ DEVIATIONS: dict[tuple[str, str], tuple[list[str], str]] = {
 
 
 def _expected(example: dict) -> list[str]:
-    out = []
+    out: list[str] = []
     for line in example["expected"].rstrip("\n").split("\n"):
         dev = DEVIATIONS.get((example["section"], line))
         out += dev[0] if dev is not None else [line]

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
+import pickle
 from collections import defaultdict
+from collections.abc import Iterator
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -31,13 +35,14 @@ def fake_sampler(seed=0, horizon=2, num_envs=E, rollout_length=T):
 def check_chunk(ep: js.SingleAgentEpisode, params=FakeParams()):
     """Closed-form checks of one FakeEnv chunk, lookback included."""
     lb = ep.observations.lookback
-    obs = ep.observations.data  # incl. lookback
+    obs = np.asarray(ep.observations.data)  # incl. lookback
     assert ep.is_numpy and ep.actions.lookback == lb == ep.rewards.lookback
-    assert len(obs) == len(ep) + lb + 1 and len(ep.actions.data) == len(ep) + lb
+    actions, rewards = np.asarray(ep.actions.data), np.asarray(ep.rewards.data)
+    assert len(obs) == len(ep) + lb + 1 and len(actions) == len(ep) + lb
     np.testing.assert_array_equal(obs[:, 0], np.arange(ep.t_started - lb, ep.t + 1))
     tag = obs[-1, 1]
     assert np.all(obs[:, 1] == tag), "one episode, one tag (lookback and final obs included)"
-    np.testing.assert_array_equal(ep.rewards.data, ep.actions.data.astype(np.float32))
+    np.testing.assert_array_equal(rewards, actions.astype(np.float32))
     length, term, trunc = expected_episode(float(tag), params)
     done = ep.t == length
     assert ep.is_terminated == (done and term) and ep.is_truncated == (done and trunc)
@@ -406,15 +411,56 @@ def test_sample_batch_num_episodes():
 def test_sampler_compiles_its_rollout_once(monkeypatch):
     """The state from a reset and the state a rollout returns share one signature (env
     params of Python numbers used to make the second call compile again)."""
-    import jaxsampler.sampling.device
-    from tests.fakes import guard_rollout_traces
-
-    guard_rollout_traces(monkeypatch, jaxsampler.sampling.device)  # a 2nd trace fails
     env = js.make("CartPole-v1")
     pol = js.MLPPolicy(env.observation_space, env.action_space, hidden_sizes=(8,))
     params = pol.init(jax.random.PRNGKey(0))
     s = js.Sampler(env, pol, num_envs=2, rollout_length=8)
-    s.sample(params)
-    s.sample_batch(params)
-    s.sample(params, num_episodes=1)  # resets
-    s.sample(params)
+    s.sample(params)  # compiles the rollout: the policy is traced here, and never again
+    with no_policy_traces(monkeypatch, js.MLPPolicy):
+        s.sample_batch(params)
+        s.sample(params, num_episodes=1)  # resets
+        s.sample(params)
+
+
+@contextlib.contextmanager
+def no_policy_traces(monkeypatch: pytest.MonkeyPatch, policy_cls: type) -> Iterator[None]:
+    """Fails (``chex.assert_max_traces``) if ``policy_cls`` is traced inside the block: a
+    rollout that compiles again traces its policy again."""
+    with monkeypatch.context() as m:
+        m.setattr(policy_cls, "__call__", chex.assert_max_traces(policy_cls.__call__, n=0))
+        yield
+
+
+def test_no_policy_traces_catches_a_recompile(monkeypatch):
+    """The helper above really sees a compile: a new rollout shape traces the policy."""
+    env = js.make("CartPole-v1")
+    pol = js.MLPPolicy(env.observation_space, env.action_space, hidden_sizes=(8,))
+    params = pol.init(jax.random.PRNGKey(0))
+    js.Sampler(env, pol, num_envs=2, rollout_length=8).sample(params)
+    with pytest.raises(AssertionError, match="traced"), no_policy_traces(monkeypatch, js.MLPPolicy):
+        js.Sampler(env, pol, num_envs=3, rollout_length=8).sample(params)
+
+
+def test_sampled_episodes_build_their_buffers_once_whatever_is_touched_first():
+    """sample() builds each episode's buffers on first access: the same buffer objects
+    afterwards, the same data whichever column (or pickling, or an assignment) came first."""
+    a, b, c = fake_sampler(seed=31), fake_sampler(seed=31), fake_sampler(seed=31)
+    ea, eb, ec = a.sample(()), b.sample(()), c.sample(())
+    assert len(ea) == len(eb) == len(ec) > 3
+    for x, y, z in zip(ea, eb, ec):
+        assert x.observations is x.observations and x.actions is x.actions
+        z.actions = y.actions  # an assignment first: the other columns are still this chunk's
+        y2 = pickle.loads(pickle.dumps(y))  # pickling first
+        for ep in (y2, z):
+            assert (ep.id_, ep.t_started, ep.t, ep.is_terminated, ep.is_truncated) == (
+                x.id_,
+                x.t_started,
+                x.t,
+                x.is_terminated,
+                x.is_truncated,
+            )
+            np.testing.assert_array_equal(ep.get_observations(), x.get_observations())
+            np.testing.assert_array_equal(ep.get_rewards(), x.get_rewards())
+            np.testing.assert_array_equal(ep.get_actions(), x.get_actions())
+            assert ep.observations.lookback == x.observations.lookback
+        check_chunk(z)

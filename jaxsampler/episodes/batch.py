@@ -84,8 +84,10 @@ class SampleBatch(dict):
         data = dict(*args, **kwargs)
         if self.DONES in data:
             raise KeyError(
-                "SampleBatch cannot be constructed anymore with a `DONES` key! Instead, set the new "
-                "TERMINATEDS and TRUNCATEDS keys. The values under DONES will then be automatically "
+                "SampleBatch cannot be constructed anymore with a `DONES` key! Instead, set the "
+                "new "
+                "TERMINATEDS and TRUNCATEDS keys. The values under DONES will then be "
+                "automatically "
                 "available as TERMINATEDS | TRUNCATEDS."
             )
         for k, v in data.items():
@@ -114,7 +116,7 @@ class SampleBatch(dict):
 
     # -- counters --------------------------------------------------------------------
 
-    def __len__(self) -> int:  # type: ignore[override]
+    def __len__(self) -> int:
         return self.count
 
     def env_steps(self) -> int:
@@ -167,7 +169,7 @@ class SampleBatch(dict):
                 k: _map_rows(v, lambda x, i=i: x[i]) for k, v in self.items() if k != self.SEQ_LENS
             }
 
-    def copy(self, shallow: bool = False) -> SampleBatch:  # type: ignore[override]
+    def copy(self, shallow: bool = False) -> SampleBatch:
         if shallow:
             return self._with_rows(lambda v: v)
         return self._with_rows(lambda v: _copy.deepcopy(v))
@@ -228,7 +230,7 @@ class SampleBatch(dict):
     # -- combining -------------------------------------------------------------------
 
     def concat(self, other: SampleBatch) -> SampleBatch:
-        return concat_samples([self, other])
+        return _concat_sb([self, other])
 
     def as_multi_agent(self, module_id: str | None = None) -> MultiAgentBatch:
         return MultiAgentBatch({module_id or DEFAULT_POLICY_ID: self}, self.count)
@@ -318,9 +320,14 @@ class MultiAgentBatch:
 def concat_samples(
     samples: Sequence[SampleBatch | MultiAgentBatch],
 ) -> SampleBatch | MultiAgentBatch:
-    """Concatenates batches; any ``MultiAgentBatch`` input makes the result one (env steps add up)."""
+    """Concatenates batches; any ``MultiAgentBatch`` input makes the result one (env steps
+    add up)."""
     if any(isinstance(s, MultiAgentBatch) for s in samples):
         return _concat_ma([s.as_multi_agent() for s in samples])
+    return _concat_sb([s for s in samples if isinstance(s, SampleBatch)])
+
+
+def _concat_sb(samples: Sequence[SampleBatch]) -> SampleBatch:
     batches = [s for s in samples if s.count > 0]
     if not batches:
         return SampleBatch()
@@ -328,8 +335,8 @@ def concat_samples(
     for attr in ("zero_padded", "time_major", "max_seq_len"):
         if len({getattr(b, attr) for b in batches}) > 1:
             raise ValueError(f"cannot concat SampleBatches with different {attr}")
-    out = {}
-    for key in first.keys():
+    out: dict[str, Any] = {}
+    for key in first:
         cols = [dict.__getitem__(b, key) for b in batches]  # KeyError if a later batch lacks it
         if isinstance(cols[0], list):
             out[key] = [x for c in cols for x in c]
@@ -343,7 +350,9 @@ def concat_samples(
     )
     ngu = [b.num_grad_updates for b in batches]
     if all(g is not None for g in ngu):
-        res.num_grad_updates = float(np.average(ngu, weights=[b.count for b in batches]))
+        res.num_grad_updates = float(
+            np.average(np.asarray(ngu, np.float64), weights=[b.count for b in batches])
+        )
     return res
 
 
@@ -360,4 +369,4 @@ def _concat_ma(batches: list[MultiAgentBatch]) -> MultiAgentBatch:
         env_steps += mb.env_steps()
         for pid, b in mb.policy_batches.items():
             per_policy.setdefault(pid, []).append(b)
-    return MultiAgentBatch({pid: concat_samples(bs) for pid, bs in per_policy.items()}, env_steps)
+    return MultiAgentBatch({pid: _concat_sb(bs) for pid, bs in per_policy.items()}, env_steps)

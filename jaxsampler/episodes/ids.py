@@ -44,6 +44,25 @@ class EpisodeIds:
     def __call__(self, stream: int, count: int) -> str:
         return f"{self._run}{self.resets:04x}{stream:06x}{count:08x}"
 
+    def many(self, streams: np.ndarray, counts: np.ndarray) -> np.ndarray:
+        """``self(stream, count)`` of each pair, as one ``<U32`` array (vectorized: the
+        hex digits come from shifts, not from a string format per id)."""
+        streams, counts = np.asarray(streams, np.int64), np.asarray(counts, np.int64)
+        head = f"{self._run}{self.resets:04x}"
+        if len(head) != 18 or (
+            len(streams) and (streams.max() >= 16**6 or counts.max() >= 16**8)
+        ):  # wider than the fixed layout: format each
+            return np.array([self(s, c) for s, c in zip(streams.tolist(), counts.tolist())])
+        prefix = np.array([ord(ch) for ch in head], np.uint32)
+        codes = np.empty((len(streams), 32), np.uint32)
+        codes[:, :18] = prefix
+        codes[:, 18:24] = _HEX[(streams[:, None] >> np.arange(20, -1, -4)) & 15]
+        codes[:, 24:] = _HEX[(counts[:, None] >> np.arange(28, -1, -4)) & 15]
+        return codes.view("<U32").reshape(len(streams))
+
+
+_HEX = np.array([ord(ch) for ch in "0123456789abcdef"], np.uint32)
+
 
 def agent_episode_id(episode_id: str, agent_index: int) -> str:
     """The id of an agent's episode within the multi-agent episode ``episode_id``."""

@@ -268,7 +268,7 @@ class InfiniteLookbackBuffer:
             left, lo, hi = -start, 0, max(stop, 0)
         elif fill is not None and stop > n:
             lo, hi = start, stop
-            right = (stop - start) - len(range(start, min(stop, n)))
+            right = max((stop - start) - len(range(start, min(stop, n))), 0)  # stop < start: 0
         else:
             lo, hi = max(start, 0), max(stop, 0)
         if self.finalized:
@@ -300,7 +300,9 @@ class InfiniteLookbackBuffer:
                 part,
             )
         lpad, rpad = (_dummy(self.space_struct, fill, k, one_hot) for k in (left, right))
-        return tree_map(lambda l, x, r: np.concatenate([l, x, r]), lpad, _reorder(part, lpad), rpad)
+        return tree_map(
+            lambda lo, x, hi: np.concatenate([lo, x, hi]), lpad, _reorder(part, lpad), rpad
+        )
 
     def _gather(self, positions: list[int], fill: Any, one_hot: bool) -> Any:
         items = [self._item_at(p, fill, one_hot) for p in positions]
@@ -354,7 +356,8 @@ class InfiniteLookbackBuffer:
         """
         if self.finalized and isinstance(new_data, list):
             raise ValueError(
-                "a numpy'ized buffer needs new_data as an ndarray or a struct of ndarrays, not a list"
+                "a numpy'ized buffer needs new_data as an ndarray or a struct of ndarrays, not a "
+                "list"
             )
         n = self.len_incl_lookback()
         if at_indices is None:
@@ -366,18 +369,19 @@ class InfiniteLookbackBuffer:
             if size != len(positions) or start < 0 or stop > n:
                 raise IndexError(
                     f"Cannot `set()` value via at_indices={slice(start, stop, step)} (option "
-                    f"neg_index_as_lookback={neg_index_as_lookback})! Slice of data does NOT have the same "
+                    f"neg_index_as_lookback={neg_index_as_lookback})! Slice of data does NOT have "
+                    "the same "
                     "size as `new_data`."
                 )
             values = (
-                [tree_map(lambda x: x[j], new_data) for j in range(size)]
+                [tree_map(lambda x, j=j: x[j], new_data) for j in range(size)]
                 if self.finalized
                 else list(new_data)
             )
         elif isinstance(at_indices, (list, np.ndarray)):
             positions = [self._position(int(i), neg_index_as_lookback) for i in at_indices]
             values = (
-                [tree_map(lambda x: x[j], new_data) for j in range(len(positions))]
+                [tree_map(lambda x, j=j: x[j], new_data) for j in range(len(positions))]
                 if self.finalized
                 else list(new_data)
             )
@@ -387,7 +391,8 @@ class InfiniteLookbackBuffer:
         for p in positions:
             if not 0 <= p < n:
                 raise IndexError(
-                    f"Cannot `set()` value at index {p}: the buffer holds {n} items (lookback included)"
+                    f"Cannot `set()` value at index {p}: the buffer holds {n} items (lookback "
+                    "included)"
                 )
         for p, v in zip(positions, values):
             if self.finalized:
@@ -400,7 +405,7 @@ class InfiniteLookbackBuffer:
                         f"new value {v!r} is not in the buffer's space {self._space!r}"
                     )
 
-                def put(d: np.ndarray, x: Any) -> None:
+                def put(d: np.ndarray, x: Any, p: int = p) -> None:
                     d[p] = x
 
                 tree_map(put, self.data, _reorder(v, self.data))

@@ -135,7 +135,8 @@ class MultiAgentEpisode:
         n = len(rewards)
         if len(actions) != n or len(observations) != n + 1:
             raise ValueError(
-                f"need one observation dict more than action/reward dicts, got {len(observations)} observations, "
+                "need one observation dict more than action/reward dicts, got "
+                f"{len(observations)} observations, "
                 f"{len(actions)} actions, {len(rewards)} rewards"
             )
         infos = infos or [{} for _ in observations]
@@ -231,6 +232,79 @@ class MultiAgentEpisode:
     def _map_len(self) -> int:
         return self.env_t - self.env_t_started + self._len_lookback_buffers + 1
 
+    # -- trusted construction (the samplers' fast path) ---------------------------------
+
+    def start_at(self, env_t: int, len_lookback_buffer: int) -> None:
+        """Makes this empty episode a chunk that starts at env step ``env_t`` with
+        ``len_lookback_buffer`` env steps of lookback in its maps (not validated)."""
+        self.env_t_started = self.env_t = env_t
+        self._len_lookback_buffers = len_lookback_buffer
+
+    def trusted_agent(
+        self,
+        agent_id: Any,
+        *,
+        observations: InfiniteLookbackBuffer,
+        infos: InfiniteLookbackBuffer,
+        actions: InfiniteLookbackBuffer,
+        rewards: InfiniteLookbackBuffer,
+        t_started: int,
+        default_id: str | None = None,
+    ) -> SingleAgentEpisode:
+        """Adds (and returns) ``agent_id``'s episode over prebuilt, already-validated
+        buffers, as :meth:`SingleAgentEpisode.trusted` does. Its id is the one this episode
+        knows for the agent, else ``default_id`` (else a random one)."""
+        sa = SingleAgentEpisode.trusted(
+            self._agent_episode_ids.get(agent_id) or default_id or random_episode_id(),
+            observations=observations,
+            infos=infos,
+            actions=actions,
+            rewards=rewards,
+            extra_model_outputs={},
+            observation_space=self.observation_space.get(agent_id)
+            if isinstance(self.observation_space, dict)
+            else None,
+            action_space=self.action_space.get(agent_id)
+            if isinstance(self.action_space, dict)
+            else None,
+            terminated=False,
+            truncated=False,
+            t_started=t_started,
+            agent_id=agent_id,
+            module_id=self.module_for(agent_id),
+            multi_agent_episode_id=self.id_,
+        )
+        self._agent_episode_ids[agent_id] = sa.id_
+        self.agent_episodes[agent_id] = sa
+        self.agent_t_started[agent_id] = t_started
+        return sa
+
+    def set_hanging(self, agent_id: Any, action: Any, reward: float, extras: dict) -> None:
+        """``agent_id`` acted and waits for its next observation: its ``action``,
+        ``extras`` and the ``reward`` collected so far wait in the hanging caches."""
+        self._hanging_actions_end[agent_id] = action
+        self._hanging_rewards_end[agent_id] = reward
+        self._hanging_extra_model_outputs_end[agent_id] = extras
+
+    def clear_hanging(self, agent_id: Any) -> None:
+        """Empties ``agent_id``'s hanging caches (its step completed)."""
+        self._hanging_actions_end.pop(agent_id, None)
+        self._hanging_rewards_end.pop(agent_id, None)
+        self._hanging_extra_model_outputs_end.pop(agent_id, None)
+
+    def extend_agent_map(self, agent_id: Any, entries: list, first_env_t: int) -> None:
+        """Appends ``entries`` (agent timesteps or :data:`SKIP`) to ``agent_id``'s
+        ``env_t_to_agent_t``, the first one for env step ``first_env_t``; a new map is
+        padded with ``SKIP`` from the chunk's first (lookback) env step."""
+        m = self.env_t_to_agent_t.get(agent_id)
+        if m is None:
+            pad = first_env_t - (self.env_t_started - self._len_lookback_buffers)
+            self.env_t_to_agent_t[agent_id] = InfiniteLookbackBuffer(
+                [SKIP] * pad + entries, self._len_lookback_buffers
+            )
+        else:
+            m.data.extend(entries)
+
     # -- stepping ----------------------------------------------------------------------
 
     def add_env_reset(self, *, observations: dict, infos: dict | None = None) -> None:
@@ -296,16 +370,19 @@ class MultiAgentEpisode:
         if sa is not None and sa.is_done:
             if has_obs or has_act or aid in rewards:
                 raise MultiAgentEnvError(
-                    f"Agent {aid} already had its `SingleAgentEpisode.is_done` set to True, but still received "
+                    f"Agent {aid} already had its `SingleAgentEpisode.is_done` set to True, but "
+                    "still received "
                     f"data in a following step! obs={observations.get(aid)} act={actions.get(aid)} "
-                    f"rew={rewards.get(aid)} info={infos.get(aid)} extra_model_outputs={extras.get(aid)}"
+                    f"rew={rewards.get(aid)} info={infos.get(aid)} "
+                    f"extra_model_outputs={extras.get(aid)}"
                 )
             return
         hanging = aid in self._hanging_actions_end
         if has_obs and has_act:
             if aid not in rewards:
                 raise MultiAgentEnvError(
-                    f"Agent {aid} acted (and received next obs), but did NOT receive any reward from the env!"
+                    f"Agent {aid} acted (and received next obs), but did NOT receive any reward "
+                    "from the env!"
                 )
             if sa is None:
                 raise MultiAgentEnvError(
@@ -374,7 +451,8 @@ class MultiAgentEpisode:
         """A hanging agent that is done without a next observation."""
         if trunc and not term:
             raise MultiAgentEnvError(
-                f"Agent {aid} acted and then got truncated, but did NOT receive a last (truncation) observation, "
+                f"Agent {aid} acted and then got truncated, but did NOT receive a last "
+                "(truncation) observation, "
                 "required for e.g. value function bootstrapping!"
             )
         if term:
@@ -480,7 +558,8 @@ class MultiAgentEpisode:
     ) -> Any:
         if return_list and not env_steps:
             raise ValueError(
-                f"`MultiAgentEpisode.get_{what}()` can't be called with both `env_steps=False` and `return_list=True`!"
+                f"`MultiAgentEpisode.get_{what}()` can't be called with both `env_steps=False` "
+                "and `return_list=True`!"
             )
         agents = self._agent_list(agent_ids)
         if not env_steps:
@@ -537,6 +616,7 @@ class MultiAgentEpisode:
             v = _OUT
             agent_t = m.data[p] if p is not _OUT and 0 <= p < len(m.data) else SKIP
             if agent_t != SKIP:
+                assert isinstance(agent_t, int)
                 lb = (
                     buf.lookback
                     if buf is not None
@@ -544,7 +624,7 @@ class MultiAgentEpisode:
                 )
                 q = agent_t - t0 + lb
                 n = buf.len_incl_lookback() if buf is not None else 0
-                if 0 <= q < n:
+                if buf is not None and 0 <= q < n:
                     v = buf._item_at(q, None, one_hot)
                 elif q == n and hanging is not _OUT:
                     v = _like_buffer(buf, hanging, one_hot)
@@ -678,7 +758,8 @@ class MultiAgentEpisode:
         fill: Any = None,
         return_list: bool = False,
     ) -> Any:
-        """Extra model outputs: ``{agent: values}`` for ``key``, ``{agent: {key: values}}`` for all keys."""
+        """Extra model outputs: ``{agent: values}`` for ``key``, ``{agent: {key: values}}``
+        for all keys."""
         if key is not None:
             return self._get(
                 "extra_model_outputs",
@@ -730,7 +811,8 @@ class MultiAgentEpisode:
         for aid, data in new_data.items():
             if aid not in self.agent_episodes:
                 raise KeyError(
-                    f"unknown agent {aid!r}; this episode has {sorted(map(str, self.agent_episodes))}"
+                    f"unknown agent {aid!r}; this episode has "
+                    f"{sorted(map(str, self.agent_episodes))}"
                 )
             getattr(self.agent_episodes[aid], name)(new_data=data, **kw)
 
@@ -965,7 +1047,8 @@ class MultiAgentEpisode:
             raise ValueError("cannot concat onto a done episode")
         if self.env_t != other.env_t_started:
             raise ValueError(
-                f"chunks do not meet: self.env_t={self.env_t}, other.env_t_started={other.env_t_started}"
+                f"chunks do not meet: self.env_t={self.env_t}, "
+                f"other.env_t_started={other.env_t_started}"
             )
         n_self = self._map_len()
         olb = other._len_lookback_buffers

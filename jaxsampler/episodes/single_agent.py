@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import copy
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -24,7 +25,16 @@ import numpy as np
 from jaxsampler.episodes.ids import random_episode_id
 from jaxsampler.episodes.lookback import InfiniteLookbackBuffer, data_len
 
-__all__ = ["SingleAgentEpisode"]
+__all__ = ["EpisodeBuffers", "SingleAgentEpisode"]
+
+EpisodeBuffers = tuple[
+    InfiniteLookbackBuffer,  # observations
+    InfiniteLookbackBuffer,  # infos
+    InfiniteLookbackBuffer,  # actions
+    InfiniteLookbackBuffer,  # rewards
+    dict[str, InfiniteLookbackBuffer],  # extra model outputs
+]
+"""The buffers of an episode, as :meth:`SingleAgentEpisode.lazy`'s ``build`` returns them."""
 
 _REWARD_SPACE = None
 
@@ -74,11 +84,12 @@ class SingleAgentEpisode:
         "agent_id",
         "module_id",
         "multi_agent_episode_id",
-        "observations",
-        "infos",
-        "actions",
-        "rewards",
-        "extra_model_outputs",
+        "_observations",
+        "_infos",
+        "_actions",
+        "_rewards",
+        "_extra_model_outputs",
+        "_lazy",
         "is_terminated",
         "is_truncated",
         "t_started",
@@ -89,6 +100,7 @@ class SingleAgentEpisode:
         "_start_time",
         "_last_step_time",
     )
+    _lazy: tuple[Callable[[Any], EpisodeBuffers], Any] | None  # see lazy()
 
     @classmethod
     def trusted(
@@ -108,11 +120,13 @@ class SingleAgentEpisode:
         agent_id: Any = None,
         module_id: Any = None,
         multi_agent_episode_id: str | None = None,
+        t: int | None = None,
     ) -> SingleAgentEpisode:
         """An episode over prebuilt, already-validated buffers (RLlib's constructor accepts
         prebuilt lookback buffers too) without the constructor's checks: the samplers' fast
-        path. ``t`` is ``t_started + len(rewards)``."""
+        path. ``t`` must be ``t_started + len(rewards)``; computed when not given."""
         ep = cls.__new__(cls)
+        ep._lazy = None
         ep.id_ = id_
         ep.agent_id, ep.module_id, ep.multi_agent_episode_id = (
             agent_id,
@@ -120,14 +134,122 @@ class SingleAgentEpisode:
             multi_agent_episode_id,
         )
         ep._observation_space, ep._action_space = observation_space, action_space
-        ep.observations, ep.infos, ep.actions, ep.rewards = observations, infos, actions, rewards
-        ep.extra_model_outputs = extra_model_outputs
+        ep._observations, ep._infos, ep._actions, ep._rewards = (
+            observations,
+            infos,
+            actions,
+            rewards,
+        )
+        ep._extra_model_outputs = extra_model_outputs
         ep.is_terminated, ep.is_truncated = terminated, truncated
         ep.t_started = t_started
-        ep.t = t_started + len(rewards)
+        ep.t = t_started + len(rewards) if t is None else t
         ep.custom_data = {}
         ep._start_time = ep._last_step_time = None
         return ep
+
+    @classmethod
+    def lazy(
+        cls,
+        id_: str,
+        build: Callable[[Any], EpisodeBuffers],
+        key: Any,
+        *,
+        observation_space: Any,
+        action_space: Any,
+        terminated: bool,
+        truncated: bool,
+        t_started: int,
+        t: int,
+    ) -> SingleAgentEpisode:
+        """Like :meth:`trusted`, but the buffers are built by ``build(key)`` on first access
+        to any of them (the samplers make thousands of episodes per call; most users read
+        few of them). ``build`` returns ``(observations, infos, actions, rewards,
+        extra_model_outputs)`` as :meth:`trusted` takes them; ``t`` must be
+        ``t_started + len(rewards)``."""
+        ep = cls.__new__(cls)
+        ep._lazy = (build, key)
+        ep.id_ = id_
+        ep.agent_id = ep.module_id = ep.multi_agent_episode_id = None
+        ep._observation_space, ep._action_space = observation_space, action_space
+        ep.is_terminated, ep.is_truncated = terminated, truncated
+        ep.t_started, ep.t = t_started, t
+        ep.custom_data = {}
+        ep._start_time = ep._last_step_time = None
+        return ep
+
+    def _build(self) -> None:
+        """Builds the buffers of a :meth:`lazy` episode."""
+        assert self._lazy is not None
+        build, key = self._lazy
+        self._lazy = None
+        (
+            self._observations,
+            self._infos,
+            self._actions,
+            self._rewards,
+            self._extra_model_outputs,
+        ) = build(key)
+
+    @property
+    def observations(self) -> InfiniteLookbackBuffer:
+        if self._lazy is not None:
+            self._build()
+        return self._observations
+
+    @observations.setter
+    def observations(self, value: InfiniteLookbackBuffer) -> None:
+        if self._lazy is not None:
+            self._build()
+        self._observations = value
+
+    @property
+    def infos(self) -> InfiniteLookbackBuffer:
+        if self._lazy is not None:
+            self._build()
+        return self._infos
+
+    @infos.setter
+    def infos(self, value: InfiniteLookbackBuffer) -> None:
+        if self._lazy is not None:
+            self._build()
+        self._infos = value
+
+    @property
+    def actions(self) -> InfiniteLookbackBuffer:
+        if self._lazy is not None:
+            self._build()
+        return self._actions
+
+    @actions.setter
+    def actions(self, value: InfiniteLookbackBuffer) -> None:
+        if self._lazy is not None:
+            self._build()
+        self._actions = value
+
+    @property
+    def rewards(self) -> InfiniteLookbackBuffer:
+        if self._lazy is not None:
+            self._build()
+        return self._rewards
+
+    @rewards.setter
+    def rewards(self, value: InfiniteLookbackBuffer) -> None:
+        if self._lazy is not None:
+            self._build()
+        self._rewards = value
+
+    @property
+    def extra_model_outputs(self) -> dict[str, InfiniteLookbackBuffer]:
+        if self._lazy is not None:
+            self._build()
+        return self._extra_model_outputs
+
+    @extra_model_outputs.setter
+    def extra_model_outputs(self, value: dict[str, InfiniteLookbackBuffer]) -> None:
+        if self._lazy is not None:
+            self._build()
+        self._extra_model_outputs = value
 
     def __init__(
         self,
@@ -148,6 +270,7 @@ class SingleAgentEpisode:
         module_id: Any = None,
         multi_agent_episode_id: str | None = None,
     ):
+        self._lazy = None
         self.id_ = id_ or random_episode_id()
         self.agent_id, self.module_id, self.multi_agent_episode_id = (
             agent_id,
@@ -169,7 +292,9 @@ class SingleAgentEpisode:
             if isinstance(rewards, InfiniteLookbackBuffer)
             else data_len(rewards)
         )
-        if len_lookback_buffer == "auto" or len_lookback_buffer > n_rewards:
+        if len_lookback_buffer == "auto" or (
+            isinstance(len_lookback_buffer, int) and len_lookback_buffer > n_rewards
+        ):
             len_lookback_buffer = n_rewards
         if isinstance(len_lookback_buffer, str) or len_lookback_buffer < 0:
             raise ValueError(
@@ -247,7 +372,8 @@ class SingleAgentEpisode:
         assert self.t == self.t_started == 0, "add_env_reset needs t == t_started == 0."
         if validate and not _contains(self.observation_space, observation):
             raise ValueError(
-                f"observation {observation!r} is not in the observation space {self.observation_space!r}"
+                f"observation {observation!r} is not in the observation space "
+                f"{self.observation_space!r}"
             )
         self.observations.append(observation)
         self.infos.append({} if infos is None else infos)
@@ -270,7 +396,8 @@ class SingleAgentEpisode:
         if validate:
             if not _contains(self.observation_space, observation):
                 raise ValueError(
-                    f"observation {observation!r} is not in the observation space {self.observation_space!r}"
+                    f"observation {observation!r} is not in the observation space "
+                    f"{self.observation_space!r}"
                 )
             if not _contains(self.action_space, action):
                 raise ValueError(
@@ -341,7 +468,8 @@ class SingleAgentEpisode:
     ) -> Any:
         if key not in self.extra_model_outputs:
             raise KeyError(
-                f"no extra model output {key!r}; this episode has {sorted(self.extra_model_outputs)}"
+                f"no extra model output {key!r}; this episode has "
+                f"{sorted(self.extra_model_outputs)}"
             )
         return self.extra_model_outputs[key].get(
             indices, neg_index_as_lookback=neg_index_as_lookback, fill=fill
@@ -380,7 +508,8 @@ class SingleAgentEpisode:
     ) -> None:
         if key not in self.extra_model_outputs:
             raise KeyError(
-                f"no extra model output {key!r}; this episode has {sorted(self.extra_model_outputs)}"
+                f"no extra model output {key!r}; this episode has "
+                f"{sorted(self.extra_model_outputs)}"
             )
         self.extra_model_outputs[key].set(
             new_data, at_indices=at_indices, neg_index_as_lookback=neg_index_as_lookback
@@ -532,7 +661,8 @@ class SingleAgentEpisode:
         return (self._last_step_time or self._start_time) - self._start_time
 
     def get_data_dict(self) -> dict[str, Any]:
-        """Columns as in RLlib: terminateds, truncateds, t, eps_id, obs, infos, actions, rewards, extras."""
+        """Columns as in RLlib: terminateds, truncateds, t, eps_id, obs, infos, actions,
+        rewards, extras."""
         n = len(self)
         flags = lambda last: [False] * (n - 1) + [bool(last)] if n else []
         d: dict[str, Any] = {
@@ -582,6 +712,7 @@ class SingleAgentEpisode:
     @staticmethod
     def from_state(state: dict[str, Any]) -> SingleAgentEpisode:
         ep = SingleAgentEpisode.__new__(SingleAgentEpisode)
+        ep._lazy = None
         for k in (
             "id_",
             "agent_id",

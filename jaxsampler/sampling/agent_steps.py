@@ -21,9 +21,10 @@ until the episode ends; the episode ends when every agent is done).
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
 import numpy as np
+
+from jaxsampler.sampling.columns import Columns, InfoPath
 
 __all__ = ["AgentCarry", "AgentSteps", "agent_steps"]
 
@@ -38,23 +39,25 @@ class AgentCarry:
     obs: np.ndarray  # [E, A, ...]: its start observation
     action: np.ndarray
     extras: dict[str, np.ndarray]
-    info: dict[str, np.ndarray]  # flattened info leaves of its start observation
+    info: dict[InfoPath, np.ndarray]  # info leaves of its start observation
     reward: np.ndarray  # float64[E, A]: reward collected so far
     start: np.ndarray  # int64[E, A]: episode env step of its start observation
     done: np.ndarray  # bool[E, A]: the agent is done in the running episode
     n_act: np.ndarray  # int64[E, A]: agent steps started in the running episode (hanging included)
 
     @staticmethod
-    def empty(cols: dict[str, Any], E: int, A: int) -> AgentCarry:
+    def empty(cols: Columns, E: int, A: int) -> AgentCarry:
+        """No hanging steps, no progress: the carry after a reset (shapes from ``cols``)."""
+
         def zeros(col: np.ndarray) -> np.ndarray:
             return np.zeros((E, A) + col.shape[3:], col.dtype)
 
         return AgentCarry(
             pend=np.zeros((E, A), bool),
-            obs=zeros(cols["obs"]),
-            action=zeros(cols["actions"]),
-            extras={k[6:]: zeros(c) for k, c in cols.items() if k.startswith("extra:")},
-            info={k: _info_zeros(c, E, A) for k, c in cols.items() if k.startswith("info:")},
+            obs=zeros(cols.obs),
+            action=zeros(cols.actions),
+            extras={k: zeros(c) for k, c in cols.extras.items()},
+            info={k: _info_zeros(c, E, A) for k, c in cols.infos.items()},
             reward=np.zeros((E, A)),
             start=np.zeros((E, A), np.int64),
             done=np.zeros((E, A), bool),
@@ -96,31 +99,28 @@ def _first_at_or_after(mask: np.ndarray) -> np.ndarray:
 
 
 def agent_steps(
-    cols: dict[str, Any], carry: AgentCarry, episode_step0: np.ndarray, next_acting: np.ndarray
+    cols: Columns, carry: AgentCarry, episode_step0: np.ndarray, next_acting: np.ndarray
 ) -> tuple[AgentSteps, AgentCarry]:
     """All agent steps completed in this call, and the carry for the next call.
 
     Args:
-        cols: env-major columns of the call (``acting``, ``is_reset``, ``agent_rewards``,
-            ``agent_terminated``, ``agent_truncated``, ``[E, L(, A)]``) plus ``obs``
-            (agent-major ``[E, A, L + 1, ...]``),
-            ``actions``, ``extra:*`` and ``info:*`` (only used for the new carry).
+        cols: multi-agent env-major columns of the call's own steps (``acting``,
+            ``is_reset``, per-agent ``rewards`` / ``terminated`` / ``truncated``,
+            ``[E, L(, A)]``; ``obs`` agent-major ``[E, A, L + 1, ...]``); ``actions``,
+            ``extras`` and ``infos`` (these with a one-step head) only feed the new carry.
         carry: the previous call's carry (``AgentCarry.empty`` after a reset).
         episode_step0: ``int[E]``, episode env step at the call's first step.
         next_acting: ``bool[E, A]``, agents that act on the call's last observation (it
             then completes their previous step, as the observation arrived).
     """
-    is_reset = cols["is_reset"]
+    is_reset = cols.is_reset
+    assert cols.acting is not None, "multi-agent columns"
     E, L = is_reset.shape
-    A = cols["acting"].shape[2]
+    A = cols.acting.shape[2]
     live = ~is_reset[:, :, None]
-    acting = np.concatenate([carry.pend[:, None], cols["acting"] & live], axis=1)  # [E, L + 1, A]
-    flags = np.concatenate(
-        [carry.done[:, None], (cols["agent_terminated"] | cols["agent_truncated"]) & live], axis=1
-    )
-    rewards = np.concatenate([carry.reward[:, None], cols["agent_rewards"]], axis=1).astype(
-        np.float64
-    )
+    acting = np.concatenate([carry.pend[:, None], cols.acting & live], axis=1)  # [E, L + 1, A]
+    flags = np.concatenate([carry.done[:, None], (cols.terminated | cols.truncated) & live], axis=1)
+    rewards = np.concatenate([carry.reward[:, None], cols.rewards], axis=1).astype(np.float64)
     reset = np.concatenate([np.zeros((E, 1), bool), is_reset], axis=1)
     S = L + 1
     slots = np.arange(S)
@@ -152,23 +152,27 @@ def agent_steps(
         last_reset > 0, slots[None, :] - last_reset - 1, episode_step0[:, None] + slots[None, :] - 1
     )
     csum = np.concatenate([np.zeros((E, 1, A)), np.cumsum(rewards, axis=1)], axis=1)
-    e, s, a = np.nonzero(complete)
-    c = end[e, s, a]
-    by_flag = c == first_flag[e, s, a] + 1
-    term = cols["agent_terminated"][e, np.minimum(c - 2, L - 1), a] & by_flag
-    trunc = cols["agent_truncated"][e, np.minimum(c - 2, L - 1), a] & by_flag
-    start = np.where(s == 0, carry.start[e, a], step_of_slot[e, s])
+    # Gathers with one flat index each (several times faster than three index arrays).
+    flat = np.flatnonzero(complete)  # the order of np.nonzero: (env, slot, agent)
+    e, rest = np.divmod(flat, S * A)
+    s, a = np.divmod(rest, A)
+    c = np.take(end, flat)
+    by_flag = c == np.take(first_flag, flat) + 1
+    at_flag = (e * L + np.minimum(c - 2, L - 1)) * A + a
+    at_c, at_s = (e * (S + 1) + c) * A + a, (e * (S + 1) + s) * A + a
     steps = AgentSteps(
         env=e,
         agent=a,
         slot=s,
         end=c,
-        t=t_of_slot[e, s, a],
-        reward=csum[e, c, a] - csum[e, s, a],
-        terminated=term,
-        truncated=trunc,
-        start_step=start,
-        end_step=step_of_slot[e, c - 1] + 1,
+        t=np.take(t_of_slot, flat),
+        reward=np.take(csum, at_c) - np.take(csum, at_s),
+        terminated=np.take(cols.terminated, at_flag) & by_flag,
+        truncated=np.take(cols.truncated, at_flag) & by_flag,
+        start_step=np.where(
+            s == 0, np.take(carry.start, e * A + a), np.take(step_of_slot, e * S + s)
+        ),
+        end_step=np.take(step_of_slot, e * S + c - 1) + 1,
     )
     # The carry: hanging steps and per-agent progress of the episodes still running.
     hanging = valid & ~complete
@@ -178,14 +182,12 @@ def agent_steps(
     sl = hs[ee, aa]
     new = AgentCarry.empty(cols, E, A)
     new.pend = pend
-    new.obs[ee, aa] = take(
-        cols["obs"], carry.obs, ee, sl, aa, agent_major=True
-    )  # obs are agent-major
-    new.action[ee, aa] = take(cols["actions"], carry.action, ee, sl, aa)
+    new.obs[ee, aa] = take(cols.obs, carry.obs, ee, sl, aa, agent_major=True)
+    new.action[ee, aa] = take(cols.actions, carry.action, ee, sl, aa)
     for k in new.extras:
-        new.extras[k][ee, aa] = take(cols["extra:" + k], carry.extras[k], ee, sl, aa)
-    for k in new.info:
-        new.info[k][ee, aa] = take_info(cols[k], carry.info[k], ee, sl, aa, A)
+        new.extras[k][ee, aa] = take(cols.extras[k], carry.extras[k], ee, sl, aa)
+    for p in new.info:
+        new.info[p][ee, aa] = take_info(cols.infos[p], carry.info[p], ee, sl, aa, A)
     new.reward[ee, aa] = csum[ee, S, aa] - csum[ee, sl, aa]
     new.start[ee, aa] = np.where(sl == 0, carry.start[ee, aa], step_of_slot[ee, sl])
     last = S - 1

@@ -1,0 +1,349 @@
+"""Typed host columns of one sampler call, and the episode segments found in them.
+
+Both converters of :class:`~jaxsampler.sampling.device.DeviceSampler` start here: the
+call's time-major chunks ``[T, E, A, ...]`` become env-major :class:`Columns`
+``[E, H + T_total, ...]`` (``H`` lookback steps carried from the previous call come
+first), and :func:`find_segments` cuts every env's steps into episode segments with
+``np.nonzero`` over the ``is_reset`` flags. Everything is vectorized over steps.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import gc
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import numpy as np
+
+from jaxsampler.sampling.base import SamplerMetrics
+from jaxsampler.types import NoInfo, Trajectory
+
+__all__ = [
+    "Columns",
+    "InfoPath",
+    "Segments",
+    "build_columns",
+    "find_segments",
+    "info_for_obs",
+    "info_leaves",
+    "no_gc",
+    "unflatten",
+]
+
+InfoPath = tuple[str, ...]
+"""Where an env info leaf sits in the info pytree: ``("a", "b")`` is ``info["a"]["b"]``."""
+
+
+@dataclasses.dataclass
+class Columns:
+    """Host columns of a call: one numpy array per rollout buffer field.
+
+    Single-agent columns are ``[E, S, ...]`` (the agent axis dropped). Multi-agent ones
+    keep it, ``[E, S, A, ...]``, except ``obs``, which is agent-major ``[E, A, S, ...]``
+    (rows of one agent gather nearly sequentially). ``obs`` has one time slot more than
+    the others. ``infos`` are the env info leaves by path; the info at slot ``j`` came
+    with the step at slot ``j`` (so with observation ``j + 1``).
+    """
+
+    obs: np.ndarray
+    actions: np.ndarray
+    rewards: np.ndarray
+    terminated: np.ndarray
+    truncated: np.ndarray
+    is_reset: np.ndarray  # bool [E, S]: reset steps (no action, not a timestep)
+    acting: np.ndarray | None = None  # multi-agent: bool [E, S, A]
+    extras: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
+    infos: dict[InfoPath, np.ndarray] = dataclasses.field(default_factory=dict)
+    agent_major_obs: bool = False
+
+    def map(self, step: Callable[[np.ndarray], np.ndarray], obs: Callable) -> Columns:
+        """The columns with ``step`` applied to every step column and ``obs`` to ``obs``."""
+        return Columns(
+            obs=obs(self.obs),
+            actions=step(self.actions),
+            rewards=step(self.rewards),
+            terminated=step(self.terminated),
+            truncated=step(self.truncated),
+            is_reset=step(self.is_reset),
+            acting=None if self.acting is None else step(self.acting),
+            extras={k: step(v) for k, v in self.extras.items()},
+            infos={k: step(v) for k, v in self.infos.items()},
+            agent_major_obs=self.agent_major_obs,
+        )
+
+    def tail(self, horizon: int) -> Columns:
+        """The last ``horizon`` steps (copies), the next call's lookback head; for ``obs``
+        the ``horizon`` observations before the last slot, which the next call repeats."""
+        axis = 2 if self.agent_major_obs else 1
+        n_obs = self.obs.shape[axis]
+        return self.map(
+            lambda c: c[:, c.shape[1] - horizon :].copy(),
+            lambda o: np.take(o, np.arange(n_obs - 1 - horizon, n_obs - 1), axis=axis),
+        )
+
+
+@contextlib.contextmanager
+def no_gc() -> Iterator[None]:
+    """Skips cyclic-GC passes while thousands of small (acyclic) objects are built."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def info_leaves(infos: Any, prefix: InfoPath = ()) -> list[tuple[InfoPath, Any]]:
+    """``(path, leaf)`` pairs of an env info pytree (dicts and dataclasses by field name)."""
+    if isinstance(infos, NoInfo):
+        return []
+    if isinstance(infos, dict):
+        items = sorted(infos.items())
+    elif dataclasses.is_dataclass(infos):
+        items = [(f.name, getattr(infos, f.name)) for f in dataclasses.fields(infos)]
+    else:
+        return [(prefix or ("info",), infos)]
+    out = []
+    for k, v in items:
+        out += info_leaves(v, prefix + (str(k),))
+    return out
+
+
+def unflatten(flat: dict[InfoPath, Any]) -> dict[str, Any]:
+    """The nested info dict of ``{path: leaf}``."""
+    tree: dict[str, Any] = {}
+    for path, v in flat.items():
+        node = tree
+        *parents, last = path
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[last] = v
+    return tree
+
+
+def info_for_obs(col: np.ndarray, e: Any, j: np.ndarray) -> np.ndarray:
+    """Env info of observation slots ``j`` (env-major column): recorded with step ``j - 1``;
+    zeros for slot 0, whose info the buffers do not hold."""
+    values = col[e, np.maximum(j - 1, 0)]
+    first = (j == 0).reshape(j.shape + (1,) * (values.ndim - j.ndim))
+    return np.where(first, np.zeros((), values.dtype), values)
+
+
+def build_columns(
+    chunks: Sequence[Trajectory],
+    head: Columns | None,
+    reset_info: dict[InfoPath, np.ndarray],
+    horizon: int,
+    multi_agent: bool,
+) -> Columns:
+    """Env-major columns ``[E, H + T_total(+1 for obs), ...]`` of the call's chunks.
+
+    Args:
+        chunks: the call's host copies of the rollout buffers, in order.
+        head: the previous call's :meth:`Columns.tail` (``None`` after a reset: zeros).
+        reset_info: info leaves of the reset observations (the head's last info slot
+            after a reset).
+        horizon: ``H``, lookback steps before the call's first step.
+        multi_agent: keep the agent axis (``obs`` agent-major); else agent 0's values.
+    """
+    H = horizon
+    agent: Any = slice(None) if multi_agent else 0
+    first = chunks[0]
+
+    def cat(parts: list[np.ndarray], old: np.ndarray | None) -> np.ndarray:
+        return _env_major(parts, old, H)
+
+    def col(get: Callable[[Trajectory], np.ndarray], old: np.ndarray | None) -> np.ndarray:
+        return cat([get(c) for c in chunks], old)
+
+    def info_head(path: InfoPath) -> np.ndarray | None:
+        if head is not None:
+            return head.infos[path]
+        if not H or path not in reset_info:
+            return None
+        # The first observations' info (from the reset) sits in the head's last slot.
+        start = reset_info[path]
+        out = np.zeros((start.shape[0], H) + start.shape[1:], start.dtype)
+        out[:, -1] = start
+        return out
+
+    # obs: T + 1 slots per call; consecutive calls share one (the next call's first)
+    obs_parts = [np.asarray(c.obs)[:, :, agent] for c in chunks]
+    obs_parts = [p[:-1] for p in obs_parts[:-1]] + [obs_parts[-1]]
+    old_obs = None if head is None else head.obs
+    obs = _agent_major(obs_parts, old_obs, H) if multi_agent else cat(obs_parts, old_obs)
+
+    def old(name: str) -> np.ndarray | None:
+        return None if head is None else getattr(head, name)
+
+    def field(name: str) -> np.ndarray:
+        if name in ("is_reset", "acting"):  # no agent axis to select / keep as is
+            return col(lambda c: np.asarray(getattr(c, name)), old(name))
+        return col(lambda c: np.asarray(getattr(c, name))[:, :, agent], old(name))
+
+    def extra(k: str) -> np.ndarray:
+        return col(
+            lambda c: np.asarray(c.extras[k])[:, :, agent],
+            None if head is None else head.extras[k],
+        )
+
+    def info(path: InfoPath) -> np.ndarray:
+        return col(lambda c: _info_get(c.infos, path), info_head(path))
+
+    extras = first.extras if isinstance(first.extras, dict) else {}
+    return Columns(
+        obs=obs,
+        actions=field("actions"),
+        rewards=field("rewards"),
+        terminated=field("terminated"),
+        truncated=field("truncated"),
+        is_reset=field("is_reset"),
+        acting=field("acting") if multi_agent else None,
+        extras={k: extra(k) for k in sorted(extras)},
+        infos={path: info(path) for path, _ in info_leaves(first.infos)},
+        agent_major_obs=multi_agent,
+    )
+
+
+def _env_major(parts: Sequence[np.ndarray], head: np.ndarray | None, H: int) -> np.ndarray:
+    """``[E, H + sum(T_i), ...]``: the lookback head (zeros if none) then each part, transposed."""
+    E = parts[0].shape[1]
+    total = sum(p.shape[0] for p in parts)
+    out = np.empty((E, H + total) + parts[0].shape[2:], parts[0].dtype)
+    out[:, :H] = 0 if head is None else head
+    pos = H
+    for p in parts:
+        out[:, pos : pos + p.shape[0]] = p.swapaxes(0, 1)
+        pos += p.shape[0]
+    return out
+
+
+def _agent_major(parts: Sequence[np.ndarray], head: np.ndarray | None, H: int) -> np.ndarray:
+    """``[E, A, H + sum(T_i), ...]`` from time-major parts ``[T_i, E, A, ...]``."""
+    E, A = parts[0].shape[1:3]
+    total = sum(p.shape[0] for p in parts)
+    out = np.empty((E, A, H + total) + parts[0].shape[3:], parts[0].dtype)
+    out[:, :, :H] = 0 if head is None else head
+    pos = H
+    for p in parts:
+        out[:, :, pos : pos + p.shape[0]] = np.moveaxis(p, 0, 2)
+        pos += p.shape[0]
+    return out
+
+
+def _info_get(infos: Any, path: InfoPath) -> np.ndarray:
+    for k in path:
+        if isinstance(infos, dict):
+            infos = infos[k]
+        elif dataclasses.is_dataclass(infos):
+            infos = getattr(infos, k)
+    return np.asarray(infos)
+
+
+# --------------------------------------------------------------------------- segments
+
+
+@dataclasses.dataclass(frozen=True)
+class Segments:
+    """Episode segments of a call (runs of non-reset steps of one env), output order:
+    the finished ones first, each group by (env, start). One entry per segment."""
+
+    env: np.ndarray  # int: the env
+    start: np.ndarray  # int: first step, counted from the call's first (head excluded)
+    len: np.ndarray  # int: steps in the call
+    lookback: np.ndarray  # int: lookback steps the chunk gets (continuations only)
+    t_started: np.ndarray  # int: the episode's timestep at the segment's first step
+    term: np.ndarray  # bool: ended terminated in this call
+    trunc: np.ndarray  # bool: ended truncated in this call
+    count: np.ndarray  # int: the episode's number within its env (for its id)
+
+    def __len__(self) -> int:
+        return len(self.env)
+
+    @property
+    def done(self) -> np.ndarray:
+        return self.term | self.trunc
+
+
+def find_segments(
+    is_reset: np.ndarray,
+    terminated: np.ndarray,
+    truncated: np.ndarray,
+    rewards: np.ndarray,
+    *,
+    horizon: int,
+    step0: np.ndarray,
+    count0: np.ndarray,
+    fresh: bool,
+    partial_return: np.ndarray,
+    num_episodes: int | None,
+) -> tuple[Segments, SamplerMetrics, np.ndarray]:
+    """Episode segments of the call, the call's metrics and the carried partial returns.
+
+    Args:
+        is_reset, terminated, truncated, rewards: env-level columns ``[E, H + T]`` (a
+            multi-agent episode is done when every agent is).
+        horizon: ``H``, head steps before the call's first step.
+        step0, count0: ``int[E]``, episode step and episode count at the call's first step.
+        fresh: no head from a previous call (after a reset): continuations get no lookback.
+        partial_return: ``float64[E]``, returns of the episodes running into the call.
+        num_episodes: keep only the episodes finished up to the step at which this many
+            had finished (and no ongoing chunks), as ``sample(num_episodes=N)`` returns.
+
+    Returns:
+        ``(segments, metrics, partial_return)``; the last is the returns so far of the
+        episodes still running at the call's end (zeros elsewhere).
+    """
+    H = horizon
+    E = is_reset.shape[0]
+    total = is_reset.shape[1] - H
+    live = ~is_reset[:, H:]
+    done = (terminated[:, H:] | truncated[:, H:]) & live
+    prev = np.concatenate([np.zeros((E, 1), bool), live[:, :-1]], axis=1)
+    nxt = np.concatenate([live[:, 1:], np.zeros((E, 1), bool)], axis=1)
+    seg_env, seg_start = np.nonzero(live & ~prev)
+    _, seg_end = np.nonzero(live & ~nxt)  # inclusive, same (env, time) order
+    seg_len = seg_end - seg_start + 1
+    resets_before = np.cumsum(is_reset[:, H:], axis=1)
+    count = count0[seg_env] + resets_before[seg_env, seg_start]
+    continues = (seg_start == 0) & (step0[seg_env] > 0)
+    t_started = np.where(continues, step0[seg_env], 0)
+    lookback = np.where(continues, np.minimum(0 if fresh else H, step0[seg_env]), 0)
+    is_done = done[seg_env, seg_end]
+    term = terminated[seg_env, H + seg_end] & is_done
+    trunc = truncated[seg_env, H + seg_end] & is_done
+    # Returns: segment sums plus what earlier calls accumulated.
+    rew = np.where(live, rewards[:, H:], 0).astype(np.float64)
+    csum = np.concatenate([np.zeros((E, 1)), np.cumsum(rew, axis=1)], axis=1)
+    seg_sum = csum[seg_env, seg_end + 1] - csum[seg_env, seg_start]
+    seg_return = seg_sum + np.where(continues, partial_return[seg_env], 0.0)
+    if num_episodes is not None:  # stop at the step where the count reached N
+        by_end = np.lexsort((seg_env, seg_end))
+        finished = by_end[is_done[by_end]]
+        cutoff = seg_end[finished[num_episodes - 1]]
+        keep = is_done & (seg_end <= cutoff)
+    else:
+        keep = np.ones(len(seg_env), bool)
+    ongoing = ~is_done & (seg_end == total - 1)
+    carried = np.zeros_like(partial_return)
+    carried[seg_env[ongoing]] = seg_return[ongoing]
+    fin = keep & is_done
+    order = np.concatenate([np.flatnonzero(fin), np.flatnonzero(keep & ~is_done)])
+    seg = Segments(
+        env=seg_env[order],
+        start=seg_start[order],
+        len=seg_len[order],
+        lookback=lookback[order],
+        t_started=t_started[order],
+        term=term[order],
+        trunc=trunc[order],
+        count=count[order],
+    )
+    n_live = int(np.count_nonzero(live))
+    m = SamplerMetrics(num_env_steps_sampled=n_live, num_agent_steps_sampled=n_live)
+    m.set_episode_stats(seg_return[fin], (t_started + seg_len)[fin])
+    m.num_episodes_ongoing = int(np.count_nonzero(keep & ~is_done))
+    return seg, m, carried

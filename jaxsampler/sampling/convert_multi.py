@@ -1,0 +1,496 @@
+"""Multi-agent conversion of a device sampler's rollout chunks into episodes or a batch.
+
+:class:`MultiAgentConverter` turns one call's chunks into :class:`MultiAgentEpisode`
+chunks (``sample()``) or a ``MultiAgentBatch`` keyed by policy id (``sample_batch()``);
+both come from one vectorized pass over the call's buffers
+(:func:`jaxsampler.sampling.agent_steps.agent_steps`) that finds every completed agent
+step. Open chunks continue across calls with RLlib's ``cut(episode_lookback_horizon)``;
+a step still waiting for the agent's next observation is carried to the next call.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import numpy as np
+
+from jaxsampler.episodes.batch import MultiAgentBatch, SampleBatch
+from jaxsampler.episodes.ids import EpisodeIds, agent_episode_id
+from jaxsampler.episodes.lookback import InfiniteLookbackBuffer, tree_map
+from jaxsampler.episodes.multi_agent import SKIP, MultiAgentEpisode
+from jaxsampler.episodes.single_agent import SingleAgentEpisode, _reward_space
+from jaxsampler.sampling.agent_steps import AgentCarry, AgentSteps, agent_steps, take, take_info
+from jaxsampler.sampling.base import SamplerMetrics
+from jaxsampler.sampling.columns import (
+    Columns,
+    InfoPath,
+    Segments,
+    build_columns,
+    find_segments,
+    no_gc,
+    unflatten,
+)
+from jaxsampler.types import Trajectory
+
+__all__ = ["MultiAgentConverter"]
+
+_H = 1  # column head: the info of each call's first observation (lookback comes from cut)
+
+
+@dataclasses.dataclass(frozen=True)
+class _CallSteps:
+    """What both outputs are built from: the call's columns and its agent steps."""
+
+    cols: Columns  # with the one-step head
+    call: Columns  # the call's own steps (infos keep the head: take_info indexes them so)
+    seg: Segments
+    metrics: SamplerMetrics
+    steps: AgentSteps  # in output order
+    pos: np.ndarray  # each step's segment
+    old: AgentCarry  # the carry the call started from
+
+
+class MultiAgentConverter:
+    """Buffers -> :class:`MultiAgentEpisode` chunks or a ``MultiAgentBatch`` (see the
+    module docstring).
+
+    Carries across calls the hanging agent steps (:class:`AgentCarry`), the open episode
+    chunks that ``sample()`` continues, the one-step column head and the running returns;
+    :meth:`reset` drops them.
+
+    Args:
+        ids: the sampler's episode ids.
+        num_envs: ``E``.
+        agent_ids: the env's agent ids, in agent-axis order.
+        agent_policy: each agent's policy (module) id, in agent-axis order.
+        observation_space, action_space: of one agent (all agents share them).
+        horizon: lookback env steps carried into continuation chunks (``cut``).
+    """
+
+    def __init__(
+        self,
+        ids: EpisodeIds,
+        num_envs: int,
+        agent_ids: tuple[Any, ...],
+        agent_policy: tuple[str, ...],
+        observation_space: Any,
+        action_space: Any,
+        horizon: int,
+    ):
+        self._ids = ids
+        self._num_envs = num_envs
+        self._agent_ids, self._agent_policy = agent_ids, agent_policy
+        self._obs_space, self._act_space = observation_space, action_space
+        self._act_zero = np.asarray(jax.tree.leaves(action_space.zeros())[0])
+        self._horizon = horizon
+        self._head: Columns | None = None
+        self._reset_info: dict[InfoPath, np.ndarray] = {}
+        self._partial_return = np.zeros(num_envs, np.float64)
+        self._carry: AgentCarry | None = None  # hanging steps, per-agent progress
+        self._open: dict[int, MultiAgentEpisode] = {}  # env -> its open sample() chunk
+        self._next_acting = np.zeros((num_envs, len(agent_ids)), bool)
+        # policies in order of first appearance on the agent axis, and each agent's rank
+        self._pids = list(dict.fromkeys(agent_policy))
+        self._rank = np.array([self._pids.index(pid) for pid in agent_policy])
+
+    def reset(self, reset_info: dict[InfoPath, np.ndarray]) -> None:
+        """Forgets the running episodes; ``reset_info`` holds the reset observations' info."""
+        self._head = None
+        self._reset_info = reset_info
+        self._partial_return = np.zeros_like(self._partial_return)
+        self._carry = None
+        self._open = {}
+
+    # ------------------------------------------------------------------------- steps
+
+    def _call_steps(
+        self, chunks: list[Trajectory], num_episodes: int | None, state: Any, by_policy: bool
+    ) -> _CallSteps:
+        """Segments plus the completed agent steps of the call, rows in output order
+        (``by_policy``: grouped by policy first, so each policy's rows are one slice)."""
+        E, A = self._num_envs, len(self._agent_ids)
+        # Agents acting on the call's last observation: it completes their previous step.
+        self._next_acting = np.asarray(jax.device_get(state.acting & ~state.needs_reset[:, None]))
+        fresh = self._head is None
+        cols = build_columns(chunks, self._head, self._reset_info, _H, multi_agent=True)
+        self._head = cols.tail(_H)
+        # The episode ends when every agent is done; it counts as truncated if some agent
+        # was truncated at that step.
+        done = np.all(cols.terminated | cols.truncated, axis=2)
+        seg, m, self._partial_return = find_segments(
+            cols.is_reset,
+            done,
+            done & np.any(cols.truncated, axis=2),
+            cols.rewards.sum(axis=2, dtype=np.float64),
+            horizon=_H,
+            step0=np.asarray(chunks[0].episode_step_0),
+            count0=np.asarray(chunks[0].episode_count_0),
+            fresh=fresh,
+            partial_return=self._partial_return,
+            num_episodes=num_episodes,
+        )
+        call = dataclasses.replace(
+            cols.map(lambda c: c[:, _H:], lambda o: o[:, :, _H:]), infos=cols.infos
+        )
+        old = self._carry or AgentCarry.empty(call, E, A)
+        steps, self._carry = agent_steps(
+            call, old, np.asarray(chunks[0].episode_step_0), self._next_acting
+        )
+        # Each step belongs to the segment of its first call step (the carried ones: step 0).
+        L = call.is_reset.shape[1]
+        seg_of_step = np.full((E, L), -1, np.int64)
+        lens = seg.len
+        offset = np.arange(int(lens.sum())) - np.repeat(np.cumsum(lens) - lens, lens)
+        seg_of_step[np.repeat(seg.env, lens), np.repeat(seg.start, lens) + offset] = np.repeat(
+            np.arange(len(lens)), lens
+        )
+        pos = seg_of_step[steps.env, np.maximum(steps.slot - 1, 0)]
+        # One int64 sort key: (policy rank,) segment, agent, t.
+        key = (pos + 1) * A + steps.agent
+        if by_policy:
+            key = self._rank[steps.agent] * ((len(seg) + 1) * A) + key
+        t_span = int(steps.t.max()) + 1 if len(steps.t) else 1
+        order = np.argsort(key * t_span + steps.t, kind="stable")
+        order = order[pos[order] >= 0]
+        steps = AgentSteps(
+            **{f.name: getattr(steps, f.name)[order] for f in dataclasses.fields(AgentSteps)}
+        )
+        return _CallSteps(cols, call, seg, m, steps, pos[order], old)
+
+    def _step_columns(
+        self, cs: _CallSteps, eps_ids: np.ndarray, next_infos: bool = False
+    ) -> dict[str, Any]:
+        steps, old, cols, call = cs.steps, cs.old, cs.cols, cs.call
+        e, s, a, c = steps.env, steps.slot, steps.agent, steps.end
+        A = len(self._agent_ids)
+        # Observations are the bulk of the data: the columns keep them agent-major, so the
+        # rows (agent by agent, in time) gather nearly sequentially; and a row's new_obs is
+        # the next row's obs except where an agent's run of rows ends.
+        obs = take(cols.obs, old.obs, e, s, a, _H, agent_major=True)
+        new_obs = np.empty_like(obs)
+        same = np.zeros(len(e), bool)
+        if len(e) > 1:
+            same[:-1] = (e[1:] == e[:-1]) & (a[1:] == a[:-1]) & (s[1:] == c[:-1])
+            new_obs[:-1] = obs[1:]  # one sequential copy; the other rows are gathered below
+        rest = np.flatnonzero(~same)
+        new_obs[rest] = take(cols.obs, old.obs, e[rest], c[rest], a[rest], _H, agent_major=True)
+        data: dict[str, Any] = {
+            SampleBatch.OBS: obs,
+            SampleBatch.NEXT_OBS: new_obs,
+            SampleBatch.ACTIONS: take(cols.actions, old.action, e, s, a, _H),
+            SampleBatch.REWARDS: steps.reward.astype(np.float32),
+            SampleBatch.TERMINATEDS: steps.terminated,
+            SampleBatch.TRUNCATEDS: steps.truncated,
+            SampleBatch.T: steps.t.astype(np.int64),
+            SampleBatch.EPS_ID: eps_ids,
+            SampleBatch.AGENT_INDEX: a.astype(np.int64),
+        }
+        infos = call.infos
+        data[SampleBatch.INFOS] = (
+            unflatten({k: take_info(v, old.info[k], e, s, a, A) for k, v in infos.items()})
+            if infos
+            else [{}] * len(e)
+        )
+        if next_infos and infos:
+            data["_next_infos"] = unflatten(
+                {k: take_info(v, old.info[k], e, c, a, A) for k, v in infos.items()}
+            )
+        for k, col in cols.extras.items():
+            data[k] = take(col, old.extras[k], e, s, a, _H)
+        return data
+
+    # ------------------------------------------------------------------------- batch
+
+    def batch(
+        self, chunks: list[Trajectory], num_episodes: int | None, state: Any
+    ) -> tuple[MultiAgentBatch, SamplerMetrics]:
+        """``MultiAgentBatch``: one row per completed agent step, keyed by policy id; rows
+        episode by episode (``sample()``'s order), then agent by agent, then by ``t``."""
+        cs = self._call_steps(chunks, num_episodes, state, by_policy=True)
+        steps, pos, seg = cs.steps, cs.pos, cs.seg
+        self._open = {}  # open sample() chunks are stale now: the next sample() starts new chunks
+        # eps_id: one string per (episode, agent) run of rows, then broadcast to the rows.
+        n = len(pos)
+        uid = pos * len(self._agent_ids) + steps.agent
+        new_run = np.empty(n, bool)
+        new_run[:1] = True
+        np.not_equal(uid[1:], uid[:-1], out=new_run[1:])
+        starts = np.flatnonzero(new_run)
+        # Episode ids once per segment, then one string concatenation per (segment, agent).
+        ma_ids = self._ids.many(seg.env, seg.count).tolist()
+        suffix = [agent_episode_id("", a) for a in range(len(self._agent_ids))]
+        ids = [
+            ma_ids[p] + suffix[a]
+            for p, a in zip(pos[starts].tolist(), steps.agent[starts].tolist())
+        ]
+        # An object array of shared strings: 8 bytes per row (a unicode array would be 144).
+        sa_ids = np.array(ids or [""], dtype=object)[np.cumsum(new_run) - 1]
+        data = self._step_columns(cs, sa_ids)
+        # Rows are grouped by policy: each policy's batch is one slice (numpy views).
+        bounds = np.searchsorted(self._rank[steps.agent], np.arange(len(self._pids) + 1))
+        batches = {
+            pid: SampleBatch(_slice_rows(data, int(bounds[i]), int(bounds[i + 1])))
+            for i, pid in enumerate(self._pids)
+        }
+        m = cs.metrics
+        m.num_agent_steps_sampled = n
+        return MultiAgentBatch(batches, m.num_env_steps_sampled), m
+
+    # ------------------------------------------------------------------------- episodes
+
+    def episodes(
+        self, chunks: list[Trajectory], num_episodes: int | None, state: Any
+    ) -> tuple[list[MultiAgentEpisode], SamplerMetrics]:
+        """The call's episodes (finished ones, then ongoing chunks) and its metrics."""
+        cs = self._call_steps(chunks, num_episodes, state, by_policy=False)
+        seg, pos = cs.seg, cs.pos
+        data = self._step_columns(cs, np.zeros(len(pos), np.int8), next_infos=True)
+        bounds = np.searchsorted(pos, np.arange(len(seg) + 1))
+        step0 = np.asarray(chunks[0].episode_step_0)
+        L = cs.call.is_reset.shape[1]
+        episodes, still_open = [], {}
+        with no_gc():
+            for i in range(len(seg)):
+                e, start, length = int(seg.env[i]), int(seg.start[i]), int(seg.len[i])
+                continues = start == 0 and step0[e] > 0
+                ep, first = self._open_episode(
+                    e, int(seg.count[i]), continues, int(step0[e]), cs.old
+                )
+                rows = np.arange(bounds[i], bounds[i + 1])
+                done = bool(seg.term[i] or seg.trunc[i])
+                hanging = not done and start + length == L
+                self._extend_episode(ep, first, e, length, rows, cs, data, hanging)
+                if done:
+                    ep.is_terminated, ep.is_truncated = True, bool(seg.trunc[i])
+                else:
+                    still_open[e] = ep
+                episodes.append(ep)
+        self._open = still_open
+        m = cs.metrics
+        m.num_agent_steps_sampled = len(pos)
+        return episodes, m
+
+    def _open_episode(
+        self, e: int, count: int, continues: bool, step0: int, old: AgentCarry
+    ) -> tuple[MultiAgentEpisode, int]:
+        """The chunk that the call's steps of env ``e`` extend: the successor (``cut``) of
+        the open chunk, or a new episode (also when the previous call was ``sample_batch``);
+        and the env step of its first map entry still to be written."""
+        if continues and e in self._open:
+            ep = self._open[e].cut(self._horizon)
+            for sa in ep.agent_episodes.values():  # env infos stay numpy'ized, as in new chunks
+                if not sa.infos.finalized and sa.infos.data and sa.infos.data[0]:
+                    sa.infos.finalize()
+            return ep, ep.env_t + 1  # its maps end at env step ep.env_t
+        ma_id = self._ids(e, count)
+        mapping = dict(zip(self._agent_ids, self._agent_policy))
+        ep = MultiAgentEpisode(
+            ma_id,
+            observation_space={a: self._obs_space for a in self._agent_ids},
+            action_space={a: self._act_space for a in self._agent_ids},
+            agent_episode_ids={
+                a: agent_episode_id(ma_id, i) for i, a in enumerate(self._agent_ids)
+            },
+            agent_module_ids=mapping,
+            agent_to_module_mapping_fn=lambda aid, episode: mapping[aid],
+        )
+        first = 0
+        if continues:  # no chunk to cut: start at the earliest hanging step's observation
+            hanging = old.start[e][old.pend[e]]
+            first = int(min([step0, *hanging.tolist()]))
+            ep.start_at(step0, step0 - first)
+            for a in np.nonzero(old.pend[e])[0].tolist():
+                self._ensure_agent(
+                    ep,
+                    a,
+                    old.obs[e, a],
+                    {k: v[e, a] for k, v in old.info.items()},
+                    int(old.n_act[e, a]) - 1,
+                )
+                self._set_hanging(ep, a, e, old)
+        return ep, first
+
+    def _set_hanging(self, ep: MultiAgentEpisode, a: int, e: int, carry: AgentCarry) -> None:
+        ep.set_hanging(
+            self._agent_ids[a],
+            carry.action[e, a],
+            float(carry.reward[e, a]),
+            {k: v[e, a] for k, v in carry.extras.items()},
+        )
+
+    def _ensure_agent(
+        self, ep: MultiAgentEpisode, a: int, obs: Any, info: dict[InfoPath, Any], t_started: int
+    ) -> SingleAgentEpisode:
+        aid = self._agent_ids[a]
+        sa = ep.agent_episodes.get(aid)
+        if sa is not None:
+            return sa
+        trusted = InfiniteLookbackBuffer.trusted
+        return ep.trusted_agent(
+            aid,
+            observations=trusted(np.asarray(obs)[None], 0, self._obs_space),
+            infos=trusted(
+                unflatten({k: np.asarray(v)[None] for k, v in info.items()}) if info else [{}], 0
+            ),
+            actions=trusted(
+                np.zeros((0,) + self._act_zero.shape, self._act_zero.dtype), 0, self._act_space
+            ),
+            rewards=trusted(np.zeros((0,), np.float32), 0, _reward_space()),
+            t_started=t_started,
+            default_id=agent_episode_id(ep.id_, a),
+        )
+
+    def _extend_episode(
+        self,
+        ep: MultiAgentEpisode,
+        first: int,
+        e: int,
+        length: int,
+        rows: np.ndarray,
+        cs: _CallSteps,
+        data: dict[str, Any],
+        hanging: bool,
+    ) -> None:
+        """Appends ``length`` env steps of env ``e`` (agent steps ``rows``) to ``ep``; its map
+        entries are written from env step ``first`` on."""
+        steps = cs.steps
+        last = ep.env_t + length
+        width = last - first + 1
+        info_paths = list(cs.call.infos)
+        extra_keys = list(cs.cols.extras)
+        agent_of_row = steps.agent[rows]
+        carry = self._carry
+        assert carry is not None  # set by _call_steps
+        for a, aid in enumerate(self._agent_ids):
+            r = rows[agent_of_row == a]
+            pend = hanging and bool(carry.pend[e, a])
+            mapped = aid in ep.env_t_to_agent_t
+            entries = np.full(width, -1, np.int64)
+            if len(r):
+                sa = self._ensure_agent(
+                    ep,
+                    a,
+                    data[SampleBatch.OBS][r[0]],
+                    _row_info(data, info_paths, r[0]),
+                    int(steps.t[r[0]]),
+                )
+                inside = steps.start_step[r] >= first  # earlier starts are already mapped
+                entries[steps.start_step[r][inside] - first] = steps.t[r][inside]
+                entries[steps.end_step[r] - first] = steps.t[r] + 1
+                _extend(sa.observations, data[SampleBatch.NEXT_OBS][r])
+                _extend(sa.actions, data[SampleBatch.ACTIONS][r])
+                _extend(sa.rewards, data[SampleBatch.REWARDS][r])
+                for k in extra_keys:
+                    if k not in sa.extra_model_outputs:
+                        sa.extra_model_outputs[k] = InfiniteLookbackBuffer.trusted(
+                            data[k][r][:0], sa.actions.lookback
+                        )
+                    _extend(sa.extra_model_outputs[k], data[k][r])
+                if info_paths and sa.infos.finalized:
+                    _extend(sa.infos, _take_rows(data["_next_infos"], r))
+                elif info_paths:  # a list-mode column (a cut successor): one dict per row
+                    rows_info = _take_rows(data["_next_infos"], r)
+                    sa.infos.data.extend(
+                        tree_map(lambda x, i=i: x[i], rows_info) for i in range(len(r))
+                    )
+                else:
+                    sa.infos.data.extend([{}] * len(r))
+                sa.t += len(r)
+                sa.is_terminated, sa.is_truncated = (
+                    bool(steps.terminated[r[-1]]),
+                    bool(steps.truncated[r[-1]]),
+                )
+                ep.clear_hanging(aid)
+            if pend:
+                start = int(carry.start[e, a])
+                t = int(carry.n_act[e, a]) - 1
+                self._ensure_agent(
+                    ep, a, carry.obs[e, a], {k: v[e, a] for k, v in carry.info.items()}, t
+                )
+                if first <= start <= last:
+                    entries[start - first] = t
+                self._set_hanging(ep, a, e, carry)
+            if hanging and aid not in ep.agent_episodes and self._next_acting[e, a]:
+                # Joins with the call's last observation (it acts on it in the next call).
+                L = cs.call.is_reset.shape[1]
+                info = {
+                    k: take_info(
+                        v,
+                        carry.info[k],
+                        np.array([e]),
+                        np.array([L + 1]),
+                        np.array([a]),
+                        len(self._agent_ids),
+                    )[0]
+                    for k, v in cs.call.infos.items()
+                }
+                self._ensure_agent(ep, a, cs.call.obs[e, a, L], info, int(carry.n_act[e, a]))
+                entries[last - first] = int(carry.n_act[e, a])
+            if not mapped and aid not in ep.agent_episodes:
+                continue
+            ep.extend_agent_map(aid, [SKIP if v < 0 else v for v in entries.tolist()], first)
+        ep.env_t = last
+
+
+_STEP_KEYS = frozenset(
+    {
+        SampleBatch.OBS,
+        SampleBatch.NEXT_OBS,
+        SampleBatch.ACTIONS,
+        SampleBatch.REWARDS,
+        SampleBatch.TERMINATEDS,
+        SampleBatch.TRUNCATEDS,
+        SampleBatch.T,
+        SampleBatch.EPS_ID,
+        SampleBatch.AGENT_INDEX,
+        SampleBatch.INFOS,
+        "_next_infos",
+    }
+)
+
+
+def _slice_rows(data: dict[str, Any], lo: int, hi: int) -> dict[str, Any]:
+    return {
+        k: (_slice_rows(v, lo, hi) if isinstance(v, dict) else v[lo:hi])
+        for k, v in data.items()
+        if k != "_next_infos"
+    }
+
+
+def _take_rows(data: dict[str, Any], rows: np.ndarray) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in data.items():
+        if isinstance(v, dict):
+            out[k] = _take_rows(v, rows)
+        elif isinstance(v, list):
+            out[k] = [v[i] for i in rows.tolist()]
+        else:
+            out[k] = v[rows]
+    return out
+
+
+def _flatten(tree: dict[str, Any], prefix: InfoPath = ()) -> dict[InfoPath, np.ndarray]:
+    out = {}
+    for k, v in tree.items():
+        if isinstance(v, dict):
+            out.update(_flatten(v, prefix + (k,)))
+        else:
+            out[prefix + (k,)] = v
+    return out
+
+
+def _row_info(data: dict[str, Any], info_paths: list, row: int) -> dict[InfoPath, Any]:
+    """Flattened info leaves of the start observation of step ``row``."""
+    if not info_paths:
+        return {}
+    return {k: v[row] for k, v in _flatten(data[SampleBatch.INFOS]).items()}
+
+
+def _extend(buf: InfiniteLookbackBuffer, items: Any) -> None:
+    """Appends arrays to a numpy'ized buffer (an empty list-mode buffer becomes numpy'ized)."""
+    if not buf.finalized and buf.len_incl_lookback() == 0:
+        buf.data, buf.finalized = items, True
+        return
+    buf.extend(items)

@@ -1,0 +1,203 @@
+"""Single-agent conversion of a device sampler's rollout chunks into episodes or a batch.
+
+:class:`SingleAgentConverter` turns the host copies of one call's chunks into numpy'ized
+:class:`SingleAgentEpisode` chunks (``sample()``) or one ``SampleBatch`` (``sample_batch()``):
+env-major columns once per call (:func:`~jaxsampler.sampling.columns.build_columns`),
+segments with ``np.nonzero``, then numpy views (episodes) or one flat gather per column
+(the batch). The only Python loop is over episodes, never over timesteps.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from jaxsampler.constants import DEFAULT_POLICY_ID
+from jaxsampler.episodes.batch import MultiAgentBatch, SampleBatch
+from jaxsampler.episodes.ids import EpisodeIds
+from jaxsampler.episodes.lookback import InfiniteLookbackBuffer
+from jaxsampler.episodes.single_agent import EpisodeBuffers, SingleAgentEpisode, _reward_space
+from jaxsampler.sampling.base import SamplerMetrics
+from jaxsampler.sampling.columns import (
+    Columns,
+    InfoPath,
+    Segments,
+    build_columns,
+    find_segments,
+    info_for_obs,
+    no_gc,
+    unflatten,
+)
+from jaxsampler.types import Trajectory
+
+__all__ = ["SingleAgentConverter"]
+
+
+class SingleAgentConverter:
+    """Buffers -> :class:`SingleAgentEpisode` chunks or a ``SampleBatch``, one env agent.
+
+    Carries across calls the lookback head of every env and the returns of the running
+    episodes; :meth:`reset` drops both.
+
+    Args:
+        ids: the sampler's episode ids.
+        num_envs: ``E``.
+        observation_space, action_space: of the env's (one) agent.
+        horizon: lookback steps carried into continuation chunks.
+    """
+
+    def __init__(
+        self,
+        ids: EpisodeIds,
+        num_envs: int,
+        observation_space: Any,
+        action_space: Any,
+        horizon: int,
+    ):
+        self._ids = ids
+        self._obs_space, self._act_space = observation_space, action_space
+        self._horizon = horizon
+        self._head: Columns | None = None  # the last H steps of the previous call
+        self._reset_info: dict[InfoPath, np.ndarray] = {}
+        self._partial_return = np.zeros(num_envs, np.float64)
+
+    def reset(self, reset_info: dict[InfoPath, np.ndarray]) -> None:
+        """Forgets the running episodes; ``reset_info`` holds the reset observations' info."""
+        self._head = None
+        self._reset_info = reset_info
+        self._partial_return = np.zeros_like(self._partial_return)
+
+    def _segments(
+        self, chunks: list[Trajectory], num_episodes: int | None
+    ) -> tuple[Columns, Segments, SamplerMetrics]:
+        H = self._horizon
+        fresh = self._head is None
+        cols = build_columns(chunks, self._head, self._reset_info, H, multi_agent=False)
+        self._head = cols.tail(H)
+        seg, m, self._partial_return = find_segments(
+            cols.is_reset,
+            cols.terminated,
+            cols.truncated,
+            cols.rewards,
+            horizon=H,
+            step0=np.asarray(chunks[0].episode_step_0),
+            count0=np.asarray(chunks[0].episode_count_0),
+            fresh=fresh,
+            partial_return=self._partial_return,
+            num_episodes=num_episodes,
+        )
+        return cols, seg, m
+
+    def episodes(
+        self, chunks: list[Trajectory], num_episodes: int | None, state: Any = None
+    ) -> tuple[list[SingleAgentEpisode], SamplerMetrics]:
+        """The call's episodes (finished ones, then ongoing chunks) and its metrics.
+
+        Each episode's buffers (numpy views of the call's columns) are built on first
+        access (:meth:`SingleAgentEpisode.lazy`): per episode, only its object is made here.
+        """
+        cols, seg, m = self._segments(chunks, num_episodes)
+        build = _EpisodeBuffers(cols, seg, self._horizon, self._obs_space, self._act_space)
+        lazy, obs_space, act_space = SingleAgentEpisode.lazy, self._obs_space, self._act_space
+        fields = zip(
+            self._ids.many(seg.env, seg.count).tolist(),
+            seg.t_started.tolist(),
+            (seg.t_started + seg.len).tolist(),
+            seg.term.tolist(),
+            seg.trunc.tolist(),
+        )
+        with no_gc():  # thousands of small objects: skip cyclic-GC passes while building
+            out = [
+                lazy(
+                    id_,
+                    build,
+                    i,
+                    observation_space=obs_space,
+                    action_space=act_space,
+                    terminated=term,
+                    truncated=trunc,
+                    t_started=t_started,
+                    t=t,
+                )
+                for i, (id_, t_started, t, term, trunc) in enumerate(fields)
+            ]
+        return out, m
+
+    def batch(
+        self, chunks: list[Trajectory], num_episodes: int | None, state: Any = None
+    ) -> tuple[MultiAgentBatch, SamplerMetrics]:
+        """One ``SampleBatch`` row per sampled (non-reset) step, episodes in
+        :meth:`episodes`' order: one flat gather per column, no loop over steps."""
+        cols, seg, m = self._segments(chunks, num_episodes)
+        H = self._horizon
+        lens = seg.len
+        n_rows = int(lens.sum())
+        seg_of_row = np.repeat(np.arange(len(lens)), lens)
+        offset = np.arange(n_rows) - np.repeat(np.cumsum(lens) - lens, lens)
+        e = seg.env[seg_of_row]
+        j = H + seg.start[seg_of_row] + offset
+        S = cols.is_reset.shape[1]
+        flat = e * S + j  # rows of the env-major step columns, flattened
+        flat_obs = flat + e  # obs have one slot more per env
+
+        def rows(col: np.ndarray, index: np.ndarray) -> np.ndarray:
+            return np.take(col.reshape((-1,) + col.shape[2:]), index, axis=0)
+
+        ids = self._ids.many(seg.env, seg.count)  # <U32, as episodes_to_batch gives
+        data: dict[str, Any] = {
+            SampleBatch.OBS: rows(cols.obs, flat_obs),
+            SampleBatch.NEXT_OBS: rows(cols.obs, flat_obs + 1),
+            SampleBatch.ACTIONS: rows(cols.actions, flat),
+            SampleBatch.REWARDS: rows(cols.rewards, flat),
+            SampleBatch.TERMINATEDS: rows(cols.terminated, flat),
+            SampleBatch.TRUNCATEDS: rows(cols.truncated, flat),
+            SampleBatch.T: (seg.t_started[seg_of_row] + offset).astype(np.int64),
+            SampleBatch.EPS_ID: ids[seg_of_row],
+            SampleBatch.AGENT_INDEX: np.zeros(n_rows, np.int64),
+        }
+        if cols.infos:
+            # The info of the observation at step j was recorded with step j - 1.
+            data[SampleBatch.INFOS] = unflatten(
+                {k: info_for_obs(col, e, j) for k, col in cols.infos.items()}
+            )
+        else:
+            data[SampleBatch.INFOS] = [{}] * n_rows
+        for name, col in cols.extras.items():
+            data[name] = rows(col, flat)
+        return MultiAgentBatch({DEFAULT_POLICY_ID: SampleBatch(data)}, n_rows), m
+
+
+class _EpisodeBuffers:
+    """Builds the buffers of the call's episode ``i``: numpy views of the call's columns
+    (``EpisodeBuffers``, as :meth:`SingleAgentEpisode.lazy` asks)."""
+
+    __slots__ = ("_cols", "_a", "_b", "_env", "_lb", "_obs_space", "_act_space", "_infos")
+
+    def __init__(self, cols: Columns, seg: Segments, H: int, obs_space: Any, act_space: Any):
+        self._cols = cols
+        self._a = (H + seg.start - seg.lookback).tolist()  # first slot, lookback included
+        self._b = (H + seg.start + seg.len).tolist()  # one past the last step's slot
+        self._env, self._lb = seg.env.tolist(), seg.lookback.tolist()
+        self._obs_space, self._act_space = obs_space, act_space
+        self._infos = list(cols.infos.items())
+
+    def __call__(self, i: int) -> EpisodeBuffers:
+        cols, trusted = self._cols, InfiniteLookbackBuffer.trusted
+        e, a, b, lb = self._env[i], self._a[i], self._b[i], self._lb[i]
+        if self._infos:
+            # The info of observation j + 1 was recorded at step j (the first
+            # observation's is zeros when the buffers do not hold it).
+            slots = np.arange(a, b + 1)
+            infos = trusted(
+                unflatten({k: info_for_obs(col, e, slots) for k, col in self._infos}), lb
+            )
+        else:
+            infos = trusted([{}] * (b - a + 1), lb)
+        return (
+            trusted(cols.obs[e, a : b + 1], lb, self._obs_space),
+            infos,
+            trusted(cols.actions[e, a:b], lb, self._act_space),
+            trusted(cols.rewards[e, a:b], lb, _reward_space()),
+            {k: trusted(c[e, a:b], lb) for k, c in cols.extras.items()},
+        )
