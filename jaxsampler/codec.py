@@ -92,7 +92,7 @@ def _object_state(obj: Any) -> list:
     if isinstance(obj, SingleAgentEpisode):
         return ["SingleAgentEpisode", obj.get_state()]
     if isinstance(obj, MultiAgentEpisode):
-        state = dict(obj.__dict__)
+        state = obj.get_state()
         fn = state.pop("agent_to_module_mapping_fn")
         state["agent_to_module_mapping_fn"] = (
             None
@@ -190,9 +190,7 @@ def _object(tag: str, state: Any) -> Any:
     if tag == "MultiAgentEpisode":
         state = dict(state)
         state["agent_to_module_mapping_fn"] = default_agent_to_module_mapping_fn
-        ep = MultiAgentEpisode.__new__(MultiAgentEpisode)
-        ep.__dict__.update(state)
-        return ep
+        return MultiAgentEpisode.from_state(state)
     if tag == "InfiniteLookbackBuffer":
         return InfiniteLookbackBuffer.from_state(state)
     if tag == "defaultdict":

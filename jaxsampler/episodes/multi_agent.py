@@ -206,6 +206,21 @@ class MultiAgentEpisode:
     def agent_to_module_mapping(self) -> dict[Any, Any]:
         return dict(self._agent_to_module_mapping)
 
+    def assign_module(self, agent_id: Any, module_id: Any) -> None:
+        """Records that ``module_id`` controls ``agent_id`` (a sampler that already knows
+        the mapping). Raises ``ValueError`` if the agent is mapped to another module."""
+        current = self._agent_to_module_mapping.setdefault(agent_id, module_id)
+        if current != module_id:
+            raise ValueError(
+                f"agent {agent_id!r} of episode {self.id_!r} is mapped to policy {current!r}, "
+                f"not {module_id!r}"
+            )
+
+    def assign_agent_episode_id(self, agent_id: Any, agent_episode_id: str) -> str:
+        """Names ``agent_id``'s episode in this chunk before its first step (an agent that
+        joins a ``cut`` chunk); a name already known wins. Returns the agent's id."""
+        return self._agent_episode_ids.setdefault(agent_id, agent_episode_id)
+
     @property
     def agent_ids(self) -> set:
         return set(self.agent_episodes)

@@ -436,16 +436,7 @@ class SampleCollector:
             ) from None
 
     def _map_policy(self, ep: MultiAgentEpisode, agent_id: Any, policy_id: Any) -> None:
-        # MultiAgentEpisode has no public way yet to record an agent's module once it is
-        # known (only its mapping function, at construction): the one private write here.
-        current = ep._agent_to_module_mapping.get(agent_id)
-        if current is None:
-            ep._agent_to_module_mapping[agent_id] = policy_id
-        elif current != policy_id:
-            raise ValueError(
-                f"agent {agent_id!r} of episode {ep.id_!r} is mapped to policy {current!r}, "
-                f"not {policy_id!r}"
-            )
+        ep.assign_module(agent_id, policy_id)
 
     def _flush_reset(self, ep: MultiAgentEpisode) -> None:
         p = self._reset.pop(ep.id_, None)

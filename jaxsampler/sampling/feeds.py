@@ -173,16 +173,6 @@ class Feed(abc.ABC):
         """The ids of the running episodes, in order of their env's first appearance."""
 
 
-def _name_late_agent(ep: MultiAgentEpisode, agent_id: Any, agent_episode: str) -> None:
-    """Gives an agent that joins a ``cut`` chunk its agent-episode id (a cut chunk knows
-    only the ids of the agents seen so far).
-
-    ``MultiAgentEpisode`` has no public method for this yet, hence the one write into its
-    id table, kept here.
-    """
-    ep._agent_episode_ids.setdefault(agent_id, agent_episode)
-
-
 class CollectorFeed(Feed):
     """The feed of multi-agent envs: :class:`MultiAgentEpisode` objects built by a
     :class:`SampleCollector`. Also usable for single-agent envs (``feed="collector"``):
@@ -274,7 +264,7 @@ class CollectorFeed(Feed):
                     values["infos"] = infos.get(a, {})
                     if a not in ep.agent_episodes and a not in sent:  # joins the running episode
                         b.states.pop((e, a), None)
-                        _name_late_agent(ep, a, self._agent_episode_id(ep.id_, a))
+                        ep.assign_agent_episode_id(a, self._agent_episode_id(ep.id_, a))
                         c.add_init_obs(
                             episode=eid,
                             agent_id=a,
