@@ -26,7 +26,7 @@ DEVIATIONS = {
     ("1.2", "get(-4, nial)      <-- BUG: wraps, list mode raises -> np.int64(9)"): (
         "get(-4, nial)      <-- BUG: wraps, list mode raises -> !! IndexError: index -1 is out of "
         "bounds for axis 0 with size 6",
-        "RLlib bug (reference §0.3): numpy'ized buffers wrap around; we raise like list mode",
+        "RLlib 2.60 bug: numpy'ized buffers wrap around; we raise like list mode",
     ),
     (
         "4.3",
@@ -35,7 +35,7 @@ DEVIATIONS = {
     ): (
         "shuffled obs [3 1 2 4 5] infos (NOT shuffled): [{'a': 2}, {'a': 0}, {'a': 1}, {'a': 3}, "
         "{'a': 4}]",
-        "RLlib bug (§4.3): shuffle() leaves infos in place; we permute them with the rows",
+        "RLlib 2.60 bug: shuffle() leaves infos in place; we permute them with the rows",
     ),
     ("4.3", "list(b.rows()) -> !! TypeError: 'int' object is not subscriptable"): (
         "list(b.rows()) -> "
@@ -53,7 +53,7 @@ DEVIATIONS = {
         "'infos': {'a': 3}}, {'obs': np.int64(5), 'rewards': np.float64(0.0), 'eps_id': "
         "np.int64(8), "
         "'terminateds': np.True_, 'truncateds': np.False_, 'infos': {'a': 4}}]",
-        "RLlib bug (§4.3): rows() fails on dict infos; we yield one dict per row",
+        "RLlib 2.60 bug: rows() fails on dict infos; we yield one dict per row",
     ),
 }
 

@@ -33,7 +33,7 @@ DEVIATIONS: dict[tuple[str, str], tuple[list[str], str]] = {
             "get_extra_model_outputs('vf', env_steps=False)   (BUG) -> "
             "{'a0': [0.1, 0.2, 0.3, 0.4], 'a1': [10.1, 10.3], 'a2': [20.3]}"
         ],
-        "RLlib bug (§3.12.2): env_steps=False extras raise TypeError; we return them (hanging "
+        "RLlib 2.60 bug: env_steps=False extras raise TypeError; we return them (hanging "
         "excluded for indices=None)",
     ),
     (
@@ -57,14 +57,14 @@ DEVIATIONS: dict[tuple[str, str], tuple[list[str], str]] = {
         "Rs={'a0': np.float64(6.0), 'a1': np.float64(0.75), 'a2': 0} id_=ma) are converted to nu",
     ): (
         ["to_numpy with len-0 agent (a2) then is_numpy -> True"],
-        "RLlib bug (§3.12.8): an agent without steps makes is_numpy raise; we ignore such agents",
+        "RLlib 2.60 bug: an agent without steps makes is_numpy raise; we ignore such agents",
     ),
     ("3.7", "    a0 same SA id: True t_started 1 LB 0 obs(incl LB) [1] act(incl LB) []"): (
         [
             "    a0 same SA id: True t_started 1 LB 1 obs(incl LB) [0, 1] act(incl LB) [0]",
             "    a1 same SA id: True t_started 0 LB 0 obs(incl LB) [100] act(incl LB) []",
         ],
-        "RLlib bug (§3.12.4): cut(0) drops hanging agent a1; we raise the lookback to keep its "
+        "RLlib 2.60 bug: cut(0) drops hanging agent a1; we raise the lookback to keep its "
         "last obs",
     ),
     ("3.7", "    map {'a0': ([1], 0)} hanging {} rew_end {'a1': 0.0} rew_begin {'a1': 0.5}"): (
@@ -72,7 +72,7 @@ DEVIATIONS: dict[tuple[str, str], tuple[list[str], str]] = {
             "    map {'a0': ([0, 1], 1), 'a1': ([0, 'S'], 1)} hanging {'a1': 10} rew_end "
             "{'a1': 0.5} rew_begin {}"
         ],
-        "same bug (§3.12.4): a1's hanging action and reward stay hanging in the successor",
+        "same RLlib bug: a1's hanging action and reward stay hanging in the successor",
     ),
     (
         "3.7",
@@ -83,7 +83,7 @@ DEVIATIONS: dict[tuple[str, str], tuple[list[str], str]] = {
             "    map {'a0': ([3, 4], 1), 'a1': ([2, 'S'], 1), 'a2': ([1, 'S'], 1)} hanging "
             "{'a1': 12, 'a2': 21} rew_end {'a1': 2.0, 'a2': 0.0} rew_begin {}"
         ],
-        "RLlib bug (§3.12.5): the successor copies rew_end into rew_begin (counted twice); ours "
+        "RLlib 2.60 bug: the successor copies rew_end into rew_begin (counted twice); ours "
         "starts empty",
     ),
     (
@@ -95,7 +95,7 @@ DEVIATIONS: dict[tuple[str, str], tuple[list[str], str]] = {
             "    map {'a0': ([2, 3, 4], 2), 'a1': ([1, 2, 'S'], 2), 'a2': ([0, 1, 'S'], 2)} "
             "hanging {'a1': 12, 'a2': 21} rew_end {'a1': 2.0, 'a2': 0.0} rew_begin {}"
         ],
-        "same bug (§3.12.5)",
+        "same RLlib bug",
     ),
     (
         "3.7",
@@ -106,19 +106,19 @@ DEVIATIONS: dict[tuple[str, str], tuple[list[str], str]] = {
             "  get_actions(slice(-2, None), nial)   (BUG: misses a0's 3, a1's 12) -> "
             "{'a0': [3, 4, 5], 'a1': [12, 13], 'a2': [21]}"
         ],
-        "RLlib bug (§3.12.1): env-step getters drop items on cut chunks; we return the actions at "
+        "RLlib 2.60 bug: env-step getters drop items on cut chunks; we return the actions at "
         "env steps -2..end",
     ),
     ("3.7", "  get_return(include_hanging_rewards=True) -> 23.5"): (
         ["  get_return(include_hanging_rewards=True) -> 21.5"],
-        "RLlib bug (§3.12.5): 2.0 counted twice",
+        "RLlib 2.60 bug: 2.0 counted twice",
     ),
     ("3.7", "  lb=2 chunk get_actions()   (BUG: should be a0 [4, 5], a1 [13]) -> {'a0': [5]}"): (
         [
             "  lb=2 chunk get_actions()   (BUG: should be a0 [4, 5], a1 [13]) -> "
             "{'a0': [4, 5], 'a1': [13]}"
         ],
-        "RLlib bug (§3.12.1), fixed: the value the reference says it should be",
+        "RLlib 2.60 bug, fixed: the value the reference says it should be",
     ),
 }
 

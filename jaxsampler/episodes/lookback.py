@@ -1,7 +1,7 @@
 """``InfiniteLookbackBuffer``: one per-timestep column of an episode, plus its lookback.
 
-Same constructor, methods and index semantics as RLlib's buffer of that name (ray 2.60;
-see ``shared/reference/rllib-semantics.md`` section 1), written from that specification:
+Same constructor, methods and index semantics as RLlib's buffer of that name in ray 2.60
+(its documentation and recorded behaviour), written anew:
 
 * ``data`` is a ``list`` ("list mode") or, once :meth:`finalize`d ("numpy'ized"), an
   ndarray or a dict/tuple struct of ndarrays with time as the leading axis. The first
@@ -13,7 +13,7 @@ see ``shared/reference/rllib-semantics.md`` section 1), written from that specif
   ``fill`` is given. Numpy'ized slices are views of ``data`` (no copy) when no padding
   or one-hot encoding is asked for.
 
-Deliberate deviation from RLlib (its bug, §0.3): on a numpy'ized buffer,
+Deliberate deviation from RLlib 2.60 (a bug there): on a numpy'ized buffer,
 ``get(i, neg_index_as_lookback=True)`` reaching past the lookback raises ``IndexError``
 like list mode does, instead of silently wrapping around. ``get_state()`` keeps the
 space object itself (picklable) rather than a dict serialization.

@@ -1,8 +1,7 @@
 """``MultiAgentEpisode``: one multi-agent episode (chunk), RLlib-compatible.
 
 Same constructor arguments, methods, index semantics and errors as RLlib's class of that
-name (ray 2.60; ``shared/reference/rllib-semantics.md`` section 3), written from that
-specification:
+name in ray 2.60 (its documentation and its recorded behaviour), written anew:
 
 * one :class:`SingleAgentEpisode` per agent (``agent_episodes``), holding only the steps
   at which that agent acted; ``env_t_to_agent_t`` maps every env step to the agent's own
@@ -13,7 +12,7 @@ specification:
 * getters index env steps by default (``env_steps=True``) and each agent's own
   timeline with ``env_steps=False``.
 
-Deviations from ray 2.60, all RLlib bugs listed in the reference (section 3.12):
+Deviations from ray 2.60, each where RLlib 2.60 has a bug:
 env-step getters on cut chunks return every item (1); ``get_extra_model_outputs(key,
 env_steps=False)`` works (2); ``get_truncateds()["__all__"]`` is ``is_truncated`` (3);
 ``cut(0)`` keeps hanging agents (4); a cut chunk's ``_hanging_rewards_begin`` starts

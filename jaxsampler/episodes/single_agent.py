@@ -1,8 +1,7 @@
 """``SingleAgentEpisode``: one agent's episode chunk, RLlib-compatible.
 
 Same constructor arguments, methods, index semantics and errors as RLlib's class of that
-name (ray 2.60; ``shared/reference/rllib-semantics.md`` section 2), written from that
-specification. Every per-timestep column is an :class:`InfiniteLookbackBuffer`; episodes
+name in ray 2.60 (its documentation and recorded behaviour), written anew. Every per-timestep column is an :class:`InfiniteLookbackBuffer`; episodes
 built by :class:`jaxsampler.Sampler` hold numpy views into one bulk host copy of the
 rollout buffers.
 
