@@ -1,4 +1,4 @@
-"""Every RLlib ``MultiAgentEpisode`` example of the reference (section 3) reproduced.
+"""Every recorded RLlib 2.60 ``MultiAgentEpisode`` example, replayed with jaxsampler.
 
 The examples and their outputs (obtained by running ray[rllib] 2.60.0) are in
 tests/data/rllib_examples_multi_agent.json; each runs with jaxsampler's classes in place
@@ -64,8 +64,7 @@ DEVIATIONS: dict[tuple[str, str], tuple[list[str], str]] = {
             "    a0 same SA id: True t_started 1 LB 1 obs(incl LB) [0, 1] act(incl LB) [0]",
             "    a1 same SA id: True t_started 0 LB 0 obs(incl LB) [100] act(incl LB) []",
         ],
-        "RLlib 2.60 bug: cut(0) drops hanging agent a1; we raise the lookback to keep its "
-        "last obs",
+        "RLlib 2.60 bug: cut(0) drops hanging agent a1; we raise the lookback to keep its last obs",
     ),
     ("3.7", "    map {'a0': ([1], 0)} hanging {} rew_end {'a1': 0.0} rew_begin {'a1': 0.5}"): (
         [
@@ -118,7 +117,7 @@ DEVIATIONS: dict[tuple[str, str], tuple[list[str], str]] = {
             "  lb=2 chunk get_actions()   (BUG: should be a0 [4, 5], a1 [13]) -> "
             "{'a0': [4, 5], 'a1': [13]}"
         ],
-        "RLlib 2.60 bug, fixed: the value the reference says it should be",
+        "RLlib 2.60 bug, fixed: the value RLlib documents",
     ),
 }
 
