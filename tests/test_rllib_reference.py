@@ -1,4 +1,4 @@
-"""Every recorded RLlib 2.60 example for the buffer, single-agent episode and batches, replayed with jaxsampler.
+"""Every recorded RLlib 2.60 example (buffer, single-agent episode, batches), replayed.
 
 The examples and their outputs (obtained by running ray[rllib] 2.60.0) are in
 tests/data/rllib_examples_single_agent.json. Each example runs with jaxsampler's
