@@ -160,7 +160,9 @@ def init_state_and_info(
     env_state, ts = jax.tree.map(lambda x: jnp.array(x, copy=True), (env_state, ts))
     # Python-number params as arrays: the rollout's output state has arrays there, and a
     # jitted rollout would otherwise compile once more for the second call's signature.
-    env_params = jax.tree.map(jnp.asarray, env_params)
+    # Copied: the state is donated, and params that are already arrays (the user's, or
+    # an env's own default_params) must survive the first call.
+    env_params = jax.tree.map(lambda x: jnp.array(x, copy=True), env_params)
     state = RolloutState(
         env_state=env_state,
         obs=ts.obs,
@@ -262,6 +264,8 @@ class Rollout:
         init: ``(key, env_params=None) -> RolloutState``: resets the ``E`` envs.
         allocate: ``(params, state) -> Trajectory``: zero-filled buffers of the shapes
             ``run`` writes (jittable).
+        debug: ``run`` checks values on the host after each call (``debug=True`` of
+            :func:`make_rollout`); such a rollout jits itself and cannot be jitted again.
     """
 
     num_envs: int
@@ -270,6 +274,7 @@ class Rollout:
     run: RolloutFn
     init: InitFn
     allocate: AllocateFn
+    debug: bool = False
 
     def __call__(
         self, params: Any, state: RolloutState, buffers: Trajectory | None = None
@@ -395,7 +400,7 @@ def make_rollout(
         return state, dataclasses.replace(buf, obs=_write(buf.obs, jnp.int32(T), state.obs))
 
     run: RolloutFn = _debug_rollout(env, rollout) if debug else rollout
-    return Rollout(E, T, A, run=run, init=init, allocate=allocate)
+    return Rollout(E, T, A, run=run, init=init, allocate=allocate, debug=debug)
 
 
 def jit_rollout(rollout: Rollout) -> Rollout:
@@ -409,6 +414,11 @@ def jit_rollout(rollout: Rollout) -> Rollout:
     if not isinstance(rollout, Rollout):
         raise TypeError(
             f"jit_rollout takes the Rollout that make_rollout returns, got {type(rollout).__name__}"
+        )
+    if rollout.debug:
+        raise TypeError(
+            "jit_rollout: a debug=True rollout checks its values on the host after each call, "
+            "which cannot run under jit; call it directly (its steps are jitted inside)"
         )
     jitted = jax.jit(rollout.run, donate_argnums=(1, 2))
     allocate = jax.jit(rollout.allocate)

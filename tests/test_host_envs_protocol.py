@@ -128,6 +128,32 @@ def test_reset_is_optional_and_resettable_says_whether_it_exists():
     assert [len(e) for e in eps] == [3] and eps[0].t_started == 0
 
 
+def test_a_reset_inherited_from_a_mixin_counts():
+    """``resettable`` follows the MRO: a reset() from a mixin makes the env resettable, and
+    ``num_episodes`` then really resets it (fresh episodes from t=0)."""
+
+    class ResetMixin:
+        resets = 0
+
+        def reset(self) -> None:
+            type(self).resets += 1
+            self.t = None
+
+    class Mixed(ResetMixin, Counter):
+        pass
+
+    class Opted(Mixed):
+        resettable = False  # an explicit choice wins over an inherited reset()
+
+    assert Mixed.resettable and not Opted.resettable and not Counter.resettable
+    env = Mixed()
+    s = HostSampler(env, POLICY)
+    s.sample((), num_timesteps=2)
+    before = Mixed.resets
+    eps = s.sample((), num_episodes=1)
+    assert Mixed.resets == before + 1 and [e.t_started for e in eps] == [0]
+
+
 def test_poll_gets_the_call_deadline_as_timeout_only_when_there_is_one():
     env = Counter()
     HostSampler(env, POLICY).sample((), num_timesteps=4)

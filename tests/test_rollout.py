@@ -196,6 +196,33 @@ def test_rollout_object_bundles_init_and_allocate_of_its_own_sizes():
         js.jit_rollout(rollout.run)
 
 
+def test_env_params_survive_the_donated_state():
+    """The rollout state is donated; env params that are already arrays (the user's, or an
+    env's own default_params such as gymnax Acrobot's torque array) are copied into it, so
+    they survive the first call and later resets work."""
+    env = js.make("gymnax:Acrobot-v1")
+    assert any(isinstance(x, jax.Array) for x in jax.tree.leaves(env.default_params))
+    pol = js.RandomPolicy(env.observation_space, env.action_space)
+    s = js.Sampler(env, pol, num_envs=2, rollout_length=8)
+    s.sample(())
+    s.sample((), force_reset=True)
+    assert len(s.sample((), num_episodes=1)) >= 1
+    cart = js.make("CartPole-v1")
+    params = jax.tree.map(jnp.asarray, cart.default_params)
+    s = js.Sampler(
+        cart, js.RandomPolicy(cart.observation_space, cart.action_space), 2, 8, env_params=params
+    )
+    s.sample(())
+    assert not any(x.is_deleted() for x in jax.tree.leaves(params))
+    s.sample((), force_reset=True)
+
+
+def test_jit_rollout_refuses_a_debug_rollout_with_a_reason():
+    env, pol = FakeEnv(), js.RandomPolicy(FakeEnv().observation_space, FakeEnv().action_space)
+    with pytest.raises(TypeError, match="debug=True rollout"):
+        js.jit_rollout(js.make_rollout(env, pol, 2, 4, debug=True))
+
+
 def test_buffers_are_donated_and_reused():
     _, _, rollout = fake_setup()
     state, traj = rollout((), fresh_state(12))

@@ -89,9 +89,16 @@ class HostEnv(abc.ABC):
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        # Decided once per class, so the samplers never probe an instance for reset().
-        if "resettable" not in vars(cls) and "reset" in vars(cls):
-            cls.resettable = True
+        # Decided once per class, so the samplers never probe an instance for reset(): the
+        # nearest class in the MRO that sets ``resettable`` or defines ``reset`` decides
+        # (a reset() inherited from a mixin counts).
+        for klass in cls.__mro__:
+            if "resettable" in vars(klass):
+                cls.resettable = bool(vars(klass)["resettable"])
+                break
+            if "reset" in vars(klass):
+                cls.resettable = True
+                break
 
     @abc.abstractmethod
     def poll(self, timeout: float | None = None) -> PollResult:
