@@ -72,3 +72,43 @@ def test_a_member_must_implement_the_whole_interface():
 
     with pytest.raises(TypeError, match="abstract"):
         Half()
+
+
+def test_a_wrapped_gymnasium_vector_env_is_a_vector_env(cartpole_policy):
+    gym = pytest.importorskip("gymnasium")
+    from gymnasium.wrappers.vector import RecordEpisodeStatistics
+
+    vec = RecordEpisodeStatistics(
+        gym.make_vec("CartPole-v1", num_envs=3, vectorization_mode="sync")
+    )
+    with js.Sampler(vec, cartpole_policy, rollout_length=4) as s:
+        assert s.host_env.num_envs == 3
+        assert s.sample(None) and s.metrics.num_env_steps_sampled == 12
+
+
+def test_envs_the_factory_made_are_closed_when_the_sampler_cannot_be_built(monkeypatch):
+    """A failed construction leaves no sub-env open; an env the caller built stays theirs."""
+    from jaxsampler.host_envs import GymnasiumHostEnv
+
+    closed = []
+    monkeypatch.setattr(GymnasiumHostEnv, "close", lambda self: closed.append(self))
+    wrong = js.RandomPolicy(js.spaces.Box(-1, 1, (5,), np.float32), js.spaces.Discrete(2))
+    with pytest.raises(ValueError, match="mismatched observation space"):
+        js.Sampler("gym:CartPole-v1", wrong, num_envs=2)
+    assert len(closed) == 1
+    env = js.make("CartPole-v1")
+    policy = js.RandomPolicy(env.observation_space, env.action_space)
+    with pytest.raises(ValueError, match="env_params"):
+        js.Sampler("gym:CartPole-v1", policy, env_params={"x": 1})
+    assert len(closed) == 2
+    mine = GymnasiumHostEnv("CartPole-v1", 2)
+    with pytest.raises(ValueError, match="num_envs=3"):
+        js.Sampler(mine, policy, num_envs=3)
+    assert len(closed) == 2  # not closed: the caller made it
+
+
+def test_lookback_accepts_numpy_ints(cartpole_policy):
+    s = js.Sampler("CartPole-v1", cartpole_policy, 2, 4, episode_lookback_horizon=np.int64(2))
+    assert s.sample(None)
+    with pytest.raises(ValueError, match="episode_lookback_horizon must be an int >= 0"):
+        js.Sampler("CartPole-v1", cartpole_policy, 2, 4, episode_lookback_horizon=-1)

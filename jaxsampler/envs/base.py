@@ -90,8 +90,7 @@ class Env:
 class SingleAgentEnv(Env):
     """Helper base for single-agent envs written as one-agent, unbatched logic.
 
-    Subclasses implement, in gymnax's order (so a gymnax env's ``reset_env`` /
-    ``step_env`` port unchanged):
+    Subclasses implement, in gymnax's argument and return order:
 
     * ``reset_env(key, params) -> (obs, state)``; ``state`` must have an int32 ``time``.
     * ``step_env(key, state, action, params) -> (obs, state, reward, terminated, info)``
@@ -101,6 +100,11 @@ class SingleAgentEnv(Env):
       (independently of ``terminated``, as Gymnasium's ``TimeLimit`` does).
     * ``info`` must have the same structure after reset and step; ``reset_info``
       returns the reset-time value (default :class:`NoInfo`).
+
+    Porting a gymnax env: the signatures match, but gymnax's ``step_env`` increments
+    ``state.time`` itself and returns ``done`` (termination or time limit); here the base
+    class owns the clock, so drop that increment and return the termination alone, or
+    episodes are cut at half the limit (:func:`jaxsampler.check_env` reports it).
 
     Note the order differs from :meth:`Env.reset` / :meth:`Env.step`, which return the
     state first: those are the library's batched protocol, these gymnax's.

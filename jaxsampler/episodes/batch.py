@@ -1,8 +1,9 @@
 """``SampleBatch``, ``MultiAgentBatch`` and ``concat_samples``, RLlib-compatible.
 
 Same constructor arguments, column names, counters, slicing and concatenation rules as
-RLlib's classes in ray 2.60 (their documentation and recorded behaviour), written anew. Deliberate deviations from RLlib bugs: ``shuffle()`` permutes
-``infos`` with the other columns; ``timeslices(size)`` returns a shorter last slice
+RLlib's classes in ray 2.60 (their documentation and recorded behaviour), written anew.
+Deliberate deviations from RLlib bugs: ``shuffle()`` permutes ``infos`` with the other
+columns; ``timeslices(size)`` returns a shorter last slice
 instead of looping forever when ``count % size != 0``; ``rows()`` yields one dict per row
 even when ``infos`` holds dicts.
 """

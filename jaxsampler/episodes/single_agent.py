@@ -1,8 +1,8 @@
 """``SingleAgentEpisode``: one agent's episode chunk, RLlib-compatible.
 
 Same constructor arguments, methods, index semantics and errors as RLlib's class of that
-name in ray 2.60 (its documentation and recorded behaviour), written anew. Every per-timestep column is an :class:`InfiniteLookbackBuffer`; episodes
-built by :class:`jaxsampler.Sampler` hold numpy views into one bulk host copy of the
+name in ray 2.60 (its documentation and recorded behaviour), written anew. Every
+per-timestep column is an :class:`InfiniteLookbackBuffer`; episodes built by :class:`jaxsampler.Sampler` hold numpy views into one bulk host copy of the
 rollout buffers.
 
 Additions (RLlib code still runs unchanged): ``add_env_reset`` / ``add_env_step`` accept

@@ -91,13 +91,13 @@ def check_lookback(episode_lookback_horizon: Any) -> int:
     """Validates ``episode_lookback_horizon`` (an int >= 0) and returns it."""
     if (
         isinstance(episode_lookback_horizon, bool)
-        or not isinstance(episode_lookback_horizon, int)
+        or not isinstance(episode_lookback_horizon, (int, np.integer))
         or episode_lookback_horizon < 0
     ):
         raise ValueError(
             f"episode_lookback_horizon must be an int >= 0, got {episode_lookback_horizon!r}"
         )
-    return episode_lookback_horizon
+    return int(episode_lookback_horizon)
 
 
 class _PicksMember(abc.ABCMeta):
@@ -105,9 +105,9 @@ class _PicksMember(abc.ABCMeta):
 
     def __call__(cls, *args: Any, **kwargs: Any) -> Any:
         if cls is Sampler:
-            from jaxsampler.sampling.factory import sampler_class
+            from jaxsampler.sampling.factory import build_sampler
 
-            cls, args, kwargs = sampler_class(args, kwargs)
+            return build_sampler(args, kwargs)
         return super().__call__(*args, **kwargs)
 
 

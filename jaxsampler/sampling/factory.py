@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import sys
 from typing import TYPE_CHECKING, Any
 
 from jaxsampler.envs.base import Env
@@ -12,7 +13,7 @@ from jaxsampler.host_envs.base import check_host_env
 if TYPE_CHECKING:  # base imports this module when a Sampler is built
     from jaxsampler.sampling.base import Sampler
 
-__all__ = ["as_host_env", "sampler_class"]
+__all__ = ["as_host_env", "build_sampler"]
 
 _SIGNATURE = inspect.Signature(
     [
@@ -26,6 +27,12 @@ _SIGNATURE = inspect.Signature(
 )
 
 
+def _is_gymnasium_vector_env(env: Any) -> bool:
+    """A Gymnasium vector env, wrapped or not (Gymnasium itself stays an optional import)."""
+    gymnasium = sys.modules.get("gymnasium")
+    return gymnasium is not None and isinstance(env, gymnasium.vector.VectorEnv)
+
+
 def as_host_env(env: Any, num_envs: int | None, seed: int) -> HostEnv | None:
     """``env`` as a :class:`HostEnv` if it is host-stepped (a HostEnv, a Gymnasium env or
     vector env, a list of envs or factories, or ``"gym:<id>"``), else ``None``.
@@ -36,7 +43,7 @@ def as_host_env(env: Any, num_envs: int | None, seed: int) -> HostEnv | None:
     """
     if isinstance(env, HostEnv) or hasattr(env, "poll") or hasattr(env, "send_actions"):
         return check_host_env(env)
-    if type(env).__module__.startswith("gymnasium.vector"):
+    if _is_gymnasium_vector_env(env):
         return GymnasiumVectorHostEnv(env, seed=seed)
     if isinstance(env, str) and env.startswith("gym:"):
         return GymnasiumHostEnv(env[len("gym:") :], 1 if num_envs is None else num_envs, seed=seed)
@@ -50,10 +57,10 @@ def as_host_env(env: Any, num_envs: int | None, seed: int) -> HostEnv | None:
     return None
 
 
-def sampler_class(
-    args: tuple[Any, ...], kwargs: dict[str, Any]
-) -> tuple[type[Sampler], tuple[Any, ...], dict[str, Any]]:
-    """The sampler class for ``Sampler(*args, **kwargs)`` and the arguments to build it with."""
+def build_sampler(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Sampler:
+    """``Sampler(*args, **kwargs)``: the member that fits the env, built. A host env that
+    this function made itself (from ``"gym:<id>"``, Gymnasium envs or factories) is closed
+    again if the sampler cannot be built, so no sub-env process or thread is left behind."""
     from jaxsampler.sampling.device import DeviceSampler
     from jaxsampler.sampling.host import HostSampler
 
@@ -70,14 +77,18 @@ def sampler_class(
         if num_envs is not None:
             options["num_envs"] = num_envs
         options.setdefault("rollout_length", a.get("rollout_length", 128))
-        return DeviceSampler, (a["env"], a["policy"]), {"seed": seed, **options}
-    if options.get("env_params") is not None:
-        raise ValueError("env_params are for pure-JAX envs; configure a host-stepped env directly")
-    options.pop("env_params", None)
-    if num_envs is not None and host.num_envs != num_envs:
-        raise ValueError(f"num_envs={num_envs} but the host env has {host.num_envs} sub-envs")
-    return (
-        HostSampler,
-        (host, a["policy"]),
-        {"seed": seed, "rollout_length": a.get("rollout_length", 128), **options},
-    )
+        return DeviceSampler(a["env"], a["policy"], seed=seed, **options)
+    made_here = host is not a["env"]
+    try:
+        if options.pop("env_params", None) is not None:
+            raise ValueError(
+                "env_params are for pure-JAX envs; configure a host-stepped env directly"
+            )
+        if num_envs is not None and host.num_envs != num_envs:
+            raise ValueError(f"num_envs={num_envs} but the host env has {host.num_envs} sub-envs")
+        rollout_length = a.get("rollout_length", 128)
+        return HostSampler(host, a["policy"], seed=seed, rollout_length=rollout_length, **options)
+    except BaseException:
+        if made_here:
+            host.close()
+        raise
