@@ -2,8 +2,9 @@
 
 Same constructor arguments, methods, index semantics and errors as RLlib's class of that
 name in ray 2.60 (its documentation and recorded behaviour), written anew. Every
-per-timestep column is an :class:`InfiniteLookbackBuffer`; episodes built by :class:`jaxsampler.Sampler` hold numpy views into one bulk host copy of the
-rollout buffers.
+per-timestep column is an :class:`InfiniteLookbackBuffer`; episodes built by
+:class:`jaxsampler.Sampler` hold numpy views into one bulk host copy of the rollout
+buffers.
 
 Additions (RLlib code still runs unchanged): ``add_env_reset`` / ``add_env_step`` accept
 ``validate=True`` to check observations and actions against the spaces *before*
