@@ -305,7 +305,8 @@ def run(cfg: PPOConfig, seeds: int = 3, seed: int = 0) -> dict[str, Any]:
     # Mean return of the episodes completed in the last 5% of updates (at least 1 update).
     tail = max(1, cfg.num_updates // 20)
     final = ret_sum[:, -tail:].sum(1) / np.maximum(eps[:, -tail:].sum(1), 1)
-    curve = ret_sum / np.maximum(eps, 1)
+    # Updates in which no episode finished have no mean return: None, not 0.
+    curve = np.where(eps > 0, ret_sum / np.maximum(eps, 1), np.nan)
     steps = cfg.num_updates * cfg.num_envs * cfg.rollout_length
     return {
         "config": dataclasses.asdict(cfg),
@@ -315,7 +316,9 @@ def run(cfg: PPOConfig, seeds: int = 3, seed: int = 0) -> dict[str, Any]:
         "wall_s": wall_s,
         "env_steps_per_s": steps * seeds / wall_s,
         "final_mean_return_per_seed": final.tolist(),
-        "learning_curve_per_seed": curve.tolist(),
+        "learning_curve_per_seed": [
+            [None if np.isnan(v) else v for v in c] for c in curve.tolist()
+        ],
     }
 
 
