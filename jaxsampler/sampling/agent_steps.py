@@ -106,7 +106,7 @@ def agent_steps(
     Args:
         cols: multi-agent env-major columns of the call's own steps (``acting``,
             ``is_reset``, per-agent ``rewards`` / ``terminated`` / ``truncated``,
-            ``[E, L(, A)]``; ``obs`` agent-major ``[E, A, L + 1, ...]``); ``actions``,
+            ``[E, L(, A)]``; ``obs`` time-major ``[L + 1, E, A, ...]``); ``actions``,
             ``extras`` and ``infos`` (these with a one-step head) only feed the new carry.
         carry: the previous call's carry (``AgentCarry.empty`` after a reset).
         episode_step0: ``int[E]``, episode env step at the call's first step.
@@ -182,7 +182,7 @@ def agent_steps(
     sl = hs[ee, aa]
     new = AgentCarry.empty(cols, E, A)
     new.pend = pend
-    new.obs[ee, aa] = take(cols.obs, carry.obs, ee, sl, aa, agent_major=True)
+    new.obs[ee, aa] = take(cols.obs, carry.obs, ee, sl, aa, time_major=True)
     new.action[ee, aa] = take(cols.actions, carry.action, ee, sl, aa)
     for k in new.extras:
         new.extras[k][ee, aa] = take(cols.extras[k], carry.extras[k], ee, sl, aa)
@@ -203,16 +203,16 @@ def take(
     slot: np.ndarray,
     a: np.ndarray,
     offset: int = 0,
-    agent_major: bool = False,
+    time_major: bool = False,
 ) -> np.ndarray:
-    """Values of an ``[E, L(+1), A, ...]`` column (``agent_major``: ``[E, A, L(+1), ...]``)
+    """Values of an ``[E, L(+1), A, ...]`` column (``time_major``: ``[L(+1), E, A, ...]``)
     at augmented ``slot`` (0 = the carry); ``offset`` time slots come before the call's first."""
     j = np.maximum(slot - 1, 0) + offset
-    if agent_major and col.flags.c_contiguous:  # rows run agent by agent in time: near-sequential
-        E, A, S = col.shape[:3]
-        out = np.take(col.reshape((E * A * S,) + col.shape[3:]), (e * A + a) * S + j, axis=0)
-    elif agent_major:
-        out = col[e, a, j]
+    if time_major and col.flags.c_contiguous:  # one flat gather, straight from the buffers
+        S, E, A = col.shape[:3]
+        out = np.take(col.reshape((S * E * A,) + col.shape[3:]), (j * E + e) * A + a, axis=0)
+    elif time_major:
+        out = col[j, e, a]
     elif col.flags.c_contiguous:  # one flat gather (much faster than three index arrays)
         E, S, A = col.shape[:3]
         out = np.take(col.reshape((E * S * A,) + col.shape[3:]), (e * S + j) * A + a, axis=0)

@@ -132,8 +132,8 @@ class MultiAgentConverter:
             num_episodes=num_episodes,
         )
         call = dataclasses.replace(
-            cols.map(lambda c: c[:, _H:], lambda o: o[:, :, _H:]), infos=cols.infos
-        )
+            cols.map(lambda c: c[:, _H:], lambda o: o), infos=cols.infos
+        )  # (obs have no head)
         old = self._carry or AgentCarry.empty(call, E, A)
         steps, self._carry = agent_steps(
             call, old, np.asarray(chunks[0].episode_step_0), self._next_acting
@@ -165,17 +165,17 @@ class MultiAgentConverter:
         steps, old, cols, call = cs.steps, cs.old, cs.cols, cs.call
         e, s, a, c = steps.env, steps.slot, steps.agent, steps.end
         A = len(self._agent_ids)
-        # Observations are the bulk of the data: the columns keep them agent-major, so the
-        # rows (agent by agent, in time) gather nearly sequentially; and a row's new_obs is
-        # the next row's obs except where an agent's run of rows ends.
-        obs = take(cols.obs, old.obs, e, s, a, _H, agent_major=True)
+        # Observations are the bulk of the data: one flat gather from the time-major buffer
+        # (as fast as from an agent-major copy, which would cost a transpose); and a row's
+        # new_obs is the next row's obs except where an agent's run of rows ends.
+        obs = take(call.obs, old.obs, e, s, a, time_major=True)
         new_obs = np.empty_like(obs)
         same = np.zeros(len(e), bool)
         if len(e) > 1:
             same[:-1] = (e[1:] == e[:-1]) & (a[1:] == a[:-1]) & (s[1:] == c[:-1])
             new_obs[:-1] = obs[1:]  # one sequential copy; the other rows are gathered below
         rest = np.flatnonzero(~same)
-        new_obs[rest] = take(cols.obs, old.obs, e[rest], c[rest], a[rest], _H, agent_major=True)
+        new_obs[rest] = take(call.obs, old.obs, e[rest], c[rest], a[rest], time_major=True)
         data: dict[str, Any] = {
             SampleBatch.OBS: obs,
             SampleBatch.NEXT_OBS: new_obs,
@@ -426,7 +426,9 @@ class MultiAgentConverter:
                     )[0]
                     for k, v in cs.call.infos.items()
                 }
-                self._ensure_agent(ep, a, cs.call.obs[e, a, L], info, int(carry.n_act[e, a]))
+                # (a copy: the call's obs column is the host copy of the buffers itself)
+                obs = cs.call.obs[L, e, a].copy()
+                self._ensure_agent(ep, a, obs, info, int(carry.n_act[e, a]))
                 entries[last - first] = int(carry.n_act[e, a])
             if not mapped and aid not in ep.agent_episodes:
                 continue
