@@ -34,7 +34,7 @@ from jaxsampler.sampling.columns import (
 )
 from jaxsampler.types import Trajectory
 
-__all__ = ["MultiAgentConverter"]
+__all__ = ["MultiAgentConverter", "output_order"]
 
 _H = 1  # column head: the info of each call's first observation (lookback comes from cut)
 
@@ -146,14 +146,9 @@ class MultiAgentConverter:
         seg_of_step[np.repeat(seg.env, lens), np.repeat(seg.start, lens) + offset] = np.repeat(
             np.arange(len(lens)), lens
         )
-        pos = seg_of_step[steps.env, np.maximum(steps.slot - 1, 0)]
-        # One int64 sort key: (policy rank,) segment, agent, t.
-        key = (pos + 1) * A + steps.agent
-        if by_policy:
-            key = self._rank[steps.agent] * ((len(seg) + 1) * A) + key
-        t_span = int(steps.t.max()) + 1 if len(steps.t) else 1
-        order = np.argsort(key * t_span + steps.t, kind="stable")
-        order = order[pos[order] >= 0]
+        pos = np.take(seg_of_step, steps.env * L + np.maximum(steps.slot - 1, 0))
+        rank = self._rank if by_policy else None
+        order = output_order(pos, steps.agent, steps.t, len(seg), A, rank)
         steps = AgentSteps(
             **{f.name: getattr(steps, f.name)[order] for f in dataclasses.fields(AgentSteps)}
         )
@@ -183,9 +178,9 @@ class MultiAgentConverter:
             SampleBatch.REWARDS: steps.reward.astype(np.float32),
             SampleBatch.TERMINATEDS: steps.terminated,
             SampleBatch.TRUNCATEDS: steps.truncated,
-            SampleBatch.T: steps.t.astype(np.int64),
+            SampleBatch.T: np.asarray(steps.t, np.int64),  # (no copy: steps are this call's)
             SampleBatch.EPS_ID: eps_ids,
-            SampleBatch.AGENT_INDEX: a.astype(np.int64),
+            SampleBatch.AGENT_INDEX: np.asarray(a, np.int64),
         }
         infos = call.infos
         data[SampleBatch.INFOS] = (
@@ -434,6 +429,46 @@ class MultiAgentConverter:
                 continue
             ep.extend_agent_map(aid, [SKIP if v < 0 else v for v in entries.tolist()], first)
         ep.env_t = last
+
+
+def output_order(
+    pos: np.ndarray,
+    agent: np.ndarray,
+    t: np.ndarray,
+    num_segments: int,
+    num_agents: int,
+    rank: np.ndarray | None = None,
+) -> np.ndarray:
+    """The rows of the kept segments (``pos >= 0``) sorted by ``(rank[agent],) pos, agent,
+    t`` without a sort: one counting pass.
+
+    A ``(segment, agent)`` group's completed steps have consecutive ``t`` (an agent's steps
+    are numbered in order, and only its last one in a call can be left hanging), so a
+    row's place is its group's start plus ``t`` minus the group's smallest ``t``.
+
+    Args:
+        pos: ``int[n]``, each row's segment (output position), ``-1`` for dropped ones.
+        agent, t: ``int[n]``, each row's agent index and the agent's timestep.
+        num_segments, num_agents: segments (``pos < num_segments``) and ``A``.
+        rank: ``int[A]``, each agent's policy rank to group by first (``None``: no grouping).
+
+    Returns:
+        ``int64[k]``: row indices in output order (``k`` kept rows).
+    """
+    keep = np.flatnonzero(pos >= 0)
+    group = np.take(pos, keep) * num_agents + np.take(agent, keep)
+    n_groups = num_segments * num_agents
+    if rank is not None:
+        group += np.take(rank, np.take(agent, keep)) * n_groups
+        n_groups *= int(rank.max()) + 1 if len(rank) else 1
+    tk = np.take(t, keep)
+    counts = np.bincount(group, minlength=n_groups)
+    first_t = np.full(n_groups, np.iinfo(np.int64).max)
+    np.minimum.at(first_t, group, tk)
+    place = (np.cumsum(counts) - counts)[group] + (tk - first_t[group])
+    order = np.empty(len(keep), np.int64)
+    order[place] = keep
+    return order
 
 
 _STEP_KEYS = frozenset(
