@@ -127,11 +127,16 @@ def agent_steps(
     last_reset = np.maximum.accumulate(np.where(reset, slots, 0), axis=1)  # [E, S]
     after_reset = (last_reset > 0)[:, :, None]
 
+    reset_slot = reset[:, :, None]
+
     def since_episode_start(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Inclusive and exclusive counts of ``x`` since the episode's first slot."""
-        c = np.cumsum(x, axis=1)
-        base = np.take_along_axis(c, last_reset[:, :, None], axis=1) * after_reset
-        return c - base, c - x - base
+        """Inclusive and exclusive counts (``int32``) of ``x`` since the episode's first slot
+        (``x`` is false at reset slots)."""
+        c = np.cumsum(x, axis=1, dtype=np.int32)  # counts are at most S
+        # The count before the episode is c at its reset slot; c never decreases, so that is
+        # the running maximum over reset slots (a scan, cheaper than a take_along_axis).
+        c -= np.maximum.accumulate(np.where(reset_slot, c, 0), axis=1)
+        return c, c - x
 
     total_flags, flagged_before = since_episode_start(flags)
     valid = acting & (flagged_before == 0)
@@ -159,7 +164,11 @@ def agent_steps(
     c = np.take(end, flat)
     by_flag = c == np.take(first_flag, flat) + 1
     at_flag = (e * L + np.minimum(c - 2, L - 1)) * A + a
-    at_c, at_s = (e * (S + 1) + c) * A + a, (e * (S + 1) + s) * A + a
+    at_0 = e * ((S + 1) * A) + a  # slot 0 of the row's (env, agent) in csum
+    at_c, at_s = at_0 + c * A, at_0 + s * A
+    start_step = np.take(step_of_slot, e * S + s)
+    carried_rows = np.flatnonzero(s == 0)  # the few rows that start with a carried step
+    start_step[carried_rows] = carry.start[e[carried_rows], a[carried_rows]]
     steps = AgentSteps(
         env=e,
         agent=a,
@@ -169,9 +178,7 @@ def agent_steps(
         reward=np.take(csum, at_c) - np.take(csum, at_s),
         terminated=np.take(cols.terminated, at_flag) & by_flag,
         truncated=np.take(cols.truncated, at_flag) & by_flag,
-        start_step=np.where(
-            s == 0, np.take(carry.start, e * A + a), np.take(step_of_slot, e * S + s)
-        ),
+        start_step=start_step,
         end_step=np.take(step_of_slot, e * S + c - 1) + 1,
     )
     # The carry: hanging steps and per-agent progress of the episodes still running.
