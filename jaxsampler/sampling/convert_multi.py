@@ -253,9 +253,9 @@ class MultiAgentConverter:
                 ep, first = self._open_episode(
                     e, int(seg.count[i]), continues, int(step0[e]), cs.old
                 )
-                rows = np.arange(bounds[i], bounds[i + 1])
                 done = bool(seg.term[i] or seg.trunc[i])
                 hanging = not done and start + length == L
+                rows = (int(bounds[i]), int(bounds[i + 1]))
                 self._extend_episode(ep, first, e, length, rows, cs, data, hanging)
                 if done:
                     ep.is_terminated, ep.is_truncated = True, bool(seg.trunc[i])
@@ -343,33 +343,39 @@ class MultiAgentConverter:
         first: int,
         e: int,
         length: int,
-        rows: np.ndarray,
+        rows: tuple[int, int],
         cs: _CallSteps,
         data: dict[str, Any],
         hanging: bool,
     ) -> None:
-        """Appends ``length`` env steps of env ``e`` (agent steps ``rows``) to ``ep``; its map
-        entries are written from env step ``first`` on."""
+        """Appends ``length`` env steps of env ``e`` (agent steps ``rows[0]:rows[1]``) to
+        ``ep``; its map entries are written from env step ``first`` on."""
         steps = cs.steps
         last = ep.env_t + length
         width = last - first + 1
         info_paths = list(cs.call.infos)
         extra_keys = list(cs.cols.extras)
-        agent_of_row = steps.agent[rows]
+        # A segment's rows run agent by agent (then by t): each agent's rows are one slice,
+        # so its columns are numpy views, as a single-agent episode's are.
+        lo, hi = rows
+        cuts = (
+            lo + np.searchsorted(steps.agent[lo:hi], np.arange(len(self._agent_ids) + 1))
+        ).tolist()
         carry = self._carry
         assert carry is not None  # set by _call_steps
         for a, aid in enumerate(self._agent_ids):
-            r = rows[agent_of_row == a]
+            r0, r1 = cuts[a], cuts[a + 1]
+            r = slice(r0, r1)
             pend = hanging and bool(carry.pend[e, a])
             mapped = aid in ep.env_t_to_agent_t
             entries = np.full(width, -1, np.int64)
-            if len(r):
+            if r1 > r0:
                 sa = self._ensure_agent(
                     ep,
                     a,
-                    data[SampleBatch.OBS][r[0]],
-                    _row_info(data, info_paths, r[0]),
-                    int(steps.t[r[0]]),
+                    data[SampleBatch.OBS][r0],
+                    _row_info(data, info_paths, r0),
+                    int(steps.t[r0]),
                 )
                 inside = steps.start_step[r] >= first  # earlier starts are already mapped
                 entries[steps.start_step[r][inside] - first] = steps.t[r][inside]
@@ -384,18 +390,18 @@ class MultiAgentConverter:
                         )
                     _extend(sa.extra_model_outputs[k], data[k][r])
                 if info_paths and sa.infos.finalized:
-                    _extend(sa.infos, _take_rows(data["_next_infos"], r))
+                    _extend(sa.infos, _take_rows(data["_next_infos"], np.arange(r0, r1)))
                 elif info_paths:  # a list-mode column (a cut successor): one dict per row
-                    rows_info = _take_rows(data["_next_infos"], r)
+                    rows_info = _take_rows(data["_next_infos"], np.arange(r0, r1))
                     sa.infos.data.extend(
-                        tree_map(lambda x, i=i: x[i], rows_info) for i in range(len(r))
+                        tree_map(lambda x, i=i: x[i], rows_info) for i in range(r1 - r0)
                     )
                 else:
-                    sa.infos.data.extend([{}] * len(r))
-                sa.t += len(r)
+                    sa.infos.data.extend([{}] * (r1 - r0))
+                sa.t += r1 - r0
                 sa.is_terminated, sa.is_truncated = (
-                    bool(steps.terminated[r[-1]]),
-                    bool(steps.truncated[r[-1]]),
+                    bool(steps.terminated[r1 - 1]),
+                    bool(steps.truncated[r1 - 1]),
                 )
                 ep.clear_hanging(aid)
             if pend:
