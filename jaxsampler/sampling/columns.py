@@ -298,8 +298,13 @@ def find_segments(
     seg_env, seg_start = np.nonzero(live & ~prev)
     _, seg_end = np.nonzero(live & ~nxt)  # inclusive, same (env, time) order
     seg_len = seg_end - seg_start + 1
-    resets_before = np.cumsum(is_reset[:, H:], axis=1)
-    count = count0[seg_env] + resets_before[seg_env, seg_start]
+    # Resets of the env before each segment: binary searches in the (sorted) flat reset
+    # positions, not a cumulative count over every step.
+    reset_at = np.flatnonzero(is_reset[:, H:])
+    env_at = seg_env * total
+    count = count0[seg_env] + (
+        np.searchsorted(reset_at, env_at + seg_start) - np.searchsorted(reset_at, env_at)
+    )
     continues = (seg_start == 0) & (step0[seg_env] > 0)
     t_started = np.where(continues, step0[seg_env], 0)
     lookback = np.where(continues, np.minimum(0 if fresh else H, step0[seg_env]), 0)

@@ -213,15 +213,13 @@ class MultiAgentConverter:
         new_run[:1] = True
         np.not_equal(uid[1:], uid[:-1], out=new_run[1:])
         starts = np.flatnonzero(new_run)
-        # Episode ids once per segment, then one string concatenation per (segment, agent).
-        ma_ids = self._ids.many(seg.env, seg.count).tolist()
-        suffix = [agent_episode_id("", a) for a in range(len(self._agent_ids))]
-        ids = [
-            ma_ids[p] + suffix[a]
-            for p, a in zip(pos[starts].tolist(), steps.agent[starts].tolist())
-        ]
+        # Episode ids once per segment, then one vectorized concatenation per (segment, agent)
+        # (agent_episode_id's suffix), as Python strs shared by the run's rows.
+        suffix = np.array([agent_episode_id("", a) for a in range(len(self._agent_ids))])
+        p, a = pos[starts], steps.agent[starts]
+        ids = np.strings.add(self._ids.many(seg.env[p], seg.count[p]), suffix[a]).astype(object)
         # An object array of shared strings: 8 bytes per row (a unicode array would be 144).
-        sa_ids = np.array(ids or [""], dtype=object)[np.cumsum(new_run) - 1]
+        sa_ids = np.repeat(ids, np.diff(starts, append=n))
         data = self._step_columns(cs, sa_ids)
         # Rows are grouped by policy: each policy's batch is one slice (numpy views).
         bounds = np.searchsorted(self._rank[steps.agent], np.arange(len(self._pids) + 1))
