@@ -352,3 +352,27 @@ def test_num_episodes_num_timesteps_metrics_and_no_recompile(monkeypatch):
         for _ in range(3):
             sampler.sample(params)
             sampler.sample_batch(params)
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("by_policy", [False, True])
+def test_output_order_equals_a_lexsort(seed, by_policy):
+    """The counting order of the agent steps equals sorting by ((rank,) segment, agent, t)."""
+    from jaxsampler.sampling.convert_multi import output_order
+
+    rng = np.random.default_rng(seed)
+    S, A = 7, 3
+    rank = rng.integers(0, 2, A) if by_policy else None
+    pos, agent, t = [], [], []
+    for p in range(-1, S):  # -1: a dropped segment
+        for a in range(A):
+            n, t0 = int(rng.integers(0, 5)), int(rng.integers(0, 9))
+            pos += [p] * n
+            agent += [a] * n
+            t += list(range(t0, t0 + n))  # an agent's steps in a segment: consecutive t
+    perm = rng.permutation(len(pos))  # any input order
+    pos, agent, t = (np.array(x, np.int64)[perm] for x in (pos, agent, t))
+    keys = (t, agent, pos) + ((rank[agent],) if by_policy else ())
+    want = np.lexsort(keys)
+    want = want[pos[want] >= 0]
+    np.testing.assert_array_equal(output_order(pos, agent, t, S, A, rank), want)

@@ -106,7 +106,7 @@ def agent_steps(
     Args:
         cols: multi-agent env-major columns of the call's own steps (``acting``,
             ``is_reset``, per-agent ``rewards`` / ``terminated`` / ``truncated``,
-            ``[E, L(, A)]``; ``obs`` agent-major ``[E, A, L + 1, ...]``); ``actions``,
+            ``[E, L(, A)]``; ``obs`` time-major ``[L + 1, E, A, ...]``); ``actions``,
             ``extras`` and ``infos`` (these with a one-step head) only feed the new carry.
         carry: the previous call's carry (``AgentCarry.empty`` after a reset).
         episode_step0: ``int[E]``, episode env step at the call's first step.
@@ -127,11 +127,16 @@ def agent_steps(
     last_reset = np.maximum.accumulate(np.where(reset, slots, 0), axis=1)  # [E, S]
     after_reset = (last_reset > 0)[:, :, None]
 
+    reset_slot = reset[:, :, None]
+
     def since_episode_start(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Inclusive and exclusive counts of ``x`` since the episode's first slot."""
-        c = np.cumsum(x, axis=1)
-        base = np.take_along_axis(c, last_reset[:, :, None], axis=1) * after_reset
-        return c - base, c - x - base
+        """Inclusive and exclusive counts (``int32``) of ``x`` since the episode's first slot
+        (``x`` is false at reset slots)."""
+        c = np.cumsum(x, axis=1, dtype=np.int32)  # counts are at most S
+        # The count before the episode is c at its reset slot; c never decreases, so that is
+        # the running maximum over reset slots (a scan, cheaper than a take_along_axis).
+        c -= np.maximum.accumulate(np.where(reset_slot, c, 0), axis=1)
+        return c, c - x
 
     total_flags, flagged_before = since_episode_start(flags)
     valid = acting & (flagged_before == 0)
@@ -159,7 +164,11 @@ def agent_steps(
     c = np.take(end, flat)
     by_flag = c == np.take(first_flag, flat) + 1
     at_flag = (e * L + np.minimum(c - 2, L - 1)) * A + a
-    at_c, at_s = (e * (S + 1) + c) * A + a, (e * (S + 1) + s) * A + a
+    at_0 = e * ((S + 1) * A) + a  # slot 0 of the row's (env, agent) in csum
+    at_c, at_s = at_0 + c * A, at_0 + s * A
+    start_step = np.take(step_of_slot, e * S + s)
+    carried_rows = np.flatnonzero(s == 0)  # the few rows that start with a carried step
+    start_step[carried_rows] = carry.start[e[carried_rows], a[carried_rows]]
     steps = AgentSteps(
         env=e,
         agent=a,
@@ -169,9 +178,7 @@ def agent_steps(
         reward=np.take(csum, at_c) - np.take(csum, at_s),
         terminated=np.take(cols.terminated, at_flag) & by_flag,
         truncated=np.take(cols.truncated, at_flag) & by_flag,
-        start_step=np.where(
-            s == 0, np.take(carry.start, e * A + a), np.take(step_of_slot, e * S + s)
-        ),
+        start_step=start_step,
         end_step=np.take(step_of_slot, e * S + c - 1) + 1,
     )
     # The carry: hanging steps and per-agent progress of the episodes still running.
@@ -182,7 +189,7 @@ def agent_steps(
     sl = hs[ee, aa]
     new = AgentCarry.empty(cols, E, A)
     new.pend = pend
-    new.obs[ee, aa] = take(cols.obs, carry.obs, ee, sl, aa, agent_major=True)
+    new.obs[ee, aa] = take(cols.obs, carry.obs, ee, sl, aa, time_major=True)
     new.action[ee, aa] = take(cols.actions, carry.action, ee, sl, aa)
     for k in new.extras:
         new.extras[k][ee, aa] = take(cols.extras[k], carry.extras[k], ee, sl, aa)
@@ -203,16 +210,16 @@ def take(
     slot: np.ndarray,
     a: np.ndarray,
     offset: int = 0,
-    agent_major: bool = False,
+    time_major: bool = False,
 ) -> np.ndarray:
-    """Values of an ``[E, L(+1), A, ...]`` column (``agent_major``: ``[E, A, L(+1), ...]``)
+    """Values of an ``[E, L(+1), A, ...]`` column (``time_major``: ``[L(+1), E, A, ...]``)
     at augmented ``slot`` (0 = the carry); ``offset`` time slots come before the call's first."""
     j = np.maximum(slot - 1, 0) + offset
-    if agent_major and col.flags.c_contiguous:  # rows run agent by agent in time: near-sequential
-        E, A, S = col.shape[:3]
-        out = np.take(col.reshape((E * A * S,) + col.shape[3:]), (e * A + a) * S + j, axis=0)
-    elif agent_major:
-        out = col[e, a, j]
+    if time_major and col.flags.c_contiguous:  # one flat gather, straight from the buffers
+        S, E, A = col.shape[:3]
+        out = np.take(col.reshape((S * E * A,) + col.shape[3:]), (j * E + e) * A + a, axis=0)
+    elif time_major:
+        out = col[j, e, a]
     elif col.flags.c_contiguous:  # one flat gather (much faster than three index arrays)
         E, S, A = col.shape[:3]
         out = np.take(col.reshape((E * S * A,) + col.shape[3:]), (e * S + j) * A + a, axis=0)

@@ -503,7 +503,8 @@ def step_rows(
         SampleBatch.TERMINATEDS: flags.copy(),
         SampleBatch.TRUNCATEDS: flags.copy(),
         SampleBatch.T: np.arange(t_started, t_started + n, dtype=np.int64),
-        SampleBatch.EPS_ID: np.asarray([eps_id] * n),
+        # An object array of one shared str: 8 bytes per row (a ``<U32`` one is 128).
+        SampleBatch.EPS_ID: np.full(n, eps_id, dtype=object),
         SampleBatch.AGENT_INDEX: np.full(n, agent_index, np.int64),
         SampleBatch.INFOS: infos,
     }
@@ -552,8 +553,9 @@ def episodes_to_batch(
     completed agent step, keyed by policy (the agents' ``module_id``); rows chunk by
     chunk, then agent by agent (``agent_ids`` order), then by ``t``. Columns: ``obs``,
     ``new_obs``, ``actions``, ``rewards`` (float32), ``terminateds``, ``truncateds``,
-    ``t``, ``eps_id`` (the agent's episode id), ``agent_index``, ``infos`` (a list of
-    dicts) and the extra model outputs. ``env_steps`` is the chunks' env steps."""
+    ``t``, ``eps_id`` (the agent's episode id, an object array of ``str``),
+    ``agent_index``, ``infos`` (a list of dicts) and the extra model outputs.
+    ``env_steps`` is the chunks' env steps."""
     order = list(agent_ids or ())
     parts: dict[Any, list[dict]] = {pid: [] for pid in policy_ids}
     for ep in episodes:

@@ -40,11 +40,12 @@ InfoPath = tuple[str, ...]
 class Columns:
     """Host columns of a call: one numpy array per rollout buffer field.
 
-    Single-agent columns are ``[E, S, ...]`` (the agent axis dropped). Multi-agent ones
-    keep it, ``[E, S, A, ...]``, except ``obs``, which is agent-major ``[E, A, S, ...]``
-    (rows of one agent gather nearly sequentially). ``obs`` has one time slot more than
-    the others. ``infos`` are the env info leaves by path; the info at slot ``j`` came
-    with the step at slot ``j`` (so with observation ``j + 1``).
+    Single-agent columns are ``[E, S, ...]`` (the agent axis dropped), ``obs`` with one
+    time slot more than the others. Multi-agent ones keep it, ``[E, S, A, ...]``, except
+    ``obs``, which stays time-major as the buffers hold it, ``[T_total + 1, E, A, ...]``,
+    the call's own slots only (no head: a row gather reads it in place, and transposing
+    it costs more than the gather saves). ``infos`` are the env info leaves by path; the
+    info at slot ``j`` came with the step at slot ``j`` (so with observation ``j + 1``).
     """
 
     obs: np.ndarray
@@ -56,7 +57,7 @@ class Columns:
     acting: np.ndarray | None = None  # multi-agent: bool [E, S, A]
     extras: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
     infos: dict[InfoPath, np.ndarray] = dataclasses.field(default_factory=dict)
-    agent_major_obs: bool = False
+    time_major_obs: bool = False
 
     def map(self, step: Callable[[np.ndarray], np.ndarray], obs: Callable) -> Columns:
         """The columns with ``step`` applied to every step column and ``obs`` to ``obs``."""
@@ -70,13 +71,13 @@ class Columns:
             acting=None if self.acting is None else step(self.acting),
             extras={k: step(v) for k, v in self.extras.items()},
             infos={k: step(v) for k, v in self.infos.items()},
-            agent_major_obs=self.agent_major_obs,
+            time_major_obs=self.time_major_obs,
         )
 
     def tail(self, horizon: int) -> Columns:
         """The last ``horizon`` steps (copies), the next call's lookback head; for ``obs``
         the ``horizon`` observations before the last slot, which the next call repeats."""
-        axis = 2 if self.agent_major_obs else 1
+        axis = 0 if self.time_major_obs else 1
         n_obs = self.obs.shape[axis]
         return self.map(
             lambda c: c[:, c.shape[1] - horizon :].copy(),
@@ -147,7 +148,8 @@ def build_columns(
         reset_info: info leaves of the reset observations (the head's last info slot
             after a reset).
         horizon: ``H``, lookback steps before the call's first step.
-        multi_agent: keep the agent axis (``obs`` agent-major); else agent 0's values.
+        multi_agent: keep the agent axis (``obs`` time-major, without the head); else
+            agent 0's values.
     """
     H = horizon
     agent: Any = slice(None) if multi_agent else 0
@@ -173,8 +175,10 @@ def build_columns(
     # obs: T + 1 slots per call; consecutive calls share one (the next call's first)
     obs_parts = [np.asarray(c.obs)[:, :, agent] for c in chunks]
     obs_parts = [p[:-1] for p in obs_parts[:-1]] + [obs_parts[-1]]
-    old_obs = None if head is None else head.obs
-    obs = _agent_major(obs_parts, old_obs, H) if multi_agent else cat(obs_parts, old_obs)
+    if multi_agent:  # as the buffers hold it: no copy at all for a one-chunk call
+        obs = obs_parts[0] if len(obs_parts) == 1 else np.concatenate(obs_parts)
+    else:
+        obs = cat(obs_parts, None if head is None else head.obs)
 
     def old(name: str) -> np.ndarray | None:
         return None if head is None else getattr(head, name)
@@ -204,7 +208,7 @@ def build_columns(
         acting=field("acting") if multi_agent else None,
         extras={k: extra(k) for k in sorted(extras)},
         infos={path: info(path) for path, _ in info_leaves(first.infos)},
-        agent_major_obs=multi_agent,
+        time_major_obs=multi_agent,
     )
 
 
@@ -217,19 +221,6 @@ def _env_major(parts: Sequence[np.ndarray], head: np.ndarray | None, H: int) -> 
     pos = H
     for p in parts:
         out[:, pos : pos + p.shape[0]] = p.swapaxes(0, 1)
-        pos += p.shape[0]
-    return out
-
-
-def _agent_major(parts: Sequence[np.ndarray], head: np.ndarray | None, H: int) -> np.ndarray:
-    """``[E, A, H + sum(T_i), ...]`` from time-major parts ``[T_i, E, A, ...]``."""
-    E, A = parts[0].shape[1:3]
-    total = sum(p.shape[0] for p in parts)
-    out = np.empty((E, A, H + total) + parts[0].shape[3:], parts[0].dtype)
-    out[:, :, :H] = 0 if head is None else head
-    pos = H
-    for p in parts:
-        out[:, :, pos : pos + p.shape[0]] = np.moveaxis(p, 0, 2)
         pos += p.shape[0]
     return out
 
@@ -307,8 +298,13 @@ def find_segments(
     seg_env, seg_start = np.nonzero(live & ~prev)
     _, seg_end = np.nonzero(live & ~nxt)  # inclusive, same (env, time) order
     seg_len = seg_end - seg_start + 1
-    resets_before = np.cumsum(is_reset[:, H:], axis=1)
-    count = count0[seg_env] + resets_before[seg_env, seg_start]
+    # Resets of the env before each segment: binary searches in the (sorted) flat reset
+    # positions, not a cumulative count over every step.
+    reset_at = np.flatnonzero(is_reset[:, H:])
+    env_at = seg_env * total
+    count = count0[seg_env] + (
+        np.searchsorted(reset_at, env_at + seg_start) - np.searchsorted(reset_at, env_at)
+    )
     continues = (seg_start == 0) & (step0[seg_env] > 0)
     t_started = np.where(continues, step0[seg_env], 0)
     lookback = np.where(continues, np.minimum(0 if fresh else H, step0[seg_env]), 0)

@@ -34,7 +34,7 @@ from jaxsampler.sampling.columns import (
 )
 from jaxsampler.types import Trajectory
 
-__all__ = ["MultiAgentConverter"]
+__all__ = ["MultiAgentConverter", "output_order"]
 
 _H = 1  # column head: the info of each call's first observation (lookback comes from cut)
 
@@ -132,8 +132,8 @@ class MultiAgentConverter:
             num_episodes=num_episodes,
         )
         call = dataclasses.replace(
-            cols.map(lambda c: c[:, _H:], lambda o: o[:, :, _H:]), infos=cols.infos
-        )
+            cols.map(lambda c: c[:, _H:], lambda o: o), infos=cols.infos
+        )  # (obs have no head)
         old = self._carry or AgentCarry.empty(call, E, A)
         steps, self._carry = agent_steps(
             call, old, np.asarray(chunks[0].episode_step_0), self._next_acting
@@ -146,14 +146,9 @@ class MultiAgentConverter:
         seg_of_step[np.repeat(seg.env, lens), np.repeat(seg.start, lens) + offset] = np.repeat(
             np.arange(len(lens)), lens
         )
-        pos = seg_of_step[steps.env, np.maximum(steps.slot - 1, 0)]
-        # One int64 sort key: (policy rank,) segment, agent, t.
-        key = (pos + 1) * A + steps.agent
-        if by_policy:
-            key = self._rank[steps.agent] * ((len(seg) + 1) * A) + key
-        t_span = int(steps.t.max()) + 1 if len(steps.t) else 1
-        order = np.argsort(key * t_span + steps.t, kind="stable")
-        order = order[pos[order] >= 0]
+        pos = np.take(seg_of_step, steps.env * L + np.maximum(steps.slot - 1, 0))
+        rank = self._rank if by_policy else None
+        order = output_order(pos, steps.agent, steps.t, len(seg), A, rank)
         steps = AgentSteps(
             **{f.name: getattr(steps, f.name)[order] for f in dataclasses.fields(AgentSteps)}
         )
@@ -165,17 +160,17 @@ class MultiAgentConverter:
         steps, old, cols, call = cs.steps, cs.old, cs.cols, cs.call
         e, s, a, c = steps.env, steps.slot, steps.agent, steps.end
         A = len(self._agent_ids)
-        # Observations are the bulk of the data: the columns keep them agent-major, so the
-        # rows (agent by agent, in time) gather nearly sequentially; and a row's new_obs is
-        # the next row's obs except where an agent's run of rows ends.
-        obs = take(cols.obs, old.obs, e, s, a, _H, agent_major=True)
+        # Observations are the bulk of the data: one flat gather from the time-major buffer
+        # (as fast as from an agent-major copy, which would cost a transpose); and a row's
+        # new_obs is the next row's obs except where an agent's run of rows ends.
+        obs = take(call.obs, old.obs, e, s, a, time_major=True)
         new_obs = np.empty_like(obs)
         same = np.zeros(len(e), bool)
         if len(e) > 1:
             same[:-1] = (e[1:] == e[:-1]) & (a[1:] == a[:-1]) & (s[1:] == c[:-1])
             new_obs[:-1] = obs[1:]  # one sequential copy; the other rows are gathered below
         rest = np.flatnonzero(~same)
-        new_obs[rest] = take(cols.obs, old.obs, e[rest], c[rest], a[rest], _H, agent_major=True)
+        new_obs[rest] = take(call.obs, old.obs, e[rest], c[rest], a[rest], time_major=True)
         data: dict[str, Any] = {
             SampleBatch.OBS: obs,
             SampleBatch.NEXT_OBS: new_obs,
@@ -183,9 +178,9 @@ class MultiAgentConverter:
             SampleBatch.REWARDS: steps.reward.astype(np.float32),
             SampleBatch.TERMINATEDS: steps.terminated,
             SampleBatch.TRUNCATEDS: steps.truncated,
-            SampleBatch.T: steps.t.astype(np.int64),
+            SampleBatch.T: np.asarray(steps.t, np.int64),  # (no copy: steps are this call's)
             SampleBatch.EPS_ID: eps_ids,
-            SampleBatch.AGENT_INDEX: a.astype(np.int64),
+            SampleBatch.AGENT_INDEX: np.asarray(a, np.int64),
         }
         infos = call.infos
         data[SampleBatch.INFOS] = (
@@ -218,15 +213,13 @@ class MultiAgentConverter:
         new_run[:1] = True
         np.not_equal(uid[1:], uid[:-1], out=new_run[1:])
         starts = np.flatnonzero(new_run)
-        # Episode ids once per segment, then one string concatenation per (segment, agent).
-        ma_ids = self._ids.many(seg.env, seg.count).tolist()
-        suffix = [agent_episode_id("", a) for a in range(len(self._agent_ids))]
-        ids = [
-            ma_ids[p] + suffix[a]
-            for p, a in zip(pos[starts].tolist(), steps.agent[starts].tolist())
-        ]
+        # Episode ids once per segment, then one vectorized concatenation per (segment, agent)
+        # (agent_episode_id's suffix), as Python strs shared by the run's rows.
+        suffix = np.array([agent_episode_id("", a) for a in range(len(self._agent_ids))])
+        p, a = pos[starts], steps.agent[starts]
+        ids = np.strings.add(self._ids.many(seg.env[p], seg.count[p]), suffix[a]).astype(object)
         # An object array of shared strings: 8 bytes per row (a unicode array would be 144).
-        sa_ids = np.array(ids or [""], dtype=object)[np.cumsum(new_run) - 1]
+        sa_ids = np.repeat(ids, np.diff(starts, append=n))
         data = self._step_columns(cs, sa_ids)
         # Rows are grouped by policy: each policy's batch is one slice (numpy views).
         bounds = np.searchsorted(self._rank[steps.agent], np.arange(len(self._pids) + 1))
@@ -258,9 +251,9 @@ class MultiAgentConverter:
                 ep, first = self._open_episode(
                     e, int(seg.count[i]), continues, int(step0[e]), cs.old
                 )
-                rows = np.arange(bounds[i], bounds[i + 1])
                 done = bool(seg.term[i] or seg.trunc[i])
                 hanging = not done and start + length == L
+                rows = (int(bounds[i]), int(bounds[i + 1]))
                 self._extend_episode(ep, first, e, length, rows, cs, data, hanging)
                 if done:
                     ep.is_terminated, ep.is_truncated = True, bool(seg.trunc[i])
@@ -348,33 +341,39 @@ class MultiAgentConverter:
         first: int,
         e: int,
         length: int,
-        rows: np.ndarray,
+        rows: tuple[int, int],
         cs: _CallSteps,
         data: dict[str, Any],
         hanging: bool,
     ) -> None:
-        """Appends ``length`` env steps of env ``e`` (agent steps ``rows``) to ``ep``; its map
-        entries are written from env step ``first`` on."""
+        """Appends ``length`` env steps of env ``e`` (agent steps ``rows[0]:rows[1]``) to
+        ``ep``; its map entries are written from env step ``first`` on."""
         steps = cs.steps
         last = ep.env_t + length
         width = last - first + 1
         info_paths = list(cs.call.infos)
         extra_keys = list(cs.cols.extras)
-        agent_of_row = steps.agent[rows]
+        # A segment's rows run agent by agent (then by t): each agent's rows are one slice,
+        # so its columns are numpy views, as a single-agent episode's are.
+        lo, hi = rows
+        cuts = (
+            lo + np.searchsorted(steps.agent[lo:hi], np.arange(len(self._agent_ids) + 1))
+        ).tolist()
         carry = self._carry
         assert carry is not None  # set by _call_steps
         for a, aid in enumerate(self._agent_ids):
-            r = rows[agent_of_row == a]
+            r0, r1 = cuts[a], cuts[a + 1]
+            r = slice(r0, r1)
             pend = hanging and bool(carry.pend[e, a])
             mapped = aid in ep.env_t_to_agent_t
             entries = np.full(width, -1, np.int64)
-            if len(r):
+            if r1 > r0:
                 sa = self._ensure_agent(
                     ep,
                     a,
-                    data[SampleBatch.OBS][r[0]],
-                    _row_info(data, info_paths, r[0]),
-                    int(steps.t[r[0]]),
+                    data[SampleBatch.OBS][r0],
+                    _row_info(data, info_paths, r0),
+                    int(steps.t[r0]),
                 )
                 inside = steps.start_step[r] >= first  # earlier starts are already mapped
                 entries[steps.start_step[r][inside] - first] = steps.t[r][inside]
@@ -389,18 +388,18 @@ class MultiAgentConverter:
                         )
                     _extend(sa.extra_model_outputs[k], data[k][r])
                 if info_paths and sa.infos.finalized:
-                    _extend(sa.infos, _take_rows(data["_next_infos"], r))
+                    _extend(sa.infos, _take_rows(data["_next_infos"], np.arange(r0, r1)))
                 elif info_paths:  # a list-mode column (a cut successor): one dict per row
-                    rows_info = _take_rows(data["_next_infos"], r)
+                    rows_info = _take_rows(data["_next_infos"], np.arange(r0, r1))
                     sa.infos.data.extend(
-                        tree_map(lambda x, i=i: x[i], rows_info) for i in range(len(r))
+                        tree_map(lambda x, i=i: x[i], rows_info) for i in range(r1 - r0)
                     )
                 else:
-                    sa.infos.data.extend([{}] * len(r))
-                sa.t += len(r)
+                    sa.infos.data.extend([{}] * (r1 - r0))
+                sa.t += r1 - r0
                 sa.is_terminated, sa.is_truncated = (
-                    bool(steps.terminated[r[-1]]),
-                    bool(steps.truncated[r[-1]]),
+                    bool(steps.terminated[r1 - 1]),
+                    bool(steps.truncated[r1 - 1]),
                 )
                 ep.clear_hanging(aid)
             if pend:
@@ -426,12 +425,54 @@ class MultiAgentConverter:
                     )[0]
                     for k, v in cs.call.infos.items()
                 }
-                self._ensure_agent(ep, a, cs.call.obs[e, a, L], info, int(carry.n_act[e, a]))
+                # (a copy: the call's obs column is the host copy of the buffers itself)
+                obs = cs.call.obs[L, e, a].copy()
+                self._ensure_agent(ep, a, obs, info, int(carry.n_act[e, a]))
                 entries[last - first] = int(carry.n_act[e, a])
             if not mapped and aid not in ep.agent_episodes:
                 continue
             ep.extend_agent_map(aid, [SKIP if v < 0 else v for v in entries.tolist()], first)
         ep.env_t = last
+
+
+def output_order(
+    pos: np.ndarray,
+    agent: np.ndarray,
+    t: np.ndarray,
+    num_segments: int,
+    num_agents: int,
+    rank: np.ndarray | None = None,
+) -> np.ndarray:
+    """The rows of the kept segments (``pos >= 0``) sorted by ``(rank[agent],) pos, agent,
+    t`` without a sort: one counting pass.
+
+    A ``(segment, agent)`` group's completed steps have consecutive ``t`` (an agent's steps
+    are numbered in order, and only its last one in a call can be left hanging), so a
+    row's place is its group's start plus ``t`` minus the group's smallest ``t``.
+
+    Args:
+        pos: ``int[n]``, each row's segment (output position), ``-1`` for dropped ones.
+        agent, t: ``int[n]``, each row's agent index and the agent's timestep.
+        num_segments, num_agents: segments (``pos < num_segments``) and ``A``.
+        rank: ``int[A]``, each agent's policy rank to group by first (``None``: no grouping).
+
+    Returns:
+        ``int64[k]``: row indices in output order (``k`` kept rows).
+    """
+    keep = np.flatnonzero(pos >= 0)
+    group = np.take(pos, keep) * num_agents + np.take(agent, keep)
+    n_groups = num_segments * num_agents
+    if rank is not None:
+        group += np.take(rank, np.take(agent, keep)) * n_groups
+        n_groups *= int(rank.max()) + 1 if len(rank) else 1
+    tk = np.take(t, keep)
+    counts = np.bincount(group, minlength=n_groups)
+    first_t = np.full(n_groups, np.iinfo(np.int64).max)
+    np.minimum.at(first_t, group, tk)
+    place = (np.cumsum(counts) - counts)[group] + (tk - first_t[group])
+    order = np.empty(len(keep), np.int64)
+    order[place] = keep
+    return order
 
 
 _STEP_KEYS = frozenset(
