@@ -466,3 +466,55 @@ def test_sampled_episodes_build_their_buffers_once_whatever_is_touched_first():
             np.testing.assert_array_equal(ep.get_actions(), x.get_actions())
             assert ep.observations.lookback == x.observations.lookback
         check_chunk(z)
+
+
+def test_a_lazy_episode_whose_build_fails_stays_lazy_and_builds_later():
+    """An exception inside the deferred build (e.g. KeyboardInterrupt) must not leave the
+    episode half-built: the next access builds it and sees the same data."""
+    ep = fake_sampler(seed=5).sample(())[0]
+    want = fake_sampler(seed=5).sample(())[0]
+    build, key = ep._lazy
+    calls = []
+
+    def flaky(k):
+        calls.append(k)
+        if len(calls) == 1:
+            raise KeyboardInterrupt
+        return build(k)
+
+    ep._lazy = (flaky, key)
+    with pytest.raises(KeyboardInterrupt):
+        ep.get_observations()
+    np.testing.assert_array_equal(ep.get_observations(), want.get_observations())
+    np.testing.assert_array_equal(ep.get_rewards(), want.get_rewards())
+    assert len(calls) == 2
+
+
+def test_infos_without_env_infos_are_separate_dicts():
+    s = fake_sampler(seed=6)
+    ep = s.sample(())[0]
+    ep.get_infos(0)["note"] = "step 0 only"
+    assert "note" not in ep.get_infos(1)
+    rows = s.sample_batch(())["default_policy"]["infos"]
+    rows[0]["x"] = 1
+    assert all("x" not in r for r in rows[1:])
+
+
+def test_a_one_agent_multi_agent_policy_keys_the_batch_by_its_policy_id():
+    """Device and host samplers file a one-agent env's rows under the MultiAgentPolicy's id."""
+    env = js.make("CartPole-v1")
+    mlp = js.MLPPolicy(env.observation_space, env.action_space, hidden_sizes=(8,))
+    policy = js.MultiAgentPolicy(env, {"red": mlp})
+    params = policy.init(jax.random.PRNGKey(0))
+    device = js.Sampler(env, policy, num_envs=2, rollout_length=8).sample_batch(params)
+    with js.Sampler("gym:CartPole-v1", policy, num_envs=2, rollout_length=8) as host:
+        assert (
+            set(device.policy_batches) == set(host.sample_batch(params).policy_batches) == {"red"}
+        )
+
+
+def test_a_device_sampler_names_where_a_gym_id_belongs():
+    env = js.make("CartPole-v1")
+    pol = js.RandomPolicy(env.observation_space, env.action_space)
+    with pytest.raises(TypeError, match="gym:"):
+        js.sampling.DeviceSampler("gym:CartPole-v1", pol)

@@ -1,8 +1,10 @@
 """Episode ids: the one place that decides their format.
 
-Every id is 32 lowercase hex characters (RLlib's ``uuid4().hex`` shape). Ids that a
-sampler assigns are deterministic per seed, so two runs with the same seed and calls
-give the same ids; ids made anywhere else are random.
+Ids are lowercase hex, 32 characters (RLlib's ``uuid4().hex`` shape). Ids that a sampler
+assigns are deterministic per seed, so two runs with the same seed and calls give the
+same ids; ids made anywhere else are random. A sampler's ids never repeat: a field that
+outgrows its width (more than 65,535 resets, 16.7M envs or 4.3G episodes per env) makes
+the id longer rather than wrap.
 """
 
 from __future__ import annotations

@@ -182,14 +182,17 @@ class SingleAgentEpisode:
         """Builds the buffers of a :meth:`lazy` episode."""
         assert self._lazy is not None
         build, key = self._lazy
-        self._lazy = None
+        # Build first, publish after: another thread that reads meanwhile builds the same
+        # views again (harmless), and an exception inside build() leaves the episode lazy.
+        buffers = build(key)
         (
             self._observations,
             self._infos,
             self._actions,
             self._rewards,
             self._extra_model_outputs,
-        ) = build(key)
+        ) = buffers
+        self._lazy = None
 
     @property
     def observations(self) -> InfiniteLookbackBuffer:

@@ -54,8 +54,10 @@ class SingleAgentConverter:
         observation_space: Any,
         action_space: Any,
         horizon: int,
+        policy_id: Any = DEFAULT_POLICY_ID,
     ):
         self._ids = ids
+        self._policy_id = policy_id  # the batch key (a one-agent MultiAgentPolicy's id)
         self._obs_space, self._act_space = observation_space, action_space
         self._horizon = horizon
         self._head: Columns | None = None  # the last H steps of the previous call
@@ -167,10 +169,10 @@ class SingleAgentConverter:
                 {k: info_for_obs(col, e, j) for k, col in cols.infos.items()}
             )
         else:
-            data[SampleBatch.INFOS] = [{}] * n_rows
+            data[SampleBatch.INFOS] = [{} for _ in range(n_rows)]  # one dict per row
         for name, col in cols.extras.items():
             data[name] = rows(col, flat)
-        return MultiAgentBatch({DEFAULT_POLICY_ID: SampleBatch(data)}, n_rows), m
+        return MultiAgentBatch({self._policy_id: SampleBatch(data)}, n_rows), m
 
 
 class _EpisodeBuffers:
@@ -198,7 +200,7 @@ class _EpisodeBuffers:
                 unflatten({k: info_for_obs(col, e, slots) for k, col in self._infos}), lb
             )
         else:
-            infos = trusted([{}] * (b - a + 1), lb)
+            infos = trusted([{} for _ in range(b - a + 1)], lb)  # one dict per step
         return (
             trusted(cols.obs[e, a : b + 1], lb, self._obs_space),
             infos,

@@ -28,7 +28,7 @@ The only Python loop is over episodes, never over timesteps.
 
 from __future__ import annotations
 
-from typing import Any, Protocol, cast
+from typing import Any, Protocol
 
 import jax
 import numpy as np
@@ -112,6 +112,7 @@ class DeviceSampler(Sampler):
                 env.observation_space,
                 env.action_space,
                 episode_lookback_horizon,
+                policy_id=self.agent_policy[0],
             )
         else:
             self._convert = MultiAgentConverter(
@@ -221,9 +222,9 @@ class DeviceSampler(Sampler):
 
 def _resolve(env: Env | str) -> Env:
     if isinstance(env, str):
-        from jaxsampler.registry import make
+        from jaxsampler.registry import make_jax_env
 
-        return cast(Env, make(env))  # a registered id names a pure-JAX env
+        return make_jax_env(env)  # a "gym:" id gets a TypeError that says where it belongs
     return env
 
 
