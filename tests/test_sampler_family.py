@@ -3,6 +3,7 @@ member is a ``js.Sampler``."""
 
 from __future__ import annotations
 
+import jax
 import numpy as np
 import pytest
 
@@ -112,3 +113,26 @@ def test_lookback_accepts_numpy_ints(cartpole_policy):
     assert s.sample(None)
     with pytest.raises(ValueError, match="episode_lookback_horizon must be an int >= 0"):
         js.Sampler("CartPole-v1", cartpole_policy, 2, 4, episode_lookback_horizon=-1)
+
+
+def test_every_member_says_how_many_envs_it_steps(cartpole_policy):
+    assert js.Sampler("CartPole-v1", cartpole_policy, num_envs=3).num_envs == 3
+    with js.Sampler("gym:CartPole-v1", cartpole_policy, num_envs=2) as s:
+        assert s.num_envs == 2
+
+
+def test_sampled_multi_agent_episodes_pickle():
+    """The samplers' static agent -> module mapping is a picklable object, not a lambda."""
+    import pickle
+
+    env = js.make("TicTacToe-v0")
+    mlp = js.MLPPolicy(env.observation_space, env.action_space, hidden_sizes=(8,))
+    policy = js.MultiAgentPolicy(
+        env, {"x": mlp, "o": mlp}, policy_mapping_fn=lambda a: "x" if a == "agent_0" else "o"
+    )
+    params = policy.init(jax.random.PRNGKey(0))
+    for ep in js.Sampler(env, policy, num_envs=2, rollout_length=12).sample(params):
+        back = pickle.loads(pickle.dumps(ep))
+        assert back.id_ == ep.id_ and back.module_for("agent_1") == "o"
+        for aid, sa in ep.agent_episodes.items():
+            np.testing.assert_array_equal(back.agent_episodes[aid].get_actions(), sa.get_actions())

@@ -37,7 +37,7 @@ from jaxsampler.episodes.ids import random_episode_id
 from jaxsampler.episodes.lookback import InfiniteLookbackBuffer, batch, tree_map
 from jaxsampler.episodes.single_agent import SingleAgentEpisode, _empty_like
 
-__all__ = ["MultiAgentEpisode", "MultiAgentEnvError", "SKIP"]
+__all__ = ["MultiAgentEpisode", "MultiAgentEnvError", "SKIP", "StaticModuleMapping"]
 
 #: Entry of ``env_t_to_agent_t`` for env steps at which an agent had no observation.
 SKIP = "S"
@@ -51,6 +51,25 @@ class MultiAgentEnvError(Exception):
 def default_agent_to_module_mapping_fn(agent_id: Any, episode: Any) -> str:
     """RLlib's default: every agent is controlled by ``"default_policy"``."""
     return "default_policy"
+
+
+class StaticModuleMapping:
+    """An ``agent_to_module_mapping_fn`` that looks agents up in a fixed dict: what the
+    samplers pass (their mapping is static), and unlike a lambda it pickles."""
+
+    __slots__ = ("mapping",)
+
+    def __init__(self, mapping: dict[Any, Any]):
+        self.mapping = dict(mapping)
+
+    def __call__(self, agent_id: Any, episode: Any) -> Any:
+        return self.mapping[agent_id]
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, StaticModuleMapping) and other.mapping == self.mapping
+
+    def __repr__(self) -> str:
+        return f"StaticModuleMapping({self.mapping!r})"
 
 
 class MultiAgentEpisode:

@@ -19,7 +19,7 @@ import numpy as np
 from jaxsampler.episodes.batch import MultiAgentBatch, SampleBatch
 from jaxsampler.episodes.ids import EpisodeIds, agent_episode_id
 from jaxsampler.episodes.lookback import InfiniteLookbackBuffer, tree_map
-from jaxsampler.episodes.multi_agent import SKIP, MultiAgentEpisode
+from jaxsampler.episodes.multi_agent import SKIP, MultiAgentEpisode, StaticModuleMapping
 from jaxsampler.episodes.single_agent import SingleAgentEpisode, _reward_space
 from jaxsampler.sampling.agent_steps import AgentCarry, AgentSteps, agent_steps, take, take_info
 from jaxsampler.sampling.base import SamplerMetrics
@@ -287,7 +287,7 @@ class MultiAgentConverter:
                 a: agent_episode_id(ma_id, i) for i, a in enumerate(self._agent_ids)
             },
             agent_module_ids=mapping,
-            agent_to_module_mapping_fn=lambda aid, episode: mapping[aid],
+            agent_to_module_mapping_fn=StaticModuleMapping(mapping),
         )
         first = 0
         if continues:  # no chunk to cut: start at the earliest hanging step's observation

@@ -31,7 +31,7 @@ from typing import Any
 from jaxsampler.constants import ALL_AGENTS
 from jaxsampler.episodes.batch import MultiAgentBatch
 from jaxsampler.episodes.ids import EpisodeIds, agent_episode_id
-from jaxsampler.episodes.multi_agent import MultiAgentEpisode
+from jaxsampler.episodes.multi_agent import MultiAgentEpisode, StaticModuleMapping
 from jaxsampler.episodes.single_agent import SingleAgentEpisode
 from jaxsampler.host_envs.base import PollResult
 from jaxsampler.sampling.collector import SampleCollector, episodes_to_batch
@@ -211,7 +211,7 @@ class CollectorFeed(Feed):
             action_space={a: b.action_space for a in b.agent_ids},
             agent_episode_ids={a: self._agent_episode_id(ma_id, a) for a in b.agent_ids},
             agent_module_ids=dict(mapping),
-            agent_to_module_mapping_fn=lambda aid, episode: mapping[aid],
+            agent_to_module_mapping_fn=StaticModuleMapping(mapping),
         )
 
     def _start(self, e: Any, res: PollResult, obs: dict[Any, Any]) -> None:

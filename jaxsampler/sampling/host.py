@@ -385,6 +385,12 @@ class HostSampler(Sampler):
 
     # ------------------------------------------------------------------------- sampling
 
+    @property
+    def num_envs(self) -> int:
+        """The host env's sub-envs (for external and served envs: their concurrent
+        episode capacity)."""
+        return self.host_env.num_envs
+
     def reset(self) -> None:
         """Discards every running episode; every sub-env starts a new episode at the next
         poll.
