@@ -18,7 +18,7 @@ from __future__ import annotations
 import copy
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Generic, TypeVar, overload
 
 import numpy as np
 
@@ -68,6 +68,34 @@ def _contains(space: Any, x: Any) -> bool:
 def _empty_like(buf: InfiniteLookbackBuffer) -> Any:
     """An empty column in ``buf``'s mode (list, or zero-length arrays)."""
     return buf.get(slice(len(buf), None)) if buf.finalized else []
+
+
+_T = TypeVar("_T")
+
+
+class _Column(Generic[_T]):
+    """A column attribute of :class:`SingleAgentEpisode`, kept in the slot ``_<name>``; a
+    :meth:`~SingleAgentEpisode.lazy` episode builds its columns before the first read or
+    write of any of them."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self._slot = "_" + name
+
+    @overload
+    def __get__(self, episode: None, owner: type) -> _Column[_T]: ...
+    @overload
+    def __get__(self, episode: SingleAgentEpisode, owner: type) -> _T: ...
+    def __get__(self, episode: SingleAgentEpisode | None, owner: type) -> Any:
+        if episode is None:
+            return self
+        if episode._lazy is not None:
+            episode._build()
+        return getattr(episode, self._slot)
+
+    def __set__(self, episode: SingleAgentEpisode, value: _T) -> None:
+        if episode._lazy is not None:
+            episode._build()
+        setattr(episode, self._slot, value)
 
 
 class SingleAgentEpisode:
@@ -194,65 +222,12 @@ class SingleAgentEpisode:
         ) = buffers
         self._lazy = None
 
-    @property
-    def observations(self) -> InfiniteLookbackBuffer:
-        if self._lazy is not None:
-            self._build()
-        return self._observations
-
-    @observations.setter
-    def observations(self, value: InfiniteLookbackBuffer) -> None:
-        if self._lazy is not None:
-            self._build()
-        self._observations = value
-
-    @property
-    def infos(self) -> InfiniteLookbackBuffer:
-        if self._lazy is not None:
-            self._build()
-        return self._infos
-
-    @infos.setter
-    def infos(self, value: InfiniteLookbackBuffer) -> None:
-        if self._lazy is not None:
-            self._build()
-        self._infos = value
-
-    @property
-    def actions(self) -> InfiniteLookbackBuffer:
-        if self._lazy is not None:
-            self._build()
-        return self._actions
-
-    @actions.setter
-    def actions(self, value: InfiniteLookbackBuffer) -> None:
-        if self._lazy is not None:
-            self._build()
-        self._actions = value
-
-    @property
-    def rewards(self) -> InfiniteLookbackBuffer:
-        if self._lazy is not None:
-            self._build()
-        return self._rewards
-
-    @rewards.setter
-    def rewards(self, value: InfiniteLookbackBuffer) -> None:
-        if self._lazy is not None:
-            self._build()
-        self._rewards = value
-
-    @property
-    def extra_model_outputs(self) -> dict[str, InfiniteLookbackBuffer]:
-        if self._lazy is not None:
-            self._build()
-        return self._extra_model_outputs
-
-    @extra_model_outputs.setter
-    def extra_model_outputs(self, value: dict[str, InfiniteLookbackBuffer]) -> None:
-        if self._lazy is not None:
-            self._build()
-        self._extra_model_outputs = value
+    # The columns: built on first access (read or write) for a lazy() episode.
+    observations: _Column[InfiniteLookbackBuffer] = _Column()
+    infos: _Column[InfiniteLookbackBuffer] = _Column()
+    actions: _Column[InfiniteLookbackBuffer] = _Column()
+    rewards: _Column[InfiniteLookbackBuffer] = _Column()
+    extra_model_outputs: _Column[dict[str, InfiniteLookbackBuffer]] = _Column()
 
     def __init__(
         self,
