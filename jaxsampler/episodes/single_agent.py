@@ -25,7 +25,7 @@ import numpy as np
 from jaxsampler.episodes.ids import random_episode_id
 from jaxsampler.episodes.lookback import InfiniteLookbackBuffer, data_len
 
-__all__ = ["EpisodeBuffers", "SingleAgentEpisode"]
+__all__ = ["EpisodeBuffers", "SingleAgentEpisode", "reward_space"]
 
 EpisodeBuffers = tuple[
     InfiniteLookbackBuffer,  # observations
@@ -39,7 +39,8 @@ EpisodeBuffers = tuple[
 _REWARD_SPACE = None
 
 
-def _reward_space() -> Any:
+def reward_space() -> Any:
+    """The space of one reward (an unbounded float32 scalar), shared by every episode."""
     global _REWARD_SPACE
     if _REWARD_SPACE is None:
         from jaxsampler.spaces import Box
@@ -283,7 +284,7 @@ class SingleAgentEpisode:
         self.observations = _as_buffer(observations, lb, observation_space)
         self.infos = _as_buffer(infos, lb, None)
         self.actions = _as_buffer(actions, lb, action_space)
-        self.rewards = _as_buffer(rewards, lb, _reward_space())
+        self.rewards = _as_buffer(rewards, lb, reward_space())
         self.extra_model_outputs = {
             k: _as_buffer(v, lb, None) for k, v in (extra_model_outputs or {}).items()
         }

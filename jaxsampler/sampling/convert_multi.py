@@ -20,7 +20,7 @@ from jaxsampler.episodes.batch import MultiAgentBatch, SampleBatch
 from jaxsampler.episodes.ids import EpisodeIds, agent_episode_id
 from jaxsampler.episodes.lookback import InfiniteLookbackBuffer, tree_map
 from jaxsampler.episodes.multi_agent import SKIP, MultiAgentEpisode, StaticModuleMapping
-from jaxsampler.episodes.single_agent import SingleAgentEpisode, _reward_space
+from jaxsampler.episodes.single_agent import SingleAgentEpisode, reward_space
 from jaxsampler.sampling.agent_steps import AgentCarry, AgentSteps, agent_steps, take, take_info
 from jaxsampler.sampling.base import SamplerMetrics
 from jaxsampler.sampling.columns import (
@@ -330,7 +330,7 @@ class MultiAgentConverter:
             actions=trusted(
                 np.zeros((0,) + self._act_zero.shape, self._act_zero.dtype), 0, self._act_space
             ),
-            rewards=trusted(np.zeros((0,), np.float32), 0, _reward_space()),
+            rewards=trusted(np.zeros((0,), np.float32), 0, reward_space()),
             t_started=t_started,
             default_id=agent_episode_id(ep.id_, a),
         )

@@ -17,7 +17,7 @@ from jaxsampler.constants import DEFAULT_POLICY_ID
 from jaxsampler.episodes.batch import MultiAgentBatch, SampleBatch
 from jaxsampler.episodes.ids import EpisodeIds
 from jaxsampler.episodes.lookback import InfiniteLookbackBuffer
-from jaxsampler.episodes.single_agent import EpisodeBuffers, SingleAgentEpisode, _reward_space
+from jaxsampler.episodes.single_agent import EpisodeBuffers, SingleAgentEpisode, reward_space
 from jaxsampler.sampling.base import SamplerMetrics
 from jaxsampler.sampling.columns import (
     Columns,
@@ -205,6 +205,6 @@ class _EpisodeBuffers:
             trusted(cols.obs[e, a : b + 1], lb, self._obs_space),
             infos,
             trusted(cols.actions[e, a:b], lb, self._act_space),
-            trusted(cols.rewards[e, a:b], lb, _reward_space()),
+            trusted(cols.rewards[e, a:b], lb, reward_space()),
             {k: trusted(c[e, a:b], lb) for k, c in cols.extras.items()},
         )

@@ -89,7 +89,7 @@ class DeviceSampler(Sampler):
         episode_lookback_horizon: int = 1,
     ):
         env = _resolve(env)
-        check_lookback(episode_lookback_horizon)
+        episode_lookback_horizon = check_lookback(episode_lookback_horizon)
         self.env, self.policy = env, policy
         self.num_envs, self.rollout_length = num_envs, rollout_length
         self.env_params = env.default_params if env_params is None else env_params
