@@ -71,20 +71,34 @@ def check_compatible(env: Env, policy: Policy) -> None:
             f"env must be a jaxsampler Env, got {type(env).__name__} (wrap gymnax envs with "
             "js.from_gymnax)"
         )
+    check_policy_fits(
+        policy, env.agent_ids, env.observation_space, env.action_space, f"env {env.name}"
+    )
+
+
+def check_policy_fits(
+    policy: Policy,
+    agent_ids: tuple[Any, ...],
+    observation_space: Space,
+    action_space: Space,
+    env_label: str,
+) -> None:
+    """Raises ``ValueError`` naming the mismatch if ``policy`` was built for other agent ids
+    or spaces than an env's (device or host: ``env_label`` names it in the message)."""
     policy_agents = getattr(policy, "agent_ids", None)
-    if policy_agents is not None and tuple(policy_agents) != tuple(env.agent_ids):
+    if policy_agents is not None and tuple(policy_agents) != tuple(agent_ids):
         raise ValueError(
-            f"mismatched agent ids: env {env.name} has {tuple(env.agent_ids)}, "
+            f"mismatched agent ids: {env_label} has {tuple(agent_ids)}, "
             f"policy {type(policy).__name__} was built for {tuple(policy_agents)}"
         )
-    for what in ("observation_space", "action_space"):
+    spaces = (("observation_space", observation_space), ("action_space", action_space))
+    for what, env_space in spaces:
         pol_space = getattr(policy, what, None)
         if pol_space is None:
             continue
-        env_space = getattr(env, what)
         if not compatible(env_space, pol_space):
             raise ValueError(
-                f"mismatched {what.replace('_', ' ')}: env {env.name} has {env_space!r}, "
+                f"mismatched {what.replace('_', ' ')}: {env_label} has {env_space!r}, "
                 f"policy {type(policy).__name__} was built for {pol_space!r}"
             )
 

@@ -71,6 +71,7 @@ from jaxsampler.episodes.single_agent import SingleAgentEpisode
 from jaxsampler.host_envs.base import HostEnv, PollResult, check_host_env
 from jaxsampler.policies.base import Policy
 from jaxsampler.policies.multi import MultiAgentPolicy
+from jaxsampler.rollout import check_policy_fits
 from jaxsampler.sampling.base import (
     Sampler,
     SamplerMetrics,
@@ -80,7 +81,7 @@ from jaxsampler.sampling.base import (
 )
 from jaxsampler.sampling.feeds import Books, CollectorFeed, DoneRecord, Feed
 from jaxsampler.sampling.track import TrackFeed
-from jaxsampler.spaces import ValueChecker, compatible
+from jaxsampler.spaces import ValueChecker
 
 __all__ = ["HostSampler"]
 
@@ -160,7 +161,7 @@ class HostSampler(Sampler):
         self.mark_off_policy = mark_off_policy
         self.timeout_s = timeout_s
         self._obs_space, self._act_space = host_env.observation_space, host_env.action_space
-        self._check_policy(policy)
+        check_policy_fits(policy, self.agent_ids, self._obs_space, self._act_space, "the host env")
         policies, mapping, self._split_params = self._policy_table(policy)
         self.policy_ids = tuple(policies)
         self._mapping = mapping
@@ -201,23 +202,6 @@ class HostSampler(Sampler):
         self.metrics = SamplerMetrics()
 
     # ------------------------------------------------------------------------- policy
-
-    def _check_policy(self, policy: Policy) -> None:
-        for what, env_space in (
-            ("observation_space", self._obs_space),
-            ("action_space", self._act_space),
-        ):
-            pol_space = getattr(policy, what)
-            if not compatible(env_space, pol_space):
-                raise ValueError(
-                    f"mismatched {what.replace('_', ' ')}: the host env has {env_space!r}, "
-                    f"policy {type(policy).__name__} was built for {pol_space!r}"
-                )
-        if isinstance(policy, MultiAgentPolicy) and tuple(policy.agent_ids) != self.agent_ids:
-            raise ValueError(
-                f"mismatched agent ids: the host env has {self.agent_ids}, "
-                f"the policy was built for {tuple(policy.agent_ids)}"
-            )
 
     def _policy_table(self, policy: Any) -> tuple[dict[Any, Policy], dict[Any, Any], bool]:
         """``(policy id -> policy, agent id -> policy id, params split by policy id)``."""
