@@ -1,0 +1,776 @@
+"""Serving stacks: the policy server's hand-written HTTP layer vs well-kept server libraries.
+
+The question (an issue): should :class:`~jaxsampler.serving.server.PolicyServer` move from
+its hand-written HTTP/1.1 layer (asyncio protocol + httptools) to a maintained server that
+ships header/body limits, read timeouts and flow control, unless the measured cost is large?
+
+Stacks, all on the standard asyncio event loop in a daemon thread of the server process:
+
+* ``current``: :class:`~jaxsampler.serving.server.PolicyServer` as it is;
+* ``aiohttp``: an ``aiohttp.web.Application`` (one catch-all route) run with
+  ``AppRunner`` / ``TCPSite`` on its own loop: ``client_max_size`` = the current
+  ``max_body_bytes`` (413 past it), ``keepalive_timeout`` = the current 120 s,
+  ``handler_cancellation=True`` (a client that disconnects while its ``get_action`` waits
+  cancels the handler, which abandons the episode, as the current layer does);
+* ``uvicorn``: a bare ASGI app under ``uvicorn.Server`` (``http="httptools"``, the same
+  llhttp parser as the current layer, ``loop="asyncio"``, no lifespan, no access log),
+  the 413 check done by the app (uvicorn has no body limit).
+
+The candidates implement the hot endpoints with the same URLs, msgpack bodies
+(:func:`jaxsampler.codec.packb` / ``unpackb(objects=False)``), deferred ``returns``
+field and error mapping (:data:`jaxsampler.serving.protocol.STATUS_OF_ERROR`, JSON error
+bodies), so the unchanged :class:`~jaxsampler.serving.client.PolicyClient` talks to all
+three: ``POST /get_action`` queues the observation into the ExternalEnv with
+``env.submit(..., on_answer=...)`` and awaits an asyncio Future; the sampler's answers of a
+whole batch wake the loop once (``call_soon_threadsafe``, the current layer's scheme), and
+the loop resolves the futures. ``/start_episode``, ``/log_returns`` and ``/end_episode``
+call the env directly. A per-request ``call_later`` times out a ``get_action`` after the
+env's ``action_timeout_s`` (504). Not ported (not on the hot path): ``/log_action`` under
+back pressure, ``/batch``, ``GET /weights`` and ``/info``.
+
+All stacks serve the same :class:`~jaxsampler.host_envs.external.ExternalEnv`, sampled by
+one :class:`~jaxsampler.sampling.host.HostSampler` thread (``sample_batch`` in a loop, the
+jitted policy compiled for every padded batch size before timing): only the HTTP layer
+differs. The harness is ``benchmarks/serving.py``'s (imported, not copied): client threads
+in ``--client-procs`` other processes, each with its own ``PolicyClient``, running
+CartPole-shaped episodes (one ``get_action`` + a deferred ``log_returns`` per step).
+Every round runs every client count (rotating order) and, per client count, one phase on
+each stack back to back (rotating stack order), so the candidate / current ratios are
+taken within a round, seconds apart. Reported per (stack, clients): total actions/s
+(median over rounds, min-max), p50 / p99 ``get_action`` latency in the client (all rounds
+pooled), server-process and client-process CPU µs per action; per candidate: median
+[min-max] over rounds of the within-round ratios candidate / current of actions/s and of
+p50.
+
+Usage::
+
+    python benchmarks/serving_stacks.py          # full run (~3 min), results/serving_stacks.*
+    python benchmarks/serving_stacks.py --quick  # smoke run (~30 s), prints only
+    python benchmarks/serving_stacks.py --stacks current aiohttp --rounds 7
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import datetime
+import json
+import socket
+import statistics
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+# benchmarks/serving.py: the clients, the instrumented sampler side, the worker pool
+import serving as harness
+
+from jaxsampler.bench import environment_info, git_state, log, write_results
+
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
+STACKS = ("current", "aiohttp", "aiohttp-lowlevel", "uvicorn")
+LABELS = {
+    "current": "current (PolicyServer: asyncio protocol + httptools)",
+    "aiohttp": "aiohttp (web.Application, AppRunner + TCPSite)",
+    "aiohttp-lowlevel": "aiohttp low-level (web.Server, ServerRunner + TCPSite)",
+    "uvicorn": "uvicorn (ASGI app, httptools, asyncio loop)",
+}
+#: "the cost is large": fewer actions/s or a higher p50 than this, at any client count
+#: (median of the within-round ratios candidate / current).
+THRESHOLD_ACTIONS = 0.85
+THRESHOLD_P50 = 1.25
+FULL = {
+    "clients": [1, 8, 64],
+    "rounds": 5,
+    "warmup": 0.5,
+    "duration": 1.5,
+    "episode_len": 50,
+    "sample_timesteps": 4096,
+    "stacks": list(STACKS),
+}
+QUICK = {
+    "clients": [1, 8, 64],
+    "rounds": 1,
+    "warmup": 0.2,
+    "duration": 0.4,
+    "episode_len": 50,
+    "sample_timesteps": 256,
+    "stacks": list(STACKS),
+}
+MAX_BODY_BYTES = 8 << 20  # PolicyServer's default max_body_bytes
+KEEPALIVE_S = 120.0  # PolicyServer's default keepalive_timeout_s
+JSON_TYPE = "application/json"
+
+
+# --------------------------------------------------------------------------- the endpoints
+
+
+class _BadRequest(ValueError):
+    """A malformed body (400, like any ValueError)."""
+
+
+def _field(msg: dict, name: str, kind: type | None = None, optional: bool = False) -> Any:
+    if name not in msg:
+        if optional:
+            return None
+        raise _BadRequest(f"missing field {name!r}")
+    v = msg[name]
+    if kind is not None and not isinstance(v, kind) and not (optional and v is None):
+        raise _BadRequest(f"field {name!r} must be {kind.__name__}, got {type(v).__name__}")
+    return v
+
+
+class Endpoints:
+    """The policy server's hot endpoints over an ExternalEnv, for any asyncio server.
+
+    ``await handle(method, path, body)`` -> ``(status, body, content type)``; runs in the
+    server's event-loop thread (``loop``, bound on the first request).
+    """
+
+    def __init__(self, env: Any):
+        from jaxsampler.constants import DEFAULT_AGENT_ID
+        from jaxsampler.serving.protocol import CONTENT_TYPE, ERRORS_BY_NAME, STATUS_OF_ERROR
+
+        self.env, self.agent = env, DEFAULT_AGENT_ID
+        self.content_type, self.status_of, self.known = (
+            CONTENT_TYPE,
+            STATUS_OF_ERROR,
+            ERRORS_BY_NAME,
+        )
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self._answered: deque[asyncio.Future] = deque()  # futures of answered get_actions
+        self._wake_pending = False
+
+    def error(self, e: BaseException) -> tuple[int, bytes, str]:
+        for cls, status in self.status_of:
+            if isinstance(e, cls):
+                name = type(e).__name__
+                if status == 400 and name not in self.known:
+                    name = "InvalidDataError"
+                break
+        else:
+            status, name = 500, type(e).__name__
+        body = json.dumps({"error": name, "message": str(e)}).encode()
+        return status, body, JSON_TYPE
+
+    @staticmethod
+    def refuse(status: int, name: str, message: str) -> tuple[int, bytes, str]:
+        return status, json.dumps({"error": name, "message": message}).encode(), JSON_TYPE
+
+    async def handle(self, method: str, path: str, body: bytes) -> tuple[int, bytes, str]:
+        from jaxsampler.codec import packb, unpackb
+
+        command = path.lstrip("/")
+        if command not in ("get_action", "start_episode", "log_returns", "end_episode"):
+            return self.refuse(404, "NotFound", f"unknown path {path}")
+        if method != "POST":
+            return self.refuse(405, "MethodNotAllowed", f"{path} needs POST")
+        try:
+            msg = unpackb(body, objects=False)
+            if not isinstance(msg, dict):
+                raise _BadRequest(f"body must be a msgpack map, got {type(msg).__name__}")
+            if "returns" in msg:  # log_returns deferred by the client: first, in order
+                for i, r in enumerate(_field(msg, "returns", list)):
+                    if not isinstance(r, dict):
+                        raise _BadRequest(f"returns[{i}] must be a map")
+                    try:
+                        self.run("log_returns", r)
+                    except Exception as e:
+                        e.args = (f"deferred log_returns (returns[{i}]): {e}", *e.args[1:])
+                        raise
+            if command == "get_action":
+                result = await self.get_action(
+                    _field(msg, "episode_id", str), _field(msg, "observation")
+                )
+            else:
+                result = self.run(command, msg)
+        except Exception as e:
+            return self.error(e)
+        return 200, packb(result), self.content_type
+
+    def run(self, command: str, msg: dict) -> dict:
+        env, agent = self.env, self.agent
+        if command == "start_episode":
+            eid = env.start_episode(
+                _field(msg, "episode_id", str, optional=True),
+                _field(msg, "training_enabled", bool, optional=True) is not False,
+            )
+            return {"episode_id": eid}
+        eid = _field(msg, "episode_id", str)
+        if command == "log_returns":
+            info = _field(msg, "info", dict, optional=True)
+            env.log_agent_returns(
+                eid, {agent: _field(msg, "reward")}, None if info is None else {agent: info}, None
+            )
+        else:  # end_episode
+            env.end_agent_episode(
+                eid,
+                {agent: _field(msg, "observation")},
+                bool(_field(msg, "truncated", bool, optional=True)),
+            )
+        return {}
+
+    async def get_action(self, eid: str, obs: Any) -> dict:
+        loop = self.loop
+        if loop is None:
+            loop = self.loop = asyncio.get_running_loop()
+        fut = loop.create_future()
+        answered = self._answered
+
+        def on_answer() -> None:  # the sampler thread (or whoever ends the wait), env lock held
+            answered.append(fut)
+            if not self._wake_pending:  # one wake-up of the loop per answered batch
+                self._wake_pending = True
+                with contextlib.suppress(RuntimeError):  # the loop is closed: nobody to answer
+                    loop.call_soon_threadsafe(self._deliver)
+
+        env = self.env
+        waiter = env.submit(eid, {self.agent: obs}, None, None, True, on_answer=on_answer)
+        timed_out = []
+
+        def expire() -> None:
+            if env.expire_waiter(eid, waiter, f"get_action timed out after {timeout} s"):
+                timed_out.append(True)
+
+        timeout = env.action_timeout_s
+        timer = loop.call_later(timeout, expire)
+        try:
+            await fut
+        except asyncio.CancelledError:  # the client went away while waiting
+            if not env.expire_waiter(eid, waiter, "client disconnected") and waiter.error is None:
+                env.abandon_episode(eid, "client disconnected before receiving its action")
+            raise
+        finally:
+            timer.cancel()
+        if timed_out:
+            raise TimeoutError(f"episode {eid}: no action within {timeout} s; episode abandoned")
+        if waiter.error is not None:
+            raise waiter.error
+        return {"action": waiter.value[self.agent]}
+
+    def _deliver(self) -> None:
+        self._wake_pending = False
+        answered = self._answered
+        while answered:
+            fut = answered.popleft()
+            if not fut.done():  # a cancelled handler's future is done already
+                fut.set_result(None)
+
+
+# --------------------------------------------------------------------------- the candidates
+
+
+class _ThreadedServer:
+    """Common part: a daemon thread serving ``Endpoints(env)``; ``address``, ``close``."""
+
+    address: str
+
+    def _start(self, target: Any, name: str) -> None:
+        self._ready = threading.Event()
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=target, name=name, daemon=True)
+        self._thread.start()
+        self._ready.wait(30)
+        if self._error is not None:
+            raise self._error
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+
+class AiohttpServer(_ThreadedServer):
+    """The endpoints as an ``aiohttp.web.Application`` (one catch-all route) on its own loop
+    in a daemon thread; ``lowlevel``: aiohttp's low-level ``web.Server(handler)`` instead (no
+    application, router or middlewares; the same protocol, parser and request objects)."""
+
+    def __init__(self, env: Any, host: str = "127.0.0.1", lowlevel: bool = False):
+        from aiohttp import web
+
+        self.endpoints = Endpoints(env)
+        self.loop = asyncio.new_event_loop()
+        endpoints, content_length_max = self.endpoints, MAX_BODY_BYTES
+
+        async def handler(request: web.BaseRequest) -> web.Response:
+            if (request.content_length or 0) > content_length_max:  # before reading it
+                status, body, ctype = endpoints.refuse(
+                    413, "PayloadTooLarge", f"body exceeds {content_length_max} bytes"
+                )
+                return web.Response(status=status, body=body, content_type=ctype)
+            status, body, ctype = await endpoints.handle(
+                request.method, request.path, await request.read()
+            )
+            return web.Response(status=status, body=body, content_type=ctype)
+
+        def run() -> None:
+            asyncio.set_event_loop(self.loop)
+            try:
+                opts = {
+                    "access_log": None,
+                    "keepalive_timeout": KEEPALIVE_S,
+                    "handler_cancellation": True,
+                }
+                runner: web.BaseRunner
+                if lowlevel:
+                    loop = self.loop
+
+                    def request(*args: Any) -> web.BaseRequest:
+                        return web.BaseRequest(*args, loop, client_max_size=MAX_BODY_BYTES)
+
+                    server = web.Server(handler, request_factory=request, loop=loop, **opts)
+                    runner = web.ServerRunner(server, handle_signals=False)
+                else:
+                    app = web.Application(client_max_size=MAX_BODY_BYTES)
+                    app.router.add_route("*", "/{tail:.*}", handler)
+                    runner = web.AppRunner(app, handle_signals=False, **opts)
+                self.loop.run_until_complete(runner.setup())
+                site = web.TCPSite(runner, host, 0, backlog=1024, reuse_address=True)
+                self.loop.run_until_complete(site.start())
+                h, p = runner.addresses[0][:2]
+                self.address = f"http://{h}:{p}"
+            except BaseException as e:
+                self._error = e
+                self._ready.set()
+                return
+            self._ready.set()
+            self.loop.run_forever()
+            self.loop.run_until_complete(runner.cleanup())
+            self.loop.close()
+
+        self._start(run, "aiohttp-server")
+
+    def close(self) -> None:
+        with contextlib.suppress(RuntimeError):
+            self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(10)
+
+
+class UvicornServer(_ThreadedServer):
+    """The endpoints as a bare ASGI app under ``uvicorn.Server`` in a daemon thread."""
+
+    def __init__(self, env: Any, host: str = "127.0.0.1"):
+        import uvicorn
+
+        self.endpoints = endpoints = Endpoints(env)
+
+        async def app(scope: dict, receive: Any, send: Any) -> None:
+            if scope["type"] != "http":
+                return
+            length = 0
+            for k, v in scope["headers"]:
+                if k == b"content-length":
+                    length = int(v)
+            if length > MAX_BODY_BYTES:  # uvicorn has no body limit: the app checks
+                status, body, ctype = endpoints.refuse(
+                    413, "PayloadTooLarge", f"body exceeds {MAX_BODY_BYTES} bytes"
+                )
+            else:
+                chunks, more = [], True
+                while more:
+                    m = await receive()
+                    if m["type"] == "http.disconnect":
+                        return
+                    chunks.append(m.get("body", b""))
+                    more = m.get("more_body", False)
+                status, body, ctype = await endpoints.handle(
+                    scope["method"], scope["path"], b"".join(chunks)
+                )
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": status,
+                    "headers": [
+                        (b"content-type", ctype.encode()),
+                        (b"content-length", str(len(body)).encode()),
+                    ],
+                }
+            )
+            await send({"type": "http.response.body", "body": body})
+
+        # proto=IPPROTO_TCP: asyncio sets TCP_NODELAY only on sockets that say they are TCP
+        # (with proto 0, uvicorn's two writes per answer meet Nagle + delayed ACK: 40 ms).
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, 0))
+        h, p = sock.getsockname()[:2]
+        self.address = f"http://{h}:{p}"
+        config = uvicorn.Config(
+            app,
+            loop="asyncio",
+            http="httptools",
+            lifespan="off",
+            access_log=False,
+            log_level="warning",
+            timeout_keep_alive=int(KEEPALIVE_S),
+            backlog=1024,
+        )
+        self.server = uvicorn.Server(config)
+
+        def run() -> None:
+            try:
+                self.server.run(sockets=[sock])
+            except BaseException as e:
+                self._error = e
+                self._ready.set()
+
+        self._start_uvicorn(run)
+
+    def _start_uvicorn(self, run: Any) -> None:
+        self._ready = threading.Event()
+        self._error = None
+        self._thread = threading.Thread(target=run, name="uvicorn-server", daemon=True)
+        self._thread.start()
+        deadline = time.monotonic() + 30
+        while not self.server.started and self._error is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        if self._error is not None:
+            raise self._error
+
+    def close(self) -> None:
+        self.server.should_exit = True
+        self._thread.join(10)
+
+
+# --------------------------------------------------------------------------- driver
+
+
+def _ratios(a: list[dict], b: list[dict], key: str) -> dict[str, float] | None:
+    """Median / min / max over rounds of ``a[r][key] / b[r][key]`` (same round)."""
+    vals = [x[key] / y[key] for x, y in zip(a, b) if x.get(key) and y.get(key)]
+    if not vals:
+        return None
+    return {"median": statistics.median(vals), "min": min(vals), "max": max(vals), "n": len(vals)}
+
+
+def run_benchmark(
+    stacks: Sequence[str],
+    clients: Sequence[int],
+    rounds: int,
+    warmup_s: float,
+    duration_s: float,
+    episode_len: int,
+    sample_timesteps: int,
+    max_wait_s: float,
+    seed: int,
+    client_procs: int,
+) -> dict[str, Any]:
+    from importlib import metadata
+
+    started = time.perf_counter()
+    clients = sorted(set(clients))
+    stacks = ["current"] + [s for s in stacks if s != "current"]
+    log(f"setting up the sampler and {stacks} ...")
+    side = harness.ServingSide(True, max(clients), max_wait_s, sample_timesteps, seed)
+    servers: dict[str, Any] = {"current": side.server}
+    pools: dict[str, Any] = {}
+    raw: dict[str, dict[int, list[dict]]] = {s: {n: [] for n in clients} for s in stacks}
+    lat: dict[str, dict[int, list[float]]] = {s: {n: [] for n in clients} for s in stacks}
+    try:
+        for s in stacks[1:]:
+            if s == "uvicorn":
+                servers[s] = UvicornServer(side.env)
+            else:
+                servers[s] = AiohttpServer(side.env, lowlevel=s == "aiohttp-lowlevel")
+        for s in stacks:
+            pools[s] = harness._WorkerPool(servers[s].address, client_procs)
+        setup_s = time.perf_counter() - started
+
+        def phase(stack: str, n: int, warm: float, dur: float) -> dict:
+            cmd = {
+                "clients": n,
+                "warmup_s": warm,
+                "duration_s": dur,
+                "episode_len": episode_len,
+                "seed": seed,
+            }
+            res, a, b = pools[stack].run_phase(side, cmd)
+            res["server"] = harness.server_window(a, b)
+            return res
+
+        for s in stacks:  # connections, episodes, any lazy set-up of the stack
+            phase(s, max(clients), 2 * warmup_s, duration_s / 2)
+            phase(s, min(clients), warmup_s, duration_s / 4)
+        for r in range(rounds):
+            order = clients[r % len(clients) :] + clients[: r % len(clients)]
+            for i, n in enumerate(order):
+                k = (r * len(order) + i) % len(stacks)
+                for s in stacks[k:] + stacks[:k]:
+                    if side.error is not None:
+                        raise RuntimeError(f"sampler thread failed: {side.error}")
+                    res = phase(s, n, warmup_s, duration_s)
+                    round_lat = res.pop("latencies_s")
+                    res["p50_ms"], res["p99_ms"] = harness._percentiles_ms(round_lat)
+                    res["round"] = r
+                    lat[s][n].extend(round_lat)
+                    raw[s][n].append(res)
+                    log(
+                        f"  round {r + 1}/{rounds} {n:3d} clients {s:8s} "
+                        f"{res['actions_per_s']:8.0f} actions/s  p50 {res['p50_ms'] or 0:6.2f} ms"
+                        f"  batch {res['server']['mean_batch'] or 0:5.1f}  errors "
+                        f"{res['num_errors']}"
+                    )
+    finally:
+        for pool in pools.values():
+            pool.close()
+        for s, server in servers.items():
+            if s != "current":
+                server.close()
+        side.close()
+
+    results_stacks = {}
+    for s in stacks:
+        cells = {}
+        for n in clients:
+            rs = raw[s][n]
+            if not rs:
+                continue
+            aps = [r["actions_per_s"] for r in rs]
+            p50, p99 = harness._percentiles_ms(lat[s][n])
+            cells[str(n)] = {
+                "clients": n,
+                "actions_per_s": statistics.median(aps),
+                "actions_per_s_min": min(aps),
+                "actions_per_s_max": max(aps),
+                "p50_ms": p50,
+                "p99_ms": p99,
+                "p50_ms_rounds": [r["p50_ms"] for r in rs],
+                "latency_samples": len(lat[s][n]),
+                "mean_batch": statistics.median(r["server"]["mean_batch"] or 0 for r in rs),
+                "server_cpu_cores": statistics.median(r["server"]["process_cpu_cores"] for r in rs),
+                "server_cpu_us_per_action": statistics.median(
+                    1e6 * r["server"]["process_cpu_cores"] / r["actions_per_s"]
+                    for r in rs
+                    if r["actions_per_s"]
+                ),
+                "client_cpu_us_per_action": statistics.median(
+                    1e6 * r["cpu_cores"] / r["actions_per_s"] for r in rs if r["actions_per_s"]
+                ),
+                "num_errors": sum(r["num_errors"] for r in rs),
+                "hung_threads": sum(r["hung_threads"] for r in rs),
+                "errors": [e for r in rs for e in r["errors"]][:5],
+                "rounds": rs,
+            }
+        results_stacks[s] = {"stack": s, "label": LABELS[s], "cells": cells}
+    vs_current: dict[str, Any] = {}
+    for s in stacks[1:]:
+        vs_current[s] = {
+            str(n): {
+                "actions_per_s": _ratios(raw[s][n], raw["current"][n], "actions_per_s"),
+                "p50": _ratios(raw[s][n], raw["current"][n], "p50_ms"),
+                "p99": _ratios(raw[s][n], raw["current"][n], "p99_ms"),
+                "server_cpu_per_action": _server_cpu_ratio(raw[s][n], raw["current"][n]),
+            }
+            for n in clients
+        }
+    versions = {}
+    for pkg in ("aiohttp", "uvicorn", "httptools", "msgpack"):
+        with contextlib.suppress(metadata.PackageNotFoundError):
+            versions[pkg] = metadata.version(pkg)
+    return {
+        "benchmark": "Serving stacks: PolicyServer's HTTP layer vs aiohttp / uvicorn, side by side",
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "command": " ".join(["python", "benchmarks/serving_stacks.py", *sys.argv[1:]]),
+        "config": {
+            "stacks": stacks,
+            "clients": clients,
+            "rounds": rounds,
+            "warmup_s": warmup_s,
+            "duration_s": duration_s,
+            "episode_len": episode_len,
+            "sample_timesteps": sample_timesteps,
+            "max_wait_s": max_wait_s,
+            "client_procs": client_procs,
+            "seed": seed,
+            "hidden": list(harness.HIDDEN),
+            "switch_interval_s": sys.getswitchinterval(),
+            "max_body_bytes": MAX_BODY_BYTES,
+            "keepalive_s": KEEPALIVE_S,
+        },
+        "threshold": {
+            "actions_per_s_ratio_below": THRESHOLD_ACTIONS,
+            "p50_ratio_above": THRESHOLD_P50,
+            "rule": "the cost is large if, at any client count, the median within-round ratio "
+            f"candidate / current of actions/s is below {THRESHOLD_ACTIONS} or that of p50 "
+            f"latency is above {THRESHOLD_P50}",
+        },
+        "setup_s": setup_s,
+        "wall_s": time.perf_counter() - started,
+        "sampler_error": side.error,
+        "recompiles_while_timing": side.recompiles(),
+        "environment": environment_info() | {"packages": versions},
+        "git": git_state(),
+        "stacks": results_stacks,
+        "vs_current": vs_current,
+        "verdicts": {s: verdict(vs_current[s]) for s in stacks[1:]},
+    }
+
+
+def _server_cpu_ratio(a: list[dict], b: list[dict]) -> dict[str, float] | None:
+    def per_action(r: dict) -> float | None:
+        aps = r["actions_per_s"]
+        return r["server"]["process_cpu_cores"] / aps if aps else None
+
+    vals = [
+        per_action(x) / per_action(y)
+        for x, y in zip(a, b)
+        if per_action(x) and per_action(y)  # type: ignore[operator]
+    ]
+    if not vals:
+        return None
+    return {"median": statistics.median(vals), "min": min(vals), "max": max(vals), "n": len(vals)}
+
+
+def verdict(vs: dict[str, Any]) -> dict[str, Any]:
+    """Applies the threshold to one candidate's within-round ratios."""
+    over = []
+    for n, c in vs.items():
+        a, p = c["actions_per_s"], c["p50"]
+        if a is not None and a["median"] < THRESHOLD_ACTIONS:
+            over.append(f"{n} clients: actions/s x{a['median']:.2f}")
+        if p is not None and p["median"] > THRESHOLD_P50:
+            over.append(f"{n} clients: p50 x{p['median']:.2f}")
+    return {"large": bool(over), "over_threshold": over}
+
+
+# --------------------------------------------------------------------------- report
+
+
+def _k(x: float | None) -> str:
+    if x is None:
+        return "—"
+    return f"{x / 1e3:.1f}k" if x >= 1e3 else f"{x:.0f}"
+
+
+def _f(x: float | None, fmt: str = ".2f") -> str:
+    return "—" if x is None else format(x, fmt)
+
+
+def _ratio(r: dict | None, fmt: str = ".2f") -> str:
+    if r is None:
+        return "—"
+    return f"**{r['median']:{fmt}}** [{r['min']:{fmt}}–{r['max']:{fmt}}]"
+
+
+def markdown_table(res: dict[str, Any]) -> str:
+    cfg, env = res["config"], res["environment"]
+    pk = env.get("packages", {})
+    md = "# Serving stacks: the hand-written HTTP layer vs aiohttp / uvicorn\n\n"
+    md += (
+        f"{res['date']} · `{res['command']}` · jax {env['jax']} ({env['backend']}) · "
+        f"{env['cpu_count']} CPUs · Python {env['python']} · "
+        + " · ".join(f"{k} {v}" for k, v in pk.items())
+        + f" · MLPPolicy {tuple(cfg['hidden'])} tanh · episodes of {cfg['episode_len']} steps · "
+        f"`sample_batch(num_timesteps={cfg['sample_timesteps']})` loop · "
+        f"max_wait_s={cfg['max_wait_s']} · clients in {cfg['client_procs']} other processes · "
+        f"{cfg['rounds']} rounds x {cfg['duration_s']} s per cell (+{cfg['warmup_s']} s warm-up) "
+        f"· wall {res['wall_s']:.0f} s · git {res['git'].get('commit', '')[:10]}\n\n"
+    )
+    md += (
+        f"**Threshold, fixed before the run:** {res['threshold']['rule']}. Ratios are taken "
+        "within a round (the stacks run back to back against the same sampler, seconds "
+        "apart), then the median over rounds; the machine is a shared 2-core box, so min–max "
+        "over rounds is the noise.\n\n"
+    )
+    md += "## Per stack\n\n"
+    md += (
+        "Total actions/s: median over rounds [min–max]; `get_action` latency in the client, "
+        "all rounds pooled; batch = actions per jitted policy call; CPU µs per action: the "
+        "server process (sampler + every server thread) and the client processes.\n\n"
+    )
+    md += (
+        "| stack | clients | total actions/s | p50 ms | p99 ms | batch | server CPU µs/action "
+        "| client CPU µs/action | errors |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|\n"
+    )
+    for s in res["stacks"].values():
+        for c in s["cells"].values():
+            md += (
+                f"| {s['label']} | {c['clients']} | **{_k(c['actions_per_s'])}** "
+                f"[{_k(c['actions_per_s_min'])}–{_k(c['actions_per_s_max'])}] | "
+                f"{_f(c['p50_ms'])} | {_f(c['p99_ms'])} | {_f(c['mean_batch'], '.1f')} | "
+                f"{_f(c['server_cpu_us_per_action'], '.0f')} | "
+                f"{_f(c['client_cpu_us_per_action'], '.0f')} | "
+                f"{c['num_errors'] + c['hung_threads']} |\n"
+            )
+    md += "\n## Candidate / current, within each round\n\n"
+    md += (
+        "Median over rounds [min–max] of the ratio candidate / current in the same round "
+        "(actions/s: above 1 is faster; latency and CPU: below 1 is better).\n\n"
+    )
+    md += (
+        "| candidate | clients | actions/s | p50 latency | p99 latency | server CPU per action |"
+        "\n|---|---:|---:|---:|---:|---:|\n"
+    )
+    for s, cells in res["vs_current"].items():
+        for n, c in cells.items():
+            md += (
+                f"| {s} | {n} | {_ratio(c['actions_per_s'])} | {_ratio(c['p50'])} | "
+                f"{_ratio(c['p99'])} | {_ratio(c['server_cpu_per_action'])} |\n"
+            )
+    md += "\n## Verdict (by the threshold)\n\n"
+    for s, v in res["verdicts"].items():
+        md += (
+            f"* **{s}**: "
+            + (
+                "cost is large (" + "; ".join(v["over_threshold"]) + ")"
+                if v["large"]
+                else "cost is within the threshold at every client count"
+            )
+            + "\n"
+        )
+    errs = sum(
+        c["num_errors"] + c["hung_threads"]
+        for s in res["stacks"].values()
+        for c in s["cells"].values()
+    )
+    md += (
+        f"\nSetup {res['setup_s']:.1f} s (sampler, compile, servers, client processes); "
+        f"recompiles while timing: {res['recompiles_while_timing']}; sampler error: "
+        f"{res['sampler_error'] or 'none'}; client errors / hung threads: {errs}.\n"
+    )
+    return md
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--stacks", nargs="+", choices=STACKS, help=f"default: {' '.join(STACKS)}")
+    p.add_argument("--clients", type=int, nargs="+", help="client counts (default 1 8 64)")
+    p.add_argument("--rounds", type=int, help="rounds (default 5)")
+    p.add_argument("--duration", type=float, help="timed seconds per cell (default 1.5)")
+    p.add_argument("--warmup", type=float, help="untimed seconds before each window (0.5)")
+    p.add_argument("--episode-len", type=int, help="steps per client episode (default 50)")
+    p.add_argument("--sample-timesteps", type=int, help="num_timesteps per sample_batch (4096)")
+    p.add_argument("--max-wait-ms", type=float, default=2.0, help="ExternalEnv batching wait")
+    p.add_argument("--client-procs", type=int, default=4, help="client processes per stack (4)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--quick", action="store_true", help="smoke run; prints, writes only with --out")
+    p.add_argument("--out", type=Path, help=f"where to write the results (default {RESULTS_DIR})")
+    args = p.parse_args(argv)
+    for k, v in (QUICK if args.quick else FULL).items():
+        if getattr(args, k) is None:
+            setattr(args, k, v)
+    res = run_benchmark(
+        args.stacks,
+        args.clients,
+        args.rounds,
+        args.warmup,
+        args.duration,
+        args.episode_len,
+        args.sample_timesteps,
+        args.max_wait_ms / 1e3,
+        args.seed,
+        args.client_procs,
+    )
+    md = markdown_table(res)
+    print(md)
+    out_dir = args.out or (None if args.quick else RESULTS_DIR)
+    if out_dir is not None:
+        write_results(res, md, out_dir, "serving_stacks")
+
+
+if __name__ == "__main__":
+    main()
