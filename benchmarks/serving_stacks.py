@@ -44,7 +44,7 @@ p50.
 
 Usage::
 
-    python benchmarks/serving_stacks.py          # full run (~3 min), results/serving_stacks.*
+    python benchmarks/serving_stacks.py          # full run (~5 min), results/serving_stacks.*
     python benchmarks/serving_stacks.py --quick  # smoke run (~30 s), prints only
     python benchmarks/serving_stacks.py --stacks current aiohttp --rounds 7
 """
@@ -56,6 +56,7 @@ import asyncio
 import contextlib
 import datetime
 import json
+import os
 import socket
 import statistics
 import sys
@@ -87,9 +88,9 @@ THRESHOLD_ACTIONS = 0.85
 THRESHOLD_P50 = 1.25
 FULL = {
     "clients": [1, 8, 64],
-    "rounds": 5,
+    "rounds": 8,
     "warmup": 0.5,
-    "duration": 1.5,
+    "duration": 1.0,
     "episode_len": 50,
     "sample_timesteps": 4096,
     "stacks": list(STACKS),
@@ -134,10 +135,12 @@ class Endpoints:
     """
 
     def __init__(self, env: Any):
+        from jaxsampler.codec import packb, unpackb
         from jaxsampler.constants import DEFAULT_AGENT_ID
         from jaxsampler.serving.protocol import CONTENT_TYPE, ERRORS_BY_NAME, STATUS_OF_ERROR
 
         self.env, self.agent = env, DEFAULT_AGENT_ID
+        self.packb, self.unpackb = packb, unpackb
         self.content_type, self.status_of, self.known = (
             CONTENT_TYPE,
             STATUS_OF_ERROR,
@@ -164,15 +167,13 @@ class Endpoints:
         return status, json.dumps({"error": name, "message": message}).encode(), JSON_TYPE
 
     async def handle(self, method: str, path: str, body: bytes) -> tuple[int, bytes, str]:
-        from jaxsampler.codec import packb, unpackb
-
         command = path.lstrip("/")
         if command not in ("get_action", "start_episode", "log_returns", "end_episode"):
             return self.refuse(404, "NotFound", f"unknown path {path}")
         if method != "POST":
             return self.refuse(405, "MethodNotAllowed", f"{path} needs POST")
         try:
-            msg = unpackb(body, objects=False)
+            msg = self.unpackb(body, objects=False)
             if not isinstance(msg, dict):
                 raise _BadRequest(f"body must be a msgpack map, got {type(msg).__name__}")
             if "returns" in msg:  # log_returns deferred by the client: first, in order
@@ -192,7 +193,7 @@ class Endpoints:
                 result = self.run(command, msg)
         except Exception as e:
             return self.error(e)
-        return 200, packb(result), self.content_type
+        return 200, self.packb(result), self.content_type
 
     def run(self, command: str, msg: dict) -> dict:
         env, agent = self.env, self.agent
@@ -490,6 +491,7 @@ def run_benchmark(
             }
             res, a, b = pools[stack].run_phase(side, cmd)
             res["server"] = harness.server_window(a, b)
+            res["loadavg_1min"] = os.getloadavg()[0]  # the other engineers' load: noise
             return res
 
         for s in stacks:  # connections, episodes, any lazy set-up of the stack
@@ -550,6 +552,7 @@ def run_benchmark(
                 "client_cpu_us_per_action": statistics.median(
                     1e6 * r["cpu_cores"] / r["actions_per_s"] for r in rs if r["actions_per_s"]
                 ),
+                "loadavg_1min": [r["loadavg_1min"] for r in rs],
                 "num_errors": sum(r["num_errors"] for r in rs),
                 "hung_threads": sum(r["hung_threads"] for r in rs),
                 "errors": [e for r in rs for e in r["errors"]][:5],
@@ -607,7 +610,67 @@ def run_benchmark(
         "stacks": results_stacks,
         "vs_current": vs_current,
         "verdicts": {s: verdict(vs_current[s]) for s in stacks[1:]},
+        "noise": noise(raw),
     }
+
+
+def noise(raw: dict[str, dict[int, list[dict]]]) -> dict[str, Any]:
+    """The machine's load average over the phases, and the current stack's own spread of
+    actions/s over rounds (max / min) per client count."""
+    loads = [r["loadavg_1min"] for cells in raw.values() for rs in cells.values() for r in rs]
+    spread = {}
+    for n, rs in raw["current"].items():
+        aps = [r["actions_per_s"] for r in rs if r["actions_per_s"]]
+        if aps:
+            spread[str(n)] = max(aps) / min(aps)
+    return {
+        "loadavg_1min": {
+            "min": min(loads, default=None),
+            "median": statistics.median(loads) if loads else None,
+            "max": max(loads, default=None),
+        },
+        "current_actions_per_s_max_over_min": spread,
+    }
+
+
+def summary(res: dict[str, Any]) -> str:
+    """The verdict paragraph, written from the numbers."""
+    vs, verdicts = res["vs_current"], res["verdicts"]
+    if not vs:
+        return "Only the current stack ran: nothing to compare."
+
+    def worst(s: str) -> float:
+        return min(
+            (c["actions_per_s"]["median"] for c in vs[s].values() if c["actions_per_s"]),
+            default=0.0,
+        )
+
+    def span(s: str, key: str) -> str:
+        vals = [c[key]["median"] for c in vs[s].values() if c[key]]
+        return f"{min(vals):.2f}–{max(vals):.2f}x" if vals else "—"
+
+    best = max(vs, key=worst)
+    ok = [s for s in vs if not verdicts[s]["large"]]
+    counts = ", ".join(vs[best])
+    figures = (
+        f"{best} gives {span(best, 'actions_per_s')} the current actions/s, "
+        f"{span(best, 'p50')} its p50 latency and {span(best, 'server_cpu_per_action')} its "
+        f"server CPU per action (medians of within-round ratios at {counts} clients)"
+    )
+    others = [
+        f"{s}: {span(s, 'actions_per_s')} actions/s, {span(s, 'p50')} p50, "
+        f"{span(s, 'server_cpu_per_action')} server CPU/action"
+        for s in vs
+        if s != best
+    ]
+    if ok:
+        head = f"Move: {', '.join(ok)} stay within the threshold. Of the candidates, {figures}."
+    else:
+        head = (
+            "Do not move: every candidate's cost is large by the threshold at some client "
+            f"count. The cheapest, {figures}."
+        )
+    return head + (f" Others: {'; '.join(others)}." if others else "")
 
 
 def _server_cpu_ratio(a: list[dict], b: list[dict]) -> dict[str, float] | None:
@@ -722,6 +785,20 @@ def markdown_table(res: dict[str, Any]) -> str:
             )
             + "\n"
         )
+    md += "\n" + summary(res) + "\n"
+    nz = res["noise"]
+    la = nz["loadavg_1min"]
+    md += "\n## Noise\n\n"
+    md += (
+        f"1-minute load average over the phases (other engineers' tests on the same 2 cores): "
+        f"{_f(la['min'], '.1f')} / {_f(la['median'], '.1f')} / {_f(la['max'], '.1f')} "
+        "(min / median / max). The current stack's own actions/s, max / min over rounds: "
+        + ", ".join(
+            f"{v:.2f}x at {n} clients" for n, v in nz["current_actions_per_s_max_over_min"].items()
+        )
+        + ". Server CPU per action is the figure least moved by other load (it counts this "
+        "process's CPU, not the wall time it waited for a core).\n"
+    )
     errs = sum(
         c["num_errors"] + c["hung_threads"]
         for s in res["stacks"].values()
@@ -739,8 +816,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--stacks", nargs="+", choices=STACKS, help=f"default: {' '.join(STACKS)}")
     p.add_argument("--clients", type=int, nargs="+", help="client counts (default 1 8 64)")
-    p.add_argument("--rounds", type=int, help="rounds (default 5)")
-    p.add_argument("--duration", type=float, help="timed seconds per cell (default 1.5)")
+    p.add_argument("--rounds", type=int, help="rounds (default 8)")
+    p.add_argument("--duration", type=float, help="timed seconds per cell (default 1.0)")
     p.add_argument("--warmup", type=float, help="untimed seconds before each window (0.5)")
     p.add_argument("--episode-len", type=int, help="steps per client episode (default 50)")
     p.add_argument("--sample-timesteps", type=int, help="num_timesteps per sample_batch (4096)")
