@@ -38,13 +38,15 @@ Every round runs every client count (rotating order) and, per client count, one 
 each stack back to back (rotating stack order), so the candidate / current ratios are
 taken within a round, seconds apart. Reported per (stack, clients): total actions/s
 (median over rounds, min-max), p50 / p99 ``get_action`` latency in the client (all rounds
-pooled), server-process and client-process CPU µs per action; per candidate: median
-[min-max] over rounds of the within-round ratios candidate / current of actions/s and of
-p50.
+pooled), CPU µs per action of the stack's event-loop thread (the HTTP layer's own work:
+parsing, dispatch, env calls, answers; the sampler thread is the same for all), of the
+server process and of the client processes; per candidate: median [min-max] over rounds of
+the within-round ratios candidate / current of each. The verdict applies a threshold fixed
+in advance (:data:`THRESHOLD_ACTIONS`, :data:`THRESHOLD_P50`) to those ratios.
 
 Usage::
 
-    python benchmarks/serving_stacks.py          # full run (~5 min), results/serving_stacks.*
+    python benchmarks/serving_stacks.py          # full run (~7 min), results/serving_stacks.*
     python benchmarks/serving_stacks.py --quick  # smoke run (~30 s), prints only
     python benchmarks/serving_stacks.py --stacks current aiohttp --rounds 7
 """
@@ -88,7 +90,7 @@ THRESHOLD_ACTIONS = 0.85
 THRESHOLD_P50 = 1.25
 FULL = {
     "clients": [1, 8, 64],
-    "rounds": 8,
+    "rounds": 10,
     "warmup": 0.5,
     "duration": 1.0,
     "episode_len": 50,
@@ -464,6 +466,36 @@ class UvicornServer(_ThreadedServer):
 # --------------------------------------------------------------------------- driver
 
 
+def port_extras_us(n: int = 20000) -> dict[str, float]:
+    """CPU µs of what the candidates' port adds per ``get_action`` beyond the current
+    layer's work (a Future, a ``call_later`` timeout, one wake of the awaiting coroutine),
+    timed alone on a fresh loop: the part of their extra loop CPU that is this benchmark's
+    doing rather than the library's."""
+
+    async def run() -> dict[str, float]:
+        loop = asyncio.get_running_loop()
+
+        def noop() -> None:
+            pass
+
+        t = time.thread_time()
+        for _ in range(n):
+            fut = loop.create_future()
+            timer = loop.call_later(300.0, noop)
+            loop.call_soon(fut.set_result, None)
+            await fut
+            timer.cancel()
+        with_timer = (time.thread_time() - t) / n * 1e6
+        t = time.thread_time()
+        for _ in range(n):
+            fut = loop.create_future()
+            loop.call_soon(fut.set_result, None)
+            await fut
+        return {"future_timer_wake": with_timer, "future_wake": (time.thread_time() - t) / n * 1e6}
+
+    return asyncio.run(run())
+
+
 def _ratios(a: list[dict], b: list[dict], key: str) -> dict[str, float] | None:
     """Median / min / max over rounds of ``a[r][key] / b[r][key]`` (same round)."""
     vals = [x[key] / y[key] for x, y in zip(a, b) if x.get(key) and y.get(key)]
@@ -661,6 +693,7 @@ def run_benchmark(
         "vs_current": vs_current,
         "verdicts": {s: verdict(vs_current[s]) for s in stacks[1:]},
         "noise": noise(raw),
+        "port_extras_us": port_extras_us(),
     }
 
 
@@ -841,6 +874,13 @@ def markdown_table(res: dict[str, Any]) -> str:
             + "\n"
         )
     md += "\n" + summary(res) + "\n"
+    px = res["port_extras_us"]
+    md += (
+        f"\nOf the candidates' extra event-loop CPU per action, the port's own additions (a "
+        f"Future, a timeout timer and one coroutine wake per `get_action`, timed alone) "
+        f"account for {px['future_timer_wake']:.0f} µs ({px['future_wake']:.0f} µs without "
+        "the timer); the rest is the library's per-request work.\n"
+    )
     nz = res["noise"]
     la = nz["loadavg_1min"]
     md += "\n## Noise\n\n"
@@ -873,7 +913,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--stacks", nargs="+", choices=STACKS, help=f"default: {' '.join(STACKS)}")
     p.add_argument("--clients", type=int, nargs="+", help="client counts (default 1 8 64)")
-    p.add_argument("--rounds", type=int, help="rounds (default 8)")
+    p.add_argument("--rounds", type=int, help="rounds (default 10)")
     p.add_argument("--duration", type=float, help="timed seconds per cell (default 1.0)")
     p.add_argument("--warmup", type=float, help="untimed seconds before each window (0.5)")
     p.add_argument("--episode-len", type=int, help="steps per client episode (default 50)")
