@@ -754,7 +754,14 @@ def summary(res: dict[str, Any]) -> str:
             "Do not move: every candidate's cost is large by the threshold at some client "
             f"count. The cheapest, {figures}."
         )
-    return head + (f" Others: {'; '.join(others)}." if others else "")
+    head += f" Others: {'; '.join(others)}." if others else ""
+    if not ok:
+        head += (
+            " Take the protections the current layer lacks (see what each stack ships) into "
+            "it instead, and rerun this script once they land: it measures whatever "
+            "PolicyServer is in the tree."
+        )
+    return head
 
 
 def _server_cpu_ratio(a: list[dict], b: list[dict]) -> dict[str, float] | None:
@@ -772,15 +779,19 @@ def _server_cpu_ratio(a: list[dict], b: list[dict]) -> dict[str, float] | None:
     return {"median": statistics.median(vals), "min": min(vals), "max": max(vals), "n": len(vals)}
 
 
+def _clients(n: str | int) -> str:
+    return f"{n} client" + ("" if str(n) == "1" else "s")
+
+
 def verdict(vs: dict[str, Any]) -> dict[str, Any]:
     """Applies the threshold to one candidate's within-round ratios."""
     over = []
     for n, c in vs.items():
         a, p = c["actions_per_s"], c["p50"]
         if a is not None and a["median"] < THRESHOLD_ACTIONS:
-            over.append(f"{n} clients: actions/s x{a['median']:.2f}")
+            over.append(f"{_clients(n)}: actions/s x{a['median']:.2f}")
         if p is not None and p["median"] > THRESHOLD_P50:
-            over.append(f"{n} clients: p50 x{p['median']:.2f}")
+            over.append(f"{_clients(n)}: p50 x{p['median']:.2f}")
     return {"large": bool(over), "over_threshold": over}
 
 
@@ -889,7 +900,8 @@ def markdown_table(res: dict[str, Any]) -> str:
         f"{_f(la['min'], '.1f')} / {_f(la['median'], '.1f')} / {_f(la['max'], '.1f')} "
         "(min / median / max). The current stack's own actions/s, max / min over rounds: "
         + ", ".join(
-            f"{v:.2f}x at {n} clients" for n, v in nz["current_actions_per_s_max_over_min"].items()
+            f"{v:.2f}x at {_clients(n)}"
+            for n, v in nz["current_actions_per_s_max_over_min"].items()
         )
         + ". CPU per action is the figure least moved by other load (it counts CPU used, "
         "not the wall time spent waiting for a core); HTTP loop CPU = the CPU time of the "
@@ -923,7 +935,17 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--quick", action="store_true", help="smoke run; prints, writes only with --out")
     p.add_argument("--out", type=Path, help=f"where to write the results (default {RESULTS_DIR})")
+    p.add_argument(
+        "--rerender",
+        type=Path,
+        help="rewrite the verdicts and the Markdown from this results JSON (no measuring)",
+    )
     args = p.parse_args(argv)
+    if args.rerender:
+        res = json.loads(args.rerender.read_text())
+        res["verdicts"] = {s: verdict(v) for s, v in res["vs_current"].items()}
+        write_results(res, markdown_table(res), args.out or args.rerender.parent, "serving_stacks")
+        return
     for k, v in (QUICK if args.quick else FULL).items():
         if getattr(args, k) is None:
             setattr(args, k, v)
