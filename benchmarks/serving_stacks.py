@@ -316,7 +316,13 @@ class AiohttpServer(_ThreadedServer):
     in a daemon thread; ``lowlevel``: aiohttp's low-level ``web.Server(handler)`` instead (no
     application, router or middlewares; the same protocol, parser and request objects)."""
 
-    def __init__(self, env: Any, host: str = "127.0.0.1", lowlevel: bool = False):
+    def __init__(
+        self,
+        env: Any,
+        host: str = "127.0.0.1",
+        lowlevel: bool = False,
+        keepalive_s: float = KEEPALIVE_S,
+    ):
         from aiohttp import web
 
         self.endpoints = Endpoints(env)
@@ -339,7 +345,7 @@ class AiohttpServer(_ThreadedServer):
             try:
                 opts = {
                     "access_log": None,
-                    "keepalive_timeout": KEEPALIVE_S,
+                    "keepalive_timeout": keepalive_s,
                     "handler_cancellation": True,
                 }
                 runner: web.BaseRunner
@@ -380,7 +386,7 @@ class AiohttpServer(_ThreadedServer):
 class UvicornServer(_ThreadedServer):
     """The endpoints as a bare ASGI app under ``uvicorn.Server`` in a daemon thread."""
 
-    def __init__(self, env: Any, host: str = "127.0.0.1"):
+    def __init__(self, env: Any, host: str = "127.0.0.1", keepalive_s: float = KEEPALIVE_S):
         import uvicorn
 
         self.endpoints = endpoints = Endpoints(env)
@@ -433,7 +439,7 @@ class UvicornServer(_ThreadedServer):
             lifespan="off",
             access_log=False,
             log_level="warning",
-            timeout_keep_alive=int(KEEPALIVE_S),
+            timeout_keep_alive=keepalive_s,  # type: ignore[arg-type]  (a float works)
             backlog=1024,
         )
         self.server = uvicorn.Server(config)
@@ -461,6 +467,119 @@ class UvicornServer(_ThreadedServer):
     def close(self) -> None:
         self.server.should_exit = True
         self.thread.join(10)
+
+
+# --------------------------------------------------------------------------- probes
+
+
+def _make_server(stack: str, env: Any, keepalive_s: float = KEEPALIVE_S) -> Any:
+    if stack == "current":
+        from jaxsampler.serving.server import PolicyServer
+
+        return PolicyServer(env, keepalive_timeout_s=keepalive_s)
+    if stack == "uvicorn":
+        return UvicornServer(env, keepalive_s=keepalive_s)
+    return AiohttpServer(env, lowlevel=stack == "aiohttp-lowlevel", keepalive_s=keepalive_s)
+
+
+def _connect(address: str, timeout: float) -> socket.socket:
+    host, port = address.rsplit("/", 1)[-1].rsplit(":", 1)
+    sock = socket.create_connection((host, int(port)), timeout=timeout)
+    return sock
+
+
+def _trickle(address: str, limit_s: float) -> str:
+    """Sends the headers of a request one byte every 0.2 s (slow-loris); what the server did."""
+    msg = b"POST /get_action HTTP/1.1\r\nHost: probe\r\nX-Slow: " + b"a" * 200
+    sock = _connect(address, 0.2)
+    t0 = time.monotonic()
+    try:
+        for i in range(len(msg)):
+            if time.monotonic() - t0 > limit_s:
+                return f"open after {limit_s:.0f} s"
+            with contextlib.suppress(TimeoutError):
+                sock.send(msg[i : i + 1])
+                data = sock.recv(100)
+                return f"closed after {time.monotonic() - t0:.1f} s" if not data else "answered"
+        return "headers sent in full"
+    except OSError as e:
+        return f"{type(e).__name__} after {time.monotonic() - t0:.1f} s"
+    finally:
+        sock.close()
+
+
+def _idle(address: str, limit_s: float) -> str:
+    """Connects and sends nothing; what the server did."""
+    sock = _connect(address, limit_s)
+    t0 = time.monotonic()
+    try:
+        data = sock.recv(100)
+        return f"closed after {time.monotonic() - t0:.1f} s" if not data else "answered"
+    except TimeoutError:
+        return f"open after {limit_s:.0f} s"
+    except OSError as e:
+        return f"{type(e).__name__} after {time.monotonic() - t0:.1f} s"
+    finally:
+        sock.close()
+
+
+def _oversized(address: str) -> str:
+    """A ``start_episode`` whose body is over the 8 MiB limit, through PolicyClient."""
+    from jaxsampler.serving.client import PolicyClient
+
+    client = PolicyClient(address, timeout=10)
+    try:
+        client.start_episode(episode_id="x" * (MAX_BODY_BYTES + 1024))
+        return "accepted"
+    except Exception as e:
+        return type(e).__name__ + (f" {e.status}" if hasattr(e, "status") else "")
+    finally:
+        client.close()
+
+
+def _gone_while_waiting(address: str, env: Any) -> str:
+    """A client sends ``get_action`` and disconnects before any answer (nobody samples
+    here); the episode's status afterwards (``finishing``: abandoned, ends as truncated)."""
+    from jaxsampler.codec import packb
+    from jaxsampler.serving.client import PolicyClient
+
+    client = PolicyClient(address, timeout=10)
+    eid = client.start_episode()
+    client.close()
+    body = packb({"episode_id": eid, "observation": [0.0, 0.0, 0.0, 0.0]})
+    sock = _connect(address, 5)
+    head = f"POST /get_action HTTP/1.1\r\nHost: probe\r\nContent-Length: {len(body)}\r\n\r\n"
+    sock.sendall(head.encode() + body)
+    time.sleep(0.3)
+    sock.close()
+    time.sleep(0.5)
+    return str(env.episode_status(eid))
+
+
+def probe_stacks(stacks: Sequence[str], keepalive_s: float = 1.0, limit_s: float = 3.0) -> dict:
+    """Checks the "what each stack ships" table: each stack with a ``keepalive_s`` idle
+    timeout (no sampler), probed with trickled headers, an idle connection, an oversized
+    body and a client that disconnects while its ``get_action`` waits."""
+    import jaxsampler as js
+    from jaxsampler.host_envs.external import ExternalEnv
+
+    cartpole = js.make("CartPole-v1")
+    out = {}
+    for s in stacks:
+        env = ExternalEnv(cartpole.observation_space, cartpole.action_space)
+        server = _make_server(s, env, keepalive_s)
+        try:
+            out[s] = {
+                "trickled_headers": _trickle(server.address, limit_s),
+                "idle_connection": _idle(server.address, limit_s),
+                "oversized_body": _oversized(server.address),
+                "client_gone_while_waiting": _gone_while_waiting(server.address, env),
+            }
+        finally:
+            server.close()
+            env.close()
+        log(f"  probe {s}: {out[s]}")
+    return {"keepalive_s": keepalive_s, "limit_s": limit_s, "stacks": out}
 
 
 # --------------------------------------------------------------------------- driver
@@ -694,6 +813,7 @@ def run_benchmark(
         "verdicts": {s: verdict(vs_current[s]) for s in stacks[1:]},
         "noise": noise(raw),
         "port_extras_us": port_extras_us(),
+        "probes": probe_stacks(stacks),
     }
 
 
@@ -873,6 +993,22 @@ def markdown_table(res: dict[str, Any]) -> str:
                 f"{_ratio(c['server_cpu_per_action'])} |\n"
             )
     md += "\n## What each stack ships\n\n" + FEATURES_MD
+    pr = res.get("probes")
+    if pr:
+        md += (
+            f"\nProbed (each stack with a {pr['keepalive_s']:g} s keep-alive timeout, no "
+            f"sampler; 'open' = still open after {pr['limit_s']:g} s): request headers sent "
+            "one byte every 0.2 s; a connection that sends nothing; a 9 MiB `start_episode` "
+            "through PolicyClient; a client that disconnects while its `get_action` waits "
+            "(`finishing` = the episode was abandoned and ends as truncated).\n\n"
+            "| stack | trickled headers | idle connection | oversized body | client gone while "
+            "waiting |\n|---|---|---|---|---|\n"
+        )
+        for s, p in pr["stacks"].items():
+            md += (
+                f"| {s} | {p['trickled_headers']} | {p['idle_connection']} | "
+                f"{p['oversized_body']} | {p['client_gone_while_waiting']} |\n"
+            )
     md += "\n## Verdict (by the threshold)\n\n"
     for s, v in res["verdicts"].items():
         md += (
