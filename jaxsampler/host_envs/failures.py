@@ -1,0 +1,285 @@
+"""What host envs do when one of their sub-envs fails or hangs (RLlib's
+``restart_failed_sub_environments``, made configurable).
+
+A *failure* of a sub-env is an exception raised by its ``reset`` / ``step`` (or by its
+factory while it is rebuilt), a call that does not return within ``step_timeout_s``,
+or, with ``check_observations``, an observation that does not fit the observation space
+(wrong shape or dtype kind, NaN, an infinity where the space is bounded). Adapter checks
+of the *structure* of what an env returns (unknown agent ids, a malformed step tuple)
+are not failures: they are bugs that would repeat at every step, and raise as before.
+
+What happens then is :class:`FailureHandling.on_env_error`:
+
+* ``"raise"`` (default): :class:`HostEnvError`, naming the sub-env, the method and the
+  original error (chained as ``__cause__``);
+* ``"restart"``: the sub-env's running episode ends *truncated* (see
+  :func:`truncated_end`), the env is closed (errors ignored) and rebuilt from its
+  factory, and reset with a fresh seed (:func:`restart_seed`) at the next poll;
+* ``"drop"``: the episode ends the same way and the sub-env is never stepped again; its
+  ``env_id`` stays reserved (``num_envs`` does not shrink). When every sub-env is
+  dropped, the env reports ``closed`` and its next poll raises :class:`HostEnvError`.
+
+A call that timed out cannot be stopped: Python cannot kill a thread. The thread is
+abandoned (a daemon thread, so it never blocks interpreter exit), the env object it
+holds is never touched again, and at most ``max_abandoned_threads`` such threads may be
+alive at once (then :class:`HostEnvError`).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import dataclasses
+import queue
+import threading
+from collections.abc import Callable
+from typing import Any, Literal
+
+import numpy as np
+
+from jaxsampler.constants import ALL_AGENTS
+
+__all__ = [
+    "ENV_ERROR_KEY",
+    "EnvFailureStats",
+    "FailureHandling",
+    "HostEnvError",
+    "OnEnvError",
+    "Outcome",
+    "Worker",
+    "close_quietly",
+    "describe_error",
+    "restart_seed",
+    "run_calls",
+    "truncated_end",
+]
+
+#: What a host env does when a sub-env fails.
+OnEnvError = Literal["raise", "restart", "drop"]
+
+#: The info key of a failed episode's last step: ``"<ExceptionType>: <message>"``.
+ENV_ERROR_KEY = "env_error"
+
+
+class HostEnvError(RuntimeError):
+    """A sub-env of a host env failed and the env was told to raise (or gave up).
+
+    Attributes:
+        env_index: the failed sub-env (``None``: the whole env, e.g. a vector env).
+        method: what failed: ``"reset"``, ``"step"``, ``"make"`` (the factory),
+            ``"close"``, or ``"poll"`` (nothing left to step).
+    """
+
+    def __init__(self, message: str, *, env_index: int | None = None, method: str = "step"):
+        super().__init__(message)
+        self.env_index = env_index
+        self.method = method
+
+
+def describe_error(exc: BaseException) -> str:
+    """``"RuntimeError: boom"``: the string recorded in a failed step's info."""
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def restart_seed(seed: int | None, env_index: int, restart: int) -> int | None:
+    """The reset seed of sub-env ``env_index`` after its ``restart``-th restart.
+
+    Deterministic for a given ``seed`` (runs repeat bit for bit) and distinct from the
+    first seeds ``seed + i`` in practice (drawn from a ``numpy.random.SeedSequence``);
+    ``None`` stays ``None`` (unseeded runs stay unseeded).
+    """
+    if seed is None:
+        return None
+    entropy = [int(seed) % 2**63, int(env_index), int(restart)]
+    return int(np.random.SeedSequence(entropy).generate_state(1, np.uint32)[0])
+
+
+def truncated_end(last_obs: dict[Any, Any], error: str) -> tuple[dict, dict, dict, dict, dict]:
+    """The step that ends a failed sub-env's running episode: ``(obs, rewards,
+    terminateds, truncateds, infos)`` for one ``env_id``.
+
+    The env produced no next observation, so every agent of the episode gets its *last
+    good* observation again as its final one, reward ``0.0`` and ``truncated=True``
+    (``"__all__"`` too: the episode may be bootstrapped, nothing terminated it), and
+    ``info[ENV_ERROR_KEY] = error``. The action sent for that observation was never
+    carried out (or its effect is unknown): learners that must not see this placeholder
+    transition drop the rows whose info has :data:`ENV_ERROR_KEY`.
+    """
+    agents = list(last_obs)
+    return (
+        dict(last_obs),
+        dict.fromkeys(agents, 0.0),
+        {**dict.fromkeys(agents, False), ALL_AGENTS: False},
+        {**dict.fromkeys(agents, True), ALL_AGENTS: True},
+        {a: {ENV_ERROR_KEY: error} for a in agents},
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class FailureHandling:
+    """The failure options of a host env (validated once, at construction).
+
+    Attributes:
+        on_env_error: ``"raise"``, ``"restart"`` or ``"drop"`` (module docstring).
+        max_env_restarts: failures of one sub-env *in a row* (no successful step between
+            them) that are tolerated; the next one raises :class:`HostEnvError`. A flaky
+            env that fails now and then keeps running; a permanently broken one (fails at
+            reset or at its first step) stops the sampler instead of looping.
+        step_timeout_s: a ``reset`` / ``step`` (or rebuild) that takes longer fails with
+            ``TimeoutError("step timed out after X s")``; ``None``: wait forever.
+        max_abandoned_threads: timed-out calls whose threads may still be alive at once.
+        check_observations: observations that do not fit the observation space are
+            failures (otherwise they pass to the sampler, whose shape check raises a
+            ``ValueError`` and which records NaNs as they come).
+    """
+
+    on_env_error: OnEnvError = "raise"
+    max_env_restarts: int = 3
+    step_timeout_s: float | None = None
+    max_abandoned_threads: int = 8
+    check_observations: bool = False
+
+    def __post_init__(self) -> None:
+        if self.on_env_error not in ("raise", "restart", "drop"):
+            raise ValueError(
+                f"on_env_error must be 'raise', 'restart' or 'drop', got {self.on_env_error!r}"
+            )
+        for name in ("max_env_restarts", "max_abandoned_threads"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
+                raise ValueError(f"{name} must be an int >= 0, got {value!r}")
+        t = self.step_timeout_s
+        if t is not None and (
+            isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 < t < float("inf")
+        ):
+            raise ValueError(f"step_timeout_s must be a finite number > 0 or None, got {t!r}")
+
+
+@dataclasses.dataclass
+class EnvFailureStats:
+    """Counts of a host env's sub-env failures (its ``failure_stats`` attribute).
+
+    Attributes:
+        failures: failures of any kind (exceptions, timeouts, bad observations).
+        timeouts: the failures that were timeouts.
+        restarts: sub-envs rebuilt from their factory (attempts, failed ones included).
+        dropped: ``env_id`` values removed for good (``on_env_error="drop"``).
+        by_env: ``env_id`` -> failures of that sub-env (``-1``: the whole vector env).
+        last_error: the most recent failure, ``"env <i> <method>: <Type>: <message>"``.
+    """
+
+    failures: int = 0
+    timeouts: int = 0
+    restarts: int = 0
+    dropped: list[int] = dataclasses.field(default_factory=list)
+    by_env: dict[int, int] = dataclasses.field(default_factory=dict)
+    last_error: str | None = None
+
+    def record(self, env_index: int, method: str, exc: BaseException) -> None:
+        """Counts one failure."""
+        self.failures += 1
+        self.timeouts += isinstance(exc, TimeoutError)
+        self.by_env[env_index] = self.by_env.get(env_index, 0) + 1
+        self.last_error = f"env {env_index} {method}: {describe_error(exc)}"
+
+
+class Worker:
+    """A daemon thread that runs the calls of one env object, each with a time limit.
+
+    One thread per env object: an env never sees two threads (some simulators are
+    thread-affine), and a hung call blocks only its own worker, which is then
+    :meth:`abandon`-ed: it exits by itself if the call ever returns, and it never runs
+    another call. Daemon threads never block interpreter exit.
+    """
+
+    def __init__(self, name: str):
+        self._inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self.thread = threading.Thread(target=self._loop, name=name, daemon=True)
+        self.thread.start()
+
+    def _loop(self) -> None:
+        while True:
+            item = self._inbox.get()
+            if item is None:
+                return
+            fn, fut = item
+            if fut.set_running_or_notify_cancel():
+                try:
+                    fut.set_result(fn())
+                except BaseException as exc:  # handed to the caller, who decides
+                    fut.set_exception(exc)
+
+    def submit(self, fn: Callable[[], Any]) -> concurrent.futures.Future:
+        """Queues ``fn()``; its future holds the result or the exception."""
+        fut: concurrent.futures.Future = concurrent.futures.Future()
+        self._inbox.put((fn, fut))
+        return fut
+
+    def stop(self) -> None:
+        """Lets the thread exit after its current call (if any)."""
+        self._inbox.put(None)
+
+    abandon = stop
+
+
+#: One call's outcome: ``(result, error, hung)``; ``error`` is ``None`` on success.
+Outcome = tuple[Any, "BaseException | None", bool]
+
+
+def run_calls(
+    calls: dict[int, Callable[[], Any]],
+    *,
+    pool: concurrent.futures.Executor | None = None,
+    worker: Callable[[int], Worker] | None = None,
+    timeout_s: float | None = None,
+    what: dict[int, str] | None = None,
+) -> dict[int, Outcome]:
+    """Runs one call per sub-env and returns each outcome instead of raising.
+
+    Args:
+        calls: ``env_id`` -> the call (touching only that sub-env's env object).
+        pool: run the calls on this executor (no time limit); ``None``: one after the
+            other in the calling thread.
+        worker: with ``timeout_s``: ``env_id`` -> the :class:`Worker` that runs its calls
+            (all calls start at once, so one deadline serves them all).
+        timeout_s: a call not done after this many seconds is *hung*: its outcome is a
+            ``TimeoutError("<what> timed out after X s")`` with ``hung=True``; the caller
+            must abandon its worker.
+        what: ``env_id`` -> the method's name for the timeout message (default "step").
+
+    ``Exception`` subclasses become outcomes; ``KeyboardInterrupt`` and the like propagate.
+    """
+    out: dict[int, Outcome] = {}
+    if timeout_s is None or worker is None:
+        if pool is None:
+            for i, call in calls.items():
+                try:
+                    out[i] = (call(), None, False)
+                except Exception as exc:
+                    out[i] = (None, exc, False)
+            return out
+        futures = {i: pool.submit(call) for i, call in calls.items()}
+        concurrent.futures.wait(list(futures.values()))
+    else:
+        futures = {i: worker(i).submit(call) for i, call in calls.items()}
+        concurrent.futures.wait(list(futures.values()), timeout=timeout_s)
+    for i, fut in futures.items():
+        if not fut.done():
+            name = (what or {}).get(i, "step")
+            out[i] = (None, TimeoutError(f"{name} timed out after {timeout_s:g} s"), True)
+            continue
+        exc = fut.exception()
+        if exc is not None and not isinstance(exc, Exception):
+            raise exc
+        out[i] = (None, exc, False) if exc is not None else (fut.result(), None, False)
+    return out
+
+
+def close_quietly(env: Any) -> None:
+    """``env.close()`` if it has one; any error is ignored (the env failed already)."""
+    close = getattr(env, "close", None)
+    if close is None:
+        return
+    with contextlib.suppress(Exception):  # a failed env's close may fail too: nothing to do
+        close()
