@@ -269,17 +269,18 @@ def run_calls(
             name = (what or {}).get(i, "step")
             out[i] = (None, TimeoutError(f"{name} timed out after {timeout_s:g} s"), True)
             continue
-        exc = fut.exception()
-        if exc is not None and not isinstance(exc, Exception):
-            raise exc
-        out[i] = (None, exc, False) if exc is not None else (fut.result(), None, False)
+        error = fut.exception()
+        if error is not None and not isinstance(error, Exception):
+            raise error
+        out[i] = (None, error, False) if error is not None else (fut.result(), None, False)
     return out
 
 
-def close_quietly(env: Any) -> None:
-    """``env.close()`` if it has one; any error is ignored (the env failed already)."""
+def close_quietly(env: Any, **kwargs: Any) -> None:
+    """``env.close(**kwargs)`` if it has one; any error is ignored (the env failed
+    already)."""
     close = getattr(env, "close", None)
     if close is None:
         return
     with contextlib.suppress(Exception):  # a failed env's close may fail too: nothing to do
-        close()
+        close(**kwargs)
