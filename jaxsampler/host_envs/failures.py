@@ -87,11 +87,12 @@ def restart_seed(seed: int | None, env_index: int, restart: int) -> int | None:
 
     Deterministic for a given ``seed`` (runs repeat bit for bit) and distinct from the
     first seeds ``seed + i`` in practice (drawn from a ``numpy.random.SeedSequence``);
-    ``None`` stays ``None`` (unseeded runs stay unseeded).
+    ``None`` stays ``None`` (unseeded runs stay unseeded). ``env_index=-1`` stands for
+    a whole vector env.
     """
     if seed is None:
         return None
-    entropy = [int(seed) % 2**63, int(env_index), int(restart)]
+    entropy = [int(seed) % 2**63, int(env_index) + 1, int(restart)]
     return int(np.random.SeedSequence(entropy).generate_state(1, np.uint32)[0])
 
 
