@@ -19,6 +19,14 @@ Seeding: sub-env ``i`` is reset with ``seed=seed + i`` the first time, and with
 
 Not part of the ``HostEnv`` contract (an optional extra the host sampler uses when
 present): :meth:`reset` drops every running episode; the next poll starts new ones.
+
+Failures (``on_env_error``, ``max_env_restarts``, ``step_timeout_s``,
+``check_observations``; :mod:`jaxsampler.host_envs.failures`): a sub-env whose ``step``
+raises, hangs or returns a bad observation ends its running episode *truncated* at its
+last good observation (``info["env_error"]``) and is rebuilt from its factory
+(``"restart"``) or never stepped again (``"drop"``); the other sub-envs go on untouched
+in the same poll. A failed ``reset`` is retried on a rebuilt env within the same poll.
+The default, ``"raise"``, raises :class:`~jaxsampler.host_envs.failures.HostEnvError`.
 """
 
 from __future__ import annotations
@@ -131,7 +139,8 @@ class _LockstepEnv(HostEnv):
         self._needs_reset = [True] * self.num_envs
         self._awaiting: dict[int, tuple] = {}  # env_id -> agents that must act (last poll)
         self._actions: dict[int, dict] = {}
-        self._pool = concurrent.futures.ThreadPoolExecutor(num_threads) if num_threads > 1 else None
+        threads = num_threads > 1 and failure.step_timeout_s is None  # else: one worker per env
+        self._pool = concurrent.futures.ThreadPoolExecutor(num_threads) if threads else None
         self._closed = False
         #: the failure options (validated)
         self.failure_handling = failure
@@ -318,28 +327,28 @@ class _LockstepEnv(HostEnv):
                 what=methods,
             )
             retry: dict[int, dict | None] = {}
-            for i in sorted(outcomes):
-                result, exc, hung = outcomes[i]
+            for i, (result, exc, hung) in outcomes.items():  # in env order, as the jobs
                 method = methods[i]
                 if exc is None:
                     env, raw = result
-                    data = (
-                        self._from_step(i, env, raw)
-                        if method == "step"
-                        else self._from_reset(i, env, raw)
-                    )
-                    exc = self._bad_observation(i, data[0])
+                    if method == "step":
+                        data = self._from_step(i, env, raw)
+                    else:
+                        data = self._from_reset(i, env, raw)
+                    if self._obs_check is not None:
+                        exc = self._bad_observation(i, data[0])
                     if exc is None:
-                        if method == "restart":
-                            self._envs[i] = env
-                            self._rebuild.discard(i)
                         if method == "step":
                             self._in_a_row[i] = 0
                             last = self._last_obs[i]
                             last.update(data[0])
-                            for a in [a for a in last if data[2].get(a) or data[3].get(a)]:
-                                del last[a]
+                            if any(data[2].values()) or any(data[3].values()):  # agents done
+                                for a in [a for a in last if data[2].get(a) or data[3].get(a)]:
+                                    del last[a]
                         else:
+                            if method == "restart":
+                                self._envs[i] = env
+                                self._rebuild.discard(i)
                             self._last_obs[i] = dict(data[0])
                         delivered[i] = data
                         continue
@@ -379,13 +388,13 @@ class _LockstepEnv(HostEnv):
         return rebuild
 
     def _bad_observation(self, i: int, obs: dict) -> Exception | None:
-        """With ``check_observations``: the error of the first observation that does not
-        fit the observation space (wrong shape, NaN, ...), else ``None``."""
-        if self._obs_check is None:
-            return None
+        """The error of the first observation that does not fit the observation space
+        (wrong shape, NaN, ...), else ``None`` (``check_observations`` only)."""
+        check = self._obs_check
+        assert check is not None
         for a, o in obs.items():
             try:
-                self._obs_check(o, "observation", a)
+                check(o, "observation", a)
             except ValueError as exc:
                 return exc
         return None
