@@ -282,6 +282,10 @@ def test_make_passes_the_failure_options():
     henv = js.make("gym:CartPole-v1", on_env_error="restart", max_episode_steps=7)
     assert henv.failure_handling.on_env_error == "restart"  # ids are rebuildable
     assert henv.envs[0].spec.max_episode_steps == 7
+    # js.Sampler takes such a host env as it is (and HostEnvError is at the top level).
+    s = js.Sampler(henv, Zeros(henv.observation_space, henv.action_space), rollout_length=3)
+    assert s.host_env is henv and js.HostEnvError is HostEnvError
+    s.close()
 
 
 # --- hangs ----------------------------------------------------------------------------------
@@ -314,6 +318,15 @@ def test_a_hung_step_times_out_is_abandoned_and_the_env_restarts(release):
     release.set()
     thread.join(5)
     assert not thread.is_alive()  # the abandoned worker exits once the call returns
+
+
+def test_a_hung_first_reset_is_retried_on_a_rebuilt_env(release):
+    fns = factories(2, failing=0, fail=("reset", 1, "hang"), release=release)
+    henv = GymnasiumHostEnv(fns, on_env_error="restart", step_timeout_s=0.3)
+    first = henv.poll()
+    assert first.obs[0]["default_agent"].tolist() == [0, 1100]
+    assert henv.failure_stats.last_error == "env 0 reset: TimeoutError: reset timed out after 0.3 s"
+    henv.close()
 
 
 def test_hangs_beyond_max_abandoned_threads_raise(release):
@@ -375,6 +388,10 @@ def test_close_closes_every_env_and_reports_the_ones_that_failed():
     assert all(e.closed for e in made) and info.value.method == "close"
     assert isinstance(info.value.__cause__, OSError)
     henv.close()  # idempotent
+    vec = GymnasiumVectorHostEnv(vector_factory(2))
+    vec._vec.envs[1].close_error = True
+    with pytest.raises(HostEnvError, match="the vector env raised while closing: OSError"):
+        vec.close()
 
 
 # --- multi-agent --------------------------------------------------------------------------
@@ -509,6 +526,20 @@ def test_vector_env_raise_and_drop():
     assert henv.closed
     with pytest.raises(HostEnvError, match="dropped"):
         s.sample(())
+
+
+def test_sync_vector_env_hang_is_abandoned_and_the_vector_env_rebuilt(release):
+    made: list = []
+    make = vector_factory(2, fail=("step", 2, "hang"), release=release, made=made)
+    henv = GymnasiumVectorHostEnv(make, on_env_error="restart", step_timeout_s=0.3)
+    got = by_env(sampler(henv, 6).sample(()))
+    for i in range(2):
+        assert got[i][0][:6] == ([100, 101, 101], [0, 0], [1.0, 0.0], [100, 101], False, True)
+        assert got[i][0][6][-1] == {"env_error": "TimeoutError: step timed out after 0.3 s"}
+        assert got[i][1][0][:2] == [1100, 1101]  # the rebuilt vector env
+    assert len(made) == 2 and not made[0].closed  # the hung one is never touched
+    henv.close()
+    assert made[1].closed
 
 
 def test_async_vector_env_hang_terminates_the_worker_process():

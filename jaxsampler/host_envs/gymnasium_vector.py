@@ -395,7 +395,11 @@ class GymnasiumVectorHostEnv(HostEnv):
         self._awaiting -= set(actions)
 
     def close(self) -> None:
-        """Closes the vector env (an abandoned, hung one is never touched). Idempotent."""
+        """Closes the vector env (an abandoned, hung one is never touched). Idempotent.
+
+        Raises:
+            HostEnvError: the vector env's ``close()`` raised (chained).
+        """
         if self._closed:
             return
         self._closed = True
@@ -406,5 +410,11 @@ class GymnasiumVectorHostEnv(HostEnv):
             return
         if self._broken is not None:
             _terminate(vec)
-        else:
+            return
+        try:
             vec.close()
+        except Exception as exc:
+            raise HostEnvError(
+                f"close(): the vector env raised while closing: {describe_error(exc)}",
+                method="close",
+            ) from exc
