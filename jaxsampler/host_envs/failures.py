@@ -46,6 +46,8 @@ __all__ = [
     "HostEnvError",
     "OnEnvError",
     "Outcome",
+    "SubEnvFailures",
+    "WHOLE_ENV",
     "Worker",
     "close_quietly",
     "describe_error",
@@ -166,6 +168,7 @@ class EnvFailureStats:
         timeouts: the failures that were timeouts.
         restarts: sub-envs rebuilt from their factory (attempts, failed ones included).
         dropped: ``env_id`` values removed for good (``on_env_error="drop"``).
+        abandoned: hung calls whose threads were abandoned.
         by_env: ``env_id`` -> failures of that sub-env (``-1``: the whole vector env).
         last_error: the most recent failure, ``"env <i> <method>: <Type>: <message>"``.
     """
@@ -174,6 +177,7 @@ class EnvFailureStats:
     timeouts: int = 0
     restarts: int = 0
     dropped: list[int] = dataclasses.field(default_factory=list)
+    abandoned: int = 0
     by_env: dict[int, int] = dataclasses.field(default_factory=dict)
     last_error: str | None = None
 
@@ -285,3 +289,112 @@ def close_quietly(env: Any, **kwargs: Any) -> None:
         return
     with contextlib.suppress(Exception):  # a failed env's close may fail too: nothing to do
         close(**kwargs)
+
+
+#: The ``env_index`` under which a whole (vector) env's failures are counted.
+WHOLE_ENV = -1
+
+
+class SubEnvFailures:
+    """One host env's failure bookkeeping: counts, limits, worker threads.
+
+    The adapters call :meth:`fail` for every failure of sub-env ``i`` (``WHOLE_ENV``:
+    the whole env); it raises :class:`HostEnvError` when told to (``"raise"``) or when a
+    limit is exceeded, and otherwise returns: the caller then restarts or drops.
+
+    Args:
+        handling: the validated options.
+    """
+
+    def __init__(self, handling: FailureHandling):
+        self.handling = handling
+        self.stats = EnvFailureStats()
+        #: why the env cannot go on (a call is still pending inside it), else ``None``
+        self.broken: str | None = None
+        self._in_a_row: dict[int, int] = {}
+        self._restarts: dict[int, int] = {}
+        self._workers: dict[int, Worker] = {}
+        self._abandoned: list[threading.Thread] = []
+
+    @staticmethod
+    def name(i: int) -> str:
+        return "the vector env" if i == WHOLE_ENV else f"sub-env {i}"
+
+    def good_step(self, i: int) -> None:
+        """Sub-env ``i`` stepped fine: its failures in a row start again from 0."""
+        self._in_a_row[i] = 0
+
+    def next_restart_seed(self, seed: int | None, i: int) -> int | None:
+        """Counts a restart of sub-env ``i``; its reset seed (:func:`restart_seed`)."""
+        n = self._restarts[i] = self._restarts.get(i, 0) + 1
+        self.stats.restarts += 1
+        return restart_seed(seed, i, n)
+
+    def worker(self, i: int) -> Worker:
+        """Sub-env ``i``'s worker thread (started on first use)."""
+        w = self._workers.get(i)
+        if w is None:
+            w = self._workers[i] = Worker(f"jaxsampler-env-{i}")
+        return w
+
+    def abandoned_threads(self) -> list[threading.Thread]:
+        """The abandoned (hung) worker threads still alive."""
+        self._abandoned = [t for t in self._abandoned if t.is_alive()]
+        return list(self._abandoned)
+
+    def fail(self, i: int, method: str, exc: BaseException, hung: bool, pending: bool) -> None:
+        """Counts a failure of ``i``'s ``method``; abandons its worker if ``hung``.
+
+        Args:
+            pending: the failed call may still be running inside the env object (a
+                timeout), so in ``"raise"`` mode the env must not be used again.
+
+        Raises:
+            HostEnvError: ``on_env_error="raise"``; more than ``max_abandoned_threads``
+                hung threads alive; more than ``max_env_restarts`` failures in a row
+                (``"restart"``). The original error is chained.
+        """
+        fh, who = self.handling, self.name(i)
+        self.stats.record(i, method, exc)
+        n = self._in_a_row[i] = self._in_a_row.get(i, 0) + 1
+        index = None if i == WHOLE_ENV else i
+        if hung:
+            w = self._workers.pop(i, None)
+            if w is not None:
+                w.abandon()
+                self._abandoned.append(w.thread)
+                self.stats.abandoned += 1
+        if fh.on_env_error == "raise":
+            if hung or pending:
+                self.broken = (
+                    f"{who} timed out in {method}() (on_env_error='raise') and cannot be used "
+                    "again; close this env"
+                )
+            raise HostEnvError(
+                f"{who} failed in {method}(): {describe_error(exc)}", env_index=index, method=method
+            ) from exc
+        alive = len(self.abandoned_threads())
+        if alive > fh.max_abandoned_threads:
+            raise HostEnvError(
+                f"{alive} hung env calls are still running on abandoned threads "
+                f"(max_abandoned_threads={fh.max_abandoned_threads}); the last one: {who} "
+                f"{method}()",
+                env_index=index,
+                method=method,
+            ) from exc
+        if fh.on_env_error == "restart" and n > fh.max_env_restarts:
+            raise HostEnvError(
+                f"{who} failed {n} times in a row without a good step "
+                f"(max_env_restarts={fh.max_env_restarts}); the last failure, in {method}(): "
+                f"{describe_error(exc)}",
+                env_index=index,
+                method=method,
+            ) from exc
+        if fh.on_env_error == "drop":
+            self.stats.dropped.append(i)
+
+    def stop(self) -> None:
+        """Lets every (not abandoned) worker thread exit."""
+        for w in self._workers.values():
+            w.stop()
+        self._workers.clear()

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import functools
-import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -42,14 +41,12 @@ import numpy as np
 from jaxsampler.constants import ALL_AGENTS, DEFAULT_AGENT_ID
 from jaxsampler.host_envs.base import HostEnv, MultiEnvDict, PollResult
 from jaxsampler.host_envs.failures import (
-    EnvFailureStats,
     FailureHandling,
     HostEnvError,
     OnEnvError,
-    Worker,
+    SubEnvFailures,
     close_quietly,
     describe_error,
-    restart_seed,
     run_calls,
     truncated_end,
 )
@@ -144,8 +141,9 @@ class _LockstepEnv(HostEnv):
         self._closed = False
         #: the failure options (validated)
         self.failure_handling = failure
+        self._failures = SubEnvFailures(failure)
         #: counts of failures, restarts and dropped sub-envs
-        self.failure_stats = EnvFailureStats()
+        self.failure_stats = self._failures.stats
         if failure.on_env_error == "restart":
             given = [i for i, f in enumerate(factories) if f is None]
             if given:
@@ -160,13 +158,8 @@ class _LockstepEnv(HostEnv):
             else None
         )
         self._last_obs: list[dict] = [{} for _ in envs]  # live agents' last good observations
-        self._in_a_row = [0] * self.num_envs  # failures since the sub-env's last good step
-        self._restarts = [0] * self.num_envs
         self._rebuild: set[int] = set()  # rebuilt from the factory at their next reset
         self._dropped: set[int] = set()
-        self._workers: list[Worker | None] = [None] * self.num_envs
-        self._abandoned: list[threading.Thread] = []
-        self._broken: str | None = None  # set when a hung sub-env was abandoned in "raise" mode
 
     @property
     def closed(self) -> bool:
@@ -187,8 +180,8 @@ class _LockstepEnv(HostEnv):
         """
         if self._closed:
             raise RuntimeError("poll() on a closed env")
-        if self._broken is not None:
-            raise HostEnvError(self._broken, method="poll")
+        if self._failures.broken is not None:
+            raise HostEnvError(self._failures.broken, method="poll")
         ready = [
             i
             for i in range(self.num_envs)
@@ -286,17 +279,13 @@ class _LockstepEnv(HostEnv):
                 continue
             outcome = run_calls(
                 {i: close},
-                worker=self._worker,
+                worker=self._failures.worker,
                 timeout_s=self.failure_handling.step_timeout_s,
                 what={i: "close"},
             )[i]
-            if outcome[2]:
-                self._abandon(i)
             if outcome[1] is not None:
                 errors.append((i, outcome[1]))
-        for w in self._workers:
-            if w is not None:
-                w.stop()
+        self._failures.stop()
         if errors:
             i, exc = errors[0]
             raise HostEnvError(
@@ -322,7 +311,7 @@ class _LockstepEnv(HostEnv):
             outcomes = run_calls(
                 calls,
                 pool=self._pool,
-                worker=self._worker,
+                worker=self._failures.worker,
                 timeout_s=self.failure_handling.step_timeout_s,
                 what=methods,
             )
@@ -339,7 +328,7 @@ class _LockstepEnv(HostEnv):
                         exc = self._bad_observation(i, data[0])
                     if exc is None:
                         if method == "step":
-                            self._in_a_row[i] = 0
+                            self._failures.good_step(i)
                             last = self._last_obs[i]
                             last.update(data[0])
                             if any(data[2].values()) or any(data[3].values()):  # agents done
@@ -372,9 +361,7 @@ class _LockstepEnv(HostEnv):
         if i not in self._rebuild:
             env, seed = self._envs[i], self._next_seed(i)
             return lambda: (env, env.reset(seed=seed))
-        self._restarts[i] += 1
-        self.failure_stats.restarts += 1
-        factory, seed = self._factories[i], restart_seed(self._seed, i, self._restarts[i])
+        factory, seed = self._factories[i], self._failures.next_restart_seed(self._seed, i)
         assert factory is not None  # checked at construction
 
         def rebuild() -> tuple[Any, Any]:
@@ -400,69 +387,22 @@ class _LockstepEnv(HostEnv):
         return None
 
     def _fail(self, i: int, method: str, exc: BaseException, hung: bool) -> None:
-        """Counts a failure of sub-env ``i`` and retires the env (``"restart"`` / ``"drop"``);
-        raises :class:`HostEnvError` if told to or if the limits are exceeded."""
-        fh, stats = self.failure_handling, self.failure_stats
-        stats.record(i, method, exc)
-        self._in_a_row[i] += 1
-        if hung:
-            self._abandon(i)
-        if fh.on_env_error == "raise":
-            if hung:
-                self._broken = (
-                    f"sub-env {i} hung in {method}() and was abandoned (on_env_error='raise'); "
-                    "close this env"
-                )
-            raise HostEnvError(
-                f"sub-env {i} failed in {method}(): {describe_error(exc)}",
-                env_index=i,
-                method=method,
-            ) from exc
-        self._check_abandoned(i, method)
-        if fh.on_env_error == "restart" and self._in_a_row[i] > fh.max_env_restarts:
-            raise HostEnvError(
-                f"sub-env {i} failed {self._in_a_row[i]} times in a row without a good step "
-                f"(max_env_restarts={fh.max_env_restarts}); the last failure, in {method}(): "
-                f"{describe_error(exc)}",
-                env_index=i,
-                method=method,
-            ) from exc
+        """Counts a failure of sub-env ``i`` (raising :class:`HostEnvError` if told to or
+        past a limit) and retires its env object: closed (errors ignored) unless it hung,
+        then rebuilt at the next reset (``"restart"``) or dropped."""
+        if hung:  # its thread may still run inside it: never touched again
+            self._envs[i] = None
+        self._failures.fail(i, method, exc, hung, pending=hung)
         env, self._envs[i] = self._envs[i], None
         if env is not None and method != "restart":  # a failed rebuild closed its own env
             close_quietly(env)
         self._awaiting.pop(i, None)
         self._actions.pop(i, None)
-        if fh.on_env_error == "drop":
+        if self.failure_handling.on_env_error == "drop":
             self._dropped.add(i)
-            stats.dropped.append(i)
             self._needs_reset[i] = False
         else:
             self._rebuild.add(i)
-
-    def _worker(self, i: int) -> Worker:
-        w = self._workers[i]
-        if w is None:
-            w = self._workers[i] = Worker(f"jaxsampler-env-{i}")
-        return w
-
-    def _abandon(self, i: int) -> None:
-        """Forgets sub-env ``i``'s hung thread and its env object (never touched again)."""
-        w, self._workers[i] = self._workers[i], None
-        if w is not None:
-            w.abandon()
-            self._abandoned.append(w.thread)
-        self._envs[i] = None
-
-    def _check_abandoned(self, i: int, method: str) -> None:
-        self._abandoned = [t for t in self._abandoned if t.is_alive()]
-        limit = self.failure_handling.max_abandoned_threads
-        if len(self._abandoned) > limit:
-            raise HostEnvError(
-                f"{len(self._abandoned)} hung sub-env calls are still running on abandoned "
-                f"threads (max_abandoned_threads={limit}); the last one: sub-env {i} {method}()",
-                env_index=i,
-                method=method,
-            )
 
     # -- helpers -----------------------------------------------------------------------
 

@@ -24,7 +24,6 @@ Any other vector env runs its calls on a worker thread that is abandoned if it h
 from __future__ import annotations
 
 import multiprocessing
-import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -33,15 +32,14 @@ import numpy as np
 from jaxsampler.constants import ALL_AGENTS, DEFAULT_AGENT_ID
 from jaxsampler.host_envs.base import HostEnv, MultiEnvDict, PollResult
 from jaxsampler.host_envs.failures import (
-    EnvFailureStats,
+    WHOLE_ENV,
     FailureHandling,
     HostEnvError,
     OnEnvError,
     Outcome,
-    Worker,
+    SubEnvFailures,
     close_quietly,
     describe_error,
-    restart_seed,
     run_calls,
     truncated_end,
 )
@@ -69,10 +67,6 @@ def _infos_of(infos: dict, i: int) -> dict:
             continue
         out[k] = _infos_of(v, i) if isinstance(v, dict) else v[i]
     return out
-
-
-#: :class:`FailureHandling.by_env` key of failures of the whole vector env.
-WHOLE_ENV = -1
 
 
 def _terminate(vec: Any) -> None:
@@ -134,8 +128,9 @@ class GymnasiumVectorHostEnv(HostEnv):
             max_abandoned_threads,
             check_observations,
         )
+        self._failures = SubEnvFailures(self.failure_handling)
         #: counts of failures and restarts (``by_env`` key ``-1``: the vector env)
-        self.failure_stats = EnvFailureStats()
+        self.failure_stats = self._failures.stats
         factory: Callable[[], Any] | None = None
         if callable(vector_env) and not isinstance(vector_env, gymnasium.vector.VectorEnv):
             factory, vector_env = vector_env, vector_env()
@@ -171,11 +166,7 @@ class GymnasiumVectorHostEnv(HostEnv):
             ValueChecker(self.observation_space, values=True) if check_observations else None
         )
         self._last_obs: dict[int, Any] = {}  # sub-envs with a running episode -> last obs
-        self._in_a_row = self._restarts = 0
-        self._worker: Worker | None = None
-        self._abandoned: list[threading.Thread] = []
         self._dropped = False
-        self._broken: str | None = None
 
     @property
     def closed(self) -> bool:
@@ -197,8 +188,8 @@ class GymnasiumVectorHostEnv(HostEnv):
             HostEnvError: the vector env failed and ``on_env_error="raise"``, it failed more
                 than ``max_env_restarts`` times in a row, or it was dropped earlier.
         """
-        if self._broken is not None:
-            raise HostEnvError(self._broken, env_index=None, method="poll")
+        if self._failures.broken is not None:
+            raise HostEnvError(self._failures.broken, method="poll")
         if self._dropped:
             raise HostEnvError(
                 "poll(): the vector env was dropped after failing (on_env_error='drop'); the "
@@ -223,7 +214,7 @@ class GymnasiumVectorHostEnv(HostEnv):
             exc = self._bad_observations(obs)
         if exc is not None:
             return self._fail_step(exc, hung)
-        self._in_a_row = 0
+        self._failures.good_step(WHOLE_ENV)
         a = DEFAULT_AGENT_ID
         out = PollResult({}, {}, {}, {}, {}, {})
         was_resetting = self._resetting.copy()
@@ -257,9 +248,7 @@ class GymnasiumVectorHostEnv(HostEnv):
         while True:
             if self._vec is None:
                 assert self._factory is not None  # only "restart" retires without dropping
-                self._restarts += 1
-                self.failure_stats.restarts += 1
-                self._seed = restart_seed(self._base_seed, WHOLE_ENV, self._restarts)
+                self._seed = self._failures.next_restart_seed(self._base_seed, WHOLE_ENV)
                 try:
                     self._vec = self._factory()
                 except Exception as make_error:
@@ -316,12 +305,10 @@ class GymnasiumVectorHostEnv(HostEnv):
             except Exception as exc:
                 return None, exc, False
         call = (lambda: vec.reset(seed=arg)) if method == "reset" else (lambda: vec.step(arg))
-        return run_calls({0: call}, worker=self._get_worker, timeout_s=limit, what={0: method})[0]
-
-    def _get_worker(self, _: int) -> Worker:
-        if self._worker is None:
-            self._worker = Worker("jaxsampler-vector-env")
-        return self._worker
+        what = {WHOLE_ENV: method}
+        return run_calls(
+            {WHOLE_ENV: call}, worker=self._failures.worker, timeout_s=limit, what=what
+        )[WHOLE_ENV]
 
     def _bad_observations(self, obs: Any) -> Exception | None:
         if self._obs_check is None:
@@ -334,45 +321,22 @@ class GymnasiumVectorHostEnv(HostEnv):
         return None
 
     def _fail(self, method: str, exc: BaseException, hung: bool) -> None:
-        """Counts a failure; retires the vector env (``"restart"`` / ``"drop"``) or raises."""
-        fh = self.failure_handling
-        self.failure_stats.record(WHOLE_ENV, method, exc)
-        self._in_a_row += 1
-        vec, self._vec = self._vec, None
-        if hung and self._worker is not None:  # never touched again
-            self._worker.abandon()
-            self._abandoned.append(self._worker.thread)
-            self._worker = None
-        elif vec is not None and fh.on_env_error != "raise":
-            _terminate(vec)
-        if fh.on_env_error == "raise":
-            self._vec = None if hung else vec
-            if hung or isinstance(exc, TimeoutError):  # a call is still pending in there
-                self._broken = (
-                    f"the vector env timed out in {method}() (on_env_error='raise'); close it"
-                )
-            raise HostEnvError(
-                f"the vector env failed in {method}(): {describe_error(exc)}", method=method
-            ) from exc
-        self._abandoned = [t for t in self._abandoned if t.is_alive()]
-        if len(self._abandoned) > fh.max_abandoned_threads:
-            raise HostEnvError(
-                f"{len(self._abandoned)} hung vector-env calls are still running on abandoned "
-                f"threads (max_abandoned_threads={fh.max_abandoned_threads})",
-                method=method,
-            )
-        if fh.on_env_error == "restart" and self._in_a_row > fh.max_env_restarts:
-            raise HostEnvError(
-                f"the vector env failed {self._in_a_row} times in a row without a good step "
-                f"(max_env_restarts={fh.max_env_restarts}); the last failure, in {method}(): "
-                f"{describe_error(exc)}",
-                method=method,
-            ) from exc
+        """Counts a failure (raising :class:`HostEnvError` if told to or past a limit);
+        retires the vector env: terminated (a hung one: never touched again), then
+        rebuilt at the next poll (``"restart"``) or dropped."""
+        vec = self._vec
+        if hung or self.failure_handling.on_env_error != "raise":
+            self._vec = None
+            if vec is not None and not hung:
+                _terminate(vec)
+        # An AsyncVectorEnv that timed out still has the call pending in its processes.
+        pending = hung or isinstance(exc, TimeoutError)
+        self._failures.fail(WHOLE_ENV, method, exc, hung, pending)
         self._started = False
         self._awaiting.clear()
         self._actions.clear()
         self._last_obs.clear()
-        if fh.on_env_error == "drop":
+        if self.failure_handling.on_env_error == "drop":
             self._dropped = True
 
     def send_actions(self, actions: MultiEnvDict) -> None:
@@ -403,12 +367,11 @@ class GymnasiumVectorHostEnv(HostEnv):
         if self._closed:
             return
         self._closed = True
-        if self._worker is not None:
-            self._worker.stop()
+        self._failures.stop()
         vec, self._vec = self._vec, None
         if vec is None:
             return
-        if self._broken is not None:
+        if self._failures.broken is not None:
             _terminate(vec)
             return
         try:
