@@ -263,8 +263,10 @@ def test_failures_in_a_row_are_counted_only_until_a_good_step():
 
 
 def test_bad_options_and_restart_without_factories_are_refused():
+    made: list = []
     with pytest.raises(ValueError, match="envs \\[1\\] were given as env objects"):
-        GymnasiumHostEnv([Flaky, Flaky()], on_env_error="restart")
+        GymnasiumHostEnv([factories(1, made=made)[0], Flaky()], on_env_error="restart")
+    assert made[0].closed  # the env it made is closed again
     GymnasiumHostEnv([Flaky, Flaky()], on_env_error="drop").close()  # objects can be dropped
     with pytest.raises(ValueError, match="on_env_error must be 'raise', 'restart' or 'drop'"):
         GymnasiumHostEnv([Flaky], on_env_error="retry")

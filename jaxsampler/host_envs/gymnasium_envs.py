@@ -128,6 +128,16 @@ class _LockstepEnv(HostEnv):
         num_threads: int,
         failure: FailureHandling,
     ):
+        given = [i for i, f in enumerate(factories) if f is None]
+        if failure.on_env_error == "restart" and given:
+            for env, f in zip(envs, factories):  # the envs made here are ours to close
+                if f is not None:
+                    close_quietly(env)
+            raise ValueError(
+                f"on_env_error='restart' rebuilds failed sub-envs from their factories, but "
+                f"envs {given} were given as env objects: pass an env id, an env class or a "
+                "function that makes the env (or use on_env_error='drop' / 'raise')"
+            )
         self._envs: list[Any] = envs  # None: retired (failed, dropped or abandoned)
         self._factories = factories
         self.num_envs = len(envs)
@@ -144,14 +154,6 @@ class _LockstepEnv(HostEnv):
         self._failures = SubEnvFailures(failure)
         #: counts of failures, restarts and dropped sub-envs
         self.failure_stats = self._failures.stats
-        if failure.on_env_error == "restart":
-            given = [i for i, f in enumerate(factories) if f is None]
-            if given:
-                raise ValueError(
-                    f"on_env_error='restart' rebuilds failed sub-envs from their factories, but "
-                    f"envs {given} were given as env objects: pass an env id, an env class or a "
-                    "function that makes the env (or use on_env_error='drop' / 'raise')"
-                )
         self._obs_check = (
             ValueChecker(self.observation_space, values=True)
             if failure.check_observations

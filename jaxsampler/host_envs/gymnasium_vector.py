@@ -282,9 +282,8 @@ class GymnasiumVectorHostEnv(HostEnv):
         self._fail("step", exc, hung)
         out = PollResult({}, {}, {}, {}, {}, {})
         for i in sorted(ends):
-            out.obs[i], out.rewards[i], out.terminateds[i], out.truncateds[i], out.infos[i] = ends[
-                i
-            ]
+            for field, value in zip(out[:5], ends[i]):  # obs, rewards, flags, infos
+                field[i] = value
         return out
 
     def _invoke(self, method: str, arg: Any) -> Outcome:
