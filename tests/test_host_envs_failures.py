@@ -114,10 +114,9 @@ class Zeros(Policy):
         return jnp.zeros(obs.shape[:2], jnp.int32), {"seen": obs[..., 1]}, state
 
 
-def sampler(henv, length=14):
-    return HostSampler(
-        henv, Zeros(henv.observation_space, henv.action_space), rollout_length=length
-    )
+def sampler(henv, length=14, feed="auto"):
+    policy = Zeros(henv.observation_space, henv.action_space)
+    return HostSampler(henv, policy, rollout_length=length, feed=feed)
 
 
 def by_env(episodes):
@@ -139,11 +138,11 @@ def by_env(episodes):
     return out
 
 
-def run(n=3, length=14, calls=1, **env_options):
+def run(n=3, length=14, calls=1, feed="auto", **env_options):
     """The episodes of ``calls`` sample() calls, by sub-env, and the host env."""
     fns = env_options.pop("fns", None) or factories(n)
     henv = GymnasiumHostEnv(fns, seed=0, **env_options)
-    s = sampler(henv, length)
+    s = sampler(henv, length, feed)
     eps = [ep for _ in range(calls) for ep in s.sample(())]
     return by_env(eps), henv
 
@@ -173,6 +172,16 @@ def test_restart_truncates_the_failed_episode_and_starts_a_new_one_on_a_new_env(
     assert (stats.failures, stats.restarts, stats.timeouts, stats.dropped) == (1, 1, 0, [])
     assert stats.by_env == {1: 1} and stats.last_error == f"env 1 step: {ERROR}"
     assert henv.envs[1].tag == 1
+
+
+def test_the_collector_feed_records_the_failure_as_the_track_feed():
+    """The failure step is an ordinary poll: both feeds of HostSampler agree on it, also
+    when the episodes are cut across sample() calls."""
+    kw = {"length": 5, "calls": 3, "on_env_error": "restart"}
+    tracks, _ = run(fns=factories(2, **FAIL_STEP_6), **kw)
+    collector, _ = run(fns=factories(2, **FAIL_STEP_6), feed="collector", **kw)
+    assert collector == tracks
+    assert any(ep[6][-1] == {"env_error": ERROR} for ep in tracks[1])
 
 
 def test_restart_closes_the_failed_env_and_ignores_its_close_error():
