@@ -174,6 +174,35 @@ def test_restart_truncates_the_failed_episode_and_starts_a_new_one_on_a_new_env(
     assert henv.envs[1].tag == 1
 
 
+def test_the_failure_poll_follows_the_host_env_protocol():
+    """At the poll level: the failed sub-env's data is one truncated step; it then needs no
+    action, and its next poll is the rebuilt env's first observation."""
+    a = js.DEFAULT_AGENT_ID
+    henv = GymnasiumHostEnv(
+        factories(2, failing=1, fail=("step", 2, "raise")), on_env_error="restart"
+    )
+    henv.poll()
+    henv.send_actions({0: {a: 0}, 1: {a: 0}})
+    henv.poll()
+    henv.send_actions({0: {a: 1}, 1: {a: 1}})
+    r = henv.poll()
+    assert r.obs[0][a].tolist() == [0, 102] and r.rewards[0] == {a: 2.0}  # sub-env 0 stepped
+    assert r.obs[1][a].tolist() == [1, 101]  # the last good observation, again
+    assert (r.rewards[1], r.terminateds[1], r.truncateds[1]) == (
+        {a: 0.0},
+        {a: False, "__all__": False},
+        {a: True, "__all__": True},
+    )
+    assert r.infos[1] == {a: {"env_error": "RuntimeError: step 2 of env 1 broke"}}
+    with pytest.raises(KeyError, match="not waiting"):
+        henv.send_actions({1: {a: 0}})
+    henv.send_actions({0: {a: 0}})
+    r = henv.poll()
+    assert r.obs[1][a].tolist() == [1, 1100] and 1 not in r.rewards  # a new episode
+    assert r.obs[0][a].tolist() == [0, 103]
+    henv.close()
+
+
 def test_the_collector_feed_records_the_failure_as_the_track_feed():
     """The failure step is an ordinary poll: both feeds of HostSampler agree on it, also
     when the episodes are cut across sample() calls."""
