@@ -8,16 +8,26 @@ or, with ``check_observations``, an observation that does not fit the observatio
 of the *structure* of what an env returns (unknown agent ids, a malformed step tuple)
 are not failures: they are bugs that would repeat at every step, and raise as before.
 
-What happens then is :class:`FailureHandling.on_env_error`:
+What happens then is :attr:`FailureHandling.on_env_error`:
 
-* ``"raise"`` (default): :class:`HostEnvError`, naming the sub-env, the method and the
-  original error (chained as ``__cause__``);
+* ``"raise"`` (default, as RLlib's ``restart_failed_sub_environments=False``): a
+  :class:`HostEnvError` naming the sub-env, the method and the original error (chained
+  as ``__cause__``). Silently changing the data is opt-in: a failing env is a bug until
+  the user says it is weather;
 * ``"restart"``: the sub-env's running episode ends *truncated* (see
-  :func:`truncated_end`), the env is closed (errors ignored) and rebuilt from its
-  factory, and reset with a fresh seed (:func:`restart_seed`) at the next poll;
+  :func:`truncated_end`), the env object is closed (errors ignored) and rebuilt from its
+  factory, and reset with a fresh seed (:func:`restart_seed`) at the next poll (a failed
+  reset is retried on a rebuilt env within the same poll). At most
+  ``max_env_restarts`` failures of one sub-env in a row, then :class:`HostEnvError`.
+  Env *objects* cannot be rebuilt: asking for ``"restart"`` with them is refused at
+  construction (a reset alone would reuse an object in an unknown, maybe hung, state);
 * ``"drop"``: the episode ends the same way and the sub-env is never stepped again; its
-  ``env_id`` stays reserved (``num_envs`` does not shrink). When every sub-env is
-  dropped, the env reports ``closed`` and its next poll raises :class:`HostEnvError`.
+  ``env_id`` stays reserved (``num_envs`` does not shrink, ids of the others do not
+  move). When every sub-env is dropped, the env reports ``closed`` (the sampler's call
+  returns what it has) and its next poll raises :class:`HostEnvError`.
+
+Nothing of the other sub-envs is lost or changed: their steps of the same poll are
+delivered as usual.
 
 A call that timed out cannot be stopped: Python cannot kill a thread. The thread is
 abandoned (a daemon thread, so it never blocks interpreter exit), the env object it
