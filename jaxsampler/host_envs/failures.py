@@ -12,8 +12,8 @@ What happens then is :attr:`FailureHandling.on_env_error`:
 
 * ``"raise"`` (default, as RLlib's ``restart_failed_sub_environments=False``): a
   :class:`HostEnvError` naming the sub-env, the method and the original error (chained
-  as ``__cause__``). Silently changing the data is opt-in: a failing env is a bug until
-  the user says it is weather;
+  as ``__cause__``). Ending episodes early and rebuilding envs changes the data, so it
+  is opt-in: by default a failing env is treated as a bug to fix;
 * ``"restart"``: the sub-env's running episode ends *truncated* (see
   :func:`truncated_end`), the env object is closed (errors ignored) and rebuilt from its
   factory, and reset with a fresh seed (:func:`restart_seed`) at the next poll (a failed
