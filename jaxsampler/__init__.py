@@ -37,7 +37,7 @@ from jaxsampler.episodes import (
     SingleAgentEpisode,
     concat_samples,
 )
-from jaxsampler.host_envs import HostEnv
+from jaxsampler.host_envs import HostEnv, HostEnvError
 from jaxsampler.policies import (
     MLPPolicy,
     MultiAgentPolicy,
@@ -61,6 +61,7 @@ __all__ = [
     "Env",
     "EnvCheckError",
     "HostEnv",
+    "HostEnvError",
     "InfiniteLookbackBuffer",
     "MLPPolicy",
     "MultiAgentBatch",

@@ -30,6 +30,17 @@ def _lazy(path: str) -> Callable[..., Env]:
     return factory
 
 
+#: Keyword arguments of ``make("gym:<id>", ...)`` that configure the host env (the others
+#: go to ``gymnasium.make``).
+_HOST_ENV_OPTIONS = (
+    "num_threads",
+    "on_env_error",
+    "max_env_restarts",
+    "step_timeout_s",
+    "max_abandoned_threads",
+    "check_observations",
+)
+
 #: Built-in env ids and their factories (keyword arguments go to the env's constructor).
 REGISTRY: dict[str, Callable[..., Env]] = {
     "CartPole-v1": _lazy("jaxsampler.envs.cartpole:CartPole"),
@@ -77,7 +88,9 @@ def make(name: str, **kwargs: Any) -> Env | HostEnv:
             env (``gymnax.registered_envs``), or ``"gym:<id>"`` for a Gymnasium env,
             stepped on the host.
         **kwargs: passed to the env's constructor (for gymnax ids: to ``gymnax.make``; for
-            Gymnasium ids: ``num_envs`` (default 1) and ``seed`` go to
+            Gymnasium ids: ``num_envs`` (default 1), ``seed``, ``num_threads`` and the
+            failure options ``on_env_error``, ``max_env_restarts``, ``step_timeout_s``,
+            ``max_abandoned_threads``, ``check_observations`` go to
             :class:`~jaxsampler.host_envs.GymnasiumHostEnv`, the rest to ``gymnasium.make``).
 
     Raises:
@@ -93,7 +106,10 @@ def make(name: str, **kwargs: Any) -> Env | HostEnv:
         from jaxsampler.host_envs import GymnasiumHostEnv
 
         num_envs, seed = kwargs.pop("num_envs", 1), kwargs.pop("seed", 0)
-        return GymnasiumHostEnv(name[len("gym:") :], num_envs, seed=seed, env_kwargs=kwargs or None)
+        host_options = {k: kwargs.pop(k) for k in _HOST_ENV_OPTIONS if k in kwargs}
+        return GymnasiumHostEnv(
+            name[len("gym:") :], num_envs, seed=seed, env_kwargs=kwargs or None, **host_options
+        )
     if name not in REGISTRY:
         close = difflib.get_close_matches(name, list(REGISTRY), n=3)
         hint = f" Did you mean {', '.join(map(repr, close))}?" if close else ""

@@ -1,6 +1,7 @@
 """Host-stepped envs: the :class:`HostEnv` protocol (``poll`` / ``send_actions``) and its
 adapters for Gymnasium envs, Gymnasium vector envs, dict-API multi-agent envs and
-external (simulator-driven) envs."""
+external (simulator-driven) envs; what they do when a sub-env fails or hangs
+(:mod:`jaxsampler.host_envs.failures`)."""
 
 from jaxsampler.host_envs.base import HostEnv, MultiEnvDict, PollResult
 from jaxsampler.host_envs.external import (
@@ -14,12 +15,14 @@ from jaxsampler.host_envs.external import (
     UnknownEpisodeError,
     WouldBlockError,
 )
+from jaxsampler.host_envs.failures import EnvFailureStats, HostEnvError
 from jaxsampler.host_envs.gymnasium_envs import GymnasiumHostEnv, MultiAgentDictEnv
 from jaxsampler.host_envs.gymnasium_vector import GymnasiumVectorHostEnv
 
 __all__ = [
     "CapacityError",
     "EnvClosedError",
+    "EnvFailureStats",
     "EpisodeStateError",
     "ExternalEnv",
     "ExternalEnvError",
@@ -27,6 +30,7 @@ __all__ = [
     "GymnasiumHostEnv",
     "GymnasiumVectorHostEnv",
     "HostEnv",
+    "HostEnvError",
     "InvalidDataError",
     "MultiAgentDictEnv",
     "MultiEnvDict",

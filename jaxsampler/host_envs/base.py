@@ -27,6 +27,12 @@ Protocol, per sub-env ``env_id``:
   poll that have an observation and are not done; an env whose ``"__all__"`` flag was set
   resets itself and its next poll is the new episode's first observations (next-step
   auto-reset, the same contract as the device rollout).
+
+A sub-env that fails mid-episode (an exception, a hang; see
+:mod:`jaxsampler.host_envs.failures`) and is restarted or dropped ends its running
+episode with an ordinary poll: every live agent gets its last good observation again,
+reward ``0.0``, ``truncated`` (and ``"__all__"``) set, and the error as a string in
+``infos[env_id][agent_id]["env_error"]``. Samplers need no special case for it.
 """
 
 from __future__ import annotations

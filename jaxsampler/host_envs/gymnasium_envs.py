@@ -19,18 +19,38 @@ Seeding: sub-env ``i`` is reset with ``seed=seed + i`` the first time, and with
 
 Not part of the ``HostEnv`` contract (an optional extra the host sampler uses when
 present): :meth:`reset` drops every running episode; the next poll starts new ones.
+
+Failures (``on_env_error``, ``max_env_restarts``, ``step_timeout_s``,
+``check_observations``; :mod:`jaxsampler.host_envs.failures`): a sub-env whose ``step``
+raises, hangs or returns a bad observation ends its running episode *truncated* at its
+last good observation (``info["env_error"]``) and is rebuilt from its factory
+(``"restart"``) or never stepped again (``"drop"``); the other sub-envs go on untouched
+in the same poll. A failed ``reset`` is retried on a rebuilt env within the same poll.
+The default, ``"raise"``, raises :class:`~jaxsampler.host_envs.failures.HostEnvError`.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
-from collections.abc import Sequence
+import functools
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
 from jaxsampler.constants import ALL_AGENTS, DEFAULT_AGENT_ID
 from jaxsampler.host_envs.base import HostEnv, MultiEnvDict, PollResult
+from jaxsampler.host_envs.failures import (
+    FailureHandling,
+    HostEnvError,
+    OnEnvError,
+    SubEnvFailures,
+    close_quietly,
+    describe_error,
+    run_calls,
+    truncated_end,
+)
+from jaxsampler.spaces import ValueChecker
 
 __all__ = ["GymnasiumHostEnv", "MultiAgentDictEnv"]
 
@@ -40,15 +60,19 @@ def _is_factory(x: Any) -> bool:
     return isinstance(x, type) or (callable(x) and not hasattr(x, "step"))
 
 
-def _make_all(envs: Any, num_envs: int | None, env_kwargs: dict | None) -> list[Any]:
-    """Instantiates ``envs``: an env id (with ``num_envs``), or a sequence of factories / envs."""
+def _make_all(
+    envs: Any, num_envs: int | None, env_kwargs: dict | None
+) -> tuple[list[Any], list[Callable[[], Any] | None]]:
+    """Instantiates ``envs`` (an env id with ``num_envs``, or a sequence of factories /
+    envs); returns the envs and, per env, its factory (``None`` for env objects)."""
     if isinstance(envs, str):
         import gymnasium
 
         n = 1 if num_envs is None else int(num_envs)
         if n < 1:
             raise ValueError(f"num_envs must be >= 1, got {num_envs!r}")
-        return [gymnasium.make(envs, **(env_kwargs or {})) for _ in range(n)]
+        make = functools.partial(gymnasium.make, envs, **(env_kwargs or {}))
+        return [make() for _ in range(n)], [make] * n
     if _is_factory(envs):
         envs = [envs] * (1 if num_envs is None else int(num_envs))
     if not isinstance(envs, Sequence) or isinstance(envs, (str, bytes)) or not envs:
@@ -57,11 +81,12 @@ def _make_all(envs: Any, num_envs: int | None, env_kwargs: dict | None) -> list[
         )
     if num_envs is not None and int(num_envs) != len(envs):
         raise ValueError(f"num_envs={num_envs} but {len(envs)} envs / factories were given")
-    out = [e() if _is_factory(e) else e for e in envs]
+    factories = [e if _is_factory(e) else None for e in envs]
+    out = [e() if f is not None else e for e, f in zip(envs, factories)]
     for i, e in enumerate(out):
         if not (hasattr(e, "reset") and hasattr(e, "step")):
             raise TypeError(f"envs[{i}] ({type(e).__name__}) has no reset() / step()")
-    return out
+    return out, factories
 
 
 def _space_key(space: Any) -> Any:
@@ -92,39 +117,93 @@ def _convert(space: Any, what: str) -> Any:
 
 
 class _LockstepEnv(HostEnv):
-    """Shared machinery: which sub-envs reset / step at the next poll, checks of actions."""
+    """Shared machinery: which sub-envs reset / step at the next poll, checks of actions,
+    and what happens when a sub-env fails (:mod:`jaxsampler.host_envs.failures`)."""
 
-    def __init__(self, envs: list[Any], seed: int | None, num_threads: int):
-        self._envs = envs
+    def __init__(
+        self,
+        envs: list[Any],
+        factories: list[Callable[[], Any] | None],
+        seed: int | None,
+        num_threads: int,
+        failure: FailureHandling,
+    ):
+        given = [i for i, f in enumerate(factories) if f is None]
+        if failure.on_env_error == "restart" and given:
+            for env, f in zip(envs, factories):  # the envs made here are ours to close
+                if f is not None:
+                    close_quietly(env)
+            raise ValueError(
+                f"on_env_error='restart' rebuilds failed sub-envs from their factories, but "
+                f"envs {given} were given as env objects: pass an env id, an env class or a "
+                "function that makes the env (or use on_env_error='drop' / 'raise')"
+            )
+        self._envs: list[Any] = envs  # None: retired (failed, dropped or abandoned)
+        self._factories = factories
         self.num_envs = len(envs)
         self._seed = seed
         self._seeded = [False] * self.num_envs
         self._needs_reset = [True] * self.num_envs
         self._awaiting: dict[int, tuple] = {}  # env_id -> agents that must act (last poll)
         self._actions: dict[int, dict] = {}
-        self._pool = concurrent.futures.ThreadPoolExecutor(num_threads) if num_threads > 1 else None
+        threads = num_threads > 1 and failure.step_timeout_s is None  # else: one worker per env
+        self._pool = concurrent.futures.ThreadPoolExecutor(num_threads) if threads else None
         self._closed = False
+        #: the failure options (validated)
+        self.failure_handling = failure
+        self._failures = SubEnvFailures(failure)
+        #: counts of failures, restarts and dropped sub-envs
+        self.failure_stats = self._failures.stats
+        self._obs_check = (
+            ValueChecker(self.observation_space, values=True)
+            if failure.check_observations
+            else None
+        )
+        self._last_obs: list[dict] = [{} for _ in envs]  # live agents' last good observations
+        self._rebuild: set[int] = set()  # rebuilt from the factory at their next reset
+        self._dropped: set[int] = set()
+
+    @property
+    def closed(self) -> bool:
+        """``True`` once :meth:`close` ran or every sub-env was dropped."""
+        return self._closed or len(self._dropped) == self.num_envs
 
     # -- HostEnv -----------------------------------------------------------------------
 
     def poll(self, timeout: float | None = None) -> PollResult:
         """Resets the sub-envs that need it and steps the answered ones; returns their data
-        (``timeout`` is ignored: every answered sub-env is ready)."""
+        (``timeout`` is ignored: every answered sub-env is ready; ``step_timeout_s``
+        bounds each sub-env call instead).
+
+        Raises:
+            HostEnvError: a sub-env failed and ``on_env_error="raise"``, it failed more
+                than ``max_env_restarts`` times in a row, too many threads hung, or every
+                sub-env was dropped.
+        """
         if self._closed:
             raise RuntimeError("poll() on a closed env")
-        ready = [i for i in range(self.num_envs) if self._needs_reset[i] or i in self._actions]
+        if self._failures.broken is not None:
+            raise HostEnvError(self._failures.broken, method="poll")
+        ready = [
+            i
+            for i in range(self.num_envs)
+            if i not in self._dropped and (self._needs_reset[i] or i in self._actions)
+        ]
         if not ready:
+            if len(self._dropped) == self.num_envs:
+                raise HostEnvError(
+                    "poll(): every sub-env was dropped after failing (on_env_error='drop'); "
+                    f"the last failure: {self.failure_stats.last_error}",
+                    method="poll",
+                )
             raise RuntimeError(
                 "poll(): no sub-env is ready; answer the last poll's observations with "
                 "send_actions() first"
             )
-        jobs = [(i, self._actions.pop(i, None)) for i in ready]
-        run = lambda job: self._reset_one(job[0]) if job[1] is None else self._step_one(*job)
-        results = (
-            list(self._pool.map(run, jobs)) if self._pool is not None else [run(j) for j in jobs]
-        )
+        delivered = self._run_jobs({i: self._actions.pop(i, None) for i in ready})
         out = PollResult({}, {}, {}, {}, {}, {})
-        for i, (obs, rewards, terms, truncs, infos) in zip(ready, results):
+        for i in sorted(delivered):
+            obs, rewards, terms, truncs, infos = delivered[i]
             out.obs[i], out.infos[i], out.terminateds[i], out.truncateds[i] = (
                 obs,
                 infos,
@@ -134,9 +213,10 @@ class _LockstepEnv(HostEnv):
             if rewards is not None:
                 out.rewards[i] = rewards
             done = bool(terms.get(ALL_AGENTS, False) or truncs.get(ALL_AGENTS, False))
-            self._needs_reset[i] = done
+            self._needs_reset[i] = done and i not in self._dropped
             if done:
                 self._awaiting.pop(i, None)
+                self._last_obs[i] = {}
             else:
                 acting = tuple(a for a in obs if not (terms.get(a, False) or truncs.get(a, False)))
                 if acting:
@@ -175,21 +255,156 @@ class _LockstepEnv(HostEnv):
             self._actions[env_id] = per_agent
 
     def reset(self) -> None:
-        """Drops every running episode: the next poll starts a new one in every sub-env."""
-        self._needs_reset = [True] * self.num_envs
+        """Drops every running episode: the next poll starts a new one in every sub-env
+        (dropped sub-envs stay dropped)."""
+        self._needs_reset = [i not in self._dropped for i in range(self.num_envs)]
         self._awaiting.clear()
         self._actions.clear()
 
     def close(self) -> None:
+        """Closes every sub-env (not the abandoned, hung ones: they are never touched).
+        Idempotent.
+
+        Raises:
+            HostEnvError: some sub-envs' ``close()`` raised (all others are closed anyway;
+                the first error is chained, every failed index is named).
+        """
         if self._closed:
             return
         self._closed = True
         if self._pool is not None:
             self._pool.shutdown(wait=True)
-        for e in self._envs:
-            close = getattr(e, "close", None)
-            if close is not None:
-                close()
+        errors: list[tuple[int, BaseException]] = []
+        for i, env in enumerate(self._envs):
+            close = getattr(env, "close", None) if env is not None else None
+            if close is None:
+                continue
+            outcome = run_calls(
+                {i: close},
+                worker=self._failures.worker,
+                timeout_s=self.failure_handling.step_timeout_s,
+                what={i: "close"},
+            )[i]
+            if outcome[1] is not None:
+                errors.append((i, outcome[1]))
+        self._failures.stop()
+        if errors:
+            i, exc = errors[0]
+            raise HostEnvError(
+                f"close(): sub-envs {[j for j, _ in errors]} raised while closing (all others "
+                f"were closed); sub-env {i}: {describe_error(exc)}",
+                env_index=i,
+                method="close",
+            ) from exc
+
+    # -- failures ----------------------------------------------------------------------
+
+    def _run_jobs(self, jobs: dict[int, dict | None]) -> dict[int, tuple]:
+        """Runs the resets (``None``) and steps (actions) of one poll; returns each sub-env's
+        poll data. Failed resets are retried on a rebuilt env (``"restart"``) in the same
+        poll; failed steps end the episode (:func:`truncated_end`)."""
+        delivered: dict[int, tuple] = {}
+        while jobs:
+            methods = {
+                i: "step" if a is not None else ("restart" if i in self._rebuild else "reset")
+                for i, a in jobs.items()
+            }
+            calls = {i: self._call(i, a) for i, a in jobs.items()}
+            outcomes = run_calls(
+                calls,
+                pool=self._pool,
+                worker=self._failures.worker,
+                timeout_s=self.failure_handling.step_timeout_s,
+                what=methods,
+            )
+            retry: dict[int, dict | None] = {}
+            for i, (result, exc, hung) in outcomes.items():  # in env order, as the jobs
+                method = methods[i]
+                if exc is None:
+                    env, raw = result
+                    if method == "step":
+                        data = self._from_step(i, env, raw)
+                    else:
+                        data = self._from_reset(i, env, raw)
+                    if self._obs_check is not None:
+                        exc = self._bad_observation(i, data[0])
+                    if exc is None:
+                        if method == "step":
+                            self._failures.good_step(i)
+                            last = self._last_obs[i]
+                            last.update(data[0])
+                            if any(data[2].values()) or any(data[3].values()):  # agents done
+                                for a in [a for a in last if data[2].get(a) or data[3].get(a)]:
+                                    del last[a]
+                        else:
+                            if method == "restart":
+                                self._envs[i] = env
+                                self._rebuild.discard(i)
+                            self._last_obs[i] = dict(data[0])
+                        delivered[i] = data
+                        continue
+                    if method == "restart":  # a rebuilt env that gave a bad first observation
+                        close_quietly(env)
+                self._fail(i, method, exc, hung)
+                if method == "step":
+                    delivered[i] = truncated_end(self._last_obs[i], describe_error(exc))
+                elif self.failure_handling.on_env_error == "restart":
+                    retry[i] = None
+            jobs = retry
+        return delivered
+
+    def _call(self, i: int, actions: dict | None) -> Callable[[], tuple[Any, Any]]:
+        """The call that resets, rebuilds or steps sub-env ``i``: it returns ``(env, raw
+        output)`` and touches nothing but that env object (it may run on a thread that
+        is later abandoned)."""
+        if actions is not None:
+            env, arg = self._envs[i], self._step_arg(actions)
+            return lambda: (env, env.step(arg))
+        if i not in self._rebuild:
+            env, seed = self._envs[i], self._next_seed(i)
+            return lambda: (env, env.reset(seed=seed))
+        factory, seed = self._factories[i], self._failures.next_restart_seed(self._seed, i)
+        assert factory is not None  # checked at construction
+
+        def rebuild() -> tuple[Any, Any]:
+            env = factory()
+            try:
+                return env, env.reset(seed=seed)
+            except BaseException:
+                close_quietly(env)
+                raise
+
+        return rebuild
+
+    def _bad_observation(self, i: int, obs: dict) -> Exception | None:
+        """The error of the first observation that does not fit the observation space
+        (wrong shape, NaN, ...), else ``None`` (``check_observations`` only)."""
+        check = self._obs_check
+        assert check is not None
+        for a, o in obs.items():
+            try:
+                check(o, "observation", a)
+            except ValueError as exc:
+                return exc
+        return None
+
+    def _fail(self, i: int, method: str, exc: BaseException, hung: bool) -> None:
+        """Counts a failure of sub-env ``i`` (raising :class:`HostEnvError` if told to or
+        past a limit) and retires its env object: closed (errors ignored) unless it hung,
+        then rebuilt at the next reset (``"restart"``) or dropped."""
+        if hung:  # its thread may still run inside it: never touched again
+            self._envs[i] = None
+        self._failures.fail(i, method, exc, hung, pending=hung)
+        env, self._envs[i] = self._envs[i], None
+        if env is not None and method != "restart":  # a failed rebuild closed its own env
+            close_quietly(env)
+        self._awaiting.pop(i, None)
+        self._actions.pop(i, None)
+        if self.failure_handling.on_env_error == "drop":
+            self._dropped.add(i)
+            self._needs_reset[i] = False
+        else:
+            self._rebuild.add(i)
 
     # -- helpers -----------------------------------------------------------------------
 
@@ -226,10 +441,16 @@ class _LockstepEnv(HostEnv):
     def _gym_action_space(self, env_id: int, agent_id: Any) -> Any:
         raise NotImplementedError
 
-    def _reset_one(self, i: int) -> tuple:
+    def _step_arg(self, actions: dict) -> Any:
+        """What the sub-env's ``step`` takes, from the agents' actions."""
         raise NotImplementedError
 
-    def _step_one(self, i: int, actions: dict) -> tuple:
+    def _from_reset(self, i: int, env: Any, raw: Any) -> tuple:
+        """Poll data ``(obs, None, terminateds, truncateds, infos)`` of a reset's output."""
+        raise NotImplementedError
+
+    def _from_step(self, i: int, env: Any, raw: Any) -> tuple:
+        """Poll data ``(obs, rewards, terminateds, truncateds, infos)`` of a step's output."""
         raise NotImplementedError
 
 
@@ -244,6 +465,24 @@ class GymnasiumHostEnv(_LockstepEnv):
         env_kwargs: keyword arguments of ``gymnasium.make`` (with an id).
         num_threads: step the sub-envs on a thread pool of this size (``<= 1``: in the
             calling thread). Worth it only for envs that release the GIL.
+        on_env_error: what a failing sub-env does (:mod:`jaxsampler.host_envs.failures`):
+            ``"raise"`` (default) a :class:`HostEnvError`; ``"restart"``: its episode ends
+            truncated (``info["env_error"]``), the env is rebuilt from its factory (so
+            envs must be given as an id, a class or a function) and reset with a fresh
+            seed; ``"drop"``: its episode ends the same way and the sub-env is never
+            stepped again.
+        max_env_restarts: ``"restart"``: failures of one sub-env in a row (without a good
+            step between them) that are tolerated; one more raises :class:`HostEnvError`.
+        step_timeout_s: run every sub-env call on its own worker thread (``num_threads``
+            then has no effect) and treat a call that takes longer as a failure
+            (``TimeoutError``). A hung thread cannot be killed: it is abandoned, and its
+            env object is never touched again.
+        max_abandoned_threads: hung calls whose threads may be alive at once; one more
+            raises :class:`HostEnvError`.
+        check_observations: an observation that does not fit the observation space (wrong
+            shape, NaN, an infinity where the space is bounded) is a failure of its
+            sub-env (default: passed on; the sampler raises ``ValueError`` on a wrong shape
+            and records NaNs).
 
     Raises:
         TypeError / ValueError: not envs, sub-envs with different observation or action
@@ -258,8 +497,20 @@ class GymnasiumHostEnv(_LockstepEnv):
         seed: int | None = 0,
         env_kwargs: dict | None = None,
         num_threads: int = 0,
+        on_env_error: OnEnvError = "raise",
+        max_env_restarts: int = 3,
+        step_timeout_s: float | None = None,
+        max_abandoned_threads: int = 8,
+        check_observations: bool = False,
     ):
-        made = _make_all(envs, num_envs, env_kwargs)
+        failure = FailureHandling(
+            on_env_error,
+            max_env_restarts,
+            step_timeout_s,
+            max_abandoned_threads,
+            check_observations,
+        )
+        made, factories = _make_all(envs, num_envs, env_kwargs)
         self.agent_ids = (DEFAULT_AGENT_ID,)
         spaces = []
         for i, e in enumerate(made):
@@ -276,24 +527,28 @@ class GymnasiumHostEnv(_LockstepEnv):
                     "/ "
                     f"{self.action_space!r}, envs[{i}] has {o!r} / {a!r}"
                 )
-        super().__init__(made, seed, num_threads)
+        super().__init__(made, factories, seed, num_threads, failure)
 
     @property
     def envs(self) -> list[Any]:
-        """The sub-env objects (index = ``env_id``)."""
+        """The sub-env objects (index = ``env_id``; ``None`` while a failed sub-env waits for
+        its rebuild, and for dropped or abandoned ones)."""
         return list(self._envs)
 
     def _gym_action_space(self, env_id: int, agent_id: Any) -> Any:
         return self._envs[env_id].action_space
 
-    def _reset_one(self, i: int) -> tuple:
-        obs, info = self._envs[i].reset(seed=self._next_seed(i))
+    def _step_arg(self, actions: dict) -> Any:
+        return actions[DEFAULT_AGENT_ID]
+
+    def _from_reset(self, i: int, env: Any, raw: Any) -> tuple:
+        obs, info = raw
         a = DEFAULT_AGENT_ID
         return {a: obs}, None, {ALL_AGENTS: False}, {ALL_AGENTS: False}, {a: dict(info or {})}
 
-    def _step_one(self, i: int, actions: dict) -> tuple:
+    def _from_step(self, i: int, env: Any, raw: Any) -> tuple:
         a = DEFAULT_AGENT_ID
-        obs, reward, terminated, truncated, info = self._envs[i].step(actions[a])
+        obs, reward, terminated, truncated, info = raw
         term, trunc = bool(terminated), bool(truncated)
         return (
             {a: obs},
@@ -326,6 +581,24 @@ class MultiAgentDictEnv(_LockstepEnv):
             ``Dict`` keyed by agent id, or one shared space. Agents must share them.
         seed: sub-env ``i`` is first reset with ``seed + i``.
         num_threads: step the sub-envs on a thread pool of this size.
+        on_env_error: what a failing sub-env does (:mod:`jaxsampler.host_envs.failures`):
+            ``"raise"`` (default) a :class:`HostEnvError`; ``"restart"``: its episode ends
+            truncated (``info["env_error"]``), the env is rebuilt from its factory (so
+            envs must be given as an id, a class or a function) and reset with a fresh
+            seed; ``"drop"``: its episode ends the same way and the sub-env is never
+            stepped again.
+        max_env_restarts: ``"restart"``: failures of one sub-env in a row (without a good
+            step between them) that are tolerated; one more raises :class:`HostEnvError`.
+        step_timeout_s: run every sub-env call on its own worker thread (``num_threads``
+            then has no effect) and treat a call that takes longer as a failure
+            (``TimeoutError``). A hung thread cannot be killed: it is abandoned, and its
+            env object is never touched again.
+        max_abandoned_threads: hung calls whose threads may be alive at once; one more
+            raises :class:`HostEnvError`.
+        check_observations: an observation that does not fit the observation space (wrong
+            shape, NaN, an infinity where the space is bounded) is a failure of its
+            sub-env (default: passed on; the sampler raises ``ValueError`` on a wrong shape
+            and records NaNs).
     """
 
     def __init__(
@@ -338,8 +611,20 @@ class MultiAgentDictEnv(_LockstepEnv):
         action_space: Any = None,
         seed: int | None = 0,
         num_threads: int = 0,
+        on_env_error: OnEnvError = "raise",
+        max_env_restarts: int = 3,
+        step_timeout_s: float | None = None,
+        max_abandoned_threads: int = 8,
+        check_observations: bool = False,
     ):
-        made = _make_all(envs, num_envs, None)
+        failure = FailureHandling(
+            on_env_error,
+            max_env_restarts,
+            step_timeout_s,
+            max_abandoned_threads,
+            check_observations,
+        )
+        made, factories = _make_all(envs, num_envs, None)
         first = made[0]
         if agent_ids is None:
             for get in (
@@ -364,7 +649,7 @@ class MultiAgentDictEnv(_LockstepEnv):
             self.action_space.to_gymnasium() if hasattr(self.action_space, "to_gymnasium") else None
         )
         self._live: list[set] = [set() for _ in made]
-        super().__init__(made, seed, num_threads)
+        super().__init__(made, factories, seed, num_threads, failure)
 
     def _shared_space(self, env: Any, given: Any, what: str) -> Any:
         if given is not None:
@@ -414,8 +699,10 @@ class MultiAgentDictEnv(_LockstepEnv):
                         f"{self.agent_ids}"
                     )
 
-    def _reset_one(self, i: int) -> tuple:
-        out = self._envs[i].reset(seed=self._next_seed(i))
+    def _step_arg(self, actions: dict) -> Any:
+        return actions
+
+    def _from_reset(self, i: int, env: Any, out: Any) -> tuple:
         obs, infos = out if isinstance(out, tuple) and len(out) == 2 else (out, {})
         obs, infos = dict(obs), dict(infos or {})
         self._check_agents(i, obs, infos)
@@ -428,9 +715,8 @@ class MultiAgentDictEnv(_LockstepEnv):
             {a: infos.get(a, {}) for a in obs},
         )
 
-    def _step_one(self, i: int, actions: dict) -> tuple:
-        env = self._envs[i]
-        obs, rewards, terms, truncs, infos = env.step(actions)
+    def _from_step(self, i: int, env: Any, raw: Any) -> tuple:
+        obs, rewards, terms, truncs, infos = raw
         obs, rewards = dict(obs), {a: float(r) for a, r in dict(rewards).items()}
         terms = {a: bool(v) for a, v in dict(terms).items()}
         truncs = {a: bool(v) for a, v in dict(truncs).items()}
