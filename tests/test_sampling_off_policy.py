@@ -304,7 +304,7 @@ def test_external_env_log_action_and_abandoned_episode_end_to_end():
     env = ExternalEnv(OBS, DISCRETE, max_wait_s=0.0)
     policy = js.MLPPolicy(OBS, DISCRETE, hidden_sizes=(8,))
     params = _params(policy)
-    s = HostSampler(env, policy, seed=0, timeout_s=5.0, batch_sizes=(1, 2))
+    s = HostSampler(env, policy, seed=0, timeout_s=0.5, batch_sizes=(1, 2))
     assert s.mark_abandoned
     o = [np.array([0.1 * i, -0.2, 0.3], np.float32) for i in range(6)]
     done = threading.Event()
@@ -325,11 +325,12 @@ def test_external_env_log_action_and_abandoned_episode_end_to_end():
     th.start()
     rows = []
     for _ in range(100):  # a bound, in case the sampler missed a step
-        if done.is_set() and not env.running_episodes():
-            break
+        finished = done.is_set()  # then every step is queued: a call without one ends it
         b = s.sample_batch(params, num_timesteps=1)
         if "default_policy" in b.policy_batches:
             rows.append(b["default_policy"])
+        if finished and s.metrics.num_env_steps_sampled == 0:
+            break
     th.join(5)
     batch = js.concat_samples(rows)
     first = np.asarray(batch["obs"])[:, 0]  # o[i][0] = 0.1 * i tells the episodes apart
