@@ -54,10 +54,10 @@ class Lockstep(HostEnv):
     sits in ``obs[0]`` (see the module docstring)."""
 
     observation_space = OBS
-    agent_ids = (A,)
 
-    def __init__(self, action_space, n=3, length=5, seed=0, kinds=(0, 1, 2, 3, 4)):
+    def __init__(self, action_space, n=3, length=5, seed=0, kinds=(0, 1, 2, 3, 4), agents=(A,)):
         self.action_space, self.num_envs, self.length = action_space, n, length
+        self.agent_ids = agents
         self.rng = np.random.default_rng(seed)
         self.kinds = kinds
         self.t = [None] * n
@@ -69,33 +69,35 @@ class Lockstep(HostEnv):
             self.t[e] = 0 if first else self.t[e] + 1
             t = self.t[e]
             done = t >= self.length
-            kind = POLICY if done else int(self.rng.choice(self.kinds))
-            x = self.rng.uniform(-1, 1, 2).astype(np.float32)
-            obs[e] = {A: np.concatenate([[kind / 4], x]).astype(np.float32)}
-            info: dict = {"t": t}
-            if kind != POLICY:
-                offp[e] = {A: own_action(self.action_space, t)}
-            if kind == CALLER:
-                info["action_logp"] = CALLER_LOGP
-            elif kind == CLIENT:
-                info[CLIENT_POLICY_INFO] = {
-                    "weights_version": 3,
-                    "extra_model_outputs": {
-                        "action_logp": np.float32(CLIENT_LOGP),
-                        "vf_preds": np.float32(CLIENT_VF),
-                        "other": np.zeros(5),  # not one of the policy's extras: ignored
-                    },
-                }
-            elif kind == BAD_CLIENT:
-                info[CLIENT_POLICY_INFO] = {
-                    "weights_version": 3,
-                    "extra_model_outputs": {"action_logp": "high", "vf_preds": np.zeros(3)},
-                }
-            infos[e] = {A: info}
+            obs[e], infos[e] = {}, {}
+            for a in self.agent_ids:
+                kind = POLICY if done else int(self.rng.choice(self.kinds))
+                x = self.rng.uniform(-1, 1, 2).astype(np.float32)
+                obs[e][a] = np.concatenate([[kind / 4], x]).astype(np.float32)
+                info: dict = {"t": t}
+                if kind != POLICY:
+                    offp.setdefault(e, {})[a] = own_action(self.action_space, t)
+                if kind == CALLER:
+                    info["action_logp"] = CALLER_LOGP
+                elif kind == CLIENT:
+                    info[CLIENT_POLICY_INFO] = {
+                        "weights_version": 3,
+                        "extra_model_outputs": {
+                            "action_logp": np.float32(CLIENT_LOGP),
+                            "vf_preds": np.float32(CLIENT_VF),
+                            "other": np.zeros(5),  # not one of the policy's extras: ignored
+                        },
+                    }
+                elif kind == BAD_CLIENT:
+                    info[CLIENT_POLICY_INFO] = {
+                        "weights_version": 3,
+                        "extra_model_outputs": {"action_logp": "high", "vf_preds": np.zeros(3)},
+                    }
+                infos[e][a] = info
             if not first:
-                rew[e] = {A: 1.0}
-                term[e] = {A: done, ALL_AGENTS: done}
-                trunc[e] = {A: False, ALL_AGENTS: False}
+                rew[e] = dict.fromkeys(self.agent_ids, 1.0)
+                term[e] = {**dict.fromkeys(self.agent_ids, done), ALL_AGENTS: done}
+                trunc[e] = {**dict.fromkeys(self.agent_ids, False), ALL_AGENTS: False}
             if done:
                 self.t[e] = None
         return PollResult(obs, rew, term, trunc, infos, offp)
@@ -103,7 +105,7 @@ class Lockstep(HostEnv):
     def send_actions(self, actions):
         for e in range(self.num_envs):
             if self.t[e] is not None:
-                assert A in actions[e], e
+                assert set(actions[e]) == set(self.agent_ids), e
 
 
 def np_log_softmax(logits):
@@ -348,3 +350,29 @@ def test_external_env_log_action_and_abandoned_episode_end_to_end():
     np.testing.assert_array_equal(batch["abandoned"][g], [False, True])
     assert batch["truncateds"][g[-1]] and not batch["terminateds"][g[-1]]
     env.close()
+
+
+def test_multi_agent_policy_rows_use_each_agents_own_policy():
+    """Two agents, two policies (``MultiAgentPolicy``): an own action's logp is computed
+    with the agent's policy; each policy's batch against its own numpy reference."""
+    agents = ("a0", "a1")
+    env = Lockstep(DISCRETE, agents=agents)
+    pols = {
+        "red": js.MLPPolicy(OBS, DISCRETE, hidden_sizes=(8,)),
+        "blue": js.MLPPolicy(OBS, DISCRETE, hidden_sizes=(4,), activation="relu"),
+    }
+    multi = js.MultiAgentPolicy(agents, pols, lambda a: "red" if a == "a0" else "blue")
+    params = {pid: _params(p) for pid, p in pols.items()}
+    s = HostSampler(env, multi, seed=2, rollout_length=18, batch_sizes=(4,))
+    assert set(s.logp_fns) == {"red", "blue"}
+    batch = s.sample_batch(params)
+    for pid, p in pols.items():
+        sb = batch[pid]
+        kinds = _kinds(sb)
+        ref, _ = _expected_logp(sb, p, params[pid])
+        logp = np.asarray(sb["action_logp"])
+        computed = np.isin(kinds, [POLICY, LOGGED, BAD_CLIENT])
+        assert np.sum(kinds == LOGGED) > 0
+        np.testing.assert_allclose(logp[computed], ref[computed], rtol=1e-4, atol=1e-4)
+        np.testing.assert_array_equal(logp[kinds == CALLER], np.float32(CALLER_LOGP))
+        np.testing.assert_array_equal(logp[kinds == CLIENT], np.float32(CLIENT_LOGP))

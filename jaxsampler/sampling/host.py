@@ -99,7 +99,7 @@ from jaxsampler.sampling.off_policy import OffPolicyCounts, behaviour_outputs, o
 from jaxsampler.sampling.track import TrackFeed
 from jaxsampler.spaces import ValueChecker
 
-__all__ = ["HostSampler"]
+__all__ = ["HostSampler", "abandons_episodes"]
 
 
 def _default_buckets(n: int, cap: int) -> tuple[int, ...]:
