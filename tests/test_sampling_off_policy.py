@@ -376,3 +376,23 @@ def test_multi_agent_policy_rows_use_each_agents_own_policy():
         np.testing.assert_allclose(logp[computed], ref[computed], rtol=1e-4, atol=1e-4)
         np.testing.assert_array_equal(logp[kinds == CALLER], np.float32(CALLER_LOGP))
         np.testing.assert_array_equal(logp[kinds == CLIENT], np.float32(CLIENT_LOGP))
+
+
+class WrongShape(Lockstep):
+    """Takes an own action of the wrong shape (a buggy env)."""
+
+    def poll(self, timeout=None):
+        res = super().poll(timeout)
+        for acts in res.off_policy_actions.values():
+            for a in acts:
+                acts[a] = np.zeros(5, np.float32)
+        return res
+
+
+def test_an_own_action_outside_the_action_space_is_a_clear_error():
+    env = WrongShape(BOX, kinds=(LOGGED,))
+    policy = js.MLPPolicy(OBS, BOX, hidden_sizes=(4,))
+    s = HostSampler(env, policy, rollout_length=4, batch_sizes=(4,))
+    with pytest.raises(ValueError, match=r"env 0: the off-policy action of agent .* does not fit"):
+        s.sample_batch(_params(policy))
+    assert s._unrecorded == []  # nothing was sent, nothing is left to record

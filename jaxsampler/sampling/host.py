@@ -279,8 +279,12 @@ class HostSampler(Sampler):
     def _act(self, params: Any) -> bool:
         """Computes and sends the actions of every queued agent; False if none was queued."""
         out: dict[Any, dict] = {}
-        for pid, obs, env_ids, agent_ids in self.feed.queued():
-            self._act_policy(pid, params, obs, env_ids, agent_ids, out)
+        try:
+            for pid, obs, env_ids, agent_ids in self.feed.queued():
+                self._act_policy(pid, params, obs, env_ids, agent_ids, out)
+        except BaseException:
+            self._unrecorded.clear()  # nothing was sent: nothing to record
+            raise
         if out:
             self._send(out)
         return bool(out)
