@@ -111,11 +111,15 @@ def _run(s: HostSampler, params, env: FreshIds, episodes: int, bound: int) -> di
 
 
 @pytest.mark.parametrize(
-    "feed,agents",
-    [("track", ("agent0",)), ("collector", ("agent0",)), ("collector", ("a", "b"))],
+    "feed,agents,episodes",
+    [
+        ("track", ("agent0",), 2000),
+        ("collector", ("agent0",), 1000),
+        ("collector", ("a", "b"), 1000),
+    ],
     ids=["track", "collector", "collector-2-agents"],
 )
-def test_thousands_of_episodes_with_fresh_env_ids_leave_no_state(feed, agents):
+def test_thousands_of_episodes_with_fresh_env_ids_leave_no_state(feed, agents, episodes):
     env = FreshIds(k=8, agents=agents)
     policy, params = _policy()
     s = HostSampler(
@@ -124,7 +128,7 @@ def test_thousands_of_episodes_with_fresh_env_ids_leave_no_state(feed, agents):
     cap = s._books.rank_capacity
     assert cap < 100  # so that thousands of env ids overflow it many times
     bound = cap + env.num_envs * len(agents)  # ranks are pruned past the capacity
-    worst = _run(s, params, env, 2000, bound)
+    worst = _run(s, params, env, episodes, bound)
     assert s.off_policy_counts.given > 0
     assert worst["books.env_rank"] <= bound and len(s._books.env_rank) <= bound
     for k in ("books.actions", "books.off_policy", "books.returns"):
