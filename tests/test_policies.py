@@ -185,6 +185,43 @@ def test_log_prob_of_other_actions():
     np.testing.assert_allclose(got, _np_gauss_logp(x, mean, LOG_STD), rtol=1e-5)
 
 
+@functools.partial(jax.jit, static_argnums=0)
+def _log_prob(policy, params, obs, action, state):
+    return policy.log_prob(params, obs, action, state)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_log_prob_method_of_given_actions_matches_numpy(setups, kind):
+    """``Policy.log_prob`` of actions the policy did not sample (the GRU with a non-zero
+    carry, the state before the step) against numpy from the distribution inputs."""
+    policy, params = setups[kind]
+    batch_shape = (2, 3)
+    obs = _obs(batch_shape, seed=4)
+    state = _state(policy, batch_shape)
+    if kind.startswith("gru"):
+        state = jax.random.normal(jax.random.key(8), state.shape)
+    space = policy.action_space
+    if isinstance(space, S.Discrete):
+        act = (np.arange(6).reshape(batch_shape) % space.n + space.start).astype(space.dtype)
+    else:
+        act = np.linspace(-1.5, 1.5, 12, dtype=np.float32).reshape(batch_shape + space.shape)
+    got = np.asarray(_log_prob(policy, params, obs, jnp.asarray(act), state))
+    dist, _, log_std = _dist_inputs(policy, params, obs, state)
+    if isinstance(space, S.Discrete):
+        ref = np.take_along_axis(_np_log_softmax(dist), (act - space.start)[..., None], -1)[..., 0]
+    else:
+        ref = _np_gauss_logp(act.reshape(act.shape[:-1] + (-1,)), dist, log_std)
+    assert got.shape == batch_shape and policy.has_log_prob
+    np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_random_policy_has_no_log_prob():
+    policy = js.RandomPolicy(OBS, DISCRETE)
+    assert not policy.has_log_prob
+    with pytest.raises(NotImplementedError, match="RandomPolicy does not implement log_prob"):
+        policy.log_prob((), _obs((2,)), np.zeros(2, np.int32), js.NoState())
+
+
 # --------------------------------------------------------------------------- explore
 
 

@@ -12,6 +12,13 @@ with leading ``[E, A]`` (RLlib's ``extra_model_outputs``: ``action_logp``, ``vf_
 ...); its structure must not depend on the input values. Stateless policies return an
 empty :class:`NoState`. The rollout resets the state of an env to ``initial_state`` at
 the first step of every episode.
+
+Optional: ``log_prob(params, obs, action, policy_state) -> logp`` (``float32[E, A]``), the
+log-probability (density, for continuous actions) of a *given* action under the policy at
+``obs`` and the state *before* the step. The host sampler uses it for actions the env
+took itself (off-policy steps), whose ``action_logp`` must be that of the recorded
+action, not of the policy's own sample. :attr:`Policy.has_log_prob` says whether a
+policy implements it; the base class raises ``NotImplementedError``.
 """
 
 from __future__ import annotations
@@ -50,6 +57,32 @@ class Policy:
         self, params: Any, obs: Any, key: jax.Array, policy_state: Any
     ) -> tuple[Any, dict[str, jax.Array], Any]:
         raise NotImplementedError
+
+    def log_prob(self, params: Any, obs: Any, action: Any, policy_state: Any) -> jax.Array:
+        """Log-probability of ``action`` at ``obs`` (optional; see the module docstring).
+
+        Args:
+            params: the policy's params.
+            obs: observations, leaves ``[*batch, ...]``.
+            action: actions, leaves ``[*batch, *action_space.shape]``.
+            policy_state: the recurrent state before the step, leaves ``[*batch, ...]``.
+
+        Returns:
+            ``float32[*batch]``. Pure: safe under ``jit`` and ``vmap``.
+
+        Raises:
+            NotImplementedError: the policy cannot evaluate given actions
+                (:attr:`has_log_prob` is ``False``).
+        """
+        raise NotImplementedError(
+            f"{type(self).__name__} does not implement log_prob (the log-probability of a "
+            "given action); has_log_prob is False"
+        )
+
+    @property
+    def has_log_prob(self) -> bool:
+        """Whether :meth:`log_prob` is implemented (a subclass overrides it)."""
+        return type(self).log_prob is not Policy.log_prob
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,7 +1,9 @@
 """Flax actor-critic policies: MLP (discrete or continuous actions) and a recurrent GRU.
 
 Both return ``extras = {"action_logp": float32[...], "vf_preds": float32[...]}`` (RLlib's
-column names) with the leading batch dims of the observation.
+column names) with the leading batch dims of the observation, and implement
+``log_prob(params, obs, action, policy_state)`` (the log-probability of a given action,
+:meth:`jaxsampler.policies.base.Policy.log_prob`).
 
 * ``Discrete(n)`` actions: categorical over ``n`` logits.
 * ``Box`` actions: diagonal Gaussian with a state-independent, learned ``log_std``. The
@@ -187,6 +189,12 @@ class MLPPolicy(Policy):
         action, logp = _sample_action(self.action_space, dist_inputs, log_std, key, self.explore)
         return action, {"action_logp": logp, "vf_preds": value}, policy_state
 
+    def log_prob(self, params: Any, obs: jax.Array, action: jax.Array, policy_state: Any) -> Any:
+        """Log-probability of ``action`` (``[*batch, *action_space.shape]``) at ``obs``
+        (``[*batch, *obs_shape]``): ``float32[*batch]``; ``policy_state`` is unused. Pure."""
+        dist_inputs, _, log_std = self.forward(params, obs)
+        return log_prob(self.action_space, dist_inputs, log_std, action)
+
 
 class _GRUActorCritic(nn.Module):
     num_outputs: int
@@ -250,6 +258,17 @@ class RecurrentPolicy(Policy):
         carry, (dist_inputs, value, log_std) = outputs
         action, logp = _sample_action(self.action_space, dist_inputs, log_std, key, self.explore)
         return action, {"action_logp": logp, "vf_preds": value}, carry
+
+    def log_prob(
+        self, params: Any, obs: jax.Array, action: jax.Array, policy_state: jax.Array
+    ) -> Any:
+        """Log-probability of ``action`` at ``obs`` given the GRU carry *before* the step
+        (``policy_state``, ``float32[*batch, hidden]``): ``float32[*batch]``. Pure."""
+        outputs: Any = self.module.apply(
+            params, policy_state, _flatten_obs(obs, self.observation_space)
+        )
+        _, (dist_inputs, _, log_std) = outputs
+        return log_prob(self.action_space, dist_inputs, log_std, action)
 
 
 # Re-exported for convenience.

@@ -30,7 +30,10 @@ Rules:
 * params are a dict ``policy_id -> params``; the recurrent state a dict ``policy_id ->
   state`` with leaves ``[E, A_p, ...]``;
 * actions of agents that are not acting are computed like all others and ignored by the
-  env and by every host-side conversion (the ``acting`` mask decides).
+  env and by every host-side conversion (the ``acting`` mask decides);
+* ``log_prob(params, obs, action, policy_state)`` evaluates every policy's ``log_prob`` on
+  its own agents, like the step; it is available (:attr:`has_log_prob`) only when every
+  policy has one.
 """
 
 from __future__ import annotations
@@ -195,6 +198,42 @@ class MultiAgentPolicy(Policy):
             return out if identity else jax.tree.map(lambda x: jnp.take(x, inverse, axis=1), out)
 
         return merge(actions), merge(_align_extras(extras, batches)), states
+
+    @property
+    def has_log_prob(self) -> bool:
+        """Whether every policy implements ``log_prob``."""
+        return all(p.has_log_prob for p in self.policies)
+
+    def log_prob(
+        self, params: Mapping[str, Any], obs: Any, action: Any, policy_state: Any
+    ) -> jax.Array:
+        """Log-probabilities ``float32[E, A]`` of ``action`` (leaves ``[E, A, ...]``), each
+        agent's under its own policy (see :meth:`Policy.log_prob`). Pure.
+
+        Raises:
+            NotImplementedError: a policy has no ``log_prob`` (it is named).
+        """
+        missing = [pid for pid, p in zip(self.policy_ids, self.policies) if not p.has_log_prob]
+        if missing:
+            raise NotImplementedError(
+                f"policies {missing} do not implement log_prob, so the MultiAgentPolicy cannot"
+            )
+        parts, order = [], []
+        for pid, p in zip(self.policy_ids, self.policies):
+            idx = self.agents_of(pid)
+            parts.append(
+                p.log_prob(
+                    params[pid], self._take(obs, idx), self._take(action, idx), policy_state[pid]
+                )
+            )
+            order.append(idx)
+        if len(parts) == 1:
+            return parts[0]
+        inverse = np.argsort(np.concatenate(order))
+        out = jnp.concatenate(parts, axis=1)
+        if np.array_equal(inverse, np.arange(len(inverse))):
+            return out
+        return jnp.take(out, inverse, axis=1)
 
 
 def _map_agents(fn: Callable[..., str], agent_ids: tuple[str, ...]) -> list[str]:

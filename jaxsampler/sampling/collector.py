@@ -65,7 +65,19 @@ from jaxsampler.episodes.lookback import tree_map
 from jaxsampler.episodes.multi_agent import MultiAgentEpisode
 from jaxsampler.sampling.base import check_lookback, check_positive_int
 
-__all__ = ["SampleCollector", "concat_rows", "episodes_to_batch", "step_rows"]
+__all__ = [
+    "ABANDONED",
+    "SampleCollector",
+    "concat_rows",
+    "episodes_to_batch",
+    "is_abandoned",
+    "step_rows",
+]
+
+#: The info key an external env sets on the final observation of an abandoned episode
+#: (its client went away; the episode ends truncated), and the batch column that marks
+#: the last row of such an episode.
+ABANDONED = "abandoned"
 
 _STEP_KEYS = frozenset({"actions", "rewards", "new_obs", "infos", "terminateds", "truncateds"})
 
@@ -489,10 +501,12 @@ def step_rows(
     agent_index: int,
     infos: list,
     extras: dict[str, Any],
+    abandoned: bool | None = None,
 ) -> dict[str, Any]:
     """The batch rows of ``n`` agent steps (``n >= 1``): ``obs`` holds the ``n + 1``
     observations (stacked), the flags are those of the last step; the columns of
-    :func:`episodes_to_batch`."""
+    :func:`episodes_to_batch`. ``abandoned`` (unless ``None``) adds the bool column
+    :data:`ABANDONED`, ``True`` only on the last row and only if ``abandoned``."""
     n = len(rewards)
     flags = np.zeros(n, bool)
     rows: dict[str, Any] = {
@@ -511,10 +525,20 @@ def step_rows(
     rows[SampleBatch.TERMINATEDS][-1] = terminated
     rows[SampleBatch.TRUNCATEDS][-1] = truncated
     rows.update(extras)
+    if abandoned is not None:
+        mark = flags.copy()
+        mark[-1] = abandoned
+        rows[ABANDONED] = mark
     return rows
 
 
-def _agent_rows(sa: Any, index: int) -> dict[str, Any]:
+def is_abandoned(info: Any) -> bool:
+    """Whether an observation's info says its episode was abandoned (``{"abandoned":
+    True}``, set by external envs on the final observation)."""
+    return isinstance(info, dict) and info.get(ABANDONED) is True
+
+
+def _agent_rows(sa: Any, index: int, mark_abandoned: bool = False) -> dict[str, Any]:
     n = len(sa)
     infos = sa.get_infos(slice(0, n))
     infos = (
@@ -533,6 +557,7 @@ def _agent_rows(sa: Any, index: int) -> dict[str, Any]:
         index,
         infos,
         {k: _column(sa.get_extra_model_outputs(k)) for k in sa.extra_model_outputs},
+        abandoned=(sa.is_truncated and is_abandoned(sa.get_infos(-1)) if mark_abandoned else None),
     )
 
 
@@ -548,14 +573,17 @@ def episodes_to_batch(
     agent_ids: Sequence[Any] | None = None,
     policy_ids: Sequence[Any] = (),
     clip_rewards: bool | float | None = None,
+    mark_abandoned: bool = False,
 ) -> MultiAgentBatch:
     """The device path's ``MultiAgentBatch`` made from episode chunks: one row per
     completed agent step, keyed by policy (the agents' ``module_id``); rows chunk by
     chunk, then agent by agent (``agent_ids`` order), then by ``t``. Columns: ``obs``,
     ``new_obs``, ``actions``, ``rewards`` (float32), ``terminateds``, ``truncateds``,
     ``t``, ``eps_id`` (the agent's episode id, an object array of ``str``),
-    ``agent_index``, ``infos`` (a list of dicts) and the extra model outputs.
-    ``env_steps`` is the chunks' env steps."""
+    ``agent_index``, ``infos`` (a list of dicts) and the extra model outputs;
+    ``mark_abandoned`` adds the bool column :data:`ABANDONED` (the last row of an agent
+    whose episode was abandoned: truncated, with ``{"abandoned": True}`` in the info of
+    its final observation). ``env_steps`` is the chunks' env steps."""
     order = list(agent_ids or ())
     parts: dict[Any, list[dict]] = {pid: [] for pid in policy_ids}
     for ep in episodes:
@@ -569,7 +597,7 @@ def episodes_to_batch(
             index = order.index(aid) if aid in order else list(ep.agent_episodes).index(aid)
             pid = sa.module_id if sa.module_id is not None else ep.module_for(aid)
             parts.setdefault(DEFAULT_POLICY_ID if pid is None else pid, []).append(
-                _agent_rows(sa, index)
+                _agent_rows(sa, index, mark_abandoned)
             )
     batches = {}
     for pid, rows in parts.items():

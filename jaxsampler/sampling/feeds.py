@@ -20,13 +20,20 @@ collector feed; they differ only for envs that send reward-only polls.
 
 What the sampler and its feed share (actions sent and awaiting their poll, off-policy
 actions, recurrent states, returns, the finishing order) lives in one :class:`Books`.
+
+Nothing in the books or a feed outlives its episode: every entry keyed by an env id or
+an episode id is removed when the episode ends, except the env's rank (order of first
+appearance, which keeps the output order of lockstep envs stable across episodes); ranks
+of envs without a running episode are forgotten once more than ``Books.rank_capacity``
+env ids are known (external envs, whose env ids are episode ids, never repeat one).
 """
 
 from __future__ import annotations
 
 import abc
 import dataclasses
-from typing import Any
+from collections.abc import Container
+from typing import Any, NamedTuple
 
 from jaxsampler.constants import ALL_AGENTS
 from jaxsampler.episodes.batch import MultiAgentBatch
@@ -38,6 +45,7 @@ from jaxsampler.sampling.collector import SampleCollector, episodes_to_batch
 
 __all__ = [
     "Books",
+    "OffPolicy",
     "CollectorFeed",
     "DoneRecord",
     "Feed",
@@ -51,6 +59,15 @@ QueuedRows = tuple[Any, Any, list[Any], list[Any]]
 
 #: One finished episode for the metrics: ``(episode id, return, env steps)``.
 DoneRecord = tuple[str, float, int]
+
+
+class OffPolicy(NamedTuple):
+    """The actions one sub-env took itself at its last poll, with that poll's infos (an
+    info may carry the behaviour policy's outputs; the sampler reads them when it records
+    the step)."""
+
+    actions: dict[Any, Any]  # agent id -> action
+    infos: dict[Any, Any]  # agent id -> info dict of the poll
 
 
 def env_ids_of(res: PollResult) -> dict[Any, None]:
@@ -80,10 +97,16 @@ class Books:
         horizon: ``episode_lookback_horizon``.
         observation_space / action_space: one agent's spaces.
         ids: the sampler's episode ids.
+        mark_abandoned: batch rows get an ``abandoned`` column
+            (:func:`~jaxsampler.sampling.collector.step_rows`).
+        rank_capacity: env ranks kept before those of envs without a running episode are
+            forgotten (:meth:`forget_ranks`).
         count: episodes started so far (the next id's number).
         env_rank: env id -> order of first appearance.
+        next_rank: the rank of the next new env.
         actions: env id -> agent id -> ``(action, extras)`` sent, awaiting the next poll.
-        off_policy: env id -> agent id -> the action the env took itself at its last poll.
+        off_policy: env id -> the actions the env took itself at its last poll
+            (:class:`OffPolicy`; no entry when it took none).
         states: ``(env id, agent id)`` -> recurrent policy state (``[1, 1, ...]`` leaves).
         returns: running episode id -> return so far.
         finished: episode id -> ``(env rank, poll index)`` of the poll that finished it.
@@ -97,12 +120,15 @@ class Books:
     observation_space: Any
     action_space: Any
     ids: EpisodeIds
+    mark_abandoned: bool = False
+    rank_capacity: int = 1024
     count: int = 0
     env_rank: dict[Any, int] = dataclasses.field(default_factory=dict)
+    next_rank: int = 0
     actions: dict[Any, dict[Any, tuple[Any, dict[str, Any]]]] = dataclasses.field(
         default_factory=dict
     )
-    off_policy: dict[Any, dict[Any, Any]] = dataclasses.field(default_factory=dict)
+    off_policy: dict[Any, OffPolicy] = dataclasses.field(default_factory=dict)
     states: dict[tuple[Any, Any], Any] = dataclasses.field(default_factory=dict)
     returns: dict[str, float] = dataclasses.field(default_factory=dict)
     finished: dict[str, tuple[int, int]] = dataclasses.field(default_factory=dict)
@@ -117,8 +143,25 @@ class Books:
         """The env's order of first appearance (assigned at its first poll)."""
         rank = self.env_rank.get(env_id)
         if rank is None:
-            rank = self.env_rank[env_id] = len(self.env_rank)
+            rank = self.env_rank[env_id] = self.next_rank
+            self.next_rank += 1
         return rank
+
+    def forget_ranks(self, running: Container[Any]) -> None:
+        """Forgets the ranks of envs not in ``running`` once more than ``rank_capacity``
+        are known (amortized O(1) per new env: the table at least halves each time, as
+        ``rank_capacity`` is at least twice the envs that run at once)."""
+        if len(self.env_rank) > self.rank_capacity:
+            self.env_rank = {e: r for e, r in self.env_rank.items() if e in running}
+
+    def note_off_policy(self, env_id: Any, res: PollResult) -> None:
+        """Remembers the actions sub-env ``env_id`` took itself at this poll (or that it
+        took none), for the actions and records of its next step."""
+        acts = res.off_policy_actions.get(env_id)
+        if acts:
+            self.off_policy[env_id] = OffPolicy(acts, res.infos.get(env_id, {}))
+        else:
+            self.off_policy.pop(env_id, None)
 
     def clear(self) -> None:
         """Forgets every running episode (a reset); ids continue in a new id space."""
@@ -231,7 +274,7 @@ class CollectorFeed(Feed):
                 init_obs=o,
                 init_infos=infos.get(a),
             )
-        b.off_policy[e] = res.off_policy_actions.get(e, {})
+        b.note_off_policy(e, res)
 
     def feed(self, res: PollResult, obs: dict[Any, dict[Any, Any]], done: list[DoneRecord]) -> int:
         b, c = self.books, self.collector
@@ -293,8 +336,9 @@ class CollectorFeed(Feed):
                 for a in b.agent_ids:
                     b.states.pop((e, a), None)
             else:
-                b.off_policy[e] = res.off_policy_actions.get(e, {})
+                b.note_off_policy(e, res)
         b.poll_index += 1
+        b.forget_ranks(self._running)
         return steps
 
     def close_call(self, discard_running: bool) -> list[Any]:
@@ -314,7 +358,8 @@ class CollectorFeed(Feed):
         return [_plain(next(iter(ep.agent_episodes.values()))) for ep in chunks]
 
     def batch(self, chunks: list[Any]) -> MultiAgentBatch:
-        return episodes_to_batch(chunks, self.books.agent_ids, self.books.policy_ids)
+        b = self.books
+        return episodes_to_batch(chunks, b.agent_ids, b.policy_ids, mark_abandoned=b.mark_abandoned)
 
     def agent_steps(self, chunks: list[Any]) -> int:
         return sum(ep.agent_steps() for ep in chunks)

@@ -13,8 +13,19 @@ the poll (agent ids, observations: :class:`~jaxsampler.spaces.ValueChecker`) and
 to the sampler's feed (:mod:`jaxsampler.sampling.feeds`), which keeps the running
 episodes. An
 off-policy action of the poll (``off_policy_actions``) is sent and recorded instead of
-the policy's (the policy is still evaluated on that observation: its extras and
-recurrent state are kept; ``mark_off_policy=True`` adds an ``off_policy`` bool column).
+the policy's (the policy is still evaluated on that observation: its recurrent state is
+kept; ``mark_off_policy=True`` adds an ``off_policy`` bool column). Its extras describe
+the recorded action (:mod:`jaxsampler.sampling.off_policy`): a local-inference client's
+``extra_model_outputs`` from the step's info, else the caller's ``info["action_logp"]``,
+else ``action_logp`` computed with the policy's ``log_prob`` (one extra jitted call, only
+for batches with off-policy rows), else NaN; ``vf_preds`` and other extras come from the
+server's forward pass unless the client sent its own. :attr:`HostSampler.off_policy_counts`
+counts which way each row went.
+
+Abandoned episodes (an external env's client went away: the episode ends truncated with
+``{"abandoned": True}`` in the info of its final observation, which the episode objects
+keep) are marked in batches by a bool ``abandoned`` column, ``True`` on the episode's
+last row; the column is there whenever the env can abandon episodes (``mark_abandoned``).
 
 ``sample()`` / ``sample_batch()`` follow the device sampler:
 
@@ -52,6 +63,10 @@ by env); envs in order of first appearance. Single-agent envs (one agent id) giv
 
 Recurrent policies: the state is kept per ``(env_id, agent_id)`` on the host, reset to
 ``initial_state`` when the agent's episode starts, and updated only when the agent acts.
+
+Memory: no per-env or per-episode entry outlives its episode (external envs' env ids are
+episode ids, so a long-running server would otherwise grow without bound); see
+:mod:`jaxsampler.sampling.feeds`.
 """
 
 from __future__ import annotations
@@ -80,10 +95,11 @@ from jaxsampler.sampling.base import (
     check_sample_counts,
 )
 from jaxsampler.sampling.feeds import Books, CollectorFeed, DoneRecord, Feed
+from jaxsampler.sampling.off_policy import OffPolicyCounts, behaviour_outputs, off_policy_extras
 from jaxsampler.sampling.track import TrackFeed
 from jaxsampler.spaces import ValueChecker
 
-__all__ = ["HostSampler"]
+__all__ = ["HostSampler", "abandons_episodes"]
 
 
 def _default_buckets(n: int, cap: int) -> tuple[int, ...]:
@@ -108,6 +124,18 @@ def _make_feed(kind: str, books: Books) -> Feed:
     raise ValueError(f"feed must be 'auto', 'track' or 'collector', got {kind!r}")
 
 
+def abandons_episodes(host_env: Any) -> bool:
+    """Whether ``host_env`` can abandon episodes: its ``abandons_episodes`` attribute if it
+    has one, else whether it is an external env or a server wrapping one (``.env``)."""
+    flag = getattr(host_env, "abandons_episodes", None)
+    if flag is not None:
+        return bool(flag)
+    from jaxsampler.host_envs.external import ExternalEnvBase
+
+    inner = getattr(host_env, "env", None)
+    return isinstance(host_env, ExternalEnvBase) or isinstance(inner, ExternalEnvBase)
+
+
 class HostSampler(Sampler):
     """Samples episodes from a host-stepped env with a jaxsampler policy.
 
@@ -125,6 +153,9 @@ class HostSampler(Sampler):
             call also returns when the env is closed.
         max_batch_size: cap of the default ``batch_sizes``.
         mark_off_policy: add an ``off_policy`` extra (bool) to every agent step.
+        mark_abandoned: add an ``abandoned`` bool column to batches (``True`` on the last
+            row of an abandoned episode); ``None`` (default): if the env can abandon
+            episodes (:func:`abandons_episodes`: external envs and policy servers).
         feed: how polls become episodes (:mod:`jaxsampler.sampling.feeds`): ``"auto"``
             (list tracks for single-agent envs, the collector for multi-agent ones),
             ``"track"`` (single-agent envs only) or ``"collector"`` (any env; for a
@@ -149,6 +180,7 @@ class HostSampler(Sampler):
         rollout_length: int = 128,
         max_batch_size: int = 1024,
         mark_off_policy: bool = False,
+        mark_abandoned: bool | None = None,
         timeout_s: float | None = None,
         feed: Literal["auto", "track", "collector"] = "auto",
     ):
@@ -159,6 +191,9 @@ class HostSampler(Sampler):
         self.agent_ids = tuple(host_env.agent_ids)
         self.multi_agent = len(self.agent_ids) != 1
         self.mark_off_policy = mark_off_policy
+        self.mark_abandoned = (
+            abandons_episodes(host_env) if mark_abandoned is None else bool(mark_abandoned)
+        )
         self.timeout_s = timeout_s
         self._obs_space, self._act_space = host_env.observation_space, host_env.action_space
         check_policy_fits(policy, self.agent_ids, self._obs_space, self._act_space, "the host env")
@@ -177,6 +212,11 @@ class HostSampler(Sampler):
         #: policy id -> the jitted
         #: ``(params, obs[B,1,...], key, state) -> (action, extras, state, key)``
         self.policy_fns = {pid: self._make_fn(p) for pid, p in policies.items()}
+        #: policy id -> the jitted ``(params, obs, action, state) -> logp[B, 1]`` of the
+        #: policies that have ``log_prob`` (for off-policy rows)
+        self.logp_fns = {pid: jax.jit(p.log_prob) for pid, p in policies.items() if p.has_log_prob}
+        #: off-policy rows recorded so far, by where their extras came from
+        self.off_policy_counts = OffPolicyCounts()
         base = jax.random.PRNGKey(seed)
         self._keys = {pid: jax.random.fold_in(base, i) for i, pid in enumerate(self.policy_ids)}
         self._init_state = {
@@ -186,7 +226,10 @@ class HostSampler(Sampler):
         # Structure, shapes and dtypes only: Gymnasium envs may return observations outside
         # their declared bounds, and the episodes record them as they came.
         self._obs_check = ValueChecker(self._obs_space, values=False)
+        n_envs = host_env.num_envs
         self._books = Books(
+            mark_abandoned=self.mark_abandoned,
+            rank_capacity=max(2 * n_envs, 64) if isinstance(n_envs, int) else 1024,
             agent_ids=self.agent_ids,
             mapping=mapping,
             policy_ids=self.policy_ids,
@@ -236,8 +279,12 @@ class HostSampler(Sampler):
     def _act(self, params: Any) -> bool:
         """Computes and sends the actions of every queued agent; False if none was queued."""
         out: dict[Any, dict] = {}
-        for pid, obs, env_ids, agent_ids in self.feed.queued():
-            self._act_policy(pid, params, obs, env_ids, agent_ids, out)
+        try:
+            for pid, obs, env_ids, agent_ids in self.feed.queued():
+                self._act_policy(pid, params, obs, env_ids, agent_ids, out)
+        except BaseException:
+            self._unrecorded.clear()  # nothing was sent: nothing to record
+            raise
         if out:
             self._send(out)
         return bool(out)
@@ -287,28 +334,76 @@ class HostSampler(Sampler):
             state = jax.tree.map(lambda *xs: np.concatenate(xs), *rows)
         else:
             state = init
+        obs = jax.tree.map(pad, obs)
         action, extras, new_state, self._keys[pid] = self.policy_fns[pid](
-            params, jax.tree.map(pad, obs), self._keys[pid], state
+            params, obs, self._keys[pid], state
         )
         action, extras, new_state = jax.device_get((action, extras, new_state))  # one transfer
         # Per-row views without a tree walk per row when the leaves are plain arrays.
         act_col = action[:, 0] if isinstance(action, np.ndarray) else None
         offs = self._books.off_policy
         acts = []
+        off_rows: list[int] = []
         for i, (e, a) in enumerate(zip(env_ids, agent_ids)):
             act = (
                 act_col[i] if act_col is not None else jax.tree.map(lambda x, i=i: x[i, 0], action)
             )
-            off = offs.get(e)
-            if off and a in off:
-                act = off[a]
+            if offs:  # empty unless some env took its own action
+                off = offs.get(e)
+                if off is not None and a in off.actions:
+                    act = off.actions[a]
+                    off_rows.append(i)
             acts.append(act)
             if e in out:
                 out[e][a] = act
             else:
                 out[e] = {a: act}
+        if off_rows:
+            extras = self._off_policy_extras(
+                pid, params, obs, state, action, extras, off_rows, env_ids, agent_ids, acts
+            )
         # Recorded after the actions are sent (callers already run meanwhile).
         self._unrecorded.append((pid, env_ids, agent_ids, acts, extras, new_state))
+
+    def _off_policy_extras(
+        self,
+        pid: Any,
+        params: Any,
+        obs: Any,
+        state: Any,
+        action: Any,
+        extras: dict,
+        rows: list[int],
+        env_ids: list,
+        agent_ids: list,
+        acts: list,
+    ) -> dict:
+        """The extras of one policy call with its off-policy rows describing the recorded
+        actions (:func:`~jaxsampler.sampling.off_policy.off_policy_extras`)."""
+        offs = self._books.off_policy
+        given = [behaviour_outputs(offs[env_ids[i]].infos.get(agent_ids[i])) for i in rows]
+        fn = self.logp_fns.get(pid)
+
+        def logp_of(need: list[int]) -> np.ndarray:
+            assert fn is not None
+            taken = jax.tree.map(np.array, action)  # the policy's actions, off rows replaced
+            for i in need:
+                try:
+                    if isinstance(taken, np.ndarray):
+                        taken[i, 0] = acts[i]
+                    else:
+                        jax.tree.map(lambda col, x, i=i: col.__setitem__((i, 0), x), taken, acts[i])
+                except (TypeError, ValueError) as exc:
+                    raise ValueError(
+                        f"env {env_ids[i]!r}: the off-policy action of agent {agent_ids[i]!r} "
+                        f"does not fit the action space {self._act_space!r}: {exc}"
+                    ) from None
+            logp = np.asarray(jax.device_get(fn(params, obs, taken, state)))
+            return logp[need, 0]
+
+        return off_policy_extras(
+            extras, rows, given, None if fn is None else logp_of, self.off_policy_counts
+        )
 
     def _record(self) -> None:
         """Stores the sent actions with their extras (and recurrent states) for the next poll."""
@@ -332,7 +427,7 @@ class HostSampler(Sampler):
                 ext = {k: c(i) for k, c in ext_cols} if nested else {k: c[i] for k, c in ext_cols}
                 if mark:
                     off = offs.get(e)
-                    ext["off_policy"] = np.bool_(off is not None and a in off)
+                    ext["off_policy"] = np.bool_(off is not None and a in off.actions)
                 if stateful:
                     self._books.states[(e, a)] = jax.tree.map(
                         lambda x, i=i: x[i : i + 1], new_state

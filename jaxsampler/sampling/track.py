@@ -19,7 +19,7 @@ from jaxsampler.episodes.batch import MultiAgentBatch, SampleBatch
 from jaxsampler.episodes.lookback import batch as stack
 from jaxsampler.episodes.single_agent import SingleAgentEpisode
 from jaxsampler.host_envs.base import PollResult
-from jaxsampler.sampling.collector import concat_rows, step_rows
+from jaxsampler.sampling.collector import concat_rows, is_abandoned, step_rows
 from jaxsampler.sampling.feeds import Books, DoneRecord, Feed, QueuedRows, env_ids_of, episode_over
 
 __all__ = ["Track", "TrackFeed", "track_rows"]
@@ -128,9 +128,10 @@ class Track:
         return ep.to_numpy()
 
 
-def track_rows(track: Track, agent_index: int = 0) -> dict[str, Any]:
+def track_rows(track: Track, agent_index: int = 0, mark_abandoned: bool = False) -> dict[str, Any]:
     """The batch rows of a chunk (``len >= 1``): one per step, the columns of
-    :func:`jaxsampler.sampling.collector.episodes_to_batch`."""
+    :func:`jaxsampler.sampling.collector.episodes_to_batch` (``mark_abandoned``: with the
+    ``abandoned`` column)."""
     lb = track.lookback
     return step_rows(
         stack(track.obs[lb:]),
@@ -143,6 +144,7 @@ def track_rows(track: Track, agent_index: int = 0) -> dict[str, Any]:
         agent_index,
         list(track.infos[lb:-1]),
         {k: stack(col[lb:]) for k, col in track.extras.items()},
+        abandoned=(track.truncated and is_abandoned(track.infos[-1]) if mark_abandoned else None),
     )
 
 
@@ -187,7 +189,7 @@ class TrackFeed(Feed):
                 self._env_steps[tr.id_] = 0
                 b.states.pop((e, agent), None)
                 self._queue.append((e, o[agent]))
-                b.off_policy[e] = res.off_policy_actions.get(e, {})
+                b.note_off_policy(e, res)
                 continue
             rewards = res.rewards.get(e, {})
             terms, truncs = res.terminateds.get(e, {}), res.truncateds.get(e, {})
@@ -226,8 +228,9 @@ class TrackFeed(Feed):
                 b.off_policy.pop(e, None)
                 b.states.pop((e, agent), None)
             else:
-                b.off_policy[e] = res.off_policy_actions.get(e, {})
+                b.note_off_policy(e, res)
         b.poll_index += 1
+        b.forget_ranks(self._tracks)
         return steps
 
     def close_call(self, discard_running: bool) -> list[Any]:
@@ -251,7 +254,8 @@ class TrackFeed(Feed):
         return [tr.episode(b.observation_space, b.action_space) for tr in chunks]
 
     def batch(self, chunks: list[Any]) -> MultiAgentBatch:
-        rows = [track_rows(tr) for tr in chunks if len(tr)]
+        mark = self.books.mark_abandoned
+        rows = [track_rows(tr, 0, mark) for tr in chunks if len(tr)]
         policy_batches = {}
         if rows:
             policy_batches[self.books.mapping[self.agent]] = SampleBatch(
