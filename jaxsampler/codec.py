@@ -251,7 +251,7 @@ def scan(
             raise _short(ext_open, limit, end)
         b = buf[pos]
         left -= 1
-        n = 0
+        n, container, at = 0, False, pos
         if b <= 0x7F or b >= 0xE0:  # fixints
             pos += 1
             continue
@@ -260,6 +260,7 @@ def scan(
         elif b <= 0x9F:  # fixmap, fixarray
             n = (b & 0x0F) * (2 if b <= 0x8F else 1)
             pos += 1
+            container = True
         elif b in _FIXED_SIZE:
             pos += _FIXED_SIZE[b]
         elif b in _BIN_STR or b in _COUNTED:
@@ -269,7 +270,7 @@ def scan(
             count = int.from_bytes(buf[pos + 1 : pos + 1 + size], "big")
             pos += 1 + size
             if per:
-                n = count * per
+                n, container = count * per, True
             else:
                 pos += count
         elif b in _EXT_LEN or b in _FIXEXT:
@@ -301,9 +302,9 @@ def scan(
             raise DecodeError(f"invalid msgpack byte 0x{b:02x} at byte {pos}")
         if pos > limit:
             raise _short(ext_open, limit, end)
-        if n:
+        if container:
             if len(stack) >= max_depth:
-                raise DecodeError(f"nesting deeper than {max_depth} levels at byte {pos - 1}")
+                raise DecodeError(f"nesting deeper than {max_depth} levels at byte {at}")
             if n > limit - pos:  # every item takes at least one byte
                 raise _short(ext_open, limit, end)
             stack.append((left, limit, False))
