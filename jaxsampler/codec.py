@@ -37,6 +37,7 @@ most :data:`MAX_SPACE_ELEMENTS` elements. Every failure is a :class:`DecodeError
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from collections import defaultdict
@@ -177,6 +178,7 @@ MAX_DEPTH = 64
 MAX_SPACE_ELEMENTS = 2**24
 #: Most dimensions a decoded array may have (numpy's own limit is 64).
 MAX_NDIM = 32
+_MAX_DIM = 2**62
 
 # dtype strings as ``np.dtype.str`` writes them: "<f4", "|b1", "<U7", "<M8[ns]".
 _DTYPE_RE = re.compile(r"[<>|=]?[a-zA-Z]\d{0,10}(\[\d{0,10}[a-zA-Z]{1,3}\])?")
@@ -292,6 +294,13 @@ def scan(
                     f"refusing a {what} (msgpack ext type {code}) at byte {pos}: plain "
                     "data only here (objects=False)"
                 )
+            if code in (_ARRAY, _SCALAR):
+                # A leaf: its payload ([dtype, shape, bytes], 2 levels) is decoded without
+                # ext values and its structure checked by the decoder, so skip it here.
+                if len(stack) + 3 > max_depth:
+                    raise DecodeError(f"nesting deeper than {max_depth} levels at byte {pos}")
+                pos = start + length
+                continue
             if len(stack) >= max_depth:
                 raise DecodeError(f"nesting deeper than {max_depth} levels at byte {pos}")
             stack.append((left, limit, True))
@@ -323,7 +332,7 @@ def _short(ext_open: int, limit: int, end: int) -> DecodeError:
 def _dims(shape: Any, what: str) -> tuple[int, ...]:
     if not isinstance(shape, (list, tuple)) or len(shape) > MAX_NDIM:
         raise DecodeError(f"{what}: shape must be a list of at most {MAX_NDIM} ints, got {shape!r}")
-    if not all(type(d) is int and 0 <= d < 2**62 for d in shape):
+    if not all(type(d) is int and 0 <= d < _MAX_DIM for d in shape):
         raise DecodeError(f"{what}: shape must hold ints in [0, 2**62), got {shape!r}")
     return tuple(shape)
 
@@ -333,15 +342,28 @@ def _size(dims: tuple[int, ...]) -> int:
 
 
 def _dtype(name: Any, what: str, kinds: str = _DTYPE_KINDS) -> np.dtype:
-    if not isinstance(name, str) or _DTYPE_RE.fullmatch(name) is None:
+    dtype = _parse_dtype(name) if isinstance(name, str) else None
+    if dtype is None:
         raise DecodeError(f"{what}: bad dtype {name!r} (expected a numpy dtype string like '<f4')")
-    try:
-        dtype = np.dtype(name)
-    except TypeError as e:
-        raise DecodeError(f"{what}: unknown dtype {name!r}") from e
     if dtype.kind not in kinds or dtype.itemsize == 0:
         raise DecodeError(f"{what}: refusing numpy dtype {dtype} (allowed kinds: {kinds})")
     return dtype
+
+
+@functools.lru_cache(maxsize=256)
+def _parse_dtype(name: str) -> np.dtype | None:
+    """``np.dtype(name)`` for the plain dtype strings ``np.dtype.str`` writes, else None
+    (cached: each array of a record repeats one of a few names)."""
+    if _DTYPE_RE.fullmatch(name) is None:
+        return None
+    try:
+        return np.dtype(name)
+    except TypeError:
+        return None
+
+
+def _no_ext(code: int, data: bytes) -> Any:
+    raise DecodeError(f"an array payload holds a msgpack ext value (type {code})")
 
 
 class _Decoder:
@@ -355,11 +377,12 @@ class _Decoder:
         self.budget = max_array_bytes
         self.max_space_elements = max_space_elements
 
-    def unpack(self, data: bytes) -> Any:
+    def unpack(self, data: bytes, leaf: bool = False) -> Any:
+        """One document; ``leaf``: an array payload, where no ext value may appear."""
         n = len(data)
         return msgpack.unpackb(
             data,
-            ext_hook=self.hook,
+            ext_hook=_no_ext if leaf else self.hook,
             raw=False,
             strict_map_key=False,
             max_str_len=n,
@@ -381,7 +404,7 @@ class _Decoder:
 
     def _ext(self, code: int, data: bytes) -> Any:
         if code in (_ARRAY, _SCALAR):
-            a = self._array(self.unpack(data), "array" if code == _ARRAY else "scalar")
+            a = self._array(self.unpack(data, leaf=True), "array" if code == _ARRAY else "scalar")
             if code == _SCALAR:
                 if a.ndim:
                     raise DecodeError(f"scalar: shape must be [], got {list(a.shape)}")
