@@ -136,9 +136,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 for k in names[r % len(names) :] + names[: r % len(names)]:
                     times[k].append(timed(sides[k]))
             ratio = {
-                op: statistics.median(
-                    b / a for a, b in zip(times[f"{op} v1"], times[f"{op} v2"])
-                )
+                op: statistics.median(b / a for a, b in zip(times[f"{op} v1"], times[f"{op} v2"]))
                 for op in ("write", "read")
             }
             cell = {

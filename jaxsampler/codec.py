@@ -211,6 +211,7 @@ def scan(
     offset: int = 0,
     *,
     objects: bool = True,
+    spaces: bool | None = None,
     max_depth: int = MAX_DEPTH,
 ) -> int:
     """Checks the msgpack document that starts at ``offset`` and returns where it ends.
@@ -223,7 +224,9 @@ def scan(
     Args:
         data: the bytes; the document may be followed by more bytes.
         offset: where the document starts.
-        objects: when false, spaces (ext 5) and host objects (ext 6) are refused.
+        objects: when false, host objects (ext 6) are refused, and spaces too unless
+            ``spaces`` is true.
+        spaces: whether spaces (ext 5) are allowed; ``None``: as ``objects``.
         max_depth: the deepest nesting allowed (see :data:`MAX_DEPTH`).
 
     Raises:
@@ -232,6 +235,7 @@ def scan(
             ``max_depth``, an unknown ext type, an ext payload that is not exactly one
             document, the unused byte 0xc1.
     """
+    refused = _refused(objects, spaces)
     buf = data if isinstance(data, (bytes, bytearray)) else memoryview(data).cast("B")
     end = len(buf)
     pos = offset
@@ -288,11 +292,11 @@ def scan(
             code = int.from_bytes(buf[start - 1 : start], "big", signed=True)
             if code not in _EXT_CODES:
                 raise DecodeError(f"unsupported msgpack ext type {code} at byte {pos}")
-            if not objects and code in (_SPACE, _OBJECT):
+            if code in refused:
                 what = "space" if code == _SPACE else "host object"
                 raise DecodeError(
                     f"refusing a {what} (msgpack ext type {code}) at byte {pos}: plain "
-                    "data only here (objects=False)"
+                    f"data only here (objects=False{', spaces=False' if code == _SPACE else ''})"
                 )
             if code in (_ARRAY, _SCALAR):
                 # A leaf: its payload ([dtype, shape, bytes], 2 levels) is decoded without
@@ -318,6 +322,12 @@ def scan(
                 raise _short(ext_open, limit, end)
             stack.append((left, limit, False))
             left = n
+
+
+def _refused(objects: bool, spaces: bool | None) -> frozenset[int]:
+    """The ext codes refused for these switches."""
+    allow_spaces = objects if spaces is None else spaces
+    return frozenset(([] if objects else [_OBJECT]) + ([] if allow_spaces else [_SPACE]))
 
 
 def _short(ext_open: int, limit: int, end: int) -> DecodeError:
@@ -372,8 +382,10 @@ class _Decoder:
     Recursion through ``msgpack.unpackb`` is bounded: :func:`scan` has checked the whole
     document's depth before the first call."""
 
-    def __init__(self, objects: bool, max_array_bytes: int | None, max_space_elements: int):
-        self.objects = objects
+    def __init__(
+        self, refused: frozenset[int], max_array_bytes: int | None, max_space_elements: int
+    ):
+        self.refused = refused
         self.budget = max_array_bytes
         self.max_space_elements = max_space_elements
 
@@ -423,9 +435,11 @@ class _Decoder:
             for i, v in enumerate(items):  # item by item: lists must not broadcast
                 out[i] = v
             return out.reshape(dims)
-        if code == _SPACE and self.objects:
+        if code in self.refused:
+            raise DecodeError(f"refusing msgpack ext type {code} here")
+        if code == _SPACE:
             return self._space(self.unpack(data))
-        if code == _OBJECT and self.objects:
+        if code == _OBJECT:
             tag, state = self._list(self.unpack(data), "host object", 2)
             return _object(tag, state)
         raise DecodeError(f"unsupported msgpack ext type {code}")
@@ -534,6 +548,7 @@ def unpackb(
     data: bytes | bytearray | memoryview,
     *,
     objects: bool = True,
+    spaces: bool | None = None,
     max_depth: int = MAX_DEPTH,
     max_array_bytes: int | None = None,
     max_space_elements: int = MAX_SPACE_ELEMENTS,
@@ -547,7 +562,10 @@ def unpackb(
     Args:
         data: exactly one document.
         objects: ``False`` decodes plain data only (what the policy server accepts from
-            clients): spaces and host objects (batches, episodes, sets, ...) are refused.
+            clients): host objects (batches, episodes, sets, ...) are refused, and so
+            are spaces unless ``spaces`` is true.
+        spaces: whether spaces are decoded; ``None`` (default): as ``objects``. A client
+            reading a server's ``/info`` uses ``objects=False, spaces=True``.
         max_depth: the deepest nesting allowed, ext payloads included.
         max_array_bytes: most bytes all decoded arrays may hold together (``None``: no
             limit beyond the input's own size).
@@ -558,22 +576,22 @@ def unpackb(
         says what was wrong.
     """
     try:
-        end = scan(data, objects=objects, max_depth=max_depth)
+        end = scan(data, objects=objects, spaces=spaces, max_depth=max_depth)
     except DecodeError as e:
         raise type(e)(f"malformed msgpack data: {e}") from None
     if end != len(data):
         raise DecodeError(f"malformed msgpack data: extra bytes after the document at byte {end}")
-    return _decode(data, objects, max_array_bytes, max_space_elements)
+    return _decode(data, _refused(objects, spaces), max_array_bytes, max_space_elements)
 
 
 def _decode(
     data: bytes | bytearray | memoryview,
-    objects: bool,
+    refused: frozenset[int],
     max_array_bytes: int | None,
     max_space_elements: int,
 ) -> Any:
     """Decodes one document that :func:`scan` has accepted (so its depth is bounded)."""
-    decoder = _Decoder(objects, max_array_bytes, max_space_elements)
+    decoder = _Decoder(refused, max_array_bytes, max_space_elements)
     try:
         return decoder.unpack(bytes(data))
     except DecodeError:
@@ -596,13 +614,14 @@ class Unpacker:
         f: BinaryIO,
         *,
         objects: bool = True,
+        spaces: bool | None = None,
         max_depth: int = MAX_DEPTH,
         max_array_bytes: int | None = None,
         max_space_elements: int = MAX_SPACE_ELEMENTS,
         chunk_size: int = 1 << 16,
     ):
         self._f, self._chunk = f, chunk_size
-        self._objects, self._max_depth = objects, max_depth
+        self._objects, self._spaces, self._max_depth = objects, spaces, max_depth
         self._limits = (max_array_bytes, max_space_elements)
         self._buf, self._pos, self._base, self._eof = b"", 0, 0, False
 
@@ -618,7 +637,13 @@ class Unpacker:
             if self._pos == len(self._buf) and self._eof:
                 raise StopIteration
             try:
-                end = scan(self._buf, self._pos, objects=self._objects, max_depth=self._max_depth)
+                end = scan(
+                    self._buf,
+                    self._pos,
+                    objects=self._objects,
+                    spaces=self._spaces,
+                    max_depth=self._max_depth,
+                )
                 break
             except TruncatedDataError:
                 if self._eof:
@@ -631,7 +656,7 @@ class Unpacker:
             self._fill()
         doc = self._buf[self._pos : end]
         try:
-            obj = _decode(doc, self._objects, *self._limits)
+            obj = _decode(doc, _refused(self._objects, self._spaces), *self._limits)
         except DecodeError as e:
             raise type(e)(f"in the document at byte {self.offset}: {e}") from None
         self._pos = end
@@ -650,5 +675,6 @@ class Unpacker:
 def unpacker(f: BinaryIO, **limits: Any) -> Unpacker:
     """A streaming decoder of consecutive :func:`packb` documents read from ``f``: an
     :class:`Unpacker` (iterate over it). ``limits`` are :func:`unpackb`'s keyword-only
-    arguments (``objects``, ``max_depth``, ``max_array_bytes``)."""
+    arguments (``objects``, ``spaces``, ``max_depth``, ``max_array_bytes``,
+    ``max_space_elements``)."""
     return Unpacker(f, **limits)

@@ -148,6 +148,13 @@ def test_requests_refuse_spaces_and_objects_before_building_them():
         unpackb(body)
     assert peak < 1 << 20, peak
     assert unpackb(box_body((2, 3)))["space"] == sp.Box(0.0, 1.0, (2, 3))
+    # what a client reading the server's /info uses: spaces yes, host objects no
+    info = packb({"observation_space": sp.Box(-1.0, 1.0, (3,)), "agent_ids": ("a",)})
+    assert unpackb(info, objects=False, spaces=True)["observation_space"] == sp.Box(-1.0, 1.0, (3,))
+    with pytest.raises(DecodeError, match="refusing a host object"):
+        unpackb(packb({"b": hand_made_batches()[0]}), objects=False, spaces=True)
+    with pytest.raises(DecodeError, match="refusing a space"):
+        unpackb(info, spaces=False)
 
 
 @pytest.mark.parametrize(
