@@ -1,7 +1,7 @@
 """Offline logs: write batches and episodes to files and read them back exactly.
 
-Format, version 2 (written since jaxsampler 0.1; paths ending in ``.gz`` are the same
-bytes gzip-compressed)::
+Format, version 2 (what :class:`OfflineWriter` writes; paths ending in ``.gz`` hold the
+same bytes gzip-compressed)::
 
     header   msgpack {"format": "jaxsampler.offline", "version": 2}   (always these bytes)
     frame*   magic    4 bytes  b"\\xc1JSL"  (0xc1 is a byte msgpack never uses)
@@ -23,8 +23,18 @@ the next intact record. :meth:`OfflineWriter.close` ends each writer session wit
 end frame, so a log cut exactly between two records is noticed too. Appending adds
 frames (a new gzip member for ``.gz``).
 
-Version 1 (header ``"version": 1``, then bare msgpack records, no framing or
-checksums) is still read, and appended to in version 1; :func:`repair_log` converts it.
+Versioning: the header names the version; a reader refuses versions it does not know
+(older readers say "unsupported offline log version 2"). Version 1 (header
+``"version": 1``, then bare msgpack records, no framing or checksums) is still read,
+with the same safe decoder (damage that breaks its structure is an error; changed values
+cannot be noticed), and
+is appended to in version 1; :func:`repair_log` converts it to version 2.
+
+Appending (``OfflineWriter(path, append=True)``) first follows the frame headers: an
+unfinished last record left by a crashed writer is cut away with a
+:class:`TornTailWarning` naming the bytes removed; damage before intact frames raises
+instead (nothing is ever written over or cut from intact data). ``.gz`` files are read
+whole first and any damage raises, since compressed bytes cannot be cut at a record.
 
 Errors: every damage raises :class:`CorruptLogError` (a ``ValueError``) naming the file
 and the byte offset (in the decompressed stream for ``.gz``): a checksum mismatch, a
