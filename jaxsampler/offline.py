@@ -26,9 +26,9 @@ frames (a new gzip member for ``.gz``).
 Versioning: the header names the version; a reader refuses versions it does not know
 (older readers say "unsupported offline log version 2"). Version 1 (header
 ``"version": 1``, then bare msgpack records, no framing or checksums) is still read,
-with the same safe decoder (damage that breaks its structure is an error; changed values
-cannot be noticed), and
-is appended to in version 1; :func:`repair_log` converts it to version 2.
+with the same safe decoder (damage that breaks its structure is an error; changed
+values cannot be noticed), and is appended to in version 1; :func:`repair_log` converts
+it to version 2.
 
 Appending (``OfflineWriter(path, append=True)``) first follows the frame headers: an
 unfinished last record left by a crashed writer is cut away with a
