@@ -478,12 +478,11 @@ class _Decoder:
             if _size(dims) > limit:
                 raise DecodeError(f"Box: shape {list(dims)} has more than {limit} elements")
             for bound in (low, high):
-                if not isinstance(bound, (int, float, np.ndarray, np.generic)) or isinstance(
-                    bound, bool
-                ):
-                    raise DecodeError(
-                        f"Box: bounds must be numbers or arrays, got {type(bound).__name__}"
-                    )
+                b = np.asarray(bound) if isinstance(bound, (int, float, np.ndarray)) else None
+                if isinstance(bound, bool) or b is None or b.dtype.kind not in "biuf":
+                    raise DecodeError(f"Box: bounds must be real numbers or arrays, got {bound!r}")
+                if b.size > limit or (b.dtype.kind == "f" and np.isnan(b).any()):
+                    raise DecodeError("Box: bounds must not be NaN or larger than the shape")
             return sp.Box(low, high, dims, _dtype(dtype, "Box", "biuf"))
         if kind == "Discrete" and len(rest) == 3:
             n, start, dtype = rest

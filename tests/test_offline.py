@@ -491,3 +491,20 @@ def test_error_names_file_and_offset_and_crc_is_crc32(tmp_path):
     assert struct.unpack_from("<I", data, start + 13)[0] == zlib.crc32(payload)
     assert data[start : start + 4] == b"\xc1JSL"
     assert js.offline.VERSION == 2
+
+
+def test_version_1_damage_is_never_a_key_or_type_error(tmp_path):
+    """Before: 18% of single-byte flips of a log raised KeyError/TypeError. Version 1 has
+    no checksums, so a flip may still change data unnoticed, but every failure is a
+    CorruptLogError (or the truncation warning)."""
+    with open(os.path.join(DATA, "offline_v1.msgpack"), "rb") as f:
+        data = f.read()
+    rng = random.Random(5)
+    bad = tmp_path / "bad.msgpack"
+    kinds = set()
+    for i in range(0, len(data), 2):
+        flipped = bytearray(data)
+        flipped[i] ^= rng.randrange(1, 256)
+        bad.write_bytes(bytes(flipped))
+        kinds.add(outcome(bad)[0])  # anything but CorruptLogError propagates and fails
+    assert "corrupt" in kinds
