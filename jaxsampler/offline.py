@@ -83,6 +83,7 @@ _HEAD = struct.Struct("<4sBQI")  # magic, kind, length, payload crc
 _HEAD_CRC = struct.Struct("<I")
 _FRAME_LEN = _HEAD.size + _HEAD_CRC.size  # 21
 _RECORD, _END = 0, 1
+_CUT_HEAD = "the file ends inside a record header"
 _NO_END = "no end frame (its writer crashed, or is still writing)"
 _CHUNK = 1 << 24  # reads of a declared length go in chunks: a lie allocates nothing
 
@@ -206,7 +207,7 @@ def _read_v2(f: BinaryIO, path: str) -> Iterator[Record]:
         if len(head) < _FRAME_LEN:
             if not _MAGIC.startswith(head[:4]):
                 raise CorruptLogError(path, pos, "bytes after the last record")
-            _warn_truncated(path, pos, "the file ends inside a record header")
+            _warn_truncated(path, pos, "the gzip stream ends early" if cut else _CUT_HEAD)
             return
         parsed = _parse_head(head)
         if isinstance(parsed, str):
@@ -569,6 +570,8 @@ def repair_log(path: str, out_path: str | None = None) -> RepairReport:
         dir=os.path.dirname(os.path.abspath(target)), suffix=".gz" if target.endswith(".gz") else ""
     )
     os.close(fd)
+    mode = os.stat(target).st_mode if os.path.exists(target) else 0o666 & ~_umask()
+    os.chmod(tmp_path, mode & 0o7777)  # mkstemp makes 0600; keep the file's own mode
     try:
         with _open(tmp_path, "wb") as out:
             out.write(_HEADERS[VERSION])
@@ -581,6 +584,12 @@ def repair_log(path: str, out_path: str | None = None) -> RepairReport:
         if os.path.exists(tmp_path):
             os.unlink(tmp_path)
     return report
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def _decompressed(path: str, out: Any) -> int | None:

@@ -454,8 +454,10 @@ def test_repair_keeps_every_intact_record(tmp_path):
     assert_same(back[0], original[0])
     assert_same(back[1], original[2])
     assert path.read_bytes() == bytes(damaged) + b"junk"  # out_path given: input untouched
-    # in place; a clean log is left alone
+    # in place (the file keeps its mode); a clean log is left alone
+    os.chmod(path, 0o640)
     report = repair_log(str(path))
+    assert os.stat(path).st_mode & 0o777 == 0o640
     assert report.out_path == str(path) and len(list(read_records(str(path)))) == 2
     before = os.stat(path).st_mtime_ns, path.read_bytes()
     report = repair_log(str(path))
