@@ -379,3 +379,25 @@ def test_unpacker_streams_documents_with_offsets():
         next(cut)
     with pytest.raises(DecodeError, match="refusing a space"):
         next(unpacker(io.BytesIO(packb(sp.Discrete(2))), objects=False))
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.sampled_from(["<f4", "<i8", "|u1", "|b1", "<U3", "|S2", "<c8", "<M8[s]", "|O", "<V4"]),
+    st.lists(st.integers(-(2**63), 2**64 - 1) | st.integers(0, 6), max_size=4),
+    st.integers(0, 64),
+    st.sampled_from([1, 2]),
+    st.booleans(),
+)
+def test_hostile_array_declarations(dtype, shape, nbytes, code, request_side):
+    """Any declared dtype/shape against any byte count: the exact array, or DecodeError,
+    and never more memory than the input justifies."""
+    doc = array_doc(dtype, shape, bytes(nbytes), code=code)
+    decode_bounded(doc, objects=not request_side)
+    try:
+        out = unpackb(doc, objects=not request_side)
+    except DecodeError:
+        return
+    a = np.asarray(out)
+    assert a.nbytes == nbytes and a.dtype == np.dtype(dtype) and list(a.shape) == shape
+    assert code == 1 or shape == []
