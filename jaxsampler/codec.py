@@ -40,6 +40,7 @@ from __future__ import annotations
 import functools
 import math
 import re
+import reprlib
 from collections import defaultdict
 from typing import Any, BinaryIO
 
@@ -183,6 +184,10 @@ _MAX_DIM = 2**62
 # dtype strings as ``np.dtype.str`` writes them: "<f4", "|b1", "<U7", "<M8[ns]".
 _DTYPE_RE = re.compile(r"[<>|=]?[a-zA-Z]\d{0,10}(\[\d{0,10}[a-zA-Z]{1,3}\])?")
 _DTYPE_KINDS = "biufcSUMm"  # no object ("O") or void/structured ("V") dtypes
+# Decoded values quoted in error messages: short, and never deeply recursive.
+_REPR = reprlib.Repr()
+_REPR.maxlevel, _REPR.maxstring, _REPR.maxother, _REPR.maxlist = 3, 40, 40, 8
+_r = _REPR.repr
 _EXT_CODES = frozenset((_ARRAY, _SCALAR, _TUPLE, _OBJARRAY, _SPACE, _OBJECT))
 
 
@@ -341,9 +346,11 @@ def _short(ext_open: int, limit: int, end: int) -> DecodeError:
 
 def _dims(shape: Any, what: str) -> tuple[int, ...]:
     if not isinstance(shape, (list, tuple)) or len(shape) > MAX_NDIM:
-        raise DecodeError(f"{what}: shape must be a list of at most {MAX_NDIM} ints, got {shape!r}")
+        raise DecodeError(
+            f"{what}: shape must be a list of at most {MAX_NDIM} ints, got {_r(shape)}"
+        )
     if not all(type(d) is int and 0 <= d < _MAX_DIM for d in shape):
-        raise DecodeError(f"{what}: shape must hold ints in [0, 2**62), got {shape!r}")
+        raise DecodeError(f"{what}: shape must hold ints in [0, 2**62), got {_r(shape)}")
     return tuple(shape)
 
 
@@ -354,7 +361,9 @@ def _size(dims: tuple[int, ...]) -> int:
 def _dtype(name: Any, what: str, kinds: str = _DTYPE_KINDS) -> np.dtype:
     dtype = _parse_dtype(name) if isinstance(name, str) else None
     if dtype is None:
-        raise DecodeError(f"{what}: bad dtype {name!r} (expected a numpy dtype string like '<f4')")
+        raise DecodeError(
+            f"{what}: bad dtype {_r(name)} (expected a numpy dtype string like '<f4')"
+        )
     if dtype.kind not in kinds or dtype.itemsize == 0:
         raise DecodeError(f"{what}: refusing numpy dtype {dtype} (allowed kinds: {kinds})")
     return dtype
@@ -480,14 +489,16 @@ class _Decoder:
             for bound in (low, high):
                 b = np.asarray(bound) if isinstance(bound, (int, float, np.ndarray)) else None
                 if isinstance(bound, bool) or b is None or b.dtype.kind not in "biuf":
-                    raise DecodeError(f"Box: bounds must be real numbers or arrays, got {bound!r}")
+                    raise DecodeError(
+                        f"Box: bounds must be real numbers or arrays, got {_r(bound)}"
+                    )
                 if b.size > limit or (b.dtype.kind == "f" and np.isnan(b).any()):
                     raise DecodeError("Box: bounds must not be NaN or larger than the shape")
             return sp.Box(low, high, dims, _dtype(dtype, "Box", "biuf"))
         if kind == "Discrete" and len(rest) == 3:
             n, start, dtype = rest
             if type(n) is not int or type(start) is not int:
-                raise DecodeError(f"Discrete: n and start must be ints, got {n!r}, {start!r}")
+                raise DecodeError(f"Discrete: n and start must be ints, got {_r(n)}, {_r(start)}")
             return sp.Discrete(n, start, _dtype(dtype, "Discrete", "iu"))
         if kind == "MultiDiscrete" and len(rest) == 2:
             nvec, dtype = rest
@@ -504,7 +515,7 @@ class _Decoder:
             if not all(isinstance(v, sp.Space) for v in rest[0]):
                 raise DecodeError("Tuple space: items must be spaces")
             return sp.Tuple(rest[0])
-        raise DecodeError(f"unknown space {kind!r} with {len(rest)} arguments")
+        raise DecodeError(f"unknown space {_r(kind)} with {len(rest)} arguments")
 
 
 def _object(tag: Any, state: Any) -> Any:
@@ -534,13 +545,13 @@ def _object(tag: Any, state: Any) -> Any:
         return InfiniteLookbackBuffer.from_state(state)
     if tag == "defaultdict":
         if state[0] not in _FACTORY_BY_NAME:
-            raise DecodeError(f"defaultdict: unknown factory {state[0]!r}")
+            raise DecodeError(f"defaultdict: unknown factory {_r(state[0])}")
         return defaultdict(_FACTORY_BY_NAME[state[0]], state[1])
     if tag == "set":
         return set(state)
     if tag == "dict":
         return dict(state)
-    raise DecodeError(f"unknown object tag {tag!r}")
+    raise DecodeError(f"unknown object tag {_r(tag)}")
 
 
 def unpackb(
