@@ -38,6 +38,7 @@ from jaxsampler.episodes import (
     concat_samples,
 )
 from jaxsampler.host_envs import HostEnv, HostEnvError
+from jaxsampler.offline import CorruptLogError, RepairReport, TruncatedLogWarning, repair_log
 from jaxsampler.policies import (
     MLPPolicy,
     MultiAgentPolicy,
@@ -56,6 +57,7 @@ from jaxsampler.types import RolloutState, TimeStep, Trajectory
 __version__ = "0.1.0"
 
 __all__ = [
+    "CorruptLogError",
     "DEFAULT_AGENT_ID",
     "DEFAULT_POLICY_ID",
     "Env",
@@ -72,6 +74,7 @@ __all__ = [
     "Policy",
     "RandomPolicy",
     "RecurrentPolicy",
+    "RepairReport",
     "RolloutState",
     "SampleBatch",
     "Sampler",
@@ -80,6 +83,7 @@ __all__ = [
     "SingleAgentEpisode",
     "TimeStep",
     "Trajectory",
+    "TruncatedLogWarning",
     "check_env",
     "compute_gae",
     "concat_samples",
@@ -97,6 +101,7 @@ __all__ = [
     "postprocessing",
     "register",
     "registered_ids",
+    "repair_log",
     "rollout",
     "sampling",
     "serving",

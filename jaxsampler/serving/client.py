@@ -330,7 +330,7 @@ class PolicyClient:
         status, _, data = self._request("GET", "/info")
         if status != 200:
             self._raise(status, data)
-        return unpackb(data, objects=False)
+        return unpackb(data, objects=False, spaces=True)
 
     def update_policy_weights(self) -> bool:
         """Pulls params from the server (local mode); returns whether they changed."""
