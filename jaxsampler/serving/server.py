@@ -117,6 +117,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import heapq
 import hmac
 import inspect
 import json
@@ -348,12 +349,13 @@ class _Connection(asyncio.Protocol):
             with contextlib.suppress(OSError):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.ps._conns.add(self)
+        self.ps._live.add(self)
         if self.refuse:
             n = self.limits.max_connections
             self.error(503, "CapacityError", f"{n} connections are open (max_connections)", True)
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self.closing = True
+        self.close_soon()
         self.stash = b""
         self.ps._conns.discard(self)
         if self.waiting is not None:  # the client went away while its get_action waited
@@ -489,6 +491,12 @@ class _Connection(asyncio.Protocol):
             self.transport.abort()  # the peer reads none of its answers
         elif self.idle and self.last_activity < now - lim.keepalive_timeout_s:
             self.transport.close()
+
+    def close_soon(self) -> None:
+        """Marks the connection as closing: nothing more is read or answered, and it no
+        longer counts against ``max_connections`` (it may linger a moment, see respond)."""
+        self.closing = True
+        self.ps._live.discard(self)
 
     @property
     def idle(self) -> bool:
@@ -627,7 +635,7 @@ class _Connection(asyncio.Protocol):
         self.transport.write(head.encode("latin-1") + b"\r\n" + body)
         self.last_activity = time.monotonic()
         if close:
-            self.closing = True
+            self.close_soon()
             # Half-close and drop what the client still sends (an oversized body, say), so
             # it reads the answer before the connection goes (no reset); then close.
             if self.transport.can_write_eof():
@@ -889,7 +897,8 @@ class PolicyServer(HostEnv):
         self._token = None if token is None else f"{AUTH_SCHEME} {token}".encode()
         self._ssl = ssl_context
         self._weights: tuple[int, bytes | None] = (0, None)
-        self._conns: set[_Connection] = set()
+        self._conns: set[_Connection] = set()  # open connections, closing ones included
+        self._live: set[_Connection] = set()  # ... not closing: what max_connections counts
         self._handshaking = 0  # accepted sockets not yet connections (TLS handshakes)
         self._tasks: set[asyncio.Task] = set()
         self._accept_failures = 0  # since the last log line about them
@@ -1029,21 +1038,27 @@ class PolicyServer(HostEnv):
         if not self._closed and self._lsock.fileno() >= 0:
             self._loop.add_reader(self._lsock.fileno(), self._accept)
 
-    def _evict(self, n: int) -> int:
+    def _evict(self, n: int, lingering_too: bool = True) -> int:
         """Closes up to ``n`` connections nobody waits on: ones lingering after a closing
-        answer first, then idle keep-alive ones, oldest first. Returns how many."""
-        lingering = [c for c in self._conns if c.closing and c.transport is not None]
-        idle = sorted(
-            (c for c in self._conns if not c.closing and c.idle and c.transport is not None),
+        answer first (unless not ``lingering_too``), then idle keep-alive ones, oldest first.
+        Returns how many."""
+        lingering = [
+            c
+            for c in self._conns
+            if c.closing and c.transport is not None and not c.transport.is_closing()
+        ]
+        idle = heapq.nsmallest(
+            n,
+            (c for c in self._live if c.idle and c.transport is not None),
             key=lambda c: c.last_activity,
         )
-        victims = (lingering + idle)[:n]
+        victims = ((lingering if lingering_too else []) + idle)[:n]
         for c in victims:
             assert c.transport is not None
-            c.closing = True
-            if c in lingering:
+            if c.closing:  # its answer is out: no need to let the peer read it first
                 c.transport.abort()
             else:
+                c.close_soon()
                 c.transport.close()
         return len(victims)
 
@@ -1053,8 +1068,8 @@ class PolicyServer(HostEnv):
             sock.close()
             return
         sock.setblocking(False)
-        refuse = len(self._conns) + self._handshaking >= self.limits.max_connections
-        if refuse and self._evict(1):
+        refuse = len(self._live) + self._handshaking >= self.limits.max_connections
+        if refuse and self._evict(1, lingering_too=False):  # lingering ones do not count
             refuse = False
         self._handshaking += 1
         task = self._loop.create_task(self._wrap(sock, refuse))
