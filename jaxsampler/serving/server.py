@@ -173,6 +173,7 @@ _ACCEPT_RETRY_S = (0.05, 0.5)  # retry delay after a failed accept: freed someth
 _EVICT_ON_EMFILE = 4  # idle connections closed per failed accept
 _BATCH_WORKERS = 2  # threads running /batch slices (pure Python under the GIL: few suffice)
 _BATCH_SLICE = 32  # commands run per slice before other connections' batches get a turn
+_INLINE_BATCH_BYTES = 8 << 10  # /batch bodies up to this size start on the event loop
 _DESCRIPTOR_ERRNOS = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
 
 
@@ -679,7 +680,8 @@ class _BatchJob:
         self.result: Any = None  # the answer: a dict, or the exception that fails the request
 
     def step(self) -> bool:
-        """Runs the next slice (the first one decodes); returns whether the job is finished.
+        """Runs the next slice (the first one decodes first); returns whether the job is
+        finished.
         Raises :class:`~jaxsampler.host_envs.external.WouldBlockError` when a command must
         wait for room (back pressure): the rest then runs with :meth:`run_blocking`."""
         if self.commands is None:
@@ -694,7 +696,6 @@ class _BatchJob:
                 self.result = e
                 return True
             self.commands = commands
-            return False  # decoding was this turn's work
         end = min(len(self.commands), self.next + _BATCH_SLICE)
         while self.next < end:
             self._run_one(block=False)
@@ -741,6 +742,11 @@ class _BatchJob:
             self.ps._loop.call_soon_threadsafe(self._answer)
 
     def _answer(self) -> None:
+        self.respond()
+        self.conn.done()
+
+    def respond(self) -> None:
+        """Sends the result (event-loop thread)."""
         conn, result = self.conn, self.result
         if isinstance(result, BaseException):
             conn.exception(result)
@@ -751,7 +757,6 @@ class _BatchJob:
                 conn.exception(e)
             else:
                 conn.respond(200, data)
-        conn.done()
 
 
 class _FairBatches:
@@ -773,17 +778,22 @@ class _FairBatches:
     def _run_slice(self) -> None:
         with self._lock:
             job = self._ready.popleft()
-        try:
-            finished = job.step()
-        except ext.WouldBlockError:  # back pressure: wait for room off this pool
-            self._blocking.submit(job.run_blocking)
-            return
-        except Exception as e:  # pragma: no cover - step() records command errors itself
-            job.result, finished = e, True
-        if finished:
-            job.answer()
-        else:
+        while True:
+            try:
+                finished = job.step()
+            except ext.WouldBlockError:  # back pressure: wait for room off this pool
+                self._blocking.submit(job.run_blocking)
+                return
+            except Exception as e:  # pragma: no cover - step() records command errors itself
+                job.result, finished = e, True
+            if finished:
+                job.answer()
+                return
+            with self._lock:
+                if not self._ready:
+                    continue  # nobody else waits: no hand-over to another thread
             self.submit(job)  # to the back: the other connections' jobs go first
+            return
 
     def shutdown(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
@@ -1135,9 +1145,8 @@ class PolicyServer(HostEnv):
             return
         owner = self._owner(req)
         body = b"".join(req.body)
-        if command == "batch":  # decoded and run on the batch pool, a slice at a time
-            conn.busy = True
-            self._batches.submit(_BatchJob(self, conn, body, owner))
+        if command == "batch":
+            self._batch(conn, _BatchJob(self, conn, body, owner))
             return
         try:
             msg = self._decode(body)
@@ -1157,6 +1166,23 @@ class PolicyServer(HostEnv):
             conn.exception(e)
             return
         conn.respond(200, packb(result))
+
+    def _batch(self, conn: _Connection, job: _BatchJob) -> None:
+        """A small ``/batch`` (one slice) runs here at once, like a single command: no thread
+        hand-over, which costs GIL switches when the process is busy. Bigger ones go to the
+        batch pool, a slice at a time; one that must wait for room to the blocking pool."""
+        if len(job.body) <= _INLINE_BATCH_BYTES:
+            try:
+                finished = job.step()
+            except ext.WouldBlockError:
+                conn.busy = True
+                self._executor.submit(job.run_blocking)
+                return
+            if finished:
+                job.respond()
+                return
+        conn.busy = True
+        self._batches.submit(job)
 
     def _decode(self, body: bytes) -> dict:
         msg = unpackb(body, objects=False, **self._codec_kw)
