@@ -8,6 +8,7 @@ counts and episode ids, no connection cap. Loopback only; every wait is bounded.
 
 from __future__ import annotations
 
+import select
 import threading
 import time
 
@@ -256,6 +257,23 @@ def test_slow_loris_gets_408_and_is_closed():
         assert env.episode_status("slow") == "unknown"
         with PolicyClient(server.address) as c:  # a normal client is unaffected
             assert c.server_info()["protocol"] == PROTOCOL_VERSION
+
+
+def test_blank_lines_do_not_keep_an_idle_connection_open():
+    """llhttp skips CRLFs between requests: trickling them started no request (so no 408)
+    but reset the idle clock, keeping the connection forever."""
+    env = ExternalEnv(OBS, ACT, action_timeout_s=1.0)  # ticks every 0.1 s
+    with PolicyServer(env, keepalive_timeout_s=0.3) as server, connect(server) as sock:
+        t0 = time.monotonic()
+        closed = False
+        while time.monotonic() - t0 < 3.0 and not closed:
+            try:
+                sock.sendall(b"\r\n")
+            except OSError:
+                closed = True
+                break
+            closed = bool(select.select([sock], [], [], 0.05)[0]) and sock.recv(1) == b""
+        assert closed and time.monotonic() - t0 < 2.0
 
 
 def test_slow_request_behind_a_waiting_get_action_is_answered_in_order():

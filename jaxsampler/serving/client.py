@@ -139,7 +139,9 @@ class PolicyClient:
         timeout: socket timeout of one request, in seconds.
         seed: local mode PRNG seed.
         flush_interval: local mode: experience is sent at least this often.
-        max_batch_commands: local mode: a ``/batch`` request carries at most this many steps.
+        max_batch_commands: a ``/batch`` request (local mode's experience, remote mode's
+            flushed ``log_returns``) carries at most this many commands; keep it at or below
+            the server's ``max_batch_commands`` (4096 by default).
         defer_returns: remote mode: ``log_returns`` does not make its own round trip; its
             reward travels with the thread's next request (``get_action``, ``end_episode``,
             ...), which the server runs after it (one round trip per step instead of two).

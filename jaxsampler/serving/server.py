@@ -53,11 +53,16 @@ local-inference clients ship experience. ``/weights`` answers ``304`` when the
 client's version is current and ``404`` before :meth:`PolicyServer.set_weights`.
 
 Errors have a JSON body ``{"error": <exception name>, "message": str}``:
-400 malformed body / bad data (wrong shape, unknown agent, missing field), 404 unknown
-episode or path, 405 wrong method, 409 wrong episode state (already started, completed,
+400 malformed body / bad data (wrong shape, unknown agent, missing field, episode id too
+long, bad ``X-Client-Id``), 401 no or wrong token (with ``WWW-Authenticate: Bearer``), 404
+unknown episode (or another client's) or path, 405 wrong method, 408 request not received
+within ``request_timeout_s``, 409 wrong episode state (already started, completed,
 abandoned, a get_action still waiting), 411 no ``Content-Length``, 413 body over
-``max_body_bytes`` (the connection is closed without reading it), 503 capacity or closed,
-504 no action within the env's ``action_timeout_s``, 500 anything unexpected. The server
+``max_body_bytes`` (the connection is closed without reading it) or too many commands, 414
+URL too long, 431 too many or too large headers, 503 capacity (connections, episodes, the
+client's quota) or closed, 504 no action within the env's ``action_timeout_s``, 500
+anything unexpected. Errors found while reading a request (400 on the HTTP level, 401, 408,
+411, 413 on the body size, 414, 431) close the connection after the answer; the server
 keeps serving after every error.
 
 A client that disconnects while its ``get_action`` waits is noticed at once (the event
@@ -366,7 +371,8 @@ class _Connection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self.closing or self.broken:
             return  # after an error answer: the rest is dropped until the peer closes
-        self.last_activity = time.monotonic()
+        # last_activity moves with whole requests and answers only: bytes that start no
+        # request (blank lines, say) do not keep an idle connection open.
         if self.read_paused or self.stash:  # arrived while pausing (TLS buffers): keep order
             self.stash += data
             return
@@ -594,6 +600,7 @@ class _Connection(asyncio.Protocol):
             req.size += len(body)
 
     def on_message_complete(self) -> None:
+        self.last_activity = time.monotonic()
         if self.req is not None:
             self.queue.append(self.req)
             self.req = None
