@@ -328,3 +328,52 @@ def test_limits_are_checked():
     for bad in ({"max_url_bytes": 0}, {"request_timeout_s": -1.0}, {"max_connections": 0}):
         with pytest.raises(ValueError, match=next(iter(bad))):
             PolicyServer(ExternalEnv(OBS, ACT), **bad)
+
+
+# -- /batch fairness ------------------------------------------------------------------------------
+
+
+def test_batches_waiting_under_back_pressure_do_not_hold_up_other_connections():
+    """Six connections' /batch wait for room (no sampler polls yet): on the old server they
+    sat on all four worker threads and a seventh connection's /batch queued behind them.
+    Now it is answered while they wait, and theirs complete, exactly once, once polled."""
+    env = ExternalEnv(OBS, ACT, max_wait_s=0.0, max_queued_steps=1)
+    with PolicyServer(env) as server:
+        socks = []
+        try:
+            for i in range(6):
+                env.start_episode(f"f{i}")
+                s = connect(server, timeout=10.0)
+                cmds = [
+                    {
+                        "command": "log_action",
+                        "episode_id": f"f{i}",
+                        "observation": OB[t],
+                        "action": t,
+                    }
+                    for t in range(5)
+                ]
+                s.sendall(post("/batch", {"commands": cmds}))
+                socks.append(s)
+            until(lambda: sum(c.busy for c in server._conns) == 6)
+            env.start_episode("n")
+            with connect(server) as sock:
+                sock.sendall(post("/batch", {"commands": [
+                    {"command": "log_returns", "episode_id": "n", "reward": 1.0}
+                ] * 3}))  # fmt: skip
+                (r,) = Responses(sock).read(1)
+            assert unpackb(r["body"]) == {"done": 3, "errors": []}
+            assert sum(c.busy for c in server._conns) == 6  # still waiting for room
+            loop = PollLoop(server)
+            try:
+                for s in socks:
+                    (r,) = Responses(s).read(1)
+                    assert unpackb(r["body"]) == {"done": 5, "errors": []}
+                until(lambda: all(len(loop.steps[f"f{i}"]) == 5 for i in range(6)))
+            finally:
+                loop.close()
+        finally:
+            for s in socks:
+                s.close()
+    for i in range(6):
+        assert [s[5][AGENT] for s in loop.steps[f"f{i}"]] == list(range(5))

@@ -163,8 +163,8 @@ def contexts(cert):
 
 def test_tls_serves_https_clients_with_the_token(cert):
     server_ctx, client_ctx = contexts(cert)
-    env = ExternalEnv(OBS, ACT, max_wait_s=0.0)
-    with PolicyServer(env, token=TOKEN, ssl_context=server_ctx) as server:
+    env = ExternalEnv(OBS, ACT, max_wait_s=0.0, action_timeout_s=1.0)  # ticks every 0.1 s
+    with PolicyServer(env, token=TOKEN, ssl_context=server_ctx, keepalive_timeout_s=0.2) as server:
         assert server.address.startswith("https://127.0.0.1:")
         loop = PollLoop(server)
         try:
@@ -173,7 +173,10 @@ def test_tls_serves_https_clients_with_the_token(cert):
                 for t in range(3):
                     assert c.get_action(eid, OB[t]) == answer(OB[t])
                 c.log_returns(eid, 1.0)
-                c.end_episode(eid, OB[3])
+                first = c._tls.conn.sock
+                until(lambda: not server._live)  # the idle connection is reaped ...
+                c.end_episode(eid, OB[3])  # ... and the client reconnects transparently
+                assert c._tls.conn.sock is not first
             until_done = time.monotonic() + 5
             while env.episode_status(eid) != "completed" and time.monotonic() < until_done:
                 time.sleep(0.01)

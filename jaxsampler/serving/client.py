@@ -88,7 +88,7 @@ class _Connection:
         sock = self.sock or self._open()
         try:
             sock.sendall(request)
-        except (BrokenPipeError, ConnectionResetError) as e:
+        except (BrokenPipeError, ConnectionResetError, ssl.SSLEOFError) as e:
             raise _StaleConnection(str(e)) from None
         parser = httptools.HttpResponseParser(self)
         self._headers, self._body, self._complete = {}, [], False
@@ -96,7 +96,7 @@ class _Connection:
         while not self._complete:
             try:
                 chunk = sock.recv(1 << 16)
-            except ConnectionResetError as e:
+            except (ConnectionResetError, ssl.SSLEOFError) as e:
                 if got:
                     raise
                 raise _StaleConnection(str(e)) from None

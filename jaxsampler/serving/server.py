@@ -1096,7 +1096,11 @@ class PolicyServer(HostEnv):
     async def _wrap(self, sock: socket.socket, refuse: bool) -> None:
         kw: dict[str, Any] = {}
         if self._ssl is not None:
-            kw = {"ssl": self._ssl, "ssl_handshake_timeout": self.limits.request_timeout_s}
+            kw = {
+                "ssl": self._ssl,
+                "ssl_handshake_timeout": self.limits.request_timeout_s,
+                "ssl_shutdown_timeout": _LINGER_S,  # not 30 s: a closed connection's descriptor
+            }
         try:
             await self._loop.connect_accepted_socket(lambda: _Connection(self, refuse), sock, **kw)
         except (OSError, asyncio.TimeoutError, ssl.SSLError) as e:  # a failed TLS handshake
