@@ -40,6 +40,9 @@ from jaxsampler.spaces import check_value
 
 __all__ = ["PolicyClient"]
 
+#: Deferred ``log_returns`` a request carries at most (more are flushed through /batch).
+_MAX_CARRIED_RETURNS = 32
+
 
 class _StaleConnection(ConnectionError):
     """The server closed the connection before answering (e.g. an idle keep-alive one)."""
@@ -267,8 +270,10 @@ class PolicyClient:
 
     def _post(self, command: str, payload: dict) -> dict:
         deferred = getattr(self._tls, "returns", None) if command != "batch" else None
-        if deferred and len(deferred) > self._max_batch:
-            self.flush()  # more than one request can carry: they go on their own first
+        if deferred and len(deferred) > min(_MAX_CARRIED_RETURNS, self._max_batch):
+            # Many: they go on their own first (/batch), which the server runs in slices
+            # rather than at once before this request.
+            self.flush()
             deferred = None
         if deferred:  # this thread's log_returns calls travel with its next request
             body = packb({**payload, "returns": deferred})
