@@ -88,13 +88,19 @@ longer than ``max_episode_id_len`` 400, and a request whose last byte has not ar
 ``request_timeout_s`` after its first 408 (then the connection closes: slow senders cannot
 hold a connection by trickling bytes). A connection stops being read while ``max_pipelined``
 requests or ``max_pipelined_bytes`` wait unanswered on it, or while its answers are not read
-(the transport's write buffer is full), and is read again once they drain. At most
+(the transport's write buffer is full), and is read again once they drain: what one
+connection holds is bounded by about ``max_pipelined_bytes + max_body_bytes`` plus one
+answer. Idle keep-alive connections close ``keepalive_timeout_s`` after their last complete
+request or answer (bytes that start no request do not count). At most
 ``max_connections`` connections are served: beyond that the oldest idle keep-alive connection
 is closed to make room, or, with none idle, the newcomer gets 503 and is closed. When the
 process runs out of file descriptors, ``accept`` is retried after closing idle connections
 (oldest first), with one log line per 10 s that counts the failures, and serving recovers by
-itself. ``/batch`` work runs on a small pool in slices of a few dozen commands, round-robin
-across connections, so a caller shipping huge batches delays others by about one slice each.
+itself. A small ``/batch`` (up to 8 KiB, 32 commands) runs at once on the event loop like a
+single command; a bigger one runs on a two-thread pool in slices of 32 commands, round-robin
+across connections, so a caller shipping huge batches delays others by about one slice each;
+a batch whose command must wait for room (the env's back pressure) waits on the blocking
+pool, not on the batch pool.
 
 Security
 --------
