@@ -493,7 +493,8 @@ def test_log_action_back_pressure_times_out_with_504():
 
 def test_deferred_returns_reach_the_right_steps(served):
     server, loop, _ = served
-    c, other = PolicyClient(server.address), PolicyClient(server.address)
+    c = PolicyClient(server.address)
+    other = PolicyClient(server.address, client_id=c.client_id)  # same owner, own connection
     e1 = c.start_episode()
     c.get_action(e1, OB[0])
     c.log_returns(e1, 1.0)

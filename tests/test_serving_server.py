@@ -76,9 +76,9 @@ def test_remote_many_clients_exactly_once_and_disconnect(served):
         if cid == 0:  # the disconnecting client: sends get_action, then hangs up
             sock = socket.create_connection((host, int(port)))
             body = packb({"episode_id": "gone", "observation": np.full(3, 9.0, np.float32)})
-            sock.sendall(
+            sock.sendall(  # as client c, whose episode it is
                 b"POST /get_action HTTP/1.1\r\nHost: x\r\nContent-Type: application/msgpack\r\n"
-                + f"Content-Length: {len(body)}\r\n\r\n".encode()
+                + f"X-Client-Id: {c.client_id}\r\nContent-Length: {len(body)}\r\n\r\n".encode()
                 + body
             )
             while "gone" not in loop.held:  # delivered to the sampler, answer held back
@@ -158,7 +158,10 @@ def test_bad_requests_get_4xx_and_server_keeps_serving(served):
             {"command": "log_returns", "episode_id": eid, "reward": 1.0},
         ]
     }
-    s, ctype, data = raw(server, "POST", "/batch", packb(batch), mp)
+    # As the client (the episode's owner; another client would get 404 for it too).
+    s, ctype, data = raw(
+        server, "POST", "/batch", packb(batch), {**mp, "X-Client-Id": client.client_id}
+    )
     assert s == 200 and ctype == "application/msgpack"
     res = unpackb(data)
     assert res["done"] == 1 and [(x["index"], x["status"]) for x in res["errors"]] == [

@@ -11,7 +11,10 @@ background through ``/batch``.
 from __future__ import annotations
 
 import json
+import re
+import secrets
 import socket
+import ssl
 import threading
 import time
 from collections.abc import Mapping
@@ -25,10 +28,20 @@ from jaxsampler.codec import packb, unpackb
 from jaxsampler.constants import DEFAULT_AGENT_ID
 from jaxsampler.episodes.ids import random_episode_id
 from jaxsampler.host_envs import external as ext
-from jaxsampler.serving.protocol import CONTENT_TYPE, ERRORS_BY_NAME, PolicyServerError
+from jaxsampler.serving.protocol import (
+    AUTH_SCHEME,
+    CLIENT_ID_HEADER,
+    CLIENT_ID_PATTERN,
+    CONTENT_TYPE,
+    ERRORS_BY_NAME,
+    PolicyServerError,
+)
 from jaxsampler.spaces import check_value
 
 __all__ = ["PolicyClient"]
+
+#: Deferred ``log_returns`` a request carries at most (more are flushed through /batch).
+_MAX_CARRIED_RETURNS = 32
 
 
 class _StaleConnection(ConnectionError):
@@ -39,8 +52,11 @@ class _Connection:
     """A keep-alive HTTP/1.1 connection: writes a request, reads one response with
     httptools (llhttp). Used by one thread at a time."""
 
-    def __init__(self, host: str, port: int, timeout: float):
+    def __init__(
+        self, host: str, port: int, timeout: float, ssl_context: ssl.SSLContext | None = None
+    ):
         self.host, self.port, self.timeout = host, port, timeout
+        self.ssl_context = ssl_context
         self.sock: socket.socket | None = None
         self.used = False  # a request was answered on the current socket
         self._status = 0
@@ -52,6 +68,12 @@ class _Connection:
     def _open(self) -> socket.socket:
         sock = socket.create_connection((self.host, self.port), timeout=self.timeout)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if self.ssl_context is not None:
+            try:
+                sock = self.ssl_context.wrap_socket(sock, server_hostname=self.host)
+            except BaseException:
+                sock.close()
+                raise
         self.sock, self.used = sock, False
         return sock
 
@@ -69,7 +91,7 @@ class _Connection:
         sock = self.sock or self._open()
         try:
             sock.sendall(request)
-        except (BrokenPipeError, ConnectionResetError) as e:
+        except (BrokenPipeError, ConnectionResetError, ssl.SSLEOFError) as e:
             raise _StaleConnection(str(e)) from None
         parser = httptools.HttpResponseParser(self)
         self._headers, self._body, self._complete = {}, [], False
@@ -77,7 +99,7 @@ class _Connection:
         while not self._complete:
             try:
                 chunk = sock.recv(1 << 16)
-            except ConnectionResetError as e:
+            except (ConnectionResetError, ssl.SSLEOFError) as e:
                 if got:
                     raise
                 raise _StaleConnection(str(e)) from None
@@ -109,7 +131,8 @@ class PolicyClient:
     """Talks to a :class:`PolicyServer`: the five ExternalEnv calls over HTTP.
 
     Args:
-        address: the server's ``"http://host:port"``.
+        address: the server's ``"http://host:port"`` (``"https://host:port"`` for a server
+            with an ``ssl_context``).
         inference_mode: ``"remote"`` (the server's sampler computes every action, one
             round trip per call) or ``"local"`` (actions come from ``policy`` here, with
             params pulled from the server; experience is sent back in the background).
@@ -119,13 +142,24 @@ class PolicyClient:
         timeout: socket timeout of one request, in seconds.
         seed: local mode PRNG seed.
         flush_interval: local mode: experience is sent at least this often.
-        max_batch_commands: local mode: a ``/batch`` request carries at most this many steps.
+        max_batch_commands: a ``/batch`` request (local mode's experience, remote mode's
+            flushed ``log_returns``) carries at most this many commands; keep it at or below
+            the server's ``max_batch_commands`` (4096 by default).
         defer_returns: remote mode: ``log_returns`` does not make its own round trip; its
             reward travels with the thread's next request (``get_action``, ``end_episode``,
             ...), which the server runs after it (one round trip per step instead of two).
             A server-side error of a deferred call (say, an unknown episode) is raised by
             that next call, which is then not run. :meth:`flush` / :meth:`close` send what
             is left.
+        token: sent as ``Authorization: Bearer <token>`` with every request (servers with a
+            ``token`` refuse requests without it: :class:`PolicyServerError` 401).
+        ssl_context: client-side :class:`ssl.SSLContext` for ``https://`` addresses; default
+            :func:`ssl.create_default_context` (system CAs, host name checked). Pass a
+            context that trusts the server's certificate for a self-signed one.
+        client_id: this client's id, sent as ``X-Client-Id`` with every request: the server
+            runs its calls as that owner (other clients' episodes are unknown to it);
+            default a random one (:attr:`client_id`). Several clients may share an id to
+            act on the same episodes (say, a simulator that restarted).
 
     Thread-safe: each thread uses its own keep-alive connection. In local mode, errors of
     the background sender (e.g. the server refused a step) are raised by the next call.
@@ -143,28 +177,54 @@ class PolicyClient:
         flush_interval: float = 0.05,
         max_batch_commands: int = 512,
         defer_returns: bool = True,
+        token: str | None = None,
+        ssl_context: ssl.SSLContext | None = None,
+        client_id: str | None = None,
     ):
         parts = urlsplit(address)
-        if parts.scheme != "http" or not parts.hostname or parts.port is None:
-            raise ValueError(f"address must look like 'http://host:port', got {address!r}")
+        if parts.scheme not in ("http", "https") or not parts.hostname or parts.port is None:
+            raise ValueError(
+                f"address must look like 'http://host:port' or 'https://host:port', got {address!r}"
+            )
         if inference_mode not in ("remote", "local"):
             raise ValueError(f"inference_mode must be 'remote' or 'local', got {inference_mode!r}")
+        if ssl_context is not None and parts.scheme != "https":
+            raise ValueError(f"ssl_context needs an 'https://' address, got {address!r}")
+        if token is not None and (not isinstance(token, str) or not token.isprintable()):
+            raise ValueError("token must be a non-empty printable str or None")
+        if token == "":
+            raise ValueError("token must not be empty (None: no token)")
+        if client_id is None:
+            client_id = secrets.token_hex(16)
+        elif not isinstance(client_id, str) or not re.fullmatch(CLIENT_ID_PATTERN, client_id):
+            raise ValueError(f"client_id must match {CLIENT_ID_PATTERN}, got {client_id!r}")
+        if int(max_batch_commands) < 1:
+            raise ValueError(f"max_batch_commands must be >= 1, got {max_batch_commands}")
         self.address, self.inference_mode = address, inference_mode
         self.defer_returns = bool(defer_returns)
+        #: sent as ``X-Client-Id``: the owner of the episodes this client starts
+        self.client_id = client_id
         self._host, self._port, self._timeout = parts.hostname, parts.port, timeout
+        if parts.scheme == "https" and ssl_context is None:
+            ssl_context = ssl.create_default_context()
+        self._ssl = ssl_context
+        self._fixed_headers = f"{CLIENT_ID_HEADER}: {client_id}\r\n" + (
+            "" if token is None else f"Authorization: {AUTH_SCHEME} {token}\r\n"
+        )
+        self._max_batch = int(max_batch_commands)
         self._tls = threading.local()
         self._closed = False
         if inference_mode == "local":
             if policy is None:
                 raise ValueError("inference_mode='local' needs a policy")
-            self._init_local(policy, update_interval, seed, flush_interval, max_batch_commands)
+            self._init_local(policy, update_interval, seed, flush_interval)
 
     # -- transport ---------------------------------------------------------------------
 
     def _conn(self) -> _Connection:
         c = getattr(self._tls, "conn", None)
         if c is None:
-            c = self._tls.conn = _Connection(self._host, self._port, self._timeout)
+            c = self._tls.conn = _Connection(self._host, self._port, self._timeout, self._ssl)
         return c
 
     def _request(
@@ -172,7 +232,9 @@ class PolicyClient:
     ) -> tuple[int, dict, bytes]:
         """One round trip on this thread's keep-alive connection: ``(status, headers, body)``
         (header names lower-case)."""
-        head = f"{method} {path} HTTP/1.1\r\nHost: {self._host}:{self._port}\r\n"
+        head = (
+            f"{method} {path} HTTP/1.1\r\nHost: {self._host}:{self._port}\r\n{self._fixed_headers}"
+        )
         if body is not None:
             head += f"Content-Type: {CONTENT_TYPE}\r\nContent-Length: {len(body)}\r\n"
         for k, v in (headers or {}).items():
@@ -207,10 +269,13 @@ class PolicyClient:
         raise PolicyServerError(status, f"{name}: {message}" if name else message)
 
     def _post(self, command: str, payload: dict) -> dict:
-        deferred = getattr(self._tls, "returns", None)
-        if (
-            deferred and command != "batch"
-        ):  # this thread's log_returns calls travel with its next request
+        deferred = getattr(self._tls, "returns", None) if command != "batch" else None
+        if deferred and len(deferred) > min(_MAX_CARRIED_RETURNS, self._max_batch):
+            # Many: they go on their own first (/batch), which the server runs in slices
+            # rather than at once before this request.
+            self.flush()
+            deferred = None
+        if deferred:  # this thread's log_returns calls travel with its next request
             body = packb({**payload, "returns": deferred})
             self._tls.returns = []  # only once encoded: a payload that cannot be sent keeps them
         else:
@@ -294,7 +359,7 @@ class PolicyClient:
     # -- local inference -----------------------------------------------------------------
 
     def _init_local(
-        self, policy: Any, update_interval: float, seed: int, flush_interval: float, max_batch: int
+        self, policy: Any, update_interval: float, seed: int, flush_interval: float
     ) -> None:
         import jax
 
@@ -319,7 +384,7 @@ class PolicyClient:
         self._out_cv = threading.Condition()
         self._sending = False
         self._send_error: Exception | None = None
-        self._flush_interval, self._max_batch = float(flush_interval), int(max_batch)
+        self._flush_interval = float(flush_interval)
         self._sender = threading.Thread(
             target=self._sender_loop, name="PolicyClient.sender", daemon=True
         )
@@ -429,7 +494,7 @@ class PolicyClient:
                     self._out_cv.wait(self._flush_interval)
                 if not self._out and self._closed:
                     return
-                batch, self._out = self._out, []
+                batch, self._out = self._out[: self._max_batch], self._out[self._max_batch :]
                 self._sending = bool(batch)
             if batch:
                 try:
@@ -455,10 +520,11 @@ class PolicyClient:
         reached the server. Raises the server's error, if any."""
         if self.inference_mode != "local":
             returns = getattr(self._tls, "returns", None)
-            if returns:
-                self._tls.returns = []
+            while returns:  # at most max_batch_commands a request (servers cap it)
+                chunk, returns = returns[: self._max_batch], returns[self._max_batch :]
+                self._tls.returns = returns
                 errors = self._post(
-                    "batch", {"commands": [{"command": "log_returns", **m} for m in returns]}
+                    "batch", {"commands": [{"command": "log_returns", **m} for m in chunk]}
                 )["errors"]
                 if errors:
                     self._raise(errors[0]["status"], json.dumps(errors[0]).encode())

@@ -8,7 +8,10 @@ from __future__ import annotations
 from jaxsampler.host_envs import external as ext
 
 __all__ = [
+    "AUTH_SCHEME",
     "BATCHABLE_COMMANDS",
+    "CLIENT_ID_HEADER",
+    "CLIENT_ID_PATTERN",
     "COMMANDS",
     "CONTENT_TYPE",
     "ERRORS_BY_NAME",
@@ -23,6 +26,13 @@ CONTENT_TYPE = "application/msgpack"
 COMMANDS = ("start_episode", "get_action", "log_action", "log_returns", "end_episode")
 #: The commands ``/batch`` runs (every command that never waits for the sampler).
 BATCHABLE_COMMANDS = ("start_episode", "log_action", "log_returns", "end_episode")
+#: Request header naming the client (random per :class:`~jaxsampler.serving.client.PolicyClient`):
+#: the server runs its calls as that owner, so one client cannot touch another's episodes.
+CLIENT_ID_HEADER = "X-Client-Id"
+#: What a client id may look like (PolicyClient sends 32 hex digits).
+CLIENT_ID_PATTERN = r"[A-Za-z0-9._~-]{1,64}"
+#: ``Authorization: Bearer <token>`` when the server has a token.
+AUTH_SCHEME = "Bearer"
 
 
 class PolicyServerError(RuntimeError):
