@@ -374,7 +374,7 @@ class Driver:
 
 
 @settings(max_examples=50, deadline=None)
-@given(st.lists(ops, min_size=20, max_size=60))
+@given(st.lists(ops, min_size=20, max_size=45))
 def test_external_multi_agent_env_matches_model(sequence):
     d = Driver()
     for op in sequence:
