@@ -26,7 +26,18 @@ Deviations from RLlib, on purpose:
   Its info has ``"abandoned": True``; nothing of other episodes is touched, and no
   episode stays open forever (RLlib leaks them);
 * ids of finished episodes are remembered (for the "already completed" error) only up to
-  ``max_finished_ids``, so memory stays bounded.
+  ``max_finished_ids``, as fixed-size hashes, so memory stays bounded;
+* every resource a client can take is bounded: episode ids (``max_episode_id_len``),
+  running episodes overall and per ``owner`` (``max_concurrent_episodes``,
+  ``max_episodes_per_owner``), their lifetime without calls (``episode_timeout_s``,
+  600 s by default) and summed rewards (float32 range). An episode that never sent a
+  request does not hold up ``poll``'s wait for more requests.
+
+Owners: the policy server passes an ``owner`` (a client's identity) to
+:meth:`ExternalEnvBase.start_episode` and to the agent-dict methods; another owner's
+episodes then look unknown to it (:class:`UnknownEpisodeError`, the message of an
+unknown id), and :meth:`ExternalEnvBase.abandon_owner` ends all episodes of a client that
+went away. In-process callers pass no owner and may use every episode.
 
 Locally inferred steps (:class:`~jaxsampler.serving.client.PolicyClient` in ``local``
 mode) are ``log_action`` steps too (the ``off_policy_actions`` channel is how the
@@ -69,6 +80,7 @@ __all__ = [
     "CLIENT_POLICY_INFO",
     "Waiter",
     "check_reward",
+    "MAX_REWARD",
 ]
 
 #: Info key of steps whose action a client computed with the served policy (local mode).
@@ -98,7 +110,8 @@ class WouldBlockError(ExternalEnvError):
 
 
 class CapacityError(ExternalEnvError):
-    """``max_concurrent_episodes`` episodes are already running."""
+    """``max_concurrent_episodes`` episodes are already running, or the caller's owner
+    already runs ``max_episodes_per_owner``; the message names the bound."""
 
 
 class EnvClosedError(RuntimeError):
@@ -1127,15 +1140,35 @@ class ExternalEnv(ExternalEnvBase):
         max_wait_s: after the first ready request, how long ``poll`` waits for more.
         action_timeout_s: how long ``get_action`` (and ``log_action`` under back pressure)
             waits; on timeout the episode is abandoned and ``TimeoutError`` is raised.
-        episode_timeout_s: abandon episodes with no call for this long (``None``: never).
-        max_concurrent_episodes: ``start_episode`` beyond this raises ``CapacityError``;
-            also ``num_envs``.
+        episode_timeout_s: an episode with no simulator call for this long (600 s by
+            default; ``None``: never) is abandoned (ends truncated, see the module
+            docstring); a caller blocked in the env does not count as silent, and an
+            answered ``get_action`` restarts the clock. This is also the lease of a client
+            that vanished without a word (a crashed local-inference
+            :class:`~jaxsampler.serving.client.PolicyClient`, say): its episodes free
+            their slots after at most this long (plus up to 1 s, the sweep interval).
+            Sweeps run in ``poll`` and in a ``start_episode`` that would be refused.
+        max_concurrent_episodes: running episodes (and ended ones whose final step was
+            not yet polled); ``start_episode`` beyond this raises ``CapacityError``. Also
+            ``num_envs``.
+        max_episodes_per_owner: the same bound per ``owner`` (1024 by default; ``None``:
+            none), so that one client cannot take every slot; episodes started without an
+            owner do not count.
+        max_episode_id_len: longest accepted episode id (128 characters;
+            ``InvalidDataError`` beyond).
         max_queued_steps: logged steps of one episode waiting to be polled before
             ``log_action`` blocks.
-        max_finished_ids: finished ids remembered for error messages.
+        max_finished_ids: finished episodes remembered (for the "already completed"
+            error and :meth:`episode_status`), oldest forgotten first; an entry is a keyed
+            64-bit hash of the id, about 180 bytes whatever the id's length (100,000:
+            about 18 MB).
 
-    All simulator-side methods are thread-safe; errors are raised in the calling thread
-    and leave every other episode untouched.
+    Rewards must be numbers with ``abs(r) <= MAX_REWARD`` (the float32 maximum), and so
+    must their sum over one step: a call that would break that raises
+    ``InvalidDataError`` and changes nothing. All simulator-side methods are
+    thread-safe; errors are raised in the calling thread and leave every other episode
+    untouched. Once an episode's final step is polled, nothing of it is kept but its
+    finished-memory entry.
     """
 
     def __init__(self, observation_space: Space, action_space: Space, **kwargs: Any):
@@ -1182,6 +1215,15 @@ class ExternalMultiAgentEnv(ExternalEnvBase):
     :class:`ExternalEnv`. ``log_returns(..., multiagent_done_dict={agent: True})`` ends an
     agent early: its final observation must come in the next observation dict, after
     which it gets no action and may not observe again.
+
+    Refused with :class:`InvalidDataError` (nothing changes, other episodes untouched):
+    agents not in ``agent_ids``; dicts with more entries than there are agents;
+    non-dict observations, actions, rewards, infos or done dicts; done flags that are
+    not bools; observations of agents that are done; actions for agents other than the
+    acting ones; and rewards or done flags for an agent that has not observed yet in
+    this episode (RLlib would file such a reward before the agent's first step, where
+    it trains nothing). Rewards or infos for an agent that is already done raise
+    :class:`EpisodeStateError`.
     """
 
     multi_agent = True
