@@ -133,14 +133,17 @@ MAX_REWARD = float(np.finfo(np.float32).max)
 def check_reward(r: Any, agent: Any) -> float:
     """``r`` as a float; :class:`InvalidDataError` unless it is a real number (not a
     string) that is finite and within float32 range (``abs(r) <= MAX_REWARD``)."""
-    if isinstance(r, (str, bytes, bytearray)):
-        raise InvalidDataError(f"reward[{_short(agent)}]: reward must be a number, got {_short(r)}")
-    try:
-        v = float(r)
-    except (TypeError, ValueError, OverflowError):
-        raise InvalidDataError(
-            f"reward[{_short(agent)}]: reward must be a number, got {_short(r)}"
-        ) from None
+    if type(r) is float:  # the common case, first
+        v = r
+    else:
+        try:
+            if isinstance(r, (str, bytes, bytearray)):
+                raise TypeError
+            v = float(r)
+        except (TypeError, ValueError, OverflowError):
+            raise InvalidDataError(
+                f"reward[{_short(agent)}]: reward must be a number, got {_short(r)}"
+            ) from None
     if not abs(v) <= MAX_REWARD:  # also catches NaN
         raise InvalidDataError(
             f"reward[{_short(agent)}]: reward must be finite and within float32 range "
@@ -585,43 +588,24 @@ class ExternalEnvBase(HostEnv):
         ids = self._agent_set
         if not isinstance(rewards, Mapping):
             raise InvalidDataError(f"rewards must be a dict agent -> reward, got {_short(rewards)}")
-        self._check_size(rewards, "rewards")
+        if len(rewards) > len(ids):
+            self._too_many(rewards, "rewards")
         checked = {
             (a if a in ids else self._check_agent(a)): check_reward(r, a)
             for a, r in rewards.items()
         }
         if infos is not None:
-            if not isinstance(infos, Mapping):
-                raise InvalidDataError(f"infos must be a dict agent -> dict, got {_short(infos)}")
-            self._check_size(infos, "infos")
-            for a, i in infos.items():
-                self._check_agent(a)
-                if not isinstance(i, Mapping):
-                    raise InvalidDataError(
-                        f"infos[{_short(a)}] must be a dict, got {_short(i)} (infos must be a "
-                        "dict agent -> dict)"
-                    )
-        newly_done: set | None = None
-        if dones is not None:
-            if not isinstance(dones, Mapping):
-                raise InvalidDataError(
-                    f"multiagent_done_dict must be a dict agent -> bool, got {_short(dones)}"
-                )
-            self._check_size(dones, "multiagent_done_dict", extra=1)
-            newly_done = set()
-            for a, d in dones.items():
-                if a != ALL_AGENTS:
-                    self._check_agent(a)
-                if _check_flag(d, "multiagent_done_dict", a) and a != ALL_AGENTS:
-                    newly_done.add(a)
+            self._check_infos(infos)
+        newly_done = None if dones is None else self._check_dones(dones)
         with self._lock:  # everything is checked before anything changes
             ep = self._open_episode(episode_id, owner)
-            touched = [*checked, *(infos or ()), *(newly_done or ())]
-            done = [a for a in touched if a in ep.done_agents]
-            if done:
-                raise EpisodeStateError(
-                    f"episode {_short_id(episode_id)}: agents {done} are already done"
-                )
+            if ep.done_agents:
+                touched = [*checked, *(infos or ()), *(newly_done or ())]
+                done = [a for a in touched if a in ep.done_agents]
+                if done:
+                    raise EpisodeStateError(
+                        f"episode {_short_id(episode_id)}: agents {done} are already done"
+                    )
             if self.multi_agent:
                 unseen = [a for a in [*checked, *(newly_done or ())] if a not in ep.seen]
                 if unseen:
@@ -631,21 +615,53 @@ class ExternalEnvBase(HostEnv):
                         "would belong to no step (send their first observation first)"
                     )
             acc = ep.reward
-            sums = {a: acc.get(a, 0.0) + r for a, r in checked.items()}
-            for a, total in sums.items():
-                if not abs(total) <= MAX_REWARD:
-                    raise InvalidDataError(
-                        f"reward[{_short(a)}]: the rewards logged since the agent's last step "
-                        f"would sum to {total}, outside float32 range (abs <= {MAX_REWARD:.4g}); "
-                        "the sum so far is kept"
-                    )
-            acc.update(sums)
+            if acc:
+                sums = {a: acc.get(a, 0.0) + r for a, r in checked.items()}
+                for a, total in sums.items():
+                    if not abs(total) <= MAX_REWARD:
+                        raise InvalidDataError(
+                            f"reward[{_short(a)}]: the rewards logged since the agent's last "
+                            f"step would sum to {total}, outside float32 range "
+                            f"(abs <= {MAX_REWARD:.4g}); the sum so far is kept"
+                        )
+                acc.update(sums)
+            else:  # each value is in range (check_reward): so is the sum
+                ep.reward = checked
             if infos:
                 for a, i in infos.items():
                     ep.info[a] = dict(i)
             if newly_done:
                 ep.newly_done |= newly_done
             ep.last_activity = time.monotonic()
+
+    def _check_infos(self, infos: Any) -> None:  # no lock needed
+        if not isinstance(infos, Mapping):
+            raise InvalidDataError(f"infos must be a dict agent -> dict, got {_short(infos)}")
+        if len(infos) > len(self.agent_ids):
+            self._too_many(infos, "infos")
+        for a, i in infos.items():
+            self._check_agent(a)
+            if not isinstance(i, Mapping):
+                raise InvalidDataError(
+                    f"infos[{_short(a)}] must be a dict, got {_short(i)} (infos must be a "
+                    "dict agent -> dict)"
+                )
+
+    def _check_dones(self, dones: Any) -> set:  # no lock needed
+        """The agents a ``multiagent_done_dict`` marks done (``"__all__"`` is ignored)."""
+        if not isinstance(dones, Mapping):
+            raise InvalidDataError(
+                f"multiagent_done_dict must be a dict agent -> bool, got {_short(dones)}"
+            )
+        if len(dones) > len(self.agent_ids) + 1:
+            self._too_many(dones, "multiagent_done_dict")
+        newly_done = set()
+        for a, d in dones.items():
+            if a != ALL_AGENTS:
+                self._check_agent(a)
+            if _check_flag(d, "multiagent_done_dict", a) and a != ALL_AGENTS:
+                newly_done.add(a)
+        return newly_done
 
     def end_agent_episode(
         self, episode_id: str, obs: dict, truncated: bool, *, owner: Hashable | None = None
@@ -856,7 +872,7 @@ class ExternalEnvBase(HostEnv):
     def _open_episode(self, eid: str, owner: Hashable | None = None) -> _Episode:
         self._check_open()
         ep = self._episodes.get(eid)
-        if ep is None or not self._may_use(ep.owner, owner):
+        if ep is None or (owner is not None and ep.owner is not None and ep.owner != owner):
             state = None if ep is not None else self._finished_state(eid, owner)
             if state == "completed":
                 raise EpisodeStateError(f"Episode {_short_id(eid)} has already completed.")
@@ -882,20 +898,20 @@ class ExternalEnvBase(HostEnv):
             )
         return agent
 
-    def _check_size(self, d: Mapping, what: str, extra: int = 0) -> None:  # no lock needed
-        if len(d) > len(self.agent_ids) + extra:
-            raise InvalidDataError(
-                f"{what} has {len(d)} entries; there are only {len(self.agent_ids)} agents "
-                f"{list(self.agent_ids)}"
-            )
+    def _too_many(self, d: Mapping, what: str) -> None:
+        raise InvalidDataError(
+            f"{what} has {len(d)} entries; there are only {len(self.agent_ids)} agents "
+            f"{list(self.agent_ids)}"
+        )
 
     def _check_obs(self, obs: Any, allow_empty: bool = False) -> dict:  # no lock needed
         if not isinstance(obs, Mapping) or not (obs or allow_empty):
             raise InvalidDataError(
                 f"observations must be a non-empty dict agent -> obs, got {_short(obs)}"
             )
-        self._check_size(obs, "observations")
         check, ids = self._obs_check, self._agent_set
+        if len(obs) > len(ids):
+            self._too_many(obs, "observations")
         return {
             (a if a in ids else self._check_agent(a)): check(o, "observation", a)
             for a, o in obs.items()
