@@ -60,6 +60,7 @@ class Step:
 @dataclass
 class Ep:
     training: bool
+    owner: str | None = None  # episodes of an owner are invisible to other owners
     state: str = "running"  # running / closed (ended or abandoned, final queued) / gone
     kind: str = ""  # "completed" / "abandoned" once closed
     queue: deque = field(default_factory=deque)
@@ -77,9 +78,9 @@ class Model:
         self.eps: dict[str, Ep] = {}
         self.counter = 0
 
-    def state_error(self, eid: str) -> type | None:
+    def state_error(self, eid: str, caller: str | None) -> type | None:
         ep = self.eps.get(eid)
-        if ep is None:
+        if ep is None or not visible(ep, caller):
             return UnknownEpisodeError
         if ep.state != "running" or ep.waiter is not None:
             return EpisodeStateError
@@ -116,6 +117,10 @@ class Model:
             ep.state, ep.kind = "gone", "abandoned"
             return
         ep.state, ep.kind = "closed", "abandoned"
+
+
+def visible(ep: Ep, caller: str | None) -> bool:
+    return caller is None or ep.owner is None or ep.owner == caller
 
 
 # -- operations ----------------------------------------------------------------------------
@@ -155,7 +160,11 @@ start_op = st.tuples(
 abandon_op = st.tuples(st.just("abandon"), slots)
 # Weighted: steps and polls are common, episode ends and (re)starts rarer.
 _WEIGHTED = (poll_op,) * 3 + (log_action_op,) * 3 + (get_action_op,) * 2 + (log_returns_op,) * 3
-ops = st.sampled_from(_WEIGHTED + (end_op, start_op, abandon_op)).flatmap(lambda op: op)
+# Each call is made by an owner (what the policy server passes) or by no one (in-process).
+callers = st.sampled_from((None, None, "A", "B"))
+ops = st.tuples(
+    st.sampled_from(_WEIGHTED + (end_op, start_op, abandon_op)).flatmap(lambda op: op), callers
+)
 
 
 def expect_raises(kind: type | None, fn) -> Any:
@@ -181,6 +190,7 @@ class Driver:
         )
         self.m = Model()
         self.delivered = 0
+        self.caller: str | None = None
         self.slots = [f"s{i}g0" for i in range(N_SLOTS)]
         self.generation = [0] * N_SLOTS
         for eid in self.slots:
@@ -197,15 +207,17 @@ class Driver:
 
     def start(self, eid: str, training: bool) -> None:
         err = EpisodeStateError if eid in self.m.eps else None
-        expect_raises(err, lambda: self.env.start_episode(eid, training))
+        expect_raises(err, lambda: self.env.start_episode(eid, training, owner=self.caller))
         if err is None:
-            self.m.eps[eid] = Ep(training)
+            self.m.eps[eid] = Ep(training, self.caller)
 
     def submit(self, eid: str, agents: list, want_action: bool, bad_actions: bool) -> None:
         m, env = self.m, self.env
         obs = self.obs_for(agents)
         ep = m.eps.get(eid)
-        err = InvalidDataError if not agents or BAD_AGENT in agents else m.state_error(eid)
+        caller = self.caller
+        bad_obs = not agents or BAD_AGENT in agents
+        err = InvalidDataError if bad_obs else m.state_error(eid, caller)
         acting = [a for a in agents if ep is None or a not in ep.newly_done]
         if err is None:
             assert ep is not None
@@ -222,7 +234,7 @@ class Driver:
         expect_raises(
             err,
             lambda: result.setdefault(
-                "w", env.submit(eid, obs, action, None, want_action=want_action)
+                "w", env.submit(eid, obs, action, None, want_action=want_action, owner=caller)
             ),
         )
         if err is None:
@@ -240,7 +252,7 @@ class Driver:
         err = (
             InvalidDataError
             if BAD_AGENT in rewards or BAD_AGENT in dones or bad_value
-            else m.state_error(eid)
+            else m.state_error(eid, self.caller)
         )
         ep = m.eps.get(eid)
         if err is None:
@@ -254,7 +266,13 @@ class Driver:
                 err = InvalidDataError  # the summed reward would overflow float32
         infos = {a: {"n": i} for i, a in enumerate(info_agents)} or None
         done_dict = dict.fromkeys(dones, True) or None
-        expect_raises(err, lambda: self.env.log_returns(eid, rewards, infos, done_dict))
+        if self.caller is None:  # the public method
+            call = lambda: self.env.log_returns(eid, rewards, infos, done_dict)
+        else:  # what the policy server calls
+            call = lambda: self.env.log_agent_returns(
+                eid, rewards, infos, done_dict, owner=self.caller
+            )
+        expect_raises(err, call)
         if err is None:
             assert ep is not None
             for a, r in rewards.items():
@@ -265,11 +283,15 @@ class Driver:
     def end(self, eid: str, agents: list, truncated: bool) -> None:
         m = self.m
         obs = self.obs_for(agents)
-        err = InvalidDataError if BAD_AGENT in agents else m.state_error(eid)
+        err = InvalidDataError if BAD_AGENT in agents else m.state_error(eid, self.caller)
         ep = m.eps.get(eid)
         if err is None and set(agents) & ep.done:  # type: ignore[union-attr]
             err = InvalidDataError
-        expect_raises(err, lambda: self.env.end_episode(eid, obs, truncated=truncated))
+        if self.caller is None:
+            call = lambda: self.env.end_episode(eid, obs, truncated=truncated)
+        else:
+            call = lambda: self.env.end_agent_episode(eid, obs, truncated, owner=self.caller)
+        expect_raises(err, call)
         if err is None:
             assert ep is not None
             step = m.make_item(ep, obs)
@@ -286,7 +308,14 @@ class Driver:
         ep = self.m.eps.get(eid)
         waiter = None if ep is None else ep.waiter
         running = ep is not None and ep.state == "running"
-        assert self.env.abandon_episode(eid, "test") is running
+        if (ep is None and self.caller is not None) or (
+            ep is not None and not visible(ep, self.caller)
+        ):  # unknown to this owner
+            expect_raises(
+                UnknownEpisodeError, lambda: self.env.abandon_episode(eid, "test", self.caller)
+            )
+            return
+        assert self.env.abandon_episode(eid, "test", self.caller) is running
         if running:
             assert ep is not None
             self.m.abandon(ep)
@@ -341,7 +370,8 @@ class Driver:
             )
             assert self.env.episode_status(eid) == want, eid
 
-    def run(self, op: tuple) -> None:
+    def run(self, op_and_caller: tuple) -> None:
+        op, self.caller = op_and_caller
         name, *args = op
         if args:
             slot, args[0] = args[0], self.slots[args[0]]
@@ -380,6 +410,7 @@ def test_external_multi_agent_env_matches_model(sequence):
     for op in sequence:
         d.run(op)
     # Wind down: abandon what runs, drain every queued step, leave no state behind.
+    d.caller = None
     for eid in d.slots:
         d.abandon(eid)
     while any(ep.queue for ep in d.m.eps.values()):

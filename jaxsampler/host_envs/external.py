@@ -52,6 +52,7 @@ from __future__ import annotations
 import _thread
 import hashlib
 import math
+import reprlib
 import secrets
 import threading
 import time
@@ -121,8 +122,14 @@ class EnvClosedError(RuntimeError):
 # -- validation ------------------------------------------------------------------------
 
 
+# Bounded reprs for error messages: whatever a client sends (a megabyte string, a dict of
+# 10,000 keys, deep nesting), the message stays short and costs little to build.
+_REPR = reprlib.Repr()
+_REPR.maxstring, _REPR.maxother, _REPR.maxlevel = 60, 60, 3
+
+
 def _short(x: Any) -> str:
-    s = repr(x)
+    s = _REPR.repr(x)
     return s if len(s) <= 80 else s[:77] + "..."
 
 
