@@ -21,6 +21,7 @@ import pytest
 
 from jaxsampler import spaces
 from jaxsampler.constants import ALL_AGENTS, DEFAULT_AGENT_ID
+from jaxsampler.host_envs import external
 from jaxsampler.host_envs.external import (
     MAX_REWARD,
     CapacityError,
@@ -171,29 +172,64 @@ def test_per_owner_quota_and_abandon_owner():
     env.close()
 
 
-def test_vanished_clients_lease_frees_capacity_without_a_poller():
+class FakeClock:
+    """Stands in for the ``time`` module inside the env: leases expire when the test says
+    so, without sleeping."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    fake = FakeClock()
+    monkeypatch.setattr(external, "time", fake)
+    return fake
+
+
+def test_vanished_clients_lease_frees_capacity_without_a_poller(clock):
     """The lock-out: episodes started and never used (or a client that died) free their
     slots after ``episode_timeout_s``; a refused start sweeps them, no poll needed."""
-    env = ExternalEnv(OBS, ACT, max_concurrent_episodes=3, episode_timeout_s=0.05)
+    env = ExternalEnv(OBS, ACT, max_concurrent_episodes=3, episode_timeout_s=10.0)
     silent = [env.start_episode(owner="gone") for _ in range(2)]
     used = env.start_episode(owner="gone")
     env.submit(used, {A: o(1)}, {A: 0}, None, False)
-    for _ in range(200):  # wait (bounded) until the lease ran out
-        threading.Event().wait(0.01)
-        try:
-            new = env.start_episode(owner="new")
-            break
-        except CapacityError:
-            pass
-    else:
-        raise AssertionError("capacity never came back")
+    clock.now += 9.9
+    with pytest.raises(CapacityError, match="max_concurrent_episodes=3"):
+        env.start_episode(owner="new")  # the lease has not run out yet
+    clock.now += 1.2
+    new = env.start_episode(owner="new")
     assert [env.episode_status(e) for e in silent] == ["abandoned"] * 2
     assert env.episode_status(new) == "running"
     # The used one ends truncated at the next polls: its step, then the final one.
     results = drain(env)
     steps = [r for r in results if used in r.obs]
     assert len(steps) == 2 and steps[-1].truncateds[used][ALL_AGENTS]
+    assert steps[-1].infos[used][A]["abandoned"] is True
     assert env.episode_status(used) == "abandoned"
+    env.close()
+
+
+def test_the_lease_restarts_when_a_get_action_is_answered(clock):
+    env = ExternalEnv(OBS, ACT, episode_timeout_s=10.0, max_wait_s=0.0)
+    eid = env.start_episode()
+    w = env.submit(eid, {A: o(1)}, None, None, True)
+    assert list(env.poll(timeout=0).obs) == [eid]
+    clock.now += 60.0  # the sampler took a minute; a waiting caller is never expired
+    env.poll(timeout=0)
+    assert env.episode_status(eid) == "running"
+    env.send_actions({eid: {A: 1}})  # the client's 10 s start now
+    assert w.value == {A: 1}
+    clock.now += 9.0
+    env.poll(timeout=0)
+    assert env.episode_status(eid) == "running"
+    clock.now += 2.0
+    r = env.poll(timeout=0)  # 11 s without a call: abandoned, last observation repeated
+    assert r.truncateds[eid][ALL_AGENTS] and r.obs[eid][A].tolist() == [1.0, 1.0]
+    assert env.episode_status(eid) == "abandoned"
     env.close()
 
 
