@@ -52,6 +52,7 @@ from __future__ import annotations
 import _thread
 import hashlib
 import math
+import numbers
 import reprlib
 import secrets
 import threading
@@ -417,9 +418,11 @@ class ExternalEnvBase(HostEnv):
                 raise EpisodeStateError(f"Episode {eid} has already been started.")
             if key in self._finished:
                 raise EpisodeStateError(f"Episode {eid} has already completed.")
-            if self._over_quota(owner):
+            if self._quota_error(owner) is not None:
                 self._reap_idle()  # a vanished client's episodes may be due (no poller needed)
-                self._raise_over_quota(owner)
+                error = self._quota_error(owner)
+                if error is not None:
+                    raise error
             ep = _Episode(eid, bool(training_enabled), owner)
             self._episodes[eid] = ep
             if owner is not None:
@@ -427,27 +430,22 @@ class ExternalEnvBase(HostEnv):
             self._refresh(ep)
         return eid
 
-    def _over_quota(self, owner: Hashable | None) -> bool:
+    def _quota_error(self, owner: Hashable | None) -> CapacityError | None:
+        """The error a start by ``owner`` gets now, if any."""
         if len(self._episodes) >= self.max_concurrent_episodes:
-            return True
-        limit = self.max_episodes_per_owner
-        return (
-            owner is not None and limit is not None and len(self._by_owner.get(owner, ())) >= limit
-        )
-
-    def _raise_over_quota(self, owner: Hashable | None) -> None:
-        if len(self._episodes) >= self.max_concurrent_episodes:
-            raise CapacityError(
+            return CapacityError(
                 f"{len(self._episodes)} episodes are running; max_concurrent_episodes="
                 f"{self.max_concurrent_episodes} allowed (end or abandon some first)"
             )
         limit = self.max_episodes_per_owner
-        n = len(self._by_owner.get(owner, ()))
-        if owner is not None and limit is not None and n >= limit:
-            raise CapacityError(
-                f"this client runs {n} episodes; max_episodes_per_owner={limit} allowed "
-                "(end or abandon some first)"
-            )
+        if owner is not None and limit is not None:
+            n = len(self._by_owner.get(owner, ()))
+            if n >= limit:
+                return CapacityError(
+                    f"this client runs {n} episodes; max_episodes_per_owner={limit} allowed "
+                    "(end or abandon some first)"
+                )
+        return None
 
     def _get_action(
         self,
@@ -1126,7 +1124,8 @@ class ExternalEnvBase(HostEnv):
 
 
 def _owner_tag(owner: Hashable) -> int:
-    """A non-zero 64-bit tag of an owner (0 means "no owner" in the finished memory)."""
+    """An owner's tag in the finished memory: its 64-bit hash with bit 64 set, so never
+    0 (which means "no owner")."""
     return (hash(owner) & 0xFFFF_FFFF_FFFF_FFFF) | 1 << 64
 
 
@@ -1141,7 +1140,7 @@ def _not_found(eid: Any) -> str:
 def _check_option(
     name: str, value: Any, low: float, *, strict: bool = False, integer: bool = False
 ) -> None:
-    ok_type = isinstance(value, int) if integer else isinstance(value, (int, float))
+    ok_type = isinstance(value, numbers.Integral if integer else numbers.Real)
     if (
         isinstance(value, bool)
         or not ok_type
