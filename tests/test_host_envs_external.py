@@ -399,7 +399,9 @@ def test_multi_agent():
             o = lambda a, t, e=e: np.array([cid, e * 10 + agents.index(a), t], np.float32)
             acts = env.get_action(eid, {"a": o("a", 0), "b": o("b", 0)})
             assert acts == {"a": answer(o("a", 0)), "b": answer(o("b", 0))}
-            env.log_returns(eid, {"a": 1.0, "c": 2.0}, {"a": {"k": 1}})
+            with pytest.raises(InvalidDataError, match="not observed yet"):
+                env.log_returns(eid, {"a": 1.0, "c": 2.0})  # c's reward would fit no step
+            env.log_returns(eid, {"a": 1.0, "b": 2.0}, {"a": {"k": 1}})
             env.log_returns(eid, {"a": 1.0}, None, {"b": True})
             acts = env.get_action(eid, {"a": o("a", 1), "b": o("b", 1), "c": o("c", 1)})
             assert acts == {"a": answer(o("a", 1)), "c": answer(o("c", 1))}  # b is done
@@ -421,7 +423,7 @@ def test_multi_agent():
     for eid in eids:
         s0, s1, s2, s3 = loop.steps[eid]
         assert set(s0[0]) == {"a", "b"} and s0[1] == {"a": 0.0, "b": 0.0}
-        assert set(s1[0]) == {"a", "b", "c"} and s1[1] == {"a": 2.0, "b": 0.0, "c": 2.0}
+        assert set(s1[0]) == {"a", "b", "c"} and s1[1] == {"a": 2.0, "b": 2.0, "c": 0.0}
         assert s1[2] == {"a": False, "b": True, "c": False, ALL_AGENTS: False}
         assert s1[4] == {"a": {"k": 1}, "b": {}, "c": {}}
         assert set(s2[0]) == {"c"} and s2[5] == {"c": 4} and s2[1] == {"c": 0.0}
