@@ -847,7 +847,9 @@ def markdown(results: dict[str, Any]) -> str:
             "rollout calls x num_envs x rollout_length, which must equal env steps returned + "
             "one reset step per finished episode (0..num_envs resets still pending at the "
             "end). Ledger memory (finished ids, part of the measured RSS): "
-            + ", ".join(f"{p['sampler']}/{p['method']} {p['tracker_bytes'] / 1024:.0f} KiB" for p in phases)
+            + ", ".join(
+                f"{p['sampler']}/{p['method']} {p['tracker_bytes'] / 1024:.0f} KiB" for p in phases
+            )
             + ".",
             "",
         ]
@@ -943,7 +945,12 @@ def failures(results: dict[str, Any]) -> list[str]:
             bad.append(f"{tag}: memory grows ({p['rss_growth']})")
     s = results.get("serving")
     if s:
-        for k in ("lost_steps", "duplicated_steps", "client_error_count", "rows_outside_any_episode"):
+        for k in (
+            "lost_steps",
+            "duplicated_steps",
+            "client_error_count",
+            "rows_outside_any_episode",
+        ):
             if s[k]:
                 bad.append(f"serving: {k} = {s[k]}")
         if max(s["jit_cache_sizes"].values()) > len(s["padded_batch_sizes"]):
