@@ -250,7 +250,7 @@ def check_getter(ep: MultiAgentEpisode, model: Model, i: int, nial: bool) -> Non
             with pytest.raises(IndexError):
                 getter(i, neg_index_as_lookback=nial)
             continue
-        if E < model.env_t_started:
+        if model.env_t_started > E:
             event(f"{what} getter in the lookback")
         got = getter(i, neg_index_as_lookback=nial)
         got = {a: float(np.asarray(v)) for a, v in got.items()}
