@@ -55,7 +55,7 @@ class Served:
         policy = js.MLPPolicy(OBS, ACT, hidden_sizes=(4,))
         self.params = policy.init(jax.random.PRNGKey(0))
         self.sampler = js.sampling.HostSampler(
-            self.server, policy, seed=0, timeout_s=0.1, batch_sizes=(4, 16)
+            self.server, policy, seed=0, timeout_s=0.1, batch_sizes=(16,)
         )
         self.chunks: list = []
         self.calls = 0

@@ -61,6 +61,7 @@ def test_growth_fits_the_window_after_warm_up(soak):
     assert soak.growth(xs, [None] * len(xs))["slope"] is None
 
 
+@pytest.mark.slow
 def test_quick_run_writes_results_and_finds_nothing_wrong(soak, tmp_path):
     rc = soak.main(["--quick", "--samplers", "device", "host-ma", "--out", str(tmp_path)])
     res = json.loads((tmp_path / "soak.json").read_text())
