@@ -650,14 +650,17 @@ def _worker(address: str, first: int, count: int, steps: int, seed: int) -> None
 class ServingSide:
     """The server process's side: PolicyServer + HostSampler thread + counters."""
 
-    def __init__(self, clients: int, sample_timesteps: int, seed: int):
+    def __init__(
+        self, clients: int, sample_timesteps: int, seed: int, max_finished_ids: int | None = None
+    ):
         import jax
 
         import jaxsampler as js
         from jaxsampler.spaces import Box, Discrete
 
         obs_space, act_space = Box(-1e6, 1e6, (4,), np.float32), Discrete(2)
-        env = js.host_envs.ExternalEnv(obs_space, act_space, episode_timeout_s=60.0)
+        kw = {} if max_finished_ids is None else {"max_finished_ids": max_finished_ids}
+        env = js.host_envs.ExternalEnv(obs_space, act_space, episode_timeout_s=60.0, **kw)
         self.server = js.serving.PolicyServer(env, port=0)
         policy = js.MLPPolicy(obs_space, act_space, hidden_sizes=HIDDEN)
         self.params = policy.init(jax.random.PRNGKey(seed))
@@ -722,12 +725,17 @@ class ServingSide:
 
 
 def run_serving_soak(
-    steps: int, clients: int, procs: int, sample_timesteps: int, seed: int
+    steps: int,
+    clients: int,
+    procs: int,
+    sample_timesteps: int,
+    seed: int,
+    max_finished_ids: int | None = None,
 ) -> dict[str, Any]:
     """Part (b): see the module docstring."""
     per_client = -(-steps // clients)
     log(f"serving soak: {clients} clients over {procs} process(es), >= {steps} steps")
-    side = ServingSide(clients, sample_timesteps, seed)
+    side = ServingSide(clients, sample_timesteps, seed, max_finished_ids)
     address = side.server.address
     side.start()
     shares = [clients // procs + (i < clients % procs) for i in range(procs)]
@@ -822,6 +830,13 @@ def _mib(x: float | None) -> str:
 def _where(p: dict) -> str:
     calls = p["calls_that_compiled"]
     return f" (in calls {', '.join(map(str, calls))})" if calls else ""
+
+
+def _serving_verdict(s: dict, cfg: dict) -> str:
+    fitted = s["rss_growth_per_step"]["fitted"]
+    if fitted is None:
+        return "n/a"
+    return "flat" if fitted < cfg["max_growth_mib"] * 2**20 else "GROWS"
 
 
 def markdown(results: dict[str, Any]) -> str:
@@ -920,6 +935,13 @@ def markdown(results: dict[str, Any]) -> str:
             f"| server RSS slope, B/step (growth over window, MiB) | {_f(g['slope'], '.2f')} "
             f"({_mib(g['fitted'])}) |",
             f"| server RSS slope, KiB/s | {_f(gt['slope'], '.1f', 1 / 1024)} |",
+            f"| verdict (fitted growth over the window < {cfg['max_growth_mib']} MiB) | "
+            f"**{_serving_verdict(s, cfg)}** |",
+            "",
+            "The ExternalEnv remembers the ids of finished episodes (for its 'already "
+            "completed' errors) up to `max_finished_ids` (default 100,000), so its memory "
+            "grows with the episodes served until that cap and then stays flat; "
+            "`--max-finished-ids` sets a smaller cap to tell that growth from a leak.",
             "",
         ]
     return "\n".join(lines) + "\n"
@@ -941,6 +963,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "clients": args.clients,
             "client_procs": args.client_procs,
             "sample_timesteps": args.sample_timesteps,
+            "max_finished_ids": args.max_finished_ids,
             "seed": args.seed,
             "policy": f"MLPPolicy {HIDDEN}",
         },
@@ -954,7 +977,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         )
     if "serving" in args.parts:
         out["serving"] = run_serving_soak(
-            args.serving_steps, args.clients, args.client_procs, args.sample_timesteps, args.seed
+            args.serving_steps,
+            args.clients,
+            args.client_procs,
+            args.sample_timesteps,
+            args.seed,
+            args.max_finished_ids,
         )
     out["wall_s"] = time.perf_counter() - started
     return out
@@ -1005,6 +1033,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--clients", type=int, help="serving soak clients (default 64)")
     p.add_argument("--client-procs", type=int, help="client processes (default 4)")
     p.add_argument("--sample-timesteps", type=int, default=2048)
+    p.add_argument(
+        "--max-finished-ids",
+        type=int,
+        help="serving: the ExternalEnv's max_finished_ids (default: the env's, 100000)",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--quick", action="store_true", help="< 60 s smoke run; writes only with --out")
     p.add_argument("--out", type=Path, help=f"where to write soak.json/.md (default {RESULTS_DIR})")
