@@ -832,6 +832,22 @@ def _where(p: dict) -> str:
     return f" (in calls {', '.join(map(str, calls))})" if calls else ""
 
 
+def _cap_check(results: dict[str, Any]) -> list[str]:
+    """Lines on a second serving run with a small ``max_finished_ids`` (if recorded under
+    ``"serving_small_finished_cap"``)."""
+    c = results.get("serving_small_finished_cap")
+    if not c:
+        return []
+    g = c["serving"]["rss_growth_per_step"]
+    return [
+        "",
+        f"Second run, `{c['command']}` ({c['date']}): server RSS slope "
+        f"{_f(g['slope'], '.2f')} B/step ({_mib(g['fitted'])} MiB over the window), "
+        f"{c['serving']['lost_steps']} lost / {c['serving']['duplicated_steps']} duplicated "
+        f"steps, {_f(c['serving']['steps_per_s'])} steps/s. {c.get('note', '')}",
+    ]
+
+
 def _serving_verdict(s: dict, cfg: dict) -> str:
     fitted = s["rss_growth_per_step"]["fitted"]
     if fitted is None:
@@ -942,6 +958,7 @@ def markdown(results: dict[str, Any]) -> str:
             "completed' errors) up to `max_finished_ids` (default 100,000), so its memory "
             "grows with the episodes served until that cap and then stays flat; "
             "`--max-finished-ids` sets a smaller cap to tell that growth from a leak.",
+            *_cap_check(results),
             "",
         ]
     return "\n".join(lines) + "\n"
