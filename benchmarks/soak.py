@@ -57,7 +57,7 @@ sampled batches (per episode, both sides' counts compared), client errors (must 
 
 Usage::
 
-    python benchmarks/soak.py                # full run (~9 min on a busy 2-core machine), writes results/
+    python benchmarks/soak.py          # full run (~9 min on a busy 2-core machine), writes results/
     python benchmarks/soak.py --quick        # < 60 s smoke run, prints only (writes with --out)
     python benchmarks/soak.py --parts samplers --calls 200
 """
