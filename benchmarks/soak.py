@@ -504,7 +504,8 @@ def jit_cache_sizes(sampler: Any) -> dict[str, int] | None:
 
 
 def warm_policy_fns(sampler: Any, policy: Any, params: Any) -> int:
-    """Compiles a host sampler's jitted policy call for every padded batch size before the
+    """Compiles a host sampler's jitted policy call (and its off-policy logp call, if any)
+    for every padded batch size before the
     soak (the sampler compiles each size on its first use, which would otherwise happen at
     some later call); returns how many compiled. Stateless policies only (the state passed
     is the policy's ``initial_state((1, 1))``, as the sampler passes it)."""
@@ -512,11 +513,16 @@ def warm_policy_fns(sampler: Any, policy: Any, params: Any) -> int:
 
     before = compile_count()
     space = sampler.host_env.observation_space
-    for fn in sampler.policy_fns.values():
+    act_space = sampler.host_env.action_space
+    for pid, fn in sampler.policy_fns.items():
+        logp_fn = getattr(sampler, "logp_fns", {}).get(pid)  # off-policy rows' logp
         for b in sampler.batch_sizes:
             obs = np.zeros((b, 1, *space.shape), space.dtype)
-            out = fn(params, obs, jax.random.PRNGKey(0), policy.initial_state((1, 1)))
-            jax.block_until_ready(out)
+            state = policy.initial_state((1, 1))
+            jax.block_until_ready(fn(params, obs, jax.random.PRNGKey(0), state))
+            if logp_fn is not None:
+                act = np.zeros((b, 1, *act_space.shape), act_space.dtype)
+                jax.block_until_ready(logp_fn(params, obs, act, state))
     return compile_count() - before
 
 

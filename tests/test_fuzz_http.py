@@ -166,7 +166,7 @@ def check_answer(status: int, ctype: str, data: bytes) -> object:
     assert status < 500, (status, data[:300])
     if status == 200:
         assert ctype == MP, ctype
-        out = unpackb(data, objects=False)
+        out = unpackb(data, objects=False, spaces=True)  # /info answers carry spaces
         assert isinstance(out, dict)
         return out
     assert ctype == "application/json", (status, ctype, data[:200])

@@ -97,3 +97,47 @@ def test_http_clients_to_sampler_batches_exactly_once():
         by_episode.setdefault((o[0], o[1]), set()).add(e)
     assert all(len(v) == 1 for v in by_episode.values())
     assert len({next(iter(v)) for v in by_episode.values()}) == CLIENTS * EPISODES
+
+
+def test_remote_log_action_carries_the_callers_logp_into_the_batch():
+    """``PolicyClient.log_action(..., info={"action_logp": x})`` over HTTP: the sampler
+    records ``x`` for that row (not its own sample's logp), and batches from a server get
+    the ``abandoned`` column (a server's episodes can be abandoned)."""
+    env = js.host_envs.ExternalEnv(OBS, ACT, max_wait_s=0.0)
+    server = js.serving.PolicyServer(env, port=0)
+    policy = js.MLPPolicy(OBS, ACT, hidden_sizes=(8,))
+    params = policy.init(jax.random.PRNGKey(0))
+    sampler = js.sampling.HostSampler(server, policy, seed=0, timeout_s=0.5, batch_sizes=(1,))
+    assert sampler.mark_abandoned
+    done = threading.Event()
+
+    def simulator():
+        with js.serving.PolicyClient(server.address) as c:
+            eid = c.start_episode()
+            c.log_action(eid, obs_of(0, 0, 0), 1, info={"action_logp": -0.125})
+            c.log_returns(eid, 1.0)
+            c.get_action(eid, obs_of(0, 0, 1))
+            c.end_episode(eid, obs_of(0, 0, 2))
+        done.set()
+
+    th = threading.Thread(target=simulator, daemon=True)
+    th.start()
+    rows = []
+    for _ in range(100):  # a bound, in case a step went missing
+        finished = done.is_set()
+        b = sampler.sample_batch(params, num_timesteps=1)
+        if "default_policy" in b.policy_batches:
+            rows.append(b["default_policy"])
+        if finished and sampler.metrics.num_env_steps_sampled == 0:
+            break
+    th.join(10)
+    server.close()
+    batch = js.concat_samples(rows)
+    t = np.asarray(batch["obs"])[:, 2]
+    logged, own = int(np.flatnonzero(t == 0)[0]), int(np.flatnonzero(t == 1)[0])
+    assert batch["actions"][logged] == 1
+    assert batch["action_logp"][logged] == np.float32(-0.125)
+    # The policy's own step: the logp of the action it sampled (a log-probability of one of
+    # two actions: negative, above log(1e-6)).
+    assert -14 < float(batch["action_logp"][own]) < 0
+    np.testing.assert_array_equal(batch["abandoned"], [False, False])

@@ -85,6 +85,9 @@ class HostEnv(abc.ABC):
             sub-envs come and go, an upper bound on how many run at once.
         resettable: whether :meth:`reset` is implemented; a subclass that overrides
             :meth:`reset` gets ``True`` unless it sets the attribute itself.
+        abandons_episodes: whether the env may end an episode as truncated because its
+            client went away (final info ``{"abandoned": True}``); samplers then add an
+            ``abandoned`` column to their batches. External envs and policy servers do.
     """
 
     observation_space: Any
@@ -92,6 +95,7 @@ class HostEnv(abc.ABC):
     agent_ids: tuple[Any, ...]
     num_envs: int
     resettable: bool = False
+    abandons_episodes: bool = False
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

@@ -292,6 +292,8 @@ class ExternalEnvBase(HostEnv):
 
     #: whether the public methods take agent dicts (``ExternalMultiAgentEnv``)
     multi_agent = False
+    #: episodes of clients that vanish end truncated with ``{"abandoned": True}``
+    abandons_episodes = True
 
     def __init__(
         self,

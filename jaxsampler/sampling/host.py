@@ -125,15 +125,9 @@ def _make_feed(kind: str, books: Books) -> Feed:
 
 
 def abandons_episodes(host_env: Any) -> bool:
-    """Whether ``host_env`` can abandon episodes: its ``abandons_episodes`` attribute if it
-    has one, else whether it is an external env or a server wrapping one (``.env``)."""
-    flag = getattr(host_env, "abandons_episodes", None)
-    if flag is not None:
-        return bool(flag)
-    from jaxsampler.host_envs.external import ExternalEnvBase
-
-    inner = getattr(host_env, "env", None)
-    return isinstance(host_env, ExternalEnvBase) or isinstance(inner, ExternalEnvBase)
+    """Whether ``host_env`` can abandon episodes (its ``abandons_episodes`` attribute,
+    :class:`~jaxsampler.host_envs.base.HostEnv`'s documented flag; ``False`` if absent)."""
+    return bool(getattr(host_env, "abandons_episodes", False))
 
 
 class HostSampler(Sampler):

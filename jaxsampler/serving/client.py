@@ -303,11 +303,17 @@ class PolicyClient:
             "action"
         ]
 
-    def log_action(self, episode_id: str, observation: Any, action: Any) -> None:
-        """Logs an off-policy step (an action the simulator chose)."""
-        self._send(
-            "log_action", {"episode_id": episode_id, "observation": observation, "action": action}
-        )
+    def log_action(
+        self, episode_id: str, observation: Any, action: Any, info: dict | None = None
+    ) -> None:
+        """Logs an off-policy step (an action the simulator chose). ``info`` is added to the
+        step's info; ``info={"action_logp": x}`` gives the logp of ``action`` under the
+        behaviour policy, which the server's sampler records instead of computing it (for
+        multi-agent servers, ``info`` is ``{agent: dict}``)."""
+        msg = {"episode_id": episode_id, "observation": observation, "action": action}
+        if info is not None:
+            msg["info"] = info
+        self._send("log_action", msg)
 
     def log_returns(
         self,

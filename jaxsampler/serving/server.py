@@ -817,8 +817,8 @@ class PolicyServer(HostEnv):
 
     Args:
         env: the :class:`ExternalEnv` / :class:`ExternalMultiAgentEnv` requests go to; the
-            server owns it (``close`` closes it). Give it an ``episode_timeout_s`` so
-            episodes of vanished clients end.
+            server owns it (``close`` closes it). Its ``episode_timeout_s`` (600 s by
+            default) ends the episodes of clients that vanished.
         host: interface to bind, loopback by default.
         port: TCP port; 0 picks a free one (see :attr:`address`).
         max_body_bytes: larger request bodies are refused with 413 (not read).
@@ -904,6 +904,7 @@ class PolicyServer(HostEnv):
         # The env's spaces, agents and capacity are fixed at its construction.
         self.observation_space, self.action_space = env.observation_space, env.action_space
         self.agent_ids, self.num_envs = env.agent_ids, env.num_envs
+        self.abandons_episodes = env.abandons_episodes
         self.max_body_bytes, self.keepalive_timeout_s = (
             self.limits.max_body_bytes,
             self.limits.keepalive_timeout_s,
