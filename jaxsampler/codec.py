@@ -392,10 +392,15 @@ class _Decoder:
     document's depth before the first call."""
 
     def __init__(
-        self, refused: frozenset[int], max_array_bytes: int | None, max_space_elements: int
+        self,
+        refused: frozenset[int],
+        max_array_bytes: int | None,
+        max_space_elements: int,
+        max_bytes_per_array: int | None = None,
     ):
         self.refused = refused
         self.budget = max_array_bytes
+        self.per_array = max_bytes_per_array
         self.max_space_elements = max_space_elements
 
     def unpack(self, data: bytes, leaf: bool = False) -> Any:
@@ -471,6 +476,8 @@ class _Decoder:
                 f"{what}: dtype {dtype.str} and shape {list(dims)} need {want} bytes, "
                 f"the data has {len(raw)}"
             )
+        if self.per_array is not None and want > self.per_array:
+            raise DecodeError(f"{what}: {want} bytes exceed max_bytes_per_array={self.per_array}")
         if self.budget is not None:
             self.budget -= len(raw)
             if self.budget < 0:
@@ -562,6 +569,7 @@ def unpackb(
     max_depth: int = MAX_DEPTH,
     max_array_bytes: int | None = None,
     max_space_elements: int = MAX_SPACE_ELEMENTS,
+    max_bytes_per_array: int | None = None,
 ) -> Any:
     """Decodes one :func:`packb` document, in memory and time linear in ``len(data)``.
 
@@ -580,6 +588,8 @@ def unpackb(
         max_array_bytes: most bytes all decoded arrays may hold together (``None``: no
             limit beyond the input's own size).
         max_space_elements: most elements of a decoded space.
+        max_bytes_per_array: most bytes of any one decoded array (``None``: no limit); the
+            policy server refuses observations larger than its spaces with it.
 
     Raises:
         DecodeError: (a ``ValueError``) malformed, truncated or refused input; the message
@@ -591,7 +601,9 @@ def unpackb(
         raise type(e)(f"malformed msgpack data: {e}") from None
     if end != len(data):
         raise DecodeError(f"malformed msgpack data: extra bytes after the document at byte {end}")
-    return _decode(data, _refused(objects, spaces), max_array_bytes, max_space_elements)
+    return _decode(
+        data, _refused(objects, spaces), max_array_bytes, max_space_elements, max_bytes_per_array
+    )
 
 
 def _decode(
@@ -599,9 +611,10 @@ def _decode(
     refused: frozenset[int],
     max_array_bytes: int | None,
     max_space_elements: int,
+    max_bytes_per_array: int | None = None,
 ) -> Any:
     """Decodes one document that :func:`scan` has accepted (so its depth is bounded)."""
-    decoder = _Decoder(refused, max_array_bytes, max_space_elements)
+    decoder = _Decoder(refused, max_array_bytes, max_space_elements, max_bytes_per_array)
     try:
         return decoder.unpack(bytes(data))
     except DecodeError:

@@ -227,6 +227,13 @@ def test_array_budget():
         unpackb(doc, max_array_bytes=499)
 
 
+def test_per_array_limit_caps_each_array_not_their_sum():
+    doc = packb([np.zeros(100, np.float32)] * 50)  # 50 arrays of 400 bytes: 20 kB in all
+    assert len(unpackb(doc, max_bytes_per_array=400)) == 50
+    with pytest.raises(DecodeError, match="max_bytes_per_array"):
+        unpackb(doc, max_bytes_per_array=399)
+
+
 # -- scanning: agrees with msgpack's own parser ------------------------------------------
 
 plain = st.recursive(

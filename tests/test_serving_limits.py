@@ -171,6 +171,26 @@ def test_array_budget_follows_the_spaces_and_big_observations_are_refused():
     big = ExternalEnv(type(OBS)(-1, 1, (128, 128)), ACT)
     with PolicyServer(big) as server:
         assert server.max_array_bytes == 128 * 128 * 8
+        # The limit is per array: a /batch of many observations (a local-inference client's
+        # steps, 1.3 MB of arrays in all) is not refused for their sum.
+        with PolicyClient(server.address) as c:
+            eid = c.start_episode()
+            obs = np.zeros((128, 128), np.float32)
+            out = c._post(
+                "batch",
+                {
+                    "commands": [
+                        {
+                            "command": "log_action",
+                            "episode_id": eid,
+                            "observation": obs,
+                            "action": 0,
+                        }
+                        for _ in range(20)
+                    ]
+                },
+            )
+            assert out == {"done": 20, "errors": []}
 
 
 # -- flow control --------------------------------------------------------------------------------

@@ -237,14 +237,6 @@ def _space_nbytes(space: Any) -> int:
     return int(np.prod(shape, dtype=np.int64)) * max(8, dtype.itemsize)
 
 
-def _codec_budget(max_array_bytes: int) -> dict[str, int]:
-    """``unpackb`` keyword that caps one decoded array's bytes, if the codec has one (it
-    then refuses an oversized array before allocating it); else nothing, and
-    ``max_body_bytes`` bounds what decoding can allocate."""
-    params = inspect.signature(unpackb).parameters
-    return {"max_array_bytes": max_array_bytes} if "max_array_bytes" in params else {}
-
-
 @dataclass(frozen=True)
 class _Limits:
     """What one request and one connection may cost (see :class:`PolicyServer`)."""
@@ -832,8 +824,8 @@ class PolicyServer(HostEnv):
             gets 413.
         max_array_bytes: the largest array a request body may hold, in bytes; default: the
             largest array of the env's observation / action spaces (8 bytes an item) or
-            64 KiB, whichever is larger. Passed to the codec when it supports it (it then
-            refuses before allocating); bodies are bounded by ``max_body_bytes`` anyway.
+            64 KiB, whichever is larger. The decoder refuses a larger array (400) before
+            allocating it.
         max_pipelined: a connection is not read while this many requests wait on it.
         max_pipelined_bytes: ... or while this many body bytes wait on it.
         max_connections: connections served at once; a newcomer beyond it closes the
@@ -915,7 +907,6 @@ class PolicyServer(HostEnv):
         elif max_array_bytes <= 0:
             raise ValueError(f"max_array_bytes must be > 0, got {max_array_bytes}")
         self.max_array_bytes = int(max_array_bytes)
-        self._codec_kw = _codec_budget(self.max_array_bytes)
         # Owners need an env that knows them; None would let a call touch any episode.
         self._owned = "owner" in inspect.signature(env.start_episode).parameters
         self._token = None if token is None else f"{AUTH_SCHEME} {token}".encode()
@@ -1203,7 +1194,7 @@ class PolicyServer(HostEnv):
         self._batches.submit(job)
 
     def _decode(self, body: bytes) -> dict:
-        msg = unpackb(body, objects=False, **self._codec_kw)
+        msg = unpackb(body, objects=False, max_bytes_per_array=self.max_array_bytes)
         if not isinstance(msg, dict):
             raise _BadRequest(f"body must be a msgpack map, got {type(msg).__name__}")
         return msg
