@@ -666,7 +666,16 @@ class ServingSide:
 
         obs_space, act_space = Box(-1e6, 1e6, (4,), np.float32), Discrete(2)
         kw = {} if max_finished_ids is None else {"max_finished_ids": max_finished_ids}
-        env = js.host_envs.ExternalEnv(obs_space, act_space, episode_timeout_s=60.0, **kw)
+        # Each client runs one episode at a time: capacity 4x the clients keeps the
+        # sampler's per-env rank table small (2x the capacity), so its cap is reached early
+        # and what grows after that is a leak, not a table filling up.
+        env = js.host_envs.ExternalEnv(
+            obs_space,
+            act_space,
+            episode_timeout_s=60.0,
+            max_concurrent_episodes=max(4 * clients, 16),
+            **kw,
+        )
         self.server = js.serving.PolicyServer(env, port=0)
         policy = js.MLPPolicy(obs_space, act_space, hidden_sizes=HIDDEN)
         self.params = policy.init(jax.random.PRNGKey(seed))

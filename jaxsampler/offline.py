@@ -277,9 +277,15 @@ class OfflineWriter:
         append: add to an existing file (its header is kept) instead of truncating it.
             The file is checked first and is never damaged: an unfinished last record
             (a crashed writer's torn tail) is cut away with a :class:`TornTailWarning`
-            naming the bytes removed; damage anywhere else, or any damage in a ``.gz``
-            file, raises :class:`CorruptLogError` (run :func:`repair_log` first). A
-            version-1 file is appended to in version 1.
+            naming the bytes removed; a damaged frame header before intact frames, or any
+            damage in a ``.gz`` file, raises :class:`CorruptLogError` (run
+            :func:`repair_log` first). Damage inside an earlier record's payload is not
+            looked for (opening stays cheap: only frame headers and the last payload are
+            checked); appending never touches it, and readers report it where it is. A
+            version-1 file is appended to in version 1, only if it is intact: version 1
+            has no framing, so a damaged one is never cut (a flipped length byte would
+            look like a torn tail and cut intact records) but refused with
+            :class:`CorruptLogError` (:func:`repair_log` rewrites it in version 2).
 
     Use as a context manager, or call :meth:`close` (which writes the end frame readers
     look for). Not thread-safe; one writer per file at a time.
@@ -386,7 +392,15 @@ def _prepare_append(path: str) -> int:
                 later = None if bad is None else _next_frame(buf, bad + 1, size)
             else:
                 end, bad, torn = _walk_v1(buf, _HEADER_LEN, size)
-                later = None if bad is None or torn else bad
+                if bad is not None:  # no framing: cutting could remove intact records
+                    raise CorruptLogError(
+                        path,
+                        bad,
+                        "damaged or torn version-1 log; version 1 has no framing, so it is "
+                        "not cut automatically: run repair_log first (it rewrites the log "
+                        "in version 2)",
+                    )
+                later = None
         if later is not None:
             raise CorruptLogError(
                 path,

@@ -486,6 +486,13 @@ def check_value(
     if a.dtype != dtype:
         if a.dtype.kind not in "biuf" or not np.can_cast(a.dtype, dtype, casting="same_kind"):
             raise error(f"{what}: dtype {a.dtype} cannot be cast to {dtype}")
+        if dtype.kind in "iu" and a.dtype.kind in "iu" and a.size:
+            # astype wraps integers silently (2**32 + 1 -> 1 in int32): refuse instead
+            info = np.iinfo(dtype)
+            lo, hi = int(a.min()), int(a.max())
+            if lo < info.min or hi > info.max:
+                bad = lo if lo < info.min else hi
+                raise error(f"{what}: {bad} does not fit {dtype} (range {info.min}..{info.max})")
         a = a.astype(dtype)
     if values:
         _check_values(a, space, what, error)

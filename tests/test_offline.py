@@ -510,3 +510,22 @@ def test_version_1_damage_is_never_a_key_or_type_error(tmp_path):
         bad.write_bytes(bytes(flipped))
         kinds.add(outcome(bad)[0])  # anything but CorruptLogError propagates and fails
     assert "corrupt" in kinds
+
+
+def test_a_damaged_version_1_log_is_refused_for_append_not_cut(tmp_path):
+    """Version 1 has no framing: one flipped header byte of its first record declares a
+    length past the end of the file, which looked like a torn tail, and appending cut the
+    intact records behind it (found by a review). Now appending refuses, byte for byte."""
+    from jaxsampler.codec import packb
+
+    path = tmp_path / "v1.msgpack"
+    recs = [js.SampleBatch({"obs": np.full(4, i, np.float32)}) for i in range(3)]
+    from jaxsampler import offline
+
+    head = offline._HEADERS[1]
+    data = bytearray(head + b"".join(packb(r) for r in recs))
+    data[len(head)] = 0xC8  # the first record's ext8 marker -> ext16: its length runs past EOF
+    path.write_bytes(bytes(data))
+    with pytest.raises(CorruptLogError, match="run repair_log first"):
+        OfflineWriter(str(path), append=True)
+    assert path.read_bytes() == bytes(data)

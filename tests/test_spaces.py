@@ -608,3 +608,19 @@ def test_value_checker_agrees_with_check_value(values):
             assert np.asarray(got).dtype == np.asarray(want).dtype
             if values and isinstance(x, np.ndarray):
                 assert got is not x  # the caller's buffer is never kept
+
+
+def test_integers_that_do_not_fit_the_dtype_are_refused_not_wrapped():
+    """astype would wrap 2**32 + 1 to 1 in int32; a client's action or observation must be
+    refused instead (found by a review: the policy server accepted it as action 1)."""
+    from jaxsampler.spaces import Box, Discrete, check_value
+
+    for x in (2**32 + 1, -(2**32) + 1, 2**64 - 1, np.int64(2**40)):
+        with pytest.raises(ValueError, match="does not fit int32"):
+            check_value(x, Discrete(2), "action")
+    with pytest.raises(ValueError, match="does not fit"):
+        check_value(np.array([2**31, 0], np.int64), Box(0, 10, (2,), np.int32), "obs")
+    assert check_value(np.int64(1), Discrete(2), "action") == 1
+    np.testing.assert_array_equal(
+        check_value(np.array([3, 4], np.int64), Box(0, 10, (2,), np.int32), "obs"), [3, 4]
+    )

@@ -114,13 +114,20 @@ name themselves with an ``X-Client-Id`` header (random per :class:`PolicyClient`
 server runs each call as that owner, so a client cannot see or touch another client's
 episodes (404, as if unknown), and the env's per-owner quota
 (``max_episodes_per_owner``) applies; requests without the header share one anonymous
-owner. Client ids are self-asserted: they keep token holders apart, they are not secrets
-from whoever can read the traffic. Ids of episodes started without one are made by the env
-(``uuid4``, from ``os.urandom``). An authenticated but hostile client can still use its
-share of the server: it is bounded by the limits above (memory and time per request and
-per connection, connection count), the env's quotas and timeouts (``max_concurrent_episodes``,
-``max_episodes_per_owner``, ``episode_timeout_s``, ``max_queued_steps``), and what its data
-does to training (it can send any in-space observations, rewards and actions).
+owner (so header-less clients can touch each other's episodes). Client ids are
+self-asserted, not credentials: they keep well-behaved clients apart (a bug in one cannot
+end another's episodes, and another's episode ids are useless without its client id), but a
+hostile token holder can claim any id it has seen, and can rotate ids to get around the
+per-owner quota; then only ``max_concurrent_episodes`` and ``episode_timeout_s`` bound it
+(an episode it keeps alive with calls is not reaped). Ids of episodes started without one
+are made by the env (``uuid4``, from ``os.urandom``). An authenticated but hostile client can
+still use its share of the server: it is bounded by the limits above (memory and time per
+request and per connection, connection count), the env's quotas and timeouts
+(``max_concurrent_episodes``, ``max_episodes_per_owner``, ``episode_timeout_s``,
+``max_queued_steps``), and what its data does to training (it can send any in-space
+observations, rewards and actions). Bodies over 64 KiB are decoded on a worker thread, so
+one big request slows, but does not stop, the others; a body of plain msgpack numbers
+decodes to about 8x its size in Python objects (``max_body_bytes`` bounds it).
 """
 
 from __future__ import annotations
@@ -184,6 +191,8 @@ _ACCEPT_RETRY_S = (0.05, 0.5)  # retry delay after a failed accept: freed someth
 _EVICT_ON_EMFILE = 4  # idle connections closed per failed accept
 _BATCH_WORKERS = 2  # threads running /batch slices (pure Python under the GIL: few suffice)
 _BATCH_SLICE = 32  # commands run per slice before other connections' batches get a turn
+#: request bodies larger than this are decoded on a worker thread, not on the event loop
+_INLINE_DECODE_BYTES = 64 << 10
 _INLINE_BATCH_BYTES = 8 << 10  # /batch bodies up to this size start on the event loop
 _DESCRIPTOR_ERRNOS = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
 
@@ -1157,8 +1166,36 @@ class PolicyServer(HostEnv):
         if command == "batch":
             self._batch(conn, _BatchJob(self, conn, body, owner))
             return
+        if len(body) > _INLINE_DECODE_BYTES:
+            # Decoding a big body (plain lists: a Python walk over every item) would stall
+            # every connection: decode it on a worker, then carry on here.
+            conn.busy = True
+
+            def decoded(fut: Any) -> None:
+                conn.busy = False
+                e = fut.exception()
+                if e is not None:
+                    conn.exception(e)
+                else:
+                    self._command(conn, command, fut.result(), owner)
+                if not conn.busy:
+                    conn.done()
+
+            self._loop.run_in_executor(self._executor, self._decode, body).add_done_callback(
+                decoded
+            )
+            return
         try:
             msg = self._decode(body)
+        except Exception as e:
+            conn.exception(e)
+            return
+        self._command(conn, command, msg, owner)
+
+    def _command(self, conn: _Connection, command: str, msg: dict, owner: Any) -> None:
+        """Runs one decoded command (not ``/batch``) and answers it, or leaves it waiting
+        (``get_action``, back pressure) with the connection marked busy."""
+        try:
             if "returns" in msg:  # log_returns calls deferred by the client: first, in order
                 self._returns(_field(msg, "returns", list), owner)
             if command == "get_action":
