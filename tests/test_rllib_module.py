@@ -331,3 +331,39 @@ def test_unsupported_modules_raise():
     md = _spec(CARTPOLE_OBS, gym.spaces.MultiDiscrete([2, 3]), {}).build()
     with pytest.raises(TypeError, match="supported"):
         policy_from_rl_module(md)
+
+
+@pytest.mark.parametrize("act_space", [gym.spaces.Discrete(3), BOX2_ACT], ids=["discrete", "box"])
+@pytest.mark.parametrize("recurrent", [False, True], ids=["mlp", "gru"])
+def test_js_policies_action_dist_inputs_are_rllibs_layout(act_space, recurrent):
+    """``js.MLPPolicy`` / ``js.RecurrentPolicy``'s ``action_dist_inputs``, read by RLlib's own
+    action distribution class, give back the policy's ``action_logp`` (what RLlib's PPO loss
+    does with these columns)."""
+    from ray.rllib.core.distribution.torch.torch_distribution import (
+        TorchCategorical,
+        TorchDiagGaussian,
+    )
+
+    import jaxsampler as js
+    from jaxsampler.spaces import from_gymnasium_space
+
+    obs_space, space = from_gymnasium_space(PENDULUM_OBS), from_gymnasium_space(act_space)
+    if recurrent:
+        policy = js.RecurrentPolicy(obs_space, space, hidden_size=8)
+    else:
+        policy = js.MLPPolicy(obs_space, space, hidden_sizes=(8,))
+    params = policy.init(jax.random.key(0))
+    if isinstance(space, Discrete):
+        params["params"]["actor_out"]["bias"] = jnp.array([1.0, -0.5, 0.2])
+    else:
+        params["params"]["log_std"] = jnp.array([-0.6, 0.3])
+    obs = jnp.asarray(_obs(PENDULUM_OBS, n=12))
+    state = policy.initial_state((12,))
+    action, extras, _ = policy(params, obs, jax.random.key(1), state)
+    cls = TorchCategorical if isinstance(space, Discrete) else TorchDiagGaussian
+    dist = cls.from_logits(torch.from_numpy(np.array(extras["action_dist_inputs"])))
+    np.testing.assert_allclose(
+        dist.logp(_torch_action(action, act_space)).numpy(), extras["action_logp"], **LOGP_TOL
+    )
+    if not isinstance(space, Discrete):
+        np.testing.assert_allclose(dist._dist.scale.numpy(), np.exp([[-0.6, 0.3]] * 12), rtol=1e-6)
