@@ -129,7 +129,7 @@ def _torch_action(action, space):
 def test_outputs_equal_rllib(case):
     _, obs_space, act_space, model_config = case
     module = _module(obs_space, act_space, model_config)
-    policy, params = policy_from_rl_module(module)
+    policy, params = policy_from_rl_module(module, matmul_precision="highest")
     obs = _obs(obs_space)
     dist_inputs, inference_inputs, values = _rllib(module, obs)
     np.testing.assert_array_equal(dist_inputs.numpy(), inference_inputs.numpy())
@@ -204,8 +204,9 @@ def test_gaussian_samples_follow_rllib_distribution():
     assert a.shape == (20000, 2)
 
 
-def test_inference_only_module_has_no_value():
-    model_config = dict(fcnet_hiddens=[8, 8])
+@pytest.mark.parametrize("shared", [False, True], ids=["separate", "shared"])
+def test_inference_only_module_has_no_value(shared):
+    model_config = dict(fcnet_hiddens=[8, 8], vf_share_layers=shared)
     full = _module(CARTPOLE_OBS, CARTPOLE_ACT, model_config, seed=2)
     light = _spec(CARTPOLE_OBS, CARTPOLE_ACT, model_config, inference_only=True).build()
     light.set_state(full.get_state(inference_only=True))
@@ -328,6 +329,8 @@ def test_unsupported_modules_raise():
     )
     with pytest.raises(TypeError, match="DefaultPPOTorchRLModule"):
         policy_from_rl_module(dqn)
+    with pytest.raises(ValueError, match="matmul_precision"):
+        policy_from_rl_module(spec, matmul_precision="fast")
     md = _spec(CARTPOLE_OBS, gym.spaces.MultiDiscrete([2, 3]), {}).build()
     with pytest.raises(TypeError, match="supported"):
         policy_from_rl_module(md)
