@@ -329,6 +329,19 @@ def test_unsupported_modules_raise():
     )
     with pytest.raises(TypeError, match="DefaultPPOTorchRLModule"):
         policy_from_rl_module(dqn)
+    # A custom subclass that changes the forward pass is not the default module.
+    from ray.rllib.algorithms.ppo.torch.default_ppo_torch_rl_module import (
+        DefaultPPOTorchRLModule,
+    )
+
+    class Custom(DefaultPPOTorchRLModule):
+        def _forward(self, batch, **kwargs):
+            return super()._forward(batch, **kwargs)
+
+    spec.module_class = Custom
+    with pytest.raises(TypeError, match="overrides _forward"):
+        policy_from_rl_module(spec)
+    spec.module_class = DefaultPPOTorchRLModule
     with pytest.raises(ValueError, match="matmul_precision"):
         policy_from_rl_module(spec, matmul_precision="fast")
     md = _spec(CARTPOLE_OBS, gym.spaces.MultiDiscrete([2, 3]), {}).build()

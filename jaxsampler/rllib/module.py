@@ -418,8 +418,16 @@ def policy_from_rl_module(
     if not isinstance(module, RLModule):
         raise _unsupported(f"got a {type(module).__name__}, not an RLlib RLModule")
     if not isinstance(module, DefaultPPOTorchRLModule):
-        raise _unsupported(f"got a {type(module).__name__} (framework {module.framework!r})")
-    for method in ("_forward", "_forward_inference", "_forward_exploration", "compute_values"):
+        raise _unsupported(
+            f"got a {type(module).__name__} (framework {getattr(module, 'framework', None)!r})"
+        )
+    for method in (
+        "_forward",
+        "_forward_inference",
+        "_forward_exploration",
+        "_forward_train",
+        "compute_values",
+    ):
         if getattr(type(module), method) is not getattr(DefaultPPOTorchRLModule, method):
             raise _unsupported(f"{type(module).__name__} overrides {method}")
 
