@@ -480,3 +480,47 @@ def test_default_module_mapping_maps_to_each_sides_default():
     assert to_rllib(from_rllib(RlMultiAgentEpisode())).agent_to_module_mapping_fn is (
         RlMultiAgentEpisode().agent_to_module_mapping_fn
     )
+
+
+# -------------------------------------------------------------------- RLlib's own state / pickle
+
+
+def test_rllib_from_state_and_pickle_of_converted_episodes(sa_episodes, ma_episodes):
+    """RLlib's from_state (its checkpoint path) and pickling (how RLlib ships episodes from
+    env runners to learners) work on converted episodes and keep them equal."""
+    import pickle
+
+    for rl_ep in to_rllib(sa_episodes[-3:]):
+        assert_rl_sa_equal(RlSingleAgentEpisode.from_state(rl_ep.get_state()), rl_ep)
+        assert_rl_sa_equal(pickle.loads(pickle.dumps(rl_ep)), rl_ep)
+    for rl_ep in to_rllib(ma_episodes[-2:]):
+        assert_rl_ma_equal(RlMultiAgentEpisode.from_state(rl_ep.get_state()), rl_ep)
+        assert_rl_ma_equal(pickle.loads(pickle.dumps(rl_ep)), rl_ep)
+
+
+def test_rllib_from_state_of_a_jaxsampler_state_fails_and_the_converted_path_works():
+    """jaxsampler's get_state() keeps its own format (jaxsampler space objects); RLlib's
+    state is ``to_rllib(ep).get_state()``, and ``from_rllib`` brings RLlib's back."""
+    ep = hand_built_episodes()[1]
+    with pytest.raises((KeyError, TypeError, AttributeError)):
+        RlSingleAgentEpisode.from_state(ep.get_state())
+    rl_state = to_rllib(ep).get_state()
+    assert_js_sa_equal(from_rllib(RlSingleAgentEpisode.from_state(rl_state)), ep)
+
+
+def test_gc_is_restored_after_converting_lists():
+    import gc
+
+    eps = hand_built_episodes()
+    assert gc.isenabled()
+    from_rllib(to_rllib(eps))
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        to_rllib(eps)
+        assert not gc.isenabled()  # a caller's disabled collector stays disabled
+    finally:
+        gc.enable()
+    with pytest.raises(TypeError):
+        to_rllib([eps[0], object()])
+    assert gc.isenabled()
