@@ -395,3 +395,25 @@ def test_multi_agent_continuation_chunks_are_numpy_ized():
     pparams = mlp.init(jax.random.PRNGKey(0))
     chunks = [e for _ in range(2) for e in to_rllib(sampler.sample(pparams))]
     assert all(e.is_numpy for e in chunks)
+
+
+@pytest.mark.xfail(
+    reason="sampler defect being fixed separately: chunks keep agent episodes of length 0 "
+    "(an agent that acted and awaits its next observation); RLlib's runner prunes them and "
+    "its learner connectors fail on their empty buffers",
+    strict=False,
+)
+def test_multi_agent_ppo_pipeline_runs_on_turn_based_chunks():
+    """TicTacToe-v0 (agents alternate, so one of them always hangs at a cut)."""
+    env = js.make("TicTacToe-v0")
+    pol = js.MultiAgentPolicy(
+        env, {"shared": js.RandomPolicy(env.observation_space, env.action_space)}, shared_module
+    )
+    sampler = js.Sampler(env, pol, num_envs=3, rollout_length=3, seed=1, episode_lookback_horizon=1)
+    obs_space, act_space = env.observation_space.to_gymnasium(), env.action_space.to_gymnasium()
+    learner = build_ppo_learner(None, obs_space, act_space, multi_agent_ids=env.agent_ids)
+    for _ in range(2):
+        call = [e if e.is_numpy else e.to_numpy() for e in to_rllib(sampler.sample({"shared": ()}))]
+        n_steps = sum(len(sa) for e in call for sa in e.agent_episodes.values())
+        batch = train_batch(learner, call)["shared"]
+        assert int(batch["loss_mask"].sum()) == n_steps
