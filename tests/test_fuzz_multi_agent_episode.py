@@ -58,6 +58,7 @@ class Model:
         self.env_t_started, self.lookback = 0, 0
         self.chunk_agents: set[str] = set()
         self.agent_t_started: dict[str, int] = {}
+        self.known_before: set[str] = set()  # agents with an observation before the last step
 
     def join(self, a: str, obs: int) -> None:
         m = self.agents[a]
@@ -68,7 +69,9 @@ class Model:
 
     @property
     def is_done(self) -> bool:
-        joined = [m for m in self.agents.values() if m.obs]
+        # RLlib's rule: every agent known *before* the last step is done after it (an
+        # agent joining in that step does not keep the episode going)
+        joined = [m for a, m in self.agents.items() if a in self.known_before]
         return bool(joined) and all(m.state == "done" for m in joined)
 
     def cut(self, n: int) -> None:
@@ -155,6 +158,7 @@ def apply_step(ep_list: list, model: Model, plan: dict, counter: list) -> bool:
     obs, actions, rewards, terms, truncs = {}, {}, {}, {}, {}
     finish_hanging = []
     model.env_t += 1
+    model.known_before = {a for a, m in model.agents.items() if m.obs}
     for a, c, r in zip(AGENTS, plan["choice"], plan["reward"]):
         m = model.agents[a]
         counter[0] += 1
@@ -203,7 +207,8 @@ def apply_step(ep_list: list, model: Model, plan: dict, counter: list) -> bool:
             m.rewards.append(m.hanging_reward)
             m.hanging_reward = 0.0
             m.obs.append(obs[a] if a in obs else m.obs[-1])
-            m.obs_env_t.append(model.env_t)
+            # a re-recorded final observation (terminated without one) has no env step
+            m.obs_env_t.append(model.env_t if a in obs else -1)
             m.terminated, m.truncated = a in terms, a in truncs
     return True
 
