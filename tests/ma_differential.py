@@ -104,6 +104,7 @@ class Program:
         obs, act, rew, infos, extras = {}, {}, {}, {}, {}
         term, trunc = {}, {}
         all_trunc = end and rng.random() < 0.5
+        joiners: list[str] = []
         for a in AGENTS:
             st = self.status.get(a)
             if st == "done":
@@ -113,6 +114,7 @@ class Program:
                 u = rng.random()
                 if u < 0.3 and not end:
                     obs[a] = self.obs(a)
+                    joiners.append(a)
                     if rng.random() < 0.5:
                         rew[a] = r
                     self.status[a] = "obs"
@@ -145,6 +147,12 @@ class Program:
                 self.term_no_obs.add(a)
             if a in obs and rng.random() < 0.3:
                 infos[a] = {"t": self.t}
+        if joiners and all(s == "done" for a, s in self.status.items() if a not in joiners):
+            # RLlib ends the episode when every known agent is done and ignores an agent
+            # joining in that step; we let it join (and go on): not compared
+            for a in joiners:
+                del obs[a], self.status[a]
+                rew.pop(a, None)
         if end:
             (trunc if all_trunc else term)["__all__"] = True
         outcome = []
@@ -208,7 +216,8 @@ class Program:
                 kw["neg_index_as_lookback"] = True
             if rng.random() < 0.3 and idx is not None:
                 kw["fill"] = -9 if what != "infos" else {"f": 1}
-            if env_steps and rng.random() < 0.2:
+            if env_steps and not isinstance(idx, int) and rng.random() < 0.2:
+                # (RLlib asserts that return_list has list or slice indices)
                 kw["return_list"] = True
             if rng.random() < 0.3:
                 kw["agent_ids"] = [a for a in AGENTS if rng.random() < 0.5]

@@ -37,18 +37,19 @@ def device_calls(env, policy, params, n_calls, seed=SEED):
     return calls
 
 
-def reference_chunks(calls, env, horizon, mapping, cut=True, finished_log=None):
+def reference_chunks(calls, env, horizon, mapping, cut=True, finished_log=None, rllib_flags=False):
     """Per call, the episode chunks of the reference loop in sample()'s order (with
-    ``cut=False`` episodes are never cut; ``finished_log`` collects (env, episode))."""
+    ``cut=False`` episodes are never cut; ``finished_log`` collects (env, episode)).
+
+    As RLlib's env runner: at the end of a call the ongoing chunks' successors are cut,
+    then every returned chunk loses its agents without a step (``len == 0``)."""
     ids, A = env.agent_ids, env.num_agents
     open_eps: dict[int, MultiAgentEpisode] = {}
     done: dict[int, set] = {}
     out = []
     for traj, next_acting, next_reset in calls:
         finished = []
-        chunk = {
-            e: (open_eps.pop(e).cut(horizon) if cut else open_eps.pop(e)) for e in list(open_eps)
-        }
+        chunk = dict(open_eps)
         acting = np.concatenate([traj.acting, next_acting[None]], axis=0)
         is_reset = np.concatenate([traj.is_reset, next_reset[None]], axis=0)
         for t in range(T):
@@ -96,6 +97,14 @@ def reference_chunks(calls, env, horizon, mapping, cut=True, finished_log=None):
                     },
                 )
                 done[e] |= {ids[a] for a in newly}
+                if not rllib_flags:  # each agent keeps the env's own flags (the default)
+                    for a in newly:
+                        sa = ep.agent_episodes.get(ids[a])
+                        if sa is not None:
+                            sa.is_terminated = bool(traj.terminated[t, e, a])
+                            sa.is_truncated = bool(
+                                traj.truncated[t, e, a] and not traj.terminated[t, e, a]
+                            )
                 # The episode ends when the env has every agent done. (RLlib also ends it
                 # when every agent *seen so far* is done; agents may still join here.)
                 ep.is_terminated = ep.is_terminated and all_done
@@ -105,8 +114,13 @@ def reference_chunks(calls, env, horizon, mapping, cut=True, finished_log=None):
                         finished_log.append((e, ep))
                     finished.append((e, t, ep))
                     del chunk[e]
-        open_eps = dict(chunk)
+        open_eps = {e: (ep.cut(horizon) if cut else ep) for e, ep in chunk.items()}
         finished.sort(key=lambda x: x[:2])  # the sampler's order: env by env, then in time
+        for _, _, ep in finished:
+            ep.prune_empty_agents()
+        if cut:
+            for ep in chunk.values():
+                ep.prune_empty_agents()
         out.append([ep for _, _, ep in finished] + [chunk[e] for e in sorted(chunk)])
     return out
 

@@ -375,10 +375,19 @@ class MultiAgentEpisode:
         self.env_t += 1
         map_len = self._map_len()
         # Every agent known before this step done (by its own flags, not "__all__"): the
-        # episode is terminated, also when some of them were truncated (RLlib's rule).
-        every_agent_done = bool(self.agent_episodes) and all(
-            sa.is_done or terminateds.get(a) or truncateds.get(a)
-            for a, sa in self.agent_episodes.items()
+        # episode is terminated, also when some of them were truncated (RLlib's rule) -
+        # unless an agent joins in this step (RLlib would end the episode and ignore it).
+        joins = any(
+            a not in self.agent_episodes and not terminateds.get(a) and not truncateds.get(a)
+            for a in observations
+        )
+        every_agent_done = (
+            bool(self.agent_episodes)
+            and not joins
+            and all(
+                sa.is_done or terminateds.get(a) or truncateds.get(a)
+                for a, sa in self.agent_episodes.items()
+            )
         )
         for aid, m in self.env_t_to_agent_t.items():
             if aid not in observations:
@@ -388,14 +397,14 @@ class MultiAgentEpisode:
             agents.update((a, None) for a in d if a != ALL_AGENTS)
         if all_term or all_trunc:
             agents.update((a, None) for a in self.agent_episodes)
-        for aid in agents:
-            term = bool(terminateds.get(aid, False)) or all_term
-            trunc = bool(truncateds.get(aid, False)) or all_trunc
+        self.is_terminated = all_term or every_agent_done
+        self.is_truncated = all_trunc
+        for aid in agents:  # the episode's flags are OR'ed into every agent stepped here
+            term = bool(terminateds.get(aid, False)) or self.is_terminated
+            trunc = bool(truncateds.get(aid, False)) or self.is_truncated
             self._agent_step(
                 aid, observations, actions, rewards, infos, extras, term, trunc, map_len
             )
-        self.is_terminated = all_term or every_agent_done
-        self.is_truncated = all_trunc
         self._last_step_time = time.perf_counter()
 
     def _agent_step(
@@ -562,7 +571,21 @@ class MultiAgentEpisode:
 
     def get_agents_that_stepped(self) -> set:
         """Agents with an observation at the last env step."""
-        return {a for a, m in self.env_t_to_agent_t.items() if m.data and m.data[-1] != SKIP}
+        return {
+            a
+            for a, m in self.env_t_to_agent_t.items()
+            if m.data and m.data[-1] != SKIP and a in self.agent_episodes
+        }
+
+    def prune_empty_agents(self) -> MultiAgentEpisode:
+        """Removes the agent episodes without a step in this chunk (``len == 0``: e.g. an
+        agent that acted and waits for its next observation), as RLlib's env runner does
+        before returning a chunk; their maps and hanging caches stay (a ``cut`` successor
+        made before continues them, and :meth:`concat_episode` of the successor restores
+        them). Returns ``self``."""
+        for aid in [a for a, sa in self.agent_episodes.items() if len(sa) == 0]:
+            del self.agent_episodes[aid]
+        return self
 
     def get_agents_to_act(self) -> set:
         """Agents with an observation at the last env step that are not done."""
@@ -571,8 +594,8 @@ class MultiAgentEpisode:
     # -- getters -----------------------------------------------------------------------
 
     def _agent_list(self, agent_ids: Any) -> list:
-        if agent_ids is None:
-            return list(self.agent_episodes)
+        if agent_ids is None or (isinstance(agent_ids, Collection) and not agent_ids):
+            return list(self.agent_episodes)  # (an empty collection: all agents, as RLlib)
         if isinstance(agent_ids, str) or not isinstance(agent_ids, Collection):
             agent_ids = [agent_ids]
         return [a for a in agent_ids if a in self.agent_episodes]
@@ -1105,9 +1128,13 @@ class MultiAgentEpisode:
                 self.agent_t_started[aid] = osa.t_started
                 self._agent_episode_ids[aid] = osa.id_
                 self._agent_to_module_mapping.setdefault(aid, osa.module_id)
-                self.env_t_to_agent_t[aid] = InfiniteLookbackBuffer(
-                    [SKIP] * (n_self - 1) + list(om.data[olb:]), self._len_lookback_buffers
-                )
+                m = self.env_t_to_agent_t.get(aid)
+                if m is not None:  # pruned here (no step yet): its map goes on
+                    m.data = list(m.data) + list(om.data[olb + 1 :])
+                else:
+                    self.env_t_to_agent_t[aid] = InfiniteLookbackBuffer(
+                        [SKIP] * (n_self - 1) + list(om.data[olb:]), self._len_lookback_buffers
+                    )
                 continue
             if len(osa) > 0:
                 for k, buf in osa.extra_model_outputs.items():

@@ -260,7 +260,11 @@ class MultiAgentConverter:
                 else:
                     still_open[e] = ep
                 episodes.append(ep)
-        self._open = still_open
+            # As RLlib's env runner: the open chunks' successors are cut first, then every
+            # chunk loses its agents without a step and is numpy'ized.
+            self._open = {e: self._successor(ep) for e, ep in still_open.items()}
+            for ep in episodes:
+                ep.prune_empty_agents().to_numpy()
         m = cs.metrics
         m.num_agent_steps_sampled = len(pos)
         return episodes, m
@@ -272,10 +276,7 @@ class MultiAgentConverter:
         the open chunk, or a new episode (also when the previous call was ``sample_batch``);
         and the env step of its first map entry still to be written."""
         if continues and e in self._open:
-            ep = self._open[e].cut(self._horizon)
-            for sa in ep.agent_episodes.values():  # env infos stay numpy'ized, as in new chunks
-                if not sa.infos.finalized and sa.infos.data and sa.infos.data[0]:
-                    sa.infos.finalize()
+            ep = self._open[e]  # the cut successor of the previous call's chunk
             return ep, ep.env_t + 1  # its maps end at env step ep.env_t
         ma_id = self._ids(e, count)
         mapping = dict(zip(self._agent_ids, self._agent_policy))
@@ -304,6 +305,18 @@ class MultiAgentConverter:
                 )
                 self._set_hanging(ep, a, e, old)
         return ep, first
+
+    def _successor(self, ep: MultiAgentEpisode) -> MultiAgentEpisode:
+        """``ep.cut(horizon)`` with its lookback data numpy'ized (the next call appends
+        arrays to it; env infos stay numpy'ized, as in new chunks)."""
+        succ = ep.cut(self._horizon)
+        for sa in succ.agent_episodes.values():
+            for buf in (sa.observations, sa.actions, sa.rewards, *sa.extra_model_outputs.values()):
+                if not buf.finalized and buf.len_incl_lookback() > 0:
+                    buf.finalize()
+            if not sa.infos.finalized and sa.infos.data and sa.infos.data[0]:
+                sa.infos.finalize()
+        return succ
 
     def _set_hanging(self, ep: MultiAgentEpisode, a: int, e: int, carry: AgentCarry) -> None:
         ep.set_hanging(
