@@ -760,3 +760,15 @@ def test_off_policy_actions_are_sent_recorded_and_marked():
     np.testing.assert_array_equal(
         batch["vf_preds"], batch["obs"][:, 0]
     )  # the policy's extras are kept
+
+
+@pytest.mark.parametrize("horizon", [0, 1])
+def test_multi_agent_host_chunks_are_rllib_runner_chunks(horizon):
+    """Every chunk numpy'ized, none with an agent episode without a step (TurnDictEnv's
+    agents wait for their turn across call boundaries), every agent step in one chunk."""
+    from tests.test_multi_agent_sampler import assert_rllib_runner_chunks
+
+    henv = MultiAgentDictEnv([TurnDictEnv for _ in range(2)], seed=0)
+    s = HostSampler(henv, _ma_policy(henv), episode_lookback_horizon=horizon, rollout_length=5)
+    calls = [s.sample({"p0": (), "p1": ()}) for _ in range(6)]
+    assert assert_rllib_runner_chunks(calls, None) >= 3

@@ -67,6 +67,10 @@ class MultiAgentConverter:
         agent_policy: each agent's policy (module) id, in agent-axis order.
         observation_space, action_space: of one agent (all agents share them).
         horizon: lookback env steps carried into continuation chunks (``cut``).
+        rllib_compatible: agents' done flags as RLlib 2.60's ``MultiAgentEpisode`` sets
+            them: every agent stepped in an episode's last step is terminated, and also
+            truncated if the episode is (RLlib ORs the episode's flags into each agent).
+            Default: each agent's own flags.
     """
 
     def __init__(
@@ -78,8 +82,10 @@ class MultiAgentConverter:
         observation_space: Any,
         action_space: Any,
         horizon: int,
+        rllib_compatible: bool = False,
     ):
         self._ids = ids
+        self._rllib_compatible = bool(rllib_compatible)
         self._num_envs = num_envs
         self._agent_ids, self._agent_policy = agent_ids, agent_policy
         self._obs_space, self._act_space = observation_space, action_space
@@ -152,7 +158,17 @@ class MultiAgentConverter:
         steps = AgentSteps(
             **{f.name: getattr(steps, f.name)[order] for f in dataclasses.fields(AgentSteps)}
         )
-        return _CallSteps(cols, call, seg, m, steps, pos[order], old)
+        pos = pos[order]
+        if self._rllib_compatible and len(pos):
+            # Steps ending at their episode's last env step (its last observation's slot;
+            # slots count the one-step head).
+            final = (seg.term | seg.trunc)[pos] & (steps.end == (seg.start + seg.len + _H)[pos])
+            steps = dataclasses.replace(
+                steps,
+                terminated=steps.terminated | final,
+                truncated=steps.truncated | (final & seg.trunc[pos]),
+            )
+        return _CallSteps(cols, call, seg, m, steps, pos, old)
 
     def _step_columns(
         self, cs: _CallSteps, eps_ids: np.ndarray, next_infos: bool = False
