@@ -150,10 +150,14 @@ class SingleAgentEpisode:
         module_id: Any = None,
         multi_agent_episode_id: str | None = None,
         t: int | None = None,
+        custom_data: dict[str, Any] | None = None,
+        step_times: tuple[float | None, float | None] = (None, None),
     ) -> SingleAgentEpisode:
         """An episode over prebuilt, already-validated buffers (RLlib's constructor accepts
-        prebuilt lookback buffers too) without the constructor's checks: the samplers' fast
-        path. ``t`` must be ``t_started + len(rewards)``; computed when not given."""
+        prebuilt lookback buffers too) without the constructor's checks: the samplers' and
+        converters' fast path. ``t`` must be ``t_started + len(rewards)``; computed when not
+        given. ``custom_data`` is taken as is (not copied); ``step_times`` is
+        :attr:`step_times`."""
         ep = cls.__new__(cls)
         ep._lazy = None
         ep.id_ = id_
@@ -173,8 +177,8 @@ class SingleAgentEpisode:
         ep.is_terminated, ep.is_truncated = terminated, truncated
         ep.t_started = t_started
         ep.t = t_started + len(rewards) if t is None else t
-        ep.custom_data = {}
-        ep._start_time = ep._last_step_time = None
+        ep.custom_data = {} if custom_data is None else custom_data
+        ep._start_time, ep._last_step_time = step_times
         return ep
 
     @classmethod
@@ -633,6 +637,12 @@ class SingleAgentEpisode:
         """Sum of the rewards (lookback excluded)."""
         rewards = self.get_rewards()
         return np.sum(rewards, dtype=np.float64) if self.is_numpy else sum(rewards)
+
+    @property
+    def step_times(self) -> tuple[float | None, float | None]:
+        """``(start, last step)`` ``time.perf_counter()`` stamps (``None`` until stepped):
+        what :meth:`get_duration_s` measures; set by ``add_env_reset`` / ``add_env_step``."""
+        return self._start_time, self._last_step_time
 
     def get_duration_s(self) -> float:
         if self._start_time is None:

@@ -1,0 +1,334 @@
+"""Exact conversions between jaxsampler's episodes/batches and RLlib's (ray 2.60).
+
+:func:`to_rllib` turns a jaxsampler ``SingleAgentEpisode``, ``MultiAgentEpisode``,
+``SampleBatch`` or ``MultiAgentBatch`` (or a list / tuple of them) into the RLlib object of
+the same name; :func:`from_rllib` is its exact inverse. Every field survives: the columns
+with their lookback lengths, ``t_started`` / ``t``, ids, the done flags, the spaces
+(jaxsampler spaces become the equivalent ``gymnasium.spaces`` and back), ``custom_data``,
+the step timers, and for multi-agent episodes the env-step mapping, the hanging caches, the
+agent start times and the agent-to-module mapping. Round trips are identity.
+
+The conversion shares the numpy arrays (no copy per step: episodes are built from whole
+arrays): writing into a converted episode's arrays in place (``set_*``) changes the source
+too. Lists (list-mode columns, infos) are copied shallowly, so appending to one side never
+changes the other. Objects that already have the target type pass through unchanged, so both
+functions can be applied to mixed lists.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, cast
+
+from jaxsampler.episodes.batch import MultiAgentBatch as JsMultiAgentBatch
+from jaxsampler.episodes.batch import SampleBatch as JsSampleBatch
+from jaxsampler.episodes.lookback import InfiniteLookbackBuffer as JsBuffer
+from jaxsampler.episodes.multi_agent import MultiAgentEpisode as JsMultiAgentEpisode
+from jaxsampler.episodes.single_agent import SingleAgentEpisode as JsSingleAgentEpisode
+from jaxsampler.episodes.single_agent import reward_space
+from jaxsampler.rllib import require_rllib
+
+require_rllib()
+
+import gymnasium  # noqa: E402
+from ray.rllib.env.single_agent_episode import (  # noqa: E402
+    SingleAgentEpisode as RlSingleAgentEpisode,
+)
+from ray.rllib.env.utils.infinite_lookback_buffer import (  # noqa: E402
+    InfiniteLookbackBuffer as RlBuffer,
+)
+from ray.rllib.policy.sample_batch import MultiAgentBatch as RlMultiAgentBatch  # noqa: E402
+from ray.rllib.policy.sample_batch import SampleBatch as RlSampleBatch  # noqa: E402
+from ray.rllib.utils.spaces.space_utils import get_base_struct_from_space  # noqa: E402
+
+from jaxsampler.spaces import Space, convert_space  # noqa: E402
+
+__all__ = ["to_rllib", "from_rllib"]
+
+_SUPPORTED_TO = (
+    "jaxsampler SingleAgentEpisode, MultiAgentEpisode, SampleBatch, MultiAgentBatch, "
+    "or a list/tuple of them"
+)
+_SUPPORTED_FROM = (
+    "RLlib SingleAgentEpisode, MultiAgentEpisode, SampleBatch, MultiAgentBatch, "
+    "or a list/tuple of them"
+)
+
+# RLlib's constant space of one reward (a float32 scalar Box, one object for all episodes).
+_RL_REWARD_SPACE = RlSingleAgentEpisode(rewards=[]).rewards.space
+
+
+_NESTED = (gymnasium.spaces.Dict, gymnasium.spaces.Tuple)
+
+
+class _Spaces:
+    """Space conversions for one call, memoized by object identity (the episodes of one
+    ``sample()`` share their space objects, so each is converted once)."""
+
+    __slots__ = ("_to", "_from", "_struct")
+
+    def __init__(self) -> None:
+        # id(space) -> (space, result); holding `space` keeps its id unique meanwhile
+        self._to: dict[int, tuple[Any, Any]] = {}
+        self._from: dict[int, tuple[Any, Any]] = {}
+        self._struct: dict[int, tuple[Any, Any]] = {}
+
+    @staticmethod
+    def _cached(memo: dict[int, tuple[Any, Any]], space: Any, fn: Callable[[Any], Any]) -> Any:
+        hit = memo.get(id(space))
+        if hit is not None and hit[0] is space:
+            return hit[1]
+        out = fn(space)
+        memo[id(space)] = (space, out)
+        return out
+
+    def to_gym(self, space: Any) -> Any:
+        if space is None or isinstance(space, gymnasium.spaces.Space):
+            return space
+        return self._cached(self._to, space, _js_to_gym)
+
+    def struct(self, space: Any) -> Any:
+        """RLlib's ``get_base_struct_from_space(space)`` (memoized)."""
+        if not isinstance(space, _NESTED):
+            return space  # what RLlib computes for a flat space or None
+        return self._cached(self._struct, space, get_base_struct_from_space)
+
+    def from_gym(self, space: Any) -> Any:
+        if space is None or isinstance(space, Space):
+            return space
+        return self._cached(self._from, space, _gym_to_js)
+
+
+def _js_to_gym(space: Any) -> Any:
+    if space is reward_space():
+        return _RL_REWARD_SPACE
+    try:
+        js_space = convert_space(space)
+    except TypeError as err:
+        raise TypeError(
+            f"to_rllib: cannot convert the space {space!r} ({type(space).__name__}) into a "
+            "gymnasium space; supported: jaxsampler, gymnax and gymnasium Box, Discrete, "
+            "MultiDiscrete, Dict, Tuple"
+        ) from err
+    return js_space.to_gymnasium()
+
+
+def _gym_to_js(space: Any) -> Any:
+    if space is _RL_REWARD_SPACE:
+        return reward_space()
+    try:
+        return convert_space(space)
+    except (TypeError, ValueError) as err:
+        raise TypeError(
+            f"from_rllib: cannot convert the space {space!r} ({type(space).__name__}) into a "
+            "jaxsampler space; supported: gymnasium Box, Discrete, MultiDiscrete (start 0), "
+            "Dict, Tuple"
+        ) from err
+
+
+def _data(data: Any) -> Any:
+    """A buffer's data for the other side: arrays shared, lists copied shallowly."""
+    return list(data) if isinstance(data, list) else data
+
+
+# ----------------------------------------------------------------------- single agent
+
+
+def _rl_buffer(data: Any, lookback: int, space: Any, struct: Any) -> RlBuffer:
+    """RLlib's buffer over ``data``, as ``InfiniteLookbackBuffer(data, lookback, space)``
+    builds it, minus its per-buffer recomputation of ``space``'s struct (``struct`` is
+    computed once per space). RLlib has no trusted constructor; the fields set here are
+    exactly those its ``__init__`` sets (a test compares the two)."""
+    buf = RlBuffer.__new__(RlBuffer)
+    buf.data, buf.lookback, buf.finalized = data, lookback, not isinstance(data, list)
+    buf._space, buf._space_struct = space, struct
+    return buf
+
+
+def _buf_to_rl(buf: JsBuffer, spaces: _Spaces) -> RlBuffer:
+    space = spaces.to_gym(buf.space)
+    return _rl_buffer(_data(buf.data), buf.lookback, space, spaces.struct(space))
+
+
+def _buf_from_rl(buf: RlBuffer, spaces: _Spaces) -> JsBuffer:
+    return JsBuffer.trusted(_data(buf.data), buf.lookback, spaces.from_gym(buf.space))
+
+
+def _sa_to_rllib(ep: JsSingleAgentEpisode, spaces: _Spaces) -> RlSingleAgentEpisode:
+    """RLlib's episode with ``ep``'s fields, as RLlib's constructor builds it from
+    prebuilt buffers (``t = t_started + len(rewards)``), without its re-validation and
+    struct recomputation (a test checks the result against the constructor's)."""
+    out: Any = RlSingleAgentEpisode.__new__(RlSingleAgentEpisode)
+    out.id_, out.agent_id, out.module_id, out.multi_agent_episode_id = (
+        ep.id_,
+        ep.agent_id,
+        ep.module_id,
+        ep.multi_agent_episode_id,
+    )
+    out.observations = _buf_to_rl(ep.observations, spaces)
+    out.infos = _buf_to_rl(ep.infos, spaces)
+    out.actions = _buf_to_rl(ep.actions, spaces)
+    out.rewards = _buf_to_rl(ep.rewards, spaces)
+    out.extra_model_outputs = {k: _buf_to_rl(v, spaces) for k, v in ep.extra_model_outputs.items()}
+    out._observation_space = spaces.to_gym(ep.observation_space)
+    out._action_space = spaces.to_gym(ep.action_space)
+    out.is_terminated, out.is_truncated = ep.is_terminated, ep.is_truncated
+    out.t_started, out.t = ep.t_started, ep.t
+    out._custom_data = dict(ep.custom_data)
+    out._start_time, out._last_step_time = ep.step_times
+    out._last_added_observation = out._last_added_infos = None
+    return out
+
+
+def _sa_from_rllib(ep: RlSingleAgentEpisode, spaces: _Spaces) -> JsSingleAgentEpisode:
+    return JsSingleAgentEpisode.trusted(
+        ep.id_,
+        observations=_buf_from_rl(ep.observations, spaces),
+        infos=_buf_from_rl(ep.infos, spaces),
+        actions=_buf_from_rl(ep.actions, spaces),
+        rewards=_buf_from_rl(ep.rewards, spaces),
+        extra_model_outputs={k: _buf_from_rl(v, spaces) for k, v in ep.extra_model_outputs.items()},
+        observation_space=spaces.from_gym(ep.observation_space),
+        action_space=spaces.from_gym(ep.action_space),
+        terminated=ep.is_terminated,
+        truncated=ep.is_truncated,
+        t_started=ep.t_started,
+        agent_id=ep.agent_id,
+        module_id=ep.module_id,
+        multi_agent_episode_id=cast(Any, ep.multi_agent_episode_id),
+        t=ep.t,
+        custom_data=dict(ep.custom_data),
+        step_times=(ep._start_time, ep._last_step_time),
+    )
+
+
+# ----------------------------------------------------------------------- batches
+
+
+def _sb_convert(batch: Any, cls: type) -> Any:
+    out = cls(
+        dict(batch),
+        _time_major=batch.time_major,
+        _max_seq_len=batch.max_seq_len,
+        _zero_padded=batch.zero_padded,
+        _is_training=batch.is_training,
+        _num_grad_updates=batch.num_grad_updates,
+    )
+    return out
+
+
+def _sb_to_rllib(batch: JsSampleBatch, spaces: _Spaces) -> RlSampleBatch:
+    return _sb_convert(batch, RlSampleBatch)
+
+
+def _sb_from_rllib(batch: RlSampleBatch, spaces: _Spaces) -> JsSampleBatch:
+    return _sb_convert(batch, JsSampleBatch)
+
+
+def _mab_to_rllib(batch: JsMultiAgentBatch, spaces: _Spaces) -> RlMultiAgentBatch:
+    return RlMultiAgentBatch(
+        {k: _sb_to_rllib(v, spaces) for k, v in batch.policy_batches.items()}, batch.count
+    )
+
+
+def _mab_from_rllib(batch: RlMultiAgentBatch, spaces: _Spaces) -> JsMultiAgentBatch:
+    return JsMultiAgentBatch(
+        {k: _sb_from_rllib(v, spaces) for k, v in batch.policy_batches.items()}, batch.count
+    )
+
+
+# ----------------------------------------------------------------------- dispatch
+
+_TO: dict[type, Callable[[Any, _Spaces], Any]] = {
+    JsSingleAgentEpisode: _sa_to_rllib,
+    JsSampleBatch: _sb_to_rllib,
+    JsMultiAgentBatch: _mab_to_rllib,
+}
+_FROM: dict[type, Callable[[Any, _Spaces], Any]] = {
+    RlSingleAgentEpisode: _sa_from_rllib,
+    RlSampleBatch: _sb_from_rllib,
+    RlMultiAgentBatch: _mab_from_rllib,
+}
+_RL_TYPES = tuple(_FROM)
+_JS_TYPES = tuple(_TO)
+
+
+def _lookup(table: dict[type, Callable[[Any, _Spaces], Any]], obj: Any) -> Any:
+    fn = table.get(type(obj))
+    if fn is None:  # a subclass
+        for cls, f in table.items():
+            if isinstance(obj, cls):
+                return f
+    return fn
+
+
+def to_rllib(obj: Any) -> Any:
+    """Converts jaxsampler episodes / batches into RLlib's (ray 2.60) classes, exactly.
+
+    Args:
+        obj: a jaxsampler ``SingleAgentEpisode``, ``MultiAgentEpisode``, ``SampleBatch`` or
+            ``MultiAgentBatch``, or a list / tuple of them. RLlib objects pass through
+            unchanged.
+
+    Returns:
+        The RLlib object of the same class name, or a list of them for a list / tuple. The
+        numpy arrays are shared, not copied (see the module docstring); spaces become
+        ``gymnasium.spaces``.
+
+    Raises:
+        TypeError: ``obj`` (or an item of the list) is of a type RLlib cannot represent, or
+            holds a space that has no gymnasium equivalent.
+    """
+    spaces = _Spaces()
+    if isinstance(obj, (list, tuple)):
+        return [_to_one(x, spaces) for x in obj]
+    return _to_one(obj, spaces)
+
+
+def _to_one(obj: Any, spaces: _Spaces) -> Any:
+    fn = _lookup(_TO, obj)
+    if fn is not None:
+        return fn(obj, spaces)
+    if isinstance(obj, _RL_TYPES):
+        return obj
+    raise TypeError(
+        f"to_rllib: cannot convert {type(obj).__module__}.{type(obj).__qualname__} to an RLlib "
+        f"object; supported: {_SUPPORTED_TO}"
+    )
+
+
+def from_rllib(obj: Any) -> Any:
+    """Converts RLlib's (ray 2.60) episodes / batches into jaxsampler's classes, exactly.
+
+    The inverse of :func:`to_rllib`: ``from_rllib(to_rllib(x))`` equals ``x`` field by
+    field, and ``to_rllib(from_rllib(y))`` equals ``y``.
+
+    Args:
+        obj: an RLlib ``SingleAgentEpisode``, ``MultiAgentEpisode``, ``SampleBatch`` or
+            ``MultiAgentBatch``, or a list / tuple of them. jaxsampler objects pass through
+            unchanged.
+
+    Returns:
+        The jaxsampler object of the same class name, or a list of them for a list / tuple;
+        arrays shared, gymnasium spaces converted to jaxsampler spaces.
+
+    Raises:
+        TypeError: ``obj`` (or an item) is of another type, or holds a space jaxsampler has
+            no equivalent for.
+    """
+    spaces = _Spaces()
+    if isinstance(obj, (list, tuple)):
+        return [_from_one(x, spaces) for x in obj]
+    return _from_one(obj, spaces)
+
+
+def _from_one(obj: Any, spaces: _Spaces) -> Any:
+    fn = _lookup(_FROM, obj)
+    if fn is not None:
+        return fn(obj, spaces)
+    if isinstance(obj, (*_JS_TYPES, JsMultiAgentEpisode)):
+        return obj
+    raise TypeError(
+        f"from_rllib: cannot convert {type(obj).__module__}.{type(obj).__qualname__} to a "
+        f"jaxsampler object; supported: {_SUPPORTED_FROM}"
+    )
