@@ -1,0 +1,538 @@
+"""Mirror RLlib's default PPO torch RLModule as a jaxsampler policy.
+
+:func:`policy_from_rl_module` reads the structure of an RLlib 2.60
+``DefaultPPOTorchRLModule`` (what ``PPOConfig().rl_module(model_config=DefaultModelConfig(...))``
+builds for a 1-D ``Box`` observation space) and returns an equivalent
+:class:`RLModulePolicy` plus its params: the same MLP encoder(s) (``fcnet_hiddens``,
+``fcnet_activation``, ``fcnet_use_layernorm``, ``vf_share_layers`` on or off), the same pi and
+vf heads (``head_fcnet_hiddens``, ``head_fcnet_activation``, ``head_fcnet_use_layernorm``) and
+the same action distribution: ``TorchCategorical`` for ``Discrete`` actions,
+``TorchDiagGaussian`` for ``Box`` actions, with the log-std from the pi head
+(``free_log_std=False``) or a free parameter (``free_log_std=True``), clipped to
+``[-log_std_clip_param, log_std_clip_param]`` as RLlib's pi head does.
+
+:func:`params_from_module_state` turns the module's state (``module.get_state()``, what an
+``EnvRunner.set_state`` receives under ``"rl_module"``) into new params for an already built
+policy, with the same pytree structure, shapes and dtypes every time, so a jitted rollout is
+not traced again.
+
+The params are a flat ``dict`` from the module's state key (for example
+``"encoder.actor_encoder.net.mlp.0.weight"``) to a ``float32`` array in torch's layout (dense
+weights ``[out, in]``): a weight sync is one host-to-device copy per tensor.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxsampler.policies.base import Policy
+from jaxsampler.spaces import Box, Discrete, Space, convert_space
+
+__all__ = ["RLModulePolicy", "policy_from_rl_module", "params_from_module_state"]
+
+_SUPPORTED = (
+    "RLlib's default PPO torch RLModule (DefaultPPOTorchRLModule, new API stack) with an MLP "
+    "encoder (1-D Box observations; fcnet_hiddens, fcnet_activation, fcnet_use_layernorm, "
+    "vf_share_layers), MLP pi/vf heads (head_fcnet_hiddens, head_fcnet_activation, "
+    "head_fcnet_use_layernorm) and Discrete (TorchCategorical) or float Box "
+    "(TorchDiagGaussian, free_log_std False or True) actions"
+)
+
+# torch activation class name -> jax function
+_ACTIVATIONS: dict[str, Any] = {
+    "Tanh": jnp.tanh,
+    "ReLU": jax.nn.relu,
+    "SiLU": jax.nn.silu,
+    "Sigmoid": jax.nn.sigmoid,
+    "ELU": jax.nn.elu,
+    "GELU": lambda x: jax.nn.gelu(x, approximate=False),
+    "Identity": lambda x: x,
+}
+
+# A layer of a mirrored ``nn.Sequential``, hashable:
+#   ("dense", weight_key, bias_key or "", in_dim, out_dim)
+#   ("layernorm", weight_key, bias_key, dim, eps)
+#   ("act", torch class name)
+Layer = tuple[Any, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class RLModulePolicy(Policy):
+    """A jaxsampler policy equal to an RLlib default PPO torch RLModule.
+
+    Build it with :func:`policy_from_rl_module`; the fields describe the module's layers
+    (static, hashable) and are not meant to be filled in by hand.
+
+    ``__call__(params, obs, key, policy_state) -> (action, extras, policy_state)`` computes
+    the module's ``action_dist_inputs`` (what ``forward_inference`` /
+    ``forward_exploration`` return), then, as RLlib's ``GetActions`` connector does, samples
+    from the action distribution (``explore=True``; ``action_logp`` is the sample's
+    log-probability) or takes its deterministic action (``explore=False``: argmax of the
+    logits, or the Gaussian mean; ``action_logp`` is ``0.0``, the log-probability RLlib's
+    ``TorchDeterministic`` reports). Extras: ``action_dist_inputs`` (``float32[*batch, n]``
+    logits, or ``float32[*batch, 2 * dim]`` = concat(mean, log_std)), ``action_logp``
+    (``float32[*batch]``) and, when the module has a value head (it is not
+    ``inference_only``), ``vf_preds`` (``float32[*batch]``, ``compute_values``).
+    Box actions are returned unclipped and unscaled, as RLlib's module samples them (RLlib's
+    env runner then unsquashes/clips them for the env, per ``normalize_actions`` /
+    ``clip_actions``).
+
+    Attributes:
+        observation_space: the observation space (1-D Box; or any space whose one-hot /
+            flattened size is the encoder's input size).
+        action_space: ``Discrete`` or float ``Box``.
+        actor_encoder: layers of the actor (or shared) encoder.
+        critic_encoder: layers of the separate critic encoder; ``None`` when the layers are
+            shared (``vf_share_layers=True``) or the module has no value function.
+        pi_head: layers of the pi head.
+        vf_head: layers of the vf head; ``None`` for an ``inference_only`` module.
+        free_log_std_key: state key of the free log-std parameter (``free_log_std=True``),
+            else ``""``.
+        log_std_clip: the clip of the Gaussian log-std (``None``: not clipped, for
+            Discrete actions).
+        explore: sample (True) or act deterministically (False).
+    """
+
+    observation_space: Space
+    action_space: Space
+    actor_encoder: tuple[Layer, ...]
+    critic_encoder: tuple[Layer, ...] | None
+    pi_head: tuple[Layer, ...]
+    vf_head: tuple[Layer, ...] | None
+    free_log_std_key: str = ""
+    log_std_clip: float | None = None
+    explore: bool = True
+
+    @property
+    def has_value(self) -> bool:
+        """Whether the policy computes ``vf_preds`` (the module has a value head)."""
+        return self.vf_head is not None
+
+    @property
+    def param_shapes(self) -> dict[str, tuple[int, ...]]:
+        """State key -> shape of every param the policy reads."""
+        shapes: dict[str, tuple[int, ...]] = {}
+        for layers in (self.actor_encoder, self.critic_encoder, self.pi_head, self.vf_head):
+            for layer in layers or ():
+                if layer[0] == "dense":
+                    _, w, b, d_in, d_out = layer
+                    shapes[w] = (d_out, d_in)
+                    if b:
+                        shapes[b] = (d_out,)
+                elif layer[0] == "layernorm":
+                    _, w, b, dim, _ = layer
+                    shapes[w] = (dim,)
+                    shapes[b] = (dim,)
+        if self.free_log_std_key:
+            shapes[self.free_log_std_key] = (_action_size(self.action_space),)
+        return shapes
+
+    def init(self, key: jax.Array) -> dict[str, jax.Array]:
+        """Random params of the right structure (for tests; real ones come from the module)."""
+        shapes = self.param_shapes
+        keys = jax.random.split(key, len(shapes))
+        return {
+            name: 0.1 * jax.random.normal(k, shape, jnp.float32)
+            for k, (name, shape) in zip(keys, sorted(shapes.items()))
+        }
+
+    def _features(self, obs: Any) -> tuple[jax.Array, tuple[int, ...]]:
+        space = self.observation_space
+        if isinstance(space, Discrete):
+            x = jax.nn.one_hot(obs - space.start, space.n, dtype=jnp.float32)
+        elif isinstance(space, Box):
+            batch = obs.shape[: obs.ndim - len(space.shape)]
+            x = obs.reshape(batch + (-1,)).astype(jnp.float32)
+        else:  # pragma: no cover - refused at construction
+            raise TypeError(f"unsupported observation space {space!r}")
+        batch = x.shape[:-1]
+        # One 2-D matmul per layer: XLA's CPU dot is fastest on [rows, features].
+        return x.reshape(-1, x.shape[-1]), batch
+
+    def action_dist_inputs(self, params: Mapping[str, jax.Array], obs: Any) -> jax.Array:
+        """The module's ``action_dist_inputs`` for ``obs`` (leaves ``[*batch, *obs_shape]``).
+
+        Returns:
+            ``float32[*batch, n]`` logits (Discrete) or ``float32[*batch, 2 * dim]``
+            concat(mean, log_std) (Box). Pure: safe under ``jit`` and ``vmap``.
+        """
+        x, batch = self._features(obs)
+        out = self._pi(params, _run(self.actor_encoder, params, x))
+        return out.reshape(batch + out.shape[-1:])
+
+    def values(self, params: Mapping[str, jax.Array], obs: Any) -> jax.Array:
+        """The module's ``compute_values`` for ``obs``: ``float32[*batch]``. Pure.
+
+        Raises:
+            ValueError: the module has no value head (``inference_only``).
+        """
+        if self.vf_head is None:
+            raise ValueError(
+                "this policy mirrors an inference-only RLModule (no value head): values "
+                "are not available; mirror the learner's module (inference_only=False)"
+            )
+        x, batch = self._features(obs)
+        emb = _run(self.critic_encoder or self.actor_encoder, params, x)
+        return _run(self.vf_head, params, emb)[..., 0].reshape(batch)
+
+    def _pi(self, params: Mapping[str, jax.Array], emb: jax.Array) -> jax.Array:
+        out = _run(self.pi_head, params, emb)
+        if self.log_std_clip is None:
+            return out
+        if self.free_log_std_key:
+            mean = out
+            log_std = jnp.broadcast_to(params[self.free_log_std_key], mean.shape)
+        else:
+            mean, log_std = jnp.split(out, 2, axis=-1)
+        log_std = jnp.clip(log_std, -self.log_std_clip, self.log_std_clip)
+        return jnp.concatenate([mean, log_std], axis=-1)
+
+    def __call__(
+        self, params: Any, obs: Any, key: jax.Array, policy_state: Any
+    ) -> tuple[Any, dict[str, jax.Array], Any]:
+        x, batch = self._features(obs)
+        actor = _run(self.actor_encoder, params, x)
+        dist_inputs = self._pi(params, actor)
+        action, logp = self._sample(dist_inputs, key)
+        extras = {
+            "action_dist_inputs": dist_inputs.reshape(batch + dist_inputs.shape[-1:]),
+            "action_logp": logp.reshape(batch),
+        }
+        if self.vf_head is not None:
+            emb = actor if self.critic_encoder is None else _run(self.critic_encoder, params, x)
+            extras["vf_preds"] = _run(self.vf_head, params, emb)[..., 0].reshape(batch)
+        return action.reshape(batch + action.shape[1:]), extras, policy_state
+
+    def _sample(self, dist_inputs: jax.Array, key: jax.Array) -> tuple[jax.Array, jax.Array]:
+        space = self.action_space
+        zero = jnp.zeros(dist_inputs.shape[:-1], jnp.float32)
+        if isinstance(space, Discrete):
+            if self.explore:
+                idx = jax.random.categorical(key, dist_inputs)
+                logp = _categorical_logp(dist_inputs, idx)
+            else:
+                idx, logp = jnp.argmax(dist_inputs, -1), zero
+            return (idx + space.start).astype(space.dtype), logp
+        assert isinstance(space, Box)
+        mean, log_std = jnp.split(dist_inputs, 2, axis=-1)
+        if self.explore:
+            flat = mean + jnp.exp(log_std) * jax.random.normal(key, mean.shape, mean.dtype)
+            logp = _gaussian_logp(mean, log_std, flat)
+        else:
+            flat, logp = mean, zero
+        return flat.reshape(flat.shape[:1] + space.shape).astype(space.dtype), logp
+
+    def log_prob(self, params: Any, obs: Any, action: Any, policy_state: Any) -> jax.Array:
+        """Log-probability (density for Box) of ``action`` at ``obs`` under the module's
+        action distribution (what RLlib's ``action_dist_class.from_logits(...).logp`` gives):
+        ``float32[*batch]``; ``policy_state`` is unused. Pure."""
+        dist_inputs = self.action_dist_inputs(params, obs)
+        space = self.action_space
+        if isinstance(space, Discrete):
+            return _categorical_logp(dist_inputs, (action - space.start).astype(jnp.int32))
+        flat = action.reshape(action.shape[: action.ndim - len(space.shape)] + (-1,))
+        mean, log_std = jnp.split(dist_inputs, 2, axis=-1)
+        return _gaussian_logp(mean, log_std, flat.astype(jnp.float32))
+
+
+def _categorical_logp(logits: jax.Array, idx: jax.Array) -> jax.Array:
+    logp_all = jax.nn.log_softmax(logits)
+    return jnp.take_along_axis(logp_all, idx[..., None].astype(jnp.int32), -1)[..., 0]
+
+
+def _gaussian_logp(mean: jax.Array, log_std: jax.Array, x: jax.Array) -> jax.Array:
+    # The operation order of torch's Normal(loc, exp(log_std)).log_prob, for equal rounding.
+    scale = jnp.exp(log_std)
+    per_dim = -jnp.square(x - mean) / (2 * jnp.square(scale)) - jnp.log(scale)
+    return jnp.sum(per_dim - math.log(math.sqrt(2 * math.pi)), axis=-1)
+
+
+def _run(layers: tuple[Layer, ...], params: Mapping[str, jax.Array], x: jax.Array) -> jax.Array:
+    for layer in layers:
+        kind = layer[0]
+        if kind == "dense":
+            _, w, b, _, _ = layer
+            x = x @ params[w].T
+            if b:
+                x = x + params[b]
+        elif kind == "layernorm":
+            _, w, b, _, eps = layer
+            mean = jnp.mean(x, axis=-1, keepdims=True)
+            var = jnp.mean(jnp.square(x - mean), axis=-1, keepdims=True)
+            x = (x - mean) / jnp.sqrt(var + eps) * params[w] + params[b]
+        else:
+            x = _ACTIVATIONS[layer[1]](x)
+    return x
+
+
+def _action_size(space: Space) -> int:
+    if isinstance(space, Discrete):
+        return space.n
+    return int(np.prod(space.shape, dtype=np.int64))
+
+
+def _unsupported(what: str) -> TypeError:
+    return TypeError(f"policy_from_rl_module: {what}; supported: {_SUPPORTED}")
+
+
+def _sequential_layers(net: Any, prefix: str) -> tuple[Layer, ...]:
+    """The layers of a ``TorchMLP`` (``net.mlp``, an ``nn.Sequential``) as hashable specs."""
+    import torch
+
+    seq = getattr(net, "mlp", None)
+    if not isinstance(seq, torch.nn.Sequential):
+        raise _unsupported(f"{prefix} is not an RLlib TorchMLP (got {type(net).__name__})")
+    layers: list[Layer] = []
+    for i, layer in enumerate(seq):
+        key = f"{prefix}.mlp.{i}"
+        if isinstance(layer, torch.nn.Linear):
+            bias = f"{key}.bias" if layer.bias is not None else ""
+            layers.append(("dense", f"{key}.weight", bias, layer.in_features, layer.out_features))
+        elif isinstance(layer, torch.nn.LayerNorm):
+            if len(layer.normalized_shape) != 1 or not layer.elementwise_affine:
+                raise _unsupported(f"{key}: a LayerNorm over more than the last axis")
+            if layer.bias is None:
+                raise _unsupported(f"{key}: a LayerNorm without bias")
+            layers.append(
+                (
+                    "layernorm",
+                    f"{key}.weight",
+                    f"{key}.bias",
+                    int(layer.normalized_shape[0]),
+                    float(layer.eps),
+                )
+            )
+        elif type(layer).__name__ in _ACTIVATIONS and type(layer).__module__.startswith("torch"):
+            if isinstance(layer, torch.nn.ELU) and layer.alpha != 1.0:
+                raise _unsupported(f"{key}: ELU with alpha != 1")
+            if isinstance(layer, torch.nn.GELU) and layer.approximate != "none":
+                raise _unsupported(f"{key}: GELU(approximate={layer.approximate!r})")
+            layers.append(("act", type(layer).__name__))
+        else:
+            raise _unsupported(
+                f"{key} is a {type(layer).__name__} (supported layers: Linear, LayerNorm, "
+                f"activations {sorted(_ACTIVATIONS)})"
+            )
+    return tuple(layers)
+
+
+def _mlp_encoder(encoder: Any, prefix: str) -> tuple[Layer, ...]:
+    from ray.rllib.core.models.torch.encoder import TorchMLPEncoder
+
+    if not isinstance(encoder, TorchMLPEncoder):
+        raise _unsupported(
+            f"the encoder {prefix} is a {type(encoder).__name__} (CNN, LSTM and other "
+            "encoders are not mirrored; only TorchMLPEncoder)"
+        )
+    return _sequential_layers(encoder.net, f"{prefix}.net")
+
+
+def _out_dim(layers: tuple[Layer, ...]) -> int:
+    dims = [layer[4] for layer in layers if layer[0] == "dense"]
+    if not dims:
+        raise _unsupported("a head without a Linear layer")
+    return int(dims[-1])
+
+
+def policy_from_rl_module(
+    module: Any,
+    *,
+    explore: bool = True,
+    observation_space: Space | None = None,
+) -> tuple[RLModulePolicy, dict[str, jax.Array]]:
+    """An equivalent jaxsampler policy for an RLlib default PPO torch RLModule, and its params.
+
+    Args:
+        module: a built ``DefaultPPOTorchRLModule`` (e.g.
+            ``config.get_rl_module_spec(env=...).build()``, ``algo.get_module()``, an env
+            runner's ``module``), or an ``RLModuleSpec`` (built here). An
+            ``inference_only`` module (what RLlib's env runners hold) gives a policy without
+            ``vf_preds``.
+        explore: sample actions (``forward_exploration`` + sampling) or act
+            deterministically (``forward_inference`` + the distribution's deterministic
+            action), as RLlib's env runner does for ``explore=True`` / ``False``.
+        observation_space: the env's observation space when it differs from the module's
+            (e.g. ``Discrete`` observations one-hot encoded by a connector): Discrete is
+            one-hot encoded, Box flattened; its size must equal the encoder's input size.
+            Default: the module's ``observation_space``.
+
+    Returns:
+        ``(policy, params)``: an :class:`RLModulePolicy` and params holding the module's
+        current weights (see :func:`params_from_module_state`).
+
+    Raises:
+        TypeError: ``module`` is not RLlib's default PPO torch RLModule with an MLP encoder
+            (a MultiRLModule, another algorithm's module, a custom module, a CNN or LSTM
+            encoder, a non-torch module) or its spaces are not supported; the message names
+            what is supported.
+        ValueError: ``observation_space`` does not fit the encoder's input size.
+    """
+    from ray.rllib.algorithms.ppo.torch.default_ppo_torch_rl_module import (
+        DefaultPPOTorchRLModule,
+    )
+    from ray.rllib.core.distribution.torch.torch_distribution import (
+        TorchCategorical,
+        TorchDiagGaussian,
+    )
+    from ray.rllib.core.models.torch.encoder import TorchActorCriticEncoder
+    from ray.rllib.core.models.torch.heads import TorchFreeLogStdMLPHead, TorchMLPHead
+    from ray.rllib.core.rl_module.multi_rl_module import MultiRLModule, MultiRLModuleSpec
+    from ray.rllib.core.rl_module.rl_module import RLModule, RLModuleSpec
+
+    if isinstance(module, MultiRLModuleSpec):
+        raise _unsupported(
+            "got a MultiRLModuleSpec; mirror each sub-module: "
+            "policy_from_rl_module(spec.rl_module_specs[module_id])"
+        )
+    if isinstance(module, RLModuleSpec):
+        module = module.build()
+    if isinstance(module, MultiRLModule):
+        raise _unsupported(
+            "got a MultiRLModule; mirror each sub-module: policy_from_rl_module(multi_module["
+            f"module_id]) for module_id in {sorted(module.keys())}"
+        )
+    if not isinstance(module, RLModule):
+        raise _unsupported(f"got a {type(module).__name__}, not an RLlib RLModule")
+    if not isinstance(module, DefaultPPOTorchRLModule):
+        raise _unsupported(f"got a {type(module).__name__} (framework {module.framework!r})")
+    for method in ("_forward", "_forward_inference", "_forward_exploration", "compute_values"):
+        if getattr(type(module), method) is not getattr(DefaultPPOTorchRLModule, method):
+            raise _unsupported(f"{type(module).__name__} overrides {method}")
+
+    action_space = convert_space(module.action_space)
+    obs_space = observation_space or convert_space(module.observation_space)
+    dist_cls = module.get_exploration_action_dist_cls()
+    if dist_cls is not module.get_inference_action_dist_cls():
+        raise _unsupported("exploration and inference action distributions differ")
+    if isinstance(action_space, Discrete):
+        if dist_cls is not TorchCategorical:
+            raise _unsupported(f"Discrete actions with {dist_cls.__name__}")
+    elif isinstance(action_space, Box) and np.issubdtype(action_space.dtype, np.floating):
+        if dist_cls is not TorchDiagGaussian:
+            raise _unsupported(f"Box actions with {dist_cls.__name__}")
+    else:
+        raise _unsupported(f"the action space {module.action_space}")
+    if not isinstance(obs_space, (Box, Discrete)):
+        raise _unsupported(f"the observation space {obs_space!r}")
+
+    encoder = module.encoder
+    if type(encoder) is not TorchActorCriticEncoder:
+        raise _unsupported(
+            f"module.encoder is a {type(encoder).__name__} (stateful/LSTM encoders are not "
+            "mirrored)"
+        )
+    critic: tuple[Layer, ...] | None = None
+    shared = bool(getattr(encoder.config, "shared", False))
+    if shared:
+        actor = _mlp_encoder(encoder.encoder, "encoder.encoder")
+    else:
+        actor = _mlp_encoder(encoder.actor_encoder, "encoder.actor_encoder")
+        if getattr(encoder, "critic_encoder", None) is not None:
+            critic = _mlp_encoder(encoder.critic_encoder, "encoder.critic_encoder")
+
+    pi = module.pi
+    free_log_std_key = ""
+    if type(pi) is TorchFreeLogStdMLPHead:
+        free_log_std_key = "pi.log_std"
+    elif type(pi) is not TorchMLPHead:
+        raise _unsupported(f"module.pi is a {type(pi).__name__}")
+    pi_head = _sequential_layers(pi.net, "pi.net")
+    log_std_clip: float | None = None
+    if pi.clip_log_std:
+        if not isinstance(action_space, Box):
+            raise _unsupported("a clipped log-std head with Discrete actions")
+        log_std_clip = float(pi.log_std_clip_param_const.reshape(-1)[0])
+    elif isinstance(action_space, Box):
+        raise _unsupported("a Gaussian pi head without log-std clipping")
+
+    vf_head: tuple[Layer, ...] | None = None
+    vf = getattr(module, "vf", None)
+    if vf is not None:
+        if type(vf) is not TorchMLPHead or vf.clip_log_std:
+            raise _unsupported(f"module.vf is a {type(vf).__name__}")
+        vf_head = _sequential_layers(vf.net, "vf.net")
+        if _out_dim(vf_head) != 1:
+            raise _unsupported("a value head with more than one output")
+        if critic is None and not shared:
+            raise _unsupported("a value head without a critic encoder")
+    elif critic is not None:
+        critic = None  # not used without a value head
+
+    in_dim = next(layer[3] for layer in actor if layer[0] == "dense")
+    features = obs_space.n if isinstance(obs_space, Discrete) else int(np.prod(obs_space.shape))
+    if features != in_dim:
+        raise ValueError(
+            f"policy_from_rl_module: the observation space {obs_space!r} has {features} "
+            f"features but the module's encoder takes {in_dim}"
+        )
+    n = _action_size(action_space)
+    expected = n if isinstance(action_space, Discrete) or free_log_std_key else 2 * n
+    if _out_dim(pi_head) != expected:
+        raise _unsupported(f"a pi head with {_out_dim(pi_head)} outputs for {action_space!r}")
+
+    policy = RLModulePolicy(
+        observation_space=obs_space,
+        action_space=action_space,
+        actor_encoder=actor,
+        critic_encoder=critic,
+        pi_head=pi_head,
+        vf_head=vf_head,
+        free_log_std_key=free_log_std_key,
+        log_std_clip=log_std_clip,
+        explore=bool(explore),
+    )
+    return policy, params_from_module_state(policy, module.get_state())
+
+
+def params_from_module_state(policy: RLModulePolicy, state: Mapping[str, Any]) -> dict[str, Any]:
+    """New params for ``policy`` from an RLlib module state (a weight sync).
+
+    Use it on every ``EnvRunner.set_state`` instead of mirroring the module again: the
+    returned params always have the same structure, shapes and dtype (``float32``), so a
+    jitted rollout that takes the params as an argument is not traced again.
+
+    Args:
+        policy: a policy built by :func:`policy_from_rl_module`.
+        state: the module's state, ``module.get_state()`` (``inference_only`` or full): a
+            mapping from state key to numpy array or torch tensor; also accepted: the
+            ``{"default_policy": state}`` wrapping an env runner may receive. Keys the
+            policy does not read (e.g. the value head's, for an inference-only policy, or
+            torch buffers) are ignored.
+
+    Returns:
+        ``dict[str, jax.Array]``: state key -> ``float32`` array (torch's layout).
+
+    Raises:
+        KeyError: ``state`` lacks a key the policy reads (the message lists them).
+        ValueError: an entry's shape differs from the mirrored module's.
+    """
+    if "default_policy" in state and isinstance(state["default_policy"], Mapping):
+        state = state["default_policy"]
+    shapes = policy.param_shapes
+    missing = sorted(k for k in shapes if k not in state)
+    if missing:
+        raise KeyError(
+            f"params_from_module_state: the module state lacks {missing} (has "
+            f"{sorted(state)[:8]}...); pass module.get_state() of the mirrored module"
+        )
+    host: dict[str, np.ndarray] = {}
+    for name, shape in shapes.items():
+        value = state[name]
+        if hasattr(value, "detach"):  # a torch tensor
+            value = value.detach().cpu().numpy()
+        arr = np.asarray(value, dtype=np.float32)
+        if arr.shape != shape:
+            raise ValueError(
+                f"params_from_module_state: {name} has shape {arr.shape}, the mirrored "
+                f"module's is {shape} (the module's architecture changed: mirror it again "
+                "with policy_from_rl_module)"
+            )
+        host[name] = arr
+    return jax.device_put(host)
