@@ -109,8 +109,8 @@ from ray.rllib.utils.metrics import (  # noqa: E402
     WEIGHTS_SEQ_NO,
 )
 
-import jaxsampler as js  # noqa: E402
 from jaxsampler.envs.base import Env  # noqa: E402
+from jaxsampler.host_envs import GymnasiumHostEnv  # noqa: E402
 from jaxsampler.rllib.runner_parts import (  # noqa: E402
     ActionToEnv,
     RunnerPolicy,
@@ -121,6 +121,7 @@ from jaxsampler.rllib.runner_parts import (  # noqa: E402
     resolve_env,
     topup_length,
 )
+from jaxsampler.sampling.host import HostSampler  # noqa: E402
 from jaxsampler.spaces import from_gymnasium_space  # noqa: E402
 
 __all__ = ["JaxEnvRunner", "JaxMultiAgentEnvRunner"]
@@ -130,7 +131,7 @@ _RLLIB_EXTRAS = ("action_dist_inputs", "action_logp")
 _MODE_EXPLORE, _MODE_GREEDY, _MODE_RANDOM = 0, 1, 2
 
 
-class JaxEnvRunner(EnvRunner, Checkpointable):  # type: ignore[misc]
+class JaxEnvRunner(EnvRunner, Checkpointable):
     """RLlib's single-agent ``EnvRunner`` role, sampled by a jaxsampler ``Sampler``.
 
     Built by RLlib from ``config.env_runners(env_runner_cls=JaxEnvRunner, ...)``; see the
@@ -174,6 +175,10 @@ class JaxEnvRunner(EnvRunner, Checkpointable):  # type: ignore[misc]
         self._weights_seq_no = 0
         self._needs_initial_reset = True
         self._time_after_sampling: float | None = None
+        #: seconds of the last ``sample()``: ``rollout_s`` (device rollout and host copy,
+        #: or host env steps), ``to_episodes_s`` (buffers -> jaxsampler episodes),
+        #: ``to_rllib_s`` (-> RLlib episodes), ``bookkeeping_s`` (counters, metrics)
+        self.last_sample_timing: dict[str, float] = {}
         # id_ -> [length, return, duration] of the chunks already returned, for metrics
         self._ongoing_for_metrics: dict[str, list[float]] = {}
         self._done_for_metrics: list[tuple[int, float, float]] = []
@@ -250,8 +255,8 @@ class JaxEnvRunner(EnvRunner, Checkpointable):  # type: ignore[misc]
                 def factory() -> Any:
                     return UnsquashActions(inner(), transform)
 
-            self._sampler = js.Sampler(
-                [factory] * self.num_envs,
+            self._sampler = HostSampler(
+                GymnasiumHostEnv([factory] * self.num_envs, seed=seed),
                 self._policy,
                 rollout_length=topup_length(self._fragment),
                 seed=seed,
@@ -332,6 +337,13 @@ class JaxEnvRunner(EnvRunner, Checkpointable):  # type: ignore[misc]
                     for key in _RLLIB_EXTRAS:
                         ep.extra_model_outputs.pop(key, None)
             self._bookkeep(episodes, steps, t1 - t0)
+            split = getattr(self._sampler, "last_split", (t1 - t0, 0.0))
+            self.last_sample_timing = {
+                "rollout_s": split[0],
+                "to_episodes_s": split[1],
+                "to_rllib_s": t2 - t1,
+                "bookkeeping_s": time.perf_counter() - t2,
+            }
             self._log_split(self._sampler, t2 - t1)
             self.num_env_steps_sampled_lifetime += steps
             make_callback(
@@ -453,7 +465,7 @@ class JaxEnvRunner(EnvRunner, Checkpointable):  # type: ignore[misc]
         (same shapes: no retrace)."""
         import ray
 
-        from jaxsampler.rllib.module import sync_params
+        from jaxsampler.rllib.module import params_from_module_state
 
         if COMPONENT_ENV_TO_MODULE_CONNECTOR in state:
             self._env_to_module.set_state(state[COMPONENT_ENV_TO_MODULE_CONNECTOR])
@@ -468,7 +480,7 @@ class JaxEnvRunner(EnvRunner, Checkpointable):  # type: ignore[misc]
                 if isinstance(module_state, dict) and DEFAULT_MODULE_ID in module_state:
                     module_state = module_state[DEFAULT_MODULE_ID]
                 self.module.set_state(module_state)
-                self._params = sync_params(self._js_policy, self._params, self.module)
+                self._params = params_from_module_state(self._js_policy, module_state)
             if seq > 0:
                 self._weights_seq_no = seq
         if NUM_ENV_STEPS_SAMPLED_LIFETIME in state:
@@ -506,8 +518,10 @@ class JaxEnvRunner(EnvRunner, Checkpointable):  # type: ignore[misc]
 
 def _with_explore(policy: Any, explore: bool) -> Any:
     """``policy`` with its ``explore`` switch set (a frozen dataclass field)."""
-    if dataclasses.is_dataclass(policy) and any(
-        f.name == "explore" for f in dataclasses.fields(policy)
+    if (
+        dataclasses.is_dataclass(policy)
+        and not isinstance(policy, type)
+        and any(f.name == "explore" for f in dataclasses.fields(policy))
     ):
         return dataclasses.replace(policy, explore=explore)
     raise TypeError(
@@ -516,7 +530,7 @@ def _with_explore(policy: Any, explore: bool) -> Any:
     )
 
 
-class JaxMultiAgentEnvRunner(EnvRunner):  # type: ignore[misc]
+class JaxMultiAgentEnvRunner(EnvRunner):
     """Multi-agent variant (not built yet): raises at construction."""
 
     def __init__(self, *, config: Any, **kwargs: Any):

@@ -247,7 +247,7 @@ class ActionToEnv(Env):
         return self.inner.step(key, state, _apply(jnp, action, low, high, self.transform), params)
 
 
-class UnsquashActions(gym.ActionWrapper):  # type: ignore[misc]
+class UnsquashActions(gym.ActionWrapper):
     """:class:`ActionToEnv` for a Gymnasium env (the host sampler's envs)."""
 
     def __init__(self, env: Any, transform: str):
@@ -256,6 +256,7 @@ class UnsquashActions(gym.ActionWrapper):  # type: ignore[misc]
 
     def action(self, action: Any) -> Any:
         space = self.env.action_space
+        assert isinstance(space, gym.spaces.Box)
         return _apply(np, np.asarray(action), space.low, space.high, self._transform)
 
 
