@@ -17,6 +17,7 @@ functions can be applied to mixed lists.
 
 from __future__ import annotations
 
+from collections import defaultdict
 from collections.abc import Callable
 from typing import Any, cast
 
@@ -24,6 +25,7 @@ from jaxsampler.episodes.batch import MultiAgentBatch as JsMultiAgentBatch
 from jaxsampler.episodes.batch import SampleBatch as JsSampleBatch
 from jaxsampler.episodes.lookback import InfiniteLookbackBuffer as JsBuffer
 from jaxsampler.episodes.multi_agent import MultiAgentEpisode as JsMultiAgentEpisode
+from jaxsampler.episodes.multi_agent import default_agent_to_module_mapping_fn
 from jaxsampler.episodes.single_agent import SingleAgentEpisode as JsSingleAgentEpisode
 from jaxsampler.episodes.single_agent import reward_space
 from jaxsampler.rllib import require_rllib
@@ -31,6 +33,10 @@ from jaxsampler.rllib import require_rllib
 require_rllib()
 
 import gymnasium  # noqa: E402
+from ray.rllib.algorithms.algorithm_config import AlgorithmConfig  # noqa: E402
+from ray.rllib.env.multi_agent_episode import (  # noqa: E402
+    MultiAgentEpisode as RlMultiAgentEpisode,
+)
 from ray.rllib.env.single_agent_episode import (  # noqa: E402
     SingleAgentEpisode as RlSingleAgentEpisode,
 )
@@ -53,6 +59,10 @@ _SUPPORTED_FROM = (
     "RLlib SingleAgentEpisode, MultiAgentEpisode, SampleBatch, MultiAgentBatch, "
     "or a list/tuple of them"
 )
+
+# The default agent-to-module mappings (every agent -> "default_policy"), one per side.
+_JS_DEFAULT_MAPPING = default_agent_to_module_mapping_fn
+_RL_DEFAULT_MAPPING = AlgorithmConfig.DEFAULT_AGENT_TO_MODULE_MAPPING_FN
 
 # RLlib's constant space of one reward (a float32 scalar Box, one object for all episodes).
 _RL_REWARD_SPACE = RlSingleAgentEpisode(rewards=[]).rewards.space
@@ -202,6 +212,112 @@ def _sa_from_rllib(ep: RlSingleAgentEpisode, spaces: _Spaces) -> JsSingleAgentEp
     )
 
 
+# ----------------------------------------------------------------------- multi agent
+
+
+def _per_agent(spaces_of: Any, convert: Callable[[Any], Any]) -> Any:
+    """An episode's ``observation_space`` / ``action_space``: ``{agent_id: space}`` (the
+    samplers' and RLlib's runners' form) or one space."""
+    if isinstance(spaces_of, dict):
+        return {k: convert(v) for k, v in spaces_of.items()}
+    return convert(spaces_of)
+
+
+def _maps_to_rl(maps: Any, spaces: _Spaces) -> defaultdict[Any, RlBuffer]:
+    out: defaultdict[Any, RlBuffer] = defaultdict(RlBuffer)
+    for aid, m in maps.items():
+        out[aid] = _buf_to_rl(m, spaces)
+    return out
+
+
+def _maps_from_rl(maps: Any, spaces: _Spaces) -> defaultdict[Any, JsBuffer]:
+    out: defaultdict[Any, JsBuffer] = defaultdict(JsBuffer)
+    for aid, m in maps.items():
+        out[aid] = _buf_from_rl(m, spaces)
+    return out
+
+
+def _mapping_fn_to_rl(fn: Any) -> Any:
+    return _RL_DEFAULT_MAPPING if fn is _JS_DEFAULT_MAPPING else fn
+
+
+def _mapping_fn_from_rl(fn: Any) -> Any:
+    return _JS_DEFAULT_MAPPING if fn is _RL_DEFAULT_MAPPING else fn
+
+
+def _hanging(ep: Any) -> tuple[dict, defaultdict, defaultdict, defaultdict]:
+    """Copies of the four hanging caches (actions, extras, rewards end, rewards begin)."""
+    return (
+        dict(ep._hanging_actions_end),
+        defaultdict(dict, {k: dict(v) for k, v in ep._hanging_extra_model_outputs_end.items()}),
+        defaultdict(float, ep._hanging_rewards_end),
+        defaultdict(float, ep._hanging_rewards_begin),
+    )
+
+
+def _ma_to_rllib(ep: JsMultiAgentEpisode, spaces: _Spaces) -> RlMultiAgentEpisode:
+    """RLlib's episode with every field of ``ep``. RLlib's constructor only builds from
+    per-step lists, so the fields are set as its ``from_state`` sets them (without the
+    state's copies and space (de)serialization)."""
+    out: Any = RlMultiAgentEpisode.__new__(RlMultiAgentEpisode)
+    out.id_ = ep.id_
+    out.agent_to_module_mapping_fn = _mapping_fn_to_rl(ep.agent_to_module_mapping_fn)
+    out._agent_to_module_mapping = ep.agent_to_module_mapping  # a copy
+    out.observation_space = _per_agent(ep.observation_space, spaces.to_gym)
+    out.action_space = _per_agent(ep.action_space, spaces.to_gym)
+    out.env_t_started, out.env_t = ep.env_t_started, ep.env_t
+    out.agent_t_started = defaultdict(int, ep.agent_t_started)
+    out.env_t_to_agent_t = _maps_to_rl(ep.env_t_to_agent_t, spaces)
+    (
+        out._hanging_actions_end,
+        out._hanging_extra_model_outputs_end,
+        out._hanging_rewards_end,
+        out._hanging_rewards_begin,
+    ) = _hanging(ep)
+    out.is_terminated, out.is_truncated = ep.is_terminated, ep.is_truncated
+    out.agent_episodes = {
+        aid: _sa_to_rllib(sa, spaces) for aid, sa in ep.agent_episodes.items()
+    }
+    out._len_lookback_buffers = ep._len_lookback_buffers
+    out._custom_data = dict(ep.custom_data)
+    out._start_time, out._last_step_time = ep._start_time, ep._last_step_time
+    return out
+
+
+def _ma_from_rllib(ep: RlMultiAgentEpisode, spaces: _Spaces) -> JsMultiAgentEpisode:
+    """jaxsampler's episode with every field of ``ep``: the constructor makes an empty
+    episode (every field at its default), then the fields are set as ``from_state`` sets
+    them, without its deep copy."""
+    rl: Any = ep
+    agent_episodes = {aid: _sa_from_rllib(sa, spaces) for aid, sa in rl.agent_episodes.items()}
+    out = JsMultiAgentEpisode(
+        rl.id_,
+        observation_space=_per_agent(rl.observation_space, spaces.from_gym),
+        action_space=_per_agent(rl.action_space, spaces.from_gym),
+        env_t_started=rl.env_t_started,
+        agent_t_started=dict(rl.agent_t_started),
+        agent_module_ids=dict(rl._agent_to_module_mapping),
+        agent_episode_ids={aid: sa.id_ for aid, sa in agent_episodes.items()},
+        agent_to_module_mapping_fn=_mapping_fn_from_rl(rl.agent_to_module_mapping_fn),
+    )
+    out.start_at(rl.env_t_started, rl._len_lookback_buffers)
+    # The remaining fields have no public setter on either class (multi_agent.py has no
+    # trusted constructor for whole episodes yet); they are set as from_state sets them.
+    out.env_t = rl.env_t
+    out.agent_episodes = agent_episodes
+    out.env_t_to_agent_t = _maps_from_rl(rl.env_t_to_agent_t, spaces)
+    (
+        out._hanging_actions_end,
+        out._hanging_extra_model_outputs_end,
+        out._hanging_rewards_end,
+        out._hanging_rewards_begin,
+    ) = _hanging(rl)
+    out.is_terminated, out.is_truncated = rl.is_terminated, rl.is_truncated
+    out.custom_data = dict(rl.custom_data)
+    out._start_time, out._last_step_time = rl._start_time, rl._last_step_time
+    return out
+
+
 # ----------------------------------------------------------------------- batches
 
 
@@ -241,11 +357,13 @@ def _mab_from_rllib(batch: RlMultiAgentBatch, spaces: _Spaces) -> JsMultiAgentBa
 
 _TO: dict[type, Callable[[Any, _Spaces], Any]] = {
     JsSingleAgentEpisode: _sa_to_rllib,
+    JsMultiAgentEpisode: _ma_to_rllib,
     JsSampleBatch: _sb_to_rllib,
     JsMultiAgentBatch: _mab_to_rllib,
 }
 _FROM: dict[type, Callable[[Any, _Spaces], Any]] = {
     RlSingleAgentEpisode: _sa_from_rllib,
+    RlMultiAgentEpisode: _ma_from_rllib,
     RlSampleBatch: _sb_from_rllib,
     RlMultiAgentBatch: _mab_from_rllib,
 }
@@ -326,7 +444,7 @@ def _from_one(obj: Any, spaces: _Spaces) -> Any:
     fn = _lookup(_FROM, obj)
     if fn is not None:
         return fn(obj, spaces)
-    if isinstance(obj, (*_JS_TYPES, JsMultiAgentEpisode)):
+    if isinstance(obj, _JS_TYPES):
         return obj
     raise TypeError(
         f"from_rllib: cannot convert {type(obj).__module__}.{type(obj).__qualname__} to a "
