@@ -87,6 +87,18 @@ def test_mlp_policies_match_calling_each_on_its_agents():
     np.testing.assert_allclose(
         np.asarray(extras["action_logp"])[:, [0, 2]], np.asarray(x_red["action_logp"]), rtol=1e-6
     )
+    # RLlib's action_dist_inputs pass through, each agent's from its own policy.
+    assert extras["action_dist_inputs"].shape == (5, 4, ACT.n)
+    np.testing.assert_allclose(
+        np.asarray(extras["action_dist_inputs"])[:, [0, 2]],
+        np.asarray(x_red["action_dist_inputs"]),
+        rtol=1e-6,
+    )
+    np.testing.assert_allclose(
+        np.asarray(extras["action_dist_inputs"])[:, [1, 3]],
+        np.asarray(x_blue["action_dist_inputs"]),
+        rtol=1e-6,
+    )
 
 
 def test_missing_extras_are_zero_for_the_other_policy():

@@ -116,9 +116,10 @@ def test_output_shapes_and_extras(setups, kind, batch_shape):
     space = policy.action_space
     assert action.shape == batch_shape + space.shape
     assert action.dtype == space.dtype
-    assert set(extras) == {"action_logp", "vf_preds"}
+    assert set(extras) == {"action_dist_inputs", "action_logp", "vf_preds"}
+    n = space.n if isinstance(space, S.Discrete) else 2 * int(np.prod(space.shape))
     for name, leaf in extras.items():
-        assert leaf.shape == batch_shape, name
+        assert leaf.shape == batch_shape + ((n,) if name == "action_dist_inputs" else ()), name
         assert leaf.dtype == jnp.float32, name
         assert np.all(np.isfinite(np.asarray(leaf))), name
     if isinstance(space, S.Discrete):
@@ -163,6 +164,14 @@ def test_action_logp_matches_independent_recomputation(setups, kind):
         expected = _np_gauss_logp(act.reshape(act.shape[:-1] + (-1,)), dist, log_std)
     np.testing.assert_allclose(np.asarray(extras["action_logp"]), expected, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(np.asarray(extras["vf_preds"]), value, rtol=1e-5, atol=1e-6)
+    # RLlib's layout: the logits, or concat(mean, log_std) with log_std at every step.
+    rllib_inputs = np.asarray(extras["action_dist_inputs"])
+    if log_std is None:
+        np.testing.assert_allclose(rllib_inputs, dist, rtol=1e-6, atol=1e-6)
+    else:
+        d = dist.shape[-1]
+        np.testing.assert_allclose(rllib_inputs[..., :d], dist, rtol=1e-6, atol=1e-6)
+        np.testing.assert_array_equal(rllib_inputs[..., d:], np.broadcast_to(LOG_STD, dist.shape))
     lp = log_prob(
         space,
         jnp.asarray(dist, jnp.float32),

@@ -129,7 +129,7 @@ def _torch_action(action, space):
 def test_outputs_equal_rllib(case):
     _, obs_space, act_space, model_config = case
     module = _module(obs_space, act_space, model_config)
-    policy, params = policy_from_rl_module(module)
+    policy, params = policy_from_rl_module(module, matmul_precision="highest")
     obs = _obs(obs_space)
     dist_inputs, inference_inputs, values = _rllib(module, obs)
     np.testing.assert_array_equal(dist_inputs.numpy(), inference_inputs.numpy())
@@ -204,8 +204,9 @@ def test_gaussian_samples_follow_rllib_distribution():
     assert a.shape == (20000, 2)
 
 
-def test_inference_only_module_has_no_value():
-    model_config = dict(fcnet_hiddens=[8, 8])
+@pytest.mark.parametrize("shared", [False, True], ids=["separate", "shared"])
+def test_inference_only_module_has_no_value(shared):
+    model_config = dict(fcnet_hiddens=[8, 8], vf_share_layers=shared)
     full = _module(CARTPOLE_OBS, CARTPOLE_ACT, model_config, seed=2)
     light = _spec(CARTPOLE_OBS, CARTPOLE_ACT, model_config, inference_only=True).build()
     light.set_state(full.get_state(inference_only=True))
@@ -328,6 +329,57 @@ def test_unsupported_modules_raise():
     )
     with pytest.raises(TypeError, match="DefaultPPOTorchRLModule"):
         policy_from_rl_module(dqn)
+    # A custom subclass that changes the forward pass is not the default module.
+    from ray.rllib.algorithms.ppo.torch.default_ppo_torch_rl_module import (
+        DefaultPPOTorchRLModule,
+    )
+
+    class Custom(DefaultPPOTorchRLModule):
+        def _forward(self, batch, **kwargs):
+            return super()._forward(batch, **kwargs)
+
+    spec.module_class = Custom
+    with pytest.raises(TypeError, match="overrides _forward"):
+        policy_from_rl_module(spec)
+    spec.module_class = DefaultPPOTorchRLModule
+    with pytest.raises(ValueError, match="matmul_precision"):
+        policy_from_rl_module(spec, matmul_precision="fast")
     md = _spec(CARTPOLE_OBS, gym.spaces.MultiDiscrete([2, 3]), {}).build()
     with pytest.raises(TypeError, match="supported"):
         policy_from_rl_module(md)
+
+
+@pytest.mark.parametrize("act_space", [gym.spaces.Discrete(3), BOX2_ACT], ids=["discrete", "box"])
+@pytest.mark.parametrize("recurrent", [False, True], ids=["mlp", "gru"])
+def test_js_policies_action_dist_inputs_are_rllibs_layout(act_space, recurrent):
+    """``js.MLPPolicy`` / ``js.RecurrentPolicy``'s ``action_dist_inputs``, read by RLlib's own
+    action distribution class, give back the policy's ``action_logp`` (what RLlib's PPO loss
+    does with these columns)."""
+    from ray.rllib.core.distribution.torch.torch_distribution import (
+        TorchCategorical,
+        TorchDiagGaussian,
+    )
+
+    import jaxsampler as js
+    from jaxsampler.spaces import from_gymnasium_space
+
+    obs_space, space = from_gymnasium_space(PENDULUM_OBS), from_gymnasium_space(act_space)
+    if recurrent:
+        policy = js.RecurrentPolicy(obs_space, space, hidden_size=8)
+    else:
+        policy = js.MLPPolicy(obs_space, space, hidden_sizes=(8,))
+    params = policy.init(jax.random.key(0))
+    if isinstance(space, Discrete):
+        params["params"]["actor_out"]["bias"] = jnp.array([1.0, -0.5, 0.2])
+    else:
+        params["params"]["log_std"] = jnp.array([-0.6, 0.3])
+    obs = jnp.asarray(_obs(PENDULUM_OBS, n=12))
+    state = policy.initial_state((12,))
+    action, extras, _ = policy(params, obs, jax.random.key(1), state)
+    cls = TorchCategorical if isinstance(space, Discrete) else TorchDiagGaussian
+    dist = cls.from_logits(torch.from_numpy(np.array(extras["action_dist_inputs"])))
+    np.testing.assert_allclose(
+        dist.logp(_torch_action(action, act_space)).numpy(), extras["action_logp"], **LOGP_TOL
+    )
+    if not isinstance(space, Discrete):
+        np.testing.assert_allclose(dist._dist.scale.numpy(), np.exp([[-0.6, 0.3]] * 12), rtol=1e-6)

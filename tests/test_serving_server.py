@@ -248,7 +248,7 @@ def test_local_inference_pulls_weights_and_logs_experience():
         assert s[5] == {AGENT: act}  # recorded as the client's action
         cp = s[4][AGENT][CLIENT_POLICY_INFO]
         assert cp["weights_version"] == version
-        assert set(cp["extra_model_outputs"]) == {"action_logp", "vf_preds"}
+        assert set(cp["extra_model_outputs"]) == {"action_dist_inputs", "action_logp", "vf_preds"}
         assert float(cp["extra_model_outputs"]["vf_preds"]) == pytest.approx(vf, rel=1e-5, abs=1e-6)
     for eid in eids:
         assert loop.steps[eid][-1][1] == {AGENT: 1.0} and loop.steps[eid][-1][2][ALL_AGENTS]

@@ -9,9 +9,9 @@ A policy is static configuration (frozen, hashable) plus pure functions::
 ``obs`` leaves have leading batch dims ``[E, A]`` (any leading dims must work), the
 action leaves ``[E, A, *action_space.shape]``. ``extras`` is a dict of per-step outputs
 with leading ``[E, A]`` (RLlib's ``extra_model_outputs``: ``action_logp``, ``vf_preds``,
-...); its structure must not depend on the input values. Stateless policies return an
-empty :class:`NoState`. The rollout resets the state of an env to ``initial_state`` at
-the first step of every episode.
+``action_dist_inputs``, ...); its structure must not depend on the input values. Stateless
+policies return an empty :class:`NoState`. The rollout resets the state of an env to
+``initial_state`` at the first step of every episode.
 
 Optional: ``log_prob(params, obs, action, policy_state) -> logp`` (``float32[E, A]``), the
 log-probability (density, for continuous actions) of a *given* action under the policy at

@@ -1,9 +1,14 @@
 """Flax actor-critic policies: MLP (discrete or continuous actions) and a recurrent GRU.
 
-Both return ``extras = {"action_logp": float32[...], "vf_preds": float32[...]}`` (RLlib's
-column names) with the leading batch dims of the observation, and implement
-``log_prob(params, obs, action, policy_state)`` (the log-probability of a given action,
-:meth:`jaxsampler.policies.base.Policy.log_prob`).
+Both return ``extras = {"action_dist_inputs": float32[..., k], "action_logp": float32[...],
+"vf_preds": float32[...]}`` (RLlib's column names, the ones its losses read) with the leading
+batch dims of the observation, and implement ``log_prob(params, obs, action, policy_state)``
+(the log-probability of a given action, :meth:`jaxsampler.policies.base.Policy.log_prob`).
+
+``action_dist_inputs`` has RLlib's layout: for ``Discrete(n)`` the ``n`` logits (what
+``TorchCategorical.from_logits`` takes), for a ``Box`` of ``d`` elements
+``concat(mean, log_std)``, ``2 * d`` values (what ``TorchDiagGaussian.from_logits`` splits
+in two halves), the state-independent ``log_std`` repeated at every step.
 
 * ``Discrete(n)`` actions: categorical over ``n`` logits.
 * ``Box`` actions: diagonal Gaussian with a state-independent, learned ``log_std``. The
@@ -118,6 +123,16 @@ def _sample_action(
     return action, logp
 
 
+def rllib_dist_inputs(dist_inputs: jax.Array, log_std: jax.Array | None) -> jax.Array:
+    """RLlib's ``action_dist_inputs``: the logits, or ``concat(mean, log_std)`` (``log_std``
+    broadcast to the batch) for a diagonal Gaussian. Pure."""
+    if log_std is None:
+        return dist_inputs
+    return jnp.concatenate(
+        [dist_inputs, jnp.broadcast_to(log_std, dist_inputs.shape).astype(dist_inputs.dtype)], -1
+    )
+
+
 def log_prob(
     space: Space, dist_inputs: jax.Array, log_std: jax.Array | None, action: jax.Array
 ) -> jax.Array:
@@ -187,7 +202,12 @@ class MLPPolicy(Policy):
     ) -> tuple[Any, dict[str, jax.Array], Any]:
         dist_inputs, value, log_std = self.forward(params, obs)
         action, logp = _sample_action(self.action_space, dist_inputs, log_std, key, self.explore)
-        return action, {"action_logp": logp, "vf_preds": value}, policy_state
+        extras = {
+            "action_dist_inputs": rllib_dist_inputs(dist_inputs, log_std),
+            "action_logp": logp,
+            "vf_preds": value,
+        }
+        return action, extras, policy_state
 
     def log_prob(self, params: Any, obs: jax.Array, action: jax.Array, policy_state: Any) -> Any:
         """Log-probability of ``action`` (``[*batch, *action_space.shape]``) at ``obs``
@@ -257,7 +277,12 @@ class RecurrentPolicy(Policy):
         )
         carry, (dist_inputs, value, log_std) = outputs
         action, logp = _sample_action(self.action_space, dist_inputs, log_std, key, self.explore)
-        return action, {"action_logp": logp, "vf_preds": value}, carry
+        extras = {
+            "action_dist_inputs": rllib_dist_inputs(dist_inputs, log_std),
+            "action_logp": logp,
+            "vf_preds": value,
+        }
+        return action, extras, carry
 
     def log_prob(
         self, params: Any, obs: jax.Array, action: jax.Array, policy_state: jax.Array
@@ -272,4 +297,4 @@ class RecurrentPolicy(Policy):
 
 
 # Re-exported for convenience.
-__all__ += ["NoState", "batch_dims", "log_prob"]
+__all__ += ["NoState", "batch_dims", "log_prob", "rllib_dist_inputs"]

@@ -98,6 +98,9 @@ class RLModulePolicy(Policy):
         log_std_clip: the clip of the Gaussian log-std (``None``: not clipped, for
             Discrete actions).
         explore: sample (True) or act deterministically (False).
+        matmul_precision: ``jax.lax.Precision`` name for the dense layers (``None``: JAX's
+            default). On GPUs and TPUs JAX's default float32 matmul may use TF32/bfloat16
+            passes; ``"highest"`` matches torch's float32 CPU results to float32 tolerance.
     """
 
     observation_space: Space
@@ -109,6 +112,7 @@ class RLModulePolicy(Policy):
     free_log_std_key: str = ""
     log_std_clip: float | None = None
     explore: bool = True
+    matmul_precision: str | None = None
 
     @property
     def has_value(self) -> bool:
@@ -164,7 +168,7 @@ class RLModulePolicy(Policy):
             concat(mean, log_std) (Box). Pure: safe under ``jit`` and ``vmap``.
         """
         x, batch = self._features(obs)
-        out = self._pi(params, _run(self.actor_encoder, params, x))
+        out = self._pi(params, self._run(self.actor_encoder, params, x))
         return out.reshape(batch + out.shape[-1:])
 
     def values(self, params: Mapping[str, jax.Array], obs: Any) -> jax.Array:
@@ -179,11 +183,11 @@ class RLModulePolicy(Policy):
                 "are not available; mirror the learner's module (inference_only=False)"
             )
         x, batch = self._features(obs)
-        emb = _run(self.critic_encoder or self.actor_encoder, params, x)
-        return _run(self.vf_head, params, emb)[..., 0].reshape(batch)
+        emb = self._run(self.critic_encoder or self.actor_encoder, params, x)
+        return self._run(self.vf_head, params, emb)[..., 0].reshape(batch)
 
     def _pi(self, params: Mapping[str, jax.Array], emb: jax.Array) -> jax.Array:
-        out = _run(self.pi_head, params, emb)
+        out = self._run(self.pi_head, params, emb)
         if self.log_std_clip is None:
             return out
         if self.free_log_std_key:
@@ -198,7 +202,7 @@ class RLModulePolicy(Policy):
         self, params: Any, obs: Any, key: jax.Array, policy_state: Any
     ) -> tuple[Any, dict[str, jax.Array], Any]:
         x, batch = self._features(obs)
-        actor = _run(self.actor_encoder, params, x)
+        actor = self._run(self.actor_encoder, params, x)
         dist_inputs = self._pi(params, actor)
         action, logp = self._sample(dist_inputs, key)
         extras = {
@@ -206,9 +210,30 @@ class RLModulePolicy(Policy):
             "action_logp": logp.reshape(batch),
         }
         if self.vf_head is not None:
-            emb = actor if self.critic_encoder is None else _run(self.critic_encoder, params, x)
-            extras["vf_preds"] = _run(self.vf_head, params, emb)[..., 0].reshape(batch)
+            emb = (
+                actor if self.critic_encoder is None else self._run(self.critic_encoder, params, x)
+            )
+            extras["vf_preds"] = self._run(self.vf_head, params, emb)[..., 0].reshape(batch)
         return action.reshape(batch + action.shape[1:]), extras, policy_state
+
+    def _run(
+        self, layers: tuple[Layer, ...], params: Mapping[str, jax.Array], x: jax.Array
+    ) -> jax.Array:
+        for layer in layers:
+            kind = layer[0]
+            if kind == "dense":
+                _, w, b, _, _ = layer
+                x = jnp.matmul(x, params[w].T, precision=self.matmul_precision)
+                if b:
+                    x = x + params[b]
+            elif kind == "layernorm":
+                _, w, b, _, eps = layer
+                mean = jnp.mean(x, axis=-1, keepdims=True)
+                var = jnp.mean(jnp.square(x - mean), axis=-1, keepdims=True)
+                x = (x - mean) / jnp.sqrt(var + eps) * params[w] + params[b]
+            else:
+                x = _ACTIVATIONS[layer[1]](x)
+        return x
 
     def _sample(self, dist_inputs: jax.Array, key: jax.Array) -> tuple[jax.Array, jax.Array]:
         space = self.action_space
@@ -252,24 +277,6 @@ def _gaussian_logp(mean: jax.Array, log_std: jax.Array, x: jax.Array) -> jax.Arr
     scale = jnp.exp(log_std)
     per_dim = -jnp.square(x - mean) / (2 * jnp.square(scale)) - jnp.log(scale)
     return jnp.sum(per_dim - math.log(math.sqrt(2 * math.pi)), axis=-1)
-
-
-def _run(layers: tuple[Layer, ...], params: Mapping[str, jax.Array], x: jax.Array) -> jax.Array:
-    for layer in layers:
-        kind = layer[0]
-        if kind == "dense":
-            _, w, b, _, _ = layer
-            x = x @ params[w].T
-            if b:
-                x = x + params[b]
-        elif kind == "layernorm":
-            _, w, b, _, eps = layer
-            mean = jnp.mean(x, axis=-1, keepdims=True)
-            var = jnp.mean(jnp.square(x - mean), axis=-1, keepdims=True)
-            x = (x - mean) / jnp.sqrt(var + eps) * params[w] + params[b]
-        else:
-            x = _ACTIVATIONS[layer[1]](x)
-    return x
 
 
 def _action_size(space: Space) -> int:
@@ -346,6 +353,7 @@ def policy_from_rl_module(
     *,
     explore: bool = True,
     observation_space: Space | None = None,
+    matmul_precision: str | None = None,
 ) -> tuple[RLModulePolicy, dict[str, jax.Array]]:
     """An equivalent jaxsampler policy for an RLlib default PPO torch RLModule, and its params.
 
@@ -362,6 +370,9 @@ def policy_from_rl_module(
             (e.g. ``Discrete`` observations one-hot encoded by a connector): Discrete is
             one-hot encoded, Box flattened; its size must equal the encoder's input size.
             Default: the module's ``observation_space``.
+        matmul_precision: ``None`` (JAX's default), ``"default"``, ``"high"`` or
+            ``"highest"`` (see :class:`RLModulePolicy`; use ``"highest"`` on a GPU or TPU for
+            float32 agreement with torch).
 
     Returns:
         ``(policy, params)``: an :class:`RLModulePolicy` and params holding the module's
@@ -372,8 +383,14 @@ def policy_from_rl_module(
             (a MultiRLModule, another algorithm's module, a custom module, a CNN or LSTM
             encoder, a non-torch module) or its spaces are not supported; the message names
             what is supported.
-        ValueError: ``observation_space`` does not fit the encoder's input size.
+        ValueError: ``observation_space`` does not fit the encoder's input size, or an
+            unknown ``matmul_precision``.
     """
+    if matmul_precision not in (None, "default", "high", "highest"):
+        raise ValueError(
+            f"matmul_precision must be None, 'default', 'high' or 'highest', got "
+            f"{matmul_precision!r}"
+        )
     from ray.rllib.algorithms.ppo.torch.default_ppo_torch_rl_module import (
         DefaultPPOTorchRLModule,
     )
@@ -401,8 +418,16 @@ def policy_from_rl_module(
     if not isinstance(module, RLModule):
         raise _unsupported(f"got a {type(module).__name__}, not an RLlib RLModule")
     if not isinstance(module, DefaultPPOTorchRLModule):
-        raise _unsupported(f"got a {type(module).__name__} (framework {module.framework!r})")
-    for method in ("_forward", "_forward_inference", "_forward_exploration", "compute_values"):
+        raise _unsupported(
+            f"got a {type(module).__name__} (framework {getattr(module, 'framework', None)!r})"
+        )
+    for method in (
+        "_forward",
+        "_forward_inference",
+        "_forward_exploration",
+        "_forward_train",
+        "compute_values",
+    ):
         if getattr(type(module), method) is not getattr(DefaultPPOTorchRLModule, method):
             raise _unsupported(f"{type(module).__name__} overrides {method}")
 
@@ -487,6 +512,7 @@ def policy_from_rl_module(
         free_log_std_key=free_log_std_key,
         log_std_clip=log_std_clip,
         explore=bool(explore),
+        matmul_precision=matmul_precision,
     )
     return policy, params_from_module_state(policy, module.get_state())
 
