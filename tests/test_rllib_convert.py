@@ -480,3 +480,94 @@ def test_default_module_mapping_maps_to_each_sides_default():
     assert to_rllib(from_rllib(RlMultiAgentEpisode())).agent_to_module_mapping_fn is (
         RlMultiAgentEpisode().agent_to_module_mapping_fn
     )
+
+
+# -------------------------------------------------------------------- RLlib's own state / pickle
+
+
+def test_rllib_from_state_and_pickle_of_converted_episodes(sa_episodes, ma_episodes):
+    """RLlib's from_state (its checkpoint path) and pickling (how RLlib ships episodes from
+    env runners to learners) work on converted episodes and keep them equal."""
+    import pickle
+
+    for rl_ep in to_rllib(sa_episodes[-3:]):
+        assert_rl_sa_equal(RlSingleAgentEpisode.from_state(rl_ep.get_state()), rl_ep)
+        assert_rl_sa_equal(pickle.loads(pickle.dumps(rl_ep)), rl_ep)
+    for rl_ep in to_rllib(ma_episodes[-2:]):
+        assert_rl_ma_equal(RlMultiAgentEpisode.from_state(rl_ep.get_state()), rl_ep)
+        assert_rl_ma_equal(pickle.loads(pickle.dumps(rl_ep)), rl_ep)
+
+
+def test_rllib_from_state_of_a_jaxsampler_state_fails_and_the_converted_path_works():
+    """jaxsampler's get_state() keeps its own format (jaxsampler space objects); RLlib's
+    state is ``to_rllib(ep).get_state()``, and ``from_rllib`` brings RLlib's back."""
+    ep = hand_built_episodes()[1]
+    with pytest.raises((KeyError, TypeError, AttributeError)):
+        RlSingleAgentEpisode.from_state(ep.get_state())
+    rl_state = to_rllib(ep).get_state()
+    assert_js_sa_equal(from_rllib(RlSingleAgentEpisode.from_state(rl_state)), ep)
+
+
+def test_gc_is_restored_after_converting_lists():
+    import gc
+
+    eps = hand_built_episodes()
+    assert gc.isenabled()
+    from_rllib(to_rllib(eps))
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        to_rllib(eps)
+        assert not gc.isenabled()  # a caller's disabled collector stays disabled
+    finally:
+        gc.enable()
+    with pytest.raises(TypeError):
+        to_rllib([eps[0], object()])
+    assert gc.isenabled()
+
+
+def js_turn_episode():
+    """A jaxsampler episode stepped by hand: a late joiner, hanging actions and rewards,
+    custom data, a cut with lookback that keeps a hanging agent."""
+    box = js.spaces.Box(-10.0, 10.0, (2,))
+    ep = JsMultiAgentEpisode(
+        observation_space={"a": box, "b": box},
+        action_space={"a": js.spaces.Discrete(3), "b": js.spaces.Discrete(3)},
+    )
+    o = lambda v: np.full(2, v, np.float32)
+    ep.add_env_reset(observations={"a": o(0)})
+    ep.add_env_step(
+        observations={"b": o(1)},
+        actions={"a": 1},
+        rewards={"a": 0.5, "b": 0.25},
+        extra_model_outputs={"a": {"action_logp": np.float32(-0.1)}},
+    )
+    ep.add_env_step(
+        observations={"a": o(2)},
+        actions={"b": 2},
+        rewards={"a": 1.0, "b": 0.0},
+        extra_model_outputs={"b": {"action_logp": np.float32(-0.2)}},
+    )
+    ep.custom_data["k"] = 1
+    return ep, ep.cut(len_lookback_buffer=1)
+
+
+def test_hand_built_multi_agent_episodes_with_hanging_agents_round_trip():
+    for ep in js_turn_episode():
+        assert ep._hanging_actions_end  # "b" waits for its next observation
+        rl = to_rllib(ep)
+        assert rl._hanging_actions_end == ep._hanging_actions_end
+        assert dict(rl._hanging_rewards_end) == dict(ep._hanging_rewards_end)
+        assert rl.get_agents_to_act() == ep.get_agents_to_act()
+        assert rl.custom_data == {"k": 1}
+        assert_js_ma_equal(from_rllib(rl), ep)
+        assert_rl_ma_equal(to_rllib(from_rllib(rl)), rl)
+
+
+def test_spaces_without_an_equivalent_raise_type_error():
+    ep = js.SingleAgentEpisode(observation_space=object())
+    with pytest.raises(TypeError, match="cannot convert the space"):
+        to_rllib(ep)
+    rl = RlSingleAgentEpisode(observation_space=gym.spaces.MultiBinary(3))
+    with pytest.raises(TypeError, match="MultiBinary"):
+        from_rllib(rl)

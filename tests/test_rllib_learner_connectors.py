@@ -26,7 +26,7 @@ from ray.rllib.env.single_agent_episode import SingleAgentEpisode as RlSingleAge
 
 import jaxsampler as js
 from jaxsampler.rllib import to_rllib
-from tests.test_rllib_convert import js_ma_state, same
+from tests.test_rllib_convert import js_ma_state, rl_ma_state, same
 
 HORIZON = 2
 
@@ -60,7 +60,9 @@ def train_batch(learner, episodes):
         metrics=learner.metrics,
     )
     return {
-        mid: {k: np.asarray(v.detach().cpu()) if hasattr(v, "detach") else v for k, v in cols.items()}
+        mid: {
+            k: np.asarray(v.detach().cpu()) if hasattr(v, "detach") else v for k, v in cols.items()
+        }
         for mid, cols in batch.items()
     }
 
@@ -225,31 +227,193 @@ def test_unconverted_episodes_are_what_rllib_rejects(cartpole):
 # -------------------------------------------------------------------- multi agent
 
 
-def test_multi_agent_ppo_pipeline_on_converted_goals_episodes():
-    """Goals-v0 (every agent acts every step): RLlib's multi-agent pipeline runs on the
-    converted chunks and yields one row per agent step (+1 bootstrap step per agent
-    episode), each row's obs/action/reward/logp equal to the source agent episode's."""
-    env = js.make("Goals-v0")
+def rllib_ma_replay(calls, obs_spaces, act_spaces):
+    """RLlib's ``MultiAgentEpisode`` s for the same data, as RLlib's ``MultiAgentEnvRunner``
+    builds them: ``add_env_reset``, then one ``add_env_step`` per env step with the
+    agents' observations, actions, rewards, extras and done flags (``__all__`` included);
+    ongoing episodes ``cut`` at each call's end, every returned chunk numpy'ized. For envs
+    whose agents act at every step (no hanging agents)."""
+    open_eps: dict[str, RlMultiAgentEpisode] = {}
+    out = []
+    for call in calls:
+        returned = []
+        for chunk in call:
+            if chunk.env_t_started == 0:
+                ep = RlMultiAgentEpisode(
+                    chunk.id_,
+                    observation_space=obs_spaces,
+                    action_space=act_spaces,
+                    agent_to_module_mapping_fn=shared_module,
+                )
+                ep.add_env_reset(observations=chunk.get_observations(0), infos=chunk.get_infos(0))
+            else:
+                ep = open_eps.pop(chunk.id_)
+            n = len(chunk)
+            for i in range(n):
+                obs = chunk.get_observations(i + 1)
+                term, trunc = {}, {}
+                for aid in obs:  # an agent's flags come with its last observation
+                    sa = chunk.agent_episodes[aid]
+                    last = chunk.env_t_to_agent_t[aid].get(i + 1) == sa.t
+                    term[aid], trunc[aid] = last and sa.is_terminated, last and sa.is_truncated
+                term["__all__"] = i == n - 1 and chunk.is_terminated
+                trunc["__all__"] = i == n - 1 and chunk.is_truncated
+                actions = chunk.get_actions(i)
+                keys = list(next(iter(chunk.agent_episodes.values())).extra_model_outputs)
+                extras = {
+                    aid: {k: chunk.get_extra_model_outputs(k, i)[aid] for k in keys}
+                    for aid in actions
+                }
+                ep.add_env_step(
+                    observations=obs,
+                    actions=actions,
+                    rewards=chunk.get_rewards(i),
+                    infos=chunk.get_infos(i + 1),
+                    terminateds=term,
+                    truncateds=trunc,
+                    extra_model_outputs=extras,
+                )
+            for aid, sa in ep.agent_episodes.items():  # the sampler's ids (RLlib's are random)
+                sa.id_ = chunk.agent_episodes[aid].id_
+            returned.append(ep)
+        for ep in returned:
+            if not ep.is_done:
+                open_eps[ep.id_] = ep.cut(len_lookback_buffer=HORIZON)
+            ep.to_numpy()
+        out.append(returned)
+    return out
+
+
+@pytest.mark.parametrize("env_id", ["Goals-v0", "Spread-v0"])
+def test_multi_agent_ppo_pipeline_on_converted_episodes_equals_rllibs_own(env_id):
+    """Agents that act at every step, episodes truncated (8-step limit) and cut across
+    three calls: RLlib's multi-agent PPO pipeline gives the same train batch on converted
+    chunks as on RLlib's replayed ones, and the chunks agree field by field."""
+    env = js.make(env_id)
     mlp = js.MLPPolicy(env.observation_space, env.action_space, hidden_sizes=(4,))
     pol = js.MultiAgentPolicy(env, {"shared": mlp}, shared_module)
-    sampler = js.Sampler(env, pol, num_envs=2, rollout_length=5, seed=0, episode_lookback_horizon=1)
-    params = pol.init(jax.random.PRNGKey(0))
+    params = env.default_params.replace(max_steps_in_episode=8)
+    sampler = js.Sampler(
+        env,
+        pol,
+        num_envs=2,
+        rollout_length=5,
+        seed=0,
+        env_params=params,
+        episode_lookback_horizon=HORIZON,
+    )
+    pparams = pol.init(jax.random.PRNGKey(0))
+    calls = [sampler.sample(pparams) for _ in range(3)]
+    assert any(e.is_done for c in calls for e in c) and any(
+        e.env_t_started > 0 for c in calls for e in c
+    )
+    obs_space, act_space = env.observation_space.to_gymnasium(), env.action_space.to_gymnasium()
+    learner = build_ppo_learner(None, obs_space, act_space, multi_agent_ids=env.agent_ids)
+    spaces = ({a: obs_space for a in env.agent_ids}, {a: act_space for a in env.agent_ids})
+    for call, ref_call in zip(calls, rllib_ma_replay(calls, *spaces)):
+        before = [js_ma_state(e) for e in call]
+        ours = to_rllib(call)
+        for o, r in zip(ours, ref_call):
+            align_all_flags(o, r)
+            assert_ma_chunks_agree(o, r)
+            for sa in r.agent_episodes.values():  # the sampler keeps float32 rewards
+                sa.rewards.data = np.asarray(sa.rewards.data, np.float32)
+        # Until the sampler numpy'izes continuation chunks (a defect fixed separately; see
+        # the xfail test below), RLlib's own to_numpy does it, as RLlib's runner would.
+        ours = [e if e.is_numpy else e.to_numpy() for e in ours]
+        assert_same_batch(train_batch(learner, ours), train_batch(learner, ref_call))
+        for ep, state in zip(call, before):  # the pipeline changed the conversions only
+            same(js_ma_state(ep), state)
+
+
+def align_all_flags(ours, ref):
+    """RLlib 2.60 ORs the episode's ``__all__`` flag into every agent still active; the
+    sampler keeps each agent's own flag (a documented deviation; the sampler's
+    ``rllib_compatible`` option reproduces RLlib's). Asserts that any difference is
+    exactly that one, then gives the replay the sampler's agent flags."""
+    for aid, r in ref.agent_episodes.items():
+        o = ours.agent_episodes[aid]
+        for flag, episode_flag in (
+            ("is_terminated", ref.is_terminated),
+            ("is_truncated", ref.is_truncated),
+        ):
+            if getattr(o, flag) != getattr(r, flag):
+                assert getattr(r, flag) and episode_flag, (aid, flag)
+                setattr(r, flag, getattr(o, flag))
+
+
+def assert_ma_chunks_agree(ours, ref):
+    """Field by field, up to what a replay cannot reproduce (timers, the mapping function
+    object, the key order of RLlib's set-built dicts) and the list-vs-array mode of
+    continuation chunks (compared by value here; see test_..._are_numpy_ized)."""
+    a, b = rl_ma_state(ours), rl_ma_state(ref)
+    for k in ("_start_time", "_last_step_time", "agent_to_module_mapping_fn"):
+        a.pop(k), b.pop(k)
+    for k in ("agent_t_started", "_agent_to_module_mapping"):
+        x, y = a.pop(k), b.pop(k)
+        same({i: x[i] for i in sorted(x)}, {i: y[i] for i in sorted(y)}, k)
+    x, y = a.pop("env_t_to_agent_t"), b.pop("env_t_to_agent_t")
+    assert sorted(x) == sorted(y)
+    for aid in x:
+        # RLlib's cut of a chunk shorter than the lookback horizon pads the env-step map's
+        # lookback with a SKIP for the env step before the reset (['S', 0] <- lookback(2));
+        # the sampler's map starts at the reset ([0] <- lookback(1)). Same steps otherwise.
+        assert x[aid].get() == y[aid].get(), aid
+        strip = lambda m: [v for v in m.data[: m.lookback] if v != "S"]
+        assert strip(x[aid]) == strip(y[aid]), aid
+    sa_a, sa_b = a.pop("agent_episodes"), b.pop("agent_episodes")
+    same(a, b)
+    assert list(sa_a) == list(sa_b)
+    for aid in sa_a:
+        x, y = dict(sa_a[aid]), dict(sa_b[aid])
+        for k in ("_start_time", "_last_step_time"):
+            x.pop(k), y.pop(k)
+        for col in ("observations", "actions", "rewards", "infos"):
+            cx, cy = x.pop(col), y.pop(col)
+            assert (cx["lookback"], cx["space"]) == (cy["lookback"], cy["space"]), (aid, col)
+            if col == "rewards":
+                np.testing.assert_array_equal(np.asarray(cx["data"]), np.asarray(cy["data"]))
+            elif col != "infos":
+                same(np.asarray(cx["data"]), np.asarray(cy["data"]), f"{aid}/{col}")
+        ex, ey = x.pop("extra_model_outputs"), y.pop("extra_model_outputs")
+        assert list(ex) == list(ey)
+        for k in ex:
+            np.testing.assert_array_equal(np.asarray(ex[k]["data"]), np.asarray(ey[k]["data"]))
+            assert ex[k]["lookback"] == ey[k]["lookback"]
+        same(x, y, aid)
+
+
+@pytest.mark.xfail(
+    reason="sampler defect being fixed separately: multi-agent continuation chunks from the "
+    "second sample() call on are not numpy'ized (RLlib's runner numpy'izes every chunk)",
+    strict=False,
+)
+def test_multi_agent_continuation_chunks_are_numpy_ized():
+    env = js.make("Goals-v0")
+    mlp = js.MLPPolicy(env.observation_space, env.action_space, hidden_sizes=(4,))
+    sampler = js.Sampler(env, mlp, num_envs=2, rollout_length=3, seed=0)
+    pparams = mlp.init(jax.random.PRNGKey(0))
+    chunks = [e for _ in range(2) for e in to_rllib(sampler.sample(pparams))]
+    assert all(e.is_numpy for e in chunks)
+
+
+@pytest.mark.xfail(
+    reason="sampler defect being fixed separately: chunks keep agent episodes of length 0 "
+    "(an agent that acted and awaits its next observation); RLlib's runner prunes them and "
+    "its learner connectors fail on their empty buffers",
+    strict=False,
+)
+def test_multi_agent_ppo_pipeline_runs_on_turn_based_chunks():
+    """TicTacToe-v0 (agents alternate, so one of them always hangs at a cut)."""
+    env = js.make("TicTacToe-v0")
+    pol = js.MultiAgentPolicy(
+        env, {"shared": js.RandomPolicy(env.observation_space, env.action_space)}, shared_module
+    )
+    sampler = js.Sampler(env, pol, num_envs=3, rollout_length=3, seed=1, episode_lookback_horizon=1)
     obs_space, act_space = env.observation_space.to_gymnasium(), env.action_space.to_gymnasium()
     learner = build_ppo_learner(None, obs_space, act_space, multi_agent_ids=env.agent_ids)
     for _ in range(2):
-        call = sampler.sample(params)
-        before = [js_ma_state(e) for e in call]
-        batch = train_batch(learner, to_rllib(call))["shared"]
-        sa_eps = [sa for e in call for sa in e.agent_episodes.values()]
-        n_rows = sum(len(sa) + 1 for sa in sa_eps)
-        assert len(batch["obs"]) == n_rows and int(batch["loss_mask"].sum()) == sum(
-            len(sa) for sa in sa_eps
-        )
-        mask = batch["loss_mask"].astype(bool)
-        # RLlib iterates the episodes' agents in order; rows follow it.
-        want_obs = np.concatenate([sa.get_observations(slice(0, len(sa))) for sa in sa_eps])
-        want_act = np.concatenate([sa.get_actions() for sa in sa_eps])
-        np.testing.assert_array_equal(np.sort(batch["obs"][mask], axis=0), np.sort(want_obs, axis=0))
-        np.testing.assert_array_equal(np.sort(batch["actions"][mask], axis=0), np.sort(want_act, axis=0))
-        for ep, state in zip(call, before):
-            same(js_ma_state(ep), state)
+        call = [e if e.is_numpy else e.to_numpy() for e in to_rllib(sampler.sample({"shared": ()}))]
+        n_steps = sum(len(sa) for e in call for sa in e.agent_episodes.values())
+        batch = train_batch(learner, call)["shared"]
+        assert int(batch["loss_mask"].sum()) == n_steps

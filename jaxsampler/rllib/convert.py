@@ -17,8 +17,10 @@ functions can be applied to mixed lists.
 
 from __future__ import annotations
 
+import contextlib
+import gc
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, cast
 
 from jaxsampler.episodes.batch import MultiAgentBatch as JsMultiAgentBatch
@@ -75,38 +77,40 @@ class _Spaces:
     """Space conversions for one call, memoized by object identity (the episodes of one
     ``sample()`` share their space objects, so each is converted once)."""
 
-    __slots__ = ("_to", "_from", "_struct")
+    __slots__ = ("_rl", "_from")
 
     def __init__(self) -> None:
-        # id(space) -> (space, result); holding `space` keeps its id unique meanwhile
-        self._to: dict[int, tuple[Any, Any]] = {}
+        # id(space) -> (space, results); holding `space` keeps its id unique meanwhile
+        self._rl: dict[int, tuple[Any, Any, Any]] = {}
         self._from: dict[int, tuple[Any, Any]] = {}
-        self._struct: dict[int, tuple[Any, Any]] = {}
 
-    @staticmethod
-    def _cached(memo: dict[int, tuple[Any, Any]], space: Any, fn: Callable[[Any], Any]) -> Any:
-        hit = memo.get(id(space))
+    def rl(self, space: Any) -> tuple[Any, Any]:
+        """``(gymnasium space, RLlib's get_base_struct_from_space of it)`` for a
+        jaxsampler, gymnax or gymnasium space (or ``None``)."""
+        hit = self._rl.get(id(space))
         if hit is not None and hit[0] is space:
-            return hit[1]
-        out = fn(space)
-        memo[id(space)] = (space, out)
-        return out
+            return hit[1], hit[2]
+        if space is None or isinstance(space, gymnasium.spaces.Space):
+            gym_space = space
+        else:
+            gym_space = _js_to_gym(space)
+        # RLlib's struct: a py dict/tuple of the leaf spaces, the space itself when flat
+        struct = (
+            get_base_struct_from_space(gym_space) if isinstance(gym_space, _NESTED) else gym_space
+        )
+        self._rl[id(space)] = (space, gym_space, struct)
+        return gym_space, struct
 
     def to_gym(self, space: Any) -> Any:
-        if space is None or isinstance(space, gymnasium.spaces.Space):
-            return space
-        return self._cached(self._to, space, _js_to_gym)
-
-    def struct(self, space: Any) -> Any:
-        """RLlib's ``get_base_struct_from_space(space)`` (memoized)."""
-        if not isinstance(space, _NESTED):
-            return space  # what RLlib computes for a flat space or None
-        return self._cached(self._struct, space, get_base_struct_from_space)
+        return self.rl(space)[0]
 
     def from_gym(self, space: Any) -> Any:
-        if space is None or isinstance(space, Space):
-            return space
-        return self._cached(self._from, space, _gym_to_js)
+        hit = self._from.get(id(space))
+        if hit is not None and hit[0] is space:
+            return hit[1]
+        js_space = space if space is None or isinstance(space, Space) else _gym_to_js(space)
+        self._from[id(space)] = (space, js_space)
+        return js_space
 
 
 def _js_to_gym(space: Any) -> Any:
@@ -136,32 +140,30 @@ def _gym_to_js(space: Any) -> Any:
         ) from err
 
 
-def _data(data: Any) -> Any:
-    """A buffer's data for the other side: arrays shared, lists copied shallowly."""
-    return list(data) if isinstance(data, list) else data
-
-
 # ----------------------------------------------------------------------- single agent
 
 
-def _rl_buffer(data: Any, lookback: int, space: Any, struct: Any) -> RlBuffer:
-    """RLlib's buffer over ``data``, as ``InfiniteLookbackBuffer(data, lookback, space)``
-    builds it, minus its per-buffer recomputation of ``space``'s struct (``struct`` is
-    computed once per space). RLlib has no trusted constructor; the fields set here are
-    exactly those its ``__init__`` sets (a test compares the two)."""
-    buf = RlBuffer.__new__(RlBuffer)
-    buf.data, buf.lookback, buf.finalized = data, lookback, not isinstance(data, list)
-    buf._space, buf._space_struct = space, struct
-    return buf
-
-
 def _buf_to_rl(buf: JsBuffer, spaces: _Spaces) -> RlBuffer:
-    space = spaces.to_gym(buf.space)
-    return _rl_buffer(_data(buf.data), buf.lookback, space, spaces.struct(space))
+    """RLlib's buffer over ``buf``'s data, as ``InfiniteLookbackBuffer(data, lookback,
+    space)`` builds it, minus its per-buffer recomputation of the space's struct (computed
+    once per space). RLlib has no trusted constructor; the fields set here are exactly
+    those its ``__init__`` sets (a test compares the two)."""
+    out: Any = RlBuffer.__new__(RlBuffer)
+    data = buf.data
+    if type(data) is list:
+        out.data, out.finalized = list(data), False
+    else:
+        out.data, out.finalized = data, True
+    out.lookback = buf.lookback
+    out._space, out._space_struct = spaces.rl(buf.space)
+    return out
 
 
 def _buf_from_rl(buf: RlBuffer, spaces: _Spaces) -> JsBuffer:
-    return JsBuffer.trusted(_data(buf.data), buf.lookback, spaces.from_gym(buf.space))
+    data = buf.data
+    return JsBuffer.trusted(
+        list(data) if type(data) is list else data, buf.lookback, spaces.from_gym(buf.space)
+    )
 
 
 def _sa_to_rllib(ep: JsSingleAgentEpisode, spaces: _Spaces) -> RlSingleAgentEpisode:
@@ -275,9 +277,7 @@ def _ma_to_rllib(ep: JsMultiAgentEpisode, spaces: _Spaces) -> RlMultiAgentEpisod
         out._hanging_rewards_begin,
     ) = _hanging(ep)
     out.is_terminated, out.is_truncated = ep.is_terminated, ep.is_truncated
-    out.agent_episodes = {
-        aid: _sa_to_rllib(sa, spaces) for aid, sa in ep.agent_episodes.items()
-    }
+    out.agent_episodes = {aid: _sa_to_rllib(sa, spaces) for aid, sa in ep.agent_episodes.items()}
     out._len_lookback_buffers = ep._len_lookback_buffers
     out._custom_data = dict(ep.custom_data)
     out._start_time, out._last_step_time = ep._start_time, ep._last_step_time
@@ -380,6 +380,21 @@ def _lookup(table: dict[type, Callable[[Any, _Spaces], Any]], obj: Any) -> Any:
     return fn
 
 
+@contextlib.contextmanager
+def _gc_paused() -> Iterator[None]:
+    """Pauses the cyclic garbage collector while a list converts: the conversion makes
+    ~15 small acyclic objects per episode, and the full collections that thousands of them
+    trigger cost several times the conversion itself (measured: 45 vs 7 us per episode).
+    Nothing made here is cyclic, so nothing waits for the collector meanwhile."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
 def to_rllib(obj: Any) -> Any:
     """Converts jaxsampler episodes / batches into RLlib's (ray 2.60) classes, exactly.
 
@@ -399,7 +414,8 @@ def to_rllib(obj: Any) -> Any:
     """
     spaces = _Spaces()
     if isinstance(obj, (list, tuple)):
-        return [_to_one(x, spaces) for x in obj]
+        with _gc_paused():
+            return [_to_one(x, spaces) for x in obj]
     return _to_one(obj, spaces)
 
 
@@ -436,7 +452,8 @@ def from_rllib(obj: Any) -> Any:
     """
     spaces = _Spaces()
     if isinstance(obj, (list, tuple)):
-        return [_from_one(x, spaces) for x in obj]
+        with _gc_paused():
+            return [_from_one(x, spaces) for x in obj]
     return _from_one(obj, spaces)
 
 
