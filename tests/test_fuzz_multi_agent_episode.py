@@ -58,6 +58,8 @@ class Model:
         self.env_t_started, self.lookback = 0, 0
         self.chunk_agents: set[str] = set()
         self.agent_t_started: dict[str, int] = {}
+        self.known_before: set[str] = set()  # agents with an observation before the last step
+        self.joined_now = False  # an agent joined in the last step (the episode goes on)
 
     def join(self, a: str, obs: int) -> None:
         m = self.agents[a]
@@ -68,8 +70,10 @@ class Model:
 
     @property
     def is_done(self) -> bool:
-        joined = [m for m in self.agents.values() if m.obs]
-        return bool(joined) and all(m.state == "done" for m in joined)
+        # RLlib's rule: every agent known *before* the last step is done after it (an
+        # agent joining in that step does not keep the episode going)
+        joined = [m for a, m in self.agents.items() if a in self.known_before]
+        return bool(joined) and not self.joined_now and all(m.state == "done" for m in joined)
 
     def cut(self, n: int) -> None:
         need = n
@@ -155,6 +159,7 @@ def apply_step(ep_list: list, model: Model, plan: dict, counter: list) -> bool:
     obs, actions, rewards, terms, truncs = {}, {}, {}, {}, {}
     finish_hanging = []
     model.env_t += 1
+    model.known_before = {a for a, m in model.agents.items() if m.obs}
     for a, c, r in zip(AGENTS, plan["choice"], plan["reward"]):
         m = model.agents[a]
         counter[0] += 1
@@ -186,11 +191,14 @@ def apply_step(ep_list: list, model: Model, plan: dict, counter: list) -> bool:
                 event("hanging agent terminated without an observation")
     for ep in ep_list:
         ep.add_env_step(obs, actions, rewards, terminateds=terms, truncateds=truncs)
+    joined = []
+    was_done = {a for a, m in model.agents.items() if m.state == "done"}
     for a in AGENTS:
         m = model.agents[a]
         state = m.state
         if state == "absent" and a in obs:
             model.join(a, obs[a])
+            joined.append(a)
             continue
         if state == "ready":
             m.actions.append(actions[a])
@@ -203,8 +211,14 @@ def apply_step(ep_list: list, model: Model, plan: dict, counter: list) -> bool:
             m.rewards.append(m.hanging_reward)
             m.hanging_reward = 0.0
             m.obs.append(obs[a] if a in obs else m.obs[-1])
-            m.obs_env_t.append(model.env_t)
+            # a re-recorded final observation (terminated without one) has no env step
+            m.obs_env_t.append(model.env_t if a in obs else -1)
             m.terminated, m.truncated = a in terms, a in truncs
+    model.joined_now = bool(joined)
+    if model.is_done:  # RLlib: the episode's terminated flag goes to every agent stepped
+        stepped = set(obs) | set(actions) | set(rewards) | set(terms) | set(truncs)
+        for a in stepped - was_done:
+            model.agents[a].terminated = True
     return True
 
 

@@ -384,14 +384,14 @@ def _ma_policy(henv, split=True):
     return js.MultiAgentPolicy(henv.agent_ids, {"p0": p, "p1": p} if split else {"p": p}, mapping)
 
 
-def _reference(num_envs, calls, length, horizon):
+def _reference(num_envs, calls, length, horizon, rllib_flags=False):
     """The HostSampler's chunks, by hand: each env stepped in plain Python, one slot per
     poll (a reset or a step), episodes cut at every call boundary."""
     envs = [TurnDictEnv() for _ in range(num_envs)]
     running, out = {}, []
     for call in range(calls):
         finished = []
-        chunks = {e: (ep.cut(horizon) if len(ep) > 0 else ep) for e, ep in running.items()}
+        chunks = dict(running)
         for slot in range(
             length + (1 if call == 0 else 0)
         ):  # the first call also polls the first reset
@@ -408,6 +408,7 @@ def _reference(num_envs, calls, length, horizon):
                 actions = {a: _action(o) for a, o in env.acting.items()}
                 extras = {a: {"v": np.float32(o[0] * 10 + o[1])} for a, o in env.acting.items()}
                 obs, rewards, terms, truncs, infos = env.step(actions)
+                done_before = {a for a, sa in ep.agent_episodes.items() if sa.is_done}
                 ep.add_env_step(
                     obs,
                     actions,
@@ -417,15 +418,23 @@ def _reference(num_envs, calls, length, horizon):
                     truncateds=truncs,
                     extra_model_outputs=extras,
                 )
+                if not rllib_flags:  # the default: an agent's own flags OR "__all__"
+                    for a, sa in ep.agent_episodes.items():
+                        if sa.is_done and a not in done_before:
+                            sa.is_terminated = bool(terms.get(a) or terms["__all__"])
+                            sa.is_truncated = bool(truncs.get(a) or truncs["__all__"])
                 env.acting = {a: o for a, o in obs.items() if not (terms.get(a) or truncs.get(a))}
                 if terms["__all__"] or truncs["__all__"]:
                     finished.append((e, slot, ep))
                     del chunks[e]
         finished.sort(key=lambda x: x[:2])
-        out.append(
-            [ep for *_, ep in finished] + [chunks[e] for e in sorted(chunks) if len(chunks[e]) > 0]
-        )
-        running = chunks
+        # As RLlib's env runner: successors are cut first, then the returned chunks lose
+        # their agents without a step.
+        running = {e: (ep.cut(horizon) if len(ep) > 0 else ep) for e, ep in chunks.items()}
+        returned = [ep for *_, ep in finished] + [
+            chunks[e] for e in sorted(chunks) if len(chunks[e]) > 0
+        ]
+        out.append([ep.prune_empty_agents() for ep in returned])
     return out
 
 
@@ -451,13 +460,19 @@ def _batch_by_hand(episodes):
     return {pid: {k: cat(ps, k) for k in ps[0]} for pid, ps in parts.items()}
 
 
-@pytest.mark.parametrize("horizon", [0, 2])
-def test_multi_agent_dict_env_equals_the_plain_add_env_step_loop(horizon):
+@pytest.mark.parametrize("horizon,rllib_compatible", [(0, False), (2, False), (2, True)])
+def test_multi_agent_dict_env_equals_the_plain_add_env_step_loop(horizon, rllib_compatible):
     n_envs, calls, length = 2, 5, 6
     henv = MultiAgentDictEnv([TurnDictEnv for _ in range(n_envs)], seed=0)
     assert henv.agent_ids == AGENTS
-    s = HostSampler(henv, _ma_policy(henv), episode_lookback_horizon=horizon, rollout_length=length)
-    want = _reference(n_envs, calls, length, horizon)
+    s = HostSampler(
+        henv,
+        _ma_policy(henv),
+        episode_lookback_horizon=horizon,
+        rollout_length=length,
+        rllib_compatible=rllib_compatible,
+    )
+    want = _reference(n_envs, calls, length, horizon, rllib_flags=rllib_compatible)
     ids, done, truncated = {}, 0, 0
     for call in range(calls):
         got = s.sample({"p0": (), "p1": ()})
@@ -745,3 +760,15 @@ def test_off_policy_actions_are_sent_recorded_and_marked():
     np.testing.assert_array_equal(
         batch["vf_preds"], batch["obs"][:, 0]
     )  # the policy's extras are kept
+
+
+@pytest.mark.parametrize("horizon", [0, 1])
+def test_multi_agent_host_chunks_are_rllib_runner_chunks(horizon):
+    """Every chunk numpy'ized, none with an agent episode without a step (TurnDictEnv's
+    agents wait for their turn across call boundaries), every agent step in one chunk."""
+    from tests.test_multi_agent_sampler import assert_rllib_runner_chunks
+
+    henv = MultiAgentDictEnv([TurnDictEnv for _ in range(2)], seed=0)
+    s = HostSampler(henv, _ma_policy(henv), episode_lookback_horizon=horizon, rollout_length=5)
+    calls = [s.sample({"p0": (), "p1": ()}) for _ in range(6)]
+    assert assert_rllib_runner_chunks(calls, None) >= 3

@@ -37,18 +37,19 @@ def device_calls(env, policy, params, n_calls, seed=SEED):
     return calls
 
 
-def reference_chunks(calls, env, horizon, mapping, cut=True, finished_log=None):
+def reference_chunks(calls, env, horizon, mapping, cut=True, finished_log=None, rllib_flags=False):
     """Per call, the episode chunks of the reference loop in sample()'s order (with
-    ``cut=False`` episodes are never cut; ``finished_log`` collects (env, episode))."""
+    ``cut=False`` episodes are never cut; ``finished_log`` collects (env, episode)).
+
+    As RLlib's env runner: at the end of a call the ongoing chunks' successors are cut,
+    then every returned chunk loses its agents without a step (``len == 0``)."""
     ids, A = env.agent_ids, env.num_agents
     open_eps: dict[int, MultiAgentEpisode] = {}
     done: dict[int, set] = {}
     out = []
     for traj, next_acting, next_reset in calls:
         finished = []
-        chunk = {
-            e: (open_eps.pop(e).cut(horizon) if cut else open_eps.pop(e)) for e in list(open_eps)
-        }
+        chunk = dict(open_eps)
         acting = np.concatenate([traj.acting, next_acting[None]], axis=0)
         is_reset = np.concatenate([traj.is_reset, next_reset[None]], axis=0)
         for t in range(T):
@@ -96,6 +97,14 @@ def reference_chunks(calls, env, horizon, mapping, cut=True, finished_log=None):
                     },
                 )
                 done[e] |= {ids[a] for a in newly}
+                if not rllib_flags:  # each agent keeps the env's own flags (the default)
+                    for a in newly:
+                        sa = ep.agent_episodes.get(ids[a])
+                        if sa is not None:
+                            sa.is_terminated = bool(traj.terminated[t, e, a])
+                            sa.is_truncated = bool(
+                                traj.truncated[t, e, a] and not traj.terminated[t, e, a]
+                            )
                 # The episode ends when the env has every agent done. (RLlib also ends it
                 # when every agent *seen so far* is done; agents may still join here.)
                 ep.is_terminated = ep.is_terminated and all_done
@@ -105,8 +114,13 @@ def reference_chunks(calls, env, horizon, mapping, cut=True, finished_log=None):
                         finished_log.append((e, ep))
                     finished.append((e, t, ep))
                     del chunk[e]
-        open_eps = dict(chunk)
+        open_eps = {e: (ep.cut(horizon) if cut else ep) for e, ep in chunk.items()}
         finished.sort(key=lambda x: x[:2])  # the sampler's order: env by env, then in time
+        for _, _, ep in finished:
+            ep.prune_empty_agents()
+        if cut:
+            for ep in chunk.values():
+                ep.prune_empty_agents()
         out.append([ep for _, _, ep in finished] + [chunk[e] for e in sorted(chunk)])
     return out
 
@@ -376,3 +390,48 @@ def test_output_order_equals_a_lexsort(seed, by_policy):
     want = np.lexsort(keys)
     want = want[pos[want] >= 0]
     np.testing.assert_array_equal(output_order(pos, agent, t, S, A, rank), want)
+
+
+def assert_rllib_runner_chunks(calls_of_episodes, action_dtype) -> int:
+    """What RLlib's MultiAgentEnvRunner returns: every chunk numpy'ized (columns are
+    arrays, ``is_numpy``), no agent episode without a step, and every agent step of an
+    episode in exactly one chunk (a step left hanging at a call's end completes in a later
+    chunk). Returns the number of continuation chunks seen."""
+    seen: dict = {}
+    continuations = 0
+    for episodes in calls_of_episodes:
+        for ep in episodes:
+            continuations += ep.env_t_started > 0
+            assert ep.is_numpy or not ep.agent_episodes
+            for aid, sa in ep.agent_episodes.items():
+                assert len(sa) > 0, (ep.id_, aid)
+                for buf in (sa.observations, sa.actions, sa.rewards):
+                    assert buf.finalized and isinstance(buf.data, np.ndarray)
+                assert all(b.finalized for b in sa.extra_model_outputs.values())
+                assert sa.actions.data.dtype == (action_dtype or sa.actions.data.dtype)
+                action_dtype = sa.actions.data.dtype  # one dtype in every chunk
+                assert sa.rewards.data.dtype.kind == "f"
+                seen.setdefault((ep.id_, aid), []).extend(range(sa.t_started, sa.t))
+    for key, ts in seen.items():
+        assert ts == list(range(len(ts))), key  # each step once, none lost
+    return continuations
+
+
+@pytest.mark.parametrize("env_id", ["chaos", "TicTacToe-v0"])
+@pytest.mark.parametrize("horizon", [0, 1])
+def test_chunks_are_numpy_without_empty_agents_from_every_call(env_id, horizon):
+    env = ChaosEnv() if env_id == "chaos" else js.make(env_id)
+    policy = CountingPolicy(env.observation_space, env.action_space)
+    sampler = js.Sampler(
+        env, policy, num_envs=E, rollout_length=5, seed=SEED, episode_lookback_horizon=horizon
+    )
+    calls = [sampler.sample(()) for _ in range(6)]
+    dtype = np.asarray(env.action_space.zeros()).dtype
+    assert assert_rllib_runner_chunks(calls, dtype) >= 3
+    # chunks batch like RLlib's: every column concatenates into arrays
+    from jaxsampler.sampling.collector import episodes_to_batch
+
+    for episodes in calls[1:]:
+        b = episodes_to_batch(episodes, env.agent_ids)["default_policy"]
+        assert isinstance(b["actions"], np.ndarray) and b["actions"].dtype == dtype
+        assert isinstance(b["rewards"], np.ndarray) and len(b["rewards"]) == b.count

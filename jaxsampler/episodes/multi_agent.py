@@ -255,7 +255,7 @@ class MultiAgentEpisode:
             agent_id=aid,
             module_id=self.module_for(aid),
             multi_agent_episode_id=self.id_,
-            t_started=self.agent_t_started[aid],
+            t_started=self.agent_t_started.get(aid, 0),
         )
         sa.observations.append(observation)
         sa.infos.append({} if info is None else info)
@@ -346,7 +346,7 @@ class MultiAgentEpisode:
         infos = infos or {}
         for aid, obs in observations.items():
             self._new_agent(aid, obs, infos.get(aid))
-            self.env_t_to_agent_t[aid] = InfiniteLookbackBuffer([self.agent_t_started[aid]])
+            self.env_t_to_agent_t[aid] = InfiniteLookbackBuffer([self.agent_t_started.get(aid, 0)])
         self._start_time = self._last_step_time = time.perf_counter()
 
     def add_env_step(
@@ -374,6 +374,21 @@ class MultiAgentEpisode:
         )
         self.env_t += 1
         map_len = self._map_len()
+        # Every agent known before this step done (by its own flags, not "__all__"): the
+        # episode is terminated, also when some of them were truncated (RLlib's rule) -
+        # unless an agent joins in this step (RLlib would end the episode and ignore it).
+        joins = any(
+            a not in self.agent_episodes and not terminateds.get(a) and not truncateds.get(a)
+            for a in observations
+        )
+        every_agent_done = (
+            bool(self.agent_episodes)
+            and not joins
+            and all(
+                sa.is_done or terminateds.get(a) or truncateds.get(a)
+                for a, sa in self.agent_episodes.items()
+            )
+        )
         for aid, m in self.env_t_to_agent_t.items():
             if aid not in observations:
                 m.append(SKIP)
@@ -382,16 +397,14 @@ class MultiAgentEpisode:
             agents.update((a, None) for a in d if a != ALL_AGENTS)
         if all_term or all_trunc:
             agents.update((a, None) for a in self.agent_episodes)
-        for aid in agents:
-            term = bool(terminateds.get(aid, False)) or all_term
-            trunc = bool(truncateds.get(aid, False)) or all_trunc
+        self.is_terminated = all_term or every_agent_done
+        self.is_truncated = all_trunc
+        for aid in agents:  # the episode's flags are OR'ed into every agent stepped here
+            term = bool(terminateds.get(aid, False)) or self.is_terminated
+            trunc = bool(truncateds.get(aid, False)) or self.is_truncated
             self._agent_step(
                 aid, observations, actions, rewards, infos, extras, term, trunc, map_len
             )
-        self.is_terminated = all_term or (
-            bool(self.agent_episodes) and all(sa.is_done for sa in self.agent_episodes.values())
-        )
-        self.is_truncated = all_trunc
         self._last_step_time = time.perf_counter()
 
     def _agent_step(
@@ -454,7 +467,8 @@ class MultiAgentEpisode:
                 return  # an agent that arrives done never steps
             self._new_agent(aid, observations[aid], infos.get(aid))
             self.env_t_to_agent_t[aid] = InfiniteLookbackBuffer(
-                [SKIP] * (map_len - 1) + [self.agent_t_started[aid]], self._len_lookback_buffers
+                [SKIP] * (map_len - 1) + [self.agent_t_started.get(aid, 0)],
+                self._len_lookback_buffers,
             )
             self._hanging_rewards_begin[aid] += reward
         elif has_act:
@@ -499,12 +513,14 @@ class MultiAgentEpisode:
                 self._hanging_extra_model_outputs_end.pop(aid, None),
                 True,
                 trunc,
-                replace_skip=True,
+                mapped=False,
             )
 
     def _complete(
-        self, aid, obs, info, action, reward, extras, term, trunc, replace_skip: bool = False
+        self, aid, obs, info, action, reward, extras, term, trunc, mapped: bool = True
     ) -> None:
+        """Adds one agent step; ``mapped=False``: its observation (a terminated agent's
+        last one, re-recorded) belongs to no env step, the agent's map keeps ``SKIP``."""
         sa = self.agent_episodes[aid]
         sa.add_env_step(
             obs,
@@ -515,12 +531,10 @@ class MultiAgentEpisode:
             truncated=trunc,
             extra_model_outputs=extras or None,
         )
-        m = self.env_t_to_agent_t[aid]
-        value = len(sa) + self.agent_t_started[aid]
-        if replace_skip and m.data and m.data[-1] == SKIP:
-            m.data[-1] = value
+        if mapped:
+            self.env_t_to_agent_t[aid].append(len(sa) + self.agent_t_started[aid])
         else:
-            m.append(value)
+            self.agent_t_started.setdefault(aid, 0)
 
     def _drop_agent(self, aid: Any) -> None:
         for d in (
@@ -557,7 +571,21 @@ class MultiAgentEpisode:
 
     def get_agents_that_stepped(self) -> set:
         """Agents with an observation at the last env step."""
-        return {a for a, m in self.env_t_to_agent_t.items() if m.data and m.data[-1] != SKIP}
+        return {
+            a
+            for a, m in self.env_t_to_agent_t.items()
+            if m.data and m.data[-1] != SKIP and a in self.agent_episodes
+        }
+
+    def prune_empty_agents(self) -> MultiAgentEpisode:
+        """Removes the agent episodes without a step in this chunk (``len == 0``: e.g. an
+        agent that acted and waits for its next observation), as RLlib's env runner does
+        before returning a chunk; their maps and hanging caches stay (a ``cut`` successor
+        made before continues them, and :meth:`concat_episode` of the successor restores
+        them). Returns ``self``."""
+        for aid in [a for a, sa in self.agent_episodes.items() if len(sa) == 0]:
+            del self.agent_episodes[aid]
+        return self
 
     def get_agents_to_act(self) -> set:
         """Agents with an observation at the last env step that are not done."""
@@ -566,16 +594,17 @@ class MultiAgentEpisode:
     # -- getters -----------------------------------------------------------------------
 
     def _agent_list(self, agent_ids: Any) -> list:
-        if agent_ids is None:
-            return list(self.agent_episodes)
+        if agent_ids is None or (isinstance(agent_ids, Collection) and not agent_ids):
+            return list(self.agent_episodes)  # (an empty collection: all agents, as RLlib)
         if isinstance(agent_ids, str) or not isinstance(agent_ids, Collection):
             agent_ids = [agent_ids]
         return [a for a in agent_ids if a in self.agent_episodes]
 
-    def _positions(self, indices: Any, nial: bool, fill: Any, n_items: int) -> Any:
-        """Env-step ``indices`` resolved to map positions (``_OUT`` where out of range)."""
+    def _positions(self, indices: Any, nial: bool, out_ok: bool, n_items: int) -> Any:
+        """Env-step ``indices`` resolved to map positions (``_OUT`` where out of range if
+        ``out_ok``, else ``IndexError``)."""
         buf = InfiniteLookbackBuffer(list(range(n_items)), self._len_lookback_buffers)
-        return buf.get(indices, neg_index_as_lookback=nial, fill=_OUT if fill is not None else None)
+        return buf.get(indices, neg_index_as_lookback=nial, fill=_OUT if out_ok else None)
 
     def _get(
         self,
@@ -599,7 +628,8 @@ class MultiAgentEpisode:
             return self._get_agent_steps(what, key, indices, agents, nial, fill, one_hot)
         per_step = what in ("observations", "infos")
         n_items = self._map_len() - (0 if per_step else 1)
-        pos = self._positions(indices, nial, fill, n_items)
+        # (per-step lists treat an index outside the data as a step without data)
+        pos = self._positions(indices, nial, fill is not None or return_list, n_items)
         scalar = not isinstance(pos, list)
         positions = [pos] if scalar else pos
         values = {a: self._agent_values(what, key, a, positions, fill, one_hot) for a in agents}
@@ -642,7 +672,7 @@ class MultiAgentEpisode:
         m = self.env_t_to_agent_t[aid]
         buf = self._column(aid, what, key)
         hanging = self._hanging(aid, what, key)
-        t0 = self.agent_t_started[aid]
+        t0 = self.agent_t_started.get(aid, 0)
         filler = None
         out = []
         for p in positions:
@@ -687,7 +717,10 @@ class MultiAgentEpisode:
                 if what not in ("rewards", "infos", "extra_model_outputs")
                 else {}
             )
-            out[a] = buf.get(indices, neg_index_as_lookback=nial, fill=fill, **kwargs)
+            value = buf.get(indices, neg_index_as_lookback=nial, fill=fill, **kwargs)
+            if isinstance(value, list) and not value:
+                continue  # no data in range: the agent is left out (as RLlib does)
+            out[a] = value
         return out
 
     def get_observations(
@@ -1095,9 +1128,13 @@ class MultiAgentEpisode:
                 self.agent_t_started[aid] = osa.t_started
                 self._agent_episode_ids[aid] = osa.id_
                 self._agent_to_module_mapping.setdefault(aid, osa.module_id)
-                self.env_t_to_agent_t[aid] = InfiniteLookbackBuffer(
-                    [SKIP] * (n_self - 1) + list(om.data[olb:]), self._len_lookback_buffers
-                )
+                m = self.env_t_to_agent_t.get(aid)
+                if m is not None:  # pruned here (no step yet): its map goes on
+                    m.data = list(m.data) + list(om.data[olb + 1 :])
+                else:
+                    self.env_t_to_agent_t[aid] = InfiniteLookbackBuffer(
+                        [SKIP] * (n_self - 1) + list(om.data[olb:]), self._len_lookback_buffers
+                    )
                 continue
             if len(osa) > 0:
                 for k, buf in osa.extra_model_outputs.items():

@@ -67,6 +67,10 @@ class MultiAgentConverter:
         agent_policy: each agent's policy (module) id, in agent-axis order.
         observation_space, action_space: of one agent (all agents share them).
         horizon: lookback env steps carried into continuation chunks (``cut``).
+        rllib_compatible: agents' done flags as RLlib 2.60's ``MultiAgentEpisode`` sets
+            them: every agent stepped in an episode's last step is terminated, and also
+            truncated if the episode is (RLlib ORs the episode's flags into each agent).
+            Default: each agent's own flags.
     """
 
     def __init__(
@@ -78,8 +82,10 @@ class MultiAgentConverter:
         observation_space: Any,
         action_space: Any,
         horizon: int,
+        rllib_compatible: bool = False,
     ):
         self._ids = ids
+        self._rllib_compatible = bool(rllib_compatible)
         self._num_envs = num_envs
         self._agent_ids, self._agent_policy = agent_ids, agent_policy
         self._obs_space, self._act_space = observation_space, action_space
@@ -152,7 +158,17 @@ class MultiAgentConverter:
         steps = AgentSteps(
             **{f.name: getattr(steps, f.name)[order] for f in dataclasses.fields(AgentSteps)}
         )
-        return _CallSteps(cols, call, seg, m, steps, pos[order], old)
+        pos = pos[order]
+        if self._rllib_compatible and len(pos):
+            # Steps ending at their episode's last env step (its last observation's slot;
+            # slots count the one-step head).
+            final = (seg.term | seg.trunc)[pos] & (steps.end == (seg.start + seg.len + _H)[pos])
+            steps = dataclasses.replace(
+                steps,
+                terminated=steps.terminated | final,
+                truncated=steps.truncated | (final & seg.trunc[pos]),
+            )
+        return _CallSteps(cols, call, seg, m, steps, pos, old)
 
     def _step_columns(
         self, cs: _CallSteps, eps_ids: np.ndarray, next_infos: bool = False
@@ -260,7 +276,11 @@ class MultiAgentConverter:
                 else:
                     still_open[e] = ep
                 episodes.append(ep)
-        self._open = still_open
+            # As RLlib's env runner: the open chunks' successors are cut first, then every
+            # chunk loses its agents without a step and is numpy'ized.
+            self._open = {e: self._successor(ep) for e, ep in still_open.items()}
+            for ep in episodes:
+                ep.prune_empty_agents().to_numpy()
         m = cs.metrics
         m.num_agent_steps_sampled = len(pos)
         return episodes, m
@@ -272,10 +292,7 @@ class MultiAgentConverter:
         the open chunk, or a new episode (also when the previous call was ``sample_batch``);
         and the env step of its first map entry still to be written."""
         if continues and e in self._open:
-            ep = self._open[e].cut(self._horizon)
-            for sa in ep.agent_episodes.values():  # env infos stay numpy'ized, as in new chunks
-                if not sa.infos.finalized and sa.infos.data and sa.infos.data[0]:
-                    sa.infos.finalize()
+            ep = self._open[e]  # the cut successor of the previous call's chunk
             return ep, ep.env_t + 1  # its maps end at env step ep.env_t
         ma_id = self._ids(e, count)
         mapping = dict(zip(self._agent_ids, self._agent_policy))
@@ -304,6 +321,18 @@ class MultiAgentConverter:
                 )
                 self._set_hanging(ep, a, e, old)
         return ep, first
+
+    def _successor(self, ep: MultiAgentEpisode) -> MultiAgentEpisode:
+        """``ep.cut(horizon)`` with its lookback data numpy'ized (the next call appends
+        arrays to it; env infos stay numpy'ized, as in new chunks)."""
+        succ = ep.cut(self._horizon)
+        for sa in succ.agent_episodes.values():
+            for buf in (sa.observations, sa.actions, sa.rewards, *sa.extra_model_outputs.values()):
+                if not buf.finalized and buf.len_incl_lookback() > 0:
+                    buf.finalize()
+            if not sa.infos.finalized and sa.infos.data and sa.infos.data[0]:
+                sa.infos.finalize()
+        return succ
 
     def _set_hanging(self, ep: MultiAgentEpisode, a: int, e: int, carry: AgentCarry) -> None:
         ep.set_hanging(

@@ -75,6 +75,10 @@ class DeviceSampler(Sampler):
         seed: PRNG seed; the same seed and calls give identical episodes.
         env_params: env params (default ``env.default_params``).
         episode_lookback_horizon: lookback steps carried into continuation chunks.
+        rllib_compatible: multi-agent envs: agents' done flags exactly as RLlib 2.60's
+            ``MultiAgentEpisode.add_env_step`` sets them (every agent stepped in an
+            episode's last step is terminated, and truncated too if the episode is).
+            Default ``False``: each agent keeps the env's own flags.
     """
 
     def __init__(
@@ -87,6 +91,7 @@ class DeviceSampler(Sampler):
         *,
         env_params: Any = None,
         episode_lookback_horizon: int = 1,
+        rllib_compatible: bool = False,
     ):
         env = _resolve(env)
         episode_lookback_horizon = check_lookback(episode_lookback_horizon)
@@ -123,6 +128,7 @@ class DeviceSampler(Sampler):
                 env.observation_space,
                 env.action_space,
                 episode_lookback_horizon,
+                rllib_compatible=rllib_compatible,
             )
 
     # ------------------------------------------------------------------------- state

@@ -99,6 +99,9 @@ class Books:
         ids: the sampler's episode ids.
         mark_abandoned: batch rows get an ``abandoned`` column
             (:func:`~jaxsampler.sampling.collector.step_rows`).
+        rllib_compatible: agents' done flags as RLlib 2.60's ``MultiAgentEpisode`` sets
+            them (the episode's computed flags OR'ed into every agent stepped in the step
+            that ends it); default: each agent's own flags OR ``"__all__"``.
         rank_capacity: env ranks kept before those of envs without a running episode are
             forgotten (:meth:`forget_ranks`).
         count: episodes started so far (the next id's number).
@@ -121,6 +124,7 @@ class Books:
     action_space: Any
     ids: EpisodeIds
     mark_abandoned: bool = False
+    rllib_compatible: bool = False
     rank_capacity: int = 1024
     count: int = 0
     env_rank: dict[Any, int] = dataclasses.field(default_factory=dict)
@@ -324,7 +328,10 @@ class CollectorFeed(Feed):
                 c.add_action_reward_next_obs(
                     eid, a, e, b.mapping[a], term or trunc or all_done, values
                 )
+            done_before = {a for a, sa in ep.agent_episodes.items() if sa.is_done}
             c.episode_step(eid, terminateds=terms, truncateds=truncs)
+            if not b.rllib_compatible:
+                _own_flags(c.episode(eid), done_before, terms, truncs)
             b.returns[eid] += float(sum(rewards.values()))
             steps += 1
             if all_done:
@@ -350,7 +357,11 @@ class CollectorFeed(Feed):
         else:
             for e in sorted(self._running, key=self.books.env_rank.__getitem__):
                 self.collector.postprocess_episode(self._running[e], is_done=False)
-        return list(self.collector.pop_built_episodes())
+        chunks = list(self.collector.pop_built_episodes())
+        if self.multi_agent:  # as RLlib's env runner (the successors are already cut)
+            for ep in chunks:
+                ep.prune_empty_agents()
+        return chunks
 
     def episodes(self, chunks: list[Any]) -> list[SingleAgentEpisode] | list[MultiAgentEpisode]:
         if self.multi_agent:
@@ -373,6 +384,18 @@ class CollectorFeed(Feed):
             self.collector.discard_episode(eid)
         self.collector.pop_built_episodes()
         self._running.clear()
+
+
+def _own_flags(ep: MultiAgentEpisode, done_before: set, terms: dict, truncs: dict) -> None:
+    """The agents done in the step just added keep their own flags OR'ed with
+    ``"__all__"`` only. (RLlib's ``add_env_step`` also ORs a terminated episode into them
+    when every agent is done by its own flags, which marks truncated agents terminated.)"""
+    all_term = bool(terms.get(ALL_AGENTS, False))
+    all_trunc = bool(truncs.get(ALL_AGENTS, False))
+    for a, sa in ep.agent_episodes.items():
+        if sa.is_done and a not in done_before:
+            sa.is_terminated = bool(terms.get(a, False)) or all_term
+            sa.is_truncated = bool(truncs.get(a, False)) or all_trunc
 
 
 def _plain(sa: SingleAgentEpisode) -> SingleAgentEpisode:

@@ -155,6 +155,11 @@ class HostSampler(Sampler):
             ``"track"`` (single-agent envs only) or ``"collector"`` (any env; for a
             single-agent env it gives the same episodes as the tracks, at a higher cost
             per step).
+        rllib_compatible: multi-agent done flags exactly as RLlib 2.60's
+            ``MultiAgentEpisode.add_env_step`` sets them: when a step ends the episode,
+            the episode's flags (``"__all__"``, or terminated when every agent is done by
+            its own flags, truncated ones included) are OR'ed into every agent stepped
+            there. Default ``False``: each agent keeps its own flags OR ``"__all__"``.
 
     Raises:
         TypeError: ``host_env`` is not a complete :class:`HostEnv` (the missing members
@@ -177,6 +182,7 @@ class HostSampler(Sampler):
         mark_abandoned: bool | None = None,
         timeout_s: float | None = None,
         feed: Literal["auto", "track", "collector"] = "auto",
+        rllib_compatible: bool = False,
     ):
         self.host_env = check_host_env(host_env)
         self.policy = policy
@@ -223,6 +229,7 @@ class HostSampler(Sampler):
         n_envs = host_env.num_envs
         self._books = Books(
             mark_abandoned=self.mark_abandoned,
+            rllib_compatible=bool(rllib_compatible),
             rank_capacity=max(2 * n_envs, 64) if isinstance(n_envs, int) else 1024,
             agent_ids=self.agent_ids,
             mapping=mapping,
