@@ -71,6 +71,7 @@ from collections.abc import Callable, Collection
 from typing import Any
 
 import gymnasium as gym
+import numpy as np
 
 from jaxsampler.rllib import require_rllib
 
@@ -124,7 +125,7 @@ from jaxsampler.rllib.runner_parts import (  # noqa: E402
 from jaxsampler.sampling.host import HostSampler  # noqa: E402
 from jaxsampler.spaces import from_gymnasium_space  # noqa: E402
 
-__all__ = ["JaxEnvRunner", "JaxMultiAgentEnvRunner"]
+__all__ = ["JaxEnvRunner"]
 
 #: Extra model outputs RLlib's own runner stores for the default PPO module.
 _RLLIB_EXTRAS = ("action_dist_inputs", "action_logp")
@@ -151,9 +152,12 @@ class JaxEnvRunner(EnvRunner, Checkpointable):
             the supported ones.
     """
 
+    #: whether this runner samples multi-agent envs (the subclass sets it)
+    _multi_agent = False
+
     def __init__(self, *, config: Any, **kwargs: Any):
         super().__init__(config=config, **kwargs)
-        if self.config.is_multi_agent:
+        if self.config.is_multi_agent and not self._multi_agent:
             raise ValueError(
                 "JaxEnvRunner is single-agent; for config.multi_agent(...) use "
                 "env_runner_cls=jaxsampler.rllib.JaxMultiAgentEnvRunner"
@@ -180,8 +184,8 @@ class JaxEnvRunner(EnvRunner, Checkpointable):
         #: ``to_rllib_s`` (-> RLlib episodes), ``bookkeeping_s`` (counters, metrics)
         self.last_sample_timing: dict[str, float] = {}
         # id_ -> [length, return, duration] of the chunks already returned, for metrics
-        self._ongoing_for_metrics: dict[str, list[float]] = {}
-        self._done_for_metrics: list[tuple[int, float, float]] = []
+        self._ongoing_for_metrics: dict[str, Any] = {}
+        self._done_for_metrics: list[Any] = []
         self._build_sampler()
 
     # ------------------------------------------------------------------ construction
@@ -195,17 +199,22 @@ class JaxEnvRunner(EnvRunner, Checkpointable):
         if self._sampler is not None:
             self._sampler.close()
             self._sampler = None
-        resolved = resolve_env(self.config, self.worker_index, self.num_workers)
+        resolved = resolve_env(
+            self.config, self.worker_index, self.num_workers, multi_agent=self._multi_agent
+        )
         self.env = resolved.env
         self._host_factory: Callable[[], Any] | None = resolved.host_factory
         self._gym_obs_space, self._gym_act_space = resolved.observation_space, resolved.action_space
+        self._check_spaces()
+        self._needs_initial_reset = True
+
+    def _check_spaces(self) -> None:
         for what, space in (("observation", self._gym_obs_space), ("action", self._gym_act_space)):
             if not isinstance(space, (gym.spaces.Box, gym.spaces.Discrete)):
                 raise TypeError(
                     f"JaxEnvRunner supports Box or Discrete {what} spaces (RLlib's default "
                     f"MLP module), got {space!r}"
                 )
-        self._needs_initial_reset = True
 
     def make_module(self) -> None:
         """Builds RLlib's (inference-only) RLModule from the config and mirrors it.
@@ -217,7 +226,8 @@ class JaxEnvRunner(EnvRunner, Checkpointable):
 
         spec = self.config.get_rl_module_spec(spaces=self.get_spaces(), inference_only=True)
         self.module = spec.build()
-        self._js_policy, self._params = policy_from_rl_module(self.module)
+        self._js_policy, params = policy_from_rl_module(self.module)
+        self._params: Any = params
 
     def _build_sampler(self) -> None:
         obs_space = from_gymnasium_space(self._gym_obs_space)
@@ -333,9 +343,7 @@ class JaxEnvRunner(EnvRunner, Checkpointable):
             episodes = to_rllib(js_episodes)
             t2 = time.perf_counter()
             if random_actions:
-                for ep in episodes:
-                    for key in _RLLIB_EXTRAS:
-                        ep.extra_model_outputs.pop(key, None)
+                self._strip_model_outputs(episodes)
             self._bookkeep(episodes, steps, t1 - t0)
             split = getattr(self._sampler, "last_split", (t1 - t0, 0.0))
             self.last_sample_timing = {
@@ -355,13 +363,19 @@ class JaxEnvRunner(EnvRunner, Checkpointable):
         self._time_after_sampling = time.perf_counter()
         return episodes
 
+    def _strip_model_outputs(self, episodes: list[Any]) -> None:
+        """Random-action steps carry no module outputs (as in RLlib's runner)."""
+        for ep in episodes:
+            for key in _RLLIB_EXTRAS:
+                ep.extra_model_outputs.pop(key, None)
+
     def _bookkeep(self, episodes: list[Any], steps: int, wall_s: float) -> None:
         """Per-call counters now; per-episode stats kept for :meth:`get_metrics`."""
         per_step_s = wall_s * self.num_envs / max(steps, 1)
         num_done = 0
         for ep in episodes:
             length = len(ep)
-            ret = float(ep.get_return())
+            ret = _chunk_return(ep)
             prev = self._ongoing_for_metrics.pop(ep.id_, None)
             if prev is not None:
                 length, ret = length + int(prev[0]), ret + prev[1]
@@ -530,20 +544,10 @@ def _with_explore(policy: Any, explore: bool) -> Any:
     )
 
 
-class JaxMultiAgentEnvRunner(EnvRunner):
-    """Multi-agent variant (not built yet): raises at construction."""
-
-    def __init__(self, *, config: Any, **kwargs: Any):
-        raise NotImplementedError(
-            "JaxMultiAgentEnvRunner is not implemented yet; use JaxEnvRunner for "
-            "single-agent envs or RLlib's MultiAgentEnvRunner"
-        )
-
-    def assert_healthy(self) -> None:  # pragma: no cover
-        raise NotImplementedError
-
-    def sample(self, **kwargs: Any) -> Any:  # pragma: no cover
-        raise NotImplementedError
-
-    def get_spaces(self) -> Any:  # pragma: no cover
-        raise NotImplementedError
+def _chunk_return(ep: Any) -> float:
+    """``ep.get_return()`` of a numpy'ized RLlib episode chunk, read off the buffer."""
+    rewards = ep.rewards
+    data = rewards.data
+    if isinstance(data, np.ndarray):
+        return float(data[rewards.lookback :].sum(dtype=np.float64))
+    return float(ep.get_return())

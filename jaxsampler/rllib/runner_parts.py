@@ -92,7 +92,9 @@ class ResolvedEnv:
     action_space: Any
 
 
-def resolve_env(config: Any, worker_index: int | None, num_workers: int | None) -> ResolvedEnv:
+def resolve_env(
+    config: Any, worker_index: int | None, num_workers: int | None, *, multi_agent: bool = False
+) -> ResolvedEnv:
     """``config.env`` (+ ``config.env_config``) -> :class:`ResolvedEnv`.
 
     Raises:
@@ -112,29 +114,41 @@ def resolve_env(config: Any, worker_index: int | None, num_workers: int | None) 
     def context() -> Any:
         return EnvContext(env_config, worker_index=worker_index or 0, num_workers=num_workers)
 
+    def device(env: Env) -> ResolvedEnv:
+        return _device(env, multi_agent)
+
+    def host(factory: Callable[[], Any]) -> ResolvedEnv:
+        if multi_agent:
+            raise TypeError(
+                f"JaxMultiAgentEnvRunner samples pure-JAX multi-agent envs (e.g. 'Spread-v0', "
+                f"'TicTacToe-v0', 'Goals-v0', js.from_jaxmarl(...)); {spec!r} is a host-stepped "
+                "env: use RLlib's MultiAgentEnvRunner for it"
+            )
+        return _host(factory)
+
     if isinstance(spec, Env):
-        return _device(spec)
+        return device(spec)
     if isinstance(spec, str):
         if spec.startswith("gym:"):
             gym_id = spec[len("gym:") :]
-            return _host(lambda: gym.make(gym_id, **env_config))
+            return host(lambda: gym.make(gym_id, **env_config))
         if _global_registry.contains(ENV_CREATOR, spec):
             creator = _global_registry.get(ENV_CREATOR, spec)
-            return _from_callable(lambda: creator(context()), spec)
+            return _from_callable(lambda: creator(context()), spec, device, host)
         if spec.startswith("gymnax:") or spec in js.registered_ids():
             env = js.make(spec, **env_config)
             assert isinstance(env, Env)
-            return _device(env)
+            return device(env)
         if spec in gym.envs.registry:
-            return _host(lambda: gym.make(spec, **env_config))
+            return host(lambda: gym.make(spec, **env_config))
         raise ValueError(f"unknown env id {spec!r}; JaxEnvRunner takes {_SUPPORTED_ENVS}")
     if callable(spec):
-        return _from_callable(lambda: spec(context()), spec)
+        return _from_callable(lambda: spec(context()), spec, device, host)
     raise TypeError(f"config.env={spec!r} is not supported; JaxEnvRunner takes {_SUPPORTED_ENVS}")
 
 
-def _device(env: Env) -> ResolvedEnv:
-    if env.num_agents != 1:
+def _device(env: Env, multi_agent: bool) -> ResolvedEnv:
+    if env.num_agents != 1 and not multi_agent:
         raise ValueError(
             f"{env.name} has {env.num_agents} agents; JaxEnvRunner is single-agent: use "
             "config.multi_agent(...) with env_runner_cls=JaxMultiAgentEnvRunner"
@@ -160,13 +174,18 @@ def _host(factory: Callable[[], Any]) -> ResolvedEnv:
     return ResolvedEnv(factory, factory, obs, act)
 
 
-def _from_callable(factory: Callable[[], Any], spec: Any) -> ResolvedEnv:
+def _from_callable(
+    factory: Callable[[], Any],
+    spec: Any,
+    device: Callable[[Env], ResolvedEnv],
+    host: Callable[[Callable[[], Any]], ResolvedEnv],
+) -> ResolvedEnv:
     probe = factory()
     if isinstance(probe, Env):
-        return _device(probe)
+        return device(probe)
     if isinstance(probe, gym.Env):
         probe.close()
-        return _host(factory)
+        return host(factory)
     raise TypeError(
         f"config.env={spec!r} built a {type(probe).__name__}; JaxEnvRunner takes {_SUPPORTED_ENVS}"
     )
@@ -296,6 +315,12 @@ class RunnerPolicy(Policy):
     traces: TraceCounter = dataclasses.field(
         default_factory=TraceCounter, compare=False, hash=False, repr=False
     )
+
+    @property
+    def agent_policy(self) -> tuple[str, ...] | None:
+        """Policy id of every agent-axis slot (the mirrored multi-agent policy's), or
+        ``None`` for a single policy; the sampler labels agent episodes with it."""
+        return getattr(self.explore_policy, "agent_policy", None)
 
     @staticmethod
     def call_params(params: Any, mode: int, seq: int) -> dict[str, Any]:
