@@ -10,10 +10,16 @@ separate actor and critic), same seed, for each vector width:
 * **training**: whole ``algo.train()`` iterations (sampling + RLlib's PPO learner + weight
   sync), env steps sampled per second of iteration wall time.
 
-The two runners alternate, repeat after repeat (the machine may be shared: only ratios of
-interleaved runs mean something), after warm-up calls (compilation, torch's first
-calls) that are not timed. Reported: medians over the repeats, and the ratio of the
-medians.
+Each runner (or Algorithm) lives in its own process, so RLlib's runner runs in a process
+without JAX, as it would in practice (JAX's CPU thread pool in the same process slows
+torch's small per-step ops several-fold). The two are called alternately, one call at a
+time, repeat after repeat (the machine may be shared: only ratios of interleaved runs
+mean something), after warm-up calls (compilation, torch's first calls) that are not
+timed. Reported: medians over the repeats, and the ratio of the medians.
+
+torch runs with one intra-op thread in both processes (``--torch-threads``): with torch's
+default two on this 2-core machine shared with other jobs, RLlib's runner fell to ~1.1k
+steps/s at 64 envs (OpenMP barriers under oversubscription); with one it ran at ~10k.
 
 Usage::
 
@@ -26,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import multiprocessing as mp
 import os
 import platform
 import statistics
@@ -51,8 +58,6 @@ def make_config(runner: str, num_envs: int, fragment: int, *, train: bool = Fals
     """The shared PPOConfig; only ``env_runner_cls`` differs between the runners."""
     from ray.rllib.algorithms.ppo import PPOConfig
 
-    from jaxsampler.rllib import JaxEnvRunner
-
     cfg = (
         PPOConfig()
         .environment("CartPole-v1")
@@ -63,7 +68,9 @@ def make_config(runner: str, num_envs: int, fragment: int, *, train: bool = Fals
         )
         .debugging(seed=0)
     )
-    if runner == "jax":
+    if runner == "jax":  # imported only here: RLlib's process never loads JAX
+        from jaxsampler.rllib import JaxEnvRunner
+
         cfg = cfg.env_runners(env_runner_cls=JaxEnvRunner)
     if train:
         batch = num_envs * fragment
@@ -73,128 +80,136 @@ def make_config(runner: str, num_envs: int, fragment: int, *, train: bool = Fals
     return cfg
 
 
-def _build_runner(kind: str, num_envs: int, fragment: int) -> Any:
-    from ray.rllib.env.single_agent_env_runner import SingleAgentEnvRunner
+def _worker(
+    kind: str, what: str, num_envs: int, fragment: int, torch_threads: int, conn: Any
+) -> None:
+    """One runner (``what="sample"``) or one Algorithm (``"train"``) in its own process;
+    each ``"run"`` message is one timed call, answered with its numbers."""
+    _quiet()
+    import torch
 
-    from jaxsampler.rllib import JaxEnvRunner
-
-    cfg = make_config(kind, num_envs, fragment)
-    cls = JaxEnvRunner if kind == "jax" else SingleAgentEnvRunner
-    return cls(config=cfg)
-
-
-def bench_sampling(num_envs: int, repeats: int, warmup: int) -> dict[str, Any]:
-    """Interleaved ``sample()`` calls of both runners; steps/s per call and medians."""
-    fragment = FRAGMENT.get(num_envs, 64)
+    torch.set_num_threads(torch_threads)
     n = num_envs * fragment
     t0 = time.perf_counter()
-    runners = {"jax": _build_runner("jax", num_envs, fragment)}
-    build_jax = time.perf_counter() - t0
-    runners["rllib"] = _build_runner("rllib", num_envs, fragment)
-    t0 = time.perf_counter()
-    runners["jax"].sample(num_timesteps=n)
-    first_jax = time.perf_counter() - t0  # includes compiling both rollout chunk lengths
-    for _ in range(warmup):
-        for r in runners.values():
-            r.sample(num_timesteps=n)
-    rates: dict[str, list[float]] = {"jax": [], "rllib": []}
-    split: dict[str, list[float]] = {}
-    for rep in range(repeats):
-        order = ("jax", "rllib") if rep % 2 == 0 else ("rllib", "jax")
-        for kind in order:
-            r = runners[kind]
+    if what == "sample":
+        if kind == "jax":
+            from jaxsampler.rllib import JaxEnvRunner as cls
+        else:
+            from ray.rllib.env.single_agent_env_runner import SingleAgentEnvRunner as cls
+        runner = cls(config=make_config(kind, num_envs, fragment))
+    else:
+        algo = make_config(kind, num_envs, fragment, train=True).build_algo()
+        runner = algo.env_runner
+        inner, sampled = runner.sample, [0.0]
+
+        def timed(**kwargs: Any) -> Any:
             t = time.perf_counter()
-            episodes = r.sample(num_timesteps=n)
+            out = inner(**kwargs)
+            sampled[0] += time.perf_counter() - t
+            return out
+
+        runner.sample = timed
+    conn.send({"build_s": time.perf_counter() - t0})
+    while conn.recv() == "run":
+        if what == "sample":
+            t = time.perf_counter()
+            episodes = runner.sample(num_timesteps=n)
             dt = time.perf_counter() - t
-            steps = sum(len(e) for e in episodes)
-            rates[kind].append(steps / dt)
-            if kind == "jax":
-                timing = dict(r.last_sample_timing)
-                timing["total_s"] = dt
-                timing["steps"] = steps
-                for k, v in timing.items():
-                    split.setdefault(k, []).append(float(v))
-            r.get_metrics()  # keep the metrics logger from growing, as the Algorithm does
-    for r in runners.values():
-        r.stop()
+            out = {"steps": sum(len(e) for e in episodes), "s": dt}
+            out.update(getattr(runner, "last_sample_timing", {}))
+            runner.get_metrics()  # as the Algorithm does each iteration
+        else:
+            sampled[0] = 0.0
+            t = time.perf_counter()
+            res = algo.train()
+            dt = time.perf_counter() - t
+            out = {
+                "steps": int(res["env_runners"]["num_env_steps_sampled"]),
+                "s": dt,
+                "sampling_s": sampled[0],
+            }
+        conn.send(out)
+    (runner.stop() if what == "sample" else algo.stop())
+
+
+def _interleaved(
+    what: str, num_envs: int, repeats: int, warmup: int, torch_threads: int
+) -> dict[str, Any]:
+    """Both runners in their own processes, called alternately (only one works at a time)."""
+    ctx = mp.get_context("spawn")
+    fragment = FRAGMENT.get(num_envs, 64)
+    procs, conns, calls = {}, {}, {"jax": [], "rllib": []}
+    build = {}
+    for kind in ("jax", "rllib"):  # built one after the other, not side by side
+        parent, child = ctx.Pipe()
+        procs[kind] = ctx.Process(
+            target=_worker, args=(kind, what, num_envs, fragment, torch_threads, child)
+        )
+        procs[kind].start()
+        conns[kind] = parent
+        build[kind] = parent.recv()["build_s"]
+    try:
+        first = {}
+        for i in range(warmup):
+            for kind in ("jax", "rllib"):
+                conns[kind].send("run")
+                out = conns[kind].recv()
+                if i == 0:
+                    first[kind] = out["s"]
+        for rep in range(repeats):
+            for kind in ("jax", "rllib") if rep % 2 == 0 else ("rllib", "jax"):
+                conns[kind].send("run")
+                calls[kind].append(conns[kind].recv())
+    finally:
+        for kind in procs:
+            conns[kind].send("stop")
+            procs[kind].join(timeout=60)
+    rates = {k: [c["steps"] / c["s"] for c in v] for k, v in calls.items()}
     med = {k: statistics.median(v) for k, v in rates.items()}
-    split_med = {k: statistics.median(v) for k, v in split.items()}
-    total = split_med["total_s"]
     return {
         "num_envs": num_envs,
         "rollout_fragment_length": fragment,
-        "num_timesteps_per_call": n,
         "jax_steps_per_s": rates["jax"],
         "rllib_steps_per_s": rates["rllib"],
         "jax_median": med["jax"],
         "rllib_median": med["rllib"],
         "ratio": med["jax"] / med["rllib"],
-        "jax_time_split_s": split_med,
-        "jax_time_split_fraction": {
-            k: split_med[k] / total
-            for k in ("rollout_s", "to_episodes_s", "to_rllib_s", "bookkeeping_s")
+        "build_s": build,
+        "first_call_s": first,
+        "calls": calls,
+    }
+
+
+def bench_sampling(num_envs: int, repeats: int, warmup: int, threads: int) -> dict[str, Any]:
+    """``sample(num_timesteps=num_envs * fragment)`` of each runner; the JaxEnvRunner's
+    time split (median seconds and fractions)."""
+    r = _interleaved("sample", num_envs, repeats, warmup, threads)
+    jax_calls = r["calls"]["jax"]
+    keys = ("rollout_s", "to_episodes_s", "to_rllib_s", "bookkeeping_s")
+    split = {k: statistics.median(c[k] for c in jax_calls) for k in keys + ("s",)}
+    r["num_timesteps_per_call"] = num_envs * r["rollout_fragment_length"]
+    r["jax_time_split_s"] = split
+    r["jax_time_split_fraction"] = {k: split[k] / split["s"] for k in keys}
+    return r
+
+
+def bench_training(num_envs: int, repeats: int, warmup: int, threads: int) -> dict[str, Any]:
+    """Whole ``algo.train()`` iterations of each config."""
+    r = _interleaved("train", num_envs, repeats, warmup, threads)
+    batch = num_envs * r["rollout_fragment_length"]
+    r.update(
+        train_batch_size_per_learner=batch,
+        minibatch_size=min(batch, 1024),
+        num_epochs=1,
+        iteration_s_median={k: statistics.median(c["s"] for c in v) for k, v in r["calls"].items()},
+        sampling_s_median={
+            k: statistics.median(c["sampling_s"] for c in v) for k, v in r["calls"].items()
         },
-        "jax_build_s": build_jax,
-        "jax_first_sample_s": first_jax,
-    }
-
-
-def _time_sampling(runner: Any, sink: list[float]) -> None:
-    """Wraps ``runner.sample`` to append each call's wall time to ``sink``."""
-    inner = runner.sample
-
-    def timed(**kwargs: Any) -> Any:
-        t = time.perf_counter()
-        out = inner(**kwargs)
-        sink.append(time.perf_counter() - t)
-        return out
-
-    runner.sample = timed
-
-
-def bench_training(num_envs: int, repeats: int, warmup: int) -> dict[str, Any]:
-    """Interleaved ``algo.train()`` iterations of both configs."""
-    fragment = FRAGMENT.get(num_envs, 64)
-    algos = {}
-    sample_s: dict[str, list[float]] = {"jax": [], "rllib": []}
-    for k in ("jax", "rllib"):
-        algos[k] = make_config(k, num_envs, fragment, train=True).build_algo()
-        _time_sampling(algos[k].env_runner, sample_s[k])
-    for _ in range(warmup):
-        for a in algos.values():
-            a.train()
-    rates: dict[str, list[float]] = {"jax": [], "rllib": []}
-    learn: dict[str, list[float]] = {"jax": [], "rllib": []}
-    sample: dict[str, list[float]] = {"jax": [], "rllib": []}
-    iter_s: dict[str, list[float]] = {"jax": [], "rllib": []}
-    for rep in range(repeats):
-        order = ("jax", "rllib") if rep % 2 == 0 else ("rllib", "jax")
-        for kind in order:
-            sample_s[kind].clear()
-            t = time.perf_counter()
-            res = algos[kind].train()
-            dt = time.perf_counter() - t
-            rates[kind].append(res["env_runners"]["num_env_steps_sampled"] / dt)
-            iter_s[kind].append(dt)
-            sample[kind].append(sum(sample_s[kind]))
-            learn[kind].append(dt - sum(sample_s[kind]))
-    for a in algos.values():
-        a.stop()
-    med = {k: statistics.median(v) for k, v in rates.items()}
-    return {
-        "num_envs": num_envs,
-        "train_batch_size_per_learner": num_envs * fragment,
-        "minibatch_size": min(num_envs * fragment, 1024),
-        "num_epochs": 1,
-        "jax_steps_per_s": rates["jax"],
-        "rllib_steps_per_s": rates["rllib"],
-        "jax_median": med["jax"],
-        "rllib_median": med["rllib"],
-        "ratio": med["jax"] / med["rllib"],
-        "iteration_s_median": {k: statistics.median(v) for k, v in iter_s.items()},
-        "sampling_s_median": {k: statistics.median(v) for k, v in sample.items()},
-        "rest_s_median": {k: statistics.median(v) for k, v in learn.items()},
-    }
+        rest_s_median={
+            k: statistics.median(c["s"] - c["sampling_s"] for c in v) for k, v in r["calls"].items()
+        },
+    )
+    return r
 
 
 def _markdown(result: dict[str, Any]) -> str:
@@ -203,7 +218,9 @@ def _markdown(result: dict[str, Any]) -> str:
         "",
         f"CartPole-v1, RLlib's default PPO module (256x256 tanh), one process, "
         f"{result['machine']['cpus']} CPUs; medians of {result['repeats']} interleaved "
-        "repeats (the machine was shared: compare the ratios).",
+        "repeats (the machine was shared: compare the ratios). Load average (1 min) "
+        f"{result['load_average_before'][0]:.1f} before, "
+        f"{result['load_average_after'][0]:.1f} after the run.",
         "",
         "## sample() alone",
         "",
@@ -246,6 +263,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--train-repeats", type=int, default=3)
     parser.add_argument("--no-train", action="store_true", help="sampling only")
+    parser.add_argument(
+        "--torch-threads",
+        type=int,
+        default=1,
+        help="torch intra-op threads in both processes (default 1: see the module docstring)",
+    )
     parser.add_argument("--no-write", action="store_true", help="print, do not write results")
     args = parser.parse_args(argv)
     _quiet()
@@ -263,13 +286,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "jax_backend": jax.default_backend(),
             "ray": ray.__version__,
             "torch": torch.__version__,
-            "torch_threads": torch.get_num_threads(),
+            "torch_threads": args.torch_threads,
         },
         "sampling": [],
         "training": [],
+        "load_average_before": list(os.getloadavg()),
     }
     for e in args.envs:
-        s = bench_sampling(e, args.repeats, args.warmup)
+        s = bench_sampling(e, args.repeats, args.warmup, args.torch_threads)
         print(
             f"sample() {e} envs: jax {s['jax_median']:,.0f}/s  rllib {s['rllib_median']:,.0f}/s"
             f"  ratio {s['ratio']:.1f}x  split {s['jax_time_split_fraction']}",
@@ -278,13 +302,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         result["sampling"].append(s)
     if not args.no_train:
         for e in args.envs:
-            t = bench_training(e, args.train_repeats, 1)
+            t = bench_training(e, args.train_repeats, 1, args.torch_threads)
             print(
                 f"train() {e} envs: jax {t['jax_median']:,.0f}/s  rllib {t['rllib_median']:,.0f}/s"
                 f"  ratio {t['ratio']:.1f}x",
                 flush=True,
             )
             result["training"].append(t)
+    result["load_average_after"] = list(os.getloadavg())
     if not args.no_write:
         os.makedirs(RESULTS, exist_ok=True)
         with open(os.path.join(RESULTS, "rllib.json"), "w") as f:

@@ -7,7 +7,7 @@ unchanged::
 
     python examples/rllib_ppo.py --runner jax          # until mean return >= 450
     python examples/rllib_ppo.py --runner rllib        # the same config, RLlib's runner
-    python examples/rllib_ppo.py --runner both --out benchmarks/results/rllib_ppo
+    python examples/rllib_ppo.py --runner both --torch-threads 1 --out benchmarks/results/rllib_ppo
     python examples/rllib_ppo.py --quick               # two tiny iterations (CI)
 
 Each iteration prints the env steps sampled so far, the mean return of the last 100
@@ -159,7 +159,16 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     parser.add_argument("--num-envs", type=int, default=16)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", help="write <out>.json and <out>.md (learning curves)")
+    parser.add_argument(
+        "--torch-threads",
+        type=int,
+        help="torch intra-op threads (default: torch's); 1 is faster on a small shared CPU",
+    )
     args = parser.parse_args(argv)
+    if args.torch_threads:
+        import torch
+
+        torch.set_num_threads(args.torch_threads)
     logging.disable(logging.WARNING)
     warnings.filterwarnings("ignore")
     runners = ("jax", "rllib") if args.runner == "both" else (args.runner,)
@@ -178,7 +187,8 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     if args.out:
         os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
         with open(args.out + ".json", "w") as f:
-            json.dump({"config": "examples/rllib_ppo.py", "runs": runs}, f, indent=1)
+            meta = {"config": "examples/rllib_ppo.py", "torch_threads": args.torch_threads}
+            json.dump({**meta, "runs": runs}, f, indent=1)
         with open(args.out + ".md", "w") as f:
             f.write(_markdown(runs))
     for run in runs:

@@ -290,5 +290,7 @@ def test_bad_input_fails_at_construction_naming_alternatives():
     try:
         with pytest.raises(ValueError, match="not both"):
             r.sample(num_timesteps=4, num_episodes=1)
+        r.make_env()  # what RLlib does after an env failure: a fresh sampler, fresh episodes
+        assert all(e.t_started == 0 for e in r.sample(num_timesteps=4))
     finally:
         r.stop()

@@ -194,7 +194,8 @@ class JaxEnvRunner(EnvRunner, Checkpointable):
         """Resolves ``config.env`` into a pure-JAX env (device sampler) or host envs.
 
         Sets ``self.env`` (the jaxsampler env, or the Gymnasium env factory for host
-        envs), the Gymnasium single spaces, and clears the sampler (rebuilt on demand).
+        envs) and the Gymnasium single spaces; a second call (RLlib re-making a failed
+        env) closes the old sampler and builds a new one (all envs reset).
         """
         if self._sampler is not None:
             self._sampler.close()
@@ -207,6 +208,8 @@ class JaxEnvRunner(EnvRunner, Checkpointable):
         self._gym_obs_space, self._gym_act_space = resolved.observation_space, resolved.action_space
         self._check_spaces()
         self._needs_initial_reset = True
+        if getattr(self, "_js_policy", None) is not None or getattr(self, "_js_policies", None):
+            self._build_sampler()  # a re-made env (e.g. after an env failure) samples again
 
     def _check_spaces(self) -> None:
         for what, space in (("observation", self._gym_obs_space), ("action", self._gym_act_space)):
