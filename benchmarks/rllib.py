@@ -216,7 +216,8 @@ def _markdown(result: dict[str, Any]) -> str:
     lines = [
         "# JaxEnvRunner vs RLlib's SingleAgentEnvRunner",
         "",
-        f"CartPole-v1, RLlib's default PPO module (256x256 tanh), one process, "
+        "CartPole-v1, RLlib's default PPO module (256x256 tanh), each runner in its own "
+        f"process (torch threads: {result['machine']['torch_threads']}), "
         f"{result['machine']['cpus']} CPUs; medians of {result['repeats']} interleaved "
         "repeats (the machine was shared: compare the ratios). Load average (1 min) "
         f"{result['load_average_before'][0]:.1f} before, "
