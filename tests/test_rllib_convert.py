@@ -571,3 +571,27 @@ def test_spaces_without_an_equivalent_raise_type_error():
     rl = RlSingleAgentEpisode(observation_space=gym.spaces.MultiBinary(3))
     with pytest.raises(TypeError, match="MultiBinary"):
         from_rllib(rl)
+
+
+def test_sampler_batches_concat_in_rllib():
+    """``sample_batch()`` output (a jaxsampler MultiAgentBatch), converted, is what RLlib's
+    MultiAgentBatch / concat_samples accept (they reject the unconverted one)."""
+    env = js.make("CartPole-v1")
+    pol = js.MLPPolicy(env.observation_space, env.action_space, hidden_sizes=(4,))
+    s = js.Sampler(env, pol, num_envs=2, rollout_length=5, seed=0)
+    params = pol.init(jax.random.PRNGKey(0))
+    a, b = s.sample_batch(params), s.sample_batch(params)
+    with pytest.raises(AssertionError):
+        RlMultiAgentBatch({"default_policy": a["default_policy"]}, 5)
+    cat = concat_samples(to_rllib([a, b]))
+    assert type(cat) is RlMultiAgentBatch and cat.env_steps() == a.env_steps() + b.env_steps()
+    for k in a["default_policy"]:
+        if k != "infos":
+            same(
+                cat["default_policy"][k],
+                np.concatenate([a["default_policy"][k], b["default_policy"][k]]),
+                k,
+            )
+    back = from_rllib(to_rllib(a))
+    assert type(back) is type(a) and back.env_steps() == a.env_steps()
+    same(dict(back["default_policy"]), dict(a["default_policy"]))
