@@ -12,14 +12,42 @@ name in ray 2.60 (its documentation and its recorded behaviour), written anew:
 * getters index env steps by default (``env_steps=True``) and each agent's own
   timeline with ``env_steps=False``.
 
-Deviations from ray 2.60, each where RLlib 2.60 has a bug:
+Deviations from ray 2.60, each where RLlib 2.60 has a bug (``tests/ma_differential.py``
+runs random call sequences on both classes and leaves out exactly these):
 env-step getters on cut chunks return every item (1); ``get_extra_model_outputs(key,
 env_steps=False)`` works (2); ``get_truncateds()["__all__"]`` is ``is_truncated`` (3);
 ``cut(0)`` keeps hanging agents (4); a cut chunk's ``_hanging_rewards_begin`` starts
 empty, so ``get_return(include_hanging_rewards=True)`` does not count rewards twice (5);
 ``concat_episode`` drops hanging caches that the other chunk completed (6);
 ``get_extra_model_outputs`` returns hanging-only extras (7); ``is_numpy`` ignores
-agents with no step yet (8).
+agents with no step yet (8); the re-recorded final observation of an agent terminated
+without one is mapped to no env step (RLlib maps it to the *next* env step: that agent's
+map is one entry too long, so its env-step getters with negative indices, and
+``get_agents_that_stepped()``, are off by one) (9); in a cut chunk such an agent still
+completes its hanging step and is done (RLlib loses both: the successor has no "last
+added" observation) (10); an agent joining a cut chunk is mapped at its env step (RLlib
+pads its map by the absolute ``env_t``) (11); agent-step getters with
+``neg_index_as_lookback`` resolve indices in the agent's own data only (RLlib appends a
+cached hanging value first, also a 0.0 reward of an agent that is not hanging) (12);
+env-step extras with ``fill`` work (RLlib raises ``AttributeError``) (13); numpy'ized
+rewards with ``fill`` keep the stored dtype (RLlib's is float32 when the first item is
+a fill value, else float64) (14); numpy'ized info getters with ``fill`` return lists of
+dicts (RLlib batches the fill dicts into arrays, or raises) (15); ``cut(n)`` keeps at
+most the data there is (RLlib does not clip ``n``: the successor gets empty lookback
+env steps and lookback indices differ) (16); agent-step slices of hanging agents are
+lists in list mode (RLlib's ``np.append`` makes arrays) (17); ``return_list=True`` with
+an int index returns a one-item list (RLlib fails an assertion) (18).
+
+Two more differences are choices, not RLlib bugs: ``cut`` does not carry done agents into
+the successor (RLlib keeps them as done agents with only lookback data, which its env
+runner then prunes); and an agent that joins in the step where every other known agent
+is done keeps the episode going (RLlib ends the episode there and ignores the joiner).
+Behaviours matched to RLlib: rewards before an agent's first observation go to its first
+step when the list constructor's ``agent_episode_ids`` names it (else they are dropped);
+a done agent's caches are cleared; the episode ends terminated once every agent known
+before the step is done by its own flags, and its flags are OR'ed into every agent
+stepped there; ``agent_t_started`` holds started agents only; agent-step getters leave
+out agents without data in range; an empty ``agent_ids`` means all agents.
 """
 
 from __future__ import annotations
@@ -164,6 +192,7 @@ class MultiAgentEpisode:
         env_t_started = self.env_t_started
         self.agent_t_started = defaultdict(int)
         self.env_t_started = self.env_t = 0
+        rewards = self._pre_observation_rewards(observations, actions, rewards)
         self.add_env_reset(observations=observations[0], infos=infos[0])
         for i in range(n):
             # An agent that observed but did not act (and is not hanging) is done.
@@ -201,6 +230,10 @@ class MultiAgentEpisode:
             self.agent_t_started[aid] = t0
         self.env_t_started = env_t_started
         self.env_t = env_t_started + n - lb
+        # (as RLlib's list constructor: no begin cache; unspent waiting rewards hang)
+        self._hanging_rewards_begin = defaultdict(float)
+        for aid, r in self.__dict__.pop("_pending_first_rewards").items():
+            self._hanging_rewards_end[aid] += r
         for flags, attr in ((terminateds, "is_terminated"), (truncateds, "is_truncated")):
             if isinstance(flags, dict):
                 for aid, v in flags.items():
@@ -209,6 +242,28 @@ class MultiAgentEpisode:
                 setattr(self, attr, bool(flags.get(ALL_AGENTS, False)) or getattr(self, attr))
             else:
                 setattr(self, attr, bool(flags) or getattr(self, attr))
+
+    def _pre_observation_rewards(self, observations, actions, rewards) -> list[dict]:
+        """``rewards`` without those of agents before their first observation; as RLlib's
+        list constructor, an agent named in ``agent_episode_ids`` gets them added to its
+        first step's reward (or, if it takes none, left as its hanging reward), the
+        others' are dropped."""
+        known = set(self._agent_episode_ids)
+        seen: set = set()
+        pending: dict[Any, float] = {}
+        out = []
+        for i, rew in enumerate(rewards):
+            seen.update(observations[i])
+            step = {a: r for a, r in rew.items() if a in seen}
+            for a, r in rew.items():
+                if a not in seen and a in known:
+                    pending[a] = pending.get(a, 0.0) + r
+            for a in list(pending):
+                if a in actions[i]:  # its first step: the rewards it waited for go to it
+                    step[a] = pending.pop(a) + step.get(a, 0.0)
+            out.append(step)
+        self._pending_first_rewards = pending
+        return out
 
     # -- agents and modules ------------------------------------------------------------
 
@@ -405,6 +460,14 @@ class MultiAgentEpisode:
             self._agent_step(
                 aid, observations, actions, rewards, infos, extras, term, trunc, map_len
             )
+            if term or trunc:  # a done agent's caches go (also its rewards before joining)
+                for cache in (
+                    self._hanging_actions_end,
+                    self._hanging_extra_model_outputs_end,
+                    self._hanging_rewards_end,
+                    self._hanging_rewards_begin,
+                ):
+                    cache.pop(aid, None)
         self._last_step_time = time.perf_counter()
 
     def _agent_step(
@@ -603,6 +666,12 @@ class MultiAgentEpisode:
     def _positions(self, indices: Any, nial: bool, out_ok: bool, n_items: int) -> Any:
         """Env-step ``indices`` resolved to map positions (``_OUT`` where out of range if
         ``out_ok``, else ``IndexError``)."""
+        if (
+            isinstance(indices, slice)
+            and indices.start is not None
+            and indices.start == indices.stop
+        ):
+            return []  # an empty slice selects no env step, in range or not
         buf = InfiniteLookbackBuffer(list(range(n_items)), self._len_lookback_buffers)
         return buf.get(indices, neg_index_as_lookback=nial, fill=_OUT if out_ok else None)
 
@@ -626,6 +695,8 @@ class MultiAgentEpisode:
         agents = self._agent_list(agent_ids)
         if not env_steps:
             return self._get_agent_steps(what, key, indices, agents, nial, fill, one_hot)
+        if not agents:  # (indices are checked against the agents' maps: none, no error)
+            return [] if return_list else {}
         per_step = what in ("observations", "infos")
         n_items = self._map_len() - (0 if per_step else 1)
         # (per-step lists treat an index outside the data as a step without data)

@@ -280,7 +280,7 @@ class MultiAgentConverter:
             # chunk loses its agents without a step and is numpy'ized.
             self._open = {e: self._successor(ep) for e, ep in still_open.items()}
             for ep in episodes:
-                ep.prune_empty_agents().to_numpy()
+                _finalize(ep.prune_empty_agents())
         m = cs.metrics
         m.num_agent_steps_sampled = len(pos)
         return episodes, m
@@ -556,6 +556,15 @@ def _row_info(data: dict[str, Any], info_paths: list, row: int) -> dict[InfoPath
     if not info_paths:
         return {}
     return {k: v[row] for k, v in _flatten(data[SampleBatch.INFOS]).items()}
+
+
+def _finalize(ep: MultiAgentEpisode) -> None:
+    """Numpy'izes the columns still in list mode (``to_numpy`` without its checks: the
+    columns were built consistent)."""
+    for sa in ep.agent_episodes.values():
+        for buf in (sa.observations, sa.actions, sa.rewards, *sa.extra_model_outputs.values()):
+            if not buf.finalized:
+                buf.finalize()
 
 
 def _extend(buf: InfiniteLookbackBuffer, items: Any) -> None:
