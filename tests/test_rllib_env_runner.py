@@ -12,6 +12,7 @@ pytest.importorskip("ray.rllib", reason="JaxEnvRunner needs ray[rllib] (the rlli
 torch = pytest.importorskip("torch", reason="JaxEnvRunner needs torch (the rllib extra)")
 
 import jax  # noqa: E402
+from ray.rllib.algorithms.algorithm import Algorithm  # noqa: E402
 from ray.rllib.algorithms.ppo import PPOConfig  # noqa: E402
 from ray.rllib.core.columns import Columns  # noqa: E402
 from ray.rllib.core.rl_module.default_model_config import DefaultModelConfig  # noqa: E402
@@ -261,9 +262,21 @@ def test_one_ppo_iteration_trains_and_reports_rllib_metrics(tmp_path):
         ]
         assert any(changed)
         path = algo.save_to_path(str(tmp_path / "ckpt"))
-        assert (tmp_path / "ckpt").exists() and path
     finally:
         algo.stop()
+    # RLlib's checkpoint restores the runner: module weights and the mirrored policy's
+    restored = Algorithm.from_checkpoint(path)
+    try:
+        r = restored.env_runner
+        assert isinstance(r, JaxEnvRunner)
+        state = r.get_state()
+        for k, v in after["rl_module"].items():
+            np.testing.assert_allclose(np.asarray(state["rl_module"][k]), np.asarray(v))
+        obs, act, _ = all_steps(r.sample(num_timesteps=16, explore=False))
+        np.testing.assert_array_equal(act, rllib_forward(r.module, obs).argmax(-1))
+        assert state["num_env_steps_sampled_lifetime"] == after["num_env_steps_sampled_lifetime"]
+    finally:
+        restored.stop()
 
 
 # ------------------------------------------------------------------------- bad input
