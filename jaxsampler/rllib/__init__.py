@@ -22,7 +22,7 @@ _EXPORTS = {
     "to_rllib": "convert",
     "from_rllib": "convert",
     "JaxEnvRunner": "env_runner",
-    "JaxMultiAgentEnvRunner": "env_runner",
+    "JaxMultiAgentEnvRunner": "multi_agent_env_runner",
     "policy_from_rl_module": "module",
 }
 
