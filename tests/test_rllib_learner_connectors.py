@@ -318,9 +318,7 @@ def test_multi_agent_ppo_pipeline_on_converted_episodes_equals_rllibs_own(env_id
             assert_ma_chunks_agree(o, r)
             for sa in r.agent_episodes.values():  # the sampler keeps float32 rewards
                 sa.rewards.data = np.asarray(sa.rewards.data, np.float32)
-        # Until the sampler numpy'izes continuation chunks (a defect fixed separately; see
-        # the xfail test below), RLlib's own to_numpy does it, as RLlib's runner would.
-        ours = [e if e.is_numpy else e.to_numpy() for e in ours]
+        assert all(e.is_numpy for e in ours)  # every chunk, as RLlib's runner returns them
         assert_same_batch(train_batch(learner, ours), train_batch(learner, ref_call))
         for ep, state in zip(call, before):  # the pipeline changed the conversions only
             same(js_ma_state(ep), state)
@@ -383,11 +381,6 @@ def assert_ma_chunks_agree(ours, ref):
         same(x, y, aid)
 
 
-@pytest.mark.xfail(
-    reason="sampler defect being fixed separately: multi-agent continuation chunks from the "
-    "second sample() call on are not numpy'ized (RLlib's runner numpy'izes every chunk)",
-    strict=False,
-)
 def test_multi_agent_continuation_chunks_are_numpy_ized():
     env = js.make("Goals-v0")
     mlp = js.MLPPolicy(env.observation_space, env.action_space, hidden_sizes=(4,))
@@ -397,12 +390,6 @@ def test_multi_agent_continuation_chunks_are_numpy_ized():
     assert all(e.is_numpy for e in chunks)
 
 
-@pytest.mark.xfail(
-    reason="sampler defect being fixed separately: chunks keep agent episodes of length 0 "
-    "(an agent that acted and awaits its next observation); RLlib's runner prunes them and "
-    "its learner connectors fail on their empty buffers",
-    strict=False,
-)
 def test_multi_agent_ppo_pipeline_runs_on_turn_based_chunks():
     """TicTacToe-v0 (agents alternate, so one of them always hangs at a cut)."""
     env = js.make("TicTacToe-v0")
@@ -413,7 +400,10 @@ def test_multi_agent_ppo_pipeline_runs_on_turn_based_chunks():
     obs_space, act_space = env.observation_space.to_gymnasium(), env.action_space.to_gymnasium()
     learner = build_ppo_learner(None, obs_space, act_space, multi_agent_ids=env.agent_ids)
     for _ in range(2):
-        call = [e if e.is_numpy else e.to_numpy() for e in to_rllib(sampler.sample({"shared": ()}))]
+        call = to_rllib(sampler.sample({"shared": ()}))
+        # RLlib's is_numpy fails on a chunk without agents: check every agent episode
+        assert all(sa.is_numpy for e in call for sa in e.agent_episodes.values())
+        assert all(len(sa) > 0 for e in call for sa in e.agent_episodes.values())
         n_steps = sum(len(sa) for e in call for sa in e.agent_episodes.values())
         batch = train_batch(learner, call)["shared"]
         assert int(batch["loss_mask"].sum()) == n_steps
