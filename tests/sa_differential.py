@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from tests.ma_differential import normalize
+from tests.ma_differential import loose, normalize
 
 SPACES = ("none", "discrete", "box", "dict")
 ACTION_SPACES = ("none", "discrete", "box")
@@ -101,6 +101,8 @@ class Program:
         self.counts: Counter = Counter()
         self.k = 0  # item counter: every new item differs
         self.last_set_size = -1
+        self.last_set_buf: Any = None
+        self.slice_out_of_range = False
 
     def next_item(self, kind: str) -> Any:
         self.k += 1
@@ -116,6 +118,8 @@ class Program:
             reason = excused(self, label, r, g, nial)
             if reason:
                 self.counts[f"excluded: {reason}"] += 1
+                if diverges:  # (the states differ from here on)
+                    raise Diverged(label)
                 return r, g
             self.mismatches.append((label, r, g))
             if diverges:
@@ -244,6 +248,7 @@ class Program:
         idx = self.index(n_all)
         nial = bool(self.rng.random() < 0.3)
         fin = self.ref.finalized
+        self.last_set_buf = self.ref
         r = call(lambda: self.new_data(kind, idx, n_all, fin))
         if r[0] != "ok":
             return
@@ -287,9 +292,10 @@ class Program:
             op = next(f for p, f in ops if u < p)
             op()
             self.check(f"episode state after {op.__name__}", ep_state, diverges=True)
+            self.check("get_return", lambda e: e.get_return())
 
     def ep_to_numpy(self) -> None:
-        self.apply("to_numpy", lambda e: e.to_numpy() and None)
+        self.apply("to_numpy", lambda e: [e.to_numpy()] and None)
 
     def ep_sample_batch(self) -> None:
         self.check("get_sample_batch", lambda e: batch_state(e.get_sample_batch()))
@@ -432,6 +438,7 @@ class Program:
             vals = vals[:size]
             data = (stack(vals) if vals else empty_batch(buf.data)) if fin else vals
         kw = {"new_data": data, "at_indices": idx, "neg_index_as_lookback": nial}
+        self.last_set_buf, self.last_set_size = buf, size
         label = f"set_{what}(at_indices={idx}, nial={nial}) [numpy={fin} n={n_all} lb={buf.lookback}]"
 
         def f(e: Any) -> None:
@@ -444,13 +451,9 @@ class Program:
 
     def ep_cut(self) -> None:
         n = int(self.rng.integers(0, 5))
-        r = [call(lambda side=side: getattr(self, side).cut(n)) for side in ("ref", "got")]
-        self.counts["calls"] += 1
-        if (r[0][0], r[1][0]) != ("ok", "ok"):
-            if normalize(r[0]) != normalize(r[1]):
-                self.mismatches.append((f"cut({n})", r[0], r[1]))
-            return
-        self.ref, self.got = r[0][1], r[1][1]
+        r, g = self.check(f"cut({n})", lambda e: ep_state(e.cut(n)))
+        if r[0] == g[0] == "ok" and outcome(r) == outcome(g):
+            self.ref, self.got = self.ref.cut(n), self.got.cut(n)
 
     def ep_slice(self) -> None:
         rng = self.rng
@@ -461,6 +464,9 @@ class Program:
         lb = None if rng.random() < 0.5 else int(rng.integers(0, 4))
         sugar = lb is None and rng.random() < 0.5
         label = f"slice({s}, len_lookback_buffer={lb}) [n={n} lb={self.ref.rewards.lookback}]"
+        a = 0 if lo is None else (lo + n if lo < 0 else lo)
+        b = n if hi is None else (hi + n if hi < 0 else hi)
+        self.slice_out_of_range = not 0 <= a <= b <= n
 
         def f(e: Any) -> Any:
             x = e[lo:hi] if sugar else e.slice(s, len_lookback_buffer=lb)
@@ -469,7 +475,8 @@ class Program:
         self.check(label, f)
         if rng.random() < 0.3:  # continue with the slice
             r = [call(lambda side=side: getattr(self, side).slice(s, len_lookback_buffer=lb)) for side in ("ref", "got")]
-            if r[0][0] == r[1][0] == "ok" and not r[0][1].is_done:
+            ok = r[0][0] == r[1][0] == "ok" and not self.slice_out_of_range
+            if ok and not r[0][1].is_done:
                 self.ref, self.got = r[0][1], r[1][1]
 
     def ep_concat(self) -> None:
@@ -498,10 +505,7 @@ class Program:
                 s.to_numpy()
         pair = {"ref": succ[0], "got": succ[1]}
         label = f"concat_episode [numpy={self.ref.is_numpy}/{succ[0].is_numpy}]"
-        r = [call(lambda side=side: getattr(self, side).concat_episode(pair[side])) for side in ("ref", "got")]
-        self.counts["calls"] += 1
-        if r[0][0] != r[1][0] or (r[0][0] == "raise" and r[0] != r[1]):
-            self.mismatches.append((label, r[0], r[1]))
+        self.apply(label, lambda e: e.concat_episode(pair["ref" if e is self.ref else "got"]))
 
 
 def empty_batch(data: Any) -> Any:
@@ -529,12 +533,16 @@ def ep_state(e: Any) -> Any:
         "cols": cols,
         "t": (e.t, e.t_started, len(e), e.env_steps(), e.agent_steps()),
         "flags": (e.is_terminated, e.is_truncated, e.is_done, e.is_numpy, e.is_reset),
-        "return": call(e.get_return),
     }
 
 
 def batch_state(b: Any) -> Any:
     return {"cols": dict(b), "count": b.count}
+
+
+# A difference whose fix belongs to jaxsampler/episodes/single_agent.py (given as a diff
+# in the report of the change that added this driver): remove once applied.
+PENDING_RETURN = "pending (single_agent.py): get_return() of an empty numpy'ized episode is 0"
 
 
 def excused(p: Program, label: str, r: Any, g: Any, nial: bool) -> str | None:
@@ -545,18 +553,37 @@ def excused(p: Program, label: str, r: Any, g: Any, nial: bool) -> str | None:
         return "2 (numpy'ized get([]) raises)"
     if r[0] == "raise" and g[0] == "ok" and "one_hot_discrete" in label and _empty(g[1]):
         return "3 (one_hot_discrete of an empty numpy'ized selection raises)"
-    if r[0] == "raise" and g[0] == "ok" and label.startswith("buf.set") and "fin=True" in label:
-        if "dict (space)" in label:
+    if r[0] == "raise" and g[0] == "ok" and label.startswith(("buf.set", "set_")):
+        buf = p.last_set_buf
+        if buf.finalized and type(buf.space).__name__ == "Dict":
             return "5 (set on a numpy'ized buffer with a Dict space always fails)"
-        if "(space)" in label and _empty_set(p):
+        if buf.finalized and buf.space is not None and p.last_set_size == 0:
             return "6 (set of an empty range of a numpy'ized buffer with a space raises)"
+        if buf.finalized and isinstance(buf.data, dict) and "at_indices=[" in label:
+            return "12 (list at_indices on a numpy'ized struct buffer index new_data by position)"
+    if (
+        re.match(r"(buf\.)?get\w*\(\[", label)
+        and "'fill'" in label
+        and r[0] == g[0] == "ok"
+        and loose(r[1]) == loose(g[1])
+    ):
+        return "11 (numpy'ized list indices with fill: the dtype is the first item's)"
+    if label == "get_sample_batch" and len(p.ref) == 0:
+        return "7 (get_data_dict of a len-0 episode has one terminateds/truncateds row)"
+    if label.startswith("cut(") and r[0] == "raise" and g[0] == "ok":
+        if p.okind == "dict" and p.ref.observations.finalized:
+            return "8 (cut of a numpy'ized episode with Dict observations fails)"
+    if label.startswith("cut(") and r[0] == "raise" and g[0] == "ok":
+        obs = p.ref.observations
+        if obs.finalized and obs.len_incl_lookback() == 0:
+            return "9 (the constructor rejects an empty ndarray of observations)"
+    if label.startswith("slice(") and p.slice_out_of_range:
+        return "10 (reversed slices or bounds outside [-len, len] give columns of different lengths)"
+    if label == "get_return" and len(p.ref) == 0 and p.ref.is_numpy and r == ("ok", 0):
+        return PENDING_RETURN
     if r == ("raise", "AssertionError") and g[0] == "ok" and " n=0" in label and "slice(" in label:
         return "4 (a slice ending before an empty buffer trips an internal assertion)"
     return None
-
-
-def _empty_set(p: Program) -> bool:
-    return bool(p.last_set_size == 0)
 
 
 def _empty(x: Any) -> bool:

@@ -203,11 +203,7 @@ class InfiniteLookbackBuffer:
         """
         if indices is None:
             part = self._get_slice(slice(None), neg_index_as_lookback, None, False)
-            if not one_hot_discrete:
-                return part
-            if self.space_struct is None:
-                self._convert(part, True)  # (raises: no space)
-            return self._convert_batch(part, True)
+            return self._convert_batch(part, True) if one_hot_discrete else part
         if isinstance(indices, slice):
             return self._get_slice(indices, neg_index_as_lookback, fill, one_hot_discrete)
         if isinstance(indices, (list, np.ndarray)):
@@ -267,8 +263,9 @@ class InfiniteLookbackBuffer:
         return start, stop, 1 if s.step is None else s.step
 
     def _clip_slice(self, s: slice, nial: bool) -> tuple[slice, int, int, int]:
-        """RLlib's reading of a slice: the slice of ``data`` clipped to it, how many items
-        that slice holds, and how many fill items go to its left and right.
+        """RLlib's reading of a slice: the slice of ``data`` clipped to it, the length of
+        the range before clipping at the right end (0: no data part), and how many fill
+        items go to its left and right.
 
         Ends outside ``[0, N)`` are clipped; the fill counts follow RLlib 2.60: both ends
         on the same side of the data give ``|start - stop|`` fill items there (also for a
@@ -297,7 +294,13 @@ class InfiniteLookbackBuffer:
         if stop_at is None and step > 0:  # (nothing: RLlib's stop is -LARGE_INTEGER)
             stop_at = 0
         sl = slice(start, stop_at, step)  # (None with a negative step: to the beginning)
-        return sl, len(range(n)[sl]), left, right
+        # RLlib converts (one-hot) and pads the slice of the data whenever the range
+        # it computed is not empty, even where clipping left no data in it
+        if stop_at is None:
+            span = start + 1
+        else:
+            span = max(0, (stop_at - start + (step - (1 if step > 0 else -1))) // step)
+        return sl, span, left, right
 
     def _get_slice(self, s: slice, nial: bool, fill: Any, one_hot: bool) -> Any:
         sl, size, left, right = self._clip_slice(s, nial)
@@ -311,9 +314,9 @@ class InfiniteLookbackBuffer:
     def _convert_batch(self, part: Any, one_hot: bool) -> Any:
         if not one_hot:
             return part
+        if self.space_struct is None:
+            return self._convert(part, True)  # (raises: no space)
         if self.finalized:
-            if self.space_struct is None:
-                return self._convert(part, True)  # (raises)
             return tree_map(_one_hot, part, self.space_struct)
         return [self._convert(x, True) for x in part]
 
@@ -404,8 +407,9 @@ class InfiniteLookbackBuffer:
                     "a numpy'ized buffer needs new_data as an ndarray or a struct of "
                     "ndarrays for a slice, not a list"
                 )
-            sl, size, _, _ = self._clip_slice(at_indices, neg_index_as_lookback)
+            sl, _, _, _ = self._clip_slice(at_indices, neg_index_as_lookback)
             positions = list(range(n))[sl]
+            size = len(positions)
             given = _size(new_data) if self.finalized else len(new_data)
             if given != size:
                 raise IndexError(
