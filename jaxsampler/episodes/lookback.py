@@ -12,11 +12,40 @@ Same constructor, methods and index semantics as RLlib's buffer of that name in 
   follow the same rules at both ends. Out-of-range items raise ``IndexError`` unless
   ``fill`` is given. Numpy'ized slices are views of ``data`` (no copy) when no padding
   or one-hot encoding is asked for.
+* Slices reaching outside the data with ``fill`` pad as RLlib 2.60 does: both ends on
+  one side of the data give ``|start - stop|`` fill items (a reversed range too, so
+  ``slice(5, None)`` on 3 items gives 2); a start before the data pads the left only;
+  else a stop past the end pads the right. ``fill`` with ``one_hot_discrete`` gives
+  one-hot-sized dummies holding ``fill`` in every slot. ``one_hot_discrete`` without a
+  space raises ``ValueError`` where data would be converted (not for pure fill items).
+* ``set(at_indices=slice)`` clips the slice to the data like ``get`` does; ``new_data``
+  must match the clipped length.
 
-Deliberate deviation from RLlib 2.60 (a bug there): on a numpy'ized buffer,
-``get(i, neg_index_as_lookback=True)`` reaching past the lookback raises ``IndexError``
-like list mode does, instead of silently wrapping around. ``get_state()`` keeps the
-space object itself (picklable) rather than a dict serialization.
+Deliberate deviations from RLlib 2.60 (bugs there: inconsistent with RLlib's own docs
+or with its other behaviour), numbered as in ``tests/sa_differential.py``:
+
+* B1: on a numpy'ized buffer, ``get(i, neg_index_as_lookback=True)`` reaching past the
+  lookback raises ``IndexError`` like list mode does, instead of silently wrapping.
+* B2: numpy'ized ``get([])`` gives an empty array (RLlib raises ``ValueError``; list mode
+  gives ``[]``).
+* B3: ``one_hot_discrete`` on an empty numpy'ized selection gives ``(0, n)`` arrays
+  (RLlib's one-hot takes the max of an empty array and raises).
+* B4: a slice ending before an *empty* buffer gives ``[]`` or its fill items (RLlib
+  trips an internal assertion; on a non-empty buffer it gives those).
+* B5: ``set`` on a numpy'ized buffer with a Dict/Tuple space works, checking each item
+  against the space (RLlib checks each leaf against the whole space, so always fails).
+* B6: ``set`` of an empty range of a numpy'ized buffer with a space writes nothing
+  (RLlib reads ``new_data[0]`` for its space check and raises; without a space it works).
+* B7: numpy'ized list indices with ``fill`` give the items' common dtype, as slices do
+  (RLlib takes the first item's: float32 if that is a fill item, else float64).
+* B8: ``set`` with list indices on a numpy'ized struct buffer also takes a struct of
+  arrays (RLlib indexes it by position: ``KeyError``), as slices do.
+* B9: with a lookback longer than the data (after ``pop``), ``set`` counts the data's
+  length as ``get`` does (RLlib counts ``lookback + len``, so equal-size writes fail).
+
+``get_state()`` keeps the space object itself (picklable) rather than a dict
+serialization. ``set`` checks everything before writing anything (RLlib may write part
+of the data before it raises).
 """
 
 from __future__ import annotations
@@ -56,10 +85,28 @@ def data_len(data: Any) -> int:
 
 
 def batch(items: list[Any]) -> Any:
-    """Stacks a list of structs into one struct of arrays (leading axis = item)."""
+    """Stacks a list of structs into one struct of arrays (leading axis = item).
+
+    Leaves of different shapes are broadcast to the first one's shape, as RLlib's
+    ``batch`` does (a scalar ``fill`` next to vector items); the dtype is the items'
+    common one (Python scalars taken as weakly typed).
+    """
     if len(items) == 0:
         raise ValueError("Input `list_of_structs` does not contain any items.")
-    return tree_map(lambda *xs: np.stack([np.asarray(x) for x in xs]), items[0], *items[1:])
+    return tree_map(_stack, items[0], *items[1:])
+
+
+def _stack(*xs: Any) -> np.ndarray:
+    arrays = [np.asarray(x) for x in xs]
+    shape = arrays[0].shape
+    if all(a.shape == shape for a in arrays):
+        return np.stack(arrays)
+    # (Python scalars, e.g. a raw fill value, do not widen the items' dtype)
+    weak = [x if isinstance(x, (bool, int, float)) else a for x, a in zip(xs, arrays)]
+    out = np.empty((len(arrays), *shape), np.result_type(*weak))
+    for i, a in enumerate(arrays):
+        out[i] = a  # (ValueError where a cannot be broadcast to the first item's shape)
+    return out
 
 
 # ----------------------------------------------------------------------------- spaces
@@ -339,8 +386,10 @@ class InfiniteLookbackBuffer:
             if out is None:
                 out = pad
             else:
-                join = (lambda p, x: np.concatenate([p, x])) if before else (
-                    lambda p, x: np.concatenate([x, p])
+                join = (
+                    (lambda p, x: np.concatenate([p, x]))
+                    if before
+                    else (lambda p, x: np.concatenate([x, p]))
                 )
                 out = tree_map(join, pad, _reorder(out, pad))
         return out
