@@ -43,12 +43,22 @@ class Model:
         n = len(d)
         start = lb if a is None else (lb + a if (a >= 0 or nial) else n + a)
         stop = n if b is None else (lb + b if (b >= 0 or nial) else n + b)
-        if fill is not None and start < 0:
-            return [fill] * (-start) + d[0 : max(stop, 0)]
-        if fill is not None and stop > n:
-            part = d[start:stop] if start >= 0 else []
-            return part + [fill] * ((stop - start) - len(part))
-        return d[max(start, 0) : max(stop, 0)]
+        if fill is None:
+            return d[max(start, 0) : max(stop, 0)]
+        # RLlib 2.60's fill counts: both ends on one side of the data fill |start - stop|
+        # items there (a reversed range too); a start before the data fills the left
+        # only; a stop past the end fills the right; a stop before the data with the
+        # start inside fills -stop - 1 on the right (plus start - N + 1 on the left for a
+        # start past the end).
+        if (start < 0 and stop < 0) or (start >= n and stop >= n):
+            return [fill] * abs(start - stop)
+        if start < 0:
+            return [fill] * (-start) + d[0:stop]
+        if stop >= n:
+            return d[start:n] + [fill] * (stop - n)
+        if stop < 0:
+            return [fill] * (max(start - n + 1, 0) + (-stop - 1))
+        return d[start:stop]
 
     def cut(self, n):
         # The successor's lookback can reach into this chunk's own lookback, no further.

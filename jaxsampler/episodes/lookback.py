@@ -12,11 +12,40 @@ Same constructor, methods and index semantics as RLlib's buffer of that name in 
   follow the same rules at both ends. Out-of-range items raise ``IndexError`` unless
   ``fill`` is given. Numpy'ized slices are views of ``data`` (no copy) when no padding
   or one-hot encoding is asked for.
+* Slices reaching outside the data with ``fill`` pad as RLlib 2.60 does: both ends on
+  one side of the data give ``|start - stop|`` fill items (a reversed range too, so
+  ``slice(5, None)`` on 3 items gives 2); a start before the data pads the left only;
+  else a stop past the end pads the right. ``fill`` with ``one_hot_discrete`` gives
+  one-hot-sized dummies holding ``fill`` in every slot. ``one_hot_discrete`` without a
+  space raises ``ValueError`` where data would be converted (not for pure fill items).
+* ``set(at_indices=slice)`` clips the slice to the data like ``get`` does; ``new_data``
+  must match the clipped length.
 
-Deliberate deviation from RLlib 2.60 (a bug there): on a numpy'ized buffer,
-``get(i, neg_index_as_lookback=True)`` reaching past the lookback raises ``IndexError``
-like list mode does, instead of silently wrapping around. ``get_state()`` keeps the
-space object itself (picklable) rather than a dict serialization.
+Deliberate deviations from RLlib 2.60 (bugs there: inconsistent with RLlib's own docs
+or with its other behaviour), numbered as in ``tests/sa_differential.py``:
+
+* B1: on a numpy'ized buffer, ``get(i, neg_index_as_lookback=True)`` reaching past the
+  lookback raises ``IndexError`` like list mode does, instead of silently wrapping.
+* B2: numpy'ized ``get([])`` gives an empty array (RLlib raises ``ValueError``; list mode
+  gives ``[]``).
+* B3: ``one_hot_discrete`` on an empty numpy'ized selection gives ``(0, n)`` arrays
+  (RLlib's one-hot takes the max of an empty array and raises).
+* B4: a slice ending before an *empty* buffer gives ``[]`` or its fill items (RLlib
+  trips an internal assertion; on a non-empty buffer it gives those).
+* B5: ``set`` on a numpy'ized buffer with a Dict/Tuple space works, checking each item
+  against the space (RLlib checks each leaf against the whole space, so always fails).
+* B6: ``set`` of an empty range of a numpy'ized buffer with a space writes nothing
+  (RLlib reads ``new_data[0]`` for its space check and raises; without a space it works).
+* B7: numpy'ized list indices with ``fill`` give the items' common dtype, as slices do
+  (RLlib takes the first item's: float32 if that is a fill item, else float64).
+* B8: ``set`` with list indices on a numpy'ized struct buffer also takes a struct of
+  arrays (RLlib indexes it by position: ``KeyError``), as slices do.
+* B9: with a lookback longer than the data (after ``pop``), ``set`` counts the data's
+  length as ``get`` does (RLlib counts ``lookback + len``, so equal-size writes fail).
+
+``get_state()`` keeps the space object itself (picklable) rather than a dict
+serialization. ``set`` checks everything before writing anything (RLlib may write part
+of the data before it raises).
 """
 
 from __future__ import annotations
@@ -56,10 +85,28 @@ def data_len(data: Any) -> int:
 
 
 def batch(items: list[Any]) -> Any:
-    """Stacks a list of structs into one struct of arrays (leading axis = item)."""
+    """Stacks a list of structs into one struct of arrays (leading axis = item).
+
+    Leaves of different shapes are broadcast to the first one's shape, as RLlib's
+    ``batch`` does (a scalar ``fill`` next to vector items); the dtype is the items'
+    common one (Python scalars taken as weakly typed).
+    """
     if len(items) == 0:
         raise ValueError("Input `list_of_structs` does not contain any items.")
-    return tree_map(lambda *xs: np.stack([np.asarray(x) for x in xs]), items[0], *items[1:])
+    return tree_map(_stack, items[0], *items[1:])
+
+
+def _stack(*xs: Any) -> np.ndarray:
+    arrays = [np.asarray(x) for x in xs]
+    shape = arrays[0].shape
+    if all(a.shape == shape for a in arrays):
+        return np.stack(arrays)
+    # (Python scalars, e.g. a raw fill value, do not widen the items' dtype)
+    weak = [x if isinstance(x, (bool, int, float)) else a for x, a in zip(xs, arrays)]
+    out = np.empty((len(arrays), *shape), np.result_type(*weak))
+    for i, a in enumerate(arrays):
+        out[i] = a  # (ValueError where a cannot be broadcast to the first item's shape)
+    return out
 
 
 # ----------------------------------------------------------------------------- spaces
@@ -100,7 +147,7 @@ def _dummy(space_struct: Any, fill: Any, n: int | None, one_hot: bool) -> Any:
     def leaf(s: _SpaceLeaf) -> np.ndarray:
         lead = () if n is None else (n,)
         if one_hot and s.onehot is not None:
-            return np.zeros(lead + (int(sum(s.onehot)),), np.float32)
+            return np.full(lead + (int(sum(s.onehot)),), fill, np.float32)
         return np.full(lead + s.shape, fill, s.dtype)
 
     return tree_map(leaf, space_struct)
@@ -199,12 +246,11 @@ class InfiniteLookbackBuffer:
 
         Raises:
             IndexError: an index outside the data (and no ``fill``).
-            ValueError: ``one_hot_discrete`` without a space.
+            ValueError: ``one_hot_discrete`` on data of a buffer without a space.
         """
-        if one_hot_discrete and self.space_struct is None:
-            raise ValueError("one_hot_discrete=True needs a buffer with a space")
         if indices is None:
-            return self._get_slice(slice(None), neg_index_as_lookback, None, one_hot_discrete)
+            part = self._get_slice(slice(None), neg_index_as_lookback, None, False)
+            return self._convert_batch(part, True) if one_hot_discrete else part
         if isinstance(indices, slice):
             return self._get_slice(indices, neg_index_as_lookback, fill, one_hot_discrete)
         if isinstance(indices, (list, np.ndarray)):
@@ -227,6 +273,11 @@ class InfiniteLookbackBuffer:
     def _convert(self, x: Any, one_hot: bool) -> Any:
         if not one_hot:
             return x
+        if self.space_struct is None:
+            raise ValueError(
+                "one_hot_discrete=True needs a buffer with a space (pass space=... to "
+                f"{type(self).__name__}, or observation_space/action_space to the episode)"
+            )
         return (
             tree_map(_one_hot, x, self.space_struct)
             if isinstance(x, (dict, tuple))
@@ -258,55 +309,90 @@ class InfiniteLookbackBuffer:
         stop = self.len_incl_lookback() if s.stop is None else self._position(s.stop, nial)
         return start, stop, 1 if s.step is None else s.step
 
-    def _get_slice(self, s: slice, nial: bool, fill: Any, one_hot: bool) -> Any:
-        start, stop, step = self._slice_bounds(s, nial)
+    def _clip_slice(self, s: slice, nial: bool) -> tuple[slice, int, int, int]:
+        """RLlib's reading of a slice: the slice of ``data`` clipped to it, the length of
+        the range before clipping at the right end (0: no data part), and how many fill
+        items go to its left and right.
+
+        Ends outside ``[0, N)`` are clipped; the fill counts follow RLlib 2.60: both ends
+        on the same side of the data give ``|start - stop|`` fill items there (also for a
+        reversed range); a start before the data fills the left side only (the right end
+        is then just clipped); else a stop past the end fills the right side; a stop
+        before the data with the start inside (a reversed range, or a negative step)
+        fills ``-stop - 1`` on the right and, for a start past the end, ``start - N + 1``
+        on the left.
+        """
         n = self.len_incl_lookback()
-        if fill is not None and step != 1:
-            return self._gather([p for p in range(start, stop, step)], fill, one_hot)
+        start, stop, step = self._slice_bounds(s, nial)
         left = right = 0
-        if fill is not None and start < 0:
-            left, lo, hi = -start, 0, max(stop, 0)
-        elif fill is not None and stop > n:
-            lo, hi = start, stop
-            right = max((stop - start) - len(range(start, min(stop, n))), 0)  # stop < start: 0
+        stop_at: int | None = stop
+        if start < 0 and stop < 0:
+            left, start, stop_at = abs(start - stop), 0, 0
+        elif start >= n and stop >= n:
+            right, start, stop_at = abs(start - stop), n, n
+        elif start < 0:
+            left, start = -start, 0
+        elif stop >= n:
+            right, stop_at = stop - n, n
+        elif stop < 0:
+            if start >= n:
+                left, start = start - n + 1, n - 1
+            right, stop_at = -stop - 1, None
+        if stop_at is None and step > 0:  # (nothing: RLlib's stop is -LARGE_INTEGER)
+            stop_at = 0
+        sl = slice(start, stop_at, step)  # (None with a negative step: to the beginning)
+        # RLlib converts (one-hot) and pads the slice of the data whenever the range
+        # it computed is not empty, even where clipping left no data in it
+        if stop_at is None:
+            span = start + 1
         else:
-            lo, hi = max(start, 0), max(stop, 0)
-        if self.finalized:
-            part = tree_map(lambda x: x[lo:hi:step], self.data)
-        else:
-            part = self.data[lo:hi:step]
-        part = self._convert_batch(part, one_hot)
-        if not left and not right:
+            span = max(0, (stop_at - start + (step - (1 if step > 0 else -1))) // step)
+        return sl, span, left, right
+
+    def _get_slice(self, s: slice, nial: bool, fill: Any, one_hot: bool) -> Any:
+        sl, size, left, right = self._clip_slice(s, nial)
+        part = tree_map(lambda x: x[sl], self.data) if self.finalized else self.data[sl]
+        if size > 0:
+            part = self._convert_batch(part, one_hot)
+        if fill is None or not (left or right):
             return part
-        return self._pad(part, left, right, fill, one_hot)
+        return self._pad(part if size > 0 else None, left, right, fill, one_hot)
 
     def _convert_batch(self, part: Any, one_hot: bool) -> Any:
         if not one_hot:
             return part
+        if self.space_struct is None:
+            return self._convert(part, True)  # (raises: no space)
         if self.finalized:
             return tree_map(_one_hot, part, self.space_struct)
         return [self._convert(x, True) for x in part]
 
     def _pad(self, part: Any, left: int, right: int, fill: Any, one_hot: bool) -> Any:
+        """``part`` (``None``: nothing) with ``left`` / ``right`` fill items around it."""
         if not self.finalized:
             one = self._fill_item(fill, one_hot)
-            return [one] * left + list(part) + [one] * right
-        if self.space_struct is None:
-            pad = lambda k, x: np.array([fill] * k) if k else None
-            return tree_map(
-                lambda x: np.concatenate(
-                    [p for p in (pad(left, x), x, pad(right, x)) if p is not None]
-                ),
-                part,
-            )
-        lpad, rpad = (_dummy(self.space_struct, fill, k, one_hot) for k in (left, right))
-        return tree_map(
-            lambda lo, x, hi: np.concatenate([lo, x, hi]), lpad, _reorder(part, lpad), rpad
-        )
+            return [one] * left + (list(part) if part is not None else []) + [one] * right
 
-    def _gather(self, positions: list[int], fill: Any, one_hot: bool) -> Any:
-        items = [self._item_at(p, fill, one_hot) for p in positions]
-        return batch(items) if self.finalized and items else items
+        def fills(k: int) -> Any:
+            if self.space_struct is None:
+                return np.array([fill] * k)
+            return _dummy(self.space_struct, fill, k, one_hot)
+
+        out = part
+        for k, before in ((left, True), (right, False)):
+            if not k:
+                continue
+            pad = fills(k)
+            if out is None:
+                out = pad
+            else:
+                join = (
+                    (lambda p, x: np.concatenate([p, x]))
+                    if before
+                    else (lambda p, x: np.concatenate([x, p]))
+                )
+                out = tree_map(join, pad, _reorder(out, pad))
+        return out
 
     # -- writing ---------------------------------------------------------------------
 
@@ -350,28 +436,35 @@ class InfiniteLookbackBuffer:
     ) -> None:
         """Overwrites items (same index rules as :meth:`get`, without ``fill``).
 
+        ``at_indices=None`` means all non-lookback items; a slice is clipped to the data
+        like in :meth:`get` and ``new_data`` must have the clipped slice's length; a list
+        of indices takes one item of ``new_data`` per index (a list of items, an array,
+        or a struct of arrays); an int takes one item. Nothing is written when any of
+        these checks fails.
+
         Raises:
-            IndexError: out-of-range index, or ``new_data`` of the wrong length.
-            ValueError: a list given to a numpy'ized buffer.
+            IndexError: out-of-range int index, or ``new_data`` of the wrong length.
+            ValueError: a list given to a numpy'ized buffer for a slice; a new item
+                outside the buffer's space (numpy'ized buffers only).
         """
-        if self.finalized and isinstance(new_data, list):
-            raise ValueError(
-                "a numpy'ized buffer needs new_data as an ndarray or a struct of ndarrays, not a "
-                "list"
-            )
         n = self.len_incl_lookback()
         if at_indices is None:
-            at_indices = slice(None)
+            at_indices = slice(0, None)
         if isinstance(at_indices, slice):
-            start, stop, step = self._slice_bounds(at_indices, neg_index_as_lookback)
-            positions = list(range(max(start, 0), min(max(stop, 0), n), step))
-            size = len(_leaves(new_data)[0]) if self.finalized else len(new_data)
-            if size != len(positions) or start < 0 or stop > n:
+            if self.finalized and isinstance(new_data, list):
+                raise ValueError(
+                    "a numpy'ized buffer needs new_data as an ndarray or a struct of "
+                    "ndarrays for a slice, not a list"
+                )
+            sl, _, _, _ = self._clip_slice(at_indices, neg_index_as_lookback)
+            positions = list(range(n))[sl]
+            size = len(positions)
+            given = _size(new_data) if self.finalized else len(new_data)
+            if given != size:
                 raise IndexError(
-                    f"Cannot `set()` value via at_indices={slice(start, stop, step)} (option "
-                    f"neg_index_as_lookback={neg_index_as_lookback})! Slice of data does NOT have "
-                    "the same "
-                    "size as `new_data`."
+                    f"Cannot `set()` value via at_indices={sl} (option "
+                    f"neg_index_as_lookback={neg_index_as_lookback})! Slice of data does NOT "
+                    f"have the same size as `new_data` ({size} vs {given})."
                 )
             values = (
                 [tree_map(lambda x, j=j: x[j], new_data) for j in range(size)]
@@ -379,31 +472,30 @@ class InfiniteLookbackBuffer:
                 else list(new_data)
             )
         elif isinstance(at_indices, (list, np.ndarray)):
-            positions = [self._position(int(i), neg_index_as_lookback) for i in at_indices]
-            values = (
-                [tree_map(lambda x, j=j: x[j], new_data) for j in range(len(positions))]
-                if self.finalized
-                else list(new_data)
-            )
-        else:
-            positions = [self._position(int(at_indices), neg_index_as_lookback)]
-            values = [new_data]
-        for p in positions:
-            if not 0 <= p < n:
+            positions = [self._set_position(int(i), neg_index_as_lookback) for i in at_indices]
+            if isinstance(new_data, (list, tuple)) or not self.finalized:
+                values = list(new_data)[: len(positions)]
+            else:
+                values = [
+                    tree_map(lambda x, j=j: x[j], new_data)
+                    for j in range(min(len(positions), _size(new_data)))
+                ]
+            if len(values) < len(positions):
                 raise IndexError(
-                    f"Cannot `set()` value at index {p}: the buffer holds {n} items (lookback "
-                    "included)"
+                    f"Cannot `set()` {len(positions)} items (at_indices={at_indices}) from "
+                    f"new_data holding {len(values)}"
                 )
-        for p, v in zip(positions, values):
-            if self.finalized:
-                if (
-                    self._space is not None
-                    and hasattr(self._space, "contains")
-                    and not bool(np.asarray(self._space.contains(v)))
-                ):
+        else:
+            positions = [self._set_position(int(at_indices), neg_index_as_lookback)]
+            values = [new_data]
+        if self.finalized and self._space is not None and hasattr(self._space, "contains"):
+            for v in values:
+                if not bool(np.asarray(self._space.contains(v))):
                     raise ValueError(
                         f"new value {v!r} is not in the buffer's space {self._space!r}"
                     )
+        for p, v in zip(positions, values):
+            if self.finalized:
 
                 def put(d: np.ndarray, x: Any, p: int = p) -> None:
                     d[p] = x
@@ -411,6 +503,18 @@ class InfiniteLookbackBuffer:
                 tree_map(put, self.data, _reorder(v, self.data))
             else:
                 self.data[p] = v
+
+    def _set_position(self, i: int, nial: bool) -> int:
+        """The absolute position an int index of :meth:`set` writes to (``IndexError``
+        when it is outside the data)."""
+        n = self.len_incl_lookback()
+        p = self._position(i, nial)
+        if not 0 <= p < n:
+            raise IndexError(
+                f"Cannot `set()` value at index {i} (option neg_index_as_lookback={nial}): "
+                f"the buffer holds {n} items (lookback included)"
+            )
+        return p
 
     __setitem__ = lambda self, k, v: self.set(v, at_indices=k)
 
@@ -473,6 +577,14 @@ class InfiniteLookbackBuffer:
         else:
             head, tail = self.data[:lb], self.data[lb:]
         return f"{type(self).__name__}({head} <- lookback({lb}) | {tail})"
+
+
+def _size(data: Any) -> int:
+    """Number of items in a batch: ``len`` of a list or array, else the leading dim of
+    the first leaf of a struct."""
+    if isinstance(data, (dict, tuple)):
+        return data_len(data)
+    return len(data)
 
 
 def _reorder(item: Any, like: Any) -> Any:
