@@ -259,7 +259,8 @@ def rllib_episodes(columns: EpisodeColumns) -> list[RlSingleAgentEpisode]:
             x.data, x.finalized, x.lookback = obs[e, a : b + 1], True, lb
             x._space, x._space_struct = obs_space, obs_struct
             x = ep.infos = new_buf(RlBuffer)
-            x.data, x.finalized, x.lookback = infos_of(i), False, lb
+            x.data = data = infos_of(i)  # a list of dicts, or a struct of arrays
+            x.finalized, x.lookback = type(data) is not list, lb
             x._space = x._space_struct = None
             x = ep.actions = new_buf(RlBuffer)
             x.data, x.finalized, x.lookback = actions[e, a:b], True, lb

@@ -72,8 +72,9 @@ class EpisodeColumns:
     info_columns: tuple[tuple[InfoPath, np.ndarray], ...] = ()
 
     def infos(self, i: int) -> list[dict[str, Any]]:
-        """Episode ``i``'s infos, one dict per observation slot (lookback included): the
-        env's info leaves, or empty dicts for an env without infos."""
+        """Episode ``i``'s infos over its observation slots (lookback included): one
+        empty dict per slot for an env without infos, else the env's info pytree with
+        numpy leaves ``[slots, ...]`` (numpy'ized), as the sampler's episodes hold them."""
         e, a, b = self.env[i], self.first[i], self.stop[i]
         if not self.info_columns:
             return [{} for _ in range(b - a + 1)]
