@@ -356,7 +356,7 @@ class JaxEnvRunner(EnvRunner, Checkpointable):
             t2 = time.perf_counter()
             if random_actions:
                 self._strip_model_outputs(episodes)
-            self._bookkeep(episodes, steps, t1 - t0, self._chunk_returns)
+            self._bookkeep(episodes, steps, t1 - t0)
             split = getattr(self._sampler, "last_split", (t1 - t0, 0.0))
             self.last_sample_timing = {
                 "rollout_s": split[0],
@@ -396,11 +396,10 @@ class JaxEnvRunner(EnvRunner, Checkpointable):
             for key in _RLLIB_EXTRAS:
                 ep.extra_model_outputs.pop(key, None)
 
-    def _bookkeep(
-        self, episodes: list[Any], steps: int, wall_s: float, returns: list[float] | None
-    ) -> None:
-        """Per-call counters now; per-episode stats kept for :meth:`get_metrics`.
-        ``returns``: the chunks' returns when known, else read off each chunk."""
+    def _bookkeep(self, episodes: list[Any], steps: int, wall_s: float) -> None:
+        """Per-call counters now; per-episode stats kept for :meth:`get_metrics` (the
+        chunks' returns as the episode factory computed them, else read off each chunk)."""
+        returns = self._chunk_returns
         per_step_s = wall_s * self.num_envs / max(steps, 1)
         num_done = 0
         ongoing, done = self._ongoing_for_metrics, self._done_for_metrics

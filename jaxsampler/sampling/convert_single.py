@@ -71,7 +71,7 @@ class EpisodeColumns:
     action_space: Any
     info_columns: tuple[tuple[InfoPath, np.ndarray], ...] = ()
 
-    def infos(self, i: int) -> list[dict[str, Any]]:
+    def infos(self, i: int) -> list[dict[str, Any]] | dict[str, Any]:
         """Episode ``i``'s infos over its observation slots (lookback included): one
         empty dict per slot for an env without infos, else the env's info pytree with
         numpy leaves ``[slots, ...]`` (numpy'ized), as the sampler's episodes hold them."""
