@@ -31,6 +31,8 @@ from jaxsampler.episodes.multi_agent import default_agent_to_module_mapping_fn
 from jaxsampler.episodes.single_agent import SingleAgentEpisode as JsSingleAgentEpisode
 from jaxsampler.episodes.single_agent import reward_space
 from jaxsampler.rllib import require_rllib
+from jaxsampler.sampling.columns import no_gc
+from jaxsampler.sampling.convert_single import EpisodeColumns
 
 require_rllib()
 
@@ -51,7 +53,7 @@ from ray.rllib.utils.spaces.space_utils import get_base_struct_from_space  # noq
 
 from jaxsampler.spaces import Space, convert_space  # noqa: E402
 
-__all__ = ["to_rllib", "from_rllib"]
+__all__ = ["to_rllib", "from_rllib", "rllib_episodes"]
 
 _SUPPORTED_TO = (
     "jaxsampler SingleAgentEpisode, MultiAgentEpisode, SampleBatch, MultiAgentBatch, "
@@ -212,6 +214,73 @@ def _sa_from_rllib(ep: RlSingleAgentEpisode, spaces: _Spaces) -> JsSingleAgentEp
         custom_data=dict(ep.custom_data),
         step_times=(ep._start_time, ep._last_step_time),
     )
+
+
+def rllib_episodes(columns: EpisodeColumns) -> list[RlSingleAgentEpisode]:
+    """RLlib ``SingleAgentEpisode`` objects straight from a device sampler call's columns
+    (``DeviceSampler(..., episode_factory=rllib_episodes)``): field by field what
+    ``to_rllib`` gives for the sampler's own episodes of the same call, without making
+    those first (a test compares the two).
+
+    Per episode only RLlib's episode, its buffers (numpy views of the call's columns), the
+    extras dict and the infos list are made; the spaces are converted once per call.
+    """
+    spaces = _Spaces()
+    obs_space, obs_struct = spaces.rl(columns.observation_space)
+    act_space, act_struct = spaces.rl(columns.action_space)
+    rew_space, rew_struct = spaces.rl(reward_space())
+    obs, actions, rewards = columns.obs, columns.actions, columns.rewards
+    extras = list(columns.extras.items())
+    infos_of = columns.infos
+    new_buf, new_ep = RlBuffer.__new__, RlSingleAgentEpisode.__new__
+    out: list[RlSingleAgentEpisode] = []
+    append = out.append
+
+    with no_gc():  # thousands of small acyclic objects: no cyclic-GC passes meanwhile
+        for i, (id_, e, a, b, lb, t_started, t, term, trunc) in enumerate(
+            zip(
+                columns.ids,
+                columns.env,
+                columns.first,
+                columns.stop,
+                columns.lookback,
+                columns.t_started,
+                columns.t,
+                columns.terminated,
+                columns.truncated,
+            )
+        ):
+            ep: Any = new_ep(RlSingleAgentEpisode)
+            x: Any
+            ep.id_ = id_
+            ep.agent_id = ep.module_id = ep.multi_agent_episode_id = None
+            # RLlib's buffers, their fields as its __init__ sets them (inlined: 8 per episode)
+            x = ep.observations = new_buf(RlBuffer)
+            x.data, x.finalized, x.lookback = obs[e, a : b + 1], True, lb
+            x._space, x._space_struct = obs_space, obs_struct
+            x = ep.infos = new_buf(RlBuffer)
+            x.data = data = infos_of(i)  # a list of dicts, or a struct of arrays
+            x.finalized, x.lookback = type(data) is not list, lb
+            x._space = x._space_struct = None
+            x = ep.actions = new_buf(RlBuffer)
+            x.data, x.finalized, x.lookback = actions[e, a:b], True, lb
+            x._space, x._space_struct = act_space, act_struct
+            x = ep.rewards = new_buf(RlBuffer)
+            x.data, x.finalized, x.lookback = rewards[e, a:b], True, lb
+            x._space, x._space_struct = rew_space, rew_struct
+            ep.extra_model_outputs = model_outputs = {}
+            for k, c in extras:
+                x = model_outputs[k] = new_buf(RlBuffer)
+                x.data, x.finalized, x.lookback = c[e, a:b], True, lb
+                x._space = x._space_struct = None
+            ep._observation_space, ep._action_space = obs_space, act_space
+            ep.is_terminated, ep.is_truncated = term, trunc
+            ep.t_started, ep.t = t_started, t
+            ep._custom_data = {}
+            ep._start_time = ep._last_step_time = None
+            ep._last_added_observation = ep._last_added_infos = None
+            append(ep)
+    return out
 
 
 # ----------------------------------------------------------------------- multi agent

@@ -115,13 +115,14 @@ from jaxsampler.host_envs import GymnasiumHostEnv  # noqa: E402
 from jaxsampler.rllib.runner_parts import (  # noqa: E402
     ActionToEnv,
     RunnerPolicy,
-    TopUpDeviceSampler,
     UnsquashActions,
     action_transform,
     check_connectors,
     resolve_env,
     topup_length,
 )
+from jaxsampler.sampling.convert_single import EpisodeColumns  # noqa: E402
+from jaxsampler.sampling.device import DeviceSampler  # noqa: E402
 from jaxsampler.sampling.host import HostSampler  # noqa: E402
 from jaxsampler.spaces import from_gymnasium_space  # noqa: E402
 
@@ -180,9 +181,13 @@ class JaxEnvRunner(EnvRunner, Checkpointable):
         self._needs_initial_reset = True
         self._time_after_sampling: float | None = None
         #: seconds of the last ``sample()``: ``rollout_s`` (device rollout and host copy,
-        #: or host env steps), ``to_episodes_s`` (buffers -> jaxsampler episodes),
-        #: ``to_rllib_s`` (-> RLlib episodes), ``bookkeeping_s`` (counters, metrics)
+        #: or host env steps), ``to_episodes_s`` (buffers -> episodes: RLlib's episodes
+        #: built straight from the columns for pure-JAX envs, jaxsampler's for host envs),
+        #: ``to_rllib_s`` (jaxsampler -> RLlib episodes; host envs only, else 0),
+        #: ``bookkeeping_s`` (counters, metrics)
         self.last_sample_timing: dict[str, float] = {}
+        # per-episode returns of the last device call's chunks (None: read the buffers)
+        self._chunk_returns: list[float] | None = None
         # id_ -> [length, return, duration] of the chunks already returned, for metrics
         self._ongoing_for_metrics: dict[str, Any] = {}
         self._done_for_metrics: list[Any] = []
@@ -250,14 +255,15 @@ class JaxEnvRunner(EnvRunner, Checkpointable):
         horizon = int(self.config.episode_lookback_horizon)
         if isinstance(self.env, Env):
             env = self.env if transform == "none" else ActionToEnv(self.env, transform)
-            self._sampler = TopUpDeviceSampler(
+            self._sampler = DeviceSampler(
                 env,
                 self._policy,
                 num_envs=self.num_envs,
                 rollout_length=self._fragment,
-                topup_length=topup_length(self._fragment),
                 seed=seed,
                 episode_lookback_horizon=horizon,
+                topup_length=topup_length(self._fragment),
+                episode_factory=self._episodes_from_columns,
             )
         else:
             factory = self._host_factory
@@ -325,6 +331,7 @@ class JaxEnvRunner(EnvRunner, Checkpointable):
             reset = force_reset or num_episodes is not None or self._needs_initial_reset
             if reset:
                 self._ongoing_for_metrics.clear()
+            self._chunk_returns = None
             if num_timesteps == 0 or num_episodes == 0:
                 js_episodes: list[Any] = []
                 steps, t0 = 0, time.perf_counter()
@@ -343,7 +350,9 @@ class JaxEnvRunner(EnvRunner, Checkpointable):
                 steps = int(self._sampler.metrics.num_env_steps_sampled)
             self._needs_initial_reset = num_episodes is not None
             t1 = time.perf_counter()
-            episodes = to_rllib(js_episodes)
+            # device envs: already RLlib's episodes (the sampler's episode factory); a
+            # host sampler's are converted here
+            episodes = js_episodes if self._chunk_returns is not None else to_rllib(js_episodes)
             t2 = time.perf_counter()
             if random_actions:
                 self._strip_model_outputs(episodes)
@@ -366,6 +375,21 @@ class JaxEnvRunner(EnvRunner, Checkpointable):
         self._time_after_sampling = time.perf_counter()
         return episodes
 
+    def _episodes_from_columns(self, columns: EpisodeColumns) -> list[Any]:
+        """The device sampler's episode factory: RLlib's episodes straight from the call's
+        columns (:func:`~jaxsampler.rllib.convert.rllib_episodes`), and each chunk's
+        return for the metrics, one vectorized pass over the reward column."""
+        from jaxsampler.rllib.convert import rllib_episodes
+
+        rewards = np.asarray(columns.rewards, np.float64)
+        cum = np.zeros((rewards.shape[0], rewards.shape[1] + 1))
+        np.cumsum(rewards, axis=1, out=cum[:, 1:])
+        env = np.asarray(columns.env, np.intp)
+        own = np.asarray(columns.first, np.intp) + np.asarray(columns.lookback, np.intp)
+        stop = np.asarray(columns.stop, np.intp)
+        self._chunk_returns = (cum[env, stop] - cum[env, own]).tolist()
+        return rllib_episodes(columns)
+
     def _strip_model_outputs(self, episodes: list[Any]) -> None:
         """Random-action steps carry no module outputs (as in RLlib's runner)."""
         for ep in episodes:
@@ -373,23 +397,29 @@ class JaxEnvRunner(EnvRunner, Checkpointable):
                 ep.extra_model_outputs.pop(key, None)
 
     def _bookkeep(self, episodes: list[Any], steps: int, wall_s: float) -> None:
-        """Per-call counters now; per-episode stats kept for :meth:`get_metrics`."""
+        """Per-call counters now; per-episode stats kept for :meth:`get_metrics` (the
+        chunks' returns as the episode factory computed them, else read off each chunk)."""
+        returns = self._chunk_returns
         per_step_s = wall_s * self.num_envs / max(steps, 1)
         num_done = 0
-        for ep in episodes:
-            length = len(ep)
-            ret = _chunk_return(ep)
-            prev = self._ongoing_for_metrics.pop(ep.id_, None)
+        ongoing, done = self._ongoing_for_metrics, self._done_for_metrics
+        pop = ongoing.pop
+        if returns is None:
+            returns = [_chunk_return(ep) for ep in episodes]
+        for ep, ret in zip(episodes, returns):
+            own = ep.t - ep.t_started
+            length = own
+            prev = pop(ep.id_, None)
             if prev is not None:
                 length, ret = length + int(prev[0]), ret + prev[1]
-                dur = prev[2] + len(ep) * per_step_s
+                dur = prev[2] + own * per_step_s
             else:
-                dur = len(ep) * per_step_s
-            if ep.is_done:
+                dur = own * per_step_s
+            if ep.is_terminated or ep.is_truncated:
                 num_done += 1
-                self._done_for_metrics.append((length, ret, dur))
+                done.append((length, ret, dur))
             else:
-                self._ongoing_for_metrics[ep.id_] = [length, ret, dur]
+                ongoing[ep.id_] = [length, ret, dur]
         m = self.metrics
         m.log_value(NUM_ENV_STEPS_SAMPLED, steps, reduce="sum")
         m.log_value((NUM_AGENT_STEPS_SAMPLED, DEFAULT_AGENT_ID), steps, reduce="sum")

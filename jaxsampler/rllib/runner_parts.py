@@ -9,15 +9,15 @@
 * :class:`RunnerPolicy`: the mirrored module's explore / greedy forward and uniform random
   actions in one jitted policy, the mode chosen by a params leaf (no retrace between
   modes), plus RLlib's ``weights_seq_no`` extra;
-* :class:`TopUpDeviceSampler`: a device sampler that runs one full chunk and then short
-  top-up chunks, so ``num_timesteps`` overshoots by a top-up at most.
+* :class:`TopUpDeviceSampler`: a device sampler (its ``topup_length`` option) that runs
+  one full chunk and then short top-up chunks, so ``num_timesteps`` overshoots by a top-up
+  at most.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -29,11 +29,8 @@ import numpy as np
 import jaxsampler as js
 from jaxsampler.envs.base import Env
 from jaxsampler.policies.base import Policy, batch_dims
-from jaxsampler.rollout import jit_rollout, make_rollout
-from jaxsampler.sampling.base import check_sample_counts
 from jaxsampler.sampling.device import DeviceSampler
 from jaxsampler.spaces import Box, Space
-from jaxsampler.types import Trajectory
 
 __all__ = [
     "ActionToEnv",
@@ -374,11 +371,10 @@ class RunnerPolicy(Policy):
 
 
 class TopUpDeviceSampler(DeviceSampler):
-    """A :class:`~jaxsampler.sampling.device.DeviceSampler` whose ``num_timesteps`` calls
-    run one ``rollout_length`` chunk, then ``topup_length`` chunks until the count is
-    reached (reset steps do not count, so one full chunk is usually a little short).
-
-    ``last_split`` holds the last call's ``(rollout_s, to_episodes_s)``.
+    """A :class:`~jaxsampler.sampling.device.DeviceSampler` with ``topup_length`` given
+    positionally: ``num_timesteps`` calls run one ``rollout_length`` chunk, then
+    ``topup_length`` chunks until the count is reached. ``last_split`` holds the last
+    call's ``(rollout_s, to_episodes_s)``.
     """
 
     def __init__(
@@ -399,61 +395,5 @@ class TopUpDeviceSampler(DeviceSampler):
             rollout_length,
             seed,
             episode_lookback_horizon=episode_lookback_horizon,
+            topup_length=topup_length,
         )
-        self._topup = (
-            jit_rollout(make_rollout(self.env, policy, num_envs, topup_length))
-            if topup_length != rollout_length
-            else None
-        )
-        self._topup_buffers: Trajectory | None = None
-        self.last_split = (0.0, 0.0)
-
-    def _call_topup(self, params: Any) -> Trajectory:
-        assert self._topup is not None
-        self._state, traj = self._topup(params, self._state, self._topup_buffers)
-        host = jax.device_get(traj)
-        self._topup_buffers = traj
-        return host
-
-    def _run(
-        self,
-        params: Any,
-        num_timesteps: int | None,
-        num_episodes: int | None,
-        force_reset: bool,
-    ) -> list[Trajectory]:
-        check_sample_counts(num_timesteps, num_episodes)
-        if self._state is None or force_reset or num_episodes is not None:
-            self.reset()
-        chunks: list[Trajectory] = []
-        steps = done = 0
-        while True:
-            if chunks and self._topup is not None:
-                traj = self._call_topup(params)
-            else:
-                traj = self._call(params)
-            chunks.append(traj)
-            steps += int(np.count_nonzero(~traj.is_reset))
-            if num_episodes is not None:
-                ended = np.all(traj.terminated | traj.truncated, axis=-1) & ~traj.is_reset
-                done += int(np.count_nonzero(ended))
-                if done >= num_episodes:
-                    break
-            elif num_timesteps is None or steps >= num_timesteps:
-                break
-        return chunks
-
-    def sample(
-        self,
-        params: Any,
-        num_timesteps: int | None = None,
-        num_episodes: int | None = None,
-        force_reset: bool = False,
-    ) -> list[Any]:
-        t0 = time.perf_counter()
-        chunks = self._run(params, num_timesteps, num_episodes, force_reset)
-        t1 = time.perf_counter()
-        out, metrics = self._convert.episodes(chunks, num_episodes, self._state)
-        result = self._finish(out, metrics, len(chunks), num_episodes)
-        self.last_split = (t1 - t0, time.perf_counter() - t1)
-        return result

@@ -9,6 +9,8 @@ segments with ``np.nonzero``, then numpy views (episodes) or one flat gather per
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -31,7 +33,60 @@ from jaxsampler.sampling.columns import (
 )
 from jaxsampler.types import Trajectory
 
-__all__ = ["SingleAgentConverter"]
+__all__ = ["EpisodeColumns", "EpisodeFactory", "SingleAgentConverter"]
+
+
+@dataclasses.dataclass(frozen=True)
+class EpisodeColumns:
+    """One call's single-agent episodes as the call's env-major columns plus, per episode,
+    where it sits in them: what an :data:`EpisodeFactory` builds episodes from.
+
+    Episode ``i`` (in ``sample()``'s order: finished episodes, then ongoing chunks) is
+    env ``env[i]``'s slots ``first[i]:stop[i]`` of ``actions`` / ``rewards`` / each
+    extra, and ``first[i]:stop[i] + 1`` of ``obs``; the leading ``lookback[i]`` slots are
+    lookback. Per-episode fields are Python lists (one ``tolist()`` per call).
+
+    Attributes:
+        obs: ``[E, S + 1, ...]`` observations (a struct of such arrays for nested spaces).
+        actions, rewards: ``[E, S, ...]``.
+        extras: the policy's extras by name, ``[E, S, ...]`` each.
+        ids, env, first, stop, lookback, t_started, t, terminated, truncated: per episode.
+        observation_space, action_space: the agent's (jaxsampler) spaces.
+    """
+
+    obs: Any
+    actions: Any
+    rewards: np.ndarray
+    extras: dict[str, Any]
+    ids: list[str]
+    env: list[int]
+    first: list[int]
+    stop: list[int]
+    lookback: list[int]
+    t_started: list[int]
+    t: list[int]
+    terminated: list[bool]
+    truncated: list[bool]
+    observation_space: Any
+    action_space: Any
+    info_columns: tuple[tuple[InfoPath, np.ndarray], ...] = ()
+
+    def infos(self, i: int) -> list[dict[str, Any]] | dict[str, Any]:
+        """Episode ``i``'s infos over its observation slots (lookback included): one
+        empty dict per slot for an env without infos, else the env's info pytree with
+        numpy leaves ``[slots, ...]`` (numpy'ized), as the sampler's episodes hold them."""
+        e, a, b = self.env[i], self.first[i], self.stop[i]
+        if not self.info_columns:
+            return [{} for _ in range(b - a + 1)]
+        # The info of observation j + 1 was recorded at step j (the first observation's
+        # is zeros when the buffers do not hold it).
+        slots = np.arange(a, b + 1)
+        return unflatten({k: info_for_obs(col, e, slots) for k, col in self.info_columns})
+
+
+EpisodeFactory = Callable[[EpisodeColumns], list[Any]]
+"""Builds one call's episodes (a list, in :class:`EpisodeColumns`' order) from its
+columns; the default makes lazy :class:`SingleAgentEpisode` objects."""
 
 
 class SingleAgentConverter:
@@ -45,6 +100,9 @@ class SingleAgentConverter:
         num_envs: ``E``.
         observation_space, action_space: of the env's (one) agent.
         horizon: lookback steps carried into continuation chunks.
+        policy_id: the batch key of :meth:`batch`.
+        episode_factory: builds :meth:`episodes`' list from the call's
+            :class:`EpisodeColumns`; ``None``: lazy :class:`SingleAgentEpisode` objects.
     """
 
     def __init__(
@@ -55,7 +113,9 @@ class SingleAgentConverter:
         action_space: Any,
         horizon: int,
         policy_id: Any = DEFAULT_POLICY_ID,
+        episode_factory: EpisodeFactory | None = None,
     ):
+        self._factory = episode_factory
         self._ids = ids
         self._policy_id = policy_id  # the batch key (a one-agent MultiAgentPolicy's id)
         self._obs_space, self._act_space = observation_space, action_space
@@ -100,6 +160,28 @@ class SingleAgentConverter:
         access (:meth:`SingleAgentEpisode.lazy`): per episode, only its object is made here.
         """
         cols, seg, m = self._segments(chunks, num_episodes)
+        if self._factory is not None:
+            H = self._horizon
+            start = H + seg.start
+            columns = EpisodeColumns(
+                obs=cols.obs,
+                actions=cols.actions,
+                rewards=cols.rewards,
+                extras=cols.extras,
+                ids=self._ids.many(seg.env, seg.count).tolist(),
+                env=seg.env.tolist(),
+                first=(start - seg.lookback).tolist(),
+                stop=(start + seg.len).tolist(),
+                lookback=seg.lookback.tolist(),
+                t_started=seg.t_started.tolist(),
+                t=(seg.t_started + seg.len).tolist(),
+                terminated=seg.term.tolist(),
+                truncated=seg.trunc.tolist(),
+                observation_space=self._obs_space,
+                action_space=self._act_space,
+                info_columns=tuple(cols.infos.items()),
+            )
+            return self._factory(columns), m
         build = _EpisodeBuffers(cols, seg, self._horizon, self._obs_space, self._act_space)
         lazy, obs_space, act_space = SingleAgentEpisode.lazy, self._obs_space, self._act_space
         fields = zip(

@@ -14,13 +14,19 @@ adapted to a device that runs whole chunks:
   up to the step at which the count reached ``N`` are returned, and the next call resets
   again;
 * neither: one rollout call;
+* ``topup_length=L``: a ``num_timesteps`` / ``num_episodes`` call runs one
+  ``rollout_length`` chunk, then ``L``-step chunks until the count is reached, so the
+  count is overshot by one short chunk at most (reset steps do not count, so one full
+  chunk of ``num_timesteps = num_envs * rollout_length`` is usually a little short);
 * ongoing episodes are returned as chunks (``t > 0``) and continue in the next call with
   the same ``id_``, ``t_started`` = the previous chunk's ``t`` and a lookback of up to
   ``episode_lookback_horizon`` steps taken from the previous chunk.
 
 Conversion is a converter object picked once at construction
 (:class:`~jaxsampler.sampling.convert_single.SingleAgentConverter` or
-:class:`~jaxsampler.sampling.convert_multi.MultiAgentConverter`): one bulk
+:class:`~jaxsampler.sampling.convert_multi.MultiAgentConverter`; a single-agent sampler
+may be given an ``episode_factory`` that builds other episode objects, e.g. RLlib's, straight
+from the call's columns): one bulk
 device-to-host copy per call, one bulk transpose to env-major columns (with the lookback
 steps prepended), episode boundaries from the ``is_reset`` flags with ``np.nonzero``.
 The only Python loop is over episodes, never over timesteps.
@@ -28,6 +34,7 @@ The only Python loop is over episodes, never over timesteps.
 
 from __future__ import annotations
 
+import time
 from typing import Any, Protocol
 
 import jax
@@ -42,7 +49,7 @@ from jaxsampler.rollout import init_state_and_info, jit_rollout, make_rollout
 from jaxsampler.sampling.base import Sampler, SamplerMetrics, check_lookback, check_sample_counts
 from jaxsampler.sampling.columns import InfoPath, info_leaves
 from jaxsampler.sampling.convert_multi import MultiAgentConverter
-from jaxsampler.sampling.convert_single import SingleAgentConverter
+from jaxsampler.sampling.convert_single import EpisodeFactory, SingleAgentConverter
 from jaxsampler.types import Trajectory
 
 __all__ = ["Converter", "DeviceSampler"]
@@ -79,6 +86,18 @@ class DeviceSampler(Sampler):
             ``MultiAgentEpisode.add_env_step`` sets them (every agent stepped in an
             episode's last step is terminated, and truncated too if the episode is).
             Default ``False``: each agent keeps the env's own flags.
+        topup_length: after a call's first ``rollout_length`` chunk, further chunks of
+            the call are this many steps long (a second jitted rollout, compiled on the
+            first call that needs it); ``None``: every chunk is ``rollout_length`` long.
+        episode_factory: single-agent envs: builds ``sample()``'s episodes from the
+            call's :class:`~jaxsampler.sampling.convert_single.EpisodeColumns` instead
+            of jaxsampler's :class:`SingleAgentEpisode` (``sample_batch()`` is
+            unaffected); ``None``: jaxsampler's episodes.
+
+    Attributes:
+        last_split: ``(rollout_s, to_episodes_s)`` of the last ``sample()`` /
+            ``sample_batch()`` call: wall time of the rollout calls (device and host
+            copy), and of the conversion into episodes or a batch.
     """
 
     def __init__(
@@ -92,14 +111,29 @@ class DeviceSampler(Sampler):
         env_params: Any = None,
         episode_lookback_horizon: int = 1,
         rllib_compatible: bool = False,
+        topup_length: int | None = None,
+        episode_factory: EpisodeFactory | None = None,
     ):
         env = _resolve(env)
+        if topup_length is not None and (
+            isinstance(topup_length, bool) or not isinstance(topup_length, int) or topup_length < 1
+        ):
+            raise ValueError(f"topup_length must be an int >= 1 or None, got {topup_length!r}")
+        if episode_factory is not None and env.num_agents != 1:
+            raise ValueError(
+                f"episode_factory is for single-agent envs; {env.name} has {env.num_agents} "
+                "agents (its episodes are MultiAgentEpisode objects): drop episode_factory"
+            )
         episode_lookback_horizon = check_lookback(episode_lookback_horizon)
         self.env, self.policy = env, policy
         self.num_envs, self.rollout_length = num_envs, rollout_length
         self.env_params = env.default_params if env_params is None else env_params
         self.horizon = episode_lookback_horizon
         self._rollout = jit_rollout(make_rollout(env, policy, num_envs, rollout_length))
+        self.topup_length = topup_length
+        self._topup: Any = None  # built on first use
+        self._topup_buffers: Trajectory | None = None
+        self.last_split = (0.0, 0.0)
         self._key = jax.random.PRNGKey(seed)
         self._episode_id = EpisodeIds(seed)  # (env, count) -> id, deterministic per seed
         self._state: Any = None
@@ -118,6 +152,7 @@ class DeviceSampler(Sampler):
                 env.action_space,
                 episode_lookback_horizon,
                 policy_id=self.agent_policy[0],
+                episode_factory=episode_factory,
             )
         else:
             self._convert = MultiAgentConverter(
@@ -148,6 +183,17 @@ class DeviceSampler(Sampler):
         self._buffers = traj
         return host
 
+    def _call_topup(self, params: Any) -> Trajectory:
+        if self._topup is None:
+            assert self.topup_length is not None
+            self._topup = jit_rollout(
+                make_rollout(self.env, self.policy, self.num_envs, self.topup_length)
+            )
+        self._state, traj = self._topup(params, self._state, self._topup_buffers)
+        host = jax.device_get(traj)
+        self._topup_buffers = traj
+        return host
+
     # ------------------------------------------------------------------------- sampling
 
     def sample(
@@ -169,8 +215,11 @@ class DeviceSampler(Sampler):
 
         Metrics of the call are in :attr:`metrics`.
         """
+        t0 = time.perf_counter()
         chunks = self._run(params, num_timesteps, num_episodes, force_reset)
+        t1 = time.perf_counter()
         out, metrics = self._convert.episodes(chunks, num_episodes, self._state)
+        self.last_split = (t1 - t0, time.perf_counter() - t1)
         return self._finish(out, metrics, len(chunks), num_episodes)
 
     def sample_batch(
@@ -190,8 +239,11 @@ class DeviceSampler(Sampler):
         :meth:`sample` would return the episodes. Episodes continue across calls exactly
         as with :meth:`sample` (the two may be mixed).
         """
+        t0 = time.perf_counter()
         chunks = self._run(params, num_timesteps, num_episodes, force_reset)
+        t1 = time.perf_counter()
         out, metrics = self._convert.batch(chunks, num_episodes, self._state)
+        self.last_split = (t1 - t0, time.perf_counter() - t1)
         return self._finish(out, metrics, len(chunks), num_episodes)
 
     def _run(
@@ -206,13 +258,17 @@ class DeviceSampler(Sampler):
         if self._state is None or force_reset or num_episodes is not None:
             self.reset()
         chunks: list[Trajectory] = []
-        steps = 0
+        steps = done = 0
         while True:
-            traj = self._call(params)
+            if chunks and self.topup_length not in (None, self.rollout_length):
+                traj = self._call_topup(params)
+            else:
+                traj = self._call(params)
             chunks.append(traj)
             steps += int(np.count_nonzero(~traj.is_reset))
             if num_episodes is not None:
-                if _count_done(chunks) >= num_episodes:
+                done += _count_done(traj)
+                if done >= num_episodes:
                     break
             elif num_timesteps is None or steps >= num_timesteps:
                 break
@@ -234,9 +290,6 @@ def _resolve(env: Env | str) -> Env:
     return env
 
 
-def _count_done(chunks: list[Trajectory]) -> int:
+def _count_done(traj: Trajectory) -> int:
     # An episode ends at the step where every agent is done (flags are sticky).
-    return sum(
-        int(np.count_nonzero(np.all(c.terminated | c.truncated, axis=-1) & ~c.is_reset))
-        for c in chunks
-    )
+    return int(np.count_nonzero(np.all(traj.terminated | traj.truncated, axis=-1) & ~traj.is_reset))
