@@ -565,11 +565,6 @@ def batch_state(b: Any) -> Any:
     return {"cols": dict(b), "count": b.count}
 
 
-# A difference whose fix belongs to jaxsampler/episodes/single_agent.py (given as a diff
-# in the report of the change that added this driver): remove once applied.
-PENDING_RETURN = "pending (single_agent.py): get_return() of an empty numpy'ized episode is 0"
-
-
 def excused(p: Program, label: str, r: Any, g: Any, nial: bool) -> str | None:
     """The documented RLlib 2.60 bug behind a difference (None: a real mismatch)."""
     if nial and r[0] == "ok" and g == ("raise", "IndexError"):
@@ -616,8 +611,6 @@ def excused(p: Program, label: str, r: Any, g: Any, nial: bool) -> str | None:
         return (
             "E4 (reversed slices or bounds outside [-len, len] give columns of different lengths)"
         )
-    if label == "get_return" and len(p.ref) == 0 and p.ref.is_numpy and r == ("ok", 0):
-        return PENDING_RETURN
     if r == ("raise", "AssertionError") and g[0] == "ok" and " n=0" in label and "slice(" in label:
         return "B4 (a slice ending before an empty buffer trips an internal assertion)"
     return None

@@ -636,7 +636,10 @@ class SingleAgentEpisode:
     def get_return(self) -> float:
         """Sum of the rewards (lookback excluded)."""
         rewards = self.get_rewards()
-        return np.sum(rewards, dtype=np.float64) if self.is_numpy else sum(rewards)
+        if not self.is_numpy:
+            return sum(rewards)
+        # RLlib sums with Python's sum(): an episode without steps returns the int 0
+        return np.sum(rewards, dtype=np.float64) if len(rewards) else 0
 
     @property
     def step_times(self) -> tuple[float | None, float | None]:

@@ -65,7 +65,8 @@ from ray.rllib.utils.metrics import (  # noqa: E402
 
 from jaxsampler.policies.multi import MultiAgentPolicy  # noqa: E402
 from jaxsampler.rllib.env_runner import _RLLIB_EXTRAS, JaxEnvRunner, _with_explore  # noqa: E402
-from jaxsampler.rllib.runner_parts import RunnerPolicy, TopUpDeviceSampler, topup_length  # noqa: E402
+from jaxsampler.rllib.runner_parts import RunnerPolicy, topup_length  # noqa: E402
+from jaxsampler.sampling.device import DeviceSampler  # noqa: E402
 from jaxsampler.spaces import from_gymnasium_space  # noqa: E402
 
 __all__ = ["JaxMultiAgentEnvRunner"]
@@ -130,14 +131,14 @@ class JaxMultiAgentEnvRunner(JaxEnvRunner):
             random_low=None,
             keep_extras=_RLLIB_EXTRAS,
         )
-        self._sampler = TopUpDeviceSampler(
+        self._sampler = DeviceSampler(
             self.env,
             self._policy,
             num_envs=self.num_envs,
             rollout_length=self._fragment,
-            topup_length=topup_length(self._fragment),
             seed=0 if self._seed is None else int(self._seed),
             episode_lookback_horizon=int(self.config.episode_lookback_horizon),
+            topup_length=topup_length(self._fragment),
         )
 
     # ------------------------------------------------------------------ sampling

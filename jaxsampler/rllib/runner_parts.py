@@ -9,9 +9,9 @@
 * :class:`RunnerPolicy`: the mirrored module's explore / greedy forward and uniform random
   actions in one jitted policy, the mode chosen by a params leaf (no retrace between
   modes), plus RLlib's ``weights_seq_no`` extra;
-* :class:`TopUpDeviceSampler`: a device sampler (its ``topup_length`` option) that runs
-  one full chunk and then short top-up chunks, so ``num_timesteps`` overshoots by a top-up
-  at most.
+* :func:`topup_length`: the length of the short chunks that top a ``num_timesteps`` call
+  up after its first full chunk (``DeviceSampler(topup_length=...)``), so it overshoots by
+  a top-up at most.
 """
 
 from __future__ import annotations
@@ -29,14 +29,12 @@ import numpy as np
 import jaxsampler as js
 from jaxsampler.envs.base import Env
 from jaxsampler.policies.base import Policy, batch_dims
-from jaxsampler.sampling.device import DeviceSampler
 from jaxsampler.spaces import Box, Space
 
 __all__ = [
     "ActionToEnv",
     "ResolvedEnv",
     "RunnerPolicy",
-    "TopUpDeviceSampler",
     "UnsquashActions",
     "action_transform",
     "check_connectors",
@@ -365,35 +363,3 @@ class RunnerPolicy(Policy):
         extras["weights_seq_no"] = jnp.broadcast_to(params["seq"], batch)
         # the mirrored MLP is stateless: its (empty) state passes through
         return action, extras, policy_state
-
-
-# ----------------------------------------------------------------------------- sampler
-
-
-class TopUpDeviceSampler(DeviceSampler):
-    """A :class:`~jaxsampler.sampling.device.DeviceSampler` with ``topup_length`` given
-    positionally: ``num_timesteps`` calls run one ``rollout_length`` chunk, then
-    ``topup_length`` chunks until the count is reached. ``last_split`` holds the last
-    call's ``(rollout_s, to_episodes_s)``.
-    """
-
-    def __init__(
-        self,
-        env: Env,
-        policy: Policy,
-        num_envs: int,
-        rollout_length: int,
-        topup_length: int,
-        seed: int = 0,
-        *,
-        episode_lookback_horizon: int = 1,
-    ):
-        super().__init__(
-            env,
-            policy,
-            num_envs,
-            rollout_length,
-            seed,
-            episode_lookback_horizon=episode_lookback_horizon,
-            topup_length=topup_length,
-        )
