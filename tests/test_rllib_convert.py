@@ -417,6 +417,23 @@ def test_multi_agent_round_trip_rllib_js_rllib(ma_episodes):
         assert_rl_ma_equal(a, b)
 
 
+def add_hanging_steps(ep, o):
+    """Two env steps on a reset episode (RLlib's class or ours) in which ``a`` and then
+    ``b`` act without an observation: ``b`` joins late, ``a`` hangs, rewards wait."""
+    ep.add_env_step(
+        observations={"b": o(1)},
+        actions={"a": 1},
+        rewards={"a": 0.5, "b": 0.25},
+        extra_model_outputs={"a": {"action_logp": np.float32(-0.1)}},
+    )
+    ep.add_env_step(
+        observations={"a": o(2)},
+        actions={"b": 2},
+        rewards={"a": 1.0, "b": 0.0},
+        extra_model_outputs={"b": {"action_logp": np.float32(-0.2)}},
+    )
+
+
 def rllib_turn_episodes():
     """RLlib's own episodes, stepped turn by turn: hanging actions and rewards, a late
     joiner, a cut with lookback, an agent done before the others, list and numpy mode."""
@@ -430,18 +447,7 @@ def rllib_turn_episodes():
     )
     o = lambda v: np.full(2, v, np.float32)
     ep.add_env_reset(observations={"a": o(0)}, infos={"a": {"i": 0}})
-    ep.add_env_step(
-        observations={"b": o(1)},
-        actions={"a": 1},
-        rewards={"a": 0.5, "b": 0.25},
-        extra_model_outputs={"a": {"action_logp": np.float32(-0.1)}},
-    )
-    ep.add_env_step(
-        observations={"a": o(2)},
-        actions={"b": 2},
-        rewards={"a": 1.0, "b": 0.0},
-        extra_model_outputs={"b": {"action_logp": np.float32(-0.2)}},
-    )
+    add_hanging_steps(ep, o)
     ep.custom_data["note"] = "x"
     cut = ep.cut(len_lookback_buffer=2)
     cut.add_env_step(
@@ -536,18 +542,7 @@ def js_turn_episode():
     )
     o = lambda v: np.full(2, v, np.float32)
     ep.add_env_reset(observations={"a": o(0)})
-    ep.add_env_step(
-        observations={"b": o(1)},
-        actions={"a": 1},
-        rewards={"a": 0.5, "b": 0.25},
-        extra_model_outputs={"a": {"action_logp": np.float32(-0.1)}},
-    )
-    ep.add_env_step(
-        observations={"a": o(2)},
-        actions={"b": 2},
-        rewards={"a": 1.0, "b": 0.0},
-        extra_model_outputs={"b": {"action_logp": np.float32(-0.2)}},
-    )
+    add_hanging_steps(ep, o)
     ep.custom_data["k"] = 1
     return ep, ep.cut(len_lookback_buffer=1)
 
