@@ -443,18 +443,16 @@ class JaxEnvRunner(EnvRunner, Checkpointable):
             self.metrics.log_value(("jaxsampler", "to_episodes_s"), split[1], window=1)
         self.metrics.log_value(("jaxsampler", "to_rllib_s"), to_rllib_s, window=1)
 
+    def _metrics_window(self) -> int:
+        """RLlib's smoothing window per runner: ``metrics_num_episodes_for_smoothing``
+        spread over the env runners (at least 1)."""
+        runners = self.config.num_env_runners or 1
+        return max(1, math.ceil(self.config.metrics_num_episodes_for_smoothing / runners))
+
     def get_metrics(self) -> Any:
         """Logs the finished episodes' length / return / duration and returns the reduced
         metrics (RLlib's keys; see the module docstring)."""
-        win = max(
-            1,
-            int(
-                math.ceil(
-                    self.config.metrics_num_episodes_for_smoothing
-                    / (self.config.num_env_runners or 1)
-                )
-            ),
-        )
+        win = self._metrics_window()
         m = self.metrics
         for length, ret, dur in self._done_for_metrics:
             m.log_value(EPISODE_LEN_MEAN, length, window=win)

@@ -29,7 +29,6 @@ observation and one action space; ``policy_mapping_fn`` is called once per agent
 
 from __future__ import annotations
 
-import math
 from collections import defaultdict
 from typing import Any
 
@@ -197,15 +196,7 @@ class JaxMultiAgentEnvRunner(JaxEnvRunner):
     def get_metrics(self) -> Any:
         """Logs the finished episodes' stats (RLlib's multi-agent keys) and returns the
         reduced metrics."""
-        win = max(
-            1,
-            int(
-                math.ceil(
-                    self.config.metrics_num_episodes_for_smoothing
-                    / (self.config.num_env_runners or 1)
-                )
-            ),
-        )
+        win = self._metrics_window()
         m = self.metrics
         for c in self._done_for_metrics:
             m.log_dict(
