@@ -27,6 +27,7 @@ from jaxsampler import vector
 from jaxsampler.envs.base import Env
 from jaxsampler.policies.base import Policy
 from jaxsampler.spaces import Box, Discrete, MultiDiscrete, Space, compatible
+from jaxsampler.transforms.base import Context, Pipeline, Transform, build_pipeline
 from jaxsampler.types import RolloutState, Trajectory
 
 __all__ = [
@@ -39,7 +40,12 @@ __all__ = [
     "check_compatible",
     "check_action",
     "RolloutDebugError",
+    "pipeline_of",
 ]
+
+#: What ``transforms=`` accepts: a :class:`~jaxsampler.transforms.Transform`, a sequence of
+#: them (env side first), or an already bound :class:`~jaxsampler.transforms.Pipeline`.
+Transforms = Transform | Pipeline | tuple[Transform, ...] | list[Transform] | None
 
 #: ``(params, state, buffers=None) -> (state, traj)``: one rollout call.
 RolloutFn = Callable[..., tuple[RolloutState, Trajectory]]
@@ -64,16 +70,26 @@ def _check_sizes(num_envs: Any, rollout_length: Any | None = None) -> None:
         raise ValueError(f"rollout_length must be an int >= 1, got {rollout_length!r}")
 
 
-def check_compatible(env: Env, policy: Policy) -> None:
-    """Raises ``ValueError`` naming the mismatch if ``policy`` cannot drive ``env``."""
+def pipeline_of(env: Env, transforms: Transforms = None) -> Pipeline:
+    """``transforms`` bound to ``env``'s spaces (:func:`jaxsampler.transforms.build_pipeline`)."""
+    if isinstance(transforms, Pipeline):
+        return transforms
+    return build_pipeline(transforms, env.observation_space, env.action_space)
+
+
+def check_compatible(env: Env, policy: Policy, transforms: Transforms = None) -> Pipeline:
+    """Raises ``ValueError`` naming the mismatch if ``policy`` cannot drive ``env`` (through
+    ``transforms``: the policy must fit the spaces the last transform hands on). Returns
+    the bound pipeline."""
     if not isinstance(env, Env):
         raise TypeError(
             f"env must be a jaxsampler Env, got {type(env).__name__} (wrap gymnax envs with "
             "js.from_gymnax)"
         )
-    check_policy_fits(
-        policy, env.agent_ids, env.observation_space, env.action_space, f"env {env.name}"
-    )
+    pipe = pipeline_of(env, transforms)
+    label = f"env {env.name}" + (" after its transforms" if pipe else "")
+    check_policy_fits(policy, env.agent_ids, pipe.observation_space, pipe.action_space, label)
+    return pipe
 
 
 def check_policy_fits(
@@ -145,6 +161,7 @@ def init_rollout_state(
     num_envs: int,
     key: jax.Array,
     env_params: Any = None,
+    transforms: Transforms = None,
 ) -> RolloutState:
     """Resets ``num_envs`` envs and returns the state a rollout starts from.
 
@@ -152,26 +169,73 @@ def init_rollout_state(
         env, policy: as given to :func:`make_rollout`.
         num_envs: ``E``.
         key: a PRNG key (raw ``uint32[2]`` or typed); each env gets its own reset key.
-        env_params: defaults to ``env.default_params``.
+        env_params: defaults to ``env.default_params``. Each leaf is shared by every env
+            (the default leaf's shape) or per env (a leading ``[E]`` axis), e.g. one pole
+            length per env: ``dataclasses.replace(p, length=jnp.linspace(0.4, 0.6, E))``.
+        transforms: as given to :func:`make_rollout` (its ``init`` passes them): the
+            first observations go through them and their state is initialised.
 
     Jittable (``num_envs`` static).
+
+    Raises:
+        ValueError: an ``env_params`` leaf whose shape is neither the shared one nor
+            ``[E, ...]`` (the message names the leaf and the shapes).
     """
-    return init_state_and_info(env, policy, num_envs, key, env_params)[0]
+    return init_state_and_info(env, policy, num_envs, key, env_params, transforms)[0]
 
 
 def init_state_and_info(
-    env: Env, policy: Policy, num_envs: int, key: jax.Array, env_params: Any = None
+    env: Env,
+    policy: Policy,
+    num_envs: int,
+    key: jax.Array,
+    env_params: Any = None,
+    transforms: Transforms = None,
 ) -> tuple[RolloutState, Any]:
     """:func:`init_rollout_state` plus the reset ``info`` of the first observations
     (leaves ``[E, ...]``), which no trajectory buffer holds."""
     _check_sizes(num_envs)
-    check_compatible(env, policy)
+    pipe = check_compatible(env, policy, transforms)
     env_params = env.default_params if env_params is None else env_params
+    vector.param_axes(env, env_params, num_envs)  # validates the shapes, naming the leaf
     key, reset_key = jax.random.split(key)
+    tstate = pipe.init((num_envs, env.num_agents))
+    if pipe.randomizes_params:
+        assert tstate is not None
+        key, params_key = jax.random.split(key)
+        tstate, env_params = pipe.reset_params(
+            tstate,
+            params_key,
+            jnp.ones((num_envs,), jnp.bool_),
+            vector.broadcast_params(env, env_params, num_envs),
+            Context(),
+        )
     env_state, ts = vector.reset(env, jax.random.split(reset_key, num_envs), env_params)
+    raw_obs = None
+    obs = ts.obs
+    if pipe:
+        assert tstate is not None
+        zeros = policy_action_zeros(pipe, (num_envs, env.num_agents))
+        tstate, seen = pipe.observe_env(
+            tstate,
+            ts.obs,
+            ts.reward,
+            ts.terminated,
+            ts.truncated,
+            ts.acting,
+            jnp.ones((num_envs,), jnp.bool_),
+            zeros,
+            Context(),
+        )
+        obs = seen.obs
+        if pipe.changes_obs:
+            raw_obs = ts.obs
     # Called eagerly, an env whose reset puts one array in both its state and its
     # TimeStep would hand the same buffer twice to a rollout that donates the state.
-    env_state, ts = jax.tree.map(lambda x: jnp.array(x, copy=True), (env_state, ts))
+    # (The transform state too: a randomizer keeps the caller's params as its base.)
+    env_state, ts, obs, raw_obs, tstate = jax.tree.map(
+        lambda x: jnp.array(x, copy=True), (env_state, ts, obs, raw_obs, tstate)
+    )
     # Python-number params as arrays: the rollout's output state has arrays there, and a
     # jitted rollout would otherwise compile once more for the second call's signature.
     # Copied: the state is donated, and params that are already arrays (the user's, or
@@ -179,7 +243,7 @@ def init_state_and_info(
     env_params = jax.tree.map(lambda x: jnp.array(x, copy=True), env_params)
     state = RolloutState(
         env_state=env_state,
-        obs=ts.obs,
+        obs=obs,
         acting=ts.acting,
         needs_reset=jnp.zeros((num_envs,), jnp.bool_),
         episode_count=jnp.zeros((num_envs,), jnp.int32),
@@ -188,31 +252,48 @@ def init_state_and_info(
         key=key,
         num_steps=jnp.zeros((), jnp.int32),
         env_params=env_params,
+        transform_state=tstate,
+        raw_obs=raw_obs,
     )
     return state, ts.info
 
 
+def policy_action_zeros(pipe: Pipeline, batch_shape: tuple[int, ...]) -> Any:
+    """An all-zeros batch of the policy's actions, leaves ``[*batch_shape, ...]``."""
+    return jax.tree.map(
+        lambda z: jnp.zeros(tuple(batch_shape) + z.shape, z.dtype), pipe.action_space.zeros()
+    )
+
+
 def _step_outputs(
-    env: Env, policy: Policy, params: Any, state: RolloutState
+    env: Env, policy: Policy, params: Any, state: RolloutState, pipe: Pipeline
 ) -> tuple[Any, Any, Any]:
     """Abstract (action, extras, info) of one step, via ``jax.eval_shape``."""
     num_envs = state.needs_reset.shape[0]
     key = jax.random.PRNGKey(0)
     action, extras, _ = jax.eval_shape(policy, params, state.obs, key, state.policy_state)
-    check_action(env.action_space, action, state.acting.shape)
+    check_action(pipe.action_space, action, state.acting.shape)
+    env_action = jax.eval_shape(pipe.to_env, action)
+    check_action(env.action_space, env_action, state.acting.shape)
     _, ts = jax.eval_shape(
         lambda s, a: vector.step(env, jax.random.split(key, num_envs), s, a, state.env_params),
         state.env_state,
-        action,
+        env_action,
     )
     return action, extras, ts.info
 
 
 def trajectory_spec(
-    env: Env, policy: Policy, rollout_length: int, params: Any, state: RolloutState
+    env: Env,
+    policy: Policy,
+    rollout_length: int,
+    params: Any,
+    state: RolloutState,
+    transforms: Transforms = None,
 ) -> Trajectory:
     """Shapes and dtypes (``jax.ShapeDtypeStruct`` leaves) of the rollout's buffers."""
-    action, extras, info = _step_outputs(env, policy, params, state)
+    pipe = pipeline_of(env, transforms)
+    action, extras, info = _step_outputs(env, policy, params, state, pipe)
     T = rollout_length
     E, A = state.acting.shape
 
@@ -241,14 +322,22 @@ def trajectory_spec(
         episode_count_0=spec((E,), jnp.int32),
         episode_step_0=spec((E,), jnp.int32),
         policy_state_0=sd(state.policy_state),
+        raw_obs=tm(state.raw_obs, 1) if pipe.changes_obs else None,
+        raw_rewards=spec((T, E, A), jnp.float32) if pipe.changes_reward else None,
+        env_params=tm(state.env_params) if pipe.randomizes_params else None,
     )
 
 
 def allocate_trajectory(
-    env: Env, policy: Policy, rollout_length: int, params: Any, state: RolloutState
+    env: Env,
+    policy: Policy,
+    rollout_length: int,
+    params: Any,
+    state: RolloutState,
+    transforms: Transforms = None,
 ) -> Trajectory:
     """Zero-filled buffers for ``rollout_length`` steps (jittable)."""
-    spec = trajectory_spec(env, policy, rollout_length, params, state)
+    spec = trajectory_spec(env, policy, rollout_length, params, state, transforms)
     return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), spec)
 
 
@@ -280,6 +369,8 @@ class Rollout:
             ``run`` writes (jittable).
         debug: ``run`` checks values on the host after each call (``debug=True`` of
             :func:`make_rollout`); such a rollout jits itself and cannot be jitted again.
+        pipeline: the transforms the rollout runs, bound to the env's spaces
+            (:class:`~jaxsampler.transforms.Pipeline`; empty without transforms).
     """
 
     num_envs: int
@@ -289,6 +380,7 @@ class Rollout:
     init: InitFn
     allocate: AllocateFn
     debug: bool = False
+    pipeline: Pipeline | None = None
 
     def __call__(
         self, params: Any, state: RolloutState, buffers: Trajectory | None = None
@@ -305,6 +397,7 @@ def make_rollout(
     *,
     debug: bool = False,
     shard_axis: str | None = None,
+    transforms: Transforms = None,
 ) -> Rollout:
     """Builds the rollout of ``policy`` in ``num_envs`` copies of ``env``.
 
@@ -321,6 +414,13 @@ def make_rollout(
             Not for use inside your own jit.
         shard_axis: set by :mod:`jaxsampler.scale` only: the mesh axis the env axis is
             split over; each shard folds its axis index into its PRNG keys.
+        transforms: env->policy and policy->env transforms run inside the scan
+            (:mod:`jaxsampler.transforms`, env side first), e.g.
+            ``(FrameStack(4), NormalizeObservation())``. The policy must be built for the
+            spaces they hand on; their state is ``state.transform_state``. ``obs`` and
+            ``rewards`` of the trajectory hold what the policy saw; ``raw_obs`` /
+            ``raw_rewards`` the env's own values, and ``env_params`` the params each
+            env stepped with under domain randomization.
 
     Returns:
         A :class:`Rollout`. Calling it, ``rollout(params, state, buffers=None)``, runs
@@ -335,14 +435,15 @@ def make_rollout(
         wrong shape or dtype.
     """
     _check_sizes(num_envs, rollout_length)
-    check_compatible(env, policy)
+    pipe = check_compatible(env, policy, transforms)
     T, E, A = int(rollout_length), int(num_envs), env.num_agents
+    ctx = Context(axis_name=shard_axis)
 
     def allocate(params: Any, state: RolloutState) -> Trajectory:
-        return allocate_trajectory(env, policy, T, params, state)
+        return allocate_trajectory(env, policy, T, params, state, pipe)
 
     def init(key: jax.Array, env_params: Any = None) -> RolloutState:
-        return init_rollout_state(env, policy, E, key, env_params)
+        return init_rollout_state(env, policy, E, key, env_params, pipe)
 
     def rollout(
         params: Any, state: RolloutState, buffers: Trajectory | None = None
@@ -351,6 +452,7 @@ def make_rollout(
             raise ValueError(
                 f"state was built for {state.needs_reset.shape[0]} envs, rollout for {E}"
             )
+        _check_transform_state(pipe, state)
         if buffers is None:
             buffers = allocate(params, state)
         init_pstate = policy.initial_state((E, A))
@@ -367,27 +469,59 @@ def make_rollout(
         ) -> tuple[tuple[RolloutState, Trajectory], None]:
             rs, buf = carry
             key, k_pol, k_step, k_reset = jax.random.split(rs.key, 4)
+            # A fifth stream only for randomized params: other streams stay as they were.
+            k_params = jax.random.fold_in(k_reset, 1) if pipe.randomizes_params else None
             if shard_axis is not None:  # distinct streams per shard, same carried key
                 shard = jax.lax.axis_index(shard_axis)
                 k_pol, k_step, k_reset = (
                     jax.random.fold_in(k, shard) for k in (k_pol, k_step, k_reset)
                 )
+                if k_params is not None:
+                    k_params = jax.random.fold_in(k_params, shard)
             # Separate splits: an env whose step ignores its key lets XLA drop that work.
             step_keys, reset_keys = jax.random.split(k_step, E), jax.random.split(k_reset, E)
             pstate = rs.policy_state
             if has_pstate:
                 pstate = vector.select_envs(rs.episode_step == 0, init_pstate, pstate)
             action, extras, pstate = policy(params, rs.obs, k_pol, pstate)
-            check_action(env.action_space, action, (E, A))
+            check_action(pipe.action_space, action, (E, A))
+            env_action = pipe.to_env(action) if pipe.changes_action else action
+            check_action(env.action_space, env_action, (E, A))
+            tstate, env_params = rs.transform_state, rs.env_params
+            if pipe.randomizes_params:
+                assert k_params is not None
+                tstate, env_params = pipe.reset_params(
+                    tstate, k_params, rs.needs_reset, env_params, ctx
+                )
             env_state, ts = vector.autoreset_step(
-                env, step_keys, reset_keys, rs.env_state, action, rs.needs_reset, rs.env_params
+                env, step_keys, reset_keys, rs.env_state, env_action, rs.needs_reset, env_params
             )
+            obs, reward = ts.obs, ts.reward
+            if pipe:
+                tstate, seen = pipe.observe_env(
+                    tstate,
+                    ts.obs,
+                    ts.reward,
+                    ts.terminated,
+                    ts.truncated,
+                    ts.acting,
+                    rs.needs_reset,
+                    action,
+                    ctx,
+                )
+                obs, reward = seen.obs, seen.reward
             acting = rs.acting & ~rs.needs_reset[:, None]
+            if pipe.changes_obs:
+                buf = dataclasses.replace(buf, raw_obs=_write(buf.raw_obs, t, rs.raw_obs))
+            if pipe.changes_reward:
+                buf = dataclasses.replace(buf, raw_rewards=_write(buf.raw_rewards, t, ts.reward))
+            if pipe.randomizes_params:
+                buf = dataclasses.replace(buf, env_params=_write(buf.env_params, t, env_params))
             buf = dataclasses.replace(
                 buf,
                 obs=_write(buf.obs, t, rs.obs),
                 actions=_write(buf.actions, t, action),
-                rewards=_write(buf.rewards, t, ts.reward),
+                rewards=_write(buf.rewards, t, reward),
                 terminated=_write(buf.terminated, t, ts.terminated),
                 truncated=_write(buf.truncated, t, ts.truncated),
                 acting=_write(buf.acting, t, acting),
@@ -399,7 +533,10 @@ def make_rollout(
             rs = dataclasses.replace(
                 rs,
                 env_state=env_state,
-                obs=ts.obs,
+                obs=obs,
+                raw_obs=ts.obs if pipe.changes_obs else rs.raw_obs,
+                transform_state=tstate,
+                env_params=env_params,
                 acting=ts.acting,
                 needs_reset=done,
                 episode_count=rs.episode_count + rs.needs_reset.astype(jnp.int32),
@@ -411,10 +548,26 @@ def make_rollout(
             return (rs, buf), None
 
         (state, buf), _ = jax.lax.scan(body, (state, buf0), jnp.arange(T, dtype=jnp.int32))
-        return state, dataclasses.replace(buf, obs=_write(buf.obs, jnp.int32(T), state.obs))
+        buf = dataclasses.replace(buf, obs=_write(buf.obs, jnp.int32(T), state.obs))
+        if pipe.changes_obs:
+            buf = dataclasses.replace(buf, raw_obs=_write(buf.raw_obs, jnp.int32(T), state.raw_obs))
+        return state, buf
 
-    run: RolloutFn = _debug_rollout(env, rollout) if debug else rollout
-    return Rollout(E, T, A, run=run, init=init, allocate=allocate, debug=debug)
+    run: RolloutFn = _debug_rollout(env, rollout, pipe) if debug else rollout
+    return Rollout(E, T, A, run=run, init=init, allocate=allocate, debug=debug, pipeline=pipe)
+
+
+def _check_transform_state(pipe: Pipeline, state: RolloutState) -> None:
+    """A state built without this rollout's transforms fails here, not deep in the scan."""
+    want: Any = jax.tree.structure(pipe.init((1, 1)))  # PyTreeDef: untyped for mypy
+    got = jax.tree.structure(state.transform_state)
+    if want != got or (pipe.changes_obs and state.raw_obs is None):
+        names = [type(t).__name__ for t in pipe.transforms] or "no transforms"
+        raise ValueError(
+            f"state.transform_state does not match this rollout's transforms ({names}): build "
+            "the state with rollout.init(key), or pass the same transforms= to "
+            "init_rollout_state"
+        )
 
 
 def jit_rollout(rollout: Rollout) -> Rollout:
@@ -456,7 +609,7 @@ def _first_bad(bad: jax.Array) -> tuple[jax.Array, jax.Array]:
     return jnp.any(flat), jnp.argmax(flat)
 
 
-def _debug_checks(env: Env, traj: Trajectory) -> None:
+def _debug_checks(env: Env, traj: Trajectory, pipe: Pipeline) -> None:
     T, E, A = traj.rewards.shape
     candidates: list[tuple[str, jax.Array]] = []
 
@@ -473,12 +626,13 @@ def _debug_checks(env: Env, traj: Trajectory) -> None:
     nonfinite("action", traj.actions)
     for k in sorted(traj.extras) if isinstance(traj.extras, dict) else []:
         nonfinite(f"extra model output {k!r}", traj.extras[k])
-    obs_in = jax.vmap(jax.vmap(jax.vmap(env.observation_space.contains)))(traj.obs)
+    # The env's own observations against its space; actions against the policy's space.
+    raw = traj.obs if traj.raw_obs is None else traj.raw_obs
+    obs_in = jax.vmap(jax.vmap(jax.vmap(env.observation_space.contains)))(raw)
     candidates.append((f"observation outside {env.observation_space!r}", ~obs_in[:T]))
-    act_in = jax.vmap(jax.vmap(jax.vmap(env.action_space.contains)))(traj.actions)
-    candidates.append(
-        (f"action outside {env.action_space!r} (acting agent)", ~act_in & traj.acting)
-    )
+    act_space = pipe.action_space
+    act_in = jax.vmap(jax.vmap(jax.vmap(act_space.contains)))(traj.actions)
+    candidates.append((f"action outside {act_space!r} (acting agent)", ~act_in & traj.acting))
     firsts = [(name, *_first_bad(bad)) for name, bad in candidates]
     big = jnp.int32(T * E * A)
     earliest = jnp.min(jnp.stack([jnp.where(found, idx, big) for _, found, idx in firsts]))
@@ -493,12 +647,12 @@ def _debug_checks(env: Env, traj: Trajectory) -> None:
         )
 
 
-def _debug_rollout(env: Env, rollout: RolloutFn) -> RolloutFn:
+def _debug_rollout(env: Env, rollout: RolloutFn, pipe: Pipeline) -> RolloutFn:
     def checked(
         params: Any, state: RolloutState, buffers: Trajectory | None = None
     ) -> tuple[RolloutState, Trajectory]:
         state, traj = rollout(params, state, buffers)
-        _debug_checks(env, traj)
+        _debug_checks(env, traj, pipe)
         return state, traj
 
     jitted = jax.jit(checkify.checkify(checked, errors=checkify.user_checks))

@@ -104,6 +104,13 @@ class RolloutState:
         num_steps: ``int32[]``, env steps taken since :func:`init_rollout_state`
             (reset steps included), modulo 2**31.
         env_params: the env's params (a traced pytree: changing them never recompiles).
+            Each leaf is either shared by every env (the shape of the env's
+            ``default_params`` leaf) or per env (a leading ``[E]`` axis).
+        transform_state: the state of the rollout's transforms
+            (:class:`jaxsampler.transforms.TransformState`: running statistics, frame
+            stacks, ...); ``None`` without transforms.
+        raw_obs: the env's own observation behind ``obs`` (leaves ``[E, A, ...]``) when a
+            transform changes observations; ``None`` otherwise.
     """
 
     env_state: PyTree
@@ -116,6 +123,8 @@ class RolloutState:
     key: jax.Array
     num_steps: Scalar
     env_params: PyTree
+    transform_state: PyTree = None
+    raw_obs: PyTree = None
 
 
 @struct.dataclass
@@ -138,6 +147,13 @@ class Trajectory:
         episode_step_0: ``int32[E]``, ``RolloutState.episode_step`` at slot 0.
         policy_state_0: the policy state before step 0 (leaves ``[E, A, ...]``), so a
             learner can replay a recurrent policy over the chunk.
+        raw_obs: with transforms that change observations, the env's own observations
+            behind ``obs`` (leaves ``[T + 1, E, A, ...]``, same slots); else ``None``.
+        raw_rewards: with transforms that change rewards, the env's own rewards behind
+            ``rewards`` (``float32[T, E, A]``); else ``None``.
+        env_params: with a transform that draws env params (domain randomization), the
+            params each env stepped with at step ``t`` (leaves ``[T, E, ...]``); else
+            ``None``.
     """
 
     obs: PyTree
@@ -152,6 +168,9 @@ class Trajectory:
     episode_count_0: CountE
     episode_step_0: CountE
     policy_state_0: PyTree
+    raw_obs: PyTree = None
+    raw_rewards: RewardTEA | None = None
+    env_params: PyTree = None
 
     @property
     def rollout_length(self) -> int:

@@ -20,10 +20,19 @@ from typing import Any, Protocol
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from jaxsampler.types import TimeStep
 
-__all__ = ["vmap_agents", "reset", "step", "autoreset_step", "select_envs"]
+__all__ = [
+    "vmap_agents",
+    "reset",
+    "step",
+    "autoreset_step",
+    "select_envs",
+    "param_axes",
+    "broadcast_params",
+]
 
 
 class Env(Protocol):
@@ -50,14 +59,76 @@ def vmap_agents(fn: Callable[..., Any], in_axes: Any = 0) -> Callable[..., Any]:
     return jax.vmap(fn, in_axes=in_axes)
 
 
+def _default_params(env: Any) -> Any:
+    try:
+        return env.default_params
+    except NotImplementedError:
+        return None
+
+
+def param_axes(env: Any, params: Any, num_envs: int) -> Any:
+    """Which leaves of ``params`` are per env: a pytree of ``0`` (leading ``[E]`` axis) or
+    ``None`` (shared), for ``jax.vmap``'s ``in_axes``. Decided from static shapes only.
+
+    A leaf is shared when its shape is that of the matching leaf of ``env.default_params``,
+    per env when it is ``(num_envs,) + that shape``; params of another tree structure
+    than the defaults (or an env without defaults) are shared as a whole.
+
+    Raises:
+        ValueError: a leaf that is neither, naming the leaf, its shape and the two it may
+            have.
+    """
+    default = _default_params(env)
+    if default is None or params is None:
+        return None
+    try:
+        d_paths = jax.tree_util.tree_flatten_with_path(default)[0]
+        p_paths, treedef = jax.tree_util.tree_flatten_with_path(params)
+    except Exception:  # pragma: no cover - exotic pytrees
+        return None
+    if [p for p, _ in d_paths] != [p for p, _ in p_paths]:
+        return None
+    axes: list[int | None] = []
+    for (path, d), (_, p) in zip(d_paths, p_paths):
+        d_shape, p_shape = tuple(np.shape(d)), tuple(np.shape(p))
+        if p_shape == d_shape:
+            axes.append(None)
+        elif p_shape == (num_envs,) + d_shape:
+            axes.append(0)
+        else:
+            raise ValueError(
+                f"env_params{jax.tree_util.keystr(path)} has shape {p_shape}: expected "
+                f"{d_shape} (shared by every env) or {(num_envs,) + d_shape} (one per env, "
+                f"num_envs={num_envs})"
+            )
+    return jax.tree.unflatten(treedef, axes)
+
+
+def broadcast_params(env: Any, params: Any, num_envs: int) -> Any:
+    """``params`` with every leaf per env (a leading ``[E]`` axis; shared leaves repeated)."""
+    axes = param_axes(env, params, num_envs)
+    if axes is None:
+        return jax.tree.map(lambda x: jnp.broadcast_to(x, (num_envs,) + jnp.shape(x)), params)
+    return jax.tree.map(
+        lambda x, ax: x if ax == 0 else jnp.broadcast_to(x, (num_envs,) + jnp.shape(x)),
+        params,
+        axes,
+        is_leaf=lambda x: x is None,
+    )
+
+
 def reset(env: Env, keys: jax.Array, params: Any) -> tuple[Any, TimeStep]:
-    """Resets ``E`` envs. ``keys``: ``[E]`` PRNG keys. Returns leaves ``[E, ...]``. Jittable."""
-    return jax.vmap(env.reset, in_axes=(0, None))(keys, params)
+    """Resets ``E`` envs. ``keys``: ``[E]`` PRNG keys; ``params`` shared or per env
+    (:func:`param_axes`). Returns leaves ``[E, ...]``. Jittable."""
+    axes = param_axes(env, params, keys.shape[0])
+    return jax.vmap(env.reset, in_axes=(0, axes))(keys, params)
 
 
 def step(env: Env, keys: jax.Array, state: Any, action: Any, params: Any) -> tuple[Any, TimeStep]:
-    """Steps ``E`` envs with ``action`` leaves ``[E, A, ...]``. Jittable."""
-    return jax.vmap(env.step, in_axes=(0, 0, 0, None))(keys, state, action, params)
+    """Steps ``E`` envs with ``action`` leaves ``[E, A, ...]``; ``params`` shared or per env
+    (:func:`param_axes`). Jittable."""
+    axes = param_axes(env, params, keys.shape[0])
+    return jax.vmap(env.step, in_axes=(0, 0, 0, axes))(keys, state, action, params)
 
 
 def select_envs(mask: jax.Array, on_true: Any, on_false: Any) -> Any:
@@ -87,7 +158,7 @@ def autoreset_step(
         state: env state, leaves ``[E, ...]``.
         action: leaves ``[E, A, ...]``; ignored for envs that reset.
         needs_reset: ``bool[E]``.
-        params: env params (shared by all envs).
+        params: env params (shared by all envs, or per env: :func:`param_axes`).
 
     Returns:
         ``(state, timestep)`` with leaves ``[E, ...]``. Reset envs report reward 0 and
