@@ -226,6 +226,7 @@ def init_state_and_info(
             jnp.ones((num_envs,), jnp.bool_),
             zeros,
             Context(),
+            ts.info,
         )
         obs = seen.obs
         if pipe.changes_obs:
@@ -508,6 +509,7 @@ def make_rollout(
                     rs.needs_reset,
                     action,
                     ctx,
+                    ts.info,
                 )
                 obs, reward = seen.obs, seen.reward
             acting = rs.acting & ~rs.needs_reset[:, None]

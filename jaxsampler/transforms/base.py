@@ -108,6 +108,8 @@ class Observed:
         first: ``bool[E, A]``, ``obs`` is the first observation of a new episode.
         action: the policy's action that led to ``obs`` (leaves ``[E, A, ...]``, the
             policy's action space; zeros with a first observation).
+        info: the env's info of the step, as the env returns it (leaves ``[E, ...]``;
+            ``None`` where no info is known, e.g. on a host env's poll).
     """
 
     obs: PyTree
@@ -117,6 +119,7 @@ class Observed:
     recorded: jax.Array
     first: jax.Array
     action: PyTree
+    info: PyTree = None
 
 
 @struct.dataclass
@@ -261,6 +264,7 @@ class Pipeline:
         first: jax.Array,
         action: Any,
         ctx: Context,
+        info: Any = None,
     ) -> tuple[TransformState, Observed]:
         """:meth:`observe` of a device step: derives ``recorded`` (acting, or newly done)
         and carries the done flags. ``first``: ``bool[E]``; the others ``[E, A, ...]``."""
@@ -273,7 +277,7 @@ class Pipeline:
             zeros,
             action,
         )
-        step = Observed(obs, reward, terminated, truncated, recorded, first_ea, action)
+        step = Observed(obs, reward, terminated, truncated, recorded, first_ea, action, info)
         state = dataclasses.replace(state, done=done)
         return self.observe(state, step, ctx)
 
