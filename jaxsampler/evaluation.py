@@ -154,7 +154,9 @@ def _shared_of(pipe: Pipeline, transform_state: Any) -> tuple[Any, ...] | None:
             "RolloutState (or its transform_state) of a rollout built with the same "
             "transforms= on the same env"
         )
-    return shared
+    # On the host: a sharded training state holds them replicated over its mesh, and the
+    # round runs on the default device.
+    return jax.device_get(shared)
 
 
 def _episode_params(env: Env, env_params: Any, num_episodes: int) -> tuple[Any, bool]:

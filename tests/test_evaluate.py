@@ -239,6 +239,23 @@ def test_greedy_continuous_is_the_gaussian_mean():
         np.testing.assert_allclose(res.returns[i], mean.sum(), rtol=1e-5, atol=1e-6)
 
 
+def test_greedy_recurrent_policy_matches_stepping_it_by_hand():
+    """The GRU carry is threaded through the episode: the actions equal the greedy
+    policy stepped by hand over the (known) observations."""
+    env = EchoEnv()
+    pol = js.RecurrentPolicy(env.observation_space, env.action_space, hidden_size=4)
+    params = pol.init(jax.random.PRNGKey(5))
+    cs = np.asarray([-2.0, 1.0, 3.0], np.float32)
+    res = js.evaluate(env, pol, params, 3, KEY, env_params=EchoParams(c=jnp.asarray(cs)))
+    g = js.greedy(pol)
+    for i, c in enumerate(cs):
+        carry, total = g.initial_state((1, 1)), 0
+        for obs in echo_obs(c, 4):
+            action, _, carry = g(params, jnp.asarray(obs)[None, None], KEY, carry)
+            total += int(action[0, 0])
+        assert res.returns[i] == total
+
+
 def test_deterministic_needs_a_greedy_policy():
     env = FakeEnv()
     rand = js.RandomPolicy(env.observation_space, env.action_space)
@@ -310,6 +327,29 @@ def test_transform_state_of_other_transforms_fails():
         js.evaluate(env, pol, (), 2, KEY, transforms=tf, transform_state=state)
     with pytest.raises(ValueError, match="without transforms"):
         js.evaluate(env, pol, (), 2, KEY, transform_state=state)
+
+
+@dataclasses.dataclass(frozen=True)
+class RandomC(Transform):
+    """Domain randomization of EchoEnv: a new ``c ~ U(-2, 2)`` at every reset."""
+
+    randomizes_params: ClassVar[bool] = True
+
+    def reset_params(self, state, key, reset, params, ctx):
+        c = jax.random.uniform(key, reset.shape, jnp.float32, -2.0, 2.0)
+        return state, dataclasses.replace(params, c=jnp.where(reset, c, params.c))
+
+
+def test_randomized_params_are_recorded_per_episode():
+    """With a transform that draws params at resets, each episode reports the params it
+    ran with: MixPolicy's return over 4 steps is sum(t + 3c) = 6 + 12c."""
+    env = EchoEnv(continuous=True)
+    pol = MixPolicy(env.observation_space, env.action_space)
+    res = js.evaluate(env, pol, (), 5, jax.random.key(3), transforms=(RandomC(),), num_envs=2)
+    c = res.env_params.c
+    assert c.shape == (5,) and len(set(c.tolist())) == 5  # a fresh draw per episode
+    np.testing.assert_allclose(res.returns, 6.0 + 12.0 * c, rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(res.lengths, 4)
 
 
 # --------------------------------------------------------------------------- env params
