@@ -154,20 +154,20 @@ def _shared_of(pipe: Pipeline, transform_state: Any) -> tuple[Any, ...] | None:
             "RolloutState (or its transform_state) of a rollout built with the same "
             "transforms= on the same env"
         )
-    # On the host: a sharded training state holds them replicated over its mesh, and the
-    # round runs on the default device.
-    return jax.device_get(shared)
+    return shared
 
 
 def _episode_params(env: Env, env_params: Any, num_episodes: int) -> tuple[Any, bool]:
     """``(params, per_episode)``: validates the shapes of ``env_params`` for ``N`` episodes."""
     try:
         axes = vector.param_axes(env, env_params, num_episodes)
-    except ValueError as e:
-        raise ValueError(
-            f"evaluate: {e}. Here the per-env axis is the episode axis: a leading "
-            f"[num_episodes={num_episodes}] axis gives episode i the params i"
-        ) from None
+    except ValueError as e:  # the per-env axis of evaluate is the episode axis
+        msg = str(e).replace("(shared by every env)", "(shared by every episode)")
+        msg = msg.replace(
+            f"(one per env, num_envs={num_episodes})",
+            f"(one per episode, num_episodes={num_episodes}: episode i runs with params i)",
+        )
+        raise ValueError(f"evaluate: {msg}") from None
     per_episode = any(a == 0 for a in jax.tree.leaves(axes))
     return env_params, per_episode
 
@@ -391,7 +391,10 @@ def evaluate(
         )
     pipe = check_compatible(env, policy, transforms)
     if deterministic:
-        policy = greedy(policy)
+        try:
+            policy = greedy(policy)
+        except TypeError as e:
+            raise TypeError(f"evaluate(deterministic=True): {e}; or deterministic=False") from e
     shared = _shared_of(pipe, transform_state)
     env_params = env.default_params if env_params is None else env_params
     env_params, per_episode = _episode_params(env, env_params, N)

@@ -4,6 +4,11 @@ stepping (NumPy, Gymnasium's CartPole), greedy actions, frozen transform statist
 from __future__ import annotations
 
 import dataclasses
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
 from typing import Any, ClassVar
 
 import chex
@@ -24,6 +29,7 @@ from jaxsampler.types import NoInfo
 from tests.fakes import CountingPolicy, FakeEnv, FakeParams, TurnEnv, expected_episode
 
 KEY = jax.random.PRNGKey(7)
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def counting(env: Any) -> CountingPolicy:
@@ -306,6 +312,51 @@ def test_frozen_statistics_from_a_training_state():
     for i, c in enumerate(cs):
         z = normalized(echo_obs(c, 5), np.zeros(2, np.float32), np.ones(2, np.float32))
         np.testing.assert_allclose(fresh.returns[i], (z[:, 0] + 3 * z[:, 1]).sum(), rtol=1e-5)
+
+
+SHARDED_SCRIPT = textwrap.dedent(
+    """
+    import jax, numpy as np
+    import jaxsampler as js
+    from jaxsampler import scale
+    from jaxsampler.transforms import NormalizeObservation
+    from tests.test_evaluate import EchoEnv, EchoParams, MixPolicy, echo_obs, normalized
+    assert jax.device_count() == 2, jax.devices()
+    env = EchoEnv(continuous=True); tf = (NormalizeObservation(),)
+    pol = MixPolicy(env.observation_space, env.action_space)
+    ro = scale.make_sharded_rollout(env, pol, 4, 5, scale.env_mesh(2), transforms=tf)
+    state = ro.init(jax.random.PRNGKey(0), EchoParams(c=jax.numpy.asarray([1., 2., 4., 9.])))
+    state, _ = jax.jit(ro)((), state)
+    m = state.transform_state.stages[0].shared[0]
+    mean, var = np.asarray(m.mean), np.asarray(m.var)
+    assert float(m.count) == 4 * 6, float(m.count)  # every env's 6 observations
+    res = js.evaluate(env, pol, (), 2, jax.random.PRNGKey(1), transforms=tf,
+                      transform_state=state, env_params=EchoParams(c=jax.numpy.asarray([0., 5.])))
+    for i, c in enumerate([0.0, 5.0]):
+        z = normalized(echo_obs(c, 4), mean, var)
+        np.testing.assert_allclose(res.returns[i], (z[:, 0] + 3 * z[:, 1]).sum(), rtol=1e-5)
+    print("SHARDED-EVAL-OK")
+    """
+)
+
+
+@pytest.mark.slow
+def test_frozen_statistics_from_a_sharded_training_state():
+    """The statistics of a rollout whose env axis is split over 2 devices (replicated on
+    both) are used as they are."""
+    env = dict(
+        os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2", PYTHONPATH=str(ROOT)
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", SHARDED_SCRIPT],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "SHARDED-EVAL-OK" in proc.stdout
 
 
 def test_returns_are_the_raw_rewards():
