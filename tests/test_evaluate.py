@@ -26,7 +26,14 @@ from jaxsampler.spaces import Box, Discrete
 from jaxsampler.transforms import NormalizeObservation
 from jaxsampler.transforms.base import Context, Observed, Spaces, StageState, Transform
 from jaxsampler.types import NoInfo
-from tests.fakes import CountingPolicy, FakeEnv, FakeParams, TurnEnv, expected_episode
+from tests.fakes import (
+    ChaosEnv,
+    CountingPolicy,
+    FakeEnv,
+    FakeParams,
+    TurnEnv,
+    expected_episode,
+)
 
 KEY = jax.random.PRNGKey(7)
 ROOT = Path(__file__).resolve().parents[1]
@@ -210,6 +217,43 @@ def test_multi_agent_returns_sum_over_agents():
     np.testing.assert_array_equal(res.agent_returns, [[3.0, 3.0]] * 3)
     np.testing.assert_array_equal(res.returns, 6.0)
     assert res.terminated.all() and not res.truncated.any()
+
+
+def chaos_by_hand(env: ChaosEnv, key: jax.Array, i: int) -> tuple[np.ndarray, int, bool, bool]:
+    """Episode ``i`` of ChaosEnv stepped one env at a time with the documented keys
+    (reset: ``fold_in(k_reset, i)``; step ``t``: ``fold_in(fold_in(k_step, i), t)``):
+    per-agent returns, length, and the episode's flags (every agent terminated / some
+    agent truncated), each agent's flags taken at its own last step."""
+    k_reset, k_step = jax.random.split(key, 4)[:2]
+    state, ts = env.reset(jax.random.fold_in(k_reset, i))
+    returns, done = np.zeros(3), np.zeros(3, bool)
+    term, trunc = np.zeros(3, bool), np.zeros(3, bool)
+    t = 0
+    while not done.all():
+        step_key = jax.random.fold_in(jax.random.fold_in(k_step, i), t)
+        state, ts = env.step(step_key, state, jnp.zeros((3,), jnp.int32))
+        t += 1
+        returns += np.asarray(ts.reward)
+        ended = np.asarray(ts.terminated | ts.truncated)
+        term = np.where(done, term, np.asarray(ts.terminated))
+        trunc = np.where(done, trunc, np.asarray(ts.truncated))
+        done |= ended
+    return returns, t, bool(term.all()), bool(trunc.any())
+
+
+def test_out_of_lockstep_agents_match_stepping_by_hand():
+    """ChaosEnv: agents finish at random steps (rewards ignore the actions); per-agent
+    returns, the episode length (until the last agent is done) and the flags equal
+    stepping each episode by hand."""
+    env, N = ChaosEnv(), 6
+    pol = js.RandomPolicy(env.observation_space, env.action_space)
+    res = js.evaluate(env, pol, (), N, KEY, deterministic=False, num_envs=4)
+    for i in range(N):
+        returns, length, term, trunc = chaos_by_hand(env, KEY, i)
+        np.testing.assert_allclose(res.agent_returns[i], returns, rtol=1e-6)
+        assert res.lengths[i] == length
+        assert (res.terminated[i], res.truncated[i]) == (term, trunc)
+    assert len(set(res.lengths.tolist())) > 1
 
 
 # --------------------------------------------------------------------------- greedy
