@@ -8,24 +8,27 @@
 Why not "the first N episodes to finish": in a batch of envs the short episodes end
 first, so the first N finished episodes over-represent them and the mean return is
 biased (towards failures, in an env that rewards survival). :func:`evaluate` instead
-runs ``num_envs`` fresh envs and takes each env's *first* episode only; it steps until
-every one of them is done (one jitted ``lax.while_loop``, accumulating returns and
-lengths in place, no trajectory stored), and runs more rounds of fresh resets when
-``num_episodes > num_envs``. Every episode is a sample of the same distribution, so the
-mean is unbiased.
+fixes the episodes in advance, ``0 .. N-1``, and runs every one of them to its end:
+``num_envs`` envs start with episodes ``0 .. num_envs-1`` (each env's first episode);
+when ``num_episodes > num_envs``, an env whose episode ended takes the next episode not
+yet started (a fresh reset, the rollout's auto-reset step), and the loop runs until the
+last episode is done. Nothing is selected by when it finished, so every episode is a
+sample of the same distribution and the mean is unbiased. The whole evaluation is one
+jitted ``lax.while_loop`` that accumulates returns and lengths in place (no trajectory
+is stored) and writes each episode's results at its index.
 
-Keys: episode ``i`` (``0 <= i < num_episodes``) is reset with
-``jax.random.fold_in(k_reset, i)`` and steps with ``fold_in(fold_in(k_step, i), t)``,
-where ``k_reset, k_step, k_policy, k_params = jax.random.split(key, 4)``; the policy's
-key at step ``t`` of round ``r`` is ``fold_in(fold_in(k_policy, r), t)``. So with a
-deterministic policy (``deterministic=True``) the results do not depend on
-``num_envs``.
+Keys: with ``k_reset, k_step, k_policy, k_params = jax.random.split(key, 4)``, episode
+``i`` is reset with ``jax.random.fold_in(k_reset, i)`` and its step ``t`` uses
+``fold_in(fold_in(k_step, i), t)``, whichever env runs it; the policy's key at loop
+iteration ``n`` is ``fold_in(k_policy, n)``, and a transform that draws env params gets
+``fold_in(k_params, 0)`` for the first episodes, ``fold_in(k_params, n + 1)`` at
+iteration ``n``. So with a deterministic policy (``deterministic=True``) the results
+do not depend on ``num_envs``.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Any
 
 import jax
@@ -195,42 +198,67 @@ def _select_rows(mask: jax.Array, keep: TransformState, new: TransformState) -> 
     return TransformState(stages, vector.select_envs(mask, keep.done, new.done))
 
 
-def _round_impl(
+def _gather_params(env_params: Any, per_episode: bool, idx: jax.Array) -> Any:
+    """The params of episodes ``idx`` (``[E]``): rows of the per-episode table, or the
+    shared params as they are."""
+    if not per_episode:
+        return env_params
+    return jax.tree.map(lambda x: x[idx], env_params)
+
+
+def _scatter(buf: Any, idx: jax.Array, value: Any) -> Any:
+    """``buf[idx] = value`` leaf by leaf; indices out of range (``N``) are dropped."""
+    return jax.tree.map(lambda b, v: b.at[idx].set(v.astype(b.dtype), mode="drop"), buf, value)
+
+
+def _run_impl(
     params: Any,
     env_params: Any,
     shared: Any,
     keys: jax.Array,
-    episode_idx: jax.Array,
-    active: jax.Array,
-    round_idx: jax.Array,
     max_steps: jax.Array,
     *,
     env: Env,
     policy: Policy,
     pipe: Pipeline,
     num_envs: int,
+    num_episodes: int,
+    per_episode: bool,
 ) -> dict[str, Any]:
-    """One round: reset ``E`` envs, step until each env's first episode is done."""
-    E, A = num_envs, env.num_agents
+    """The whole evaluation: ``E`` slots run episodes ``0 .. N-1`` to completion.
+
+    Slot ``e`` starts with episode ``e``; when its episode ends and episodes are left,
+    it takes the next one (a reset step, as the rollout's auto-reset); the loop ends
+    when every episode is done. Results are written by episode index, so they do not
+    depend on which slot ran an episode nor on when it finished.
+    """
+    E, A, N = num_envs, env.num_agents, num_episodes
+    refill = N > E
     ctx = Context(frozen=True)
     k_reset, k_step, k_pol, k_params = (keys[i] for i in range(4))
-    k_pol = jax.random.fold_in(k_pol, round_idx)
+    drawn = pipe.randomizes_params
+    slot_ep = jnp.arange(E, dtype=jnp.int32)
     tstate = pipe.init((E, A))
     if tstate is not None and shared is not None:
         tstate = dataclasses.replace(
             tstate,
             stages=tuple(StageState(sh, st.rows) for sh, st in zip(shared, tstate.stages)),
         )
-    if pipe.randomizes_params:
+    slot_params = _gather_params(env_params, per_episode, slot_ep)
+    out_params = None
+    if drawn:
         assert tstate is not None
-        tstate, env_params = pipe.reset_params(
+        tstate, slot_params = pipe.reset_params(
             tstate,
-            jax.random.fold_in(k_params, round_idx),
+            jax.random.fold_in(k_params, 0),
             jnp.ones((E,), jnp.bool_),
-            vector.broadcast_params(env, env_params, E),
+            vector.broadcast_params(env, slot_params, E),
             ctx,
         )
-    env_state, ts = vector.reset(env, _per_env_fold(k_reset, episode_idx), env_params)
+        out_params = jax.tree.map(
+            lambda x: jnp.zeros((N,) + x.shape[1:], x.dtype).at[:E].set(x[:N]), slot_params
+        )
+    env_state, ts = vector.reset(env, _per_env_fold(k_reset, slot_ep), slot_params)
     obs = ts.obs
     if pipe:
         assert tstate is not None
@@ -247,38 +275,67 @@ def _round_impl(
             ts.info,
         )
         obs = seen.obs
-    step_roots = _per_env_fold(k_step, episode_idx)
+    init_pstate = policy.initial_state((E, A))
+    has_pstate = refill and len(jax.tree.leaves(init_pstate)) > 0
     flags = jnp.zeros((E, A), jnp.bool_)
     carry = {
         "t": jnp.zeros((), jnp.int32),
         "env_state": env_state,
         "obs": obs,
-        "pstate": policy.initial_state((E, A)),
+        "pstate": init_pstate,
         "tstate": tstate,
+        "slot_params": slot_params if drawn else None,
+        "slot_ep": slot_ep,
+        "next_ep": jnp.int32(E),
+        "needs_reset": jnp.zeros((E,), jnp.bool_),
+        "idle": slot_ep >= N,
+        "ep_t": jnp.zeros((E,), jnp.int32),
         "agent_done": flags,
         "term": flags,
         "trunc": flags,
         "returns": jnp.zeros((E, A), jnp.float32),
-        "lengths": jnp.zeros((E,), jnp.int32),
-        "done": ~active,
+        "out_returns": jnp.zeros((N, A), jnp.float32),
+        "out_lengths": jnp.zeros((N,), jnp.int32),
+        "out_terminated": jnp.zeros((N,), jnp.bool_),
+        "out_truncated": jnp.zeros((N,), jnp.bool_),
+        "out_params": out_params,
     }
 
     def cond(c: dict[str, Any]) -> jax.Array:
-        return (c["t"] < max_steps) & ~jnp.all(c["done"])
+        return ~jnp.all(c["idle"])
 
     def body(c: dict[str, Any]) -> dict[str, Any]:
-        t, done = c["t"], c["done"]
-        action, _, pstate = policy(params, c["obs"], jax.random.fold_in(k_pol, t), c["pstate"])
+        t, idle, needs_reset, slot_ep = c["t"], c["idle"], c["needs_reset"], c["slot_ep"]
+        pstate = c["pstate"]
+        if has_pstate:  # an episode's first step starts from the initial state
+            pstate = vector.select_envs(c["ep_t"] == 0, init_pstate, pstate)
+        action, _, pstate = policy(params, c["obs"], jax.random.fold_in(k_pol, t), pstate)
         check_action(pipe.action_space, action, (E, A))
         env_action = pipe.to_env(action) if pipe.changes_action else action
         check_action(env.action_space, env_action, (E, A))
-        step_keys = jax.vmap(jax.random.fold_in, in_axes=(0, None))(step_roots, t)
-        env_state, ts = vector.step(env, step_keys, c["env_state"], env_action, env_params)
-        live = ~done
-        live_a = live[:, None]
-        ended_a = ts.terminated | ts.truncated
-        newly_a = live_a & ~c["agent_done"]  # agents still in their episode before this step
-        obs, tstate = ts.obs, c["tstate"]
+        tstate, out_params = c["tstate"], c["out_params"]
+        if drawn:
+            base = c["slot_params"]
+            if per_episode:
+                base = vector.select_envs(
+                    needs_reset, _gather_params(env_params, True, slot_ep), base
+                )
+            tstate, step_params = pipe.reset_params(
+                tstate, jax.random.fold_in(k_params, t + 1), needs_reset, base, ctx
+            )
+            out_params = _scatter(out_params, jnp.where(needs_reset, slot_ep, N), step_params)
+        else:
+            step_params = _gather_params(env_params, per_episode, slot_ep)
+        ep_t = jnp.where(needs_reset, 0, c["ep_t"])
+        step_keys = jax.vmap(jax.random.fold_in)(_per_env_fold(k_step, slot_ep), ep_t)
+        if refill:
+            reset_keys = _per_env_fold(k_reset, slot_ep)
+            env_state, ts = vector.autoreset_step(
+                env, step_keys, reset_keys, c["env_state"], env_action, needs_reset, step_params
+            )
+        else:
+            env_state, ts = vector.step(env, step_keys, c["env_state"], env_action, step_params)
+        obs = ts.obs
         if pipe:
             tstate, seen = pipe.observe_env(
                 tstate,
@@ -287,40 +344,70 @@ def _round_impl(
                 ts.terminated,
                 ts.truncated,
                 ts.acting,
-                jnp.zeros((E,), jnp.bool_),
+                needs_reset,
                 action,
                 ctx,
                 ts.info,
             )
             obs = seen.obs
-            tstate = _select_rows(done, c["tstate"], tstate)
+            tstate = _select_rows(idle, c["tstate"], tstate)
+        # Slots that run an episode this step (not idle, not resetting).
+        live = ~idle & ~needs_reset
+        live_a = live[:, None]
+        fresh = needs_reset[:, None]  # accumulators restart with a new episode
+        agent_done = jnp.where(fresh, False, c["agent_done"])
+        ended_a = ts.terminated | ts.truncated
+        newly_a = live_a & ~agent_done
+        term = jnp.where(newly_a, ts.terminated, jnp.where(fresh, False, c["term"]))
+        trunc = jnp.where(newly_a, ts.truncated, jnp.where(fresh, False, c["trunc"]))
+        agent_done = agent_done | (live_a & ended_a)
+        returns = jnp.where(fresh, 0.0, c["returns"]) + jnp.where(live_a, ts.reward, 0.0)
+        ep_t = ep_t + live.astype(jnp.int32)
+        finished = jnp.all(agent_done, axis=-1)
+        cut = ~finished & (ep_t >= max_steps)
+        ended = live & (finished | cut)
+        at = jnp.where(ended, slot_ep, N)  # N: dropped
+        # Ended slots take the next episodes, in slot order, while any are left.
+        new_ep = c["next_ep"] + jnp.cumsum(ended.astype(jnp.int32)) - 1
+        has_new = ended & (new_ep < N)
         return {
             "t": t + 1,
-            # Envs whose episode is over keep their final state (stepping on is undefined).
-            "env_state": vector.select_envs(done, c["env_state"], env_state),
-            "obs": vector.select_envs(done, c["obs"], obs),
-            "pstate": vector.select_envs(done, c["pstate"], pstate),
+            # Idle slots keep their final state (stepping on is undefined).
+            "env_state": vector.select_envs(idle, c["env_state"], env_state),
+            "obs": vector.select_envs(idle, c["obs"], obs),
+            "pstate": vector.select_envs(idle, c["pstate"], pstate),
             "tstate": tstate,
-            "agent_done": c["agent_done"] | (live_a & ended_a),
-            "term": jnp.where(newly_a, ts.terminated, c["term"]),
-            "trunc": jnp.where(newly_a, ts.truncated, c["trunc"]),
-            "returns": c["returns"] + jnp.where(live_a, ts.reward, 0.0),
-            "lengths": c["lengths"] + live.astype(jnp.int32),
-            "done": done | jnp.all(ended_a, axis=-1),
+            "slot_params": step_params if drawn else None,
+            "slot_ep": jnp.where(has_new, new_ep, slot_ep),
+            "next_ep": c["next_ep"] + jnp.sum(ended.astype(jnp.int32)),
+            "needs_reset": has_new,
+            "idle": idle | (ended & ~has_new),
+            "ep_t": ep_t,
+            "agent_done": agent_done,
+            "term": term,
+            "trunc": trunc,
+            "returns": returns,
+            "out_returns": _scatter(c["out_returns"], at, returns),
+            "out_lengths": _scatter(c["out_lengths"], at, ep_t),
+            "out_terminated": _scatter(c["out_terminated"], at, jnp.all(term, -1) & ~cut),
+            "out_truncated": _scatter(c["out_truncated"], at, jnp.any(trunc, -1) | cut),
+            "out_params": out_params,
         }
 
     out = jax.lax.while_loop(cond, body, carry)
-    cut = ~out["done"]  # still running at max_steps
     return {
-        "returns": out["returns"],
-        "lengths": out["lengths"],
-        "terminated": jnp.all(out["term"], axis=-1) & ~cut,
-        "truncated": jnp.any(out["trunc"], axis=-1) | cut,
-        "env_params": env_params if pipe.randomizes_params else None,
+        "returns": out["out_returns"],
+        "lengths": out["out_lengths"],
+        "terminated": out["out_terminated"],
+        "truncated": out["out_truncated"],
+        "env_params": out["out_params"],
     }
 
 
-_round = jax.jit(_round_impl, static_argnames=("env", "policy", "pipe", "num_envs"))
+_run = jax.jit(
+    _run_impl,
+    static_argnames=("env", "policy", "pipe", "num_envs", "num_episodes", "per_episode"),
+)
 
 
 def evaluate(
@@ -339,10 +426,13 @@ def evaluate(
 ) -> EvalResult:
     """Runs ``policy`` for exactly ``num_episodes`` complete episodes of ``env``.
 
-    Each of ``num_envs`` envs contributes its first episode only (no bias towards short
-    episodes, see :mod:`jaxsampler.evaluation`); more episodes than envs run in rounds of
-    fresh resets. One round is one jitted ``lax.while_loop``; a second call with the same
-    env, policy, transforms and shapes does not compile again.
+    Episodes ``0 .. N-1`` are fixed in advance and each runs to its end, so short
+    episodes are not over-represented (see :mod:`jaxsampler.evaluation`): with
+    ``N <= num_envs`` each env contributes its first episode only; with more episodes,
+    an env whose episode ended starts the next one not yet started. The evaluation is
+    one jitted ``lax.while_loop``; a second call with the same env, policy, transforms,
+    ``num_episodes`` and ``num_envs`` (and params of the same shapes) does not compile
+    again.
 
     Args:
         env: the env.
@@ -401,42 +491,26 @@ def evaluate(
     if max_steps is None:
         max_steps = _default_max_steps(env_params)
     max_steps = _check_count(max_steps, "max_steps")
-    # Python numbers as arrays: the same jitted round serves every call.
+    # Python numbers as arrays: the same compiled loop serves every call.
     env_params = jax.tree.map(jnp.asarray, env_params)
     if per_episode:
         env_params = vector.broadcast_params(env, env_params, N)
-    rounds = math.ceil(N / E)
-    keys = jax.random.split(key, 4)
-    outs = []
-    for r in range(rounds):
-        idx = np.arange(r * E, (r + 1) * E)
-        active = idx < N
-        idx = np.minimum(idx, N - 1)
-        round_params = (
-            jax.tree.map(lambda x, i=idx: x[i], env_params) if per_episode else env_params
-        )
-        outs.append(
-            _round(
-                params,
-                round_params,
-                shared,
-                keys,
-                jnp.asarray(idx, jnp.int32),
-                jnp.asarray(active),
-                jnp.int32(r),
-                jnp.int32(max_steps),
-                env=env,
-                policy=policy,
-                pipe=pipe,
-                num_envs=E,
-            )
-        )
+    out = _run(
+        params,
+        env_params,
+        shared,
+        jax.random.split(key, 4),
+        jnp.int32(max_steps),
+        env=env,
+        policy=policy,
+        pipe=pipe,
+        num_envs=E,
+        num_episodes=N,
+        per_episode=per_episode,
+    )
 
     def gather(name: str, dtype: Any = None) -> Any:
-        parts = [jax.tree.map(np.asarray, o[name]) for o in outs]
-        return jax.tree.map(
-            lambda *xs: np.concatenate(xs, axis=0)[:N].astype(dtype or xs[0].dtype), *parts
-        )
+        return jax.tree.map(lambda x: np.asarray(x).astype(dtype or x.dtype), out[name])
 
     agent_returns = gather("returns", np.float64)
     episode_params = None

@@ -163,7 +163,7 @@ def biased_first_to_finish(lengths: list[int], n: int) -> float:
 @pytest.mark.parametrize("num_envs", [None, 3, 1])
 def test_each_env_contributes_its_first_episode(num_envs):
     """Per-episode time limits fix each episode's length; every episode is returned once,
-    in order, whether in one round or in rounds of fresh resets."""
+    in order, whether each env runs one episode or envs take the next episodes in turn."""
     lengths = [1, 7, 2, 6, 3, 5, 1, 8]
     N = len(lengths)
     L = jnp.asarray(lengths, jnp.int32)
@@ -344,11 +344,20 @@ def test_frozen_statistics_from_a_training_state():
     for i, c in enumerate(cs):
         z = normalized(echo_obs(c, 5), mean, var)
         np.testing.assert_allclose(res.returns[i], (z[:, 0] + 3 * z[:, 1]).sum(), rtol=1e-5)
-    # The bare transform_state works the same; the training state is left as it was.
+    # The bare transform_state works the same, as do 2 envs taking 2 episodes each.
     again = js.evaluate(
-        env, pol, (), 4, KEY, transforms=tf, transform_state=state.transform_state, env_params=ep
+        env,
+        pol,
+        (),
+        4,
+        KEY,
+        transforms=tf,
+        transform_state=state.transform_state,
+        env_params=ep,
+        num_envs=2,
     )
     np.testing.assert_array_equal(again.returns, res.returns)
+    # The training state is left as it was.
     np.testing.assert_array_equal(state.transform_state.stages[0].shared[0].mean, mean)
 
     # Without a state: fresh statistics (mean 0, variance 1), still frozen.
