@@ -27,21 +27,28 @@ EPS = 1e-8
 # ----------------------------------------------------------------- NumPy reference helpers
 
 
-def concat_calls(trajs: list[Any], final_state: Any) -> dict[str, np.ndarray]:
+def concat_calls(trajs: list[Any], final_state: Any) -> dict[str, Any]:
     """Consecutive rollout calls as one time line: ``obs`` ``[N + 1, E, A, ...]`` (raw env
     observations; each call's slot 0 is the previous call's last slot), per-step data
     ``[N, ...]``, ``acting_on [N + 1, E, A]`` (the agent acts on observation slot t)."""
-    raw = [np.asarray(t.obs if t.raw_obs is None else t.raw_obs) for t in trajs]
+    raw = [t.obs if t.raw_obs is None else t.raw_obs for t in trajs]
     rew = [np.asarray(t.rewards if t.raw_rewards is None else t.raw_rewards) for t in trajs]
 
-    def cat(field: str) -> np.ndarray:
-        return np.concatenate([np.asarray(getattr(t, field)) for t in trajs])
+    def slots(trees: list[Any]) -> Any:  # pytrees of [T + 1, ...] leaves, joined
+        return jax.tree.map(
+            lambda first, *rest: np.concatenate([np.asarray(first)] + [r[1:] for r in rest]),
+            *trees,
+        )
+
+    def cat(field: str) -> Any:
+        return jax.tree.map(
+            lambda *xs: np.concatenate([np.asarray(x) for x in xs]),
+            *[getattr(t, field) for t in trajs],
+        )
 
     return {
-        "obs": np.concatenate([raw[0]] + [r[1:] for r in raw[1:]]),
-        "seen": np.concatenate(
-            [np.asarray(trajs[0].obs)] + [np.asarray(t.obs)[1:] for t in trajs[1:]]
-        ),
+        "obs": slots(raw),
+        "seen": slots([t.obs for t in trajs]),
         "actions": cat("actions"),
         "rewards": np.concatenate(rew),
         "terminated": cat("terminated"),
