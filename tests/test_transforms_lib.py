@@ -19,7 +19,13 @@ from jaxsampler.policies.base import Policy, batch_dims
 from jaxsampler.policies.mlp import MLPPolicy
 from jaxsampler.spaces import Box, Dict, Discrete, MultiDiscrete, Space, Tuple
 from jaxsampler.transforms.actions import ClipActions, RescaleActions
-from jaxsampler.transforms.base import Context, TransformSpaceError, build_pipeline
+from jaxsampler.transforms.base import (
+    Context,
+    Spaces,
+    Transform,
+    TransformSpaceError,
+    build_pipeline,
+)
 from jaxsampler.transforms.flatten import FlattenObservation
 from jaxsampler.transforms.normalize import NormalizeObservation
 from jaxsampler.transforms.stack import FrameStack, PrevActionsRewards
@@ -539,3 +545,20 @@ def test_bad_space_fails_at_make_rollout():
 def test_bad_arguments(make, match):
     with pytest.raises(ValueError, match=match):
         make()
+
+
+@dataclasses.dataclass(frozen=True)
+class ShowPolicyAction(Transform):
+    """Test transform: its observation space is the policy's action space."""
+
+    def observation_space(self, spaces: Spaces) -> Space:
+        return spaces.policy_action
+
+
+def test_observation_spaces_are_derived_with_the_policys_action_space():
+    """A transform listed before an action transform sees the policy's action space."""
+    pipe = build_pipeline((ShowPolicyAction(), RescaleActions(0.0, 4.0)), ECHO_BOX, ECHO_BOX)
+    assert pipe.action_space == Box(0.0, 4.0, (2,), np.float32)
+    assert pipe.observation_space == pipe.action_space
+    assert all(s.policy_action == pipe.action_space for s in pipe.spaces)
+    assert [s.action for s in pipe.spaces] == [ECHO_BOX, ECHO_BOX]

@@ -16,7 +16,8 @@ import jax
 import numpy as np
 
 import jaxsampler as js
-from jaxsampler.transforms.base import Context
+from jaxsampler.spaces import Box, Dict, Discrete, Tuple
+from jaxsampler.transforms.base import Context, build_pipeline
 from jaxsampler.transforms.normalize import NormalizeObservation
 from tests.fakes import ChaosEnv, FakeEnv
 
@@ -314,3 +315,22 @@ def test_sharded_statistics_equal_numpy_over_all_envs():
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "SHARDED-NORMALIZE-OK" in proc.stdout
+
+
+def test_dict_observation_space_bounds():
+    """Normalized float leaves get the clip bounds; integer leaves and the mask keep theirs."""
+    space = Dict(
+        pos=Box(0.0, 1.0, (2,), np.float32),
+        count=Box(0, 9, (1,), np.int32),
+        action_mask=Box(0.0, 1.0, (3,), np.float32),
+    )
+    pipe = build_pipeline((NormalizeObservation(clip=5.0),), space, Discrete(3))
+    assert pipe.observation_space == Dict(
+        pos=Box(-5.0, 5.0, (2,), np.float32),
+        count=space["count"],
+        action_mask=space["action_mask"],
+    )
+    unclipped = build_pipeline(
+        (NormalizeObservation(clip=None),), Tuple([space["pos"]]), Discrete(3)
+    )
+    assert unclipped.observation_space == Tuple([Box(-np.inf, np.inf, (2,), np.float32)])
