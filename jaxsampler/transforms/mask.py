@@ -202,7 +202,7 @@ class ActionMaskFromInfo(Transform):
         except KeyError:
             raise ValueError(
                 f"ActionMaskFromInfo: the env's info has no entry {self.path!r}; its info is "
-                f"{type(step.info).__name__} {_describe(step.info)}"
+                f"{_describe(step.info)} (leaves [envs, ...])"
             ) from None
         mask = jnp.asarray(mask)
         batch = tuple(step.terminated.shape)  # (E, A)
