@@ -24,6 +24,7 @@ from jaxsampler import (
     sampling,
     serving,
     spaces,
+    transforms,
 )
 from jaxsampler.check import EnvCheckError, check_env
 from jaxsampler.constants import DEFAULT_AGENT_ID, DEFAULT_POLICY_ID
@@ -112,4 +113,5 @@ __all__ = [
     "sampling",
     "serving",
     "spaces",
+    "transforms",
 ]

@@ -151,6 +151,10 @@ class Box(Space):
 
     def sample_batch(self, key: jax.Array, batch_shape: tuple[int, ...]) -> jax.Array:
         shape = tuple(batch_shape) + self.shape
+        if self.dtype == np.bool_:  # False/True within the bounds, each with probability 1/2
+            bit = jax.random.bernoulli(key, 0.5, shape)
+            low, high = jnp.asarray(self.low > 0), jnp.asarray(self.high > 0)
+            return jnp.where(low == high, low, bit)
         if np.issubdtype(self.dtype, np.integer):
             return self._sample_int(key, shape)
         low = np.where(np.isfinite(self.low), self.low, -1.0).astype(self.dtype)

@@ -629,3 +629,17 @@ def test_integers_that_do_not_fit_the_dtype_are_refused_not_wrapped():
     np.testing.assert_array_equal(
         check_value(np.array([3, 4], np.int64), Box(0, 10, (2,), np.int32), "obs"), [3, 4]
     )
+
+
+def test_bool_box_samples_both_values_within_its_bounds():
+    import jax
+    import numpy as np
+
+    from jaxsampler.spaces import Box
+
+    space = Box(np.array([0, 0, 1]), np.array([1, 0, 1]), (3,), np.bool_)
+    x = np.asarray(space.sample_batch(jax.random.PRNGKey(0), (2000,)))
+    assert x.dtype == np.bool_
+    assert 0.45 < x[:, 0].mean() < 0.55  # free entry: a fair coin
+    assert not x[:, 1].any() and x[:, 2].all()  # pinned by the bounds
+    assert bool(space.contains(space.sample(jax.random.PRNGKey(1))))
