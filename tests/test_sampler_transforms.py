@@ -355,3 +355,115 @@ def test_policy_for_the_untransformed_spaces_is_refused_naming_the_pipeline():
         js.Sampler(ReplayHostEnv(env, traj), mlp(env), transforms=(AddFeature(),))
     with pytest.raises(TypeError, match="transforms must be"):
         js.Sampler(env, mlp(env), 2, 4, transforms=("normalize",))
+
+
+class TurnHostEnv(HostEnv):
+    """Two agents take turns in 2 lockstep sub-envs: each poll has the mover's observation
+    and rewards for both (reward-only for the waiting agent: 0.25, the mover: 1); agent
+    ``b`` joins at the second poll; every episode ends after 4 steps, both agents seeing
+    their final observation."""
+
+    agent_ids = ("a", "b")
+    num_envs = 2
+    observation_space = js.spaces.Box(-np.inf, np.inf, (1,), np.float32)
+    action_space = js.spaces.Discrete(2)
+
+    def __init__(self):
+        self.t = dict.fromkeys(range(self.num_envs), -1)
+
+    def poll(self, timeout=None):
+        obs, rew, term, trunc = {}, {}, {}, {}
+        for e in range(self.num_envs):
+            t = self.t[e] = self.t[e] + 1
+            o = np.array([t + 10 * e], np.float32)
+            if t == 0:
+                obs[e] = {"a": o}
+                continue
+            mover = "a" if t % 2 == 1 else "b"  # who acted on the previous observation
+            rew[e] = {mover: 1.0, ("b" if mover == "a" else "a"): 0.25}
+            done = t == 4
+            obs[e] = {"a": o, "b": o} if done else {("b" if mover == "a" else "a"): o}
+            term[e] = {"__all__": done}
+            trunc[e] = {"__all__": False}
+            if done:
+                self.t[e] = -1
+        return PollResult(obs, rew, term, trunc, {}, {})
+
+    def send_actions(self, actions):
+        pass
+
+    def reset(self):
+        self.t = dict.fromkeys(range(self.num_envs), -1)
+
+
+def test_host_multi_agent_reward_transform_sees_reward_only_polls():
+    pol = js.RandomPolicy(TurnHostEnv.observation_space, TurnHostEnv.action_space)
+    tf = (ScaleRewardForTest(scale=2.0, count=False), NormalizeObservation())
+    s = js.Sampler(TurnHostEnv(), pol, rollout_length=11, transforms=tf)
+    plain = js.Sampler(TurnHostEnv(), pol, rollout_length=11)
+    for _ in range(2):
+        eps, ref = s.sample(()), plain.sample(())
+        assert [ep.id_ for ep in eps] == [ep.id_ for ep in ref]
+        n = 0
+        for ep, r in zip(eps, ref):
+            for aid, sa in ep.agent_episodes.items():
+                ra = r.agent_episodes[aid]
+                # an agent's step reward sums the (scaled) rewards of its waiting polls
+                np.testing.assert_allclose(
+                    np.asarray(sa.get_rewards()), 2.0 * np.asarray(ra.get_rewards())
+                )
+                np.testing.assert_array_equal(
+                    np.asarray(sa.get_actions()), np.asarray(ra.get_actions())
+                )
+                n += len(sa)
+        assert n
+        for f in ("episode_return_mean", "episode_len_mean", "num_episodes_completed"):
+            np.testing.assert_equal(getattr(s.metrics, f), getattr(plain.metrics, f))
+    assert s.metrics.num_episodes_completed > 0
+    # The statistics count every observation delivered, once: 23 polls per env (the
+    # first call's first poll, then 11 per call), one observation each, two on final ones.
+    polled = [
+        float(p % 5 + 10 * e) for e in range(2) for p in range(23) for _ in range(1 + (p % 5 == 4))
+    ]
+    m = jax.device_get(s.transforms.shared[1][0])
+    assert int(m.count) == len(polled) == 54
+    np.testing.assert_allclose(m.mean, [np.mean(polled)], rtol=1e-6)
+    np.testing.assert_allclose(m.m2 / m.count, [np.var(polled)], rtol=1e-5)
+
+
+@dataclasses.dataclass(frozen=True)
+class RandomTag(Transform):
+    """Draws FakeParams' ``nan_tag`` (unused by TurnEnv's dynamics) at every reset."""
+
+    randomizes_params: ClassVar[bool] = True
+
+    def reset_params(self, state, key, reset, params, ctx):
+        new = jax.random.uniform(key, reset.shape, jnp.float32, 5.0, 6.0)
+        tag = jnp.where(reset, new, jnp.asarray(params.nan_tag, jnp.float32))
+        return state, dataclasses.replace(params, nan_tag=tag)
+
+
+def test_device_multi_agent_episodes_carry_env_params_in_infos():
+    from tests.fakes import TurnEnv
+
+    env = TurnEnv()
+    pol = js.RandomPolicy(env.observation_space, env.action_space)
+    s = js.Sampler(env, pol, 2, 11, seed=0, transforms=(RandomTag(),))
+    tags = set()
+    for _ in range(2):
+        for ep in s.sample(()):
+            per_episode = set()
+            for sa in ep.agent_episodes.values():
+                tag = np.asarray(sa.infos.data["env_params"]["nan_tag"])
+                assert tag.shape == (len(sa.observations.data),)
+                per_episode |= set(tag.tolist())
+            if not ep.agent_episodes:
+                continue
+            assert len(per_episode) == 1, "one episode, one params draw, for every agent"
+            (tag,) = per_episode
+            assert 5.0 <= tag <= 6.0
+            tags.add((ep.id_, tag))
+    assert len({t for _, t in tags}) > 2
+    batch = s.sample_batch(())["default_policy"]
+    col = np.asarray(batch["infos"]["env_params"]["nan_tag"])
+    assert col.shape == (len(batch),) and np.all((col >= 5.0) & (col <= 6.0))
