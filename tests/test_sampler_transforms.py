@@ -467,3 +467,30 @@ def test_device_multi_agent_episodes_carry_env_params_in_infos():
     batch = s.sample_batch(())["default_policy"]
     col = np.asarray(batch["infos"]["env_params"]["nan_tag"])
     assert col.shape == (len(batch),) and np.all((col >= 5.0) & (col <= 6.0))
+
+
+def test_host_infos_carry_the_raw_obs_and_rewards():
+    env = FakeEnv()
+    tf = (NormalizeObservation(), ScaleRewardForTest(scale=3.0))
+    pol = mlp(pipeline_of(env, tf), explore=False)
+    params = pol.init(jax.random.PRNGKey(1))
+    _, traj = _device_run(env, tf, pol, params, 10, seed=4)
+    hs = js.sampling.HostSampler(ReplayHostEnv(env, traj), pol, rollout_length=10, transforms=tf)
+    eps = hs.sample(params)
+    stats = jax.device_get(hs.transforms.shared[0][0])
+    assert eps
+    for ep in eps:
+        infos = ep.infos.data
+        raw = np.stack([i["raw_obs"] for i in infos])
+        assert raw.shape == (len(ep) + 1, 2)
+        np.testing.assert_array_equal(raw[:, 0], np.arange(ep.t_started, ep.t + 1))  # time
+        # The raw rewards behind the scaled ones (FakeEnv: reward = action).
+        raw_r = np.array([i["raw_reward"] for i in infos[1:]], np.float32)
+        np.testing.assert_array_equal(raw_r, np.asarray(ep.get_actions(), np.float32))
+    # The last observation of a running episode is normalized with the final statistics.
+    ep = eps[-1]
+    last_raw = ep.infos.data[-1]["raw_obs"]
+    z = (last_raw - stats.mean) / np.sqrt(stats.m2 / stats.count + 1e-8)
+    np.testing.assert_allclose(
+        np.asarray(ep.observations.data)[-1], np.clip(z, -10, 10), rtol=1e-5, atol=1e-5
+    )

@@ -15,6 +15,9 @@ with the same functions and the same semantics as the device rollout:
   agent's first observation of its episode; ``reward`` and the done flags (the agent's
   own OR ``"__all__"``) from the poll; ``action``: the agent's previous action, policy
   side (zeros with a first observation); ``info``: ``None``;
+* each observation's info gets the env's own observation and reward
+  (``info["raw_obs"]``, ``info["raw_reward"]``, where a transform changes them), for
+  debugging (a dict merge per agent step, about 0.3 us);
 * ``shared`` state (e.g. normalization statistics) is one global pytree, kept on the
   device and carried across calls and resets; ``rows`` state is kept per
   ``(env id, agent id)`` on the host (like recurrent policy states) from the agent's
@@ -75,7 +78,7 @@ class HostTransforms:
         #: ``(env id, agent id)`` -> the rows state (leaves ``[1, 1, ...]``); only for
         #: transforms with rows state
         self.rows: dict[tuple[Any, Any], Any] = {}
-        self._started: set[tuple[Any, Any]] = set()  # agents whose episode has begun
+        self._started: dict[Any, set[Any]] = {}  # env id -> agents whose episode has begun
         space = pipeline.spaces[0].obs if pipeline.spaces else pipeline.observation_space
         self._obs_zero = jax.device_get(space.zeros())
         self._act_zero = jax.device_get(pipeline.action_space.zeros())
@@ -122,7 +125,7 @@ class HostTransforms:
             rows += [
                 (e, a, None)
                 for a in rewards
-                if a != ALL_AGENTS and a not in seen and (e, a) in self._started
+                if a != ALL_AGENTS and a not in seen and a in self._started.get(e, ())
             ]
         new_obs: dict[Any, dict[Any, Any]] = {e: {} for e in obs}
         new_rewards = {e: dict(r) for e, r in res.rewards.items()}
@@ -132,12 +135,31 @@ class HostTransforms:
         for e in set(res.terminateds) | set(res.truncateds):
             if episode_over(res, e):
                 self._forget_env(e)
-        return res._replace(rewards=new_rewards), new_obs
+        return res._replace(rewards=new_rewards, infos=self._raw_infos(res, obs)), new_obs
+
+    def _raw_infos(self, res: PollResult, obs: dict[Any, dict[Any, Any]]) -> Any:
+        """The poll's infos with the env's own observation (``"raw_obs"``, if a transform
+        changes observations) and reward (``"raw_reward"``, if one changes rewards) added
+        to the info of every observation (an entry the env's info has already is kept)."""
+        pipe = self.pipeline
+        if not (pipe.changes_obs or pipe.changes_reward):
+            return res.infos
+        infos = {e: dict(per) for e, per in res.infos.items()}
+        for e, per_agent in obs.items():
+            env_infos = infos.setdefault(e, {})
+            rewards = res.rewards.get(e, {})
+            for a, o in per_agent.items():
+                extra: dict[str, Any] = {}
+                if pipe.changes_obs:
+                    extra["raw_obs"] = o
+                if pipe.changes_reward:
+                    extra["raw_reward"] = float(rewards.get(a, 0.0))
+                env_infos[a] = {**extra, **(env_infos.get(a) or {})}
+        return infos
 
     def _forget_env(self, e: Any) -> None:
-        for key in [k for k in self._started if k[0] == e]:
-            self._started.discard(key)
-            self.rows.pop(key, None)
+        for a in self._started.pop(e, ()):
+            self.rows.pop((e, a), None)
 
     def _apply_rows(
         self,
@@ -158,7 +180,7 @@ class HostTransforms:
         obs_list, act_list = [], []
         for i, (e, a, o) in enumerate(rows):
             recorded[i, 0] = o is not None
-            first[i, 0] = o is not None and (e, a) not in self._started
+            first[i, 0] = o is not None and a not in self._started.get(e, ())
             reward[i, 0] = float(res.rewards.get(e, {}).get(a, 0.0))
             terms, truncs = res.terminateds.get(e, {}), res.truncateds.get(e, {})
             term[i, 0] = bool(terms.get(a, False) or terms.get(ALL_AGENTS, False))
@@ -187,7 +209,7 @@ class HostTransforms:
         plain = isinstance(seen_obs, np.ndarray)
         for i, (e, a, o) in enumerate(rows):
             if o is not None:
-                self._started.add((e, a))
+                self._started.setdefault(e, set()).add(a)
                 new_obs[e][a] = (
                     seen_obs[i, 0] if plain else jax.tree.map(lambda x, i=i: x[i, 0], seen_obs)
                 )
