@@ -30,6 +30,15 @@ from the call's columns): one bulk
 device-to-host copy per call, one bulk transpose to env-major columns (with the lookback
 steps prepended), episode boundaries from the ``is_reset`` flags with ``np.nonzero``.
 The only Python loop is over episodes, never over timesteps.
+
+Transforms (``transforms=``) run inside the rollout: episodes and batches hold what the
+policy saw (transformed observations and rewards, policy-side actions) and
+:class:`SamplerMetrics` the env's own returns (sums of ``Trajectory.raw_rewards``). The
+env's raw observations and rewards are not copied into infos (that costs about a fifth
+of the conversion of a ``sample()`` call and more when every episode's infos are read);
+they are in :attr:`DeviceSampler.last_chunks` (``raw_obs`` / ``raw_rewards``). Under
+domain randomization each step's infos carry the env params it ran with
+(``infos["env_params"]``). A reset continues the transforms' statistics.
 """
 
 from __future__ import annotations

@@ -61,6 +61,12 @@ by env); envs in order of first appearance. Single-agent envs (one agent id) giv
 :class:`SingleAgentEpisode` objects (``id_`` = the episode id), multi-agent envs
 :class:`MultiAgentEpisode` chunks. All are numpy'ized; ``infos`` stay lists of dicts.
 
+Transforms (``transforms=``): the device rollout's transforms run on every poll
+(:mod:`jaxsampler.sampling.host_transforms`): the policy acts on, and episodes record, the
+transformed observations and rewards; actions are recorded policy side and sent through
+the transforms' ``to_env``; the metrics' returns are the env's own. An off-policy action
+(the env's own) is sent and recorded as the env gave it.
+
 Recurrent policies: the state is kept per ``(env_id, agent_id)`` on the host, reset to
 ``initial_state`` when the agent's episode starts, and updated only when the agent acts.
 
