@@ -33,6 +33,7 @@ __all__ = [
     "check_lookback",
     "check_positive_int",
     "check_sample_counts",
+    "explain_policy_mismatch",
 ]
 
 
@@ -100,6 +101,19 @@ def check_lookback(episode_lookback_horizon: Any) -> int:
     return int(episode_lookback_horizon)
 
 
+def explain_policy_mismatch(exc: ValueError, transforms: Any) -> ValueError:
+    """``exc`` (a policy that does not fit the env's spaces), with a hint where the
+    sampler has transforms: the policy must be built for the spaces they hand on."""
+    if transforms is None or (isinstance(transforms, (tuple, list)) and not transforms):
+        return exc
+    return ValueError(
+        f"{exc}. With transforms=, build the policy for the spaces the transforms hand on: "
+        "js.rollout.pipeline_of(env, transforms).observation_space and .action_space "
+        "(for a host env: jaxsampler.transforms.build_pipeline(transforms, "
+        "host_env.observation_space, host_env.action_space))"
+    )
+
+
 class _PicksMember(abc.ABCMeta):
     """``Sampler(...)`` on the base class builds the family member that fits the env."""
 
@@ -115,11 +129,11 @@ class Sampler(metaclass=_PicksMember):
     """Samples episodes from an env with a policy (RLlib's ``EnvRunner`` role).
 
     ``Sampler(env, policy, num_envs=1, rollout_length=128, seed=0, *, env_params=None,
-    episode_lookback_horizon=1)`` returns a :class:`~jaxsampler.sampling.device.DeviceSampler`
-    for a pure-JAX env (or a registered env id) and a
-    :class:`~jaxsampler.sampling.host.HostSampler` for a host-stepped one (a ``HostEnv``,
-    a Gymnasium env, vector env or list of envs / factories, or ``"gym:<id>"``); both are
-    instances of ``Sampler``.
+    episode_lookback_horizon=1, transforms=None, explore=True)`` returns a
+    :class:`~jaxsampler.sampling.device.DeviceSampler` for a pure-JAX env (or a registered
+    env id) and a :class:`~jaxsampler.sampling.host.HostSampler` for a host-stepped one
+    (a ``HostEnv``, a Gymnasium env, vector env or list of envs / factories, or
+    ``"gym:<id>"``); both are instances of ``Sampler``.
 
     Args:
         env: a jaxsampler env, a registered env id (``js.make``), or a host-stepped env.
@@ -130,6 +144,14 @@ class Sampler(metaclass=_PicksMember):
         seed: PRNG seed; the same seed and calls give identical episodes.
         env_params: env params of a pure-JAX env (default ``env.default_params``).
         episode_lookback_horizon: lookback steps carried into continuation chunks.
+        transforms: env->policy / policy->env transforms (:mod:`jaxsampler.transforms`,
+            env side first), the same semantics on both members. The policy must be
+            built for ``js.rollout.pipeline_of(env, transforms).observation_space`` /
+            ``.action_space``. Episodes and batches hold what the policy saw
+            (transformed observations and rewards, policy-side actions); :attr:`metrics`
+            report the env's own returns (raw rewards).
+        explore: ``False``: the policy acts greedily (argmax / mean; see
+            :func:`jaxsampler.policies.greedy.greedy`), e.g. for evaluation.
 
     Attributes:
         metrics: the :class:`SamplerMetrics` of the last ``sample()`` / ``sample_batch()``.

@@ -30,6 +30,7 @@ __all__ = [
     "info_leaves",
     "no_gc",
     "unflatten",
+    "with_transform_infos",
 ]
 
 InfoPath = tuple[str, ...]
@@ -58,6 +59,14 @@ class Columns:
     extras: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
     infos: dict[InfoPath, np.ndarray] = dataclasses.field(default_factory=dict)
     time_major_obs: bool = False
+    #: the env's own rewards where transforms change them (``Trajectory.raw_rewards``),
+    #: for the metrics' returns; ``None``: ``rewards`` are the env's
+    raw_rewards: np.ndarray | None = None
+
+    @property
+    def env_rewards(self) -> np.ndarray:
+        """The env's own rewards (the metrics' returns are sums of these)."""
+        return self.rewards if self.raw_rewards is None else self.raw_rewards
 
     def map(self, step: Callable[[np.ndarray], np.ndarray], obs: Callable) -> Columns:
         """The columns with ``step`` applied to every step column and ``obs`` to ``obs``."""
@@ -72,6 +81,7 @@ class Columns:
             extras={k: step(v) for k, v in self.extras.items()},
             infos={k: step(v) for k, v in self.infos.items()},
             time_major_obs=self.time_major_obs,
+            raw_rewards=None if self.raw_rewards is None else step(self.raw_rewards),
         )
 
     def tail(self, horizon: int) -> Columns:
@@ -122,6 +132,38 @@ def unflatten(flat: dict[InfoPath, Any]) -> dict[str, Any]:
         for p in parents:
             node = node.setdefault(p, {})
         node[last] = v
+    return tree
+
+
+def info_tree(value: Any) -> Any:
+    """A pytree as nested info dicts: dict keys as they are, dataclass fields by name,
+    tuple / list entries by their index (``"0"``, ``"1"``, ...); numpy leaves."""
+    if isinstance(value, dict):
+        return {str(k): info_tree(v) for k, v in value.items()}
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: info_tree(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, (tuple, list)):
+        return {str(i): info_tree(v) for i, v in enumerate(value)}
+    return np.asarray(value)
+
+
+def with_transform_infos(infos: Any, **entries: Any) -> dict[str, Any]:
+    """The env's info pytree as nested dicts (the same :func:`info_leaves` paths) with
+    ``entries`` added at the top (``None`` values skipped), e.g. ``env_params=...``.
+
+    Raises:
+        ValueError: the env's info already has an entry of that name.
+    """
+    tree = unflatten(dict(info_leaves(infos)))
+    for key, value in entries.items():
+        if value is None:
+            continue
+        if key in tree:
+            raise ValueError(
+                f"the env's info has an entry {key!r}, where the sampler puts the transforms' "
+                f"{key}; rename the env's info entry"
+            )
+        tree[key] = info_tree(value)
     return tree
 
 
@@ -209,6 +251,7 @@ def build_columns(
         extras={k: extra(k) for k in sorted(extras)},
         infos={path: info(path) for path, _ in info_leaves(first.infos)},
         time_major_obs=multi_agent,
+        raw_rewards=None if first.raw_rewards is None else field("raw_rewards"),
     )
 
 

@@ -129,7 +129,7 @@ class MultiAgentConverter:
             cols.is_reset,
             done,
             done & np.any(cols.truncated, axis=2),
-            cols.rewards.sum(axis=2, dtype=np.float64),
+            cols.env_rewards.sum(axis=2, dtype=np.float64),
             horizon=_H,
             step0=np.asarray(chunks[0].episode_step_0),
             count0=np.asarray(chunks[0].episode_count_0),

@@ -141,7 +141,7 @@ class SingleAgentConverter:
             cols.is_reset,
             cols.terminated,
             cols.truncated,
-            cols.rewards,
+            cols.env_rewards,
             horizon=H,
             step0=np.asarray(chunks[0].episode_step_0),
             count0=np.asarray(chunks[0].episode_count_0),

@@ -30,14 +30,25 @@ from the call's columns): one bulk
 device-to-host copy per call, one bulk transpose to env-major columns (with the lookback
 steps prepended), episode boundaries from the ``is_reset`` flags with ``np.nonzero``.
 The only Python loop is over episodes, never over timesteps.
+
+Transforms (``transforms=``) run inside the rollout: episodes and batches hold what the
+policy saw (transformed observations and rewards, policy-side actions) and
+:class:`SamplerMetrics` the env's own returns (sums of ``Trajectory.raw_rewards``). The
+env's raw observations and rewards are not copied into infos (that costs about a fifth
+of the conversion of a ``sample()`` call and more when every episode's infos are read);
+they are in :attr:`DeviceSampler.last_chunks` (``raw_obs`` / ``raw_rewards``). Under
+domain randomization each step's infos carry the env params it ran with
+(``infos["env_params"]``). A reset continues the transforms' statistics.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Any, Protocol
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from jaxsampler.constants import DEFAULT_POLICY_ID
@@ -45,12 +56,27 @@ from jaxsampler.envs.base import Env
 from jaxsampler.episodes.batch import MultiAgentBatch
 from jaxsampler.episodes.ids import EpisodeIds
 from jaxsampler.policies.base import Policy
-from jaxsampler.rollout import init_state_and_info, jit_rollout, make_rollout
-from jaxsampler.sampling.base import Sampler, SamplerMetrics, check_lookback, check_sample_counts
-from jaxsampler.sampling.columns import InfoPath, info_leaves
+from jaxsampler.policies.greedy import greedy
+from jaxsampler.rollout import (
+    Transforms,
+    check_compatible,
+    init_state_and_info,
+    jit_rollout,
+    make_rollout,
+    policy_action_zeros,
+)
+from jaxsampler.sampling.base import (
+    Sampler,
+    SamplerMetrics,
+    check_lookback,
+    check_sample_counts,
+    explain_policy_mismatch,
+)
+from jaxsampler.sampling.columns import InfoPath, info_leaves, with_transform_infos
 from jaxsampler.sampling.convert_multi import MultiAgentConverter
 from jaxsampler.sampling.convert_single import EpisodeFactory, SingleAgentConverter
-from jaxsampler.types import Trajectory
+from jaxsampler.transforms.base import Context, Observed, Pipeline, StageState, TransformState
+from jaxsampler.types import RolloutState, Trajectory
 
 __all__ = ["Converter", "DeviceSampler"]
 
@@ -93,11 +119,28 @@ class DeviceSampler(Sampler):
             call's :class:`~jaxsampler.sampling.convert_single.EpisodeColumns` instead
             of jaxsampler's :class:`SingleAgentEpisode` (``sample_batch()`` is
             unaffected); ``None``: jaxsampler's episodes.
+        transforms: env->policy / policy->env transforms run inside the rollout
+            (:mod:`jaxsampler.transforms`, env side first, or a bound
+            :class:`~jaxsampler.transforms.Pipeline`); the policy must be built for
+            ``js.rollout.pipeline_of(env, transforms).observation_space`` / ``.action_space``.
+            Episodes and batches hold what the policy saw (transformed observations and
+            rewards, policy-side actions); :attr:`metrics` report the env's own returns
+            (raw rewards). Under domain randomization each step's infos carry the env
+            params it ran with (``infos["env_params"]``, a nested dict of the params'
+            fields).
+        explore: ``False``: the policy acts greedily (:func:`jaxsampler.policies.greedy.greedy`:
+            argmax / mean); a policy without an explore switch raises ``TypeError``.
 
     Attributes:
         last_split: ``(rollout_s, to_episodes_s)`` of the last ``sample()`` /
             ``sample_batch()`` call: wall time of the rollout calls (device and host
             copy), and of the conversion into episodes or a batch.
+        last_chunks: the host copies (numpy leaves) of the last call's rollout chunks,
+            :class:`~jaxsampler.types.Trajectory` objects ``[T, E, A, ...]``: with
+            transforms, ``raw_obs`` / ``raw_rewards`` hold the env's own observations and
+            rewards behind the episodes' (transformed) ones, for debugging; kept until
+            the next call (no copy is made for it).
+        pipeline: the transforms bound to the env's spaces (empty without transforms).
     """
 
     def __init__(
@@ -113,8 +156,14 @@ class DeviceSampler(Sampler):
         rllib_compatible: bool = False,
         topup_length: int | None = None,
         episode_factory: EpisodeFactory | None = None,
+        transforms: Transforms = None,
+        explore: bool = True,
     ):
         env = _resolve(env)
+        if not isinstance(explore, bool):
+            raise TypeError(f"explore must be a bool, got {explore!r}")
+        if not explore:
+            policy = greedy(policy)
         if topup_length is not None and (
             isinstance(topup_length, bool) or not isinstance(topup_length, int) or topup_length < 1
         ):
@@ -129,14 +178,25 @@ class DeviceSampler(Sampler):
         self.num_envs, self.rollout_length = num_envs, rollout_length
         self.env_params = env.default_params if env_params is None else env_params
         self.horizon = episode_lookback_horizon
-        self._rollout = jit_rollout(make_rollout(env, policy, num_envs, rollout_length))
+        try:
+            pipe = check_compatible(env, policy, transforms)
+        except ValueError as exc:
+            raise explain_policy_mismatch(exc, transforms) from None
+        #: the transforms bound to the env's spaces (empty without transforms)
+        self.pipeline = pipe
+        self.explore = explore
+        self._rollout = jit_rollout(
+            make_rollout(env, policy, num_envs, rollout_length, transforms=pipe)
+        )
         self.topup_length = topup_length
         self._topup: Any = None  # built on first use
         self._topup_buffers: Trajectory | None = None
         self.last_split = (0.0, 0.0)
+        self.last_chunks: list[Trajectory] = []
         self._key = jax.random.PRNGKey(seed)
         self._episode_id = EpisodeIds(seed)  # (env, count) -> id, deterministic per seed
         self._state: Any = None
+        self._carried: TransformState | None = None  # transform state across fresh starts
         self._buffers: Trajectory | None = None
         self.metrics = SamplerMetrics()
         self.agent_ids = tuple(env.agent_ids)
@@ -148,8 +208,8 @@ class DeviceSampler(Sampler):
             self._convert = SingleAgentConverter(
                 self._episode_id,
                 num_envs,
-                env.observation_space,
-                env.action_space,
+                pipe.observation_space,
+                pipe.action_space,
                 episode_lookback_horizon,
                 policy_id=self.agent_policy[0],
                 episode_factory=episode_factory,
@@ -160,39 +220,71 @@ class DeviceSampler(Sampler):
                 num_envs,
                 self.agent_ids,
                 self.agent_policy,
-                env.observation_space,
-                env.action_space,
+                pipe.observation_space,
+                pipe.action_space,
                 episode_lookback_horizon,
                 rllib_compatible=rllib_compatible,
             )
 
     # ------------------------------------------------------------------------- state
 
+    @property
+    def transform_state(self) -> TransformState | None:
+        """The transforms' current state (``shared`` statistics, per-env ``rows``), as the
+        rollout carries it; ``None`` without transforms or before the first call."""
+        return self._carried if self._state is None else self._state.transform_state
+
     def reset(self) -> None:
-        """Resets every env; ongoing episodes are discarded."""
+        """Resets every env; ongoing episodes are discarded. The transforms' ``shared``
+        state (e.g. normalization statistics) continues; their per-env rows restart."""
         self._key, k = jax.random.split(self._key)
+        old = self.transform_state
         self._state, info = init_state_and_info(
-            self.env, self.policy, self.num_envs, k, self.env_params
+            self.env, self.policy, self.num_envs, k, self.env_params, self.pipeline
         )
+        if old is not None:
+            self._state = _continue_statistics(self.pipeline, old, self._state, info)
         self._episode_id.new_run()
+        info = self._reset_infos(info)
         self._convert.reset({path: np.asarray(leaf) for path, leaf in info_leaves(info)})
+
+    def _reset_infos(self, info: Any) -> Any:
+        """The reset observations' info, with the env params of the first episodes under
+        domain randomization (as each step's infos carry them)."""
+        if not self.pipeline.randomizes_params:
+            return info
+        return with_transform_infos(info, env_params=jax.device_get(self._state.env_params))
+
+    def _host_copy(self, traj: Trajectory) -> Trajectory:
+        host = jax.device_get(traj)  # one transfer per call
+        if host.env_params is None:
+            return host
+        # Under domain randomization each step's infos carry its params (the info at
+        # slot t came with step t, so with the observation its params produced).
+        return dataclasses.replace(
+            host, infos=with_transform_infos(host.infos, env_params=host.env_params)
+        )
 
     def _call(self, params: Any) -> Trajectory:
         self._state, traj = self._rollout(params, self._state, self._buffers)
-        host = jax.device_get(traj)  # one transfer per call
         self._buffers = traj
-        return host
+        return self._host_copy(traj)
 
     def _call_topup(self, params: Any) -> Trajectory:
         if self._topup is None:
             assert self.topup_length is not None
             self._topup = jit_rollout(
-                make_rollout(self.env, self.policy, self.num_envs, self.topup_length)
+                make_rollout(
+                    self.env,
+                    self.policy,
+                    self.num_envs,
+                    self.topup_length,
+                    transforms=self.pipeline,
+                )
             )
         self._state, traj = self._topup(params, self._state, self._topup_buffers)
-        host = jax.device_get(traj)
         self._topup_buffers = traj
-        return host
+        return self._host_copy(traj)
 
     # ------------------------------------------------------------------------- sampling
 
@@ -258,6 +350,7 @@ class DeviceSampler(Sampler):
         if self._state is None or force_reset or num_episodes is not None:
             self.reset()
         chunks: list[Trajectory] = []
+        self.last_chunks = chunks
         steps = done = 0
         while True:
             if chunks and self.topup_length not in (None, self.rollout_length):
@@ -278,8 +371,47 @@ class DeviceSampler(Sampler):
         metrics.num_rollout_calls = calls
         self.metrics = metrics
         if num_episodes is not None:
-            self._state = None  # the next call starts fresh, as RLlib does
+            # The next call starts fresh, as RLlib does (the transforms' statistics go on).
+            self._carried = self._state.transform_state
+            self._state = None
         return out
+
+
+def _continue_statistics(
+    pipe: Pipeline, old: TransformState, state: RolloutState, info: Any
+) -> RolloutState:
+    """``state`` (just reset) with the transforms' ``shared`` state of ``old`` continued:
+    a reset discards episodes, not statistics. The reset's first observations are run
+    through the transforms again, from ``old``'s shared state and fresh rows (reward 0,
+    no done flags, as a reset delivers them); a transform that draws env params keeps
+    the state the reset gave it."""
+    num_envs, num_agents = state.acting.shape
+    fresh = pipe.init((int(num_envs), int(num_agents)))
+    assert fresh is not None and state.transform_state is not None
+    raw = state.obs if state.raw_obs is None else state.raw_obs
+    no = jnp.zeros(state.acting.shape, jnp.bool_)
+    step = Observed(
+        obs=raw,
+        reward=jnp.zeros(state.acting.shape, jnp.float32),
+        terminated=no,
+        truncated=no,
+        recorded=state.acting,
+        first=~no,
+        action=policy_action_zeros(pipe, state.acting.shape),
+        info=info,
+    )
+    stages = []
+    for t, spaces, prev, new, init in zip(
+        pipe.transforms, pipe.spaces, old.stages, state.transform_state.stages, fresh.stages
+    ):
+        if t.randomizes_params:
+            stages.append(new)
+            continue
+        st, step = t.observe(spaces, StageState(prev.shared, init.rows), step, Context())
+        stages.append(st)
+    tstate = dataclasses.replace(state.transform_state, stages=tuple(stages))
+    obs, tstate = jax.tree.map(lambda x: jnp.array(x, copy=True), (step.obs, tstate))
+    return dataclasses.replace(state, obs=obs, transform_state=tstate)
 
 
 def _resolve(env: Env | str) -> Env:

@@ -22,6 +22,8 @@ _SIGNATURE = inspect.Signature(
         inspect.Parameter("num_envs", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=None),
         inspect.Parameter("rollout_length", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=128),
         inspect.Parameter("seed", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=0),
+        inspect.Parameter("transforms", inspect.Parameter.KEYWORD_ONLY, default=None),
+        inspect.Parameter("explore", inspect.Parameter.KEYWORD_ONLY, default=True),
         inspect.Parameter("options", inspect.Parameter.VAR_KEYWORD),
     ]
 )
@@ -72,6 +74,8 @@ def build_sampler(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Sampler:
     options = dict(a.get("options", {}))
     seed = a.get("seed", 0)
     num_envs = a.get("num_envs")
+    options["transforms"] = a.get("transforms")
+    options["explore"] = a.get("explore", True)
     host = as_host_env(a["env"], num_envs, seed)
     if host is None:
         if num_envs is not None:

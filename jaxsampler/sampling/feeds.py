@@ -189,9 +189,16 @@ class Feed(abc.ABC):
         """The agents waiting for an action, per policy; the queue is emptied."""
 
     @abc.abstractmethod
-    def feed(self, res: PollResult, obs: dict[Any, dict[Any, Any]], done: list[DoneRecord]) -> int:
+    def feed(
+        self,
+        res: PollResult,
+        obs: dict[Any, dict[Any, Any]],
+        done: list[DoneRecord],
+        env_rewards: dict[Any, dict[Any, Any]] | None = None,
+    ) -> int:
         """Feeds one poll (``obs``: its checked observations); appends each episode it
-        finishes to ``done``; returns the number of env steps it held."""
+        finishes to ``done``; returns the number of env steps it held. ``env_rewards``:
+        the env's own rewards where ``res`` holds transformed ones (returns sum these)."""
 
     @abc.abstractmethod
     def close_call(self, discard_running: bool) -> list[Any]:
@@ -280,7 +287,13 @@ class CollectorFeed(Feed):
             )
         b.note_off_policy(e, res)
 
-    def feed(self, res: PollResult, obs: dict[Any, dict[Any, Any]], done: list[DoneRecord]) -> int:
+    def feed(
+        self,
+        res: PollResult,
+        obs: dict[Any, dict[Any, Any]],
+        done: list[DoneRecord],
+        env_rewards: dict[Any, dict[Any, Any]] | None = None,
+    ) -> int:
         b, c = self.books, self.collector
         steps = 0
         for e in env_ids_of(res):
@@ -332,6 +345,8 @@ class CollectorFeed(Feed):
             c.episode_step(eid, terminateds=terms, truncateds=truncs)
             if not b.rllib_compatible:
                 _own_flags(c.episode(eid), done_before, terms, truncs)
+            if env_rewards is not None:
+                rewards = env_rewards.get(e, {})
             b.returns[eid] += float(sum(rewards.values()))
             steps += 1
             if all_done:

@@ -61,6 +61,12 @@ by env); envs in order of first appearance. Single-agent envs (one agent id) giv
 :class:`SingleAgentEpisode` objects (``id_`` = the episode id), multi-agent envs
 :class:`MultiAgentEpisode` chunks. All are numpy'ized; ``infos`` stay lists of dicts.
 
+Transforms (``transforms=``): the device rollout's transforms run on every poll
+(:mod:`jaxsampler.sampling.host_transforms`): the policy acts on, and episodes record, the
+transformed observations and rewards; actions are recorded policy side and sent through
+the transforms' ``to_env``; the metrics' returns are the env's own. An off-policy action
+(the env's own) is sent and recorded as the env gave it.
+
 Recurrent policies: the state is kept per ``(env_id, agent_id)`` on the host, reset to
 ``initial_state`` when the agent's episode starts, and updated only when the agent acts.
 
@@ -85,19 +91,23 @@ from jaxsampler.episodes.multi_agent import MultiAgentEpisode
 from jaxsampler.episodes.single_agent import SingleAgentEpisode
 from jaxsampler.host_envs.base import HostEnv, PollResult, check_host_env
 from jaxsampler.policies.base import Policy
+from jaxsampler.policies.greedy import greedy
 from jaxsampler.policies.multi import MultiAgentPolicy
-from jaxsampler.rollout import check_policy_fits
+from jaxsampler.rollout import Transforms, check_policy_fits
 from jaxsampler.sampling.base import (
     Sampler,
     SamplerMetrics,
     check_lookback,
     check_positive_int,
     check_sample_counts,
+    explain_policy_mismatch,
 )
 from jaxsampler.sampling.feeds import Books, CollectorFeed, DoneRecord, Feed
+from jaxsampler.sampling.host_transforms import HostTransforms
 from jaxsampler.sampling.off_policy import OffPolicyCounts, behaviour_outputs, off_policy_extras
 from jaxsampler.sampling.track import TrackFeed
 from jaxsampler.spaces import ValueChecker
+from jaxsampler.transforms.base import Pipeline, build_pipeline
 
 __all__ = ["HostSampler", "abandons_episodes"]
 
@@ -160,6 +170,16 @@ class HostSampler(Sampler):
             the episode's flags (``"__all__"``, or terminated when every agent is done by
             its own flags, truncated ones included) are OR'ed into every agent stepped
             there. Default ``False``: each agent keeps its own flags OR ``"__all__"``.
+        transforms: env->policy / policy->env transforms (:mod:`jaxsampler.transforms`,
+            env side first, or a :class:`~jaxsampler.transforms.Pipeline` bound to the
+            host env's spaces), run on each poll with the device rollout's semantics
+            (:mod:`jaxsampler.sampling.host_transforms`); the policy must be built for
+            the spaces they hand on (``build_pipeline(transforms,
+            host_env.observation_space, host_env.action_space).observation_space``).
+            Episodes and batches hold what the policy saw; :attr:`metrics` report the
+            env's own returns.
+        explore: ``False``: the policy acts greedily
+            (:func:`jaxsampler.policies.greedy.greedy`).
 
     Raises:
         TypeError: ``host_env`` is not a complete :class:`HostEnv` (the missing members
@@ -183,8 +203,15 @@ class HostSampler(Sampler):
         timeout_s: float | None = None,
         feed: Literal["auto", "track", "collector"] = "auto",
         rllib_compatible: bool = False,
+        transforms: Transforms = None,
+        explore: bool = True,
     ):
         self.host_env = check_host_env(host_env)
+        if not isinstance(explore, bool):
+            raise TypeError(f"explore must be a bool, got {explore!r}")
+        if not explore:
+            policy = greedy(policy)
+        self.explore = explore
         self.policy = policy
         horizon = check_lookback(episode_lookback_horizon)
         self.rollout_length = check_positive_int("rollout_length", rollout_length)
@@ -195,8 +222,22 @@ class HostSampler(Sampler):
             abandons_episodes(host_env) if mark_abandoned is None else bool(mark_abandoned)
         )
         self.timeout_s = timeout_s
-        self._obs_space, self._act_space = host_env.observation_space, host_env.action_space
-        check_policy_fits(policy, self.agent_ids, self._obs_space, self._act_space, "the host env")
+        env_obs_space, env_act_space = host_env.observation_space, host_env.action_space
+        pipe = (
+            transforms
+            if isinstance(transforms, Pipeline)
+            else build_pipeline(transforms, env_obs_space, env_act_space)
+        )
+        #: the transforms bound to the host env's spaces (empty without transforms)
+        self.pipeline = pipe
+        # The policy's side: what episodes record and the policy is built for.
+        self._obs_space, self._act_space = pipe.observation_space, pipe.action_space
+        self._env_act_space = env_act_space
+        label = "the host env" + (" after its transforms" if pipe else "")
+        try:
+            check_policy_fits(policy, self.agent_ids, self._obs_space, self._act_space, label)
+        except ValueError as exc:
+            raise explain_policy_mismatch(exc, transforms) from None
         policies, mapping, self._split_params = self._policy_table(policy)
         self.policy_ids = tuple(policies)
         self._mapping = mapping
@@ -225,7 +266,7 @@ class HostSampler(Sampler):
         self._stateful = {pid: bool(jax.tree.leaves(s)) for pid, s in self._init_state.items()}
         # Structure, shapes and dtypes only: Gymnasium envs may return observations outside
         # their declared bounds, and the episodes record them as they came.
-        self._obs_check = ValueChecker(self._obs_space, values=False)
+        self._obs_check = ValueChecker(env_obs_space, values=False)
         n_envs = host_env.num_envs
         self._books = Books(
             mark_abandoned=self.mark_abandoned,
@@ -241,6 +282,8 @@ class HostSampler(Sampler):
         )
         #: the feed chosen at construction (:mod:`jaxsampler.sampling.feeds`)
         self.feed: Feed = _make_feed(feed, self._books)
+        #: the transforms' runner (``None`` without transforms)
+        self.transforms = HostTransforms(pipe, self.batch_sizes) if pipe else None
         self._needs_reset = True
         self._fresh = True
         self.metrics = SamplerMetrics()
@@ -260,14 +303,18 @@ class HostSampler(Sampler):
     def _make_fn(self, p: Policy) -> Any:
         from jaxsampler.rollout import check_action
 
-        space = self._act_space
+        space, env_space, pipe = self._act_space, self._env_act_space, self.pipeline
 
         def step(params, obs, key, state):
             key, sub = jax.random.split(key)
             action, extras, state = p(params, obs, sub, state)
             batch = jax.tree.leaves(obs)[0].shape[:2]
             check_action(space, action, batch)  # at trace time: shapes and dtypes
-            return action, extras, state, key
+            env_action = None
+            if pipe.changes_action:  # the env's side of the action (sent, not recorded)
+                env_action = pipe.to_env(action)
+                check_action(env_space, env_action, batch)
+            return action, env_action, extras, state, key
 
         return jax.jit(step)
 
@@ -336,12 +383,15 @@ class HostSampler(Sampler):
         else:
             state = init
         obs = jax.tree.map(pad, obs)
-        action, extras, new_state, self._keys[pid] = self.policy_fns[pid](
+        action, env_action, extras, new_state, self._keys[pid] = self.policy_fns[pid](
             params, obs, self._keys[pid], state
         )
-        action, extras, new_state = jax.device_get((action, extras, new_state))  # one transfer
+        action, env_action, extras, new_state = jax.device_get(
+            (action, env_action, extras, new_state)
+        )  # one transfer
         # Per-row views without a tree walk per row when the leaves are plain arrays.
         act_col = action[:, 0] if isinstance(action, np.ndarray) else None
+        env_col = env_action[:, 0] if isinstance(env_action, np.ndarray) else None
         offs = self._books.off_policy
         acts = []
         off_rows: list[int] = []
@@ -349,16 +399,23 @@ class HostSampler(Sampler):
             act = (
                 act_col[i] if act_col is not None else jax.tree.map(lambda x, i=i: x[i, 0], action)
             )
+            to_send = act
+            if env_action is not None:
+                to_send = (
+                    env_col[i]
+                    if env_col is not None
+                    else jax.tree.map(lambda x, i=i: x[i, 0], env_action)
+                )
             if offs:  # empty unless some env took its own action
                 off = offs.get(e)
                 if off is not None and a in off.actions:
-                    act = off.actions[a]
+                    act = to_send = off.actions[a]
                     off_rows.append(i)
             acts.append(act)
             if e in out:
-                out[e][a] = act
+                out[e][a] = to_send
             else:
-                out[e] = {a: act}
+                out[e] = {a: to_send}
         if off_rows:
             extras = self._off_policy_extras(
                 pid, params, obs, state, action, extras, off_rows, env_ids, agent_ids, acts
@@ -480,6 +537,8 @@ class HostSampler(Sampler):
         """
         self.host_env.reset()
         self.feed.reset()
+        if self.transforms is not None:
+            self.transforms.reset()
         self._unrecorded.clear()
         self._books.clear()
         self._needs_reset = False
@@ -540,7 +599,12 @@ class HostSampler(Sampler):
         while True:
             self._act(params)
             res = self._poll(deadline)
-            env_steps += self.feed.feed(res, self._validate(res), done_log)
+            obs = self._validate(res)
+            if self.transforms is None:
+                env_steps += self.feed.feed(res, obs, done_log)
+            else:  # episodes get what the policy sees; returns stay the env's
+                seen, obs = self.transforms.apply(res, obs, self._books.actions)
+                env_steps += self.feed.feed(seen, obs, done_log, env_rewards=res.rewards)
             polls += not self._fresh  # the first poll after a (re)start: first observations only
             self._fresh = False
             if num_episodes is not None:

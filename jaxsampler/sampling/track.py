@@ -171,7 +171,13 @@ class TrackFeed(Feed):
         pid = self.books.mapping[self.agent]
         return [(pid, stack([o for _, o in queue]), [e for e, _ in queue], [self.agent] * n)]
 
-    def feed(self, res: PollResult, obs: dict[Any, dict[Any, Any]], done: list[DoneRecord]) -> int:
+    def feed(
+        self,
+        res: PollResult,
+        obs: dict[Any, dict[Any, Any]],
+        done: list[DoneRecord],
+        env_rewards: dict[Any, dict[Any, Any]] | None = None,
+    ) -> int:
         b, agent = self.books, self.agent
         steps = 0
         for e in env_ids_of(res):
@@ -216,6 +222,8 @@ class TrackFeed(Feed):
                 if sent is not None:
                     b.actions[e] = sent
                 tr.hanging_reward += reward
+            if env_rewards is not None:
+                rewards = env_rewards.get(e, {})
             b.returns[tr.id_] += float(sum(rewards.values()))
             self._env_steps[tr.id_] += 1
             tr.polls += 1
