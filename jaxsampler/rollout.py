@@ -162,6 +162,7 @@ def init_rollout_state(
     key: jax.Array,
     env_params: Any = None,
     transforms: Transforms = None,
+    transform_state: Any = None,
 ) -> RolloutState:
     """Resets ``num_envs`` envs and returns the state a rollout starts from.
 
@@ -174,6 +175,11 @@ def init_rollout_state(
             length per env: ``dataclasses.replace(p, length=jnp.linspace(0.4, 0.6, E))``.
         transforms: as given to :func:`make_rollout` (its ``init`` passes them): the
             first observations go through them and their state is initialised.
+        transform_state: continue the statistics of this ``TransformState`` (e.g. the
+            previous state's, when a sampler resets its envs: a reset discards episodes,
+            not statistics): every transform's ``shared`` state is taken from it, except
+            a randomizer's (its base params are ``env_params``); per-env ``rows`` start
+            fresh. ``None``: fresh statistics.
 
     Jittable (``num_envs`` static).
 
@@ -181,7 +187,9 @@ def init_rollout_state(
         ValueError: an ``env_params`` leaf whose shape is neither the shared one nor
             ``[E, ...]`` (the message names the leaf and the shapes).
     """
-    return init_state_and_info(env, policy, num_envs, key, env_params, transforms)[0]
+    return init_state_and_info(env, policy, num_envs, key, env_params, transforms, transform_state)[
+        0
+    ]
 
 
 def init_state_and_info(
@@ -191,6 +199,7 @@ def init_state_and_info(
     key: jax.Array,
     env_params: Any = None,
     transforms: Transforms = None,
+    transform_state: Any = None,
 ) -> tuple[RolloutState, Any]:
     """:func:`init_rollout_state` plus the reset ``info`` of the first observations
     (leaves ``[E, ...]``), which no trajectory buffer holds."""
@@ -200,6 +209,8 @@ def init_state_and_info(
     vector.param_axes(env, env_params, num_envs)  # validates the shapes, naming the leaf
     key, reset_key = jax.random.split(key)
     tstate = pipe.init((num_envs, env.num_agents))
+    if transform_state is not None:
+        tstate = _continued(pipe, tstate, transform_state)
     if pipe.randomizes_params:
         assert tstate is not None
         key, params_key = jax.random.split(key)
@@ -257,6 +268,22 @@ def init_state_and_info(
         raw_obs=raw_obs,
     )
     return state, ts.info
+
+
+def _continued(pipe: Pipeline, fresh: Any, old: Any) -> Any:
+    """``fresh`` with every non-randomizing transform's ``shared`` state taken from ``old``."""
+    want: Any = jax.tree.structure(fresh)  # PyTreeDef: untyped for mypy
+    if fresh is None or jax.tree.structure(old) != want:
+        raise ValueError(
+            "transform_state does not match the transforms "
+            f"({[type(t).__name__ for t in pipe.transforms]}): pass the state of a rollout "
+            "with the same transforms"
+        )
+    stages = tuple(
+        new if t.randomizes_params else dataclasses.replace(new, shared=prev.shared)
+        for t, new, prev in zip(pipe.transforms, fresh.stages, old.stages)
+    )
+    return dataclasses.replace(fresh, stages=stages)
 
 
 def policy_action_zeros(pipe: Pipeline, batch_shape: tuple[int, ...]) -> Any:

@@ -153,8 +153,8 @@ class Box(Space):
         shape = tuple(batch_shape) + self.shape
         if self.dtype == np.bool_:  # False/True within the bounds, each with probability 1/2
             bit = jax.random.bernoulli(key, 0.5, shape)
-            low, high = jnp.asarray(self.low > 0), jnp.asarray(self.high > 0)
-            return jnp.where(low == high, low, bit)
+            lo, hi = jnp.asarray(self.low > 0), jnp.asarray(self.high > 0)
+            return jnp.where(lo == hi, lo, bit)
         if np.issubdtype(self.dtype, np.integer):
             return self._sample_int(key, shape)
         low = np.where(np.isfinite(self.low), self.low, -1.0).astype(self.dtype)

@@ -161,8 +161,16 @@ def test_bad_masked_spaces_are_named():
         js.MLPPolicy(
             Dict(observations=OBS, action_mask=Box(0, 1, (2,), bool)), Box(-1.0, 1.0, (2,))
         )
-    with pytest.raises(ValueError, match="keys"):
-        js.RandomPolicy(Dict(observations=OBS, action_mask=Box(0, 1, (5,), bool), x=OBS), ACT)
+    # RandomPolicy reads the mask only, so other entries (e.g. a FrameStack'ed Dict) may stay.
+    wide = js.RandomPolicy(Dict(observations=OBS, action_mask=Box(0, 1, (5,), bool), x=OBS), ACT)
+    obs = jax.tree.map(
+        lambda z: jnp.zeros((64,) + z.shape, z.dtype), wide.observation_space.zeros()
+    )
+    obs["action_mask"] = jnp.zeros((64, 5), bool).at[:, 3].set(True)
+    action, _, _ = wide(None, obs, jax.random.PRNGKey(0), None)
+    assert (np.asarray(action) == 3).all()
+    with pytest.raises(ValueError, match=r"shape \(5,\)"):
+        js.RandomPolicy(Dict(action_mask=Box(0, 1, (4,), bool), x=OBS), ACT)
 
 
 # --- RandomPolicy ----------------------------------------------------------------------

@@ -108,7 +108,7 @@ class RandomPolicy(Policy):
     action_space: Space
 
     def __post_init__(self) -> None:
-        split_masked_space(self.observation_space, self.action_space)
+        split_masked_space(self.observation_space, self.action_space, other_keys=True)
 
     def init(self, key: jax.Array) -> Any:
         return ()
@@ -117,7 +117,8 @@ class RandomPolicy(Policy):
         self, params: Any, obs: Any, key: jax.Array, policy_state: Any
     ) -> tuple[Any, dict[str, jax.Array], Any]:
         batch = batch_dims(obs, self.observation_space)
-        if split_masked_space(self.observation_space, self.action_space) is None:
+        masked = split_masked_space(self.observation_space, self.action_space, other_keys=True)
+        if masked is None:
             return self.action_space.sample_batch(key, batch), {}, policy_state
         return _sample_legal(self.action_space, obs[MASK_KEY], key), {}, policy_state
 

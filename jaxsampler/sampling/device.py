@@ -48,7 +48,6 @@ import time
 from typing import Any, Protocol
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from jaxsampler.constants import DEFAULT_POLICY_ID
@@ -63,7 +62,6 @@ from jaxsampler.rollout import (
     init_state_and_info,
     jit_rollout,
     make_rollout,
-    policy_action_zeros,
 )
 from jaxsampler.sampling.base import (
     Sampler,
@@ -75,8 +73,8 @@ from jaxsampler.sampling.base import (
 from jaxsampler.sampling.columns import InfoPath, info_leaves, with_transform_infos
 from jaxsampler.sampling.convert_multi import MultiAgentConverter
 from jaxsampler.sampling.convert_single import EpisodeFactory, SingleAgentConverter
-from jaxsampler.transforms.base import Context, Observed, Pipeline, StageState, TransformState
-from jaxsampler.types import RolloutState, Trajectory
+from jaxsampler.transforms.base import TransformState
+from jaxsampler.types import Trajectory
 
 __all__ = ["Converter", "DeviceSampler"]
 
@@ -240,10 +238,8 @@ class DeviceSampler(Sampler):
         self._key, k = jax.random.split(self._key)
         old = self.transform_state
         self._state, info = init_state_and_info(
-            self.env, self.policy, self.num_envs, k, self.env_params, self.pipeline
+            self.env, self.policy, self.num_envs, k, self.env_params, self.pipeline, old
         )
-        if old is not None:
-            self._state = _continue_statistics(self.pipeline, old, self._state, info)
         self._episode_id.new_run()
         info = self._reset_infos(info)
         self._convert.reset({path: np.asarray(leaf) for path, leaf in info_leaves(info)})
@@ -375,43 +371,6 @@ class DeviceSampler(Sampler):
             self._carried = self._state.transform_state
             self._state = None
         return out
-
-
-def _continue_statistics(
-    pipe: Pipeline, old: TransformState, state: RolloutState, info: Any
-) -> RolloutState:
-    """``state`` (just reset) with the transforms' ``shared`` state of ``old`` continued:
-    a reset discards episodes, not statistics. The reset's first observations are run
-    through the transforms again, from ``old``'s shared state and fresh rows (reward 0,
-    no done flags, as a reset delivers them); a transform that draws env params keeps
-    the state the reset gave it."""
-    num_envs, num_agents = state.acting.shape
-    fresh = pipe.init((int(num_envs), int(num_agents)))
-    assert fresh is not None and state.transform_state is not None
-    raw = state.obs if state.raw_obs is None else state.raw_obs
-    no = jnp.zeros(state.acting.shape, jnp.bool_)
-    step = Observed(
-        obs=raw,
-        reward=jnp.zeros(state.acting.shape, jnp.float32),
-        terminated=no,
-        truncated=no,
-        recorded=state.acting,
-        first=~no,
-        action=policy_action_zeros(pipe, state.acting.shape),
-        info=info,
-    )
-    stages = []
-    for t, spaces, prev, new, init in zip(
-        pipe.transforms, pipe.spaces, old.stages, state.transform_state.stages, fresh.stages
-    ):
-        if t.randomizes_params:
-            stages.append(new)
-            continue
-        st, step = t.observe(spaces, StageState(prev.shared, init.rows), step, Context())
-        stages.append(st)
-    tstate = dataclasses.replace(state.transform_state, stages=tuple(stages))
-    obs, tstate = jax.tree.map(lambda x: jnp.array(x, copy=True), (step.obs, tstate))
-    return dataclasses.replace(state, obs=obs, transform_state=tstate)
 
 
 def _resolve(env: Env | str) -> Env:

@@ -72,7 +72,9 @@ def masked_space(observation_space: Space, action_space: Space) -> Dict:
     return Dict({OBS_KEY: observation_space, MASK_KEY: Box(0, 1, (n,), np.bool_)})
 
 
-def split_masked_space(space: Space, action_space: Space) -> tuple[Space, Box] | None:
+def split_masked_space(
+    space: Space, action_space: Space, *, other_keys: bool = False
+) -> tuple[Space, Box] | None:
     """``(observation space, mask space)`` of a masked observation space, or ``None`` if
     ``space`` is not one (not a ``Dict`` with an ``"action_mask"`` entry).
 
@@ -81,10 +83,13 @@ def split_masked_space(space: Space, action_space: Space) -> tuple[Space, Box] |
             ``"observations"`` and ``"action_mask"``, or a mask that is not a ``Box`` of
             shape ``(mask_size(action_space),)`` (the message names both spaces).
         TypeError: a mask with an action space that cannot be masked (continuous).
+
+    ``other_keys=True`` (for policies that read only the mask, e.g. ``RandomPolicy``)
+    accepts any other entries; the first element is then the space itself.
     """
     if not isinstance(space, Dict) or MASK_KEY not in space.spaces:
         return None
-    if set(space.spaces) != {OBS_KEY, MASK_KEY}:
+    if not other_keys and set(space.spaces) != {OBS_KEY, MASK_KEY}:
         raise ValueError(
             f"a masked observation space is Dict({OBS_KEY!r}: ..., {MASK_KEY!r}: ...), got "
             f"{space!r} (keys {sorted(space.spaces)}); flatten the other entries into "
@@ -99,7 +104,7 @@ def split_masked_space(space: Space, action_space: Space) -> tuple[Space, Box] |
         )
     if not (mask.dtype == np.bool_ or np.issubdtype(mask.dtype, np.number)):
         raise ValueError(f"the {MASK_KEY!r} entry must be bool, int or float, got {mask!r}")
-    return space.spaces[OBS_KEY], mask
+    return space.spaces.get(OBS_KEY, space), mask
 
 
 def legal_actions(mask: jax.Array) -> jax.Array:
