@@ -7,10 +7,11 @@ return RLlib's episodes and batches.
 The top level holds the everyday path. The layers, bottom to top, are subpackages:
 :mod:`~jaxsampler.spaces`, :mod:`~jaxsampler.vector`, :mod:`~jaxsampler.envs`
 (pure-JAX envs, adapters), :mod:`~jaxsampler.policies`, :mod:`~jaxsampler.rollout`,
-:mod:`~jaxsampler.scale`, :mod:`~jaxsampler.postprocessing`, :mod:`~jaxsampler.episodes`
-(RLlib's data model in numpy), :mod:`~jaxsampler.host_envs` (host-stepped envs),
-:mod:`~jaxsampler.sampling` (the sampler family), :mod:`~jaxsampler.serving` (HTTP policy
-server and client) and :mod:`~jaxsampler.offline` (logs).
+:mod:`~jaxsampler.scale`, :mod:`~jaxsampler.postprocessing`, :mod:`~jaxsampler.evaluation`
+(``evaluate``: unbiased episodes, greedy actions, frozen statistics),
+:mod:`~jaxsampler.episodes` (RLlib's data model in numpy), :mod:`~jaxsampler.host_envs`
+(host-stepped envs), :mod:`~jaxsampler.sampling` (the sampler family),
+:mod:`~jaxsampler.serving` (HTTP policy server and client) and :mod:`~jaxsampler.offline` (logs).
 """
 
 from jaxsampler import (
@@ -37,6 +38,7 @@ from jaxsampler.episodes import (
     SingleAgentEpisode,
     concat_samples,
 )
+from jaxsampler.evaluation import EvalResult, evaluate
 from jaxsampler.host_envs import HostEnv, HostEnvError
 from jaxsampler.offline import CorruptLogError, RepairReport, TruncatedLogWarning, repair_log
 from jaxsampler.policies import (
@@ -47,6 +49,7 @@ from jaxsampler.policies import (
     RandomPolicy,
     RecurrentPolicy,
 )
+from jaxsampler.policies.greedy import greedy
 from jaxsampler.postprocessing import compute_gae
 from jaxsampler.registry import make, register, registered_ids
 from jaxsampler.rollout import init_rollout_state, jit_rollout, make_rollout
@@ -62,6 +65,7 @@ __all__ = [
     "DEFAULT_POLICY_ID",
     "Env",
     "EnvCheckError",
+    "EvalResult",
     "HostEnv",
     "HostEnvError",
     "InfiniteLookbackBuffer",
@@ -88,8 +92,10 @@ __all__ = [
     "compute_gae",
     "concat_samples",
     "episodes",
+    "evaluate",
     "from_gymnax",
     "from_jaxmarl",
+    "greedy",
     "host_envs",
     "init_rollout_state",
     "jit_rollout",

@@ -24,6 +24,15 @@ episode ends) and reports every violation of the env contract in plain words:
   and gets reward 0 on every later step; and by ``max_steps_in_episode`` every agent
   still going is truncated (or terminated), so the episode ends at the limit.
 
+* legal-action masks, when the env publishes one (a ``Dict`` observation with an
+  ``"action_mask"`` entry, or an ``action_mask`` entry in its ``info``; see
+  :mod:`jaxsampler.transforms.mask`): the mask has the action space's shape
+  (``[A, n]`` per env for ``Discrete(n)``, ``n = sum(nvec)`` for ``MultiDiscrete``;
+  ``[n]`` in the info of a single-agent env) and 0/1 values; in a run with a masked
+  :class:`~jaxsampler.policies.RandomPolicy`, every acting agent has at least one legal
+  action (per dimension, for ``MultiDiscrete``) and every action it samples is legal
+  under the mask of the observation it acts on.
+
 An episode ends on the step where every agent is done (``all(terminated | truncated)``
 over agents, as the rollout computes it); each checked env is stopped there.
 """
@@ -40,7 +49,16 @@ import numpy as np
 
 from jaxsampler import vector
 from jaxsampler.envs.base import Env
-from jaxsampler.spaces import Space
+from jaxsampler.policies.base import RandomPolicy
+from jaxsampler.spaces import Dict, Discrete, Space
+from jaxsampler.transforms.mask import (
+    MASK_KEY,
+    OBS_KEY,
+    lookup_info,
+    mask_size,
+    masked_space,
+    split_masked_space,
+)
 from jaxsampler.types import TimeStep
 
 __all__ = ["check_env", "EnvCheckReport", "EnvCheckError"]
@@ -196,6 +214,7 @@ def check_env(
     num_steps: int | None = None,
     short_time_limit: int = 7,
     raise_on_error: bool = False,
+    info_mask_path: str = MASK_KEY,
 ) -> EnvCheckReport:
     """Validates ``env`` and returns a report listing every problem found.
 
@@ -210,6 +229,8 @@ def check_env(
         short_time_limit: the ``max_steps_in_episode`` used to check that truncation
             fires exactly at the limit, for every agent (if params have that field).
         raise_on_error: raise :class:`EnvCheckError` instead of returning a failing report.
+        info_mask_path: where a legal-action mask published in ``info`` sits (an
+            attribute or key, dotted for nested ones; as ``ActionMaskFromInfo(path=)``).
     """
     report = EnvCheckReport(getattr(env, "name", type(env).__name__))
     if not isinstance(env, Env):
@@ -279,6 +300,9 @@ def check_env(
     report.problems += _reset_problems(rec)
     report.checks_run.append("done agents (sticky flags, acting, reward)")
     agent_problems = _done_agent_problems(rec)
+    _check_masks(
+        env, params, ts0, jax.random.fold_in(key, 4), num_envs, num_steps, info_mask_path, report
+    )
 
     # --- time limit -----------------------------------------------------------------
     report.checks_run.append("time limit")
@@ -443,6 +467,141 @@ def _check_run(env: Env, rec: dict[str, Any], report: EnvCheckReport, limit: Any
     trunc = np.any(rec["truncated"], -1) & alive
     if trunc.any() and np.array_equal(term, trunc):
         report.problems.append("terminated mirrors truncated exactly: the two signals look merged")
+
+
+def _mask_source(env: Env, ts: TimeStep, path: str) -> tuple[str, str] | None:
+    """Where ``env`` publishes a legal-action mask: ``("obs", key)``, ``("info", path)``
+    or ``None``."""
+    space = env.observation_space
+    if isinstance(space, Dict) and MASK_KEY in space.spaces:
+        return ("obs", MASK_KEY)
+    try:
+        lookup_info(ts.info, path)
+    except KeyError:
+        return None
+    return ("info", path)
+
+
+def _get_mask(ts: TimeStep, source: tuple[str, str], batch: tuple[int, ...]) -> jax.Array:
+    """The mask of ``ts`` as ``[*batch, A, n]`` (an info mask of one agent may lack ``A``)."""
+    where, path = source
+    mask = jnp.asarray(ts.obs[path] if where == "obs" else lookup_info(ts.info, path))
+    return mask if mask.ndim == len(batch) + 2 else mask[..., None, :]
+
+
+@functools.lru_cache(maxsize=32)
+def _masked_runner(env: Env, num_envs: int, num_steps: int, source: tuple[str, str]) -> Any:
+    """Jitted ``run(key, params)``: like :func:`_episode_runner`, with the actions of a
+    masked :class:`RandomPolicy`; records ``mask``, ``action``, ``acting`` (of the
+    observation acted on) and ``alive``. Cached, so repeated checks compile once."""
+    policy = RandomPolicy(masked_space(Discrete(1), env.action_space), env.action_space)
+
+    def run(key: jax.Array, params: Any):
+        k_reset, k_run = jax.random.split(key)
+        state, ts = vector.reset(env, jax.random.split(k_reset, num_envs), params)
+
+        def body(carry, key):
+            state, ts, alive = carry
+            k_act, k_step = jax.random.split(key)
+            mask = _get_mask(ts, source, (num_envs,))
+            dummy = jnp.zeros(mask.shape[:2], jnp.int32)
+            action, _, _ = policy((), {OBS_KEY: dummy, MASK_KEY: mask}, k_act, ())
+            new_state, new_ts = vector.step(
+                env, jax.random.split(k_step, num_envs), state, action, params
+            )
+            done = jnp.all(new_ts.terminated | new_ts.truncated, axis=-1)
+            rec = {"alive": alive, "mask": mask, "action": action, "acting": ts.acting}
+            new_state = vector.select_envs(alive, new_state, state)
+            new_ts = vector.select_envs(alive, new_ts, ts)
+            return (new_state, new_ts, alive & ~done), rec
+
+        _, rec = jax.lax.scan(
+            body, (state, ts, jnp.ones((num_envs,), jnp.bool_)), jax.random.split(k_run, num_steps)
+        )
+        return rec
+
+    return jax.jit(run)
+
+
+def _check_masks(
+    env: Env,
+    params: Any,
+    ts0: TimeStep,
+    key: jax.Array,
+    num_envs: int,
+    num_steps: int,
+    path: str,
+    report: EnvCheckReport,
+) -> None:
+    """The legal-action mask checks (see the module docstring); nothing without a mask."""
+    source = _mask_source(env, ts0, path)
+    if source is None:
+        return
+    report.checks_run.append("action mask")
+    where = f"observation entry {MASK_KEY!r}" if source[0] == "obs" else f"info entry {path!r}"
+    space = env.action_space
+    try:
+        n = mask_size(space)
+        if source[0] == "obs":
+            split_masked_space(env.observation_space, space)
+    except (TypeError, ValueError) as err:
+        report.problems.append(f"action mask ({where}): {err}")
+        return
+    A = env.num_agents
+    mask0 = jnp.asarray(lookup_info(ts0.obs if source[0] == "obs" else ts0.info, path))
+    ok_shapes = [(A, n)] + ([(n,)] if A == 1 and source[0] == "info" else [])
+    if tuple(mask0.shape) not in ok_shapes:
+        report.problems.append(
+            f"action mask ({where}) has shape {tuple(mask0.shape)} per env, expected "
+            f"{' or '.join(map(str, ok_shapes))} ({A} agent(s), {n} actions of {space!r})"
+        )
+        return
+    if not (mask0.dtype == jnp.bool_ or jnp.issubdtype(mask0.dtype, jnp.number)):
+        report.problems.append(f"action mask ({where}) has dtype {mask0.dtype}, not bool/int/float")
+        return
+    rec = jax.device_get(_masked_runner(env, num_envs, num_steps, source)(key, params))
+    acts = rec["acting"] & rec["alive"][..., None]  # [S, N, A]
+    mask = np.asarray(rec["mask"])  # [S, N, A, n]
+    if mask.dtype != np.bool_:
+        odd = acts & ~np.all((mask == 0) | (mask == 1), axis=-1)
+        if odd.any():
+            t, e, a = np.argwhere(odd)[0]
+            report.problems.append(
+                f"action mask ({where}) has values other than 0/1 for agent {a} of env {e} at "
+                f"step {t}: {mask[t, e, a].tolist()} (nonzero counts as legal)"
+            )
+    legal = mask.astype(bool)
+    nvec = getattr(space, "nvec", None)
+    sizes = [n] if nvec is None else np.asarray(nvec).reshape(-1).tolist()
+    starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
+    action = np.asarray(rec["action"]).reshape(acts.shape + (-1,)).astype(np.int64)
+    if isinstance(space, Discrete):
+        action = action - space.start
+    none_legal = np.zeros(acts.shape, bool)
+    chosen_legal = np.ones(acts.shape, bool)
+    for d, (start, size) in enumerate(zip(starts, sizes)):
+        seg = legal[..., start : start + size]
+        none_legal |= ~seg.any(-1)
+        idx = np.clip(action[..., d], 0, size - 1)
+        inside = (action[..., d] >= 0) & (action[..., d] < size)
+        chosen_legal &= inside & np.take_along_axis(seg, idx[..., None], -1)[..., 0]
+    bad = acts & none_legal
+    if bad.any():
+        t, e, a = np.argwhere(bad)[0]
+        per_dim = "" if isinstance(space, Discrete) else " in some dimension"
+        report.problems.append(
+            f"agent {a} of env {e} acts at step {t} with no legal action{per_dim}: its action "
+            f"mask ({where}) is all False (an acting agent needs at least one legal action)"
+        )
+    bad = acts & ~none_legal & ~chosen_legal
+    if bad.any():
+        t, e, a = np.argwhere(bad)[0]
+        report.problems.append(
+            f"a masked random policy sampled the illegal action {rec['action'][t, e, a]} for "
+            f"agent {a} of env {e} at step {t} (mask {where}: {mask[t, e, a].tolist()})"
+        )
+    if not acts.any():
+        report.notes.append("no agent acted in the masked run: action-mask checks skipped")
 
 
 def _tree_equal(a: Any, b: Any) -> bool:

@@ -30,7 +30,12 @@ moves. Both agents get their observation every step (only the mover's is used).
 ``info`` is :class:`TicTacToeInfo` with ``action_mask: bool[2, 9]``, the empty cells
 (the same row for both agents; all False once the board is full). In rollout buffers,
 ``infos[t]`` belongs to ``obs[t + 1]`` (the step's result): it masks the action of
-step ``t + 1``.
+step ``t + 1``. ``transforms=(ActionMaskFromInfo(),)`` turns it into a masked
+observation for the policy.
+
+``TicTacToe(masked_obs=True)`` (``js.make("TicTacToe-v0", masked_obs=True)``) publishes
+the masked observation itself: ``Dict(observations=Box[27], action_mask=bool Box[9])``
+(the same mask as ``info``), which masking policies read directly.
 """
 
 from __future__ import annotations
@@ -44,7 +49,7 @@ import numpy as np
 from flax import struct
 
 from jaxsampler.envs.base import MultiAgentEnv
-from jaxsampler.spaces import Box, Discrete
+from jaxsampler.spaces import Box, Dict, Discrete, Space
 
 __all__ = ["TicTacToe", "TicTacToeInfo", "TicTacToeMove", "TicTacToeParams", "TicTacToeState"]
 
@@ -87,7 +92,14 @@ class TicTacToeMove:
 
 @dataclasses.dataclass(frozen=True)
 class TicTacToe(MultiAgentEnv):
-    """``TicTacToe()``: two-player tic-tac-toe; the loser of an illegal move is the mover."""
+    """``TicTacToe()``: two-player tic-tac-toe; the loser of an illegal move is the mover.
+
+    Args:
+        masked_obs: observations are ``{"observations": float32[27], "action_mask":
+            bool[9]}`` (the legal moves) instead of the plain ``float32[27]``.
+    """
+
+    masked_obs: bool = False
 
     num_agents: ClassVar[int] = 2
 
@@ -100,8 +112,11 @@ class TicTacToe(MultiAgentEnv):
         return TicTacToeParams()
 
     @property
-    def observation_space(self) -> Box:
-        return Box(0.0, 1.0, (27,), np.float32)
+    def observation_space(self) -> Space:
+        board = Box(0.0, 1.0, (27,), np.float32)
+        if self.masked_obs:
+            return Dict({"observations": board, "action_mask": Box(0, 1, (9,), np.bool_)})
+        return board
 
     @property
     def action_space(self) -> Discrete:
@@ -156,10 +171,14 @@ class TicTacToe(MultiAgentEnv):
 
     def agent_obs(
         self, agent_id: jax.Array, own: Any, state: TicTacToeState, params: TicTacToeParams
-    ) -> jax.Array:
-        """``[own marks, opponent's marks, empty cells]`` from ``agent_id``'s side."""
+    ) -> jax.Array | dict[str, jax.Array]:
+        """``[own marks, opponent's marks, empty cells]`` from ``agent_id``'s side (with
+        ``masked_obs``, as ``"observations"`` next to the ``"action_mask"``)."""
         mine, opponent = state.board == agent_id + 1, state.board == 2 - agent_id
-        return jnp.concatenate([mine, opponent, state.board == 0]).astype(jnp.float32)
+        board = jnp.concatenate([mine, opponent, state.board == 0]).astype(jnp.float32)
+        if self.masked_obs:
+            return {"observations": board, "action_mask": state.board == 0}
+        return board
 
     def agent_reward(
         self,

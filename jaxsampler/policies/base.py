@@ -27,9 +27,12 @@ import dataclasses
 from typing import Any
 
 import jax
+import jax.numpy as jnp
+import numpy as np
 from flax import struct
 
-from jaxsampler.spaces import Space
+from jaxsampler.spaces import Discrete, MultiDiscrete, Space
+from jaxsampler.transforms.mask import MASK_KEY, legal_actions, split_masked_space
 
 __all__ = ["Policy", "NoState", "RandomPolicy"]
 
@@ -87,10 +90,25 @@ class Policy:
 
 @dataclasses.dataclass(frozen=True)
 class RandomPolicy(Policy):
-    """Uniformly random actions from ``action_space``; no params, no extras."""
+    """Uniformly random actions from ``action_space``; no params, no extras.
+
+    With a masked observation space (``Dict(observations=..., action_mask=...)``, see
+    :mod:`jaxsampler.transforms.mask`) and ``Discrete`` or ``MultiDiscrete`` actions,
+    the actions are uniform over the legal ones (for ``MultiDiscrete``, each dimension
+    over its own legal values); a mask (or a dimension's part of it) with no legal entry
+    masks nothing there (uniform over all). Without a mask, the draws are exactly those
+    of ``action_space.sample_batch``.
+
+    Raises:
+        ValueError, TypeError: a malformed masked observation space, or a mask with
+            actions that cannot be masked (the message names the spaces).
+    """
 
     observation_space: Space
     action_space: Space
+
+    def __post_init__(self) -> None:
+        split_masked_space(self.observation_space, self.action_space)
 
     def init(self, key: jax.Array) -> Any:
         return ()
@@ -98,8 +116,34 @@ class RandomPolicy(Policy):
     def __call__(
         self, params: Any, obs: Any, key: jax.Array, policy_state: Any
     ) -> tuple[Any, dict[str, jax.Array], Any]:
-        action = self.action_space.sample_batch(key, batch_dims(obs, self.observation_space))
-        return action, {}, policy_state
+        batch = batch_dims(obs, self.observation_space)
+        if split_masked_space(self.observation_space, self.action_space) is None:
+            return self.action_space.sample_batch(key, batch), {}, policy_state
+        return _sample_legal(self.action_space, obs[MASK_KEY], key), {}, policy_state
+
+
+def _sample_legal(space: Space, mask: jax.Array, key: jax.Array) -> jax.Array:
+    """Uniform legal actions: ``mask`` ``[*batch, n]`` -> ``[*batch, *space.shape]``."""
+    legal = legal_actions(mask)
+    if isinstance(space, Discrete):
+        sizes = [space.n]
+    else:
+        assert isinstance(space, MultiDiscrete)
+        sizes = [int(n) for n in np.asarray(space.nvec).reshape(-1)]
+    width = max(sizes)
+    ends = np.cumsum(sizes)
+    # [*batch, d, width]: each dimension's segment of the mask, padded with illegal slots.
+    rows = []
+    for start, size in zip(ends - np.asarray(sizes), sizes):
+        seg = legal[..., int(start) : int(start) + size]
+        seg = seg | ~jnp.any(seg, axis=-1, keepdims=True)  # no legal value: all of them
+        rows.append(jnp.pad(seg, [(0, 0)] * (seg.ndim - 1) + [(0, width - size)]))
+    table = jnp.stack(rows, axis=-2)
+    logits = jnp.where(table, 0.0, -jnp.inf).astype(jnp.float32)
+    choice = jax.random.categorical(key, logits, axis=-1)  # [*batch, d]
+    if isinstance(space, Discrete):
+        return (choice[..., 0] + space.start).astype(space.dtype)
+    return choice.reshape(choice.shape[:-1] + space.shape).astype(space.dtype)
 
 
 def batch_dims(obs: Any, space: Space) -> tuple[int, ...]:

@@ -16,7 +16,18 @@ in two halves), the state-independent ``log_std`` repeated at every step.
   clip to their bounds, as Gymnasium's continuous envs do.
 
 Observations must be a ``Box`` (flattened after the batch dims) or ``Discrete``
-(one-hot encoded).
+(one-hot encoded), or a *masked observation* with ``Discrete`` actions:
+``Dict(observations=<Box or Discrete>, action_mask=Box((n,)))`` (bool, or 0/1 int/float;
+see :mod:`jaxsampler.transforms.mask`). Then the network reads ``"observations"`` only,
+and the logits of illegal actions (mask entry 0) are replaced by :data:`MASKED_LOGIT`
+before sampling, before the argmax (``explore=False``) and in ``log_prob``, so every
+sampled or greedy action is legal and ``action_logp`` is the masked distribution's.
+``action_dist_inputs`` (and ``forward``'s logits) are the *masked* logits, as RLlib's
+action-masking module hands them to its loss, so a learner that rebuilds the
+distribution from them gets the masked one. An all-zero mask (no legal action) masks
+nothing: that agent acts from the unmasked logits (NaN-free; it happens for agents that
+do not act, e.g. on a full TicTacToe board, whose actions are ignored; for an acting
+agent it is an env bug that ``check_env`` reports).
 """
 
 from __future__ import annotations
@@ -33,8 +44,19 @@ import numpy as np
 
 from jaxsampler.policies.base import NoState, Policy, batch_dims
 from jaxsampler.spaces import Box, Discrete, Space
+from jaxsampler.transforms.mask import MASK_KEY, OBS_KEY, legal_actions, split_masked_space
 
-__all__ = ["MLPPolicy", "RecurrentPolicy", "ActorCriticMLP", "action_dim"]
+__all__ = ["MLPPolicy", "RecurrentPolicy", "ActorCriticMLP", "action_dim", "mask_logits"]
+
+#: What an illegal action's logit becomes. ``exp(-1e9 - max)`` is exactly 0 in float32,
+#: so the action has probability 0, never wins the argmax nor the Gumbel-max sampling
+#: (noise stays within about [-5, 17]), and the legal actions' log-probabilities are
+#: bit-identical to a softmax over the legal ones only (the same as RLlib's
+#: ``logits + clamp(log(mask), FLOAT_MIN)``). Unlike ``finfo(float32).min`` it stays
+#: finite under a learner's further arithmetic (a temperature, a difference of logits,
+#: a sum), where ``finfo.min`` overflows to ``-inf`` and ``0 * -inf`` turns an entropy
+#: or KL term into NaN.
+MASKED_LOGIT = -1e9
 
 _ACTIVATIONS = {"tanh": nn.tanh, "relu": nn.relu, "gelu": nn.gelu, "silu": nn.silu}
 
@@ -50,11 +72,46 @@ def action_dim(space: Space) -> int:
     )
 
 
-def _check_obs_space(space: Space) -> None:
+def _network_space(space: Space, action_space: Space) -> Space:
+    """The space the network reads: ``space``, or the ``"observations"`` of a masked one.
+
+    Raises:
+        TypeError: neither a Box / Discrete nor a masked observation of one, or a mask
+            with an action space other than ``Discrete``.
+        ValueError: a malformed masked observation space (the message names it).
+    """
+    split = split_masked_space(space, action_space)
+    if split is not None:
+        if not isinstance(action_space, Discrete):
+            raise TypeError(
+                f"actor-critic policies mask Discrete actions only, got {action_space!r} "
+                f"with the masked observation space {space!r}"
+            )
+        space = split[0]
     if not isinstance(space, (Box, Discrete)):
         raise TypeError(
-            f"actor-critic policies need a Box or Discrete observation space, got {space!r}"
+            "actor-critic policies need a Box or Discrete observation space, or a masked "
+            f"Dict({OBS_KEY!r}: Box or Discrete, {MASK_KEY!r}: Box((n,))), got {space!r}"
         )
+    return space
+
+
+def mask_logits(logits: jax.Array, mask: jax.Array | None) -> jax.Array:
+    """``logits`` (``[..., n]``) with the entries where ``mask`` (``[..., n]``, bool or
+    0/1) is 0 replaced by :data:`MASKED_LOGIT`; a row with no legal entry is left as it
+    is (masks nothing). ``mask=None``: unchanged. Pure; safe under jit and vmap."""
+    if mask is None:
+        return logits
+    legal = legal_actions(mask)
+    keep = legal | ~jnp.any(legal, axis=-1, keepdims=True)
+    return jnp.where(keep, logits, jnp.asarray(MASKED_LOGIT, logits.dtype))
+
+
+def _split_obs(obs: Any, space: Space, action_space: Space) -> tuple[Any, jax.Array | None]:
+    """``(network input, mask or None)`` of a batch of observations of ``space``."""
+    if split_masked_space(space, action_space) is None:
+        return obs, None
+    return obs[OBS_KEY], obs[MASK_KEY]
 
 
 def _flatten_obs(obs: jax.Array, space: Space) -> jax.Array:
@@ -153,7 +210,9 @@ class MLPPolicy(Policy):
     """Feed-forward actor-critic policy.
 
     Args:
-        observation_space: one agent's observation space (Box or Discrete).
+        observation_space: one agent's observation space: Box or Discrete, or a masked
+            ``Dict(observations=..., action_mask=...)`` with Discrete actions (see the
+            module docstring).
         action_space: Discrete or float Box.
         hidden_sizes: widths of the actor's and critic's hidden layers.
         activation: ``"tanh"``, ``"relu"``, ``"gelu"`` or ``"silu"``.
@@ -167,7 +226,7 @@ class MLPPolicy(Policy):
     explore: bool = True
 
     def __post_init__(self) -> None:
-        _check_obs_space(self.observation_space)
+        _network_space(self.observation_space, self.action_space)
         action_dim(self.action_space)
         if self.activation not in _ACTIVATIONS:
             raise ValueError(
@@ -184,21 +243,29 @@ class MLPPolicy(Policy):
             isinstance(self.action_space, Box),
         )
 
-    def init(self, key: jax.Array) -> Any:
-        x = _flatten_obs(self.observation_space.zeros()[None], self.observation_space)
-        return self.module.init(key, x)
+    @property
+    def network_space(self) -> Space:
+        """The observation space the network reads (``"observations"`` of a masked one)."""
+        return _network_space(self.observation_space, self.action_space)
 
-    def forward(self, params: Any, obs: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array | None]:
-        """``(dist_inputs, value, log_std)`` for a batch of observations (for learners)."""
-        x = _flatten_obs(obs, self.observation_space)
+    def init(self, key: jax.Array) -> Any:
+        space = self.network_space
+        return self.module.init(key, _flatten_obs(space.zeros()[None], space))
+
+    def forward(self, params: Any, obs: Any) -> tuple[jax.Array, jax.Array, jax.Array | None]:
+        """``(dist_inputs, value, log_std)`` for a batch of observations (for learners);
+        with a masked observation space the logits are masked (:func:`mask_logits`)."""
+        obs, mask = _split_obs(obs, self.observation_space, self.action_space)
+        x = _flatten_obs(obs, self.network_space)
         batch = x.shape[:-1]
         # One 2-D matmul per layer: XLA's CPU dot is fastest on [rows, features].
         outputs: Any = self.module.apply(params, x.reshape(-1, x.shape[-1]))
         out, value, log_std = outputs
-        return out.reshape(batch + out.shape[-1:]), value.reshape(batch), log_std
+        out = mask_logits(out.reshape(batch + out.shape[-1:]), mask)
+        return out, value.reshape(batch), log_std
 
     def __call__(
-        self, params: Any, obs: jax.Array, key: jax.Array, policy_state: Any
+        self, params: Any, obs: Any, key: jax.Array, policy_state: Any
     ) -> tuple[Any, dict[str, jax.Array], Any]:
         dist_inputs, value, log_std = self.forward(params, obs)
         action, logp = _sample_action(self.action_space, dist_inputs, log_std, key, self.explore)
@@ -209,9 +276,10 @@ class MLPPolicy(Policy):
         }
         return action, extras, policy_state
 
-    def log_prob(self, params: Any, obs: jax.Array, action: jax.Array, policy_state: Any) -> Any:
+    def log_prob(self, params: Any, obs: Any, action: jax.Array, policy_state: Any) -> Any:
         """Log-probability of ``action`` (``[*batch, *action_space.shape]``) at ``obs``
-        (``[*batch, *obs_shape]``): ``float32[*batch]``; ``policy_state`` is unused. Pure."""
+        (leaves ``[*batch, ...]``), under the masked distribution if the observation
+        carries a mask: ``float32[*batch]``; ``policy_state`` is unused. Pure."""
         dist_inputs, _, log_std = self.forward(params, obs)
         return log_prob(self.action_space, dist_inputs, log_std, action)
 
@@ -244,7 +312,8 @@ class RecurrentPolicy(Policy):
     """Actor-critic with a GRU core; the state is the GRU carry ``float32[*batch, hidden]``.
 
     The rollout resets the carry to zeros at the first step of every episode and carries
-    it across steps and across rollout calls (``RolloutState.policy_state``).
+    it across steps and across rollout calls (``RolloutState.policy_state``). Takes
+    masked observations like :class:`MLPPolicy` (the GRU reads ``"observations"``).
     """
 
     observation_space: Space
@@ -253,8 +322,24 @@ class RecurrentPolicy(Policy):
     explore: bool = True
 
     def __post_init__(self) -> None:
-        _check_obs_space(self.observation_space)
+        _network_space(self.observation_space, self.action_space)
         action_dim(self.action_space)
+
+    @property
+    def network_space(self) -> Space:
+        """The observation space the GRU reads (``"observations"`` of a masked one)."""
+        return _network_space(self.observation_space, self.action_space)
+
+    def _apply(
+        self, params: Any, obs: Any, policy_state: jax.Array
+    ) -> tuple[jax.Array, tuple[jax.Array, jax.Array, jax.Array | None]]:
+        """``(carry, (masked dist_inputs, value, log_std))`` of one step."""
+        obs, mask = _split_obs(obs, self.observation_space, self.action_space)
+        outputs: Any = self.module.apply(
+            params, policy_state, _flatten_obs(obs, self.network_space)
+        )
+        carry, (dist_inputs, value, log_std) = outputs
+        return carry, (mask_logits(dist_inputs, mask), value, log_std)
 
     @property
     def module(self) -> _GRUActorCritic:
@@ -263,19 +348,17 @@ class RecurrentPolicy(Policy):
         )
 
     def init(self, key: jax.Array) -> Any:
-        x = _flatten_obs(self.observation_space.zeros()[None], self.observation_space)
+        space = self.network_space
+        x = _flatten_obs(space.zeros()[None], space)
         return self.module.init(key, self.initial_state((1,)), x)
 
     def initial_state(self, batch_shape: tuple[int, ...]) -> jax.Array:
         return jnp.zeros(tuple(batch_shape) + (self.hidden_size,), jnp.float32)
 
     def __call__(
-        self, params: Any, obs: jax.Array, key: jax.Array, policy_state: jax.Array
+        self, params: Any, obs: Any, key: jax.Array, policy_state: jax.Array
     ) -> tuple[Any, dict[str, jax.Array], Any]:
-        outputs: Any = self.module.apply(
-            params, policy_state, _flatten_obs(obs, self.observation_space)
-        )
-        carry, (dist_inputs, value, log_std) = outputs
+        carry, (dist_inputs, value, log_std) = self._apply(params, obs, policy_state)
         action, logp = _sample_action(self.action_space, dist_inputs, log_std, key, self.explore)
         extras = {
             "action_dist_inputs": rllib_dist_inputs(dist_inputs, log_std),
@@ -284,17 +367,13 @@ class RecurrentPolicy(Policy):
         }
         return action, extras, carry
 
-    def log_prob(
-        self, params: Any, obs: jax.Array, action: jax.Array, policy_state: jax.Array
-    ) -> Any:
+    def log_prob(self, params: Any, obs: Any, action: jax.Array, policy_state: jax.Array) -> Any:
         """Log-probability of ``action`` at ``obs`` given the GRU carry *before* the step
-        (``policy_state``, ``float32[*batch, hidden]``): ``float32[*batch]``. Pure."""
-        outputs: Any = self.module.apply(
-            params, policy_state, _flatten_obs(obs, self.observation_space)
-        )
-        _, (dist_inputs, _, log_std) = outputs
+        (``policy_state``, ``float32[*batch, hidden]``), under the masked distribution if
+        the observation carries a mask: ``float32[*batch]``. Pure."""
+        _, (dist_inputs, _, log_std) = self._apply(params, obs, policy_state)
         return log_prob(self.action_space, dist_inputs, log_std, action)
 
 
 # Re-exported for convenience.
-__all__ += ["NoState", "batch_dims", "log_prob", "rllib_dist_inputs"]
+__all__ += ["MASKED_LOGIT", "NoState", "batch_dims", "log_prob", "rllib_dist_inputs"]

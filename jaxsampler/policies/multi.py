@@ -23,8 +23,13 @@ order with one static permutation. The result is itself a :class:`Policy`, so
 
 Rules:
 
-* every policy must be built for the env's (one-agent) observation and action space;
-  agents with different spaces share an agent axis only after padding to a common space;
+* every policy must be built for the env's (one-agent) observation and action space, or
+  for the spaces its transforms hand the policy (``transforms=``, the tuple given to
+  ``make_rollout``; or pass the agent ids, ``env.agent_ids``, instead of the env: then
+  the spaces are checked when the rollout is built); agents with different spaces share
+  an agent axis only after padding to a common space;
+* masked observations (``Dict(observations=..., action_mask=...)``) pass through: each
+  policy gets its own agents' rows of both entries, so it masks with its agents' masks;
 * the extras of all policies are merged by key; a key that some policy does not produce
   is zero for its agents (shapes beyond ``[E, A_p]`` must agree across policies);
 * params are a dict ``policy_id -> params``; the recurrent state a dict ``policy_id ->
@@ -40,7 +45,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -50,6 +55,7 @@ import numpy as np
 from jaxsampler.envs.base import Env
 from jaxsampler.policies.base import Policy
 from jaxsampler.spaces import Space, compatible
+from jaxsampler.transforms.base import Pipeline, Transform, build_pipeline
 
 __all__ = ["MultiAgentPolicy"]
 
@@ -65,10 +71,14 @@ class MultiAgentPolicy(Policy):
             once per agent, here, with ``episode=None``: the mapping is static) or the
             one-argument ``(agent_id) -> policy_id``; default: every agent uses the only
             policy (an error if there are several).
+        transforms: the transforms the rollout will run (as given to ``make_rollout``),
+            so that the policies are checked against the spaces they hand the policy
+            rather than the env's. Only with an env.
 
     Raises:
         ValueError: empty ``policies``, a mapping to an unknown policy id, policies built
-            for different spaces.
+            for different spaces, or for other spaces than the env's (after
+            ``transforms``).
         TypeError: a ``policy_mapping_fn`` that takes neither signature.
     """
 
@@ -85,6 +95,8 @@ class MultiAgentPolicy(Policy):
         env: Env | tuple[str, ...],
         policies: Mapping[str, Policy],
         policy_mapping_fn: Callable[..., str] | None = None,
+        *,
+        transforms: Sequence[Transform] | Transform | Pipeline | None = None,
     ) -> None:
         if not isinstance(policies, Mapping) or not policies:
             raise ValueError("policies must be a non-empty dict policy_id -> Policy")
@@ -120,13 +132,12 @@ class MultiAgentPolicy(Policy):
                         "to a common space)"
                     )
         if isinstance(env, Env):
-            for what in ("observation_space", "action_space"):
-                if not compatible(getattr(first, what), getattr(env, what)):
-                    raise ValueError(
-                        f"the policies were built for {what.replace('_', ' ')} "
-                        f"{getattr(first, what)!r}, "
-                        f"env {env.name} has {getattr(env, what)!r}"
-                    )
+            _check_env_spaces(env, first, transforms)
+        elif transforms is not None:
+            raise ValueError(
+                "MultiAgentPolicy: transforms= needs the env (to bind them to its spaces); "
+                "with agent ids the spaces are checked when the rollout is built"
+            )
         used = tuple(pid for pid in policies if pid in mapping)  # dict order, unused ones dropped
         object.__setattr__(self, "observation_space", first.observation_space)
         object.__setattr__(self, "action_space", first.action_space)
@@ -234,6 +245,28 @@ class MultiAgentPolicy(Policy):
         if np.array_equal(inverse, np.arange(len(inverse))):
             return out
         return jnp.take(out, inverse, axis=1)
+
+
+def _check_env_spaces(env: Env, policy: Policy, transforms: Any) -> None:
+    """Raises ``ValueError`` if ``policy``'s spaces are not what ``env`` hands a policy
+    (after ``transforms``)."""
+    if isinstance(transforms, Pipeline):
+        pipe = transforms
+    else:
+        pipe = build_pipeline(transforms, env.observation_space, env.action_space)
+    after = " after its transforms" if pipe else ""
+    for what, space in (
+        ("observation_space", pipe.observation_space),
+        ("action_space", pipe.action_space),
+    ):
+        if not compatible(getattr(policy, what), space):
+            raise ValueError(
+                f"the policies were built for {what.replace('_', ' ')} "
+                f"{getattr(policy, what)!r}, env {env.name}{after} has {space!r}. If "
+                "transforms change the spaces (e.g. ActionMaskFromInfo, FrameStack), pass "
+                "them (transforms=...) or pass the agent ids (env.agent_ids) instead of the "
+                "env; the rollout checks the spaces against its transforms"
+            )
 
 
 def _map_agents(fn: Callable[..., str], agent_ids: tuple[str, ...]) -> list[str]:

@@ -327,12 +327,22 @@ def build_pipeline(
                 f"{type(t).__name__}: {t!r}"
             )
     # Action spaces are decided from the env side: each transform says what it accepts.
+    # The policy's action space is known only after the last transform, so a first pass
+    # finds it (the probe's policy_action is the action space so far), and a second pass
+    # checks every transform and derives the observation spaces with the real one (an
+    # observation may depend on it, e.g. one that carries the previous actions).
     obs, act = observation_space, action_space
-    env_side: list[tuple[Space, Space]] = []
+    env_actions: list[Space] = []
     for t in transforms:
-        env_side.append((obs, act))
+        env_actions.append(act)
         probe = Spaces(obs, act, act)
         t.check(probe)
         obs, act = t.observation_space(probe), t.action_space(probe)
-    spaces = tuple(Spaces(o, a, act) for o, a in env_side)
-    return Pipeline(transforms, spaces, obs, act)
+    obs = observation_space
+    spaces_list: list[Spaces] = []
+    for t, a in zip(transforms, env_actions):
+        s = Spaces(obs, a, act)
+        t.check(s)
+        spaces_list.append(s)
+        obs = t.observation_space(s)
+    return Pipeline(transforms, tuple(spaces_list), obs, act)

@@ -152,11 +152,21 @@ class NormalizeObservation(Transform):
             )
 
     def observation_space(self, spaces: Spaces) -> Space:
-        space = spaces.obs
-        if isinstance(space, Box):
-            bound = np.inf if self.clip is None else float(self.clip)
-            return Box(-bound, bound, space.shape, space.dtype)
-        return space  # Dict / Tuple: same structure, shapes and dtypes
+        bound = np.inf if self.clip is None else float(self.clip)
+
+        def out(space: Space, in_mask: bool) -> Space:
+            # Same structure, shapes and dtypes; normalized leaves get the clip bounds.
+            if isinstance(space, Dict):
+                return Dict(
+                    {k: out(s, in_mask or k == "action_mask") for k, s in space.spaces.items()}
+                )
+            if isinstance(space, Tuple):
+                return Tuple([out(s, in_mask) for s in space.spaces])
+            if isinstance(space, Box) and np.issubdtype(space.dtype, np.floating) and not in_mask:
+                return Box(-bound, bound, space.shape, space.dtype)
+            return space
+
+        return out(spaces.obs, False)
 
     def init_shared(self, spaces: Spaces) -> Any:
         leaves = jax.tree.leaves(spaces.obs.zeros())
