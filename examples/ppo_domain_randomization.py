@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
-import functools
 import importlib.util
 import json
 import os
@@ -36,7 +35,6 @@ import jax.numpy as jnp
 import numpy as np
 
 import jaxsampler as js
-from jaxsampler.policies.greedy import greedy
 from jaxsampler.transforms.params import DomainRandomization
 
 
@@ -190,38 +188,17 @@ def eval_grid(lengths: tuple[float, ...], masses: tuple[float, ...], per_cell: i
     )
 
 
-@functools.cache
-def _eval_fn(env: js.Env, policy: js.MLPPolicy, num_episodes: int):
-    act = greedy(policy)
-    steps = int(env.default_params.max_steps_in_episode) + 1
-    rollout = js.make_rollout(env, act, num_episodes, steps)
-
-    @jax.jit
-    def run(params, key, env_params):
-        state = rollout.init(key, env_params)
-        _, traj = rollout(params, state)
-        done = (traj.terminated | traj.truncated).any(-1)  # [T, E]
-        in_first = (jnp.cumsum(done, axis=0) - done) == 0  # up to the first end, included
-        returns = jnp.sum(traj.rewards[..., 0] * in_first, axis=0)
-        return returns, jnp.sum(in_first, axis=0), done.any(0)
-
-    return run
-
-
 def evaluate_episodes(
     env: js.Env, policy: js.MLPPolicy, params: Any, env_params: Any, num_episodes: int, key: Any
 ) -> tuple[np.ndarray, np.ndarray]:
     """Returns and lengths of ``num_episodes`` greedy episodes, episode ``i`` with the
-    params of index ``i`` of ``env_params`` (leaves ``[num_episodes]``).
-
-    One env per episode, each contributing its first episode only (no bias towards
-    short episodes); ``max_steps_in_episode + 1`` steps cover the longest one.
-    """
-    returns, lengths, finished = jax.device_get(
-        _eval_fn(env, policy, num_episodes)(params, key, env_params)
+    params of index ``i`` of ``env_params`` (leaves ``[num_episodes]``):
+    :func:`jaxsampler.evaluate`, which runs each episode to its end (no bias towards short
+    episodes)."""
+    res = js.evaluate(
+        env, policy, params, num_episodes, key, deterministic=True, env_params=env_params
     )
-    assert finished.all(), "an evaluation episode did not end within max_steps + 1"
-    return np.asarray(returns), np.asarray(lengths)
+    return res.returns, res.lengths
 
 
 # ----------------------------------------------------------------------------- the experiment
@@ -274,9 +251,7 @@ def run_experiment(
         grid_mean = np.mean([r["eval_return_grid"] for r in per_seed], axis=0)
         variants[name] = {
             "domain_randomization": randomize,
-            "train_physics": ranges.describe()
-            if ranges
-            else "default (half-length 0.5 m, cart 1 kg)",
+            "train_physics": ranges.describe() if ranges else DEFAULT_PHYSICS,
             "train_length_range_m": list(ranges.length) if ranges else [0.5, 0.5],
             "train_masscart_range_kg": list(ranges.masscart) if ranges else [1.0, 1.0],
             "train_log_uniform": bool(ranges and ranges.log),

@@ -462,6 +462,32 @@ def test_class_docstring_example_runs():
     assert result.attempted > 0 and result.failed == 0
 
 
+def test_evaluate_with_domain_randomization_records_each_episodes_params():
+    """``js.evaluate`` with the randomizer: one draw per episode, from the base, and each
+    episode's return is within the bounds its recorded params allow (DriftEnv: the three
+    steps of an episode return ``3 * offset + rate * (sum of 6 .. 18)``)."""
+    env = DriftEnv()
+    base = dataclasses.replace(drift_base(), rate=np.float32(2.0))
+    n = 10
+    res = js.evaluate(
+        env,
+        random_policy(env),
+        (),
+        n,
+        jax.random.PRNGKey(0),
+        deterministic=False,
+        transforms=(DRIFT_DR,),
+        env_params=base,
+        num_envs=4,  # episodes 4.. start at resets inside the loop
+    )
+    off, rate = np.asarray(res.env_params.offset), np.asarray(res.env_params.rate)
+    assert off.shape == rate.shape == (n,) and len(set(off.tolist())) == n
+    assert np.all((off >= 10.0) & (off < 11.0)) and np.all((rate >= 2.0) & (rate < 4.0))
+    np.testing.assert_array_equal(res.lengths, 3)
+    lo, hi = 3 * off + 6 * rate, 3 * off + 18 * rate
+    assert np.all((res.returns >= lo - 1e-4) & (res.returns <= hi + 1e-4)), (res.returns, lo, hi)
+
+
 # ----------------------------------------------------------------------------- two devices
 
 SHARDED = textwrap.dedent(
