@@ -27,7 +27,13 @@ from jaxsampler import vector
 from jaxsampler.envs.base import Env
 from jaxsampler.policies.base import Policy
 from jaxsampler.spaces import Box, Discrete, MultiDiscrete, Space, compatible
-from jaxsampler.transforms.base import Context, Pipeline, Transform, build_pipeline
+from jaxsampler.transforms.base import (
+    Context,
+    Pipeline,
+    Transform,
+    TransformState,
+    build_pipeline,
+)
 from jaxsampler.types import RolloutState, Trajectory
 
 __all__ = [
@@ -588,8 +594,25 @@ def make_rollout(
 
 def _check_transform_state(pipe: Pipeline, state: RolloutState) -> None:
     """A state built without this rollout's transforms fails here, not deep in the scan."""
-    want: Any = jax.tree.structure(pipe.init((1, 1)))  # PyTreeDef: untyped for mypy
-    got = jax.tree.structure(state.transform_state)
+    want_state = pipe.init((1, 1))
+    got_state = state.transform_state
+    if (
+        pipe.randomizes_params
+        and isinstance(want_state, TransformState)
+        and isinstance(got_state, TransformState)
+        and len(want_state.stages) == len(got_state.stages)
+    ):
+        # A randomizer's state is filled by its first draw (it keeps the params the state
+        # was initialised with), so its structure follows the env's params.
+        want_state = dataclasses.replace(
+            want_state,
+            stages=tuple(
+                g if t.randomizes_params else w
+                for t, w, g in zip(pipe.transforms, want_state.stages, got_state.stages)
+            ),
+        )
+    want: Any = jax.tree.structure(want_state)  # PyTreeDef: untyped for mypy
+    got = jax.tree.structure(got_state)
     if want != got or (pipe.changes_obs and state.raw_obs is None):
         names = [type(t).__name__ for t in pipe.transforms] or "no transforms"
         raise ValueError(
