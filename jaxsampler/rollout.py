@@ -277,9 +277,21 @@ def init_state_and_info(
 
 
 def _continued(pipe: Pipeline, fresh: Any, old: Any) -> Any:
-    """``fresh`` with every non-randomizing transform's ``shared`` state taken from ``old``."""
-    want: Any = jax.tree.structure(fresh)  # PyTreeDef: untyped for mypy
-    if fresh is None or jax.tree.structure(old) != want:
+    """``fresh`` with every non-randomizing transform's ``shared`` state taken from ``old``
+    (a ``TransformState``, or a ``RolloutState`` carrying one)."""
+    if isinstance(old, RolloutState):
+        old = old.transform_state
+    ok = (
+        fresh is not None
+        and isinstance(old, type(fresh))
+        and len(old.stages) == len(fresh.stages)
+        and all(
+            t.randomizes_params
+            or jax.tree.structure(p.shared) == jax.tree.structure(n.shared)  # type: ignore[operator]
+            for t, p, n in zip(pipe.transforms, old.stages, fresh.stages)
+        )
+    )
+    if not ok:
         raise ValueError(
             "transform_state does not match the transforms "
             f"({[type(t).__name__ for t in pipe.transforms]}): pass the state of a rollout "

@@ -2,8 +2,8 @@
 
 ::
 
-    from jaxsampler.transforms import FrameStack, NormalizeObservation
-    transforms = (FrameStack(4), NormalizeObservation())      # env side first
+    from jaxsampler.transforms import FrameStack, NormalizeObservation, NormalizeReward
+    transforms = (FrameStack(4), NormalizeObservation(), NormalizeReward())  # env side first
     space = js.rollout.pipeline_of(env, transforms).observation_space  # what the policy sees
     rollout = js.make_rollout(env, policy, 64, 128, transforms=transforms)
 
@@ -26,20 +26,26 @@ from jaxsampler.transforms.base import (
 from jaxsampler.transforms.flatten import FlattenObservation
 from jaxsampler.transforms.mask import ActionMaskFromInfo
 from jaxsampler.transforms.normalize import NormalizeObservation, RunningMoments
+from jaxsampler.transforms.params import DomainRandomization
+from jaxsampler.transforms.reward import ClipReward, NormalizeReward, ScaleReward
 from jaxsampler.transforms.stack import FrameStack, PrevActionsRewards
 
 __all__ = [
     "ActionMaskFromInfo",
     "ClipActions",
+    "ClipReward",
     "Context",
+    "DomainRandomization",
     "FlattenObservation",
     "FrameStack",
     "NormalizeObservation",
+    "NormalizeReward",
     "Observed",
     "Pipeline",
     "PrevActionsRewards",
     "RescaleActions",
     "RunningMoments",
+    "ScaleReward",
     "Spaces",
     "StageState",
     "Transform",
