@@ -286,8 +286,7 @@ def _continued(pipe: Pipeline, fresh: Any, old: Any) -> Any:
         and isinstance(old, type(fresh))
         and len(old.stages) == len(fresh.stages)
         and all(
-            t.randomizes_params
-            or jax.tree.structure(p.shared) == jax.tree.structure(n.shared)  # type: ignore[operator]
+            t.randomizes_params or _same_structure(p.shared, n.shared)
             for t, p, n in zip(pipe.transforms, old.stages, fresh.stages)
         )
     )
@@ -302,6 +301,11 @@ def _continued(pipe: Pipeline, fresh: Any, old: Any) -> Any:
         for t, new, prev in zip(pipe.transforms, fresh.stages, old.stages)
     )
     return dataclasses.replace(fresh, stages=stages)
+
+
+def _same_structure(a: Any, b: Any) -> bool:
+    want: Any = jax.tree.structure(b)  # PyTreeDef: untyped for mypy
+    return bool(jax.tree.structure(a) == want)
 
 
 def policy_action_zeros(pipe: Pipeline, batch_shape: tuple[int, ...]) -> Any:
