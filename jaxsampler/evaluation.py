@@ -34,6 +34,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import struct
 
 from jaxsampler import vector
 from jaxsampler.envs.base import Env
@@ -262,60 +263,50 @@ def _run_impl(
     obs = ts.obs
     if pipe:
         assert tstate is not None
-        tstate, seen = pipe.observe_env(
-            tstate,
-            ts.obs,
-            ts.reward,
-            ts.terminated,
-            ts.truncated,
-            ts.acting,
-            jnp.ones((E,), jnp.bool_),
-            policy_action_zeros(pipe, (E, A)),
-            ctx,
-            ts.info,
-        )
+        zeros = policy_action_zeros(pipe, (E, A))
+        tstate, seen = pipe.observe_timestep(tstate, ts, jnp.ones((E,), jnp.bool_), zeros, ctx)
         obs = seen.obs
     init_pstate = policy.initial_state((E, A))
     has_pstate = refill and len(jax.tree.leaves(init_pstate)) > 0
     flags = jnp.zeros((E, A), jnp.bool_)
-    carry = {
-        "t": jnp.zeros((), jnp.int32),
-        "env_state": env_state,
-        "obs": obs,
-        "pstate": init_pstate,
-        "tstate": tstate,
-        "slot_params": slot_params if drawn else None,
-        "slot_ep": slot_ep,
-        "next_ep": jnp.int32(E),
-        "needs_reset": jnp.zeros((E,), jnp.bool_),
-        "idle": slot_ep >= N,
-        "ep_t": jnp.zeros((E,), jnp.int32),
-        "agent_done": flags,
-        "term": flags,
-        "trunc": flags,
-        "returns": jnp.zeros((E, A), jnp.float32),
-        "out_returns": jnp.zeros((N, A), jnp.float32),
-        "out_lengths": jnp.zeros((N,), jnp.int32),
-        "out_terminated": jnp.zeros((N,), jnp.bool_),
-        "out_truncated": jnp.zeros((N,), jnp.bool_),
-        "out_params": out_params,
-    }
+    carry = _Carry(
+        t=jnp.zeros((), jnp.int32),
+        env_state=env_state,
+        obs=obs,
+        pstate=init_pstate,
+        tstate=tstate,
+        slot_params=slot_params if drawn else None,
+        slot_ep=slot_ep,
+        next_ep=jnp.int32(E),
+        needs_reset=jnp.zeros((E,), jnp.bool_),
+        idle=slot_ep >= N,
+        ep_t=jnp.zeros((E,), jnp.int32),
+        agent_done=flags,
+        term=flags,
+        trunc=flags,
+        returns=jnp.zeros((E, A), jnp.float32),
+        out_returns=jnp.zeros((N, A), jnp.float32),
+        out_lengths=jnp.zeros((N,), jnp.int32),
+        out_terminated=jnp.zeros((N,), jnp.bool_),
+        out_truncated=jnp.zeros((N,), jnp.bool_),
+        out_params=out_params,
+    )
 
-    def cond(c: dict[str, Any]) -> jax.Array:
-        return ~jnp.all(c["idle"])
+    def cond(c: _Carry) -> jax.Array:
+        return ~jnp.all(c.idle)
 
-    def body(c: dict[str, Any]) -> dict[str, Any]:
-        t, idle, needs_reset, slot_ep = c["t"], c["idle"], c["needs_reset"], c["slot_ep"]
-        pstate = c["pstate"]
+    def body(c: _Carry) -> _Carry:
+        t, idle, needs_reset, slot_ep = c.t, c.idle, c.needs_reset, c.slot_ep
+        pstate = c.pstate
         if has_pstate:  # an episode's first step starts from the initial state
-            pstate = vector.select_envs(c["ep_t"] == 0, init_pstate, pstate)
-        action, _, pstate = policy(params, c["obs"], jax.random.fold_in(k_pol, t), pstate)
+            pstate = vector.select_envs(c.ep_t == 0, init_pstate, pstate)
+        action, _, pstate = policy(params, c.obs, jax.random.fold_in(k_pol, t), pstate)
         check_action(pipe.action_space, action, (E, A))
         env_action = pipe.to_env(action) if pipe.changes_action else action
         check_action(env.action_space, env_action, (E, A))
-        tstate, out_params = c["tstate"], c["out_params"]
+        tstate, out_params = c.tstate, c.out_params
         if drawn:
-            base = c["slot_params"]
+            base = c.slot_params
             if per_episode:
                 base = vector.select_envs(
                     needs_reset, _gather_params(env_params, True, slot_ep), base
@@ -326,82 +317,97 @@ def _run_impl(
             out_params = _scatter(out_params, jnp.where(needs_reset, slot_ep, N), step_params)
         else:
             step_params = _gather_params(env_params, per_episode, slot_ep)
-        ep_t = jnp.where(needs_reset, 0, c["ep_t"])
+        ep_t = jnp.where(needs_reset, 0, c.ep_t)
         step_keys = jax.vmap(jax.random.fold_in)(_per_env_fold(k_step, slot_ep), ep_t)
         if refill:
             reset_keys = _per_env_fold(k_reset, slot_ep)
             env_state, ts = vector.autoreset_step(
-                env, step_keys, reset_keys, c["env_state"], env_action, needs_reset, step_params
+                env, step_keys, reset_keys, c.env_state, env_action, needs_reset, step_params
             )
         else:
-            env_state, ts = vector.step(env, step_keys, c["env_state"], env_action, step_params)
+            env_state, ts = vector.step(env, step_keys, c.env_state, env_action, step_params)
         obs = ts.obs
         if pipe:
-            tstate, seen = pipe.observe_env(
-                tstate,
-                ts.obs,
-                ts.reward,
-                ts.terminated,
-                ts.truncated,
-                ts.acting,
-                needs_reset,
-                action,
-                ctx,
-                ts.info,
-            )
+            tstate, seen = pipe.observe_timestep(tstate, ts, needs_reset, action, ctx)
             obs = seen.obs
-            tstate = _select_rows(idle, c["tstate"], tstate)
+            tstate = _select_rows(idle, c.tstate, tstate)
         # Slots that run an episode this step (not idle, not resetting).
         live = ~idle & ~needs_reset
         live_a = live[:, None]
         fresh = needs_reset[:, None]  # accumulators restart with a new episode
-        agent_done = jnp.where(fresh, False, c["agent_done"])
+        agent_done = jnp.where(fresh, False, c.agent_done)
         ended_a = ts.terminated | ts.truncated
         newly_a = live_a & ~agent_done
-        term = jnp.where(newly_a, ts.terminated, jnp.where(fresh, False, c["term"]))
-        trunc = jnp.where(newly_a, ts.truncated, jnp.where(fresh, False, c["trunc"]))
+        term = jnp.where(newly_a, ts.terminated, jnp.where(fresh, False, c.term))
+        trunc = jnp.where(newly_a, ts.truncated, jnp.where(fresh, False, c.trunc))
         agent_done = agent_done | (live_a & ended_a)
-        returns = jnp.where(fresh, 0.0, c["returns"]) + jnp.where(live_a, ts.reward, 0.0)
+        returns = jnp.where(fresh, 0.0, c.returns) + jnp.where(live_a, ts.reward, 0.0)
         ep_t = ep_t + live.astype(jnp.int32)
         finished = jnp.all(agent_done, axis=-1)
         cut = ~finished & (ep_t >= max_steps)
         ended = live & (finished | cut)
         at = jnp.where(ended, slot_ep, N)  # N: dropped
         # Ended slots take the next episodes, in slot order, while any are left.
-        new_ep = c["next_ep"] + jnp.cumsum(ended.astype(jnp.int32)) - 1
+        new_ep = c.next_ep + jnp.cumsum(ended.astype(jnp.int32)) - 1
         has_new = ended & (new_ep < N)
-        return {
-            "t": t + 1,
+        return _Carry(
+            t=t + 1,
             # Idle slots keep their final state (stepping on is undefined).
-            "env_state": vector.select_envs(idle, c["env_state"], env_state),
-            "obs": vector.select_envs(idle, c["obs"], obs),
-            "pstate": vector.select_envs(idle, c["pstate"], pstate),
-            "tstate": tstate,
-            "slot_params": step_params if drawn else None,
-            "slot_ep": jnp.where(has_new, new_ep, slot_ep),
-            "next_ep": c["next_ep"] + jnp.sum(ended.astype(jnp.int32)),
-            "needs_reset": has_new,
-            "idle": idle | (ended & ~has_new),
-            "ep_t": ep_t,
-            "agent_done": agent_done,
-            "term": term,
-            "trunc": trunc,
-            "returns": returns,
-            "out_returns": _scatter(c["out_returns"], at, returns),
-            "out_lengths": _scatter(c["out_lengths"], at, ep_t),
-            "out_terminated": _scatter(c["out_terminated"], at, jnp.all(term, -1) & ~cut),
-            "out_truncated": _scatter(c["out_truncated"], at, jnp.any(trunc, -1) | cut),
-            "out_params": out_params,
-        }
+            env_state=vector.select_envs(idle, c.env_state, env_state),
+            obs=vector.select_envs(idle, c.obs, obs),
+            pstate=vector.select_envs(idle, c.pstate, pstate),
+            tstate=tstate,
+            slot_params=step_params if drawn else None,
+            slot_ep=jnp.where(has_new, new_ep, slot_ep),
+            next_ep=c.next_ep + jnp.sum(ended.astype(jnp.int32)),
+            needs_reset=has_new,
+            idle=idle | (ended & ~has_new),
+            ep_t=ep_t,
+            agent_done=agent_done,
+            term=term,
+            trunc=trunc,
+            returns=returns,
+            out_returns=_scatter(c.out_returns, at, returns),
+            out_lengths=_scatter(c.out_lengths, at, ep_t),
+            out_terminated=_scatter(c.out_terminated, at, jnp.all(term, -1) & ~cut),
+            out_truncated=_scatter(c.out_truncated, at, jnp.any(trunc, -1) | cut),
+            out_params=out_params,
+        )
 
     out = jax.lax.while_loop(cond, body, carry)
     return {
-        "returns": out["out_returns"],
-        "lengths": out["out_lengths"],
-        "terminated": out["out_terminated"],
-        "truncated": out["out_truncated"],
-        "env_params": out["out_params"],
+        "returns": out.out_returns,
+        "lengths": out.out_lengths,
+        "terminated": out.out_terminated,
+        "truncated": out.out_truncated,
+        "env_params": out.out_params,
     }
+
+
+@struct.dataclass
+class _Carry:
+    """The evaluation loop's carry: ``[E, ...]`` slots (envs) and ``[N, ...]`` results."""
+
+    t: jax.Array  # int32[]: loop iteration
+    env_state: Any
+    obs: Any  # [E, A, ...]: what the policy sees next
+    pstate: Any
+    tstate: Any
+    slot_params: Any  # drawn params per slot (domain randomization), else None
+    slot_ep: jax.Array  # int32[E]: the episode each slot runs (>= N: none)
+    next_ep: jax.Array  # int32[]: the next episode not started
+    needs_reset: jax.Array  # bool[E]: the slot starts its new episode at this step
+    idle: jax.Array  # bool[E]: no episode left for the slot
+    ep_t: jax.Array  # int32[E]: steps of the slot's episode
+    agent_done: jax.Array  # bool[E, A]
+    term: jax.Array  # bool[E, A]: each agent's flags at its last step
+    trunc: jax.Array
+    returns: jax.Array  # float32[E, A]
+    out_returns: jax.Array  # float32[N, A]
+    out_lengths: jax.Array  # int32[N]
+    out_terminated: jax.Array  # bool[N]
+    out_truncated: jax.Array  # bool[N]
+    out_params: Any
 
 
 _run = jax.jit(

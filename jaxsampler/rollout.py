@@ -193,9 +193,10 @@ def init_rollout_state(
         ValueError: an ``env_params`` leaf whose shape is neither the shared one nor
             ``[E, ...]`` (the message names the leaf and the shapes).
     """
-    return init_state_and_info(env, policy, num_envs, key, env_params, transforms, transform_state)[
-        0
-    ]
+    state, _ = init_state_and_info(
+        env, policy, num_envs, key, env_params, transforms, transform_state
+    )
+    return state
 
 
 def init_state_and_info(
@@ -233,18 +234,8 @@ def init_state_and_info(
     if pipe:
         assert tstate is not None
         zeros = policy_action_zeros(pipe, (num_envs, env.num_agents))
-        tstate, seen = pipe.observe_env(
-            tstate,
-            ts.obs,
-            ts.reward,
-            ts.terminated,
-            ts.truncated,
-            ts.acting,
-            jnp.ones((num_envs,), jnp.bool_),
-            zeros,
-            Context(),
-            ts.info,
-        )
+        first = jnp.ones((num_envs,), jnp.bool_)
+        tstate, seen = pipe.observe_timestep(tstate, ts, first, zeros, Context())
         obs = seen.obs
         if pipe.changes_obs:
             raw_obs = ts.obs
@@ -548,18 +539,7 @@ def make_rollout(
             )
             obs, reward = ts.obs, ts.reward
             if pipe:
-                tstate, seen = pipe.observe_env(
-                    tstate,
-                    ts.obs,
-                    ts.reward,
-                    ts.terminated,
-                    ts.truncated,
-                    ts.acting,
-                    rs.needs_reset,
-                    action,
-                    ctx,
-                    ts.info,
-                )
+                tstate, seen = pipe.observe_timestep(tstate, ts, rs.needs_reset, action, ctx)
                 obs, reward = seen.obs, seen.reward
             acting = rs.acting & ~rs.needs_reset[:, None]
             if pipe.changes_obs:

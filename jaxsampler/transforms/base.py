@@ -36,15 +36,15 @@ observations, and value bootstraps at truncation see them normalized like every 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
 from flax import struct
 
-from jaxsampler.spaces import Space
-from jaxsampler.types import PyTree
+from jaxsampler.spaces import Dict, Space, Tuple
+from jaxsampler.types import PyTree, TimeStep
 
 __all__ = [
     "Context",
@@ -56,6 +56,7 @@ __all__ = [
     "TransformSpaceError",
     "TransformState",
     "build_pipeline",
+    "first_bad_leaf",
 ]
 
 
@@ -267,19 +268,38 @@ class Pipeline:
         info: Any = None,
     ) -> tuple[TransformState, Observed]:
         """:meth:`observe` of a device step: derives ``recorded`` (acting, or newly done)
-        and carries the done flags. ``first``: ``bool[E]``; the others ``[E, A, ...]``."""
+        and carries the done flags. ``first``: ``bool[E]``, the step reset its env (or the
+        rollout starts); ``action``: the policy's action of the step (zeroed where
+        ``first``); the others ``[E, A, ...]``."""
         done = terminated | truncated
         first_ea = jnp.broadcast_to(first[:, None], done.shape)
         recorded = acting | (done & ~state.done)
-        zeros = jax.tree.map(jnp.zeros_like, action)
         action = jax.tree.map(
-            lambda z, a: jnp.where(first_ea.reshape(first_ea.shape + (1,) * (a.ndim - 2)), z, a),
-            zeros,
+            lambda a: jnp.where(
+                first_ea.reshape(first_ea.shape + (1,) * (a.ndim - 2)), jnp.zeros_like(a), a
+            ),
             action,
         )
         step = Observed(obs, reward, terminated, truncated, recorded, first_ea, action, info)
         state = dataclasses.replace(state, done=done)
         return self.observe(state, step, ctx)
+
+    def observe_timestep(
+        self, state: TransformState, ts: TimeStep, first: jax.Array, action: Any, ctx: Context
+    ) -> tuple[TransformState, Observed]:
+        """:meth:`observe_env` of a batched :class:`~jaxsampler.types.TimeStep`."""
+        return self.observe_env(
+            state,
+            ts.obs,
+            ts.reward,
+            ts.terminated,
+            ts.truncated,
+            ts.acting,
+            first,
+            action,
+            ctx,
+            ts.info,
+        )
 
     def to_env(self, action: Any) -> Any:
         """The env-side action of a policy action (transforms in reverse order)."""
@@ -302,6 +322,23 @@ class Pipeline:
                 key, sub = jax.random.split(key)
                 stages[i], params = t.reset_params(stages[i], sub, reset, params, ctx)
         return dataclasses.replace(state, stages=tuple(stages)), params
+
+
+def first_bad_leaf(space: Space, ok: Callable[[Space], bool], path: str = "obs") -> str | None:
+    """``"<path> is <space>"`` for the first leaf space of a ``Dict`` / ``Tuple`` tree (in
+    its order) for which ``ok`` is false, or ``None`` if every leaf is fine (for
+    :meth:`Transform.check` messages that name the offending entry)."""
+    if isinstance(space, Dict):
+        children: list[tuple[str, Space]] = [(f"[{k!r}]", s) for k, s in space.spaces.items()]
+    elif isinstance(space, Tuple):
+        children = [(f"[{i}]", s) for i, s in enumerate(space.spaces)]
+    else:
+        return None if ok(space) else f"{path} is {space!r}"
+    for suffix, sub in children:
+        bad = first_bad_leaf(sub, ok, path + suffix)
+        if bad is not None:
+            return bad
+    return None
 
 
 def build_pipeline(

@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxsampler.constants import MASK_KEY, OBS_KEY
 from jaxsampler.spaces import Box, Dict, Discrete, MultiDiscrete, Space, Tuple
 from jaxsampler.transforms.base import (
     Context,
@@ -17,30 +18,10 @@ from jaxsampler.transforms.base import (
     StageState,
     Transform,
     TransformSpaceError,
+    first_bad_leaf,
 )
 
 __all__ = ["FlattenObservation", "flat_size"]
-
-MASK_KEY = "action_mask"
-
-
-def _unsupported(space: Space, path: str) -> str | None:
-    """The path of the first leaf that cannot be flattened (``None``: all can)."""
-    if isinstance(space, Dict):
-        for k, s in space.spaces.items():
-            bad = _unsupported(s, f"{path}[{k!r}]")
-            if bad is not None:
-                return bad
-        return None
-    if isinstance(space, Tuple):
-        for i, s in enumerate(space.spaces):
-            bad = _unsupported(s, f"{path}[{i}]")
-            if bad is not None:
-                return bad
-        return None
-    if isinstance(space, (Box, Discrete, MultiDiscrete)):
-        return None
-    return f"{path} is {space!r}"
 
 
 def _bounds(space: Space) -> tuple[np.ndarray, np.ndarray]:
@@ -124,7 +105,7 @@ class FlattenObservation(Transform):
 
     def check(self, spaces: Spaces) -> None:
         rest, _ = self._parts(spaces.obs)
-        bad = _unsupported(rest, "obs")
+        bad = first_bad_leaf(rest, lambda s: isinstance(s, (Box, Discrete, MultiDiscrete)))
         if bad is not None:
             raise TransformSpaceError(
                 f"FlattenObservation() supports Box, Discrete and MultiDiscrete observations "
@@ -141,7 +122,7 @@ class FlattenObservation(Transform):
         flat = Box(low, high, low.shape, np.float32)
         if mask is None:
             return flat
-        return Dict({"observations": flat, MASK_KEY: mask})
+        return Dict({OBS_KEY: flat, MASK_KEY: mask})
 
     def observe(
         self, spaces: Spaces, state: StageState, step: Observed, ctx: Context
@@ -152,5 +133,5 @@ class FlattenObservation(Transform):
             out: Any = _encode(rest, obs, 2)
         else:
             inner = {k: v for k, v in obs.items() if k != MASK_KEY}
-            out = {"observations": _encode(rest, inner, 2), MASK_KEY: obs[MASK_KEY]}
+            out = {OBS_KEY: _encode(rest, inner, 2), MASK_KEY: obs[MASK_KEY]}
         return state, dataclasses.replace(step, obs=out)

@@ -24,6 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxsampler.constants import MASK_KEY, OBS_KEY
 from jaxsampler.spaces import Box, Dict, Discrete, MultiDiscrete, Space
 from jaxsampler.transforms.base import (
     Context,
@@ -44,11 +45,6 @@ __all__ = [
     "masked_space",
     "split_masked_space",
 ]
-
-#: Key of the observation proper in a masked observation.
-OBS_KEY = "observations"
-#: Key of the legal-action mask in a masked observation.
-MASK_KEY = "action_mask"
 
 
 def mask_size(action_space: Space) -> int:

@@ -18,6 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
+from jaxsampler.constants import MASK_KEY
 from jaxsampler.spaces import Box, Dict, Space, Tuple
 from jaxsampler.transforms.base import (
     Context,
@@ -86,7 +87,7 @@ class RunningMoments:
 
 
 def _is_mask_key(path: tuple[Any, ...]) -> bool:
-    return any(getattr(k, "key", None) == "action_mask" for k in path)
+    return any(getattr(k, "key", None) == MASK_KEY for k in path)
 
 
 def normalizable_leaves(space: Space) -> list[bool]:
@@ -157,9 +158,7 @@ class NormalizeObservation(Transform):
         def out(space: Space, in_mask: bool) -> Space:
             # Same structure, shapes and dtypes; normalized leaves get the clip bounds.
             if isinstance(space, Dict):
-                return Dict(
-                    {k: out(s, in_mask or k == "action_mask") for k, s in space.spaces.items()}
-                )
+                return Dict({k: out(s, in_mask or k == MASK_KEY) for k, s in space.spaces.items()})
             if isinstance(space, Tuple):
                 return Tuple([out(s, in_mask) for s in space.spaces])
             if isinstance(space, Box) and np.issubdtype(space.dtype, np.floating) and not in_mask:

@@ -20,6 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
+from jaxsampler.constants import MASK_KEY, OBS_KEY
 from jaxsampler.spaces import Box, Dict, Discrete, MultiDiscrete, Space, Tuple
 from jaxsampler.transforms.base import (
     Context,
@@ -28,11 +29,10 @@ from jaxsampler.transforms.base import (
     StageState,
     Transform,
     TransformSpaceError,
+    first_bad_leaf,
 )
 
 __all__ = ["FrameStack", "FrameStackRows", "PrevActionsRewards", "PrevActionsRewardsRows"]
-
-MASK_KEY = "action_mask"
 
 
 def _where_rows(cond: jax.Array, a: jax.Array, b: jax.Array) -> jax.Array:
@@ -48,23 +48,6 @@ def _push(history: jax.Array, x: jax.Array) -> jax.Array:
 def _mask_apart(space: Space) -> bool:
     """Whether ``space`` is a ``Dict`` with an ``action_mask`` entry (kept apart)."""
     return isinstance(space, Dict) and MASK_KEY in space.spaces
-
-
-def _stackable(space: Space, path: str) -> str | None:
-    """The path of the first leaf that is not a ``Box`` (``None``: every leaf is)."""
-    if isinstance(space, Dict):
-        for k, s in space.spaces.items():
-            bad = _stackable(s, f"{path}[{k!r}]")
-            if bad is not None:
-                return bad
-        return None
-    if isinstance(space, Tuple):
-        for i, s in enumerate(space.spaces):
-            bad = _stackable(s, f"{path}[{i}]")
-            if bad is not None:
-                return bad
-        return None
-    return None if isinstance(space, Box) else f"{path} is {space!r}"
 
 
 def _stacked_space(space: Space, k: int) -> Space:
@@ -144,7 +127,7 @@ class FrameStack(Transform):
 
     def check(self, spaces: Spaces) -> None:
         stacked, _ = self._parts(spaces.obs)
-        bad = _stackable(stacked, "obs")
+        bad = first_bad_leaf(stacked, lambda s: isinstance(s, Box))
         if bad is not None:
             raise TransformSpaceError(
                 f"FrameStack({self.k}) can only stack Box observations (or a Dict/Tuple of "
@@ -309,7 +292,7 @@ class PrevActionsRewards(Transform):
             inner = Dict({k: s for k, s in inner.spaces.items() if k != MASK_KEY})
         return Dict(
             {
-                "observations": inner,
+                OBS_KEY: inner,
                 "prev_actions": _action_history_space(spaces.policy_action, self.n),
                 "prev_rewards": Box(-np.inf, np.inf, (self.n,), np.float32),
                 **extra,
