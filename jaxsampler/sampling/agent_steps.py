@@ -21,12 +21,13 @@ until the episode ends; the episode ends when every agent is done).
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import numpy as np
 
-from jaxsampler.sampling.columns import Columns, InfoPath
+from jaxsampler.sampling.columns import Columns, InfoPath, obs_map
 
-__all__ = ["AgentCarry", "AgentSteps", "agent_steps"]
+__all__ = ["AgentCarry", "AgentSteps", "agent_steps", "take", "take_info", "take_obs"]
 
 _BIG = np.iinfo(np.int64).max // 4
 
@@ -36,7 +37,7 @@ class AgentCarry:
     """Per ``(env, agent)`` state of the episodes still running at the end of a call."""
 
     pend: np.ndarray  # bool[E, A]: a hanging step
-    obs: np.ndarray  # [E, A, ...]: its start observation
+    obs: Any  # [E, A, ...]: its start observation (a struct of such for nested spaces)
     action: np.ndarray
     extras: dict[str, np.ndarray]
     info: dict[InfoPath, np.ndarray]  # info leaves of its start observation
@@ -54,7 +55,7 @@ class AgentCarry:
 
         return AgentCarry(
             pend=np.zeros((E, A), bool),
-            obs=zeros(cols.obs),
+            obs=obs_map(zeros, cols.obs),
             action=zeros(cols.actions),
             extras={k: zeros(c) for k, c in cols.extras.items()},
             info={k: _info_zeros(c, E, A) for k, c in cols.infos.items()},
@@ -189,7 +190,11 @@ def agent_steps(
     sl = hs[ee, aa]
     new = AgentCarry.empty(cols, E, A)
     new.pend = pend
-    new.obs[ee, aa] = take(cols.obs, carry.obs, ee, sl, aa, time_major=True)
+
+    def put_obs(dst: np.ndarray, col: np.ndarray, old: np.ndarray) -> None:
+        dst[ee, aa] = take(col, old, ee, sl, aa, time_major=True)
+
+    obs_map(put_obs, new.obs, cols.obs, carry.obs)  # (each leaf of a nested observation)
     new.action[ee, aa] = take(cols.actions, carry.action, ee, sl, aa)
     for k in new.extras:
         new.extras[k][ee, aa] = take(cols.extras[k], carry.extras[k], ee, sl, aa)
@@ -230,6 +235,12 @@ def take(
     if len(first):
         out[first] = carried[e[first], a[first]]
     return out
+
+
+def take_obs(obs: Any, carried: Any, e: np.ndarray, slot: np.ndarray, a: np.ndarray) -> Any:
+    """:func:`take` (``time_major``) over every leaf of an observation column: an array,
+    or a dict / tuple struct of arrays (with ``carried`` of the same struct)."""
+    return obs_map(lambda col, old: take(col, old, e, slot, a, time_major=True), obs, carried)
 
 
 def take_info(

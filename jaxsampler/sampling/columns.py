@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from jaxsampler.episodes.lookback import tree_map
 from jaxsampler.sampling.base import SamplerMetrics
 from jaxsampler.types import NoInfo, Trajectory
 
@@ -28,7 +29,10 @@ __all__ = [
     "find_segments",
     "info_for_obs",
     "info_leaves",
+    "first_leaf",
     "no_gc",
+    "obs_at",
+    "obs_map",
     "unflatten",
     "with_transform_infos",
 ]
@@ -47,9 +51,12 @@ class Columns:
     the call's own slots only (no head: a row gather reads it in place, and transposing
     it costs more than the gather saves). ``infos`` are the env info leaves by path; the
     info at slot ``j`` came with the step at slot ``j`` (so with observation ``j + 1``).
+    For ``Dict`` / ``Tuple`` observation spaces ``obs`` is a struct (dicts and tuples, as
+    the rollout buffers hold it) of such arrays, one per leaf, all with the same leading
+    axes: work on it leaf by leaf with :func:`obs_map`.
     """
 
-    obs: np.ndarray
+    obs: Any  # an array, or a dict / tuple struct of arrays (nested spaces)
     actions: np.ndarray
     rewards: np.ndarray
     terminated: np.ndarray
@@ -69,9 +76,10 @@ class Columns:
         return self.rewards if self.raw_rewards is None else self.raw_rewards
 
     def map(self, step: Callable[[np.ndarray], np.ndarray], obs: Callable) -> Columns:
-        """The columns with ``step`` applied to every step column and ``obs`` to ``obs``."""
+        """The columns with ``step`` applied to every step column and ``obs`` to every
+        observation leaf."""
         return Columns(
-            obs=obs(self.obs),
+            obs=obs_map(obs, self.obs),
             actions=step(self.actions),
             rewards=step(self.rewards),
             terminated=step(self.terminated),
@@ -88,11 +96,50 @@ class Columns:
         """The last ``horizon`` steps (copies), the next call's lookback head; for ``obs``
         the ``horizon`` observations before the last slot, which the next call repeats."""
         axis = 0 if self.time_major_obs else 1
-        n_obs = self.obs.shape[axis]
+        n_obs = first_leaf(self.obs).shape[axis]
         return self.map(
             lambda c: c[:, c.shape[1] - horizon :].copy(),
             lambda o: np.take(o, np.arange(n_obs - 1 - horizon, n_obs - 1), axis=axis),
         )
+
+
+def obs_map(fn: Callable[..., Any], obs: Any, *rest: Any) -> Any:
+    """``fn`` over the leaves of an observation column (an array: ``fn(obs)``; a dict /
+    tuple struct of arrays: the same struct of ``fn``'s results), leaves of ``rest``
+    (structs like ``obs``) passed alongside."""
+    if type(obs) is np.ndarray:  # the common case: one isinstance check, no recursion
+        return fn(obs, *rest)
+    return tree_map(fn, obs, *rest)
+
+
+def obs_at(obs: Any, index: Any) -> Any:
+    """``obs[index]`` of an observation column, leaf by leaf for a nested one."""
+    if type(obs) is np.ndarray:
+        return obs[index]
+    return tree_map(lambda x: x[index], obs)
+
+
+def first_leaf(obs: Any) -> np.ndarray:
+    """The first leaf of an observation struct (the array itself for one array)."""
+    while isinstance(obs, (dict, tuple)):
+        if not obs:
+            raise ValueError("an empty Dict / Tuple observation has no leaves to sample")
+        obs = next(iter(obs.values())) if isinstance(obs, dict) else obs[0]
+    return obs
+
+
+def _obs_leaf(x: Any, min_ndim: int) -> np.ndarray:
+    """A rollout buffer's observation leaf as numpy, with a clear error where the
+    observation is a pytree the samplers cannot split (not a dict, tuple or array)."""
+    arr = np.asarray(x)
+    if arr.ndim < min_ndim:
+        raise TypeError(
+            f"the rollout's observations hold a {type(x).__name__} leaf of shape {arr.shape}; "
+            f"the samplers take observations that are arrays [T + 1, E, A, ...] or dicts / "
+            f"tuples of such arrays (Box, Discrete, ..., Dict and Tuple spaces): make the "
+            f"env return its observation as an array or a dict / tuple of arrays"
+        )
+    return arr
 
 
 @contextlib.contextmanager
@@ -214,13 +261,23 @@ def build_columns(
         out[:, -1] = start
         return out
 
-    # obs: T + 1 slots per call; consecutive calls share one (the next call's first)
-    obs_parts = [np.asarray(c.obs)[:, :, agent] for c in chunks]
-    obs_parts = [p[:-1] for p in obs_parts[:-1]] + [obs_parts[-1]]
-    if multi_agent:  # as the buffers hold it: no copy at all for a one-chunk call
-        obs = obs_parts[0] if len(obs_parts) == 1 else np.concatenate(obs_parts)
+    # obs: T + 1 slots per call; consecutive calls share one (the next call's first).
+    # A nested observation is one such column per leaf.
+    def obs_column(old_obs: np.ndarray | None, *leaves: Any) -> np.ndarray:
+        parts = [_obs_leaf(x, 3)[:, :, agent] for x in leaves]
+        parts = [p[:-1] for p in parts[:-1]] + [parts[-1]]
+        if multi_agent:  # as the buffers hold it: no copy at all for a one-chunk call
+            return parts[0] if len(parts) == 1 else np.concatenate(parts)
+        return cat(parts, old_obs)
+
+    trees = [c.obs for c in chunks]
+    if type(trees[0]) is not np.ndarray and isinstance(trees[0], (dict, tuple)):
+        if head is None:
+            obs = tree_map(lambda *leaves: obs_column(None, *leaves), *trees)
+        else:
+            obs = tree_map(obs_column, head.obs, *trees)
     else:
-        obs = cat(obs_parts, None if head is None else head.obs)
+        obs = obs_column(None if head is None else head.obs, *trees)
 
     def old(name: str) -> np.ndarray | None:
         return None if head is None else getattr(head, name)

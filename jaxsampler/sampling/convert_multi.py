@@ -21,7 +21,14 @@ from jaxsampler.episodes.ids import EpisodeIds, agent_episode_id
 from jaxsampler.episodes.lookback import InfiniteLookbackBuffer, tree_map
 from jaxsampler.episodes.multi_agent import SKIP, MultiAgentEpisode, StaticModuleMapping
 from jaxsampler.episodes.single_agent import SingleAgentEpisode, reward_space
-from jaxsampler.sampling.agent_steps import AgentCarry, AgentSteps, agent_steps, take, take_info
+from jaxsampler.sampling.agent_steps import (
+    AgentCarry,
+    AgentSteps,
+    agent_steps,
+    take,
+    take_info,
+    take_obs,
+)
 from jaxsampler.sampling.base import SamplerMetrics
 from jaxsampler.sampling.columns import (
     Columns,
@@ -30,6 +37,8 @@ from jaxsampler.sampling.columns import (
     build_columns,
     find_segments,
     no_gc,
+    obs_at,
+    obs_map,
     unflatten,
 )
 from jaxsampler.types import Trajectory
@@ -179,14 +188,22 @@ class MultiAgentConverter:
         # Observations are the bulk of the data: one flat gather from the time-major buffer
         # (as fast as from an agent-major copy, which would cost a transpose); and a row's
         # new_obs is the next row's obs except where an agent's run of rows ends.
-        obs = take(call.obs, old.obs, e, s, a, time_major=True)
-        new_obs = np.empty_like(obs)
+        # (A nested observation: the same per leaf.)
+        obs = take_obs(call.obs, old.obs, e, s, a)
         same = np.zeros(len(e), bool)
         if len(e) > 1:
             same[:-1] = (e[1:] == e[:-1]) & (a[1:] == a[:-1]) & (s[1:] == c[:-1])
-            new_obs[:-1] = obs[1:]  # one sequential copy; the other rows are gathered below
         rest = np.flatnonzero(~same)
-        new_obs[rest] = take(call.obs, old.obs, e[rest], c[rest], a[rest], time_major=True)
+        er, cr, ar = e[rest], c[rest], a[rest]
+
+        def next_obs(o: np.ndarray, col: np.ndarray, carried: np.ndarray) -> np.ndarray:
+            out = np.empty_like(o)
+            if len(o) > 1:
+                out[:-1] = o[1:]  # one sequential copy; the other rows are gathered below
+            out[rest] = take(col, carried, er, cr, ar, time_major=True)
+            return out
+
+        new_obs = obs_map(next_obs, obs, call.obs, old.obs)
         data: dict[str, Any] = {
             SampleBatch.OBS: obs,
             SampleBatch.NEXT_OBS: new_obs,
@@ -315,7 +332,7 @@ class MultiAgentConverter:
                 self._ensure_agent(
                     ep,
                     a,
-                    old.obs[e, a],
+                    obs_at(old.obs, (e, a)),
                     {k: v[e, a] for k, v in old.info.items()},
                     int(old.n_act[e, a]) - 1,
                 )
@@ -352,7 +369,7 @@ class MultiAgentConverter:
         trusted = InfiniteLookbackBuffer.trusted
         return ep.trusted_agent(
             aid,
-            observations=trusted(np.asarray(obs)[None], 0, self._obs_space),
+            observations=trusted(obs_map(lambda x: np.asarray(x)[None], obs), 0, self._obs_space),
             infos=trusted(
                 unflatten({k: np.asarray(v)[None] for k, v in info.items()}) if info else [{}], 0
             ),
@@ -400,14 +417,14 @@ class MultiAgentConverter:
                 sa = self._ensure_agent(
                     ep,
                     a,
-                    data[SampleBatch.OBS][r0],
+                    obs_at(data[SampleBatch.OBS], r0),
                     _row_info(data, info_paths, r0),
                     int(steps.t[r0]),
                 )
                 inside = steps.start_step[r] >= first  # earlier starts are already mapped
                 entries[steps.start_step[r][inside] - first] = steps.t[r][inside]
                 entries[steps.end_step[r] - first] = steps.t[r] + 1
-                _extend(sa.observations, data[SampleBatch.NEXT_OBS][r])
+                _extend(sa.observations, obs_at(data[SampleBatch.NEXT_OBS], r))
                 _extend(sa.actions, data[SampleBatch.ACTIONS][r])
                 _extend(sa.rewards, data[SampleBatch.REWARDS][r])
                 for k in extra_keys:
@@ -435,7 +452,11 @@ class MultiAgentConverter:
                 start = int(carry.start[e, a])
                 t = int(carry.n_act[e, a]) - 1
                 self._ensure_agent(
-                    ep, a, carry.obs[e, a], {k: v[e, a] for k, v in carry.info.items()}, t
+                    ep,
+                    a,
+                    obs_at(carry.obs, (e, a)),
+                    {k: v[e, a] for k, v in carry.info.items()},
+                    t,
                 )
                 if first <= start <= last:
                     entries[start - first] = t
@@ -455,7 +476,7 @@ class MultiAgentConverter:
                     for k, v in cs.call.infos.items()
                 }
                 # (a copy: the call's obs column is the host copy of the buffers itself)
-                obs = cs.call.obs[L, e, a].copy()
+                obs = obs_map(np.copy, obs_at(cs.call.obs, (L, e, a)))
                 self._ensure_agent(ep, a, obs, info, int(carry.n_act[e, a]))
                 entries[last - first] = int(carry.n_act[e, a])
             if not mapped and aid not in ep.agent_episodes:
@@ -522,11 +543,9 @@ _STEP_KEYS = frozenset(
 
 
 def _slice_rows(data: dict[str, Any], lo: int, hi: int) -> dict[str, Any]:
-    return {
-        k: (_slice_rows(v, lo, hi) if isinstance(v, dict) else v[lo:hi])
-        for k, v in data.items()
-        if k != "_next_infos"
-    }
+    """Rows ``lo:hi`` of every column (views); nested columns (infos, dict / tuple
+    observations) leaf by leaf."""
+    return {k: tree_map(lambda x: x[lo:hi], v) for k, v in data.items() if k != "_next_infos"}
 
 
 def _take_rows(data: dict[str, Any], rows: np.ndarray) -> dict[str, Any]:

@@ -29,6 +29,8 @@ from jaxsampler.sampling.columns import (
     find_segments,
     info_for_obs,
     no_gc,
+    obs_at,
+    obs_map,
     unflatten,
 )
 from jaxsampler.types import Trajectory
@@ -230,9 +232,11 @@ class SingleAgentConverter:
         def rows(col: np.ndarray, index: np.ndarray) -> np.ndarray:
             return np.take(col.reshape((-1,) + col.shape[2:]), index, axis=0)
 
+        # (a nested observation: a struct of such columns, one gather per leaf)
+        next_obs = flat_obs + 1
         data: dict[str, Any] = {
-            SampleBatch.OBS: rows(cols.obs, flat_obs),
-            SampleBatch.NEXT_OBS: rows(cols.obs, flat_obs + 1),
+            SampleBatch.OBS: obs_map(lambda o: rows(o, flat_obs), cols.obs),
+            SampleBatch.NEXT_OBS: obs_map(lambda o: rows(o, next_obs), cols.obs),
             SampleBatch.ACTIONS: rows(cols.actions, flat),
             SampleBatch.REWARDS: rows(cols.rewards, flat),
             SampleBatch.TERMINATEDS: rows(cols.terminated, flat),
@@ -284,7 +288,7 @@ class _EpisodeBuffers:
         else:
             infos = trusted([{} for _ in range(b - a + 1)], lb)  # one dict per step
         return (
-            trusted(cols.obs[e, a : b + 1], lb, self._obs_space),
+            trusted(obs_at(cols.obs, (e, slice(a, b + 1))), lb, self._obs_space),
             infos,
             trusted(cols.actions[e, a:b], lb, self._act_space),
             trusted(cols.rewards[e, a:b], lb, reward_space()),
