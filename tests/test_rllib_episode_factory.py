@@ -138,3 +138,25 @@ def test_topup_chunks_follow_the_first_full_chunk():
     assert steps - 17 < 2 * 3
     rollout_s, convert_s = s.last_split
     assert rollout_s > 0 and convert_s > 0
+
+
+def test_dict_observations_match_the_samplers_own_episodes():
+    """A Dict observation (PrevActionsRewards' output) reaches RLlib's episodes leaf by
+    leaf, equal to the sampler's own episodes, across a continuation."""
+    from jaxsampler.transforms import PrevActionsRewards
+
+    env = js.make("CartPole-v1")
+    tf = (PrevActionsRewards(2),)
+    pipe = js.rollout.pipeline_of(env, tf)
+    policy = js.RandomPolicy(pipe.observation_space, pipe.action_space)
+    fast = js.Sampler(env, policy, 3, 20, transforms=tf, episode_factory=rllib_episodes)
+    own = js.Sampler(env, policy, 3, 20, transforms=tf)
+    for _ in range(2):
+        got, want = fast.sample(None), own.sample(None)
+        assert len(got) == len(want) and isinstance(got[0], RlSingleAgentEpisode)
+        for g, w in zip(got, want):
+            assert g.id_ == w.id_
+            go, wo = g.get_observations(), w.get_observations()
+            assert sorted(go) == sorted(wo) == ["observations", "prev_actions", "prev_rewards"]
+            for k in wo:
+                np.testing.assert_array_equal(go[k], wo[k])

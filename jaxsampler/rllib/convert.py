@@ -31,7 +31,7 @@ from jaxsampler.episodes.multi_agent import default_agent_to_module_mapping_fn
 from jaxsampler.episodes.single_agent import SingleAgentEpisode as JsSingleAgentEpisode
 from jaxsampler.episodes.single_agent import reward_space
 from jaxsampler.rllib import require_rllib
-from jaxsampler.sampling.columns import no_gc
+from jaxsampler.sampling.columns import no_gc, obs_at
 from jaxsampler.sampling.convert_single import EpisodeColumns
 
 require_rllib()
@@ -256,7 +256,7 @@ def rllib_episodes(columns: EpisodeColumns) -> list[RlSingleAgentEpisode]:
             ep.agent_id = ep.module_id = ep.multi_agent_episode_id = None
             # RLlib's buffers, their fields as its __init__ sets them (inlined: 8 per episode)
             x = ep.observations = new_buf(RlBuffer)
-            x.data, x.finalized, x.lookback = obs[e, a : b + 1], True, lb
+            x.data, x.finalized, x.lookback = obs_at(obs, (e, slice(a, b + 1))), True, lb
             x._space, x._space_struct = obs_space, obs_struct
             x = ep.infos = new_buf(RlBuffer)
             x.data = data = infos_of(i)  # a list of dicts, or a struct of arrays
