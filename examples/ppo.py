@@ -81,6 +81,24 @@ DEFAULTS = {
 # ----------------------------------------------------------------------------- samplers
 
 
+def ppo_batch(cfg: PPOConfig, policy: js.MLPPolicy, params, traj, state) -> dict:
+    """The learner's batch of one rollout call: what the policy saw (transformed, if the
+    rollout has transforms), its outputs, GAE advantages and value targets on
+    ``traj.rewards`` (bootstrapped from the observation the next call starts from), and
+    the acting mask."""
+    _, last_value, _ = policy.forward(params, state.obs)
+    adv = js.compute_gae(traj, last_value, cfg.gamma, cfg.gae_lambda)
+    return {
+        "obs": traj.obs[:-1],
+        "actions": traj.actions,
+        "logp": traj.extras["action_logp"],
+        "values": traj.extras["vf_preds"],
+        "advantages": adv.advantages,
+        "targets": adv.value_targets,
+        "mask": traj.acting,
+    }
+
+
 def jaxsampler_sampler(cfg: PPOConfig, env: js.Env, policy: js.MLPPolicy):
     """``(init(key), rollout(params, state) -> (state, batch))`` over jaxsampler."""
     rollout = js.make_rollout(env, policy, cfg.num_envs, cfg.rollout_length)
@@ -88,19 +106,9 @@ def jaxsampler_sampler(cfg: PPOConfig, env: js.Env, policy: js.MLPPolicy):
 
     def run(params, state):
         state, traj = rollout(params, state)
-        _, last_value, _ = policy.forward(params, state.obs)
-        adv = js.compute_gae(traj, last_value, cfg.gamma, cfg.gae_lambda)
-        batch = {
-            "obs": traj.obs[:-1],
-            "actions": traj.actions,
-            "logp": traj.extras["action_logp"],
-            "values": traj.extras["vf_preds"],
-            "advantages": adv.advantages,
-            "targets": adv.value_targets,
-            "mask": traj.acting,
-            "rewards": traj.rewards,
-            "done": traj.terminated | traj.truncated,
-        }
+        batch = ppo_batch(cfg, policy, params, traj, state)
+        batch["rewards"] = traj.rewards
+        batch["done"] = traj.terminated | traj.truncated
         return state, batch
 
     return init, run

@@ -133,17 +133,7 @@ def make_train(cfg: PPOConfig, ranges: Ranges | None):
         def update(carry, _):
             params, opt_state, state, running, key = carry
             state, traj = rollout(params, state)
-            _, last_value, _ = policy.forward(params, state.obs)
-            adv = js.compute_gae(traj, last_value, cfg.gamma, cfg.gae_lambda)
-            batch = {
-                "obs": traj.obs[:-1],
-                "actions": traj.actions,
-                "logp": traj.extras["action_logp"],
-                "values": traj.extras["vf_preds"],
-                "advantages": adv.advantages,
-                "targets": adv.value_targets,
-                "mask": traj.acting,
-            }
+            batch = ppo.ppo_batch(cfg, policy, params, traj, state)
             flat = jax.tree.map(
                 lambda x: x.reshape((batch_size * x.shape[2],) + x.shape[3:]), batch
             )

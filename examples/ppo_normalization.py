@@ -94,17 +94,8 @@ def make_train(cfg: Any, normalize: bool):
 
     def sample(params, state):
         state, traj = rollout(params, state)
-        _, last_value, _ = policy.forward(params, state.obs)  # obs as the policy sees it
-        adv = js.compute_gae(traj, last_value, cfg.gamma, cfg.gae_lambda)  # on traj.rewards
-        batch = {
-            "obs": traj.obs[:-1],
-            "actions": traj.actions,
-            "logp": traj.extras["action_logp"],
-            "values": traj.extras["vf_preds"],
-            "advantages": adv.advantages,
-            "targets": adv.value_targets,
-            "mask": traj.acting,
-        }
+        # On what the policy saw: transformed observations and rewards (traj.rewards).
+        batch = ppo.ppo_batch(cfg, policy, params, traj, state)
         raw = traj.rewards if traj.raw_rewards is None else traj.raw_rewards
         return state, batch, (raw, traj.terminated | traj.truncated, traj.acting)
 
