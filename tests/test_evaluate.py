@@ -4,9 +4,6 @@ stepping (NumPy, Gymnasium's CartPole), greedy actions, frozen transform statist
 from __future__ import annotations
 
 import dataclasses
-import os
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 from typing import Any, ClassVar
@@ -26,6 +23,7 @@ from jaxsampler.spaces import Box, Discrete
 from jaxsampler.transforms import NormalizeObservation
 from jaxsampler.transforms.base import Context, Observed, Spaces, StageState, Transform
 from jaxsampler.types import NoInfo
+from tests.devices import run_on_devices
 from tests.fakes import (
     ChaosEnv,
     CountingPolicy,
@@ -397,19 +395,7 @@ SHARDED_SCRIPT = textwrap.dedent(
 def test_frozen_statistics_from_a_sharded_training_state():
     """The statistics of a rollout whose env axis is split over 2 devices (replicated on
     both) are used as they are."""
-    env = dict(
-        os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2", PYTHONPATH=str(ROOT)
-    )
-    proc = subprocess.run(
-        [sys.executable, "-c", SHARDED_SCRIPT],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "SHARDED-EVAL-OK" in proc.stdout
+    run_on_devices(SHARDED_SCRIPT, "SHARDED-EVAL-OK", timeout=300)
 
 
 def test_returns_are_the_raw_rewards():

@@ -1,12 +1,8 @@
 """Env axis split over 2 CPU devices (run in a subprocess: the device count is fixed at start)."""
 
-import os
-import subprocess
-import sys
 import textwrap
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.devices import run_on_devices
 
 SCRIPT = textwrap.dedent(
     """
@@ -48,16 +44,4 @@ SCRIPT = textwrap.dedent(
 
 
 def test_sharded_rollout_on_two_cpu_devices():
-    env = dict(
-        os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2", PYTHONPATH=str(ROOT)
-    )
-    proc = subprocess.run(
-        [sys.executable, "-c", SCRIPT],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "SHARDED-OK" in proc.stdout
+    run_on_devices(SCRIPT, "SHARDED-OK", timeout=300)

@@ -4,9 +4,6 @@ raw observations that enter the agents' episodes (one device and 2 CPU devices).
 from __future__ import annotations
 
 import dataclasses
-import os
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -19,6 +16,7 @@ import jaxsampler as js
 from jaxsampler.spaces import Box, Dict, Discrete, Tuple
 from jaxsampler.transforms.base import Context, build_pipeline
 from jaxsampler.transforms.normalize import NormalizeObservation
+from tests.devices import run_on_devices
 from tests.fakes import ChaosEnv, FakeEnv
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -302,19 +300,7 @@ SHARDED = textwrap.dedent(
 
 
 def test_sharded_statistics_equal_numpy_over_all_envs():
-    env = dict(
-        os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2", PYTHONPATH=str(ROOT)
-    )
-    proc = subprocess.run(
-        [sys.executable, "-c", SHARDED],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "SHARDED-NORMALIZE-OK" in proc.stdout
+    run_on_devices(SHARDED, "SHARDED-NORMALIZE-OK", timeout=300)
 
 
 def test_dict_observation_space_bounds():

@@ -11,9 +11,6 @@ from __future__ import annotations
 import dataclasses
 import doctest
 import functools
-import os
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -33,6 +30,7 @@ from jaxsampler.transforms import Context, StageState
 from jaxsampler.transforms import params as params_module
 from jaxsampler.transforms.params import DomainRandomization
 from jaxsampler.types import NoInfo
+from tests.devices import run_on_devices
 
 ROOT = Path(__file__).resolve().parents[1]
 E, T = 4, 24
@@ -557,16 +555,4 @@ SHARDED = textwrap.dedent(
 
 
 def test_per_env_params_and_domain_randomization_sharded_over_two_devices():
-    env = dict(
-        os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2", PYTHONPATH=str(ROOT)
-    )
-    proc = subprocess.run(
-        [sys.executable, "-c", SHARDED],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    assert "SHARDED-PARAMS-OK" in proc.stdout
+    run_on_devices(SHARDED, "SHARDED-PARAMS-OK", timeout=600)

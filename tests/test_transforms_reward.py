@@ -3,9 +3,6 @@ and flags (one device, across calls, multi-agent out of lockstep, sharded over 2
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
@@ -18,6 +15,7 @@ import pytest
 import jaxsampler as js
 from jaxsampler.transforms import Context, NormalizeObservation, build_pipeline
 from jaxsampler.transforms.reward import ClipReward, NormalizeReward, ScaleReward
+from tests.devices import run_on_devices
 from tests.fakes import ChaosEnv, FakeEnv
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -360,16 +358,4 @@ SHARDED = textwrap.dedent(
 
 
 def test_sharded_over_two_cpu_devices():
-    env = dict(
-        os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2", PYTHONPATH=str(ROOT)
-    )
-    proc = subprocess.run(
-        [sys.executable, "-c", SHARDED],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "SHARDED-REWARD-OK" in proc.stdout
+    run_on_devices(SHARDED, "SHARDED-REWARD-OK", timeout=300)
