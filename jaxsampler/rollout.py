@@ -607,9 +607,7 @@ def _check_transform_state(pipe: Pipeline, state: RolloutState) -> None:
                 for t, w, g in zip(pipe.transforms, want_state.stages, got_state.stages)
             ),
         )
-    want: Any = jax.tree.structure(want_state)  # PyTreeDef: untyped for mypy
-    got = jax.tree.structure(got_state)
-    if want != got or (pipe.changes_obs and state.raw_obs is None):
+    if not _same_structure(got_state, want_state) or (pipe.changes_obs and state.raw_obs is None):
         names = [type(t).__name__ for t in pipe.transforms] or "no transforms"
         raise ValueError(
             f"state.transform_state does not match this rollout's transforms ({names}): build "

@@ -26,11 +26,13 @@ from typing import Any
 import numpy as np
 
 from jaxsampler.episodes import MultiAgentBatch, MultiAgentEpisode, SingleAgentEpisode
+from jaxsampler.policies.greedy import greedy
 
 __all__ = [
     "Sampler",
     "SamplerMetrics",
     "check_lookback",
+    "exploring_or_greedy",
     "check_positive_int",
     "check_sample_counts",
     "explain_policy_mismatch",
@@ -86,6 +88,19 @@ def check_sample_counts(num_timesteps: Any, num_episodes: Any) -> None:
     for name, v in (("num_timesteps", num_timesteps), ("num_episodes", num_episodes)):
         if v is not None:
             check_positive_int(name, v)
+
+
+def exploring_or_greedy(policy: Any, explore: Any) -> Any:
+    """``policy`` itself (``explore=True``) or its greedy copy
+    (:func:`jaxsampler.policies.greedy.greedy`, ``explore=False``).
+
+    Raises:
+        TypeError: ``explore`` is not a bool; a policy without an explore switch
+            (greedy's message).
+    """
+    if not isinstance(explore, bool):
+        raise TypeError(f"explore must be a bool, got {explore!r}")
+    return policy if explore else greedy(policy)
 
 
 def check_lookback(episode_lookback_horizon: Any) -> int:

@@ -55,7 +55,6 @@ from jaxsampler.envs.base import Env
 from jaxsampler.episodes.batch import MultiAgentBatch
 from jaxsampler.episodes.ids import EpisodeIds
 from jaxsampler.policies.base import Policy
-from jaxsampler.policies.greedy import greedy
 from jaxsampler.rollout import (
     Transforms,
     check_compatible,
@@ -69,6 +68,7 @@ from jaxsampler.sampling.base import (
     check_lookback,
     check_sample_counts,
     explain_policy_mismatch,
+    exploring_or_greedy,
 )
 from jaxsampler.sampling.columns import InfoPath, info_leaves, with_transform_infos
 from jaxsampler.sampling.convert_multi import MultiAgentConverter
@@ -158,10 +158,7 @@ class DeviceSampler(Sampler):
         explore: bool = True,
     ):
         env = _resolve(env)
-        if not isinstance(explore, bool):
-            raise TypeError(f"explore must be a bool, got {explore!r}")
-        if not explore:
-            policy = greedy(policy)
+        policy = exploring_or_greedy(policy, explore)
         if topup_length is not None and (
             isinstance(topup_length, bool) or not isinstance(topup_length, int) or topup_length < 1
         ):

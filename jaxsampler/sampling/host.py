@@ -91,7 +91,6 @@ from jaxsampler.episodes.multi_agent import MultiAgentEpisode
 from jaxsampler.episodes.single_agent import SingleAgentEpisode
 from jaxsampler.host_envs.base import HostEnv, PollResult, check_host_env
 from jaxsampler.policies.base import Policy
-from jaxsampler.policies.greedy import greedy
 from jaxsampler.policies.multi import MultiAgentPolicy
 from jaxsampler.rollout import Transforms, check_policy_fits
 from jaxsampler.sampling.base import (
@@ -101,6 +100,7 @@ from jaxsampler.sampling.base import (
     check_positive_int,
     check_sample_counts,
     explain_policy_mismatch,
+    exploring_or_greedy,
 )
 from jaxsampler.sampling.feeds import Books, CollectorFeed, DoneRecord, Feed
 from jaxsampler.sampling.host_transforms import HostTransforms
@@ -207,10 +207,7 @@ class HostSampler(Sampler):
         explore: bool = True,
     ):
         self.host_env = check_host_env(host_env)
-        if not isinstance(explore, bool):
-            raise TypeError(f"explore must be a bool, got {explore!r}")
-        if not explore:
-            policy = greedy(policy)
+        policy = exploring_or_greedy(policy, explore)
         self.explore = explore
         self.policy = policy
         horizon = check_lookback(episode_lookback_horizon)
