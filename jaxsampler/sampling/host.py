@@ -103,7 +103,7 @@ from jaxsampler.sampling.base import (
     exploring_or_greedy,
 )
 from jaxsampler.sampling.feeds import Books, CollectorFeed, DoneRecord, Feed
-from jaxsampler.sampling.host_transforms import HostTransforms
+from jaxsampler.sampling.host_transforms import HostTransforms, bucket
 from jaxsampler.sampling.off_policy import OffPolicyCounts, behaviour_outputs, off_policy_extras
 from jaxsampler.sampling.track import TrackFeed
 from jaxsampler.spaces import ValueChecker
@@ -315,12 +315,6 @@ class HostSampler(Sampler):
 
         return jax.jit(step)
 
-    def _bucket(self, n: int) -> int:
-        for b in self.batch_sizes:
-            if b >= n:
-                return b
-        return self.batch_sizes[-1]
-
     def _act(self, params: Any) -> bool:
         """Computes and sends the actions of every queued agent; False if none was queued."""
         out: dict[Any, dict] = {}
@@ -363,7 +357,7 @@ class HostSampler(Sampler):
         self, pid: Any, params: Any, obs: Any, env_ids: list, agent_ids: list, out: dict
     ) -> None:
         n = len(env_ids)
-        b = self._bucket(n)
+        b = bucket(n, self.batch_sizes)
 
         def pad(x: np.ndarray) -> np.ndarray:
             x = np.asarray(x)[:, None]

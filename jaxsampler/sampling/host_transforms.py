@@ -102,12 +102,6 @@ class HostTransforms:
         self.rows.clear()
         self._started.clear()
 
-    def _bucket(self, n: int) -> int:
-        for b in self.batch_sizes:
-            if b >= n:
-                return b
-        return self.batch_sizes[-1]
-
     def apply(
         self,
         res: PollResult,
@@ -170,7 +164,7 @@ class HostTransforms:
         new_rewards: dict[Any, dict[Any, Any]],
     ) -> None:
         n = len(rows)
-        b = self._bucket(n)
+        b = bucket(n, self.batch_sizes)
         pad = b - n
         first = np.zeros((b, 1), bool)
         recorded = np.zeros((b, 1), bool)
@@ -217,6 +211,15 @@ class HostTransforms:
                 new_rewards.setdefault(e, {})[a] = float(seen_reward[i, 0])
             if self._has_rows:
                 self.rows[(e, a)] = jax.tree.map(lambda x, i=i: x[i : i + 1], row_state)
+
+
+def bucket(n: int, batch_sizes: Sequence[int]) -> int:
+    """The padded size of a call of ``n`` rows: the smallest of the (sorted) ``batch_sizes``
+    that holds them, else the largest (the caller splits larger batches)."""
+    for b in batch_sizes:
+        if b >= n:
+            return b
+    return batch_sizes[-1]
 
 
 def _rows(items: list[Any]) -> Any:
