@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.experimental import checkify
 
-from jaxsampler import vector
+from jaxsampler import placement, vector
 from jaxsampler.envs.base import Env
 from jaxsampler.policies.base import Policy
 from jaxsampler.spaces import Box, Discrete, MultiDiscrete, Space, compatible
@@ -169,6 +169,8 @@ def init_rollout_state(
     env_params: Any = None,
     transforms: Transforms = None,
     transform_state: Any = None,
+    *,
+    mesh: placement.MeshLike = None,
 ) -> RolloutState:
     """Resets ``num_envs`` envs and returns the state a rollout starts from.
 
@@ -186,17 +188,62 @@ def init_rollout_state(
             not statistics): every transform's ``shared`` state is taken from it, except
             a randomizer's (its base params are ``env_params``); per-env ``rows`` start
             fresh. ``None``: fresh statistics.
+        mesh: place the state on a mesh, the env axis split over its ``"env"`` axis (a
+            :class:`~jax.sharding.Mesh`, devices, or a device count; see
+            :mod:`jaxsampler.placement`). The state is computed by one jitted call whose
+            outputs are laid out that way, so it also works on a mesh spanning processes
+            (every process calls it with the same key). The values equal the unplaced
+            state's up to float rounding.
 
-    Jittable (``num_envs`` static).
+    Jittable (``num_envs`` static) without ``mesh``.
 
     Raises:
         ValueError: an ``env_params`` leaf whose shape is neither the shared one nor
-            ``[E, ...]`` (the message names the leaf and the shapes).
+            ``[E, ...]`` (the message names the leaf and the shapes); ``num_envs`` not
+            divisible by the mesh's device count (the nearest valid counts named).
     """
+    m = placement.as_mesh(mesh)
+    if m is not None:
+        return _init_on_mesh(env, policy, num_envs, key, env_params, transforms, transform_state, m)
     state, _ = init_state_and_info(
         env, policy, num_envs, key, env_params, transforms, transform_state
     )
     return state
+
+
+def _is_array(x: Any) -> bool:
+    return isinstance(x, (jax.Array, np.ndarray))
+
+
+def _init_on_mesh(
+    env: Env,
+    policy: Policy,
+    num_envs: int,
+    key: jax.Array,
+    env_params: Any,
+    transforms: Transforms,
+    transform_state: Any,
+    mesh: jax.sharding.Mesh,
+) -> RolloutState:
+    _check_sizes(num_envs)
+    placement.check_divisible(int(num_envs), mesh)
+    pipe = check_compatible(env, policy, transforms)
+    # Array leaves of the params are arguments (they may be placed already); anything else
+    # (Python numbers, static config) stays a constant of the trace.
+    p_leaves, p_def = jax.tree.flatten(env.default_params if env_params is None else env_params)
+    arrays = [x for x in p_leaves if _is_array(x)]
+
+    def fn(k: jax.Array, arr: list[Any], ts: Any) -> RolloutState:
+        it = iter(arr)
+        leaves = [next(it) if _is_array(x) else x for x in p_leaves]
+        params = jax.tree.unflatten(p_def, leaves)
+        return init_rollout_state(env, policy, num_envs, k, params, pipe, ts)
+
+    shape = jax.eval_shape(fn, key, arrays, transform_state)
+    out: RolloutState = jax.jit(fn, out_shardings=placement.state_sharding(env, shape, mesh))(
+        key, arrays, transform_state
+    )
+    return out
 
 
 def init_state_and_info(
@@ -412,6 +459,8 @@ class Rollout:
             :func:`make_rollout`); such a rollout jits itself and cannot be jitted again.
         pipeline: the transforms the rollout runs, bound to the env's spaces
             (:class:`~jaxsampler.transforms.Pipeline`; empty without transforms).
+        mesh: the mesh the env axis is split over (``mesh=`` of :func:`make_rollout`),
+            or ``None``.
     """
 
     num_envs: int
@@ -422,6 +471,7 @@ class Rollout:
     allocate: AllocateFn
     debug: bool = False
     pipeline: Pipeline | None = None
+    mesh: jax.sharding.Mesh | None = None
 
     def __call__(
         self, params: Any, state: RolloutState, buffers: Trajectory | None = None
@@ -439,6 +489,7 @@ def make_rollout(
     debug: bool = False,
     shard_axis: str | None = None,
     transforms: Transforms = None,
+    mesh: placement.MeshLike = None,
 ) -> Rollout:
     """Builds the rollout of ``policy`` in ``num_envs`` copies of ``env``.
 
@@ -453,8 +504,19 @@ def make_rollout(
             actions or extras), the first observation outside ``env.observation_space``
             and the first action outside ``env.action_space`` taken by an acting agent.
             Not for use inside your own jit.
-        shard_axis: set by :mod:`jaxsampler.scale` only: the mesh axis the env axis is
-            split over; each shard folds its axis index into its PRNG keys.
+        shard_axis: for a rollout you run inside your own ``jax.shard_map``: the mesh
+            axis its env axis is a slice of. Each shard folds its axis index into its PRNG
+            keys and the transforms reduce their statistics over that axis. ``num_envs``
+            is then the per-shard width. (``mesh=`` needs none of this.)
+        mesh: split the env axis over a mesh (a :class:`~jax.sharding.Mesh` with an
+            ``"env"`` axis, devices, or a device count; :mod:`jaxsampler.placement`).
+            ``num_envs`` stays the global width; the state (``rollout.init``) and the
+            trajectory are sharded arrays and XLA partitions the jitted scan, so each
+            device steps its own envs and reductions over envs (the transforms'
+            statistics) are collectives. The random streams are those of the unsharded
+            rollout: results differ across device counts by float rounding only. The
+            mesh may span processes (``jax.distributed``): every process then calls the
+            rollout with the same params and holds its own devices' envs.
         transforms: env->policy and policy->env transforms run inside the scan
             (:mod:`jaxsampler.transforms`, env side first), e.g.
             ``(FrameStack(4), NormalizeObservation())``. The policy must be built for the
@@ -472,19 +534,37 @@ def make_rollout(
         Python branching on traced values; shapes are checked at trace time.
 
     Raises:
-        ValueError / TypeError: bad sizes, mismatched spaces; at trace time, actions of the
-        wrong shape or dtype.
+        ValueError / TypeError: bad sizes, mismatched spaces, ``num_envs`` not divisible
+        by the mesh (the nearest valid counts named); at trace time, actions of the wrong
+        shape or dtype.
     """
     _check_sizes(num_envs, rollout_length)
     pipe = check_compatible(env, policy, transforms)
     T, E, A = int(rollout_length), int(num_envs), env.num_agents
     ctx = Context(axis_name=shard_axis)
+    m = placement.as_mesh(mesh)
+    if m is not None:
+        if shard_axis is not None:
+            raise ValueError("pass mesh= or shard_axis=, not both")
+        placement.check_divisible(E, m)
+
+    def place_state(state: RolloutState) -> RolloutState:
+        if m is None:
+            return state
+        out: RolloutState = placement.constrain(state, placement.state_sharding(env, state, m))
+        return out
+
+    def place_traj(traj: Trajectory) -> Trajectory:
+        if m is None:
+            return traj
+        out: Trajectory = placement.constrain(traj, placement.traj_sharding(traj, m))
+        return out
 
     def allocate(params: Any, state: RolloutState) -> Trajectory:
-        return allocate_trajectory(env, policy, T, params, state, pipe)
+        return place_traj(allocate_trajectory(env, policy, T, params, state, pipe))
 
     def init(key: jax.Array, env_params: Any = None) -> RolloutState:
-        return init_rollout_state(env, policy, E, key, env_params, pipe)
+        return init_rollout_state(env, policy, E, key, env_params, pipe, mesh=m)
 
     def rollout(
         params: Any, state: RolloutState, buffers: Trajectory | None = None
@@ -494,8 +574,8 @@ def make_rollout(
                 f"state was built for {state.needs_reset.shape[0]} envs, rollout for {E}"
             )
         _check_transform_state(pipe, state)
-        if buffers is None:
-            buffers = allocate(params, state)
+        state = place_state(state)
+        buffers = allocate(params, state) if buffers is None else place_traj(buffers)
         init_pstate = policy.initial_state((E, A))
         has_pstate = len(jax.tree.leaves(init_pstate)) > 0
         buf0 = dataclasses.replace(
@@ -509,6 +589,7 @@ def make_rollout(
             carry: tuple[RolloutState, Trajectory], t: jax.Array
         ) -> tuple[tuple[RolloutState, Trajectory], None]:
             rs, buf = carry
+            rs, buf = place_state(rs), place_traj(buf)
             key, k_pol, k_step, k_reset = jax.random.split(rs.key, 4)
             # A fifth stream only for randomized params: other streams stay as they were.
             k_params = jax.random.fold_in(k_reset, 1) if pipe.randomizes_params else None
@@ -576,16 +657,18 @@ def make_rollout(
                 key=key,
                 num_steps=rs.num_steps + 1,
             )
-            return (rs, buf), None
+            return (place_state(rs), place_traj(buf)), None
 
         (state, buf), _ = jax.lax.scan(body, (state, buf0), jnp.arange(T, dtype=jnp.int32))
         buf = dataclasses.replace(buf, obs=_write(buf.obs, jnp.int32(T), state.obs))
         if pipe.changes_obs:
             buf = dataclasses.replace(buf, raw_obs=_write(buf.raw_obs, jnp.int32(T), state.raw_obs))
-        return state, buf
+        return place_state(state), place_traj(buf)
 
     run: RolloutFn = _debug_rollout(env, rollout, pipe) if debug else rollout
-    return Rollout(E, T, A, run=run, init=init, allocate=allocate, debug=debug, pipeline=pipe)
+    return Rollout(
+        E, T, A, run=run, init=init, allocate=allocate, debug=debug, pipeline=pipe, mesh=m
+    )
 
 
 def _check_transform_state(pipe: Pipeline, state: RolloutState) -> None:

@@ -1,3 +1,12 @@
+import os
+
+# Two XLA CPU devices for every test process (set before JAX starts), so tests of the
+# sharded paths run in-process; everything else runs on the first device as before.
+if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = (
+        os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=2"
+    ).strip()
+
 import jax
 import pytest
 

@@ -31,11 +31,17 @@ SCRIPT = textwrap.dedent(
         np.testing.assert_array_equal(a, b)
     # The two shards draw different random streams (no key reuse across devices).
     assert not np.array_equal(t1.actions[:, :3], t1.actions[:, 3:])
+    # ...and each env the stream it has on one device.
+    r1 = js.jit_rollout(js.make_rollout(env, pol, E, T))
+    s1 = r1.init(jax.random.PRNGKey(0))
+    s1, u1 = r1((), s1)
+    for a, b in zip(jax.tree.leaves(t1), jax.tree.leaves(jax.device_get(u1))):
+        np.testing.assert_array_equal(a, b)
     # Indivisible widths are refused with a clear message.
     try:
         scale.make_sharded_rollout(env, pol, 5, T, mesh)
     except ValueError as e:
-        assert "not divisible" in str(e)
+        assert "cannot be split evenly" in str(e) and "nearest valid: 4 or 6" in str(e), e
     else:
         raise AssertionError("expected ValueError")
     print("SHARDED-OK")
