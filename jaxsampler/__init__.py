@@ -6,8 +6,10 @@ return RLlib's episodes and batches.
 
 The top level holds the everyday path. The layers, bottom to top, are subpackages:
 :mod:`~jaxsampler.spaces`, :mod:`~jaxsampler.vector`, :mod:`~jaxsampler.envs`
-(pure-JAX envs, adapters), :mod:`~jaxsampler.policies`, :mod:`~jaxsampler.rollout`,
-:mod:`~jaxsampler.scale`, :mod:`~jaxsampler.postprocessing`, :mod:`~jaxsampler.evaluation`
+(pure-JAX envs, adapters), :mod:`~jaxsampler.policies`, :mod:`~jaxsampler.placement`
+(the env axis over a mesh of devices and processes), :mod:`~jaxsampler.distributed`
+(``jax.distributed`` set-up), :mod:`~jaxsampler.rollout`, :mod:`~jaxsampler.scale`,
+:mod:`~jaxsampler.postprocessing`, :mod:`~jaxsampler.evaluation`
 (``evaluate``: unbiased episodes, greedy actions, frozen statistics),
 :mod:`~jaxsampler.episodes` (RLlib's data model in numpy), :mod:`~jaxsampler.host_envs`
 (host-stepped envs), :mod:`~jaxsampler.sampling` (the sampler family),
@@ -15,9 +17,11 @@ The top level holds the everyday path. The layers, bottom to top, are subpackage
 """
 
 from jaxsampler import (
+    distributed,
     episodes,
     host_envs,
     offline,
+    placement,
     policies,
     postprocessing,
     rollout,
@@ -92,6 +96,7 @@ __all__ = [
     "check_env",
     "compute_gae",
     "concat_samples",
+    "distributed",
     "episodes",
     "evaluate",
     "from_gymnax",
@@ -104,6 +109,7 @@ __all__ = [
     "make_rollout",
     "make_sharded_rollout",
     "offline",
+    "placement",
     "policies",
     "postprocessing",
     "register",

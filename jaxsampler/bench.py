@@ -147,7 +147,7 @@ def measure_rollout(
     ``median_s`` (steady state), ``env_steps_per_s`` (``E * T / median_s``, reset steps
     included) and ``actions_per_s`` (agent actions actually taken per second: acting
     agents only, so reset steps are not counted). ``num_devices > 1`` splits the env
-    axis over that many devices (:mod:`jaxsampler.scale`).
+    axis over that many devices (``make_rollout(..., mesh=num_devices)``).
 
     Raises:
         TypeError: ``env_id`` names a host-stepped env (``"gym:<id>"``).
@@ -162,15 +162,9 @@ def measure_rollout(
         raise ValueError(f"policy must be 'mlp' or 'random', got {policy!r}")
     key = jax.random.PRNGKey(seed)
     params = pol.init(key)
-    if num_devices > 1:
-        from jaxsampler import scale
-
-        mesh = scale.env_mesh(num_devices)
-        rollout = jit_rollout(scale.make_sharded_rollout(env, pol, num_envs, rollout_length, mesh))
-        state = rollout.init(jax.random.fold_in(key, 1))
-    else:
-        rollout = jit_rollout(make_rollout(env, pol, num_envs, rollout_length))
-        state = rollout.init(jax.random.fold_in(key, 1))
+    mesh = num_devices if num_devices > 1 else None
+    rollout = jit_rollout(make_rollout(env, pol, num_envs, rollout_length, mesh=mesh))
+    state = rollout.init(jax.random.fold_in(key, 1))
     t0 = time.perf_counter()
     state, traj = rollout(params, state)
     jax.block_until_ready(traj)
