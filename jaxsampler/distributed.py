@@ -22,6 +22,7 @@ __all__ = [
     "ENV_COORDINATOR",
     "ENV_NUM_PROCESSES",
     "ENV_PROCESS_ID",
+    "ENV_TIMEOUT",
     "initialize",
     "is_initialized",
     "process_allgather",
@@ -34,6 +35,8 @@ ENV_COORDINATOR = "JAXSAMPLER_COORDINATOR"
 ENV_NUM_PROCESSES = "JAXSAMPLER_NUM_PROCESSES"
 #: This process's index, ``0 .. n-1``.
 ENV_PROCESS_ID = "JAXSAMPLER_PROCESS_ID"
+#: Seconds to wait for the others (``timeout_s`` of :func:`initialize`).
+ENV_TIMEOUT = "JAXSAMPLER_TIMEOUT"
 
 _initialized = False
 
