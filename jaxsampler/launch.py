@@ -260,9 +260,10 @@ def launch(
             )
             procs.append(p)
             assert p.stdout is not None and p.stderr is not None
-            pumps += [_Pump(p.stdout, out, f"[{i}] ", lock), _Pump(p.stderr, err, f"[{i}] ", lock)]
-            pumps[-2].start()
-            pumps[-1].start()
+            for pipe, sink in ((p.stdout, out), (p.stderr, err)):
+                pump = _Pump(pipe, sink, f"[{i}] ", lock)
+                pump.start()
+                pumps.append(pump)
         code = _supervise(procs, grace_s, wall_timeout, err, lock)
     except KeyboardInterrupt:
         code = 130
@@ -271,7 +272,8 @@ def launch(
     finally:
         _stop(procs)
         for t in pumps:
-            t.join(timeout=5.0)
+            if t.ident is not None:  # started (an interrupt may land in between)
+                t.join(timeout=5.0)
         for signum, handler in previous.items():
             signal.signal(signum, handler)
     return code
