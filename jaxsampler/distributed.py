@@ -12,6 +12,7 @@ below set; ``initialize()`` without arguments reads them.
 
 from __future__ import annotations
 
+import atexit
 import os
 import sys
 import threading
@@ -56,6 +57,7 @@ _JAX_DEADLINE_MARGIN_S = 60
 _initialized = False
 _joined_with: tuple[str, int, int] | None = None
 _failed_with: str | None = None
+_exit_requested: Any = None
 
 
 def is_initialized() -> bool:
@@ -115,10 +117,14 @@ def initialize(
     - a peer dies mid-run: a collective on the survivors fails at once when the peer's TCP
       connections close (gloo: ``Connection closed by peer``), and when a peer stops sending
       heartbeats for ``heartbeat_timeout_s`` (its host vanished) JAX's coordination service
-      terminates every process itself. An exception that ends a process of a joined job
-      (the failed collective's included) prints its traceback and a line naming this process,
-      then exits with status 1 at once (130 for Ctrl-C), instead of waiting up to the
-      heartbeat timeout in JAX's shutdown barrier for the peer that is gone.
+      terminates every process itself.
+    - a process of a joined job ends on an uncaught exception (the failed collective's
+      included): its traceback and a line naming the process are printed and it exits at
+      once with status 1 (130 for Ctrl-C); one that calls ``sys.exit(code)`` with a nonzero
+      code exits at once with that code. Without this, JAX's exit-time shutdown barrier
+      waits for peers that are gone or still running (up to ``timeout_s``) and then aborts
+      the process (status 134, the real status lost). A process that returns normally
+      (status 0) still meets the others at that barrier.
 
     Args:
         coordinator_address: ``host:port`` of process 0 (``JAXSAMPLER_COORDINATOR``).
@@ -257,13 +263,18 @@ def _join(args: tuple[str, int, int], timeout_s: float, heartbeat_timeout_s: flo
 
 
 def _install_fail_fast(process_id: int, num_processes: int) -> None:
-    """An uncaught exception ends this process at once (after its traceback) rather than in
-    JAX's exit-time shutdown barrier, which waits for peers that may be gone."""
-    previous = sys.excepthook
+    """A process of a joined job that fails (an uncaught exception, or ``sys.exit`` with a
+    nonzero status) ends at once, rather than in JAX's exit-time shutdown barrier, which waits
+    for peers that are gone or still running (``timeout_s``) and then aborts the process
+    (status 134, the real one lost)."""
+    global _exit_requested
+    who = f"jaxsampler.distributed: process {process_id} of {num_processes}"
+    previous_hook = sys.excepthook
+    original_exit = sys.exit
 
     def hook(kind: type[BaseException], value: BaseException, tb: Any) -> None:
         try:
-            previous(kind, value, tb)
+            previous_hook(kind, value, tb)
             text = str(value)
             cause = (
                 " A peer process died or closed its connection (a collective failed)."
@@ -271,16 +282,32 @@ def _install_fail_fast(process_id: int, num_processes: int) -> None:
                 else ""
             )
             sys.stderr.write(
-                f"jaxsampler.distributed: process {process_id} of {num_processes} stopped on "
-                f"an uncaught {kind.__name__}.{cause} Exiting now without waiting for the "
-                "other processes.\n"
+                f"{who} stopped on an uncaught {kind.__name__}.{cause} Exiting now without "
+                "waiting for the other processes.\n"
             )
             sys.stdout.flush()
             sys.stderr.flush()
         finally:
             os._exit(130 if issubclass(kind, KeyboardInterrupt) else 1)
 
+    def recording_exit(status: Any = None) -> Any:
+        global _exit_requested
+        _exit_requested = status
+        return original_exit(status)
+
+    def at_exit() -> None:  # registered after JAX's own clean-up, so it runs before it
+        status = _exit_requested
+        if status is None or status == 0:
+            return
+        code = status if isinstance(status, int) and not isinstance(status, bool) else 1
+        sys.stderr.write(f"{who} exits with status {code}; not waiting for the other processes.\n")
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
     sys.excepthook = hook
+    sys.exit = recording_exit
+    atexit.register(at_exit)
 
 
 def process_allgather(tree: Any) -> Any:

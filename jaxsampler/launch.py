@@ -28,6 +28,7 @@ import argparse
 import contextlib
 import ctypes
 import os
+import queue
 import signal
 import socket
 import subprocess
@@ -286,30 +287,39 @@ def _supervise(
     err: IO[str],
     lock: threading.Lock,
 ) -> int:
-    """Waits for the processes; returns the job's exit code. After the first failure the
-    others get ``grace_s`` seconds."""
+    """Waits for the processes; returns the job's exit code. After the first failure (in
+    the order the processes ended, one waiting thread each) the others get ``grace_s``."""
+    ended: queue.Queue[tuple[int, int]] = queue.Queue()
+
+    def wait(i: int, p: subprocess.Popen[bytes]) -> None:
+        ended.put((i, p.wait()))
+
+    for i, p in enumerate(procs):
+        threading.Thread(target=wait, args=(i, p), daemon=True).start()
     start = time.monotonic()
     first_failure: int | None = None
     stop_at: float | None = None
-    while True:
-        codes = [p.poll() for p in procs]
-        if first_failure is None:
-            for i, c in enumerate(codes):
-                if c is not None and c != 0:
-                    first_failure = _exit_code(c)
-                    stop_at = time.monotonic() + grace_s
-                    _note(err, lock, f"process {i} exited {first_failure}; stopping the others")
-                    break
-        if all(c is not None for c in codes):
-            return first_failure or 0
-        now = time.monotonic()
-        if stop_at is not None and now >= stop_at:
-            assert first_failure is not None
-            return first_failure
-        if wall_timeout is not None and now - start >= wall_timeout:
-            _note(err, lock, f"wall timeout of {wall_timeout:g} s reached; stopping every process")
-            return 124
-        time.sleep(0.05)
+    remaining = len(procs)
+    while remaining:
+        try:
+            i, c = ended.get(timeout=0.05)
+        except queue.Empty:
+            now = time.monotonic()
+            if stop_at is not None and now >= stop_at:
+                assert first_failure is not None
+                return first_failure
+            if wall_timeout is not None and now - start >= wall_timeout:
+                _note(
+                    err, lock, f"wall timeout of {wall_timeout:g} s reached; stopping every process"
+                )
+                return 124
+            continue
+        remaining -= 1
+        if c != 0 and first_failure is None:
+            first_failure = _exit_code(c)
+            stop_at = time.monotonic() + grace_s
+            _note(err, lock, f"process {i} exited {first_failure}; stopping the others")
+    return first_failure or 0
 
 
 def _note(err: IO[str], lock: threading.Lock, text: str) -> None:

@@ -51,23 +51,27 @@ def test_a_failing_process_ends_the_job_with_its_code_and_leaves_no_process(tmp_
     (tmp_path / "fail.py").write_text(
         textwrap.dedent(
             """
-            import os, sys, time, pathlib
-            me = int(os.environ["JAXSAMPLER_PROCESS_ID"])
+            import os, sys, pathlib
+            from jaxsampler import distributed
+            distributed.initialize()
+            import jax, numpy as np
+            me = jax.process_index()
             pathlib.Path(sys.argv[1], f"pid{me}").write_text(str(os.getpid()))
-            if me == 1:
-                time.sleep(0.5)
-                sys.exit(3)
-            time.sleep(120)  # would outlive the job without the launcher
+            for step in range(10**9):  # process 0 keeps waiting on collectives
+                distributed.process_sum(np.ones(2))
+                if me == 1 and step == 3:
+                    sys.exit(3)
             """
         )
     )
     err = io.StringIO()
-    # A hang guard in CI rather than a speed assertion: the launcher must return at all.
-    code = launch(
-        [str(tmp_path / "fail.py"), str(tmp_path)], n=2, grace_s=0.5, stderr=err, stdout=err
-    )
-    assert code == 3, err.getvalue()
-    assert "[launch] process 1 exited 3; stopping the others" in err.getvalue()
+    # A hang guard in CI rather than a speed assertion: the launcher must return at all
+    # (without the fail-fast exit, process 1 would wait in JAX's shutdown barrier and abort).
+    code = launch([str(tmp_path / "fail.py"), str(tmp_path)], n=2, stderr=err, stdout=err)
+    assert code == 3, err.getvalue()[-3000:]
+    text = err.getvalue()
+    assert "[launch] process 1 exited 3; stopping the others" in text, text[-3000:]
+    assert "process 1 of 2 exits with status 3; not waiting" in text, text[-3000:]
     pids = [int((tmp_path / f"pid{i}").read_text()) for i in range(2)]
     assert all(_gone(pid) for pid in pids)
 
