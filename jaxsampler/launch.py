@@ -180,7 +180,7 @@ def launch(
             ignore it).
         port: the coordinator's port on 127.0.0.1 (default: a free one).
         timeout: seconds :func:`jaxsampler.distributed.initialize` waits for the others
-            (``JAXSAMPLER_TIMEOUT``; default: its own).
+            to join (``JAXSAMPLER_TIMEOUT``; default: its own, 60).
         pin: pin process ``i`` to the ``i``-th CPU core this launcher may use (modulo their
             number), Linux only.
         grace_s: seconds the others get to finish after one process fails.
@@ -367,8 +367,8 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         metavar="S",
         help=(
-            "seconds the processes wait for each other: to join, and to notice a dead peer "
-            "(JAXSAMPLER_TIMEOUT; default: initialize()'s)"
+            "seconds the processes wait for each other to join (and, at the end, to finish); "
+            "JAXSAMPLER_TIMEOUT, default: initialize()'s 60"
         ),
     )
     p.add_argument(
