@@ -99,6 +99,7 @@ def initialize(
     *,
     timeout_s: float | None = None,
     heartbeat_timeout_s: float | None = None,
+    fail_fast: bool = True,
 ) -> None:
     """Joins this process to the others (``jax.distributed.initialize``), CPU collectives
     through gloo.
@@ -124,7 +125,9 @@ def initialize(
       code exits at once with that code. Without this, JAX's exit-time shutdown barrier
       waits for peers that are gone or still running (up to ``timeout_s``) and then aborts
       the process (status 134, the real status lost). A process that returns normally
-      (status 0) still meets the others at that barrier.
+      (status 0) still meets the others at that barrier. This sets ``sys.excepthook`` and
+      wraps ``sys.exit`` in the joined process; ``fail_fast=False`` leaves both alone (and
+      JAX's barrier behaviour as it is).
 
     Args:
         coordinator_address: ``host:port`` of process 0 (``JAXSAMPLER_COORDINATOR``).
@@ -137,6 +140,8 @@ def initialize(
             dead and the whole job is stopped (``JAXSAMPLER_HEARTBEAT_TIMEOUT``, default 10;
             JAX's own default is 100). Heartbeats come from a background thread, so long
             compilations do not miss them.
+        fail_fast: end the process at once on an uncaught exception or a nonzero
+            ``sys.exit`` (above); default True.
 
     Raises:
         ValueError: arguments (or variables) missing, malformed or out of range.
@@ -215,7 +220,8 @@ def initialize(
     _join(args, timeout_s, heartbeat_timeout_s)
     _joined_with = args
     _initialized = True
-    _install_fail_fast(process_id, num_processes)
+    if fail_fast:
+        _install_fail_fast(process_id, num_processes)
 
 
 def _join(args: tuple[str, int, int], timeout_s: float, heartbeat_timeout_s: float) -> None:
