@@ -39,6 +39,14 @@ of the conversion of a ``sample()`` call and more when every episode's infos are
 they are in :attr:`DeviceSampler.last_chunks` (``raw_obs`` / ``raw_rewards``). Under
 domain randomization each step's infos carry the env params it ran with
 (``infos["env_params"]``). A reset continues the transforms' statistics.
+
+Devices (``devices=`` / ``mesh=``): the rollouts are built with ``make_rollout(...,
+mesh=)`` (the env axis split over the mesh's ``"env"`` axis, the random streams those of
+one device), the reset state is computed by one jitted call laid out on the mesh, and the
+host copy reads this process's shards (:func:`jaxsampler.placement.to_host`, still one
+transfer per call); the converters hold this process's envs only. On a mesh spanning
+processes the ``num_timesteps`` / ``num_episodes`` counts are global (one small allgather
+of step and episode counts per chunk), so every process makes the same rollout calls.
 """
 
 from __future__ import annotations
