@@ -248,3 +248,18 @@ def test_host_envs_refuse_devices():
         js.Sampler([gym.make("CartPole-v1")], pol, devices=2)
     with pytest.raises(ValueError, match="pure-JAX env"):
         js.Sampler("gym:CartPole-v1", pol, 2, mesh=placement.env_mesh(2))
+
+
+def test_episode_ids_with_a_stream_offset_are_the_global_envs_ids():
+    from jaxsampler.episodes.ids import EpisodeIds
+
+    whole, part = EpisodeIds(9), EpisodeIds(9, stream_offset=2)
+    streams, counts = np.array([0, 1, 1]), np.array([0, 3, 2**33])  # the last: wide layout
+    want = whole.many(streams + 2, counts)
+    assert part.many(streams, counts).tolist() == want.tolist()
+    assert [part(int(s), int(c)) for s, c in zip(streams, counts)] == want.tolist()
+    assert len(set(want.tolist()) | set(whole.many(streams, counts).tolist())) == 6
+    with pytest.raises(ValueError, match=">= 0"):
+        EpisodeIds(0, stream_offset=-1)
+    with pytest.raises(TypeError, match="an int"):
+        EpisodeIds(0, stream_offset=1.5)
