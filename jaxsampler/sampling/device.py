@@ -161,8 +161,8 @@ class DeviceSampler(Sampler):
             the processes'). ``num_envs`` is the global count; so are
             ``num_timesteps`` / ``num_episodes``: a call runs until all processes' envs
             together reach the count, so every process makes the same rollout calls
-            and the processes' results together are exactly what one process holding
-            every env would return. Episode ids are those one process would give
+            and the processes' results together are what one process holding every
+            env would return (up to the float rounding below). Episode ids are those one process would give
             (unique across processes, deterministic per seed). Pass ``devices`` or
             ``mesh``, not both.
 
