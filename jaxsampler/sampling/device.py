@@ -162,9 +162,9 @@ class DeviceSampler(Sampler):
             ``num_timesteps`` / ``num_episodes``: a call runs until all processes' envs
             together reach the count, so every process makes the same rollout calls
             and the processes' results together are what one process holding every
-            env would return (up to the float rounding below). Episode ids are those one process would give
-            (unique across processes, deterministic per seed). Pass ``devices`` or
-            ``mesh``, not both.
+            env would return (up to the float rounding below). Episode ids are those
+            one process would give (unique across processes, deterministic per seed).
+            Pass ``devices`` or ``mesh``, not both.
 
             What is identical across device (and process) counts for the same seed
             and calls: every random draw (each env's reset and step keys and the
@@ -173,8 +173,8 @@ class DeviceSampler(Sampler):
             the number of rollout calls. Float observations, rewards, float infos and
             the policy's float extras (logp, value predictions) may differ by float
             rounding (XLA compiles a slice of the env axis to slightly different
-            instructions than the whole; about 1e-7 relative, growing along chaotic
-            dynamics), and so may a continuous action; a discrete action would differ
+            instructions than the whole; measured up to about 1e-6 absolute after
+            a normalizer, growing along chaotic dynamics), and so may a continuous action; a discrete action would differ
             only where rounding crosses a sampling boundary (not seen in tests).
             Transform statistics (normalizers) are global: reductions over envs are
             collectives, summed in a different order than on one device.
