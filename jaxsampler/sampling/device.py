@@ -174,8 +174,9 @@ class DeviceSampler(Sampler):
             the policy's float extras (logp, value predictions) may differ by float
             rounding (XLA compiles a slice of the env axis to slightly different
             instructions than the whole; measured up to about 1e-6 absolute after
-            a normalizer, growing along chaotic dynamics), and so may a continuous action; a discrete action would differ
-            only where rounding crosses a sampling boundary (not seen in tests).
+            a normalizer, growing along chaotic dynamics), and so may a continuous
+            action; a discrete action would differ only where rounding crosses a
+            sampling boundary (not seen in tests).
             Transform statistics (normalizers) are global: reductions over envs are
             collectives, summed in a different order than on one device.
 
