@@ -31,30 +31,43 @@ class EpisodeIds:
 
     Args:
         seed: the sampler's seed.
+        stream_offset: added to every stream: a sampler that holds global envs
+            ``offset .. offset + n - 1`` (one process of several) numbers its local env ``i``
+            as stream ``offset + i``, so its ids are those one sampler holding every env
+            would give, and no two processes give the same id.
     """
 
-    __slots__ = ("_run", "resets")
+    __slots__ = ("_run", "resets", "stream_offset")
 
-    def __init__(self, seed: int):
+    def __init__(self, seed: int, stream_offset: int = 0):
+        if isinstance(stream_offset, bool) or not isinstance(stream_offset, (int, np.integer)):
+            raise TypeError(f"stream_offset must be an int, got {stream_offset!r}")
+        if stream_offset < 0:
+            raise ValueError(f"stream_offset must be >= 0, got {stream_offset}")
         self._run = np.random.default_rng(seed).bytes(7).hex()
         self.resets = 0
+        self.stream_offset = int(stream_offset)
 
     def new_run(self) -> None:
         """Starts a new id space after a reset (ids never repeat within a sampler)."""
         self.resets += 1
 
     def __call__(self, stream: int, count: int) -> str:
-        return f"{self._run}{self.resets:04x}{stream:06x}{count:08x}"
+        return f"{self._run}{self.resets:04x}{stream + self.stream_offset:06x}{count:08x}"
 
     def many(self, streams: np.ndarray, counts: np.ndarray) -> np.ndarray:
         """``self(stream, count)`` of each pair, as one ``<U32`` array (vectorized: the
         hex digits come from shifts, not from a string format per id)."""
         streams, counts = np.asarray(streams, np.int64), np.asarray(counts, np.int64)
+        if self.stream_offset:
+            streams = streams + self.stream_offset
         head = f"{self._run}{self.resets:04x}"
         if len(head) != 18 or (
             len(streams) and (streams.max() >= 16**6 or counts.max() >= 16**8)
         ):  # wider than the fixed layout: format each
-            return np.array([self(s, c) for s, c in zip(streams.tolist(), counts.tolist())])
+            return np.array(
+                [self(s - self.stream_offset, c) for s, c in zip(streams.tolist(), counts.tolist())]
+            )
         prefix = np.array([ord(ch) for ch in head], np.uint32)
         codes = np.empty((len(streams), 32), np.uint32)
         codes[:, :18] = prefix

@@ -21,10 +21,12 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
+from jaxsampler import distributed
 from jaxsampler.episodes import MultiAgentBatch, MultiAgentEpisode, SingleAgentEpisode
 from jaxsampler.policies.greedy import greedy
 
@@ -44,7 +46,9 @@ class SamplerMetrics:
     """Per-``sample()`` statistics: what every training loop logs.
 
     ``episode_*`` statistics cover the episodes *completed* in the call (NaN if none);
-    ``num_episodes_ongoing`` counts chunks of episodes still running.
+    ``num_episodes_ongoing`` counts chunks of episodes still running. A sampler on a mesh
+    that spans processes reports its own envs' statistics; :meth:`combine` /
+    :meth:`reduce_over_processes` give those of all processes' envs.
     """
 
     num_env_steps_sampled: int = 0
@@ -72,6 +76,59 @@ class SamplerMetrics:
             self.episode_len_mean = float(np.mean(lengths))
             self.episode_len_min = float(np.min(lengths))
             self.episode_len_max = float(np.max(lengths))
+
+    @classmethod
+    def combine(cls, parts: Sequence[SamplerMetrics]) -> SamplerMetrics:
+        """The statistics of the union of several samplers' calls (e.g. one per process):
+        step, episode and chunk counts summed; means weighted by each part's completed
+        episodes; minima / maxima over the parts that completed any (NaN if none did);
+        ``num_rollout_calls`` the largest of the parts' (every process of one sampler
+        makes the same calls).
+
+        Raises:
+            ValueError: no parts.
+        """
+        if not parts:
+            raise ValueError("combine needs at least one SamplerMetrics")
+        n = np.array([p.num_episodes_completed for p in parts], np.float64)
+        out = cls(
+            num_env_steps_sampled=sum(p.num_env_steps_sampled for p in parts),
+            num_agent_steps_sampled=sum(p.num_agent_steps_sampled for p in parts),
+            num_episodes_completed=int(n.sum()),
+            num_episodes_ongoing=sum(p.num_episodes_ongoing for p in parts),
+            num_rollout_calls=max(p.num_rollout_calls for p in parts),
+        )
+        some = n > 0
+        if some.any():
+            w = n[some] / n.sum()
+
+            def values(name: str) -> np.ndarray:
+                return np.array([getattr(p, name) for p in parts], np.float64)[some]
+
+            for stat in ("return", "len"):
+                setattr(out, f"episode_{stat}_mean", float(w @ values(f"episode_{stat}_mean")))
+                setattr(out, f"episode_{stat}_min", float(values(f"episode_{stat}_min").min()))
+                setattr(out, f"episode_{stat}_max", float(values(f"episode_{stat}_max").max()))
+        return out
+
+    def reduce_over_processes(self) -> SamplerMetrics:
+        """:meth:`combine` of every process's metrics (after
+        :func:`jaxsampler.distributed.initialize`), on every process; ``self``'s copy in a
+        single process. A collective: every process must call it (e.g. after each
+        ``sample()``), or the callers wait for the others.
+        """
+        fields = dataclasses.fields(self)
+        # float64 values travel as pairs of uint32 words (exact, whatever jax_enable_x64 says).
+        mine = np.array([float(getattr(self, f.name)) for f in fields], np.float64)
+        every = np.asarray(distributed.process_allgather(mine.view(np.uint32)), np.uint32)
+        parts = []
+        for row in np.ascontiguousarray(every).view(np.float64):
+            values: dict[str, Any] = {
+                f.name: int(v) if f.type in ("int", int) else float(v)
+                for f, v in zip(fields, row.tolist())
+            }
+            parts.append(type(self)(**values))
+        return type(self).combine(parts)
 
 
 def check_positive_int(name: str, value: Any) -> int:
@@ -144,7 +201,8 @@ class Sampler(metaclass=_PicksMember):
     """Samples episodes from an env with a policy (RLlib's ``EnvRunner`` role).
 
     ``Sampler(env, policy, num_envs=1, rollout_length=128, seed=0, *, env_params=None,
-    episode_lookback_horizon=1, transforms=None, explore=True)`` returns a
+    episode_lookback_horizon=1, transforms=None, explore=True, devices=None, mesh=None)``
+    returns a
     :class:`~jaxsampler.sampling.device.DeviceSampler` for a pure-JAX env (or a registered
     env id) and a :class:`~jaxsampler.sampling.host.HostSampler` for a host-stepped one
     (a ``HostEnv``, a Gymnasium env, vector env or list of envs / factories, or
@@ -167,9 +225,13 @@ class Sampler(metaclass=_PicksMember):
             report the env's own returns (raw rewards).
         explore: ``False``: the policy acts greedily (argmax / mean; see
             :func:`jaxsampler.policies.greedy.greedy`), e.g. for evaluation.
+        devices, mesh: pure-JAX envs only: split the env axis over several devices (a
+            count or a list) or a :class:`~jax.sharding.Mesh` with an ``"env"`` axis, which
+            may span processes; see :class:`~jaxsampler.sampling.device.DeviceSampler`.
 
     Attributes:
-        metrics: the :class:`SamplerMetrics` of the last ``sample()`` / ``sample_batch()``.
+        metrics: the :class:`SamplerMetrics` of the last ``sample()`` / ``sample_batch()``
+            (of this process's envs; :meth:`global_metrics` for all processes').
     """
 
     metrics: SamplerMetrics
@@ -200,6 +262,12 @@ class Sampler(metaclass=_PicksMember):
         force_reset: bool = False,
     ) -> MultiAgentBatch:
         """Like :meth:`sample`, but returns a ``MultiAgentBatch`` (policy id -> ``SampleBatch``)."""
+
+    def global_metrics(self) -> SamplerMetrics:
+        """:attr:`metrics` of the last call combined over every process
+        (:meth:`SamplerMetrics.reduce_over_processes`): a collective that every process
+        calls; a copy of :attr:`metrics` in a single process."""
+        return self.metrics.reduce_over_processes()
 
     @abc.abstractmethod
     def reset(self) -> None:

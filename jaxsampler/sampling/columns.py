@@ -371,6 +371,7 @@ def find_segments(
     fresh: bool,
     partial_return: np.ndarray,
     num_episodes: int | None,
+    cutoff: int | None = None,
 ) -> tuple[Segments, SamplerMetrics, np.ndarray]:
     """Episode segments of the call, the call's metrics and the carried partial returns.
 
@@ -383,6 +384,10 @@ def find_segments(
         partial_return: ``float64[E]``, returns of the episodes running into the call.
         num_episodes: keep only the episodes finished up to the step at which this many
             had finished (and no ongoing chunks), as ``sample(num_episodes=N)`` returns.
+        cutoff: with ``num_episodes``, the step (counted from the call's first, head
+            excluded) at which the count was reached, decided by the caller (a sampler
+            whose count runs over several processes' envs: these envs may have finished
+            fewer than ``num_episodes``); ``None``: found here from these envs.
 
     Returns:
         ``(segments, metrics, partial_return)``; the last is the returns so far of the
@@ -417,9 +422,10 @@ def find_segments(
     seg_sum = csum[seg_env, seg_end + 1] - csum[seg_env, seg_start]
     seg_return = seg_sum + np.where(continues, partial_return[seg_env], 0.0)
     if num_episodes is not None:  # stop at the step where the count reached N
-        by_end = np.lexsort((seg_env, seg_end))
-        finished = by_end[is_done[by_end]]
-        cutoff = seg_end[finished[num_episodes - 1]]
+        if cutoff is None:
+            by_end = np.lexsort((seg_env, seg_end))
+            finished = by_end[is_done[by_end]]
+            cutoff = int(seg_end[finished[num_episodes - 1]])
         keep = is_done & (seg_end <= cutoff)
     else:
         keep = np.ones(len(seg_env), bool)

@@ -16,6 +16,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from jaxsampler import placement
 from jaxsampler.episodes.batch import MultiAgentBatch, SampleBatch
 from jaxsampler.episodes.ids import EpisodeIds, agent_episode_id
 from jaxsampler.episodes.lookback import InfiniteLookbackBuffer, tree_map
@@ -121,13 +122,20 @@ class MultiAgentConverter:
     # ------------------------------------------------------------------------- steps
 
     def _call_steps(
-        self, chunks: list[Trajectory], num_episodes: int | None, state: Any, by_policy: bool
+        self,
+        chunks: list[Trajectory],
+        num_episodes: int | None,
+        state: Any,
+        by_policy: bool,
+        cutoff: int | None = None,
     ) -> _CallSteps:
         """Segments plus the completed agent steps of the call, rows in output order
         (``by_policy``: grouped by policy first, so each policy's rows are one slice)."""
         E, A = self._num_envs, len(self._agent_ids)
         # Agents acting on the call's last observation: it completes their previous step.
-        self._next_acting = np.asarray(jax.device_get(state.acting & ~state.needs_reset[:, None]))
+        self._next_acting = np.asarray(
+            placement.to_host(state.acting & ~state.needs_reset[:, None])
+        )
         fresh = self._head is None
         cols = build_columns(chunks, self._head, self._reset_info, _H, multi_agent=True)
         self._head = cols.tail(_H)
@@ -145,6 +153,7 @@ class MultiAgentConverter:
             fresh=fresh,
             partial_return=self._partial_return,
             num_episodes=num_episodes,
+            cutoff=cutoff,
         )
         call = dataclasses.replace(
             cols.map(lambda c: c[:, _H:], lambda o: o), infos=cols.infos
@@ -232,11 +241,16 @@ class MultiAgentConverter:
     # ------------------------------------------------------------------------- batch
 
     def batch(
-        self, chunks: list[Trajectory], num_episodes: int | None, state: Any
+        self,
+        chunks: list[Trajectory],
+        num_episodes: int | None,
+        state: Any,
+        cutoff: int | None = None,
     ) -> tuple[MultiAgentBatch, SamplerMetrics]:
         """``MultiAgentBatch``: one row per completed agent step, keyed by policy id; rows
-        episode by episode (``sample()``'s order), then agent by agent, then by ``t``."""
-        cs = self._call_steps(chunks, num_episodes, state, by_policy=True)
+        episode by episode (``sample()``'s order), then agent by agent, then by ``t``
+        (``cutoff``: see :func:`~jaxsampler.sampling.columns.find_segments`)."""
+        cs = self._call_steps(chunks, num_episodes, state, by_policy=True, cutoff=cutoff)
         steps, pos, seg = cs.steps, cs.pos, cs.seg
         self._open = {}  # open sample() chunks are stale now: the next sample() starts new chunks
         # eps_id: one string per (episode, agent) run of rows, then broadcast to the rows.
@@ -267,10 +281,15 @@ class MultiAgentConverter:
     # ------------------------------------------------------------------------- episodes
 
     def episodes(
-        self, chunks: list[Trajectory], num_episodes: int | None, state: Any
+        self,
+        chunks: list[Trajectory],
+        num_episodes: int | None,
+        state: Any,
+        cutoff: int | None = None,
     ) -> tuple[list[MultiAgentEpisode], SamplerMetrics]:
-        """The call's episodes (finished ones, then ongoing chunks) and its metrics."""
-        cs = self._call_steps(chunks, num_episodes, state, by_policy=False)
+        """The call's episodes (finished ones, then ongoing chunks) and its metrics
+        (``cutoff``: see :func:`~jaxsampler.sampling.columns.find_segments`)."""
+        cs = self._call_steps(chunks, num_episodes, state, by_policy=False, cutoff=cutoff)
         seg, pos = cs.seg, cs.pos
         data = self._step_columns(cs, np.zeros(len(pos), np.int8), next_infos=True)
         bounds = np.searchsorted(pos, np.arange(len(seg) + 1))

@@ -133,7 +133,7 @@ class SingleAgentConverter:
         self._partial_return = np.zeros_like(self._partial_return)
 
     def _segments(
-        self, chunks: list[Trajectory], num_episodes: int | None
+        self, chunks: list[Trajectory], num_episodes: int | None, cutoff: int | None
     ) -> tuple[Columns, Segments, SamplerMetrics]:
         H = self._horizon
         fresh = self._head is None
@@ -150,18 +150,24 @@ class SingleAgentConverter:
             fresh=fresh,
             partial_return=self._partial_return,
             num_episodes=num_episodes,
+            cutoff=cutoff,
         )
         return cols, seg, m
 
     def episodes(
-        self, chunks: list[Trajectory], num_episodes: int | None, state: Any = None
+        self,
+        chunks: list[Trajectory],
+        num_episodes: int | None,
+        state: Any = None,
+        cutoff: int | None = None,
     ) -> tuple[list[SingleAgentEpisode], SamplerMetrics]:
-        """The call's episodes (finished ones, then ongoing chunks) and its metrics.
+        """The call's episodes (finished ones, then ongoing chunks) and its metrics
+        (``cutoff``: see :func:`~jaxsampler.sampling.columns.find_segments`).
 
         Each episode's buffers (numpy views of the call's columns) are built on first
         access (:meth:`SingleAgentEpisode.lazy`): per episode, only its object is made here.
         """
-        cols, seg, m = self._segments(chunks, num_episodes)
+        cols, seg, m = self._segments(chunks, num_episodes, cutoff)
         if self._factory is not None:
             H = self._horizon
             start = H + seg.start
@@ -211,11 +217,15 @@ class SingleAgentConverter:
         return out, m
 
     def batch(
-        self, chunks: list[Trajectory], num_episodes: int | None, state: Any = None
+        self,
+        chunks: list[Trajectory],
+        num_episodes: int | None,
+        state: Any = None,
+        cutoff: int | None = None,
     ) -> tuple[MultiAgentBatch, SamplerMetrics]:
         """One ``SampleBatch`` row per sampled (non-reset) step, episodes in
         :meth:`episodes`' order: one flat gather per column, no loop over steps."""
-        cols, seg, m = self._segments(chunks, num_episodes)
+        cols, seg, m = self._segments(chunks, num_episodes, cutoff)
         H = self._horizon
         lens = seg.len
         n_rows = int(lens.sum())

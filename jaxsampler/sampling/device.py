@@ -39,6 +39,14 @@ of the conversion of a ``sample()`` call and more when every episode's infos are
 they are in :attr:`DeviceSampler.last_chunks` (``raw_obs`` / ``raw_rewards``). Under
 domain randomization each step's infos carry the env params it ran with
 (``infos["env_params"]``). A reset continues the transforms' statistics.
+
+Devices (``devices=`` / ``mesh=``): the rollouts are built with ``make_rollout(...,
+mesh=)`` (the env axis split over the mesh's ``"env"`` axis, the random streams those of
+one device), the reset state is computed by one jitted call laid out on the mesh, and the
+host copy reads this process's shards (:func:`jaxsampler.placement.to_host`, still one
+transfer per call); the converters hold this process's envs only. On a mesh spanning
+processes the ``num_timesteps`` / ``num_episodes`` counts are global (one small allgather
+of step and episode counts per chunk), so every process makes the same rollout calls.
 """
 
 from __future__ import annotations
@@ -49,7 +57,10 @@ from typing import Any, Protocol
 
 import jax
 import numpy as np
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
+from jaxsampler import distributed, placement
 from jaxsampler.constants import DEFAULT_POLICY_ID
 from jaxsampler.envs.base import Env
 from jaxsampler.episodes.batch import MultiAgentBatch
@@ -86,11 +97,19 @@ class Converter(Protocol):
     def reset(self, reset_info: dict[InfoPath, np.ndarray]) -> None: ...
 
     def episodes(
-        self, chunks: list[Trajectory], num_episodes: int | None, state: Any
+        self,
+        chunks: list[Trajectory],
+        num_episodes: int | None,
+        state: Any,
+        cutoff: int | None = None,
     ) -> tuple[list[Any], SamplerMetrics]: ...
 
     def batch(
-        self, chunks: list[Trajectory], num_episodes: int | None, state: Any
+        self,
+        chunks: list[Trajectory],
+        num_episodes: int | None,
+        state: Any,
+        cutoff: int | None = None,
     ) -> tuple[MultiAgentBatch, SamplerMetrics]: ...
 
 
@@ -128,6 +147,38 @@ class DeviceSampler(Sampler):
             fields).
         explore: ``False``: the policy acts greedily (:func:`jaxsampler.policies.greedy.greedy`:
             argmax / mean); a policy without an explore switch raises ``TypeError``.
+        devices: split the env axis over this many devices (the first ``n`` of
+            ``jax.devices()``) or over these devices: the rollouts run on a 1-D mesh
+            named ``"env"`` (:func:`jaxsampler.placement.env_mesh`), each device
+            stepping ``num_envs / n`` envs. ``None``: one device, as without a mesh.
+        mesh: the same with a :class:`~jax.sharding.Mesh` of your own (it must have an
+            ``"env"`` axis; other axes replicate). It may span processes (after
+            :func:`jaxsampler.distributed.initialize`, e.g. ``placement.env_mesh()``
+            over ``jax.devices()``): every process then builds the same sampler (same
+            arguments, same seed) and makes the same calls with the same params, and
+            gets only its own envs (global indices :attr:`local_envs`): their episodes,
+            their batch rows, their :attr:`metrics` (:meth:`global_metrics` combines
+            the processes'). ``num_envs`` is the global count; so are
+            ``num_timesteps`` / ``num_episodes``: a call runs until all processes' envs
+            together reach the count, so every process makes the same rollout calls
+            and the processes' results together are what one process holding every
+            env would return (up to the float rounding below). Episode ids are those
+            one process would give (unique across processes, deterministic per seed).
+            Pass ``devices`` or ``mesh``, not both.
+
+            What is identical across device (and process) counts for the same seed
+            and calls: every random draw (each env's reset and step keys and the
+            policy's keys are the unsharded rollout's), hence the discrete actions, the
+            episode boundaries, ids, lengths, ``t``, the done flags, integer infos, and
+            the number of rollout calls. Float observations, rewards, float infos and
+            the policy's float extras (logp, value predictions) may differ by float
+            rounding (XLA compiles a slice of the env axis to slightly different
+            instructions than the whole; measured up to about 1e-6 absolute after
+            a normalizer, growing along chaotic dynamics), and so may a continuous
+            action; a discrete action would differ only where rounding crosses a
+            sampling boundary (not seen in tests).
+            Transform statistics (normalizers) are global: reductions over envs are
+            collectives, summed in a different order than on one device.
 
     Attributes:
         last_split: ``(rollout_s, to_episodes_s)`` of the last ``sample()`` /
@@ -139,6 +190,10 @@ class DeviceSampler(Sampler):
             rewards behind the episodes' (transformed) ones, for debugging; kept until
             the next call (no copy is made for it).
         pipeline: the transforms bound to the env's spaces (empty without transforms).
+        mesh: the mesh the env axis is split over (``None``: one device, no mesh).
+        local_envs: the global env indices this process holds and returns (all of them
+            unless the mesh spans processes); episodes' env streams and batch rows are
+            those envs, in order.
     """
 
     def __init__(
@@ -156,8 +211,11 @@ class DeviceSampler(Sampler):
         episode_factory: EpisodeFactory | None = None,
         transforms: Transforms = None,
         explore: bool = True,
+        devices: int | list[jax.Device] | tuple[jax.Device, ...] | None = None,
+        mesh: Mesh | None = None,
     ):
         env = _resolve(env)
+        self.mesh = _sampler_mesh(devices, mesh)
         policy = exploring_or_greedy(policy, explore)
         if topup_length is not None and (
             isinstance(topup_length, bool) or not isinstance(topup_length, int) or topup_length < 1
@@ -181,15 +239,30 @@ class DeviceSampler(Sampler):
         self.pipeline = pipe
         self.explore = explore
         self._rollout = jit_rollout(
-            make_rollout(env, policy, num_envs, rollout_length, transforms=pipe)
+            make_rollout(env, policy, num_envs, rollout_length, transforms=pipe, mesh=self.mesh)
         )
+        self.local_envs = slice(0, num_envs)
+        self._spans_processes = False
+        if self.mesh is not None:
+            self.local_envs = placement.local_env_slice(self.mesh, num_envs)
+            self._spans_processes = any(
+                d.process_index != jax.process_index() for d in self.mesh.devices.flat
+            )
+            if self.local_envs.stop == self.local_envs.start:
+                raise ValueError(
+                    f"process {jax.process_index()} holds none of the mesh's devices; build "
+                    "the mesh over every process's devices (jaxsampler.placement.env_mesh())"
+                )
+        self._init_jit: Any = None  # built on the first reset on a mesh
+        local = self.local_envs.stop - self.local_envs.start
         self.topup_length = topup_length
         self._topup: Any = None  # built on first use
         self._topup_buffers: Trajectory | None = None
         self.last_split = (0.0, 0.0)
         self.last_chunks: list[Trajectory] = []
         self._key = jax.random.PRNGKey(seed)
-        self._episode_id = EpisodeIds(seed)  # (env, count) -> id, deterministic per seed
+        # (env, count) -> id, deterministic per seed; local env i is global env offset + i
+        self._episode_id = EpisodeIds(seed, stream_offset=self.local_envs.start)
         self._state: Any = None
         self._carried: TransformState | None = None  # transform state across fresh starts
         self._buffers: Trajectory | None = None
@@ -202,7 +275,7 @@ class DeviceSampler(Sampler):
         if env.num_agents == 1:
             self._convert = SingleAgentConverter(
                 self._episode_id,
-                num_envs,
+                local,
                 pipe.observation_space,
                 pipe.action_space,
                 episode_lookback_horizon,
@@ -212,7 +285,7 @@ class DeviceSampler(Sampler):
         else:
             self._convert = MultiAgentConverter(
                 self._episode_id,
-                num_envs,
+                local,
                 self.agent_ids,
                 self.agent_policy,
                 pipe.observation_space,
@@ -234,9 +307,13 @@ class DeviceSampler(Sampler):
         state (e.g. normalization statistics) continues; their per-env rows restart."""
         self._key, k = jax.random.split(self._key)
         old = self.transform_state
-        self._state, info = init_state_and_info(
-            self.env, self.policy, self.num_envs, k, self.env_params, self.pipeline, old
-        )
+        if self.mesh is None:
+            self._state, info = init_state_and_info(
+                self.env, self.policy, self.num_envs, k, self.env_params, self.pipeline, old
+            )
+        else:
+            self._state, info = self._init_on_mesh(k, old)
+            info = placement.to_host(info)  # this process's envs
         self._episode_id.new_run()
         info = self._reset_infos(info)
         self._convert.reset({path: np.asarray(leaf) for path, leaf in info_leaves(info)})
@@ -246,10 +323,50 @@ class DeviceSampler(Sampler):
         domain randomization (as each step's infos carry them)."""
         if not self.pipeline.randomizes_params:
             return info
-        return with_transform_infos(info, env_params=jax.device_get(self._state.env_params))
+        return with_transform_infos(info, env_params=placement.to_host(self._state.env_params))
+
+    def _init_on_mesh(self, key: jax.Array, transform_state: Any) -> tuple[Any, Any]:
+        """``init_state_and_info`` as one jitted call whose outputs are laid out on the
+        mesh (the state as the rollout places it, the info split over envs): every
+        process runs it with the same key."""
+        if self._init_jit is None:
+            assert self.mesh is not None
+            mesh, env, policy, pipe, E = (
+                self.mesh,
+                self.env,
+                self.policy,
+                self.pipeline,
+                self.num_envs,
+            )
+            # Array leaves of the params are arguments; Python numbers stay constants.
+            leaves, treedef = jax.tree.flatten(self.env_params)
+            arrays = [x for x in leaves if _is_array(x)]
+
+            def init(k: jax.Array, arr: list[Any], ts: Any) -> tuple[Any, Any]:
+                it = iter(arr)
+                params = jax.tree.unflatten(
+                    treedef, [next(it) if _is_array(x) else x for x in leaves]
+                )
+                return init_state_and_info(env, policy, E, k, params, pipe, ts)
+
+            state, info = jax.eval_shape(init, key, arrays, None)
+            shardings = (
+                placement.state_sharding(env, state, mesh),
+                jax.tree.map(
+                    lambda x: NamedSharding(
+                        mesh, P(placement.AXIS) if x.ndim and x.shape[0] == E else P()
+                    ),
+                    info,
+                ),
+            )
+            jitted = jax.jit(init, out_shardings=shardings)
+            self._init_jit = lambda k, ts: jitted(k, arrays, ts)
+        out: tuple[Any, Any] = self._init_jit(key, transform_state)
+        return out
 
     def _host_copy(self, traj: Trajectory) -> Trajectory:
-        host = jax.device_get(traj)  # one transfer per call
+        # One transfer per call; on a mesh spanning processes, this process's envs.
+        host = placement.to_host(traj)
         if host.env_params is None:
             return host
         # Under domain randomization each step's infos carry its params (the info at
@@ -273,6 +390,7 @@ class DeviceSampler(Sampler):
                     self.num_envs,
                     self.topup_length,
                     transforms=self.pipeline,
+                    mesh=self.mesh,
                 )
             )
         self._state, traj = self._topup(params, self._state, self._topup_buffers)
@@ -301,9 +419,9 @@ class DeviceSampler(Sampler):
         Metrics of the call are in :attr:`metrics`.
         """
         t0 = time.perf_counter()
-        chunks = self._run(params, num_timesteps, num_episodes, force_reset)
+        chunks, cutoff = self._run(params, num_timesteps, num_episodes, force_reset)
         t1 = time.perf_counter()
-        out, metrics = self._convert.episodes(chunks, num_episodes, self._state)
+        out, metrics = self._convert.episodes(chunks, num_episodes, self._state, cutoff)
         self.last_split = (t1 - t0, time.perf_counter() - t1)
         return self._finish(out, metrics, len(chunks), num_episodes)
 
@@ -325,9 +443,9 @@ class DeviceSampler(Sampler):
         as with :meth:`sample` (the two may be mixed).
         """
         t0 = time.perf_counter()
-        chunks = self._run(params, num_timesteps, num_episodes, force_reset)
+        chunks, cutoff = self._run(params, num_timesteps, num_episodes, force_reset)
         t1 = time.perf_counter()
-        out, metrics = self._convert.batch(chunks, num_episodes, self._state)
+        out, metrics = self._convert.batch(chunks, num_episodes, self._state, cutoff)
         self.last_split = (t1 - t0, time.perf_counter() - t1)
         return self._finish(out, metrics, len(chunks), num_episodes)
 
@@ -337,19 +455,20 @@ class DeviceSampler(Sampler):
         num_timesteps: int | None,
         num_episodes: int | None,
         force_reset: bool,
-    ) -> list[Trajectory]:
-        """The call loop: rollout chunks until the requested counts are reached."""
+    ) -> tuple[list[Trajectory], int | None]:
+        """The call loop: rollout chunks until the requested counts are reached. Returns
+        the chunks and, for a ``num_episodes`` call counted over several processes, the
+        step at which the count was reached (``None``: the converter finds it)."""
         check_sample_counts(num_timesteps, num_episodes)
         if self._state is None or force_reset or num_episodes is not None:
             self.reset()
         chunks: list[Trajectory] = []
         self.last_chunks = chunks
+        if self._spans_processes and (num_timesteps is not None or num_episodes is not None):
+            return chunks, self._run_global(params, chunks, num_timesteps, num_episodes)
         steps = done = 0
         while True:
-            if chunks and self.topup_length not in (None, self.rollout_length):
-                traj = self._call_topup(params)
-            else:
-                traj = self._call(params)
+            traj = self._next_chunk(params, chunks)
             chunks.append(traj)
             steps += int(np.count_nonzero(~traj.is_reset))
             if num_episodes is not None:
@@ -358,7 +477,43 @@ class DeviceSampler(Sampler):
                     break
             elif num_timesteps is None or steps >= num_timesteps:
                 break
-        return chunks
+        return chunks, None
+
+    def _next_chunk(self, params: Any, chunks: list[Trajectory]) -> Trajectory:
+        if chunks and self.topup_length not in (None, self.rollout_length):
+            return self._call_topup(params)
+        return self._call(params)
+
+    def _run_global(
+        self,
+        params: Any,
+        chunks: list[Trajectory],
+        num_timesteps: int | None,
+        num_episodes: int | None,
+    ) -> int | None:
+        """The call loop of a mesh spanning processes: the counts are every process's
+        envs' together (one small allgather per chunk), so all processes stop after the
+        same chunk. Returns the step of the call at which the ``num_episodes``-th episode
+        ended (``None`` for ``num_timesteps``)."""
+        steps = done = offset = 0
+        while True:
+            traj = self._next_chunk(params, chunks)
+            chunks.append(traj)
+            live = ~np.asarray(traj.is_reset)
+            ended = np.count_nonzero(
+                np.all(traj.terminated | traj.truncated, axis=-1) & live, axis=1
+            )  # per step, this process's envs
+            local = np.concatenate([[np.count_nonzero(live)], ended]).astype(np.int32)
+            total = distributed.process_sum(local).astype(np.int64)
+            steps += int(total[0])
+            if num_episodes is not None:
+                need = num_episodes - done
+                done += int(total[1:].sum())
+                if done >= num_episodes:
+                    return offset + int(np.searchsorted(np.cumsum(total[1:]), need))
+            elif num_timesteps is not None and steps >= num_timesteps:
+                return None
+            offset += live.shape[0]
 
     def _finish(self, out: Any, metrics: SamplerMetrics, calls: int, num_episodes: Any) -> Any:
         metrics.num_rollout_calls = calls
@@ -368,6 +523,37 @@ class DeviceSampler(Sampler):
             self._carried = self._state.transform_state
             self._state = None
         return out
+
+
+def _is_array(x: Any) -> bool:
+    return isinstance(x, (jax.Array, np.ndarray))
+
+
+def _sampler_mesh(devices: Any, mesh: Any) -> Mesh | None:
+    """The mesh of ``devices=`` / ``mesh=`` (``None``: neither given)."""
+    if devices is not None and mesh is not None:
+        raise ValueError(
+            "give devices= (a device count or a list of devices) or mesh= (a jax Mesh with "
+            "an 'env' axis), not both"
+        )
+    if mesh is not None:
+        if not isinstance(mesh, Mesh):
+            raise TypeError(
+                "mesh= takes a jax.sharding.Mesh with an 'env' axis, got "
+                f"{type(mesh).__name__} (for a device count or a list of devices use devices=)"
+            )
+        return placement.as_mesh(mesh)
+    if devices is None:
+        return None
+    if isinstance(devices, Mesh):
+        raise TypeError("devices= takes a device count or a list of devices; pass a Mesh as mesh=")
+    ok_count = isinstance(devices, (int, np.integer)) and not isinstance(devices, bool)
+    ok_list = isinstance(devices, (list, tuple)) and all(isinstance(d, jax.Device) for d in devices)
+    if not (ok_count or ok_list):
+        raise TypeError(
+            f"devices= takes a device count (an int) or a list of jax devices, got {devices!r}"
+        )
+    return placement.as_mesh(int(devices) if ok_count else list(devices))
 
 
 def _resolve(env: Env | str) -> Env:

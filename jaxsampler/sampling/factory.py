@@ -24,6 +24,8 @@ _SIGNATURE = inspect.Signature(
         inspect.Parameter("seed", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=0),
         inspect.Parameter("transforms", inspect.Parameter.KEYWORD_ONLY, default=None),
         inspect.Parameter("explore", inspect.Parameter.KEYWORD_ONLY, default=True),
+        inspect.Parameter("devices", inspect.Parameter.KEYWORD_ONLY, default=None),
+        inspect.Parameter("mesh", inspect.Parameter.KEYWORD_ONLY, default=None),
         inspect.Parameter("options", inspect.Parameter.VAR_KEYWORD),
     ]
 )
@@ -76,14 +78,23 @@ def build_sampler(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Sampler:
     num_envs = a.get("num_envs")
     options["transforms"] = a.get("transforms")
     options["explore"] = a.get("explore", True)
+    devices, mesh = a.get("devices"), a.get("mesh")
     host = as_host_env(a["env"], num_envs, seed)
     if host is None:
+        options["devices"], options["mesh"] = devices, mesh
         if num_envs is not None:
             options["num_envs"] = num_envs
         options.setdefault("rollout_length", a.get("rollout_length", 128))
         return DeviceSampler(a["env"], a["policy"], seed=seed, **options)
     made_here = host is not a["env"]
     try:
+        if devices is not None or mesh is not None:
+            raise ValueError(
+                f"devices= / mesh= split the env axis of a pure-JAX env over devices; "
+                f"{type(host).__name__} steps its envs on the host (its policy runs on the "
+                "default device): drop devices= / mesh=, or use a pure-JAX env (a "
+                "jaxsampler Env or a registered id such as 'CartPole-v1')"
+            )
         if options.pop("env_params", None) is not None:
             raise ValueError(
                 "env_params are for pure-JAX envs; configure a host-stepped env directly"
