@@ -228,6 +228,11 @@ class ResetPool:
     As ``P`` grows (and ``refresh_every`` shrinks) the starts tend to independent draws,
     i.e. to the default mode.
 
+    Determinism holds (same seed and calls, same data; the pool lives in no state, it is
+    derived from each call's key, so save/restore is unaffected), but the split of a
+    run into calls matters: two calls of ``T`` steps draw two pools where one call of
+    ``2T`` draws one, so their fresh starts differ (the default mode gives equal data).
+
     What it cannot serve: envs whose resets differ per env (per-env ``env_params``
     leaves, domain randomization): a pooled start built with one env's params would be
     handed to envs with others. Those rollouts raise ``ValueError``.
