@@ -50,6 +50,8 @@ REGISTRY: dict[str, Callable[..., Env]] = {
         "jaxsampler.envs.mountain_car_continuous:MountainCarContinuous"
     ),
     "Acrobot-v1": _lazy("jaxsampler.envs.acrobot:Acrobot"),
+    # A new random maze per episode: an expensive reset (search + BFS) and a cheap step.
+    "ProcMaze-v0": _lazy("jaxsampler.envs.procmaze:ProcMaze"),
     # Multi-agent (agent axis A = n): cooperative particle spread, all agents act each step.
     "Spread-v0": _lazy("jaxsampler.envs.spread:Spread"),
     # Multi-agent, turn-based (A = 2): exactly one agent acts per step, the acting mask alternates.

@@ -490,6 +490,7 @@ def make_rollout(
     shard_axis: str | None = None,
     transforms: Transforms = None,
     mesh: placement.MeshLike = None,
+    reset_pool: vector.ResetPool | int | None = None,
 ) -> Rollout:
     """Builds the rollout of ``policy`` in ``num_envs`` copies of ``env``.
 
@@ -524,6 +525,15 @@ def make_rollout(
             ``rewards`` of the trajectory hold what the policy saw; ``raw_obs`` /
             ``raw_rewards`` the env's own values, and ``env_params`` the params each
             env stepped with under domain randomization.
+        reset_pool: ``None`` (default): every env computes its own reset (exact
+            auto-reset). A :class:`~jaxsampler.vector.ResetPool` (or an int ``P``): each
+            call computes ``P`` fresh resets (again every ``refresh_every`` steps) and
+            envs that need a reset take a random one by gather; cheaper when the env's
+            reset is expensive. Each start is a draw from the env's reset distribution,
+            but starts taken from one pool may coincide (see ``ResetPool``). Its key is
+            the fifth sibling of each call's first step's four streams, so the other
+            streams are those of the default mode. Not with per-env params or domain
+            randomization (``ValueError``). On a mesh the pool is replicated.
 
     Returns:
         A :class:`Rollout`. Calling it, ``rollout(params, state, buffers=None)``, runs
@@ -535,11 +545,20 @@ def make_rollout(
 
     Raises:
         ValueError / TypeError: bad sizes, mismatched spaces, ``num_envs`` not divisible
-        by the mesh (the nearest valid counts named); at trace time, actions of the wrong
-        shape or dtype.
+        by the mesh (the nearest valid counts named), ``reset_pool`` with domain
+        randomization; at trace time, actions of the wrong shape or dtype, ``reset_pool``
+        with per-env params.
     """
     _check_sizes(num_envs, rollout_length)
     pipe = check_compatible(env, policy, transforms)
+    pool = vector.as_reset_pool(reset_pool)
+    if pool is not None and pipe.randomizes_params:
+        raise ValueError(
+            "reset_pool= cannot be used with domain randomization (transforms "
+            f"{[type(t).__name__ for t in pipe.transforms if t.randomizes_params]} draw new "
+            "env params for each reset env, and a pooled reset is built with one set of "
+            "params): use the exact auto-reset (reset_pool=None)"
+        )
     T, E, A = int(rollout_length), int(num_envs), env.num_agents
     ctx = Context(axis_name=shard_axis)
     m = placement.as_mesh(mesh)
@@ -576,6 +595,17 @@ def make_rollout(
         _check_transform_state(pipe, state)
         state = place_state(state)
         buffers = allocate(params, state) if buffers is None else place_traj(buffers)
+        starts = None
+        if pool is not None:
+            pool.check_params(env, state.env_params, E)
+            replicated = (
+                None if m is None else jax.sharding.NamedSharding(m, jax.sharding.PartitionSpec())
+            )
+            # split(key, 5)[4]: a sibling of the first step's four streams, none of them.
+            k_pool = jax.random.split(state.key, 5)[4]
+            starts = pool.draw(
+                env, k_pool, T, state.env_params, shard_axis=shard_axis, sharding=replicated
+            )
         init_pstate = policy.initial_state((E, A))
         has_pstate = len(jax.tree.leaves(init_pstate)) > 0
         buf0 = dataclasses.replace(
@@ -615,9 +645,22 @@ def make_rollout(
                 tstate, env_params = pipe.reset_params(
                     tstate, k_params, rs.needs_reset, env_params, ctx
                 )
-            env_state, ts = vector.autoreset_step(
-                env, step_keys, reset_keys, rs.env_state, env_action, rs.needs_reset, env_params
-            )
+            if pool is None or starts is None:
+                env_state, ts = vector.autoreset_step(
+                    env, step_keys, reset_keys, rs.env_state, env_action, rs.needs_reset, env_params
+                )
+            else:  # k_reset picks each env's pool entry; reset_keys go unused (XLA drops them)
+                env_state, ts = pool.autoreset_step(
+                    env,
+                    step_keys,
+                    k_reset,
+                    t,
+                    starts,
+                    rs.env_state,
+                    env_action,
+                    rs.needs_reset,
+                    env_params,
+                )
             obs, reward = ts.obs, ts.reward
             if pipe:
                 tstate, seen = pipe.observe_timestep(tstate, ts, rs.needs_reset, action, ctx)

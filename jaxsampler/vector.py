@@ -11,16 +11,25 @@ the step that ended an episode keeps its real final observation.
 Both the step and the reset are computed for every env and selected leaf by leaf: under
 ``vmap`` a ``lax.cond`` would run both branches anyway, and a select is cheaper than a
 gather/scatter of the envs that need it.
+
+For envs whose reset is expensive (procedurally generated levels), :class:`ResetPool`
+is the cheaper mode: a rollout call computes ``P`` fresh resets up front
+(:meth:`ResetPool.draw`) and each env that needs a reset takes a uniformly drawn pool
+entry by gather (:meth:`ResetPool.autoreset_step`), so a step costs a gather instead of
+``E`` resets. Each fresh start is still a draw from the env's reset distribution, but
+envs that take their start from the same pool can start alike (see :class:`ResetPool`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any, Protocol
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import struct
 
 from jaxsampler.types import TimeStep
 
@@ -29,6 +38,9 @@ __all__ = [
     "reset",
     "step",
     "autoreset_step",
+    "ResetPool",
+    "PoolStarts",
+    "as_reset_pool",
     "select_envs",
     "param_axes",
     "broadcast_params",
@@ -167,3 +179,182 @@ def autoreset_step(
     st_state, st_ts = step(env, step_keys, state, action, params)
     re_state, re_ts = reset(env, reset_keys, params)
     return select_envs(needs_reset, re_state, st_state), select_envs(needs_reset, re_ts, st_ts)
+
+
+# --------------------------------------------------------------------------- reset pool
+
+
+@struct.dataclass
+class PoolStarts:
+    """The fresh starts of one rollout call: ``B`` blocks of ``P`` reset results
+    (``B = ceil(T / refresh_every)``, or 1), block ``b`` serving steps
+    ``[b * refresh_every, (b + 1) * refresh_every)``.
+
+    Attributes:
+        env_state: env state leaves ``[B * P, ...]``.
+        timestep: the resets' :class:`~jaxsampler.types.TimeStep`, leaves ``[B * P, A, ...]``.
+    """
+
+    env_state: Any
+    timestep: TimeStep
+
+
+def _check_count(name: str, value: Any, allow_none: bool = False) -> None:
+    if value is None and allow_none:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise ValueError(f"ResetPool {name} must be an int >= 1, got {value!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class ResetPool:
+    """Cheap randomized auto-reset: envs that need a reset take one of ``size`` fresh
+    resets computed per rollout call, instead of each computing its own.
+
+    A rollout call (``make_rollout(..., reset_pool=ResetPool(P, k))``) first computes
+    ``P`` resets of the env (own keys, the env's shared params), and again every
+    ``refresh_every`` steps of the call if given (all computed at the call's start, as
+    ``ceil(T / k)`` blocks of ``P``). At each step an env that needs a reset takes
+    entry ``i ~ Uniform{0..P-1}`` of the current block (its own draw) by gather, rather
+    than every env computing a reset every step and a select keeping it (the exact
+    default). A call then costs ``ceil(T / k) * P`` resets instead of ``T * E``.
+
+    The fresh-start distribution: every fresh start is an exact draw from the env's reset
+    distribution (a pool entry is a reset with its own key, and which entry is taken is
+    independent of it), so each episode's start is distributed as without the pool. The
+    starts are not independent of each other: envs that reset within one block draw
+    from the same ``P`` entries, and two of them take the same one with probability
+    ``1 / P``. The envs' own first states (``rollout.init``) are exact independent resets.
+    As ``P`` grows (and ``refresh_every`` shrinks) the starts tend to independent draws,
+    i.e. to the default mode.
+
+    Determinism holds (same seed and calls, same data; the pool lives in no state, it is
+    derived from each call's key, so save/restore is unaffected), but the split of a
+    run into calls matters: two calls of ``T`` steps draw two pools where one call of
+    ``2T`` draws one, so their fresh starts differ (the default mode gives equal data).
+
+    What it cannot serve: envs whose resets differ per env (per-env ``env_params``
+    leaves, domain randomization): a pooled start built with one env's params would be
+    handed to envs with others. Those rollouts raise ``ValueError``.
+
+    Attributes:
+        size: ``P``, resets per block (``>= 1``).
+        refresh_every: a fresh block every this many steps of a call; ``None``: one block
+            per call.
+    """
+
+    size: int
+    refresh_every: int | None = None
+
+    def __post_init__(self) -> None:
+        _check_count("size", self.size)
+        _check_count("refresh_every", self.refresh_every, allow_none=True)
+
+    def num_blocks(self, rollout_length: int) -> int:
+        """``B``: pool blocks one call of ``rollout_length`` steps uses."""
+        if self.refresh_every is None:
+            return 1
+        return -(-int(rollout_length) // int(self.refresh_every))
+
+    def check_params(self, env: Env, params: Any, num_envs: int) -> None:
+        """Raises ``ValueError`` if ``params`` has per-env leaves (:func:`param_axes`):
+        pooled starts are shared by every env, so they need shared params."""
+        axes = param_axes(env, params, num_envs)
+        if axes is None:
+            return
+        flat = jax.tree_util.tree_flatten_with_path(axes, is_leaf=lambda x: x is None)[0]
+        per_env = [jax.tree_util.keystr(path) for path, ax in flat if ax == 0]
+        if per_env:
+            raise ValueError(
+                f"reset_pool= needs env params shared by every env, but env_params"
+                f"{', env_params'.join(per_env)} {'is' if len(per_env) == 1 else 'are'} per env: "
+                "a pooled reset is built with one set of params and handed to any env. Use the "
+                "exact auto-reset (reset_pool=None) with per-env params"
+            )
+
+    def draw(
+        self,
+        env: Env,
+        key: jax.Array,
+        rollout_length: int,
+        params: Any,
+        *,
+        shard_axis: str | None = None,
+        sharding: jax.sharding.Sharding | None = None,
+    ) -> PoolStarts:
+        """Computes the ``num_blocks(rollout_length) * size`` fresh starts of one call.
+
+        Args:
+            env: the env (static).
+            key: a PRNG key, used once (split into one key per reset).
+            rollout_length: ``T`` of the call.
+            params: the env's params, shared by every env (:meth:`check_params`).
+            shard_axis: inside a ``shard_map`` over this axis, each shard draws its own
+                pool (its axis index folded into ``key``).
+            sharding: where the pool lives; on a mesh, a replicated sharding, so every
+                device holds the whole pool and gathers from it locally.
+
+        Returns:
+            :class:`PoolStarts`. Jittable.
+        """
+        if shard_axis is not None:
+            key = jax.random.fold_in(key, jax.lax.axis_index(shard_axis))
+        keys = jax.random.split(key, self.num_blocks(rollout_length) * int(self.size))
+        env_state, ts = jax.vmap(env.reset, in_axes=(0, None))(keys, params)
+        pool = PoolStarts(env_state=env_state, timestep=ts)
+        if sharding is not None:
+            pool = jax.tree.map(lambda x: jax.lax.with_sharding_constraint(x, sharding), pool)
+        return pool
+
+    def autoreset_step(
+        self,
+        env: Env,
+        step_keys: jax.Array,
+        index_key: jax.Array,
+        t: jax.Array,
+        pool: PoolStarts,
+        state: Any,
+        action: Any,
+        needs_reset: jax.Array,
+        params: Any,
+    ) -> tuple[Any, TimeStep]:
+        """:func:`autoreset_step` with the resets taken from ``pool``.
+
+        Args:
+            env: the env (static).
+            step_keys: ``[E]`` PRNG keys for the steps.
+            index_key: one PRNG key: each env's pool entry is drawn from it.
+            t: ``int32[]``, the step within the call (picks the pool block).
+            pool: this call's :class:`PoolStarts` (from :meth:`draw`).
+            state, action, needs_reset, params: as for :func:`autoreset_step`.
+
+        Returns:
+            ``(state, timestep)`` with leaves ``[E, ...]``; envs with ``needs_reset[e]``
+            hold a pool entry. Jittable.
+        """
+        num_envs = needs_reset.shape[0]
+        block = 0 if self.refresh_every is None else t // self.refresh_every
+        idx = block * self.size + jax.random.randint(index_key, (num_envs,), 0, self.size)
+        fresh = jax.tree.map(lambda x: jnp.take(x, idx, axis=0, mode="clip"), pool)
+        st_state, st_ts = step(env, step_keys, state, action, params)
+        return (
+            select_envs(needs_reset, fresh.env_state, st_state),
+            select_envs(needs_reset, fresh.timestep, st_ts),
+        )
+
+
+def as_reset_pool(reset_pool: ResetPool | int | None) -> ResetPool | None:
+    """``reset_pool=`` normalized: ``None`` (exact auto-reset), a :class:`ResetPool`, or an
+    int ``P`` (``ResetPool(P)``: one pool of ``P`` per call).
+
+    Raises:
+        TypeError: anything else; ValueError: an int below 1.
+    """
+    if reset_pool is None or isinstance(reset_pool, ResetPool):
+        return reset_pool
+    if isinstance(reset_pool, (int, np.integer)) and not isinstance(reset_pool, bool):
+        return ResetPool(int(reset_pool))
+    raise TypeError(
+        "reset_pool= takes None (exact auto-reset), an int pool size or a ResetPool, got "
+        f"{type(reset_pool).__name__}"
+    )
