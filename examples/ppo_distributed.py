@@ -392,42 +392,102 @@ def run_name(res: dict[str, Any]) -> str:
     return f"{p} process{'es' if p > 1 else ''} x {d} device{'s' if d > 1 else ''}"
 
 
+def group(runs: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """Runs by placement (:func:`run_name`), each placement's runs by seed."""
+    out: dict[str, list[dict[str, Any]]] = {}
+    for r in runs:
+        out.setdefault(run_name(r), []).append(r)
+    return {k: sorted(v, key=lambda r: r["seed"]) for k, v in out.items()}
+
+
+def same_computation(groups: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """For each pair of placements with the same device count and seed: the largest
+    difference of their learning curves and whether their episode counts agree."""
+    names = list(groups)
+    out = []
+    for i, a in enumerate(names):
+        for b in names[i + 1 :]:
+            for ra in groups[a]:
+                for rb in groups[b]:
+                    if ra["seed"] != rb["seed"] or ra["devices"] != rb["devices"]:
+                        continue
+                    ca = np.asarray(ra["learning_curve"], dtype=float)
+                    cb = np.asarray(rb["learning_curve"], dtype=float)
+                    out.append(
+                        {
+                            "placements": [a, b],
+                            "seed": ra["seed"],
+                            "max_abs_curve_difference": float(np.nanmax(np.abs(ca - cb))),
+                            "episode_counts_equal": ra["episodes_per_update"]
+                            == rb["episodes_per_update"],
+                        }
+                    )
+    return out
+
+
 def markdown(runs: list[dict[str, Any]], note: str) -> str:
+    groups = group(runs)
     cfg = runs[0]["config"]
     when = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     lines = [
         "# Distributed PPO (examples/ppo_distributed.py)",
         "",
-        f"{when} · {cfg['env_id']}, seed {runs[0]['seed']}, {runs[0]['env_steps']:,} env steps "
-        f"per run · jax {jax.__version__}, 2-core CPU (shared), gloo collectives · {note}",
+        f"{when} · {cfg['env_id']}, {runs[0]['env_steps']:,} env steps per run · "
+        f"jax {jax.__version__}, 2-core CPU (shared), gloo collectives · {note}",
         "",
         f"The same global computation on different placements: {cfg['num_envs']} envs x "
         f"{cfg['rollout_length']} steps per update, {cfg['update_epochs']} epochs x "
         f"{cfg['num_minibatches']} minibatches (stratified by env), lr {cfg['lr']} "
         f"(annealed), MLP {tuple(cfg['hidden_sizes'])} {cfg['activation']}. Params and "
         "optimizer state replicated, the batch split over the env axis; the gradient "
-        "all-reduce is inserted by XLA (`all-reduce ops in HLO`).",
+        "all-reduce is inserted by XLA (`all-reduce ops in HLO`: collective ops in the "
+        "compiled update, 3 of them run once per minibatch).",
         "",
-        "| placement | local envs | final return | steps to 450 | steps to 475 | "
-        "all-reduce ops in HLO | train wall s | env steps/s | compile s |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| placement | local envs | seeds | final return per seed | steps to 450 per seed | "
+        "steps to 475 per seed | all-reduce ops in HLO | train wall s (median) | "
+        "env steps/s (median) | compile s (median) |",
+        "|---|---:|---|---|---|---|---:|---:|---:|---:|",
     ]
     fmt = lambda s: "never" if s is None else f"{s:,}"
-    for r in runs:
-        st = r["steps_to_threshold"]
+    for name, rs in groups.items():
         lines.append(
-            f"| {run_name(r)} | {r['local_envs']} | {r['final_mean_return']:.1f} | "
-            f"{fmt(st['450.0'])} | {fmt(st['475.0'])} | {r['hlo_all_reduces']} | "
-            f"{r['wall_s']:.1f} | {r['env_steps_per_s']:,.0f} | {r['compile_s']:.1f} |"
+            f"| {name} | {rs[0]['local_envs']} | {', '.join(str(r['seed']) for r in rs)} | "
+            + ", ".join(f"{r['final_mean_return']:.1f}" for r in rs)
+            + " | "
+            + ", ".join(fmt(r["steps_to_threshold"]["450.0"]) for r in rs)
+            + " | "
+            + ", ".join(fmt(r["steps_to_threshold"]["475.0"]) for r in rs)
+            + f" | {rs[0]['hlo_all_reduces']} | {np.median([r['wall_s'] for r in rs]):.1f} | "
+            f"{np.median([r['env_steps_per_s'] for r in rs]):,.0f} | "
+            f"{np.median([r['compile_s'] for r in rs]):.1f} |"
         )
     lines += [
         "",
         "Final return = mean return of the episodes completed in the last 5% of updates, "
         "over all processes' envs. Steps to a threshold = env steps until the 10-update "
         "moving average of the global training return first reaches it. Curves: "
-        "`ppo_distributed.png`.",
+        "`ppo_distributed.png` (10-update moving averages).",
     ]
+    same = same_computation(groups)
+    if same:
+        lines += ["", "Same device count, same seed (the same global computation):", ""]
+        for s in same:
+            lines.append(
+                f"- {s['placements'][0]} vs {s['placements'][1]}, seed {s['seed']}: learning "
+                f"curves differ by at most {s['max_abs_curve_difference']:.2g}, episode "
+                f"counts {'identical' if s['episode_counts_equal'] else 'differ'} in every "
+                "update."
+            )
     return "\n".join(lines) + "\n"
+
+
+def moving_average(curve: np.ndarray, n: int = 10) -> tuple[np.ndarray, np.ndarray]:
+    """``(indices, averages)``: the mean of the last ``n`` finite values at each finite
+    value of ``curve``."""
+    idx = np.flatnonzero(np.isfinite(curve))
+    vals = curve[idx]
+    avg = np.array([vals[max(0, i - n + 1) : i + 1].mean() for i in range(len(vals))])
+    return idx, avg
 
 
 def plot(runs: list[dict[str, Any]], path: Path) -> None:
@@ -438,20 +498,24 @@ def plot(runs: list[dict[str, Any]], path: Path) -> None:
     from matplotlib.ticker import FuncFormatter
 
     fig, ax = plt.subplots(figsize=(7.5, 4.5), dpi=120)
-    styles = ["-", "--", ":", "-."]
-    for r, ls in zip(runs, styles):
-        c = np.asarray(r["learning_curve"], dtype=float)
-        x = (np.arange(len(c)) + 1) * r["env_steps_per_update"]
-        ok = np.isfinite(c)
-        ax.plot(x[ok], c[ok], ls, lw=1.2, label=f"{run_name(r)}")
+    styles = [("tab:blue", "-"), ("tab:red", "--"), ("tab:green", ":"), ("tab:purple", "-.")]
+    for (name, rs), (color, ls) in zip(group(runs).items(), styles):
+        for j, r in enumerate(rs):
+            idx, avg = moving_average(np.asarray(r["learning_curve"], dtype=float))
+            x = (idx + 1) * r["env_steps_per_update"]
+            seeds = ", ".join(str(q["seed"]) for q in rs)
+            label = f"{name} (seed{'s' if len(rs) > 1 else ''} {seeds})" if j == 0 else None
+            lw = 2.0 if ls == ":" else 1.1  # dotted on top of an identical curve stays visible
+            ax.plot(x, avg, ls, color=color, lw=lw, alpha=0.85, label=label)
+    ax.axhline(450, color="grey", lw=0.8, alpha=0.6)
     ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v / 1000:,.0f}k"))
     ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}"))
-    ax.set_xlabel("env steps (global)")
-    ax.set_ylabel("mean training episode return")
+    ax.set_xlabel("env steps (global, all processes)")
+    ax.set_ylabel("training episode return (10-update moving average)")
     cfg = runs[0]["config"]
     ax.set_title(
-        f"Distributed PPO on {cfg['env_id']}, {cfg['num_envs']} global envs, seed "
-        f"{runs[0]['seed']}\njaxsampler rollout on a process/device mesh, 2-core CPU",
+        f"Distributed PPO on {cfg['env_id']}, {cfg['num_envs']} global envs: the same run on "
+        "processes or devices\njaxsampler rollout on a jax.distributed mesh, 2-core CPU",
         fontsize=10,
     )
     ax.grid(alpha=0.3)
@@ -462,11 +526,17 @@ def plot(runs: list[dict[str, Any]], path: Path) -> None:
 
 
 def report(paths: list[Path], out_dir: Path, note: str) -> None:
-    """Writes ``ppo_distributed.{json,md,png}`` in ``out_dir`` from run JSONs."""
+    """Writes ``ppo_distributed.{json,md,png}`` in ``out_dir`` from run JSONs (any number
+    of placements and seeds)."""
     runs = [json.loads(p.read_text()) for p in paths]
     out_dir.mkdir(parents=True, exist_ok=True)
+    groups = group(runs)
     (out_dir / "ppo_distributed.json").write_text(
-        json.dumps({"note": note, "runs": {run_name(r): r for r in runs}}, indent=1) + "\n"
+        json.dumps(
+            {"note": note, "runs": groups, "same_computation": same_computation(groups)},
+            indent=1,
+        )
+        + "\n"
     )
     (out_dir / "ppo_distributed.md").write_text(markdown(runs, note))
     plot(runs, out_dir / "ppo_distributed.png")
