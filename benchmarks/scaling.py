@@ -43,13 +43,14 @@ Usage::
 
     python benchmarks/scaling.py                  # full run (~5 min on 2 cores), writes results/
     python benchmarks/scaling.py --quick          # smoke test (W=16, T=8), prints only
-    python benchmarks/scaling.py --quick --out /tmp/sc   # ... and writes scaling.json/.md/.png there
+    python benchmarks/scaling.py --quick --out /tmp/sc   # ... and writes json/md/png there
     python benchmarks/scaling.py --widths 1024 --repeats 9 --no-sampler
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
 import math
@@ -149,7 +150,7 @@ def _rollout_row(width: int, T: int, mesh: Any) -> _Row:
     import jaxsampler as js
     from jaxsampler import placement
 
-    env = js.make(ENV_ID)
+    env: Any = js.make(ENV_ID)
     policy = js.MLPPolicy(env.observation_space, env.action_space, (64, 64))
     params = policy.init(jax.random.PRNGKey(0))
     rollout = js.jit_rollout(js.make_rollout(env, policy, width, T, mesh=mesh))
@@ -193,7 +194,8 @@ def _sampler_row(width: int, T: int, devices: int) -> _Row:
     env = js.make(ENV_ID)
     policy = js.MLPPolicy(env.observation_space, env.action_space, (64, 64))
     params = policy.init(jax.random.PRNGKey(0))
-    sampler = js.Sampler(env, policy, num_envs=width, rollout_length=T, devices=devices)
+    make_sampler: Any = js.Sampler  # devices= is new: checked by calling it
+    sampler = make_sampler(env, policy, num_envs=width, rollout_length=T, devices=devices)
     box: dict[str, Any] = {"batch": sampler.sample_batch(params)}
 
     def call() -> Any:
@@ -289,7 +291,7 @@ class Proc:
         ]
         if group.pinned:
             cmd += ["--pin", str(index % (os.cpu_count() or 1))]
-        self.log: IO[str] = tempfile.TemporaryFile("w+")
+        self.log: IO[str] = tempfile.TemporaryFile("w+")  # noqa: SIM115 (closed by close())
         self.p = subprocess.Popen(
             cmd,
             cwd=ROOT,
@@ -325,10 +327,8 @@ class Proc:
 
     def quit(self) -> None:
         if self.p.poll() is None:
-            try:
+            with contextlib.suppress(OSError):
                 self.send({"op": "quit"})
-            except OSError:
-                pass
 
     def close(self) -> None:
         try:
@@ -410,7 +410,7 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
         for r in range(args.repeats):
             _log(f"round {r + 1}/{args.repeats}")
             k = r % len(cells)
-            for g, procs, row, w in cells[k:] + cells[:k]:
+            for _, procs, row, w in cells[k:] + cells[:k]:
                 key = f"{row}@{w}"
                 for p in procs:
                     p.send({"op": "round", "key": key, "inner": inner[row, w]})
