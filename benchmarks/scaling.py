@@ -626,9 +626,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--pin", type=int, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
-    if args.quick:
-        for k, v in QUICK.items():
-            setattr(args, k, v)
+    if args.quick:  # the quick values, except where given on the command line
+        ap.set_defaults(**QUICK)
+        args = ap.parse_args(argv)
     if any(w < 1 for w in args.widths) or args.rollout_length < 1 or args.repeats < 1:
         ap.error("--widths, --rollout-length and --repeats must be positive")
     return args
