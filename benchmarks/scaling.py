@@ -433,6 +433,7 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
         "benchmark": "scaling",
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "command": " ".join(sys.argv),
+        "note": args.note,
         "config": {
             "env_id": ENV_ID,
             "policy": "MLPPolicy (64, 64) tanh actor-critic",
@@ -527,7 +528,8 @@ def markdown(res: dict[str, Any]) -> str:
         f"{res['date']}, `{res['command']}`. T = {cfg['rollout_length']}, {cfg['repeats']} "
         f"rounds, jax {env0['jax']}, {env0['cpu_count']} CPU cores ({env0['processor']}). "
         "W is per process or per device: the 2-unit rows step 2 W envs. Speedup = median over "
-        "rounds of the within-round ratio to the row's single; efficiency = speedup / N.",
+        "rounds of the within-round ratio to the row's single; efficiency = speedup / N."
+        + (f" {res['note']}" if res.get("note") else ""),
         "",
         "| row | N | " + " | ".join(f"W={w}: actions/s | speedup | eff." for w in widths) + " |",
         "|---|---|" + "---|---|---|" * len(widths),
@@ -622,6 +624,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     ap.add_argument("--quick", action="store_true", help="tiny smoke test; prints only")
     ap.add_argument("--out", type=Path, default=None, help=f"output folder (default {RESULTS_DIR})")
+    ap.add_argument("--note", default="", help="free text recorded with the results")
     ap.add_argument("--worker-timeout", type=float, default=600.0)
     ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--pin", type=int, default=None, help=argparse.SUPPRESS)
