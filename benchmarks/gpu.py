@@ -1,0 +1,276 @@
+"""The prepared GPU run: rollout actions/s from 1K to 1M envs for three envs, in one script.
+
+For each env, ``js.jit_rollout(js.make_rollout(env, MLPPolicy(64, 64), W, T))`` (donated
+buffers passed back) at widths ``W = 1024 x 4^k`` up to ``--max-width`` (default 1M):
+
+* ``CartPole-v1`` (jaxsampler's own), ``T = 128``;
+* ``gymnax:Breakout-MinAtar`` (observations ``[10, 10, 4]``, flattened by ``MLPPolicy``'s
+  first layer), ``T = 32``;
+* ``Spread-v0`` with ``n=8`` agents (``js.make("Spread-v0", n=8)``, agent axis 8, one
+  shared policy), ``T = 32``.
+
+``T`` is halved while the trajectory buffer would exceed ``--max-buffer-gb`` (never below
+``--min-rollout-length``); the ``T`` used is in every row. A series stops early, with the
+reason recorded, when a width runs out of memory (the XLA ``RESOURCE_EXHAUSTED`` error is
+caught) or when the env's share of the time budget (``--budget-s``, default 540 s for the
+whole script, split evenly over the envs still to run) would be exceeded by the next width
+(predicted from the last one). actions/s counts acting agent-steps (reset steps take no
+action); each figure is the median call time over at least ``--repeats`` timed calls
+(more while they take under ``--min-time-s``), compile time apart.
+
+Writes ``gpu.json`` (rows, device info: ``jax.devices()``, device kind, memory stats,
+jax/jaxlib versions, ``nvidia-smi``) and ``gpu.md`` to ``--out`` (default
+``benchmarks/results``). ``benchmarks/gpu.sh`` sets up the environment and runs this.
+
+Usage::
+
+    python benchmarks/gpu.py                          # the GPU run (< 10 min)
+    python benchmarks/gpu.py --quick --out /tmp/gpu   # CPU dry run of the same code path
+    python benchmarks/gpu.py --max-width 65536 --envs CartPole-v1
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import gc
+import json
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+
+import jaxsampler as js
+from jaxsampler.bench import environment_info, log
+
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
+#: label -> (env id, make kwargs, default T)
+ENVS: dict[str, tuple[str, dict[str, Any], int]] = {
+    "CartPole-v1": ("CartPole-v1", {}, 128),
+    "Breakout-MinAtar": ("gymnax:Breakout-MinAtar", {}, 32),
+    "Spread-8": ("Spread-v0", {"n": 8}, 32),
+}
+QUICK = {
+    "min_width": 64,
+    "max_width": 256,
+    "rollout_cap": 8,
+    "repeats": 2,
+    "min_time_s": 0.0,
+    "budget_s": 300.0,
+}
+
+
+def widths_up_to(max_width: int, start: int = 1024, factor: int = 4) -> list[int]:
+    """``start, start*factor, ...`` up to ``max_width`` (``max_width`` itself if smaller)."""
+    out, w = [], start
+    while w <= max_width:
+        out.append(w)
+        w *= factor
+    return out or [max_width]
+
+
+def buffer_bytes(env: Any, width: int, T: int) -> int:
+    """Rough trajectory size: observations (``T + 1`` slots) plus ~32 bytes of other
+    fields (action, reward, flags, logp, value, ...) per agent-step."""
+    obs = int(np.prod(env.observation_space.shape)) * 4
+    return width * env.num_agents * ((T + 1) * obs + 32 * T)
+
+
+def _is_oom(e: BaseException) -> bool:
+    text = str(e)
+    return "RESOURCE_EXHAUSTED" in text or "out of memory" in text.lower()
+
+
+def measure(env: Any, width: int, T: int, repeats: int, min_time_s: float) -> dict[str, Any]:
+    """Compiles and times the rollout of ``env`` at ``width``; raises on OOM."""
+    policy = js.MLPPolicy(env.observation_space, env.action_space, (64, 64))
+    params = policy.init(jax.random.PRNGKey(0))
+    rollout = js.jit_rollout(js.make_rollout(env, policy, width, T))
+    count = jax.jit(lambda acting: acting.sum())
+    t0 = time.perf_counter()
+    state = rollout.init(jax.random.PRNGKey(1))
+    state, traj = rollout(params, state)
+    jax.block_until_ready(traj)
+    state, traj = rollout(params, state, traj)  # the donated-buffer call compiles once more
+    jax.block_until_ready(traj)
+    compile_s = time.perf_counter() - t0
+    times: list[float] = []
+    acted = []
+    t_start = time.perf_counter()
+    while len(times) < repeats or time.perf_counter() - t_start < min_time_s:
+        t0 = time.perf_counter()
+        state, traj = rollout(params, state, traj)
+        jax.block_until_ready(traj)
+        times.append(time.perf_counter() - t0)
+        acted.append(int(count(traj.acting)))
+    med = statistics.median(times)
+    agent_steps = width * T * env.num_agents
+    return {
+        "width": width,
+        "rollout_length": T,
+        "num_agents": env.num_agents,
+        "compile_s": compile_s,
+        "median_s": med,
+        "times_s": times,
+        "agent_steps_per_s": agent_steps / med,
+        "actions_per_s": statistics.median(acted) / med,
+        "acting_fraction": statistics.median(acted) / agent_steps,
+        "buffer_gb": buffer_bytes(env, width, T) / 1e9,
+    }
+
+
+def run_env(label: str, args: argparse.Namespace, deadline: float) -> dict[str, Any]:
+    """One env's series; stops at OOM or when the next width would pass ``deadline``."""
+    env_id, kwargs, T0 = ENVS[label]
+    env: Any = js.make(env_id, **kwargs)
+    rows: list[dict[str, Any]] = []
+    stopped = None
+    last_s = 0.0
+    for w in widths_up_to(args.max_width, args.min_width):
+        T = min(T0, args.rollout_cap)
+        while args.min_rollout_length < T and buffer_bytes(env, w, T) > args.max_buffer_gb * 1e9:
+            T //= 2
+        # Rough: the next width costs its compile plus up to 4x the last one's run time.
+        predicted = 2.5 * last_s
+        if time.perf_counter() + predicted > deadline:
+            stopped = f"time budget: W={w} predicted ~{predicted:.0f} s, not enough left"
+            break
+        log(f"{label}: W={w}, T={T} ...")
+        t0 = time.perf_counter()
+        try:
+            row = measure(env, w, T, args.repeats, args.min_time_s)
+        except Exception as e:
+            if not _is_oom(e):
+                raise
+            stopped = f"out of memory at W={w}, T={T}: {str(e).splitlines()[0][:300]}"
+            break
+        finally:
+            gc.collect()
+            jax.clear_caches()
+        last_s = time.perf_counter() - t0
+        row["wall_s"] = last_s
+        rows.append(row)
+        log(f"  {row['actions_per_s'] / 1e6:.1f}M actions/s (compile {row['compile_s']:.1f} s)")
+    if stopped:
+        log(f"{label}: stopped: {stopped}")
+    return {"env_id": env_id, "make_kwargs": kwargs, "rows": rows, "stopped": stopped}
+
+
+def device_info() -> dict[str, Any]:
+    info: dict[str, Any] = {
+        "jax_devices": [str(d) for d in jax.devices()],
+        "device_kind": jax.devices()[0].device_kind,
+        "platform": jax.devices()[0].platform,
+    }
+    try:
+        info["memory_stats"] = jax.devices()[0].memory_stats()
+    except Exception as e:
+        info["memory_stats"] = f"unavailable: {e}"
+    try:
+        smi = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv"],
+            capture_output=True,
+            text=True,
+            timeout=20,
+        )
+        info["nvidia_smi"] = smi.stdout.strip()
+    except (OSError, subprocess.SubprocessError) as e:
+        info["nvidia_smi"] = f"unavailable: {e}"
+    return info
+
+
+def _si(x: float) -> str:
+    for div, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if x >= div:
+            return f"{x / div:.2f}{suffix}"
+    return f"{x:.0f}"
+
+
+def markdown(res: dict[str, Any]) -> str:
+    dev = res["device"]
+    lines = [
+        f"# GPU run: rollout actions/s from {res['config']['min_width']} envs up",
+        "",
+        f"{res['date']}, `{res['command']}`, {dev['device_kind']} ({dev['platform']}), "
+        f"jax {res['environment']['jax']}, whole run {res['wall_s']:.0f} s. MLPPolicy 64x64; "
+        "actions/s counts acting agent-steps; medians of timed calls, compile apart.",
+        "",
+        "| env | W | T | agents | actions/s | agent-steps/s | call (ms) | compile (s) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for label, series in res["envs"].items():
+        for r in series["rows"]:
+            lines.append(
+                f"| {label} | {r['width']} | {r['rollout_length']} | {r['num_agents']} | "
+                f"{_si(r['actions_per_s'])} | {_si(r['agent_steps_per_s'])} | "
+                f"{r['median_s'] * 1e3:.1f} | {r['compile_s']:.1f} |"
+            )
+    stops = [(k, s["stopped"]) for k, s in res["envs"].items() if s["stopped"]]
+    if stops:
+        lines += ["", "Series stopped early:", ""]
+        lines += [f"- {k}: {why}" for k, why in stops]
+    lines.append("")
+    return "\n".join(lines)
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    ap.add_argument("--envs", nargs="+", choices=list(ENVS), default=list(ENVS))
+    ap.add_argument("--min-width", type=int, default=1024)
+    ap.add_argument("--max-width", type=int, default=1 << 20)
+    ap.add_argument("--rollout-cap", type=int, default=128, help="T at most this")
+    ap.add_argument("--min-rollout-length", type=int, default=4)
+    ap.add_argument("--max-buffer-gb", type=float, default=24.0)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--min-time-s", type=float, default=0.5)
+    ap.add_argument("--budget-s", type=float, default=540.0, help="whole-script time budget")
+    ap.add_argument("--quick", action="store_true", help="CPU dry run: W <= 256, T = 8")
+    ap.add_argument("--out", type=Path, default=RESULTS_DIR)
+    args = ap.parse_args(argv)
+    if args.quick:  # the quick values, except where given on the command line
+        ap.set_defaults(**QUICK)
+        args = ap.parse_args(argv)
+    if args.min_width < 1 or args.max_width < 1 or args.repeats < 1 or args.budget_s <= 0:
+        ap.error("--min-width, --max-width, --repeats and --budget-s must be positive")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parse_args(argv)
+    t_start = time.perf_counter()
+    end = t_start + args.budget_s
+    log(f"devices: {jax.devices()}")
+    envs = {}
+    for i, label in enumerate(args.envs):
+        share = (end - time.perf_counter()) / (len(args.envs) - i)
+        envs[label] = run_env(label, args, time.perf_counter() + share)
+    res = {
+        "benchmark": "gpu",
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "command": " ".join(sys.argv),
+        "config": {
+            k: v if not isinstance(v, Path) else str(v)
+            for k, v in vars(args).items()
+            if k not in ("out",)
+        },
+        "device": device_info(),
+        "environment": environment_info(),
+        "envs": envs,
+        "wall_s": time.perf_counter() - t_start,
+    }
+    md = markdown(res)
+    print(md)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "gpu.json").write_text(json.dumps(res, indent=1, default=str) + "\n")
+    (args.out / "gpu.md").write_text(md)
+    log(f"wrote gpu.json and gpu.md to {args.out}")
+
+
+if __name__ == "__main__":
+    main()
