@@ -61,6 +61,7 @@ from jaxsampler.rollout import init_rollout_state, jit_rollout, make_rollout
 from jaxsampler.sampling import Sampler, SamplerMetrics
 from jaxsampler.scale import make_sharded_rollout
 from jaxsampler.types import RolloutState, TimeStep, Trajectory
+from jaxsampler.vector import ResetPool
 
 __version__ = "0.1.0"
 
@@ -84,6 +85,7 @@ __all__ = [
     "RandomPolicy",
     "RecurrentPolicy",
     "RepairReport",
+    "ResetPool",
     "RolloutState",
     "SampleBatch",
     "Sampler",

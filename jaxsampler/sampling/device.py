@@ -165,6 +165,9 @@ class DeviceSampler(Sampler):
             env would return (up to the float rounding below). Episode ids are those
             one process would give (unique across processes, deterministic per seed).
             Pass ``devices`` or ``mesh``, not both.
+        reset_pool: cheap randomized auto-resets
+            (:class:`~jaxsampler.vector.ResetPool` or a pool size; ``reset_pool=`` of
+            :func:`~jaxsampler.rollout.make_rollout`). ``None``: every reset exact.
 
             What is identical across device (and process) counts for the same seed
             and calls: every random draw (each env's reset and step keys and the
@@ -213,6 +216,7 @@ class DeviceSampler(Sampler):
         explore: bool = True,
         devices: int | list[jax.Device] | tuple[jax.Device, ...] | None = None,
         mesh: Mesh | None = None,
+        reset_pool: Any = None,
     ):
         env = _resolve(env)
         self.mesh = _sampler_mesh(devices, mesh)
@@ -239,8 +243,17 @@ class DeviceSampler(Sampler):
         self.pipeline = pipe
         self.explore = explore
         self._rollout = jit_rollout(
-            make_rollout(env, policy, num_envs, rollout_length, transforms=pipe, mesh=self.mesh)
+            make_rollout(
+                env,
+                policy,
+                num_envs,
+                rollout_length,
+                transforms=pipe,
+                mesh=self.mesh,
+                reset_pool=reset_pool,
+            )
         )
+        self.reset_pool = reset_pool
         self.local_envs = slice(0, num_envs)
         self._spans_processes = False
         if self.mesh is not None:
@@ -391,6 +404,7 @@ class DeviceSampler(Sampler):
                     self.topup_length,
                     transforms=self.pipeline,
                     mesh=self.mesh,
+                    reset_pool=self.reset_pool,
                 )
             )
         self._state, traj = self._topup(params, self._state, self._topup_buffers)
