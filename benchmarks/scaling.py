@@ -59,6 +59,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import textwrap
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -570,7 +571,7 @@ def plot(res: dict[str, Any], path: Path) -> None:
 
     rows = list(res["rows"])
     widths = [str(w) for w in res["config"]["widths_per_unit"]]
-    fig, ax = plt.subplots(figsize=(11, 5.5))
+    fig, ax = plt.subplots(figsize=(12, 6.5))
     bw = 0.8 / len(widths)
     for j, w in enumerate(widths):
         xs, ys, effs = [], [], []
@@ -591,7 +592,13 @@ def plot(res: dict[str, Any], path: Path) -> None:
                     fontsize=8,
                 )
     ax.set_xticks(range(len(rows)))
-    ax.set_xticklabels([res["labels"][r].replace(", ", ",\n", 1) for r in rows], fontsize=7)
+    ax.set_xticklabels(
+        [textwrap.fill(res["labels"][r], 22) for r in rows],
+        fontsize=7,
+        rotation=30,
+        ha="right",
+        rotation_mode="anchor",
+    )
     ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
     ax.set_ylabel("actions per second (millions)")
     ax.set_xlabel("configuration (labels on bars: efficiency = actions/s / (N x single))")
