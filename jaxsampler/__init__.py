@@ -13,10 +13,12 @@ The top level holds the everyday path. The layers, bottom to top, are subpackage
 (``evaluate``: unbiased episodes, greedy actions, frozen statistics),
 :mod:`~jaxsampler.episodes` (RLlib's data model in numpy), :mod:`~jaxsampler.host_envs`
 (host-stepped envs), :mod:`~jaxsampler.sampling` (the sampler family),
-:mod:`~jaxsampler.serving` (HTTP policy server and client) and :mod:`~jaxsampler.offline` (logs).
+:mod:`~jaxsampler.serving` (HTTP policy server and client), :mod:`~jaxsampler.offline` (logs)
+and :mod:`~jaxsampler.checkpoint` (orbax checkpoints: exact resume).
 """
 
 from jaxsampler import (
+    checkpoint,
     distributed,
     episodes,
     host_envs,
@@ -59,6 +61,7 @@ from jaxsampler.postprocessing import compute_gae
 from jaxsampler.registry import make, register, registered_ids
 from jaxsampler.rollout import init_rollout_state, jit_rollout, make_rollout
 from jaxsampler.sampling import Sampler, SamplerMetrics
+from jaxsampler.sampling.callbacks import SampleReport
 from jaxsampler.scale import make_sharded_rollout
 from jaxsampler.types import RolloutState, TimeStep, Trajectory
 from jaxsampler.vector import ResetPool
@@ -88,6 +91,7 @@ __all__ = [
     "ResetPool",
     "RolloutState",
     "SampleBatch",
+    "SampleReport",
     "Sampler",
     "SamplerMetrics",
     "SingleAgentEnv",
@@ -96,6 +100,7 @@ __all__ = [
     "Trajectory",
     "TruncatedLogWarning",
     "check_env",
+    "checkpoint",
     "compute_gae",
     "concat_samples",
     "distributed",

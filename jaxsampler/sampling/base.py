@@ -20,15 +20,26 @@ numpy'ized episodes, ``sample_batch()`` a :class:`~jaxsampler.episodes.MultiAgen
 from __future__ import annotations
 
 import abc
+import copy
 import dataclasses
+import os
+import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from jaxsampler import distributed
+from jaxsampler import checkpoint, distributed
 from jaxsampler.episodes import MultiAgentBatch, MultiAgentEpisode, SingleAgentEpisode
 from jaxsampler.policies.greedy import greedy
+from jaxsampler.sampling.callbacks import (
+    SamplerCallback,
+    SampleReport,
+    SamplerTotals,
+    check_callbacks,
+    compile_clock,
+)
 
 __all__ = [
     "Sampler",
@@ -235,6 +246,171 @@ class Sampler(metaclass=_PicksMember):
     """
 
     metrics: SamplerMetrics
+    callbacks: list[SamplerCallback]
+    totals: SamplerTotals
+
+    # ------------------------------------------------------------------- reporting
+
+    def _init_reporting(self, callbacks: Any) -> None:
+        """Sets up :attr:`callbacks` and :attr:`totals` (every member's constructor)."""
+        self.callbacks = check_callbacks(callbacks)
+        self.totals = SamplerTotals()
+        self._clock0 = (0, 0.0)
+        compile_clock.install()
+
+    def _start_call(self) -> None:
+        """Notes the compile clock at the start of a call."""
+        self._clock0 = compile_clock.read()
+
+    def _report(self, kind: str, rollout_s: float, convert_s: float) -> None:
+        """Updates :attr:`totals` with :attr:`metrics` and calls every callback."""
+        m, tot = self.metrics, self.totals
+        tot.calls += 1
+        tot.env_steps += m.num_env_steps_sampled
+        tot.agent_steps += m.num_agent_steps_sampled
+        tot.episodes += m.num_episodes_completed
+        tot.rollout_calls += m.num_rollout_calls
+        if not self.callbacks:
+            return
+        n1, s1 = compile_clock.read()
+        n0, s0 = self._clock0
+        report = SampleReport(
+            metrics=copy.copy(m),
+            totals=copy.copy(tot),
+            rollout_s=rollout_s,
+            convert_s=convert_s,
+            compile_s=s1 - s0,
+            num_compiles=n1 - n0,
+            kind=kind,
+        )
+        for cb in self.callbacks:
+            cb.on_sample_end(report)
+
+    # ------------------------------------------------------------------- checkpoints
+
+    def save(self, path: str | os.PathLike[str], *, overwrite: bool = False, **extra: Any) -> Path:
+        """Writes everything that determines this sampler's future samples to a
+        checkpoint directory at ``path`` (orbax; atomic: see :mod:`jaxsampler.checkpoint`).
+
+        Restoring it into a sampler built the same way (:meth:`load`, :meth:`restore`)
+        continues the run exactly: the next calls return, bit for bit, what this
+        sampler's next calls would.
+
+        Args:
+            path: the checkpoint directory (must not exist unless ``overwrite``).
+            overwrite: replace an existing checkpoint (for crash-safe periodic saves
+                use :class:`jaxsampler.checkpoint.Checkpoints`).
+            **extra: more pytrees to store in the same checkpoint (e.g. ``params=``,
+                ``opt_state=``), read back by :meth:`load`.
+
+        Returns:
+            the checkpoint's path.
+
+        Raises:
+            NotImplementedError: a sampler whose state cannot be captured (the message
+                says why).
+        """
+        arrays, host, fingerprint = self._checkpoint_parts()
+        t0 = time.perf_counter()
+        blob = checkpoint.dump_host(host, self._checkpoint_refs())
+        out = checkpoint.save(
+            path,
+            arrays,
+            extra=extra or None,
+            meta={
+                "sampler": fingerprint,
+                "parts": sorted(arrays),
+                "dump_host_s": time.perf_counter() - t0,
+            },
+            host=blob,
+            overwrite=overwrite,
+        )
+        return out
+
+    def load(self, path: str | os.PathLike[str], **like: Any) -> dict[str, Any]:
+        """Restores this sampler from the checkpoint at ``path`` (see :meth:`save`).
+
+        The checkpoint must come from a sampler built the same way: same env, policy,
+        ``num_envs``, transforms, lookback and other options (the seed may differ: the
+        checkpoint's random state replaces it). On any error the sampler is unchanged.
+
+        Args:
+            path: a checkpoint directory written by :meth:`save`.
+            **like: for each ``extra`` tree saved with the checkpoint, a tree of the same
+                structure (values or ``jax.ShapeDtypeStruct``; they fix dtypes and
+                shardings); give all of them, or none (then they come back as numpy
+                trees in the saved structure).
+
+        Returns:
+            the extra trees by name (``{}`` if none were saved).
+
+        Raises:
+            jaxsampler.checkpoint.CheckpointError: missing, incomplete or corrupt
+                checkpoint; one written by a differently configured sampler (the message
+                names each difference, e.g. ``num_envs: checkpoint 8, this one 16``).
+        """
+        header = checkpoint.read_meta(path)
+        live = self._checkpoint_fingerprint()
+        saved = header.get("sampler")
+        if not isinstance(saved, dict):
+            raise checkpoint.CheckpointError(f"checkpoint {path} holds no sampler state")
+        diff = checkpoint.fingerprint_mismatch(saved, live)
+        if diff is not None:
+            raise checkpoint.CheckpointError(
+                f"checkpoint {path} was written by a differently configured sampler: {diff}"
+            )
+        parts = header.get("parts")
+        if not isinstance(parts, list):
+            raise checkpoint.CheckpointError(f"checkpoint {path} holds no sampler state")
+        like_arrays = self._checkpoint_like([str(p) for p in parts])
+        arrays, blob = checkpoint.restore(path, like_arrays, with_host=True)
+        if blob is None:
+            raise checkpoint.CheckpointError(f"checkpoint {path} holds no host state")
+        host = checkpoint.load_host(blob, self._checkpoint_refs())
+        extra = checkpoint.restore_extra(path, like or None)
+        self._apply_checkpoint(arrays, host)  # the only step that changes the sampler
+        return extra
+
+    @classmethod
+    def restore(
+        cls, path: str | os.PathLike[str], env: Any, policy: Any, *args: Any, **kwargs: Any
+    ) -> Sampler:
+        """``Sampler(env, policy, *args, **kwargs)`` restored from the checkpoint at
+        ``path`` (:meth:`load`; the constructor's arguments must be those of the sampler
+        that saved it). Extra trees saved with it: :meth:`load` on the new sampler, or
+        :func:`jaxsampler.checkpoint.restore_extra`."""
+        sampler: Sampler = cls(env, policy, *args, **kwargs)  # type: ignore[call-arg]
+        try:
+            sampler.load(path)
+        except BaseException:
+            sampler.close()
+            raise
+        return sampler
+
+    # What each member implements to be checkpointable.
+
+    def _checkpoint_parts(self) -> tuple[dict[str, Any], Any, dict[str, Any]]:
+        """``(array dict, host object, fingerprint)`` of the current state."""
+        raise NotImplementedError(f"{type(self).__name__} cannot be checkpointed")
+
+    def _checkpoint_fingerprint(self) -> dict[str, Any]:
+        """JSON-able configuration that must agree between saver and restorer."""
+        raise NotImplementedError(f"{type(self).__name__} cannot be checkpointed")
+
+    def _checkpoint_like(self, parts: list[str]) -> Any:
+        """The array tree's target (structure, dtypes, shardings) for a restore of a
+        checkpoint whose array dict has the keys ``parts``."""
+        raise NotImplementedError(f"{type(self).__name__} cannot be checkpointed")
+
+    def _checkpoint_refs(self) -> dict[str, Any]:
+        """Live objects the host state refers to by name (spaces, id generators)."""
+        return {}
+
+    def _apply_checkpoint(self, arrays: Any, host: Any) -> None:
+        """Installs restored state (must not fail: everything was validated before)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot be checkpointed")
+
+    # ------------------------------------------------------------------- sampling
 
     @abc.abstractmethod
     def sample(

@@ -119,6 +119,18 @@ class MultiAgentConverter:
         self._carry = None
         self._open = {}
 
+    _STATE = ("_head", "_reset_info", "_partial_return", "_carry", "_open", "_next_acting")
+
+    def get_state(self) -> dict[str, Any]:
+        """What the converter carries into the next call (the lookback head, hanging agent
+        steps, the open ``sample()`` chunks), for checkpoints."""
+        return {name[1:]: getattr(self, name) for name in self._STATE}
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        """Installs :meth:`get_state`'s output."""
+        for name in self._STATE:
+            setattr(self, name, state[name[1:]])
+
     # ------------------------------------------------------------------------- steps
 
     def _call_steps(

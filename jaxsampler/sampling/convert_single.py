@@ -132,6 +132,20 @@ class SingleAgentConverter:
         self._reset_info = reset_info
         self._partial_return = np.zeros_like(self._partial_return)
 
+    def get_state(self) -> dict[str, Any]:
+        """What the converter carries into the next call (numpy data), for checkpoints."""
+        return {
+            "head": self._head,
+            "reset_info": self._reset_info,
+            "partial_return": self._partial_return,
+        }
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        """Installs :meth:`get_state`'s output."""
+        self._head = state["head"]
+        self._reset_info = state["reset_info"]
+        self._partial_return = state["partial_return"]
+
     def _segments(
         self, chunks: list[Trajectory], num_episodes: int | None, cutoff: int | None
     ) -> tuple[Columns, Segments, SamplerMetrics]:

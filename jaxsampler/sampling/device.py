@@ -112,6 +112,10 @@ class Converter(Protocol):
         cutoff: int | None = None,
     ) -> tuple[MultiAgentBatch, SamplerMetrics]: ...
 
+    def get_state(self) -> dict[str, Any]: ...
+
+    def set_state(self, state: dict[str, Any]) -> None: ...
+
 
 class DeviceSampler(Sampler):
     """The :class:`~jaxsampler.sampling.base.Sampler` of a pure-JAX env: each call runs
@@ -183,6 +187,18 @@ class DeviceSampler(Sampler):
             Transform statistics (normalizers) are global: reductions over envs are
             collectives, summed in a different order than on one device.
 
+        callbacks: objects with ``on_sample_end(report)``
+            (:class:`~jaxsampler.sampling.callbacks.SamplerCallback`, e.g. the loggers of
+            :mod:`jaxsampler.loggers`), called after every ``sample()`` /
+            ``sample_batch()`` with a :class:`~jaxsampler.sampling.callbacks.SampleReport`.
+
+    Checkpoints: :meth:`save` / :meth:`load` / :meth:`Sampler.restore` capture the
+    random state, the env and policy states, episode counters and ids, the transforms'
+    statistics, per-env params, the open episode chunks with their lookback, and the
+    metrics and totals: a restored sampler's next calls equal, bit for bit, those the
+    saving sampler would have made next (also on a mesh of devices in one process; a
+    mesh spanning processes cannot be checkpointed yet).
+
     Attributes:
         last_split: ``(rollout_s, to_episodes_s)`` of the last ``sample()`` /
             ``sample_batch()`` call: wall time of the rollout calls (device and host
@@ -217,8 +233,10 @@ class DeviceSampler(Sampler):
         devices: int | list[jax.Device] | tuple[jax.Device, ...] | None = None,
         mesh: Mesh | None = None,
         reset_pool: Any = None,
+        callbacks: Any = None,
     ):
         env = _resolve(env)
+        self._init_reporting(callbacks)
         self.mesh = _sampler_mesh(devices, mesh)
         policy = exploring_or_greedy(policy, explore)
         if topup_length is not None and (
@@ -242,6 +260,7 @@ class DeviceSampler(Sampler):
         #: the transforms bound to the env's spaces (empty without transforms)
         self.pipeline = pipe
         self.explore = explore
+        self.rllib_compatible = bool(rllib_compatible)
         self._rollout = jit_rollout(
             make_rollout(
                 env,
@@ -432,12 +451,13 @@ class DeviceSampler(Sampler):
 
         Metrics of the call are in :attr:`metrics`.
         """
+        self._start_call()
         t0 = time.perf_counter()
         chunks, cutoff = self._run(params, num_timesteps, num_episodes, force_reset)
         t1 = time.perf_counter()
         out, metrics = self._convert.episodes(chunks, num_episodes, self._state, cutoff)
         self.last_split = (t1 - t0, time.perf_counter() - t1)
-        return self._finish(out, metrics, len(chunks), num_episodes)
+        return self._finish(out, metrics, len(chunks), num_episodes, "sample")
 
     def sample_batch(
         self,
@@ -456,12 +476,13 @@ class DeviceSampler(Sampler):
         :meth:`sample` would return the episodes. Episodes continue across calls exactly
         as with :meth:`sample` (the two may be mixed).
         """
+        self._start_call()
         t0 = time.perf_counter()
         chunks, cutoff = self._run(params, num_timesteps, num_episodes, force_reset)
         t1 = time.perf_counter()
         out, metrics = self._convert.batch(chunks, num_episodes, self._state, cutoff)
         self.last_split = (t1 - t0, time.perf_counter() - t1)
-        return self._finish(out, metrics, len(chunks), num_episodes)
+        return self._finish(out, metrics, len(chunks), num_episodes, "sample_batch")
 
     def _run(
         self,
@@ -529,14 +550,101 @@ class DeviceSampler(Sampler):
                 return None
             offset += live.shape[0]
 
-    def _finish(self, out: Any, metrics: SamplerMetrics, calls: int, num_episodes: Any) -> Any:
+    def _finish(
+        self, out: Any, metrics: SamplerMetrics, calls: int, num_episodes: Any, kind: str
+    ) -> Any:
         metrics.num_rollout_calls = calls
         self.metrics = metrics
         if num_episodes is not None:
             # The next call starts fresh, as RLlib does (the transforms' statistics go on).
             self._carried = self._state.transform_state
             self._state = None
+        self._report(kind, *self.last_split)
         return out
+
+    # ------------------------------------------------------------------------- checkpoints
+
+    def _no_multiprocess_checkpoints(self) -> None:
+        if self._spans_processes:
+            raise NotImplementedError(
+                "a sampler on a mesh that spans processes cannot be checkpointed yet (each "
+                "process holds its own open episodes); checkpoint the pure rollout state "
+                "with jaxsampler.checkpoint.save instead"
+            )
+
+    def _checkpoint_fingerprint(self) -> dict[str, Any]:
+        pipe = self.pipeline
+        return {
+            "sampler": type(self).__name__,
+            "env": self.env.name,
+            "num_envs": self.num_envs,
+            "agent_ids": [str(a) for a in self.agent_ids],
+            "rollout_length": self.rollout_length,
+            "topup_length": self.topup_length,
+            "observation_space": repr(pipe.observation_space),
+            "action_space": repr(pipe.action_space),
+            "transforms": [repr(t) for t in pipe.transforms],
+            "policy": type(self.policy).__name__,
+            "episode_lookback_horizon": self.horizon,
+            "rllib_compatible": self.rllib_compatible,
+            "reset_pool": repr(self.reset_pool),
+            "local_envs": [self.local_envs.start, self.local_envs.stop],
+        }
+
+    def _checkpoint_parts(self) -> tuple[dict[str, Any], Any, dict[str, Any]]:
+        self._no_multiprocess_checkpoints()
+        arrays: dict[str, Any] = {"key": self._key}
+        if self._state is not None:
+            arrays["state"] = self._state
+        elif self._carried is not None:
+            arrays["carried"] = self._carried
+        host = {
+            "id_resets": self._episode_id.resets,
+            "converter": self._convert.get_state(),
+            "metrics": self.metrics,
+            "totals": self.totals,
+        }
+        return arrays, host, self._checkpoint_fingerprint()
+
+    def _checkpoint_refs(self) -> dict[str, Any]:
+        return {
+            "ids": self._episode_id,
+            "observation_space": self.pipeline.observation_space,
+            "action_space": self.pipeline.action_space,
+        }
+
+    def _checkpoint_like(self, parts: list[str]) -> Any:
+        self._no_multiprocess_checkpoints()
+        state = jax.eval_shape(
+            lambda k: init_state_and_info(
+                self.env, self.policy, self.num_envs, k, self.env_params, self.pipeline, None
+            )[0],
+            self._key,
+        )
+        if self.mesh is not None:
+            shardings = placement.state_sharding(self.env, state, self.mesh)
+            state = jax.tree.map(
+                lambda x, sh: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh),
+                state,
+                shardings,
+            )
+        like: dict[str, Any] = {"key": self._key}
+        if "state" in parts:
+            like["state"] = state
+        if "carried" in parts:
+            like["carried"] = state.transform_state
+        return like
+
+    def _apply_checkpoint(self, arrays: Any, host: Any) -> None:
+        self._key = arrays["key"]
+        self._state = arrays.get("state")
+        self._carried = arrays.get("carried")
+        self._buffers = self._topup_buffers = None
+        self._episode_id.resets = host["id_resets"]
+        self._convert.set_state(host["converter"])
+        self.metrics = host["metrics"]
+        self.totals = host["totals"]
+        self.last_chunks = []
 
 
 def _is_array(x: Any) -> bool:

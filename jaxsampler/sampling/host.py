@@ -205,7 +205,9 @@ class HostSampler(Sampler):
         rllib_compatible: bool = False,
         transforms: Transforms = None,
         explore: bool = True,
+        callbacks: Any = None,
     ):
+        self._init_reporting(callbacks)
         self.host_env = check_host_env(host_env)
         policy = exploring_or_greedy(policy, explore)
         self.explore = explore
@@ -552,7 +554,13 @@ class HostSampler(Sampler):
 
         Metrics of the call are in :attr:`metrics`.
         """
-        return self.feed.episodes(self._sample(params, num_timesteps, num_episodes, force_reset))
+        self._start_call()
+        t0 = time.perf_counter()
+        chunks = self._sample(params, num_timesteps, num_episodes, force_reset)
+        t1 = time.perf_counter()
+        out = self.feed.episodes(chunks)
+        self._report("sample", t1 - t0, time.perf_counter() - t1)
+        return out
 
     def sample_batch(
         self,
@@ -566,9 +574,26 @@ class HostSampler(Sampler):
         agent, then by ``t``) with the device sampler's columns: ``obs``, ``new_obs``,
         ``actions``, ``rewards``, ``terminateds``, ``truncateds``, ``t``, ``eps_id``,
         ``agent_index``, ``infos`` (list of dicts) and the policy's extras."""
-        batch = self.feed.batch(self._sample(params, num_timesteps, num_episodes, force_reset))
+        self._start_call()
+        t0 = time.perf_counter()
+        chunks = self._sample(params, num_timesteps, num_episodes, force_reset)
+        t1 = time.perf_counter()
+        batch = self.feed.batch(chunks)
         batch.count = self.metrics.num_env_steps_sampled
+        self._report("sample_batch", t1 - t0, time.perf_counter() - t1)
         return batch
+
+    def _checkpoint_parts(self) -> tuple[dict[str, Any], Any, dict[str, Any]]:
+        raise NotImplementedError(
+            "a HostSampler cannot be checkpointed: its envs' state lives in host objects "
+            "(Gymnasium envs, sub-processes, sockets) that jaxsampler cannot capture or "
+            "replay exactly; use a pure-JAX env (js.make('<id>') or js.make('gymnax:<id>')) "
+            "for exact resume"
+        )
+
+    def load(self, path: Any, **like: Any) -> dict[str, Any]:
+        self._checkpoint_parts()
+        return {}
 
     def _poll(self, deadline: float | None) -> PollResult:
         if deadline is None:

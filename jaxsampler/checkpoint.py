@@ -1,0 +1,495 @@
+"""Checkpoints on disk with orbax: pytrees of arrays, a host-side blob, a JSON header.
+
+One checkpoint is one directory written by orbax-checkpoint (the JAX ecosystem's
+checkpoint library). It holds up to three parts:
+
+* ``arrays``: a pytree of arrays (``jax.Array`` leaves keep their shardings: a state
+  split over a mesh is written shard by shard and restored onto the target's layout);
+* ``host``: bytes of host-side Python state (a sampler's open episode chunks), written
+  with :func:`dump_host` and read back with :func:`load_host`, which only rebuilds
+  numpy arrays, builtin containers and jaxsampler's own classes (a checkpoint cannot
+  run code on load) and checks a SHA-256 digest first;
+* ``meta``: a JSON header (format version, what wrote it, a fingerprint of its
+  configuration) that :func:`read_meta` reads without touching the arrays.
+
+Writes are atomic: orbax writes into a temporary directory next to the target and
+renames it into place once everything is on disk, so a writer killed mid-save leaves no
+half-written checkpoint under the target's name (the previous one, in a
+:class:`Checkpoints` directory, stays loadable). Every failure to read a checkpoint
+(missing, truncated, corrupt, of another configuration) is a :class:`CheckpointError`
+naming the path and the problem.
+
+The pure path (inside your own training loop)::
+
+    js.checkpoint.save(path, {"rollout": state, "params": params, "opt": opt_state})
+    tree = js.checkpoint.restore(path, like={"rollout": state, "params": params, ...})
+
+``like`` fixes the structure (dataclasses such as ``RolloutState`` come back as
+themselves), dtypes and shardings; its values are not used (abstract
+``jax.ShapeDtypeStruct`` leaves work too). A :class:`~jaxsampler.Sampler` saves itself with
+``sampler.save(path)`` (see :meth:`jaxsampler.Sampler.save`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import pickle
+import shutil
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+
+__all__ = [
+    "FORMAT_VERSION",
+    "CheckpointError",
+    "Checkpoints",
+    "dump_host",
+    "fingerprint_mismatch",
+    "load_host",
+    "read_meta",
+    "restore",
+    "restore_extra",
+    "save",
+]
+
+#: bumped when the layout of what samplers write changes incompatibly
+FORMAT_VERSION = 1
+
+_ARRAYS, _META, _EXTRA = "arrays", "meta", "extra"
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be read, or that belongs to another configuration."""
+
+
+def _ocp() -> Any:
+    import orbax.checkpoint as ocp  # heavy: imported on first use
+
+    return ocp
+
+
+def _checkpointer() -> Any:
+    ocp = _ocp()
+    return ocp.Checkpointer(
+        ocp.CompositeCheckpointHandler(
+            **{
+                _ARRAYS: ocp.StandardCheckpointHandler(),
+                _EXTRA: ocp.StandardCheckpointHandler(),
+                _META: ocp.JsonCheckpointHandler(),
+            }
+        )
+    )
+
+
+def _abstract(like: Any) -> Any:
+    """``like`` as abstract arrays with their shardings (what orbax restores onto)."""
+
+    def leaf(x: Any) -> Any:
+        if isinstance(x, jax.ShapeDtypeStruct):
+            if x.sharding is None:
+                return jax.ShapeDtypeStruct(
+                    x.shape, x.dtype, sharding=jax.sharding.SingleDeviceSharding(jax.devices()[0])
+                )
+            return x
+        if isinstance(x, jax.Array):
+            return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding)
+        x = np.asarray(x)
+        return np.empty(x.shape, x.dtype)  # numpy leaves come back as numpy
+
+    return jax.tree.map(leaf, like)
+
+
+def save(
+    path: str | os.PathLike[str],
+    tree: Any = None,
+    *,
+    extra: Mapping[str, Any] | None = None,
+    meta: Mapping[str, Any] | None = None,
+    host: bytes | None = None,
+    overwrite: bool = False,
+) -> Path:
+    """Writes a checkpoint directory at ``path`` (atomically: see the module docstring).
+
+    Args:
+        path: the checkpoint's directory (its parent is created if missing).
+        tree: a pytree of ``jax.Array`` / numpy leaves.
+        extra: more named pytrees (e.g. a learner's params and optimizer state next to a
+            sampler's state), stored as a second item that :func:`restore_extra` reads
+            separately.
+        meta: JSON-serializable header (stored with :data:`FORMAT_VERSION`).
+        host: bytes from :func:`dump_host` (stored with their SHA-256 digest).
+        overwrite: replace an existing checkpoint at ``path``. The new one is written
+            completely before the old one is removed, but the swap itself is two renames:
+            for crash-safe periodic saves use :class:`Checkpoints`.
+
+    Returns:
+        the checkpoint's path.
+
+    Raises:
+        FileExistsError: ``path`` exists and ``overwrite`` is False.
+        TypeError: ``meta`` is not JSON-serializable.
+    """
+    path = Path(path).absolute()
+    if path.exists() and not overwrite:
+        raise FileExistsError(f"checkpoint {path} exists; pass overwrite=True to replace it")
+    header = {"format_version": FORMAT_VERSION, **dict(meta or {})}
+    main: dict[str, Any] = {"tree": tree}
+    if host is not None:
+        header["host_sha256"] = hashlib.sha256(host).hexdigest()
+        header["host_bytes"] = len(host)
+        main["host"] = np.frombuffer(host, np.uint8)
+    header["extra_keys"] = sorted(extra) if extra else []
+    try:
+        json.dumps(header)
+    except TypeError as e:
+        raise TypeError(f"checkpoint meta must be JSON-serializable: {e}") from None
+    ocp = _ocp()
+    items = {_ARRAYS: ocp.args.StandardSave(main), _META: ocp.args.JsonSave(header)}
+    if extra:
+        items[_EXTRA] = ocp.args.StandardSave(dict(extra))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    target = path if not path.exists() else path.with_name(path.name + ".new")
+    if target.exists():
+        shutil.rmtree(target)
+    _checkpointer().save(target, ocp.args.Composite(**items))
+    if target != path:  # overwrite: the new checkpoint is complete; swap it in
+        old = path.with_name(path.name + ".old")
+        if old.exists():
+            shutil.rmtree(old)
+        os.replace(path, old)
+        os.replace(target, path)
+        shutil.rmtree(old)
+    return path
+
+
+def read_meta(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The JSON header of the checkpoint at ``path``.
+
+    Raises:
+        CheckpointError: no checkpoint there, an unfinished write, an unreadable header,
+            or a format version this jaxsampler does not read.
+    """
+    path = Path(path).absolute()
+    if not path.is_dir():
+        raise CheckpointError(f"no checkpoint at {path}")
+    file = path / _META / "metadata"
+    try:
+        header = json.loads(file.read_text())
+    except (OSError, ValueError) as e:
+        raise CheckpointError(
+            f"checkpoint {path} is incomplete or corrupt (its header {file} cannot be read: {e})"
+        ) from None
+    if not isinstance(header, dict) or header.get("format_version") != FORMAT_VERSION:
+        got = header.get("format_version") if isinstance(header, dict) else header
+        raise CheckpointError(
+            f"checkpoint {path} has format version {got!r}; this jaxsampler reads version "
+            f"{FORMAT_VERSION}"
+        )
+    return header
+
+
+def restore(path: str | os.PathLike[str], like: Any = None, *, with_host: bool = False) -> Any:
+    """Reads the tree of the checkpoint at ``path`` (and its host bytes).
+
+    Args:
+        path: a checkpoint directory written by :func:`save`.
+        like: a pytree with the saved tree's structure (values or
+            ``jax.ShapeDtypeStruct`` leaves): the result has its structure, dtypes and
+            shardings. ``None``: the saved structure with numpy leaves (dataclasses come
+            back as dicts).
+        with_host: also return the host bytes (``None`` if none were saved), checked
+            against their digest.
+
+    Returns:
+        the tree, or ``(tree, host_bytes)`` with ``with_host``.
+
+    Raises:
+        CheckpointError: missing, incomplete or corrupt checkpoint; ``like`` does not
+            match what was saved (the message names the first differing leaf).
+    """
+    path = Path(path).absolute()
+    header = read_meta(path)
+    has_host = "host_sha256" in header
+    target = None
+    if like is not None:
+        target = {"tree": _abstract(like)}
+        if has_host:
+            target["host"] = np.empty((int(header["host_bytes"]),), np.uint8)
+    out = _restore_item(path, _ARRAYS, target)
+    tree = out["tree"]
+    if not with_host:
+        return tree
+    if not has_host:
+        return tree, None
+    blob = np.asarray(out["host"], np.uint8).tobytes()
+    if hashlib.sha256(blob).hexdigest() != header["host_sha256"]:
+        raise CheckpointError(f"checkpoint {path}: its host state fails its SHA-256 check")
+    return tree, blob
+
+
+def restore_extra(path: str | os.PathLike[str], like: Mapping[str, Any] | None = None) -> dict:
+    """Reads the ``extra`` trees of the checkpoint at ``path`` (``{}`` if none were saved).
+
+    Args:
+        path: a checkpoint directory written by :func:`save`.
+        like: name -> pytree for *every* saved extra (the results take their structure,
+            dtypes and shardings); ``None``: numpy leaves in the saved structure.
+
+    Raises:
+        CheckpointError: a damaged checkpoint; ``like`` names other extras than were
+            saved, or a tree that does not match.
+    """
+    path = Path(path).absolute()
+    keys = read_meta(path).get("extra_keys", [])
+    if like is not None and sorted(like) != keys:
+        raise CheckpointError(
+            f"checkpoint {path} holds extras {keys}; asked for {sorted(like)} (give all or none)"
+        )
+    if not keys:
+        return {}
+    target = None if like is None else {k: _abstract(v) for k, v in like.items()}
+    return dict(_restore_item(path, _EXTRA, target))
+
+
+def _restore_item(path: Path, name: str, target: Any) -> Any:
+    ocp = _ocp()
+    if target is not None:
+        _check_structure(path, name, target)
+    args = ocp.args.StandardRestore(target) if target is not None else ocp.args.StandardRestore()
+    try:
+        return _checkpointer().restore(path, ocp.args.Composite(**{name: args}))[name]
+    except CheckpointError:
+        raise
+    except Exception as e:  # orbax / tensorstore raise many types for damaged files
+        raise CheckpointError(
+            f"checkpoint {path} cannot be read (incomplete or corrupt): {type(e).__name__}: "
+            f"{_first_line(e)}"
+        ) from e
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0][:300] if text else ""
+
+
+def _check_structure(path: Path, name: str, target: Any) -> None:
+    """Compares ``target`` with the saved item's metadata (paths, shapes, dtypes)."""
+    try:
+        saved = _checkpointer().metadata(path).item_metadata[name]
+    except Exception as e:
+        raise CheckpointError(
+            f"checkpoint {path} cannot be read (incomplete or corrupt): {type(e).__name__}: "
+            f"{_first_line(e)}"
+        ) from e
+    if saved is None:
+        raise CheckpointError(f"checkpoint {path} has no array tree")
+    want = {_path_str(k): v for k, v in jax.tree_util.tree_leaves_with_path(target)}
+    have = {
+        _path_str(k): v
+        for k, v in jax.tree_util.tree_leaves_with_path(_plain(saved))
+        if v is not None
+    }
+    missing = sorted(set(want) - set(have))
+    extra = sorted(set(have) - set(want))
+    if missing or extra:
+        raise CheckpointError(
+            f"checkpoint {path} holds a different state tree: "
+            + "; ".join(
+                s
+                for s in (
+                    f"missing in the checkpoint: {', '.join(missing[:5])}" if missing else "",
+                    f"not expected: {', '.join(extra[:5])}" if extra else "",
+                )
+                if s
+            )
+        )
+    for k, w in want.items():
+        h = have[k]
+        hs, hd = tuple(getattr(h, "shape", ())), getattr(h, "dtype", None)
+        if hs != tuple(w.shape) or (hd is not None and np.dtype(hd) != np.dtype(w.dtype)):
+            raise CheckpointError(
+                f"checkpoint {path}: leaf {k} was saved as {np.dtype(hd) if hd else '?'}"
+                f"{list(hs)}; this state expects {np.dtype(w.dtype)}{list(w.shape)}"
+            )
+
+
+def _path_str(path: tuple[Any, ...]) -> str:
+    """A leaf's path as ``a/b/0`` (dict keys, dataclass fields and sequence indices alike:
+    orbax's metadata holds dataclasses as dicts)."""
+    parts = []
+    for k in path:
+        for attr in ("key", "name", "idx"):
+            if hasattr(k, attr):
+                parts.append(str(getattr(k, attr)))
+                break
+        else:
+            parts.append(str(k))
+    return "/".join(parts)
+
+
+def _plain(tree: Any) -> Any:
+    """Orbax's metadata tree as nested dicts / lists (its containers vary by version)."""
+    if isinstance(tree, Mapping):
+        return {k: _plain(v) for k, v in tree.items()}
+    if isinstance(tree, (list, tuple)):
+        return [_plain(v) for v in tree]
+    return tree
+
+
+def fingerprint_mismatch(saved: Mapping[str, Any], live: Mapping[str, Any]) -> str | None:
+    """A sentence naming every field where two configuration fingerprints differ
+    (``None``: they agree). Fields missing on one side count as differing."""
+    diffs = [
+        f"{k}: checkpoint {saved.get(k)!r}, this one {live.get(k)!r}"
+        for k in sorted(set(saved) | set(live))
+        if saved.get(k) != live.get(k)
+    ]
+    return "; ".join(diffs) if diffs else None
+
+
+# ----------------------------------------------------------------------------- host blob
+
+_SAFE_BUILTINS = frozenset(
+    {"set", "frozenset", "slice", "range", "complex", "bytearray", "bytes", "list", "dict"}
+    | {"int", "float", "bool", "str", "tuple"}
+)
+_NUMPY_FUNCS = frozenset({"_reconstruct", "_frombuffer", "scalar", "dtype"})
+
+
+class _Pickler(pickle.Pickler):
+    def __init__(self, file: io.BytesIO, refs: Mapping[int, str]):
+        super().__init__(file, protocol=5)
+        self._refs = refs
+
+    def persistent_id(self, obj: Any) -> str | None:
+        return self._refs.get(id(obj))
+
+
+class _Unpickler(pickle.Unpickler):
+    """Rebuilds only data: numpy arrays and scalars, builtin containers, jaxsampler's own
+    classes and the live objects named by reference. Anything else (a function, a class
+    of another package) is refused, so loading a checkpoint cannot run code."""
+
+    def __init__(self, file: io.BytesIO, refs: Mapping[str, Any]):
+        super().__init__(file)
+        self._refs = refs
+
+    def persistent_load(self, pid: Any) -> Any:
+        if pid not in self._refs:
+            raise CheckpointError(f"host state refers to {pid!r}, which this sampler lacks")
+        return self._refs[pid]
+
+    def find_class(self, module: str, name: str) -> Any:
+        top = module.split(".")[0]
+        if module == "builtins" and name in _SAFE_BUILTINS:
+            return super().find_class(module, name)
+        if module == "collections" and name in ("OrderedDict", "defaultdict", "deque"):
+            return super().find_class(module, name)
+        if top == "numpy":
+            obj = super().find_class(module, name)
+            if isinstance(obj, type) or name in _NUMPY_FUNCS:
+                return obj
+        if top == "jaxsampler":
+            obj = super().find_class(module, name)
+            if isinstance(obj, type):
+                return obj
+        raise CheckpointError(f"host state holds {module}.{name}, which a checkpoint may not")
+
+
+def dump_host(obj: Any, refs: Mapping[str, Any] | None = None) -> bytes:
+    """Pickles host-side state. Objects in ``refs`` (name -> live object: spaces, id
+    generators, anything the restoring side rebuilds from its own configuration) are
+    written as references to their names, not as data."""
+    buf = io.BytesIO()
+    by_id = {id(v): k for k, v in (refs or {}).items()}
+    _Pickler(buf, by_id).dump(obj)
+    return buf.getvalue()
+
+
+def load_host(blob: bytes, refs: Mapping[str, Any] | None = None) -> Any:
+    """Unpickles :func:`dump_host`'s bytes with a restricted loader (see
+    :class:`_Unpickler`); references resolve to ``refs``' live objects.
+
+    Raises:
+        CheckpointError: the bytes are not such state, or hold a disallowed object.
+    """
+    try:
+        return _Unpickler(io.BytesIO(blob), refs or {}).load()
+    except CheckpointError:
+        raise
+    except Exception as e:
+        raise CheckpointError(f"host state cannot be read: {type(e).__name__}: {e}") from None
+
+
+# ----------------------------------------------------------------------------- directories
+
+
+class Checkpoints:
+    """A directory of numbered checkpoints (``<directory>/<step>``), the newest kept:
+    orbax's ``CheckpointManager`` semantics (atomic writes; an unfinished write is never
+    listed, so after a crash :attr:`latest_step` is the last complete one).
+
+    Args:
+        directory: where the numbered checkpoints live (created if missing).
+        max_to_keep: older checkpoints beyond this many are deleted after each save
+            (``None``: keep all).
+
+    Example::
+
+        ckpts = js.checkpoint.Checkpoints("runs/ppo", max_to_keep=2)
+        step = ckpts.latest_step()
+        if step is not None:
+            params = sampler.load(ckpts.path(step), params=params)["params"]
+        ...
+        ckpts.save(step, lambda p: sampler.save(p, params=params))
+    """
+
+    def __init__(self, directory: str | os.PathLike[str], max_to_keep: int | None = 3):
+        if max_to_keep is not None and (
+            isinstance(max_to_keep, bool) or not isinstance(max_to_keep, int) or max_to_keep < 1
+        ):
+            raise ValueError(f"max_to_keep must be an int >= 1 or None, got {max_to_keep!r}")
+        self.directory = Path(directory).absolute()
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.max_to_keep = max_to_keep
+
+    def steps(self) -> list[int]:
+        """The complete checkpoints' steps, ascending (unfinished writes are skipped)."""
+        out = []
+        for p in self.directory.iterdir():
+            if p.is_dir() and p.name.isdigit() and (p / _META / "metadata").is_file():
+                out.append(int(p.name))
+        return sorted(out)
+
+    def latest_step(self) -> int | None:
+        """The newest complete checkpoint's step (``None``: none yet)."""
+        steps = self.steps()
+        return steps[-1] if steps else None
+
+    def path(self, step: int) -> Path:
+        """The directory of checkpoint ``step``."""
+        return self.directory / str(int(step))
+
+    def save(self, step: int, write: Callable[[Path], Any]) -> Path:
+        """Writes checkpoint ``step`` with ``write(path)`` (e.g.
+        ``lambda p: sampler.save(p, params=params)`` or
+        ``lambda p: js.checkpoint.save(p, tree)``), then deletes the oldest beyond
+        :attr:`max_to_keep`. Returns its path.
+
+        Raises:
+            FileExistsError: checkpoint ``step`` exists.
+        """
+        if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or step < 0:
+            raise ValueError(f"step must be an int >= 0, got {step!r}")
+        path = self.path(step)
+        write(path)
+        if self.max_to_keep is not None:
+            for old in self.steps()[: -self.max_to_keep]:
+                shutil.rmtree(self.path(old), ignore_errors=True)
+        return path
