@@ -110,3 +110,27 @@ def test_callback_advances_by_each_calls_env_steps(no_quiet_env):
     assert f"{seen[-1]}/42" in buf.getvalue()
     with pytest.raises(ValueError, match="count"):
         ProgressCallback(bar, count="episodes")
+
+
+BENCH = ["bench", "--widths", "1,2", "--rollout-length", "3", "--repeats", "2", "--devices", "1"]
+
+
+def test_bench_quiet_prints_only_the_table(capsys):
+    from jaxsampler import cli
+
+    assert cli.main([*BENCH, "--quiet"]) == 0
+    out = capsys.readouterr()
+    assert out.err == "" and "actions/s" in out.out
+
+
+def test_bench_draws_a_bar_on_a_terminal(monkeypatch, capsys, no_quiet_env):
+    from jaxsampler import cli
+
+    tty = TTY()
+    monkeypatch.setattr("sys.stderr", tty)
+    assert cli.main(BENCH) == 0
+    err = tty.getvalue()
+    # 2 widths x (1 compiling + 2 timed calls), counted as they complete
+    assert "bench" in err and "6/6" in err and "call/s" in err and "width=2" in err
+    assert "[2/2] width 2" in err  # the per-width lines are written above the bar
+    assert "actions/s" in capsys.readouterr().out
