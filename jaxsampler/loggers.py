@@ -13,7 +13,9 @@ step of the caller's choosing. All loggers run on the host, outside jitted code.
   (``pip install -e ".[tensorboard]"``).
 * :class:`WandbLogger`: a W&B run (``pip install wandb``; not a jaxsampler dependency).
 * :class:`MultiLogger` fans out to several; :class:`NullLogger` drops everything;
-  :func:`make_logger` builds one from a command-line choice.
+  :func:`make_logger` builds one from a command-line choice
+  (:func:`add_arguments` / :func:`from_arguments`: a script's ``--log-dir``,
+  ``--logger``, ``--quiet`` flags).
 
 A call that compiled (``report.num_compiles > 0``) is also noted as a *compile event*:
 kept in :attr:`Logger.compile_events` and written by each logger in its own way (a
@@ -22,6 +24,7 @@ kept in :attr:`Logger.compile_events` and written by each logger in its own way 
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 import math
@@ -47,6 +50,8 @@ __all__ = [
     "TensorBoardLogger",
     "WandbLogger",
     "check_scalars",
+    "add_arguments",
+    "from_arguments",
     "make_logger",
     "read_jsonl",
 ]
@@ -436,3 +441,41 @@ def make_logger(kind: str, log_dir: str | os.PathLike[str] | None = None, **kwar
     if kind == "jsonl":
         return JsonlLogger(Path(log_dir) / JSONL_FILENAME, **kwargs)
     return TensorBoardLogger(log_dir, **kwargs)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Adds a training script's logging flags: ``--log-dir DIR``, ``--logger KIND``
+    (default ``jsonl`` when ``--log-dir`` is given, else ``none``) and ``--quiet`` (no
+    progress bar; see :func:`jaxsampler.progress.is_quiet`). Read them back with
+    :func:`from_arguments`."""
+    g = parser.add_argument_group("logging")
+    g.add_argument(
+        "--log-dir",
+        type=Path,
+        default=None,
+        help=f"write per-update scalars here ({JSONL_FILENAME} with --logger jsonl)",
+    )
+    g.add_argument(
+        "--logger",
+        choices=LOGGER_KINDS,
+        default=None,
+        help="where scalars go (default: jsonl if --log-dir is given, else none)",
+    )
+    g.add_argument(
+        "--quiet",
+        action="store_true",
+        default=None,
+        help="no progress bar (also off when stderr is not a terminal, or CI / "
+        "JAXSAMPLER_QUIET is set)",
+    )
+
+
+def from_arguments(args: argparse.Namespace, **kwargs: Any) -> Logger:
+    """The logger the flags of :func:`add_arguments` ask for (``kwargs`` go to
+    :func:`make_logger`).
+
+    Raises:
+        ValueError: ``--logger jsonl`` / ``tensorboard`` without ``--log-dir``.
+    """
+    kind = args.logger or ("jsonl" if args.log_dir is not None else "none")
+    return make_logger(kind, args.log_dir, **kwargs)

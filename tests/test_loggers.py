@@ -365,3 +365,23 @@ def test_sampler_refuses_callbacks_without_on_sample_end():
         js.Sampler(env, pol, num_envs=2, rollout_length=4, callbacks=print)
     # a Logger is accepted as a callback, alone or in a list
     js.Sampler(env, pol, num_envs=2, rollout_length=4, callbacks=loggers.NullLogger())
+
+
+def test_command_line_flags(tmp_path):
+    import argparse
+
+    p = argparse.ArgumentParser()
+    loggers.add_arguments(p)
+    a = p.parse_args([])
+    assert a.log_dir is None and a.logger is None and a.quiet is None  # quiet: automatic
+    assert isinstance(loggers.from_arguments(a), loggers.NullLogger)
+    a = p.parse_args(["--log-dir", str(tmp_path), "--quiet"])
+    assert a.quiet is True
+    with loggers.from_arguments(a) as lg:
+        assert isinstance(lg, loggers.JsonlLogger) and lg.path == tmp_path / "metrics.jsonl"
+    a = p.parse_args(["--logger", "none", "--log-dir", str(tmp_path)])
+    assert isinstance(loggers.from_arguments(a), loggers.NullLogger)
+    with pytest.raises(ValueError, match="--log-dir"):
+        loggers.from_arguments(p.parse_args(["--logger", "tensorboard"]))
+    with pytest.raises(SystemExit):
+        p.parse_args(["--logger", "csv"])
