@@ -15,7 +15,8 @@ step of the caller's choosing. All loggers run on the host, outside jitted code.
 * :class:`MultiLogger` fans out to several; :class:`NullLogger` drops everything;
   :func:`make_logger` builds one from a command-line choice
   (:func:`add_arguments` / :func:`from_arguments`: a script's ``--log-dir``,
-  ``--logger``, ``--quiet`` flags).
+  ``--logger``, ``--quiet`` flags); :func:`log_history` writes the per-update metrics a
+  jitted ``lax.scan`` training loop returns.
 
 A call that compiled (``report.num_compiles > 0``) is also noted as a *compile event*:
 kept in :attr:`Logger.compile_events` and written by each logger in its own way (a
@@ -52,6 +53,7 @@ __all__ = [
     "check_scalars",
     "add_arguments",
     "from_arguments",
+    "log_history",
     "make_logger",
     "read_jsonl",
 ]
@@ -479,3 +481,46 @@ def from_arguments(args: argparse.Namespace, **kwargs: Any) -> Logger:
     """
     kind = args.logger or ("jsonl" if args.log_dir is not None else "none")
     return make_logger(kind, args.log_dir, **kwargs)
+
+
+def log_history(
+    logger: Logger,
+    history: Mapping[str, Any],
+    *,
+    steps_per_update: int,
+    start_step: int = 0,
+    final: Mapping[str, Any] | None = None,
+) -> int:
+    """Logs the per-update metrics of a training loop run as one jitted ``lax.scan``
+    (which returns them stacked): one :meth:`Logger.log` call per update ``u``, at step
+    ``start_step + (u + 1) * steps_per_update``, holding ``history[name][u]`` for every
+    name whose value there is finite (an update without a finished episode has no mean
+    return: it is left out of that line, not written as 0).
+
+    Args:
+        logger: where the lines go.
+        history: name -> values ``[num_updates]`` (numpy or jax arrays, lists), all of
+            one length.
+        steps_per_update: env steps per update (e.g. ``num_envs * rollout_length``).
+        start_step: the step before the first update.
+        final: scalars added to the last update's line (e.g. throughput, final return).
+
+    Returns:
+        The number of lines written (``num_updates``).
+
+    Raises:
+        ValueError: histories of different lengths, or not one-dimensional.
+    """
+    import numpy as np
+
+    cols = {k: np.asarray(v, dtype=np.float64) for k, v in history.items()}
+    lengths = {k: v.shape for k, v in cols.items()}
+    if any(len(shape) != 1 for shape in lengths.values()) or len(set(lengths.values())) > 1:
+        raise ValueError(f"history needs 1-d values of one length, got shapes {lengths}")
+    n = next(iter(lengths.values()))[0] if cols else 0
+    for u in range(n):
+        line = {k: float(v[u]) for k, v in cols.items() if np.isfinite(v[u])}
+        if u == n - 1 and final:
+            line.update(final)
+        logger.log(line, step=start_step + (u + 1) * steps_per_update)
+    return n

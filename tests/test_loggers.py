@@ -385,3 +385,24 @@ def test_command_line_flags(tmp_path):
         loggers.from_arguments(p.parse_args(["--logger", "tensorboard"]))
     with pytest.raises(SystemExit):
         p.parse_args(["--logger", "csv"])
+
+
+def test_log_history_writes_one_line_per_update(tmp_path):
+    ret = np.array([np.nan, 10.0, np.nan, 30.0], np.float32)
+    with loggers.JsonlLogger(tmp_path / "h.jsonl") as lg:
+        n = loggers.log_history(
+            lg,
+            {"ret": ret, "eps": jnp.array([0, 2, 0, 1])},
+            steps_per_update=8,
+            start_step=100,
+            final={"env_steps_per_s": 5.0},
+        )
+    lines = loggers.read_jsonl(tmp_path / "h.jsonl")
+    assert n == 4 == len(lines)
+    assert [x["step"] for x in lines] == [108, 116, 124, 132]
+    assert ["ret" in x for x in lines] == [False, True, False, True]
+    assert lines[1]["ret"] == 10.0 and lines[3]["ret"] == 30.0
+    assert [x["eps"] for x in lines] == [0, 2, 0, 1]
+    assert lines[3]["env_steps_per_s"] == 5.0 and "env_steps_per_s" not in lines[2]
+    with pytest.raises(ValueError, match="one length"):
+        loggers.log_history(lg, {"a": [1, 2], "b": [1]}, steps_per_update=1)
