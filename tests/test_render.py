@@ -19,32 +19,79 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxsampler.envs import CartPole
+from jaxsampler.envs import (
+    Acrobot,
+    CartPole,
+    MountainCar,
+    MountainCarContinuous,
+    Pendulum,
+    Spread,
+)
 from jaxsampler.envs import render as draw
+from jaxsampler.envs.acrobot import AcrobotState
 from jaxsampler.envs.base import Env
+from jaxsampler.envs.cartpole import CartPoleState
+from jaxsampler.envs.goals import Goals, GoalsState
+from jaxsampler.envs.mountain_car import MountainCarState
+from jaxsampler.envs.pendulum import PendulumState
+from jaxsampler.envs.procmaze import ProcMaze, ProcMazeState
+from jaxsampler.envs.spread import SpreadState
+from jaxsampler.envs.tictactoe import TicTacToe, TicTacToeState
 from tests.fakes import FakeEnv
 
-RENDERING = [CartPole()]
+RENDERING = [
+    CartPole(),
+    Pendulum(),
+    Acrobot(),
+    MountainCar(),
+    MountainCarContinuous(),
+    Spread(),
+    Goals(),
+    TicTacToe(),
+    ProcMaze(size=4),
+]
 
 
 def _ids(envs: list[Env]) -> list[str]:
     return [type(e).__name__ for e in envs]
 
 
-@jax.jit(static_argnums=0)
-def _states(env: Env, key: jax.Array) -> Any:
-    """Three different states of ``env`` (a batch: leading axis 3): reset, then two steps
-    with random actions."""
-    k_reset, k_act, k_step = jax.random.split(key, 3)
-    params = env.default_params
-    states, _ = jax.vmap(env.reset, in_axes=(0, None))(jax.random.split(k_reset, 3), params)
-    for i in range(2):
-        ka, ks = jax.random.fold_in(k_act, i), jax.random.fold_in(k_step, i)
-        actions = env.action_space.sample_batch(ka, (3, env.num_agents))
-        states, _ = jax.vmap(env.step, in_axes=(0, 0, 0, None))(
-            jax.random.split(ks, 3), states, actions, params
-        )
-    return states
+def _states(env: Env, seed: int, n: int = 3) -> Any:
+    """``n`` random states of ``env`` (leaves with a leading axis ``n``), built in NumPy
+    from the env's state class (no env code runs, so nothing compiles here)."""
+    rng = np.random.default_rng(seed)
+
+    def u(lo: float, hi: float, *shape: int) -> jax.Array:
+        return jnp.asarray(rng.uniform(lo, hi, (n, *shape)), jnp.float32)
+
+    time = jnp.asarray(rng.integers(0, 9, n), jnp.int32)
+    if isinstance(env, CartPole):
+        return CartPoleState(u(-2.4, 2.4), u(-1, 1), u(-math.pi, math.pi), u(-1, 1), time)
+    if isinstance(env, Pendulum):
+        return PendulumState(u(-math.pi, math.pi), u(-8, 8), time)
+    if isinstance(env, Acrobot):
+        return AcrobotState(u(-math.pi, math.pi), u(-math.pi, math.pi), u(-1, 1), u(-1, 1), time)
+    if isinstance(env, (MountainCar, MountainCarContinuous)):
+        return MountainCarState(u(-1.2, 0.6), u(-0.07, 0.07), time)
+    if isinstance(env, Spread):
+        k = env.n
+        return SpreadState(u(-1.5, 1.5, k, 2), u(-1, 1, k, 2), u(-1.5, 1.5, k, 2), time)
+    if isinstance(env, Goals):
+        k = env.n
+        done = jnp.asarray(rng.random((n, k)) < 0.5)
+        obs = jnp.zeros((n, k, 2 * k + 2), jnp.float32)
+        return GoalsState(u(-1, 1, k, 2), u(-1, 1, k, 2), obs, done, jnp.zeros_like(done), time)
+    if isinstance(env, TicTacToe):
+        board = jnp.asarray(rng.integers(0, 3, (n, 9)), jnp.int32)
+        over = jnp.asarray(rng.random((n, 2)) < 0.5)
+        return TicTacToeState(board, time % 2, over, jnp.zeros((n, 2), bool), time)
+    if isinstance(env, ProcMaze):
+        g = 2 * env.size + 1
+        walls = jnp.asarray(rng.random((n, g, g)) < 0.4)
+        pos = jnp.asarray(rng.integers(0, env.size, (n, 2)) * 2 + 1, jnp.int32)
+        goal = jnp.asarray(rng.integers(0, env.size, (n, 2)) * 2 + 1, jnp.int32)
+        return ProcMazeState(walls, pos, goal, time)
+    raise AssertionError(f"no state builder for {env.name}")
 
 
 def _row(states: Any, i: int) -> Any:
@@ -64,7 +111,7 @@ def test_render_contract(env: Env) -> None:
     """dtype, shape, jit == eager, vmap == per state, one trace for all states."""
     assert env.can_render
     params = env.default_params
-    states = _states(env, jax.random.key(1))
+    states = _states(env, 1)
 
     def render(state: Any, params: Any) -> jax.Array:
         return env.render(state, params)
@@ -77,12 +124,20 @@ def test_render_contract(env: Env) -> None:
         assert f.dtype == np.uint8
         assert f.shape == (h, w, 3)
     assert any(not np.array_equal(frames[0], f) for f in frames[1:]), "states look alike"
-    eager = np.asarray(env.render(_row(states, 0), params))
-    np.testing.assert_array_equal(eager, frames[0])
     batched = np.asarray(jax.jit(jax.vmap(env.render, in_axes=(0, None)))(states, params))
     assert batched.shape == (3, h, w, 3) and batched.dtype == np.uint8
     np.testing.assert_array_equal(batched, np.stack(frames))
     chex.clear_trace_counter()
+
+
+@pytest.mark.parametrize("env", [CartPole()], ids=["CartPole"])
+def test_render_without_jit_equals_jit(env: Env) -> None:
+    """Eager (op by op) and jitted renders agree pixel for pixel. One env only: an eager
+    render compiles every op on its own, which takes seconds."""
+    params = env.default_params
+    state = _row(_states(env, 2), 1)
+    eager = np.asarray(env.render(state, params))
+    np.testing.assert_array_equal(eager, np.asarray(jax.jit(env.render)(state, params)))
 
 
 def test_no_render_raises() -> None:
@@ -111,36 +166,74 @@ def test_render_shape_default_traces_render() -> None:
 # ----------------------------------------------------------------------------- primitives
 
 
+@jax.jit
+def _primitive_masks() -> dict[str, jax.Array]:
+    shape = (20, 30)
+    rect = draw.rect_mask(shape, 3.2, 4.0, 11.7, 9.5)
+    return {
+        "rect": rect,
+        "disc": draw.circle_mask(shape, 15.0, 10.0, 4.3),
+        "ring": draw.ring_mask(shape, 15.0, 10.0, 6.2, 2.0),
+        "box90": draw.box_mask(shape, 15.2, 10.3, 8.0, 3.0, math.pi / 2),
+        "box45": draw.box_mask(shape, 15.2, 10.3, 10.0, 6.0, math.pi / 4),
+        "segment": draw.segment_mask(shape, 2.0, 3.0, 25.0, 15.0, 3.0),
+        "triangle": draw.triangle_mask(shape, (0.0, 0.0), (20.0, 0.0), (0.0, 20.0)),
+        "painted": draw.paint(draw.canvas(shape, draw.WHITE), rect, draw.RED),
+        "circles": draw.paint_circles(
+            draw.canvas(shape, draw.WHITE),
+            jnp.array([8.0, 12.0]),
+            jnp.array([10.0, 10.0]),
+            jnp.array([5.0, 3.0]),
+            np.array([draw.RED, draw.BLUE], np.uint8),
+        ),
+        "cells": draw.cells_image(
+            jnp.array([[0, 1], [2, 0]]), np.array([draw.WHITE, draw.BLACK, draw.RED], np.uint8), 3
+        ),
+    }
+
+
 def test_primitives_cover_pixel_centers() -> None:
     """Each mask contains exactly the pixels whose centers lie in the shape (NumPy)."""
-    shape = (20, 30)
+    m = {k: np.asarray(v) for k, v in _primitive_masks().items()}
     xs, ys = np.meshgrid(np.arange(30) + 0.5, np.arange(20) + 0.5)
-    rect = np.asarray(draw.rect_mask(shape, 3.2, 4.0, 11.7, 9.5))
-    np.testing.assert_array_equal(rect, (xs >= 3.2) & (xs <= 11.7) & (ys >= 4.0) & (ys <= 9.5))
-    disc = np.asarray(draw.circle_mask(shape, 15.0, 10.0, 4.3))
-    np.testing.assert_array_equal(disc, (xs - 15.0) ** 2 + (ys - 10.0) ** 2 <= 4.3**2)
+    rect = (xs >= 3.2) & (xs <= 11.7) & (ys >= 4.0) & (ys <= 9.5)
+    np.testing.assert_array_equal(m["rect"], rect)
+    d2 = (xs - 15.0) ** 2 + (ys - 10.0) ** 2
+    np.testing.assert_array_equal(m["disc"], d2 <= 4.3**2)
+    np.testing.assert_array_equal(m["ring"], (d2 <= 6.2**2) & (d2 >= 4.2**2))
     # A box rotated by 90 degrees is the transposed box.
-    box = np.asarray(draw.box_mask(shape, 15.2, 10.3, 8.0, 3.0, math.pi / 2))
-    np.testing.assert_array_equal(box, (np.abs(xs - 15.2) <= 1.5) & (np.abs(ys - 10.3) <= 4.0))
+    np.testing.assert_array_equal(
+        m["box90"], (np.abs(xs - 15.2) <= 1.5) & (np.abs(ys - 10.3) <= 4.0)
+    )
     # At 45 degrees it covers about its area (10 x 6 = 60 px), centered where asked.
-    tilted = np.asarray(draw.box_mask(shape, 15.2, 10.3, 10.0, 6.0, math.pi / 4))
+    tilted = m["box45"]
     assert abs(tilted.sum() - 60) <= 6
     np.testing.assert_allclose([xs[tilted].mean(), ys[tilted].mean()], [15.2, 10.3], atol=0.3)
     # Clockwise on screen (y down): the long axis runs from upper left to lower right.
     assert tilted[int(10.3 + 3), int(15.2 + 3)] and not tilted[int(10.3 - 3), int(15.2 + 3)]
     # A capsule: distance to the segment at most width / 2.
-    seg = np.asarray(draw.segment_mask(shape, 2.0, 3.0, 25.0, 15.0, 3.0))
     a, b = np.array([2.0, 3.0]), np.array([25.0, 15.0])
     p = np.stack([xs, ys], -1)
     t = np.clip(((p - a) @ (b - a)) / np.dot(b - a, b - a), 0, 1)
     dist = np.linalg.norm(p - (a + t[..., None] * (b - a)), axis=-1)
-    assert np.sum(seg != (dist <= 1.5)) <= 2
-    tri = np.asarray(draw.triangle_mask(shape, (0.0, 0.0), (20.0, 0.0), (0.0, 20.0)))
-    np.testing.assert_array_equal(tri, xs + ys <= 20.0)
-    img = draw.paint(draw.canvas(shape, draw.WHITE), jnp.asarray(rect), draw.RED)
-    assert img.dtype == jnp.uint8
-    np.testing.assert_array_equal(_colored(np.asarray(img), draw.RED), rect)
-    np.testing.assert_array_equal(_colored(np.asarray(img), draw.WHITE), ~rect)
+    assert np.sum(m["segment"] != (dist <= 1.5)) <= 2  # float rounding on the edge only
+    np.testing.assert_array_equal(m["triangle"], xs + ys <= 20.0)
+    assert m["painted"].dtype == np.uint8
+    np.testing.assert_array_equal(_colored(m["painted"], draw.RED), rect)
+    np.testing.assert_array_equal(_colored(m["painted"], draw.WHITE), ~rect)
+    # The later disc shows where two overlap.
+    first = (xs - 8.0) ** 2 + (ys - 10.0) ** 2 <= 25.0
+    second = (xs - 12.0) ** 2 + (ys - 10.0) ** 2 <= 9.0
+    np.testing.assert_array_equal(_colored(m["circles"], draw.BLUE), second)
+    np.testing.assert_array_equal(_colored(m["circles"], draw.RED), first & ~second)
+    cells = m["cells"]
+    assert cells.shape == (6, 6, 3)
+    np.testing.assert_array_equal(
+        _colored(cells, draw.BLACK), np.kron([[0, 1], [0, 0]], np.ones((3, 3))) > 0
+    )
+    np.testing.assert_array_equal(
+        _colored(cells, draw.RED), np.kron([[0, 0], [1, 0]], np.ones((3, 3))) > 0
+    )
 
 
 def test_viewport_maps_world_to_pixels() -> None:
