@@ -300,3 +300,201 @@ def test_cartpole_pole_points_along_theta() -> None:
     # theta = 0: the pole rises straight above the axle.
     r, c = np.nonzero(_colored(frames[2], (202, 152, 101)))
     assert r.min() < 150 - 15 / 4 - pole_len + 1
+
+
+# ----------------------------------------------------------------------------- others
+
+
+def _render_batch(env: Env, states: Any) -> np.ndarray:
+    return np.asarray(jax.jit(jax.vmap(env.render, in_axes=(0, None)))(states, env.default_params))
+
+
+def _wrap(a: float) -> float:
+    return (a + math.pi) % (2 * math.pi) - math.pi
+
+
+def test_pendulum_rod_end_at_theta() -> None:
+    """The rod points from the pivot at angle ``theta`` (0 up, counter-clockwise) and
+    reaches one unit (``200 / 4.4`` px) plus its round end."""
+    thetas = [-2.5, -1.0, 0.0, 0.6, 1.7, 3.0, 7.0]  # 7.0: the stored angle is not wrapped
+    n = len(thetas)
+    states = PendulumState(
+        jnp.asarray(thetas, jnp.float32), jnp.zeros(n, jnp.float32), jnp.zeros(n, jnp.int32)
+    )
+    frames = _render_batch(Pendulum(), states)
+    length, half_width = 200 / 4.4, 0.1 * 200 / 4.4
+    for theta, f in zip(thetas, frames, strict=True):
+        r, c = np.nonzero(_colored(f, (204, 77, 77)))
+        dx, dy = c + 0.5 - 100.0, r + 0.5 - 100.0
+        # The rod's pixel centroid lies on its axis (about half way out); half a pixel
+        # of error there is an angle of 0.5 / (length / 2).
+        angle = math.atan2(-dx.mean(), -dy.mean())
+        assert abs(_wrap(angle - theta)) <= 0.5 / (length / 2), (theta, angle)
+        assert abs(np.sqrt(dx**2 + dy**2).max() - (length + half_width)) <= 1.0
+        assert _colored(f, (0, 0, 0))[99:101, 99:101].all()  # the pivot
+
+
+def test_acrobot_joint_and_tip_follow_angles() -> None:
+    """The middle joint sits at ``l1 (sin t1, -cos t1)`` and the second link reaches
+    ``l2`` further along ``t1 + t2`` (world ``y`` up, 200 / 4.4 px per unit)."""
+    t1 = [0.0, 0.7, -1.2, 2.5, -3.0]
+    t2 = [0.0, -1.0, 1.3, 0.4, -0.8]
+    n = len(t1)
+    zeros = jnp.zeros(n, jnp.float32)
+    states = AcrobotState(
+        jnp.asarray(t1, jnp.float32),
+        jnp.asarray(t2, jnp.float32),
+        zeros,
+        zeros,
+        jnp.zeros(n, jnp.int32),
+    )
+    frames = _render_batch(Acrobot(), states)
+    scale = 200 / 4.4
+    for a, b, f in zip(t1, t2, frames, strict=True):
+        p1 = np.array([100 + scale * math.sin(a), 100 + scale * math.cos(a)])
+        r, c = np.nonzero(_colored(f, (204, 204, 0)))
+        pts = np.stack([c + 0.5, r + 0.5], -1)
+        mid = pts[np.linalg.norm(pts - 100.0, axis=-1) > 0.5 * scale]  # not the fixed joint
+        np.testing.assert_allclose(mid.mean(axis=0), p1, atol=0.5)
+        r, c = np.nonzero(_colored(f, (0, 204, 204)))
+        links = np.stack([c + 0.5, r + 0.5], -1)
+        d2 = np.array([math.sin(a + b), math.cos(a + b)])  # link 2's direction on screen
+        reach = ((links - p1) @ d2).max()
+        assert abs(reach - (scale + 0.05 * scale)) <= 1.0, (a, b, reach)
+
+
+@pytest.mark.parametrize("env", [MountainCar(), MountainCarContinuous()], ids=["d", "c"])
+def test_mountain_car_car_and_flag(env: Env) -> None:
+    """The car's pixel centroid is at the documented point above the curve; the flag's
+    pennant starts at the goal's column (0.5 for MountainCar, 0.45 for the continuous)."""
+    xs = [-1.1, -0.7, -0.52, -0.2, 0.1, 0.4]
+    n = len(xs)
+    zeros = jnp.zeros(n, jnp.float32)
+    states = MountainCarState(jnp.asarray(xs, jnp.float32), zeros, jnp.zeros(n, jnp.int32))
+    frames = _render_batch(env, states)
+    params = env.default_params
+    scale = 300 / (params.max_position - params.min_position)
+    for x, f in zip(xs, frames, strict=True):
+        alpha = math.atan(1.35 * math.cos(3 * x))
+        height = 0.45 * math.sin(3 * x) + 0.55
+        expected = [
+            (x - params.min_position) * scale - 10 * math.sin(alpha),
+            200 - height * scale - 10 * math.cos(alpha),
+        ]
+        r, c = np.nonzero(_colored(f, (0, 0, 0)))
+        assert 180 <= r.size <= 220  # the 20 x 10 body, whole
+        np.testing.assert_allclose([c.mean() + 0.5, r.mean() + 0.5], expected, atol=0.5)
+        _, c = np.nonzero(_colored(f, (204, 204, 0)))
+        goal_col = (params.goal_position - params.min_position) * scale
+        assert goal_col + 1.0 <= c.min() + 0.5 <= goal_col + 2.0
+        assert c.max() + 0.5 <= goal_col + 1.0 + 12.0
+
+
+def test_spread_circles_at_positions() -> None:
+    """Agent ``i``'s disc (color ``AGENT_COLORS[i]``) is centered at its position, each
+    landmark's dark gray disc at its own (view ``[-2, 2]^2``, 50 px per unit)."""
+    env = Spread(n=3)
+    pos = np.array(
+        [[[-1.2, 0.9], [0.3, -0.4], [1.5, 1.1]], [[0.0, 0.0], [-1.8, -1.7], [0.8, -1.3]]]
+    )
+    lms = np.array([[[0.9, 0.2], [-0.5, -1.4], [-1.5, 1.6]], [[1.2, 1.2], [-1.0, 0.7], [0.1, 1.0]]])
+    states = SpreadState(
+        jnp.asarray(pos, jnp.float32),
+        jnp.zeros_like(jnp.asarray(pos, jnp.float32)),
+        jnp.asarray(lms, jnp.float32),
+        jnp.zeros(2, jnp.int32),
+    )
+    frames = _render_batch(env, states)
+    radius = env.default_params.agent_radius * 50
+    for f, ps, ls in zip(frames, pos, lms, strict=True):
+        for i, (x, y) in enumerate(ps):
+            r, c = np.nonzero(_colored(f, draw.AGENT_COLORS[i]))
+            np.testing.assert_allclose(
+                [c.mean() + 0.5, r.mean() + 0.5], [(x + 2) * 50, (2 - y) * 50], atol=0.25
+            )
+            assert abs(r.size - math.pi * radius**2) <= 2 * math.pi * radius  # a whole disc
+        gray = _colored(f, draw.DARK_GRAY)
+        r, c = np.nonzero(gray)
+        pts = np.stack([c + 0.5, r + 0.5], -1)
+        centers = np.stack([(ls[:, 0] + 2) * 50, (2 - ls[:, 1]) * 50], -1)
+        nearest = np.argmin(np.linalg.norm(pts[:, None] - centers[None], axis=-1), axis=1)
+        for k in range(3):
+            np.testing.assert_allclose(pts[nearest == k].mean(axis=0), centers[k], atol=0.25)
+            assert np.linalg.norm(pts[nearest == k] - centers[k], axis=-1).max() <= 3.0
+
+
+def test_goals_agents_rings_and_done_dots() -> None:
+    """Agents' discs at their positions, goal rings of the same color around the goals,
+    a black dot on exactly the agents that are done (view ``[-1.1, 1.1]^2``)."""
+    env = Goals(n=3)
+    pos = np.array([[-0.7, 0.6], [0.2, -0.3], [0.8, 0.9]], np.float32)
+    goals = np.array([[0.5, 0.5], [-0.6, -0.7], [-0.1, 0.8]], np.float32)
+    done = np.array([True, False, True])
+    state = GoalsState(
+        jnp.asarray(pos),
+        jnp.asarray(goals),
+        jnp.zeros((3, 8), jnp.float32),
+        jnp.asarray(done),
+        jnp.zeros(3, bool),
+        jnp.zeros((), jnp.int32),
+    )
+    frame = np.asarray(jax.jit(env.render)(state, env.default_params))
+    scale = 200 / 2.2
+    ring_r = 0.1 * scale  # goal_radius, 2 px thick
+
+    def px(p: np.ndarray) -> np.ndarray:
+        return np.array([(p[0] + 1.1) * scale, (1.1 - p[1]) * scale])
+
+    black = _colored(frame, (0, 0, 0))
+    for i in range(3):
+        r, c = np.nonzero(_colored(frame, draw.AGENT_COLORS[i]))
+        pts = np.stack([c + 0.5, r + 0.5], -1)
+        d_agent = np.linalg.norm(pts - px(pos[i]), axis=-1)
+        d_goal = np.linalg.norm(pts - px(goals[i]), axis=-1)
+        disc, ring = d_agent[d_agent <= 5.0], d_goal[d_goal <= ring_r + 1e-3]
+        assert abs(disc.size - math.pi * 25) <= 10 * math.pi  # the whole disc of radius 5
+        assert np.all((d_agent <= 5.0 + 1e-3) | (d_goal <= ring_r + 1e-3))  # nothing else
+        assert ring.size > 2 * math.pi * ring_r and ring.min() >= ring_r - 2.0 - 1e-3  # hollow
+        ci, cj = np.floor(px(pos[i])[::-1]).astype(int)
+        assert black[ci - 1 : ci + 1, cj - 1 : cj + 1].any() == done[i]
+
+
+def test_tictactoe_marks_match_board() -> None:
+    """Each 40 px cell shows a red X for 1, a blue O for 2, nothing for 0; the
+    background turns light gray once the game is over."""
+    env = TicTacToe()
+    states = _states(env, 5, n=4)
+    frames = _render_batch(env, states)
+    for i, f in enumerate(frames):
+        board = np.asarray(states.board[i])
+        for cell in range(9):
+            block = f[
+                40 * (cell // 3) : 40 * (cell // 3 + 1), 40 * (cell % 3) : 40 * (cell % 3 + 1)
+            ]
+            red, blue = _colored(block, draw.RED).sum(), _colored(block, draw.BLUE).sum()
+            assert (red > 50, blue > 50) == (board[cell] == 1, board[cell] == 2)
+            assert (red == 0) == (board[cell] != 1) and (blue == 0) == (board[cell] != 2)
+        over = bool(np.any(np.asarray(states.terminated[i])))
+        assert _colored(f[2:5, 2:5], draw.LIGHT_GRAY).all() == over
+        assert _colored(f[2:5, 2:5], draw.WHITE).all() == (not over)
+
+
+def test_procmaze_cells_match_layout() -> None:
+    """Every grid square is one ``k x k`` block: wall / free / goal / agent colors."""
+    env = ProcMaze(size=4)
+    states = _states(env, 7, n=3)
+    states = states.replace(goal=states.goal.at[2].set(states.pos[2]))  # agent on the goal
+    frames = _render_batch(env, states)
+    k = env.render_cell_px
+    assert k == 128 // 9
+    g = 2 * env.size + 1
+    # Free white, wall dark gray, goal green, agent red (as documented).
+    palette = np.array([(255, 255, 255), (60, 60, 60), (40, 170, 60), (220, 40, 40)], np.uint8)
+    assert frames.shape[1:3] == (g * k, g * k) == env.render_shape
+    for i, f in enumerate(frames):
+        codes = np.asarray(states.walls[i]).astype(int)
+        gr, gc = np.asarray(states.goal[i])
+        codes[gr, gc] = 2
+        ar, ac = np.asarray(states.pos[i])
+        codes[ar, ac] = 3
+        np.testing.assert_array_equal(f, np.kron(palette[codes], np.ones((k, k, 1), np.uint8)))

@@ -31,6 +31,7 @@ __all__ = ["MountainCar", "MountainCarParams", "MountainCarState", "render_valle
 RENDER_SHAPE = (200, 300)
 _GROUND_COLOR: draw.Color = (222, 205, 160)
 _CAR_COLOR: draw.Color = (0, 0, 0)
+_LINE_COLOR: draw.Color = draw.DARK_GRAY
 _WHEEL_COLOR: draw.Color = (128, 128, 128)
 _FLAG_COLOR: draw.Color = (204, 204, 0)
 _CAR_W, _CAR_H, _CLEARANCE, _WHEEL_R = 20.0, 10.0, 5.0, 4.0
@@ -137,15 +138,16 @@ def render_valley(state: MountainCarState, params: Any) -> jax.Array:
     """The valley, the car and the goal flag: ``uint8[200, 300, 3]``. Pure; jit/vmap-safe.
 
     Geometry (pixel coordinates, ``y`` down): the view spans ``[min_position,
-    max_position]`` across the 300 columns, ``scale = 300 / (max_position -
+    max_position]`` across the 300 columns at ``scale = 300 / (max_position -
     min_position)`` px per unit (166.7 by default) on both axes, world height 0 at the
-    bottom row. The ground below the curve ``valley_height(x)`` is sand colored. The car
-    is a black ``20 x 10`` px box tilted to the slope angle
+    bottom edge. The ground below the curve ``valley_height(x)`` (a dark gray line) is
+    sand colored. The car is a black ``20 x 10`` px box tilted to the slope angle
     ``alpha = atan(1.35 cos(3 x))``, its center ``5 + 10 / 2`` px above the curve point
-    of ``x`` along the curve's normal, i.e. at column
-    ``(x - min_position) * scale - 10 * sin(alpha)``; two gray wheels sit under it. The
-    flag (black pole 2 px wide, yellow pennant pointing right) stands ``25`` px tall on the curve
-    at ``goal_position``.
+    of ``x`` along the curve's normal, i.e. at
+    ``((x - min_position) * scale - 10 sin(alpha), H - valley_height(x) * scale -
+    10 cos(alpha))``; two gray wheels sit under it. The flag (a dark gray pole 2 px
+    wide, a yellow pennant pointing right) stands 25 px tall on the curve at
+    ``goal_position``.
 
     Args:
         state: a :class:`MountainCarState` (one env).
@@ -159,13 +161,13 @@ def render_valley(state: MountainCarState, params: Any) -> jax.Array:
     _, curve_y = view.to_pixel(cols, valley_height(cols))
     img = draw.canvas(shape, draw.WHITE)
     img = draw.paint(img, draw.below_curve_mask(shape, curve_y), _GROUND_COLOR)
-    img = draw.paint(img, draw.curve_mask(shape, curve_y, 1.5), draw.BLACK)
+    img = draw.paint(img, draw.curve_mask(shape, curve_y, 1.5), _LINE_COLOR)
 
     # Flag.
     gx, gy = view.to_pixel(params.goal_position, valley_height(params.goal_position))
     top = gy - _FLAG_POLE
     pole = draw.rect_mask(shape, gx - 1.0, top, gx + 1.0, gy)
-    img = draw.paint(img, pole, draw.BLACK)
+    img = draw.paint(img, pole, _LINE_COLOR)
     pennant = draw.triangle_mask(
         shape, (gx + 1.0, top), (gx + 1.0, top + _FLAG_H), (gx + 1.0 + _FLAG_W, top + _FLAG_H / 2)
     )
