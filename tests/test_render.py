@@ -179,6 +179,16 @@ def _primitive_masks() -> dict[str, jax.Array]:
         "segment": draw.segment_mask(shape, 2.0, 3.0, 25.0, 15.0, 3.0),
         "triangle": draw.triangle_mask(shape, (0.0, 0.0), (20.0, 0.0), (0.0, 20.0)),
         "painted": draw.paint(draw.canvas(shape, draw.WHITE), rect, draw.RED),
+        "chained": draw.paint(
+            draw.paint(draw.canvas(shape, draw.GREEN), rect, draw.RED),
+            draw.circle_mask(shape, 12.0, 8.0, 5.0),
+            draw.BLUE,
+        ),
+        "composed": draw.compose(
+            shape,
+            [(rect, draw.RED), (draw.circle_mask(shape, 12.0, 8.0, 5.0), draw.BLUE)],
+            draw.GREEN,
+        ),
         "circles": draw.paint_circles(
             draw.canvas(shape, draw.WHITE),
             jnp.array([8.0, 12.0]),
@@ -221,6 +231,10 @@ def test_primitives_cover_pixel_centers() -> None:
     assert m["painted"].dtype == np.uint8
     np.testing.assert_array_equal(_colored(m["painted"], draw.RED), rect)
     np.testing.assert_array_equal(_colored(m["painted"], draw.WHITE), ~rect)
+    # compose paints its layers in order, like chained paint calls.
+    assert m["composed"].dtype == np.uint8 and m["composed"].shape == (20, 30, 3)
+    np.testing.assert_array_equal(m["composed"], m["chained"])
+    assert len({tuple(v) for v in m["composed"].reshape(-1, 3)}) == 3
     # The later disc shows where two overlap.
     first = (xs - 8.0) ** 2 + (ys - 10.0) ** 2 <= 25.0
     second = (xs - 12.0) ** 2 + (ys - 10.0) ** 2 <= 9.0

@@ -148,15 +148,17 @@ class Acrobot(SingleAgentEnv):
         )
         width = 0.1 * view.scale_x
         _, goal_y = view.to_pixel(0.0, l1)
-        img = draw.canvas(shape, draw.WHITE)
-        img = draw.paint(
-            img, draw.rect_mask(shape, 0.0, goal_y - 0.5, shape[1], goal_y + 0.5), draw.BLACK
-        )
-        img = draw.paint(img, draw.segment_mask(shape, p0x, p0y, p1x, p1y, width), _LINK_COLOR)
-        img = draw.paint(img, draw.segment_mask(shape, p1x, p1y, p2x, p2y, width), _LINK_COLOR)
+        goal = draw.rect_mask(shape, 0.0, goal_y - 0.5, shape[1], goal_y + 0.5)
+        link1 = draw.segment_mask(shape, p0x, p0y, p1x, p1y, width)
+        link2 = draw.segment_mask(shape, p1x, p1y, p2x, p2y, width)
         joints = draw.circle_mask(shape, p0x, p0y, width * 0.6)
         joints |= draw.circle_mask(shape, p1x, p1y, width * 0.6)
-        return draw.paint(img, joints, _JOINT_COLOR)
+        layers = [
+            (goal, draw.BLACK),
+            (link1 | link2, _LINK_COLOR),
+            (joints, _JOINT_COLOR),
+        ]
+        return draw.compose(shape, layers, draw.WHITE)
 
     def _dsdt(self, y: jax.Array, torque: jax.Array, p: AcrobotParams) -> jax.Array:
         """Time derivative of ``y = [theta1, theta2, dtheta1, dtheta2]`` (float32[4])."""

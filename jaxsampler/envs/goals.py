@@ -189,24 +189,25 @@ class Goals(MultiAgentEnv):
         shape = RENDER_SHAPE
         b = 1.1 * params.arena
         view = draw.Viewport(shape, -b, b, -b, b)
-        img = draw.canvas(shape, draw.WHITE)
         (x0, x1), (y0, y1) = view.to_pixel(
             jnp.stack([-params.arena, params.arena]), jnp.stack([params.arena, -params.arena])
         )
         outer = draw.rect_mask(shape, x0 - 1.0, y0 - 1.0, x1 + 1.0, y1 + 1.0)
-        img = draw.paint(img, outer & ~draw.rect_mask(shape, x0, y0, x1, y1), draw.LIGHT_GRAY)
-        colors = draw.AGENT_COLORS[np.arange(self.n) % len(draw.AGENT_COLORS)]
+        layers = [(outer & ~draw.rect_mask(shape, x0, y0, x1, y1), draw.LIGHT_GRAY)]
+        colors = [draw.agent_color(i) for i in range(self.n)]
         gx, gy = view.to_pixel(state.goals[:, 0], state.goals[:, 1])
         ring_r = jnp.maximum(params.goal_radius * view.scale_x, 3.0)
-        for i in range(self.n):  # a few agents: one ring each
-            ring = draw.ring_mask(shape, gx[i], gy[i], ring_r, 2.0)
-            img = draw.paint(img, ring, colors[i])
+        for i in range(self.n):  # static and small: one ring each
+            layers.append((draw.ring_mask(shape, gx[i], gy[i], ring_r, 2.0), colors[i]))
         ax, ay = view.to_pixel(state.pos[:, 0], state.pos[:, 1])
-        img = draw.paint_circles(img, ax, ay, _AGENT_RADIUS_PX, colors)
+        for i in range(self.n):
+            layers.append((draw.circle_mask(shape, ax[i], ay[i], _AGENT_RADIUS_PX), colors[i]))
         done = state.terminated | state.truncated
-        black = np.zeros((self.n, 3), np.uint8)
-        # Agents still going get their dot far off the frame (not drawn).
-        return draw.paint_circles(img, jnp.where(done, ax, -1e4), ay, 2.0, black)
+        dots = jnp.zeros(shape, jnp.bool_)
+        for i in range(self.n):
+            dots |= done[i] & draw.circle_mask(shape, ax[i], ay[i], 2.0)
+        layers.append((dots, draw.BLACK))
+        return draw.compose(shape, layers, draw.WHITE)
 
     def agent_rows(self, state: GoalsState) -> tuple[jax.Array, jax.Array, jax.Array]:
         # own = (observation, terminated, truncated)

@@ -159,19 +159,19 @@ def render_valley(state: MountainCarState, params: Any) -> jax.Array:
     view = draw.Viewport(shape, params.min_position, params.max_position, 0.0, h / scale)
     cols = params.min_position + (jnp.arange(w, dtype=jnp.float32) + 0.5) / scale
     _, curve_y = view.to_pixel(cols, valley_height(cols))
-    img = draw.canvas(shape, draw.WHITE)
-    img = draw.paint(img, draw.below_curve_mask(shape, curve_y), _GROUND_COLOR)
-    img = draw.paint(img, draw.curve_mask(shape, curve_y, 1.5), _LINE_COLOR)
+    layers = [
+        (draw.below_curve_mask(shape, curve_y), _GROUND_COLOR),
+        (draw.curve_mask(shape, curve_y, 1.5), _LINE_COLOR),
+    ]
 
     # Flag.
     gx, gy = view.to_pixel(params.goal_position, valley_height(params.goal_position))
     top = gy - _FLAG_POLE
-    pole = draw.rect_mask(shape, gx - 1.0, top, gx + 1.0, gy)
-    img = draw.paint(img, pole, _LINE_COLOR)
+    layers.append((draw.rect_mask(shape, gx - 1.0, top, gx + 1.0, gy), _LINE_COLOR))
     pennant = draw.triangle_mask(
         shape, (gx + 1.0, top), (gx + 1.0, top + _FLAG_H), (gx + 1.0 + _FLAG_W, top + _FLAG_H / 2)
     )
-    img = draw.paint(img, pennant, _FLAG_COLOR)
+    layers.append((pennant, _FLAG_COLOR))
 
     # Car: tangent t and normal n in pixel coordinates (y down).
     x = state.position
@@ -181,12 +181,14 @@ def render_valley(state: MountainCarState, params: Any) -> jax.Array:
     px, py = view.to_pixel(x, valley_height(x))
     lift = _CLEARANCE + _CAR_H / 2
     cx, cy = px + nx * lift, py + ny * lift
+    wheels = jnp.zeros(shape, jnp.bool_)
     for side in (-1.0, 1.0):
         wx = cx + side * tx * _CAR_W / 4 - nx * _CAR_H / 2
         wy = cy + side * ty * _CAR_W / 4 - ny * _CAR_H / 2
-        img = draw.paint(img, draw.circle_mask(shape, wx, wy, _WHEEL_R), _WHEEL_COLOR)
-    body = draw.box_mask(shape, cx, cy, _CAR_W, _CAR_H, -alpha)
-    return draw.paint(img, body, _CAR_COLOR)
+        wheels |= draw.circle_mask(shape, wx, wy, _WHEEL_R)
+    layers.append((wheels, _WHEEL_COLOR))
+    layers.append((draw.box_mask(shape, cx, cy, _CAR_W, _CAR_H, -alpha), _CAR_COLOR))
+    return draw.compose(shape, layers, draw.WHITE)
 
 
 def _obs(s: MountainCarState) -> jax.Array:

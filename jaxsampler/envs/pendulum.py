@@ -119,10 +119,9 @@ class Pendulum(SingleAgentEnv):
         cx, cy = shape[1] / 2, shape[0] / 2
         end_x = cx - scale * jnp.sin(state.theta)
         end_y = cy - scale * jnp.cos(state.theta)
-        img = draw.canvas(shape, draw.WHITE)
         rod = draw.segment_mask(shape, cx, cy, end_x, end_y, 0.2 * scale)
-        img = draw.paint(img, rod, _ROD_COLOR)
-        return draw.paint(img, draw.circle_mask(shape, cx, cy, 0.05 * scale), draw.BLACK)
+        pivot = draw.circle_mask(shape, cx, cy, 0.05 * scale)
+        return draw.compose(shape, [(rod, _ROD_COLOR), (pivot, draw.BLACK)], draw.WHITE)
 
 
 def _angle_normalize(x: jax.Array) -> jax.Array:

@@ -142,16 +142,19 @@ class Spread(MultiAgentEnv):
         shape = RENDER_SHAPE
         b = RENDER_BOUND
         view = draw.Viewport(shape, -b, b, -b, b)
-        img = draw.canvas(shape, draw.WHITE)
         (x0, x1), (y0, y1) = view.to_pixel(jnp.array([-1.0, 1.0]), jnp.array([1.0, -1.0]))
         outer = draw.rect_mask(shape, x0 - 1.0, y0 - 1.0, x1 + 1.0, y1 + 1.0)
-        img = draw.paint(img, outer & ~draw.rect_mask(shape, x0, y0, x1, y1), draw.LIGHT_GRAY)
+        layers = [(outer & ~draw.rect_mask(shape, x0, y0, x1, y1), draw.LIGHT_GRAY)]
         lx, ly = view.to_pixel(state.landmarks[:, 0], state.landmarks[:, 1])
-        grays = np.broadcast_to(np.asarray(draw.DARK_GRAY, np.uint8), (self.n, 3))
-        img = draw.paint_circles(img, lx, ly, _LANDMARK_RADIUS * view.scale_x, grays)
+        landmarks = jnp.zeros(shape, jnp.bool_)
+        for i in range(self.n):  # static and small: one disc each
+            landmarks |= draw.circle_mask(shape, lx[i], ly[i], _LANDMARK_RADIUS * view.scale_x)
+        layers.append((landmarks, draw.DARK_GRAY))
         ax, ay = view.to_pixel(state.pos[:, 0], state.pos[:, 1])
-        colors = draw.AGENT_COLORS[np.arange(self.n) % len(draw.AGENT_COLORS)]
-        return draw.paint_circles(img, ax, ay, params.agent_radius * view.scale_x, colors)
+        radius = params.agent_radius * view.scale_x
+        for i in range(self.n):
+            layers.append((draw.circle_mask(shape, ax[i], ay[i], radius), draw.agent_color(i)))
+        return draw.compose(shape, layers, draw.WHITE)
 
     def agent_rows(self, state: SpreadState) -> tuple[jax.Array, jax.Array]:
         return state.pos, state.vel  # own = (position, velocity), float32[2] each

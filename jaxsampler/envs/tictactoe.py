@@ -200,16 +200,18 @@ class TicTacToe(MultiAgentEnv):
         r2 = u * u + v * v
         ring = (r2 <= 12.0**2) & (r2 >= 8.0**2)
         over = jnp.any(state.terminated | state.truncated)
-        img = draw.canvas(shape, draw.WHITE)
-        img = draw.paint(img, jnp.broadcast_to(over, shape), draw.LIGHT_GRAY)
         lines = jnp.zeros(shape, jnp.bool_)
         for k in (1, 2):
             edge = k * _CELL_PX
             lines |= jnp.abs(xs - edge) <= 1.0
             lines |= jnp.abs(ys - edge) <= 1.0
-        img = draw.paint(img, lines, draw.DARK_GRAY)
-        img = draw.paint(img, cross & (mark == 1), _X_COLOR)
-        return draw.paint(img, ring & (mark == 2), _O_COLOR)
+        layers = [
+            (jnp.broadcast_to(over, shape), draw.LIGHT_GRAY),
+            (lines, draw.DARK_GRAY),
+            (cross & (mark == 1), _X_COLOR),
+            (ring & (mark == 2), _O_COLOR),
+        ]
+        return draw.compose(shape, layers, draw.WHITE)
 
     def agent_rows(self, state: TicTacToeState) -> tuple[jax.Array, jax.Array]:
         return state.terminated, state.truncated  # own = (terminated, truncated)
