@@ -18,6 +18,10 @@ step of the caller's choosing. All loggers run on the host, outside jitted code.
   ``--logger``, ``--quiet`` flags); :func:`log_history` writes the per-update metrics a
   jitted ``lax.scan`` training loop returns.
 
+On a sampler whose mesh spans processes, each process's report covers its own envs:
+give the logger to process 0's sampler only (or log ``sampler.global_metrics()``
+yourself) so one run has one writer.
+
 A call that compiled (``report.num_compiles > 0``) is also noted as a *compile event*:
 kept in :attr:`Logger.compile_events` and written by each logger in its own way (a
 ``"compile"`` field of the JSON line, a TensorBoard text entry, a W&B console line).
