@@ -11,7 +11,7 @@ step of the caller's choosing. All loggers run on the host, outside jitted code.
 * :class:`JsonlLogger`: one JSON object per line, no extra dependency.
 * :class:`TensorBoardLogger`: tensorboardX event files
   (``pip install -e ".[tensorboard]"``).
-* :class:`WandbLogger`: a W&B run (``pip install wandb``; not a jaxsampler dependency).
+* :class:`WandbLogger`: a W&B run (the ``wandb`` extra: ``pip install -e ".[wandb]"``).
 * :class:`MultiLogger` fans out to several; :class:`NullLogger` drops everything;
   :func:`make_logger` builds one from a command-line choice
   (:func:`add_arguments` / :func:`from_arguments`: a script's ``--log-dir``,
@@ -356,7 +356,7 @@ class WandbLogger(Logger):
         try:
             import wandb
         except ImportError as e:
-            raise ImportError("WandbLogger needs wandb: pip install wandb") from e
+            raise ImportError('WandbLogger needs wandb: pip install -e ".[wandb]"') from e
         super().__init__()
         self._wandb = wandb
         self._owns_run = False

@@ -258,7 +258,7 @@ def test_wandb_logs_to_an_existing_run_and_leaves_it_open(monkeypatch):
 
 def test_wandb_missing_package_names_the_install_command(monkeypatch):
     monkeypatch.setitem(sys.modules, "wandb", None)
-    with pytest.raises(ImportError, match="pip install wandb"):
+    with pytest.raises(ImportError, match=r"pip install -e \"\.\[wandb\]\""):
         loggers.WandbLogger()
 
 
