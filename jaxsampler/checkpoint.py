@@ -32,13 +32,15 @@ themselves), dtypes and shardings; its values are not used (abstract
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import json
 import os
 import pickle
 import shutil
-from collections.abc import Callable, Mapping
+import warnings
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -87,15 +89,24 @@ def _checkpointer() -> Any:
     )
 
 
+def _floating(x: Any) -> bool:
+    """A leaf that restores onto no particular device (an uncommitted ``jax.Array``, as
+    fresh arrays are, or a ``jax.ShapeDtypeStruct`` without a sharding)."""
+    if isinstance(x, jax.ShapeDtypeStruct):
+        return x.sharding is None
+    return isinstance(x, jax.Array) and not x.committed
+
+
 def _abstract(like: Any) -> Any:
-    """``like`` as abstract arrays with their shardings (what orbax restores onto)."""
+    """``like`` as what orbax restores onto: abstract arrays with their shardings for
+    placed ``jax.Array`` leaves, numpy buffers for numpy leaves and floating leaves
+    (:func:`_floating`; :func:`_place` puts those on the default device afterwards, still
+    uncommitted, so they mix with arrays on any device as the originals did)."""
 
     def leaf(x: Any) -> Any:
+        if _floating(x):
+            return np.empty(x.shape, x.dtype)
         if isinstance(x, jax.ShapeDtypeStruct):
-            if x.sharding is None:
-                return jax.ShapeDtypeStruct(
-                    x.shape, x.dtype, sharding=jax.sharding.SingleDeviceSharding(jax.devices()[0])
-                )
             return x
         if isinstance(x, jax.Array):
             return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding)
@@ -103,6 +114,11 @@ def _abstract(like: Any) -> Any:
         return np.empty(x.shape, x.dtype)  # numpy leaves come back as numpy
 
     return jax.tree.map(leaf, like)
+
+
+def _place(tree: Any, like: Any) -> Any:
+    """Restored ``tree`` with the floating leaves of ``like`` as uncommitted jax arrays."""
+    return jax.tree.map(lambda x, ref: jax.device_put(x) if _floating(ref) else x, tree, like)
 
 
 def save(
@@ -157,7 +173,8 @@ def save(
     target = path if not path.exists() else path.with_name(path.name + ".new")
     if target.exists():
         shutil.rmtree(target)
-    _checkpointer().save(target, ocp.args.Composite(**items))
+    with _quiet_orbax():
+        _checkpointer().save(target, ocp.args.Composite(**items))
     if target != path:  # overwrite: the new checkpoint is complete; swap it in
         old = path.with_name(path.name + ".old")
         if old.exists():
@@ -222,7 +239,7 @@ def restore(path: str | os.PathLike[str], like: Any = None, *, with_host: bool =
         if has_host:
             target["host"] = np.empty((int(header["host_bytes"]),), np.uint8)
     out = _restore_item(path, _ARRAYS, target)
-    tree = out["tree"]
+    tree = out["tree"] if like is None else _place(out["tree"], like)
     if not with_host:
         return tree
     if not has_host:
@@ -253,17 +270,24 @@ def restore_extra(path: str | os.PathLike[str], like: Mapping[str, Any] | None =
         )
     if not keys:
         return {}
-    target = None if like is None else {k: _abstract(v) for k, v in like.items()}
-    return dict(_restore_item(path, _EXTRA, target))
+    if like is None:
+        return dict(_restore_item(path, _EXTRA, None))
+    out = _restore_item(path, _EXTRA, {k: _abstract(v) for k, v in like.items()})
+    return {k: _place(out[k], v) for k, v in like.items()}
 
 
 def _restore_item(path: Path, name: str, target: Any) -> Any:
     ocp = _ocp()
-    if target is not None:
+    if target is None:
+        target = _numpy_target(path, name)
+    else:
         _check_structure(path, name, target)
-    args = ocp.args.StandardRestore(target) if target is not None else ocp.args.StandardRestore()
     try:
-        return _checkpointer().restore(path, ocp.args.Composite(**{name: args}))[name]
+        with _quiet_orbax():
+            out = _checkpointer().restore(
+                path, ocp.args.Composite(**{name: ocp.args.StandardRestore(target)})
+            )
+        return out[name]
     except CheckpointError:
         raise
     except Exception as e:  # orbax / tensorstore raise many types for damaged files
@@ -273,6 +297,52 @@ def _restore_item(path: Path, name: str, target: Any) -> Any:
         ) from e
 
 
+def _saved_metadata(path: Path, name: str) -> Any:
+    """Orbax's metadata tree of item ``name`` (shapes and dtypes per leaf)."""
+    try:
+        with _quiet_orbax():
+            saved = _checkpointer().metadata(path).item_metadata[name]
+    except Exception as e:
+        raise CheckpointError(
+            f"checkpoint {path} cannot be read (incomplete or corrupt): {type(e).__name__}: "
+            f"{_first_line(e)}"
+        ) from e
+    if saved is None:
+        raise CheckpointError(f"checkpoint {path} has no {name} tree")
+    return _plain(saved)
+
+
+def _numpy_target(path: Path, name: str) -> Any:
+    """A restore target of numpy leaves in the saved structure (``like=None``): leaves come
+    back as numpy arrays on the host, whatever devices wrote them."""
+
+    def leaf(m: Any) -> Any:
+        if m is None:
+            return None
+        return np.empty(tuple(m.shape), np.dtype(m.dtype))
+
+    return jax.tree.map(leaf, _saved_metadata(path, name), is_leaf=lambda x: x is None)
+
+
+@contextlib.contextmanager
+def _quiet_orbax() -> Iterator[None]:
+    """Silences orbax's and absl's informational and warning log lines for one call (a
+    restore logs several per item); errors still propagate as exceptions."""
+    import logging
+
+    loggers = [logging.getLogger(n) for n in ("absl", "orbax", "jax._src.array")]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            yield
+    finally:
+        for lg, level in zip(loggers, levels):
+            lg.setLevel(level)
+
+
 def _first_line(e: BaseException) -> str:
     text = str(e).strip()
     return text.splitlines()[0][:300] if text else ""
@@ -280,20 +350,10 @@ def _first_line(e: BaseException) -> str:
 
 def _check_structure(path: Path, name: str, target: Any) -> None:
     """Compares ``target`` with the saved item's metadata (paths, shapes, dtypes)."""
-    try:
-        saved = _checkpointer().metadata(path).item_metadata[name]
-    except Exception as e:
-        raise CheckpointError(
-            f"checkpoint {path} cannot be read (incomplete or corrupt): {type(e).__name__}: "
-            f"{_first_line(e)}"
-        ) from e
-    if saved is None:
-        raise CheckpointError(f"checkpoint {path} has no array tree")
+    saved = _saved_metadata(path, name)
     want = {_path_str(k): v for k, v in jax.tree_util.tree_leaves_with_path(target)}
     have = {
-        _path_str(k): v
-        for k, v in jax.tree_util.tree_leaves_with_path(_plain(saved))
-        if v is not None
+        _path_str(k): v for k, v in jax.tree_util.tree_leaves_with_path(saved) if v is not None
     }
     missing = sorted(set(want) - set(have))
     extra = sorted(set(have) - set(want))
@@ -359,7 +419,32 @@ _SAFE_BUILTINS = frozenset(
     {"set", "frozenset", "slice", "range", "complex", "bytearray", "bytes", "list", "dict"}
     | {"int", "float", "bool", "str", "tuple"}
 )
-_NUMPY_FUNCS = frozenset({"_reconstruct", "_frombuffer", "scalar", "dtype"})
+#: numpy's array / scalar / dtype rebuilders (``np.ndarray`` itself, never a subclass such as
+#: ``np.memmap``, whose constructor opens files)
+_NUMPY_FUNCS = frozenset({"_reconstruct", "_frombuffer", "scalar"})
+#: jaxsampler modules whose classes are plain data (any class defined there may be rebuilt)
+_DATA_MODULES = ("jaxsampler.episodes", "jaxsampler.spaces", "jaxsampler.types")
+#: further jaxsampler classes that host state holds
+_DATA_CLASSES = frozenset(
+    {
+        ("jaxsampler.sampling.base", "SamplerMetrics"),
+        ("jaxsampler.sampling.callbacks", "SamplerTotals"),
+        ("jaxsampler.sampling.agent_steps", "AgentCarry"),
+        ("jaxsampler.sampling.columns", "Columns"),
+    }
+)
+
+
+def _in_data_module(module: str) -> bool:
+    return any(module == m or module.startswith(m + ".") for m in _DATA_MODULES)
+
+
+def _safe_numpy(obj: Any, name: str) -> bool:
+    if name in _NUMPY_FUNCS and callable(obj) and not isinstance(obj, type):
+        return True
+    if not isinstance(obj, type):
+        return False
+    return obj is np.ndarray or issubclass(obj, (np.generic, np.dtype))
 
 
 class _Pickler(pickle.Pickler):
@@ -372,9 +457,11 @@ class _Pickler(pickle.Pickler):
 
 
 class _Unpickler(pickle.Unpickler):
-    """Rebuilds only data: numpy arrays and scalars, builtin containers, jaxsampler's own
-    classes and the live objects named by reference. Anything else (a function, a class
-    of another package) is refused, so loading a checkpoint cannot run code."""
+    """Rebuilds only data: numpy arrays, scalars and dtypes, builtin containers,
+    jaxsampler's data classes (episodes, spaces, the samplers' carried columns and
+    counters) and the live objects named by reference. Anything else (a function, a
+    class of another package, a jaxsampler class with side effects such as a server) is
+    refused before it is called, so loading a checkpoint cannot run code."""
 
     def __init__(self, file: io.BytesIO, refs: Mapping[str, Any]):
         super().__init__(file)
@@ -393,13 +480,19 @@ class _Unpickler(pickle.Unpickler):
             return super().find_class(module, name)
         if top == "numpy":
             obj = super().find_class(module, name)
-            if isinstance(obj, type) or name in _NUMPY_FUNCS:
+            if _safe_numpy(obj, name):
                 return obj
-        if top == "jaxsampler":
+        if (module, name) in _DATA_CLASSES or _in_data_module(module):
             obj = super().find_class(module, name)
-            if isinstance(obj, type):
+            if isinstance(obj, type) and (
+                (obj.__module__, obj.__qualname__) in _DATA_CLASSES
+                or _in_data_module(obj.__module__)
+            ):
                 return obj
-        raise CheckpointError(f"host state holds {module}.{name}, which a checkpoint may not")
+        raise CheckpointError(
+            f"host state holds {module}.{name}, which a checkpoint may not (only numpy "
+            "arrays, builtin containers and jaxsampler's data classes are rebuilt on load)"
+        )
 
 
 def dump_host(obj: Any, refs: Mapping[str, Any] | None = None) -> bytes:
