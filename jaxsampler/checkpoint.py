@@ -64,6 +64,8 @@ __all__ = [
 FORMAT_VERSION = 1
 
 _ARRAYS, _META, _EXTRA = "arrays", "meta", "extra"
+#: orbax writes a checkpoint ``<name>`` into ``<name>.orbax-checkpoint-tmp...``, then renames it
+_TMP_SUFFIX = ".orbax-checkpoint-tmp"
 
 
 class CheckpointError(ValueError):
@@ -352,9 +354,7 @@ def _check_structure(path: Path, name: str, target: Any) -> None:
     """Compares ``target`` with the saved item's metadata (paths, shapes, dtypes)."""
     saved = _saved_metadata(path, name)
     want = {_path_str(k): v for k, v in jax.tree_util.tree_leaves_with_path(target)}
-    have = {
-        _path_str(k): v for k, v in jax.tree_util.tree_leaves_with_path(saved) if v is not None
-    }
+    have = {_path_str(k): v for k, v in jax.tree_util.tree_leaves_with_path(saved) if v is not None}
     missing = sorted(set(want) - set(have))
     extra = sorted(set(have) - set(want))
     if missing or extra:
@@ -553,7 +553,8 @@ class Checkpoints:
         self.max_to_keep = max_to_keep
 
     def steps(self) -> list[int]:
-        """The complete checkpoints' steps, ascending (unfinished writes are skipped)."""
+        """The complete checkpoints' steps, ascending (unfinished writes, which live in
+        orbax's temporary directories until they are complete, are skipped)."""
         out = []
         for p in self.directory.iterdir():
             if p.is_dir() and p.name.isdigit() and (p / _META / "metadata").is_file():
@@ -573,7 +574,8 @@ class Checkpoints:
         """Writes checkpoint ``step`` with ``write(path)`` (e.g.
         ``lambda p: sampler.save(p, params=params)`` or
         ``lambda p: js.checkpoint.save(p, tree)``), then deletes the oldest beyond
-        :attr:`max_to_keep`. Returns its path.
+        :attr:`max_to_keep`. Returns its path. The temporary directory of an earlier,
+        killed write of the same step is removed first.
 
         Raises:
             FileExistsError: checkpoint ``step`` exists.
@@ -581,6 +583,9 @@ class Checkpoints:
         if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or step < 0:
             raise ValueError(f"step must be an int >= 0, got {step!r}")
         path = self.path(step)
+        # an earlier writer of this step that died mid-save left its temporary directory
+        for stale in self.directory.glob(f"{int(step)}{_TMP_SUFFIX}*"):
+            shutil.rmtree(stale, ignore_errors=True)
         write(path)
         if self.max_to_keep is not None:
             for old in self.steps()[: -self.max_to_keep]:

@@ -25,25 +25,25 @@ if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", "")
         os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=2"
     ).strip()
 
-import dataclasses  # noqa: E402
-import pickle  # noqa: E402
-from collections.abc import Callable, Mapping  # noqa: E402
-from pathlib import Path  # noqa: E402
-from typing import Any  # noqa: E402
+import dataclasses
+import pickle
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
+import jax
+import jax.numpy as jnp
+import numpy as np
 
 if os.environ.get("JAXSAMPLER_TEST_JAX_CACHE"):
     jax.config.update("jax_compilation_cache_dir", os.environ["JAXSAMPLER_TEST_JAX_CACHE"])
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
 
-import jaxsampler as js  # noqa: E402
-from jaxsampler.episodes import MultiAgentBatch, MultiAgentEpisode, SingleAgentEpisode  # noqa: E402
-from jaxsampler.episodes.lookback import InfiniteLookbackBuffer  # noqa: E402
-from jaxsampler.transforms import (  # noqa: E402
+import jaxsampler as js
+from jaxsampler.episodes import MultiAgentBatch, MultiAgentEpisode, SingleAgentEpisode
+from jaxsampler.episodes.lookback import InfiniteLookbackBuffer
+from jaxsampler.transforms import (
     DomainRandomization,
     FrameStack,
     NormalizeObservation,
@@ -122,7 +122,7 @@ JOBS: dict[str, Job] = {
     "transforms": Job(
         lambda seed: _cartpole(seed, transforms=_transforms()),
         [SAMPLE, BATCH, SAMPLE],
-        [BATCH, SAMPLE, SAMPLE],
+        [SAMPLE, SAMPLE, BATCH],
     ),
     # a save right after a num_episodes call (the state is gone; the transforms' is carried)
     "after_episodes": Job(
@@ -141,6 +141,7 @@ JOBS: dict[str, Job] = {
             rollout_length=8,
             rllib_compatible=True,
             recurrent=True,
+            episode_lookback_horizon=2,
         ),
         [SAMPLE, BATCH, SAMPLE],
         [SAMPLE, BATCH, SAMPLE],
