@@ -355,8 +355,8 @@ def _check_structure(path: Path, name: str, target: Any) -> None:
     saved = _saved_metadata(path, name)
     want = {_path_str(k): v for k, v in jax.tree_util.tree_leaves_with_path(target)}
     have = {_path_str(k): v for k, v in jax.tree_util.tree_leaves_with_path(saved) if v is not None}
-    missing = sorted(set(want) - set(have))
-    extra = sorted(set(have) - set(want))
+    missing = sorted(_shown(k) for k in set(want) - set(have))
+    extra = sorted(_shown(k) for k in set(have) - set(want))
     if missing or extra:
         raise CheckpointError(
             f"checkpoint {path} holds a different state tree: "
@@ -374,9 +374,14 @@ def _check_structure(path: Path, name: str, target: Any) -> None:
         hs, hd = tuple(getattr(h, "shape", ())), getattr(h, "dtype", None)
         if hs != tuple(w.shape) or (hd is not None and np.dtype(hd) != np.dtype(w.dtype)):
             raise CheckpointError(
-                f"checkpoint {path}: leaf {k} was saved as {np.dtype(hd) if hd else '?'}"
+                f"checkpoint {path}: leaf {_shown(k)} was saved as {np.dtype(hd) if hd else '?'}"
                 f"{list(hs)}; this state expects {np.dtype(w.dtype)}{list(w.shape)}"
             )
+
+
+def _shown(key: str) -> str:
+    """A leaf path as the caller wrote it (without the wrapper of the saved array item)."""
+    return key.removeprefix("tree/")
 
 
 def _path_str(path: tuple[Any, ...]) -> str:
