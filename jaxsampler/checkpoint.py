@@ -24,10 +24,22 @@ The pure path (inside your own training loop)::
     js.checkpoint.save(path, {"rollout": state, "params": params, "opt": opt_state})
     tree = js.checkpoint.restore(path, like={"rollout": state, "params": params, ...})
 
-``like`` fixes the structure (dataclasses such as ``RolloutState`` come back as
-themselves), dtypes and shardings; its values are not used (abstract
-``jax.ShapeDtypeStruct`` leaves work too). A :class:`~jaxsampler.Sampler` saves itself with
-``sampler.save(path)`` (see :meth:`jaxsampler.Sampler.save`).
+``like`` fixes the structure (dataclasses such as ``RolloutState`` and optax's named
+tuples come back as themselves), dtypes and shardings; its values are not used
+(abstract ``jax.ShapeDtypeStruct`` leaves work too). A ``like`` leaf on a mesh restores
+onto the same sharding (each device reads its shards); an uncommitted array (a fresh
+one, not placed with ``jax.device_put(x, device)``) or a ``ShapeDtypeStruct`` without
+a sharding comes back uncommitted on the default device, so it mixes with arrays on
+any device as the original did. Without ``like`` the leaves come back as numpy arrays
+in the saved structure (dataclasses and named tuples as dicts, tuples as lists),
+whatever devices wrote them.
+
+A :class:`~jaxsampler.Sampler` saves itself with ``sampler.save(path)`` (see
+:meth:`jaxsampler.Sampler.save` for what it saves and what it does not). Not
+supported: samplers of host-stepped envs (``HostSampler``), and samplers or states on a
+mesh spanning processes (``save`` here is written by one process; each process of such
+a mesh would have to write its own shards, which orbax can do but this module does not
+coordinate).
 """
 
 from __future__ import annotations
@@ -156,7 +168,7 @@ def save(
     path = Path(path).absolute()
     if path.exists() and not overwrite:
         raise FileExistsError(f"checkpoint {path} exists; pass overwrite=True to replace it")
-    header = {"format_version": FORMAT_VERSION, **dict(meta or {})}
+    header = {**dict(meta or {}), "format_version": FORMAT_VERSION}  # ours wins
     main: dict[str, Any] = {"tree": tree}
     if host is not None:
         header["host_sha256"] = hashlib.sha256(host).hexdigest()
@@ -220,8 +232,9 @@ def restore(path: str | os.PathLike[str], like: Any = None, *, with_host: bool =
         path: a checkpoint directory written by :func:`save`.
         like: a pytree with the saved tree's structure (values or
             ``jax.ShapeDtypeStruct`` leaves): the result has its structure, dtypes and
-            shardings. ``None``: the saved structure with numpy leaves (dataclasses come
-            back as dicts).
+            shardings (uncommitted leaves come back uncommitted: see the module
+            docstring). ``None``: the saved structure with numpy leaves (dataclasses and
+            named tuples come back as dicts, tuples as lists).
         with_host: also return the host bytes (``None`` if none were saved), checked
             against their digest.
 

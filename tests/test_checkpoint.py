@@ -110,8 +110,7 @@ def test_flipped_host_bytes_fail_the_digest(live: dict[str, Any]) -> None:
     bad = bytearray(blob)
     bad[len(bad) // 2] ^= 0x10
     path = live["root"] / "flipped"
-    keep = {k: v for k, v in meta.items() if k not in ("format_version", "extra_keys")}
-    checkpoint.save(path, tree, meta=keep, host=bytes(bad))
+    checkpoint.save(path, tree, meta=meta, host=bytes(bad))
     header = path / "meta" / "metadata"
     patched = json.loads(header.read_text())
     assert patched["host_sha256"] != meta["host_sha256"]
@@ -426,3 +425,29 @@ def test_mesh_spanning_processes_cannot_be_checkpointed(
         sampler._spans_processes = False
     assert not (tmp_path / "c").exists()
     _still_in_step(live)
+
+
+# ----------------------------------------------------------------------------- benchmark
+
+
+def test_checkpoint_benchmark_quick_writes_the_schema(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "benchmarks/checkpoint.py", "--quick", "--out", str(tmp_path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    res = json.loads((tmp_path / "checkpoint.json").read_text())
+    assert res["benchmark"] == "checkpoint" and res["config"]["quick"]
+    rows = res["rows"]
+    assert {(r["setup"].split()[0], r["what"]) for r in rows} == {
+        (env, what) for env in ("CartPole-v1", "Spread-v0") for what in ("sampler", "pure")
+    }
+    for r in rows:
+        assert r["disk_bytes"] > 0 and r["array_bytes"] > 0
+        assert r["save_s"] > 0 and r["load_s"] > 0
+        # the sampler's checkpoint holds the host blob (open chunks); the pure one has none
+        assert (r["host_blob_bytes"] > 0) == (r["what"] == "sampler")
+    assert "| setup | what | on disk MB |" in (tmp_path / "checkpoint.md").read_text()
