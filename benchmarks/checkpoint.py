@@ -186,12 +186,12 @@ def markdown(rows: list[dict], info: dict[str, Any], repeats: int) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="tiny sizes, 2 repeats")
+    parser.add_argument("--quick", action="store_true", help="tiny sizes, 1 repeat")
     parser.add_argument("--repeats", type=int, default=None)
     parser.add_argument("--out", help="write checkpoint.json / .md here (quick: default none)")
     args = parser.parse_args()
     setups = QUICK if args.quick else FULL
-    repeats = args.repeats or (2 if args.quick else 5)
+    repeats = args.repeats or (1 if args.quick else 5)
     info = bench.environment_info()
     info["loadavg"] = os.getloadavg()[0]
     rows = [r for name, spec in setups.items() for r in measure(name, spec, repeats)]

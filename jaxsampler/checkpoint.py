@@ -465,13 +465,27 @@ def _safe_numpy(obj: Any, name: str) -> bool:
     return obj is np.ndarray or issubclass(obj, (np.generic, np.dtype))
 
 
+def _host_ref(name: str) -> Any:
+    """Stands for a live object in pickled host state: :class:`_Unpickler` resolves
+    ``_host_ref(name)`` to the restoring side's object ``name`` (never called itself)."""
+    raise CheckpointError(f"host state refers to {name!r}; load it with load_host(blob, refs)")
+
+
 class _Pickler(pickle.Pickler):
+    """Pickles the live objects named in ``refs`` as ``_host_ref(name)``.
+
+    ``reducer_override`` (unlike ``persistent_id``) is not called for builtin atomic and
+    container objects, which are most of an episode's objects: this keeps saves fast."""
+
     def __init__(self, file: io.BytesIO, refs: Mapping[int, str]):
         super().__init__(file, protocol=5)
         self._refs = refs
 
-    def persistent_id(self, obj: Any) -> str | None:
-        return self._refs.get(id(obj))
+    def reducer_override(self, obj: Any) -> Any:
+        name = self._refs.get(id(obj))
+        if name is None:
+            return NotImplemented
+        return (_host_ref, (name,))
 
 
 class _Unpickler(pickle.Unpickler):
@@ -485,12 +499,14 @@ class _Unpickler(pickle.Unpickler):
         super().__init__(file)
         self._refs = refs
 
-    def persistent_load(self, pid: Any) -> Any:
-        if pid not in self._refs:
+    def _resolve(self, pid: Any) -> Any:
+        if not isinstance(pid, str) or pid not in self._refs:
             raise CheckpointError(f"host state refers to {pid!r}, which this sampler lacks")
         return self._refs[pid]
 
     def find_class(self, module: str, name: str) -> Any:
+        if module == __name__ and name == "_host_ref":
+            return self._resolve
         top = module.split(".")[0]
         if module == "builtins" and name in _SAFE_BUILTINS:
             return super().find_class(module, name)

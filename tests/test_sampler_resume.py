@@ -1,9 +1,9 @@
 """Exact resume in a fresh process: k calls, save, load into a new sampler in another
 process (another seed, other params), m calls == the uninterrupted k + m calls, bit for bit.
 
-Two fresh worker processes (tests/resume_worker.py) run side by side: the save worker
-makes each job's uninterrupted reference run and a saving run; the load worker restores
-each job's checkpoint as soon as it is written. They share a persistent XLA compilation
+Fresh worker processes (tests/resume_worker.py) run side by side: a save worker makes
+each job's uninterrupted reference run and a saving run; a load worker restores each
+job's checkpoint as soon as it is written. They share a persistent XLA compilation
 cache in the test's temporary directory, so each program compiles once per test run.
 """
 
@@ -23,6 +23,10 @@ from tests.processes import ROOT
 from tests.resume_worker import JOBS, OTHER_SEED, PURE, SEED
 
 ALL = list(JOBS) + list(PURE)
+#: groups of jobs, each run by its own pair of workers (one group: on a 2-core machine
+#: shared with other tests, more processes cost more start-up than they save)
+GROUPS = [ALL]
+assert sorted(sum(GROUPS, [])) == sorted(ALL)
 
 
 @pytest.fixture(scope="module")
@@ -35,14 +39,15 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any
         JAXSAMPLER_TEST_JAX_CACHE=str(root / "xla_cache"),
     )
     procs = {
-        mode: subprocess.Popen(
-            [sys.executable, "-m", "tests.resume_worker", mode, str(root), *ALL],
+        f"{mode} {group}": subprocess.Popen(
+            [sys.executable, "-m", "tests.resume_worker", mode, str(root), *jobs],
             cwd=ROOT,
             env=env,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
         )
+        for group, jobs in enumerate(GROUPS)
         for mode in ("save", "load")
     }
     outs = {}
