@@ -251,7 +251,9 @@ def test_host_blob_round_trip_by_reference() -> None:
 # ----------------------------------------------------------------------------- trees, extras
 
 
-def test_extra_trees_round_trip_with_and_without_like(tmp_path: Path) -> None:
+def test_extra_trees_round_trip_with_and_without_like(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
     import optax
 
     params = {"w": jnp.arange(6.0).reshape(2, 3), "b": jnp.ones(3)}
@@ -270,6 +272,17 @@ def test_extra_trees_round_trip_with_and_without_like(tmp_path: Path) -> None:
     assert checkpoint.restore_extra(tmp_path / "c", like=None).keys() == {"params", "opt"}
     # uncommitted leaves come back uncommitted (they mix with arrays on any device)
     assert not out["params"]["w"].committed
+    # on a mesh: the like's sharding
+    mesh = js.placement.env_mesh(2)
+    sharded = jax.device_put(
+        jnp.arange(8.0), jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("env"))
+    )
+    checkpoint.save(tmp_path / "m", {"x": sharded})
+    got = checkpoint.restore(tmp_path / "m", like={"x": sharded})["x"]
+    assert got.sharding == sharded.sharding and np.array_equal(got, sharded)
+    # none of it logs (orbax's log lines are silenced around each call)
+    err = capfd.readouterr().err
+    assert "WARNING" not in err and "absl" not in err, err[-2000:]
 
 
 def test_sampler_load_returns_extras_and_restore_builds(live: dict[str, Any]) -> None:
