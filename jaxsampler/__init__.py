@@ -13,8 +13,9 @@ The top level holds the everyday path. The layers, bottom to top, are subpackage
 (``evaluate``: unbiased episodes, greedy actions, frozen statistics),
 :mod:`~jaxsampler.episodes` (RLlib's data model in numpy), :mod:`~jaxsampler.host_envs`
 (host-stepped envs), :mod:`~jaxsampler.sampling` (the sampler family),
-:mod:`~jaxsampler.serving` (HTTP policy server and client), :mod:`~jaxsampler.offline` (logs)
-and :mod:`~jaxsampler.checkpoint` (orbax checkpoints: exact resume).
+:mod:`~jaxsampler.serving` (HTTP policy server and client), :mod:`~jaxsampler.offline` (logs),
+:mod:`~jaxsampler.checkpoint` (orbax checkpoints: exact resume) and :mod:`~jaxsampler.video`
+(``record_video``: rendered episodes as MP4 or GIF).
 """
 
 from jaxsampler import (
@@ -65,6 +66,7 @@ from jaxsampler.sampling.callbacks import SampleReport
 from jaxsampler.scale import make_sharded_rollout
 from jaxsampler.types import RolloutState, TimeStep, Trajectory
 from jaxsampler.vector import ResetPool
+from jaxsampler.video import record_video
 
 __version__ = "0.1.0"
 
@@ -119,6 +121,7 @@ __all__ = [
     "placement",
     "policies",
     "postprocessing",
+    "record_video",
     "register",
     "registered_ids",
     "repair_log",
