@@ -298,3 +298,63 @@ def test_to_html_of_a_file(tmp_path):
     js.record_video(RenderFake(), policy_for(RenderFake()), (), path, explore=True)
     media = video.to_html(path)
     assert base64.b64encode(path.read_bytes()).decode() in str(media)
+
+
+# --------------------------------------------------------------------------- jaxsampler check
+
+
+@pytest.fixture
+def registered(monkeypatch):
+    from jaxsampler import registry
+
+    monkeypatch.setitem(registry.REGISTRY, "RenderFake-v0", RenderFake)
+    monkeypatch.setitem(registry.REGISTRY, "Fake-v0", FakeEnv)
+
+
+def test_check_command_writes_the_first_frame(registered, tmp_path, monkeypatch, capsys):
+    from jaxsampler import cli
+
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
+    assert cli.main(["check", "RenderFake-v0"]) == 0
+    out = capsys.readouterr().out
+    assert "check_env(RenderFake): OK" in out
+    path = tmp_path / "jaxsampler-check-RenderFake-v0.png"
+    assert f"first frame: {path}" in out.splitlines()
+    # The first state after reset(PRNGKey(0)): time 0 and that reset's tag.
+    state, _ = RenderFake().reset(jax.random.PRNGKey(0))
+    np.testing.assert_array_equal(iio.imread(path), _np_frame(0, float(state.tag)))
+    custom = tmp_path / "f.png"
+    assert cli.main(["check", "RenderFake-v0", "--frame", str(custom)]) == 0
+    assert f"first frame: {custom}" in capsys.readouterr().out and custom.exists()
+    assert cli.main(["check", "RenderFake-v0", "--no-frame"]) == 0
+    assert "first frame" not in capsys.readouterr().out
+
+
+def test_check_command_without_render_or_imageio(registered, tmp_path, monkeypatch, capsys):
+    from jaxsampler import cli
+
+    assert cli.main(["check", "Fake-v0", "--frame", str(tmp_path / "f.png")]) == 0
+    assert "first frame" not in capsys.readouterr().out and not (tmp_path / "f.png").exists()
+    bad = tmp_path / "missing" / "f.png"
+    assert cli.main(["check", "RenderFake-v0", "--frame", str(bad)]) == 2
+    captured = capsys.readouterr()
+    assert str(bad) in captured.err and "check_env" not in captured.out  # failed first
+    monkeypatch.setitem(sys.modules, "imageio", None)
+    assert cli.main(["check", "RenderFake-v0", "--frame", str(tmp_path / "g.png")]) == 0
+    out = capsys.readouterr().out
+    assert (
+        'first frame: not written (8x6): PNG files need imageio: pip install -e ".[video]"' in out
+    )
+
+
+def test_check_env_checks_render():
+    @dataclasses.dataclass(frozen=True)
+    class BadRender(RenderFake):
+        def render(self, state: Any, params: Any = None) -> jax.Array:
+            return super().render(state, params).astype(jnp.float32)
+
+    assert js.check_env(RenderFake()).ok and "render" in js.check_env(RenderFake()).checks_run
+    report = js.check_env(BadRender())
+    assert any(
+        "render must return uint8[H, W, 3], got float32[6, 8, 3]" in p for p in report.problems
+    )
