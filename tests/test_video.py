@@ -47,8 +47,8 @@ class RenderFake(FakeEnv):
         return True
 
     @property
-    def render_shape(self) -> tuple[int, int, int]:
-        return (H, W, 3)
+    def render_shape(self) -> tuple[int, int]:
+        return (H, W)
 
     def render(self, state: Any, params: Any = None) -> jax.Array:
         return _fake_frame(state.time, state.tag)

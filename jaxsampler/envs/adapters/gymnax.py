@@ -126,13 +126,13 @@ class GymnaxEnv(Env):
         return _renderer(self.env) is not None
 
     @property
-    def render_shape(self) -> tuple[int, int, int]:
-        """``(H, W, 3)`` of :meth:`render`'s frames."""
+    def render_shape(self) -> tuple[int, int]:
+        """The static ``(H, W)`` of :meth:`render`'s frames."""
         if not self.can_render:
             raise NotImplementedError(self._no_render())
         state, _ = jax.eval_shape(lambda: self.reset(jax.random.PRNGKey(0)))
         out = jax.eval_shape(self.render, state)
-        return tuple(out.shape)  # type: ignore[return-value]
+        return (int(out.shape[0]), int(out.shape[1]))
 
     def render(self, state: Any, params: Any = None) -> jax.Array:
         """One env's frame, ``uint8[H, W, 3]``, computed in JAX (jit- and vmap-safe).
@@ -287,7 +287,7 @@ def builtin_state(env: Any, state: Any, params: Any) -> tuple[Any, Any, Any]:
 
 def _render_classic(env: Any, state: Any, params: Any) -> jax.Array:
     builtin, ours, our_params = builtin_state(env, state, params)
-    return builtin.render(ours, our_params)  # type: ignore[no-any-return]
+    return builtin.render(ours, our_params)
 
 
 def _renderer(env: Any) -> Renderer | None:
