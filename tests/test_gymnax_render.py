@@ -29,7 +29,7 @@ MINATAR = [
 
 
 def np_minatar_frame(obs: np.ndarray) -> np.ndarray:
-    """Reference: cell by cell, channel by channel (the last active channel wins), then
+    """Reference: cell by cell, channel by channel (the first active channel wins), then
     each cell blown up to MINATAR_CELL x MINATAR_CELL pixels."""
     rows, cols, channels = obs.shape
     small = np.empty((rows, cols, 3), np.uint8)
@@ -39,6 +39,7 @@ def np_minatar_frame(obs: np.ndarray) -> np.ndarray:
             for ch in range(channels):
                 if obs[r, c, ch] > 0.5:
                     color = MINATAR_PALETTE[ch]
+                    break
             small[r, c] = color
     k = MINATAR_CELL
     big = np.empty((rows * k, cols * k, 3), np.uint8)

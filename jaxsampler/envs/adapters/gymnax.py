@@ -17,8 +17,9 @@ rollout can call, so the adapter renders in JAX where it knows the env
 
 * MinAtar (Asterix, Breakout, Freeway, Seaquest, SpaceInvaders): the observation grid
   (``env.get_obs(state)``, ``[10, 10, C]``), each cell drawn in the color of its
-  highest-numbered active channel (:data:`MINATAR_PALETTE`, channel ``c`` in color
-  ``c``; no active channel: :data:`MINATAR_BACKGROUND`), each cell
+  lowest-numbered active channel (:data:`MINATAR_PALETTE`, channel ``c`` in color
+  ``c``; no active channel: :data:`MINATAR_BACKGROUND`). MinAtar lists the player and
+  the moving objects first, so they are drawn over bricks and trails. Each cell is
   ``MINATAR_CELL x MINATAR_CELL`` pixels (160 x 160 frames);
 * classic control (CartPole-v1, Pendulum-v1, Acrobot-v1, MountainCar-v0,
   MountainCarContinuous-v0): gymnax's state mapped onto the built-in env of the same
@@ -197,7 +198,7 @@ Renderer = Callable[[Any, Any, Any], jax.Array]
 
 def minatar_frame(obs: jax.Array, cell: int = MINATAR_CELL) -> jax.Array:
     """``uint8[10 * cell, 10 * cell, 3]`` picture of a MinAtar observation ``[10, 10, C]``:
-    each cell in the color of its highest-numbered active channel (> 0.5), background
+    each cell in the color of its lowest-numbered active channel (> 0.5), background
     where none is. Jit- and vmap-safe."""
     active = jnp.asarray(obs) > 0.5
     num_channels = active.shape[-1]
@@ -206,8 +207,8 @@ def minatar_frame(obs: jax.Array, cell: int = MINATAR_CELL) -> jax.Array:
             f"MinAtar observation has {num_channels} channels; the palette has "
             f"{len(MINATAR_PALETTE)} colors"
         )
-    # 0: no channel; c + 1: channel c is the highest active one.
-    top = jnp.max(jnp.where(active, jnp.arange(1, num_channels + 1), 0), axis=-1)
+    # 0: no channel; c + 1: channel c is the lowest active one.
+    top = jnp.where(jnp.any(active, axis=-1), jnp.argmax(active, axis=-1) + 1, 0)
     table = jnp.asarray(np.concatenate([MINATAR_BACKGROUND[None], MINATAR_PALETTE]))
     img = table[top]
     return jnp.repeat(jnp.repeat(img, cell, axis=0), cell, axis=1)
