@@ -14,9 +14,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import struct
 
 import jaxsampler as js
 from jaxsampler import video
+from jaxsampler.envs.base import SingleAgentEnv
+from jaxsampler.policies.base import Policy
+from jaxsampler.spaces import Box, Discrete
+from jaxsampler.types import NoInfo
 from tests.fakes import CountingPolicy, FakeEnv, FakeParams, TurnEnv, expected_episode
 
 iio = pytest.importorskip("imageio.v3", reason="the video extra (imageio) is not installed")
@@ -357,4 +362,105 @@ def test_check_env_checks_render():
     report = js.check_env(BadRender())
     assert any(
         "render must return uint8[H, W, 3], got float32[6, 8, 3]" in p for p in report.problems
+    )
+
+
+# --------------------------------------------------------------------------- transforms, explore
+
+
+@struct.dataclass
+class WalkState:
+    pos: jax.Array
+    time: jax.Array
+
+
+@struct.dataclass
+class WalkParams:
+    offset: float = 1.0
+    max_steps_in_episode: int = 3
+
+
+@dataclasses.dataclass(frozen=True)
+class WalkEnv(SingleAgentEnv):
+    """A walker on a line: action 1 steps right, 0 left; obs = [pos + offset]; the frame
+    has a red column at ``pos + 4``."""
+
+    @property
+    def default_params(self) -> WalkParams:
+        return WalkParams()
+
+    @property
+    def observation_space(self) -> Box:
+        return Box(-np.inf, np.inf, (1,), np.float32)
+
+    @property
+    def action_space(self) -> Discrete:
+        return Discrete(2)
+
+    def reset_env(self, key, params):
+        state = WalkState(jnp.zeros((), jnp.int32), jnp.zeros((), jnp.int32))
+        return self._obs(state, params), state
+
+    def step_env(self, key, state, action, params):
+        state = state.replace(pos=state.pos + jnp.where(action == 1, 1, -1))
+        return self._obs(state, params), state, jnp.float32(0), jnp.bool_(False), NoInfo()
+
+    @staticmethod
+    def _obs(state, params):
+        return jnp.reshape(state.pos + params.offset, (1,)).astype(jnp.float32)
+
+    def render(self, state: Any, params: Any = None) -> jax.Array:
+        return jnp.zeros((H, W, 3), jnp.uint8).at[:, (state.pos + 4) % W, 0].set(255)
+
+    @property
+    def can_render(self) -> bool:
+        return True
+
+
+@dataclasses.dataclass(frozen=True)
+class SignPolicy(Policy):
+    """Greedy: right while the observation is positive; exploring: a coin flip."""
+
+    observation_space: Box
+    action_space: Discrete
+    explore: bool = True
+
+    def init(self, key):
+        return ()
+
+    def __call__(self, params, obs, key, state):
+        greedy_action = (obs[..., 0] > 0).astype(jnp.int32)
+        coin = jax.random.bernoulli(key, 0.5, greedy_action.shape).astype(jnp.int32)
+        return (coin if self.explore else greedy_action), {}, state
+
+
+def red_columns(frames: np.ndarray) -> list[int]:
+    return [int(np.argmax(f[0, :, 0])) for f in frames]
+
+
+def test_transforms_normalize_what_the_policy_sees_and_explore_switch():
+    from jaxsampler.transforms import NormalizeObservation
+
+    env, tf = WalkEnv(), (NormalizeObservation(),)
+    policy = SignPolicy(env.observation_space, env.action_space)
+    # Greedy (explore=False, the default): obs = pos + 1 > 0, so it walks right.
+    frames, lengths = video.rollout_frames(env, policy, (), KEY, 2)
+    assert np.asarray(lengths).tolist() == [3, 3]
+    assert red_columns(np.asarray(frames[0])) == [4, 5, 6, 7]
+    # Statistics of training at offset 10: normalized, pos + 1 is far below the mean, so
+    # the same greedy policy walks left.
+    rollout = js.make_rollout(env, policy, 2, 8, transforms=tf)
+    state, _ = jax.jit(rollout)((), rollout.init(KEY, WalkParams(offset=10.0)))
+    assert float(state.transform_state.stages[0].shared[0].mean[0]) > 5
+    frames, _ = video.rollout_frames(env, policy, (), KEY, 2, transforms=tf, transform_state=state)
+    for i in range(2):
+        assert red_columns(np.asarray(frames[i])) == [4, 3, 2, 1]
+    # Exploring: coin flips, one step at a time, with the documented policy keys.
+    frames, _ = video.rollout_frames(env, policy, (), KEY, 1, explore=True)
+    k_pol = jax.random.split(KEY, 4)[2]
+    coins = [
+        int(jax.random.bernoulli(jax.random.fold_in(k_pol, t), 0.5, (1, 1))[0, 0]) for t in range(3)
+    ]
+    assert red_columns(np.asarray(frames[0])) == list(
+        4 + np.cumsum([0] + [2 * c - 1 for c in coins])
     )
