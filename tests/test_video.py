@@ -88,7 +88,9 @@ def policy_for(env: Any) -> CountingPolicy:
     return CountingPolicy(env.observation_space, env.action_space)
 
 
-def by_hand(env: Any, policy: Any, key: jax.Array, n: int, max_steps: int) -> list[np.ndarray]:
+def by_hand(
+    env: Any, policy: Any, key: jax.Array, n: int, max_steps: int, params: Any = ()
+) -> list[np.ndarray]:
     """Each episode's frames by stepping one unbatched env in Python with the documented
     keys (evaluate's) and the policy's actions; stops at the episode's end."""
     k_reset, k_step, k_pol, _ = jax.random.split(key, 4)
@@ -99,7 +101,7 @@ def by_hand(env: Any, policy: Any, key: jax.Array, n: int, max_steps: int) -> li
         pstate = policy.initial_state((1, env.num_agents))
         frames = [np.asarray(env.render(state, params))]
         for t in range(max_steps):
-            action, _, pstate = policy((), ts.obs[None], jax.random.fold_in(k_pol, t), pstate)
+            action, _, pstate = policy(params, ts.obs[None], jax.random.fold_in(k_pol, t), pstate)
             k = jax.random.fold_in(jax.random.fold_in(k_step, i), t)
             state, ts = env.step(k, state, action[0], params)
             frames.append(np.asarray(env.render(state, params)))
@@ -358,8 +360,9 @@ def test_check_env_checks_render():
         def render(self, state: Any, params: Any = None) -> jax.Array:
             return super().render(state, params).astype(jnp.float32)
 
-    assert js.check_env(RenderFake()).ok and "render" in js.check_env(RenderFake()).checks_run
-    report = js.check_env(BadRender())
+    good = js.check_env(RenderFake(), num_envs=2)
+    assert good.ok and "render" in good.checks_run
+    report = js.check_env(BadRender(), num_envs=2)
     assert any(
         "render must return uint8[H, W, 3], got float32[6, 8, 3]" in p for p in report.problems
     )
