@@ -94,17 +94,17 @@ def by_hand(
     """Each episode's frames by stepping one unbatched env in Python with the documented
     keys (evaluate's) and the policy's actions; stops at the episode's end."""
     k_reset, k_step, k_pol, _ = jax.random.split(key, 4)
-    params = env.default_params
+    env_params = env.default_params
     out = []
     for i in range(n):
-        state, ts = env.reset(jax.random.fold_in(k_reset, i), params)
+        state, ts = env.reset(jax.random.fold_in(k_reset, i), env_params)
         pstate = policy.initial_state((1, env.num_agents))
-        frames = [np.asarray(env.render(state, params))]
+        frames = [np.asarray(env.render(state, env_params))]
         for t in range(max_steps):
             action, _, pstate = policy(params, ts.obs[None], jax.random.fold_in(k_pol, t), pstate)
             k = jax.random.fold_in(jax.random.fold_in(k_step, i), t)
-            state, ts = env.step(k, state, action[0], params)
-            frames.append(np.asarray(env.render(state, params)))
+            state, ts = env.step(k, state, action[0], env_params)
+            frames.append(np.asarray(env.render(state, env_params)))
             if bool(np.all(np.asarray(ts.terminated | ts.truncated))):
                 break
         out.append(np.stack(frames))
@@ -467,3 +467,23 @@ def test_transforms_normalize_what_the_policy_sees_and_explore_switch():
     assert red_columns(np.asarray(frames[0])) == list(
         4 + np.cumsum([0] + [2 * c - 1 for c in coins])
     )
+
+
+# --------------------------------------------------------------------------- built-in envs
+
+
+def test_cartpole_by_env_id_matches_hand_stepping_and_evaluate():
+    from jaxsampler.envs.cartpole import CartPole
+
+    env = CartPole()
+    if not getattr(env, "can_render", False):
+        pytest.skip("the built-in CartPole has no renderer in this checkout")
+    policy = js.MLPPolicy(env.observation_space, env.action_space, hidden_sizes=(4,))
+    params = policy.init(jax.random.PRNGKey(5))
+    key = jax.random.PRNGKey(0)  # record_video's seed=0
+    out = js.record_video("CartPole-v1", policy, params, None, 2, max_steps=12)
+    ref = by_hand(env, js.greedy(policy), key, 2, 12, params)
+    np.testing.assert_array_equal(out, np.concatenate(ref))
+    lengths = js.evaluate(env, policy, params, 2, key, max_steps=12).lengths
+    assert [len(r) - 1 for r in ref] == lengths.tolist()
+    assert out.shape[1:] == (*env.render_shape, 3)
