@@ -14,8 +14,10 @@ The top level holds the everyday path. The layers, bottom to top, are subpackage
 :mod:`~jaxsampler.episodes` (RLlib's data model in numpy), :mod:`~jaxsampler.host_envs`
 (host-stepped envs), :mod:`~jaxsampler.sampling` (the sampler family),
 :mod:`~jaxsampler.serving` (HTTP policy server and client), :mod:`~jaxsampler.offline` (logs),
-:mod:`~jaxsampler.checkpoint` (orbax checkpoints: exact resume) and :mod:`~jaxsampler.video`
-(``record_video``: rendered episodes as MP4 or GIF).
+:mod:`~jaxsampler.loggers` (JSON lines, TensorBoard, W&B: sampler callbacks),
+:mod:`~jaxsampler.progress` (progress bars), :mod:`~jaxsampler.checkpoint` (orbax
+checkpoints: exact resume) and :mod:`~jaxsampler.video` (``record_video``: rendered
+episodes as MP4 or GIF).
 """
 
 from jaxsampler import (
@@ -23,10 +25,12 @@ from jaxsampler import (
     distributed,
     episodes,
     host_envs,
+    loggers,
     offline,
     placement,
     policies,
     postprocessing,
+    progress,
     rollout,
     sampling,
     serving,
@@ -113,6 +117,7 @@ __all__ = [
     "greedy",
     "host_envs",
     "init_rollout_state",
+    "loggers",
     "jit_rollout",
     "make",
     "make_rollout",
@@ -121,6 +126,7 @@ __all__ = [
     "placement",
     "policies",
     "postprocessing",
+    "progress",
     "record_video",
     "register",
     "registered_ids",
