@@ -176,9 +176,12 @@ def handwritten_sampler(cfg: PPOConfig, env: js.Env, policy: js.MLPPolicy):
 # ----------------------------------------------------------------------------- PPO
 
 
-def make_loss(cfg: PPOConfig, policy: js.MLPPolicy):
+def make_loss(cfg: PPOConfig, policy: js.MLPPolicy, with_aux: bool = False):
     """The clipped PPO loss over a minibatch dict (``obs``, ``actions``, ``logp``, ``values``,
-    ``advantages``, ``targets``, ``mask``); rows where ``mask`` is False do not count."""
+    ``advantages``, ``targets``, ``mask``); rows where ``mask`` is False do not count.
+
+    ``with_aux``: return ``(loss, {"pg_loss", "vf_loss", "entropy", "approx_kl"})`` (scalars)
+    instead of the loss alone (for ``jax.value_and_grad(..., has_aux=True)``)."""
 
     def loss_fn(params, mb):
         dist, value, log_std = policy.forward(params, mb["obs"])
@@ -200,7 +203,11 @@ def make_loss(cfg: PPOConfig, policy: js.MLPPolicy):
             entropy = mean(-(probs * jax.nn.log_softmax(dist)).sum(-1))
         else:
             entropy = jnp.sum(log_std + 0.5 * jnp.log(2 * jnp.pi * jnp.e))
-        return pg + cfg.vf_coef * vf - cfg.ent_coef * entropy
+        loss = pg + cfg.vf_coef * vf - cfg.ent_coef * entropy
+        if not with_aux:
+            return loss
+        aux = {"pg_loss": pg, "vf_loss": vf, "entropy": entropy, "approx_kl": mean(-(logp - mb["logp"]))}
+        return loss, aux
 
     return loss_fn
 
@@ -218,9 +225,15 @@ def make_optimizer(cfg: PPOConfig) -> optax.GradientTransformation:
     )
 
 
-def make_epochs(cfg: PPOConfig, loss_fn: Any, tx: optax.GradientTransformation):
+def make_epochs(
+    cfg: PPOConfig, loss_fn: Any, tx: optax.GradientTransformation, with_stats: bool = False
+):
     """``epochs(params, opt_state, data, key)``: ``update_epochs`` passes over ``data`` (rows on
-    axis 0), each in ``num_minibatches`` shuffled minibatches. Jittable."""
+    axis 0), each in ``num_minibatches`` shuffled minibatches. Jittable.
+
+    ``with_stats``: ``loss_fn`` returns ``(loss, aux)`` (``make_loss(..., with_aux=True)``) and
+    ``epochs`` returns ``(params, opt_state, stats)``, ``stats`` the loss and the aux scalars
+    averaged over all minibatches of all epochs."""
 
     def epochs(params, opt_state, data, key):
         def epoch(c, k):
@@ -233,19 +246,50 @@ def make_epochs(cfg: PPOConfig, loss_fn: Any, tx: optax.GradientTransformation):
 
             def minibatch(c, mb):
                 params, opt_state = c
-                grads = jax.grad(loss_fn)(params, mb)
+                if with_stats:
+                    (loss, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, mb)
+                    stats = {"loss": loss, **aux}
+                else:
+                    grads, stats = jax.grad(loss_fn)(params, mb), None
                 updates, opt_state = tx.update(grads, opt_state, params)
-                return (optax.apply_updates(params, updates), opt_state), None
+                return (optax.apply_updates(params, updates), opt_state), stats
 
-            return jax.lax.scan(minibatch, c, mbs)[0], None
+            return jax.lax.scan(minibatch, c, mbs)
 
-        return jax.lax.scan(epoch, (params, opt_state), jax.random.split(key, cfg.update_epochs))[0]
+        (params, opt_state), stats = jax.lax.scan(
+            epoch, (params, opt_state), jax.random.split(key, cfg.update_epochs)
+        )
+        if not with_stats:
+            return params, opt_state
+        return params, opt_state, jax.tree.map(jnp.mean, stats)
 
     return epochs
 
 
-def make_train(cfg: PPOConfig):
-    """Returns ``train(key) -> metrics``: a pure function, jit/vmap it (see ``main``)."""
+@dataclasses.dataclass(frozen=True)
+class TrainParts:
+    """The pieces of one training run (all pure and jittable).
+
+    Attributes:
+        init: ``init(key) -> carry``; the carry is ``(params, opt_state, sampler_state,
+            running_returns float32[num_envs], key)``: everything that determines the rest
+            of the run.
+        update: ``update(carry, None) -> (carry, metrics)``, one PPO update (a rollout, GAE,
+            the epochs), the body of a ``lax.scan``. ``metrics``: float32 scalars
+            ``return_sum`` and ``episodes`` (of the episodes completed in this update's
+            rollout) and, with ``with_stats``, the losses averaged over the minibatches.
+        policy: the network (``policy.forward(carry[0], obs)``).
+        env: the environment.
+    """
+
+    init: Any
+    update: Any
+    policy: js.MLPPolicy
+    env: js.Env
+
+
+def make_parts(cfg: PPOConfig, with_stats: bool = False) -> TrainParts:
+    """The ``init`` and ``update`` functions :func:`make_train` scans (see :class:`TrainParts`)."""
     env = js.make(cfg.env_id)
     policy = js.MLPPolicy(env.observation_space, env.action_space, cfg.hidden_sizes, cfg.activation)
     init_sampler, sample = (
@@ -253,7 +297,7 @@ def make_train(cfg: PPOConfig):
     )(cfg, env, policy)
     batch_size = cfg.num_envs * cfg.rollout_length
     tx = make_optimizer(cfg)
-    epochs = make_epochs(cfg, make_loss(cfg, policy), tx)
+    epochs = make_epochs(cfg, make_loss(cfg, policy, with_aux=with_stats), tx, with_stats)
 
     def episode_returns(batch, running):
         """Completed-episode returns of this rollout (sum, count), with a running total per env."""
@@ -269,47 +313,48 @@ def make_train(cfg: PPOConfig):
         )
         return running, rets.sum(), dones.sum()
 
-    def train(key):
+    def init(key):
         k_init, k_sampler, k_loop = jax.random.split(key, 3)
         params = policy.init(k_init)
         opt_state = tx.init(params)
         sstate = init_sampler(k_sampler)
+        return (params, opt_state, sstate, jnp.zeros((cfg.num_envs,), jnp.float32), k_loop)
 
-        def update(carry, _):
-            params, opt_state, sstate, running, key = carry
-            sstate, batch = sample(params, sstate)
-            running, ret_sum, ret_count = episode_returns(batch, running)
-            flat = jax.tree.map(
-                lambda x: x.reshape((batch_size * x.shape[2],) + x.shape[3:]), batch
-            )
+    def update(carry, _):
+        params, opt_state, sstate, running, key = carry
+        sstate, batch = sample(params, sstate)
+        running, ret_sum, ret_count = episode_returns(batch, running)
+        flat = jax.tree.map(lambda x: x.reshape((batch_size * x.shape[2],) + x.shape[3:]), batch)
 
-            key, k_epochs = jax.random.split(key)
+        key, k_epochs = jax.random.split(key)
+        metrics = {"return_sum": ret_sum, "episodes": ret_count}
+        if with_stats:
+            params, opt_state, stats = epochs(params, opt_state, flat, k_epochs)
+            metrics.update(stats)
+        else:
             params, opt_state = epochs(params, opt_state, flat, k_epochs)
-            metrics = {"return_sum": ret_sum, "episodes": ret_count}
-            return (params, opt_state, sstate, running, key), metrics
+        return (params, opt_state, sstate, running, key), metrics
 
-        carry = (params, opt_state, sstate, jnp.zeros((cfg.num_envs,), jnp.float32), k_loop)
-        _, metrics = jax.lax.scan(update, carry, None, cfg.num_updates)
-        return metrics
+    return TrainParts(init, update, policy, env)
+
+
+def make_train(cfg: PPOConfig, return_params: bool = False):
+    """Returns ``train(key) -> metrics`` (``(metrics, final params)`` with ``return_params``):
+    a pure function, jit it (see :func:`run`); ``metrics`` leaves are ``[num_updates]``."""
+    parts = make_parts(cfg)
+
+    def train(key):
+        carry, metrics = jax.lax.scan(parts.update, parts.init(key), None, cfg.num_updates)
+        return (metrics, carry[0]) if return_params else metrics
 
     return train
 
 
-def run(cfg: PPOConfig, seeds: int = 3, seed: int = 0) -> dict[str, Any]:
-    """Trains ``seeds`` seeds one after the other with one compiled function.
-
-    (Seeds are not vmapped: with XLA 0.10 on CPU, a vmapped training graph occasionally
-    deadlocked in the runtime at some small shapes.)
-    """
-    keys = jax.random.split(jax.random.PRNGKey(seed), seeds)
-    t0 = time.perf_counter()
-    compiled = jax.jit(make_train(cfg)).lower(keys[0]).compile()
-    compile_s = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    per_seed = [jax.block_until_ready(compiled(k)) for k in keys]
-    wall_s = time.perf_counter() - t0
-    metrics = jax.tree.map(lambda *xs: np.stack(xs), *per_seed)
-    ret_sum, eps = np.asarray(metrics["return_sum"]), np.asarray(metrics["episodes"])
+def _summary(
+    cfg: PPOConfig, seeds: int, ret_sum: np.ndarray, eps: np.ndarray, compile_s: float,
+    wall_s: float, steps_run: int
+) -> dict[str, Any]:
+    """The result dict of a run from its per-update metrics ``[seeds, num_updates]``."""
     # Mean return of the episodes completed in the last 5% of updates (at least 1 update).
     tail = max(1, cfg.num_updates // 20)
     final = ret_sum[:, -tail:].sum(1) / np.maximum(eps[:, -tail:].sum(1), 1)
@@ -322,12 +367,42 @@ def run(cfg: PPOConfig, seeds: int = 3, seed: int = 0) -> dict[str, Any]:
         "env_steps_per_seed": steps,
         "compile_s": compile_s,
         "wall_s": wall_s,
-        "env_steps_per_s": steps * seeds / wall_s,
+        "env_steps_per_s": steps_run / wall_s if wall_s > 0 else float("nan"),
         "final_mean_return_per_seed": final.tolist(),
         "learning_curve_per_seed": [
             [None if np.isnan(v) else v for v in c] for c in curve.tolist()
         ],
     }
+
+
+def run(
+    cfg: PPOConfig, seeds: int = 3, seed: int = 0, return_params: bool = False
+) -> dict[str, Any]:
+    """Trains ``seeds`` seeds one after the other with one compiled function.
+
+    (Seeds are not vmapped: with XLA 0.10 on CPU, a vmapped training graph occasionally
+    deadlocked in the runtime at some small shapes.)
+
+    Returns:
+        the result dict (JSON-serializable); with ``return_params`` also
+        ``"final_params"``: the trained network parameters of each seed (a list of pytrees,
+        for ``policy.forward``) — not JSON-serializable.
+    """
+    keys = jax.random.split(jax.random.PRNGKey(seed), seeds)
+    t0 = time.perf_counter()
+    compiled = jax.jit(make_train(cfg, return_params)).lower(keys[0]).compile()
+    compile_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    outs = [jax.block_until_ready(compiled(k)) for k in keys]
+    wall_s = time.perf_counter() - t0
+    per_seed = [o[0] for o in outs] if return_params else outs
+    metrics = jax.tree.map(lambda *xs: np.stack(xs), *per_seed)
+    ret_sum, eps = np.asarray(metrics["return_sum"]), np.asarray(metrics["episodes"])
+    steps = cfg.num_updates * cfg.num_envs * cfg.rollout_length
+    res = _summary(cfg, seeds, ret_sum, eps, compile_s, wall_s, steps * seeds)
+    if return_params:
+        res["final_params"] = [o[1] for o in outs]
+    return res
 
 
 def main(argv: list[str] | None = None) -> int:
