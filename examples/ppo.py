@@ -206,7 +206,12 @@ def make_loss(cfg: PPOConfig, policy: js.MLPPolicy, with_aux: bool = False):
         loss = pg + cfg.vf_coef * vf - cfg.ent_coef * entropy
         if not with_aux:
             return loss
-        aux = {"pg_loss": pg, "vf_loss": vf, "entropy": entropy, "approx_kl": mean(-(logp - mb["logp"]))}
+        aux = {
+            "pg_loss": pg,
+            "vf_loss": vf,
+            "entropy": entropy,
+            "approx_kl": mean(-(logp - mb["logp"])),
+        }
         return loss, aux
 
     return loss_fn
@@ -351,8 +356,13 @@ def make_train(cfg: PPOConfig, return_params: bool = False):
 
 
 def _summary(
-    cfg: PPOConfig, seeds: int, ret_sum: np.ndarray, eps: np.ndarray, compile_s: float,
-    wall_s: float, steps_run: int
+    cfg: PPOConfig,
+    seeds: int,
+    ret_sum: np.ndarray,
+    eps: np.ndarray,
+    compile_s: float,
+    wall_s: float,
+    steps_run: int,
 ) -> dict[str, Any]:
     """The result dict of a run from its per-update metrics ``[seeds, num_updates]``."""
     # Mean return of the episodes completed in the last 5% of updates (at least 1 update).
@@ -405,6 +415,155 @@ def run(
     return res
 
 
+# ----------------------------------------------------------------------------- chunks + resume
+
+
+def _strong(tree: Any) -> Any:
+    """``tree`` with no weakly-typed leaves (the env's Python-scalar params come out of
+    ``init`` weakly typed; a restored checkpoint never is): the uninterrupted and the resumed
+    run then call the very same compiled chunk."""
+    return jax.tree.map(lambda x: jnp.asarray(x, dtype=x.dtype), tree)
+
+
+def fingerprint(cfg: PPOConfig, seeds: int, seed: int, every: int) -> dict[str, Any]:
+    """What a training checkpoint must agree on to be resumed (JSON values): the config,
+    the seeds and the chunk length."""
+    fp = json.loads(json.dumps(dataclasses.asdict(cfg)))  # tuples as JSON lists
+    return {**fp, "seeds": seeds, "seed": seed, "checkpoint_every": every}
+
+
+def run_chunked(
+    cfg: PPOConfig,
+    seeds: int = 3,
+    seed: int = 0,
+    *,
+    every: int,
+    checkpoint_dir: str | Path | None = None,
+    stop_after: int | None = None,
+    on_chunk: Any = None,
+    return_params: bool = False,
+) -> dict[str, Any]:
+    """Trains like :func:`run`, in jitted chunks of ``every`` updates (the same ``update``
+    scanned ``every`` times), checkpointing the whole training state after each chunk.
+
+    The state saved with ``js.checkpoint`` (in a ``js.checkpoint.Checkpoints`` directory,
+    step = updates done, newest two kept) is every seed's carry — network params, optimizer
+    state, the rollout state with its RNG keys, the running episode returns, the loop key —
+    and the per-update metrics so far; the run's :func:`fingerprint` is in its meta. If
+    ``checkpoint_dir`` holds a checkpoint, training resumes from the newest one and the
+    per-update metrics equal those of an uninterrupted run bit for bit (same compiled
+    chunk, same inputs).
+
+    Args:
+        cfg, seeds, seed: as :func:`run`.
+        every: updates per chunk (>= 1); the last chunk may be shorter.
+        checkpoint_dir: where to checkpoint (``None``: chunks without checkpoints).
+        stop_after: stop after the chunk that contains update ``stop_after`` (1-based),
+            as if interrupted; ``res["stopped"]`` says whether it did.
+        on_chunk: called after each chunk as ``on_chunk(done, metrics, wall_s)``: updates
+            done so far (all seeds), this chunk's metrics (name -> ``[seeds, n]`` numpy),
+            its wall time.
+        return_params: as :func:`run`.
+
+    Returns:
+        :func:`run`'s result dict plus ``checkpoint_every``, ``updates_done``,
+        ``resumed_from`` (updates done before this call), ``stopped`` and
+        ``metrics_per_seed`` (name -> ``[seeds, updates_done]`` lists).
+
+    Raises:
+        js.checkpoint.CheckpointError: the checkpoint belongs to another configuration (the
+            message names every differing field) or cannot be read.
+    """
+    if every < 1:
+        raise ValueError(f"checkpoint every must be >= 1 update, got {every}")
+    parts = make_parts(cfg, with_stats=True)
+    keys = jax.random.split(jax.random.PRNGKey(seed), seeds)
+    init = jax.jit(lambda k: _strong(parts.init(k)))
+    abstract_carry = jax.eval_shape(init, keys[0])
+    _, abstract_metrics = jax.eval_shape(
+        lambda c: jax.lax.scan(parts.update, c, None, 1), abstract_carry
+    )
+    metrics = {k: np.zeros((seeds, cfg.num_updates), v.dtype) for k, v in abstract_metrics.items()}
+    fp = fingerprint(cfg, seeds, seed, every)
+    ckpts = None if checkpoint_dir is None else js.checkpoint.Checkpoints(checkpoint_dir, 2)
+    latest = None if ckpts is None else ckpts.latest_step()
+    done = 0
+    if latest is not None:
+        path = ckpts.path(latest)
+        saved = js.checkpoint.read_meta(path).get("ppo")
+        diff = js.checkpoint.fingerprint_mismatch(saved or {}, fp)
+        if diff:
+            raise js.checkpoint.CheckpointError(
+                f"checkpoint {path} was written by a run with another configuration ({diff}); "
+                "resume it with the same options, or use another --checkpoint-dir"
+            )
+        tree = js.checkpoint.restore(
+            path, like={"carries": [abstract_carry] * seeds, "metrics": metrics}
+        )
+        carries, metrics = list(tree["carries"]), tree["metrics"]
+        done = int(latest)
+    resumed_from = done
+
+    compile_s, wall_s, compiled = 0.0, 0.0, {}
+    if done == 0:
+        t0 = time.perf_counter()
+        carries = [jax.block_until_ready(init(k)) for k in keys]
+        compile_s += time.perf_counter() - t0  # init is tiny: count it as setup
+
+    def should_stop() -> bool:
+        return stop_after is not None and stop_after <= done < cfg.num_updates
+
+    stopped = should_stop()
+    while done < cfg.num_updates and not stopped:
+        n = min(every, cfg.num_updates - done)
+        if n not in compiled:
+            t0 = time.perf_counter()
+            compiled[n] = (
+                jax.jit(lambda c, n=n: jax.lax.scan(parts.update, c, None, n))
+                .lower(abstract_carry)
+                .compile()
+            )
+            compile_s += time.perf_counter() - t0
+        t0 = time.perf_counter()
+        outs = [compiled[n](c) for c in carries]
+        outs = jax.block_until_ready(outs)
+        chunk_s = time.perf_counter() - t0
+        wall_s += chunk_s
+        carries = [c for c, _ in outs]
+        chunk = {k: np.stack([np.asarray(m[k]) for _, m in outs]) for k in metrics}
+        for k in metrics:
+            metrics[k][:, done : done + n] = chunk[k]
+        done += n
+        if ckpts is not None:
+            tree = {"carries": carries, "metrics": metrics}
+            meta = {"ppo": fp, "updates_done": done}
+            ckpts.save(done, lambda p, t=tree, m=meta: js.checkpoint.save(p, t, meta=m))
+        if on_chunk is not None:
+            on_chunk(done, chunk, chunk_s)
+        stopped = should_stop()
+
+    steps_here = (done - resumed_from) * cfg.num_envs * cfg.rollout_length * seeds
+    res = _summary(
+        cfg,
+        seeds,
+        metrics["return_sum"][:, :done],
+        metrics["episodes"][:, :done],
+        compile_s,
+        wall_s,
+        steps_here,
+    )
+    res.update(
+        checkpoint_every=every,
+        updates_done=done,
+        resumed_from=resumed_from,
+        stopped=stopped,
+        metrics_per_seed={k: v[:, :done].tolist() for k, v in metrics.items()},
+    )
+    if return_params:
+        res["final_params"] = [c[0] for c in carries]
+    return res
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--env", default="CartPole-v1", choices=sorted(DEFAULTS))
@@ -415,6 +574,27 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--num-envs", type=int, default=None)
     p.add_argument("--rollout-length", type=int, default=None)
     p.add_argument("--json", type=Path, default=None, help="write the result as JSON here")
+    p.add_argument(
+        "--checkpoint-dir",
+        type=Path,
+        default=None,
+        help="checkpoint the training state here after every chunk; rerunning the same "
+        "command resumes from the newest checkpoint",
+    )
+    p.add_argument(
+        "--checkpoint-every",
+        type=int,
+        default=None,
+        help="updates per jitted chunk (default with --checkpoint-dir: ~1/10 of the run); "
+        "without --checkpoint-dir: train in chunks without checkpoints",
+    )
+    p.add_argument(
+        "--stop-after",
+        type=int,
+        default=None,
+        metavar="K",
+        help="exit after the chunk that contains update K (simulates an interruption)",
+    )
     args = p.parse_args(argv)
     cfg = dataclasses.replace(DEFAULTS[args.env], sampler=args.sampler)
     for field, value in (
@@ -424,7 +604,38 @@ def main(argv: list[str] | None = None) -> int:
     ):
         if value is not None:
             cfg = dataclasses.replace(cfg, **{field: value})
-    res = run(cfg, args.seeds, args.seed)
+    every = args.checkpoint_every
+    if every is None and (args.checkpoint_dir is not None or args.stop_after is not None):
+        every = max(1, cfg.num_updates // 10)
+    if every is None:
+        res = run(cfg, args.seeds, args.seed)  # one jit for the whole run
+    else:
+        if every < 1:
+            p.error(f"--checkpoint-every must be >= 1, got {every}")
+        try:
+            res = run_chunked(
+                cfg,
+                args.seeds,
+                args.seed,
+                every=every,
+                checkpoint_dir=args.checkpoint_dir,
+                stop_after=args.stop_after,
+            )
+        except js.checkpoint.CheckpointError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        if res["stopped"]:
+            print(
+                f"stopped after update {res['updates_done']} of {cfg.num_updates}"
+                + (
+                    f"; checkpoint in {args.checkpoint_dir}: rerun without --stop-after to resume"
+                    if args.checkpoint_dir is not None
+                    else ""
+                )
+            )
+            return 0
+        if res["resumed_from"]:
+            print(f"resumed from update {res['resumed_from']} of {cfg.num_updates}")
     print(
         f"{cfg.env_id} [{cfg.sampler}] {args.seeds} seeds x {res['env_steps_per_seed']:,} steps: "
         f"compile {res['compile_s']:.1f} s, train {res['wall_s']:.1f} s "
