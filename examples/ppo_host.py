@@ -57,12 +57,11 @@ def batch_gae(rewards, values, next_values, terminateds, ends, gamma, lam):
     return adv
 
 
-def make_update(cfg, policy, epochs):
-    """``update(params, opt_state, batch, key)``: GAE over a :func:`padded_batch` (bootstrapping
-    from the value of ``new_obs``) and the minibatch epochs. Jitted."""
+def make_data(cfg, policy):
+    """``data(params, batch)``: the learner's columns of a :func:`padded_batch`, with GAE
+    advantages and value targets (bootstrapping from the value of ``new_obs``). Jittable."""
 
-    @jax.jit
-    def update(params, opt_state, batch, key):
+    def data(params, batch):
         _, nv, _ = policy.forward(params, batch["new_obs"])
         adv = batch_gae(
             batch["rewards"],
@@ -73,7 +72,7 @@ def make_update(cfg, policy, epochs):
             cfg.gamma,
             cfg.gae_lambda,
         )
-        data = {
+        return {
             "obs": batch["obs"],
             "actions": batch["actions"],
             "logp": batch["action_logp"],
@@ -82,9 +81,28 @@ def make_update(cfg, policy, epochs):
             "targets": adv + batch["vf_preds"],
             "mask": batch["mask"],
         }
-        return epochs(params, opt_state, data, key)
+
+    return data
+
+
+def make_update(cfg, policy, epochs):
+    """``update(params, opt_state, batch, key)``: GAE over a :func:`padded_batch` (bootstrapping
+    from the value of ``new_obs``) and the minibatch epochs. Jitted."""
+    data = make_data(cfg, policy)
+
+    @jax.jit
+    def update(params, opt_state, batch, key):
+        return epochs(params, opt_state, data(params, batch), key)
 
     return update
+
+
+def make_batch_loss(cfg, policy):
+    """``batch_loss(params, batch) -> float32[]``: the PPO loss of ``params`` on a whole
+    :func:`padded_batch` (what the logs show before and after each update; the update
+    itself does not use it). Jitted."""
+    data, loss_fn = make_data(cfg, policy), ppo.make_loss(cfg, policy)
+    return jax.jit(lambda params, batch: loss_fn(params, data(params, batch)))
 
 
 def padded_batch(sb, size: int) -> dict[str, np.ndarray]:
@@ -115,6 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rollout-length", type=int, default=128)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", type=Path, default=None)
+    js.loggers.add_arguments(p)  # --log-dir, --logger, --quiet
     args = p.parse_args(argv)
     cfg = dataclasses.replace(
         ppo.DEFAULTS["CartPole-v1"],
@@ -124,8 +143,17 @@ def main(argv: list[str] | None = None) -> int:
     )
     env = js.make(cfg.env_id)
     policy = js.MLPPolicy(env.observation_space, env.action_space, cfg.hidden_sizes, cfg.activation)
+    logger = js.loggers.from_arguments(args)
+    bar = js.progress.Bar(cfg.total_timesteps, desc="ppo_host", quiet=args.quiet)
+    # the sampler logs each call's report (returns, env steps/s, compile events) and
+    # advances the bar by its env steps
     sampler = js.Sampler(
-        env, policy, num_envs=cfg.num_envs, rollout_length=cfg.rollout_length, seed=args.seed
+        env,
+        policy,
+        num_envs=cfg.num_envs,
+        rollout_length=cfg.rollout_length,
+        seed=args.seed,
+        callbacks=[logger, js.progress.ProgressCallback(bar)],
     )
     params = policy.init(jax.random.PRNGKey(args.seed))
     tx = ppo.make_optimizer(cfg)
@@ -133,20 +161,33 @@ def main(argv: list[str] | None = None) -> int:
     epochs = ppo.make_epochs(cfg, ppo.make_loss(cfg, policy), tx)
 
     update = make_update(cfg, policy, epochs)
+    batch_loss = None if isinstance(logger, js.loggers.NullLogger) else make_batch_loss(cfg, policy)
 
     # Batches vary in length (reset steps are not rows): pad to the fixed device batch size
     # so `update` compiles once; padded rows get mask False.
     size = cfg.num_envs * cfg.rollout_length
     key = jax.random.PRNGKey(args.seed + 1)
     returns, steps, t0 = [], 0, time.perf_counter()
-    while steps < cfg.total_timesteps:
-        mab = sampler.sample_batch(params)
-        sb = mab["default_policy"]
-        key, k = jax.random.split(key)
-        params, opt_state = update(params, opt_state, padded_batch(sb, size), k)
-        steps += sb.count
-        if sampler.metrics.num_episodes_completed:
-            returns.append(sampler.metrics.episode_return_mean)
+    with logger, bar:
+        while steps < cfg.total_timesteps:
+            mab = sampler.sample_batch(params)
+            sb = mab["default_policy"]
+            key, k = jax.random.split(key)
+            batch = padded_batch(sb, size)
+            before = None if batch_loss is None else batch_loss(params, batch)
+            params, opt_state = update(params, opt_state, batch, k)
+            steps += sb.count
+            if sampler.metrics.num_episodes_completed:
+                returns.append(sampler.metrics.episode_return_mean)
+            if batch_loss is not None:
+                logger.log(
+                    {
+                        "train/loss_before": before,
+                        "train/loss_after": batch_loss(params, batch),
+                        "train/rows": sb.count,
+                    },
+                    step=sampler.totals.env_steps,
+                )
     wall = time.perf_counter() - t0
     final = float(np.mean(returns[-max(1, len(returns) // 20) :])) if returns else float("nan")
     print(

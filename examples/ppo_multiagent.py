@@ -55,6 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rollout-length", type=int, default=128)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", type=Path, default=None)
+    js.loggers.add_arguments(p)  # --log-dir, --logger, --quiet
     args = p.parse_args(argv)
     env = js.make("Spread-v0", n=args.agents)
     cfg = dataclasses.replace(
@@ -69,8 +70,17 @@ def main(argv: list[str] | None = None) -> int:
     )
     mlp = js.MLPPolicy(env.observation_space, env.action_space, cfg.hidden_sizes, cfg.activation)
     policy = js.MultiAgentPolicy(env, {"even": mlp, "odd": mlp}, policy_of)
+    logger = js.loggers.from_arguments(args)
+    bar = js.progress.Bar(cfg.total_timesteps, desc="ppo_multiagent", quiet=args.quiet)
+    # the sampler logs each call's report (returns, env steps/s, compile events) and
+    # advances the bar by its env steps
     sampler = js.Sampler(
-        env, policy, num_envs=cfg.num_envs, rollout_length=cfg.rollout_length, seed=args.seed
+        env,
+        policy,
+        num_envs=cfg.num_envs,
+        rollout_length=cfg.rollout_length,
+        seed=args.seed,
+        callbacks=[logger, js.progress.ProgressCallback(bar)],
     )
     params = policy.init(jax.random.PRNGKey(args.seed))
     tx = ppo.make_optimizer(cfg)
@@ -78,24 +88,35 @@ def main(argv: list[str] | None = None) -> int:
     epochs = ppo.make_epochs(cfg, ppo.make_loss(cfg, mlp), tx)
 
     update = ppo_host.make_update(cfg, mlp, epochs)
+    logging = not isinstance(logger, js.loggers.NullLogger)
+    batch_loss = ppo_host.make_batch_loss(cfg, mlp) if logging else None
 
     # Rows per policy vary (agent steps complete across calls): pad to the most one call
     # can hold, so `update` compiles once; padded rows are masked out.
     size = cfg.num_envs * cfg.rollout_length * ((args.agents + 1) // 2)
     key = jax.random.PRNGKey(args.seed + 1)
     curve, steps, agent_steps, t0 = [], 0, 0, time.perf_counter()
-    while steps < cfg.total_timesteps:
-        mab = sampler.sample_batch(params)
-        for pid in policy.policy_ids:
-            key, k = jax.random.split(key)
-            params[pid], opt_states[pid] = update(
-                params[pid], opt_states[pid], ppo_host.padded_batch(mab[pid], size), k
-            )
-        steps += mab.env_steps()
-        agent_steps += mab.agent_steps()
-        m = sampler.metrics
-        if m.num_episodes_completed:
-            curve.append((steps, m.episode_return_mean / env.num_agents))
+    with logger, bar:
+        while steps < cfg.total_timesteps:
+            mab = sampler.sample_batch(params)
+            scalars = {}
+            for pid in policy.policy_ids:
+                key, k = jax.random.split(key)
+                batch = ppo_host.padded_batch(mab[pid], size)
+                if batch_loss is not None:
+                    scalars[f"train/{pid}/loss_before"] = batch_loss(params[pid], batch)
+                params[pid], opt_states[pid] = update(params[pid], opt_states[pid], batch, k)
+                if batch_loss is not None:
+                    scalars[f"train/{pid}/loss_after"] = batch_loss(params[pid], batch)
+                    scalars[f"train/{pid}/agent_steps"] = mab[pid].count
+            steps += mab.env_steps()
+            agent_steps += mab.agent_steps()
+            m = sampler.metrics
+            if m.num_episodes_completed:
+                curve.append((steps, m.episode_return_mean / env.num_agents))
+                scalars["train/return_per_agent"] = m.episode_return_mean / env.num_agents
+            if logging:
+                logger.log(scalars, step=sampler.totals.env_steps)
     wall = time.perf_counter() - t0
     k = max(1, len(curve) // 10)
     first, last = (

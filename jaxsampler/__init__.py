@@ -13,8 +13,10 @@ The top level holds the everyday path. The layers, bottom to top, are subpackage
 (``evaluate``: unbiased episodes, greedy actions, frozen statistics),
 :mod:`~jaxsampler.episodes` (RLlib's data model in numpy), :mod:`~jaxsampler.host_envs`
 (host-stepped envs), :mod:`~jaxsampler.sampling` (the sampler family),
-:mod:`~jaxsampler.serving` (HTTP policy server and client), :mod:`~jaxsampler.offline` (logs)
-and :mod:`~jaxsampler.checkpoint` (orbax checkpoints: exact resume).
+:mod:`~jaxsampler.serving` (HTTP policy server and client), :mod:`~jaxsampler.offline` (logs),
+:mod:`~jaxsampler.loggers` (JSON lines, TensorBoard, W&B: sampler callbacks),
+:mod:`~jaxsampler.progress` (progress bars) and :mod:`~jaxsampler.checkpoint` (orbax
+checkpoints: exact resume).
 """
 
 from jaxsampler import (
@@ -22,10 +24,12 @@ from jaxsampler import (
     distributed,
     episodes,
     host_envs,
+    loggers,
     offline,
     placement,
     policies,
     postprocessing,
+    progress,
     rollout,
     sampling,
     serving,
@@ -111,6 +115,7 @@ __all__ = [
     "greedy",
     "host_envs",
     "init_rollout_state",
+    "loggers",
     "jit_rollout",
     "make",
     "make_rollout",
@@ -119,6 +124,7 @@ __all__ = [
     "placement",
     "policies",
     "postprocessing",
+    "progress",
     "register",
     "registered_ids",
     "repair_log",

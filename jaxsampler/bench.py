@@ -140,6 +140,7 @@ def measure_rollout(
     repeats: int = 5,
     seed: int = 0,
     num_devices: int = 1,
+    on_call: Callable[[], None] | None = None,
 ) -> dict[str, Any]:
     """Times ``jit_rollout(make_rollout(...))`` on one env id and width.
 
@@ -147,7 +148,9 @@ def measure_rollout(
     ``median_s`` (steady state), ``env_steps_per_s`` (``E * T / median_s``, reset steps
     included) and ``actions_per_s`` (agent actions actually taken per second: acting
     agents only, so reset steps are not counted). ``num_devices > 1`` splits the env
-    axis over that many devices (``make_rollout(..., mesh=num_devices)``).
+    axis over that many devices (``make_rollout(..., mesh=num_devices)``). ``on_call``
+    is called after the compiling call and after each timed one (outside the timing; a
+    progress bar's hook), ``repeats + 1`` times in all.
 
     Raises:
         TypeError: ``env_id`` names a host-stepped env (``"gym:<id>"``).
@@ -169,6 +172,8 @@ def measure_rollout(
     state, traj = rollout(params, state)
     jax.block_until_ready(traj)
     compile_s = time.perf_counter() - t0
+    if on_call is not None:
+        on_call()
     acted = []
 
     def call() -> Trajectory:
@@ -180,6 +185,8 @@ def measure_rollout(
     for _ in range(repeats):
         times.extend(time_calls(call, 1))
         acted.append(int(np.asarray(traj.acting).sum()))
+        if on_call is not None:
+            on_call()
     med = statistics.median(times)
     steps = num_envs * rollout_length
     return {

@@ -2,6 +2,8 @@
 
 ``jaxsampler bench`` (the default) samples a built-in env (CartPole-v1) with a 64x64 tanh
 MLP policy across vector widths and prints actions/s, compile time and steps per width.
+Progress goes to stderr: a bar (calls done, rate, ETA) on a terminal, plain lines
+otherwise, nothing with ``--quiet``; the table goes to stdout.
 ``jaxsampler check ENV`` runs :func:`jaxsampler.check_env` on an env id.
 ``jaxsampler envs`` lists the registered env ids.
 
@@ -81,6 +83,12 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument(
         "--json", metavar="PATH", help="also write the results as JSON to PATH ('-' for stdout)"
     )
+    b.add_argument(
+        "--quiet",
+        action="store_true",
+        help="no progress on stderr (only the table); the bar is off anyway when stderr "
+        "is not a terminal or CI / JAXSAMPLER_QUIET is set (plain lines instead)",
+    )
     c = sub.add_parser("check", help="validate an env with jaxsampler.check_env")
     c.add_argument("env", help="env id")
     sub.add_parser("envs", help="list registered env ids")
@@ -107,6 +115,7 @@ def _bench(args: argparse.Namespace) -> int:
     import jax
 
     from jaxsampler import bench
+    from jaxsampler.progress import progress
     from jaxsampler.registry import make_jax_env
 
     if args.rollout_length < 1 or args.repeats < 1:
@@ -120,36 +129,47 @@ def _bench(args: argparse.Namespace) -> int:
     hidden = tuple(int(h) for h in args.hidden.split(","))
     ndev = jax.device_count()
     info = bench.environment_info()
-    print(
-        f"jaxsampler bench: {args.env}, {args.policy} policy "
-        f"{hidden if args.policy == 'mlp' else ''}, "
-        f"T={args.rollout_length}, backend {info['backend']} x{ndev} device(s)",
-        file=sys.stderr,
-    )
-    rows = []
-    for i, w in enumerate(args.widths):
-        n = ndev if ndev > 1 and w % ndev == 0 else 1
-        print(
-            f"[{i + 1}/{len(args.widths)}] width {w} on {n} device(s): compiling and timing ...",
-            file=sys.stderr,
-            flush=True,
+    # a bar on a terminal (messages above it); plain lines otherwise; --quiet: neither
+    with progress(
+        len(args.widths) * (args.repeats + 1),
+        desc="bench",
+        unit="call",
+        quiet=True if args.quiet else None,
+    ) as bar:
+
+        def say(msg: str) -> None:
+            if args.quiet:
+                return
+            if bar.quiet:
+                print(msg, file=sys.stderr, flush=True)
+            else:
+                bar.write(msg)
+
+        say(
+            f"jaxsampler bench: {args.env}, {args.policy} policy "
+            f"{hidden if args.policy == 'mlp' else ''}, "
+            f"T={args.rollout_length}, backend {info['backend']} x{ndev} device(s)"
         )
-        row = bench.measure_rollout(
-            args.env,
-            w,
-            args.rollout_length,
-            policy=args.policy,
-            hidden_sizes=hidden,
-            repeats=args.repeats,
-            seed=args.seed,
-            num_devices=n,
-        )
-        print(
-            f"      {row['actions_per_s']:,.0f} actions/s (compile {row['compile_s']:.2f} s)",
-            file=sys.stderr,
-            flush=True,
-        )
-        rows.append(row)
+        rows = []
+        for i, w in enumerate(args.widths):
+            n = ndev if ndev > 1 and w % ndev == 0 else 1
+            say(
+                f"[{i + 1}/{len(args.widths)}] width {w} on {n} device(s): compiling and timing ..."
+            )
+            bar.update(0, width=w)
+            row = bench.measure_rollout(
+                args.env,
+                w,
+                args.rollout_length,
+                policy=args.policy,
+                hidden_sizes=hidden,
+                repeats=args.repeats,
+                seed=args.seed,
+                num_devices=n,
+                on_call=lambda: bar.update(1),
+            )
+            say(f"      {row['actions_per_s']:,.0f} actions/s (compile {row['compile_s']:.2f} s)")
+            rows.append(row)
     print(_table(rows))
     if args.json:
         payload = json.dumps({"results": rows, "environment": info, "argv": sys.argv[1:]}, indent=2)
@@ -158,7 +178,8 @@ def _bench(args: argparse.Namespace) -> int:
         else:
             with open(args.json, "w") as f:
                 f.write(payload + "\n")
-            print(f"wrote {args.json}", file=sys.stderr)
+            if not args.quiet:
+                print(f"wrote {args.json}", file=sys.stderr)
     return 0
 
 

@@ -86,6 +86,54 @@ class Env:
         """
         raise NotImplementedError
 
+    def render(self, state: Any, params: Any = None) -> jax.Array:
+        """Draws one env's state as an RGB frame.
+
+        Args:
+            state: the state of ONE env, unbatched (the pytree :meth:`reset` returns).
+            params: the env's params (``default_params`` when None).
+
+        Returns:
+            ``uint8[H, W, 3]`` with ``(H, W) == render_shape``.
+
+        Pure JAX; safe under jit and vmap (a batch of states renders with
+        ``jax.vmap(env.render, in_axes=(0, None))(states, params)``). Envs that
+        override this get ``can_render == True``.
+
+        Raises:
+            NotImplementedError: the env has no render (this default).
+        """
+        raise NotImplementedError(f"{self.name} has no render")
+
+    @property
+    def can_render(self) -> bool:
+        """Whether :meth:`render` is implemented: True where a subclass overrides it.
+
+        Wrappers that forward ``render`` to an inner env override this to ask that env.
+        """
+        return type(self).render is not Env.render
+
+    @property
+    def render_shape(self) -> tuple[int, int]:
+        """The static ``(H, W)`` of :meth:`render`'s frames.
+
+        By default found by tracing :meth:`render` on a reset state (no computation);
+        envs override it with the known size.
+
+        Raises:
+            NotImplementedError: the env has no render.
+        """
+        if not self.can_render:
+            raise NotImplementedError(f"{self.name} has no render")
+        params = self.default_params
+
+        def first_frame(key: jax.Array) -> jax.Array:
+            state, _ = self.reset(key, params)
+            return self.render(state, params)
+
+        frame = jax.eval_shape(first_frame, jax.random.key(0))
+        return (int(frame.shape[0]), int(frame.shape[1]))
+
 
 class SingleAgentEnv(Env):
     """Helper base for single-agent envs written as one-agent, unbatched logic.

@@ -3,6 +3,9 @@
 Explicit Euler integration with ``tau = 0.02``; reward 1 on every step, including the
 one that terminates; termination when ``|x| > 2.4`` or ``|theta| > 12 deg``; time limit
 500 steps.
+
+``render`` draws a 300 x 200 frame laid out as Gymnasium's (at half its size); see
+:meth:`CartPole.render` for the exact pixel geometry.
 """
 
 from __future__ import annotations
@@ -16,10 +19,21 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
+from jaxsampler.envs import render as draw
 from jaxsampler.envs.base import SingleAgentEnv
 from jaxsampler.spaces import Box, Discrete
 
 __all__ = ["CartPole", "CartPoleParams", "CartPoleState"]
+
+#: Frame size ``(H, W)`` of :meth:`CartPole.render`.
+RENDER_SHAPE = (200, 300)
+_TRACK_Y = 150.0  # pixel row (center) of the track and the cart
+_CART_W, _CART_H = 25.0, 15.0
+_POLE_W = 5.0
+_CART_COLOR: draw.Color = (0, 0, 0)
+_POLE_COLOR: draw.Color = (202, 152, 101)
+_AXLE_COLOR: draw.Color = (129, 132, 203)
+_TRACK_COLOR: draw.Color = draw.DARK_GRAY
 
 
 @struct.dataclass
@@ -100,6 +114,41 @@ class CartPole(SingleAgentEnv):
         )
         reward = jnp.ones((), jnp.float32)
         return _obs(new), new, reward, terminated, self.reset_info(params)
+
+    @property
+    def render_shape(self) -> tuple[int, int]:
+        return RENDER_SHAPE
+
+    def render(self, state: CartPoleState, params: CartPoleParams | None = None) -> jax.Array:
+        """The cart on its track and the pole: ``uint8[200, 300, 3]``. Pure; jit/vmap-safe.
+
+        Geometry (pixel coordinates, ``y`` down, pixel centers at ``+0.5``): the view is
+        ``4 * x_threshold`` world units wide (``[-4.8, 4.8]`` by default), so with
+        ``scale = W / (4 * x_threshold)`` (31.25 px per unit) the cart is a black
+        ``25 x 15`` px box centered at ``(W / 2 + x * scale, 150)`` on a dark gray track
+        (the row ``y = 150``). The pole (tan, 5 px wide, round ends) runs from the axle
+        (purple dot) at ``(cart_x, 150 - 15 / 4)`` to the tip at
+        ``axle + scale * 2 * length * (sin(theta), -cos(theta))``: upright at
+        ``theta = 0``, leaning right for ``theta > 0``. A cart outside the view is not
+        drawn.
+        """
+        params = self.default_params if params is None else params
+        shape = RENDER_SHAPE
+        scale = shape[1] / (4.0 * params.x_threshold)
+        cart_x = shape[1] / 2 + state.x * scale
+        axle_y = _TRACK_Y - _CART_H / 4
+        pole_len = scale * 2.0 * params.length
+        tip_x = cart_x + pole_len * jnp.sin(state.theta)
+        tip_y = axle_y - pole_len * jnp.cos(state.theta)
+        img = draw.canvas(shape, draw.WHITE)
+        img = draw.paint(
+            img, draw.rect_mask(shape, 0.0, _TRACK_Y - 0.5, shape[1], _TRACK_Y + 0.5), _TRACK_COLOR
+        )
+        img = draw.paint(img, draw.box_mask(shape, cart_x, _TRACK_Y, _CART_W, _CART_H), _CART_COLOR)
+        img = draw.paint(
+            img, draw.segment_mask(shape, cart_x, axle_y, tip_x, tip_y, _POLE_W), _POLE_COLOR
+        )
+        return draw.paint(img, draw.circle_mask(shape, cart_x, axle_y, _POLE_W / 2), _AXLE_COLOR)
 
 
 def _obs(s: CartPoleState) -> jax.Array:
