@@ -386,30 +386,48 @@ def _summary(
 
 
 def run(
-    cfg: PPOConfig, seeds: int = 3, seed: int = 0, return_params: bool = False
+    cfg: PPOConfig,
+    seeds: int = 3,
+    seed: int = 0,
+    return_params: bool = False,
+    on_seed: Any = None,
 ) -> dict[str, Any]:
     """Trains ``seeds`` seeds one after the other with one compiled function.
 
     (Seeds are not vmapped: with XLA 0.10 on CPU, a vmapped training graph occasionally
     deadlocked in the runtime at some small shapes.)
 
+    Args:
+        cfg: the PPO settings.
+        seeds: how many seeds to train (keys split from ``seed``).
+        seed: the root seed.
+        return_params: also return each seed's trained network parameters.
+        on_seed: called after each seed as ``on_seed(i, wall_s)`` (e.g. a progress bar).
+
     Returns:
-        the result dict (JSON-serializable); with ``return_params`` also
-        ``"final_params"``: the trained network parameters of each seed (a list of pytrees,
-        for ``policy.forward``) — not JSON-serializable.
+        the result dict (JSON-serializable; ``metrics_per_seed``: name -> ``[seeds,
+        num_updates]`` lists); with ``return_params`` also ``"final_params"``: the trained
+        network parameters of each seed (a list of pytrees, for ``policy.forward``) — not
+        JSON-serializable.
     """
     keys = jax.random.split(jax.random.PRNGKey(seed), seeds)
     t0 = time.perf_counter()
     compiled = jax.jit(make_train(cfg, return_params)).lower(keys[0]).compile()
     compile_s = time.perf_counter() - t0
     t0 = time.perf_counter()
-    outs = [jax.block_until_ready(compiled(k)) for k in keys]
+    outs = []
+    for i, k in enumerate(keys):
+        t1 = time.perf_counter()
+        outs.append(jax.block_until_ready(compiled(k)))
+        if on_seed is not None:
+            on_seed(i, time.perf_counter() - t1)
     wall_s = time.perf_counter() - t0
     per_seed = [o[0] for o in outs] if return_params else outs
     metrics = jax.tree.map(lambda *xs: np.stack(xs), *per_seed)
     ret_sum, eps = np.asarray(metrics["return_sum"]), np.asarray(metrics["episodes"])
     steps = cfg.num_updates * cfg.num_envs * cfg.rollout_length
     res = _summary(cfg, seeds, ret_sum, eps, compile_s, wall_s, steps * seeds)
+    res["metrics_per_seed"] = {k: np.asarray(v).tolist() for k, v in metrics.items()}
     if return_params:
         res["final_params"] = [o[1] for o in outs]
     return res
@@ -564,6 +582,46 @@ def run_chunked(
     return res
 
 
+# ----------------------------------------------------------------------------- logging
+
+#: logged name of each per-update metric (means over the seeds)
+LOSS_NAMES = {
+    "loss": "loss/total",
+    "pg_loss": "loss/policy",
+    "vf_loss": "loss/value",
+    "entropy": "loss/entropy",
+    "approx_kl": "loss/approx_kl",
+}
+
+
+def update_scalars(metrics: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Per-update scalars to log from per-update metrics (name -> ``[seeds, n]``): the mean
+    return of the episodes finished in the update (``train/episode_return``: mean over the
+    seeds that finished one, NaN if none did; per seed as ``train/episode_return/seed<i>``),
+    their count over all seeds, and the losses averaged over the seeds."""
+    ret_sum = np.asarray(metrics["return_sum"], np.float64)
+    eps = np.asarray(metrics["episodes"], np.float64)
+    per_seed = np.where(eps > 0, ret_sum / np.maximum(eps, 1), np.nan)
+    finished = np.isfinite(per_seed)
+    mean = np.where(
+        finished.any(0),
+        np.where(finished, per_seed, 0).sum(0) / np.maximum(finished.sum(0), 1),
+        np.nan,
+    )
+    out = {"train/episode_return": mean, "train/episodes": eps.sum(0)}
+    if per_seed.shape[0] > 1:
+        out.update({f"train/episode_return/seed{i}": c for i, c in enumerate(per_seed)})
+    for k, name in LOSS_NAMES.items():
+        if k in metrics:
+            out[name] = np.asarray(metrics[k], np.float64).mean(0)
+    return out
+
+
+def _last_finite(x: np.ndarray) -> float:
+    x = x[np.isfinite(x)]
+    return float(x[-1]) if x.size else float("nan")
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--env", default="CartPole-v1", choices=sorted(DEFAULTS))
@@ -595,6 +653,7 @@ def main(argv: list[str] | None = None) -> int:
         metavar="K",
         help="exit after the chunk that contains update K (simulates an interruption)",
     )
+    js.loggers.add_arguments(p)  # --log-dir, --logger, --quiet
     args = p.parse_args(argv)
     cfg = dataclasses.replace(DEFAULTS[args.env], sampler=args.sampler)
     for field, value in (
@@ -607,23 +666,73 @@ def main(argv: list[str] | None = None) -> int:
     every = args.checkpoint_every
     if every is None and (args.checkpoint_dir is not None or args.stop_after is not None):
         every = max(1, cfg.num_updates // 10)
-    if every is None:
-        res = run(cfg, args.seeds, args.seed)  # one jit for the whole run
-    else:
-        if every < 1:
-            p.error(f"--checkpoint-every must be >= 1, got {every}")
-        try:
-            res = run_chunked(
-                cfg,
-                args.seeds,
-                args.seed,
-                every=every,
-                checkpoint_dir=args.checkpoint_dir,
-                stop_after=args.stop_after,
+    if every is not None and every < 1:
+        p.error(f"--checkpoint-every must be >= 1, got {every}")
+    try:
+        logger = js.loggers.from_arguments(args)
+    except (ValueError, ImportError) as e:
+        p.error(str(e))
+    steps_per_update = cfg.num_envs * cfg.rollout_length
+    steps_per_seed = cfg.num_updates * steps_per_update
+    done_before = 0
+    if every is not None and args.checkpoint_dir is not None and args.checkpoint_dir.is_dir():
+        done_before = js.checkpoint.Checkpoints(args.checkpoint_dir, 2).latest_step() or 0
+    desc = f"ppo {cfg.env_id}"
+    with (
+        logger,
+        js.progress.progress(
+            steps_per_seed * args.seeds,
+            desc=desc,
+            unit="step",
+            quiet=args.quiet,
+            initial=min(done_before, cfg.num_updates) * steps_per_update * args.seeds,
+        ) as bar,
+    ):
+        if every is None:  # one jit for the whole run, as in PureJaxRL
+
+            def on_seed(i: int, wall_s: float) -> None:
+                bar.update(steps_per_seed, seed=i, env_steps_per_s=steps_per_seed / wall_s)
+
+            res = run(cfg, args.seeds, args.seed, on_seed=on_seed)
+            js.loggers.log_history(
+                logger,
+                update_scalars({k: np.asarray(v) for k, v in res["metrics_per_seed"].items()}),
+                steps_per_update=steps_per_update,
+                final={"perf/env_steps_per_s": res["env_steps_per_s"]},
             )
-        except js.checkpoint.CheckpointError as e:
-            print(f"error: {e}", file=sys.stderr)
-            return 2
+        else:
+
+            def on_chunk(done: int, chunk: dict[str, np.ndarray], chunk_s: float) -> None:
+                n = next(iter(chunk.values())).shape[1]
+                sps = n * steps_per_update * args.seeds / chunk_s
+                scalars = update_scalars(chunk)
+                js.loggers.log_history(
+                    logger,
+                    scalars,
+                    steps_per_update=steps_per_update,
+                    start_step=(done - n) * steps_per_update,
+                    final={"perf/env_steps_per_s": sps},
+                )
+                bar.update(
+                    n * steps_per_update * args.seeds,
+                    ret=_last_finite(scalars["train/episode_return"]),
+                )
+
+            try:
+                res = run_chunked(
+                    cfg,
+                    args.seeds,
+                    args.seed,
+                    every=every,
+                    checkpoint_dir=args.checkpoint_dir,
+                    stop_after=args.stop_after,
+                    on_chunk=on_chunk,
+                )
+            except js.checkpoint.CheckpointError as e:
+                bar.close()
+                print(f"error: {e}", file=sys.stderr)
+                return 2
+    if every is not None:
         if res["stopped"]:
             print(
                 f"stopped after update {res['updates_done']} of {cfg.num_updates}"
