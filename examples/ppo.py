@@ -11,6 +11,24 @@ The whole iteration — ``make_rollout`` rollout, GAE with correct truncation bo
 ``--sampler handwritten`` swaps the sampler for a plain gymnax ``vmap`` + ``lax.scan``
 loop (gymnax's own same-step auto-reset, as in PureJaxRL) with the same network,
 algorithm and hyperparameters, to compare wall-clock time and env steps/s.
+
+Checkpoint and resume::
+
+    python examples/ppo.py --env Pendulum-v1 --checkpoint-dir runs/pendulum   # interrupted...
+    python examples/ppo.py --env Pendulum-v1 --checkpoint-dir runs/pendulum   # ...resumes
+
+With ``--checkpoint-dir`` (or ``--checkpoint-every N``) training runs in jitted chunks of
+``N`` updates (default: a tenth of the run), the same ``update`` scanned ``N`` times, and
+after each chunk the whole training state of every seed (params, optimizer state, the
+rollout state with its RNG keys, running episode returns, per-update metrics so far) is
+written with ``js.checkpoint`` (newest two kept). Rerunning the same command resumes from
+the newest checkpoint; the resumed run's per-update metrics equal an uninterrupted one's
+bit for bit, and a checkpoint of other options is refused, naming the fields that differ.
+``--stop-after K`` exits after the chunk holding update ``K`` (an interruption, for tests).
+
+``--log-dir DIR`` (``--logger jsonl|tensorboard|wandb``) writes one line per update
+(episode return, losses; env steps/s per chunk); a progress bar over env steps shows
+unless ``--quiet`` or stderr is not a terminal.
 """
 
 from __future__ import annotations
