@@ -1,6 +1,7 @@
 """examples/ppo.py --checkpoint-dir: an interrupted run resumed in a fresh process gives the
 uninterrupted run's per-update metrics bit for bit; a checkpoint of another configuration is
-refused with a message naming the differing fields.
+refused with a message naming the differing fields; --log-dir writes one JSON line per
+update across the interruption.
 
 Every run is a fresh ``python examples/ppo.py`` process. They share a JAX persistent
 compilation cache (in the test's tmp dir) only to save compile time: a cached executable is
@@ -52,13 +53,21 @@ def ok(proc: subprocess.CompletedProcess[str]) -> str:
 @pytest.mark.slow
 def test_resumed_curve_equals_uninterrupted_and_other_config_is_refused(tmp_path: Path) -> None:
     ckdir = tmp_path / "ckpt"
+    logs = ["--log-dir", str(tmp_path / "logs"), "--quiet"]
     ok(ppo(tmp_path, "--checkpoint-every", "2", "--json", str(tmp_path / "a.json")))
     a = json.loads((tmp_path / "a.json").read_text())
 
     # Interrupted after the chunk holding update 3 (updates 3-4), then resumed in a new process.
     out = ok(
         ppo(
-            tmp_path, "--checkpoint-every", "2", "--checkpoint-dir", str(ckdir), "--stop-after", "3"
+            tmp_path,
+            "--checkpoint-every",
+            "2",
+            "--checkpoint-dir",
+            str(ckdir),
+            "--stop-after",
+            "3",
+            *logs,
         )
     )
     assert "stopped after update 4 of 6" in out
@@ -102,6 +111,18 @@ def test_resumed_curve_equals_uninterrupted_and_other_config_is_refused(tmp_path
     assert (np.diff(loss, axis=1) != 0).all() and (loss[0] != loss[1]).all()
     assert a["learning_curve_per_seed"] == b["learning_curve_per_seed"]
     assert a["final_mean_return_per_seed"] == b["final_mean_return_per_seed"]
+
+    # The log: one line per update at its env step, the first run's and the resumed one's;
+    # the seeds' mean loss and return of each update; env steps/s at each chunk's end.
+    lines = js.loggers.read_jsonl(tmp_path / "logs" / js.loggers.JSONL_FILENAME)
+    assert [r["step"] for r in lines] == [32 * (u + 1) for u in range(6)]
+    np.testing.assert_allclose([r["loss/total"] for r in lines], loss.mean(0), rtol=1e-6)
+    ret_sum, eps = (np.asarray(metrics_a[k]) for k in ("return_sum", "episodes"))
+    for u, r in enumerate(lines):
+        finished = eps[:, u] > 0
+        want = (ret_sum[finished, u] / eps[finished, u]).mean() if finished.any() else np.nan
+        np.testing.assert_allclose(r.get("train/episode_return", np.nan), want, rtol=1e-6)
+        assert ("perf/env_steps_per_s" in r) == (u % 2 == 1)
 
     # Another configuration (4 envs, chunks of 3) refuses the checkpoint, naming both fields,
     # and leaves it as it was.
