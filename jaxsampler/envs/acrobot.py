@@ -7,6 +7,8 @@ are then wrapped into ``[-pi, pi]`` and the angular velocities clipped to
 ``[-4 pi, 4 pi]`` and ``[-9 pi, 9 pi]``. Termination once the free end is higher than
 one link length above the fixed joint, ``-cos(t1) - cos(t1 + t2) > 1``; reward -1 on
 every step except the terminating one (0). Time limit 500 steps.
+
+``render`` draws a 200 x 200 frame (see :meth:`Acrobot.render`).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
+from jaxsampler.envs import render as draw
 from jaxsampler.envs.base import SingleAgentEnv
 from jaxsampler.spaces import Box, Discrete
 
@@ -54,6 +57,11 @@ class AcrobotParams:
 
 
 _OBS_HIGH = np.array([1.0, 1.0, 1.0, 1.0, 4 * math.pi, 9 * math.pi], dtype=np.float32)
+
+#: Frame size ``(H, W)`` of :meth:`Acrobot.render`.
+RENDER_SHAPE = (200, 200)
+_LINK_COLOR: draw.Color = (0, 204, 204)
+_JOINT_COLOR: draw.Color = (204, 204, 0)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -111,6 +119,46 @@ class Acrobot(SingleAgentEnv):
         terminated = -jnp.cos(new.theta1) - jnp.cos(new.theta2 + new.theta1) > 1.0
         reward = jnp.where(terminated, 0.0, -1.0).astype(jnp.float32)
         return _obs(new), new, reward, terminated, self.reset_info(params)
+
+    @property
+    def render_shape(self) -> tuple[int, int]:
+        return RENDER_SHAPE
+
+    def render(self, state: AcrobotState, params: AcrobotParams | None = None) -> jax.Array:
+        """The two links: ``uint8[200, 200, 3]``. Pure; jit/vmap-safe.
+
+        The view is the world square ``[-b, b]^2`` with ``b = link_length_1 +
+        link_length_2 + 0.2`` around the fixed joint at the frame's center (``y`` up).
+        The first link (teal, 0.1 units wide) runs from the fixed joint to
+        ``p1 = l1 * (sin(theta1), -cos(theta1))``, the second from ``p1`` to
+        ``p1 + l2 * (sin(theta1 + theta2), -cos(theta1 + theta2))``: both hang straight
+        down at zero angles. Yellow dots mark the two joints; the black line at world
+        height ``link_length_1`` is the height the tip must pass.
+        """
+        params = self.default_params if params is None else params
+        shape = RENDER_SHAPE
+        l1, l2 = params.link_length_1, params.link_length_2
+        bound = l1 + l2 + 0.2
+        view = draw.Viewport(shape, -bound, bound, -bound, bound)
+        a1, a12 = state.theta1, state.theta1 + state.theta2
+        x1, y1 = l1 * jnp.sin(a1), -l1 * jnp.cos(a1)
+        x2, y2 = x1 + l2 * jnp.sin(a12), y1 - l2 * jnp.cos(a12)
+        (p0x, p1x, p2x), (p0y, p1y, p2y) = view.to_pixel(
+            jnp.stack([0.0, x1, x2]), jnp.stack([0.0, y1, y2])
+        )
+        width = 0.1 * view.scale_x
+        _, goal_y = view.to_pixel(0.0, l1)
+        goal = draw.rect_mask(shape, 0.0, goal_y - 0.5, shape[1], goal_y + 0.5)
+        link1 = draw.segment_mask(shape, p0x, p0y, p1x, p1y, width)
+        link2 = draw.segment_mask(shape, p1x, p1y, p2x, p2y, width)
+        joints = draw.circle_mask(shape, p0x, p0y, width * 0.6)
+        joints |= draw.circle_mask(shape, p1x, p1y, width * 0.6)
+        layers = [
+            (goal, draw.BLACK),
+            (link1 | link2, _LINK_COLOR),
+            (joints, _JOINT_COLOR),
+        ]
+        return draw.compose(shape, layers, draw.WHITE)
 
     def _dsdt(self, y: jax.Array, torque: jax.Array, p: AcrobotParams) -> jax.Array:
         """Time derivative of ``y = [theta1, theta2, dtheta1, dtheta2]`` (float32[4])."""

@@ -140,15 +140,14 @@ class CartPole(SingleAgentEnv):
         pole_len = scale * 2.0 * params.length
         tip_x = cart_x + pole_len * jnp.sin(state.theta)
         tip_y = axle_y - pole_len * jnp.cos(state.theta)
-        img = draw.canvas(shape, draw.WHITE)
-        img = draw.paint(
-            img, draw.rect_mask(shape, 0.0, _TRACK_Y - 0.5, shape[1], _TRACK_Y + 0.5), _TRACK_COLOR
-        )
-        img = draw.paint(img, draw.box_mask(shape, cart_x, _TRACK_Y, _CART_W, _CART_H), _CART_COLOR)
-        img = draw.paint(
-            img, draw.segment_mask(shape, cart_x, axle_y, tip_x, tip_y, _POLE_W), _POLE_COLOR
-        )
-        return draw.paint(img, draw.circle_mask(shape, cart_x, axle_y, _POLE_W / 2), _AXLE_COLOR)
+        track = draw.rect_mask(shape, 0.0, _TRACK_Y - 0.5, shape[1], _TRACK_Y + 0.5)
+        layers = [
+            (track, _TRACK_COLOR),
+            (draw.box_mask(shape, cart_x, _TRACK_Y, _CART_W, _CART_H), _CART_COLOR),
+            (draw.segment_mask(shape, cart_x, axle_y, tip_x, tip_y, _POLE_W), _POLE_COLOR),
+            (draw.circle_mask(shape, cart_x, axle_y, _POLE_W / 2), _AXLE_COLOR),
+        ]
+        return draw.compose(shape, layers, draw.WHITE)
 
 
 def _obs(s: CartPoleState) -> jax.Array:

@@ -20,6 +20,8 @@ position, the other agents' positions relative to it (in agent order, skipping i
 
 Scenarios with known finishing times (tests, demos) start from
 :meth:`Goals.reset_to` with chosen positions and goals instead of a random ``reset``.
+
+``render`` draws a 200 x 200 frame of the arena (see :meth:`Goals.render`).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
+from jaxsampler.envs import render as draw
 from jaxsampler.envs.base import MultiAgentEnv
 from jaxsampler.envs.spread import others
 from jaxsampler.spaces import Box, Discrete
@@ -40,6 +43,11 @@ from jaxsampler.types import TimeStep
 __all__ = ["Goals", "GoalsMove", "GoalsParams", "GoalsState"]
 
 _MOVES = np.array([[0.0, 0.0], [-1.0, 0.0], [1.0, 0.0], [0.0, -1.0], [0.0, 1.0]], np.float32)
+
+
+#: Frame size ``(H, W)`` of :meth:`Goals.render`.
+RENDER_SHAPE = (200, 200)
+_AGENT_RADIUS_PX = 5.0
 
 
 @struct.dataclass
@@ -162,6 +170,44 @@ class Goals(MultiAgentEnv):
             time=time,
         )
         return s, GoalsMove(going=going, dist=dist)
+
+    @property
+    def render_shape(self) -> tuple[int, int]:
+        return RENDER_SHAPE
+
+    def render(self, state: GoalsState, params: GoalsParams | None = None) -> jax.Array:
+        """The arena, the goals and the agents: ``uint8[200, 200, 3]``. Pure; jit/vmap-safe.
+
+        The view is the world square ``[-1.1 a, 1.1 a]^2`` for ``a = params.arena``
+        (``y`` up); a light gray outline marks the arena's edge. Agent ``i`` has color
+        ``render.AGENT_COLORS[i % 8]``: its goal is a ring of that color with radius
+        ``goal_radius`` (at least 3 px), the agent a disc of radius 5 px at its position
+        (drawn over the rings; a later agent over an earlier one). An agent that has
+        finished (terminated or truncated) gets a black dot at its center.
+        """
+        params = self.default_params if params is None else params
+        shape = RENDER_SHAPE
+        b = 1.1 * params.arena
+        view = draw.Viewport(shape, -b, b, -b, b)
+        (x0, x1), (y0, y1) = view.to_pixel(
+            jnp.stack([-params.arena, params.arena]), jnp.stack([params.arena, -params.arena])
+        )
+        outer = draw.rect_mask(shape, x0 - 1.0, y0 - 1.0, x1 + 1.0, y1 + 1.0)
+        layers = [(outer & ~draw.rect_mask(shape, x0, y0, x1, y1), draw.LIGHT_GRAY)]
+        colors = [draw.agent_color(i) for i in range(self.n)]
+        gx, gy = view.to_pixel(state.goals[:, 0], state.goals[:, 1])
+        ring_r = jnp.maximum(params.goal_radius * view.scale_x, 3.0)
+        for i in range(self.n):  # static and small: one ring each
+            layers.append((draw.ring_mask(shape, gx[i], gy[i], ring_r, 2.0), colors[i]))
+        ax, ay = view.to_pixel(state.pos[:, 0], state.pos[:, 1])
+        for i in range(self.n):
+            layers.append((draw.circle_mask(shape, ax[i], ay[i], _AGENT_RADIUS_PX), colors[i]))
+        done = state.terminated | state.truncated
+        dots = jnp.zeros(shape, jnp.bool_)
+        for i in range(self.n):
+            dots |= done[i] & draw.circle_mask(shape, ax[i], ay[i], 2.0)
+        layers.append((dots, draw.BLACK))
+        return draw.compose(shape, layers, draw.WHITE)
 
     def agent_rows(self, state: GoalsState) -> tuple[jax.Array, jax.Array, jax.Array]:
         # own = (observation, terminated, truncated)

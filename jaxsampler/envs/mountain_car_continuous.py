@@ -4,7 +4,8 @@ The same valley as :mod:`jaxsampler.envs.mountain_car`, driven by a continuous f
 the action is clipped to ``[-1, 1]`` and scaled by ``power = 0.0015``. The goal is at
 ``x >= 0.45`` (with ``velocity >= 0``). Reward ``-0.1 * action^2`` on every step plus
 100 on the step that reaches the goal. As in Gymnasium, the action penalty uses the
-action *before* clipping. Time limit 999 steps.
+action *before* clipping. Time limit 999 steps. ``render`` draws the same frame as
+MountainCar's (:func:`jaxsampler.envs.mountain_car.render_valley`), the flag at 0.45.
 """
 
 from __future__ import annotations
@@ -21,8 +22,10 @@ from jaxsampler.envs.base import SingleAgentEnv
 from jaxsampler.envs.mountain_car import (
     _OBS_HIGH,
     _OBS_LOW,
+    RENDER_SHAPE,
     MountainCarState,
     _obs,
+    render_valley,
     reset_valley,
     valley_step,
 )
@@ -90,3 +93,16 @@ class MountainCarContinuous(SingleAgentEnv):
         new, terminated = valley_step(state, force * params.power, params)
         reward = jnp.where(terminated, params.goal_reward, 0.0) - params.action_cost * a**2
         return _obs(new), new, reward.astype(jnp.float32), terminated, self.reset_info(params)
+
+    @property
+    def render_shape(self) -> tuple[int, int]:
+        return RENDER_SHAPE
+
+    def render(
+        self,
+        state: MountainCarContinuousState,
+        params: MountainCarContinuousParams | None = None,
+    ) -> jax.Array:
+        """The valley, the car and the flag: ``uint8[200, 300, 3]`` (see
+        :func:`~jaxsampler.envs.mountain_car.render_valley`)."""
+        return render_valley(state, self.default_params if params is None else params)

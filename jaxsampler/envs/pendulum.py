@@ -5,6 +5,8 @@ Semi-implicit Euler integration with ``dt = 0.05``: the new angular velocity (cl
 reward is ``-(angle^2 + 0.1 * thetadot^2 + 0.001 * torque^2)`` for the angle wrapped
 into ``[-pi, pi)`` (0 is upright) and evaluated on the state *before* the update. The
 episode never terminates; time limit 200 steps. The stored angle is never wrapped.
+
+``render`` draws a 200 x 200 frame (see :meth:`Pendulum.render`).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
+from jaxsampler.envs import render as draw
 from jaxsampler.envs.base import SingleAgentEnv
 from jaxsampler.spaces import Box
 
@@ -43,6 +46,10 @@ class PendulumParams:
 
 
 _OBS_HIGH = np.array([1.0, 1.0, 8.0], dtype=np.float32)
+
+#: Frame size ``(H, W)`` of :meth:`Pendulum.render`.
+RENDER_SHAPE = (200, 200)
+_ROD_COLOR: draw.Color = (204, 77, 77)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,6 +99,29 @@ class Pendulum(SingleAgentEnv):
         reward = (-costs).astype(jnp.float32)
         terminated = jnp.zeros((), jnp.bool_)
         return _obs(new), new, reward, terminated, self.reset_info(params)
+
+    @property
+    def render_shape(self) -> tuple[int, int]:
+        return RENDER_SHAPE
+
+    def render(self, state: PendulumState, params: PendulumParams | None = None) -> jax.Array:
+        """The rod at angle ``theta``: ``uint8[200, 200, 3]``. Pure; jit/vmap-safe.
+
+        The view is the world square ``[-2.2, 2.2]^2``, so ``scale = 200 / 4.4`` px per
+        unit. The rod (red, ``0.2 * scale`` wide, round ends) is one unit long whatever
+        ``params.l`` (as Gymnasium draws it): from the pivot at the frame's center
+        ``(100, 100)`` to ``(100 - scale * sin(theta), 100 - scale * cos(theta))`` in
+        pixels, i.e. straight up at ``theta = 0`` and turning counter-clockwise as
+        ``theta`` grows. A black dot marks the pivot.
+        """
+        shape = RENDER_SHAPE
+        scale = shape[1] / 4.4
+        cx, cy = shape[1] / 2, shape[0] / 2
+        end_x = cx - scale * jnp.sin(state.theta)
+        end_y = cy - scale * jnp.cos(state.theta)
+        rod = draw.segment_mask(shape, cx, cy, end_x, end_y, 0.2 * scale)
+        pivot = draw.circle_mask(shape, cx, cy, 0.05 * scale)
+        return draw.compose(shape, [(rod, _ROD_COLOR), (pivot, draw.BLACK)], draw.WHITE)
 
 
 def _angle_normalize(x: jax.Array) -> jax.Array:

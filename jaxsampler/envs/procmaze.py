@@ -20,6 +20,8 @@ search carved a passage there.
   (1 = wall).
 * Reward 1 on the step that reaches the goal (terminated), 0 otherwise; truncated at
   ``max_steps_in_episode``.
+
+``render`` draws the wall grid, the agent and the goal (see :meth:`ProcMaze.render`).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
+from jaxsampler.envs import render as draw
 from jaxsampler.envs.base import SingleAgentEnv
 from jaxsampler.spaces import Box, Discrete
 
@@ -39,6 +42,11 @@ __all__ = ["ProcMaze", "ProcMazeParams", "ProcMazeState", "generate_maze", "cell
 
 # Grid moves of the four actions (up, right, down, left), in grid squares.
 _MOVES = np.array([[-1, 0], [0, 1], [1, 0], [0, -1]], np.int32)
+
+
+_RENDER_PX = 128  # the frame is about this many pixels wide
+#: Colors of :meth:`ProcMaze.render`, by code: free, wall, goal, agent.
+RENDER_PALETTE = np.array([(255, 255, 255), (60, 60, 60), (40, 170, 60), (220, 40, 40)], np.uint8)
 
 
 @struct.dataclass
@@ -181,6 +189,30 @@ class ProcMaze(SingleAgentEnv):
         terminated = jnp.all(pos == state.goal)
         reward = terminated.astype(jnp.float32)
         return self._obs(new), new, reward, terminated, self.reset_info(params)
+
+    @property
+    def render_cell_px(self) -> int:
+        """Pixels per side of one wall-grid square in :meth:`render` (static)."""
+        return max(2, _RENDER_PX // (2 * self.size + 1))
+
+    @property
+    def render_shape(self) -> tuple[int, int]:
+        side = (2 * self.size + 1) * self.render_cell_px
+        return (side, side)
+
+    def render(self, state: ProcMazeState, params: ProcMazeParams | None = None) -> jax.Array:
+        """The maze: ``uint8[G k, G k, 3]`` for the ``G = 2 size + 1`` square wall grid
+        and ``k = render_cell_px`` (``max(2, 128 // G)``; 119 x 119 at size 8). Pure;
+        jit/vmap-safe.
+
+        Grid square ``(r, c)`` is the ``k x k`` block at rows ``r k ..`` and columns
+        ``c k ..``, colored by ``RENDER_PALETTE``: white if free, dark gray if a wall,
+        green the goal, red the agent (over the goal when it stands on it).
+        """
+        codes = state.walls.astype(jnp.int32)
+        codes = codes.at[state.goal[0], state.goal[1]].set(2)
+        codes = codes.at[state.pos[0], state.pos[1]].set(3)
+        return draw.cells_image(codes, RENDER_PALETTE, self.render_cell_px)
 
     def _obs(self, state: ProcMazeState) -> jax.Array:
         scale = jnp.float32(2 * self.size)

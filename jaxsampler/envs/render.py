@@ -17,6 +17,7 @@ coordinates (``y`` up) to pixel coordinates.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
@@ -33,6 +34,7 @@ __all__ = [
     "RED",
     "WHITE",
     "YELLOW",
+    "agent_color",
     "Color",
     "Viewport",
     "below_curve_mask",
@@ -40,6 +42,7 @@ __all__ = [
     "canvas",
     "cells_image",
     "circle_mask",
+    "compose",
     "curve_mask",
     "paint",
     "paint_circles",
@@ -81,6 +84,12 @@ AGENT_COLORS = np.array(
 )
 
 
+def agent_color(i: int) -> Color:
+    """Agent ``i``'s color: row ``i % 8`` of :data:`AGENT_COLORS`."""
+    r, g, b = (int(v) for v in AGENT_COLORS[i % len(AGENT_COLORS)])
+    return (r, g, b)
+
+
 def pixel_centers(shape: tuple[int, int]) -> tuple[jax.Array, jax.Array]:
     """The pixel centers of an ``(H, W)`` image, as broadcastable coordinate arrays.
 
@@ -105,6 +114,28 @@ def paint(image: jax.Array, mask: jax.Array, color: Color | jax.Array) -> jax.Ar
     ``color`` is an RGB triple or a ``uint8[3]`` array (which may be traced).
     """
     return jnp.where(mask[..., None], jnp.asarray(color, jnp.uint8), image)
+
+
+def compose(
+    shape: tuple[int, int],
+    layers: Sequence[tuple[jax.Array, Color]],
+    background: Color = WHITE,
+) -> jax.Array:
+    """Paints ``layers`` (``(mask, color)`` pairs, ``mask: bool[H, W]``) in order over a
+    ``background`` canvas: the same frame as chained :func:`paint` calls, but composited
+    on a one-byte layer-index plane with a single color lookup at the end, which is
+    about twice as fast on CPU. Colors must be static (RGB triples).
+
+    Returns:
+        ``uint8[H, W, 3]``.
+    """
+    if len(layers) > 255:
+        raise ValueError(f"compose takes at most 255 layers, got {len(layers)}")
+    palette = np.array([background] + [tuple(c) for _, c in layers], np.uint8)
+    index = jnp.zeros(shape, jnp.uint8)
+    for k, (mask, _) in enumerate(layers, start=1):
+        index = jnp.where(mask, jnp.uint8(k), index)
+    return jnp.asarray(palette)[index]
 
 
 def rect_mask(shape: tuple[int, int], x0: Scalar, y0: Scalar, x1: Scalar, y1: Scalar) -> jax.Array:

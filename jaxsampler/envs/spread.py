@@ -10,6 +10,8 @@ particle envs' "simple spread".
 Observation of agent ``i`` (float32, ``4 + 2N + 2(N - 1)``): its velocity, its position,
 the landmarks' positions relative to it, the other agents' positions relative to it (in
 agent order, skipping itself). Agents share one space, so they share one agent axis.
+
+``render`` draws a 200 x 200 frame of the plane (see :meth:`Spread.render`).
 """
 
 from __future__ import annotations
@@ -22,12 +24,19 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
+from jaxsampler.envs import render as draw
 from jaxsampler.envs.base import MultiAgentEnv
 from jaxsampler.spaces import Box, Discrete
 
 __all__ = ["Spread", "SpreadParams", "SpreadState", "others"]
 
 _PUSH = np.array([[0.0, 0.0], [-1.0, 0.0], [1.0, 0.0], [0.0, -1.0], [0.0, 1.0]], np.float32)
+
+
+#: Frame size ``(H, W)`` of :meth:`Spread.render`, and the world square it shows.
+RENDER_SHAPE = (200, 200)
+RENDER_BOUND = 2.0
+_LANDMARK_RADIUS = 0.06
 
 
 @struct.dataclass
@@ -115,6 +124,37 @@ class Spread(MultiAgentEnv):
         gap = jnp.linalg.norm(s.pos[:, None, :] - s.pos[None, :, :], axis=-1)
         pairs = jnp.sum(jnp.triu(gap < 2 * params.agent_radius, k=1))
         return s, coverage - params.collision_penalty * pairs
+
+    @property
+    def render_shape(self) -> tuple[int, int]:
+        return RENDER_SHAPE
+
+    def render(self, state: SpreadState, params: SpreadParams | None = None) -> jax.Array:
+        """Agents and landmarks on the plane: ``uint8[200, 200, 3]``. Pure; jit/vmap-safe.
+
+        The view is the world square ``[-2, 2]^2`` (``y`` up), 50 px per unit; the light
+        gray square outlines ``[-1, 1]^2``, where everything starts. Landmarks are dark
+        gray discs of radius 0.06; agent ``i`` is a disc of radius ``agent_radius`` in
+        color ``render.AGENT_COLORS[i % 8]``, drawn over the landmarks (a later agent over
+        an earlier one). Anything outside the view is not drawn.
+        """
+        params = self.default_params if params is None else params
+        shape = RENDER_SHAPE
+        b = RENDER_BOUND
+        view = draw.Viewport(shape, -b, b, -b, b)
+        (x0, x1), (y0, y1) = view.to_pixel(jnp.array([-1.0, 1.0]), jnp.array([1.0, -1.0]))
+        outer = draw.rect_mask(shape, x0 - 1.0, y0 - 1.0, x1 + 1.0, y1 + 1.0)
+        layers = [(outer & ~draw.rect_mask(shape, x0, y0, x1, y1), draw.LIGHT_GRAY)]
+        lx, ly = view.to_pixel(state.landmarks[:, 0], state.landmarks[:, 1])
+        landmarks = jnp.zeros(shape, jnp.bool_)
+        for i in range(self.n):  # static and small: one disc each
+            landmarks |= draw.circle_mask(shape, lx[i], ly[i], _LANDMARK_RADIUS * view.scale_x)
+        layers.append((landmarks, draw.DARK_GRAY))
+        ax, ay = view.to_pixel(state.pos[:, 0], state.pos[:, 1])
+        radius = params.agent_radius * view.scale_x
+        for i in range(self.n):
+            layers.append((draw.circle_mask(shape, ax[i], ay[i], radius), draw.agent_color(i)))
+        return draw.compose(shape, layers, draw.WHITE)
 
     def agent_rows(self, state: SpreadState) -> tuple[jax.Array, jax.Array]:
         return state.pos, state.vel  # own = (position, velocity), float32[2] each

@@ -36,6 +36,8 @@ observation for the policy.
 ``TicTacToe(masked_obs=True)`` (``js.make("TicTacToe-v0", masked_obs=True)``) publishes
 the masked observation itself: ``Dict(observations=Box[27], action_mask=bool Box[9])``
 (the same mask as ``info``), which masking policies read directly.
+
+``render`` draws the board as a 120 x 120 frame (see :meth:`TicTacToe.render`).
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
+from jaxsampler.envs import render as draw
 from jaxsampler.envs.base import MultiAgentEnv
 from jaxsampler.spaces import Box, Dict, Discrete, Space
 
@@ -58,6 +61,13 @@ _LINES = np.array(
     [[0, 1, 2], [3, 4, 5], [6, 7, 8], [0, 3, 6], [1, 4, 7], [2, 5, 8], [0, 4, 8], [2, 4, 6]],
     np.int32,
 )
+
+
+#: Frame size ``(H, W)`` of :meth:`TicTacToe.render`; each cell is a 40 px square.
+RENDER_SHAPE = (120, 120)
+_CELL_PX = 40
+_X_COLOR: draw.Color = draw.RED
+_O_COLOR: draw.Color = draw.BLUE
 
 
 @struct.dataclass
@@ -165,6 +175,43 @@ class TicTacToe(MultiAgentEnv):
             time=time,
         )
         return s, TicTacToeMove(live=live, mover=state.player, mover_reward=mover_reward)
+
+    @property
+    def render_shape(self) -> tuple[int, int]:
+        return RENDER_SHAPE
+
+    def render(self, state: TicTacToeState, params: TicTacToeParams | None = None) -> jax.Array:
+        """The board: ``uint8[120, 120, 3]``. Pure; jit/vmap-safe.
+
+        Cell ``row * 3 + col`` is the 40 px square at rows ``40 row ..`` and columns
+        ``40 col ..``, separated by dark gray lines 2 px wide. X (agent_0) is a red
+        cross, O (agent_1) a blue ring, both within 12 px of the cell's center. Once the
+        game is over the background turns light gray.
+        """
+        shape = RENDER_SHAPE
+        xs, ys = draw.pixel_centers(shape)
+        col = jnp.clip(xs // _CELL_PX, 0, 2).astype(jnp.int32)  # [1, W]
+        row = jnp.clip(ys // _CELL_PX, 0, 2).astype(jnp.int32)  # [H, 1]
+        mark = state.board[row * 3 + col]  # [H, W]
+        u = xs - (col + 0.5) * _CELL_PX  # offsets from the cell's center
+        v = ys - (row + 0.5) * _CELL_PX
+        near = (jnp.abs(u) <= 12.0) & (jnp.abs(v) <= 12.0)
+        cross = near & ((jnp.abs(u - v) <= 3.0) | (jnp.abs(u + v) <= 3.0))
+        r2 = u * u + v * v
+        ring = (r2 <= 12.0**2) & (r2 >= 8.0**2)
+        over = jnp.any(state.terminated | state.truncated)
+        lines = jnp.zeros(shape, jnp.bool_)
+        for k in (1, 2):
+            edge = k * _CELL_PX
+            lines |= jnp.abs(xs - edge) <= 1.0
+            lines |= jnp.abs(ys - edge) <= 1.0
+        layers = [
+            (jnp.broadcast_to(over, shape), draw.LIGHT_GRAY),
+            (lines, draw.DARK_GRAY),
+            (cross & (mark == 1), _X_COLOR),
+            (ring & (mark == 2), _O_COLOR),
+        ]
+        return draw.compose(shape, layers, draw.WHITE)
 
     def agent_rows(self, state: TicTacToeState) -> tuple[jax.Array, jax.Array]:
         return state.terminated, state.truncated  # own = (terminated, truncated)
