@@ -454,6 +454,32 @@ def run(
 # ----------------------------------------------------------------------------- chunks + resume
 
 
+def chunk_update(cfg: PPOConfig, parts: TrainParts) -> Any:
+    """``parts.update`` for the chunks: the env's params enter it as compile-time constants.
+
+    In :func:`make_train`'s single jit, the rollout state's env params are Python scalars
+    that never change over the ``lax.scan``; XLA sinks such loop-invariant values into the
+    loop as constants and folds them into the env's arithmetic. A chunk, whose carry
+    arrives as arguments, would compute with them as runtime values instead: the same
+    numbers but other rounding (measured: CartPole's curves part after ~14 updates). Using
+    the env's default params (what ``init`` put there) as constants inside the update gives
+    the chunks the single jit's program; the carry keeps its env-params leaves as they are.
+    The handwritten sampler closes over gymnax's params already.
+    """
+    if cfg.sampler != "jaxsampler":
+        return parts.update
+    const = parts.env.default_params
+
+    def update(carry, x):
+        params, opt_state, sstate, running, key = carry
+        carried = sstate.env_params
+        carry = (params, opt_state, sstate.replace(env_params=const), running, key)
+        (params, opt_state, sstate, running, key), metrics = parts.update(carry, x)
+        return (params, opt_state, sstate.replace(env_params=carried), running, key), metrics
+
+    return update
+
+
 def _strong(tree: Any) -> Any:
     """``tree`` with no weakly-typed leaves (the env's Python-scalar params come out of
     ``init`` weakly typed; a restored checkpoint never is): the uninterrupted and the resumed
@@ -513,12 +539,11 @@ def run_chunked(
     if every < 1:
         raise ValueError(f"checkpoint every must be >= 1 update, got {every}")
     parts = make_parts(cfg, with_stats=True)
+    update = chunk_update(cfg, parts)
     keys = jax.random.split(jax.random.PRNGKey(seed), seeds)
     init = jax.jit(lambda k: _strong(parts.init(k)))
     abstract_carry = jax.eval_shape(init, keys[0])
-    _, abstract_metrics = jax.eval_shape(
-        lambda c: jax.lax.scan(parts.update, c, None, 1), abstract_carry
-    )
+    _, abstract_metrics = jax.eval_shape(lambda c: jax.lax.scan(update, c, None, 1), abstract_carry)
     metrics = {k: np.zeros((seeds, cfg.num_updates), v.dtype) for k, v in abstract_metrics.items()}
     fp = fingerprint(cfg, seeds, seed, every)
     ckpts = None if checkpoint_dir is None else js.checkpoint.Checkpoints(checkpoint_dir, 2)
@@ -555,7 +580,7 @@ def run_chunked(
         if n not in compiled:
             t0 = time.perf_counter()
             compiled[n] = (
-                jax.jit(lambda c, n=n: jax.lax.scan(parts.update, c, None, n))
+                jax.jit(lambda c, n=n: jax.lax.scan(update, c, None, n))
                 .lower(abstract_carry)
                 .compile()
             )
