@@ -89,6 +89,7 @@ def test_resumed_curve_equals_uninterrupted_and_other_config_is_refused(tmp_path
             str(ckdir),
             "--json",
             str(tmp_path / "b.json"),
+            *logs,
         )
     )
     assert "resumed from update 4 of 6" in out
