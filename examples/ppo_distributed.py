@@ -321,6 +321,8 @@ def train(
     on_update: Callable[[int, Carry, Stats, js.Trajectory], None] | None = None,
     verify_replicas: bool = False,
     log: Callable[[str], None] | None = None,
+    logger: js.loggers.Logger | None = None,
+    bar: js.progress.Bar | None = None,
 ) -> dict[str, Any]:
     """Trains ``cfg.num_updates`` updates on ``mesh``; every process calls it in lockstep.
 
@@ -330,6 +332,10 @@ def train(
         verify_replicas: after each update, check that every process holds the same
             params (:func:`check_replicas`).
         log: where progress lines go (``None``: nowhere).
+        logger: gets each update's global figures at step = global env steps so far
+            (``train/episode_return_mean`` where episodes ended, ``train/episodes``,
+            ``train/env_steps_per_s`` of the update); give it on one process only.
+        bar: a progress bar advanced by each update's global env steps.
 
     Returns:
         The run's figures (the same on every process): per-update global return sums and
@@ -343,7 +349,8 @@ def train(
     compile_s = time.perf_counter() - t0
     n = cfg.num_updates
     local_sums = np.zeros((n, 2), np.float64)  # this process's [return sum, episodes]
-    t0 = time.perf_counter()
+    per_update = cfg.num_envs * cfg.rollout_length
+    t0 = t_prev = time.perf_counter()
     for i in range(n):
         carry, stats, traj = trainer.update(carry)
         if on_update is not None:
@@ -352,6 +359,21 @@ def train(
             check_replicas(carry.params)
         mine = placement.to_host((stats.return_sum, stats.episodes))  # this process's envs
         local_sums[i] = mine[0].sum(), mine[1].sum()
+        if logger is not None or bar is not None:
+            # the global figures (replicated: every process holds them)
+            g_ret, g_eps = placement.to_host((stats.total_return_sum, stats.total_episodes))
+            t_now = time.perf_counter()
+            scalars = {
+                "train/episodes": g_eps,
+                "train/env_steps_per_s": per_update / (t_now - t_prev),
+            }
+            if g_eps > 0:
+                scalars["train/episode_return_mean"] = g_ret / g_eps
+            t_prev = t_now
+            if logger is not None:
+                logger.log(scalars, step=(i + 1) * per_update)
+            if bar is not None:
+                bar.update(per_update, ret=scalars.get("train/episode_return_mean", np.nan))
         if log is not None and (i + 1) % max(1, n // 10) == 0:
             done = local_sums[max(0, i - n // 20) : i + 1]
             mean = f"{done[:, 0].sum() / done[:, 1].sum():.1f}" if done[:, 1].sum() else "-"
@@ -362,7 +384,6 @@ def train(
     ret_sum, eps = totals[:, 0], totals[:, 1]
     tail = max(1, n // 20)
     curve = np.where(eps > 0, ret_sum / np.maximum(eps, 1), np.nan)
-    per_update = cfg.num_envs * cfg.rollout_length
     steps = n * per_update
     return {
         "config": dataclasses.asdict(cfg),
@@ -567,6 +588,7 @@ def main(argv: list[str] | None = None) -> int:
         help="write benchmarks/results/ppo_distributed.{json,md,png} from runs",
     )
     p.add_argument("--note", default="", help="measurement conditions for --report")
+    js.loggers.add_arguments(p)  # --log-dir, --logger, --quiet (process 0 logs)
     args = p.parse_args(argv)
     if args.report:
         report(args.report, RESULTS, args.note)
@@ -592,13 +614,34 @@ def main(argv: list[str] | None = None) -> int:
         check_config(cfg, mesh)
     except ValueError as e:
         p.error(str(e))
-    res = train(
-        cfg,
-        mesh,
-        args.seed,
-        verify_replicas=args.check_replicas,
-        log=(lambda s: print(s, flush=True)) if lead else None,
+    # process 0 logs the global figures and draws the bar
+    logger = js.loggers.from_arguments(args) if lead else js.loggers.NullLogger()
+    bar = js.progress.Bar(
+        cfg.num_updates * cfg.num_envs * cfg.rollout_length,
+        desc="ppo_distributed",
+        quiet=args.quiet if lead else True,
     )
+
+    def log(line: str) -> None:
+        if bar.quiet:
+            print(line, flush=True)
+        else:
+            bar.write(line)
+
+    with logger, bar:
+        res = train(
+            cfg,
+            mesh,
+            args.seed,
+            verify_replicas=args.check_replicas,
+            log=log if lead else None,
+            logger=logger,
+            bar=bar,
+        )
+        logger.log(
+            {"compile_s": res["compile_s"], "env_steps_per_s": res["env_steps_per_s"]},
+            step=res["env_steps"],
+        )
     if lead:
         print(
             f"{cfg.env_id} on {run_name(res)} ({cfg.num_envs} global envs, {res['local_envs']} "

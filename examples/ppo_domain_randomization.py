@@ -201,7 +201,10 @@ def run_experiment(
     lengths: tuple[float, ...],
     masses: tuple[float, ...],
     per_cell: int,
+    bar: Any = None,
 ) -> dict[str, Any]:
+    """Trains and evaluates every variant; ``bar`` (a :class:`jaxsampler.progress.Bar`)
+    advances by each seed's training env steps."""
     env = js.make(cfg.env_id)
     policy = make_policy(cfg, env)
     grid = eval_grid(lengths, masses, per_cell)
@@ -214,7 +217,11 @@ def run_experiment(
         compiled = jax.jit(make_train(cfg, ranges)).lower(keys[0]).compile()
         compile_s = time.perf_counter() - t0
         t0 = time.perf_counter()
-        outs = [jax.block_until_ready(compiled(k)) for k in keys]
+        outs = []
+        for k in keys:
+            outs.append(jax.block_until_ready(compiled(k)))
+            if bar is not None:
+                bar.update(cfg.num_updates * cfg.num_envs * cfg.rollout_length, variant=name)
         wall_s = time.perf_counter() - t0
         per_seed: list[dict[str, Any]] = []
         for s, (params, metrics) in enumerate(outs):
@@ -272,6 +279,30 @@ def run_experiment(
         "eval_episodes_per_policy": n_eval,
         "variants": variants,
     }
+
+
+def log_curves(logger: js.loggers.Logger, res: dict[str, Any]) -> int:
+    """Writes the training curves to ``logger``, one line per update (step: env steps per
+    seed): ``<variant>/seed<i>/train_return`` and its mean over seeds
+    ``<variant>/train_return`` (left out where no episode finished); the last line adds
+    each variant's ``compile_s``, ``env_steps_per_s`` and held-out ``eval_mean_return``."""
+    history: dict[str, Any] = {}
+    final: dict[str, float] = {}
+    cfg = res["config"]
+    for name, v in res["variants"].items():
+        curves = np.asarray([r["learning_curve"] for r in v["per_seed"]], dtype=float)
+        for i, c in enumerate(curves):
+            history[f"{name}/seed{i}/train_return"] = c
+        done = np.isfinite(curves)
+        history[f"{name}/train_return"] = np.where(
+            done.any(0), np.where(done, curves, 0).sum(0) / np.maximum(done.sum(0), 1), np.nan
+        )
+        final[f"{name}/compile_s"] = v["compile_s"]
+        final[f"{name}/env_steps_per_s"] = v["env_steps_per_s"]
+        final[f"{name}/eval_mean_return"] = v["eval_mean_return"]
+    return js.loggers.log_history(
+        logger, history, steps_per_update=cfg["num_envs"] * cfg["rollout_length"], final=final
+    )
 
 
 def write_markdown(res: dict[str, Any], path: Path) -> None:
@@ -378,6 +409,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--replot", type=Path, default=None, help="only redraw the MD and PNG from this JSON"
     )
+    js.loggers.add_arguments(p)  # --log-dir, --logger, --quiet
     args = p.parse_args(argv)
     if args.replot is not None:
         res = json.loads(args.replot.read_text())
@@ -392,7 +424,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.total_timesteps is not None:
         cfg = dataclasses.replace(cfg, total_timesteps=args.total_timesteps)
     seeds = args.seeds if args.seeds is not None else seeds
-    res = run_experiment(cfg, seeds, args.seed, lengths, masses, per_cell)
+    logger = js.loggers.from_arguments(args)
+    total = len(VARIANTS) * seeds * cfg.num_updates * cfg.num_envs * cfg.rollout_length
+    with logger, js.progress.progress(total, desc=NAME, quiet=args.quiet) as bar:
+        res = run_experiment(cfg, seeds, args.seed, lengths, masses, per_cell, bar)
+        log_curves(logger, res)
     res["quick"] = bool(args.quick)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"{NAME}.json").write_text(json.dumps(res, indent=1) + "\n")

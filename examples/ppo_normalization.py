@@ -138,14 +138,21 @@ def make_train(cfg: Any, normalize: bool):
     return train
 
 
-def run_variant(cfg: Any, normalize: bool, seeds: int, seed: int) -> dict[str, Any]:
-    """Trains ``seeds`` seeds one after the other with one compiled function."""
+def run_variant(
+    cfg: Any, normalize: bool, seeds: int, seed: int, bar: Any = None
+) -> dict[str, Any]:
+    """Trains ``seeds`` seeds one after the other with one compiled function (``bar``, a
+    :class:`jaxsampler.progress.Bar`, advances by each seed's env steps)."""
     keys = jax.random.split(jax.random.PRNGKey(seed), seeds)  # the same keys for both variants
     t0 = time.perf_counter()
     compiled = jax.jit(make_train(cfg, normalize)).lower(keys[0]).compile()
     compile_s = time.perf_counter() - t0
     t0 = time.perf_counter()
-    per_seed = [jax.block_until_ready(compiled(k)) for k in keys]
+    per_seed = []
+    for k in keys:
+        per_seed.append(jax.block_until_ready(compiled(k)))
+        if bar is not None:
+            bar.update(cfg.num_updates * cfg.num_envs * cfg.rollout_length)
     wall_s = time.perf_counter() - t0
     ret_sum = np.stack([np.asarray(m["return_sum"]) for m in per_seed])
     eps = np.stack([np.asarray(m["episodes"]) for m in per_seed])
@@ -173,12 +180,12 @@ def run_variant(cfg: Any, normalize: bool, seeds: int, seed: int) -> dict[str, A
     }
 
 
-def run(cfg: Any, seeds: int = 3, seed: int = 0) -> dict[str, Any]:
+def run(cfg: Any, seeds: int = 3, seed: int = 0, bar: Any = None) -> dict[str, Any]:
     """Both variants on the same seeds; the result dict written to JSON."""
     steps_per_update = cfg.num_envs * cfg.rollout_length
     variants = {
-        "normalized": run_variant(cfg, True, seeds, seed),
-        "raw": run_variant(cfg, False, seeds, seed),
+        "normalized": run_variant(cfg, True, seeds, seed, bar),
+        "raw": run_variant(cfg, False, seeds, seed, bar),
     }
     return {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -193,6 +200,32 @@ def run(cfg: Any, seeds: int = 3, seed: int = 0) -> dict[str, Any]:
         "(traj.raw_rewards), None where none completed",
         "variants": variants,
     }
+
+
+def log_curves(logger: js.loggers.Logger, res: dict[str, Any]) -> int:
+    """Writes the learning curves to ``logger``, one line per update (step: env steps per
+    seed): ``<variant>/seed<i>/episode_return_mean`` and the mean over seeds
+    ``<variant>/episode_return_mean`` (left out of updates where no episode finished);
+    the last line adds each variant's ``compile_s``, ``env_steps_per_s`` and
+    ``final_mean_return``."""
+    history: dict[str, Any] = {}
+    final: dict[str, float] = {}
+    for name, v in res["variants"].items():
+        curves = np.asarray(v["learning_curve_per_seed"], dtype=float)  # None -> nan
+        for i, c in enumerate(curves):
+            history[f"{name}/seed{i}/episode_return_mean"] = c
+        done = np.isfinite(curves)
+        history[f"{name}/episode_return_mean"] = np.where(
+            done.any(0), np.where(done, curves, 0).sum(0) / np.maximum(done.sum(0), 1), np.nan
+        )
+        final[f"{name}/compile_s"] = v["compile_s"]
+        final[f"{name}/env_steps_per_s"] = res["env_steps_per_seed"] * res["seeds"] / v["wall_s"]
+        finals = [r for r in v["final_mean_return_per_seed"] if r is not None]
+        if finals:
+            final[f"{name}/final_mean_return"] = float(np.mean(finals))
+    return js.loggers.log_history(
+        logger, history, steps_per_update=res["env_steps_per_update"], final=final
+    )
 
 
 def _summary(res: dict[str, Any]) -> dict[str, dict[str, float]]:
@@ -304,6 +337,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--total-timesteps", type=int, default=None)
     p.add_argument("--quick", action="store_true", help="tiny run; prints, writes only --out")
     p.add_argument("--out", type=Path, default=None, help="directory for the results")
+    js.loggers.add_arguments(p)  # --log-dir, --logger, --quiet
     args = p.parse_args(argv)
     cfg = CONFIG
     if args.quick:
@@ -317,7 +351,11 @@ def main(argv: list[str] | None = None) -> int:
         )
     if args.total_timesteps is not None:
         cfg = dataclasses.replace(cfg, total_timesteps=args.total_timesteps)
-    res = run(cfg, args.seeds, args.seed)
+    logger = js.loggers.from_arguments(args)
+    total = 2 * args.seeds * cfg.num_updates * cfg.num_envs * cfg.rollout_length
+    with logger, js.progress.progress(total, desc="ppo_normalization", quiet=args.quiet) as bar:
+        res = run(cfg, args.seeds, args.seed, bar)
+        log_curves(logger, res)
     md = markdown(res)
     print(md)
     out = args.out if args.out is not None else (None if args.quick else RESULTS)

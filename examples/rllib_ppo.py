@@ -13,6 +13,9 @@ unchanged::
 Each iteration prints the env steps sampled so far, the mean return of the last 100
 episodes (RLlib's ``episode_return_mean``) and the iteration's wall time; ``--out``
 writes the learning curves as ``<out>.json`` and a Markdown table ``<out>.md``.
+``--log-dir DIR`` (``--logger jsonl|tensorboard|wandb``) logs every iteration's return,
+env steps/s and learner losses at step = env steps sampled (``DIR/<runner>`` with
+``--runner both``); a progress bar counts iterations (``--quiet``: none).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import os
 import sys
 import time
 import warnings
+from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
@@ -67,13 +71,29 @@ def train(
     seed: int = 0,
     num_envs: int = 16,
     checkpoint_dir: str | None = None,
+    logger: Any = None,
+    quiet: bool | None = None,
 ) -> dict[str, Any]:
-    """Trains until the mean return reaches ``target`` (or a limit); returns the curve."""
+    """Trains until the mean return reaches ``target`` (or a limit); returns the curve.
+
+    ``logger`` (a :class:`jaxsampler.loggers.Logger`) gets each iteration's scalars
+    (:func:`iteration_scalars`) at step = env steps sampled; a progress bar over the
+    iterations is drawn unless ``quiet`` (``None``: only on a terminal)."""
+    import jaxsampler as js
+
     algo = make_config(runner, quick=quick, seed=seed, num_envs=num_envs).build_algo()
     curve: list[dict[str, float]] = []
     start = time.perf_counter()
     iterations = 2 if quick else max_iterations
     reached = False
+    bar = js.progress.Bar(iterations, desc=f"rllib_ppo [{runner}]", unit="iter", quiet=quiet)
+
+    def say(line: str) -> None:
+        if bar.quiet:
+            print(line, flush=True)
+        else:
+            bar.write(line)
+
     try:
         for i in range(iterations):
             t = time.perf_counter()
@@ -88,10 +108,13 @@ def train(
                 "wall_s": time.perf_counter() - start,
             }
             curve.append(point)
-            print(
+            steps_before = curve[-2]["env_steps"] if len(curve) > 1 else 0
+            if logger is not None:
+                logger.log(iteration_scalars(result, point, steps_before), step=point["env_steps"])
+            bar.update(1, ret=point["episode_return_mean"])
+            say(
                 f"[{runner}] iter {point['iteration']:3d}  env steps {point['env_steps']:7d}  "
-                f"return mean {point['episode_return_mean']:6.1f}  ({dt:.2f} s)",
-                flush=True,
+                f"return mean {point['episode_return_mean']:6.1f}  ({dt:.2f} s)"
             )
             if point["episode_return_mean"] >= target:
                 reached = True
@@ -101,6 +124,7 @@ def train(
         if checkpoint_dir is not None:
             algo.save_to_path(checkpoint_dir)
     finally:
+        bar.close()
         algo.stop()
     return {
         "runner": runner,
@@ -110,6 +134,31 @@ def train(
         "seed": seed,
         "num_envs_per_env_runner": num_envs,
     }
+
+
+def iteration_scalars(
+    result: dict[str, Any], point: dict[str, Any], steps_before: int
+) -> dict[str, float]:
+    """What one iteration logs: ``episode_return_mean`` (if any episode ended so far),
+    ``env_steps_per_s`` (of the iteration's wall time, learner included),
+    ``iteration_s``, and the default policy's numeric learner results (losses, entropy,
+    KL, learning rate) as ``learner/<name>``."""
+    import math
+    import numbers
+
+    out = {
+        "env_steps_per_s": (point["env_steps"] - steps_before) / point["iteration_s"],
+        "iteration_s": point["iteration_s"],
+    }
+    if math.isfinite(point["episode_return_mean"]):
+        out["episode_return_mean"] = point["episode_return_mean"]
+    learner = result.get("learners", {}).get("default_policy", {})
+    for k, v in learner.items():
+        if hasattr(v, "item") and getattr(v, "ndim", 1) == 0:
+            v = v.item()
+        if isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v):
+            out[f"learner/{k}"] = float(v)
+    return out
 
 
 def _markdown(runs: list[dict[str, Any]]) -> str:
@@ -164,6 +213,9 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
         type=int,
         help="torch intra-op threads (default: torch's); 1 is faster on a small shared CPU",
     )
+    import jaxsampler as js
+
+    js.loggers.add_arguments(parser)  # --log-dir, --logger, --quiet
     args = parser.parse_args(argv)
     if args.torch_threads:
         import torch
@@ -172,18 +224,27 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     logging.disable(logging.WARNING)
     warnings.filterwarnings("ignore")
     runners = ("jax", "rllib") if args.runner == "both" else (args.runner,)
-    runs = [
-        train(
-            r,
-            quick=args.quick,
-            target=args.target,
-            max_iterations=args.max_iterations,
-            max_seconds=args.max_seconds,
-            seed=args.seed,
-            num_envs=args.num_envs,
-        )
-        for r in runners
-    ]
+    runs = []
+    for r in runners:
+        log_dir = args.log_dir
+        if log_dir is not None and len(runners) > 1:
+            log_dir = Path(log_dir) / r  # one run (one step axis) per runner
+        kind = args.logger or ("jsonl" if log_dir is not None else "none")
+        extra = {"name": f"rllib_ppo-{r}"} if kind == "wandb" else {}
+        with js.loggers.make_logger(kind, log_dir, **extra) as logger:
+            runs.append(
+                train(
+                    r,
+                    quick=args.quick,
+                    target=args.target,
+                    max_iterations=args.max_iterations,
+                    max_seconds=args.max_seconds,
+                    seed=args.seed,
+                    num_envs=args.num_envs,
+                    logger=logger,
+                    quiet=args.quiet,
+                )
+            )
     if args.out:
         os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
         with open(args.out + ".json", "w") as f:

@@ -15,8 +15,9 @@ The top level holds the everyday path. The layers, bottom to top, are subpackage
 (host-stepped envs), :mod:`~jaxsampler.sampling` (the sampler family),
 :mod:`~jaxsampler.serving` (HTTP policy server and client), :mod:`~jaxsampler.offline` (logs),
 :mod:`~jaxsampler.loggers` (JSON lines, TensorBoard, W&B: sampler callbacks),
-:mod:`~jaxsampler.progress` (progress bars) and :mod:`~jaxsampler.checkpoint` (orbax
-checkpoints: exact resume).
+:mod:`~jaxsampler.progress` (progress bars), :mod:`~jaxsampler.checkpoint` (orbax
+checkpoints: exact resume) and :mod:`~jaxsampler.video` (``record_video``: rendered
+episodes as MP4 or GIF).
 """
 
 from jaxsampler import (
@@ -69,6 +70,7 @@ from jaxsampler.sampling.callbacks import SampleReport
 from jaxsampler.scale import make_sharded_rollout
 from jaxsampler.types import RolloutState, TimeStep, Trajectory
 from jaxsampler.vector import ResetPool
+from jaxsampler.video import record_video
 
 __version__ = "0.1.0"
 
@@ -125,6 +127,7 @@ __all__ = [
     "policies",
     "postprocessing",
     "progress",
+    "record_video",
     "register",
     "registered_ids",
     "repair_log",

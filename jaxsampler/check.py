@@ -24,6 +24,11 @@ episode ends) and reports every violation of the env contract in plain words:
   and gets reward 0 on every later step; and by ``max_steps_in_episode`` every agent
   still going is truncated (or terminated), so the episode ends at the limit.
 
+* rendering, when the env says it can (``env.can_render``): ``render(state, params)``
+  traces under ``jax.jit``, returns ``uint8[H, W, 3]``, and under ``jax.vmap`` gives the
+  frames of each state (what video recording relies on). :func:`first_frame` renders the
+  first state after a reset (``jaxsampler check ENV`` writes it as a PNG).
+
 * legal-action masks, when the env publishes one (a ``Dict`` observation with an
   ``"action_mask"`` entry, or an ``action_mask`` entry in its ``info``; see
   :mod:`jaxsampler.transforms.mask`): the mask has the action space's shape
@@ -61,7 +66,7 @@ from jaxsampler.transforms.mask import (
 )
 from jaxsampler.types import TimeStep
 
-__all__ = ["check_env", "EnvCheckReport", "EnvCheckError"]
+__all__ = ["check_env", "EnvCheckReport", "EnvCheckError", "first_frame"]
 
 
 class EnvCheckError(ValueError):
@@ -287,6 +292,9 @@ def check_env(
         )
     if report.problems:
         return _finish(report, raise_on_error)
+    if getattr(env, "can_render", False):
+        report.checks_run.append("render")
+        report.problems += _render_problems(env, params, key)
 
     # --- a run of episodes -----------------------------------------------------------
     limit = getattr(params, "max_steps_in_episode", None)
@@ -602,6 +610,34 @@ def _check_masks(
         )
     if not acts.any():
         report.notes.append("no agent acted in the masked run: action-mask checks skipped")
+
+
+def _render_problems(env: Env, params: Any, key: jax.Array) -> list[str]:
+    """Problems of ``env.render``: under jit, its frame type, and its vmap."""
+    try:
+        states, _ = jax.jit(jax.vmap(env.reset, in_axes=(0, None)))(
+            jax.random.split(key, 2), params
+        )
+        render = jax.jit(env.render)
+        one = np.asarray(render(jax.tree.map(lambda x: x[1], states), params))
+        both = np.asarray(jax.jit(jax.vmap(env.render, in_axes=(0, None)))(states, params))
+    except Exception as e:  # report, do not crash
+        return [f"render failed under jax.jit / jax.vmap: {type(e).__name__}: {e}"]
+    if one.dtype != np.uint8 or one.ndim != 3 or one.shape[-1] != 3:
+        return [f"render must return uint8[H, W, 3], got {one.dtype}{list(one.shape)}"]
+    if not np.array_equal(both[1], one):
+        return ["render under jax.vmap differs from render of the single state"]
+    return []
+
+
+def first_frame(env: Env, params: Any = None, *, seed: int = 0) -> np.ndarray | None:
+    """The frame of the first state after ``env.reset(jax.random.PRNGKey(seed), params)``,
+    ``uint8[H, W, 3]`` numpy; ``None`` when the env cannot render (``can_render`` False)."""
+    if not getattr(env, "can_render", False):
+        return None
+    params = env.default_params if params is None else params
+    state, _ = jax.jit(env.reset)(jax.random.PRNGKey(seed), params)
+    return np.asarray(jax.jit(env.render)(state, params))
 
 
 def _tree_equal(a: Any, b: Any) -> bool:

@@ -24,21 +24,35 @@ The pure path (inside your own training loop)::
     js.checkpoint.save(path, {"rollout": state, "params": params, "opt": opt_state})
     tree = js.checkpoint.restore(path, like={"rollout": state, "params": params, ...})
 
-``like`` fixes the structure (dataclasses such as ``RolloutState`` come back as
-themselves), dtypes and shardings; its values are not used (abstract
-``jax.ShapeDtypeStruct`` leaves work too). A :class:`~jaxsampler.Sampler` saves itself with
-``sampler.save(path)`` (see :meth:`jaxsampler.Sampler.save`).
+``like`` fixes the structure (dataclasses such as ``RolloutState`` and optax's named
+tuples come back as themselves), dtypes and shardings; its values are not used
+(abstract ``jax.ShapeDtypeStruct`` leaves work too). A ``like`` leaf on a mesh restores
+onto the same sharding (each device reads its shards); an uncommitted array (a fresh
+one, not placed with ``jax.device_put(x, device)``) or a ``ShapeDtypeStruct`` without
+a sharding comes back uncommitted on the default device, so it mixes with arrays on
+any device as the original did. Without ``like`` the leaves come back as numpy arrays
+in the saved structure (dataclasses and named tuples as dicts, tuples as lists),
+whatever devices wrote them.
+
+A :class:`~jaxsampler.Sampler` saves itself with ``sampler.save(path)`` (see
+:meth:`jaxsampler.Sampler.save` for what it saves and what it does not). Not
+supported: samplers of host-stepped envs (``HostSampler``), and samplers or states on a
+mesh spanning processes (``save`` here is written by one process; each process of such
+a mesh would have to write its own shards, which orbax can do but this module does not
+coordinate).
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import json
 import os
 import pickle
 import shutil
-from collections.abc import Callable, Mapping
+import warnings
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +76,8 @@ __all__ = [
 FORMAT_VERSION = 1
 
 _ARRAYS, _META, _EXTRA = "arrays", "meta", "extra"
+#: orbax writes a checkpoint ``<name>`` into ``<name>.orbax-checkpoint-tmp...``, then renames it
+_TMP_SUFFIX = ".orbax-checkpoint-tmp"
 
 
 class CheckpointError(ValueError):
@@ -87,15 +103,24 @@ def _checkpointer() -> Any:
     )
 
 
+def _floating(x: Any) -> bool:
+    """A leaf that restores onto no particular device (an uncommitted ``jax.Array``, as
+    fresh arrays are, or a ``jax.ShapeDtypeStruct`` without a sharding)."""
+    if isinstance(x, jax.ShapeDtypeStruct):
+        return x.sharding is None
+    return isinstance(x, jax.Array) and not x.committed
+
+
 def _abstract(like: Any) -> Any:
-    """``like`` as abstract arrays with their shardings (what orbax restores onto)."""
+    """``like`` as what orbax restores onto: abstract arrays with their shardings for
+    placed ``jax.Array`` leaves, numpy buffers for numpy leaves and floating leaves
+    (:func:`_floating`; :func:`_place` puts those on the default device afterwards, still
+    uncommitted, so they mix with arrays on any device as the originals did)."""
 
     def leaf(x: Any) -> Any:
+        if _floating(x):
+            return np.empty(x.shape, x.dtype)
         if isinstance(x, jax.ShapeDtypeStruct):
-            if x.sharding is None:
-                return jax.ShapeDtypeStruct(
-                    x.shape, x.dtype, sharding=jax.sharding.SingleDeviceSharding(jax.devices()[0])
-                )
             return x
         if isinstance(x, jax.Array):
             return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding)
@@ -103,6 +128,11 @@ def _abstract(like: Any) -> Any:
         return np.empty(x.shape, x.dtype)  # numpy leaves come back as numpy
 
     return jax.tree.map(leaf, like)
+
+
+def _place(tree: Any, like: Any) -> Any:
+    """Restored ``tree`` with the floating leaves of ``like`` as uncommitted jax arrays."""
+    return jax.tree.map(lambda x, ref: jax.device_put(x) if _floating(ref) else x, tree, like)
 
 
 def save(
@@ -138,7 +168,7 @@ def save(
     path = Path(path).absolute()
     if path.exists() and not overwrite:
         raise FileExistsError(f"checkpoint {path} exists; pass overwrite=True to replace it")
-    header = {"format_version": FORMAT_VERSION, **dict(meta or {})}
+    header = {**dict(meta or {}), "format_version": FORMAT_VERSION}  # ours wins
     main: dict[str, Any] = {"tree": tree}
     if host is not None:
         header["host_sha256"] = hashlib.sha256(host).hexdigest()
@@ -157,7 +187,8 @@ def save(
     target = path if not path.exists() else path.with_name(path.name + ".new")
     if target.exists():
         shutil.rmtree(target)
-    _checkpointer().save(target, ocp.args.Composite(**items))
+    with _quiet_orbax():
+        _checkpointer().save(target, ocp.args.Composite(**items))
     if target != path:  # overwrite: the new checkpoint is complete; swap it in
         old = path.with_name(path.name + ".old")
         if old.exists():
@@ -201,8 +232,9 @@ def restore(path: str | os.PathLike[str], like: Any = None, *, with_host: bool =
         path: a checkpoint directory written by :func:`save`.
         like: a pytree with the saved tree's structure (values or
             ``jax.ShapeDtypeStruct`` leaves): the result has its structure, dtypes and
-            shardings. ``None``: the saved structure with numpy leaves (dataclasses come
-            back as dicts).
+            shardings (uncommitted leaves come back uncommitted: see the module
+            docstring). ``None``: the saved structure with numpy leaves (dataclasses and
+            named tuples come back as dicts, tuples as lists).
         with_host: also return the host bytes (``None`` if none were saved), checked
             against their digest.
 
@@ -222,7 +254,7 @@ def restore(path: str | os.PathLike[str], like: Any = None, *, with_host: bool =
         if has_host:
             target["host"] = np.empty((int(header["host_bytes"]),), np.uint8)
     out = _restore_item(path, _ARRAYS, target)
-    tree = out["tree"]
+    tree = out["tree"] if like is None else _place(out["tree"], like)
     if not with_host:
         return tree
     if not has_host:
@@ -253,17 +285,24 @@ def restore_extra(path: str | os.PathLike[str], like: Mapping[str, Any] | None =
         )
     if not keys:
         return {}
-    target = None if like is None else {k: _abstract(v) for k, v in like.items()}
-    return dict(_restore_item(path, _EXTRA, target))
+    if like is None:
+        return dict(_restore_item(path, _EXTRA, None))
+    out = _restore_item(path, _EXTRA, {k: _abstract(v) for k, v in like.items()})
+    return {k: _place(out[k], v) for k, v in like.items()}
 
 
 def _restore_item(path: Path, name: str, target: Any) -> Any:
     ocp = _ocp()
-    if target is not None:
+    if target is None:
+        target = _numpy_target(path, name)
+    else:
         _check_structure(path, name, target)
-    args = ocp.args.StandardRestore(target) if target is not None else ocp.args.StandardRestore()
     try:
-        return _checkpointer().restore(path, ocp.args.Composite(**{name: args}))[name]
+        with _quiet_orbax():
+            out = _checkpointer().restore(
+                path, ocp.args.Composite(**{name: ocp.args.StandardRestore(target)})
+            )
+        return out[name]
     except CheckpointError:
         raise
     except Exception as e:  # orbax / tensorstore raise many types for damaged files
@@ -273,6 +312,52 @@ def _restore_item(path: Path, name: str, target: Any) -> Any:
         ) from e
 
 
+def _saved_metadata(path: Path, name: str) -> Any:
+    """Orbax's metadata tree of item ``name`` (shapes and dtypes per leaf)."""
+    try:
+        with _quiet_orbax():
+            saved = _checkpointer().metadata(path).item_metadata[name]
+    except Exception as e:
+        raise CheckpointError(
+            f"checkpoint {path} cannot be read (incomplete or corrupt): {type(e).__name__}: "
+            f"{_first_line(e)}"
+        ) from e
+    if saved is None:
+        raise CheckpointError(f"checkpoint {path} has no {name} tree")
+    return _plain(saved)
+
+
+def _numpy_target(path: Path, name: str) -> Any:
+    """A restore target of numpy leaves in the saved structure (``like=None``): leaves come
+    back as numpy arrays on the host, whatever devices wrote them."""
+
+    def leaf(m: Any) -> Any:
+        if m is None:
+            return None
+        return np.empty(tuple(m.shape), np.dtype(m.dtype))
+
+    return jax.tree.map(leaf, _saved_metadata(path, name), is_leaf=lambda x: x is None)
+
+
+@contextlib.contextmanager
+def _quiet_orbax() -> Iterator[None]:
+    """Silences orbax's and absl's informational and warning log lines for one call (a
+    restore logs several per item); errors still propagate as exceptions."""
+    import logging
+
+    loggers = [logging.getLogger(n) for n in ("absl", "orbax", "jax._src.array")]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            yield
+    finally:
+        for lg, level in zip(loggers, levels):
+            lg.setLevel(level)
+
+
 def _first_line(e: BaseException) -> str:
     text = str(e).strip()
     return text.splitlines()[0][:300] if text else ""
@@ -280,23 +365,11 @@ def _first_line(e: BaseException) -> str:
 
 def _check_structure(path: Path, name: str, target: Any) -> None:
     """Compares ``target`` with the saved item's metadata (paths, shapes, dtypes)."""
-    try:
-        saved = _checkpointer().metadata(path).item_metadata[name]
-    except Exception as e:
-        raise CheckpointError(
-            f"checkpoint {path} cannot be read (incomplete or corrupt): {type(e).__name__}: "
-            f"{_first_line(e)}"
-        ) from e
-    if saved is None:
-        raise CheckpointError(f"checkpoint {path} has no array tree")
+    saved = _saved_metadata(path, name)
     want = {_path_str(k): v for k, v in jax.tree_util.tree_leaves_with_path(target)}
-    have = {
-        _path_str(k): v
-        for k, v in jax.tree_util.tree_leaves_with_path(_plain(saved))
-        if v is not None
-    }
-    missing = sorted(set(want) - set(have))
-    extra = sorted(set(have) - set(want))
+    have = {_path_str(k): v for k, v in jax.tree_util.tree_leaves_with_path(saved) if v is not None}
+    missing = sorted(_shown(k) for k in set(want) - set(have))
+    extra = sorted(_shown(k) for k in set(have) - set(want))
     if missing or extra:
         raise CheckpointError(
             f"checkpoint {path} holds a different state tree: "
@@ -314,9 +387,14 @@ def _check_structure(path: Path, name: str, target: Any) -> None:
         hs, hd = tuple(getattr(h, "shape", ())), getattr(h, "dtype", None)
         if hs != tuple(w.shape) or (hd is not None and np.dtype(hd) != np.dtype(w.dtype)):
             raise CheckpointError(
-                f"checkpoint {path}: leaf {k} was saved as {np.dtype(hd) if hd else '?'}"
+                f"checkpoint {path}: leaf {_shown(k)} was saved as {np.dtype(hd) if hd else '?'}"
                 f"{list(hs)}; this state expects {np.dtype(w.dtype)}{list(w.shape)}"
             )
+
+
+def _shown(key: str) -> str:
+    """A leaf path as the caller wrote it (without the wrapper of the saved array item)."""
+    return key.removeprefix("tree/")
 
 
 def _path_str(path: tuple[Any, ...]) -> str:
@@ -359,33 +437,76 @@ _SAFE_BUILTINS = frozenset(
     {"set", "frozenset", "slice", "range", "complex", "bytearray", "bytes", "list", "dict"}
     | {"int", "float", "bool", "str", "tuple"}
 )
-_NUMPY_FUNCS = frozenset({"_reconstruct", "_frombuffer", "scalar", "dtype"})
+#: numpy's array / scalar / dtype rebuilders (``np.ndarray`` itself, never a subclass such as
+#: ``np.memmap``, whose constructor opens files)
+_NUMPY_FUNCS = frozenset({"_reconstruct", "_frombuffer", "scalar"})
+#: jaxsampler modules whose classes are plain data (any class defined there may be rebuilt)
+_DATA_MODULES = ("jaxsampler.episodes", "jaxsampler.spaces", "jaxsampler.types")
+#: further jaxsampler classes that host state holds
+_DATA_CLASSES = frozenset(
+    {
+        ("jaxsampler.sampling.base", "SamplerMetrics"),
+        ("jaxsampler.sampling.callbacks", "SamplerTotals"),
+        ("jaxsampler.sampling.agent_steps", "AgentCarry"),
+        ("jaxsampler.sampling.columns", "Columns"),
+    }
+)
+
+
+def _in_data_module(module: str) -> bool:
+    return any(module == m or module.startswith(m + ".") for m in _DATA_MODULES)
+
+
+def _safe_numpy(obj: Any, name: str) -> bool:
+    if name in _NUMPY_FUNCS and callable(obj) and not isinstance(obj, type):
+        return True
+    if not isinstance(obj, type):
+        return False
+    return obj is np.ndarray or issubclass(obj, (np.generic, np.dtype))
+
+
+def _host_ref(name: str) -> Any:
+    """Stands for a live object in pickled host state: :class:`_Unpickler` resolves
+    ``_host_ref(name)`` to the restoring side's object ``name`` (never called itself)."""
+    raise CheckpointError(f"host state refers to {name!r}; load it with load_host(blob, refs)")
 
 
 class _Pickler(pickle.Pickler):
+    """Pickles the live objects named in ``refs`` as ``_host_ref(name)``.
+
+    ``reducer_override`` (unlike ``persistent_id``) is not called for builtin atomic and
+    container objects, which are most of an episode's objects: this keeps saves fast."""
+
     def __init__(self, file: io.BytesIO, refs: Mapping[int, str]):
         super().__init__(file, protocol=5)
         self._refs = refs
 
-    def persistent_id(self, obj: Any) -> str | None:
-        return self._refs.get(id(obj))
+    def reducer_override(self, obj: Any) -> Any:
+        name = self._refs.get(id(obj))
+        if name is None:
+            return NotImplemented
+        return (_host_ref, (name,))
 
 
 class _Unpickler(pickle.Unpickler):
-    """Rebuilds only data: numpy arrays and scalars, builtin containers, jaxsampler's own
-    classes and the live objects named by reference. Anything else (a function, a class
-    of another package) is refused, so loading a checkpoint cannot run code."""
+    """Rebuilds only data: numpy arrays, scalars and dtypes, builtin containers,
+    jaxsampler's data classes (episodes, spaces, the samplers' carried columns and
+    counters) and the live objects named by reference. Anything else (a function, a
+    class of another package, a jaxsampler class with side effects such as a server) is
+    refused before it is called, so loading a checkpoint cannot run code."""
 
     def __init__(self, file: io.BytesIO, refs: Mapping[str, Any]):
         super().__init__(file)
         self._refs = refs
 
-    def persistent_load(self, pid: Any) -> Any:
-        if pid not in self._refs:
+    def _resolve(self, pid: Any) -> Any:
+        if not isinstance(pid, str) or pid not in self._refs:
             raise CheckpointError(f"host state refers to {pid!r}, which this sampler lacks")
         return self._refs[pid]
 
     def find_class(self, module: str, name: str) -> Any:
+        if module == __name__ and name == "_host_ref":
+            return self._resolve
         top = module.split(".")[0]
         if module == "builtins" and name in _SAFE_BUILTINS:
             return super().find_class(module, name)
@@ -393,13 +514,19 @@ class _Unpickler(pickle.Unpickler):
             return super().find_class(module, name)
         if top == "numpy":
             obj = super().find_class(module, name)
-            if isinstance(obj, type) or name in _NUMPY_FUNCS:
+            if _safe_numpy(obj, name):
                 return obj
-        if top == "jaxsampler":
+        if (module, name) in _DATA_CLASSES or _in_data_module(module):
             obj = super().find_class(module, name)
-            if isinstance(obj, type):
+            if isinstance(obj, type) and (
+                (obj.__module__, obj.__qualname__) in _DATA_CLASSES
+                or _in_data_module(obj.__module__)
+            ):
                 return obj
-        raise CheckpointError(f"host state holds {module}.{name}, which a checkpoint may not")
+        raise CheckpointError(
+            f"host state holds {module}.{name}, which a checkpoint may not (only numpy "
+            "arrays, builtin containers and jaxsampler's data classes are rebuilt on load)"
+        )
 
 
 def dump_host(obj: Any, refs: Mapping[str, Any] | None = None) -> bytes:
@@ -460,7 +587,8 @@ class Checkpoints:
         self.max_to_keep = max_to_keep
 
     def steps(self) -> list[int]:
-        """The complete checkpoints' steps, ascending (unfinished writes are skipped)."""
+        """The complete checkpoints' steps, ascending (unfinished writes, which live in
+        orbax's temporary directories until they are complete, are skipped)."""
         out = []
         for p in self.directory.iterdir():
             if p.is_dir() and p.name.isdigit() and (p / _META / "metadata").is_file():
@@ -480,7 +608,8 @@ class Checkpoints:
         """Writes checkpoint ``step`` with ``write(path)`` (e.g.
         ``lambda p: sampler.save(p, params=params)`` or
         ``lambda p: js.checkpoint.save(p, tree)``), then deletes the oldest beyond
-        :attr:`max_to_keep`. Returns its path.
+        :attr:`max_to_keep`. Returns its path. The temporary directory of an earlier,
+        killed write of the same step is removed first.
 
         Raises:
             FileExistsError: checkpoint ``step`` exists.
@@ -488,6 +617,9 @@ class Checkpoints:
         if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or step < 0:
             raise ValueError(f"step must be an int >= 0, got {step!r}")
         path = self.path(step)
+        # an earlier writer of this step that died mid-save left its temporary directory
+        for stale in self.directory.glob(f"{int(step)}{_TMP_SUFFIX}*"):
+            shutil.rmtree(stale, ignore_errors=True)
         write(path)
         if self.max_to_keep is not None:
             for old in self.steps()[: -self.max_to_keep]:

@@ -4,7 +4,8 @@
 MLP policy across vector widths and prints actions/s, compile time and steps per width.
 Progress goes to stderr: a bar (calls done, rate, ETA) on a terminal, plain lines
 otherwise, nothing with ``--quiet``; the table goes to stdout.
-``jaxsampler check ENV`` runs :func:`jaxsampler.check_env` on an env id.
+``jaxsampler check ENV`` runs :func:`jaxsampler.check_env` on an env id and, when the env
+can render, writes the first frame after a reset as a PNG and prints its path.
 ``jaxsampler envs`` lists the registered env ids.
 
 On CPU, ``bench`` uses one XLA device per core by default (``--devices auto``) and
@@ -91,6 +92,13 @@ def _parser() -> argparse.ArgumentParser:
     )
     c = sub.add_parser("check", help="validate an env with jaxsampler.check_env")
     c.add_argument("env", help="env id")
+    c.add_argument(
+        "--frame",
+        metavar="PATH",
+        help="where to write the first rendered frame (.png; default: "
+        "<tmp>/jaxsampler-check-<env>.png)",
+    )
+    c.add_argument("--no-frame", action="store_true", help="do not render a frame")
     sub.add_parser("envs", help="list registered env ids")
     return p
 
@@ -183,6 +191,50 @@ def _bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def _default_frame_path(env_id: str) -> str:
+    import re
+    import tempfile
+
+    safe = re.sub(r"[^A-Za-z0-9._-]+", "_", env_id)
+    return os.path.join(tempfile.gettempdir(), f"jaxsampler-check-{safe}.png")
+
+
+def _check(args: argparse.Namespace) -> int:
+    import jaxsampler as js
+    from jaxsampler import video
+    from jaxsampler.check import first_frame
+    from jaxsampler.registry import make_jax_env
+
+    try:
+        env = make_jax_env(args.env)
+    except (TypeError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    frame_path = None
+    if not args.no_frame and video.can_render(env):
+        frame_path = args.frame or _default_frame_path(args.env)
+        try:  # a bad --frame fails before the check runs
+            video.check_output_path(frame_path, {".png"})
+        except (OSError, ValueError) as e:
+            print(f"error: --frame: {e}", file=sys.stderr)
+            return 2
+    report = js.check_env(env)
+    print(report)
+    if frame_path is not None and report.ok:
+        frame = first_frame(env)
+        assert frame is not None
+        try:
+            written = video.save_frame(frame_path, frame)
+        except ImportError:
+            print(
+                f"first frame: not written ({frame.shape[1]}x{frame.shape[0]}): PNG files need "
+                'imageio: pip install -e ".[video]"'
+            )
+        else:
+            print(f"first frame: {written}")
+    return 0 if report.ok else 1
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command in (None, "bench"):
@@ -195,17 +247,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("\n".join(registered_ids() + ["gymnax:<id>  (any gymnax env)"]))
         return 0
     if args.command == "check":
-        import jaxsampler as js
-        from jaxsampler.registry import make_jax_env
-
-        try:
-            env = make_jax_env(args.env)
-        except (TypeError, ValueError) as e:
-            print(f"error: {e}", file=sys.stderr)
-            return 2
-        report = js.check_env(env)
-        print(report)
-        return 0 if report.ok else 1
+        return _check(args)
     return 2  # pragma: no cover
 
 

@@ -11,12 +11,16 @@ step of the caller's choosing. All loggers run on the host, outside jitted code.
 * :class:`JsonlLogger`: one JSON object per line, no extra dependency.
 * :class:`TensorBoardLogger`: tensorboardX event files
   (``pip install -e ".[tensorboard]"``).
-* :class:`WandbLogger`: a W&B run (``pip install wandb``; not a jaxsampler dependency).
+* :class:`WandbLogger`: a W&B run (the ``wandb`` extra: ``pip install -e ".[wandb]"``).
 * :class:`MultiLogger` fans out to several; :class:`NullLogger` drops everything;
   :func:`make_logger` builds one from a command-line choice
   (:func:`add_arguments` / :func:`from_arguments`: a script's ``--log-dir``,
   ``--logger``, ``--quiet`` flags); :func:`log_history` writes the per-update metrics a
   jitted ``lax.scan`` training loop returns.
+
+On a sampler whose mesh spans processes, each process's report covers its own envs:
+give the logger to process 0's sampler only (or log ``sampler.global_metrics()``
+yourself) so one run has one writer.
 
 A call that compiled (``report.num_compiles > 0``) is also noted as a *compile event*:
 kept in :attr:`Logger.compile_events` and written by each logger in its own way (a
@@ -352,7 +356,7 @@ class WandbLogger(Logger):
         try:
             import wandb
         except ImportError as e:
-            raise ImportError("WandbLogger needs wandb: pip install wandb") from e
+            raise ImportError('WandbLogger needs wandb: pip install -e ".[wandb]"') from e
         super().__init__()
         self._wandb = wandb
         self._owns_run = False

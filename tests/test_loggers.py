@@ -258,7 +258,7 @@ def test_wandb_logs_to_an_existing_run_and_leaves_it_open(monkeypatch):
 
 def test_wandb_missing_package_names_the_install_command(monkeypatch):
     monkeypatch.setitem(sys.modules, "wandb", None)
-    with pytest.raises(ImportError, match="pip install wandb"):
+    with pytest.raises(ImportError, match=r"pip install -e \"\.\[wandb\]\""):
         loggers.WandbLogger()
 
 
@@ -268,10 +268,14 @@ def test_real_wandb_offline(monkeypatch, tmp_path):
     monkeypatch.setenv("WANDB_SILENT", "true")
     lg = loggers.WandbLogger(project="jaxsampler-test", dir=str(tmp_path))
     lg.on_sample_end(report(10, num_compiles=1))
-    lg.log({"loss": 0.5}, step=10)
-    run = lg.run
+    lg.log({"loss": 0.5}, step=10)  # merged into step 10's row
+    lg.on_sample_end(report(20, ret=2.5))  # a later step: W&B commits step 10's row
+    summary = dict(lg.run.summary)
+    assert summary["_step"] == 10 and summary["loss"] == 0.5
+    assert summary["sampler/episode_return_mean"] == 1.5
     lg.close()
-    assert run.summary["loss"] == 0.5 and wandb.run is None
+    assert wandb.run is None  # the run this logger started is finished
+    assert list(tmp_path.glob("wandb/offline-run-*")), "no offline run directory written"
 
 
 # --------------------------------------------------------------------------- bad input, misc

@@ -292,9 +292,29 @@ class Sampler(metaclass=_PicksMember):
         """Writes everything that determines this sampler's future samples to a
         checkpoint directory at ``path`` (orbax; atomic: see :mod:`jaxsampler.checkpoint`).
 
-        Restoring it into a sampler built the same way (:meth:`load`, :meth:`restore`)
-        continues the run exactly: the next calls return, bit for bit, what this
-        sampler's next calls would.
+        Restoring it into a sampler built the same way (:meth:`load`, :meth:`restore`),
+        in this process or a fresh one, continues the run exactly: the next calls return,
+        bit for bit, what this sampler's next calls would (ids, ``t_started``, lookback,
+        observations, actions, rewards, infos, extras, batch columns, metrics, totals).
+
+        What is saved: the random state; the rollout state (env states, observations,
+        episode counters and steps, the policy's recurrent state, per-env and randomized
+        env params, the transforms' statistics and per-env rows), or, right after a
+        ``num_episodes`` call, the transforms' carried state; the episode ids' run and
+        reset counter; the host side's open episode chunks with their lookback, hanging
+        agent steps and running returns; :attr:`metrics` and :attr:`totals`; a
+        fingerprint of the configuration (env, ``num_envs``, agents, spaces, transforms,
+        policy type, lookback, rollout and topup lengths, ...). Not saved: the env,
+        policy and transforms themselves (the restoring side builds them), policy params
+        unless passed as ``**extra``, callbacks, compiled programs (the first call after
+        a load in a fresh process compiles, as any first call does), and
+        :attr:`~jaxsampler.sampling.device.DeviceSampler.last_chunks`.
+
+        Only a :class:`~jaxsampler.sampling.device.DeviceSampler` in one process can be
+        checkpointed: a :class:`~jaxsampler.sampling.host.HostSampler`'s envs live in
+        host objects (Gymnasium envs, sub-processes, sockets) it cannot capture, and on a
+        mesh spanning processes each process holds its own open episodes (checkpoint the
+        pure rollout state with :func:`jaxsampler.checkpoint.save` there).
 
         Args:
             path: the checkpoint directory (must not exist unless ``overwrite``).
@@ -307,8 +327,9 @@ class Sampler(metaclass=_PicksMember):
             the checkpoint's path.
 
         Raises:
-            NotImplementedError: a sampler whose state cannot be captured (the message
-                says why).
+            NotImplementedError: a sampler whose state cannot be captured (a
+                ``HostSampler``; a mesh spanning processes: the message says why).
+            FileExistsError: ``path`` exists and ``overwrite`` is False.
         """
         arrays, host, fingerprint = self._checkpoint_parts()
         t0 = time.perf_counter()
@@ -332,7 +353,10 @@ class Sampler(metaclass=_PicksMember):
 
         The checkpoint must come from a sampler built the same way: same env, policy,
         ``num_envs``, transforms, lookback and other options (the seed may differ: the
-        checkpoint's random state replaces it). On any error the sampler is unchanged.
+        checkpoint's random state and episode ids replace it). Everything is read and
+        validated before anything is installed: on any error the sampler is unchanged.
+        The restored arrays have the live state's shapes, dtypes and shardings, so the
+        warm sampler's next calls reuse its compiled programs.
 
         Args:
             path: a checkpoint directory written by :meth:`save`.
@@ -346,8 +370,11 @@ class Sampler(metaclass=_PicksMember):
 
         Raises:
             jaxsampler.checkpoint.CheckpointError: missing, incomplete or corrupt
-                checkpoint; one written by a differently configured sampler (the message
-                names each difference, e.g. ``num_envs: checkpoint 8, this one 16``).
+                checkpoint (truncated files, a host blob failing its SHA-256 digest, a
+                missing header, another format version); one written by a differently
+                configured sampler (the message names each difference, e.g.
+                ``num_envs: checkpoint 8, this one 16``).
+            NotImplementedError: as for :meth:`save`.
         """
         header = checkpoint.read_meta(path)
         live = self._checkpoint_fingerprint()
@@ -377,8 +404,19 @@ class Sampler(metaclass=_PicksMember):
     ) -> Sampler:
         """``Sampler(env, policy, *args, **kwargs)`` restored from the checkpoint at
         ``path`` (:meth:`load`; the constructor's arguments must be those of the sampler
-        that saved it). Extra trees saved with it: :meth:`load` on the new sampler, or
-        :func:`jaxsampler.checkpoint.restore_extra`."""
+        that saved it; the seed may differ). Extra trees saved with it: :meth:`load` on
+        the new sampler, or :func:`jaxsampler.checkpoint.restore_extra`. The new sampler
+        is closed if the load fails.
+
+        Example (resuming a training run; see also
+        :class:`jaxsampler.checkpoint.Checkpoints`)::
+
+            sampler.save("ckpt/1000", params=params, opt_state=opt_state)
+            ...  # a new process
+            sampler = js.Sampler.restore("ckpt/1000", env, policy, num_envs=64)
+            extra = js.checkpoint.restore_extra("ckpt/1000", like={"params": params,
+                                                                   "opt_state": opt_state})
+        """
         sampler: Sampler = cls(env, policy, *args, **kwargs)  # type: ignore[call-arg]
         try:
             sampler.load(path)

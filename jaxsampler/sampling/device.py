@@ -52,6 +52,7 @@ of step and episode counts per chunk), so every process makes the same rollout c
 from __future__ import annotations
 
 import dataclasses
+import re
 import time
 from typing import Any, Protocol
 
@@ -583,11 +584,12 @@ class DeviceSampler(Sampler):
             "topup_length": self.topup_length,
             "observation_space": repr(pipe.observation_space),
             "action_space": repr(pipe.action_space),
-            "transforms": [repr(t) for t in pipe.transforms],
+            "transforms": [_stable_repr(t) for t in pipe.transforms],
             "policy": type(self.policy).__name__,
+            "explore": self.explore,
             "episode_lookback_horizon": self.horizon,
             "rllib_compatible": self.rllib_compatible,
-            "reset_pool": repr(self.reset_pool),
+            "reset_pool": _stable_repr(self.reset_pool),
             "local_envs": [self.local_envs.start, self.local_envs.stop],
         }
 
@@ -599,6 +601,8 @@ class DeviceSampler(Sampler):
         elif self._carried is not None:
             arrays["carried"] = self._carried
         host = {
+            # the ids' run prefix comes from the seed: the restoring sampler's may differ
+            "id_run": self._episode_id._run,
             "id_resets": self._episode_id.resets,
             "converter": self._convert.get_state(),
             "metrics": self.metrics,
@@ -640,6 +644,7 @@ class DeviceSampler(Sampler):
         self._state = arrays.get("state")
         self._carried = arrays.get("carried")
         self._buffers = self._topup_buffers = None
+        self._episode_id._run = host["id_run"]
         self._episode_id.resets = host["id_resets"]
         self._convert.set_state(host["converter"])
         self.metrics = host["metrics"]
@@ -649,6 +654,12 @@ class DeviceSampler(Sampler):
 
 def _is_array(x: Any) -> bool:
     return isinstance(x, (jax.Array, np.ndarray))
+
+
+def _stable_repr(obj: Any) -> str:
+    """``repr(obj)`` without memory addresses (``<function f at 0x7f..>`` -> ``<function
+    f>``), so that the same configuration gives the same text in every process."""
+    return re.sub(r" at 0x[0-9a-fA-F]+", "", repr(obj))
 
 
 def _sampler_mesh(devices: Any, mesh: Any) -> Mesh | None:

@@ -10,21 +10,68 @@ as well, which the adapter cannot undo.
 
 ``info`` is gymnax's info dict; at reset it holds zeros of the same structure (so
 ``reset`` and ``step`` return identical pytrees).
+
+Rendering: gymnax's own ``render`` draws with matplotlib on the host, which no jitted
+rollout can call, so the adapter renders in JAX where it knows the env
+(``can_render``; ``render(state, params) -> uint8[H, W, 3]``, jit- and vmap-safe):
+
+* MinAtar (Asterix, Breakout, Freeway, Seaquest, SpaceInvaders): the observation grid
+  (``env.get_obs(state)``, ``[10, 10, C]``), each cell drawn in the color of its
+  lowest-numbered active channel (:data:`MINATAR_PALETTE`, channel ``c`` in color
+  ``c``; no active channel: :data:`MINATAR_BACKGROUND`). MinAtar lists the player and
+  the moving objects first, so they are drawn over bricks and trails. Each cell is
+  ``MINATAR_CELL x MINATAR_CELL`` pixels (160 x 160 frames);
+* classic control (CartPole-v1, Pendulum-v1, Acrobot-v1, MountainCar-v0,
+  MountainCarContinuous-v0): gymnax's state mapped onto the built-in env of the same
+  name (the same physics, other field names) and drawn by that env's renderer, with
+  the params the two share by name;
+* anything else: ``can_render`` is False and ``render`` raises ``NotImplementedError``.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import importlib
+from collections.abc import Callable
 from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from jaxsampler.envs.base import Env
 from jaxsampler.spaces import Space, from_gymnax_space
 from jaxsampler.types import TimeStep
 
-__all__ = ["GymnaxEnv", "from_gymnax", "make_gymnax"]
+__all__ = [
+    "GymnaxEnv",
+    "MINATAR_BACKGROUND",
+    "MINATAR_CELL",
+    "MINATAR_PALETTE",
+    "from_gymnax",
+    "make_gymnax",
+]
+
+#: RGB color of MinAtar channel ``c`` (up to 10 channels, Seaquest's count).
+MINATAR_PALETTE = np.array(
+    [
+        [255, 214, 0],  # yellow
+        [0, 200, 255],  # cyan
+        [255, 64, 64],  # red
+        [80, 220, 100],  # green
+        [190, 120, 255],  # violet
+        [255, 140, 0],  # orange
+        [240, 240, 240],  # white
+        [40, 110, 255],  # blue
+        [255, 105, 180],  # pink
+        [150, 150, 150],  # grey
+    ],
+    dtype=np.uint8,
+)
+#: RGB color of a MinAtar cell with no active channel.
+MINATAR_BACKGROUND = np.array([16, 16, 24], dtype=np.uint8)
+#: Pixels per MinAtar grid cell, in each direction.
+MINATAR_CELL = 16
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -74,6 +121,37 @@ class GymnaxEnv(Env):
     def action_space(self) -> Space:
         return from_gymnax_space(self.env.action_space(self.params))
 
+    @property
+    def can_render(self) -> bool:
+        """Whether :meth:`render` draws this env (MinAtar and classic control)."""
+        return _renderer(self.env) is not None
+
+    @property
+    def render_shape(self) -> tuple[int, int]:
+        """The static ``(H, W)`` of :meth:`render`'s frames."""
+        if not self.can_render:
+            raise NotImplementedError(self._no_render())
+        state, _ = jax.eval_shape(lambda: self.reset(jax.random.PRNGKey(0)))
+        out = jax.eval_shape(self.render, state)
+        return (int(out.shape[0]), int(out.shape[1]))
+
+    def render(self, state: Any, params: Any = None) -> jax.Array:
+        """One env's frame, ``uint8[H, W, 3]``, computed in JAX (jit- and vmap-safe).
+
+        Raises:
+            NotImplementedError: an env the adapter cannot draw (``can_render`` False).
+        """
+        draw = _renderer(self.env)
+        if draw is None:
+            raise NotImplementedError(self._no_render())
+        return draw(self.env, state, self.params if params is None else params)
+
+    def _no_render(self) -> str:
+        return (
+            f"{self.name} cannot render: the gymnax adapter draws MinAtar and classic-control "
+            f"envs in JAX; {type(self.env).__name__}'s own render uses matplotlib on the host"
+        )
+
     def _info_zeros(self, params: Any) -> Any:
         key = jax.random.PRNGKey(0)
         shapes = jax.eval_shape(
@@ -111,6 +189,116 @@ class GymnaxEnv(Env):
             acting=jnp.ones((1,), jnp.bool_),
             info=info,
         )
+
+
+# --------------------------------------------------------------------------- rendering
+
+Renderer = Callable[[Any, Any, Any], jax.Array]
+
+
+def minatar_frame(obs: jax.Array, cell: int = MINATAR_CELL) -> jax.Array:
+    """``uint8[10 * cell, 10 * cell, 3]`` picture of a MinAtar observation ``[10, 10, C]``:
+    each cell in the color of its lowest-numbered active channel (> 0.5), background
+    where none is. Jit- and vmap-safe."""
+    active = jnp.asarray(obs) > 0.5
+    num_channels = active.shape[-1]
+    if num_channels > len(MINATAR_PALETTE):
+        raise ValueError(
+            f"MinAtar observation has {num_channels} channels; the palette has "
+            f"{len(MINATAR_PALETTE)} colors"
+        )
+    # 0: no channel; c + 1: channel c is the lowest active one.
+    top = jnp.where(jnp.any(active, axis=-1), jnp.argmax(active, axis=-1) + 1, 0)
+    table = jnp.asarray(np.concatenate([MINATAR_BACKGROUND[None], MINATAR_PALETTE]))
+    img = table[top]
+    return jnp.repeat(jnp.repeat(img, cell, axis=0), cell, axis=1)
+
+
+def _render_minatar(env: Any, state: Any, params: Any) -> jax.Array:
+    return minatar_frame(env.get_obs(state, params))
+
+
+#: gymnax classic-control class -> (built-in module:class, {built-in field: gymnax field}).
+_CLASSIC: dict[str, tuple[str, dict[str, str]]] = {
+    "CartPole": (
+        "jaxsampler.envs.cartpole:CartPole",
+        {"x": "x", "x_dot": "x_dot", "theta": "theta", "theta_dot": "theta_dot"},
+    ),
+    "Pendulum": ("jaxsampler.envs.pendulum:Pendulum", {"theta": "theta", "theta_dot": "theta_dot"}),
+    "Acrobot": (
+        "jaxsampler.envs.acrobot:Acrobot",
+        {
+            "theta1": "joint_angle1",
+            "theta2": "joint_angle2",
+            "dtheta1": "velocity_1",
+            "dtheta2": "velocity_2",
+        },
+    ),
+    "MountainCar": (
+        "jaxsampler.envs.mountain_car:MountainCar",
+        {"position": "position", "velocity": "velocity"},
+    ),
+    "ContinuousMountainCar": (
+        "jaxsampler.envs.mountain_car_continuous:MountainCarContinuous",
+        {"position": "position", "velocity": "velocity"},
+    ),
+}
+
+
+def _builtin_of(env: Any) -> tuple[Any, dict[str, str]] | None:
+    """The built-in env that draws gymnax's classic-control ``env``, and the field map."""
+    module = type(env).__module__
+    entry = _CLASSIC.get(type(env).__name__)
+    if entry is None or not module.startswith("gymnax.environments.classic_control"):
+        return None
+    path, fields = entry
+    mod, cls = path.split(":")
+    builtin = getattr(importlib.import_module(mod), cls)()
+    if not getattr(builtin, "can_render", False):
+        return None
+    return builtin, fields
+
+
+def builtin_state(env: Any, state: Any, params: Any) -> tuple[Any, Any, Any]:
+    """``(builtin_env, builtin_state, builtin_params)``: gymnax classic-control ``state``
+    and ``params`` as the built-in env's (fields renamed; params the two share by name,
+    the built-in defaults for the rest). Jit- and vmap-safe.
+
+    Raises:
+        NotImplementedError: ``env`` is not one of the five classic-control envs (or its
+            built-in counterpart cannot render).
+    """
+    found = _builtin_of(env)
+    if found is None:
+        raise NotImplementedError(f"no built-in renderer for gymnax {type(env).__name__}")
+    builtin, fields = found
+    default = builtin.default_params
+    shared = {
+        f.name: getattr(params, f.name)
+        for f in dataclasses.fields(default)
+        if hasattr(params, f.name)
+    }
+    values = {
+        ours: jnp.asarray(getattr(state, theirs), jnp.float32) for ours, theirs in fields.items()
+    }
+    values["time"] = jnp.asarray(state.time, jnp.int32)
+    state_cls = type(jax.eval_shape(lambda: builtin.reset(jax.random.PRNGKey(0))[0]))
+    return builtin, state_cls(**values), default.replace(**shared)
+
+
+def _render_classic(env: Any, state: Any, params: Any) -> jax.Array:
+    builtin, ours, our_params = builtin_state(env, state, params)
+    return builtin.render(ours, our_params)
+
+
+def _renderer(env: Any) -> Renderer | None:
+    """How the adapter draws gymnax's ``env``, or ``None``."""
+    module = type(env).__module__
+    if module.startswith("gymnax.environments.minatar") and hasattr(env, "get_obs"):
+        return _render_minatar
+    if _builtin_of(env) is not None:
+        return _render_classic
+    return None
 
 
 def from_gymnax(env: Any, params: Any = None, env_id: str | None = None) -> GymnaxEnv:
