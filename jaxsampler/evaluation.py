@@ -190,6 +190,33 @@ def _per_env_fold(key: jax.Array, idx: jax.Array) -> jax.Array:
     return jax.vmap(jax.random.fold_in, in_axes=(None, 0))(key, idx)
 
 
+def _frozen_transform_state(pipe: Pipeline, shape: tuple[int, int], shared: Any) -> Any:
+    """The pipeline's initial state for ``shape`` (``(E, A)``) with its stages' shared
+    statistics replaced by ``shared`` (an evaluation's frozen statistics; ``None``: the
+    fresh ones); ``None`` without transforms."""
+    tstate = pipe.init(shape)
+    if tstate is not None and shared is not None:
+        tstate = dataclasses.replace(
+            tstate,
+            stages=tuple(StageState(sh, st.rows) for sh, st in zip(shared, tstate.stages)),
+        )
+    return tstate
+
+
+def _observe_first(
+    pipe: Pipeline, tstate: Any, ts: Any, shape: tuple[int, int], ctx: Context
+) -> tuple[Any, Any]:
+    """``(transform state, policy observation)`` after every env of ``shape`` was reset:
+    the transforms see the reset timestep (with zero previous actions); without
+    transforms the env's own observation."""
+    if not pipe:
+        return tstate, ts.obs
+    assert tstate is not None
+    zeros = policy_action_zeros(pipe, shape)
+    tstate, seen = pipe.observe_timestep(tstate, ts, jnp.ones((shape[0],), jnp.bool_), zeros, ctx)
+    return tstate, seen.obs
+
+
 def _select_rows(mask: jax.Array, keep: TransformState, new: TransformState) -> TransformState:
     """``new`` with the per-env ``rows`` and ``done`` of envs in ``mask`` taken from ``keep``."""
     stages = tuple(
@@ -239,12 +266,7 @@ def _run_impl(
     k_reset, k_step, k_pol, k_params = (keys[i] for i in range(4))
     drawn = pipe.randomizes_params
     slot_ep = jnp.arange(E, dtype=jnp.int32)
-    tstate = pipe.init((E, A))
-    if tstate is not None and shared is not None:
-        tstate = dataclasses.replace(
-            tstate,
-            stages=tuple(StageState(sh, st.rows) for sh, st in zip(shared, tstate.stages)),
-        )
+    tstate = _frozen_transform_state(pipe, (E, A), shared)
     slot_params = _gather_params(env_params, per_episode, slot_ep)
     out_params = None
     if drawn:
@@ -260,12 +282,7 @@ def _run_impl(
             lambda x: jnp.zeros((N,) + x.shape[1:], x.dtype).at[:E].set(x[:N]), slot_params
         )
     env_state, ts = vector.reset(env, _per_env_fold(k_reset, slot_ep), slot_params)
-    obs = ts.obs
-    if pipe:
-        assert tstate is not None
-        zeros = policy_action_zeros(pipe, (E, A))
-        tstate, seen = pipe.observe_timestep(tstate, ts, jnp.ones((E,), jnp.bool_), zeros, ctx)
-        obs = seen.obs
+    tstate, obs = _observe_first(pipe, tstate, ts, (E, A), ctx)
     init_pstate = policy.initial_state((E, A))
     has_pstate = refill and len(jax.tree.leaves(init_pstate)) > 0
     flags = jnp.zeros((E, A), jnp.bool_)

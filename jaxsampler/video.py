@@ -42,12 +42,20 @@ import numpy as np
 
 from jaxsampler import vector
 from jaxsampler.envs.base import Env
-from jaxsampler.evaluation import _check_count, _default_max_steps, _select_rows, _shared_of
+from jaxsampler.evaluation import (
+    _check_count,
+    _default_max_steps,
+    _frozen_transform_state,
+    _observe_first,
+    _per_env_fold,
+    _select_rows,
+    _shared_of,
+)
 from jaxsampler.policies.base import Policy
 from jaxsampler.policies.greedy import greedy
 from jaxsampler.registry import make_jax_env
-from jaxsampler.rollout import Transforms, check_action, check_compatible, policy_action_zeros
-from jaxsampler.transforms.base import Context, Pipeline, StageState, TransformState
+from jaxsampler.rollout import Transforms, check_action, check_compatible
+from jaxsampler.transforms.base import Context, Pipeline, TransformState
 from jaxsampler.types import RolloutState
 
 __all__ = [
@@ -181,12 +189,7 @@ def _frames_impl(
     ctx = Context(frozen=True)
     k_reset, k_step, k_pol, k_params = (keys[i] for i in range(4))
     episode = jnp.arange(N, dtype=jnp.int32)
-    tstate = pipe.init((N, A))
-    if tstate is not None and shared is not None:
-        tstate = dataclasses.replace(
-            tstate,
-            stages=tuple(StageState(sh, st.rows) for sh, st in zip(shared, tstate.stages)),
-        )
+    tstate = _frozen_transform_state(pipe, (N, A), shared)
     if pipe.randomizes_params:
         assert tstate is not None
         tstate, env_params = pipe.reset_params(
@@ -196,14 +199,8 @@ def _frames_impl(
             vector.broadcast_params(env, env_params, N),
             ctx,
         )
-    fold = jax.vmap(jax.random.fold_in, in_axes=(None, 0))
-    env_state, ts = vector.reset(env, fold(k_reset, episode), env_params)
-    obs = ts.obs
-    if pipe:
-        assert tstate is not None
-        zeros = policy_action_zeros(pipe, (N, A))
-        tstate, seen = pipe.observe_timestep(tstate, ts, jnp.ones((N,), jnp.bool_), zeros, ctx)
-        obs = seen.obs
+    env_state, ts = vector.reset(env, _per_env_fold(k_reset, episode), env_params)
+    tstate, obs = _observe_first(pipe, tstate, ts, (N, A), ctx)
     first = _render_batch(env, env_state, env_params)
     if first.dtype != jnp.uint8 or first.ndim != 4 or first.shape[-1] != 3:
         raise TypeError(
@@ -211,7 +208,7 @@ def _frames_impl(
             f"{first.dtype}{list(first.shape[1:])}"
         )
     frames = jnp.zeros((N, T + 1) + first.shape[1:], jnp.uint8).at[:, 0].set(first)
-    step_keys0 = fold(k_step, episode)
+    step_keys0 = _per_env_fold(k_step, episode)
 
     def cond(c: tuple[Any, ...]) -> jax.Array:
         t, done = c[0], c[5]
