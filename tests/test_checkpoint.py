@@ -182,7 +182,7 @@ def test_mismatch_names_both_values(live: dict[str, Any], kwargs: dict, message:
         other.load(live["good"])
     assert message in str(err.value)
     after = other._checkpoint_parts()
-    assert before[0].keys() == after[0].keys() and after[1]["id_resets"] == 0
+    assert before[0].keys() == after[0].keys() and after[1]["ids"]["resets"] == 0
 
 
 def test_like_structure_mismatch_names_the_leaf(live: dict[str, Any]) -> None:

@@ -10,6 +10,7 @@ the id longer rather than wrap.
 from __future__ import annotations
 
 import uuid
+from typing import Any
 
 import numpy as np
 
@@ -47,6 +48,15 @@ class EpisodeIds:
         self._run = np.random.default_rng(seed).bytes(7).hex()
         self.resets = 0
         self.stream_offset = int(stream_offset)
+
+    def get_state(self) -> dict[str, Any]:
+        """What the next ids depend on besides the streams: the run prefix (from the seed)
+        and the reset count, for checkpoints."""
+        return {"run": self._run, "resets": self.resets}
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        """Continues the id space :meth:`get_state` describes (the stream offset stays)."""
+        self._run, self.resets = str(state["run"]), int(state["resets"])
 
     def new_run(self) -> None:
         """Starts a new id space after a reset (ids never repeat within a sampler)."""

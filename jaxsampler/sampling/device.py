@@ -602,8 +602,7 @@ class DeviceSampler(Sampler):
             arrays["carried"] = self._carried
         host = {
             # the ids' run prefix comes from the seed: the restoring sampler's may differ
-            "id_run": self._episode_id._run,
-            "id_resets": self._episode_id.resets,
+            "ids": self._episode_id.get_state(),
             "converter": self._convert.get_state(),
             "metrics": self.metrics,
             "totals": self.totals,
@@ -644,8 +643,7 @@ class DeviceSampler(Sampler):
         self._state = arrays.get("state")
         self._carried = arrays.get("carried")
         self._buffers = self._topup_buffers = None
-        self._episode_id._run = host["id_run"]
-        self._episode_id.resets = host["id_resets"]
+        self._episode_id.set_state(host["ids"])
         self._convert.set_state(host["converter"])
         self.metrics = host["metrics"]
         self.totals = host["totals"]
