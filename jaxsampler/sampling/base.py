@@ -376,8 +376,8 @@ class Sampler(metaclass=_PicksMember):
                 ``num_envs: checkpoint 8, this one 16``).
             NotImplementedError: as for :meth:`save`.
         """
+        live = self._checkpoint_fingerprint()  # first: a sampler that cannot load says so
         header = checkpoint.read_meta(path)
-        live = self._checkpoint_fingerprint()
         saved = header.get("sampler")
         if not isinstance(saved, dict):
             raise checkpoint.CheckpointError(f"checkpoint {path} holds no sampler state")

@@ -584,16 +584,10 @@ class HostSampler(Sampler):
         return batch
 
     def _checkpoint_parts(self) -> tuple[dict[str, Any], Any, dict[str, Any]]:
-        raise NotImplementedError(
-            "a HostSampler cannot be checkpointed: its envs' state lives in host objects "
-            "(Gymnasium envs, sub-processes, sockets) that jaxsampler cannot capture or "
-            "replay exactly; use a pure-JAX env (js.make('<id>') or js.make('gymnax:<id>')) "
-            "for exact resume"
-        )
+        raise _not_checkpointable()
 
-    def load(self, path: Any, **like: Any) -> dict[str, Any]:
-        self._checkpoint_parts()
-        return {}
+    def _checkpoint_fingerprint(self) -> dict[str, Any]:
+        raise _not_checkpointable()
 
     def _poll(self, deadline: float | None) -> PollResult:
         if deadline is None:
@@ -655,3 +649,12 @@ class HostSampler(Sampler):
     def close(self) -> None:
         """Closes the host env."""
         self.host_env.close()
+
+
+def _not_checkpointable() -> NotImplementedError:
+    return NotImplementedError(
+        "a HostSampler cannot be checkpointed: its envs' state lives in host objects "
+        "(Gymnasium envs, sub-processes, sockets) that jaxsampler cannot capture or "
+        "replay exactly; use a pure-JAX env (js.make('<id>') or js.make('gymnax:<id>')) "
+        "for exact resume"
+    )
