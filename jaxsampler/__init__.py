@@ -39,8 +39,11 @@ from jaxsampler import (
 )
 from jaxsampler.check import EnvCheckError, check_env
 from jaxsampler.constants import DEFAULT_AGENT_ID, DEFAULT_POLICY_ID
+from jaxsampler.envs.adapters.brax import from_brax
 from jaxsampler.envs.adapters.gymnax import from_gymnax
 from jaxsampler.envs.adapters.jaxmarl import from_jaxmarl
+from jaxsampler.envs.adapters.jumanji import from_jumanji
+from jaxsampler.envs.adapters.pgx import from_pgx
 from jaxsampler.envs.base import Env, MultiAgentEnv, SingleAgentEnv
 from jaxsampler.episodes import (
     InfiniteLookbackBuffer,
@@ -112,8 +115,11 @@ __all__ = [
     "distributed",
     "episodes",
     "evaluate",
+    "from_brax",
     "from_gymnax",
     "from_jaxmarl",
+    "from_jumanji",
+    "from_pgx",
     "greedy",
     "host_envs",
     "init_rollout_state",

@@ -1,7 +1,8 @@
 """Env registry: a dict from id to factory, plus ``make(name, **kwargs)``.
 
-Ids of the form ``"gymnax:<gymnax id>"`` build the gymnax env of that id and wrap it
-with :class:`jaxsampler.envs.adapters.gymnax.GymnaxEnv`; ids of the form
+Ids of the form ``"<suite>:<id>"`` build an env of a JAX env suite and wrap it with that
+suite's adapter (:data:`SUITES`: ``gymnax``, ``brax``, ``jumanji``, ``pgx``, ``jaxmarl``;
+each but gymnax is an optional extra, e.g. ``pip install -e ".[brax]"``); ids of the form
 ``"gym:<Gymnasium id>"`` build host-stepped Gymnasium envs
 (:class:`jaxsampler.host_envs.GymnasiumHostEnv`), the same ones ``js.Sampler("gym:<id>")``
 samples from. The registry sits above both env kinds, so one ``make`` names them all.
@@ -17,7 +18,7 @@ from typing import Any
 from jaxsampler.envs.base import Env
 from jaxsampler.host_envs import HostEnv
 
-__all__ = ["REGISTRY", "make", "make_jax_env", "register", "registered_ids"]
+__all__ = ["REGISTRY", "SUITES", "make", "make_jax_env", "register", "registered_ids"]
 
 
 def _lazy(path: str) -> Callable[..., Env]:
@@ -61,6 +62,20 @@ REGISTRY: dict[str, Callable[..., Env]] = {
 }
 
 
+#: ``js.make("<suite>:<id>")`` prefixes and the adapter's ``make_<suite>(id, **kwargs)``
+#: (imported on first use, so a suite that is not installed costs nothing until named).
+SUITES: dict[str, str] = {
+    "gymnax": "jaxsampler.envs.adapters.gymnax:make_gymnax",
+    "brax": "jaxsampler.envs.adapters.brax:make_brax",
+    "jumanji": "jaxsampler.envs.adapters.jumanji:make_jumanji",
+    "pgx": "jaxsampler.envs.adapters.pgx:make_pgx",
+    "jaxmarl": "jaxsampler.envs.adapters.jaxmarl:make_jaxmarl",
+}
+
+#: Prefixes no registered id may start with.
+_RESERVED = tuple(f"{suite}:" for suite in SUITES) + ("gym:",)
+
+
 def register(env_id: str, factory: Callable[..., Env], *, overwrite: bool = False) -> None:
     """Adds ``env_id`` to the registry.
 
@@ -69,10 +84,10 @@ def register(env_id: str, factory: Callable[..., Env], *, overwrite: bool = Fals
     """
     if env_id in REGISTRY and not overwrite:
         raise ValueError(f"env id {env_id!r} is already registered")
-    if env_id.startswith(("gymnax:", "gym:")):
+    if env_id.startswith(_RESERVED):
         raise ValueError(
-            "ids starting with 'gymnax:' or 'gym:' are reserved for the gymnax and Gymnasium "
-            "adapters"
+            f"env id {env_id!r}: ids starting with {', '.join(map(repr, _RESERVED))} are "
+            "reserved for the env-suite and Gymnasium adapters"
         )
     REGISTRY[env_id] = factory
 
@@ -86,24 +101,29 @@ def make(name: str, **kwargs: Any) -> Env | HostEnv:
     """Builds the env registered as ``name``.
 
     Args:
-        name: a registered id (``registered_ids()``), ``"gymnax:<id>"`` for any gymnax
-            env (``gymnax.registered_envs``), or ``"gym:<id>"`` for a Gymnasium env,
-            stepped on the host.
-        **kwargs: passed to the env's constructor (for gymnax ids: to ``gymnax.make``; for
+        name: a registered id (``registered_ids()``); ``"<suite>:<id>"`` for an env of a
+            JAX suite: ``"gymnax:<id>"`` (``gymnax.registered_envs``), ``"brax:<name>"``,
+            ``"jumanji:<id>"``, ``"pgx:<id>"``, ``"jaxmarl:<id>"``; or ``"gym:<id>"`` for a
+            Gymnasium env, stepped on the host.
+        **kwargs: passed to the env's constructor (for suite ids: to the suite's adapter
+            ``make_<suite>``, e.g. :func:`jaxsampler.envs.adapters.gymnax.make_gymnax`; for
             Gymnasium ids: ``num_envs`` (default 1), ``seed``, ``num_threads`` and the
             failure options ``on_env_error``, ``max_env_restarts``, ``step_timeout_s``,
             ``max_abandoned_threads``, ``check_observations`` go to
             :class:`~jaxsampler.host_envs.GymnasiumHostEnv`, the rest to ``gymnasium.make``).
 
     Raises:
-        ValueError: unknown id; the message lists close matches.
+        ValueError: unknown id; the message lists close matches (for suite ids: the
+            suite's ids).
+        ImportError: a suite id whose package is not installed; the message gives the
+            ``pip install -e ".[<suite>]"`` command.
     """
     if not isinstance(name, str):
         raise TypeError(f"make: env id must be a str, got {type(name).__name__}")
-    if name.startswith("gymnax:"):
-        from jaxsampler.envs.adapters.gymnax import make_gymnax
-
-        return make_gymnax(name[len("gymnax:") :], **kwargs)
+    suite, sep, suite_id = name.partition(":")
+    if sep and suite in SUITES:
+        module, attr = SUITES[suite].split(":")
+        return getattr(importlib.import_module(module), attr)(suite_id, **kwargs)
     if name.startswith("gym:"):
         from jaxsampler.host_envs import GymnasiumHostEnv
 
@@ -117,7 +137,8 @@ def make(name: str, **kwargs: Any) -> Env | HostEnv:
         hint = f" Did you mean {', '.join(map(repr, close))}?" if close else ""
         raise ValueError(
             f"unknown env id {name!r}.{hint} Registered: {', '.join(registered_ids())}; "
-            "gymnax envs via 'gymnax:<id>', Gymnasium envs via 'gym:<id>'."
+            f"suite envs via {', '.join(repr(f'{s}:<id>') for s in SUITES)}, Gymnasium envs "
+            "via 'gym:<id>'."
         )
     return REGISTRY[name](**kwargs)
 
@@ -134,6 +155,7 @@ def make_jax_env(name: str, **kwargs: Any) -> Env:
     if not isinstance(env, Env):
         raise TypeError(
             f"{name!r} is a host-stepped env ({type(env).__name__}), not a pure-JAX env: "
-            "use a built-in id or 'gymnax:<id>' here; js.Sampler samples 'gym:<id>' envs"
+            "use a built-in or suite id ('gymnax:<id>', 'brax:<name>', ...) here; js.Sampler "
+            "samples 'gym:<id>' envs"
         )
     return env

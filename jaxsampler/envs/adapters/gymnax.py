@@ -33,13 +33,13 @@ from __future__ import annotations
 import dataclasses
 import importlib
 from collections.abc import Callable
-from typing import Any
+from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxsampler.envs.base import Env
+from jaxsampler.envs.adapters.common import SuiteEnv, unknown_id, wrong_suite
 from jaxsampler.spaces import Space, from_gymnax_space
 from jaxsampler.types import TimeStep
 
@@ -75,7 +75,7 @@ MINATAR_CELL = 16
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
-class GymnaxEnv(Env):
+class GymnaxEnv(SuiteEnv):
     """Wraps ``env`` (a ``gymnax.environments.environment.Environment``).
 
     Args:
@@ -85,33 +85,15 @@ class GymnaxEnv(Env):
         env_id: a display name.
     """
 
-    env: Any
-    params: Any = None
-    env_id: str | None = None
+    suite: ClassVar[str] = "gymnax"
 
     def __post_init__(self) -> None:
         if self.params is None:
             object.__setattr__(self, "params", self.env.default_params)
 
-    # Hash/eq by identity of the wrapped env and params: envs are static configuration.
-    def __hash__(self) -> int:
-        return hash((id(self.env), id(self.params), self.env_id))
-
-    def __eq__(self, other: object) -> bool:
-        return (
-            isinstance(other, GymnaxEnv)
-            and other.env is self.env
-            and other.params is self.params
-            and other.env_id == self.env_id
-        )
-
     @property
     def name(self) -> str:
         return f"gymnax:{self.env_id or self.env.name}"
-
-    @property
-    def default_params(self) -> Any:
-        return self.params
 
     @property
     def observation_space(self) -> Space:
@@ -302,21 +284,25 @@ def _renderer(env: Any) -> Renderer | None:
 
 
 def from_gymnax(env: Any, params: Any = None, env_id: str | None = None) -> GymnaxEnv:
-    """Wraps a gymnax env object (and optionally its params) as a jaxsampler env."""
+    """Wraps a gymnax env object (and optionally its params) as a jaxsampler env.
+
+    Raises:
+        TypeError: ``env`` is not a gymnax ``Environment`` (no ``reset_env``/``step_env``).
+    """
     if not hasattr(env, "step_env") or not hasattr(env, "reset_env"):
-        raise TypeError(f"expected a gymnax Environment, got {type(env).__name__}")
+        raise wrong_suite("from_gymnax", "a gymnax Environment (gymnax.make(id)[0])", env)
     return GymnaxEnv(env, params, env_id)
 
 
 def make_gymnax(env_id: str, **kwargs: Any) -> GymnaxEnv:
-    """``gymnax.make(env_id, **kwargs)`` wrapped as a jaxsampler env."""
+    """``gymnax.make(env_id, **kwargs)`` wrapped as a jaxsampler env.
+
+    Raises:
+        ValueError: ``env_id`` is not in ``gymnax.registered_envs`` (the message lists them).
+    """
     import gymnax
 
     if env_id not in gymnax.registered_envs:
-        import difflib
-
-        close = difflib.get_close_matches(env_id, gymnax.registered_envs, n=3)
-        hint = f" Did you mean {', '.join(repr('gymnax:' + c) for c in close)}?" if close else ""
-        raise ValueError(f"unknown gymnax env id {env_id!r}.{hint}")
+        raise unknown_id("gymnax", env_id, gymnax.registered_envs)
     env, params = gymnax.make(env_id, **kwargs)
     return GymnaxEnv(env, params, env_id)

@@ -36,7 +36,7 @@ the same structure so that ``reset`` and ``step`` return identical pytrees.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -44,11 +44,18 @@ import numpy as np
 from flax import struct
 
 from jaxsampler import spaces as js_spaces
-from jaxsampler.envs.base import Env
+from jaxsampler.envs.adapters.common import SuiteEnv, import_suite, unknown_id
 from jaxsampler.spaces import Space
 from jaxsampler.types import TimeStep
 
-__all__ = ["JaxMARLEnv", "JaxMARLParams", "JaxMARLState", "convert_jaxmarl_space", "from_jaxmarl"]
+__all__ = [
+    "JaxMARLEnv",
+    "JaxMARLParams",
+    "JaxMARLState",
+    "convert_jaxmarl_space",
+    "from_jaxmarl",
+    "make_jaxmarl",
+]
 
 #: Default adapter time limit: the largest int32, i.e. no limit in practice.
 NO_TIME_LIMIT = 2**31 - 1
@@ -138,7 +145,7 @@ def _select_agents(mask: jax.Array, on_true: Any, on_false: Any) -> Any:
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
-class JaxMARLEnv(Env):
+class JaxMARLEnv(SuiteEnv):
     """Wraps a JaxMARL-style multi-agent env (see the module docstring).
 
     Args:
@@ -147,9 +154,7 @@ class JaxMARLEnv(Env):
         env_id: a display name (default: the wrapped class name).
     """
 
-    env: Any
-    params: Any = None
-    env_id: str | None = None
+    suite: ClassVar[str] = "jaxmarl"
 
     def __post_init__(self) -> None:
         for attr in ("agents", "reset", "observation_space", "action_space"):
@@ -177,30 +182,10 @@ class JaxMARLEnv(Env):
         if self.params is None:
             object.__setattr__(self, "params", _DEFAULT_PARAMS)
 
-    # Hash/eq by identity of the wrapped env and params: envs are static configuration.
-    def __hash__(self) -> int:
-        return hash((id(self.env), id(self.params), self.env_id))
-
-    def __eq__(self, other: object) -> bool:
-        return (
-            isinstance(other, JaxMARLEnv)
-            and other.env is self.env
-            and other.params is self.params
-            and other.env_id == self.env_id
-        )
-
-    @property
-    def name(self) -> str:
-        return f"jaxmarl:{self.env_id or type(self.env).__name__}"
-
     @property
     def agent_ids(self) -> tuple[str, ...]:
         """The JaxMARL agent names, in agent-axis order."""
         return self._agents  # type: ignore[attr-defined]
-
-    @property
-    def default_params(self) -> Any:
-        return self.params
 
     @property
     def observation_space(self) -> Space:
@@ -287,3 +272,21 @@ def from_jaxmarl(
         ValueError: the agents' observation or action spaces differ (pad them first).
     """
     return JaxMARLEnv(env, params, env_id)
+
+
+def make_jaxmarl(env_id: str, params: JaxMARLParams | None = None, **kwargs: Any) -> JaxMARLEnv:
+    """``jaxmarl.make(env_id, **kwargs)`` wrapped as a jaxsampler env (``js.make("jaxmarl:<id>")``).
+
+    Args:
+        env_id: a JaxMARL id (``jaxmarl.registered_envs``), e.g. ``"MPE_simple_spread_v3"``.
+        params: adapter params (:class:`JaxMARLParams`), e.g. a time limit that truncates.
+        **kwargs: passed to ``jaxmarl.make``.
+
+    Raises:
+        ImportError: jaxmarl is not installed (``pip install -e ".[jaxmarl]"``).
+        ValueError: an id JaxMARL does not register (the message lists them).
+    """
+    jaxmarl = import_suite("jaxmarl", "jaxmarl")
+    if env_id not in jaxmarl.registered_envs:
+        raise unknown_id("jaxmarl", env_id, jaxmarl.registered_envs)
+    return JaxMARLEnv(jaxmarl.make(env_id, **kwargs), params, env_id)
