@@ -1,0 +1,225 @@
+"""Self-play PPO on pgx's tic-tac-toe: one shared policy plays both sides, then meets a
+uniformly random legal player.
+
+``js.make("pgx:tic_tac_toe")`` puts pgx's two players on the agent axis with masked
+observations (the legal moves), so the policy only ever plays legal moves. Both agents
+map to one policy, ``"shared"``: every iteration ``Sampler.sample_batch()`` returns the
+moves of both sides in one ``SampleBatch``. pgx rewards both players at the end of a
+game; the loser's -1 arrives while it waits for its turn and is credited to its last move
+(a hanging reward), so each side learns from its own outcome. The PPO update (GAE over
+agent-episodes, clipped minibatch epochs) is the one of ``ppo_multiagent.py`` /
+``ppo_host.py``.
+
+Every ``--eval-every`` iterations the greedy policy plays ``--eval-games`` games as
+``agent_0`` against a uniformly random legal player (pgx picks who moves first at random);
+the win / draw / loss rates are reported for the games it moved first and second.
+
+    python examples/selfplay_pgx.py [--total-timesteps 600000] [--seed 0] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib.util
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import jaxsampler as js
+
+
+def _load(name: str):
+    path = Path(__file__).with_name(f"{name}.py")
+    spec = importlib.util.spec_from_file_location(f"jaxsampler_example_{name}", path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+ppo_multiagent = _load("ppo_multiagent")
+ppo, ppo_host = ppo_multiagent.ppo, ppo_multiagent.ppo_host
+
+
+def shared(agent_id: str, episode: Any = None, **kwargs: Any) -> str:
+    """Both players map to the one self-play policy."""
+    return "shared"
+
+
+def padded_batch(sb: Any, size: int) -> dict[str, Any]:
+    """``ppo_host.padded_batch`` for masked (dict) observations: each observation leaf is
+    padded on its own, the other columns as there."""
+    n = sb.count
+    if n > size:
+        raise ValueError(f"{n} agent steps do not fit the padded batch of {size} rows")
+
+    class _Plain:
+        count = n
+
+        def __getitem__(self, k: str) -> np.ndarray:
+            return np.zeros(n, np.float32) if k in ("obs", "new_obs") else sb[k]
+
+    batch = ppo_host.padded_batch(_Plain(), size)
+
+    def pad(x: np.ndarray) -> np.ndarray:
+        return np.concatenate([x, np.zeros((size - n,) + x.shape[1:], x.dtype)])
+
+    batch["obs"] = jax.tree.map(pad, sb["obs"])
+    batch["new_obs"] = jax.tree.map(pad, sb["new_obs"])
+    return batch
+
+
+def make_evaluate(env: js.Env, mlp: js.MLPPolicy, num_games: int):
+    """``evaluate(params, key) -> (first_mover int32[G], reward0 float32[G])``: ``num_games``
+    games of the greedy policy (``agent_0``) against a uniformly random legal player
+    (``agent_1``), driven through the adapter's own ``reset``/``step``. Jitted."""
+    steps = 9  # a tic-tac-toe game lasts at most 9 moves
+
+    def one_game(params: Any, key: jax.Array) -> tuple[jax.Array, jax.Array]:
+        key, k0 = jax.random.split(key)
+        state, ts = env.reset(k0)
+        first = jnp.argmax(ts.acting).astype(jnp.int32)
+
+        def move(carry, k):
+            state, ts, total = carry
+            k_rand, k_step = jax.random.split(k)
+            obs = ts.obs
+            logits, _, _ = mlp.forward(params, jax.tree.map(lambda x: x[0], obs))
+            greedy = jnp.argmax(logits).astype(jnp.int32)
+            legal = obs["action_mask"][1]
+            rand = jax.random.categorical(k_rand, jnp.where(legal, 0.0, -jnp.inf))
+            action = jnp.stack([greedy, rand.astype(jnp.int32)])
+            done = jnp.all(ts.terminated | ts.truncated)
+            state2, ts2 = env.step(k_step, state, action)
+            keep = lambda a, b: jax.tree.map(lambda x, y: jnp.where(done, x, y), a, b)  # noqa: E731
+            total = total + jnp.where(done, 0.0, ts2.reward[0])
+            return (keep(state, state2), keep(ts, ts2), total), None
+
+        (_, _, total), _ = jax.lax.scan(
+            move, (state, ts, jnp.zeros((), jnp.float32)), jax.random.split(key, steps)
+        )
+        return first, total
+
+    @jax.jit
+    def evaluate(params: Any, key: jax.Array) -> tuple[jax.Array, jax.Array]:
+        return jax.vmap(one_game, in_axes=(None, 0))(params, jax.random.split(key, num_games))
+
+    return evaluate
+
+
+def rates(first: np.ndarray, reward0: np.ndarray) -> dict[str, dict[str, float]]:
+    """Win / draw / loss rates of ``agent_0``: overall, moving first, moving second."""
+    out = {}
+    for name, sel in (
+        ("overall", np.ones_like(first, bool)),
+        ("first", first == 0),
+        ("second", first == 1),
+    ):
+        r = reward0[sel]
+        out[name] = {
+            "games": int(sel.sum()),
+            "win": float(np.mean(r > 0)),
+            "draw": float(np.mean(r == 0)),
+            "loss": float(np.mean(r < 0)),
+        }
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--total-timesteps", type=int, default=600_000, help="env steps (moves)")
+    p.add_argument("--num-envs", type=int, default=64)
+    p.add_argument("--rollout-length", type=int, default=32)
+    p.add_argument("--eval-every", type=int, default=10, help="iterations between evals")
+    p.add_argument("--eval-games", type=int, default=2000)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", type=Path, default=None)
+    args = p.parse_args(argv)
+    env = js.make("pgx:tic_tac_toe")
+    cfg = dataclasses.replace(
+        ppo.DEFAULTS["CartPole-v1"],
+        env_id="pgx:tic_tac_toe",
+        num_envs=args.num_envs,
+        rollout_length=args.rollout_length,
+        total_timesteps=args.total_timesteps,
+        lr=1e-3,
+        ent_coef=0.01,
+        gamma=0.99,
+        hidden_sizes=(128, 128),
+        activation="relu",
+    )
+    mlp = js.MLPPolicy(env.observation_space, env.action_space, cfg.hidden_sizes, cfg.activation)
+    policy = js.MultiAgentPolicy(env, {"shared": mlp}, shared)
+    sampler = js.Sampler(
+        env, policy, num_envs=cfg.num_envs, rollout_length=cfg.rollout_length, seed=args.seed
+    )
+    params = policy.init(jax.random.PRNGKey(args.seed))
+    tx = ppo.make_optimizer(cfg)
+    opt_state = tx.init(params["shared"])
+    update = ppo_host.make_update(cfg, mlp, ppo.make_epochs(cfg, ppo.make_loss(cfg, mlp), tx))
+    evaluate = make_evaluate(env, mlp, args.eval_games)
+    # One mover per env step, plus the moves a call completes from the previous one.
+    size = cfg.num_envs * (cfg.rollout_length + 1)
+    key = jax.random.PRNGKey(args.seed + 1)
+    eval_key = jax.random.PRNGKey(args.seed + 2)
+
+    def evaluate_now(steps: int) -> dict[str, Any]:
+        first, r0 = jax.device_get(evaluate(params["shared"], eval_key))
+        return {"env_steps": steps, **rates(np.asarray(first), np.asarray(r0))}
+
+    curve = [evaluate_now(0)]
+    steps, it, t0 = 0, 0, time.perf_counter()
+    while steps < cfg.total_timesteps:
+        mab = sampler.sample_batch(params)
+        key, k = jax.random.split(key)
+        batch = padded_batch(mab["shared"], size)
+        params["shared"], opt_state = update(params["shared"], opt_state, batch, k)
+        steps += mab.env_steps()
+        it += 1
+        if it % args.eval_every == 0 or steps >= cfg.total_timesteps:
+            curve.append(evaluate_now(steps))
+            o = curve[-1]["overall"]
+            print(
+                f"{steps:>9,} moves  {time.perf_counter() - t0:6.1f} s  vs random: "
+                f"win {o['win']:.3f} draw {o['draw']:.3f} loss {o['loss']:.3f}",
+                flush=True,
+            )
+    wall = time.perf_counter() - t0
+    final = curve[-1]
+    for side in ("overall", "first", "second"):
+        r = final[side]
+        print(
+            f"{side:>7} ({r['games']} games): win {r['win']:.3f}  draw {r['draw']:.3f}  "
+            f"loss {r['loss']:.3f}"
+        )
+    print(f"{steps:,} moves in {wall:.1f} s ({steps / wall:,.0f} moves/s)")
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(
+            json.dumps(
+                {
+                    "env": "pgx:tic_tac_toe",
+                    "config": {k: v for k, v in dataclasses.asdict(cfg).items() if k != "sampler"},
+                    "seed": args.seed,
+                    "eval_games": args.eval_games,
+                    "env_steps": steps,
+                    "wall_s": wall,
+                    "final": final,
+                    "curve": curve,
+                },
+                indent=1,
+            )
+            + "\n"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
