@@ -98,7 +98,7 @@ def make_evaluate(env: js.Env, mlp: js.MLPPolicy, num_games: int):
             action = jnp.stack([greedy, rand.astype(jnp.int32)])
             done = jnp.all(ts.terminated | ts.truncated)
             state2, ts2 = env.step(k_step, state, action)
-            keep = lambda a, b: jax.tree.map(lambda x, y: jnp.where(done, x, y), a, b)  # noqa: E731
+            keep = lambda a, b: jax.tree.map(lambda x, y: jnp.where(done, x, y), a, b)
             total = total + jnp.where(done, 0.0, ts2.reward[0])
             return (keep(state, state2), keep(ts, ts2), total), None
 
@@ -140,8 +140,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--eval-every", type=int, default=10, help="iterations between evals")
     p.add_argument("--eval-games", type=int, default=2000)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--json", type=Path, default=None)
+    p.add_argument("--json", type=Path, default=None, help="also writes .md and .png next to it")
+    p.add_argument("--quick", action="store_true", help="a tiny run (smoke test)")
     args = p.parse_args(argv)
+    if args.quick:
+        args.total_timesteps, args.num_envs, args.rollout_length = 2_000, 8, 16
+        args.eval_every, args.eval_games = 4, 64
     env = js.make("pgx:tic_tac_toe")
     cfg = dataclasses.replace(
         ppo.DEFAULTS["CartPole-v1"],
@@ -218,7 +222,54 @@ def main(argv: list[str] | None = None) -> int:
             )
             + "\n"
         )
+        write_report(args.json, json.loads(args.json.read_text()))
     return 0
+
+
+def write_report(path: Path, res: dict[str, Any]) -> None:
+    """``<path>.md`` (final rates, the curve as a table) and ``<path>.png`` (win rate vs
+    training moves) next to the JSON results."""
+    lines = [
+        "# Self-play PPO on pgx tic-tac-toe vs a uniformly random legal player",
+        "",
+        f"{res['env_steps']:,} training moves (both sides, one shared policy) in "
+        f"{res['wall_s']:.0f} s wall on a shared 2-core CPU; greedy policy, "
+        f"{res['eval_games']} evaluation games (pgx draws who moves first), seed {res['seed']}.",
+        "",
+        "| moved | games | win | draw | loss |",
+        "|---|---|---|---|---|",
+    ]
+    for side in ("overall", "first", "second"):
+        r = res["final"][side]
+        lines.append(
+            f"| {side} | {r['games']} | {r['win']:.3f} | {r['draw']:.3f} | {r['loss']:.3f} |"
+        )
+    lines += ["", "| training moves | win | draw | loss |", "|---|---|---|---|"]
+    for c in res["curve"]:
+        o = c["overall"]
+        lines.append(f"| {c['env_steps']:,} | {o['win']:.3f} | {o['draw']:.3f} | {o['loss']:.3f} |")
+    path.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    x = [c["env_steps"] for c in res["curve"]]
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    for side, style in (("overall", "-"), ("first", "--"), ("second", ":")):
+        ax.plot(x, [c[side]["win"] for c in res["curve"]], style, label=f"win rate ({side})")
+    ax.plot(x, [c["overall"]["loss"] for c in res["curve"]], "-", label="loss rate (overall)")
+    ax.set_xlabel("training moves (env steps, both sides)")
+    ax.set_ylabel("rate vs random legal player")
+    ax.set_ylim(0, 1)
+    ax.ticklabel_format(axis="x", style="plain")
+    ax.set_title("Self-play PPO, pgx tic-tac-toe: greedy policy vs random (CPU)", fontsize=9)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path.with_suffix(".png"), dpi=100)
+    plt.close(fig)
 
 
 if __name__ == "__main__":
