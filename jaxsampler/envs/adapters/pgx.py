@@ -47,9 +47,9 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
+from jaxsampler.constants import MASK_KEY, OBS_KEY
 from jaxsampler.envs.adapters.common import SuiteEnv, import_suite, unknown_id, wrong_suite
-from jaxsampler.spaces import Box, Discrete, Space
-from jaxsampler.transforms.mask import masked_space
+from jaxsampler.spaces import Box, Dict, Discrete, Space
 from jaxsampler.types import NoInfo, TimeStep
 
 __all__ = ["PgxEnv", "PgxParams", "from_pgx", "make_pgx", "pgx_observation_space"]
@@ -122,7 +122,9 @@ class PgxEnv(SuiteEnv):
         n = int(first.legal_action_mask.shape[-1])
         object.__setattr__(self, "_act_space", Discrete(n))
         object.__setattr__(
-            self, "_obs_space", masked_space(obs, Discrete(n)) if self.masked_obs else obs
+            self,
+            "_obs_space",
+            Dict({OBS_KEY: obs, MASK_KEY: Box(0, 1, (n,), np.bool_)}) if self.masked_obs else obs,
         )
 
     def __hash__(self) -> int:
@@ -147,7 +149,7 @@ class PgxEnv(SuiteEnv):
         if not self.masked_obs:
             return obs
         mask = jnp.broadcast_to(state.legal_action_mask, (A,) + state.legal_action_mask.shape)
-        return {"observations": obs, "action_mask": mask}
+        return {OBS_KEY: obs, MASK_KEY: mask}
 
     def _timestep(self, state: Any, params: PgxParams) -> TimeStep:
         A = self.num_agents
