@@ -14,7 +14,7 @@ Every ``--eval-every`` iterations the greedy policy plays ``--eval-games`` games
 ``agent_0`` against a uniformly random legal player (pgx picks who moves first at random);
 the win / draw / loss rates are reported for the games it moved first and second.
 
-    python examples/selfplay_pgx.py [--total-timesteps 600000] [--seed 0] [--json out.json]
+    python examples/selfplay_pgx.py [--total-timesteps 10000000] [--seed 0] [--json out.json]
 """
 
 from __future__ import annotations
@@ -134,10 +134,10 @@ def rates(first: np.ndarray, reward0: np.ndarray) -> dict[str, dict[str, float]]
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--total-timesteps", type=int, default=600_000, help="env steps (moves)")
+    p.add_argument("--total-timesteps", type=int, default=10_000_000, help="env steps (moves)")
     p.add_argument("--num-envs", type=int, default=64)
     p.add_argument("--rollout-length", type=int, default=32)
-    p.add_argument("--eval-every", type=int, default=10, help="iterations between evals")
+    p.add_argument("--eval-every", type=int, default=100, help="iterations between evals")
     p.add_argument("--eval-games", type=int, default=2000)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", type=Path, default=None, help="also writes .md and .png next to it")
