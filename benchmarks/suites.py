@@ -168,6 +168,128 @@ def jaxmarl_baseline(
     return jax.jit(run), Carry(state, stack(obs), key), E * rollout_length * A
 
 
+def policy_input(env: Env, obs: Any, mask: jax.Array | None) -> Any:
+    """The policy's input from a suite's own observation (leaves ``[E, A, ...]``): the
+    observation, or a masked ``Dict(observations, action_mask)`` where the adapter's
+    observation space is one (so the policy is the same network on both sides)."""
+    space = env.observation_space
+    if mask is not None and isinstance(space, js.spaces.Dict) and "action_mask" in space.spaces:
+        return {"observations": obs, "action_mask": mask}
+    return obs
+
+
+def pgx_baseline(
+    env: Env, policy: Policy, num_envs: int, rollout_length: int, seed: int
+) -> Baseline:
+    """``vmap(pgx init/step)``: the player to move observes (``state.observation``,
+    ``legal_action_mask``) and acts; a ``where`` of a fresh ``init`` on termination or
+    truncation (pgx's step does not reset). One agent-step per env step."""
+    penv = env.env  # type: ignore[attr-defined]
+    E = num_envs
+
+    def observe(s: Any) -> Any:
+        return policy_input(env, s.observation[:, None], s.legal_action_mask[:, None])
+
+    def run(params: Any, carry: Carry) -> tuple[Carry, Transition]:
+        def step(c: Carry, _: Any) -> tuple[Carry, Transition]:
+            key, k_act, k_step, k_reset = jax.random.split(c.key, 4)
+            action, logp, value = act(policy, params, c.obs, k_act)
+            s = jax.vmap(penv.step)(c.env_state, action[:, 0], jax.random.split(k_step, E))
+            fresh = jax.vmap(penv.init)(jax.random.split(k_reset, E))
+            nxt = where_reset(s.terminated | s.truncated, fresh, s)
+            tr = Transition(c.obs, action, s.rewards, s.terminated, s.truncated, logp, value)
+            return Carry(nxt, observe(nxt), key), tr
+
+        return jax.lax.scan(step, carry, None, rollout_length)
+
+    key, k = jax.random.split(jax.random.PRNGKey(seed))
+    state = jax.vmap(penv.init)(jax.random.split(k, E))
+    return jax.jit(run), Carry(state, observe(state), key), E * rollout_length
+
+
+def jumanji_baseline(
+    env: Env, policy: Policy, num_envs: int, rollout_length: int, seed: int
+) -> Baseline:
+    """``vmap(jumanji reset/step)`` with a ``where`` of a fresh reset when
+    ``timestep.last()`` (what jumanji's auto-reset wrapper does); terminated where the
+    discount is 0, truncated where an episode ends with a non-zero discount."""
+    jenv = env.env  # type: ignore[attr-defined]
+    E = num_envs
+    to_obs = _jumanji_observer(env)
+
+    def run(params: Any, carry: Carry) -> tuple[Carry, Transition]:
+        def step(c: Carry, _: Any) -> tuple[Carry, Transition]:
+            key, k_act, k_reset = jax.random.split(c.key, 3)
+            action, logp, value = act(policy, params, c.obs, k_act)
+            state, ts = jax.vmap(jenv.step)(c.env_state, action[:, 0])
+            done = ts.last()
+            fresh_state, fresh_ts = jax.vmap(jenv.reset)(jax.random.split(k_reset, E))
+            state = where_reset(done, fresh_state, state)
+            obs = where_reset(done, fresh_ts.observation, ts.observation)
+            ended = ts.discount == 0
+            tr = Transition(c.obs, action, ts.reward, done & ended, done & ~ended, logp, value)
+            return Carry(state, to_obs(obs), key), tr
+
+        return jax.lax.scan(step, carry, None, rollout_length)
+
+    key, k = jax.random.split(jax.random.PRNGKey(seed))
+    state, ts = jax.vmap(jenv.reset)(jax.random.split(k, E))
+    return jax.jit(run), Carry(state, to_obs(ts.observation), key), E * rollout_length
+
+
+def _jumanji_observer(env: Env) -> Callable[[Any], Any]:
+    """Jumanji ``Observation`` (leaves ``[E, ...]``) -> the policy input ``[E, 1, ...]``:
+    the grid, with the action mask where the adapter's space is a masked one."""
+
+    def to_obs(o: Any) -> Any:
+        return policy_input(env, o.grid[:, None], o.action_mask[:, None])
+
+    return to_obs
+
+
+def brax_baseline(
+    env: Env, policy: Policy, num_envs: int, rollout_length: int, seed: int
+) -> Baseline:
+    """``vmap(brax env.reset/env.step)`` (no brax wrappers), a step counter for the time
+    limit the adapter applies, and a ``where`` of a fresh reset on ``done`` or the limit;
+    actions clipped to the action bounds as the adapter does."""
+    benv = env.env  # type: ignore[attr-defined]
+    limit = int(_episode_length(env))
+    low = jnp.asarray(env.action_space.low)  # type: ignore[attr-defined]
+    high = jnp.asarray(env.action_space.high)  # type: ignore[attr-defined]
+    E = num_envs
+
+    def run(params: Any, carry: Carry) -> tuple[Carry, Transition]:
+        def step(c: Carry, _: Any) -> tuple[Carry, Transition]:
+            key, k_act, k_reset = jax.random.split(c.key, 3)
+            action, logp, value = act(policy, params, c.obs, k_act)
+            s = jax.vmap(benv.step)(c.env_state, jnp.clip(action[:, 0], low, high))
+            t = c.extra + 1
+            terminated = s.done > 0
+            truncated = (t >= limit) & ~terminated
+            done = terminated | truncated
+            fresh = jax.vmap(benv.reset)(jax.random.split(k_reset, E))
+            s = where_reset(done, fresh, s)
+            t = jnp.where(done, 0, t)
+            tr = Transition(c.obs, action, s.reward, terminated, truncated, logp, value)
+            return Carry(s, s.obs[:, None], key, t), tr
+
+        return jax.lax.scan(step, carry, None, rollout_length)
+
+    key, k = jax.random.split(jax.random.PRNGKey(seed))
+    state = jax.vmap(benv.reset)(jax.random.split(k, E))
+    carry = Carry(state, state.obs[:, None], key, jnp.zeros(E, jnp.int32))
+    return jax.jit(run), carry, E * rollout_length
+
+
+def _episode_length(env: Env) -> int:
+    """The adapter's time limit (its params' ``episode_length`` or ``max_steps_in_episode``)."""
+    for name in ("episode_length", "max_steps_in_episode"):
+        if hasattr(env.default_params, name):
+            return int(getattr(env.default_params, name))
+    raise AttributeError(f"cannot find the time limit in {env.default_params!r}")
+
+
 @dataclasses.dataclass(frozen=True)
 class Suite:
     """One row of the table: a ``js.make`` id and its hand-written baseline.
@@ -193,6 +315,28 @@ SUITES: dict[str, Suite] = {
             "gymnax:Breakout-MinAtar",
             gymnax_baseline,
             "1 agent: every env step of the hand-written loop; jaxsampler's non-reset steps",
+        ),
+        Suite(
+            "brax",
+            "brax",
+            "brax:inverted_pendulum",
+            brax_baseline,
+            "1 agent: every env step of the hand-written loop; jaxsampler's non-reset steps",
+        ),
+        Suite(
+            "jumanji",
+            "jumanji",
+            "jumanji:Snake-v1",
+            jumanji_baseline,
+            "1 agent: every env step of the hand-written loop; jaxsampler's non-reset steps",
+        ),
+        Suite(
+            "pgx",
+            "pgx",
+            "pgx:tic_tac_toe",
+            pgx_baseline,
+            "2 players, 1 moves per step: one agent-step per env step (the player to move); "
+            "jaxsampler's agent axis is 2 wide, its acting fraction at most 1/2",
         ),
         Suite(
             "jaxmarl",
