@@ -418,6 +418,8 @@ def measure_suite(
 ) -> dict[str, Any]:
     """Both sides of one suite at each width, interleaved round by round."""
     env = js.make(suite.env_id, **suite.make_kwargs)
+    if not isinstance(env, Env):
+        raise TypeError(f"{suite.env_id} is not a JAX env")
     policy = MLPPolicy(env.observation_space, env.action_space, (64, 64))
     params = policy.init(jax.random.PRNGKey(seed))
     out: dict[str, Any] = {
@@ -439,7 +441,7 @@ def measure_suite(
         for r in range(repeats):
             for name in names if r % 2 == 0 else names[::-1]:
                 sides[name].round(calls)
-        row = {name: s.summary(E * T) for name, s in sides.items()}
+        row: dict[str, Any] = {name: s.summary(E * T) for name, s in sides.items()}
         row["calls_per_round"] = calls
         row["ratio"] = statistics.median(
             a / b
