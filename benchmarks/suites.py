@@ -26,7 +26,7 @@ games, 3 for JaxMARL's simple spread).
 
 Measurement, as ``benchmarks/throughput.py``: each side is compiled first (compile time
 reported apart), then ``--repeats`` rounds; in each round each side times enough calls to
-take ~0.2 s (the same number of calls for both), the order alternating between rounds.
+take ~0.2 s, at least 3 (the same number of calls for both), the order alternating between rounds.
 A figure is the median over all timed calls; a ratio is the median over rounds of the
 within-round ratio. Every timed call blocks on its result before the clock is read.
 
@@ -64,7 +64,7 @@ from jaxsampler.policies import MLPPolicy, Policy
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 DEFAULT_WIDTHS = (64, 512)
-QUICK = {"widths": [8], "rollout_length": 8, "repeats": 1, "target_s": 0.0}
+QUICK = {"widths": [8], "rollout_length": 8, "repeats": 1, "target_s": 0.0, "min_calls": 1}
 
 #: ``(run(params, carry) -> (carry, transitions), carry, agent-steps per call)``.
 Baseline = tuple[Callable[[Any, Any], tuple[Any, Any]], Any, int]
@@ -414,7 +414,13 @@ def handwritten_side(
 
 
 def measure_suite(
-    suite: Suite, widths: Sequence[int], T: int, repeats: int, target_s: float, seed: int
+    suite: Suite,
+    widths: Sequence[int],
+    T: int,
+    repeats: int,
+    target_s: float,
+    seed: int,
+    min_calls: int = 3,
 ) -> dict[str, Any]:
     """Both sides of one suite at each width, interleaved round by round."""
     env = js.make(suite.env_id, **suite.make_kwargs)
@@ -436,7 +442,7 @@ def measure_suite(
             "handwritten": handwritten_side(suite, env, policy, params, E, T, seed),
         }
         probe = min(t for s in sides.values() for t in _probe(s))
-        calls = max(1, min(50, math.ceil(target_s / probe)))
+        calls = max(min_calls, min(50, math.ceil(target_s / probe)))
         names = list(sides)
         for r in range(repeats):
             for name in names if r % 2 == 0 else names[::-1]:
@@ -487,6 +493,7 @@ def run_benchmark(
     repeats: int = 5,
     target_s: float = 0.2,
     seed: int = 0,
+    min_calls: int = 3,
 ) -> dict[str, Any]:
     """Every requested suite at every width; a suite that cannot run is recorded as
     skipped with its reason (printed too)."""
@@ -500,7 +507,9 @@ def run_benchmark(
             try:
                 results[name] = {
                     "status": "ok",
-                    **measure_suite(suite, widths, rollout_length, repeats, target_s, seed),
+                    **measure_suite(
+                        suite, widths, rollout_length, repeats, target_s, seed, min_calls
+                    ),
                 }
                 continue
             except NotImplementedError:
@@ -521,6 +530,7 @@ def run_benchmark(
             "rollout_length": rollout_length,
             "repeats": repeats,
             "target_s_per_round": target_s,
+            "min_calls_per_round": min_calls,
             "seed": seed,
             "policy": "MLPPolicy (64, 64) tanh actor-critic",
         },
@@ -600,6 +610,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--rollout-length", type=int, help="T, steps per call (default 128)")
     p.add_argument("--repeats", type=int, help="interleaved rounds (default 5)")
     p.add_argument("--target-s", type=float, help="seconds per side per round (default 0.2)")
+    p.add_argument("--min-calls", type=int, help="least calls per side per round (default 3)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--quick", action="store_true", help="smoke run; writes only with --output-dir")
     p.add_argument("--output-dir", type=Path, help=f"default {RESULTS_DIR} (not with --quick)")
@@ -607,7 +618,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     base = (
         QUICK
         if args.quick
-        else {"widths": list(DEFAULT_WIDTHS), "rollout_length": 128, "repeats": 5, "target_s": 0.2}
+        else {
+            "widths": list(DEFAULT_WIDTHS),
+            "rollout_length": 128,
+            "repeats": 5,
+            "target_s": 0.2,
+            "min_calls": 3,
+        }
     )
     for k, v in base.items():
         if getattr(args, k) is None:
@@ -619,6 +636,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         args.repeats,
         args.target_s,
         args.seed,
+        args.min_calls,
     )
     md = markdown_table(results)
     print(md)
