@@ -116,14 +116,16 @@ def capture(fn, *args):
         return e
 
 
-def until(cond, timeout: float = 5.0) -> None:
+def until(cond, timeout: float = 30.0) -> None:
+    """Waits for ``cond()``; ``timeout`` is a hang guard only (generous: the suite runs on
+    pytest-xdist workers that share the cores, and a 5 s guard failed on a loaded machine)."""
     deadline = time.monotonic() + timeout
     while not cond():
         assert time.monotonic() < deadline, "condition not met in time"
         time.sleep(0.005)
 
 
-def poll_until(server: PolicyServer, eids: set, timeout: float = 5.0) -> None:
+def poll_until(server: PolicyServer, eids: set, timeout: float = 30.0) -> None:
     """Polls (as a sampler would) until every episode in ``eids`` delivered a request."""
     seen: set = set()
     deadline = time.monotonic() + timeout

@@ -308,7 +308,7 @@ def test_slow_request_behind_a_waiting_get_action_is_answered_in_order():
                     post("/get_action", {"episode_id": "h", "observation": OB[1]}) + b"GET /in"
                 )
                 conn = only_conn(server)
-                until(lambda: conn.broken, timeout=5.0)  # the partial request timed out ...
+                until(lambda: conn.broken)  # the partial request timed out ...
                 holds.clear()  # ... but the get_action before it is answered first
                 r = Responses(sock).read(2)
                 assert r[0]["status"] == 200 and json_error(r[1], 408)
