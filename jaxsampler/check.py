@@ -329,8 +329,6 @@ def check_env(
         multi = env.num_agents > 1
         alive = rec_s["alive"]
         trunc_a = rec_s["truncated"] & alive[..., None]  # [S, N, A]
-        trunc = np.any(trunc_a, -1)
-        term = np.any(rec_s["terminated"], -1) & alive
         steps_taken = np.cumsum(alive, axis=0)  # 1-based step index per env
         early = trunc_a & (steps_taken < short_time_limit)[..., None]
         if early.any():
