@@ -13,8 +13,11 @@ episode ends) and reports every violation of the env contract in plain words:
 * the final observation of an episode is a real observation, not the next episode's
   reset: the env must not reset itself (heuristic: a state with a ``time`` counter must
   not fall back to 0 on the step that ends an episode; the final observation must not
-  equal a fresh reset observation bit for bit);
-* ``terminated`` and ``truncated`` are distinct signals (not mirrors of each other), and
+  equal a fresh reset observation bit for bit, unless every observation of the run is
+  one and the same value, as in a bandit, where that equality proves nothing);
+* ``terminated`` and ``truncated`` are distinct signals (not mirrors of each other on
+  every step of both runs: an env whose episodes end by termination exactly at its
+  default time limit mirrors them in the default run, not in the short-limit one), and
   with a short ``max_steps_in_episode`` the time limit fires exactly at the limit;
 * the per-agent contract the rollout and the host-side ``Sampler`` rely on (trivially
   met by single-agent envs): ``reset`` reports every flag False, reward 0 and at least
@@ -304,6 +307,7 @@ def check_env(
         num_steps = max(num_steps, short_time_limit + 2)  # one runner (and compile) for both runs
     rec = _run_episodes(env, params, jax.random.fold_in(key, 2), num_envs, num_steps)
     _check_run(env, rec, report, limit)
+    runs = [rec]  # the runs whose flags tell terminated from truncated
     report.checks_run.append("reset TimeStep")
     report.problems += _reset_problems(rec)
     report.checks_run.append("done agents (sticky flags, acting, reward)")
@@ -319,13 +323,12 @@ def check_env(
     else:
         short = params.replace(max_steps_in_episode=short_time_limit)
         rec_s = _run_episodes(env, short, jax.random.fold_in(key, 3), num_envs, num_steps)
+        runs.append(rec_s)
         for kind, problem in _done_agent_problems(rec_s).items():
             agent_problems.setdefault(kind, problem)  # one report per kind of violation
         multi = env.num_agents > 1
         alive = rec_s["alive"]
         trunc_a = rec_s["truncated"] & alive[..., None]  # [S, N, A]
-        trunc = np.any(trunc_a, -1)
-        term = np.any(rec_s["terminated"], -1) & alive
         steps_taken = np.cumsum(alive, axis=0)  # 1-based step index per env
         early = trunc_a & (steps_taken < short_time_limit)[..., None]
         if early.any():
@@ -350,10 +353,13 @@ def check_env(
                     else ""
                 )
             )
-        if trunc.any() and np.array_equal(trunc, term):
-            report.problems.append(
-                "terminated mirrors truncated exactly: the two signals look merged"
-            )
+    # Merged flags are equal on every step of every run. An env whose episodes end by
+    # termination exactly at the default time limit (DeepSea) mirrors them in the default
+    # run only: the short-limit run truncates it first, which tells the two apart.
+    report.checks_run.append("terminated vs truncated")
+    fired = any(np.any(np.asarray(r["truncated"]) & r["alive"][..., None]) for r in runs)
+    if fired and all(_flags_mirror(r) for r in runs):
+        report.problems.append("terminated mirrors truncated exactly: the two signals look merged")
     report.problems += list(agent_problems.values())
     return _finish(report, raise_on_error)
 
@@ -467,14 +473,38 @@ def _check_run(env: Env, rec: dict[str, Any], report: EnvCheckReport, limit: Any
     for f, r in zip(final, fresh):
         same &= (f.reshape(len(t_idx), -1) == r.reshape(len(t_idx), -1)).all(-1)
     if same.all() and len(same) > 1:
-        report.problems.append(
-            "every final observation equals a reset observation: the env resets itself"
-        )
-    report.checks_run.append("terminated vs truncated")
+        if _constant_obs(rec):
+            # Every observation of the run is one and the same value (e.g. a bandit's
+            # constant obs): final == reset is then no evidence of a self-reset.
+            report.notes.append(
+                "every observation of the run is identical: the final-observation check "
+                "cannot tell a self-reset (the time-counter check still ran)"
+            )
+        else:
+            report.problems.append(
+                "every final observation equals a reset observation: the env resets itself"
+            )
+
+
+def _constant_obs(rec: dict[str, Any]) -> bool:
+    """Whether every observation of the run (reset and live steps) equals the first."""
+    alive = np.asarray(rec["alive"])
+    for first, steps in zip(jax.tree.leaves(rec["first_obs"]), jax.tree.leaves(rec["obs"])):
+        first, steps = np.asarray(first), np.asarray(steps)
+        ref = first.reshape(-1)[: first[0, 0].size]
+        if not (first.reshape(first.shape[:2] + (-1,)) == ref).all():
+            return False
+        if not (steps[alive].reshape(-1, ref.size) == ref).all():
+            return False
+    return True
+
+
+def _flags_mirror(rec: dict[str, Any]) -> bool:
+    """Whether ``terminated`` equals ``truncated`` on every live step of the run."""
+    alive = rec["alive"]
     term = np.any(rec["terminated"], -1) & alive
     trunc = np.any(rec["truncated"], -1) & alive
-    if trunc.any() and np.array_equal(term, trunc):
-        report.problems.append("terminated mirrors truncated exactly: the two signals look merged")
+    return bool(np.array_equal(term, trunc))
 
 
 def _mask_source(env: Env, ts: TimeStep, path: str) -> tuple[str, str] | None:

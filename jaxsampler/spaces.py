@@ -383,8 +383,29 @@ def from_gymnasium_space(space: Any) -> Space:
 
 
 def from_gymnax_space(space: Any) -> Space:
-    """Converts a ``gymnax.environments.spaces`` object (Box, Discrete, Dict, Tuple)."""
+    """Converts a ``gymnax.environments.spaces`` object (Box, Discrete, Dict, Tuple).
+
+    Raises:
+        TypeError: an unsupported space type, or bounds / ``n`` that are JAX tracers (a
+            space built inside ``jax.jit`` from traced params: build it once, outside, from
+            concrete params).
+    """
     from gymnax.environments import spaces as gx
+
+    traced = [
+        x
+        for x in (
+            getattr(space, "low", None),
+            getattr(space, "high", None),
+            getattr(space, "n", None),
+        )
+        if isinstance(x, jax.core.Tracer)
+    ]
+    if traced:
+        raise TypeError(
+            f"from_gymnax_space: {type(space).__name__} has traced bounds; build spaces outside "
+            "jax.jit from concrete params (the gymnax adapter does so at construction)"
+        )
 
     if isinstance(space, gx.Discrete):
         return Discrete(int(space.n))

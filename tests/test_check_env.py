@@ -239,3 +239,63 @@ def test_multi_agent_violations_are_reported(bug, needle):
     assert any(re.search(needle, p) for p in report.problems), str(report)
     with pytest.raises(js.EnvCheckError, match=needle):  # cached: no second compile
         js.check_env(BuggyChaos(), BugParams(bug=bug), num_envs=8, raise_on_error=True)
+
+
+# --- false positives fixed for gymnax's bsuite envs, real defects still caught ----------
+
+
+@dataclasses.dataclass(frozen=True)
+class EndsAtLimit(FakeEnv):
+    """Every episode terminates at time == max_steps_in_episode (DeepSea-like): at the
+    default limit terminated and truncated are both True, yet they are distinct."""
+
+    @property
+    def default_params(self):
+        return FakeParams(term_len=9, max_steps_in_episode=9)
+
+    def step_env(self, key, state, action, params):
+        obs, state, reward, _, info = super().step_env(key, state, action, params)
+        time = state.time + 1
+        return obs, state, reward, time == params.term_len, info
+
+
+@dataclasses.dataclass(frozen=True)
+class EndsAtLimitMerged(EndsAtLimit):
+    def step(self, key, state, action, params=None):
+        state, ts = super().step(key, state, action, params)
+        done = ts.terminated | ts.truncated
+        return state, ts.replace(terminated=done, truncated=done)
+
+
+@dataclasses.dataclass(frozen=True)
+class ConstantObsBandit(FakeEnv):
+    """One-step episodes with one constant observation (SimpleBandit-like)."""
+
+    def reset_env(self, key, params):
+        obs, state = super().reset_env(key, params)
+        return jnp.ones((2,), jnp.float32), state
+
+    def step_env(self, key, state, action, params):
+        _, state, reward, _, info = super().step_env(key, state, action, params)
+        return jnp.ones((2,), jnp.float32), state, reward, jnp.bool_(True), info
+
+
+@pytest.mark.parametrize(
+    "env", [EndsAtLimit(), ConstantObsBandit()], ids=lambda e: type(e).__name__
+)
+def test_fixed_length_and_constant_obs_envs_pass(env):
+    report = js.check_env(env, num_envs=4)
+    assert report.ok, str(report)
+
+
+@pytest.mark.parametrize(
+    "env, needle",
+    [
+        (EndsAtLimitMerged(), "terminated mirrors truncated"),
+        (SelfResetting(), "reset itself"),
+    ],
+    ids=lambda x: type(x).__name__ if not isinstance(x, str) else "",
+)
+def test_real_defects_still_caught_in_those_shapes(env, needle):
+    report = js.check_env(env, num_envs=4)
+    assert any(needle in p for p in report.problems), str(report)

@@ -8,6 +8,19 @@ separate. gymnax 1.0's built-ins report natural termination only; an older-style
 whose ``is_terminal`` also includes the time limit reports ``terminated`` at the limit
 as well, which the adapter cannot undo.
 
+Spaces are built once, at construction, from the concrete construction params (never
+inside traced code: Reacher-, Swimmer- and PointRobot-misc build their bounds with
+``jnp.array``, which gives tracers under ``jax.jit``). Where gymnax's declared observation
+space disagrees with what ``reset_env`` really emits, the adapter declares the truth:
+
+* dtype/shape: taken from ``jax.eval_shape`` of ``reset_env`` (Catch-bsuite declares
+  int32 but emits float32; FourRooms-misc declares float32 but emits int32);
+* bounds (:data:`_BOUNDS`): MemoryChain-bsuite shows its context bits as ``2 * bit - 1``
+  (so -1) under a declared low of 0; MetaMaze-misc's last-reward entry is ``params.reward``
+  (10) under a declared high of 1; GaussianBandit-misc declares ``[0, 0, 0, 0]`` to
+  ``[2, 1, 1, max_steps]`` for ``[last reward (Gaussian, unbounded), one-hot action (2),
+  normalized time in [-1, 1]]``.
+
 ``info`` is gymnax's info dict; at reset it holds zeros of the same structure (so
 ``reset`` and ``step`` return identical pytrees).
 
@@ -40,7 +53,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxsampler.envs.adapters.common import SuiteEnv, unknown_id, wrong_suite
-from jaxsampler.spaces import Space, from_gymnax_space
+from jaxsampler.spaces import Box, Space, from_gymnax_space
 from jaxsampler.types import TimeStep
 
 __all__ = [
@@ -90,6 +103,9 @@ class GymnaxEnv(SuiteEnv):
     def __post_init__(self) -> None:
         if self.params is None:
             object.__setattr__(self, "params", self.env.default_params)
+        obs_space, act_space = _spaces(self.env, self.params)
+        object.__setattr__(self, "_obs_space", obs_space)
+        object.__setattr__(self, "_act_space", act_space)
 
     @property
     def name(self) -> str:
@@ -97,11 +113,13 @@ class GymnaxEnv(SuiteEnv):
 
     @property
     def observation_space(self) -> Space:
-        return from_gymnax_space(self.env.observation_space(self.params))
+        space: Space = self.__dict__["_obs_space"]
+        return space
 
     @property
     def action_space(self) -> Space:
-        return from_gymnax_space(self.env.action_space(self.params))
+        space: Space = self.__dict__["_act_space"]
+        return space
 
     @property
     def can_render(self) -> bool:
@@ -171,6 +189,65 @@ class GymnaxEnv(SuiteEnv):
             acting=jnp.ones((1,), jnp.bool_),
             info=info,
         )
+
+
+# --------------------------------------------------------------------------- spaces
+
+
+def _time_bounds(params: Any) -> tuple[float, float]:
+    """Range of the time entry of GaussianBandit/MetaMaze: ``t`` in ``[0, max_steps]``,
+    or gymnax's ``2 * t / 100 - 1`` when ``params.normalize_time``."""
+    t_max = float(params.max_steps_in_episode)
+    if bool(params.normalize_time):
+        return -1.0, max(1.0, 2.0 * t_max / 100.0 - 1.0)
+    return 0.0, t_max
+
+
+def _memory_chain(box: Box, params: Any) -> Box:
+    low = np.array(box.low)
+    low[2:] = -1.0  # context bits are shown as 2 * bit - 1
+    return Box(low, box.high, box.shape, box.dtype)
+
+
+def _meta_maze(box: Box, params: Any) -> Box:
+    low, high = np.array(box.low), np.array(box.high)
+    values = [0.0, float(params.reward), float(params.punishment)]
+    values.append(values[1] + values[2])
+    low[-2], high[-2] = min(values), max(values)  # last reward
+    low[-1], high[-1] = _time_bounds(params)
+    return Box(low, high, box.shape, box.dtype)
+
+
+def _gaussian_bandit(box: Box, params: Any) -> Box:
+    t_low, t_high = _time_bounds(params)
+    return Box([-np.inf, 0.0, 0.0, t_low], [np.inf, 1.0, 1.0, t_high], box.shape, box.dtype)
+
+
+#: gymnax class name -> correction of its declared observation Box (see the docstring).
+_BOUNDS: dict[str, Callable[[Box, Any], Box]] = {
+    "MemoryChain": _memory_chain,
+    "MetaMaze": _meta_maze,
+    "GaussianBandit": _gaussian_bandit,
+}
+
+
+def _spaces(env: Any, params: Any) -> tuple[Space, Space]:
+    """``(observation_space, action_space)`` of gymnax's ``env`` under concrete ``params``,
+    corrected where gymnax's declaration disagrees with what ``reset_env`` emits."""
+    with jax.ensure_compile_time_eval():
+        obs_space = from_gymnax_space(env.observation_space(params))
+        act_space = from_gymnax_space(env.action_space(params))
+    emitted = jax.eval_shape(lambda: env.reset_env(jax.random.PRNGKey(0), params)[0])
+    if isinstance(obs_space, Box) and (
+        obs_space.dtype != emitted.dtype or obs_space.shape != tuple(emitted.shape)
+    ):
+        low = np.broadcast_to(obs_space.low, emitted.shape)
+        high = np.broadcast_to(obs_space.high, emitted.shape)
+        obs_space = Box(low, high, tuple(emitted.shape), emitted.dtype)
+    fix = _BOUNDS.get(type(env).__name__)
+    if fix is not None and isinstance(obs_space, Box):
+        obs_space = fix(obs_space, params)
+    return obs_space, act_space
 
 
 # --------------------------------------------------------------------------- rendering
