@@ -1,6 +1,7 @@
 """Every registered gymnax env through ``js.make("gymnax:<id>")`` and ``js.check_env``.
 
-* ``test_check_env_outcome``: ``check_env``'s verdict on each env equals :data:`EXPECTED`
+* ``test_check_env_outcome`` (here and, for MinAtar, in ``test_gymnax_suite_minatar.py``):
+  ``check_env``'s verdict on each env equals :data:`EXPECTED`
   ("ok", or a substring of the one problem it reports), so a new false positive and a
   fixed gymnax defect both fail the test.
 * ``test_matches_gymnax_by_hand``: for a few envs, the adapter's jitted ``reset``/``step``
@@ -65,9 +66,13 @@ def test_table_covers_every_registered_env():
     assert set(EXPECTED) | set(EXCLUDED) == set(gymnax.registered_envs)
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("env_id", gymnax.registered_envs)
-def test_check_env_outcome(env_id):
+#: The MinAtar part of the sweep (the slowest to compile) runs from its own file,
+#: tests/test_gymnax_suite_minatar.py, so that the two test workers share the sweep.
+MINATAR = [e for e in gymnax.registered_envs if e.endswith("-MinAtar")]
+
+
+def assert_outcome(env_id: str) -> None:
+    """``check_env`` on ``gymnax:<env_id>`` reports what :data:`EXPECTED` says."""
     if env_id in EXCLUDED:
         pytest.skip(f"{env_id} left out: {EXCLUDED[env_id]}")
     report = js.check_env(js.make(f"gymnax:{env_id}"), **CHECK_ARGS)
@@ -76,6 +81,12 @@ def test_check_env_outcome(env_id):
         assert report.ok, str(report)
     else:
         assert len(report.problems) == 1 and want in report.problems[0], str(report)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("env_id", [e for e in gymnax.registered_envs if e not in MINATAR])
+def test_check_env_outcome(env_id):
+    assert_outcome(env_id)
 
 
 # --------------------------------------------------------------------------- by hand
