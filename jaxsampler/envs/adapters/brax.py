@@ -21,8 +21,11 @@ own env (``brax.envs.get_environment``); ``js.from_brax(env)`` wraps one you bui
   yourself if you want one.
 * **Spaces.** Observation ``Box(-inf, inf, (observation_size,), float32)``; action
   ``Box(-1, 1, (action_size,), float32)``: every brax env takes actions in [-1, 1] (those
-  with other actuator ranges rescale inside ``step``). Actions outside are passed on
-  unchanged, as brax does.
+  with other actuator ranges rescale inside ``step``). The adapter clips actions to
+  [-1, 1] before brax's ``step``, as jaxsampler's continuous envs clip to their bounds
+  (policies store the unclipped sample, so its log-density stays exact); brax's own
+  training squashes with tanh and never leaves the range, so in-range actions reach
+  brax unchanged.
 * **Info.** ``TimeStep.info`` is ``{"metrics": state.metrics}``: brax's per-step
   diagnostics (reward terms, velocities; float32 scalars), whose structure brax already
   keeps fixed from ``reset`` on; at reset they are brax's reset values. brax's ``info``
@@ -177,7 +180,7 @@ class BraxEnv(SuiteEnv):
         self, key: jax.Array, state: BraxState, action: Any, params: Any = None
     ) -> tuple[BraxState, TimeStep]:
         params = self.params if params is None else params
-        s = self.env.step(state.brax, jnp.asarray(action)[0])
+        s = self.env.step(state.brax, jnp.clip(jnp.asarray(action, jnp.float32)[0], -1.0, 1.0))
         time = state.time + 1
         terminated = jnp.asarray(s.done) > 0
         truncated = time >= params.max_steps_in_episode
