@@ -61,6 +61,7 @@ import jaxsampler as js
 from jaxsampler.bench import environment_info, git_state, log, write_results
 from jaxsampler.envs.base import Env
 from jaxsampler.policies import MLPPolicy, Policy
+from jaxsampler.transforms.flatten import FlattenObservation
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 DEFAULT_WIDTHS = (64, 512)
@@ -239,10 +240,13 @@ def jumanji_baseline(
 
 def _jumanji_observer(env: Env) -> Callable[[Any], Any]:
     """Jumanji ``Observation`` (leaves ``[E, ...]``) -> the policy input ``[E, 1, ...]``:
-    the grid, with the action mask where the adapter's space is a masked one."""
+    what ``FlattenObservation`` makes of the adapter's masked Dict, written by hand: the
+    fields other than the mask (here Game2048's ``board``) as one float32 vector, next to
+    the action mask."""
 
     def to_obs(o: Any) -> Any:
-        return policy_input(env, o.grid[:, None], o.action_mask[:, None])
+        flat = jnp.reshape(o.board, (o.board.shape[0], 1, -1)).astype(jnp.float32)
+        return {"observations": flat, "action_mask": o.action_mask[:, None]}
 
     return to_obs
 
@@ -304,6 +308,9 @@ class Suite:
     baseline: Callable[[Env, Policy, int, int, int], Baseline]
     agent_steps: str  # what one agent-step is here (for the table's notes)
     make_kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
+    #: Transforms on jaxsampler's side (the baseline does the same work by hand), e.g.
+    #: flattening a structured observation into the policy's input.
+    transforms: tuple[Any, ...] = ()
 
 
 SUITES: dict[str, Suite] = {
@@ -326,9 +333,13 @@ SUITES: dict[str, Suite] = {
         Suite(
             "jumanji",
             "jumanji",
-            "jumanji:Snake-v1",
+            # Game2048: a Dict observation (board + action mask) that FlattenObservation
+            # turns into the policy's masked input. (Snake's step counter is a
+            # Discrete(4000) field: a 4000-wide one-hot input, not a fair policy.)
+            "jumanji:Game2048-v1",
             jumanji_baseline,
             "1 agent: every env step of the hand-written loop; jaxsampler's non-reset steps",
+            transforms=(FlattenObservation(),),
         ),
         Suite(
             "pgx",
@@ -388,9 +399,11 @@ class Timed:
         }
 
 
-def jaxsampler_side(env: Env, policy: Policy, params: Any, E: int, T: int, seed: int) -> Timed:
+def jaxsampler_side(
+    env: Env, policy: Policy, params: Any, E: int, T: int, seed: int, transforms: tuple = ()
+) -> Timed:
     """``jit_rollout(make_rollout(...))``, passing each call's buffers to the next."""
-    rollout = js.jit_rollout(js.make_rollout(env, policy, E, T))
+    rollout = js.jit_rollout(js.make_rollout(env, policy, E, T, transforms=transforms))
     box: dict[str, Any] = {"state": rollout.init(jax.random.PRNGKey(seed)), "traj": None}
 
     def call() -> Any:
@@ -426,7 +439,8 @@ def measure_suite(
     env = js.make(suite.env_id, **suite.make_kwargs)
     if not isinstance(env, Env):
         raise TypeError(f"{suite.env_id} is not a JAX env")
-    policy = MLPPolicy(env.observation_space, env.action_space, (64, 64))
+    pipe = js.rollout.pipeline_of(env, suite.transforms)
+    policy = MLPPolicy(pipe.observation_space, pipe.action_space, (64, 64))
     params = policy.init(jax.random.PRNGKey(seed))
     out: dict[str, Any] = {
         "env": env.name,
@@ -438,7 +452,7 @@ def measure_suite(
     }
     for E in widths:
         sides = {
-            "jaxsampler": jaxsampler_side(env, policy, params, E, T, seed),
+            "jaxsampler": jaxsampler_side(env, policy, params, E, T, seed, suite.transforms),
             "handwritten": handwritten_side(suite, env, policy, params, E, T, seed),
         }
         probe = min(t for s in sides.values() for t in _probe(s))
