@@ -57,6 +57,7 @@ from jaxsampler.evaluation import EvalResult, evaluate
 from jaxsampler.host_envs import HostEnv, HostEnvError
 from jaxsampler.offline import CorruptLogError, RepairReport, TruncatedLogWarning, repair_log
 from jaxsampler.policies import (
+    CNNPolicy,
     MLPPolicy,
     MultiAgentPolicy,
     NoState,
@@ -87,6 +88,7 @@ __all__ = [
     "HostEnv",
     "HostEnvError",
     "InfiniteLookbackBuffer",
+    "CNNPolicy",
     "MLPPolicy",
     "MultiAgentBatch",
     "MultiAgentEnv",

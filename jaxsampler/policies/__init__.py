@@ -1,6 +1,7 @@
-"""Policies: the protocol, a random policy, Flax actor-critic MLP and GRU policies."""
+"""Policies: the protocol, a random policy, Flax actor-critic MLP, CNN and GRU policies."""
 
 from jaxsampler.policies.base import NoState, Policy, RandomPolicy, batch_dims
+from jaxsampler.policies.cnn import ActorCriticCNN, CNNPolicy
 from jaxsampler.policies.mlp import ActorCriticMLP, MLPPolicy, RecurrentPolicy, log_prob
 from jaxsampler.policies.multi import MultiAgentPolicy
 
@@ -9,6 +10,8 @@ __all__ = [
     "NoState",
     "RandomPolicy",
     "MLPPolicy",
+    "CNNPolicy",
+    "ActorCriticCNN",
     "MultiAgentPolicy",
     "RecurrentPolicy",
     "ActorCriticMLP",
