@@ -14,7 +14,12 @@ The default is Pendulum-v1 with the common PPO discount ``gamma = 0.99``: raw re
 are in the hundreds, so the value function (clipped updates of 0.2 per step, as in most
 PPO code) cannot follow them, while scaled returns are of order 1.
 
+``--env brax:inverted_pendulum`` runs the same comparison on Brax's inverted pendulum
+(MJX backend on the CPU, episodes of at most 1000 steps, reward 1 per step the pole stays
+up, so 1000 is the best return), written as ``ppo_brax.*``.
+
     python examples/ppo_normalization.py                 # full run, writes benchmarks/results/
+    python examples/ppo_normalization.py --env brax:inverted_pendulum   # -> ppo_brax.*
     python examples/ppo_normalization.py --quick         # smoke test (tiny), prints only
 """
 
@@ -62,8 +67,29 @@ RESULTS = ppo.RESULTS
 CONFIG = dataclasses.replace(ppo.DEFAULTS["Pendulum-v1"], gamma=0.99, total_timesteps=300_000)
 
 
-#: Raw returns whose first crossing (10-update moving average) is reported, in env steps.
-THRESHOLDS = (-500.0, -250.0)
+#: Per env: (config, raw returns whose first crossing -- 10-update moving average -- is
+#: reported in env steps, the stem of the result files).
+ENVS: dict[str, tuple[Any, tuple[float, ...], str]] = {
+    "Pendulum-v1": (CONFIG, (-500.0, -250.0), "ppo_normalization"),
+    # Brax (the mjx backend, on CPU): the same PPO settings; returns count the steps the
+    # pole stays up (at most the 1000-step episode limit).
+    "brax:inverted_pendulum": (
+        dataclasses.replace(CONFIG, env_id="brax:inverted_pendulum"),
+        (500.0, 950.0),
+        "ppo_brax",
+    ),
+}
+THRESHOLDS = ENVS["Pendulum-v1"][1]
+
+
+def thresholds_of(env_id: str) -> tuple[float, ...]:
+    """The reported return thresholds of ``env_id`` (Pendulum's for an env not listed)."""
+    return ENVS[env_id][1] if env_id in ENVS else THRESHOLDS
+
+
+def stem_of(env_id: str) -> str:
+    """The stem of ``env_id``'s result files."""
+    return ENVS[env_id][2] if env_id in ENVS else "ppo_normalization"
 
 
 def steps_to(curve: np.ndarray, threshold: float, steps_per_update: int) -> int | None:
@@ -172,7 +198,7 @@ def run_variant(
         "final_mean_return_per_seed": [None if np.isnan(v) else float(v) for v in final],
         "steps_to_threshold_per_seed": {
             str(th): [steps_to(c, th, cfg.num_envs * cfg.rollout_length) for c in curve]
-            for th in THRESHOLDS
+            for th in thresholds_of(cfg.env_id)
         },
         "learning_curve_per_seed": [
             [None if np.isnan(v) else float(v) for v in c] for c in curve.tolist()
@@ -251,9 +277,9 @@ def markdown(res: dict[str, Any]) -> str:
         "",
         f"{res['date']} · {cfg['env_id']}, {res['seeds']} seeds (the same for both), "
         f"{res['env_steps_per_seed']:,} env steps per seed · jax {res['jax']}, 2-core CPU "
-        "(shared) · `python examples/ppo_normalization.py`",
+        f"(shared) · `python examples/ppo_normalization.py --env {cfg['env_id']}`",
         "",
-        f"PPO of `examples/ppo.py` with its Pendulum settings except `gamma = {cfg['gamma']}`: "
+        f"PPO of `examples/ppo.py` with its Pendulum-v1 settings except `gamma = {cfg['gamma']}`: "
         f"{cfg['num_envs']} envs x {cfg['rollout_length']} steps per update, "
         f"{cfg['update_epochs']} epochs x {cfg['num_minibatches']} minibatches, lr "
         f"{cfg['lr']} (annealed), GAE lambda {cfg['gae_lambda']}, clip {cfg['clip_eps']} "
@@ -262,9 +288,9 @@ def markdown(res: dict[str, Any]) -> str:
         "below is the env's raw return (`traj.raw_rewards`).",
         "",
         "| variant | transforms | final return per seed | mean | "
-        + " | ".join(f"steps to {th:g} per seed" for th in THRESHOLDS)
+        + " | ".join(f"steps to {th:g} per seed" for th in thresholds_of(cfg["env_id"]))
         + " | train wall s | compile s |",
-        "|---|---|---|---:|" + "---|" * len(THRESHOLDS) + "---:|---:|",
+        "|---|---|---|---:|" + "---|" * len(thresholds_of(cfg["env_id"])) + "---:|---:|",
     ]
     for name, v in res["variants"].items():
         tfs = ", ".join(f"`{t}`" for t in v["transforms"]) or "—"
@@ -276,7 +302,7 @@ def markdown(res: dict[str, Any]) -> str:
                 "never" if n is None else f"{n:,}"
                 for n in v["steps_to_threshold_per_seed"][str(th)]
             )
-            for th in THRESHOLDS
+            for th in thresholds_of(cfg["env_id"])
         )
         lines.append(
             f"| {name} | {tfs} | {per_seed} | {s[name]['mean']:.1f} | {reach} | "
@@ -287,7 +313,7 @@ def markdown(res: dict[str, Any]) -> str:
         "Final return = mean raw return of the episodes completed in the last 5% of updates. "
         "Steps to a threshold = env steps until the 10-update moving average of the raw "
         "training return first reaches it (`never`: not within the run). Curves: "
-        "`ppo_normalization.png` (mean and min-max over seeds).",
+        f"`{stem_of(cfg['env_id'])}.png` (mean and min-max over seeds).",
     ]
     return "\n".join(lines) + "\n"
 
@@ -332,6 +358,7 @@ def plot(res: dict[str, Any], path: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--env", default="Pendulum-v1", choices=sorted(ENVS))
     p.add_argument("--seeds", type=int, default=5)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--total-timesteps", type=int, default=None)
@@ -339,7 +366,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=None, help="directory for the results")
     js.loggers.add_arguments(p)  # --log-dir, --logger, --quiet
     args = p.parse_args(argv)
-    cfg = CONFIG
+    cfg, _, stem = ENVS[args.env]
     if args.quick:
         cfg = dataclasses.replace(
             cfg,
@@ -361,9 +388,9 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out if args.out is not None else (None if args.quick else RESULTS)
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
-        (out / "ppo_normalization.json").write_text(json.dumps(res, indent=1) + "\n")
-        (out / "ppo_normalization.md").write_text(md)
-        plot(res, out / "ppo_normalization.png")
+        (out / f"{stem}.json").write_text(json.dumps(res, indent=1) + "\n")
+        (out / f"{stem}.md").write_text(md)
+        plot(res, out / f"{stem}.png")
     return 0
 
 

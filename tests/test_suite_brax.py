@@ -97,10 +97,11 @@ def test_rollout_keeps_brax_final_observation(env):
     policy = js.MLPPolicy(env.observation_space, env.action_space, (8,))
     rollout = js.make_rollout(env, policy, num_envs=2, rollout_length=LIMIT + 3)
     state0 = rollout.init(jax.random.PRNGKey(0))
+    start = jax.tree.map(np.array, state0.env_state.brax)  # a host copy: the call donates
     _, traj = rollout(policy.init(jax.random.PRNGKey(1)), state0)
     b_step = jax.jit(env.env.step)
     for e in range(2):
-        b = jax.tree.map(lambda x, e=e: x[e], state0.env_state.brax)
+        b = jax.tree.map(lambda x, e=e: jnp.asarray(x[e]), start)
         for t in range(LIMIT):  # replay the episode in brax with the rollout's actions
             a = jnp.clip(traj.actions[t, e, 0], -1, 1)
             b = b_step(b, a)
