@@ -90,7 +90,11 @@ def test_actions_are_clipped_to_the_box(env, jitted):
 
 @pytest.mark.slow
 @pytest.mark.xfail(
-    reason="replay assumes the episode starts at slot 0; rollout.init may begin with a reset step",
+    reason=(
+        "known failure, not yet understood: brax stepped by hand from the rollout's start "
+        "state disagrees with the rollout's obs[1] (the adapter driven directly is bit-exact "
+        "in test_bit_exact_against_brax_across_the_time_limit)"
+    ),
     strict=False,
 )
 def test_rollout_keeps_brax_final_observation(env):
