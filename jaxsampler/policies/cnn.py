@@ -31,17 +31,14 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from jaxsampler.policies.base import Policy
 from jaxsampler.policies.mlp import (
     _ACTIVATIONS,
+    FeedForwardActorCritic,
     _mlp,
     _network_space,
-    _sample_action,
     _split_obs,
     action_dim,
-    log_prob,
     mask_logits,
-    rllib_dist_inputs,
 )
 from jaxsampler.spaces import Box, Space
 
@@ -90,7 +87,7 @@ class ActorCriticCNN(nn.Module):
 
 
 @dataclasses.dataclass(frozen=True)
-class CNNPolicy(Policy):
+class CNNPolicy(FeedForwardActorCritic):
     """Convolutional actor-critic policy for ``[H, W, C]`` grid observations.
 
     Args:
@@ -176,22 +173,3 @@ class CNNPolicy(Policy):
         out, value, log_std = outputs
         out = mask_logits(out.reshape(batch + out.shape[-1:]), mask)
         return out, value.reshape(batch), log_std
-
-    def __call__(
-        self, params: Any, obs: Any, key: jax.Array, policy_state: Any
-    ) -> tuple[Any, dict[str, jax.Array], Any]:
-        dist_inputs, value, log_std = self.forward(params, obs)
-        action, logp = _sample_action(self.action_space, dist_inputs, log_std, key, self.explore)
-        extras = {
-            "action_dist_inputs": rllib_dist_inputs(dist_inputs, log_std),
-            "action_logp": logp,
-            "vf_preds": value,
-        }
-        return action, extras, policy_state
-
-    def log_prob(self, params: Any, obs: Any, action: jax.Array, policy_state: Any) -> Any:
-        """Log-probability of ``action`` (``[*batch, *action_space.shape]``) at ``obs``
-        (leaves ``[*batch, ...]``), under the masked distribution if the observation
-        carries a mask: ``float32[*batch]``; ``policy_state`` is unused. Pure."""
-        dist_inputs, _, log_std = self.forward(params, obs)
-        return log_prob(self.action_space, dist_inputs, log_std, action)

@@ -205,8 +205,39 @@ def log_prob(
     return jnp.sum(-0.5 * z**2 - log_std - 0.5 * math.log(2 * math.pi), axis=-1)
 
 
+class FeedForwardActorCritic(Policy):
+    """What the stateless actor-critics (:class:`MLPPolicy`, ``CNNPolicy``) share: acting
+    and log-probabilities on top of their ``forward(params, obs) -> (dist_inputs, value,
+    log_std)``. Subclasses define ``forward``, ``action_space`` and ``explore``."""
+
+    #: Sample (True) or act greedily (False); a field of each subclass (not of this base).
+    explore: bool
+
+    def forward(self, params: Any, obs: Any) -> tuple[jax.Array, jax.Array, jax.Array | None]:
+        raise NotImplementedError
+
+    def __call__(
+        self, params: Any, obs: Any, key: jax.Array, policy_state: Any
+    ) -> tuple[Any, dict[str, jax.Array], Any]:
+        dist_inputs, value, log_std = self.forward(params, obs)
+        action, logp = _sample_action(self.action_space, dist_inputs, log_std, key, self.explore)
+        extras = {
+            "action_dist_inputs": rllib_dist_inputs(dist_inputs, log_std),
+            "action_logp": logp,
+            "vf_preds": value,
+        }
+        return action, extras, policy_state
+
+    def log_prob(self, params: Any, obs: Any, action: jax.Array, policy_state: Any) -> Any:
+        """Log-probability of ``action`` (``[*batch, *action_space.shape]``) at ``obs``
+        (leaves ``[*batch, ...]``), under the masked distribution if the observation
+        carries a mask: ``float32[*batch]``; ``policy_state`` is unused. Pure."""
+        dist_inputs, _, log_std = self.forward(params, obs)
+        return log_prob(self.action_space, dist_inputs, log_std, action)
+
+
 @dataclasses.dataclass(frozen=True)
-class MLPPolicy(Policy):
+class MLPPolicy(FeedForwardActorCritic):
     """Feed-forward actor-critic policy.
 
     Args:
@@ -263,25 +294,6 @@ class MLPPolicy(Policy):
         out, value, log_std = outputs
         out = mask_logits(out.reshape(batch + out.shape[-1:]), mask)
         return out, value.reshape(batch), log_std
-
-    def __call__(
-        self, params: Any, obs: Any, key: jax.Array, policy_state: Any
-    ) -> tuple[Any, dict[str, jax.Array], Any]:
-        dist_inputs, value, log_std = self.forward(params, obs)
-        action, logp = _sample_action(self.action_space, dist_inputs, log_std, key, self.explore)
-        extras = {
-            "action_dist_inputs": rllib_dist_inputs(dist_inputs, log_std),
-            "action_logp": logp,
-            "vf_preds": value,
-        }
-        return action, extras, policy_state
-
-    def log_prob(self, params: Any, obs: Any, action: jax.Array, policy_state: Any) -> Any:
-        """Log-probability of ``action`` (``[*batch, *action_space.shape]``) at ``obs``
-        (leaves ``[*batch, ...]``), under the masked distribution if the observation
-        carries a mask: ``float32[*batch]``; ``policy_state`` is unused. Pure."""
-        dist_inputs, _, log_std = self.forward(params, obs)
-        return log_prob(self.action_space, dist_inputs, log_std, action)
 
 
 class _GRUActorCritic(nn.Module):
