@@ -112,6 +112,18 @@ def test_joint_mask_becomes_discrete_index():
     np.testing.assert_array_equal(np.asarray(env.jumanji_action(jnp.int32(37))), [3, 7])
 
 
+def test_adapters_with_other_options_are_other_envs():
+    """Envs key jit caches: adapters of one jumanji env that differ in an option (here the
+    action layout) must not compare equal, or they would share compiled code."""
+    import jumanji
+
+    raw = jumanji.make("Minesweeper-v0")
+    flat, joint = js.from_jumanji(raw), js.from_jumanji(raw, flat_actions=False)
+    assert flat.action_space != joint.action_space
+    assert flat != joint
+    assert flat == js.from_jumanji(raw) and hash(flat) == hash(js.from_jumanji(raw))
+
+
 def test_bad_input():
     with pytest.raises(ValueError, match="Snake-v1"):
         js.make("jumanji:nope")

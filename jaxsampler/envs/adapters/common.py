@@ -22,6 +22,7 @@ from types import ModuleType
 from typing import Any, ClassVar
 
 from jaxsampler.envs.base import Env
+from jaxsampler.spaces import Space
 
 __all__ = ["SuiteEnv", "import_suite", "unknown_id", "wrong_suite"]
 
@@ -67,8 +68,13 @@ class SuiteEnv(Env):
     """Base of the adapters: a wrapped suite env, its params and a display name.
 
     Envs are static configuration (jit caches key on them), so an adapter hashes and
-    compares by the *identity* of the wrapped env and params: two adapters of the same
-    objects share compiled code, and nothing ever hashes a suite's env by value.
+    compares by the *identity* of the wrapped env and params and by the *value* of every
+    other field (the display name, a subclass's options such as ``masked_obs``): two
+    adapters of the same objects and options share compiled code, adapters that differ in
+    an option never do, and nothing ever hashes a suite's env by value.
+
+    Subclasses whose spaces are fixed at construction store them with
+    :meth:`_set_spaces`; the others override ``observation_space`` / ``action_space``.
 
     Args:
         env: the suite's env object.
@@ -83,16 +89,34 @@ class SuiteEnv(Env):
     #: The ``js.make`` prefix of the suite (``"brax"`` -> ids ``"brax:<name>"``).
     suite: ClassVar[str] = ""
 
+    def _identity(self) -> tuple[Any, ...]:
+        """What hash and eq compare: ``env`` and ``params`` by ``id``, the rest by value."""
+        return tuple(
+            id(v) if f.name in ("env", "params") else v
+            for f in dataclasses.fields(self)
+            for v in (getattr(self, f.name),)
+        )
+
     def __hash__(self) -> int:
-        return hash((type(self), id(self.env), id(self.params), self.env_id))
+        return hash((type(self), self._identity()))
 
     def __eq__(self, other: object) -> bool:
-        return (
-            type(other) is type(self)
-            and other.env is self.env
-            and other.params is self.params
-            and other.env_id == self.env_id
-        )
+        return type(other) is type(self) and other._identity() == self._identity()
+
+    def _set_spaces(self, observation: Space, action: Space) -> None:
+        """Stores the spaces :attr:`observation_space` / :attr:`action_space` return
+        (call from ``__post_init__``; the dataclass is frozen)."""
+        object.__setattr__(self, "_spaces", (observation, action))
+
+    @property
+    def observation_space(self) -> Space:
+        space: Space = self.__dict__["_spaces"][0]
+        return space
+
+    @property
+    def action_space(self) -> Space:
+        space: Space = self.__dict__["_spaces"][1]
+        return space
 
     @property
     def name(self) -> str:

@@ -103,23 +103,11 @@ class GymnaxEnv(SuiteEnv):
     def __post_init__(self) -> None:
         if self.params is None:
             object.__setattr__(self, "params", self.env.default_params)
-        obs_space, act_space = _spaces(self.env, self.params)
-        object.__setattr__(self, "_obs_space", obs_space)
-        object.__setattr__(self, "_act_space", act_space)
+        self._set_spaces(*_spaces(self.env, self.params))
 
     @property
     def name(self) -> str:
         return f"gymnax:{self.env_id or self.env.name}"
-
-    @property
-    def observation_space(self) -> Space:
-        space: Space = self.__dict__["_obs_space"]
-        return space
-
-    @property
-    def action_space(self) -> Space:
-        space: Space = self.__dict__["_act_space"]
-        return space
 
     @property
     def can_render(self) -> bool:

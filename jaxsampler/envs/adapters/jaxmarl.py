@@ -177,8 +177,9 @@ class JaxMARLEnv(SuiteEnv):
             )
         object.__setattr__(self, "num_agents", len(agents))
         object.__setattr__(self, "_agents", agents)
-        object.__setattr__(self, "_obs_space", _common_space(self.env, "observation_space"))
-        object.__setattr__(self, "_act_space", _common_space(self.env, "action_space"))
+        self._set_spaces(
+            _common_space(self.env, "observation_space"), _common_space(self.env, "action_space")
+        )
         if self.params is None:
             object.__setattr__(self, "params", _DEFAULT_PARAMS)
 
@@ -186,14 +187,6 @@ class JaxMARLEnv(SuiteEnv):
     def agent_ids(self) -> tuple[str, ...]:
         """The JaxMARL agent names, in agent-axis order."""
         return self._agents  # type: ignore[attr-defined]
-
-    @property
-    def observation_space(self) -> Space:
-        return self._obs_space  # type: ignore[attr-defined]
-
-    @property
-    def action_space(self) -> Space:
-        return self._act_space  # type: ignore[attr-defined]
 
     def _step_fn(self) -> Any:
         return self.env.step_env if hasattr(self.env, "step_env") else self.env.step

@@ -49,7 +49,7 @@ from flax import struct
 
 from jaxsampler.constants import MASK_KEY, OBS_KEY
 from jaxsampler.envs.adapters.common import SuiteEnv, import_suite, unknown_id, wrong_suite
-from jaxsampler.spaces import Box, Dict, Discrete, Space
+from jaxsampler.spaces import Box, Dict, Discrete
 from jaxsampler.types import NoInfo, TimeStep
 
 __all__ = ["PgxEnv", "PgxParams", "from_pgx", "make_pgx", "pgx_observation_space"]
@@ -120,26 +120,8 @@ class PgxEnv(SuiteEnv):
         first = jax.eval_shape(self.env.init, jax.random.key(0))
         obs = pgx_observation_space(tuple(first.observation.shape), first.observation.dtype)
         n = int(first.legal_action_mask.shape[-1])
-        object.__setattr__(self, "_act_space", Discrete(n))
-        object.__setattr__(
-            self,
-            "_obs_space",
-            Dict({OBS_KEY: obs, MASK_KEY: Box(0, 1, (n,), np.bool_)}) if self.masked_obs else obs,
-        )
-
-    def __hash__(self) -> int:
-        return hash((super().__hash__(), self.masked_obs))
-
-    def __eq__(self, other: object) -> bool:
-        return super().__eq__(other) and other.masked_obs == self.masked_obs  # type: ignore[attr-defined]
-
-    @property
-    def observation_space(self) -> Space:
-        return self._obs_space  # type: ignore[attr-defined]
-
-    @property
-    def action_space(self) -> Discrete:
-        return self._act_space  # type: ignore[attr-defined]
+        masked = Dict({OBS_KEY: obs, MASK_KEY: Box(0, 1, (n,), np.bool_)})
+        self._set_spaces(masked if self.masked_obs else obs, Discrete(n))
 
     def observe(self, state: Any) -> Any:
         """Every agent's observation of a pgx ``state``: leaves ``[A, ...]`` (with
