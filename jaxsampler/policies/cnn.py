@@ -34,10 +34,10 @@ import jax.numpy as jnp
 from jaxsampler.policies.mlp import (
     _ACTIVATIONS,
     FeedForwardActorCritic,
-    _mlp,
     _network_space,
     _split_obs,
     action_dim,
+    actor_critic_heads,
     mask_logits,
 )
 from jaxsampler.spaces import Box, Space
@@ -70,20 +70,7 @@ class ActorCriticCNN(nn.Module):
             name="conv",
         )(x)
         x = act(x).reshape(x.shape[0], -1)
-        a = _mlp(x, self.hidden_sizes, act, "actor")
-        out = nn.Dense(
-            self.num_outputs, kernel_init=nn.initializers.orthogonal(0.01), name="actor_out"
-        )(a)
-        c = _mlp(x, self.hidden_sizes, act, "critic")
-        value = nn.Dense(1, kernel_init=nn.initializers.orthogonal(1.0), name="critic_out")(c)[
-            ..., 0
-        ]
-        log_std = (
-            self.param("log_std", nn.initializers.zeros, (self.num_outputs,))
-            if self.continuous
-            else None
-        )
-        return out, value, log_std
+        return actor_critic_heads(self, x, act)
 
 
 @dataclasses.dataclass(frozen=True)

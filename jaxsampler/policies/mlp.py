@@ -132,6 +132,27 @@ def _mlp(x: jax.Array, sizes: Sequence[int], act: Any, prefix: str) -> jax.Array
     return x
 
 
+def actor_critic_heads(
+    module: Any, x: jax.Array, act: Any
+) -> tuple[jax.Array, jax.Array, jax.Array | None]:
+    """The actor and critic MLPs of ``module`` (fields ``num_outputs``, ``hidden_sizes``,
+    ``continuous``) on features ``x`` ``[B, F]``: ``(dist_inputs [B, k], value [B], log_std
+    [k] or None)``. Call from the module's ``nn.compact`` method (the layers are its own:
+    ``actor_*``, ``actor_out``, ``critic_*``, ``critic_out``, ``log_std``)."""
+    a = _mlp(x, module.hidden_sizes, act, "actor")
+    out = nn.Dense(
+        module.num_outputs, kernel_init=nn.initializers.orthogonal(0.01), name="actor_out"
+    )(a)
+    c = _mlp(x, module.hidden_sizes, act, "critic")
+    value = nn.Dense(1, kernel_init=nn.initializers.orthogonal(1.0), name="critic_out")(c)[..., 0]
+    log_std = (
+        module.param("log_std", nn.initializers.zeros, (module.num_outputs,))
+        if module.continuous
+        else None
+    )
+    return out, value, log_std
+
+
 class ActorCriticMLP(nn.Module):
     """Separate actor and critic MLPs (the PureJaxRL layout). Returns ``(dist_inputs, value)``."""
 
@@ -142,21 +163,7 @@ class ActorCriticMLP(nn.Module):
 
     @nn.compact
     def __call__(self, x: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array | None]:
-        act = _ACTIVATIONS[self.activation]
-        a = _mlp(x, self.hidden_sizes, act, "actor")
-        out = nn.Dense(
-            self.num_outputs, kernel_init=nn.initializers.orthogonal(0.01), name="actor_out"
-        )(a)
-        c = _mlp(x, self.hidden_sizes, act, "critic")
-        value = nn.Dense(1, kernel_init=nn.initializers.orthogonal(1.0), name="critic_out")(c)[
-            ..., 0
-        ]
-        log_std = (
-            self.param("log_std", nn.initializers.zeros, (self.num_outputs,))
-            if self.continuous
-            else None
-        )
-        return out, value, log_std
+        return actor_critic_heads(self, x, _ACTIVATIONS[self.activation])
 
 
 def _sample_action(
