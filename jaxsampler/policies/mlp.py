@@ -166,6 +166,25 @@ class ActorCriticMLP(nn.Module):
         return actor_critic_heads(self, x, _ACTIVATIONS[self.activation])
 
 
+def _act(
+    space: Space,
+    dist_inputs: jax.Array,
+    value: jax.Array,
+    log_std: jax.Array | None,
+    key: jax.Array,
+    explore: bool,
+) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """``(action, extras)`` of an actor-critic's outputs: the sampled (or greedy) action
+    and the extras every policy here returns (see the module docstring)."""
+    action, logp = _sample_action(space, dist_inputs, log_std, key, explore)
+    extras = {
+        "action_dist_inputs": rllib_dist_inputs(dist_inputs, log_std),
+        "action_logp": logp,
+        "vf_preds": value,
+    }
+    return action, extras
+
+
 def _sample_action(
     space: Space, dist_inputs: jax.Array, log_std: jax.Array | None, key: jax.Array, explore: bool
 ) -> tuple[jax.Array, jax.Array]:
@@ -227,12 +246,7 @@ class FeedForwardActorCritic(Policy):
         self, params: Any, obs: Any, key: jax.Array, policy_state: Any
     ) -> tuple[Any, dict[str, jax.Array], Any]:
         dist_inputs, value, log_std = self.forward(params, obs)
-        action, logp = _sample_action(self.action_space, dist_inputs, log_std, key, self.explore)
-        extras = {
-            "action_dist_inputs": rllib_dist_inputs(dist_inputs, log_std),
-            "action_logp": logp,
-            "vf_preds": value,
-        }
+        action, extras = _act(self.action_space, dist_inputs, value, log_std, key, self.explore)
         return action, extras, policy_state
 
     def log_prob(self, params: Any, obs: Any, action: jax.Array, policy_state: Any) -> Any:
@@ -378,12 +392,7 @@ class RecurrentPolicy(Policy):
         self, params: Any, obs: Any, key: jax.Array, policy_state: jax.Array
     ) -> tuple[Any, dict[str, jax.Array], Any]:
         carry, (dist_inputs, value, log_std) = self._apply(params, obs, policy_state)
-        action, logp = _sample_action(self.action_space, dist_inputs, log_std, key, self.explore)
-        extras = {
-            "action_dist_inputs": rllib_dist_inputs(dist_inputs, log_std),
-            "action_logp": logp,
-            "vf_preds": value,
-        }
+        action, extras = _act(self.action_space, dist_inputs, value, log_std, key, self.explore)
         return action, extras, carry
 
     def log_prob(self, params: Any, obs: Any, action: jax.Array, policy_state: jax.Array) -> Any:
