@@ -222,10 +222,6 @@ class JumanjiEnv(SuiteEnv):
         object.__setattr__(self, "_layout", _layout(self.env, self.flat_actions))
 
     @property
-    def name(self) -> str:
-        return f"jumanji:{self.env_id or type(self.env).__name__}"
-
-    @property
     def observation_space(self) -> Space:
         return self._layout.obs_space  # type: ignore[attr-defined]
 
