@@ -9,8 +9,8 @@ first so that episodes are open and the converter carries their chunks):
 
 For each, ``sampler`` rows time ``sampler.save(path, params=params)`` (a new directory each
 time) and ``sampler.load(path, params=params)``; ``pure`` rows time
-``js.checkpoint.save(path, {"rollout": state, "params": params})`` and
-``js.checkpoint.restore(path, like=...)`` of the same sampler's ``RolloutState``. Each time
+``js.rollout.checkpoint.save(path, {"rollout": state, "params": params})`` and
+``js.rollout.checkpoint.restore(path, like=...)`` of the same sampler's ``RolloutState``. Each time
 is the median of 5 repeats after one warm-up; loads are blocked on until every array is
 ready. Sizes: bytes on disk (the whole checkpoint directory), the host blob (pickled open
 episode chunks, carried columns, ids, metrics: raw bytes before orbax compresses them) and
@@ -42,7 +42,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's jaxsampler
 
 import jaxsampler as js
-from jaxsampler import bench
+from jaxsampler.cli import bench
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -102,7 +102,7 @@ def measure(name: str, spec: tuple[str, dict[str, Any], int, int], repeats: int)
 
         save_s, _ = timed(save, repeats)
         path = last[-1]
-        meta = js.checkpoint.read_meta(path)
+        meta = js.rollout.checkpoint.read_meta(path)
         load_s, _ = timed(lambda: jax.tree.leaves(sampler.load(path, params=params)), repeats)
         arrays, _, _ = sampler._checkpoint_parts()
         rows.append(
@@ -125,11 +125,11 @@ def measure(name: str, spec: tuple[str, dict[str, Any], int, int], repeats: int)
         last.clear()
 
         def pure_save() -> None:
-            last.append(js.checkpoint.save(new_path(), tree))
+            last.append(js.rollout.checkpoint.save(new_path(), tree))
 
         pure_save_s, _ = timed(pure_save, repeats)
         path = last[-1]
-        pure_load_s, _ = timed(lambda: js.checkpoint.restore(path, like=tree), repeats)
+        pure_load_s, _ = timed(lambda: js.rollout.checkpoint.restore(path, like=tree), repeats)
         rows.append(
             {
                 "setup": name,
@@ -158,7 +158,8 @@ def markdown(rows: list[dict], info: dict[str, Any], repeats: int) -> str:
         "",
         f"Median of {repeats} repeats after a warm-up (`python benchmarks/checkpoint.py`); "
         "`sampler`: `Sampler.save(path, params=params)` / `Sampler.load(path, params=params)`, "
-        "`pure`: `js.checkpoint.save` / `restore(like=)` of the same `RolloutState` + params. "
+        "`pure`: `js.rollout.checkpoint.save` / `restore(like=)` of the same `RolloutState` "
+        "+ params. "
         "Host blob: pickled open episode chunks and carried columns (raw, before "
         "compression); arrays: raw bytes of every saved array; on disk: the whole directory.",
         "",

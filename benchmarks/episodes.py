@@ -39,7 +39,7 @@ from typing import Any
 import jax
 
 import jaxsampler as js
-from jaxsampler.bench import environment_info, git_state, log, write_results
+from jaxsampler.cli.bench import environment_info, git_state, log, write_results
 from jaxsampler.envs.spread import Spread
 from jaxsampler.sampling import DeviceSampler
 

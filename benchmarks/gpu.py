@@ -47,7 +47,7 @@ import jax
 import numpy as np
 
 import jaxsampler as js
-from jaxsampler.bench import environment_info, log
+from jaxsampler.cli.bench import environment_info, log
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 #: label -> (env id, make kwargs, default T)

@@ -58,7 +58,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import jaxsampler as js
-from jaxsampler.bench import environment_info, git_state, log, time_calls, write_results
+from jaxsampler.cli.bench import environment_info, git_state, log, time_calls, write_results
 from jaxsampler.envs.spread import Spread
 from jaxsampler.sampling import DeviceSampler
 

@@ -38,8 +38,8 @@ from typing import Any
 import numpy as np
 
 import jaxsampler as js
-from jaxsampler.bench import environment_info, git_state, log, write_results
-from jaxsampler.codec import packb
+from jaxsampler.cli.bench import environment_info, git_state, log, write_results
+from jaxsampler.episodes.codec import packb
 from jaxsampler.offline import _HEADERS, OfflineWriter, _open, read_records
 
 RESULTS = Path(__file__).resolve().parent / "results"

@@ -37,8 +37,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's jaxsampler
 
 import jaxsampler as js
-from jaxsampler import bench
-from jaxsampler.registry import make_jax_env
+from jaxsampler.cli import bench
+from jaxsampler.envs.registry import make_jax_env
 from jaxsampler.vector import ResetPool
 
 RESULTS = Path(__file__).resolve().parent / "results"

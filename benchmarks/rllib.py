@@ -70,7 +70,7 @@ def make_config(runner: str, num_envs: int, fragment: int, *, train: bool = Fals
         .debugging(seed=0)
     )
     if runner == "jax":  # imported only here: RLlib's process never loads JAX
-        from jaxsampler.rllib import JaxEnvRunner
+        from jaxsampler.integrations.rllib import JaxEnvRunner
 
         cfg = cfg.env_runners(env_runner_cls=JaxEnvRunner)
     if train:
@@ -94,7 +94,7 @@ def _worker(
     t0 = time.perf_counter()
     if what == "sample":
         if kind == "jax":
-            from jaxsampler.rllib import JaxEnvRunner as cls
+            from jaxsampler.integrations.rllib import JaxEnvRunner as cls
         else:
             from ray.rllib.env.single_agent_env_runner import SingleAgentEnvRunner as cls
         runner = cls(config=make_config(kind, num_envs, fragment))

@@ -13,7 +13,7 @@ Rows (``N`` = devices x processes):
 * ``rollout_1p2d``: the same over ``mesh=2`` (``2 W`` envs), one process with two forced
   XLA CPU devices (``--xla_force_host_platform_device_count=2``).
 * ``rollout_2p1d`` / ``rollout_2p1d_pinned``: two ``jax.distributed`` processes on
-  127.0.0.1 (``jaxsampler.distributed.initialize()``, gloo), one CPU device each, one
+  127.0.0.1 (``jaxsampler.rollout.distributed.initialize()``, gloo), one CPU device each, one
   rollout over the global mesh (``2 W`` envs, each process stepping its ``W``), called in
   lockstep; ``_pinned``: each process bound to its own core (``os.sched_setaffinity``
   before JAX starts).
@@ -149,7 +149,7 @@ def _rollout_row(width: int, T: int, mesh: Any) -> _Row:
     import jax
 
     import jaxsampler as js
-    from jaxsampler import placement
+    from jaxsampler.rollout import placement
 
     env: Any = js.make(ENV_ID)
     policy = js.MLPPolicy(env.observation_space, env.action_space, (64, 64))
@@ -228,10 +228,10 @@ def worker(rows: Sequence[str], widths: Sequence[int], T: int, pin: int | None) 
         os.sched_setaffinity(0, {pin})
     import jax
 
-    import jaxsampler.distributed
-    from jaxsampler.bench import environment_info
+    import jaxsampler.rollout.distributed
+    from jaxsampler.cli.bench import environment_info
 
-    jaxsampler.distributed.initialize()
+    jaxsampler.rollout.distributed.initialize()
     built: dict[str, _Row] = {}
     skipped: dict[str, str] = {}
     first: dict[str, float] = {}

@@ -71,7 +71,7 @@ from typing import Any
 
 import numpy as np
 
-from jaxsampler.bench import compile_count, environment_info, git_state, log, write_results
+from jaxsampler.cli.bench import compile_count, environment_info, git_state, log, write_results
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 HIDDEN = (64, 64)

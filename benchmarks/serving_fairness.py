@@ -43,8 +43,8 @@ from typing import Any
 
 import numpy as np
 
-from jaxsampler.bench import environment_info, git_state, log, write_results
-from jaxsampler.codec import packb, unpackb
+from jaxsampler.cli.bench import environment_info, git_state, log, write_results
+from jaxsampler.episodes.codec import packb, unpackb
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 HERE = str(Path(__file__).resolve().parent.parent)

@@ -17,7 +17,7 @@ Stacks, all on the standard asyncio event loop in a daemon thread of the server 
   the 413 check done by the app (uvicorn has no body limit).
 
 The candidates implement the hot endpoints with the same URLs, msgpack bodies
-(:func:`jaxsampler.codec.packb` / ``unpackb(objects=False)``), deferred ``returns``
+(:func:`jaxsampler.episodes.codec.packb` / ``unpackb(objects=False)``), deferred ``returns``
 field and error mapping (:data:`jaxsampler.serving.protocol.STATUS_OF_ERROR`, JSON error
 bodies), so the unchanged :class:`~jaxsampler.serving.client.PolicyClient` talks to all
 three: ``POST /get_action`` queues the observation into the ExternalEnv with
@@ -74,7 +74,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 # benchmarks/serving.py: the clients, the instrumented sampler side, the worker pool
 import serving as harness
 
-from jaxsampler.bench import environment_info, git_state, log, write_results
+from jaxsampler.cli.bench import environment_info, git_state, log, write_results
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 STACKS = ("current", "aiohttp", "aiohttp-lowlevel", "uvicorn")
@@ -161,8 +161,8 @@ class Endpoints:
     """
 
     def __init__(self, env: Any):
-        from jaxsampler.codec import packb, unpackb
         from jaxsampler.constants import DEFAULT_AGENT_ID
+        from jaxsampler.episodes.codec import packb, unpackb
         from jaxsampler.serving.protocol import CONTENT_TYPE, ERRORS_BY_NAME, STATUS_OF_ERROR
 
         self.env, self.agent = env, DEFAULT_AGENT_ID
@@ -540,7 +540,7 @@ def _oversized(address: str) -> str:
 def _gone_while_waiting(address: str, env: Any) -> str:
     """A client sends ``get_action`` and disconnects before any answer (nobody samples
     here); the episode's status afterwards (``finishing``: abandoned, ends as truncated)."""
-    from jaxsampler.codec import packb
+    from jaxsampler.episodes.codec import packb
     from jaxsampler.serving.client import PolicyClient
 
     client = PolicyClient(address, timeout=10)

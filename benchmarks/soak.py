@@ -25,7 +25,7 @@ both phases start from fresh episodes) ``--calls`` ``sample_batch()`` calls. Eve
   slope is under ``--max-slope`` bytes/call (default 2048): a real leak of one buffer,
   episode or batch per call is far above both; the run's own bookkeeping (sets of episode
   ids, see ``tracker_bytes``) is part of what is measured and is reported;
-* recompilations: :func:`jaxsampler.bench.compile_count` after the first call of the phase
+* recompilations: :func:`jaxsampler.cli.bench.compile_count` after the first call of the phase
   minus before it; must be 0;
 * step accounting, per call and in total:
   - returned env steps (sum of chunk lengths, or ``MultiAgentBatch.env_steps()``) equal
@@ -78,7 +78,7 @@ from typing import Any
 
 import numpy as np
 
-from jaxsampler.bench import compile_count, environment_info, git_state, log, write_results
+from jaxsampler.cli.bench import compile_count, environment_info, git_state, log, write_results
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 HIDDEN = (8,)
@@ -893,7 +893,7 @@ def markdown(results: dict[str, Any]) -> str:
             f"{cfg['max_growth_mib']} MiB and slope < {cfg['max_slope']:.0f} B/call (RSS and, "
             "where reported, device memory). Device memory: `bytes_in_use` of "
             "`memory_stats()`, n/a on CPU. Recompiles counted by "
-            "`jaxsampler.bench.compile_count()` after the first call (host samplers: their "
+            "`jaxsampler.cli.bench.compile_count()` after the first call (host samplers: their "
             "jitted policy call is compiled for every padded batch size before the first "
             "call, as it would be on each size's first use; the compiled variants stay at "
             "most one per size). calls/s: steady state, first call excluded.",

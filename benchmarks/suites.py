@@ -58,7 +58,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import jaxsampler as js
-from jaxsampler.bench import environment_info, git_state, log, write_results
+from jaxsampler.cli.bench import environment_info, git_state, log, write_results
 from jaxsampler.envs.base import Env
 from jaxsampler.policies import MLPPolicy, Policy
 from jaxsampler.transforms.flatten import FlattenObservation

@@ -5,7 +5,7 @@ weights), samples a categorical action and also computes its log-probability and
 value estimate, and stores (obs, action, reward, terminated, truncated, logp, value)
 each step. Implementations, per width ``W`` (number of parallel envs):
 
-* ``jaxsampler``: :func:`jaxsampler.bench.measure_rollout` (jitted ``lax.scan``, donated
+* ``jaxsampler``: :func:`jaxsampler.cli.bench.measure_rollout` (jitted ``lax.scan``, donated
   buffers, next-step auto-reset: the step after an episode end is a reset step with no
   action, so ``actions_per_s`` < ``env_steps_per_s``).
 * ``handwritten``: a PureJaxRL-style loop written here: ``jax.vmap`` over gymnax
@@ -59,7 +59,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import jaxsampler as js
-from jaxsampler.bench import environment_info, log, measure_rollout, time_calls, write_results
+from jaxsampler.cli.bench import environment_info, log, measure_rollout, time_calls, write_results
 from jaxsampler.envs.base import Env
 
 ENV_ID = "CartPole-v1"
@@ -498,7 +498,9 @@ def measure_multi_device(
     """jaxsampler on ``devices`` forced CPU devices, in a subprocess (XLA_FLAGS must be set
     before jax is imported). Interleaves ``num_devices=1`` and ``=devices`` there."""
     if not _supports_num_devices():
-        return {"status": "skipped: jaxsampler.bench.measure_rollout has no num_devices parameter"}
+        return {
+            "status": "skipped: jaxsampler.cli.bench.measure_rollout has no num_devices parameter"
+        }
     env = dict(os.environ)
     env["XLA_FLAGS"] = (
         env.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count={devices}"

@@ -552,7 +552,7 @@ def run_chunked(
     """Trains like :func:`run`, in jitted chunks of ``every`` updates (the same ``update``
     scanned ``every`` times), checkpointing the whole training state after each chunk.
 
-    The state saved with ``js.checkpoint`` (in a ``js.checkpoint.Checkpoints`` directory,
+    The state saved with ``js.checkpoint`` (in a ``js.rollout.checkpoint.Checkpoints`` directory,
     step = updates done, newest two kept) is every seed's carry — network params, optimizer
     state, the rollout state with its RNG keys, the running episode returns, the loop key —
     and the per-update metrics so far; the run's :func:`fingerprint` is in its meta. If
@@ -577,7 +577,7 @@ def run_chunked(
         ``metrics_per_seed`` (name -> ``[seeds, updates_done]`` lists).
 
     Raises:
-        js.checkpoint.CheckpointError: the checkpoint belongs to another configuration (the
+        js.rollout.checkpoint.CheckpointError: the checkpoint belongs to another configuration (the
             message names every differing field) or cannot be read.
     """
     if every < 1:
@@ -590,19 +590,19 @@ def run_chunked(
     _, abstract_metrics = jax.eval_shape(lambda c: jax.lax.scan(update, c, None, 1), abstract_carry)
     metrics = {k: np.zeros((seeds, cfg.num_updates), v.dtype) for k, v in abstract_metrics.items()}
     fp = fingerprint(cfg, seeds, seed, every)
-    ckpts = None if checkpoint_dir is None else js.checkpoint.Checkpoints(checkpoint_dir, 2)
+    ckpts = None if checkpoint_dir is None else js.rollout.checkpoint.Checkpoints(checkpoint_dir, 2)
     latest = None if ckpts is None else ckpts.latest_step()
     done = 0
     if latest is not None:
         path = ckpts.path(latest)
-        saved = js.checkpoint.read_meta(path).get("ppo")
-        diff = js.checkpoint.fingerprint_mismatch(saved or {}, fp)
+        saved = js.rollout.checkpoint.read_meta(path).get("ppo")
+        diff = js.rollout.checkpoint.fingerprint_mismatch(saved or {}, fp)
         if diff:
-            raise js.checkpoint.CheckpointError(
+            raise js.rollout.checkpoint.CheckpointError(
                 f"checkpoint {path} was written by a run with another configuration ({diff}); "
                 "resume it with the same options, or use another --checkpoint-dir"
             )
-        tree = js.checkpoint.restore(
+        tree = js.rollout.checkpoint.restore(
             path, like={"carries": [abstract_carry] * seeds, "metrics": metrics}
         )
         carries, metrics = list(tree["carries"]), tree["metrics"]
@@ -642,7 +642,7 @@ def run_chunked(
         if ckpts is not None:
             tree = {"carries": carries, "metrics": metrics}
             meta = {"ppo": fp, "updates_done": done}
-            ckpts.save(done, lambda p, t=tree, m=meta: js.checkpoint.save(p, t, meta=m))
+            ckpts.save(done, lambda p, t=tree, m=meta: js.rollout.checkpoint.save(p, t, meta=m))
         if on_chunk is not None:
             on_chunk(done, chunk, chunk_s)
         stopped = should_stop()
@@ -740,7 +740,7 @@ def main(argv: list[str] | None = None) -> int:
         metavar="K",
         help="exit after the chunk that contains update K (simulates an interruption)",
     )
-    js.loggers.add_arguments(p)  # --log-dir, --logger, --quiet
+    js.integrations.loggers.add_arguments(p)  # --log-dir, --logger, --quiet
     args = p.parse_args(argv)
     cfg = dataclasses.replace(DEFAULTS[args.env], sampler=args.sampler)
     for field, value in (
@@ -756,18 +756,18 @@ def main(argv: list[str] | None = None) -> int:
     if every is not None and every < 1:
         p.error(f"--checkpoint-every must be >= 1, got {every}")
     try:
-        logger = js.loggers.from_arguments(args)
+        logger = js.integrations.loggers.from_arguments(args)
     except (ValueError, ImportError) as e:
         p.error(str(e))
     steps_per_update = cfg.num_envs * cfg.rollout_length
     steps_per_seed = cfg.num_updates * steps_per_update
     done_before = 0
     if every is not None and args.checkpoint_dir is not None and args.checkpoint_dir.is_dir():
-        done_before = js.checkpoint.Checkpoints(args.checkpoint_dir, 2).latest_step() or 0
+        done_before = js.rollout.checkpoint.Checkpoints(args.checkpoint_dir, 2).latest_step() or 0
     desc = f"ppo {cfg.env_id}"
     with (
         logger,
-        js.progress.progress(
+        js.integrations.progress.progress(
             steps_per_seed * args.seeds,
             desc=desc,
             unit="step",
@@ -781,7 +781,7 @@ def main(argv: list[str] | None = None) -> int:
                 bar.update(steps_per_seed, seed=i, env_steps_per_s=steps_per_seed / wall_s)
 
             res = run(cfg, args.seeds, args.seed, on_seed=on_seed)
-            js.loggers.log_history(
+            js.integrations.loggers.log_history(
                 logger,
                 update_scalars({k: np.asarray(v) for k, v in res["metrics_per_seed"].items()}),
                 steps_per_update=steps_per_update,
@@ -793,7 +793,7 @@ def main(argv: list[str] | None = None) -> int:
                 n = next(iter(chunk.values())).shape[1]
                 sps = n * steps_per_update * args.seeds / chunk_s
                 scalars = update_scalars(chunk)
-                js.loggers.log_history(
+                js.integrations.loggers.log_history(
                     logger,
                     scalars,
                     steps_per_update=steps_per_update,
@@ -815,7 +815,7 @@ def main(argv: list[str] | None = None) -> int:
                     stop_after=args.stop_after,
                     on_chunk=on_chunk,
                 )
-            except js.checkpoint.CheckpointError as e:
+            except js.rollout.checkpoint.CheckpointError as e:
                 bar.close()
                 print(f"error: {e}", file=sys.stderr)
                 return 2

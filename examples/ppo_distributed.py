@@ -1,7 +1,7 @@
 """PPO over many processes (``jax.distributed``): one global batch, gradients all-reduced.
 
-Every process runs this same file. After :func:`jaxsampler.distributed.initialize` the mesh
-:func:`jaxsampler.placement.env_mesh` spans every process's devices, and the rollout
+Every process runs this same file. After :func:`jaxsampler.rollout.distributed.initialize` the mesh
+:func:`jaxsampler.rollout.placement.env_mesh` spans every process's devices, and the rollout
 (``js.make_rollout(..., mesh=mesh)``) steps the global env axis split over them: each
 process steps its own contiguous slice of envs on its own devices.
 
@@ -30,10 +30,10 @@ rounding. (``examples/ppo.py`` shuffles all rows globally instead, which would m
 between processes.)
 
 Episode returns are counted per env inside the jit; each process reads its own envs'
-(:func:`jaxsampler.placement.to_host`) and the global figures are their sum over
-processes (:func:`jaxsampler.distributed.process_sum`).
+(:func:`jaxsampler.rollout.placement.to_host`) and the global figures are their sum over
+processes (:func:`jaxsampler.rollout.distributed.process_sum`).
 
-    python -m jaxsampler.launch -n 2 examples/ppo_distributed.py     # 2 local processes
+    python -m jaxsampler.cli.launch -n 2 examples/ppo_distributed.py     # 2 local processes
     python examples/ppo_distributed.py                               # 1 process, unchanged
     python examples/ppo_distributed.py --quick                       # smoke test (tiny)
 
@@ -67,7 +67,7 @@ from jax.sharding import PartitionSpec as P
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's jaxsampler
 
 import jaxsampler as js
-from jaxsampler import distributed, placement
+from jaxsampler.rollout import distributed, placement
 
 
 def _load_ppo() -> Any:
@@ -321,8 +321,8 @@ def train(
     on_update: Callable[[int, Carry, Stats, js.Trajectory], None] | None = None,
     verify_replicas: bool = False,
     log: Callable[[str], None] | None = None,
-    logger: js.loggers.Logger | None = None,
-    bar: js.progress.Bar | None = None,
+    logger: js.integrations.loggers.Logger | None = None,
+    bar: js.integrations.progress.Bar | None = None,
 ) -> dict[str, Any]:
     """Trains ``cfg.num_updates`` updates on ``mesh``; every process calls it in lockstep.
 
@@ -588,7 +588,7 @@ def main(argv: list[str] | None = None) -> int:
         help="write benchmarks/results/ppo_distributed.{json,md,png} from runs",
     )
     p.add_argument("--note", default="", help="measurement conditions for --report")
-    js.loggers.add_arguments(p)  # --log-dir, --logger, --quiet (process 0 logs)
+    js.integrations.loggers.add_arguments(p)  # --log-dir, --logger, --quiet (process 0 logs)
     args = p.parse_args(argv)
     if args.report:
         report(args.report, RESULTS, args.note)
@@ -615,8 +615,12 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         p.error(str(e))
     # process 0 logs the global figures and draws the bar
-    logger = js.loggers.from_arguments(args) if lead else js.loggers.NullLogger()
-    bar = js.progress.Bar(
+    logger = (
+        js.integrations.loggers.from_arguments(args)
+        if lead
+        else js.integrations.loggers.NullLogger()
+    )
+    bar = js.integrations.progress.Bar(
         cfg.num_updates * cfg.num_envs * cfg.rollout_length,
         desc="ppo_distributed",
         quiet=args.quiet if lead else True,

@@ -203,7 +203,7 @@ def run_experiment(
     per_cell: int,
     bar: Any = None,
 ) -> dict[str, Any]:
-    """Trains and evaluates every variant; ``bar`` (a :class:`jaxsampler.progress.Bar`)
+    """Trains and evaluates every variant; ``bar`` (a :class:`jaxsampler.integrations.progress.Bar`)
     advances by each seed's training env steps."""
     env = js.make(cfg.env_id)
     policy = make_policy(cfg, env)
@@ -281,7 +281,7 @@ def run_experiment(
     }
 
 
-def log_curves(logger: js.loggers.Logger, res: dict[str, Any]) -> int:
+def log_curves(logger: js.integrations.loggers.Logger, res: dict[str, Any]) -> int:
     """Writes the training curves to ``logger``, one line per update (step: env steps per
     seed): ``<variant>/seed<i>/train_return`` and its mean over seeds
     ``<variant>/train_return`` (left out where no episode finished); the last line adds
@@ -300,7 +300,7 @@ def log_curves(logger: js.loggers.Logger, res: dict[str, Any]) -> int:
         final[f"{name}/compile_s"] = v["compile_s"]
         final[f"{name}/env_steps_per_s"] = v["env_steps_per_s"]
         final[f"{name}/eval_mean_return"] = v["eval_mean_return"]
-    return js.loggers.log_history(
+    return js.integrations.loggers.log_history(
         logger, history, steps_per_update=cfg["num_envs"] * cfg["rollout_length"], final=final
     )
 
@@ -409,7 +409,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--replot", type=Path, default=None, help="only redraw the MD and PNG from this JSON"
     )
-    js.loggers.add_arguments(p)  # --log-dir, --logger, --quiet
+    js.integrations.loggers.add_arguments(p)  # --log-dir, --logger, --quiet
     args = p.parse_args(argv)
     if args.replot is not None:
         res = json.loads(args.replot.read_text())
@@ -424,9 +424,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.total_timesteps is not None:
         cfg = dataclasses.replace(cfg, total_timesteps=args.total_timesteps)
     seeds = args.seeds if args.seeds is not None else seeds
-    logger = js.loggers.from_arguments(args)
+    logger = js.integrations.loggers.from_arguments(args)
     total = len(VARIANTS) * seeds * cfg.num_updates * cfg.num_envs * cfg.rollout_length
-    with logger, js.progress.progress(total, desc=NAME, quiet=args.quiet) as bar:
+    with logger, js.integrations.progress.progress(total, desc=NAME, quiet=args.quiet) as bar:
         res = run_experiment(cfg, seeds, args.seed, lengths, masses, per_cell, bar)
         log_curves(logger, res)
     res["quick"] = bool(args.quick)

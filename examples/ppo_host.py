@@ -133,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rollout-length", type=int, default=128)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", type=Path, default=None)
-    js.loggers.add_arguments(p)  # --log-dir, --logger, --quiet
+    js.integrations.loggers.add_arguments(p)  # --log-dir, --logger, --quiet
     args = p.parse_args(argv)
     cfg = dataclasses.replace(
         ppo.DEFAULTS["CartPole-v1"],
@@ -143,8 +143,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     env = js.make(cfg.env_id)
     policy = js.MLPPolicy(env.observation_space, env.action_space, cfg.hidden_sizes, cfg.activation)
-    logger = js.loggers.from_arguments(args)
-    bar = js.progress.Bar(cfg.total_timesteps, desc="ppo_host", quiet=args.quiet)
+    logger = js.integrations.loggers.from_arguments(args)
+    bar = js.integrations.progress.Bar(cfg.total_timesteps, desc="ppo_host", quiet=args.quiet)
     # the sampler logs each call's report (returns, env steps/s, compile events) and
     # advances the bar by its env steps
     sampler = js.Sampler(
@@ -153,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
         num_envs=cfg.num_envs,
         rollout_length=cfg.rollout_length,
         seed=args.seed,
-        callbacks=[logger, js.progress.ProgressCallback(bar)],
+        callbacks=[logger, js.integrations.progress.ProgressCallback(bar)],
     )
     params = policy.init(jax.random.PRNGKey(args.seed))
     tx = ppo.make_optimizer(cfg)
@@ -161,7 +161,11 @@ def main(argv: list[str] | None = None) -> int:
     epochs = ppo.make_epochs(cfg, ppo.make_loss(cfg, policy), tx)
 
     update = make_update(cfg, policy, epochs)
-    batch_loss = None if isinstance(logger, js.loggers.NullLogger) else make_batch_loss(cfg, policy)
+    batch_loss = (
+        None
+        if isinstance(logger, js.integrations.loggers.NullLogger)
+        else make_batch_loss(cfg, policy)
+    )
 
     # Batches vary in length (reset steps are not rows): pad to the fixed device batch size
     # so `update` compiles once; padded rows get mask False.

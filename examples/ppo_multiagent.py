@@ -2,7 +2,8 @@
 ``policy_batches``.
 
 Agents with an even index (``agent_0``, ``agent_2``, ...) are controlled by policy
-``"even"``, the others by ``"odd"`` (``js.MultiAgentPolicy`` evaluates both inside the one jitted
+``"even"``, the others by ``"odd"`` (``js.policies.MultiAgentPolicy`` evaluates both inside
+the one jitted
 rollout step, each on its own agents). Every iteration ``Sampler.sample_batch()``
 returns a ``MultiAgentBatch``; each policy computes GAE over its own ``SampleBatch``
 (rows run agent-episode by agent-episode, ``eps_id`` is per agent) and takes PPO steps
@@ -55,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rollout-length", type=int, default=128)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", type=Path, default=None)
-    js.loggers.add_arguments(p)  # --log-dir, --logger, --quiet
+    js.integrations.loggers.add_arguments(p)  # --log-dir, --logger, --quiet
     args = p.parse_args(argv)
     env = js.make("Spread-v0", n=args.agents)
     cfg = dataclasses.replace(
@@ -69,9 +70,9 @@ def main(argv: list[str] | None = None) -> int:
         gamma=0.95,
     )
     mlp = js.MLPPolicy(env.observation_space, env.action_space, cfg.hidden_sizes, cfg.activation)
-    policy = js.MultiAgentPolicy(env, {"even": mlp, "odd": mlp}, policy_of)
-    logger = js.loggers.from_arguments(args)
-    bar = js.progress.Bar(cfg.total_timesteps, desc="ppo_multiagent", quiet=args.quiet)
+    policy = js.policies.MultiAgentPolicy(env, {"even": mlp, "odd": mlp}, policy_of)
+    logger = js.integrations.loggers.from_arguments(args)
+    bar = js.integrations.progress.Bar(cfg.total_timesteps, desc="ppo_multiagent", quiet=args.quiet)
     # the sampler logs each call's report (returns, env steps/s, compile events) and
     # advances the bar by its env steps
     sampler = js.Sampler(
@@ -80,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
         num_envs=cfg.num_envs,
         rollout_length=cfg.rollout_length,
         seed=args.seed,
-        callbacks=[logger, js.progress.ProgressCallback(bar)],
+        callbacks=[logger, js.integrations.progress.ProgressCallback(bar)],
     )
     params = policy.init(jax.random.PRNGKey(args.seed))
     tx = ppo.make_optimizer(cfg)
@@ -88,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     epochs = ppo.make_epochs(cfg, ppo.make_loss(cfg, mlp), tx)
 
     update = ppo_host.make_update(cfg, mlp, epochs)
-    logging = not isinstance(logger, js.loggers.NullLogger)
+    logging = not isinstance(logger, js.integrations.loggers.NullLogger)
     batch_loss = ppo_host.make_batch_loss(cfg, mlp) if logging else None
 
     # Rows per policy vary (agent steps complete across calls): pad to the most one call

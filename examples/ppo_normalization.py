@@ -168,7 +168,7 @@ def run_variant(
     cfg: Any, normalize: bool, seeds: int, seed: int, bar: Any = None
 ) -> dict[str, Any]:
     """Trains ``seeds`` seeds one after the other with one compiled function (``bar``, a
-    :class:`jaxsampler.progress.Bar`, advances by each seed's env steps)."""
+    :class:`jaxsampler.integrations.progress.Bar`, advances by each seed's env steps)."""
     keys = jax.random.split(jax.random.PRNGKey(seed), seeds)  # the same keys for both variants
     t0 = time.perf_counter()
     compiled = jax.jit(make_train(cfg, normalize)).lower(keys[0]).compile()
@@ -228,7 +228,7 @@ def run(cfg: Any, seeds: int = 3, seed: int = 0, bar: Any = None) -> dict[str, A
     }
 
 
-def log_curves(logger: js.loggers.Logger, res: dict[str, Any]) -> int:
+def log_curves(logger: js.integrations.loggers.Logger, res: dict[str, Any]) -> int:
     """Writes the learning curves to ``logger``, one line per update (step: env steps per
     seed): ``<variant>/seed<i>/episode_return_mean`` and the mean over seeds
     ``<variant>/episode_return_mean`` (left out of updates where no episode finished);
@@ -249,7 +249,7 @@ def log_curves(logger: js.loggers.Logger, res: dict[str, Any]) -> int:
         finals = [r for r in v["final_mean_return_per_seed"] if r is not None]
         if finals:
             final[f"{name}/final_mean_return"] = float(np.mean(finals))
-    return js.loggers.log_history(
+    return js.integrations.loggers.log_history(
         logger, history, steps_per_update=res["env_steps_per_update"], final=final
     )
 
@@ -364,7 +364,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--total-timesteps", type=int, default=None)
     p.add_argument("--quick", action="store_true", help="tiny run; prints, writes only --out")
     p.add_argument("--out", type=Path, default=None, help="directory for the results")
-    js.loggers.add_arguments(p)  # --log-dir, --logger, --quiet
+    js.integrations.loggers.add_arguments(p)  # --log-dir, --logger, --quiet
     args = p.parse_args(argv)
     cfg, _, stem = ENVS[args.env]
     if args.quick:
@@ -378,9 +378,12 @@ def main(argv: list[str] | None = None) -> int:
         )
     if args.total_timesteps is not None:
         cfg = dataclasses.replace(cfg, total_timesteps=args.total_timesteps)
-    logger = js.loggers.from_arguments(args)
+    logger = js.integrations.loggers.from_arguments(args)
     total = 2 * args.seeds * cfg.num_updates * cfg.num_envs * cfg.rollout_length
-    with logger, js.progress.progress(total, desc="ppo_normalization", quiet=args.quiet) as bar:
+    with (
+        logger,
+        js.integrations.progress.progress(total, desc="ppo_normalization", quiet=args.quiet) as bar,
+    ):
         res = run(cfg, args.seeds, args.seed, bar)
         log_curves(logger, res)
     md = markdown(res)

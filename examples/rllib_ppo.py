@@ -38,7 +38,7 @@ def make_config(runner: str, *, quick: bool = False, seed: int = 0, num_envs: in
     from ray.rllib.algorithms.ppo import PPOConfig
     from ray.rllib.core.rl_module.default_model_config import DefaultModelConfig
 
-    from jaxsampler.rllib import JaxEnvRunner
+    from jaxsampler.integrations.rllib import JaxEnvRunner
 
     config = (
         PPOConfig()
@@ -76,7 +76,7 @@ def train(
 ) -> dict[str, Any]:
     """Trains until the mean return reaches ``target`` (or a limit); returns the curve.
 
-    ``logger`` (a :class:`jaxsampler.loggers.Logger`) gets each iteration's scalars
+    ``logger`` (a :class:`jaxsampler.integrations.loggers.Logger`) gets each iteration's scalars
     (:func:`iteration_scalars`) at step = env steps sampled; a progress bar over the
     iterations is drawn unless ``quiet`` (``None``: only on a terminal)."""
     import jaxsampler as js
@@ -86,7 +86,9 @@ def train(
     start = time.perf_counter()
     iterations = 2 if quick else max_iterations
     reached = False
-    bar = js.progress.Bar(iterations, desc=f"rllib_ppo [{runner}]", unit="iter", quiet=quiet)
+    bar = js.integrations.progress.Bar(
+        iterations, desc=f"rllib_ppo [{runner}]", unit="iter", quiet=quiet
+    )
 
     def say(line: str) -> None:
         if bar.quiet:
@@ -215,7 +217,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     )
     import jaxsampler as js
 
-    js.loggers.add_arguments(parser)  # --log-dir, --logger, --quiet
+    js.integrations.loggers.add_arguments(parser)  # --log-dir, --logger, --quiet
     args = parser.parse_args(argv)
     if args.torch_threads:
         import torch
@@ -231,7 +233,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
             log_dir = Path(log_dir) / r  # one run (one step axis) per runner
         kind = args.logger or ("jsonl" if log_dir is not None else "none")
         extra = {"name": f"rllib_ppo-{r}"} if kind == "wandb" else {}
-        with js.loggers.make_logger(kind, log_dir, **extra) as logger:
+        with js.integrations.loggers.make_logger(kind, log_dir, **extra) as logger:
             runs.append(
                 train(
                     r,

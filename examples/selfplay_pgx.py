@@ -160,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
         activation="relu",
     )
     mlp = js.MLPPolicy(env.observation_space, env.action_space, cfg.hidden_sizes, cfg.activation)
-    policy = js.MultiAgentPolicy(env, {"shared": mlp}, shared)
+    policy = js.policies.MultiAgentPolicy(env, {"shared": mlp}, shared)
     sampler = js.Sampler(
         env, policy, num_envs=cfg.num_envs, rollout_length=cfg.rollout_length, seed=args.seed
     )

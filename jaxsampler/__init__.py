@@ -4,144 +4,158 @@ Pure-JAX envs vmapped over an env axis and an agent axis, a jitted ``lax.scan`` 
 into preallocated time-major buffers ``[T, E, A, ...]``, and host-side samplers that
 return RLlib's episodes and batches.
 
-The top level holds the everyday path. The layers, bottom to top, are subpackages:
-:mod:`~jaxsampler.spaces`, :mod:`~jaxsampler.vector`, :mod:`~jaxsampler.envs`
-(pure-JAX envs, adapters), :mod:`~jaxsampler.policies`, :mod:`~jaxsampler.placement`
-(the env axis over a mesh of devices and processes), :mod:`~jaxsampler.distributed`
-(``jax.distributed`` set-up), :mod:`~jaxsampler.rollout`, :mod:`~jaxsampler.scale`,
-:mod:`~jaxsampler.postprocessing`, :mod:`~jaxsampler.evaluation`
-(``evaluate``: unbiased episodes, greedy actions, frozen statistics),
-:mod:`~jaxsampler.episodes` (RLlib's data model in numpy), :mod:`~jaxsampler.host_envs`
-(host-stepped envs), :mod:`~jaxsampler.sampling` (the sampler family),
-:mod:`~jaxsampler.serving` (HTTP policy server and client), :mod:`~jaxsampler.offline` (logs),
-:mod:`~jaxsampler.loggers` (JSON lines, TensorBoard, W&B: sampler callbacks),
-:mod:`~jaxsampler.progress` (progress bars), :mod:`~jaxsampler.checkpoint` (orbax
-checkpoints: exact resume) and :mod:`~jaxsampler.video` (``record_video``: rendered
-episodes as MP4 or GIF).
+The top level holds the everyday path; everything else is reached through its layer.
+The layers, top first (a layer imports only layers below it):
+
+- :mod:`~jaxsampler.cli`: the ``jaxsampler`` command, its benchmark job, the launcher;
+- :mod:`~jaxsampler.integrations`: RLlib, loggers, progress bars, video;
+- :mod:`~jaxsampler.serving` and :mod:`~jaxsampler.offline`: the HTTP policy server and
+  client; offline logs;
+- :mod:`~jaxsampler.sampling`: the sampler family (:class:`Sampler`);
+- :mod:`~jaxsampler.host_envs`: host-stepped envs (Gymnasium, external simulators);
+- :mod:`~jaxsampler.episodes`: RLlib's data model in numpy;
+- :mod:`~jaxsampler.rollout`: the jitted scan, placement over devices, evaluation,
+  ``check_env``, checkpoints;
+- :mod:`~jaxsampler.postprocessing`: GAE and returns;
+- :mod:`~jaxsampler.policies`, :mod:`~jaxsampler.transforms`, :mod:`~jaxsampler.envs`
+  (built-in envs, suite adapters, the registry), :mod:`~jaxsampler.vector`;
+- :mod:`~jaxsampler.spaces`, :mod:`~jaxsampler.types`, :mod:`~jaxsampler.constants`.
 """
 
+from __future__ import annotations
+
+import importlib
+import warnings
+from typing import Any
+
 from jaxsampler import (
-    checkpoint,
-    distributed,
+    envs,
     episodes,
     host_envs,
-    loggers,
+    integrations,
     offline,
-    placement,
     policies,
     postprocessing,
-    progress,
     rollout,
     sampling,
     serving,
     spaces,
     transforms,
+    vector,
 )
-from jaxsampler.check import EnvCheckError, check_env
-from jaxsampler.constants import DEFAULT_AGENT_ID, DEFAULT_POLICY_ID
-from jaxsampler.envs.adapters.brax import from_brax
-from jaxsampler.envs.adapters.gymnax import from_gymnax
-from jaxsampler.envs.adapters.jaxmarl import from_jaxmarl
-from jaxsampler.envs.adapters.jumanji import from_jumanji
-from jaxsampler.envs.adapters.pgx import from_pgx
 from jaxsampler.envs.base import Env, MultiAgentEnv, SingleAgentEnv
-from jaxsampler.episodes import (
-    InfiniteLookbackBuffer,
-    MultiAgentBatch,
-    MultiAgentEpisode,
-    SampleBatch,
-    SingleAgentEpisode,
-    concat_samples,
-)
-from jaxsampler.evaluation import EvalResult, evaluate
-from jaxsampler.host_envs import HostEnv, HostEnvError
-from jaxsampler.offline import CorruptLogError, RepairReport, TruncatedLogWarning, repair_log
-from jaxsampler.policies import (
-    CNNPolicy,
-    MLPPolicy,
-    MultiAgentPolicy,
-    NoState,
-    Policy,
-    RandomPolicy,
-    RecurrentPolicy,
-)
-from jaxsampler.policies.greedy import greedy
+from jaxsampler.envs.registry import make, register
+from jaxsampler.episodes import MultiAgentBatch, MultiAgentEpisode, SampleBatch, SingleAgentEpisode
+from jaxsampler.policies import CNNPolicy, MLPPolicy, Policy, RandomPolicy
 from jaxsampler.postprocessing import compute_gae
-from jaxsampler.registry import make, register, registered_ids
-from jaxsampler.rollout import init_rollout_state, jit_rollout, make_rollout
-from jaxsampler.sampling import Sampler, SamplerMetrics
-from jaxsampler.sampling.callbacks import SampleReport
-from jaxsampler.scale import make_sharded_rollout
-from jaxsampler.types import RolloutState, TimeStep, Trajectory
-from jaxsampler.vector import ResetPool
-from jaxsampler.video import record_video
+from jaxsampler.rollout import (
+    check_env,
+    evaluate,
+    init_rollout_state,
+    jit_rollout,
+    make_rollout,
+)
+from jaxsampler.sampling import Sampler
+from jaxsampler.types import RolloutState, Trajectory
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "CorruptLogError",
-    "DEFAULT_AGENT_ID",
-    "DEFAULT_POLICY_ID",
-    "Env",
-    "EnvCheckError",
-    "EvalResult",
-    "HostEnv",
-    "HostEnvError",
-    "InfiniteLookbackBuffer",
     "CNNPolicy",
+    "Env",
     "MLPPolicy",
     "MultiAgentBatch",
     "MultiAgentEnv",
     "MultiAgentEpisode",
-    "MultiAgentPolicy",
-    "NoState",
     "Policy",
     "RandomPolicy",
-    "RecurrentPolicy",
-    "RepairReport",
-    "ResetPool",
     "RolloutState",
     "SampleBatch",
-    "SampleReport",
     "Sampler",
-    "SamplerMetrics",
     "SingleAgentEnv",
     "SingleAgentEpisode",
-    "TimeStep",
     "Trajectory",
-    "TruncatedLogWarning",
     "check_env",
-    "checkpoint",
     "compute_gae",
-    "concat_samples",
-    "distributed",
+    "envs",
     "episodes",
     "evaluate",
-    "from_brax",
-    "from_gymnax",
-    "from_jaxmarl",
-    "from_jumanji",
-    "from_pgx",
-    "greedy",
     "host_envs",
     "init_rollout_state",
-    "loggers",
+    "integrations",
     "jit_rollout",
     "make",
     "make_rollout",
-    "make_sharded_rollout",
     "offline",
-    "placement",
     "policies",
     "postprocessing",
-    "progress",
-    "record_video",
     "register",
-    "registered_ids",
-    "repair_log",
     "rollout",
     "sampling",
     "serving",
     "spaces",
     "transforms",
+    "vector",
 ]
+
+#: Names the top level had before the layers were narrowed, and where they live now. They
+#: still resolve, with a DeprecationWarning, for one release.
+_MOVED: dict[str, str] = {
+    "CorruptLogError": "jaxsampler.offline",
+    "DEFAULT_AGENT_ID": "jaxsampler.constants",
+    "DEFAULT_POLICY_ID": "jaxsampler.constants",
+    "EnvCheckError": "jaxsampler.rollout",
+    "EvalResult": "jaxsampler.rollout",
+    "HostEnv": "jaxsampler.host_envs",
+    "HostEnvError": "jaxsampler.host_envs",
+    "InfiniteLookbackBuffer": "jaxsampler.episodes",
+    "MultiAgentPolicy": "jaxsampler.policies",
+    "NoState": "jaxsampler.policies",
+    "RecurrentPolicy": "jaxsampler.policies",
+    "RepairReport": "jaxsampler.offline",
+    "ResetPool": "jaxsampler.vector",
+    "SampleReport": "jaxsampler.sampling",
+    "SamplerMetrics": "jaxsampler.sampling",
+    "TimeStep": "jaxsampler.types",
+    "TruncatedLogWarning": "jaxsampler.offline",
+    "checkpoint": "jaxsampler.rollout",
+    "concat_samples": "jaxsampler.episodes",
+    "distributed": "jaxsampler.rollout",
+    "from_brax": "jaxsampler.envs",
+    "from_gymnax": "jaxsampler.envs",
+    "from_jaxmarl": "jaxsampler.envs",
+    "from_jumanji": "jaxsampler.envs",
+    "from_pgx": "jaxsampler.envs",
+    "greedy": "jaxsampler.policies",
+    "loggers": "jaxsampler.integrations",
+    "placement": "jaxsampler.rollout",
+    "progress": "jaxsampler.integrations",
+    "record_video": "jaxsampler.integrations",
+    "registered_ids": "jaxsampler.envs",
+    "repair_log": "jaxsampler.offline",
+}
+
+
+def make_sharded_rollout(*args: Any, **kwargs: Any) -> Any:
+    """Deprecated: ``make_rollout(env, policy, num_envs, rollout_length, mesh=mesh)``."""
+    warnings.warn(
+        "js.make_sharded_rollout(env, policy, num_envs, rollout_length, mesh) is deprecated: "
+        "use js.make_rollout(env, policy, num_envs, rollout_length, mesh=mesh)",
+        DeprecationWarning,
+        stacklevel=2,
+    )
+    names = ("env", "policy", "num_envs", "rollout_length", "mesh", "transforms")
+    kwargs.update(zip(names, args))
+    return make_rollout(**kwargs)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _MOVED:
+        home = _MOVED[name]
+        warnings.warn(
+            f"jaxsampler.{name} moved: use {home}.{name} (the old name goes in the next release)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return getattr(importlib.import_module(home), name)
+    raise AttributeError(f"module 'jaxsampler' has no attribute {name!r}")

@@ -9,11 +9,11 @@ same bytes gzip-compressed)::
              length   8 bytes  payload size, little-endian
              crc      4 bytes  CRC-32 of the payload, little-endian
              head_crc 4 bytes  CRC-32 of the 17 bytes above, little-endian
-             payload  msgpack (:mod:`jaxsampler.codec`): a :class:`SampleBatch`,
+             payload  msgpack (:mod:`jaxsampler.episodes.codec`): a :class:`SampleBatch`,
                       :class:`MultiAgentBatch`, :class:`SingleAgentEpisode` or
                       :class:`MultiAgentEpisode`; empty for an end frame
 
-The records are encoded with :mod:`jaxsampler.codec`, the policy server's wire codec.
+The records are encoded with :mod:`jaxsampler.episodes.codec`, the policy server's wire codec.
 The checksum is zlib's CRC-32 (standard library, hardware-accelerated by zlib, several
 GB/s here); CRC-32C would need a new dependency for no gain in what it detects (every
 error of up to 32 consecutive bits, and all but 2**-32 of other damage). The header
@@ -58,8 +58,15 @@ import zlib
 from collections.abc import Iterable, Iterator
 from typing import Any, BinaryIO, cast
 
-from jaxsampler.codec import DecodeError, TruncatedDataError, Unpacker, packb, scan, unpackb
 from jaxsampler.episodes import MultiAgentBatch, MultiAgentEpisode, SampleBatch, SingleAgentEpisode
+from jaxsampler.episodes.codec import (
+    DecodeError,
+    TruncatedDataError,
+    Unpacker,
+    packb,
+    scan,
+    unpackb,
+)
 
 __all__ = [
     "CorruptLogError",

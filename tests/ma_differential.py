@@ -1,6 +1,6 @@
 """Random multi-agent call sequences run on two ``MultiAgentEpisode`` classes side by side.
 
-Used by ``tests/test_rllib_differential_ma.py`` (jaxsampler's class against RLlib's own)
+Used by ``tests/episodes/test_rllib_differential_ma.py`` (jaxsampler's class against RLlib's own)
 and runnable as a script for a broader exploratory run that prints the match rate::
 
     python -m tests.ma_differential 400

@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from jaxsampler.distributed import ENV_COORDINATOR, ENV_NUM_PROCESSES, ENV_PROCESS_ID
+from jaxsampler.rollout.distributed import ENV_COORDINATOR, ENV_NUM_PROCESSES, ENV_PROCESS_ID
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -29,7 +29,7 @@ def spawn_processes(
     script: str, n: int = 2, devices: int = 1, extra_env: dict[str, str] | None = None
 ) -> list[subprocess.Popen[str]]:
     """Starts ``n`` processes of ``python -c script``, each with ``devices`` CPU devices and
-    the ``JAXSAMPLER_*`` variables that :func:`jaxsampler.distributed.initialize` reads."""
+    the ``JAXSAMPLER_*`` variables that :func:`jaxsampler.rollout.distributed.initialize` reads."""
     port = free_port()
     procs = []
     for i in range(n):

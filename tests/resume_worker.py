@@ -1,4 +1,4 @@
-"""Fresh-process worker of tests/test_sampler_resume.py (exact resume from checkpoints).
+"""Fresh-process worker of tests/sampling/test_resume.py (exact resume from checkpoints).
 
 ``python -m tests.resume_worker save DIR JOB...`` runs, for each job, the uninterrupted
 reference (all calls, never saved) and a second, identically built sampler that makes the
@@ -8,7 +8,7 @@ and other params, loads the checkpoint (params included) and makes the ``after``
 then loads the same checkpoint once more into the now warm sampler and repeats the first
 ``after`` call. Every call's output (episodes or batch, metrics, totals, compile count) is
 written as plain numpy / dict data to ``DIR/JOB/<mode>.pkl`` for the test to compare bit
-for bit. Jobs named ``pure_*`` do the same with ``js.checkpoint.save`` / ``restore`` of a
+for bit. Jobs named ``pure_*`` do the same with ``js.rollout.checkpoint.save`` / ``restore`` of a
 ``RolloutState`` (with transform state) plus params in a hand-written loop.
 
 The test passes ``JAXSAMPLER_TEST_JAX_CACHE`` (a persistent compilation cache shared by the
@@ -67,7 +67,7 @@ class Job:
 def _policy(env: Any, transforms: Any = None, recurrent: bool = False) -> Any:
     pipe = js.rollout.pipeline_of(env, transforms)
     if recurrent:
-        return js.RecurrentPolicy(pipe.observation_space, pipe.action_space, hidden_size=8)
+        return js.policies.RecurrentPolicy(pipe.observation_space, pipe.action_space, hidden_size=8)
     return js.MLPPolicy(pipe.observation_space, pipe.action_space, hidden_sizes=(8,))
 
 
@@ -275,7 +275,7 @@ def _pure(mesh: int | None) -> tuple[Any, Any, Any]:
 
 
 def _traj(traj: Any) -> Any:
-    return canon(dataclasses.asdict(js.placement.to_host(traj)))
+    return canon(dataclasses.asdict(js.rollout.placement.to_host(traj)))
 
 
 def pure_save(mesh: int | None, d: Path) -> dict[str, Any]:
@@ -286,7 +286,7 @@ def pure_save(mesh: int | None, d: Path) -> dict[str, Any]:
     state = init(jax.random.PRNGKey(0))
     for i in range(4):
         if i == 2:
-            js.checkpoint.save(d / "ckpt", {"rollout": state, "params": params})
+            js.rollout.checkpoint.save(d / "ckpt", {"rollout": state, "params": params})
             (d / "saved").touch()
         state, traj = rollout(params, state, traj)
         if i >= 2:
@@ -297,7 +297,7 @@ def pure_save(mesh: int | None, d: Path) -> dict[str, Any]:
 def pure_load(mesh: int | None, d: Path) -> dict[str, Any]:
     rollout, policy, init = _pure(mesh)
     like = {"rollout": init(jax.random.PRNGKey(99)), "params": policy.init(jax.random.PRNGKey(5))}
-    tree = js.checkpoint.restore(d / "ckpt", like=like)
+    tree = js.rollout.checkpoint.restore(d / "ckpt", like=like)
     out: dict[str, Any] = {
         "is_rollout_state": isinstance(tree["rollout"], js.RolloutState),
         "sharding_kept": all(
@@ -313,7 +313,7 @@ def pure_load(mesh: int | None, d: Path) -> dict[str, Any]:
         state, traj = rollout(params, state, traj)
         out["resumed"].append(_traj(traj))
     # like=None: the saved structure with numpy leaves
-    plain = js.checkpoint.restore(d / "ckpt")
+    plain = js.rollout.checkpoint.restore(d / "ckpt")
     out["plain_types"] = sorted({type(x).__name__ for x in jax.tree.leaves(plain)})
     out["plain_keys"] = sorted(plain["rollout"])
     return out

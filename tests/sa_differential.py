@@ -1,6 +1,6 @@
 """Random single-agent call sequences run on two implementations side by side.
 
-Used by ``tests/test_rllib_differential_sa.py`` (jaxsampler's ``InfiniteLookbackBuffer``
+Used by ``tests/episodes/test_rllib_differential_sa.py`` (jaxsampler's ``InfiniteLookbackBuffer``
 and ``SingleAgentEpisode`` against RLlib 2.60's own) and runnable as a script for a
 broader exploratory run that prints the match rate::
 

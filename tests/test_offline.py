@@ -516,7 +516,7 @@ def test_a_damaged_version_1_log_is_refused_for_append_not_cut(tmp_path):
     """Version 1 has no framing: one flipped header byte of its first record declares a
     length past the end of the file, which looked like a torn tail, and appending cut the
     intact records behind it (found by a review). Now appending refuses, byte for byte."""
-    from jaxsampler.codec import packb
+    from jaxsampler.episodes.codec import packb
 
     path = tmp_path / "v1.msgpack"
     recs = [js.SampleBatch({"obs": np.full(4, i, np.float32)}) for i in range(3)]

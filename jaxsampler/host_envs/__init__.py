@@ -3,6 +3,7 @@ adapters for Gymnasium envs, Gymnasium vector envs, dict-API multi-agent envs an
 external (simulator-driven) envs; what they do when a sub-env fails or hangs
 (:mod:`jaxsampler.host_envs.failures`)."""
 
+from jaxsampler.envs.registry import register_kind
 from jaxsampler.host_envs.base import HostEnv, MultiEnvDict, PollResult
 from jaxsampler.host_envs.external import (
     CapacityError,
@@ -16,8 +17,12 @@ from jaxsampler.host_envs.external import (
     WouldBlockError,
 )
 from jaxsampler.host_envs.failures import EnvFailureStats, HostEnvError
-from jaxsampler.host_envs.gymnasium_envs import GymnasiumHostEnv, MultiAgentDictEnv
+from jaxsampler.host_envs.gymnasium_envs import GymnasiumHostEnv, MultiAgentDictEnv, make_gym
 from jaxsampler.host_envs.gymnasium_vector import GymnasiumVectorHostEnv
+
+# js.make("gym:<id>") builds host-stepped Gymnasium envs; the registry (a lower row) learns
+# the kind from here.
+register_kind("gym", make_gym)
 
 __all__ = [
     "CapacityError",
@@ -37,4 +42,5 @@ __all__ = [
     "PollResult",
     "UnknownEpisodeError",
     "WouldBlockError",
+    "make_gym",
 ]

@@ -735,3 +735,39 @@ class MultiAgentDictEnv(_LockstepEnv):
             terms.setdefault(ALL_AGENTS, False)
             truncs.setdefault(ALL_AGENTS, False)
         return obs, rewards, terms, truncs, {a: infos[a] for a in infos}
+
+
+#: Keyword arguments of :func:`make_gym` that configure the host env (the others go to
+#: ``gymnasium.make``).
+_HOST_ENV_OPTIONS = (
+    "num_threads",
+    "on_env_error",
+    "max_env_restarts",
+    "step_timeout_s",
+    "max_abandoned_threads",
+    "check_observations",
+)
+
+
+def make_gym(
+    env_id: str, num_envs: int | None = 1, *, seed: int = 0, **kwargs: Any
+) -> GymnasiumHostEnv:
+    """``js.make("gym:<env_id>", ...)``: ``num_envs`` Gymnasium envs stepped on the host.
+
+    Args:
+        env_id: a Gymnasium id.
+        num_envs: sub-envs (``None``: 1).
+        seed: seed of the first sub-env (the others count up).
+        **kwargs: ``num_threads`` and the failure options (``on_env_error``,
+            ``max_env_restarts``, ``step_timeout_s``, ``max_abandoned_threads``,
+            ``check_observations``) go to :class:`GymnasiumHostEnv`, the rest to
+            ``gymnasium.make``.
+    """
+    host_options = {k: kwargs.pop(k) for k in _HOST_ENV_OPTIONS if k in kwargs}
+    return GymnasiumHostEnv(
+        env_id,
+        1 if num_envs is None else num_envs,
+        seed=seed,
+        env_kwargs=kwargs or None,
+        **host_options,
+    )

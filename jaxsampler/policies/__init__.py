@@ -2,10 +2,12 @@
 
 from jaxsampler.policies.base import NoState, Policy, RandomPolicy, batch_dims
 from jaxsampler.policies.cnn import ActorCriticCNN, CNNPolicy
+from jaxsampler.policies.greedy import greedy
 from jaxsampler.policies.mlp import ActorCriticMLP, MLPPolicy, RecurrentPolicy, log_prob
 from jaxsampler.policies.multi import MultiAgentPolicy
 
 __all__ = [
+    "greedy",
     "Policy",
     "NoState",
     "RandomPolicy",

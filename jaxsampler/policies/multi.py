@@ -2,7 +2,7 @@
 
 ::
 
-    policy = js.MultiAgentPolicy(
+    policy = js.policies.MultiAgentPolicy(
         env,
         {"red": MLPPolicy(...), "blue": MLPPolicy(...)},
         policy_mapping_fn=lambda agent_id, episode, **kwargs: (

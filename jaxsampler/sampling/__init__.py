@@ -4,6 +4,7 @@ their :class:`SamplerMetrics`, and the :class:`SampleCollector` that builds epis
 host env steps."""
 
 from jaxsampler.sampling.base import Sampler, SamplerMetrics
+from jaxsampler.sampling.callbacks import SampleReport
 from jaxsampler.sampling.collector import SampleCollector, episodes_to_batch
 from jaxsampler.sampling.device import DeviceSampler
 from jaxsampler.sampling.host import HostSampler
@@ -12,6 +13,7 @@ __all__ = [
     "DeviceSampler",
     "HostSampler",
     "SampleCollector",
+    "SampleReport",
     "Sampler",
     "SamplerMetrics",
     "episodes_to_batch",

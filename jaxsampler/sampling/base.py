@@ -30,9 +30,9 @@ from typing import Any
 
 import numpy as np
 
-from jaxsampler import checkpoint, distributed
 from jaxsampler.episodes import MultiAgentBatch, MultiAgentEpisode, SingleAgentEpisode
 from jaxsampler.policies.greedy import greedy
+from jaxsampler.rollout import checkpoint, distributed
 from jaxsampler.sampling.callbacks import (
     SamplerCallback,
     SampleReport,
@@ -124,7 +124,7 @@ class SamplerMetrics:
 
     def reduce_over_processes(self) -> SamplerMetrics:
         """:meth:`combine` of every process's metrics (after
-        :func:`jaxsampler.distributed.initialize`), on every process; ``self``'s copy in a
+        :func:`jaxsampler.rollout.distributed.initialize`), on every process; ``self``'s copy in a
         single process. A collective: every process must call it (e.g. after each
         ``sample()``), or the callers wait for the others.
         """
@@ -290,7 +290,7 @@ class Sampler(metaclass=_PicksMember):
 
     def save(self, path: str | os.PathLike[str], *, overwrite: bool = False, **extra: Any) -> Path:
         """Writes everything that determines this sampler's future samples to a
-        checkpoint directory at ``path`` (orbax; atomic: see :mod:`jaxsampler.checkpoint`).
+        checkpoint directory at ``path`` (orbax; atomic: see :mod:`jaxsampler.rollout.checkpoint`).
 
         Restoring it into a sampler built the same way (:meth:`load`, :meth:`restore`),
         in this process or a fresh one, continues the run exactly: the next calls return,
@@ -314,12 +314,12 @@ class Sampler(metaclass=_PicksMember):
         checkpointed: a :class:`~jaxsampler.sampling.host.HostSampler`'s envs live in
         host objects (Gymnasium envs, sub-processes, sockets) it cannot capture, and on a
         mesh spanning processes each process holds its own open episodes (checkpoint the
-        pure rollout state with :func:`jaxsampler.checkpoint.save` there).
+        pure rollout state with :func:`jaxsampler.rollout.checkpoint.save` there).
 
         Args:
             path: the checkpoint directory (must not exist unless ``overwrite``).
             overwrite: replace an existing checkpoint (for crash-safe periodic saves
-                use :class:`jaxsampler.checkpoint.Checkpoints`).
+                use :class:`jaxsampler.rollout.checkpoint.Checkpoints`).
             **extra: more pytrees to store in the same checkpoint (e.g. ``params=``,
                 ``opt_state=``), read back by :meth:`load`.
 
@@ -369,7 +369,7 @@ class Sampler(metaclass=_PicksMember):
             the extra trees by name (``{}`` if none were saved).
 
         Raises:
-            jaxsampler.checkpoint.CheckpointError: missing, incomplete or corrupt
+            jaxsampler.rollout.checkpoint.CheckpointError: missing, incomplete or corrupt
                 checkpoint (truncated files, a host blob failing its SHA-256 digest, a
                 missing header, another format version); one written by a differently
                 configured sampler (the message names each difference, e.g.
@@ -405,16 +405,16 @@ class Sampler(metaclass=_PicksMember):
         """``Sampler(env, policy, *args, **kwargs)`` restored from the checkpoint at
         ``path`` (:meth:`load`; the constructor's arguments must be those of the sampler
         that saved it; the seed may differ). Extra trees saved with it: :meth:`load` on
-        the new sampler, or :func:`jaxsampler.checkpoint.restore_extra`. The new sampler
+        the new sampler, or :func:`jaxsampler.rollout.checkpoint.restore_extra`. The new sampler
         is closed if the load fails.
 
         Example (resuming a training run; see also
-        :class:`jaxsampler.checkpoint.Checkpoints`)::
+        :class:`jaxsampler.rollout.checkpoint.Checkpoints`)::
 
             sampler.save("ckpt/1000", params=params, opt_state=opt_state)
             ...  # a new process
             sampler = js.Sampler.restore("ckpt/1000", env, policy, num_envs=64)
-            extra = js.checkpoint.restore_extra("ckpt/1000", like={"params": params,
+            extra = js.rollout.checkpoint.restore_extra("ckpt/1000", like={"params": params,
                                                                    "opt_state": opt_state})
         """
         sampler: Sampler = cls(env, policy, *args, **kwargs)  # type: ignore[call-arg]

@@ -6,7 +6,8 @@ episodes or batch are built (so outside any jitted code: a logger may block, wri
 files, talk to a server). The report is a :class:`SampleReport`: the call's
 :class:`~jaxsampler.sampling.base.SamplerMetrics`, the sampler's running totals, wall
 times (rollout and conversion) and the XLA compilation the call triggered. Loggers
-(:mod:`jaxsampler.loggers`: JSON lines, TensorBoard, W&B) implement the protocol; so can
+(:mod:`jaxsampler.integrations.loggers`: JSON lines, TensorBoard, W&B) implement the
+protocol; so can
 any object with an ``on_sample_end`` method.
 """
 

@@ -16,12 +16,12 @@ from typing import Any
 import jax
 import numpy as np
 
-from jaxsampler import placement
 from jaxsampler.episodes.batch import MultiAgentBatch, SampleBatch
 from jaxsampler.episodes.ids import EpisodeIds, agent_episode_id
 from jaxsampler.episodes.lookback import InfiniteLookbackBuffer, tree_map
 from jaxsampler.episodes.multi_agent import SKIP, MultiAgentEpisode, StaticModuleMapping
 from jaxsampler.episodes.single_agent import SingleAgentEpisode, reward_space
+from jaxsampler.rollout import placement
 from jaxsampler.sampling.agent_steps import (
     AgentCarry,
     AgentSteps,

@@ -43,7 +43,7 @@ domain randomization each step's infos carry the env params it ran with
 Devices (``devices=`` / ``mesh=``): the rollouts are built with ``make_rollout(...,
 mesh=)`` (the env axis split over the mesh's ``"env"`` axis, the random streams those of
 one device), the reset state is computed by one jitted call laid out on the mesh, and the
-host copy reads this process's shards (:func:`jaxsampler.placement.to_host`, still one
+host copy reads this process's shards (:func:`jaxsampler.rollout.placement.to_host`, still one
 transfer per call); the converters hold this process's envs only. On a mesh spanning
 processes the ``num_timesteps`` / ``num_episodes`` counts are global (one small allgather
 of step and episode counts per chunk), so every process makes the same rollout calls.
@@ -61,13 +61,13 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from jaxsampler import distributed, placement
 from jaxsampler.constants import DEFAULT_POLICY_ID
 from jaxsampler.envs.base import Env
 from jaxsampler.episodes.batch import MultiAgentBatch
 from jaxsampler.episodes.ids import EpisodeIds
 from jaxsampler.policies.base import Policy
-from jaxsampler.rollout import (
+from jaxsampler.rollout import distributed, placement
+from jaxsampler.rollout.scan import (
     Transforms,
     check_compatible,
     init_state_and_info,
@@ -154,11 +154,11 @@ class DeviceSampler(Sampler):
             argmax / mean); a policy without an explore switch raises ``TypeError``.
         devices: split the env axis over this many devices (the first ``n`` of
             ``jax.devices()``) or over these devices: the rollouts run on a 1-D mesh
-            named ``"env"`` (:func:`jaxsampler.placement.env_mesh`), each device
+            named ``"env"`` (:func:`jaxsampler.rollout.placement.env_mesh`), each device
             stepping ``num_envs / n`` envs. ``None``: one device, as without a mesh.
         mesh: the same with a :class:`~jax.sharding.Mesh` of your own (it must have an
             ``"env"`` axis; other axes replicate). It may span processes (after
-            :func:`jaxsampler.distributed.initialize`, e.g. ``placement.env_mesh()``
+            :func:`jaxsampler.rollout.distributed.initialize`, e.g. ``placement.env_mesh()``
             over ``jax.devices()``): every process then builds the same sampler (same
             arguments, same seed) and makes the same calls with the same params, and
             gets only its own envs (global indices :attr:`local_envs`): their episodes,
@@ -190,7 +190,7 @@ class DeviceSampler(Sampler):
 
         callbacks: objects with ``on_sample_end(report)``
             (:class:`~jaxsampler.sampling.callbacks.SamplerCallback`, e.g. the loggers of
-            :mod:`jaxsampler.loggers`), called after every ``sample()`` /
+            :mod:`jaxsampler.integrations.loggers`), called after every ``sample()`` /
             ``sample_batch()`` with a :class:`~jaxsampler.sampling.callbacks.SampleReport`.
 
     Checkpoints: :meth:`save` / :meth:`load` / :meth:`Sampler.restore` capture the
@@ -284,7 +284,8 @@ class DeviceSampler(Sampler):
             if self.local_envs.stop == self.local_envs.start:
                 raise ValueError(
                     f"process {jax.process_index()} holds none of the mesh's devices; build "
-                    "the mesh over every process's devices (jaxsampler.placement.env_mesh())"
+                    "the mesh over every process's devices "
+                    "(jaxsampler.rollout.placement.env_mesh())"
                 )
         self._init_jit: Any = None  # built on the first reset on a mesh
         local = self.local_envs.stop - self.local_envs.start
@@ -570,7 +571,7 @@ class DeviceSampler(Sampler):
             raise NotImplementedError(
                 "a sampler on a mesh that spans processes cannot be checkpointed yet (each "
                 "process holds its own open episodes); checkpoint the pure rollout state "
-                "with jaxsampler.checkpoint.save instead"
+                "with jaxsampler.rollout.checkpoint.save instead"
             )
 
     def _checkpoint_fingerprint(self) -> dict[str, Any]:
@@ -689,7 +690,7 @@ def _sampler_mesh(devices: Any, mesh: Any) -> Mesh | None:
 
 def _resolve(env: Env | str) -> Env:
     if isinstance(env, str):
-        from jaxsampler.registry import make_jax_env
+        from jaxsampler.envs.registry import make_jax_env
 
         return make_jax_env(env)  # a "gym:" id gets a TypeError that says where it belongs
     return env

@@ -7,7 +7,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from jaxsampler.envs.base import Env
-from jaxsampler.host_envs import GymnasiumHostEnv, GymnasiumVectorHostEnv, HostEnv
+from jaxsampler.host_envs import GymnasiumHostEnv, GymnasiumVectorHostEnv, HostEnv, make_gym
 from jaxsampler.host_envs.base import check_host_env
 
 if TYPE_CHECKING:  # base imports this module when a Sampler is built
@@ -50,7 +50,7 @@ def as_host_env(env: Any, num_envs: int | None, seed: int) -> HostEnv | None:
     if _is_gymnasium_vector_env(env):
         return GymnasiumVectorHostEnv(env, seed=seed)
     if isinstance(env, str) and env.startswith("gym:"):
-        return GymnasiumHostEnv(env[len("gym:") :], 1 if num_envs is None else num_envs, seed=seed)
+        return make_gym(env[len("gym:") :], num_envs, seed=seed)
     if isinstance(env, (list, tuple)) or (
         not isinstance(env, (Env, str))
         and hasattr(env, "step")

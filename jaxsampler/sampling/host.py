@@ -92,7 +92,7 @@ from jaxsampler.episodes.single_agent import SingleAgentEpisode
 from jaxsampler.host_envs.base import HostEnv, PollResult, check_host_env
 from jaxsampler.policies.base import Policy
 from jaxsampler.policies.multi import MultiAgentPolicy
-from jaxsampler.rollout import Transforms, check_policy_fits
+from jaxsampler.rollout.scan import Transforms, check_policy_fits
 from jaxsampler.sampling.base import (
     Sampler,
     SamplerMetrics,

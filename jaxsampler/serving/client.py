@@ -24,8 +24,8 @@ from urllib.parse import urlsplit
 import httptools
 import numpy as np
 
-from jaxsampler.codec import packb, unpackb
 from jaxsampler.constants import DEFAULT_AGENT_ID
+from jaxsampler.episodes.codec import packb, unpackb
 from jaxsampler.episodes.ids import random_episode_id
 from jaxsampler.host_envs import external as ext
 from jaxsampler.serving.protocol import (

@@ -21,7 +21,7 @@ __all__ = [
 ]
 
 PROTOCOL_VERSION = 2
-#: Bodies are msgpack, encoded with :func:`jaxsampler.codec.packb`.
+#: Bodies are msgpack, encoded with :func:`jaxsampler.episodes.codec.packb`.
 CONTENT_TYPE = "application/msgpack"
 COMMANDS = ("start_episode", "get_action", "log_action", "log_returns", "end_episode")
 #: The commands ``/batch`` runs (every command that never waits for the sampler).

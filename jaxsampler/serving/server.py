@@ -157,8 +157,8 @@ import httptools
 import numpy as np
 
 from jaxsampler import spaces as sp
-from jaxsampler.codec import packb, unpackb
 from jaxsampler.constants import DEFAULT_AGENT_ID
+from jaxsampler.episodes.codec import packb, unpackb
 from jaxsampler.host_envs import external as ext
 from jaxsampler.host_envs.base import HostEnv, MultiEnvDict, PollResult
 from jaxsampler.serving.protocol import (

@@ -1,7 +1,7 @@
 """Adapter: a brax env as a jaxsampler :class:`~jaxsampler.envs.base.Env` (one agent).
 
 ``js.make("brax:<name>", backend=..., episode_length=..., **env_kwargs)`` builds brax's
-own env (``brax.envs.get_environment``); ``js.from_brax(env)`` wraps one you built.
+own env (``brax.envs.get_environment``); ``js.envs.from_brax(env)`` wraps one you built.
 
 * **Raw envs only.** The adapter steps the brax env itself, with no brax training
   wrapper: jaxsampler's vector layer resets finished episodes ("next-step" reset), so

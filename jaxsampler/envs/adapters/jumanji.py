@@ -216,7 +216,7 @@ class JumanjiEnv(SuiteEnv):
                 f"{type(self.env).__name__} is a multi-agent jumanji env ({n} agents); the "
                 "jumanji adapter does not map jumanji agents onto jaxsampler's agent axis (their "
                 "observations mix per-agent and shared leaves). Use "
-                "js.from_jumanji(env, joint_agents=True) (or js.make('jumanji:<id>', "
+                "js.envs.from_jumanji(env, joint_agents=True) (or js.make('jumanji:<id>', "
                 "joint_agents=True)) for one jaxsampler agent sending jumanji's joint action"
             )
         object.__setattr__(self, "_layout", _layout(self.env, self.flat_actions))

@@ -1,6 +1,6 @@
 """Adapter: pgx board games (and pgx's single-player games) as jaxsampler envs.
 
-``js.from_pgx(pgx.make("tic_tac_toe"))`` or ``js.make("pgx:tic_tac_toe")``. The pgx env's
+``js.envs.from_pgx(pgx.make("tic_tac_toe"))`` or ``js.make("pgx:tic_tac_toe")``. The pgx env's
 players become the agent axis, ``A = env.num_players`` (``agent_0`` is pgx player 0);
 single-player games (``2048``, ``minatar-*``) have ``A = 1``.
 

@@ -1,0 +1,14 @@
+"""The integrations row: jaxsampler inside other people's tools.
+
+- :mod:`~jaxsampler.integrations.loggers`: JSON lines, TensorBoard and W&B loggers (sampler
+  callbacks);
+- :mod:`~jaxsampler.integrations.progress`: progress bars;
+- :mod:`~jaxsampler.integrations.video`: :func:`record_video`, rendered episodes as MP4/GIF;
+- :mod:`~jaxsampler.integrations.rllib`: ``to_rllib``, ``JaxEnvRunner`` (imported on demand:
+  it needs the ``rllib`` extra).
+"""
+
+from jaxsampler.integrations import loggers, progress, video
+from jaxsampler.integrations.video import record_video
+
+__all__ = ["loggers", "progress", "record_video", "video"]

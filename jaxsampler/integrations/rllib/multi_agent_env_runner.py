@@ -1,0 +1,271 @@
+"""``JaxMultiAgentEnvRunner``: RLlib's multi-agent ``EnvRunner`` role on a pure-JAX
+multi-agent env, sampled by a jaxsampler ``Sampler``.
+
+::
+
+    config = (
+        PPOConfig()
+        .environment("Spread-v0")
+        .multi_agent(
+            policies={"p0", "p1"},
+            policy_mapping_fn=lambda aid, episode, **kw: "p0" if aid == "agent_0" else "p1",
+        )
+        .env_runners(env_runner_cls=JaxMultiAgentEnvRunner, num_env_runners=0)
+    )
+
+Everything :class:`~jaxsampler.integrations.rllib.env_runner.JaxEnvRunner` says holds, per module:
+RLlib's ``MultiRLModule`` is built from the config (inference only), each of its modules
+mirrored by :func:`~jaxsampler.integrations.rllib.module.policy_from_rl_module`, and the agents are
+mapped onto them by a :class:`jaxsampler.MultiAgentPolicy` (one jitted step for all
+policies). ``sample()`` returns RLlib ``MultiAgentEpisode`` objects (via ``to_rllib``);
+metrics add RLlib's per-agent and per-module keys.
+
+Limits: the env must be a pure-JAX multi-agent env (``Spread-v0``, ``TicTacToe-v0``,
+``Goals-v0``, a ``js.MultiAgentEnv``, ``js.envs.from_jaxmarl(...)``) whose agents share one
+observation and one action space; ``policy_mapping_fn`` is called once per agent with
+``episode=None`` (the mapping is static); ``num_timesteps`` counts env steps
+(``count_steps_by="env_steps"``).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+import gymnasium as gym
+
+from jaxsampler.integrations.rllib import require_rllib
+
+require_rllib()
+
+from ray.rllib.core import COMPONENT_RL_MODULE  # noqa: E402
+from ray.rllib.env import INPUT_ENV_SINGLE_SPACES, INPUT_ENV_SPACES  # noqa: E402
+from ray.rllib.utils.metrics import (  # noqa: E402
+    EPISODE_AGENT_RETURN_MEAN,
+    EPISODE_AGENT_STEPS,
+    EPISODE_DURATION_SEC_MEAN,
+    EPISODE_LEN_MAX,
+    EPISODE_LEN_MEAN,
+    EPISODE_LEN_MIN,
+    EPISODE_MODULE_RETURN_MEAN,
+    EPISODE_RETURN_MAX,
+    EPISODE_RETURN_MEAN,
+    EPISODE_RETURN_MIN,
+    NUM_AGENT_STEPS_SAMPLED,
+    NUM_AGENT_STEPS_SAMPLED_LIFETIME,
+    NUM_ENV_STEPS_SAMPLED,
+    NUM_ENV_STEPS_SAMPLED_LIFETIME,
+    NUM_EPISODES,
+    NUM_EPISODES_LIFETIME,
+    NUM_MODULE_STEPS_SAMPLED,
+    NUM_MODULE_STEPS_SAMPLED_LIFETIME,
+    WEIGHTS_SEQ_NO,
+)
+
+from jaxsampler.integrations.rllib.env_runner import _RLLIB_EXTRAS, JaxEnvRunner, _with_explore  # noqa: E402
+from jaxsampler.integrations.rllib.runner_parts import RunnerPolicy, topup_length  # noqa: E402
+from jaxsampler.policies.multi import MultiAgentPolicy  # noqa: E402
+from jaxsampler.sampling.device import DeviceSampler  # noqa: E402
+from jaxsampler.spaces import from_gymnasium_space  # noqa: E402
+
+__all__ = ["JaxMultiAgentEnvRunner"]
+
+
+class JaxMultiAgentEnvRunner(JaxEnvRunner):
+    """RLlib's multi-agent ``EnvRunner`` role on a pure-JAX multi-agent env.
+
+    Built by RLlib from ``config.env_runners(env_runner_cls=JaxMultiAgentEnvRunner)``;
+    see the module docstring.
+
+    Raises:
+        TypeError: a host-stepped env, agents with different spaces, or a module
+            :func:`~jaxsampler.integrations.rllib.module.policy_from_rl_module` cannot mirror.
+        ValueError: an unknown env id, custom connectors, a mapping to an unknown module.
+    """
+
+    _multi_agent = True
+
+    # ------------------------------------------------------------------ construction
+
+    def _check_spaces(self) -> None:
+        super()._check_spaces()
+        env = self.env
+        self.agent_ids: tuple[str, ...] = tuple(env.agent_ids)
+        fn: Any = self.config.policy_mapping_fn
+        if fn is type(self.config).DEFAULT_POLICY_MAPPING_FN:
+            fn = type(self.config).DEFAULT_AGENT_TO_MODULE_MAPPING_FN
+        self._mapping = {aid: fn(aid, None) for aid in self.agent_ids}
+        unknown = sorted(set(self._mapping.values()) - set(self.config.policies))
+        if unknown:
+            raise ValueError(
+                f"policy_mapping_fn maps agents to {unknown}, not in config.policies "
+                f"{sorted(self.config.policies)}"
+            )
+
+    def make_module(self) -> None:
+        """Builds RLlib's (inference-only) ``MultiRLModule`` and mirrors every module."""
+        from jaxsampler.integrations.rllib.module import policy_from_rl_module
+
+        spec = self.config.get_multi_rl_module_spec(spaces=self.get_spaces(), inference_only=True)
+        self.module = spec.build()
+        self._js_policies: dict[str, Any] = {}
+        params: dict[str, Any] = {}
+        for mid in sorted(set(self._mapping.values())):
+            self._js_policies[mid], params[mid] = policy_from_rl_module(self.module[mid])
+        self._params = params
+
+    def _build_sampler(self) -> None:
+        obs_space = from_gymnasium_space(self._gym_obs_space)
+        act_space = from_gymnasium_space(self._gym_act_space)
+
+        def mapped(explore: bool) -> MultiAgentPolicy:
+            policies = {mid: _with_explore(p, explore) for mid, p in self._js_policies.items()}
+            return MultiAgentPolicy(self.env, policies, lambda aid: self._mapping[aid])
+
+        self._policy = RunnerPolicy(
+            observation_space=obs_space,
+            action_space=act_space,
+            explore_policy=mapped(True),
+            greedy_policy=mapped(False),
+            random_low=None,
+            keep_extras=_RLLIB_EXTRAS,
+        )
+        self._sampler = DeviceSampler(
+            self.env,
+            self._policy,
+            num_envs=self.num_envs,
+            rollout_length=self._fragment,
+            seed=0 if self._seed is None else int(self._seed),
+            episode_lookback_horizon=int(self.config.episode_lookback_horizon),
+            topup_length=topup_length(self._fragment),
+        )
+
+    # ------------------------------------------------------------------ sampling
+
+    def _strip_model_outputs(self, episodes: list[Any]) -> None:
+        for ep in episodes:
+            for sa in ep.agent_episodes.values():
+                for key in _RLLIB_EXTRAS:
+                    sa.extra_model_outputs.pop(key, None)
+
+    def _bookkeep(self, episodes: list[Any], steps: int, wall_s: float) -> None:
+        per_step_s = wall_s * self.num_envs / max(steps, 1)
+        num_done = 0
+        agent_steps: dict[str, int] = defaultdict(int)
+        module_steps: dict[str, int] = defaultdict(int)
+        for ep in episodes:
+            agents = {str(aid): sa for aid, sa in ep.agent_episodes.items()}
+            chunk: dict[str, Any] = {
+                "length": len(ep),
+                "return": 0.0,
+                "duration": len(ep) * per_step_s,
+                "agent_returns": defaultdict(float),
+                "module_returns": defaultdict(float),
+                "agent_steps": defaultdict(int),
+            }
+            for aid, sa in agents.items():
+                r = float(sa.get_return())
+                chunk["return"] += r
+                chunk["agent_returns"][aid] += r
+                chunk["module_returns"][sa.module_id] += r
+                chunk["agent_steps"][aid] += len(sa)
+                agent_steps[aid] += len(sa)
+                module_steps[sa.module_id] += len(sa)
+            prev = self._ongoing_for_metrics.pop(ep.id_, None)
+            if prev is not None:
+                chunk = _add(prev, chunk)
+            if ep.is_done:
+                num_done += 1
+                self._done_for_metrics.append(chunk)
+            else:
+                self._ongoing_for_metrics[ep.id_] = chunk
+        m = self.metrics
+        m.log_value(NUM_ENV_STEPS_SAMPLED, steps, reduce="sum")
+        m.log_value(
+            NUM_ENV_STEPS_SAMPLED_LIFETIME, steps, reduce="lifetime_sum", with_throughput=True
+        )
+        m.log_value(NUM_EPISODES, num_done, reduce="sum")
+        m.log_value(NUM_EPISODES_LIFETIME, num_done, reduce="lifetime_sum")
+        for aid, n in agent_steps.items():
+            m.log_value((NUM_AGENT_STEPS_SAMPLED, aid), n, reduce="sum")
+            m.log_value((NUM_AGENT_STEPS_SAMPLED_LIFETIME, aid), n, reduce="lifetime_sum")
+        for mid, n in module_steps.items():
+            m.log_value((NUM_MODULE_STEPS_SAMPLED, mid), n, reduce="sum")
+            m.log_value((NUM_MODULE_STEPS_SAMPLED_LIFETIME, mid), n, reduce="lifetime_sum")
+
+    def get_metrics(self) -> Any:
+        """Logs the finished episodes' stats (RLlib's multi-agent keys) and returns the
+        reduced metrics."""
+        win = self._metrics_window()
+        m = self.metrics
+        for c in self._done_for_metrics:
+            m.log_dict(
+                {
+                    EPISODE_LEN_MEAN: c["length"],
+                    EPISODE_RETURN_MEAN: c["return"],
+                    EPISODE_DURATION_SEC_MEAN: c["duration"],
+                    EPISODE_AGENT_RETURN_MEAN: dict(c["agent_returns"]),
+                    EPISODE_AGENT_STEPS: dict(c["agent_steps"]),
+                    EPISODE_MODULE_RETURN_MEAN: dict(c["module_returns"]),
+                },
+                window=win,
+            )
+            m.log_dict(
+                {EPISODE_LEN_MIN: c["length"], EPISODE_RETURN_MIN: c["return"]},
+                reduce="min",
+                window=win,
+            )
+            m.log_dict(
+                {EPISODE_LEN_MAX: c["length"], EPISODE_RETURN_MAX: c["return"]},
+                reduce="max",
+                window=win,
+            )
+        self._done_for_metrics.clear()
+        return m.reduce()
+
+    # ------------------------------------------------------------------ spaces, state
+
+    def get_spaces(self) -> dict[str, Any]:
+        """RLlib's spaces dict: per-agent ``Dict`` env spaces and each module's spaces."""
+        obs, act = self._gym_obs_space, self._gym_act_space
+        env_obs = gym.spaces.Dict({aid: obs for aid in self.agent_ids})
+        env_act = gym.spaces.Dict({aid: act for aid in self.agent_ids})
+        return {
+            INPUT_ENV_SPACES: (env_obs, env_act),
+            INPUT_ENV_SINGLE_SPACES: (env_obs, env_act),
+            **{mid: (obs, act) for mid in self.config.policies},
+        }
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        """RLlib's runner state; newer module weights update the ``MultiRLModule`` and
+        every mirrored policy's params (no retrace)."""
+        import ray
+
+        from jaxsampler.integrations.rllib.module import params_from_module_state
+
+        rest = {k: v for k, v in state.items() if k not in (COMPONENT_RL_MODULE, WEIGHTS_SEQ_NO)}
+        super().set_state(rest)
+        if COMPONENT_RL_MODULE in state:
+            seq = state.get(WEIGHTS_SEQ_NO, 0)
+            if seq == 0 or self._weights_seq_no < seq:
+                module_state = state[COMPONENT_RL_MODULE]
+                if isinstance(module_state, ray.ObjectRef):
+                    module_state = ray.get(module_state)
+                self.module.set_state(module_state)
+                params = dict(self._params)
+                for mid, policy in self._js_policies.items():
+                    if mid in module_state:
+                        params[mid] = params_from_module_state(policy, module_state[mid])
+                self._params = params
+            if seq > 0:
+                self._weights_seq_no = seq
+
+
+def _add(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {k: a[k] + b[k] for k in ("length", "return", "duration")}
+    for k in ("agent_returns", "module_returns", "agent_steps"):
+        merged = defaultdict(type(next(iter(b[k].values()), 0.0)), a[k])
+        for key, v in b[k].items():
+            merged[key] += v
+        out[k] = merged
+    return out

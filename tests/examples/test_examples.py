@@ -1,0 +1,156 @@
+"""Smoke tests: each example runs a few iterations at tiny sizes (no learning threshold here;
+learning results are in benchmarks/results/ppo.md)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def load(name: str):
+    spec = importlib.util.spec_from_file_location(
+        f"example_{name}", ROOT / "examples" / f"{name}.py"
+    )
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # dataclasses look their module up while the class is built
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.mark.parametrize(
+    "env_id, sampler",
+    [("CartPole-v1", "jaxsampler"), ("CartPole-v1", "handwritten"), ("Pendulum-v1", "jaxsampler")],
+)
+def test_ppo_example_runs(env_id, sampler, tmp_path):
+    ppo = load("ppo")
+    out = tmp_path / "ppo.json"
+    rc = ppo.main(
+        [
+            "--env",
+            env_id,
+            "--sampler",
+            sampler,
+            "--seeds",
+            "2",
+            "--total-timesteps",
+            "512",
+            "--num-envs",
+            "2",
+            "--rollout-length",
+            "64",
+            "--json",
+            str(out),
+        ]
+    )
+    assert rc == 0
+    res = json.loads(out.read_text())
+    assert res["seeds"] == 2 and res["env_steps_per_seed"] == 512
+    curve = np.asarray(res["learning_curve_per_seed"], dtype=float)  # None: no episode finished
+    # An update in which no episode finished has no mean return (None), never a made-up 0:
+    # Pendulum's 200-step episodes first finish in the 4th update of 2 x 64 steps.
+    finished = np.isfinite(curve)
+    assert curve.shape == (2, 4) and finished[:, -1].all() and not (curve[finished] == 0).any()
+    assert res["env_steps_per_s"] > 0
+
+
+def test_ppo_host_example_runs(tmp_path):
+    host = load("ppo_host")
+    out = tmp_path / "host.json"
+    assert (
+        host.main(
+            [
+                "--total-timesteps",
+                "600",
+                "--num-envs",
+                "2",
+                "--rollout-length",
+                "64",
+                "--json",
+                str(out),
+            ]
+        )
+        == 0
+    )
+    res = json.loads(out.read_text())
+    assert res["env_steps"] >= 600 and res["env_steps_per_s"] > 0
+
+
+def test_ppo_multiagent_example_runs(tmp_path):
+    ma = load("ppo_multiagent")
+    out = tmp_path / "ma.json"
+    assert (
+        ma.main(
+            [
+                "--total-timesteps",
+                "400",
+                "--num-envs",
+                "2",
+                "--rollout-length",
+                "32",
+                "--json",
+                str(out),
+            ]
+        )
+        == 0
+    )
+    res = json.loads(out.read_text())
+    assert res["env_steps"] >= 400 and 0 < res["agent_steps"] <= 4 * res["env_steps"]
+    assert np.isfinite(res["final_return_per_agent"])
+
+
+def test_batch_gae_matches_the_trajectory_gae():
+    """The host example's flat-batch GAE equals js.compute_gae on the same data."""
+    import jax
+
+    import jaxsampler as js
+
+    host = load("ppo_host")
+    env = js.make("CartPole-v1")
+    pol = js.MLPPolicy(env.observation_space, env.action_space, hidden_sizes=(8,))
+    params = pol.init(jax.random.PRNGKey(0))
+    s = js.Sampler(env, pol, num_envs=3, rollout_length=40, seed=5, episode_lookback_horizon=0)
+    s.sample_batch(params)  # start mid-episode
+    sb = s.sample_batch(params)["default_policy"]
+    _, nv, _ = pol.forward(params, sb["new_obs"])
+    ends = np.ones(sb.count, bool)
+    ends[:-1] = sb["eps_id"][1:] != sb["eps_id"][:-1]
+    adv = np.asarray(
+        host.batch_gae(sb["rewards"], sb["vf_preds"], nv, sb["terminateds"], ends, 0.99, 0.95)
+    )
+    # Reference: the same steps' advantages from the device-side GAE, matched by (eps_id, t).
+    s2 = js.Sampler(env, pol, num_envs=3, rollout_length=40, seed=5, episode_lookback_horizon=0)
+    s2.sample_batch(params)
+    s2._state, traj = s2._rollout(params, s2._state, s2._buffers)
+    _, last_value, _ = pol.forward(params, s2._state.obs)
+    ref = np.asarray(js.compute_gae(traj, last_value, 0.99, 0.95).advantages)[..., 0]
+    # Each live (step, env) cell of the trajectory: its env, episode number in that env
+    # and step in that episode, walked with the rollout's documented counters.
+    obs, is_reset = np.asarray(traj.obs[:-1, :, 0]), np.asarray(traj.is_reset)
+    count = np.asarray(traj.episode_count_0).copy()
+    step = np.asarray(traj.episode_step_0).copy()
+    ref_at: dict[tuple[int, int, int], float] = {}  # (env, episode, t) -> advantage
+    episode_of_obs: dict[bytes, tuple[int, int]] = {}  # a cell's observation -> (env, episode)
+    for tau, e in np.ndindex(*is_reset.shape):
+        if is_reset[tau, e]:  # a reset step: the next step starts the env's next episode
+            count[e], step[e] = count[e] + 1, 0
+            continue
+        ref_at[(e, int(count[e]), int(step[e]))] = float(ref[tau, e])
+        episode_of_obs[obs[tau, e].tobytes()] = (e, int(count[e]))
+        step[e] += 1
+    assert len(ref_at) == sb.count == len(adv)
+    # Every batch row is matched by (eps_id, t); which env episode an eps_id names is
+    # read off its rows' observations (the same one for all of them).
+    episode_of_id: dict[str, tuple[int, int]] = {}
+    for i in range(sb.count):
+        episode = episode_of_obs[np.asarray(sb["obs"][i], np.float32).tobytes()]
+        assert episode_of_id.setdefault(str(sb["eps_id"][i]), episode) == episode
+        expected = ref_at[(*episode, int(sb["t"][i]))]
+        np.testing.assert_allclose(adv[i], expected, rtol=1e-4, atol=1e-4, err_msg=f"row {i}")
+    assert len(episode_of_id) > 3  # several episodes, some cut by the call boundary
