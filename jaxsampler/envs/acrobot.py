@@ -82,21 +82,28 @@ class Acrobot(SingleAgentEnv):
 
     @property
     def name(self) -> str:
+        """The Gymnasium id, ``"Acrobot-v1"``."""
         return "Acrobot-v1"
 
     @property
     def default_params(self) -> AcrobotParams:
+        """:class:`AcrobotParams` with Gymnasium's constants (``dt = 0.2``, no torque noise,
+        500-step limit)."""
         return AcrobotParams()
 
     @property
     def observation_space(self) -> Box:
+        """``float32[6]``: cos and sin of both joint angles, then the two angular velocities
+        (bounded by ``4 pi`` and ``9 pi``)."""
         return Box(-_OBS_HIGH, _OBS_HIGH, (6,), np.float32)
 
     @property
     def action_space(self) -> Discrete:
+        """``Discrete(3)``: torque -1 (0), 0 (1) or +1 (2) on the middle joint."""
         return Discrete(3)
 
     def reset_env(self, key: jax.Array, params: AcrobotParams) -> tuple[jax.Array, AcrobotState]:
+        """Acrobot's start: both angles and both angular velocities uniform in ``[-0.1, 0.1]``."""
         t1, t2, d1, d2 = jax.random.uniform(key, (4,), jnp.float32, -0.1, 0.1)
         state = AcrobotState(t1, t2, d1, d2, jnp.zeros((), jnp.int32))
         return _obs(state), state
@@ -104,6 +111,10 @@ class Acrobot(SingleAgentEnv):
     def step_env(
         self, key: jax.Array, state: AcrobotState, action: jax.Array, params: AcrobotParams
     ) -> tuple[jax.Array, AcrobotState, jax.Array, jax.Array, Any]:
+        """Acrobot's dynamics: one RK4 step of ``dt`` under the chosen torque (plus uniform
+        noise of size ``torque_noise_max``, drawn from ``key``), angles wrapped into
+        ``[-pi, pi]``, velocities clipped; terminated once ``-cos(theta1) - cos(theta1 +
+        theta2) > 1``; reward -1, or 0 on the terminating step."""
         # The noise is always drawn (no branch on a traced number); it is 0 by default.
         noise = jax.random.uniform(key, (), jnp.float32, -1.0, 1.0) * params.torque_noise_max
         torque = jnp.asarray(action, jnp.float32) - 1.0 + noise
@@ -122,6 +133,7 @@ class Acrobot(SingleAgentEnv):
 
     @property
     def render_shape(self) -> tuple[int, int]:
+        """``(200, 200)``, known statically (no tracing)."""
         return RENDER_SHAPE
 
     def render(self, state: AcrobotState, params: AcrobotParams | None = None) -> jax.Array:

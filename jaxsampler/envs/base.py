@@ -47,6 +47,8 @@ class Env:
 
     @property
     def name(self) -> str:
+        """Display name used in messages and reports: the class name unless a subclass
+        overrides it (e.g. ``"CartPole-v1"``)."""
         return type(self).__name__
 
     @property
@@ -175,6 +177,12 @@ class SingleAgentEnv(Env):
         return NoInfo()
 
     def reset(self, key: jax.Array, params: Any = None) -> tuple[Any, TimeStep]:
+        """Starts an episode: :meth:`reset_env` with an agent axis of size 1 added.
+
+        The reset :class:`TimeStep` has reward 0, both done flags False, ``acting`` True and
+        :meth:`reset_info`'s info; ``params`` defaults to :attr:`default_params`. Pure; safe
+        under jit and vmap.
+        """
         params = self.default_params if params is None else params
         obs, state = self.reset_env(key, params)
         ts = TimeStep(
@@ -190,6 +198,13 @@ class SingleAgentEnv(Env):
     def step(
         self, key: jax.Array, state: Any, action: Any, params: Any = None
     ) -> tuple[Any, TimeStep]:
+        """One step of :meth:`step_env` on ``action[0]`` (``action``: ``[1, *action_space.shape]``).
+
+        Advances ``state.time`` by one and sets ``truncated`` once it reaches
+        ``params.max_steps_in_episode`` (independently of ``terminated``). Every
+        :class:`TimeStep` leaf gets an agent axis of size 1 (reward ``float32[1]``, flags
+        ``bool[1]``, ``acting`` True). Pure; safe under jit and vmap.
+        """
         params = self.default_params if params is None else params
         action = jax.tree.map(lambda a: a[0], action)  # drop the agent axis (A = 1)
         obs, state, reward, terminated, info = self.step_env(key, state, action, params)
@@ -240,33 +255,72 @@ class MultiAgentEnv(Env):
     """
 
     def reset_world(self, key: jax.Array, params: Any) -> Any:
+        """A new world: one env's state pytree at an episode start (subclasses implement it).
+
+        Whole-array code, no agent lifting; the agents' first observations are then read from
+        the returned state by :meth:`agent_obs`. Pure; safe under jit and vmap.
+        """
         raise NotImplementedError
 
     def step_world(self, key: jax.Array, state: Any, action: Any, params: Any) -> tuple[Any, Any]:
+        """Advances the world one step under every agent's action (subclasses implement it).
+
+        Args:
+            key: this step's PRNG key.
+            state: the world before the step.
+            action: ``[A, *action_space.shape]``; entries of agents that are not acting must be
+                ignored.
+            params: the env's params.
+
+        Returns:
+            ``(state, shared)``: the new world and a pytree of this step's facts that
+            :meth:`agent_reward` reads (``()`` if none). Pure; safe under jit and vmap.
+        """
         raise NotImplementedError
 
     def agent_rows(self, state: Any) -> PyTree:
+        """The agent-major part of ``state`` (leaves ``[A, ...]``), handed to each per-agent
+        function as its own slice ``own``; default ``()`` (everything is read from ``state``)."""
         return ()
 
     def agent_obs(self, agent_id: jax.Array, own: Any, state: Any, params: Any) -> PyTree:
+        """One agent's observation (an element of :attr:`observation_space`, no agent axis).
+
+        ``agent_id`` is a traced ``int32[]``; ``own`` is the agent's row of :meth:`agent_rows`.
+        Subclasses implement it; it runs under ``vmap`` over the agent ids.
+        """
         raise NotImplementedError
 
     def agent_reward(
         self, agent_id: jax.Array, own: Any, state: Any, shared: Any, params: Any
     ) -> jax.Array:
+        """One agent's reward (a scalar) for the step that produced ``state``.
+
+        ``shared`` is what :meth:`step_world` returned with ``state``. Not called at reset,
+        where every reward is 0. Subclasses implement it; it runs under ``vmap`` over the
+        agent ids.
+        """
         raise NotImplementedError
 
     def agent_terminated(self, agent_id: jax.Array, own: Any, state: Any, params: Any) -> jax.Array:
+        """Whether the agent is terminated (``bool[]``); by default never. Must stay True once
+        set (keep the flag in ``state``)."""
         return jnp.zeros((), jnp.bool_)
 
     def agent_truncated(self, agent_id: jax.Array, own: Any, state: Any, params: Any) -> jax.Array:
+        """Whether the agent is truncated (``bool[]``); by default once ``state.time >=
+        params.max_steps_in_episode``."""
         return jnp.asarray(state.time >= params.max_steps_in_episode)
 
     def agent_acting(self, agent_id: jax.Array, own: Any, state: Any, params: Any) -> jax.Array:
+        """Whether the agent acts on this observation (``bool[]``); by default while it is
+        neither terminated nor truncated. Turn-based envs override it."""
         terminated = self.agent_terminated(agent_id, own, state, params)
         return ~(terminated | self.agent_truncated(agent_id, own, state, params))
 
     def info(self, state: Any, params: Any) -> PyTree:
+        """The whole env's ``info`` (no agent axis), of the same structure after reset and step;
+        by default :class:`NoInfo`."""
         return NoInfo()
 
     def for_each_agent(self, fn: Callable[..., Any], *args: Any) -> Any:
@@ -299,6 +353,11 @@ class MultiAgentEnv(Env):
         )
 
     def reset(self, key: jax.Array, params: Any = None) -> tuple[Any, TimeStep]:
+        """Starts an episode: :meth:`reset_world`, then the agents' observations and acting
+        flags on the agent axis (:meth:`reset_timestep`: reward 0, done flags False).
+
+        ``params`` defaults to :attr:`default_params`. Pure; safe under jit and vmap.
+        """
         params = self.default_params if params is None else params
         state = self.reset_world(key, params)
         return state, self.reset_timestep(state, params)
@@ -306,6 +365,13 @@ class MultiAgentEnv(Env):
     def step(
         self, key: jax.Array, state: Any, action: Any, params: Any = None
     ) -> tuple[Any, TimeStep]:
+        """Steps the world (:meth:`step_world`), then evaluates every per-agent function on the
+        new state.
+
+        Returns ``(state, timestep)`` with :class:`TimeStep` leaves ``[A, ...]`` (reward
+        ``float32[A]``, flags ``bool[A]``) and :meth:`info`. ``params`` defaults to
+        :attr:`default_params`. Pure; safe under jit and vmap.
+        """
         params = self.default_params if params is None else params
         state, shared = self.step_world(key, state, action, params)
         reward = self._lift(self.agent_reward, state, shared, params)

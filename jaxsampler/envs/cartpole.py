@@ -70,21 +70,27 @@ class CartPole(SingleAgentEnv):
 
     @property
     def name(self) -> str:
+        """The Gymnasium id, ``"CartPole-v1"``."""
         return "CartPole-v1"
 
     @property
     def default_params(self) -> CartPoleParams:
+        """:class:`CartPoleParams` with Gymnasium's constants (500-step limit)."""
         return CartPoleParams()
 
     @property
     def observation_space(self) -> Box:
+        """``float32[4]``: cart position and velocity, pole angle and angular velocity (bounds
+        twice the termination thresholds; velocities unbounded)."""
         return Box(-_OBS_HIGH, _OBS_HIGH, (4,), np.float32)
 
     @property
     def action_space(self) -> Discrete:
+        """``Discrete(2)``: push the cart left (0) or right (1)."""
         return Discrete(2)
 
     def reset_env(self, key: jax.Array, params: CartPoleParams) -> tuple[jax.Array, CartPoleState]:
+        """CartPole's start: all four state variables uniform in ``[-0.05, 0.05]``."""
         x, x_dot, theta, theta_dot = jax.random.uniform(key, (4,), jnp.float32, -0.05, 0.05)
         state = CartPoleState(x, x_dot, theta, theta_dot, jnp.zeros((), jnp.int32))
         return _obs(state), state
@@ -92,6 +98,10 @@ class CartPole(SingleAgentEnv):
     def step_env(
         self, key: jax.Array, state: CartPoleState, action: jax.Array, params: CartPoleParams
     ) -> tuple[jax.Array, CartPoleState, jax.Array, jax.Array, Any]:
+        """CartPole's dynamics: one explicit Euler step of the cart-pole ODE under a force of
+        ``+-force_mag``; reward 1 on every step; terminated once the cart leaves
+        ``[-x_threshold, x_threshold]`` or the pole tilts past ``theta_threshold_radians``
+        (12 degrees). ``key`` is unused."""
         del key
         force = jnp.where(action == 1, params.force_mag, -params.force_mag)
         total_mass = params.masspole + params.masscart
@@ -117,6 +127,7 @@ class CartPole(SingleAgentEnv):
 
     @property
     def render_shape(self) -> tuple[int, int]:
+        """``(200, 300)``, known statically (no tracing)."""
         return RENDER_SHAPE
 
     def render(self, state: CartPoleState, params: CartPoleParams | None = None) -> jax.Array:

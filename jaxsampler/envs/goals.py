@@ -93,18 +93,23 @@ class Goals(MultiAgentEnv):
 
     @property
     def name(self) -> str:
+        """``"Goals-v0"``."""
         return "Goals-v0"
 
     @property
     def default_params(self) -> GoalsParams:
+        """:class:`GoalsParams` (50-step limit)."""
         return GoalsParams()
 
     @property
     def observation_space(self) -> Box:
+        """``float32[2n + 2]``, unbounded: the agent's position, its goal relative to it, then
+        the other agents' positions relative to it."""
         return Box(-np.inf, np.inf, (2 * self.n + 2,), np.float32)
 
     @property
     def action_space(self) -> Discrete:
+        """``Discrete(5)``: stay, left, right, down or up by ``step_size``."""
         return Discrete(5)
 
     def observe(self, agent_id: jax.Array, pos: jax.Array, goals: jax.Array) -> jax.Array:
@@ -173,6 +178,7 @@ class Goals(MultiAgentEnv):
 
     @property
     def render_shape(self) -> tuple[int, int]:
+        """``(200, 200)``, known statically (no tracing)."""
         return RENDER_SHAPE
 
     def render(self, state: GoalsState, params: GoalsParams | None = None) -> jax.Array:
@@ -210,12 +216,16 @@ class Goals(MultiAgentEnv):
         return draw.compose(shape, layers, draw.WHITE)
 
     def agent_rows(self, state: GoalsState) -> tuple[jax.Array, jax.Array, jax.Array]:
+        """Goals' per-agent rows: ``(obs float32[N, 2N + 2], terminated bool[N], truncated
+        bool[N])``, so ``own`` holds the agent's stored observation and sticky flags."""
         # own = (observation, terminated, truncated)
         return state.obs, state.terminated, state.truncated
 
     def agent_obs(
         self, agent_id: jax.Array, own: Any, state: GoalsState, params: GoalsParams
     ) -> jax.Array:
+        """The observation stored in the state (``own[0]``): computed by :meth:`step_world`,
+        frozen once the agent is done."""
         return own[0]  # frozen once the agent is done
 
     def agent_reward(
@@ -226,6 +236,9 @@ class Goals(MultiAgentEnv):
         shared: GoalsMove,
         params: GoalsParams,
     ) -> jax.Array:
+        """Goals' reward: for an agent that was still going, ``-step_penalty -
+        distance_penalty * d`` plus ``goal_reward`` if it reached its goal on this step; 0
+        for an agent already done."""
         going, dist = shared.going[agent_id], shared.dist[agent_id]
         reached = going & own[1]  # it was going and is terminated: it ended just now
         reward = (
@@ -236,9 +249,13 @@ class Goals(MultiAgentEnv):
     def agent_terminated(
         self, agent_id: jax.Array, own: Any, state: GoalsState, params: GoalsParams
     ) -> jax.Array:
+        """The sticky flag kept in the state (``own[1]``), set when the agent reaches its
+        goal."""
         return own[1]
 
     def agent_truncated(
         self, agent_id: jax.Array, own: Any, state: GoalsState, params: GoalsParams
     ) -> jax.Array:
+        """The sticky flag kept in the state (``own[2]``), set at the time limit for agents
+        still going."""
         return own[2]

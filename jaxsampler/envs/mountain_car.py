@@ -67,28 +67,37 @@ class MountainCar(SingleAgentEnv):
 
     @property
     def name(self) -> str:
+        """The Gymnasium id, ``"MountainCar-v0"``."""
         return "MountainCar-v0"
 
     @property
     def default_params(self) -> MountainCarParams:
+        """:class:`MountainCarParams` with Gymnasium's constants (200-step limit)."""
         return MountainCarParams()
 
     @property
     def observation_space(self) -> Box:
+        """``float32[2]``: position in ``[-1.2, 0.6]`` and velocity in ``[-0.07, 0.07]``."""
         return Box(_OBS_LOW, _OBS_HIGH, (2,), np.float32)
 
     @property
     def action_space(self) -> Discrete:
+        """``Discrete(3)``: accelerate left (0), coast (1) or accelerate right (2)."""
         return Discrete(3)
 
     def reset_env(
         self, key: jax.Array, params: MountainCarParams
     ) -> tuple[jax.Array, MountainCarState]:
+        """MountainCar's start: at rest, position uniform in ``[-0.6, -0.4]``
+        (:func:`reset_valley`)."""
         return reset_valley(key)
 
     def step_env(
         self, key: jax.Array, state: MountainCarState, action: jax.Array, params: MountainCarParams
     ) -> tuple[jax.Array, MountainCarState, jax.Array, jax.Array, Any]:
+        """MountainCar's dynamics: :func:`valley_step` with the engine's acceleration
+        ``(action - 1) * force``; reward -1 on every step; terminated once ``position >=
+        goal_position`` with ``velocity >= goal_velocity``. ``key`` is unused."""
         del key
         push = jnp.asarray(action, jnp.float32) - 1.0
         new, terminated = valley_step(state, push * params.force, params)
@@ -97,6 +106,7 @@ class MountainCar(SingleAgentEnv):
 
     @property
     def render_shape(self) -> tuple[int, int]:
+        """``(200, 300)``, known statically (no tracing)."""
         return RENDER_SHAPE
 
     def render(self, state: MountainCarState, params: MountainCarParams | None = None) -> jax.Array:

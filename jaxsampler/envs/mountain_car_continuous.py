@@ -61,23 +61,31 @@ class MountainCarContinuous(SingleAgentEnv):
 
     @property
     def name(self) -> str:
+        """The Gymnasium id, ``"MountainCarContinuous-v0"``."""
         return "MountainCarContinuous-v0"
 
     @property
     def default_params(self) -> MountainCarContinuousParams:
+        """:class:`MountainCarContinuousParams` with Gymnasium's constants (goal at 0.45,
+        999-step limit)."""
         return MountainCarContinuousParams()
 
     @property
     def observation_space(self) -> Box:
+        """``float32[2]``: position in ``[-1.2, 0.6]`` and velocity in ``[-0.07, 0.07]``."""
         return Box(_OBS_LOW, _OBS_HIGH, (2,), np.float32)
 
     @property
     def action_space(self) -> Box:
+        """``Box(-1, 1, (1,), float32)``: the engine force (``step_env`` clips it to that
+        range)."""
         return Box(-1.0, 1.0, (1,), np.float32)
 
     def reset_env(
         self, key: jax.Array, params: MountainCarContinuousParams
     ) -> tuple[jax.Array, MountainCarContinuousState]:
+        """The discrete variant's start: at rest, position uniform in ``[-0.6, -0.4]``
+        (:func:`~jaxsampler.envs.mountain_car.reset_valley`)."""
         return reset_valley(key)
 
     def step_env(
@@ -87,6 +95,11 @@ class MountainCarContinuous(SingleAgentEnv):
         action: jax.Array,
         params: MountainCarContinuousParams,
     ) -> tuple[jax.Array, MountainCarContinuousState, jax.Array, jax.Array, Any]:
+        """MountainCarContinuous's dynamics: ``action[0]``, clipped to ``[min_action,
+        max_action]`` and times ``power``, drives
+        :func:`~jaxsampler.envs.mountain_car.valley_step`; reward ``goal_reward`` on the step
+        that reaches the goal minus ``action_cost * action[0]**2`` of the *unclipped* action.
+        ``key`` is unused."""
         del key
         a = jnp.asarray(action, jnp.float32)[0]
         force = jnp.clip(a, params.min_action, params.max_action)
@@ -96,6 +109,7 @@ class MountainCarContinuous(SingleAgentEnv):
 
     @property
     def render_shape(self) -> tuple[int, int]:
+        """``(200, 300)``, known statically (no tracing)."""
         return RENDER_SHAPE
 
     def render(

@@ -58,21 +58,28 @@ class Pendulum(SingleAgentEnv):
 
     @property
     def name(self) -> str:
+        """The Gymnasium id, ``"Pendulum-v1"``."""
         return "Pendulum-v1"
 
     @property
     def default_params(self) -> PendulumParams:
+        """:class:`PendulumParams` with Gymnasium's constants (``g = 10``, 200-step limit)."""
         return PendulumParams()
 
     @property
     def observation_space(self) -> Box:
+        """``float32[3]``: cos and sin of the angle (0 is upright) and the angular velocity in
+        ``[-8, 8]``."""
         return Box(-_OBS_HIGH, _OBS_HIGH, (3,), np.float32)
 
     @property
     def action_space(self) -> Box:
+        """``Box(-2, 2, (1,), float32)``: the torque (``step_env`` clips it to ``max_torque``)."""
         return Box(-2.0, 2.0, (1,), np.float32)
 
     def reset_env(self, key: jax.Array, params: PendulumParams) -> tuple[jax.Array, PendulumState]:
+        """Pendulum's start: angle uniform in ``[-pi, pi]``, angular velocity uniform in
+        ``[-1, 1]``."""
         high = jnp.array([math.pi, 1.0], jnp.float32)
         theta, theta_dot = jax.random.uniform(key, (2,), jnp.float32, -high, high)
         state = PendulumState(theta, theta_dot, jnp.zeros((), jnp.int32))
@@ -81,6 +88,10 @@ class Pendulum(SingleAgentEnv):
     def step_env(
         self, key: jax.Array, state: PendulumState, action: jax.Array, params: PendulumParams
     ) -> tuple[jax.Array, PendulumState, jax.Array, jax.Array, Any]:
+        """Pendulum's dynamics: one semi-implicit Euler step under the clipped torque; the
+        reward is minus the cost of the state *before* the step (wrapped angle squared, plus
+        0.1 velocity squared, plus 0.001 torque squared); never terminates. ``key`` is
+        unused."""
         del key
         u = jnp.clip(jnp.asarray(action, jnp.float32)[0], -params.max_torque, params.max_torque)
         costs = _angle_normalize(state.theta) ** 2 + 0.1 * state.theta_dot**2 + 0.001 * u**2
@@ -102,6 +113,7 @@ class Pendulum(SingleAgentEnv):
 
     @property
     def render_shape(self) -> tuple[int, int]:
+        """``(200, 200)``, known statically (no tracing)."""
         return RENDER_SHAPE
 
     def render(self, state: PendulumState, params: PendulumParams | None = None) -> jax.Array:

@@ -148,21 +148,30 @@ class ProcMaze(SingleAgentEnv):
 
     @property
     def name(self) -> str:
+        """``"ProcMaze-v0"``."""
         return "ProcMaze-v0"
 
     @property
     def default_params(self) -> ProcMazeParams:
+        """:class:`ProcMazeParams` (200-step limit); the maze's size is the static ``size``
+        field, not a param."""
         return ProcMazeParams()
 
     @property
     def observation_space(self) -> Box:
+        """``float32[8]`` in ``[0, 1]``: the agent's and the goal's grid coordinates over
+        ``2 * size``, then the walls up, right, down and left of the agent."""
         return Box(0.0, 1.0, (8,), np.float32)
 
     @property
     def action_space(self) -> Discrete:
+        """``Discrete(4)``: one grid square up, right, down or left."""
         return Discrete(4)
 
     def reset_env(self, key: jax.Array, params: ProcMazeParams) -> tuple[jax.Array, ProcMazeState]:
+        """ProcMaze's reset, the expensive part: a fresh maze (:func:`generate_maze`), the agent
+        on a uniformly random cell, the goal on a cell farthest from it by breadth-first
+        search (:func:`cell_distances`; ties broken at random)."""
         n = self.size
         k_maze, k_pos, k_tie = jax.random.split(key, 3)
         walls = generate_maze(k_maze, n)
@@ -181,6 +190,8 @@ class ProcMaze(SingleAgentEnv):
     def step_env(
         self, key: jax.Array, state: ProcMazeState, action: jax.Array, params: ProcMazeParams
     ) -> tuple[jax.Array, ProcMazeState, jax.Array, jax.Array, Any]:
+        """ProcMaze's step: one grid square in the chosen direction unless a wall is there;
+        reward 1 and terminated on reaching the goal. ``key`` is unused."""
         del key
         target = state.pos + jnp.asarray(_MOVES)[action]
         blocked = state.walls[target[0], target[1]]
@@ -197,6 +208,8 @@ class ProcMaze(SingleAgentEnv):
 
     @property
     def render_shape(self) -> tuple[int, int]:
+        """``(G k, G k)`` for the ``G = 2 size + 1`` wall grid and ``k = render_cell_px``;
+        static."""
         side = (2 * self.size + 1) * self.render_cell_px
         return (side, side)
 

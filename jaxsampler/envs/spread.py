@@ -85,18 +85,23 @@ class Spread(MultiAgentEnv):
 
     @property
     def name(self) -> str:
+        """``"Spread-v0"``."""
         return "Spread-v0"
 
     @property
     def default_params(self) -> SpreadParams:
+        """:class:`SpreadParams` (25-step limit, as in "simple spread")."""
         return SpreadParams()
 
     @property
     def observation_space(self) -> Box:
+        """``float32[4 + 2N + 2(N - 1)]``, unbounded: own velocity and position, the landmarks
+        and the other agents relative to it."""
         return Box(-np.inf, np.inf, (4 + 2 * self.n + 2 * (self.n - 1),), np.float32)
 
     @property
     def action_space(self) -> Discrete:
+        """``Discrete(5)``: no push, left, right, down or up."""
         return Discrete(5)
 
     def reset_world(self, key: jax.Array, params: SpreadParams) -> SpreadState:
@@ -127,6 +132,7 @@ class Spread(MultiAgentEnv):
 
     @property
     def render_shape(self) -> tuple[int, int]:
+        """``(200, 200)``, known statically (no tracing)."""
         return RENDER_SHAPE
 
     def render(self, state: SpreadState, params: SpreadParams | None = None) -> jax.Array:
@@ -157,6 +163,8 @@ class Spread(MultiAgentEnv):
         return draw.compose(shape, layers, draw.WHITE)
 
     def agent_rows(self, state: SpreadState) -> tuple[jax.Array, jax.Array]:
+        """Spread's per-agent rows: ``(pos, vel)``, ``float32[N, 2]`` each, so ``own`` is the
+        agent's position and velocity."""
         return state.pos, state.vel  # own = (position, velocity), float32[2] each
 
     def agent_obs(
@@ -180,9 +188,12 @@ class Spread(MultiAgentEnv):
         shared: jax.Array,
         params: SpreadParams,
     ) -> jax.Array:
+        """The team reward every agent shares (``shared``, from :meth:`step_world`)."""
         return shared  # the team reward
 
     def agent_acting(
         self, agent_id: jax.Array, own: Any, state: SpreadState, params: SpreadParams
     ) -> jax.Array:
+        """Always True: every agent acts on every step (Spread ends by truncation only, for all
+        agents at once)."""
         return jnp.ones((), jnp.bool_)  # every agent acts every step

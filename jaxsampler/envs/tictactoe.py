@@ -115,14 +115,18 @@ class TicTacToe(MultiAgentEnv):
 
     @property
     def name(self) -> str:
+        """``"TicTacToe-v0"``."""
         return "TicTacToe-v0"
 
     @property
     def default_params(self) -> TicTacToeParams:
+        """:class:`TicTacToeParams` with a 9-move limit, which a legal game never reaches."""
         return TicTacToeParams()
 
     @property
     def observation_space(self) -> Space:
+        """``float32[27]`` of 0/1 (own marks, opponent's marks, empty cells); with
+        ``masked_obs``, a ``Dict`` of it and the ``bool[9]`` action mask."""
         board = Box(0.0, 1.0, (27,), np.float32)
         if self.masked_obs:
             return Dict({"observations": board, "action_mask": Box(0, 1, (9,), np.bool_)})
@@ -130,6 +134,7 @@ class TicTacToe(MultiAgentEnv):
 
     @property
     def action_space(self) -> Discrete:
+        """``Discrete(9)``: the cell ``row * 3 + col``."""
         return Discrete(9)
 
     def reset_world(self, key: jax.Array, params: TicTacToeParams) -> TicTacToeState:
@@ -178,6 +183,7 @@ class TicTacToe(MultiAgentEnv):
 
     @property
     def render_shape(self) -> tuple[int, int]:
+        """``(120, 120)``, known statically (no tracing)."""
         return RENDER_SHAPE
 
     def render(self, state: TicTacToeState, params: TicTacToeParams | None = None) -> jax.Array:
@@ -214,6 +220,8 @@ class TicTacToe(MultiAgentEnv):
         return draw.compose(shape, layers, draw.WHITE)
 
     def agent_rows(self, state: TicTacToeState) -> tuple[jax.Array, jax.Array]:
+        """TicTacToe's per-agent rows: the sticky ``(terminated, truncated)`` flags, ``bool[2]``
+        each."""
         return state.terminated, state.truncated  # own = (terminated, truncated)
 
     def agent_obs(
@@ -235,24 +243,32 @@ class TicTacToe(MultiAgentEnv):
         shared: TicTacToeMove,
         params: TicTacToeParams,
     ) -> jax.Array:
+        """``shared.mover_reward`` (:class:`TicTacToeMove`) for the mover, its negation for
+        the opponent; 0 for both if the game was already over before the step."""
         mine = jnp.where(agent_id == shared.mover, shared.mover_reward, 0.0 - shared.mover_reward)
         return jnp.where(shared.live, mine, 0.0)  # 0.0 - x above: no -0.0
 
     def agent_terminated(
         self, agent_id: jax.Array, own: Any, state: TicTacToeState, params: TicTacToeParams
     ) -> jax.Array:
+        """The sticky flag (``own[0]``), set for both agents when the game ends (a win, a draw
+        or an illegal move)."""
         return own[0]
 
     def agent_truncated(
         self, agent_id: jax.Array, own: Any, state: TicTacToeState, params: TicTacToeParams
     ) -> jax.Array:
+        """The sticky flag (``own[1]``), set at the move limit while the game is still on."""
         return own[1]
 
     def agent_acting(
         self, agent_id: jax.Array, own: Any, state: TicTacToeState, params: TicTacToeParams
     ) -> jax.Array:
+        """True only for the agent on turn, and only while the game is on."""
         terminated, truncated = own
         return (agent_id == state.player) & ~(terminated | truncated)
 
     def info(self, state: TicTacToeState, params: TicTacToeParams) -> TicTacToeInfo:
+        """:class:`TicTacToeInfo`: the empty cells as ``action_mask``, the same row for both
+        agents (``bool[2, 9]``)."""
         return TicTacToeInfo(jnp.broadcast_to(state.board == 0, (2, 9)))

@@ -154,10 +154,13 @@ class BraxEnv(SuiteEnv):
 
     @property
     def observation_space(self) -> Space:
+        """``Box(-inf, inf, (observation_size,), float32)`` (a ``Dict`` of such boxes where brax
+        reports a dict of sizes)."""
         return _box(self.env.observation_size)
 
     @property
     def action_space(self) -> Space:
+        """``Box(-1, 1, (action_size,), float32)``: the range every brax env takes."""
         return js_spaces.Box(-1.0, 1.0, (int(self.env.action_size),), np.float32)
 
     def _timestep(self, s: Any, reward: jax.Array, terminated: jax.Array, truncated: jax.Array):
@@ -171,6 +174,8 @@ class BraxEnv(SuiteEnv):
         )
 
     def reset(self, key: jax.Array, params: Any = None) -> tuple[BraxState, TimeStep]:
+        """brax's ``reset(key)`` with the step counter at 0; ``info`` holds brax's reset
+        metrics. ``params`` is unused. Pure; safe under jit and vmap."""
         s = self.env.reset(key)
         no = jnp.zeros((), jnp.bool_)
         ts = self._timestep(s, jnp.zeros((), jnp.float32), no, no)
@@ -179,6 +184,9 @@ class BraxEnv(SuiteEnv):
     def step(
         self, key: jax.Array, state: BraxState, action: Any, params: Any = None
     ) -> tuple[BraxState, TimeStep]:
+        """brax's ``step`` on ``action[0]`` clipped to ``[-1, 1]`` (``key`` is unused: brax steps
+        deterministically). ``terminated`` is brax's ``done``; ``truncated`` is ``time >=
+        params.max_steps_in_episode``. Pure; safe under jit and vmap."""
         params = self.params if params is None else params
         s = self.env.step(state.brax, jnp.clip(jnp.asarray(action, jnp.float32)[0], -1.0, 1.0))
         time = state.time + 1

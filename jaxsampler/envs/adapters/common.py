@@ -110,18 +110,23 @@ class SuiteEnv(Env):
 
     @property
     def observation_space(self) -> Space:
+        """The per-agent observation space stored by :meth:`_set_spaces`."""
         space: Space = self.__dict__["_spaces"][0]
         return space
 
     @property
     def action_space(self) -> Space:
+        """The per-agent action space stored by :meth:`_set_spaces`."""
         space: Space = self.__dict__["_spaces"][1]
         return space
 
     @property
     def name(self) -> str:
+        """``"<suite>:<env_id>"``, or the wrapped env's class name in place of ``env_id`` when
+        none was given."""
         return f"{self.suite}:{self.env_id or type(self.env).__name__}"
 
     @property
     def default_params(self) -> Any:
+        """The adapter's ``params`` (subclasses fill in a default at construction)."""
         return self.params

@@ -107,6 +107,8 @@ class GymnaxEnv(SuiteEnv):
 
     @property
     def name(self) -> str:
+        """``"gymnax:<env_id>"``, or gymnax's own ``env.name`` in place of ``env_id`` when none
+        was given."""
         return f"gymnax:{self.env_id or self.env.name}"
 
     @property
@@ -150,6 +152,12 @@ class GymnaxEnv(SuiteEnv):
         return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
 
     def reset(self, key: jax.Array, params: Any = None) -> tuple[Any, TimeStep]:
+        """Starts an episode with gymnax's ``reset_env``, adding an agent axis of size 1.
+
+        The reset ``info`` is zeros shaped like the step's (found with ``jax.eval_shape``), so
+        reset and step return the same pytree. ``params`` defaults to the adapter's. Pure;
+        safe under jit and vmap.
+        """
         params = self.params if params is None else params
         obs, state = self.env.reset_env(key, params)
         return state, TimeStep(
@@ -164,6 +172,12 @@ class GymnaxEnv(SuiteEnv):
     def step(
         self, key: jax.Array, state: Any, action: Any, params: Any = None
     ) -> tuple[Any, TimeStep]:
+        """One step of gymnax's ``step_env`` (no auto-reset) on ``action[0]``.
+
+        ``terminated`` is what ``step_env`` reports, ``truncated`` gymnax's ``is_truncated``
+        of the new state; every leaf gets an agent axis of size 1. ``params`` defaults to the
+        adapter's. Pure; safe under jit and vmap.
+        """
         params = self.params if params is None else params
         action = jax.tree.map(lambda a: a[0], action)
         obs, state, reward, terminated, info = self.env.step_env(key, state, action, params)

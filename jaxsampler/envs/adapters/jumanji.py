@@ -223,10 +223,15 @@ class JumanjiEnv(SuiteEnv):
 
     @property
     def observation_space(self) -> Space:
+        """The observation ``Dict`` built from jumanji's spec at construction: jaxsampler's
+        masked layout where the env's mask fits it, the plain fields otherwise (see the
+        module docstring)."""
         return self._layout.obs_space  # type: ignore[attr-defined]
 
     @property
     def action_space(self) -> Space:
+        """jumanji's action spec as a jaxsampler space, or ``Discrete(prod(nvec))`` with
+        ``flat_actions`` (see the module docstring)."""
         return self._layout.action_space  # type: ignore[attr-defined]
 
     # ------------------------------------------------------------------ conversions
