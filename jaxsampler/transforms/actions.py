@@ -49,9 +49,12 @@ class ClipActions(Transform):
     changes_action = True
 
     def check(self, spaces: Spaces) -> None:
+        """Raises :class:`TransformSpaceError` unless the env's action space is a float ``Box``."""
         _float_box("ClipActions()", spaces)
 
     def to_env(self, spaces: Spaces, action: Any) -> Any:
+        """``action`` (``[E, A, *shape]``) cast to the space's dtype and clipped to its bounds;
+        infinite bounds leave that side as it is. Pure; jittable."""
         space = _float_box("ClipActions()", spaces)
         low = jnp.asarray(space.low, space.dtype)
         high = jnp.asarray(space.high, space.dtype)
@@ -106,13 +109,18 @@ class RescaleActions(Transform):
         return space
 
     def check(self, spaces: Spaces) -> None:
+        """Raises :class:`TransformSpaceError` unless the env's action space is a float ``Box``
+        with finite bounds everywhere."""
         self._env_box(spaces)
 
     def action_space(self, spaces: Spaces) -> Space:
+        """The policy's space: ``Box(low, high)`` in the env's shape and dtype."""
         space = self._env_box(spaces)
         return Box(self.low, self.high, space.shape, space.dtype)
 
     def to_env(self, spaces: Spaces, action: Any) -> Any:
+        """``action`` (``[E, A, *shape]``) mapped affinely from ``[low, high]`` onto the env's
+        bounds, per element, in the space's dtype. Pure; jittable."""
         space = self._env_box(spaces)
         # Computed in float64 on the host: the constants are exact per element.
         scale = (space.high.astype(np.float64) - space.low.astype(np.float64)) / (

@@ -220,18 +220,26 @@ class Pipeline:
 
     @property
     def changes_obs(self) -> bool:
+        """Whether any transform changes observations (the rollout then also records the raw
+        ones, ``Trajectory.raw_obs``)."""
         return any(t.changes_obs for t in self.transforms)
 
     @property
     def changes_reward(self) -> bool:
+        """Whether any transform changes rewards (the rollout then also records the raw ones,
+        ``Trajectory.raw_rewards``)."""
         return any(t.changes_reward for t in self.transforms)
 
     @property
     def changes_action(self) -> bool:
+        """Whether any transform maps actions on their way to the env (otherwise :meth:`to_env`
+        is skipped)."""
         return any(t.changes_action for t in self.transforms)
 
     @property
     def randomizes_params(self) -> bool:
+        """Whether any transform draws env params at resets (the rollout then calls
+        :meth:`reset_params` and records ``Trajectory.env_params``)."""
         return any(t.randomizes_params for t in self.transforms)
 
     def init(self, batch_shape: tuple[int, int]) -> TransformState | None:

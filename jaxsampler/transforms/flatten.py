@@ -104,6 +104,8 @@ class FlattenObservation(Transform):
         return space, None
 
     def check(self, spaces: Spaces) -> None:
+        """Raises :class:`TransformSpaceError` for a leaf that is not a ``Box``, ``Discrete`` or
+        ``MultiDiscrete`` (the action mask aside), or when nothing is left to flatten."""
         rest, _ = self._parts(spaces.obs)
         bad = first_bad_leaf(rest, lambda s: isinstance(s, (Box, Discrete, MultiDiscrete)))
         if bad is not None:
@@ -117,6 +119,8 @@ class FlattenObservation(Transform):
             )
 
     def observation_space(self, spaces: Spaces) -> Space:
+        """A float32 ``Box`` of :func:`flat_size` entries with the encoding's bounds, or a
+        ``Dict`` of it and the untouched ``action_mask``."""
         rest, mask = self._parts(spaces.obs)
         low, high = _bounds(rest)
         flat = Box(low, high, low.shape, np.float32)
@@ -127,6 +131,8 @@ class FlattenObservation(Transform):
     def observe(
         self, spaces: Spaces, state: StageState, step: Observed, ctx: Context
     ) -> tuple[StageState, Observed]:
+        """``step.obs`` (leaves ``[E, A, ...]``) encoded as ``float32[E, A, flat_size]``, the
+        action mask kept apart. Stateless; pure, jittable."""
         rest, mask = self._parts(spaces.obs)
         obs = step.obs
         if mask is None:

@@ -165,6 +165,9 @@ class ActionMaskFromInfo(Transform):
     changes_obs = True
 
     def check(self, spaces: Spaces) -> None:
+        """Raises :class:`TransformSpaceError` for actions that cannot be masked (not
+        ``Discrete`` / ``MultiDiscrete``), an observation that already has an
+        ``action_mask``, or an empty ``path``."""
         try:
             mask_size(spaces.action)
         except TypeError as e:
@@ -180,12 +183,17 @@ class ActionMaskFromInfo(Transform):
             )
 
     def observation_space(self, spaces: Spaces) -> Space:
+        """``Dict({obs_key: <the input observation>, "action_mask": Box(0, 1, (n,), bool)})``,
+        ``n`` the mask size of the action space."""
         n = mask_size(spaces.action)
         return Dict({self.obs_key: spaces.obs, MASK_KEY: Box(0, 1, (n,), np.bool_)})
 
     def observe(
         self, spaces: Spaces, state: StageState, step: Observed, ctx: Context
     ) -> tuple[StageState, Observed]:
+        """``step.obs`` wrapped with the ``bool[E, A, n]`` mask found at ``path`` in
+        ``step.info``. Stateless; pure, jittable (a missing or misshapen mask raises
+        ``ValueError`` at trace time)."""
         mask = self._mask(spaces, step)
         obs = {self.obs_key: step.obs, MASK_KEY: mask}
         return state, dataclasses.replace(step, obs=obs)

@@ -48,6 +48,8 @@ class RunningMoments:
 
     @classmethod
     def zeros(cls, shape: tuple[int, ...]) -> RunningMoments:
+        """Empty moments for samples of ``shape``: count 0, ``mean`` and ``m2`` float32
+        zeros."""
         return cls(
             jnp.zeros((), jnp.float32), jnp.zeros(shape, jnp.float32), jnp.zeros(shape, jnp.float32)
         )
@@ -146,6 +148,8 @@ class NormalizeObservation(Transform):
     changes_obs = True
 
     def check(self, spaces: Spaces) -> None:
+        """Raises :class:`TransformSpaceError` unless the observation has a float ``Box`` leaf
+        outside any ``action_mask``."""
         if not any(normalizable_leaves(spaces.obs)):
             raise TransformSpaceError(
                 f"NormalizeObservation needs a float Box observation (or a Dict/Tuple with "
@@ -153,6 +157,8 @@ class NormalizeObservation(Transform):
             )
 
     def observation_space(self, spaces: Spaces) -> Space:
+        """The input space with every normalized leaf bounded by ``[-clip, clip]`` (unbounded
+        with ``clip=None``); the other leaves unchanged."""
         bound = np.inf if self.clip is None else float(self.clip)
 
         def out(space: Space, in_mask: bool) -> Space:
@@ -168,6 +174,7 @@ class NormalizeObservation(Transform):
         return out(spaces.obs, False)
 
     def init_shared(self, spaces: Spaces) -> Any:
+        """One empty :class:`RunningMoments` per normalized leaf, in tree order."""
         leaves = jax.tree.leaves(spaces.obs.zeros())
         return tuple(
             RunningMoments.zeros(tuple(leaf.shape))
@@ -178,6 +185,9 @@ class NormalizeObservation(Transform):
     def observe(
         self, spaces: Spaces, state: StageState, step: Observed, ctx: Context
     ) -> tuple[StageState, Observed]:
+        """Merges the recorded observations into the statistics (unless frozen), then
+        normalizes and clips each float leaf with the updated ones, keeping its dtype. Pure;
+        jittable."""
         leaves, treedef = jax.tree.flatten(step.obs)
         moments = list(state.shared)
         out = []

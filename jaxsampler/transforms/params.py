@@ -123,6 +123,9 @@ class DomainRandomization(Transform):
     def reset_params(
         self, state: StageState, key: jax.Array, reset: jax.Array, params: Any, ctx: Context
     ) -> tuple[StageState, Any]:
+        """New params from ``sample_params_fn`` for the envs where ``reset`` (``bool[E]``) is
+        set, each drawn from that env's base params; the others keep ``params``. The first
+        call stores ``params`` as the base. Pure; jittable."""
         num_envs = reset.shape[0]
         if not jax.tree.leaves(params):
             raise ValueError(

@@ -105,14 +105,19 @@ class NormalizeReward(Transform):
             raise TypeError(f"NormalizeReward: update must be a bool, got {self.update!r}")
 
     def init_shared(self, spaces: Spaces) -> RunningMoments:
+        """Empty scalar :class:`~jaxsampler.transforms.RunningMoments` of the return ``G``."""
         return RunningMoments.zeros(())
 
     def init_rows(self, spaces: Spaces, batch_shape: tuple[int, ...]) -> jax.Array:
+        """The return accumulators: ``float32[E, A]`` zeros."""
         return jnp.zeros(tuple(batch_shape), jnp.float32)
 
     def observe(
         self, spaces: Spaces, state: StageState, step: Observed, ctx: Context
     ) -> tuple[StageState, Observed]:
+        """Advances the return accumulators, merges the returns of transitions that end here
+        into the statistics (unless frozen), then scales and clips every reward (see the
+        class docstring). Pure; jittable."""
         reward = step.reward.astype(jnp.float32)
         ret = jnp.where(step.first, 0.0, state.rows + reward)
         ends = step.recorded & ~step.first  # the agent's transition ends here
@@ -150,6 +155,7 @@ class ScaleReward(Transform):
     def observe(
         self, spaces: Spaces, state: StageState, step: Observed, ctx: Context
     ) -> tuple[StageState, Observed]:
+        """``step.reward`` times ``scale``, in the reward's dtype. Stateless; pure."""
         reward = step.reward * jnp.asarray(self.scale, step.reward.dtype)
         return state, dataclasses.replace(step, reward=reward)
 
@@ -190,6 +196,8 @@ class ClipReward(Transform):
     def observe(
         self, spaces: Spaces, state: StageState, step: Observed, ctx: Context
     ) -> tuple[StageState, Observed]:
+        """``step.reward`` (or its sign, with ``sign=True``) clipped to ``[low, high]``, in the
+        reward's dtype. Stateless; pure."""
         reward = jnp.sign(step.reward) if self.sign else step.reward
         if self.low is not None or self.high is not None:
             reward = jnp.clip(reward, self.low, self.high)

@@ -126,6 +126,8 @@ class FrameStack(Transform):
         return space, False
 
     def check(self, spaces: Spaces) -> None:
+        """Raises :class:`TransformSpaceError` for an observation leaf that is not a ``Box``
+        (the action mask aside), or when there is nothing but a mask to stack."""
         stacked, _ = self._parts(spaces.obs)
         bad = first_bad_leaf(stacked, lambda s: isinstance(s, Box))
         if bad is not None:
@@ -141,6 +143,8 @@ class FrameStack(Transform):
             )
 
     def observation_space(self, spaces: Spaces) -> Space:
+        """Each ``Box`` leaf as ``(k, *shape)`` with its bounds repeated; an ``action_mask``
+        entry unchanged."""
         stacked, has_mask = self._parts(spaces.obs)
         out = _stacked_space(stacked, self.k)
         if has_mask:
@@ -149,6 +153,8 @@ class FrameStack(Transform):
         return out
 
     def init_rows(self, spaces: Spaces, batch_shape: tuple[int, ...]) -> Any:
+        """:class:`FrameStackRows` of zero frames (``[E, A, k, *leaf_shape]`` per leaf), every
+        row fresh."""
         stacked, _ = self._parts(spaces.obs)
         frames = tuple(
             jnp.zeros(tuple(batch_shape) + (self.k,) + leaf.shape, leaf.dtype)
@@ -159,6 +165,9 @@ class FrameStack(Transform):
     def observe(
         self, spaces: Spaces, state: StageState, step: Observed, ctx: Context
     ) -> tuple[StageState, Observed]:
+        """Hands on the stacks with the new observation pushed in (filling every slot at an
+        agent's first recorded observation) and keeps them only where ``step.recorded``.
+        Pure; jittable."""
         rows: FrameStackRows = state.rows
         obs = step.obs
         mask = None
@@ -277,6 +286,8 @@ class PrevActionsRewards(Transform):
         object.__setattr__(self, "n", int(self.n))
 
     def check(self, spaces: Spaces) -> None:
+        """Raises :class:`TransformSpaceError` unless the policy's action space is
+        ``Discrete``, ``MultiDiscrete`` or ``Box``."""
         if not isinstance(spaces.policy_action, (Discrete, MultiDiscrete, Box)):
             raise TransformSpaceError(
                 f"PrevActionsRewards({self.n}) supports Discrete, MultiDiscrete or Box action "
@@ -284,6 +295,9 @@ class PrevActionsRewards(Transform):
             )
 
     def observation_space(self, spaces: Spaces) -> Space:
+        """``Dict(observations=<the input>, prev_actions=..., prev_rewards=float32[n])``, plus
+        the input's ``action_mask`` at the top level (``prev_actions``' space: see the class
+        docstring)."""
         inner = spaces.obs
         extra: dict[str, Space] = {}
         if _mask_apart(inner):
@@ -305,6 +319,8 @@ class PrevActionsRewards(Transform):
         return action.astype(space.dtype)
 
     def init_rows(self, spaces: Spaces, batch_shape: tuple[int, ...]) -> Any:
+        """:class:`PrevActionsRewardsRows` of zeros for ``batch_shape = (E, A)``, every row
+        fresh and not armed."""
         b = tuple(batch_shape)
         hist = _action_history_space(spaces.policy_action, self.n)
         act = jnp.zeros(hist.shape[1:], hist.dtype)
@@ -320,6 +336,9 @@ class PrevActionsRewards(Transform):
     def observe(
         self, spaces: Spaces, state: StageState, step: Observed, ctx: Context
     ) -> tuple[StageState, Observed]:
+        """Hands on the observation with both histories advanced by the agent's pending action
+        and summed reward, and keeps the advance only where ``step.recorded``. Pure;
+        jittable."""
         rows: PrevActionsRewardsRows = state.rows
         first, recorded = step.first, step.recorded
         fresh = rows.fresh | first
