@@ -111,6 +111,7 @@ class RandomPolicy(Policy):
         split_masked_space(self.observation_space, self.action_space, other_keys=True)
 
     def init(self, key: jax.Array) -> Any:
+        """No params: ``()`` (``key`` is unused)."""
         return ()
 
     def __call__(

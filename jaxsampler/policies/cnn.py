@@ -135,6 +135,8 @@ class CNNPolicy(FeedForwardActorCritic):
 
     @property
     def module(self) -> ActorCriticCNN:
+        """The flax :class:`ActorCriticCNN` the params belong to, built from this policy's
+        fields (cheap; holds no params)."""
         return ActorCriticCNN(
             action_dim(self.action_space),
             self.conv_features,
@@ -145,6 +147,8 @@ class CNNPolicy(FeedForwardActorCritic):
         )
 
     def init(self, key: jax.Array) -> Any:
+        """Fresh params of :attr:`module`, initialised on one zero ``[1, H, W, C]`` observation.
+        Pure."""
         space = self.network_space
         return self.module.init(key, jnp.zeros((1, *space.shape), jnp.float32))
 

@@ -154,7 +154,10 @@ def actor_critic_heads(
 
 
 class ActorCriticMLP(nn.Module):
-    """Separate actor and critic MLPs (the PureJaxRL layout). Returns ``(dist_inputs, value)``."""
+    """Separate actor and critic MLPs (the PureJaxRL layout). ``x``: ``float32[B, F]``.
+
+    Returns ``(dist_inputs float32[B, k], value float32[B], log_std float32[k] or None)``.
+    """
 
     num_outputs: int
     hidden_sizes: Sequence[int] = (64, 64)
@@ -240,6 +243,14 @@ class FeedForwardActorCritic(Policy):
     explore: bool
 
     def forward(self, params: Any, obs: Any) -> tuple[jax.Array, jax.Array, jax.Array | None]:
+        """The network's outputs for observations with leaves ``[*batch, ...]`` (subclasses
+        implement it).
+
+        Returns:
+            ``(dist_inputs, value, log_std)``: ``float32[*batch, k]`` (logits, masked with a
+            masked observation space, or Gaussian means), ``float32[*batch]``, and the
+            state-independent ``float32[k]`` (``None`` for discrete actions). Pure.
+        """
         raise NotImplementedError
 
     def __call__(
@@ -288,6 +299,8 @@ class MLPPolicy(FeedForwardActorCritic):
 
     @property
     def module(self) -> ActorCriticMLP:
+        """The flax :class:`ActorCriticMLP` the params belong to, built from this policy's
+        fields (cheap; holds no params)."""
         return ActorCriticMLP(
             action_dim(self.action_space),
             self.hidden_sizes,
@@ -301,6 +314,8 @@ class MLPPolicy(FeedForwardActorCritic):
         return _network_space(self.observation_space, self.action_space)
 
     def init(self, key: jax.Array) -> Any:
+        """Fresh params of :attr:`module`, initialised on one zero observation (flattened, or
+        one-hot for ``Discrete``). Pure."""
         space = self.network_space
         return self.module.init(key, _flatten_obs(space.zeros()[None], space))
 
@@ -376,16 +391,21 @@ class RecurrentPolicy(Policy):
 
     @property
     def module(self) -> _GRUActorCritic:
+        """The flax GRU actor-critic (embedding, ``GRUCell``, actor and critic heads) the params
+        belong to, built from this policy's fields."""
         return _GRUActorCritic(
             action_dim(self.action_space), self.hidden_size, isinstance(self.action_space, Box)
         )
 
     def init(self, key: jax.Array) -> Any:
+        """Fresh params of :attr:`module`, initialised on one zero observation and a zero
+        carry. Pure."""
         space = self.network_space
         x = _flatten_obs(space.zeros()[None], space)
         return self.module.init(key, self.initial_state((1,)), x)
 
     def initial_state(self, batch_shape: tuple[int, ...]) -> jax.Array:
+        """The GRU carry at an episode start: ``float32[*batch_shape, hidden_size]`` zeros."""
         return jnp.zeros(tuple(batch_shape) + (self.hidden_size,), jnp.float32)
 
     def __call__(

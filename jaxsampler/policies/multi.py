@@ -167,10 +167,14 @@ class MultiAgentPolicy(Policy):
     # -- Policy protocol -----------------------------------------------------------------
 
     def init(self, key: jax.Array) -> dict[str, Any]:
+        """``{policy_id: params}``: each used policy's ``init`` with its own split of ``key``.
+        Pure."""
         keys = jax.random.split(key, len(self.policies))
         return {pid: p.init(k) for pid, p, k in zip(self.policy_ids, self.policies, keys)}
 
     def initial_state(self, batch_shape: tuple[int, ...]) -> dict[str, Any]:
+        """``{policy_id: state}`` for ``batch_shape = (*lead, A)``: each policy's initial state
+        for ``(*lead, A_p)``, ``A_p`` the number of agents it controls."""
         *lead, _ = batch_shape
         return {
             pid: p.initial_state((*lead, len(self.agents_of(pid))))
