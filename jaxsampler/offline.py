@@ -317,6 +317,8 @@ class OfflineWriter:
         self._f.write(payload)
 
     def flush(self) -> None:
+        """Pushes the records written so far to the file (through gzip's compressor for
+        ``.gz``) without closing it; only :meth:`close` writes the end frame."""
         self._f.flush()
 
     def close(self) -> None:
@@ -481,6 +483,7 @@ class RepairReport:
 
     @property
     def bytes_dropped(self) -> int:
+        """Total length of the damaged byte ranges skipped (:attr:`dropped`)."""
         return sum(n for _, n in self.dropped)
 
     @property

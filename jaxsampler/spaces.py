@@ -144,6 +144,7 @@ class Box(Space):
 
     @property
     def is_bounded(self) -> bool:
+        """Whether every element has a finite ``low`` and a finite ``high``."""
         return bool(np.all(np.isfinite(self.low)) and np.all(np.isfinite(self.high)))
 
     def sample(self, key: jax.Array) -> jax.Array:

@@ -51,11 +51,15 @@ class Env(Protocol):
     """What the env axis needs of an env: :class:`jaxsampler.envs.base.Env`'s two
     functions (structural, so this layer sits below the envs that use it)."""
 
-    def reset(self, key: jax.Array, params: Any = None) -> tuple[Any, TimeStep]: ...
+    def reset(self, key: jax.Array, params: Any = None) -> tuple[Any, TimeStep]:
+        """Starts an episode of one env (see :meth:`jaxsampler.envs.base.Env.reset`)."""
+        ...
 
     def step(
         self, key: jax.Array, state: Any, action: Any, params: Any = None
-    ) -> tuple[Any, TimeStep]: ...
+    ) -> tuple[Any, TimeStep]:
+        """Advances one env by one step (see :meth:`jaxsampler.envs.base.Env.step`)."""
+        ...
 
 
 def vmap_agents(fn: Callable[..., Any], in_axes: Any = 0) -> Callable[..., Any]:

@@ -236,6 +236,17 @@ def _check(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Runs the ``jaxsampler`` command: ``bench`` (also with no subcommand), ``check ENV``
+    or ``envs``.
+
+    Args:
+        argv: the arguments after the program name (``None``: ``sys.argv[1:]``).
+
+    Returns:
+        The exit status: 0 on success, 1 when ``check`` finds problems, 2 for bad input
+        (an unknown env id, a bad option value or ``--frame`` path). Arguments argparse
+        rejects exit with status 2 through ``SystemExit``.
+    """
     args = _parser().parse_args(argv)
     if args.command in (None, "bench"):
         if args.command is None:  # bare `jaxsampler`: bench with defaults

@@ -195,6 +195,7 @@ class Logger:
 
     @property
     def closed(self) -> bool:
+        """Whether :meth:`close` has been called (writes then raise ``ValueError``)."""
         return self._closed
 
     def __enter__(self) -> Logger:

@@ -181,6 +181,9 @@ class ProgressCallback:
         self.count = count
 
     def on_sample_end(self, report: SampleReport) -> None:
+        """Advances the bar by the call's env (or agent) steps and shows the call's mean
+        episode return (a call that finished no episode keeps the value shown last) and, if
+        the call compiled, its compile seconds."""
         m = report.metrics
         n = m.num_env_steps_sampled if self.count == "env_steps" else m.num_agent_steps_sampled
         postfix: dict[str, Any] = {"return": float(m.episode_return_mean)}
