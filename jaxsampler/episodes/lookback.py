@@ -50,63 +50,14 @@ of the data before it raises).
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
+# (tree_map, batch and data_len are also imported from here by the other layers)
+from jaxsampler.episodes._tree import batch, batch_size, data_len, leaves, reorder, tree_map
+
 __all__ = ["InfiniteLookbackBuffer", "batch", "tree_map"]
-
-
-# ----------------------------------------------------------------------------- structs
-
-
-def tree_map(fn: Callable[..., Any], tree: Any, *rest: Any) -> Any:
-    """Maps over dict/tuple structs (dict key order of ``tree`` kept); anything else is a leaf."""
-    if isinstance(tree, dict):
-        return {k: tree_map(fn, v, *(r[k] for r in rest)) for k, v in tree.items()}
-    if isinstance(tree, tuple):
-        return tuple(tree_map(fn, v, *(r[i] for r in rest)) for i, v in enumerate(tree))
-    return fn(tree, *rest)
-
-
-def _leaves(tree: Any) -> list[Any]:
-    out: list[Any] = []
-    tree_map(out.append, tree)
-    return out
-
-
-def data_len(data: Any) -> int:
-    """Number of items in a column: ``len`` of a list, else the leading dim of the first leaf."""
-    if isinstance(data, list):
-        return len(data)
-    leaves = _leaves(data)
-    return int(np.shape(leaves[0])[0]) if leaves else 0
-
-
-def batch(items: list[Any]) -> Any:
-    """Stacks a list of structs into one struct of arrays (leading axis = item).
-
-    Leaves of different shapes are broadcast to the first one's shape, as RLlib's
-    ``batch`` does (a scalar ``fill`` next to vector items); the dtype is the items'
-    common one (Python scalars taken as weakly typed).
-    """
-    if len(items) == 0:
-        raise ValueError("Input `list_of_structs` does not contain any items.")
-    return tree_map(_stack, items[0], *items[1:])
-
-
-def _stack(*xs: Any) -> np.ndarray:
-    arrays = [np.asarray(x) for x in xs]
-    shape = arrays[0].shape
-    if all(a.shape == shape for a in arrays):
-        return np.stack(arrays)
-    # (Python scalars, e.g. a raw fill value, do not widen the items' dtype)
-    weak = [x if isinstance(x, (bool, int, float)) else a for x, a in zip(xs, arrays)]
-    out = np.empty((len(arrays), *shape), np.result_type(*weak))
-    for i, a in enumerate(arrays):
-        out[i] = a  # (ValueError where a cannot be broadcast to the first item's shape)
-    return out
 
 
 # ----------------------------------------------------------------------------- spaces
@@ -391,7 +342,7 @@ class InfiniteLookbackBuffer:
                     if before
                     else (lambda p, x: np.concatenate([x, p]))
                 )
-                out = tree_map(join, pad, _reorder(out, pad))
+                out = tree_map(join, pad, reorder(out, pad))
         return out
 
     # -- writing ---------------------------------------------------------------------
@@ -401,7 +352,7 @@ class InfiniteLookbackBuffer:
             self.data = tree_map(
                 lambda d, x: np.concatenate([d, np.asarray(x)[None]]),
                 self.data,
-                _reorder(item, self.data),
+                reorder(item, self.data),
             )
         else:
             self.data.append(item)
@@ -415,7 +366,7 @@ class InfiniteLookbackBuffer:
             self.data = tree_map(
                 lambda d, x: np.concatenate([d, np.asarray(x)]),
                 self.data,
-                _reorder(items, self.data),
+                reorder(items, self.data),
             )
         else:
             self.data.extend(items)
@@ -459,7 +410,7 @@ class InfiniteLookbackBuffer:
             sl, _, _, _ = self._clip_slice(at_indices, neg_index_as_lookback)
             positions = list(range(n))[sl]
             size = len(positions)
-            given = _size(new_data) if self.finalized else len(new_data)
+            given = batch_size(new_data) if self.finalized else len(new_data)
             if given != size:
                 raise IndexError(
                     f"Cannot `set()` value via at_indices={sl} (option "
@@ -478,7 +429,7 @@ class InfiniteLookbackBuffer:
             else:
                 values = [
                     tree_map(lambda x, j=j: x[j], new_data)
-                    for j in range(min(len(positions), _size(new_data)))
+                    for j in range(min(len(positions), batch_size(new_data)))
                 ]
             if len(values) < len(positions):
                 raise IndexError(
@@ -500,7 +451,7 @@ class InfiniteLookbackBuffer:
                 def put(d: np.ndarray, x: Any, p: int = p) -> None:
                     d[p] = x
 
-                tree_map(put, self.data, _reorder(v, self.data))
+                tree_map(put, self.data, reorder(v, self.data))
             else:
                 self.data[p] = v
 
@@ -556,8 +507,8 @@ class InfiniteLookbackBuffer:
             return False
         try:
             la, lb = (
-                _leaves(self.data) if self.finalized else self.data,
-                _leaves(other.data) if other.finalized else other.data,
+                leaves(self.data) if self.finalized else self.data,
+                leaves(other.data) if other.finalized else other.data,
             )
             return len(la) == len(lb) and all(
                 np.array_equal(np.asarray(x), np.asarray(y)) for x, y in zip(la, lb)
@@ -577,20 +528,3 @@ class InfiniteLookbackBuffer:
         else:
             head, tail = self.data[:lb], self.data[lb:]
         return f"{type(self).__name__}({head} <- lookback({lb}) | {tail})"
-
-
-def _size(data: Any) -> int:
-    """Number of items in a batch: ``len`` of a list or array, else the leading dim of
-    the first leaf of a struct."""
-    if isinstance(data, (dict, tuple)):
-        return data_len(data)
-    return len(data)
-
-
-def _reorder(item: Any, like: Any) -> Any:
-    """``item`` with dict keys in ``like``'s order (structs are matched by key)."""
-    if isinstance(like, dict) and isinstance(item, dict):
-        return {k: _reorder(item[k], v) for k, v in like.items()}
-    if isinstance(like, tuple) and isinstance(item, (tuple, list)):
-        return tuple(_reorder(i, v) for i, v in zip(item, like))
-    return item

@@ -61,8 +61,9 @@ from typing import Any
 import numpy as np
 
 from jaxsampler.constants import ALL_AGENTS
+from jaxsampler.episodes._tree import batch, tree_map
 from jaxsampler.episodes.ids import random_episode_id
-from jaxsampler.episodes.lookback import InfiniteLookbackBuffer, batch, tree_map
+from jaxsampler.episodes.lookback import InfiniteLookbackBuffer
 from jaxsampler.episodes.single_agent import SingleAgentEpisode, _empty_like
 
 __all__ = ["MultiAgentEpisode", "MultiAgentEnvError", "SKIP", "StaticModuleMapping"]

@@ -22,8 +22,9 @@ from typing import Any, Generic, TypeVar, overload
 
 import numpy as np
 
+from jaxsampler.episodes._tree import data_len, leaves, tree_map
 from jaxsampler.episodes.ids import random_episode_id
-from jaxsampler.episodes.lookback import InfiniteLookbackBuffer, data_len
+from jaxsampler.episodes.lookback import InfiniteLookbackBuffer
 
 __all__ = ["EpisodeBuffers", "SingleAgentEpisode", "reward_space"]
 
@@ -560,8 +561,6 @@ class SingleAgentEpisode:
         def cols(buf: InfiniteLookbackBuffer, extra: int) -> Any:
             a, b = buf.lookback + start - lb, buf.lookback + stop + extra
             if buf.finalized:
-                from jaxsampler.episodes.lookback import tree_map
-
                 return tree_map(lambda x: x[a:b:step], buf.data)
             return buf.data[a:b:step]
 
@@ -600,12 +599,10 @@ class SingleAgentEpisode:
         assert self.t == other.t_started, (
             f"chunks do not meet: self.t={self.t}, other.t_started={other.t_started}"
         )
-        from jaxsampler.episodes.lookback import _leaves
-
         last, first = self.get_observations(-1), other.get_observations(0)
         assert all(
             np.array_equal(np.asarray(a), np.asarray(b))
-            for a, b in zip(_leaves(last), _leaves(first))
+            for a, b in zip(leaves(last), leaves(first))
         ), "the last observation of self differs from the first of other"
         for k in other.extra_model_outputs:
             assert k in self.extra_model_outputs, f"extra model output {k!r} missing in self"
