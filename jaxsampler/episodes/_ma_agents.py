@@ -89,6 +89,7 @@ class _AgentBookkeeping:
 
     @property
     def is_done(self) -> bool:
+        """Like RLlib's: whether the episode is terminated or truncated."""
         return bool(self.is_terminated or self.is_truncated)
 
     # -- agents and modules ------------------------------------------------------------
@@ -103,6 +104,7 @@ class _AgentBookkeeping:
 
     @property
     def agent_to_module_mapping(self) -> dict[Any, Any]:
+        """Like RLlib's: the agent-to-module ids mapped so far (a copy)."""
         return dict(self._agent_to_module_mapping)
 
     def assign_module(self, agent_id: Any, module_id: Any) -> None:
@@ -122,6 +124,7 @@ class _AgentBookkeeping:
 
     @property
     def agent_ids(self) -> set:
+        """Like RLlib's: the ids of the agents with an episode in this chunk."""
         return set(self.agent_episodes)
 
     def _new_agent(self, aid: Any, observation: Any, info: Any) -> None:
@@ -144,6 +147,8 @@ class _AgentBookkeeping:
         self._agent_episode_ids[aid] = sa.id_
 
     def _map_len(self) -> int:
+        """Length of the ``env_t_to_agent_t`` maps: every env step's observation, lookback
+        included."""
         return self.env_t - self.env_t_started + self._len_lookback_buffers + 1
 
     # -- trusted construction (the samplers' fast path) ---------------------------------
@@ -220,6 +225,7 @@ class _AgentBookkeeping:
             m.data.extend(entries)
 
     def _drop_agent(self, aid: Any) -> None:
+        """Forgets ``aid`` entirely (episode, map and caches)."""
         for d in (
             self.agent_episodes,
             self.env_t_to_agent_t,

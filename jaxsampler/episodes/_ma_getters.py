@@ -52,6 +52,8 @@ class _Getters(_AgentBookkeeping):
         one_hot: bool,
         return_list: bool,
     ) -> Any:
+        """What every getter returns: ``what`` (``key`` of the extras) of ``agent_ids`` at
+        ``indices``, by env step or (``env_steps=False``) by each agent's own step."""
         if return_list and not env_steps:
             raise ValueError(
                 f"`MultiAgentEpisode.get_{what}()` can't be called with both `env_steps=False` "
@@ -67,6 +69,8 @@ class _Getters(_AgentBookkeeping):
         # (per-step lists treat an index outside the data as a step without data)
         pos = self._positions(indices, nial, fill is not None or return_list, n_items)
         scalar = not isinstance(pos, list)
+        # (RLlib deviation (18): an int index with return_list gives a one-item list; RLlib
+        # fails an assertion)
         positions = [pos] if scalar else pos
         values = {a: self._agent_values(what, key, a, positions, fill, one_hot) for a in agents}
         if return_list:
@@ -82,16 +86,23 @@ class _Getters(_AgentBookkeeping):
                     out[a] = kept[0]
             elif kept:
                 sa_buf = self._column(a, what, key)
+                # (batched in the items' common dtype: numpy'ized rewards with fill keep the
+                # stored one, RLlib deviation (14): RLlib's is float32 when the first item is
+                # a fill value, else float64; infos are never numpy'ized, so info getters
+                # with fill give lists of dicts, RLlib deviation (15): RLlib batches the fill
+                # dicts into arrays, or raises)
                 out[a] = batch(kept) if sa_buf is not None and sa_buf.finalized else kept
         return out
 
     def _column(self, aid: Any, what: str, key: Any) -> InfiniteLookbackBuffer | None:
+        """``aid``'s buffer of ``what`` (of extra ``key``; ``None`` if it has none)."""
         sa = self.agent_episodes[aid]
         if what == "extra_model_outputs":
             return sa.extra_model_outputs.get(key)
         return getattr(sa, what)
 
     def _hanging(self, aid: Any, what: str, key: Any) -> Any:
+        """``aid``'s cached (hanging) value of ``what``, or ``_OUT`` if it is not hanging."""
         if aid not in self._hanging_actions_end:
             return _OUT
         if what == "actions":
@@ -105,6 +116,11 @@ class _Getters(_AgentBookkeeping):
     def _agent_values(
         self, what: str, key: Any, aid: Any, positions: list, fill: Any, one_hot: bool
     ) -> list:
+        """``aid``'s values at env-step map ``positions``: its item where it has one, its
+        hanging value one past its data, else the fill item or ``_OUT``.
+
+        RLlib deviation (1): on ``cut`` chunks too (RLlib's env-step getters of actions,
+        rewards and extras lose items there)."""
         m = self.env_t_to_agent_t[aid]
         buf = self._column(aid, what, key)
         hanging = self._hanging(aid, what, key)
@@ -128,7 +144,8 @@ class _Getters(_AgentBookkeeping):
                 elif q == n and hanging is not _OUT:
                     v = _like_buffer(buf, hanging, one_hot)
             if v is _OUT and fill is not None:
-                if filler is None:
+                if filler is None:  # (also for extras: RLlib deviation (13), RLlib raises
+                    # AttributeError for env-step extras with fill)
                     ref = buf if buf is not None else InfiniteLookbackBuffer()
                     filler = ref._fill_item(fill, one_hot)
                 v = filler
@@ -138,6 +155,12 @@ class _Getters(_AgentBookkeeping):
     def _get_agent_steps(
         self, what: str, key: Any, indices: Any, agents: list, nial: bool, fill: Any, one_hot: bool
     ) -> dict:
+        """``{agent: values}`` at ``indices`` of each agent's own steps; a hanging agent's
+        cached value counts as one step past its data.
+
+        RLlib deviation (12): with ``neg_index_as_lookback`` the indices are resolved in the
+        agent's own data only (RLlib appends a cached hanging value first, also a 0.0 reward
+        of an agent that is not hanging)."""
         out = {}
         for a in agents:
             buf = self._column(a, what, key)
@@ -170,6 +193,12 @@ class _Getters(_AgentBookkeeping):
         one_hot_discrete: bool = False,
         return_list: bool = False,
     ) -> Any:
+        """Like RLlib's: the agents' observations at ``indices``.
+
+        ``{agent_id: values}`` at ``indices`` (an int, a list or a slice; ``None``: all) of
+        the env steps (by default) or of each agent's own steps (``env_steps=False``); with
+        ``return_list``, one ``{agent_id: value}`` dict per env step. ``fill`` pads indices
+        outside the data; ``one_hot_discrete`` one-hot encodes discrete values."""
         return self._get(
             "observations",
             None,
@@ -192,6 +221,7 @@ class _Getters(_AgentBookkeeping):
         fill: Any = None,
         return_list: bool = False,
     ) -> Any:
+        """Like RLlib's: the agents' infos at ``indices`` (as in :meth:`get_observations`)."""
         return self._get(
             "infos",
             None,
@@ -215,6 +245,7 @@ class _Getters(_AgentBookkeeping):
         one_hot_discrete: bool = False,
         return_list: bool = False,
     ) -> Any:
+        """Like RLlib's: the agents' actions at ``indices`` (as in :meth:`get_observations`)."""
         return self._get(
             "actions",
             None,
@@ -237,6 +268,7 @@ class _Getters(_AgentBookkeeping):
         fill: Any = None,
         return_list: bool = False,
     ) -> Any:
+        """Like RLlib's: the agents' rewards at ``indices`` (as in :meth:`get_observations`)."""
         return self._get(
             "rewards",
             None,
@@ -260,8 +292,13 @@ class _Getters(_AgentBookkeeping):
         fill: Any = None,
         return_list: bool = False,
     ) -> Any:
-        """Extra model outputs: ``{agent: values}`` for ``key``, ``{agent: {key: values}}``
-        for all keys."""
+        """Like RLlib's: extra model outputs, ``{agent: values}`` for ``key`` and
+        ``{agent: {key: values}}`` for all keys (``key=None``); indices as in
+        :meth:`get_observations`.
+
+        RLlib deviation (2): ``env_steps=False`` with a ``key`` works (RLlib raises
+        ``TypeError``). RLlib deviation (7): extras only an agent's hanging step has so far
+        are returned (RLlib raises ``KeyError``)."""
         if key is not None:
             return self._get(
                 "extra_model_outputs",
@@ -277,6 +314,7 @@ class _Getters(_AgentBookkeeping):
         keys: dict[str, None] = {}
         for a in self._agent_list(agent_ids):
             keys.update((k, None) for k in self.agent_episodes[a].extra_model_outputs)
+            # (hanging-only keys too: RLlib deviation (7))
             keys.update((k, None) for k in self._hanging_extra_model_outputs_end.get(a, {}))
         per_key = {
             k: self._get(
@@ -310,6 +348,7 @@ class _Getters(_AgentBookkeeping):
     # -- setters (agent steps, delegated to the agents' episodes) ------------------------
 
     def _set(self, name: str, new_data: dict, **kw: Any) -> None:
+        """Calls each agent's episode's setter ``name`` with its part of ``new_data``."""
         for aid, data in new_data.items():
             if aid not in self.agent_episodes:
                 raise KeyError(
@@ -321,6 +360,8 @@ class _Getters(_AgentBookkeeping):
     def set_observations(
         self, *, new_data: dict, at_indices: Any = None, neg_index_as_lookback: bool = False
     ) -> None:
+        """Like RLlib's: overwrites each agent's observations at ``at_indices`` of its own
+        steps with its part of ``new_data`` (``{agent_id: data}``)."""
         self._set(
             "set_observations",
             new_data,
@@ -331,6 +372,8 @@ class _Getters(_AgentBookkeeping):
     def set_actions(
         self, *, new_data: dict, at_indices: Any = None, neg_index_as_lookback: bool = False
     ) -> None:
+        """Like RLlib's: overwrites each agent's actions at ``at_indices`` of its own
+        steps with its part of ``new_data`` (``{agent_id: data}``)."""
         self._set(
             "set_actions",
             new_data,
@@ -341,6 +384,8 @@ class _Getters(_AgentBookkeeping):
     def set_rewards(
         self, *, new_data: dict, at_indices: Any = None, neg_index_as_lookback: bool = False
     ) -> None:
+        """Like RLlib's: overwrites each agent's rewards at ``at_indices`` of its own
+        steps with its part of ``new_data`` (``{agent_id: data}``)."""
         self._set(
             "set_rewards",
             new_data,
@@ -356,6 +401,8 @@ class _Getters(_AgentBookkeeping):
         at_indices: Any = None,
         neg_index_as_lookback: bool = False,
     ) -> None:
+        """Like RLlib's: overwrites each agent's extra model output ``key`` at
+        ``at_indices`` of its own steps with its part of ``new_data``."""
         self._set(
             "set_extra_model_outputs",
             new_data,
@@ -366,7 +413,10 @@ class _Getters(_AgentBookkeeping):
 
 
 def _with_item(buf: InfiniteLookbackBuffer, item: Any) -> InfiniteLookbackBuffer:
-    """A copy of ``buf`` with ``item`` appended (``buf`` itself is unchanged)."""
+    """A copy of ``buf`` with ``item`` appended (``buf`` itself is unchanged).
+
+    RLlib deviation (17): a list-mode buffer stays a list (RLlib's ``np.append`` makes
+    agent-step slices of hanging agents arrays)."""
     out = copy.copy(buf)
     if not buf.finalized:
         out.data = list(buf.data)

@@ -74,7 +74,8 @@ class _Stepping(_AgentBookkeeping):
             self.agent_t_started[aid] = t0
         self.env_t_started = env_t_started
         self.env_t = env_t_started + n - lb
-        # (as RLlib's list constructor: no begin cache; unspent waiting rewards hang)
+        # (as RLlib's list constructor: no begin cache; unspent waiting rewards hang; a
+        # ``cut`` successor so starts without its predecessor's: RLlib deviation (5))
         self._hanging_rewards_begin = defaultdict(float)
         for aid, r in self.__dict__.pop("_pending_first_rewards").items():
             self._hanging_rewards_end[aid] += r
@@ -112,7 +113,7 @@ class _Stepping(_AgentBookkeeping):
     # -- stepping ----------------------------------------------------------------------
 
     def add_env_reset(self, *, observations: dict, infos: dict | None = None) -> None:
-        """Adds the first observations (and infos) of the episode."""
+        """Like RLlib's: adds the first observations (and infos) of the episode."""
         assert not self.is_done, "The episode is already done."
         infos = infos or {}
         for aid, obs in observations.items():
@@ -147,7 +148,8 @@ class _Stepping(_AgentBookkeeping):
         map_len = self._map_len()
         # Every agent known before this step done (by its own flags, not "__all__"): the
         # episode is terminated, also when some of them were truncated (RLlib's rule) -
-        # unless an agent joins in this step (RLlib would end the episode and ignore it).
+        # unless an agent joins in this step (Design choice: RLlib would end the episode
+        # there and ignore the joiner).
         joins = any(
             a not in self.agent_episodes and not terminateds.get(a) and not truncateds.get(a)
             for a in observations
@@ -245,6 +247,8 @@ class _Stepping(_AgentBookkeeping):
             if term or trunc:
                 return  # an agent that arrives done never steps
             self._new_agent(aid, observations[aid], infos.get(aid))
+            # mapped at its env step of this chunk (RLlib deviation (11): RLlib pads the map
+            # of an agent joining a cut chunk by the absolute env_t)
             self.env_t_to_agent_t[aid] = InfiniteLookbackBuffer(
                 [SKIP] * (map_len - 1) + [self.agent_t_started.get(aid, 0)],
                 self._len_lookback_buffers,
@@ -274,7 +278,12 @@ class _Stepping(_AgentBookkeeping):
                     self._hanging_rewards_end.pop(aid, None)
 
     def _finish_hanging(self, aid: Any, term: bool, trunc: bool) -> None:
-        """A hanging agent that is done without a next observation."""
+        """A hanging agent that is done without a next observation: terminated, its step
+        completes with its last observation again (see :meth:`_complete`).
+
+        RLlib deviation (10): this works in a ``cut`` chunk too, where that observation is
+        in the lookback (RLlib loses the step and the agent's done flag: its successor has
+        no "last added" observation)."""
         if trunc and not term:
             raise MultiAgentEnvError(
                 f"Agent {aid} acted and then got truncated, but did NOT receive a last "
@@ -299,7 +308,11 @@ class _Stepping(_AgentBookkeeping):
         self, aid, obs, info, action, reward, extras, term, trunc, mapped: bool = True
     ) -> None:
         """Adds one agent step; ``mapped=False``: its observation (a terminated agent's
-        last one, re-recorded) belongs to no env step, the agent's map keeps ``SKIP``."""
+        last one, re-recorded) belongs to no env step, the agent's map keeps ``SKIP``.
+
+        RLlib deviation (9): RLlib maps that observation to the *next* env step, so the
+        agent's map is one entry too long: its env-step getters with negative indices and
+        ``get_agents_that_stepped()`` are off by one."""
         sa = self.agent_episodes[aid]
         sa.add_env_step(
             obs,

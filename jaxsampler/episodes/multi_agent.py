@@ -12,42 +12,12 @@ name in ray 2.60 (its documentation and its recorded behaviour), written anew:
 * getters index env steps by default (``env_steps=True``) and each agent's own
   timeline with ``env_steps=False``.
 
-Deviations from ray 2.60, each where RLlib 2.60 has a bug (``tests/ma_differential.py``
-runs random call sequences on both classes and leaves out exactly these):
-env-step getters on cut chunks return every item (1); ``get_extra_model_outputs(key,
-env_steps=False)`` works (2); ``get_truncateds()["__all__"]`` is ``is_truncated`` (3);
-``cut(0)`` keeps hanging agents (4); a cut chunk's ``_hanging_rewards_begin`` starts
-empty, so ``get_return(include_hanging_rewards=True)`` does not count rewards twice (5);
-``concat_episode`` drops hanging caches that the other chunk completed (6);
-``get_extra_model_outputs`` returns hanging-only extras (7); ``is_numpy`` ignores
-agents with no step yet (8); the re-recorded final observation of an agent terminated
-without one is mapped to no env step (RLlib maps it to the *next* env step: that agent's
-map is one entry too long, so its env-step getters with negative indices, and
-``get_agents_that_stepped()``, are off by one) (9); in a cut chunk such an agent still
-completes its hanging step and is done (RLlib loses both: the successor has no "last
-added" observation) (10); an agent joining a cut chunk is mapped at its env step (RLlib
-pads its map by the absolute ``env_t``) (11); agent-step getters with
-``neg_index_as_lookback`` resolve indices in the agent's own data only (RLlib appends a
-cached hanging value first, also a 0.0 reward of an agent that is not hanging) (12);
-env-step extras with ``fill`` work (RLlib raises ``AttributeError``) (13); numpy'ized
-rewards with ``fill`` keep the stored dtype (RLlib's is float32 when the first item is
-a fill value, else float64) (14); numpy'ized info getters with ``fill`` return lists of
-dicts (RLlib batches the fill dicts into arrays, or raises) (15); ``cut(n)`` keeps at
-most the data there is (RLlib does not clip ``n``: the successor gets empty lookback
-env steps and lookback indices differ) (16); agent-step slices of hanging agents are
-lists in list mode (RLlib's ``np.append`` makes arrays) (17); ``return_list=True`` with
-an int index returns a one-item list (RLlib fails an assertion) (18).
-
-Two more differences are choices, not RLlib bugs: ``cut`` does not carry done agents into
-the successor (RLlib keeps them as done agents with only lookback data, which its env
-runner then prunes); and an agent that joins in the step where every other known agent
-is done keeps the episode going (RLlib ends the episode there and ignores the joiner).
-Behaviours matched to RLlib: rewards before an agent's first observation go to its first
-step when the list constructor's ``agent_episode_ids`` names it (else they are dropped);
-a done agent's caches are cleared; the episode ends terminated once every agent known
-before the step is done by its own flags, and its flags are OR'ed into every agent
-stepped there; ``agent_t_started`` holds started agents only; agent-step getters leave
-out agents without data in range; an empty ``agent_ids`` means all agents.
+The class is put together from ``_ma_agents.py`` (its state and per-agent book-keeping),
+``_ma_steps.py`` (stepping) and ``_ma_getters.py`` (``get_*`` / ``set_*``); chunks
+(``cut``, ``slice``, ``concat_episode``) are here. Where RLlib 2.60 has a bug that this
+class does not copy, a note "RLlib deviation (n)" sits at the code concerned, numbered
+1-18 as ``tests/ma_differential.py`` leaves them out; two deliberate differences that are
+not RLlib bugs are marked "Design choice".
 """
 
 from __future__ import annotations
@@ -79,7 +49,8 @@ class MultiAgentEpisode(_Stepping, _Getters):
     ``observations`` / ``infos`` / ``actions`` / ``rewards`` / ``extra_model_outputs`` are
     lists of per-env-step dicts (``{agent_id: value}``; extras ``{agent_id: {key: value}}``)
     with one observation dict more than action dicts. ``len_lookback_buffer`` leading env
-    steps (``"auto"``: all of them) are lookback.
+    steps (``"auto"``: all of them) are lookback. As in RLlib, ``agent_t_started`` holds
+    only agents that have started (received an observation).
     """
 
     def __init__(
@@ -148,22 +119,29 @@ class MultiAgentEpisode(_Stepping, _Getters):
 
     @property
     def is_reset(self) -> bool:
+        """Like RLlib's: whether any agent has an observation yet."""
         return bool(self.agent_episodes)
 
     def get_terminateds(self) -> dict:
+        """Like RLlib's: each agent's ``is_terminated``, and the episode's under ``"__all__"``."""
         return {
             **{a: sa.is_terminated for a, sa in self.agent_episodes.items()},
             ALL_AGENTS: self.is_terminated,
         }
 
     def get_truncateds(self) -> dict:
+        """Like RLlib's: each agent's ``is_truncated``, and the episode's under ``"__all__"``.
+
+        RLlib deviation (3): ``"__all__"`` is :attr:`is_truncated` (RLlib's is
+        ``is_terminated``)."""
         return {
             **{a: sa.is_truncated for a, sa in self.agent_episodes.items()},
             ALL_AGENTS: self.is_truncated,
         }
 
     def get_agents_that_stepped(self) -> set:
-        """Agents with an observation at the last env step."""
+        """Agents with an observation at the last env step (see RLlib deviation (9) in
+        ``_complete``: RLlib's also names agents terminated without a final observation)."""
         return {
             a
             for a, m in self.env_t_to_agent_t.items()
@@ -190,6 +168,7 @@ class MultiAgentEpisode(_Stepping, _Getters):
         return self.env_t - self.env_t_started
 
     def env_steps(self) -> int:
+        """Like RLlib's: the env steps in this chunk, ``len(self)``."""
         return len(self)
 
     def agent_steps(self) -> int:
@@ -197,6 +176,11 @@ class MultiAgentEpisode(_Stepping, _Getters):
         return sum(len(sa) for sa in self.agent_episodes.values())
 
     def get_return(self, include_hanging_rewards: bool = False) -> float:
+        """Like RLlib's: the sum of the agents' returns (lookback excluded), plus the
+        rewards waiting in the hanging caches with ``include_hanging_rewards``.
+
+        RLlib deviation (5): a ``cut`` successor does not count its predecessor's hanging
+        rewards twice (see :meth:`cut`)."""
         ret = sum(sa.get_return() for sa in self.agent_episodes.values())
         if include_hanging_rewards:
             ret += sum(self._hanging_rewards_begin.values()) + sum(
@@ -205,19 +189,24 @@ class MultiAgentEpisode(_Stepping, _Getters):
         return ret
 
     def get_duration_s(self) -> float:
+        """Like RLlib's: seconds from ``add_env_reset`` to the last step (0.0 before)."""
         if self._start_time is None:
             return 0.0
         return (self._last_step_time or self._start_time) - self._start_time
 
     @property
     def is_numpy(self) -> bool:
-        """All agents with at least one step are numpy'ized."""
+        """Like RLlib's: whether the agents' episodes are numpy'ized.
+
+        RLlib deviation (8): agents without a step yet are not asked (RLlib's is ``False``
+        while one of them exists)."""
         stepped = [sa for sa in self.agent_episodes.values() if len(sa) > 0]
         return bool(stepped) and all(sa.is_numpy for sa in stepped)
 
     is_finalized = is_numpy
 
     def to_numpy(self) -> MultiAgentEpisode:
+        """Like RLlib's: numpy'izes every agent's episode; returns ``self``."""
         for sa in self.agent_episodes.values():
             sa.to_numpy()
         return self
@@ -239,7 +228,18 @@ class MultiAgentEpisode(_Stepping, _Getters):
         """The successor chunk (same ``id_``, ``len == 0``, ``env_t_started = self.env_t``)
         with ``len_lookback_buffer`` env steps of lookback, raised so that every hanging
         agent's last observation is inside (its step then completes in the successor).
-        Done agents are not carried over."""
+
+        RLlib deviation (4): ``cut(0)`` raises the lookback for hanging agents too (RLlib's
+        search stops at once for 0, so their pending steps are lost).
+        RLlib deviation (5): the successor starts with no rewards waiting for a first
+        observation (RLlib copies this chunk's hanging rewards there, which the successor
+        also holds as hanging, so ``get_return(include_hanging_rewards=True)`` counts them
+        twice).
+        RLlib deviation (16): the lookback is at most the data there is (RLlib does not
+        clip ``len_lookback_buffer``: the successor gets empty lookback env steps and
+        other lookback indices).
+        Design choice: done agents are not carried over (RLlib keeps them with only
+        lookback data, which its env runner then prunes)."""
         if self.is_done:
             raise RuntimeError(
                 "Can't call `MultiAgentEpisode.cut()` when the episode is already done!"
@@ -252,8 +252,8 @@ class MultiAgentEpisode(_Stepping, _Getters):
             data = self.env_t_to_agent_t[aid].data
             real = [i for i, v in enumerate(data) if v != SKIP]
             if real:
-                n = max(n, last - real[-1])
-        n = min(n, last)
+                n = max(n, last - real[-1])  # (also for n == 0: RLlib deviation (4))
+        n = min(n, last)  # RLlib deviation (16)
         active = [a for a, sa in self.agent_episodes.items() if not sa.is_done]
         keep = lambda steps: [{a: v for a, v in d.items() if a in active} for d in steps]
         observations = keep(self.get_observations(slice(-n - 1, None), return_list=True))
@@ -359,8 +359,10 @@ class MultiAgentEpisode(_Stepping, _Getters):
     def concat_episode(self, other: MultiAgentEpisode) -> None:
         """Appends ``other``, the next chunk of this episode (``other.env_t_started ==
         self.env_t``, same ``id_``). Agents done here are skipped; agents new in ``other``
-        are added; the hanging caches become ``other``'s (steps that ``other`` completed
-        are no longer hanging)."""
+        are added; the hanging caches become ``other``'s.
+
+        RLlib deviation (6): steps that ``other`` completed are no longer hanging (RLlib
+        keeps this chunk's caches for them)."""
         if other.id_ != self.id_:
             raise ValueError(
                 f"cannot concat episodes with different ids ({self.id_} vs {other.id_})"
@@ -403,6 +405,7 @@ class MultiAgentEpisode(_Stepping, _Getters):
         for aid, m in self.env_t_to_agent_t.items():  # agents absent from other: no observation
             if aid not in other.agent_episodes:
                 m.data = list(m.data) + [SKIP] * (other.env_t - other.env_t_started)
+        # (other's caches replace these: RLlib deviation (6))
         self._hanging_actions_end = dict(other._hanging_actions_end)
         self._hanging_extra_model_outputs_end = defaultdict(
             dict, copy.deepcopy(dict(other._hanging_extra_model_outputs_end))
@@ -428,10 +431,12 @@ class MultiAgentEpisode(_Stepping, _Getters):
             )
 
     def get_state(self) -> dict[str, Any]:
+        """Like RLlib's: the episode's state (a deep copy), for :meth:`from_state`."""
         return copy.deepcopy({k: v for k, v in self.__dict__.items()})
 
     @staticmethod
     def from_state(state: dict[str, Any]) -> MultiAgentEpisode:
+        """Like RLlib's: the episode :meth:`get_state` returned ``state`` of."""
         ep = MultiAgentEpisode.__new__(MultiAgentEpisode)
         ep.__dict__.update(copy.deepcopy(state))
         return ep
