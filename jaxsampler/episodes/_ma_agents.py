@@ -59,6 +59,7 @@ class StaticModuleMapping:
 # Pickles, reprs and the docs name these where users import them from.
 for _public in (MultiAgentEnvError, StaticModuleMapping, default_agent_to_module_mapping_fn):
     _public.__module__ = "jaxsampler.episodes.multi_agent"
+del _public
 
 
 class _AgentBookkeeping:
