@@ -14,7 +14,7 @@ int/list/slice indices, ``neg_index_as_lookback``, ``fill``, ``return_list``, ag
 subsets) is made on both episodes and the results are compared.
 
 The comparison leaves out exactly the RLlib 2.60 bugs that jaxsampler does not copy
-(numbered as in ``jaxsampler.episodes.multi_agent``'s module docstring; :func:`excluded`
+(numbered as the "RLlib deviation (n)" notes in ``jaxsampler/episodes/``; :func:`excluded`
 and the excuses in :meth:`Program.getters` say which one a call falls under), plus the
 lookback buffers' own fill rule for slices reaching outside the data ("buffer": an
 ``InfiniteLookbackBuffer`` matter, not a multi-agent one). The generator avoids the

@@ -21,8 +21,8 @@ Two kinds of programs, each driven by a ``numpy`` generator:
 
 Results are compared exactly (values, dtypes, container types) and so are errors (both
 raise the same exception type, or neither raises). The comparison leaves out only the
-RLlib 2.60 bugs listed in ``jaxsampler.episodes.lookback``'s module docstring (B1-B9,
-the buffer's) and in ``jaxsampler.episodes.single_agent``'s (E1-E5, the episode's);
+RLlib 2.60 bugs noted as "RLlib deviation (Bn)" in ``jaxsampler.episodes.lookback`` (B1-B9,
+the buffer's) and "(En)" in ``jaxsampler.episodes.single_agent`` (E1-E5, the episode's);
 :func:`excused` names the one a call falls under. After a mutating call that raises on
 both sides, or one excused, a program stops (RLlib may have written part of it).
 """

@@ -2,10 +2,8 @@
 
 Same constructor arguments, column names, counters, slicing and concatenation rules as
 RLlib's classes in ray 2.60 (their documentation and recorded behaviour), written anew.
-Deliberate deviations from RLlib bugs: ``shuffle()`` permutes ``infos`` with the other
-columns; ``timeslices(size)`` returns a shorter last slice
-instead of looping forever when ``count % size != 0``; ``rows()`` yields one dict per row
-even when ``infos`` holds dicts.
+Where RLlib 2.60 has a bug that these classes do not copy, a note "RLlib deviation" sits
+at the method concerned (``rows``, ``timeslices``, ``shuffle``).
 """
 
 from __future__ import annotations
@@ -120,9 +118,11 @@ class SampleBatch(dict):
         return self.count
 
     def env_steps(self) -> int:
+        """Like RLlib's: the number of rows, ``count``."""
         return self.count
 
     def agent_steps(self) -> int:
+        """Like RLlib's: the number of rows, ``count``."""
         return self.count
 
     def __repr__(self) -> str:
@@ -161,15 +161,22 @@ class SampleBatch(dict):
         return self._with_rows(lambda v: v[start:end])
 
     def columns(self, keys: Sequence[str]) -> list[Any]:
+        """Like RLlib's: the columns ``keys``, in that order."""
         return [self[k] for k in keys]
 
     def rows(self) -> Iterator[dict[str, Any]]:
+        """Like RLlib's: one ``{column: value}`` dict per row (``seq_lens`` left out, where
+        RLlib's rows hold it as 1).
+
+        RLlib deviation: ``infos`` holding dicts give each row its info dict (RLlib's
+        descends into the dicts and indexes their values)."""
         for i in range(self.count):
             yield {
                 k: _map_rows(v, lambda x, i=i: x[i]) for k, v in self.items() if k != self.SEQ_LENS
             }
 
     def copy(self, shallow: bool = False) -> SampleBatch:
+        """Like RLlib's: a copy of the batch (the columns deep-copied unless ``shallow``)."""
         if shallow:
             return self._with_rows(lambda v: v)
         return self._with_rows(lambda v: _copy.deepcopy(v))
@@ -197,7 +204,10 @@ class SampleBatch(dict):
         self, size: int | None = None, num_slices: int | None = None, k: int | None = None
     ) -> list[SampleBatch]:
         """Consecutive slices of ``size`` rows (the last may be shorter), or ``num_slices``
-        near-equal slices (the remainder goes to the last ones)."""
+        near-equal slices (the remainder goes to the last ones).
+
+        RLlib deviation: a ``count`` that ``size`` does not divide gives a shorter last
+        slice (RLlib's loops forever)."""
         size = size if size is not None else k
         if size is not None:
             if size < 1:
@@ -214,7 +224,10 @@ class SampleBatch(dict):
         return out
 
     def shuffle(self) -> SampleBatch:
-        """Permutes the rows in place (``np.random.permutation``; ``infos`` too)."""
+        """Permutes the rows in place (``np.random.permutation``); returns ``self``.
+
+        RLlib deviation: ``infos`` are permuted with the other columns (RLlib leaves them
+        in place)."""
         if dict.get(self, self.SEQ_LENS) is not None and not self.zero_padded:
             raise ValueError(
                 "SampleBatch.shuffle() needs zero-padded sequences when seq_lens are present"
@@ -230,9 +243,12 @@ class SampleBatch(dict):
     # -- combining -------------------------------------------------------------------
 
     def concat(self, other: SampleBatch) -> SampleBatch:
+        """Like RLlib's: a new batch of this one's rows followed by ``other``'s."""
         return _concat_sb([self, other])
 
     def as_multi_agent(self, module_id: str | None = None) -> MultiAgentBatch:
+        """Like RLlib's: this batch as the only policy batch (of ``module_id``, default
+        ``"default_policy"``) of a ``MultiAgentBatch``."""
         return MultiAgentBatch({module_id or DEFAULT_POLICY_ID: self}, self.count)
 
 
@@ -247,27 +263,33 @@ class MultiAgentBatch:
         self.count = int(env_steps)
 
     def env_steps(self) -> int:
+        """Like RLlib's: the env steps the batches came from, ``count``."""
         return self.count
 
     def __len__(self) -> int:
         return self.count
 
     def agent_steps(self) -> int:
+        """Like RLlib's: the rows of all policy batches together."""
         return sum(b.count for b in self.policy_batches.values())
 
     def __getitem__(self, pid: Any) -> SampleBatch:
         return self.policy_batches[pid]
 
     def copy(self) -> MultiAgentBatch:
+        """Like RLlib's: a copy with every policy batch copied."""
         return MultiAgentBatch({k: v.copy() for k, v in self.policy_batches.items()}, self.count)
 
     def as_multi_agent(self) -> MultiAgentBatch:
+        """Like RLlib's: ``self``."""
         return self
 
     @staticmethod
     def wrap_as_needed(
         policy_batches: dict[Any, SampleBatch], env_steps: int
     ) -> SampleBatch | MultiAgentBatch:
+        """Like RLlib's: the only batch if it is ``"default_policy"``'s, else a
+        ``MultiAgentBatch`` of them."""
         if len(policy_batches) == 1 and DEFAULT_POLICY_ID in policy_batches:
             return policy_batches[DEFAULT_POLICY_ID]
         return MultiAgentBatch(policy_batches, env_steps)

@@ -1,112 +1,27 @@
 """``InfiniteLookbackBuffer``: one per-timestep column of an episode, plus its lookback.
 
 Same constructor, methods and index semantics as RLlib's buffer of that name in ray 2.60
-(its documentation and recorded behaviour), written anew:
+(its documentation and recorded behaviour), written anew. ``data`` is a ``list`` ("list
+mode") or, once finalized ("numpy'ized", :meth:`~InfiniteLookbackBuffer.finalize`), an
+ndarray or a dict/tuple struct of ndarrays with time as the leading axis. The first
+``lookback`` items form the lookback region; ``len(buf)`` excludes it. The index rules are
+in :meth:`~InfiniteLookbackBuffer.get`.
 
-* ``data`` is a ``list`` ("list mode") or, once :meth:`finalize`d ("numpy'ized"), an
-  ndarray or a dict/tuple struct of ndarrays with time as the leading axis. The first
-  ``lookback`` items form the lookback region; ``len(buf)`` excludes it.
-* ``get(indices)``: ints >= 0 count from the first non-lookback item; negative ints
-  count from the end of all data (lookback included) or, with
-  ``neg_index_as_lookback=True``, backwards from the first non-lookback item. Slices
-  follow the same rules at both ends. Out-of-range items raise ``IndexError`` unless
-  ``fill`` is given. Numpy'ized slices are views of ``data`` (no copy) when no padding
-  or one-hot encoding is asked for.
-* Slices reaching outside the data with ``fill`` pad as RLlib 2.60 does: both ends on
-  one side of the data give ``|start - stop|`` fill items (a reversed range too, so
-  ``slice(5, None)`` on 3 items gives 2); a start before the data pads the left only;
-  else a stop past the end pads the right. ``fill`` with ``one_hot_discrete`` gives
-  one-hot-sized dummies holding ``fill`` in every slot. ``one_hot_discrete`` without a
-  space raises ``ValueError`` where data would be converted (not for pure fill items).
-* ``set(at_indices=slice)`` clips the slice to the data like ``get`` does; ``new_data``
-  must match the clipped length.
-
-Deliberate deviations from RLlib 2.60 (bugs there: inconsistent with RLlib's own docs
-or with its other behaviour), numbered as in ``tests/sa_differential.py``:
-
-* B1: on a numpy'ized buffer, ``get(i, neg_index_as_lookback=True)`` reaching past the
-  lookback raises ``IndexError`` like list mode does, instead of silently wrapping.
-* B2: numpy'ized ``get([])`` gives an empty array (RLlib raises ``ValueError``; list mode
-  gives ``[]``).
-* B3: ``one_hot_discrete`` on an empty numpy'ized selection gives ``(0, n)`` arrays
-  (RLlib's one-hot takes the max of an empty array and raises).
-* B4: a slice ending before an *empty* buffer gives ``[]`` or its fill items (RLlib
-  trips an internal assertion; on a non-empty buffer it gives those).
-* B5: ``set`` on a numpy'ized buffer with a Dict/Tuple space works, checking each item
-  against the space (RLlib checks each leaf against the whole space, so always fails).
-* B6: ``set`` of an empty range of a numpy'ized buffer with a space writes nothing
-  (RLlib reads ``new_data[0]`` for its space check and raises; without a space it works).
-* B7: numpy'ized list indices with ``fill`` give the items' common dtype, as slices do
-  (RLlib takes the first item's: float32 if that is a fill item, else float64).
-* B8: ``set`` with list indices on a numpy'ized struct buffer also takes a struct of
-  arrays (RLlib indexes it by position: ``KeyError``), as slices do.
-* B9: with a lookback longer than the data (after ``pop``), ``set`` counts the data's
-  length as ``get`` does (RLlib counts ``lookback + len``, so equal-size writes fail).
-
-``get_state()`` keeps the space object itself (picklable) rather than a dict
-serialization. ``set`` checks everything before writing anything (RLlib may write part
-of the data before it raises).
+Where RLlib 2.60 has a bug (inconsistent with RLlib's own docs or with its other
+behaviour) that this class does not copy, a note "RLlib deviation (Bn)" sits at the code
+concerned, numbered as ``tests/sa_differential.py`` excuses them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
+# (tree_map, batch and data_len are also imported from here by the other layers)
+from jaxsampler.episodes._tree import batch, batch_size, data_len, leaves, reorder, tree_map
+
 __all__ = ["InfiniteLookbackBuffer", "batch", "tree_map"]
-
-
-# ----------------------------------------------------------------------------- structs
-
-
-def tree_map(fn: Callable[..., Any], tree: Any, *rest: Any) -> Any:
-    """Maps over dict/tuple structs (dict key order of ``tree`` kept); anything else is a leaf."""
-    if isinstance(tree, dict):
-        return {k: tree_map(fn, v, *(r[k] for r in rest)) for k, v in tree.items()}
-    if isinstance(tree, tuple):
-        return tuple(tree_map(fn, v, *(r[i] for r in rest)) for i, v in enumerate(tree))
-    return fn(tree, *rest)
-
-
-def _leaves(tree: Any) -> list[Any]:
-    out: list[Any] = []
-    tree_map(out.append, tree)
-    return out
-
-
-def data_len(data: Any) -> int:
-    """Number of items in a column: ``len`` of a list, else the leading dim of the first leaf."""
-    if isinstance(data, list):
-        return len(data)
-    leaves = _leaves(data)
-    return int(np.shape(leaves[0])[0]) if leaves else 0
-
-
-def batch(items: list[Any]) -> Any:
-    """Stacks a list of structs into one struct of arrays (leading axis = item).
-
-    Leaves of different shapes are broadcast to the first one's shape, as RLlib's
-    ``batch`` does (a scalar ``fill`` next to vector items); the dtype is the items'
-    common one (Python scalars taken as weakly typed).
-    """
-    if len(items) == 0:
-        raise ValueError("Input `list_of_structs` does not contain any items.")
-    return tree_map(_stack, items[0], *items[1:])
-
-
-def _stack(*xs: Any) -> np.ndarray:
-    arrays = [np.asarray(x) for x in xs]
-    shape = arrays[0].shape
-    if all(a.shape == shape for a in arrays):
-        return np.stack(arrays)
-    # (Python scalars, e.g. a raw fill value, do not widen the items' dtype)
-    weak = [x if isinstance(x, (bool, int, float)) else a for x, a in zip(xs, arrays)]
-    out = np.empty((len(arrays), *shape), np.result_type(*weak))
-    for i, a in enumerate(arrays):
-        out[i] = a  # (ValueError where a cannot be broadcast to the first item's shape)
-    return out
 
 
 # ----------------------------------------------------------------------------- spaces
@@ -154,6 +69,10 @@ def _dummy(space_struct: Any, fill: Any, n: int | None, one_hot: bool) -> Any:
 
 
 def _one_hot(x: Any, s: _SpaceLeaf) -> Any:
+    """``x`` one-hot encoded for leaf space ``s`` (unchanged if ``s`` is not discrete).
+
+    RLlib deviation (B3): an empty numpy'ized selection gives ``(0, n)`` arrays (RLlib's
+    one-hot takes the max of an empty array and raises)."""
     if s.onehot is None:
         return x
     x = np.asarray(x)
@@ -200,6 +119,7 @@ class InfiniteLookbackBuffer:
 
     @property
     def space(self) -> Any:
+        """The space of one item (``None``: unknown); used for fill dummies and one-hot."""
         return self._space
 
     @space.setter
@@ -217,6 +137,7 @@ class InfiniteLookbackBuffer:
     # -- lengths ---------------------------------------------------------------------
 
     def len_incl_lookback(self) -> int:
+        """Like RLlib's: the number of items, lookback included."""
         return data_len(self.data)
 
     def __len__(self) -> int:
@@ -242,7 +163,23 @@ class InfiniteLookbackBuffer:
         fill: Any = None,
         one_hot_discrete: bool = False,
     ) -> Any:
-        """Items at ``indices`` (see the module docstring for the index rules).
+        """Items at ``indices``: an int, a list of ints, a slice, or ``None`` (all items
+        after the lookback).
+
+        Ints >= 0 count from the first non-lookback item; negative ints count from the end
+        of all data (lookback included) or, with ``neg_index_as_lookback=True``, backwards
+        from the first non-lookback item. Slices follow the same rules at both ends.
+        Out-of-range items raise ``IndexError`` unless ``fill`` is given. Numpy'ized
+        slices are views of ``data`` (no copy) when no padding or one-hot encoding is
+        asked for.
+
+        Slices reaching outside the data with ``fill`` pad as RLlib 2.60 does (see
+        :meth:`_clip_slice`): both ends on one side of the data give ``|start - stop|``
+        fill items (a reversed range too, so ``slice(5, None)`` on 3 items gives 2); a
+        start before the data pads the left only; else a stop past the end pads the right.
+        ``fill`` with ``one_hot_discrete`` gives one-hot-sized dummies holding ``fill`` in
+        every slot. ``one_hot_discrete`` without a space raises ``ValueError`` where data
+        would be converted (not for pure fill items).
 
         Raises:
             IndexError: an index outside the data (and no ``fill``).
@@ -260,6 +197,9 @@ class InfiniteLookbackBuffer:
             ]
             if not self.finalized:
                 return items
+            # RLlib deviation (B7): the items' common dtype also with fill items (RLlib
+            # takes the first item's: float32 if that is a fill item, else float64).
+            # RLlib deviation (B2): get([]) gives an empty array (RLlib raises ValueError).
             return batch(items) if items else np.array([])
         return self._get_int(int(indices), neg_index_as_lookback, fill, one_hot_discrete)
 
@@ -290,6 +230,8 @@ class InfiniteLookbackBuffer:
     def _item_at(self, pos: int, fill: Any, one_hot: bool) -> Any:
         """The item at absolute position ``pos``, or the fill item when out of range."""
         n = self.len_incl_lookback()
+        # RLlib deviation (B1): numpy'ized too, a position outside the data (an index with
+        # neg_index_as_lookback reaching past the lookback) raises instead of wrapping
         if not 0 <= pos < n:
             if fill is None:
                 if self.finalized:
@@ -321,6 +263,9 @@ class InfiniteLookbackBuffer:
         before the data with the start inside (a reversed range, or a negative step)
         fills ``-stop - 1`` on the right and, for a start past the end, ``start - N + 1``
         on the left.
+
+        RLlib deviation (B4): a slice ending before an *empty* buffer gives no data and its
+        fill items, as on a non-empty buffer (RLlib trips an internal assertion).
         """
         n = self.len_incl_lookback()
         start, stop, step = self._slice_bounds(s, nial)
@@ -391,22 +336,24 @@ class InfiniteLookbackBuffer:
                     if before
                     else (lambda p, x: np.concatenate([x, p]))
                 )
-                out = tree_map(join, pad, _reorder(out, pad))
+                out = tree_map(join, pad, reorder(out, pad))
         return out
 
     # -- writing ---------------------------------------------------------------------
 
     def append(self, item: Any) -> None:
+        """Like RLlib's: adds ``item`` at the end."""
         if self.finalized:
             self.data = tree_map(
                 lambda d, x: np.concatenate([d, np.asarray(x)[None]]),
                 self.data,
-                _reorder(item, self.data),
+                reorder(item, self.data),
             )
         else:
             self.data.append(item)
 
     def extend(self, items: Any) -> None:
+        """Like RLlib's: adds ``items`` (a list, or a batch when numpy'ized) at the end."""
         if self.finalized:
             if isinstance(items, list):
                 if not items:
@@ -415,12 +362,13 @@ class InfiniteLookbackBuffer:
             self.data = tree_map(
                 lambda d, x: np.concatenate([d, np.asarray(x)]),
                 self.data,
-                _reorder(items, self.data),
+                reorder(items, self.data),
             )
         else:
             self.data.extend(items)
 
     def pop(self, index: int = -1) -> None:
+        """Like RLlib's: removes the item at ``index`` of all data (lookback included)."""
         if self.finalized:
             pos = index % self.len_incl_lookback()
             self.data = tree_map(lambda d: np.delete(d, pos, axis=0), self.data)
@@ -440,7 +388,7 @@ class InfiniteLookbackBuffer:
         like in :meth:`get` and ``new_data`` must have the clipped slice's length; a list
         of indices takes one item of ``new_data`` per index (a list of items, an array,
         or a struct of arrays); an int takes one item. Nothing is written when any of
-        these checks fails.
+        these checks fails (RLlib may write part of the data before it raises).
 
         Raises:
             IndexError: out-of-range int index, or ``new_data`` of the wrong length.
@@ -457,9 +405,12 @@ class InfiniteLookbackBuffer:
                     "ndarrays for a slice, not a list"
                 )
             sl, _, _, _ = self._clip_slice(at_indices, neg_index_as_lookback)
+            # RLlib deviation (B9): the data's length, as get() counts it, also with a
+            # lookback longer than the data after pop() (RLlib counts lookback + len, so
+            # equal-size writes fail)
             positions = list(range(n))[sl]
             size = len(positions)
-            given = _size(new_data) if self.finalized else len(new_data)
+            given = batch_size(new_data) if self.finalized else len(new_data)
             if given != size:
                 raise IndexError(
                     f"Cannot `set()` value via at_indices={sl} (option "
@@ -475,10 +426,11 @@ class InfiniteLookbackBuffer:
             positions = [self._set_position(int(i), neg_index_as_lookback) for i in at_indices]
             if isinstance(new_data, (list, tuple)) or not self.finalized:
                 values = list(new_data)[: len(positions)]
-            else:
+            else:  # an array or a struct of arrays, as for slices (RLlib deviation (B8):
+                # RLlib indexes a struct by position, KeyError)
                 values = [
                     tree_map(lambda x, j=j: x[j], new_data)
-                    for j in range(min(len(positions), _size(new_data)))
+                    for j in range(min(len(positions), batch_size(new_data)))
                 ]
             if len(values) < len(positions):
                 raise IndexError(
@@ -488,6 +440,9 @@ class InfiniteLookbackBuffer:
         else:
             positions = [self._set_position(int(at_indices), neg_index_as_lookback)]
             values = [new_data]
+        # Each new item against the whole space: RLlib deviation (B5), RLlib checks each
+        # leaf of a Dict/Tuple item against the whole space, so it always fails; and none
+        # for an empty range, RLlib deviation (B6), RLlib reads new_data[0] and raises.
         if self.finalized and self._space is not None and hasattr(self._space, "contains"):
             for v in values:
                 if not bool(np.asarray(self._space.contains(v))):
@@ -500,7 +455,7 @@ class InfiniteLookbackBuffer:
                 def put(d: np.ndarray, x: Any, p: int = p) -> None:
                     d[p] = x
 
-                tree_map(put, self.data, _reorder(v, self.data))
+                tree_map(put, self.data, reorder(v, self.data))
             else:
                 self.data[p] = v
 
@@ -532,6 +487,8 @@ class InfiniteLookbackBuffer:
     # -- state -----------------------------------------------------------------------
 
     def get_state(self) -> dict[str, Any]:
+        """Like RLlib's: the buffer's state, for :meth:`from_state`; it keeps the space
+        object itself (picklable) where RLlib keeps a dict serialization."""
         return {
             "data": self.data,
             "lookback": self.lookback,
@@ -541,6 +498,7 @@ class InfiniteLookbackBuffer:
 
     @staticmethod
     def from_state(state: dict[str, Any]) -> InfiniteLookbackBuffer:
+        """Like RLlib's: the buffer :meth:`get_state` returned ``state`` of."""
         buf = InfiniteLookbackBuffer(space=state["space"])
         buf.data, buf.finalized, buf.lookback = state["data"], state["finalized"], state["lookback"]
         return buf
@@ -556,8 +514,8 @@ class InfiniteLookbackBuffer:
             return False
         try:
             la, lb = (
-                _leaves(self.data) if self.finalized else self.data,
-                _leaves(other.data) if other.finalized else other.data,
+                leaves(self.data) if self.finalized else self.data,
+                leaves(other.data) if other.finalized else other.data,
             )
             return len(la) == len(lb) and all(
                 np.array_equal(np.asarray(x), np.asarray(y)) for x, y in zip(la, lb)
@@ -577,20 +535,3 @@ class InfiniteLookbackBuffer:
         else:
             head, tail = self.data[:lb], self.data[lb:]
         return f"{type(self).__name__}({head} <- lookback({lb}) | {tail})"
-
-
-def _size(data: Any) -> int:
-    """Number of items in a batch: ``len`` of a list or array, else the leading dim of
-    the first leaf of a struct."""
-    if isinstance(data, (dict, tuple)):
-        return data_len(data)
-    return len(data)
-
-
-def _reorder(item: Any, like: Any) -> Any:
-    """``item`` with dict keys in ``like``'s order (structs are matched by key)."""
-    if isinstance(like, dict) and isinstance(item, dict):
-        return {k: _reorder(item[k], v) for k, v in like.items()}
-    if isinstance(like, tuple) and isinstance(item, (tuple, list)):
-        return tuple(_reorder(i, v) for i, v in zip(item, like))
-    return item

@@ -6,11 +6,9 @@ per-timestep column is an :class:`InfiniteLookbackBuffer`; episodes built by
 :class:`jaxsampler.Sampler` hold numpy views into one bulk host copy of the rollout
 buffers.
 
-Additions (RLlib code still runs unchanged): ``add_env_reset`` / ``add_env_step`` accept
-``validate=True`` to check observations and actions against the spaces *before*
-anything is changed (a ``ValueError`` leaves the episode untouched).
-Deviations: rewards of sampler-made episodes keep the env's float32 dtype (RLlib's are
-float64 after numpy'ization); ``get_return`` still sums in float64.
+Where RLlib 2.60 has a bug that this class does not copy, a note "RLlib deviation (En)"
+sits at the code concerned, numbered as ``tests/sa_differential.py`` excuses them (the
+buffers' own, (B1)-(B9), are in :mod:`jaxsampler.episodes.lookback`).
 """
 
 from __future__ import annotations
@@ -22,8 +20,9 @@ from typing import Any, Generic, TypeVar, overload
 
 import numpy as np
 
+from jaxsampler.episodes._tree import data_len, leaves, tree_map
 from jaxsampler.episodes.ids import random_episode_id
-from jaxsampler.episodes.lookback import InfiniteLookbackBuffer, data_len
+from jaxsampler.episodes.lookback import InfiniteLookbackBuffer
 
 __all__ = ["EpisodeBuffers", "SingleAgentEpisode", "reward_space"]
 
@@ -50,6 +49,10 @@ def reward_space() -> Any:
 
 
 def _contains(space: Any, x: Any) -> bool:
+    """Whether ``x`` is in ``space`` by the space's own ``contains`` (``None``: any ``x``).
+
+    Not :func:`jaxsampler.spaces.check_value`: that one leaves ``Box`` bounds unchecked
+    and takes bools as ``Discrete`` values, which ``validate=True`` rejects."""
     if space is None:
         return True
     from jaxsampler.spaces import Space, convert_space
@@ -157,7 +160,10 @@ class SingleAgentEpisode:
         prebuilt lookback buffers too) without the constructor's checks: the samplers' and
         converters' fast path. ``t`` must be ``t_started + len(rewards)``; computed when not
         given. ``custom_data`` is taken as is (not copied); ``step_times`` is
-        :attr:`step_times`."""
+        :attr:`step_times`.
+
+        Unlike RLlib (not a bug fix): the samplers' rewards keep the env's float32 dtype
+        (RLlib's are float64 once numpy'ized); :meth:`get_return` sums in float64."""
         ep = cls.__new__(cls)
         ep._lazy = None
         ep.id_ = id_
@@ -304,6 +310,7 @@ class SingleAgentEpisode:
 
     @property
     def observation_space(self) -> Any:
+        """Like RLlib's: the space of one observation (setting it sets the buffer's)."""
         return self._observation_space
 
     @observation_space.setter
@@ -312,6 +319,7 @@ class SingleAgentEpisode:
 
     @property
     def action_space(self) -> Any:
+        """Like RLlib's: the space of one action (setting it sets the buffer's)."""
         return self._action_space
 
     @action_space.setter
@@ -322,14 +330,17 @@ class SingleAgentEpisode:
 
     @property
     def is_reset(self) -> bool:
+        """Like RLlib's: whether the episode has an observation (beyond its lookback)."""
         return len(self.observations) > 0
 
     @property
     def is_done(self) -> bool:
+        """Like RLlib's: whether the episode is terminated or truncated."""
         return bool(self.is_terminated or self.is_truncated)
 
     @property
     def is_numpy(self) -> bool:
+        """Like RLlib's: whether the columns are numpy'ized (:meth:`to_numpy`)."""
         return self.rewards.finalized
 
     is_finalized = is_numpy
@@ -349,7 +360,10 @@ class SingleAgentEpisode:
     def add_env_reset(
         self, observation: Any, infos: dict | None = None, *, validate: bool = False
     ) -> None:
-        """Adds the first observation (and info) of the episode."""
+        """Like RLlib's: adds the first observation (and info) of the episode.
+
+        Addition: ``validate=True`` checks the observation against the observation space
+        first (``ValueError``, and the episode is left unchanged)."""
         assert not self.is_reset, "The episode is already reset."
         assert not self.is_done, "The episode is already done."
         assert self.t == self.t_started == 0, "add_env_reset needs t == t_started == 0."
@@ -374,7 +388,12 @@ class SingleAgentEpisode:
         extra_model_outputs: dict[str, Any] | None = None,
         validate: bool = False,
     ) -> None:
-        """Adds one env step: the action taken, the reward and observation that followed."""
+        """Like RLlib's: adds one env step, the action taken and the reward and observation
+        that followed.
+
+        Addition: ``validate=True`` checks the observation and the action against the
+        spaces before anything is changed (``ValueError``, and the episode is left
+        unchanged)."""
         assert not self.is_done, "The agent is already done: no data can be added to its episode."
         if validate:
             if not _contains(self.observation_space, observation):
@@ -409,6 +428,8 @@ class SingleAgentEpisode:
         fill: Any = None,
         one_hot_discrete: bool = False,
     ) -> Any:
+        """Like RLlib's: the observations at ``indices`` (see
+        :meth:`InfiniteLookbackBuffer.get`: ``None`` is all, lookback excluded)."""
         return self.observations.get(
             indices,
             neg_index_as_lookback=neg_index_as_lookback,
@@ -419,6 +440,7 @@ class SingleAgentEpisode:
     def get_infos(
         self, indices: Any = None, *, neg_index_as_lookback: bool = False, fill: Any = None
     ) -> Any:
+        """Like RLlib's: the infos at ``indices`` (as in :meth:`get_observations`)."""
         return self.infos.get(indices, neg_index_as_lookback=neg_index_as_lookback, fill=fill)
 
     def get_actions(
@@ -429,6 +451,7 @@ class SingleAgentEpisode:
         fill: Any = None,
         one_hot_discrete: bool = False,
     ) -> Any:
+        """Like RLlib's: the actions at ``indices`` (as in :meth:`get_observations`)."""
         return self.actions.get(
             indices,
             neg_index_as_lookback=neg_index_as_lookback,
@@ -439,6 +462,7 @@ class SingleAgentEpisode:
     def get_rewards(
         self, indices: Any = None, *, neg_index_as_lookback: bool = False, fill: Any = None
     ) -> Any:
+        """Like RLlib's: the rewards at ``indices`` (as in :meth:`get_observations`)."""
         return self.rewards.get(indices, neg_index_as_lookback=neg_index_as_lookback, fill=fill)
 
     def get_extra_model_outputs(
@@ -449,6 +473,8 @@ class SingleAgentEpisode:
         neg_index_as_lookback: bool = False,
         fill: Any = None,
     ) -> Any:
+        """Like RLlib's: the extra model output ``key`` at ``indices`` (as in
+        :meth:`get_observations`); ``KeyError`` for an unknown ``key``."""
         if key not in self.extra_model_outputs:
             raise KeyError(
                 f"no extra model output {key!r}; this episode has "
@@ -463,6 +489,8 @@ class SingleAgentEpisode:
     def set_observations(
         self, *, new_data: Any, at_indices: Any = None, neg_index_as_lookback: bool = False
     ) -> None:
+        """Like RLlib's: overwrites the observations at ``at_indices`` with ``new_data``
+        (see :meth:`InfiniteLookbackBuffer.set`)."""
         self.observations.set(
             new_data, at_indices=at_indices, neg_index_as_lookback=neg_index_as_lookback
         )
@@ -470,6 +498,7 @@ class SingleAgentEpisode:
     def set_actions(
         self, *, new_data: Any, at_indices: Any = None, neg_index_as_lookback: bool = False
     ) -> None:
+        """Like RLlib's: overwrites the actions at ``at_indices`` with ``new_data``."""
         self.actions.set(
             new_data, at_indices=at_indices, neg_index_as_lookback=neg_index_as_lookback
         )
@@ -477,6 +506,7 @@ class SingleAgentEpisode:
     def set_rewards(
         self, *, new_data: Any, at_indices: Any = None, neg_index_as_lookback: bool = False
     ) -> None:
+        """Like RLlib's: overwrites the rewards at ``at_indices`` with ``new_data``."""
         self.rewards.set(
             new_data, at_indices=at_indices, neg_index_as_lookback=neg_index_as_lookback
         )
@@ -489,6 +519,8 @@ class SingleAgentEpisode:
         at_indices: Any = None,
         neg_index_as_lookback: bool = False,
     ) -> None:
+        """Like RLlib's: overwrites the extra model output ``key`` at ``at_indices`` with
+        ``new_data``; ``KeyError`` for an unknown ``key``."""
         if key not in self.extra_model_outputs:
             raise KeyError(
                 f"no extra model output {key!r}; this episode has "
@@ -517,7 +549,11 @@ class SingleAgentEpisode:
 
     def cut(self, len_lookback_buffer: int = 0) -> SingleAgentEpisode:
         """The successor chunk: same ``id_``, ``len == 0``, ``t_started = self.t``, and the last
-        ``len_lookback_buffer`` steps (clipped) as its lookback."""
+        ``len_lookback_buffer`` steps (clipped) as its lookback.
+
+        RLlib deviation (E2): works on a numpy'ized episode with ``Dict`` observations
+        (RLlib's fails). RLlib deviation (E3): works on a numpy'ized episode without
+        observations (RLlib's constructor rejects the empty observation array)."""
         assert not self.is_done, "cannot cut() a done episode"
         assert len_lookback_buffer >= 0, "len_lookback_buffer must be >= 0"
         n = len_lookback_buffer
@@ -545,7 +581,13 @@ class SingleAgentEpisode:
         return successor
 
     def slice(self, slice_: slice, *, len_lookback_buffer: int | None = None) -> SingleAgentEpisode:
-        """A new episode over ``slice_`` of this one's own timesteps (see RLlib)."""
+        """A new episode over ``slice_`` of this one's own timesteps (see RLlib).
+
+        RLlib deviation (E2): works on a numpy'ized episode with ``Dict`` observations.
+        RLlib deviation (E4): the bounds are clipped to ``[0, len]`` (RLlib's reversed
+        slices or bounds outside ``[-len, len]`` give columns of different lengths).
+        RLlib deviation (E5): the rewards keep their space, so fill items are float32
+        dummies (RLlib's slice drops it: its fill items come back raw)."""
         n = len(self)
         step = 1 if slice_.step is None else slice_.step
         start = (
@@ -560,8 +602,6 @@ class SingleAgentEpisode:
         def cols(buf: InfiniteLookbackBuffer, extra: int) -> Any:
             a, b = buf.lookback + start - lb, buf.lookback + stop + extra
             if buf.finalized:
-                from jaxsampler.episodes.lookback import tree_map
-
                 return tree_map(lambda x: x[a:b:step], buf.data)
             return buf.data[a:b:step]
 
@@ -600,12 +640,10 @@ class SingleAgentEpisode:
         assert self.t == other.t_started, (
             f"chunks do not meet: self.t={self.t}, other.t_started={other.t_started}"
         )
-        from jaxsampler.episodes.lookback import _leaves
-
         last, first = self.get_observations(-1), other.get_observations(0)
         assert all(
             np.array_equal(np.asarray(a), np.asarray(b))
-            for a, b in zip(_leaves(last), _leaves(first))
+            for a, b in zip(leaves(last), leaves(first))
         ), "the last observation of self differs from the first of other"
         for k in other.extra_model_outputs:
             assert k in self.extra_model_outputs, f"extra model output {k!r} missing in self"
@@ -628,13 +666,16 @@ class SingleAgentEpisode:
         return self.t - self.t_started
 
     def env_steps(self) -> int:
+        """Like RLlib's: ``len(self)``, the steps in this chunk."""
         return len(self)
 
     def agent_steps(self) -> int:
+        """Like RLlib's: ``len(self)`` (one agent: one agent step per env step)."""
         return len(self)
 
     def get_return(self) -> float:
-        """Sum of the rewards (lookback excluded)."""
+        """Like RLlib's: the sum of the rewards (lookback excluded), in float64 also for
+        float32 rewards (see :meth:`trusted`)."""
         rewards = self.get_rewards()
         if not self.is_numpy:
             return sum(rewards)
@@ -648,13 +689,17 @@ class SingleAgentEpisode:
         return self._start_time, self._last_step_time
 
     def get_duration_s(self) -> float:
+        """Like RLlib's: seconds from ``add_env_reset`` to the last step (0.0 before)."""
         if self._start_time is None:
             return 0.0
         return (self._last_step_time or self._start_time) - self._start_time
 
     def get_data_dict(self) -> dict[str, Any]:
         """Columns as in RLlib: terminateds, truncateds, t, eps_id, obs, infos, actions,
-        rewards, extras."""
+        rewards, extras.
+
+        RLlib deviation (E1): an episode without steps gives no rows (RLlib's has one
+        terminateds / truncateds row)."""
         n = len(self)
         flags = lambda last: [False] * (n - 1) + [bool(last)] if n else []
         d: dict[str, Any] = {
@@ -680,6 +725,8 @@ class SingleAgentEpisode:
         return SampleBatch(self.get_data_dict())
 
     def get_state(self) -> dict[str, Any]:
+        """Like RLlib's: the episode's state (buffers as their own states), for
+        :meth:`from_state`."""
         return {
             "id_": self.id_,
             "agent_id": self.agent_id,
@@ -703,6 +750,7 @@ class SingleAgentEpisode:
 
     @staticmethod
     def from_state(state: dict[str, Any]) -> SingleAgentEpisode:
+        """Like RLlib's: the episode :meth:`get_state` returned ``state`` of."""
         ep = SingleAgentEpisode.__new__(SingleAgentEpisode)
         ep._lazy = None
         for k in (

@@ -5,7 +5,7 @@ observation, hanging agents, agents terminated without a final observation, trun
 ``__all__``, ``cut`` with lookback, numpy'ization, getters with env steps and agent steps,
 int/list/slice indices, ``neg_index_as_lookback``, ``fill``, ``return_list``, agent
 subsets) run on both classes; every result must be equal, except where a call falls under
-one of the RLlib bugs listed in ``jaxsampler.episodes.multi_agent``'s module docstring.
+one of the RLlib bugs noted as "RLlib deviation (n)" in ``jaxsampler/episodes/``.
 The unit tests below pin each behaviour fixed to RLlib's, one by one.
 """
 

@@ -6,9 +6,9 @@ spaces, ``get`` with every index kind, ``fill``, ``one_hot_discrete``, ``set``,
 ``append``/``extend``/``pop``; episodes built empty or from lists, stepped, numpy'ized,
 read, written, ``cut``, sliced and concatenated) run on both implementations; every
 result must be equal (values, dtypes, container types; an error on one side only is a
-difference), except where a call falls under one of the RLlib bugs listed in
-``jaxsampler.episodes.lookback``'s module docstring. The unit tests below pin each
-behaviour fixed to RLlib's, one by one, against RLlib itself.
+difference), except where a call falls under one of the RLlib bugs noted as "RLlib
+deviation" in ``jaxsampler.episodes.lookback`` and ``single_agent``. The unit tests below
+pin each behaviour fixed to RLlib's, one by one, against RLlib itself.
 """
 
 from __future__ import annotations
