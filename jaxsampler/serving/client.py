@@ -1,6 +1,5 @@
-"""HTTP policy client: :class:`PolicyClient` (the wire protocol is in
-:mod:`jaxsampler.serving.protocol`, the endpoints are documented in
-:mod:`jaxsampler.serving.server`).
+"""HTTP policy client: :class:`PolicyClient` (the wire protocol and its endpoints are in
+:mod:`jaxsampler.serving.protocol`).
 
 ``remote`` inference mode sends every call to the server, whose sampler computes the
 actions; ``local`` mode pulls the policy weights every ``update_interval`` seconds,
