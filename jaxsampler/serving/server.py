@@ -110,7 +110,8 @@ class _Connection(Connection):
         self.deadline = 0.0  # when the pending get_action times out
 
     def connection_lost(self, exc: Exception | None) -> None:
-        """... and a ``get_action`` still waiting gives up (its episode is abandoned)."""
+        """The connection closed: a ``get_action`` still waiting on it gives up (its episode
+        is abandoned)."""
         super().connection_lost(exc)
         if self.waiting is not None:  # the client went away while its get_action waited
             eid, waiter = self.waiting

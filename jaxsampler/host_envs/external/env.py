@@ -436,6 +436,7 @@ class ExternalEnvBase(_EpisodeBook, HostEnv):
 
     @property
     def closed(self) -> bool:
+        """Whether :meth:`close` was called."""
         return self._closed
 
     def close(self) -> None:
