@@ -34,7 +34,7 @@ from __future__ import annotations
 import concurrent.futures
 import functools
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -114,6 +114,38 @@ def _convert(space: Any, what: str) -> Any:
         raise TypeError(
             f"cannot convert the {what} {space!r} into a jaxsampler space: {exc}"
         ) from None
+
+
+#: The failure options' entries in the ``Args`` of :class:`GymnasiumHostEnv` and
+#: :class:`MultiAgentDictEnv` (their docstrings say ``{failure_args}`` where they go).
+_FAILURE_ARGS_DOC = """\
+        on_env_error: what a failing sub-env does (:mod:`jaxsampler.host_envs.failures`):
+            ``"raise"`` (default) a :class:`HostEnvError`; ``"restart"``: its episode ends
+            truncated (``info["env_error"]``), the env is rebuilt from its factory (so
+            envs must be given as an id, a class or a function) and reset with a fresh
+            seed; ``"drop"``: its episode ends the same way and the sub-env is never
+            stepped again.
+        max_env_restarts: ``"restart"``: failures of one sub-env in a row (without a good
+            step between them) that are tolerated; one more raises :class:`HostEnvError`.
+        step_timeout_s: run every sub-env call on its own worker thread (``num_threads``
+            then has no effect) and treat a call that takes longer as a failure
+            (``TimeoutError``). A hung thread cannot be killed: it is abandoned, and its
+            env object is never touched again.
+        max_abandoned_threads: hung calls whose threads may be alive at once; one more
+            raises :class:`HostEnvError`.
+        check_observations: an observation that does not fit the observation space (wrong
+            shape, NaN, an infinity where the space is bounded) is a failure of its
+            sub-env (default: passed on; the sampler raises ``ValueError`` on a wrong shape
+            and records NaNs).
+"""
+_T = TypeVar("_T", bound=type)
+
+
+def _document_failure_args(cls: _T) -> _T:
+    """Puts :data:`_FAILURE_ARGS_DOC` where the class docstring says ``{failure_args}``."""
+    if cls.__doc__:  # None under python -OO
+        cls.__doc__ = cls.__doc__.replace("        {failure_args}\n", _FAILURE_ARGS_DOC)
+    return cls
 
 
 class _LockstepEnv(HostEnv):
@@ -454,6 +486,7 @@ class _LockstepEnv(HostEnv):
         raise NotImplementedError
 
 
+@_document_failure_args
 class GymnasiumHostEnv(_LockstepEnv):
     """Single-agent Gymnasium envs as a :class:`HostEnv` (see the module docstring).
 
@@ -465,24 +498,7 @@ class GymnasiumHostEnv(_LockstepEnv):
         env_kwargs: keyword arguments of ``gymnasium.make`` (with an id).
         num_threads: step the sub-envs on a thread pool of this size (``<= 1``: in the
             calling thread). Worth it only for envs that release the GIL.
-        on_env_error: what a failing sub-env does (:mod:`jaxsampler.host_envs.failures`):
-            ``"raise"`` (default) a :class:`HostEnvError`; ``"restart"``: its episode ends
-            truncated (``info["env_error"]``), the env is rebuilt from its factory (so
-            envs must be given as an id, a class or a function) and reset with a fresh
-            seed; ``"drop"``: its episode ends the same way and the sub-env is never
-            stepped again.
-        max_env_restarts: ``"restart"``: failures of one sub-env in a row (without a good
-            step between them) that are tolerated; one more raises :class:`HostEnvError`.
-        step_timeout_s: run every sub-env call on its own worker thread (``num_threads``
-            then has no effect) and treat a call that takes longer as a failure
-            (``TimeoutError``). A hung thread cannot be killed: it is abandoned, and its
-            env object is never touched again.
-        max_abandoned_threads: hung calls whose threads may be alive at once; one more
-            raises :class:`HostEnvError`.
-        check_observations: an observation that does not fit the observation space (wrong
-            shape, NaN, an infinity where the space is bounded) is a failure of its
-            sub-env (default: passed on; the sampler raises ``ValueError`` on a wrong shape
-            and records NaNs).
+        {failure_args}
 
     Raises:
         TypeError / ValueError: not envs, sub-envs with different observation or action
@@ -559,6 +575,7 @@ class GymnasiumHostEnv(_LockstepEnv):
         )
 
 
+@_document_failure_args
 class MultiAgentDictEnv(_LockstepEnv):
     """Multi-agent dict-API envs (RLlib's or PettingZoo's parallel API) as a :class:`HostEnv`.
 
@@ -581,24 +598,7 @@ class MultiAgentDictEnv(_LockstepEnv):
             ``Dict`` keyed by agent id, or one shared space. Agents must share them.
         seed: sub-env ``i`` is first reset with ``seed + i``.
         num_threads: step the sub-envs on a thread pool of this size.
-        on_env_error: what a failing sub-env does (:mod:`jaxsampler.host_envs.failures`):
-            ``"raise"`` (default) a :class:`HostEnvError`; ``"restart"``: its episode ends
-            truncated (``info["env_error"]``), the env is rebuilt from its factory (so
-            envs must be given as an id, a class or a function) and reset with a fresh
-            seed; ``"drop"``: its episode ends the same way and the sub-env is never
-            stepped again.
-        max_env_restarts: ``"restart"``: failures of one sub-env in a row (without a good
-            step between them) that are tolerated; one more raises :class:`HostEnvError`.
-        step_timeout_s: run every sub-env call on its own worker thread (``num_threads``
-            then has no effect) and treat a call that takes longer as a failure
-            (``TimeoutError``). A hung thread cannot be killed: it is abandoned, and its
-            env object is never touched again.
-        max_abandoned_threads: hung calls whose threads may be alive at once; one more
-            raises :class:`HostEnvError`.
-        check_observations: an observation that does not fit the observation space (wrong
-            shape, NaN, an infinity where the space is bounded) is a failure of its
-            sub-env (default: passed on; the sampler raises ``ValueError`` on a wrong shape
-            and records NaNs).
+        {failure_args}
     """
 
     def __init__(

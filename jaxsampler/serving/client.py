@@ -1,6 +1,5 @@
-"""HTTP policy client: :class:`PolicyClient` (the wire protocol is in
-:mod:`jaxsampler.serving.protocol`, the endpoints are documented in
-:mod:`jaxsampler.serving.server`).
+"""HTTP policy client: :class:`PolicyClient` (the wire protocol and its endpoints are in
+:mod:`jaxsampler.serving.protocol`).
 
 ``remote`` inference mode sends every call to the server, whose sampler computes the
 actions; ``local`` mode pulls the policy weights every ``update_interval`` seconds,
@@ -79,15 +78,19 @@ class _Connection:
 
     # httptools callbacks
     def on_header(self, name: bytes, value: bytes) -> None:
+        """httptools: one response header."""
         self._headers[name.decode("latin-1").lower()] = value.decode("latin-1")
 
     def on_body(self, body: bytes) -> None:
+        """httptools: a piece of the response body."""
         self._body.append(body)
 
     def on_message_complete(self) -> None:
+        """httptools: the response is complete."""
         self._complete = True
 
     def round_trip(self, request: bytes) -> tuple[int, dict, bytes]:
+        """Sends ``request`` and reads its response: ``(status, headers, body)``."""
         sock = self.sock or self._open()
         try:
             sock.sendall(request)
@@ -120,6 +123,7 @@ class _Connection:
         return status, self._headers, b"".join(self._body)
 
     def close(self) -> None:
+        """Closes the socket (the next request opens a new one)."""
         if self.sock is not None:
             try:
                 self.sock.close()

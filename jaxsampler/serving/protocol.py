@@ -1,7 +1,99 @@
 """The policy server's wire protocol, shared by :mod:`~jaxsampler.serving.server` and
-:mod:`~jaxsampler.serving.client`: version, content type, command names, and the table
-that maps env exceptions to HTTP statuses and back (the endpoints and bodies are
-documented in :mod:`jaxsampler.serving.server`)."""
+:mod:`~jaxsampler.serving.client`: version, content type, command names, headers, the
+table that maps env exceptions to HTTP statuses and back, and (below) the endpoints.
+
+Protocol (version 2)
+--------------------
+HTTP/1.1 with keep-alive, parsed by ``httptools`` (llhttp, Node.js's parser) on both ends
+(the client keeps one socket per thread). Bodies are msgpack (``Content-Type:
+application/msgpack``) encoded with :func:`jaxsampler.episodes.codec.packb`: numpy arrays
+travel as raw bytes plus dtype and shape (msgpack ext type 1), numpy scalars as type 2,
+tuples as type 3. Plain lists and numbers work too; the server validates every observation
+/ action against the env's spaces and casts it to the space's dtype.
+
+====================  ===================================================  ==================
+endpoint              request body                                         200 response body
+====================  ===================================================  ==================
+POST /start_episode   ``{episode_id: str|nil, training_enabled: bool}``    ``{episode_id}``
+POST /get_action      ``{episode_id, observation}``                        ``{action}``
+POST /log_action      ``{episode_id, observation, action, info?}``         ``{}``
+POST /log_returns     ``{episode_id, reward, info?, done?}``               ``{}``
+POST /end_episode     ``{episode_id, observation, truncated?: bool}``      ``{}``
+POST /batch           ``{commands: [{command: <name>, ...fields}, ...]}``  ``{done: n, errors}``
+GET  /weights         header ``If-None-Match: "<version>"`` optional       ``{version, params}``
+GET  /info            --                                                   ``{protocol,
+                                                                           multi_agent,
+                                                                           agent_ids,
+                                                                           weights_version,
+                                                                           observation_space,
+                                                                           action_space}``
+====================  ===================================================  ==================
+
+Any POST body may carry ``returns: [{episode_id, reward, info?, done?}, ...]``: those
+``log_returns`` calls run first, in order; if one fails, the command is not run and its
+error is the answer (message prefixed ``deferred log_returns``). This is how a remote
+:class:`~jaxsampler.serving.client.PolicyClient` sends ``log_returns`` without a round
+trip of its own (version 2; version 1 had no such field).
+
+Multi-agent envs take dicts ``agent -> value`` for ``observation``, ``action``,
+``reward``, ``info`` and ``done`` (``multiagent_done_dict``). ``/batch`` runs the
+non-blocking commands (:data:`BATCHABLE_COMMANDS`: not ``get_action``) in order; a refused
+command does not stop the others and is reported in ``errors`` (``[{index, status, error,
+message}]``); it is how local-inference clients ship experience (see
+:mod:`~jaxsampler.serving.batching` for how the server schedules it). ``/weights`` answers
+``304`` when the client's version is current and ``404`` before
+:meth:`~jaxsampler.serving.server.PolicyServer.set_weights`.
+
+Errors have a JSON body ``{"error": <exception name>, "message": str}``:
+400 malformed body / bad data (wrong shape, unknown agent, missing field, episode id too
+long, bad ``X-Client-Id``), 401 no or wrong token (with ``WWW-Authenticate: Bearer``), 404
+unknown episode (or another client's) or path, 405 wrong method, 408 request not received
+within ``request_timeout_s``, 409 wrong episode state (already started, completed,
+abandoned, a get_action still waiting), 411 no ``Content-Length``, 413 body over
+``max_body_bytes`` (the connection is closed without reading it) or too many commands
+(``max_batch_commands``, also for deferred ``returns``), 414 URL too long, 431 too many or
+too large headers, 503 capacity (connections, episodes, the client's quota) or closed, 504
+no action within the env's ``action_timeout_s``, 500 anything unexpected. The limits behind
+them are :class:`~jaxsampler.serving.server.PolicyServer` options (see
+:mod:`~jaxsampler.serving.http` for the connection-level ones); errors found while reading
+a request close the connection after the answer, and the server keeps serving after every
+error.
+
+Local inference: ``PolicyClient(inference_mode="local", policy=...)`` pulls the params
+every ``update_interval`` seconds, computes actions with one jitted call per
+``get_action`` and ships each step as ``log_action`` with ``info[CLIENT_POLICY_INFO] =
+{"weights_version", "extra_model_outputs"}`` (batched in the background through
+``/batch``): the server's sampler records the client's action (``off_policy_actions``)
+with the behaviour policy's version and logp.
+
+Security
+--------
+Threat model. The server binds loopback by default. Without a ``token`` any local user (any
+process that can reach the port) can act as a client: start episodes, inject experience,
+read ``/weights`` and ``/info``. With ``token`` every request must carry ``Authorization:
+Bearer <token>`` (compared in constant time) or gets 401 and the connection closes; without
+TLS the token and all data cross the network in clear, so anything beyond loopback should
+use ``token`` and ``ssl_context`` together (the client: an ``https://`` address). Clients
+name themselves with an ``X-Client-Id`` header (random per
+:class:`~jaxsampler.serving.client.PolicyClient`): the server runs each call as that owner,
+so a client cannot see or touch another client's episodes (404, as if unknown), and the
+env's per-owner quota (``max_episodes_per_owner``) applies; requests without the header
+share one anonymous owner (so header-less clients can touch each other's episodes). Client
+ids are self-asserted, not credentials: they keep well-behaved clients apart (a bug in one
+cannot end another's episodes, and another's episode ids are useless without its client
+id), but a hostile token holder can claim any id it has seen, and can rotate ids to get
+around the per-owner quota; then only ``max_concurrent_episodes`` and
+``episode_timeout_s`` bound it (an episode it keeps alive with calls is not reaped). Ids of
+episodes started without one are made by the env (``uuid4``, from ``os.urandom``). An
+authenticated but hostile client can still use its share of the server: it is bounded by
+the limits (memory and time per request and per connection, connection count; see
+:mod:`~jaxsampler.serving.http`), the env's quotas and timeouts
+(``max_concurrent_episodes``, ``max_episodes_per_owner``, ``episode_timeout_s``,
+``max_queued_steps``), and what its data does to training (it can send any in-space
+observations, rewards and actions). Bodies over 64 KiB are decoded on a worker thread, so
+one big request slows, but does not stop, the others; a body of plain msgpack numbers
+decodes to about 8x its size in Python objects (``max_body_bytes`` bounds it).
+"""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 
 One live :class:`PolicyServer` per kind (single-agent, multi-agent) for the module, tiny
 spaces, answered by a poll loop. Each example starts a fresh episode, sends one hostile
-request (a command map from the protocol table in :mod:`jaxsampler.serving.server`
+request (a command map from the protocol table in :mod:`jaxsampler.serving.protocol`
 whose fields are drawn from wrong types, NaN/inf, huge ints, wrong shapes and dtypes,
 malformed array payloads, unknown agents, nested containers, missing fields, big
 strings within the body limit; or a hostile ``/batch``; or random bytes) over a raw

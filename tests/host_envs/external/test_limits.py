@@ -186,7 +186,8 @@ class FakeClock:
 @pytest.fixture
 def clock(monkeypatch):
     fake = FakeClock()
-    monkeypatch.setattr(external, "time", fake)
+    for module in (external.env, external.episodes):  # the env's modules that read the clock
+        monkeypatch.setattr(module, "time", fake)
     return fake
 
 
