@@ -43,7 +43,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from http import HTTPStatus
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import httptools
 
@@ -57,8 +57,28 @@ from jaxsampler.serving.protocol import (
     STATUS_OF_ERROR,
 )
 
-if TYPE_CHECKING:
-    from jaxsampler.serving.listener import HTTPServer
+
+class ConnectionOwner(Protocol):
+    """What a :class:`Connection` needs of the server that accepted it
+    (:class:`~jaxsampler.serving.listener.HTTPServer` is the one implementation). Declared
+    here, so the connection layer does not import the listener that imports it."""
+
+    @property
+    def limits(self) -> Limits: ...
+
+    @property
+    def _conns(self) -> set[Connection]: ...
+
+    @property
+    def _live(self) -> set[Connection]: ...
+
+    @property
+    def _loop(self) -> asyncio.AbstractEventLoop: ...
+
+    def _authorized(self, auth: list[bytes]) -> bool: ...
+
+    def _dispatch(self, conn: Connection, req: Request) -> None: ...
+
 
 __all__ = ["LINGER_S", "BadRequest", "Connection", "HTTPError", "Limits", "Request", "status_of"]
 
@@ -183,7 +203,7 @@ class Connection(asyncio.Protocol):
     while the peer does not read its answers (``pause_writing``), and resumes when both
     drained; bytes read past the point where it paused wait in ``stash``."""
 
-    def __init__(self, server: HTTPServer, refuse: bool = False):
+    def __init__(self, server: ConnectionOwner, refuse: bool = False):
         self.server = server
         self.limits = server.limits
         self.refuse = refuse  # over max_connections: answered with 503, then closed
