@@ -2,7 +2,11 @@
 buffers, and what runs beside it.
 
 - :mod:`~jaxsampler.rollout.scan`: the frozen :class:`Rollout` bundle,
-  :func:`make_rollout`, :func:`init_rollout_state`, :func:`jit_rollout`;
+  :func:`make_rollout`, :func:`init_rollout_state`, :func:`jit_rollout`, composed of
+  :mod:`~jaxsampler.rollout.keys` (the key schedule), :mod:`~jaxsampler.rollout.step`
+  (one step), :mod:`~jaxsampler.rollout.buffers` (spec, allocation, writes),
+  :mod:`~jaxsampler.rollout.state` (the start state), :mod:`~jaxsampler.rollout.compat`
+  (static fit checks) and :mod:`~jaxsampler.rollout.debug` (``debug=True``);
 - :mod:`~jaxsampler.rollout.placement`: the env axis over a mesh of devices and processes
   (``mesh=``);
 - :mod:`~jaxsampler.rollout.distributed`: ``jax.distributed`` set-up for multi-process runs;
@@ -27,6 +31,7 @@ from jaxsampler.rollout.scan import (
     jit_rollout,
     make_rollout,
     pipeline_of,
+    policy_action_zeros,
     trajectory_spec,
 )
 
@@ -49,5 +54,6 @@ __all__ = [
     "make_rollout",
     "pipeline_of",
     "placement",
+    "policy_action_zeros",
     "trajectory_spec",
 ]
