@@ -447,8 +447,8 @@ _DATA_CLASSES = frozenset(
     {
         ("jaxsampler.sampling.base", "SamplerMetrics"),
         ("jaxsampler.sampling.callbacks", "SamplerTotals"),
-        ("jaxsampler.sampling.agent_steps", "AgentCarry"),
-        ("jaxsampler.sampling.columns", "Columns"),
+        ("jaxsampler.sampling.device.agent_steps", "AgentCarry"),
+        ("jaxsampler.sampling.device.columns", "Columns"),
     }
 )
 

@@ -5,9 +5,9 @@ host env steps."""
 
 from jaxsampler.sampling.base import Sampler, SamplerMetrics
 from jaxsampler.sampling.callbacks import SampleReport
-from jaxsampler.sampling.collector import SampleCollector, episodes_to_batch
 from jaxsampler.sampling.device import DeviceSampler
 from jaxsampler.sampling.host import HostSampler
+from jaxsampler.sampling.host.collector import SampleCollector, episodes_to_batch
 
 __all__ = [
     "DeviceSampler",

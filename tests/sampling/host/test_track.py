@@ -22,7 +22,7 @@ from jaxsampler.constants import ALL_AGENTS
 from jaxsampler.host_envs.base import HostEnv, PollResult
 from jaxsampler.policies.base import Policy
 from jaxsampler.sampling import HostSampler
-from jaxsampler.sampling.track import Track
+from jaxsampler.sampling.host.track import Track
 
 A = js.constants.DEFAULT_AGENT_ID
 

@@ -6,7 +6,7 @@ to Python lists (a few list appends per step instead of the general
 :class:`~jaxsampler.episodes.multi_agent.MultiAgentEpisode` bookkeeping of hanging
 actions and per-agent maps) and builds, only when a chunk closes, the same numpy'ized
 :class:`~jaxsampler.episodes.single_agent.SingleAgentEpisode` and the same batch rows
-that the collector feed builds (:mod:`jaxsampler.sampling.feeds`; the tests check that
+that the collector feed builds (:mod:`jaxsampler.sampling.host.feeds`; the tests check that
 the two feeds agree). :class:`TrackFeed` is the host sampler's feed made of tracks.
 """
 
@@ -19,8 +19,15 @@ from jaxsampler.episodes.batch import MultiAgentBatch, SampleBatch
 from jaxsampler.episodes.lookback import batch as stack
 from jaxsampler.episodes.single_agent import SingleAgentEpisode
 from jaxsampler.host_envs.base import PollResult
-from jaxsampler.sampling.collector import concat_rows, is_abandoned, step_rows
-from jaxsampler.sampling.feeds import Books, DoneRecord, Feed, QueuedRows, env_ids_of, episode_over
+from jaxsampler.sampling.host.collector import concat_rows, is_abandoned, step_rows
+from jaxsampler.sampling.host.feeds import (
+    Books,
+    DoneRecord,
+    Feed,
+    QueuedRows,
+    env_ids_of,
+    episode_over,
+)
 
 __all__ = ["Track", "TrackFeed", "track_rows"]
 
@@ -130,7 +137,7 @@ class Track:
 
 def track_rows(track: Track, agent_index: int = 0, mark_abandoned: bool = False) -> dict[str, Any]:
     """The batch rows of a chunk (``len >= 1``): one per step, the columns of
-    :func:`jaxsampler.sampling.collector.episodes_to_batch` (``mark_abandoned``: with the
+    :func:`jaxsampler.sampling.host.collector.episodes_to_batch` (``mark_abandoned``: with the
     ``abandoned`` column)."""
     lb = track.lookback
     return step_rows(

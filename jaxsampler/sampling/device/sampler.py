@@ -23,8 +23,8 @@ adapted to a device that runs whole chunks:
   ``episode_lookback_horizon`` steps taken from the previous chunk.
 
 Conversion is a converter object picked once at construction
-(:class:`~jaxsampler.sampling.convert_single.SingleAgentConverter` or
-:class:`~jaxsampler.sampling.convert_multi.MultiAgentConverter`; a single-agent sampler
+(:class:`~jaxsampler.sampling.device.single.SingleAgentConverter` or
+:class:`~jaxsampler.sampling.device.multi.MultiAgentConverter`; a single-agent sampler
 may be given an ``episode_factory`` that builds other episode objects, e.g. RLlib's, straight
 from the call's columns): one bulk
 device-to-host copy per call, one bulk transpose to env-major columns (with the lookback
@@ -82,9 +82,9 @@ from jaxsampler.sampling.base import (
     explain_policy_mismatch,
     exploring_or_greedy,
 )
-from jaxsampler.sampling.columns import InfoPath, info_leaves, with_transform_infos
-from jaxsampler.sampling.convert_multi import MultiAgentConverter
-from jaxsampler.sampling.convert_single import EpisodeFactory, SingleAgentConverter
+from jaxsampler.sampling.device.columns import InfoPath, info_leaves, with_transform_infos
+from jaxsampler.sampling.device.multi import MultiAgentConverter
+from jaxsampler.sampling.device.single import EpisodeFactory, SingleAgentConverter
 from jaxsampler.transforms.base import TransformState
 from jaxsampler.types import Trajectory
 
@@ -138,7 +138,7 @@ class DeviceSampler(Sampler):
             the call are this many steps long (a second jitted rollout, compiled on the
             first call that needs it); ``None``: every chunk is ``rollout_length`` long.
         episode_factory: single-agent envs: builds ``sample()``'s episodes from the
-            call's :class:`~jaxsampler.sampling.convert_single.EpisodeColumns` instead
+            call's :class:`~jaxsampler.sampling.device.single.EpisodeColumns` instead
             of jaxsampler's :class:`SingleAgentEpisode` (``sample_batch()`` is
             unaffected); ``None``: jaxsampler's episodes.
         transforms: env->policy / policy->env transforms run inside the rollout

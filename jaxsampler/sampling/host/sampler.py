@@ -10,12 +10,12 @@ bucket is split into several calls.
 
 Loop per env step: compute and send the actions of the queued agents; ``poll()``; check
 the poll (agent ids, observations: :class:`~jaxsampler.spaces.ValueChecker`) and hand it
-to the sampler's feed (:mod:`jaxsampler.sampling.feeds`), which keeps the running
+to the sampler's feed (:mod:`jaxsampler.sampling.host.feeds`), which keeps the running
 episodes. An
 off-policy action of the poll (``off_policy_actions``) is sent and recorded instead of
 the policy's (the policy is still evaluated on that observation: its recurrent state is
 kept; ``mark_off_policy=True`` adds an ``off_policy`` bool column). Its extras describe
-the recorded action (:mod:`jaxsampler.sampling.off_policy`): a local-inference client's
+the recorded action (:mod:`jaxsampler.sampling.host.off_policy`): a local-inference client's
 ``extra_model_outputs`` from the step's info, else the caller's ``info["action_logp"]``,
 else ``action_logp`` computed with the policy's ``log_prob`` (one extra jitted call, only
 for batches with off-policy rows), else NaN; ``vf_preds`` and other extras come from the
@@ -47,9 +47,9 @@ last row; the column is there whenever the env can abandon episodes (``mark_aban
   observations are computed at the start of the next call, with that call's params.
 
 The feed is chosen once, at construction (``feed``): single-agent envs use list
-tracks (:class:`~jaxsampler.sampling.track.TrackFeed`, a few appends per step), multi-agent
-envs the :class:`~jaxsampler.sampling.collector.SampleCollector`
-(:class:`~jaxsampler.sampling.feeds.CollectorFeed`, which builds :class:`MultiAgentEpisode`
+tracks (:class:`~jaxsampler.sampling.host.track.TrackFeed`, a few appends per step), multi-agent
+envs the :class:`~jaxsampler.sampling.host.collector.SampleCollector`
+(:class:`~jaxsampler.sampling.host.feeds.CollectorFeed`, which builds :class:`MultiAgentEpisode`
 objects with ``add_env_reset`` / ``add_env_step``). Both give the same episodes and
 batches for single-agent envs, except that continuation chunks get
 ``episode_lookback_horizon`` *agent* steps of lookback on the tracks (RLlib's
@@ -62,7 +62,7 @@ by env); envs in order of first appearance. Single-agent envs (one agent id) giv
 :class:`MultiAgentEpisode` chunks. All are numpy'ized; ``infos`` stay lists of dicts.
 
 Transforms (``transforms=``): the device rollout's transforms run on every poll
-(:mod:`jaxsampler.sampling.host_transforms`): the policy acts on, and episodes record, the
+(:mod:`jaxsampler.sampling.host.transforms`): the policy acts on, and episodes record, the
 transformed observations and rewards; actions are recorded policy side and sent through
 the transforms' ``to_env``; the metrics' returns are the env's own. An off-policy action
 (the env's own) is sent and recorded as the env gave it.
@@ -72,7 +72,7 @@ Recurrent policies: the state is kept per ``(env_id, agent_id)`` on the host, re
 
 Memory: no per-env or per-episode entry outlives its episode (external envs' env ids are
 episode ids, so a long-running server would otherwise grow without bound); see
-:mod:`jaxsampler.sampling.feeds`.
+:mod:`jaxsampler.sampling.host.feeds`.
 """
 
 from __future__ import annotations
@@ -102,10 +102,14 @@ from jaxsampler.sampling.base import (
     explain_policy_mismatch,
     exploring_or_greedy,
 )
-from jaxsampler.sampling.feeds import Books, CollectorFeed, DoneRecord, Feed
-from jaxsampler.sampling.host_transforms import HostTransforms, bucket
-from jaxsampler.sampling.off_policy import OffPolicyCounts, behaviour_outputs, off_policy_extras
-from jaxsampler.sampling.track import TrackFeed
+from jaxsampler.sampling.host.feeds import Books, CollectorFeed, DoneRecord, Feed
+from jaxsampler.sampling.host.off_policy import (
+    OffPolicyCounts,
+    behaviour_outputs,
+    off_policy_extras,
+)
+from jaxsampler.sampling.host.track import TrackFeed
+from jaxsampler.sampling.host.transforms import HostTransforms, bucket
 from jaxsampler.spaces import ValueChecker
 from jaxsampler.transforms.base import Pipeline, build_pipeline
 
@@ -160,7 +164,7 @@ class HostSampler(Sampler):
         mark_abandoned: add an ``abandoned`` bool column to batches (``True`` on the last
             row of an abandoned episode); ``None`` (default): if the env can abandon
             episodes (:func:`abandons_episodes`: external envs and policy servers).
-        feed: how polls become episodes (:mod:`jaxsampler.sampling.feeds`): ``"auto"``
+        feed: how polls become episodes (:mod:`jaxsampler.sampling.host.feeds`): ``"auto"``
             (list tracks for single-agent envs, the collector for multi-agent ones),
             ``"track"`` (single-agent envs only) or ``"collector"`` (any env; for a
             single-agent env it gives the same episodes as the tracks, at a higher cost
@@ -173,7 +177,7 @@ class HostSampler(Sampler):
         transforms: env->policy / policy->env transforms (:mod:`jaxsampler.transforms`,
             env side first, or a :class:`~jaxsampler.transforms.Pipeline` bound to the
             host env's spaces), run on each poll with the device rollout's semantics
-            (:mod:`jaxsampler.sampling.host_transforms`); the policy must be built for
+            (:mod:`jaxsampler.sampling.host.transforms`); the policy must be built for
             the spaces they hand on (``build_pipeline(transforms,
             host_env.observation_space, host_env.action_space).observation_space``).
             Episodes and batches hold what the policy saw; :attr:`metrics` report the
@@ -279,7 +283,7 @@ class HostSampler(Sampler):
             action_space=self._act_space,
             ids=EpisodeIds(seed),
         )
-        #: the feed chosen at construction (:mod:`jaxsampler.sampling.feeds`)
+        #: the feed chosen at construction (:mod:`jaxsampler.sampling.host.feeds`)
         self.feed: Feed = _make_feed(feed, self._books)
         #: the transforms' runner (``None`` without transforms)
         self.transforms = HostTransforms(pipe, self.batch_sizes) if pipe else None
@@ -430,7 +434,7 @@ class HostSampler(Sampler):
         acts: list,
     ) -> dict:
         """The extras of one policy call with its off-policy rows describing the recorded
-        actions (:func:`~jaxsampler.sampling.off_policy.off_policy_extras`)."""
+        actions (:func:`~jaxsampler.sampling.host.off_policy.off_policy_extras`)."""
         offs = self._books.off_policy
         given = [behaviour_outputs(offs[env_ids[i]].infos.get(agent_ids[i])) for i in rows]
         fn = self.logp_fns.get(pid)

@@ -5,12 +5,13 @@ A feed owns the running episodes of a host sampler: it takes each checked poll
 the call's chunks (:meth:`Feed.close_call`) and turns them into episodes or a batch. The
 sampler picks one feed at construction and never branches on it again:
 
-* :class:`~jaxsampler.sampling.track.TrackFeed` (single-agent envs): each running episode
-  is a list :class:`~jaxsampler.sampling.track.Track`, a few appends per step, built into numpy'ized
-  :class:`SingleAgentEpisode` objects and batch rows only when its chunk closes;
+* :class:`~jaxsampler.sampling.host.track.TrackFeed` (single-agent envs): each running
+  episode is a list :class:`~jaxsampler.sampling.host.track.Track`, a few appends per step,
+  built into numpy'ized :class:`SingleAgentEpisode` objects and batch rows only when its
+  chunk closes;
 * :class:`CollectorFeed` (multi-agent envs, and single-agent ones on request): episodes
   are :class:`MultiAgentEpisode` objects built by the
-  :class:`~jaxsampler.sampling.collector.SampleCollector`; for a single-agent env the
+  :class:`~jaxsampler.sampling.host.collector.SampleCollector`; for a single-agent env the
   agent's :class:`SingleAgentEpisode` is returned.
 
 Both give the same episodes and batches for single-agent envs (the tests compare them),
@@ -41,7 +42,7 @@ from jaxsampler.episodes.ids import EpisodeIds, agent_episode_id
 from jaxsampler.episodes.multi_agent import MultiAgentEpisode, StaticModuleMapping
 from jaxsampler.episodes.single_agent import SingleAgentEpisode
 from jaxsampler.host_envs.base import PollResult
-from jaxsampler.sampling.collector import SampleCollector, episodes_to_batch
+from jaxsampler.sampling.host.collector import SampleCollector, episodes_to_batch
 
 __all__ = [
     "Books",
@@ -98,7 +99,7 @@ class Books:
         observation_space / action_space: one agent's spaces.
         ids: the sampler's episode ids.
         mark_abandoned: batch rows get an ``abandoned`` column
-            (:func:`~jaxsampler.sampling.collector.step_rows`).
+            (:func:`~jaxsampler.sampling.host.collector.step_rows`).
         rllib_compatible: agents' done flags as RLlib 2.60's ``MultiAgentEpisode`` sets
             them (the episode's computed flags OR'ed into every agent stepped in the step
             that ends it); default: each agent's own flags OR ``"__all__"``.
