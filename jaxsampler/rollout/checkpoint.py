@@ -445,7 +445,7 @@ _DATA_MODULES = ("jaxsampler.episodes", "jaxsampler.spaces", "jaxsampler.types")
 #: further jaxsampler classes that host state holds
 _DATA_CLASSES = frozenset(
     {
-        ("jaxsampler.sampling.base", "SamplerMetrics"),
+        ("jaxsampler.sampling.metrics", "SamplerMetrics"),
         ("jaxsampler.sampling.callbacks", "SamplerTotals"),
         ("jaxsampler.sampling.device.agent_steps", "AgentCarry"),
         ("jaxsampler.sampling.device.columns", "Columns"),

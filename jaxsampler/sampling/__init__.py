@@ -3,11 +3,12 @@
 their :class:`SamplerMetrics`, and the :class:`SampleCollector` that builds episodes from
 host env steps."""
 
-from jaxsampler.sampling.base import Sampler, SamplerMetrics
+from jaxsampler.sampling.base import Sampler
 from jaxsampler.sampling.callbacks import SampleReport
 from jaxsampler.sampling.device import DeviceSampler
 from jaxsampler.sampling.host import HostSampler
 from jaxsampler.sampling.host.collector import SampleCollector, episodes_to_batch
+from jaxsampler.sampling.metrics import SamplerMetrics
 
 __all__ = [
     "DeviceSampler",

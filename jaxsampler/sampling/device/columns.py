@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from jaxsampler.episodes.lookback import tree_map
-from jaxsampler.sampling.base import SamplerMetrics
+from jaxsampler.sampling.metrics import SamplerMetrics
 from jaxsampler.types import NoInfo, Trajectory
 
 __all__ = [

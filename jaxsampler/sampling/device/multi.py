@@ -22,7 +22,6 @@ from jaxsampler.episodes.lookback import InfiniteLookbackBuffer, tree_map
 from jaxsampler.episodes.multi_agent import SKIP, MultiAgentEpisode, StaticModuleMapping
 from jaxsampler.episodes.single_agent import SingleAgentEpisode, reward_space
 from jaxsampler.rollout import placement
-from jaxsampler.sampling.base import SamplerMetrics
 from jaxsampler.sampling.device.agent_steps import (
     AgentCarry,
     AgentSteps,
@@ -42,6 +41,7 @@ from jaxsampler.sampling.device.columns import (
     obs_map,
     unflatten,
 )
+from jaxsampler.sampling.metrics import SamplerMetrics
 from jaxsampler.types import Trajectory
 
 __all__ = ["MultiAgentConverter", "output_order"]

@@ -74,17 +74,17 @@ from jaxsampler.rollout.scan import (
     jit_rollout,
     make_rollout,
 )
-from jaxsampler.sampling.base import (
-    Sampler,
+from jaxsampler.sampling.base import Sampler
+from jaxsampler.sampling.device.columns import InfoPath, info_leaves, with_transform_infos
+from jaxsampler.sampling.device.multi import MultiAgentConverter
+from jaxsampler.sampling.device.single import EpisodeFactory, SingleAgentConverter
+from jaxsampler.sampling.metrics import (
     SamplerMetrics,
     check_lookback,
     check_sample_counts,
     explain_policy_mismatch,
     exploring_or_greedy,
 )
-from jaxsampler.sampling.device.columns import InfoPath, info_leaves, with_transform_infos
-from jaxsampler.sampling.device.multi import MultiAgentConverter
-from jaxsampler.sampling.device.single import EpisodeFactory, SingleAgentConverter
 from jaxsampler.transforms.base import TransformState
 from jaxsampler.types import Trajectory
 

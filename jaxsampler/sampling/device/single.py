@@ -20,7 +20,6 @@ from jaxsampler.episodes.batch import MultiAgentBatch, SampleBatch
 from jaxsampler.episodes.ids import EpisodeIds
 from jaxsampler.episodes.lookback import InfiniteLookbackBuffer
 from jaxsampler.episodes.single_agent import EpisodeBuffers, SingleAgentEpisode, reward_space
-from jaxsampler.sampling.base import SamplerMetrics
 from jaxsampler.sampling.device.columns import (
     Columns,
     InfoPath,
@@ -33,6 +32,7 @@ from jaxsampler.sampling.device.columns import (
     obs_map,
     unflatten,
 )
+from jaxsampler.sampling.metrics import SamplerMetrics
 from jaxsampler.types import Trajectory
 
 __all__ = ["EpisodeColumns", "EpisodeFactory", "SingleAgentConverter"]

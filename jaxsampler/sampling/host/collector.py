@@ -63,7 +63,7 @@ from jaxsampler.episodes.batch import MultiAgentBatch, SampleBatch
 from jaxsampler.episodes.lookback import batch as stack
 from jaxsampler.episodes.lookback import tree_map
 from jaxsampler.episodes.multi_agent import MultiAgentEpisode
-from jaxsampler.sampling.base import check_lookback, check_positive_int
+from jaxsampler.sampling.metrics import check_lookback, check_positive_int
 
 __all__ = [
     "ABANDONED",

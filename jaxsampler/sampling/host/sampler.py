@@ -93,15 +93,7 @@ from jaxsampler.host_envs.base import HostEnv, PollResult, check_host_env
 from jaxsampler.policies.base import Policy
 from jaxsampler.policies.multi import MultiAgentPolicy
 from jaxsampler.rollout.scan import Transforms, check_policy_fits
-from jaxsampler.sampling.base import (
-    Sampler,
-    SamplerMetrics,
-    check_lookback,
-    check_positive_int,
-    check_sample_counts,
-    explain_policy_mismatch,
-    exploring_or_greedy,
-)
+from jaxsampler.sampling.base import Sampler
 from jaxsampler.sampling.host.feeds import Books, CollectorFeed, DoneRecord, Feed
 from jaxsampler.sampling.host.off_policy import (
     OffPolicyCounts,
@@ -110,6 +102,14 @@ from jaxsampler.sampling.host.off_policy import (
 )
 from jaxsampler.sampling.host.track import TrackFeed
 from jaxsampler.sampling.host.transforms import HostTransforms, bucket
+from jaxsampler.sampling.metrics import (
+    SamplerMetrics,
+    check_lookback,
+    check_positive_int,
+    check_sample_counts,
+    explain_policy_mismatch,
+    exploring_or_greedy,
+)
 from jaxsampler.spaces import ValueChecker
 from jaxsampler.transforms.base import Pipeline, build_pipeline
 
