@@ -1,30 +1,17 @@
-"""The sampler family: one base class, :class:`Sampler`, and what its members share.
-
-``js.Sampler(env, policy, ...)`` is both the documented entry point and the base class:
-called on the base it picks the member for the env it is given, once, at construction:
-
-* a pure-JAX env (a :class:`~jaxsampler.envs.base.Env` or a registered id such as
-  ``"CartPole-v1"`` / ``"gymnax:Acrobot-v1"``) -> :class:`~jaxsampler.sampling.device.DeviceSampler`
-  (whole jitted rollout chunks);
-* a host-stepped env (a :class:`~jaxsampler.host_envs.base.HostEnv`, a Gymnasium env or
-  vector env, a list of Gymnasium envs or factories, or ``"gym:<id>"``) ->
-  :class:`~jaxsampler.sampling.host.HostSampler` (env steps on the host, one jitted
-  policy call per step).
-
-Either way the result is an instance of :class:`Sampler`: ``sample()`` returns
-numpy'ized episodes, ``sample_batch()`` a :class:`~jaxsampler.episodes.MultiAgentBatch`,
-``metrics`` the last call's :class:`SamplerMetrics`, ``reset()`` restarts every env and
-``close()`` releases the env.
-"""
+"""The sampler family's contract: what every member offers (``sample``, ``sample_batch``,
+``metrics``, ``reset``, ``close``, checkpoints) and how ``js.Sampler(env, ...)`` picks the
+member, without importing any member (they register themselves)."""
 
 from __future__ import annotations
 
 import abc
 import copy
+import functools
+import inspect
 import os
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from jaxsampler.episodes import MultiAgentBatch, MultiAgentEpisode, SingleAgentEpisode
 from jaxsampler.rollout import checkpoint
@@ -40,37 +27,67 @@ from jaxsampler.sampling.metrics import SamplerMetrics
 __all__ = ["Sampler", "SamplerMetrics"]
 
 
-class _PicksMember(abc.ABCMeta):
-    """``Sampler(...)`` on the base class builds the family member that fits the env."""
+class _PicksMember:
+    """Holds ``Sampler.__new__`` one class above :class:`Sampler`, so that
+    ``inspect.signature(Sampler)`` reports :meth:`Sampler.__init__` (the family's
+    parameters) instead of ``__new__``'s ``(*args, **kwargs)``."""
 
-    def __call__(cls, *args: Any, **kwargs: Any) -> Any:
+    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+        """A fresh instance of the member that accepts the ``env`` argument (pathlib's
+        way: Python then runs that member's ``__init__`` with the same arguments); on a
+        member itself, a fresh instance of it."""
         if cls is Sampler:
-            from jaxsampler.sampling.factory import build_sampler
-
-            return build_sampler(args, kwargs)
-        return super().__call__(*args, **kwargs)
+            cls = Sampler._member_for(_env_argument(args, kwargs))
+        return object.__new__(cls)
 
 
-class Sampler(metaclass=_PicksMember):
+@functools.cache
+def _family_signature() -> inspect.Signature:
+    """``Sampler(...)``'s parameters without annotations (for error messages)."""
+    params = inspect.signature(Sampler).parameters.values()
+    return inspect.Signature([p.replace(annotation=inspect.Parameter.empty) for p in params])
+
+
+def _env_argument(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """The ``env`` of a ``Sampler(*args, **kwargs)`` call.
+
+    Raises:
+        TypeError: the arguments do not fit ``Sampler``'s parameters (the message shows them).
+    """
+    sig = _family_signature()
+    try:
+        return sig.bind(*args, **kwargs).arguments["env"]
+    except TypeError as e:
+        raise TypeError(f"Sampler{sig}: {e}") from None
+
+
+class Sampler(_PicksMember, abc.ABC):
     """Samples episodes from an env with a policy (RLlib's ``EnvRunner`` role).
 
-    ``Sampler(env, policy, num_envs=1, rollout_length=128, seed=0, *, env_params=None,
-    episode_lookback_horizon=1, transforms=None, explore=True, devices=None, mesh=None)``
-    returns a
-    :class:`~jaxsampler.sampling.device.DeviceSampler` for a pure-JAX env (or a registered
-    env id) and a :class:`~jaxsampler.sampling.host.HostSampler` for a host-stepped one
-    (a ``HostEnv``, a Gymnasium env, vector env or list of envs / factories, or
-    ``"gym:<id>"``); both are instances of ``Sampler``.
+    ``Sampler(env, policy, ...)`` is both the documented entry point and the base class:
+    called on the base it builds the member that accepts ``env`` (:meth:`accepts`), once:
+
+    * a pure-JAX env (a :class:`~jaxsampler.envs.base.Env` or a registered id such as
+      ``"CartPole-v1"`` / ``"gymnax:Acrobot-v1"``):
+      :class:`~jaxsampler.sampling.device.DeviceSampler` (whole jitted rollout chunks);
+    * a host-stepped env (a :class:`~jaxsampler.host_envs.base.HostEnv`, a Gymnasium env or
+      vector env, a list of Gymnasium envs or factories, or ``"gym:<id>"``;
+      :func:`jaxsampler.host_envs.is_host_stepped`):
+      :class:`~jaxsampler.sampling.host.HostSampler` (env steps on the host, one jitted
+      policy call per step).
+
+    Either way the result is an instance of ``Sampler``: :meth:`sample` returns
+    numpy'ized episodes, :meth:`sample_batch` a :class:`~jaxsampler.episodes.MultiAgentBatch`,
+    :attr:`metrics` the last call's :class:`SamplerMetrics`, :meth:`reset` restarts every
+    env and :meth:`close` releases the env.
 
     Args:
         env: a jaxsampler env, a registered env id (``js.make``), or a host-stepped env.
         policy: the policy (``(params, obs, key, state) -> (action, extras, state)``).
         num_envs: envs stepped side by side (the env axis; for ``"gym:<id>"`` the number
-            of Gymnasium envs).
+            of Gymnasium envs). ``None``: one pure-JAX env, or the host env's own count.
         rollout_length: steps per rollout call (device) or polls per call (host).
         seed: PRNG seed; the same seed and calls give identical episodes.
-        env_params: env params of a pure-JAX env (default ``env.default_params``).
-        episode_lookback_horizon: lookback steps carried into continuation chunks.
         transforms: env->policy / policy->env transforms (:mod:`jaxsampler.transforms`,
             env side first), the same semantics on both members. The policy must be
             built for ``js.rollout.pipeline_of(env, transforms).observation_space`` /
@@ -82,15 +99,67 @@ class Sampler(metaclass=_PicksMember):
         devices, mesh: pure-JAX envs only: split the env axis over several devices (a
             count or a list) or a :class:`~jax.sharding.Mesh` with an ``"env"`` axis, which
             may span processes; see :class:`~jaxsampler.sampling.device.DeviceSampler`.
+        **options: the member's own options, e.g. ``env_params`` (pure-JAX envs),
+            ``episode_lookback_horizon`` (lookback steps carried into continuation
+            chunks), ``callbacks``; see each member.
 
     Attributes:
         metrics: the :class:`SamplerMetrics` of the last ``sample()`` / ``sample_batch()``
             (of this process's envs; :meth:`global_metrics` for all processes').
     """
 
+    #: the members by qualified name (:meth:`__init_subclass__`)
+    _members: ClassVar[dict[str, type[Sampler]]] = {}
+
     metrics: SamplerMetrics
     callbacks: list[SamplerCallback]
     totals: SamplerTotals
+
+    def __init__(
+        self,
+        env: Any,
+        policy: Any,
+        num_envs: int | None = None,
+        rollout_length: int = 128,
+        seed: int = 0,
+        *,
+        transforms: Any = None,
+        explore: bool = True,
+        devices: Any = None,
+        mesh: Any = None,
+        **options: Any,
+    ):
+        """The family's parameters (see the class docstring). ``Sampler(...)`` runs the
+        chosen member's own ``__init__`` with them; members do not call this one."""
+
+    # ------------------------------------------------------------------- the members
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """Registers a subclass that defines its own :meth:`accepts` as a member."""
+        super().__init_subclass__(**kwargs)
+        if "accepts" in vars(cls):
+            Sampler._members[f"{cls.__module__}.{cls.__qualname__}"] = cls
+
+    @classmethod
+    def accepts(cls, env: Any) -> bool:
+        """Whether this member samples ``env``: ``Sampler(env, ...)`` builds the one
+        member that accepts it. The base accepts nothing."""
+        return False
+
+    @staticmethod
+    def _member_for(env: Any) -> type[Sampler]:
+        """The one registered member that accepts ``env``.
+
+        Raises:
+            TypeError: no member, or several, accept ``env``.
+        """
+        found = [m for m in Sampler._members.values() if m.accepts(env)]
+        if len(found) != 1:
+            raise TypeError(
+                f"{len(found)} sampler members accept env {env!r} "
+                f"({', '.join(m.__name__ for m in found) or 'none'}); exactly one must"
+            )
+        return found[0]
 
     # ------------------------------------------------------------------- reporting
 
@@ -260,7 +329,7 @@ class Sampler(metaclass=_PicksMember):
             extra = js.rollout.checkpoint.restore_extra("ckpt/1000", like={"params": params,
                                                                    "opt_state": opt_state})
         """
-        sampler: Sampler = cls(env, policy, *args, **kwargs)  # type: ignore[call-arg]
+        sampler: Sampler = cls(env, policy, *args, **kwargs)
         try:
             sampler.load(path)
         except BaseException:

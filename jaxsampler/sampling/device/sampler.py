@@ -65,6 +65,7 @@ from jaxsampler.constants import DEFAULT_POLICY_ID
 from jaxsampler.envs.base import Env
 from jaxsampler.episodes.batch import MultiAgentBatch
 from jaxsampler.episodes.ids import EpisodeIds
+from jaxsampler.host_envs.adapt import is_host_stepped
 from jaxsampler.policies.base import Policy
 from jaxsampler.rollout import distributed, placement
 from jaxsampler.rollout.scan import (
@@ -125,7 +126,7 @@ class DeviceSampler(Sampler):
     Args:
         env: a jaxsampler env, a registered env id (``js.make``), or a host-stepped env.
         policy: the policy (``(params, obs, key, state) -> (action, extras, state)``).
-        num_envs: envs stepped side by side (the env axis).
+        num_envs: envs stepped side by side (the env axis; ``None``: 1).
         rollout_length: device steps per rollout call.
         seed: PRNG seed; the same seed and calls give identical episodes.
         env_params: env params (default ``env.default_params``).
@@ -220,7 +221,7 @@ class DeviceSampler(Sampler):
         self,
         env: Env | str,
         policy: Policy,
-        num_envs: int = 1,
+        num_envs: int | None = 1,
         rollout_length: int = 128,
         seed: int = 0,
         *,
@@ -237,6 +238,7 @@ class DeviceSampler(Sampler):
         callbacks: Any = None,
     ):
         env = _resolve(env)
+        num_envs = 1 if num_envs is None else num_envs
         self._init_reporting(callbacks)
         self.mesh = _sampler_mesh(devices, mesh)
         policy = exploring_or_greedy(policy, explore)
@@ -327,6 +329,13 @@ class DeviceSampler(Sampler):
                 episode_lookback_horizon,
                 rllib_compatible=rllib_compatible,
             )
+
+    @classmethod
+    def accepts(cls, env: Any) -> bool:
+        """A pure-JAX env or an env id: every env that is not host-stepped
+        (:func:`jaxsampler.host_envs.is_host_stepped`); an object that is neither fails in
+        the env's resolution here, with its own message."""
+        return not is_host_stepped(env)
 
     # ------------------------------------------------------------------------- state
 

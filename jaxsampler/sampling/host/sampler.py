@@ -89,6 +89,7 @@ from jaxsampler.episodes.batch import MultiAgentBatch
 from jaxsampler.episodes.ids import EpisodeIds
 from jaxsampler.episodes.multi_agent import MultiAgentEpisode
 from jaxsampler.episodes.single_agent import SingleAgentEpisode
+from jaxsampler.host_envs.adapt import as_host_env, is_host_stepped
 from jaxsampler.host_envs.base import HostEnv, PollResult, check_host_env
 from jaxsampler.policies.base import Policy
 from jaxsampler.policies.multi import MultiAgentPolicy
@@ -138,6 +139,23 @@ def _make_feed(kind: str, books: Books) -> Feed:
     raise ValueError(f"feed must be 'auto', 'track' or 'collector', got {kind!r}")
 
 
+def _refuse_device_options(
+    host_env: HostEnv, num_envs: int | None, env_params: Any, devices: Any, mesh: Any
+) -> None:
+    """Raises ``ValueError`` for the family's options that have no meaning on a host env."""
+    if devices is not None or mesh is not None:
+        raise ValueError(
+            f"devices= / mesh= split the env axis of a pure-JAX env over devices; "
+            f"{type(host_env).__name__} steps its envs on the host (its policy runs on the "
+            "default device): drop devices= / mesh=, or use a pure-JAX env (a "
+            "jaxsampler Env or a registered id such as 'CartPole-v1')"
+        )
+    if env_params is not None:
+        raise ValueError("env_params are for pure-JAX envs; configure a host-stepped env directly")
+    if num_envs is not None and host_env.num_envs != num_envs:
+        raise ValueError(f"num_envs={num_envs} but the host env has {host_env.num_envs} sub-envs")
+
+
 def abandons_episodes(host_env: Any) -> bool:
     """Whether ``host_env`` can abandon episodes (its ``abandons_episodes`` attribute,
     :class:`~jaxsampler.host_envs.base.HostEnv`'s documented flag; ``False`` if absent)."""
@@ -148,14 +166,20 @@ class HostSampler(Sampler):
     """Samples episodes from a host-stepped env with a jaxsampler policy.
 
     Args:
-        host_env: the env (a :class:`HostEnv`).
+        env: the env: a :class:`HostEnv`, or what
+            :func:`~jaxsampler.host_envs.as_host_env` turns into one (a Gymnasium env or
+            vector env, a list of Gymnasium envs or factories, ``"gym:<id>"``), which the
+            sampler then owns (:meth:`close` closes it; so does a failed construction).
         policy: a :class:`Policy` (one policy for every agent) or a
             :class:`~jaxsampler.MultiAgentPolicy` built for ``host_env.agent_ids``.
-        seed: PRNG seed of the policy keys and of the episode ids.
+        num_envs: the number of Gymnasium envs of a ``"gym:<id>"`` env; else, if given,
+            it must equal the host env's ``num_envs``.
+        rollout_length: polls of a call with neither ``num_timesteps`` nor ``num_episodes``.
+        seed: PRNG seed of the policy keys and of the episode ids (and of the Gymnasium
+            envs built here).
         episode_lookback_horizon: lookback env steps of continuation chunks.
         batch_sizes: the padded batch sizes (sorted; default: powers of two up to
             ``num_envs * num_agents``, at most ``max_batch_size``).
-        rollout_length: polls of a call with neither ``num_timesteps`` nor ``num_episodes``.
         timeout_s: a call returns after at most about this many seconds even if fewer steps
             or episodes arrived (serving envs: clients may be idle); ``None``: no limit. A
             call also returns when the env is closed.
@@ -184,23 +208,34 @@ class HostSampler(Sampler):
             env's own returns.
         explore: ``False``: the policy acts greedily
             (:func:`jaxsampler.policies.greedy.greedy`).
+        callbacks: objects with ``on_sample_end(report)``, called after every call
+            (:class:`~jaxsampler.sampling.callbacks.SamplerCallback`).
+        env_params, devices, mesh: the family's pure-JAX options (``js.Sampler`` passes
+            them on): refused here with a ``ValueError`` that says why.
 
     Raises:
-        TypeError: ``host_env`` is not a complete :class:`HostEnv` (the missing members
-            are named).
+        TypeError: ``env`` is not host-stepped, or not a complete :class:`HostEnv` (the
+            missing members are named).
         ValueError: the policy was built for other spaces or other agent ids; a bad
-            argument.
+            argument; ``env_params`` / ``devices`` / ``mesh`` given; ``num_envs``
+            differs from the host env's.
     """
+
+    @classmethod
+    def accepts(cls, env: Any) -> bool:
+        """A host-stepped env (:func:`jaxsampler.host_envs.is_host_stepped`)."""
+        return is_host_stepped(env)
 
     def __init__(
         self,
-        host_env: HostEnv,
+        env: Any,
         policy: Policy,
-        *,
+        num_envs: int | None = None,
+        rollout_length: int = 128,
         seed: int = 0,
+        *,
         episode_lookback_horizon: int = 1,
         batch_sizes: Sequence[int] | None = None,
-        rollout_length: int = 128,
         max_batch_size: int = 1024,
         mark_off_policy: bool = False,
         mark_abandoned: bool | None = None,
@@ -210,9 +245,58 @@ class HostSampler(Sampler):
         transforms: Transforms = None,
         explore: bool = True,
         callbacks: Any = None,
+        env_params: Any = None,
+        devices: Any = None,
+        mesh: Any = None,
     ):
+        host_env = as_host_env(env, num_envs, seed)
+        if host_env is None:
+            host_env = check_host_env(env)  # not host-stepped: the message says what it lacks
+        try:
+            _refuse_device_options(host_env, num_envs, env_params, devices, mesh)
+            self._setup(
+                host_env,
+                policy,
+                rollout_length,
+                seed,
+                episode_lookback_horizon=episode_lookback_horizon,
+                batch_sizes=batch_sizes,
+                max_batch_size=max_batch_size,
+                mark_off_policy=mark_off_policy,
+                mark_abandoned=mark_abandoned,
+                timeout_s=timeout_s,
+                feed=feed,
+                rllib_compatible=rllib_compatible,
+                transforms=transforms,
+                explore=explore,
+                callbacks=callbacks,
+            )
+        except BaseException:
+            if host_env is not env:  # made here from a Gymnasium env, a list or an id
+                host_env.close()
+            raise
+
+    def _setup(
+        self,
+        host_env: HostEnv,
+        policy: Policy,
+        rollout_length: int,
+        seed: int,
+        *,
+        episode_lookback_horizon: int,
+        batch_sizes: Sequence[int] | None,
+        max_batch_size: int,
+        mark_off_policy: bool,
+        mark_abandoned: bool | None,
+        timeout_s: float | None,
+        feed: str,
+        rllib_compatible: bool,
+        transforms: Transforms,
+        explore: bool,
+        callbacks: Any,
+    ) -> None:
         self._init_reporting(callbacks)
-        self.host_env = check_host_env(host_env)
+        self.host_env = host_env
         policy = exploring_or_greedy(policy, explore)
         self.explore = explore
         self.policy = policy
