@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Any, ClassVar
 
-from jaxsampler.episodes import MultiAgentBatch, MultiAgentEpisode, SingleAgentEpisode
+from jaxsampler.episodes import MultiAgentBatch
 from jaxsampler.rollout import checkpoint
 from jaxsampler.sampling.callbacks import (
     SamplerCallback,
@@ -22,7 +22,7 @@ from jaxsampler.sampling.callbacks import (
     check_callbacks,
     compile_clock,
 )
-from jaxsampler.sampling.metrics import SamplerMetrics
+from jaxsampler.sampling.metrics import SamplerMetrics, check_sample_counts
 
 __all__ = ["Sampler", "SamplerMetrics"]
 
@@ -168,6 +168,7 @@ class Sampler(_PicksMember, abc.ABC):
         self.callbacks = check_callbacks(callbacks)
         self.totals = SamplerTotals()
         self._clock0 = (0, 0.0)
+        self._last_split = (0.0, 0.0)
         compile_clock.install()
 
     def _start_call(self) -> None:
@@ -362,24 +363,36 @@ class Sampler(_PicksMember, abc.ABC):
 
     # ------------------------------------------------------------------- sampling
 
-    @abc.abstractmethod
     def sample(
         self,
         params: Any,
         num_timesteps: int | None = None,
         num_episodes: int | None = None,
         force_reset: bool = False,
-    ) -> list[SingleAgentEpisode] | list[MultiAgentEpisode]:
-        """Samples and returns numpy'ized episodes: finished ones, then ongoing chunks.
+    ) -> list[Any]:
+        """Samples and returns numpy'ized episodes: finished ones, then ongoing chunks
+        (:class:`~jaxsampler.episodes.SingleAgentEpisode` objects, or
+        :class:`~jaxsampler.episodes.MultiAgentEpisode` chunks for a multi-agent env; a
+        device sampler's ``episode_factory`` may build others). An ongoing chunk continues
+        in the next call with the same ``id_``.
 
         Args:
-            params: policy params.
-            num_timesteps: sample until at least this many env steps.
-            num_episodes: reset, then sample until this many episodes finished.
+            params: policy params (for a :class:`~jaxsampler.MultiAgentPolicy`, a dict
+                ``policy_id -> params``).
+            num_timesteps: sample until at least this many env steps (reset steps not
+                counted); a device sampler runs whole rollout calls, so possibly more.
+            num_episodes: reset, then sample until this many episodes finished; the next
+                call resets again.
             force_reset: reset all envs first (ongoing episodes are discarded).
-        """
 
-    @abc.abstractmethod
+        With neither count: one rollout call (device) or ``rollout_length`` polls (host).
+        Metrics of the call are in :attr:`metrics`; every callback gets its report.
+
+        Raises:
+            ValueError: both counts, or a count that is not an int >= 1.
+        """
+        return self._sample_call("sample", params, num_timesteps, num_episodes, force_reset)
+
     def sample_batch(
         self,
         params: Any,
@@ -387,7 +400,58 @@ class Sampler(_PicksMember, abc.ABC):
         num_episodes: int | None = None,
         force_reset: bool = False,
     ) -> MultiAgentBatch:
-        """Like :meth:`sample`, but returns a ``MultiAgentBatch`` (policy id -> ``SampleBatch``)."""
+        """Like :meth:`sample`, but returns a ``MultiAgentBatch`` (policy id ->
+        ``SampleBatch``), one row per agent step: episode by episode in :meth:`sample`'s
+        order, then agent by agent, then by ``t``.
+
+        Columns: ``obs``, ``new_obs``, ``actions``, ``rewards``, ``terminateds``,
+        ``truncateds``, ``t``, ``eps_id`` (the episodes' ``id_``), ``agent_index``,
+        ``infos`` and the policy's extras (``action_logp``, ``vf_preds``, ...); a device
+        sampler builds them straight from its rollout buffers. Episodes continue across
+        calls exactly as with :meth:`sample` (the two may be mixed).
+        """
+        return self._sample_call("sample_batch", params, num_timesteps, num_episodes, force_reset)
+
+    def _sample_call(
+        self,
+        kind: str,
+        params: Any,
+        num_timesteps: int | None,
+        num_episodes: int | None,
+        force_reset: bool,
+    ) -> Any:
+        """One :meth:`sample` / :meth:`sample_batch` call: the member collects, then
+        converts; both timed, then reported."""
+        check_sample_counts(num_timesteps, num_episodes)
+        self._start_call()
+        t0 = time.perf_counter()
+        collected = self._collect(params, num_timesteps, num_episodes, force_reset)
+        t1 = time.perf_counter()
+        out = self._episodes(collected) if kind == "sample" else self._batch(collected)
+        self._last_split = (t1 - t0, time.perf_counter() - t1)
+        self._report(kind, *self._last_split)
+        return out
+
+    # What each member implements to sample.
+
+    @abc.abstractmethod
+    def _collect(
+        self,
+        params: Any,
+        num_timesteps: int | None,
+        num_episodes: int | None,
+        force_reset: bool,
+    ) -> Any:
+        """Steps the envs for one call (the counts are checked); returns what
+        :meth:`_episodes` / :meth:`_batch` convert."""
+
+    @abc.abstractmethod
+    def _episodes(self, collected: Any) -> list[Any]:
+        """The collected steps as episodes; sets :attr:`metrics`."""
+
+    @abc.abstractmethod
+    def _batch(self, collected: Any) -> MultiAgentBatch:
+        """The collected steps as a batch; sets :attr:`metrics`."""
 
     def global_metrics(self) -> SamplerMetrics:
         """:attr:`metrics` of the last call combined over every process
@@ -403,7 +467,9 @@ class Sampler(_PicksMember, abc.ABC):
         """Releases the env's resources (threads, processes, sockets). Idempotent."""
 
     def __enter__(self) -> Sampler:
+        """The sampler itself (``with js.Sampler(...) as s:`` closes it at the end)."""
         return self
 
     def __exit__(self, *exc: object) -> None:
+        """Closes the sampler."""
         self.close()

@@ -53,8 +53,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-import time
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import jax
 import numpy as np
@@ -82,7 +81,6 @@ from jaxsampler.sampling.device.single import EpisodeFactory, SingleAgentConvert
 from jaxsampler.sampling.metrics import (
     SamplerMetrics,
     check_lookback,
-    check_sample_counts,
     explain_policy_mismatch,
     exploring_or_greedy,
 )
@@ -90,6 +88,16 @@ from jaxsampler.transforms.base import TransformState
 from jaxsampler.types import Trajectory
 
 __all__ = ["Converter", "DeviceSampler"]
+
+
+class _Call(NamedTuple):
+    """One call's host copies of its rollout chunks, and what their conversion needs."""
+
+    chunks: list[Trajectory]
+    #: for a ``num_episodes`` call counted over several processes, the step at which the
+    #: count was reached (``None``: the converter finds it)
+    cutoff: int | None
+    num_episodes: int | None
 
 
 class Converter(Protocol):
@@ -294,7 +302,6 @@ class DeviceSampler(Sampler):
         self.topup_length = topup_length
         self._topup: Any = None  # built on first use
         self._topup_buffers: Trajectory | None = None
-        self.last_split = (0.0, 0.0)
         self.last_chunks: list[Trajectory] = []
         self._key = jax.random.PRNGKey(seed)
         # (env, count) -> id, deterministic per seed; local env i is global env offset + i
@@ -329,6 +336,11 @@ class DeviceSampler(Sampler):
                 episode_lookback_horizon,
                 rllib_compatible=rllib_compatible,
             )
+
+    @property
+    def last_split(self) -> tuple[float, float]:
+        """``(rollout_s, to_episodes_s)`` of the last ``sample()`` / ``sample_batch()``."""
+        return self._last_split
 
     @classmethod
     def accepts(cls, env: Any) -> bool:
@@ -443,75 +455,21 @@ class DeviceSampler(Sampler):
 
     # ------------------------------------------------------------------------- sampling
 
-    def sample(
-        self,
-        params: Any,
-        num_timesteps: int | None = None,
-        num_episodes: int | None = None,
-        force_reset: bool = False,
-    ) -> list[Any]:
-        """Samples and returns numpy'ized episodes: finished ones, then ongoing chunks
-        (:class:`SingleAgentEpisode`, or :class:`MultiAgentEpisode` for a multi-agent env).
-
-        Args:
-            params: policy params.
-            num_timesteps: sample until at least this many env steps (reset steps not
-                counted); whole rollout calls only, so possibly more.
-            num_episodes: reset, then sample until this many episodes finished.
-            force_reset: reset all envs first (ongoing episodes are discarded).
-
-        Metrics of the call are in :attr:`metrics`.
-        """
-        self._start_call()
-        t0 = time.perf_counter()
-        chunks, cutoff = self._run(params, num_timesteps, num_episodes, force_reset)
-        t1 = time.perf_counter()
-        out, metrics = self._convert.episodes(chunks, num_episodes, self._state, cutoff)
-        self.last_split = (t1 - t0, time.perf_counter() - t1)
-        return self._finish(out, metrics, len(chunks), num_episodes, "sample")
-
-    def sample_batch(
-        self,
-        params: Any,
-        num_timesteps: int | None = None,
-        num_episodes: int | None = None,
-        force_reset: bool = False,
-    ) -> MultiAgentBatch:
-        """Like :meth:`sample`, but returns a ``MultiAgentBatch`` (``"default_policy"`` ->
-        ``SampleBatch``) built straight from the device buffers, one row per sampled step.
-
-        Columns: ``obs``, ``new_obs`` (derived from the single observation track),
-        ``actions``, ``rewards``, ``terminateds``, ``truncateds``, ``t``, ``eps_id`` (the
-        episodes' ``id_``), ``agent_index``, ``infos`` and the policy's extras
-        (``action_logp``, ``vf_preds``, ...). Rows come episode by episode in the order
-        :meth:`sample` would return the episodes. Episodes continue across calls exactly
-        as with :meth:`sample` (the two may be mixed).
-        """
-        self._start_call()
-        t0 = time.perf_counter()
-        chunks, cutoff = self._run(params, num_timesteps, num_episodes, force_reset)
-        t1 = time.perf_counter()
-        out, metrics = self._convert.batch(chunks, num_episodes, self._state, cutoff)
-        self.last_split = (t1 - t0, time.perf_counter() - t1)
-        return self._finish(out, metrics, len(chunks), num_episodes, "sample_batch")
-
-    def _run(
+    def _collect(
         self,
         params: Any,
         num_timesteps: int | None,
         num_episodes: int | None,
         force_reset: bool,
-    ) -> tuple[list[Trajectory], int | None]:
-        """The call loop: rollout chunks until the requested counts are reached. Returns
-        the chunks and, for a ``num_episodes`` call counted over several processes, the
-        step at which the count was reached (``None``: the converter finds it)."""
-        check_sample_counts(num_timesteps, num_episodes)
+    ) -> _Call:
+        """The call loop: rollout chunks until the requested counts are reached."""
         if self._state is None or force_reset or num_episodes is not None:
             self.reset()
         chunks: list[Trajectory] = []
         self.last_chunks = chunks
         if self._spans_processes and (num_timesteps is not None or num_episodes is not None):
-            return chunks, self._run_global(params, chunks, num_timesteps, num_episodes)
+            cutoff = self._run_global(params, chunks, num_timesteps, num_episodes)
+            return _Call(chunks, cutoff, num_episodes)
         steps = done = 0
         while True:
             traj = self._next_chunk(params, chunks)
@@ -523,7 +481,21 @@ class DeviceSampler(Sampler):
                     break
             elif num_timesteps is None or steps >= num_timesteps:
                 break
-        return chunks, None
+        return _Call(chunks, None, num_episodes)
+
+    def _episodes(self, call: _Call) -> list[Any]:
+        """The call's episodes (:class:`SingleAgentEpisode` or :class:`MultiAgentEpisode`
+        chunks, or the ``episode_factory``'s)."""
+        out, metrics = self._convert.episodes(
+            call.chunks, call.num_episodes, self._state, call.cutoff
+        )
+        return self._finish(out, metrics, call)
+
+    def _batch(self, call: _Call) -> MultiAgentBatch:
+        """The call's batch (built straight from the host copies of the buffers; ``new_obs``
+        derived from the single observation track)."""
+        out, metrics = self._convert.batch(call.chunks, call.num_episodes, self._state, call.cutoff)
+        return self._finish(out, metrics, call)
 
     def _next_chunk(self, params: Any, chunks: list[Trajectory]) -> Trajectory:
         if chunks and self.topup_length not in (None, self.rollout_length):
@@ -561,16 +533,13 @@ class DeviceSampler(Sampler):
                 return None
             offset += live.shape[0]
 
-    def _finish(
-        self, out: Any, metrics: SamplerMetrics, calls: int, num_episodes: Any, kind: str
-    ) -> Any:
-        metrics.num_rollout_calls = calls
+    def _finish(self, out: Any, metrics: SamplerMetrics, call: _Call) -> Any:
+        metrics.num_rollout_calls = len(call.chunks)
         self.metrics = metrics
-        if num_episodes is not None:
+        if call.num_episodes is not None:
             # The next call starts fresh, as RLlib does (the transforms' statistics go on).
             self._carried = self._state.transform_state
             self._state = None
-        self._report(kind, *self.last_split)
         return out
 
     # ------------------------------------------------------------------------- checkpoints

@@ -87,8 +87,6 @@ import numpy as np
 from jaxsampler.constants import ALL_AGENTS, DEFAULT_POLICY_ID
 from jaxsampler.episodes.batch import MultiAgentBatch
 from jaxsampler.episodes.ids import EpisodeIds
-from jaxsampler.episodes.multi_agent import MultiAgentEpisode
-from jaxsampler.episodes.single_agent import SingleAgentEpisode
 from jaxsampler.host_envs.adapt import as_host_env, is_host_stepped
 from jaxsampler.host_envs.base import HostEnv, PollResult, check_host_env
 from jaxsampler.policies.base import Policy
@@ -107,7 +105,6 @@ from jaxsampler.sampling.metrics import (
     SamplerMetrics,
     check_lookback,
     check_positive_int,
-    check_sample_counts,
     explain_policy_mismatch,
     exploring_or_greedy,
 )
@@ -625,50 +622,14 @@ class HostSampler(Sampler):
         self._needs_reset = False
         self._fresh = True
 
-    def sample(
-        self,
-        params: Any,
-        num_timesteps: int | None = None,
-        num_episodes: int | None = None,
-        force_reset: bool = False,
-    ) -> list[SingleAgentEpisode] | list[MultiAgentEpisode]:
-        """Samples and returns numpy'ized episodes: finished ones, then ongoing chunks.
+    def _episodes(self, chunks: list[Any]) -> list[Any]:
+        """The call's chunks as numpy'ized episodes (``infos`` stay lists of dicts)."""
+        return self.feed.episodes(chunks)
 
-        Args:
-            params: policy params (a dict ``policy_id -> params`` for a MultiAgentPolicy).
-            num_timesteps: sample until at least this many env steps.
-            num_episodes: reset, then sample until this many episodes finished.
-            force_reset: reset first (ongoing episodes are discarded).
-
-        Metrics of the call are in :attr:`metrics`.
-        """
-        self._start_call()
-        t0 = time.perf_counter()
-        chunks = self._sample(params, num_timesteps, num_episodes, force_reset)
-        t1 = time.perf_counter()
-        out = self.feed.episodes(chunks)
-        self._report("sample", t1 - t0, time.perf_counter() - t1)
-        return out
-
-    def sample_batch(
-        self,
-        params: Any,
-        num_timesteps: int | None = None,
-        num_episodes: int | None = None,
-        force_reset: bool = False,
-    ) -> MultiAgentBatch:
-        """Like :meth:`sample`, but returns a ``MultiAgentBatch`` (policy id ->
-        ``SampleBatch``; rows episode by episode in :meth:`sample`'s order, then agent by
-        agent, then by ``t``) with the device sampler's columns: ``obs``, ``new_obs``,
-        ``actions``, ``rewards``, ``terminateds``, ``truncateds``, ``t``, ``eps_id``,
-        ``agent_index``, ``infos`` (list of dicts) and the policy's extras."""
-        self._start_call()
-        t0 = time.perf_counter()
-        chunks = self._sample(params, num_timesteps, num_episodes, force_reset)
-        t1 = time.perf_counter()
+    def _batch(self, chunks: list[Any]) -> MultiAgentBatch:
+        """The call's chunks as a batch (``infos``: a list of dicts)."""
         batch = self.feed.batch(chunks)
         batch.count = self.metrics.num_env_steps_sampled
-        self._report("sample_batch", t1 - t0, time.perf_counter() - t1)
         return batch
 
     def _checkpoint_parts(self) -> tuple[dict[str, Any], Any, dict[str, Any]]:
@@ -682,11 +643,11 @@ class HostSampler(Sampler):
             return self.host_env.poll()
         return self.host_env.poll(timeout=max(deadline - time.monotonic(), 0.0))
 
-    def _sample(
+    def _collect(
         self, params: Any, num_timesteps: int | None, num_episodes: int | None, force_reset: bool
     ) -> list[Any]:
-        """Runs one call; returns its chunks (the feed's), finished ones first."""
-        check_sample_counts(num_timesteps, num_episodes)
+        """Runs one call; returns its chunks (the feed's), finished ones first; sets
+        :attr:`metrics`."""
         can_reset = self.host_env.resettable
         if force_reset or ((num_episodes is not None or self._needs_reset) and can_reset):
             self.reset()
