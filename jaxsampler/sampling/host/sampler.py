@@ -1,85 +1,12 @@
-"""``HostSampler``: the :class:`~jaxsampler.sampling.base.Sampler` of host-stepped envs.
-
-The env is any :class:`~jaxsampler.host_envs.base.HostEnv` (Gymnasium envs, dict-API
-multi-agent envs, external / served envs); the policy is a jaxsampler policy, evaluated
-as **one jitted call per policy per env step** on the observations of every agent that
-must act, stacked to ``[N, 1, ...]`` (the policy protocol's ``[E, A, ...]`` with one
-agent per row) and zero-padded to a fixed bucket size (``batch_sizes``; default powers
-of two), so the jitted function compiles at most once per bucket. More than the largest
-bucket is split into several calls.
-
-Loop per env step: compute and send the actions of the queued agents; ``poll()``; check
-the poll (agent ids, observations: :class:`~jaxsampler.spaces.ValueChecker`) and hand it
-to the sampler's feed (:mod:`jaxsampler.sampling.host.feeds`), which keeps the running
-episodes. An
-off-policy action of the poll (``off_policy_actions``) is sent and recorded instead of
-the policy's (the policy is still evaluated on that observation: its recurrent state is
-kept; ``mark_off_policy=True`` adds an ``off_policy`` bool column). Its extras describe
-the recorded action (:mod:`jaxsampler.sampling.host.off_policy`): a local-inference client's
-``extra_model_outputs`` from the step's info, else the caller's ``info["action_logp"]``,
-else ``action_logp`` computed with the policy's ``log_prob`` (one extra jitted call, only
-for batches with off-policy rows), else NaN; ``vf_preds`` and other extras come from the
-server's forward pass unless the client sent its own. :attr:`HostSampler.off_policy_counts`
-counts which way each row went.
-
-Abandoned episodes (an external env's client went away: the episode ends truncated with
-``{"abandoned": True}`` in the info of its final observation, which the episode objects
-keep) are marked in batches by a bool ``abandoned`` column, ``True`` on the episode's
-last row; the column is there whenever the env can abandon episodes (``mark_abandoned``).
-
-``sample()`` / ``sample_batch()`` follow the device sampler:
-
-* the first call (and every reset) polls the first observations before any action; a
-  sub-env whose first observation is already final (``ExternalEnv.start_episode`` then
-  ``end_episode``) has no step: it is not an episode (nothing is emitted or counted);
-* ``num_timesteps=N``: until at least ``N`` env steps (polls of a sub-env that step it;
-  reset polls are not counted);
-* ``num_episodes=N``: reset first (ongoing episodes discarded; needs the env's optional
-  ``reset()``, see :attr:`HostEnv.resettable`, else running episodes continue), run until
-  ``N`` episodes finished, return the finished ones (all that finished in the poll where
-  the count reached ``N``); the next call resets again;
-* neither: ``rollout_length`` polls, not counting the first poll after the sampler's
-  start or a reset (it only delivers first observations); for lockstep envs that is
-  ``rollout_length`` steps per sub-env, reset steps included, like one device rollout
-  call of that length;
-* ongoing episodes are returned as chunks (``cut`` with ``episode_lookback_horizon``)
-  and continue in the next call with the same ``id_``; the actions of the last poll's
-  observations are computed at the start of the next call, with that call's params.
-
-The feed is chosen once, at construction (``feed``): single-agent envs use list
-tracks (:class:`~jaxsampler.sampling.host.track.TrackFeed`, a few appends per step), multi-agent
-envs the :class:`~jaxsampler.sampling.host.collector.SampleCollector`
-(:class:`~jaxsampler.sampling.host.feeds.CollectorFeed`, which builds :class:`MultiAgentEpisode`
-objects with ``add_env_reset`` / ``add_env_step``). Both give the same episodes and
-batches for single-agent envs, except that continuation chunks get
-``episode_lookback_horizon`` *agent* steps of lookback on the tracks (RLlib's
-``SingleAgentEpisode.cut``) and env steps on the collector; they differ only for envs that
-send reward-only polls.
-
-Order of the output: finished episodes (env by env, in time), then ongoing chunks (env
-by env); envs in order of first appearance. Single-agent envs (one agent id) give
-:class:`SingleAgentEpisode` objects (``id_`` = the episode id), multi-agent envs
-:class:`MultiAgentEpisode` chunks. All are numpy'ized; ``infos`` stay lists of dicts.
-
-Transforms (``transforms=``): the device rollout's transforms run on every poll
-(:mod:`jaxsampler.sampling.host.transforms`): the policy acts on, and episodes record, the
-transformed observations and rewards; actions are recorded policy side and sent through
-the transforms' ``to_env``; the metrics' returns are the env's own. An off-policy action
-(the env's own) is sent and recorded as the env gave it.
-
-Recurrent policies: the state is kept per ``(env_id, agent_id)`` on the host, reset to
-``initial_state`` when the agent's episode starts, and updated only when the agent acts.
-
-Memory: no per-env or per-episode entry outlives its episode (external envs' env ids are
-episode ids, so a long-running server would otherwise grow without bound); see
-:mod:`jaxsampler.sampling.host.feeds`.
-"""
+"""``HostSampler``: the :class:`~jaxsampler.sampling.base.Sampler` of envs only the host can
+step (Gymnasium envs, dict-API multi-agent envs, external and served envs), so the env
+steps on the host and the policy runs as one jitted call per env step."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import Any
 
 import jax
 import numpy as np
@@ -125,17 +52,6 @@ def _default_buckets(n: int, cap: int) -> tuple[int, ...]:
     return tuple(out)
 
 
-def _make_feed(kind: str, books: Books) -> Feed:
-    """The feed named ``kind`` (``"auto"``: tracks for one agent, else the collector)."""
-    if kind == "auto":
-        kind = "track" if len(books.agent_ids) == 1 else "collector"
-    if kind == "track":
-        return TrackFeed(books)
-    if kind == "collector":
-        return CollectorFeed(books)
-    raise ValueError(f"feed must be 'auto', 'track' or 'collector', got {kind!r}")
-
-
 def _refuse_device_options(
     host_env: HostEnv, num_envs: int | None, env_params: Any, devices: Any, mesh: Any
 ) -> None:
@@ -162,6 +78,77 @@ def abandons_episodes(host_env: Any) -> bool:
 class HostSampler(Sampler):
     """Samples episodes from a host-stepped env with a jaxsampler policy.
 
+    The env is any :class:`~jaxsampler.host_envs.base.HostEnv` (Gymnasium envs, dict-API
+    multi-agent envs, external / served envs); the policy is a jaxsampler policy, evaluated
+    as **one jitted call per policy per env step** on the observations of every agent that
+    must act, stacked to ``[N, 1, ...]`` (the policy protocol's ``[E, A, ...]`` with one
+    agent per row) and zero-padded to a fixed bucket size (``batch_sizes``; default powers
+    of two), so the jitted function compiles at most once per bucket. More than the largest
+    bucket is split into several calls.
+
+    Loop per env step: compute and send the actions of the queued agents; ``poll()``; check
+    the poll (agent ids, observations: :class:`~jaxsampler.spaces.ValueChecker`) and hand it
+    to the sampler's feed (:mod:`jaxsampler.sampling.host.feeds`), which keeps the running
+    episodes. An off-policy action of the poll (``off_policy_actions``) is sent and recorded
+    instead of the policy's (the policy is still evaluated on that observation: its
+    recurrent state is kept; ``mark_off_policy=True`` adds an ``off_policy`` bool column).
+    Its extras describe the recorded action (:mod:`jaxsampler.sampling.host.off_policy`): a
+    local-inference client's ``extra_model_outputs`` from the step's info, else the caller's
+    ``info["action_logp"]``, else ``action_logp`` computed with the policy's ``log_prob``
+    (one extra jitted call, only for batches with off-policy rows), else NaN; ``vf_preds``
+    and other extras come from the server's forward pass unless the client sent its own.
+    :attr:`HostSampler.off_policy_counts` counts which way each row went.
+
+    Abandoned episodes (an external env's client went away: the episode ends truncated with
+    ``{"abandoned": True}`` in the info of its final observation, which the episode objects
+    keep) are marked in batches by a bool ``abandoned`` column, ``True`` on the episode's
+    last row; the column is there whenever the env can abandon episodes (``mark_abandoned``).
+
+    ``sample()`` / ``sample_batch()`` follow the device sampler:
+
+    * the first call (and every reset) polls the first observations before any action; a
+      sub-env whose first observation is already final (``ExternalEnv.start_episode`` then
+      ``end_episode``) has no step: it is not an episode (nothing is emitted or counted);
+    * ``num_timesteps=N``: until at least ``N`` env steps (polls of a sub-env that step it;
+      reset polls are not counted);
+    * ``num_episodes=N``: reset first (ongoing episodes discarded; needs the env's optional
+      ``reset()``, see :attr:`HostEnv.resettable`, else running episodes continue), run until
+      ``N`` episodes finished, return the finished ones (all that finished in the poll where
+      the count reached ``N``); the next call resets again;
+    * neither: ``rollout_length`` polls, not counting the first poll after the sampler's
+      start or a reset (it only delivers first observations); for lockstep envs that is
+      ``rollout_length`` steps per sub-env, reset steps included, like one device rollout
+      call of that length;
+    * ongoing episodes are returned as chunks (``cut`` with ``episode_lookback_horizon``)
+      and continue in the next call with the same ``id_``; the actions of the last poll's
+      observations are computed at the start of the next call, with that call's params.
+
+    The feed is chosen once, at construction: single-agent envs use list tracks
+    (:class:`~jaxsampler.sampling.host.track.TrackFeed`, a few appends per step), multi-agent
+    envs the :class:`~jaxsampler.sampling.host.collector.SampleCollector`
+    (:class:`~jaxsampler.sampling.host.feeds.CollectorFeed`, which builds
+    :class:`MultiAgentEpisode` objects with ``add_env_reset`` / ``add_env_step``).
+    Continuation chunks of single-agent episodes get ``episode_lookback_horizon`` *agent*
+    steps of lookback (RLlib's ``SingleAgentEpisode.cut``).
+
+    Order of the output: finished episodes (env by env, in time), then ongoing chunks (env
+    by env); envs in order of first appearance. Single-agent envs (one agent id) give
+    :class:`SingleAgentEpisode` objects (``id_`` = the episode id), multi-agent envs
+    :class:`MultiAgentEpisode` chunks. All are numpy'ized; ``infos`` stay lists of dicts.
+
+    Transforms (``transforms=``): the device rollout's transforms run on every poll
+    (:mod:`jaxsampler.sampling.host.transforms`): the policy acts on, and episodes record, the
+    transformed observations and rewards; actions are recorded policy side and sent through
+    the transforms' ``to_env``; the metrics' returns are the env's own. An off-policy action
+    (the env's own) is sent and recorded as the env gave it.
+
+    Recurrent policies: the state is kept per ``(env_id, agent_id)`` on the host, reset to
+    ``initial_state`` when the agent's episode starts, and updated only when the agent acts.
+
+    Memory: no per-env or per-episode entry outlives its episode (external envs' env ids are
+    episode ids, so a long-running server would otherwise grow without bound); see
+    :mod:`jaxsampler.sampling.host.feeds`.
+
     Args:
         env: the env: a :class:`HostEnv`, or what
             :func:`~jaxsampler.host_envs.as_host_env` turns into one (a Gymnasium env or
@@ -185,11 +172,6 @@ class HostSampler(Sampler):
         mark_abandoned: add an ``abandoned`` bool column to batches (``True`` on the last
             row of an abandoned episode); ``None`` (default): if the env can abandon
             episodes (:func:`abandons_episodes`: external envs and policy servers).
-        feed: how polls become episodes (:mod:`jaxsampler.sampling.host.feeds`): ``"auto"``
-            (list tracks for single-agent envs, the collector for multi-agent ones),
-            ``"track"`` (single-agent envs only) or ``"collector"`` (any env; for a
-            single-agent env it gives the same episodes as the tracks, at a higher cost
-            per step).
         rllib_compatible: multi-agent done flags exactly as RLlib 2.60's
             ``MultiAgentEpisode.add_env_step`` sets them: when a step ends the episode,
             the episode's flags (``"__all__"``, or terminated when every agent is done by
@@ -237,7 +219,6 @@ class HostSampler(Sampler):
         mark_off_policy: bool = False,
         mark_abandoned: bool | None = None,
         timeout_s: float | None = None,
-        feed: Literal["auto", "track", "collector"] = "auto",
         rllib_compatible: bool = False,
         transforms: Transforms = None,
         explore: bool = True,
@@ -262,7 +243,6 @@ class HostSampler(Sampler):
                 mark_off_policy=mark_off_policy,
                 mark_abandoned=mark_abandoned,
                 timeout_s=timeout_s,
-                feed=feed,
                 rllib_compatible=rllib_compatible,
                 transforms=transforms,
                 explore=explore,
@@ -286,7 +266,6 @@ class HostSampler(Sampler):
         mark_off_policy: bool,
         mark_abandoned: bool | None,
         timeout_s: float | None,
-        feed: str,
         rllib_compatible: bool,
         transforms: Transforms,
         explore: bool,
@@ -365,7 +344,7 @@ class HostSampler(Sampler):
             ids=EpisodeIds(seed),
         )
         #: the feed chosen at construction (:mod:`jaxsampler.sampling.host.feeds`)
-        self.feed: Feed = _make_feed(feed, self._books)
+        self.feed: Feed = CollectorFeed(self._books) if self.multi_agent else TrackFeed(self._books)
         #: the transforms' runner (``None`` without transforms)
         self.transforms = HostTransforms(pipe, self.batch_sizes) if pipe else None
         self._needs_reset = True
