@@ -97,7 +97,8 @@ class SampleReport:
 class SamplerCallback(Protocol):
     """Anything with ``on_sample_end(report)``: called after every sampler call."""
 
-    def on_sample_end(self, report: SampleReport) -> None: ...
+    def on_sample_end(self, report: SampleReport) -> None:
+        """Receives the report of the call that just ended (on the host, outside jit)."""
 
 
 class CompileClock:

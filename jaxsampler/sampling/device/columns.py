@@ -356,6 +356,7 @@ class Segments:
 
     @property
     def done(self) -> np.ndarray:
+        """Whether each segment ended (terminated or truncated)."""
         return self.term | self.trunc
 
 

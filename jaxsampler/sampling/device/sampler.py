@@ -1,53 +1,6 @@
-"""``DeviceSampler``: the sampler (RLlib's ``EnvRunner`` role) of pure-JAX envs.
-
-``DeviceSampler.sample(params)`` runs whole ``rollout_length`` device chunks and turns them
-into numpy'ized :class:`SingleAgentEpisode` objects, following RLlib's
-``SingleAgentEnvRunner.sample()``,
-adapted to a device that runs whole chunks:
-
-* jaxsampler's next-step auto-reset *is* Gymnasium's NEXT_STEP mode: reset steps
-  deliver the new episode's first observation and are not counted as timesteps;
-* ``num_timesteps=N``: as many rollout calls as needed until at least ``N`` (non-reset)
-  env steps were taken; every step sampled is returned exactly once (nothing dropped);
-* ``num_episodes=N``: all envs are reset first (ongoing episodes are discarded, as in
-  RLlib), then calls run until ``N`` episodes have finished; the episodes that finished
-  up to the step at which the count reached ``N`` are returned, and the next call resets
-  again;
-* neither: one rollout call;
-* ``topup_length=L``: a ``num_timesteps`` / ``num_episodes`` call runs one
-  ``rollout_length`` chunk, then ``L``-step chunks until the count is reached, so the
-  count is overshot by one short chunk at most (reset steps do not count, so one full
-  chunk of ``num_timesteps = num_envs * rollout_length`` is usually a little short);
-* ongoing episodes are returned as chunks (``t > 0``) and continue in the next call with
-  the same ``id_``, ``t_started`` = the previous chunk's ``t`` and a lookback of up to
-  ``episode_lookback_horizon`` steps taken from the previous chunk.
-
-Conversion is a converter object picked once at construction
-(:class:`~jaxsampler.sampling.device.single.SingleAgentConverter` or
-:class:`~jaxsampler.sampling.device.multi.MultiAgentConverter`; a single-agent sampler
-may be given an ``episode_factory`` that builds other episode objects, e.g. RLlib's, straight
-from the call's columns): one bulk
-device-to-host copy per call, one bulk transpose to env-major columns (with the lookback
-steps prepended), episode boundaries from the ``is_reset`` flags with ``np.nonzero``.
-The only Python loop is over episodes, never over timesteps.
-
-Transforms (``transforms=``) run inside the rollout: episodes and batches hold what the
-policy saw (transformed observations and rewards, policy-side actions) and
-:class:`SamplerMetrics` the env's own returns (sums of ``Trajectory.raw_rewards``). The
-env's raw observations and rewards are not copied into infos (that costs about a fifth
-of the conversion of a ``sample()`` call and more when every episode's infos are read);
-they are in :attr:`DeviceSampler.last_chunks` (``raw_obs`` / ``raw_rewards``). Under
-domain randomization each step's infos carry the env params it ran with
-(``infos["env_params"]``). A reset continues the transforms' statistics.
-
-Devices (``devices=`` / ``mesh=``): the rollouts are built with ``make_rollout(...,
-mesh=)`` (the env axis split over the mesh's ``"env"`` axis, the random streams those of
-one device), the reset state is computed by one jitted call laid out on the mesh, and the
-host copy reads this process's shards (:func:`jaxsampler.rollout.placement.to_host`, still one
-transfer per call); the converters hold this process's envs only. On a mesh spanning
-processes the ``num_timesteps`` / ``num_episodes`` counts are global (one small allgather
-of step and episode counts per chunk), so every process makes the same rollout calls.
-"""
+"""``DeviceSampler``: the :class:`~jaxsampler.sampling.base.Sampler` of pure-JAX envs, which
+runs whole jitted rollout chunks on the device and converts them on the host in bulk, so
+no Python loop ever runs over timesteps."""
 
 from __future__ import annotations
 
@@ -104,7 +57,8 @@ class Converter(Protocol):
     """Turns the host copies of one call's rollout chunks into episodes or a batch, and
     carries what running episodes need into the next call."""
 
-    def reset(self, reset_info: dict[InfoPath, np.ndarray]) -> None: ...
+    def reset(self, reset_info: dict[InfoPath, np.ndarray]) -> None:
+        """Forgets the running episodes; new ones start with these reset infos."""
 
     def episodes(
         self,
@@ -112,7 +66,8 @@ class Converter(Protocol):
         num_episodes: int | None,
         state: Any,
         cutoff: int | None = None,
-    ) -> tuple[list[Any], SamplerMetrics]: ...
+    ) -> tuple[list[Any], SamplerMetrics]:
+        """The call's episodes and its metrics (``cutoff``: see ``_Call``)."""
 
     def batch(
         self,
@@ -120,19 +75,70 @@ class Converter(Protocol):
         num_episodes: int | None,
         state: Any,
         cutoff: int | None = None,
-    ) -> tuple[MultiAgentBatch, SamplerMetrics]: ...
+    ) -> tuple[MultiAgentBatch, SamplerMetrics]:
+        """The call's batch and its metrics."""
 
-    def get_state(self) -> dict[str, Any]: ...
+    def get_state(self) -> dict[str, Any]:
+        """What the running episodes carry, for a checkpoint."""
 
-    def set_state(self, state: dict[str, Any]) -> None: ...
+    def set_state(self, state: dict[str, Any]) -> None:
+        """Installs what :meth:`get_state` returned."""
 
 
 class DeviceSampler(Sampler):
     """The :class:`~jaxsampler.sampling.base.Sampler` of a pure-JAX env: each call runs
     whole jitted rollout chunks and converts them in bulk on the host.
 
+    ``DeviceSampler.sample(params)`` runs whole ``rollout_length`` device chunks and turns
+    them into numpy'ized :class:`SingleAgentEpisode` objects, following RLlib's
+    ``SingleAgentEnvRunner.sample()``, adapted to a device that runs whole chunks:
+
+    * jaxsampler's next-step auto-reset *is* Gymnasium's NEXT_STEP mode: reset steps
+      deliver the new episode's first observation and are not counted as timesteps;
+    * ``num_timesteps=N``: as many rollout calls as needed until at least ``N`` (non-reset)
+      env steps were taken; every step sampled is returned exactly once (nothing dropped);
+    * ``num_episodes=N``: all envs are reset first (ongoing episodes are discarded, as in
+      RLlib), then calls run until ``N`` episodes have finished; the episodes that finished
+      up to the step at which the count reached ``N`` are returned, and the next call resets
+      again;
+    * neither: one rollout call;
+    * ``topup_length=L``: a ``num_timesteps`` / ``num_episodes`` call runs one
+      ``rollout_length`` chunk, then ``L``-step chunks until the count is reached, so the
+      count is overshot by one short chunk at most (reset steps do not count, so one full
+      chunk of ``num_timesteps = num_envs * rollout_length`` is usually a little short);
+    * ongoing episodes are returned as chunks (``t > 0``) and continue in the next call with
+      the same ``id_``, ``t_started`` = the previous chunk's ``t`` and a lookback of up to
+      ``episode_lookback_horizon`` steps taken from the previous chunk.
+
+    Conversion is a converter object picked once at construction
+    (:class:`~jaxsampler.sampling.device.single.SingleAgentConverter` or
+    :class:`~jaxsampler.sampling.device.multi.MultiAgentConverter`; a single-agent sampler
+    may be given an ``episode_factory`` that builds other episode objects, e.g. RLlib's,
+    straight from the call's columns): one bulk device-to-host copy per call, one bulk
+    transpose to env-major columns (with the lookback steps prepended), episode boundaries
+    from the ``is_reset`` flags with ``np.nonzero``. The only Python loop is over episodes,
+    never over timesteps.
+
+    Transforms (``transforms=``) run inside the rollout: episodes and batches hold what the
+    policy saw (transformed observations and rewards, policy-side actions) and
+    :class:`SamplerMetrics` the env's own returns (sums of ``Trajectory.raw_rewards``). The
+    env's raw observations and rewards are not copied into infos (that costs about a fifth
+    of the conversion of a ``sample()`` call and more when every episode's infos are read);
+    they are in :attr:`DeviceSampler.last_chunks` (``raw_obs`` / ``raw_rewards``). Under
+    domain randomization each step's infos carry the env params it ran with
+    (``infos["env_params"]``). A reset continues the transforms' statistics.
+
+    Devices (``devices=`` / ``mesh=``): the rollouts are built with ``make_rollout(...,
+    mesh=)`` (the env axis split over the mesh's ``"env"`` axis, the random streams those of
+    one device), the reset state is computed by one jitted call laid out on the mesh, and
+    the host copy reads this process's shards (:func:`jaxsampler.rollout.placement.to_host`,
+    still one transfer per call); the converters hold this process's envs only. On a mesh
+    spanning processes the ``num_timesteps`` / ``num_episodes`` counts are global (one small
+    allgather of step and episode counts per chunk), so every process makes the same rollout
+    calls.
+
     Args:
-        env: a jaxsampler env, a registered env id (``js.make``), or a host-stepped env.
+        env: a jaxsampler env or a registered env id (``js.make``).
         policy: the policy (``(params, obs, key, state) -> (action, extras, state)``).
         num_envs: envs stepped side by side (the env axis; ``None``: 1).
         rollout_length: device steps per rollout call.
