@@ -271,6 +271,7 @@ class HostSampler(Sampler):
         explore: bool,
         callbacks: Any,
     ) -> None:
+        """Builds the sampler over a checked host env (arguments: the class docstring)."""
         self._init_reporting(callbacks)
         self.host_env = host_env
         policy = exploring_or_greedy(policy, explore)
