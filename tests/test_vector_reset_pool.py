@@ -203,7 +203,7 @@ def test_on_a_mesh_the_pool_is_replicated_and_results_match():
 def test_sampler_episodes_start_from_the_pool(monkeypatch):
     # The Sampler runs whatever make_rollout builds: with a pool, its episodes are the
     # pooled rollout's (pass-through stand-in until the Sampler takes reset_pool=).
-    from jaxsampler.sampling import device
+    from jaxsampler.sampling.device import sampler as device
 
     pool = ResetPool(64)
     monkeypatch.setattr(device, "make_rollout", functools.partial(js.make_rollout, reset_pool=pool))

@@ -1,9 +1,11 @@
 """Host-stepped envs: the :class:`HostEnv` protocol (``poll`` / ``send_actions``) and its
 adapters for Gymnasium envs, Gymnasium vector envs, dict-API multi-agent envs and
 external (simulator-driven) envs; what they do when a sub-env fails or hangs
-(:mod:`jaxsampler.host_envs.failures`)."""
+(:mod:`jaxsampler.host_envs.failures`); which env objects are host-stepped
+(:mod:`jaxsampler.host_envs.adapt`)."""
 
 from jaxsampler.envs.registry import register_kind
+from jaxsampler.host_envs.adapt import as_host_env, is_host_stepped
 from jaxsampler.host_envs.base import HostEnv, MultiEnvDict, PollResult
 from jaxsampler.host_envs.external import (
     CapacityError,
@@ -42,5 +44,7 @@ __all__ = [
     "PollResult",
     "UnknownEpisodeError",
     "WouldBlockError",
+    "as_host_env",
+    "is_host_stepped",
     "make_gym",
 ]

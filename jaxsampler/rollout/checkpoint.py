@@ -445,10 +445,10 @@ _DATA_MODULES = ("jaxsampler.episodes", "jaxsampler.spaces", "jaxsampler.types")
 #: further jaxsampler classes that host state holds
 _DATA_CLASSES = frozenset(
     {
-        ("jaxsampler.sampling.base", "SamplerMetrics"),
+        ("jaxsampler.sampling.metrics", "SamplerMetrics"),
         ("jaxsampler.sampling.callbacks", "SamplerTotals"),
-        ("jaxsampler.sampling.agent_steps", "AgentCarry"),
-        ("jaxsampler.sampling.columns", "Columns"),
+        ("jaxsampler.sampling.device.agent_steps", "AgentCarry"),
+        ("jaxsampler.sampling.device.columns", "Columns"),
     }
 )
 

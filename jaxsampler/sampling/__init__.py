@@ -1,13 +1,14 @@
-"""The sampler family: :class:`Sampler` (the base, and the factory that picks a member),
-:class:`DeviceSampler` for pure-JAX envs, :class:`HostSampler` for host-stepped envs,
-their :class:`SamplerMetrics`, and the :class:`SampleCollector` that builds episodes from
-host env steps."""
+"""The sampler family: :class:`Sampler`, the contract and the entry point, and its two
+members, :class:`DeviceSampler` (pure-JAX envs) and :class:`HostSampler` (host-stepped
+envs). Both members are imported here, so that each registers itself and the base never
+imports either."""
 
-from jaxsampler.sampling.base import Sampler, SamplerMetrics
+from jaxsampler.sampling.base import Sampler
 from jaxsampler.sampling.callbacks import SampleReport
-from jaxsampler.sampling.collector import SampleCollector, episodes_to_batch
 from jaxsampler.sampling.device import DeviceSampler
 from jaxsampler.sampling.host import HostSampler
+from jaxsampler.sampling.host.collector import SampleCollector, episodes_to_batch
+from jaxsampler.sampling.metrics import SamplerMetrics
 
 __all__ = [
     "DeviceSampler",

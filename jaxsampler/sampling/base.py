@@ -1,38 +1,20 @@
-"""The sampler family: one base class, :class:`Sampler`, and what its members share.
-
-``js.Sampler(env, policy, ...)`` is both the documented entry point and the base class:
-called on the base it picks the member for the env it is given, once, at construction:
-
-* a pure-JAX env (a :class:`~jaxsampler.envs.base.Env` or a registered id such as
-  ``"CartPole-v1"`` / ``"gymnax:Acrobot-v1"``) -> :class:`~jaxsampler.sampling.device.DeviceSampler`
-  (whole jitted rollout chunks);
-* a host-stepped env (a :class:`~jaxsampler.host_envs.base.HostEnv`, a Gymnasium env or
-  vector env, a list of Gymnasium envs or factories, or ``"gym:<id>"``) ->
-  :class:`~jaxsampler.sampling.host.HostSampler` (env steps on the host, one jitted
-  policy call per step).
-
-Either way the result is an instance of :class:`Sampler`: ``sample()`` returns
-numpy'ized episodes, ``sample_batch()`` a :class:`~jaxsampler.episodes.MultiAgentBatch`,
-``metrics`` the last call's :class:`SamplerMetrics`, ``reset()`` restarts every env and
-``close()`` releases the env.
-"""
+"""The sampler family's contract: what every member offers (``sample``, ``sample_batch``,
+``metrics``, ``reset``, ``close``, checkpoints) and how ``js.Sampler(env, ...)`` picks the
+member, without importing any member (they register themselves)."""
 
 from __future__ import annotations
 
 import abc
 import copy
-import dataclasses
+import functools
+import inspect
 import os
 import time
-from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
-import numpy as np
-
-from jaxsampler.episodes import MultiAgentBatch, MultiAgentEpisode, SingleAgentEpisode
-from jaxsampler.policies.greedy import greedy
-from jaxsampler.rollout import checkpoint, distributed
+from jaxsampler.episodes import MultiAgentBatch
+from jaxsampler.rollout import checkpoint
 from jaxsampler.sampling.callbacks import (
     SamplerCallback,
     SampleReport,
@@ -40,194 +22,72 @@ from jaxsampler.sampling.callbacks import (
     check_callbacks,
     compile_clock,
 )
+from jaxsampler.sampling.metrics import SamplerMetrics, check_sample_counts
 
-__all__ = [
-    "Sampler",
-    "SamplerMetrics",
-    "check_lookback",
-    "exploring_or_greedy",
-    "check_positive_int",
-    "check_sample_counts",
-    "explain_policy_mismatch",
-]
+__all__ = ["Sampler", "SamplerMetrics"]
 
 
-@dataclasses.dataclass
-class SamplerMetrics:
-    """Per-``sample()`` statistics: what every training loop logs.
+class _PicksMember:
+    """Holds ``Sampler.__new__`` one class above :class:`Sampler`, so that
+    ``inspect.signature(Sampler)`` reports :meth:`Sampler.__init__` (the family's
+    parameters) instead of ``__new__``'s ``(*args, **kwargs)``."""
 
-    ``episode_*`` statistics cover the episodes *completed* in the call (NaN if none);
-    ``num_episodes_ongoing`` counts chunks of episodes still running. A sampler on a mesh
-    that spans processes reports its own envs' statistics; :meth:`combine` /
-    :meth:`reduce_over_processes` give those of all processes' envs.
-    """
-
-    num_env_steps_sampled: int = 0
-    num_agent_steps_sampled: int = 0
-    num_episodes_completed: int = 0
-    num_episodes_ongoing: int = 0
-    episode_return_mean: float = float("nan")
-    episode_return_min: float = float("nan")
-    episode_return_max: float = float("nan")
-    episode_len_mean: float = float("nan")
-    episode_len_min: float = float("nan")
-    episode_len_max: float = float("nan")
-    num_rollout_calls: int = 0
-
-    def as_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    def set_episode_stats(self, returns: np.ndarray, lengths: np.ndarray) -> None:
-        """Fills the ``episode_*`` fields from the completed episodes' returns and lengths."""
-        self.num_episodes_completed = len(returns)
-        if len(returns):
-            self.episode_return_mean = float(np.mean(returns))
-            self.episode_return_min = float(np.min(returns))
-            self.episode_return_max = float(np.max(returns))
-            self.episode_len_mean = float(np.mean(lengths))
-            self.episode_len_min = float(np.min(lengths))
-            self.episode_len_max = float(np.max(lengths))
-
-    @classmethod
-    def combine(cls, parts: Sequence[SamplerMetrics]) -> SamplerMetrics:
-        """The statistics of the union of several samplers' calls (e.g. one per process):
-        step, episode and chunk counts summed; means weighted by each part's completed
-        episodes; minima / maxima over the parts that completed any (NaN if none did);
-        ``num_rollout_calls`` the largest of the parts' (every process of one sampler
-        makes the same calls).
-
-        Raises:
-            ValueError: no parts.
-        """
-        if not parts:
-            raise ValueError("combine needs at least one SamplerMetrics")
-        n = np.array([p.num_episodes_completed for p in parts], np.float64)
-        out = cls(
-            num_env_steps_sampled=sum(p.num_env_steps_sampled for p in parts),
-            num_agent_steps_sampled=sum(p.num_agent_steps_sampled for p in parts),
-            num_episodes_completed=int(n.sum()),
-            num_episodes_ongoing=sum(p.num_episodes_ongoing for p in parts),
-            num_rollout_calls=max(p.num_rollout_calls for p in parts),
-        )
-        some = n > 0
-        if some.any():
-            w = n[some] / n.sum()
-
-            def values(name: str) -> np.ndarray:
-                return np.array([getattr(p, name) for p in parts], np.float64)[some]
-
-            for stat in ("return", "len"):
-                setattr(out, f"episode_{stat}_mean", float(w @ values(f"episode_{stat}_mean")))
-                setattr(out, f"episode_{stat}_min", float(values(f"episode_{stat}_min").min()))
-                setattr(out, f"episode_{stat}_max", float(values(f"episode_{stat}_max").max()))
-        return out
-
-    def reduce_over_processes(self) -> SamplerMetrics:
-        """:meth:`combine` of every process's metrics (after
-        :func:`jaxsampler.rollout.distributed.initialize`), on every process; ``self``'s copy in a
-        single process. A collective: every process must call it (e.g. after each
-        ``sample()``), or the callers wait for the others.
-        """
-        fields = dataclasses.fields(self)
-        # float64 values travel as pairs of uint32 words (exact, whatever jax_enable_x64 says).
-        mine = np.array([float(getattr(self, f.name)) for f in fields], np.float64)
-        every = np.asarray(distributed.process_allgather(mine.view(np.uint32)), np.uint32)
-        parts = []
-        for row in np.ascontiguousarray(every).view(np.float64):
-            values: dict[str, Any] = {
-                f.name: int(v) if f.type in ("int", int) else float(v)
-                for f, v in zip(fields, row.tolist())
-            }
-            parts.append(type(self)(**values))
-        return type(self).combine(parts)
+    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+        """A fresh instance of the member that accepts the ``env`` argument (pathlib's
+        way: Python then runs that member's ``__init__`` with the same arguments); on a
+        member itself, a fresh instance of it."""
+        if cls is Sampler:
+            cls = Sampler._member_for(_env_argument(args, kwargs))
+        return object.__new__(cls)
 
 
-def check_positive_int(name: str, value: Any) -> int:
-    """Validates an int >= 1 argument (numpy ints count, bools do not) and returns it."""
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise ValueError(f"{name} must be an int >= 1, got {value!r}")
-    return int(value)
+@functools.cache
+def _family_signature() -> inspect.Signature:
+    """``Sampler(...)``'s parameters without annotations (for error messages)."""
+    params = inspect.signature(Sampler).parameters.values()
+    return inspect.Signature([p.replace(annotation=inspect.Parameter.empty) for p in params])
 
 
-def check_sample_counts(num_timesteps: Any, num_episodes: Any) -> None:
-    """Validates the ``num_timesteps`` / ``num_episodes`` arguments of ``sample()``."""
-    if num_timesteps is not None and num_episodes is not None:
-        raise ValueError("give num_timesteps or num_episodes, not both")
-    for name, v in (("num_timesteps", num_timesteps), ("num_episodes", num_episodes)):
-        if v is not None:
-            check_positive_int(name, v)
-
-
-def exploring_or_greedy(policy: Any, explore: Any) -> Any:
-    """``policy`` itself (``explore=True``) or its greedy copy
-    (:func:`jaxsampler.policies.greedy.greedy`, ``explore=False``).
+def _env_argument(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """The ``env`` of a ``Sampler(*args, **kwargs)`` call.
 
     Raises:
-        TypeError: ``explore`` is not a bool; a policy without an explore switch
-            (greedy's message).
+        TypeError: the arguments do not fit ``Sampler``'s parameters (the message shows them).
     """
-    if not isinstance(explore, bool):
-        raise TypeError(f"explore must be a bool, got {explore!r}")
-    return policy if explore else greedy(policy)
+    sig = _family_signature()
+    try:
+        return sig.bind(*args, **kwargs).arguments["env"]
+    except TypeError as e:
+        raise TypeError(f"Sampler{sig}: {e}") from None
 
 
-def check_lookback(episode_lookback_horizon: Any) -> int:
-    """Validates ``episode_lookback_horizon`` (an int >= 0) and returns it."""
-    if (
-        isinstance(episode_lookback_horizon, bool)
-        or not isinstance(episode_lookback_horizon, (int, np.integer))
-        or episode_lookback_horizon < 0
-    ):
-        raise ValueError(
-            f"episode_lookback_horizon must be an int >= 0, got {episode_lookback_horizon!r}"
-        )
-    return int(episode_lookback_horizon)
-
-
-def explain_policy_mismatch(exc: ValueError, transforms: Any) -> ValueError:
-    """``exc`` (a policy that does not fit the env's spaces), with a hint where the
-    sampler has transforms: the policy must be built for the spaces they hand on."""
-    if transforms is None or (isinstance(transforms, (tuple, list)) and not transforms):
-        return exc
-    return ValueError(
-        f"{exc}. With transforms=, build the policy for the spaces the transforms hand on: "
-        "js.rollout.pipeline_of(env, transforms).observation_space and .action_space "
-        "(for a host env: jaxsampler.transforms.build_pipeline(transforms, "
-        "host_env.observation_space, host_env.action_space))"
-    )
-
-
-class _PicksMember(abc.ABCMeta):
-    """``Sampler(...)`` on the base class builds the family member that fits the env."""
-
-    def __call__(cls, *args: Any, **kwargs: Any) -> Any:
-        if cls is Sampler:
-            from jaxsampler.sampling.factory import build_sampler
-
-            return build_sampler(args, kwargs)
-        return super().__call__(*args, **kwargs)
-
-
-class Sampler(metaclass=_PicksMember):
+class Sampler(_PicksMember, abc.ABC):
     """Samples episodes from an env with a policy (RLlib's ``EnvRunner`` role).
 
-    ``Sampler(env, policy, num_envs=1, rollout_length=128, seed=0, *, env_params=None,
-    episode_lookback_horizon=1, transforms=None, explore=True, devices=None, mesh=None)``
-    returns a
-    :class:`~jaxsampler.sampling.device.DeviceSampler` for a pure-JAX env (or a registered
-    env id) and a :class:`~jaxsampler.sampling.host.HostSampler` for a host-stepped one
-    (a ``HostEnv``, a Gymnasium env, vector env or list of envs / factories, or
-    ``"gym:<id>"``); both are instances of ``Sampler``.
+    ``Sampler(env, policy, ...)`` is both the documented entry point and the base class:
+    called on the base it builds the member that accepts ``env`` (:meth:`accepts`), once:
+
+    * a pure-JAX env (a :class:`~jaxsampler.envs.base.Env` or a registered id such as
+      ``"CartPole-v1"`` / ``"gymnax:Acrobot-v1"``):
+      :class:`~jaxsampler.sampling.device.DeviceSampler` (whole jitted rollout chunks);
+    * a host-stepped env (a :class:`~jaxsampler.host_envs.base.HostEnv`, a Gymnasium env or
+      vector env, a list of Gymnasium envs or factories, or ``"gym:<id>"``;
+      :func:`jaxsampler.host_envs.is_host_stepped`):
+      :class:`~jaxsampler.sampling.host.HostSampler` (env steps on the host, one jitted
+      policy call per step).
+
+    Either way the result is an instance of ``Sampler``: :meth:`sample` returns
+    numpy'ized episodes, :meth:`sample_batch` a :class:`~jaxsampler.episodes.MultiAgentBatch`,
+    :attr:`metrics` the last call's :class:`SamplerMetrics`, :meth:`reset` restarts every
+    env and :meth:`close` releases the env.
 
     Args:
         env: a jaxsampler env, a registered env id (``js.make``), or a host-stepped env.
         policy: the policy (``(params, obs, key, state) -> (action, extras, state)``).
         num_envs: envs stepped side by side (the env axis; for ``"gym:<id>"`` the number
-            of Gymnasium envs).
+            of Gymnasium envs). ``None``: one pure-JAX env, or the host env's own count.
         rollout_length: steps per rollout call (device) or polls per call (host).
         seed: PRNG seed; the same seed and calls give identical episodes.
-        env_params: env params of a pure-JAX env (default ``env.default_params``).
-        episode_lookback_horizon: lookback steps carried into continuation chunks.
         transforms: env->policy / policy->env transforms (:mod:`jaxsampler.transforms`,
             env side first), the same semantics on both members. The policy must be
             built for ``js.rollout.pipeline_of(env, transforms).observation_space`` /
@@ -239,15 +99,67 @@ class Sampler(metaclass=_PicksMember):
         devices, mesh: pure-JAX envs only: split the env axis over several devices (a
             count or a list) or a :class:`~jax.sharding.Mesh` with an ``"env"`` axis, which
             may span processes; see :class:`~jaxsampler.sampling.device.DeviceSampler`.
+        **options: the member's own options, e.g. ``env_params`` (pure-JAX envs),
+            ``episode_lookback_horizon`` (lookback steps carried into continuation
+            chunks), ``callbacks``; see each member.
 
     Attributes:
         metrics: the :class:`SamplerMetrics` of the last ``sample()`` / ``sample_batch()``
             (of this process's envs; :meth:`global_metrics` for all processes').
     """
 
+    #: the members by qualified name (:meth:`__init_subclass__`)
+    _members: ClassVar[dict[str, type[Sampler]]] = {}
+
     metrics: SamplerMetrics
     callbacks: list[SamplerCallback]
     totals: SamplerTotals
+
+    def __init__(
+        self,
+        env: Any,
+        policy: Any,
+        num_envs: int | None = None,
+        rollout_length: int = 128,
+        seed: int = 0,
+        *,
+        transforms: Any = None,
+        explore: bool = True,
+        devices: Any = None,
+        mesh: Any = None,
+        **options: Any,
+    ):
+        """The family's parameters (see the class docstring). ``Sampler(...)`` runs the
+        chosen member's own ``__init__`` with them; members do not call this one."""
+
+    # ------------------------------------------------------------------- the members
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """Registers a subclass that defines its own :meth:`accepts` as a member."""
+        super().__init_subclass__(**kwargs)
+        if "accepts" in vars(cls):
+            Sampler._members[f"{cls.__module__}.{cls.__qualname__}"] = cls
+
+    @classmethod
+    def accepts(cls, env: Any) -> bool:
+        """Whether this member samples ``env``: ``Sampler(env, ...)`` builds the one
+        member that accepts it. The base accepts nothing."""
+        return False
+
+    @staticmethod
+    def _member_for(env: Any) -> type[Sampler]:
+        """The one registered member that accepts ``env``.
+
+        Raises:
+            TypeError: no member, or several, accept ``env``.
+        """
+        found = [m for m in Sampler._members.values() if m.accepts(env)]
+        if len(found) != 1:
+            raise TypeError(
+                f"{len(found)} sampler members accept env {env!r} "
+                f"({', '.join(m.__name__ for m in found) or 'none'}); exactly one must"
+            )
+        return found[0]
 
     # ------------------------------------------------------------------- reporting
 
@@ -256,6 +168,7 @@ class Sampler(metaclass=_PicksMember):
         self.callbacks = check_callbacks(callbacks)
         self.totals = SamplerTotals()
         self._clock0 = (0, 0.0)
+        self._last_split = (0.0, 0.0)
         compile_clock.install()
 
     def _start_call(self) -> None:
@@ -417,7 +330,7 @@ class Sampler(metaclass=_PicksMember):
             extra = js.rollout.checkpoint.restore_extra("ckpt/1000", like={"params": params,
                                                                    "opt_state": opt_state})
         """
-        sampler: Sampler = cls(env, policy, *args, **kwargs)  # type: ignore[call-arg]
+        sampler: Sampler = cls(env, policy, *args, **kwargs)
         try:
             sampler.load(path)
         except BaseException:
@@ -450,24 +363,36 @@ class Sampler(metaclass=_PicksMember):
 
     # ------------------------------------------------------------------- sampling
 
-    @abc.abstractmethod
     def sample(
         self,
         params: Any,
         num_timesteps: int | None = None,
         num_episodes: int | None = None,
         force_reset: bool = False,
-    ) -> list[SingleAgentEpisode] | list[MultiAgentEpisode]:
-        """Samples and returns numpy'ized episodes: finished ones, then ongoing chunks.
+    ) -> list[Any]:
+        """Samples and returns numpy'ized episodes: finished ones, then ongoing chunks
+        (:class:`~jaxsampler.episodes.SingleAgentEpisode` objects, or
+        :class:`~jaxsampler.episodes.MultiAgentEpisode` chunks for a multi-agent env; a
+        device sampler's ``episode_factory`` may build others). An ongoing chunk continues
+        in the next call with the same ``id_``.
 
         Args:
-            params: policy params.
-            num_timesteps: sample until at least this many env steps.
-            num_episodes: reset, then sample until this many episodes finished.
+            params: policy params (for a :class:`~jaxsampler.MultiAgentPolicy`, a dict
+                ``policy_id -> params``).
+            num_timesteps: sample until at least this many env steps (reset steps not
+                counted); a device sampler runs whole rollout calls, so possibly more.
+            num_episodes: reset, then sample until this many episodes finished; the next
+                call resets again.
             force_reset: reset all envs first (ongoing episodes are discarded).
-        """
 
-    @abc.abstractmethod
+        With neither count: one rollout call (device) or ``rollout_length`` polls (host).
+        Metrics of the call are in :attr:`metrics`; every callback gets its report.
+
+        Raises:
+            ValueError: both counts, or a count that is not an int >= 1.
+        """
+        return self._sample_call("sample", params, num_timesteps, num_episodes, force_reset)
+
     def sample_batch(
         self,
         params: Any,
@@ -475,7 +400,58 @@ class Sampler(metaclass=_PicksMember):
         num_episodes: int | None = None,
         force_reset: bool = False,
     ) -> MultiAgentBatch:
-        """Like :meth:`sample`, but returns a ``MultiAgentBatch`` (policy id -> ``SampleBatch``)."""
+        """Like :meth:`sample`, but returns a ``MultiAgentBatch`` (policy id ->
+        ``SampleBatch``), one row per agent step: episode by episode in :meth:`sample`'s
+        order, then agent by agent, then by ``t``.
+
+        Columns: ``obs``, ``new_obs``, ``actions``, ``rewards``, ``terminateds``,
+        ``truncateds``, ``t``, ``eps_id`` (the episodes' ``id_``), ``agent_index``,
+        ``infos`` and the policy's extras (``action_logp``, ``vf_preds``, ...); a device
+        sampler builds them straight from its rollout buffers. Episodes continue across
+        calls exactly as with :meth:`sample` (the two may be mixed).
+        """
+        return self._sample_call("sample_batch", params, num_timesteps, num_episodes, force_reset)
+
+    def _sample_call(
+        self,
+        kind: str,
+        params: Any,
+        num_timesteps: int | None,
+        num_episodes: int | None,
+        force_reset: bool,
+    ) -> Any:
+        """One :meth:`sample` / :meth:`sample_batch` call: the member collects, then
+        converts; both timed, then reported."""
+        check_sample_counts(num_timesteps, num_episodes)
+        self._start_call()
+        t0 = time.perf_counter()
+        collected = self._collect(params, num_timesteps, num_episodes, force_reset)
+        t1 = time.perf_counter()
+        out = self._episodes(collected) if kind == "sample" else self._batch(collected)
+        self._last_split = (t1 - t0, time.perf_counter() - t1)
+        self._report(kind, *self._last_split)
+        return out
+
+    # What each member implements to sample.
+
+    @abc.abstractmethod
+    def _collect(
+        self,
+        params: Any,
+        num_timesteps: int | None,
+        num_episodes: int | None,
+        force_reset: bool,
+    ) -> Any:
+        """Steps the envs for one call (the counts are checked); returns what
+        :meth:`_episodes` / :meth:`_batch` convert."""
+
+    @abc.abstractmethod
+    def _episodes(self, collected: Any) -> list[Any]:
+        """The collected steps as episodes; sets :attr:`metrics`."""
+
+    @abc.abstractmethod
+    def _batch(self, collected: Any) -> MultiAgentBatch:
+        """The collected steps as a batch; sets :attr:`metrics`."""
 
     def global_metrics(self) -> SamplerMetrics:
         """:attr:`metrics` of the last call combined over every process
@@ -491,7 +467,9 @@ class Sampler(metaclass=_PicksMember):
         """Releases the env's resources (threads, processes, sockets). Idempotent."""
 
     def __enter__(self) -> Sampler:
+        """The sampler itself (``with js.Sampler(...) as s:`` closes it at the end)."""
         return self
 
     def __exit__(self, *exc: object) -> None:
+        """Closes the sampler."""
         self.close()

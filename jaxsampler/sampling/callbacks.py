@@ -4,7 +4,7 @@ Every sampler calls ``callback.on_sample_end(report)`` for each of its callbacks
 end of each ``sample()`` / ``sample_batch()`` call, on the host, after the call's
 episodes or batch are built (so outside any jitted code: a logger may block, write
 files, talk to a server). The report is a :class:`SampleReport`: the call's
-:class:`~jaxsampler.sampling.base.SamplerMetrics`, the sampler's running totals, wall
+:class:`~jaxsampler.sampling.metrics.SamplerMetrics`, the sampler's running totals, wall
 times (rollout and conversion) and the XLA compilation the call triggered. Loggers
 (:mod:`jaxsampler.integrations.loggers`: JSON lines, TensorBoard, W&B) implement the
 protocol; so can
@@ -45,7 +45,7 @@ class SampleReport:
     """One ``sample()`` / ``sample_batch()`` call, as a sampler reports it to its callbacks.
 
     Attributes:
-        metrics: the call's :class:`~jaxsampler.sampling.base.SamplerMetrics`.
+        metrics: the call's :class:`~jaxsampler.sampling.metrics.SamplerMetrics`.
         totals: the sampler's :class:`SamplerTotals` after the call (a copy).
         rollout_s: wall time of the env stepping (device rollouts and host copy, or the
             host env's polls and policy calls).
@@ -97,7 +97,8 @@ class SampleReport:
 class SamplerCallback(Protocol):
     """Anything with ``on_sample_end(report)``: called after every sampler call."""
 
-    def on_sample_end(self, report: SampleReport) -> None: ...
+    def on_sample_end(self, report: SampleReport) -> None:
+        """Receives the report of the call that just ended (on the host, outside jit)."""
 
 
 class CompileClock:

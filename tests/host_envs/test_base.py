@@ -182,20 +182,31 @@ def test_closed_defaults_to_false_and_ends_a_call_when_set():
     assert env.polls == 2 and s.metrics.num_env_steps_sampled == 1
 
 
-@pytest.mark.parametrize("feed", ["track", "collector"])
-def test_feed_is_picked_once_and_checked(feed):
-    s = HostSampler(Counter(), POLICY, feed=feed)
-    assert type(s.feed).__name__ == {"track": "TrackFeed", "collector": "CollectorFeed"}[feed]
+def test_feed_is_picked_once_from_the_agent_count():
+    """Tracks for one agent (plain SingleAgentEpisode objects), the collector for more;
+    there is no option to pick another."""
+
+    class Two(Counter):
+        agent_ids = ("a", "b")
+
+    s = HostSampler(Counter(), POLICY)
+    assert type(s.feed).__name__ == "TrackFeed"
     eps = s.sample((), num_timesteps=3)
     assert [type(e) for e in eps] == [js.SingleAgentEpisode]
     assert (eps[0].agent_id, eps[0].module_id, eps[0].multi_agent_episode_id) == (None,) * 3
-    with pytest.raises(ValueError, match="feed must be"):
-        HostSampler(Counter(), POLICY, feed="lists")
+    assert type(HostSampler(Two(), POLICY).feed).__name__ == "CollectorFeed"
+    with pytest.raises(TypeError, match="feed"):
+        HostSampler(Counter(), POLICY, feed="collector")
 
 
-def test_the_track_feed_refuses_multi_agent_envs():
+def test_each_feed_refuses_the_other_kind_of_env():
+    from jaxsampler.sampling.host.feeds import CollectorFeed
+    from jaxsampler.sampling.host.track import TrackFeed
+
     class Two(Counter):
         agent_ids = ("a", "b")
 
     with pytest.raises(ValueError, match="single-agent"):
-        HostSampler(Two(), POLICY, feed="track")
+        TrackFeed(HostSampler(Two(), POLICY)._books)
+    with pytest.raises(ValueError, match="multi-agent"):
+        CollectorFeed(HostSampler(Counter(), POLICY)._books)

@@ -114,9 +114,9 @@ class Zeros(Policy):
         return jnp.zeros(obs.shape[:2], jnp.int32), {"seen": obs[..., 1]}, state
 
 
-def sampler(henv, length=14, feed="auto"):
+def sampler(henv, length=14):
     policy = Zeros(henv.observation_space, henv.action_space)
-    return HostSampler(henv, policy, rollout_length=length, feed=feed)
+    return HostSampler(henv, policy, rollout_length=length)
 
 
 def by_env(episodes):
@@ -138,11 +138,11 @@ def by_env(episodes):
     return out
 
 
-def run(n=3, length=14, calls=1, feed="auto", **env_options):
+def run(n=3, length=14, calls=1, **env_options):
     """The episodes of ``calls`` sample() calls, by sub-env, and the host env."""
     fns = env_options.pop("fns", None) or factories(n)
     henv = GymnasiumHostEnv(fns, seed=0, **env_options)
-    s = sampler(henv, length, feed)
+    s = sampler(henv, length)
     eps = [ep for _ in range(calls) for ep in s.sample(())]
     return by_env(eps), henv
 
@@ -203,14 +203,41 @@ def test_the_failure_poll_follows_the_host_env_protocol():
     henv.close()
 
 
-def test_the_collector_feed_records_the_failure_as_the_track_feed():
-    """The failure step is an ordinary poll: both feeds of HostSampler agree on it, also
-    when the episodes are cut across sample() calls."""
-    kw = {"length": 5, "calls": 3, "on_env_error": "restart"}
-    tracks, _ = run(fns=factories(2, **FAIL_STEP_6), **kw)
-    collector, _ = run(fns=factories(2, **FAIL_STEP_6), feed="collector", **kw)
-    assert collector == tracks
-    assert any(ep[6][-1] == {"env_error": ERROR} for ep in tracks[1])
+def test_the_failure_is_recorded_alike_when_its_episode_is_cut_across_calls():
+    """The failure step is an ordinary poll: three 5-poll calls give the episodes of one
+    15-poll call, cut into chunks that join up again."""
+
+    def chunks(length, calls):
+        henv = GymnasiumHostEnv(factories(2, **FAIL_STEP_6), seed=0, on_env_error="restart")
+        s = sampler(henv, length)
+        return [ep for _ in range(calls) for ep in s.sample(())]
+
+    whole = by_env(chunks(15, 1))
+    cut: dict = {}  # episode id -> (sub-env, its by_env row, chunks joined so far)
+    for ep in chunks(5, 3):
+        ((env, [row]),) = by_env([ep]).items()
+        if ep.id_ in cut:  # a continuation: it starts at the last chunk's observation
+            _, before, n = cut[ep.id_]
+            obs, acts, rewards, seen, term, trunc, infos = row
+            assert (obs[0], infos[0]) == (before[0][-1], before[6][-1])
+            row = (
+                before[0] + obs[1:],
+                before[1] + acts,
+                before[2] + rewards,
+                before[3] + seen,
+                term,
+                trunc,
+                before[6] + infos[1:],
+            )
+            cut[ep.id_] = (env, row, n + 1)
+        else:
+            cut[ep.id_] = (env, row, 1)
+    rows: dict = {}
+    for env, row, _ in cut.values():
+        rows.setdefault(env, []).append(row)
+    assert rows == whole
+    assert any(ep[6][-1] == {"env_error": ERROR} for ep in whole[1])
+    assert max(n for _, _, n in cut.values()) > 1  # some episodes were cut
 
 
 def test_restart_closes_the_failed_env_and_ignores_its_close_error():

@@ -3,6 +3,9 @@ member is a ``js.Sampler``."""
 
 from __future__ import annotations
 
+import abc
+import inspect
+
 import jax
 import numpy as np
 import pytest
@@ -136,3 +139,121 @@ def test_sampled_multi_agent_episodes_pickle():
         assert back.id_ == ep.id_ and back.module_for("agent_1") == "o"
         for aid, sa in ep.agent_episodes.items():
             np.testing.assert_array_equal(back.agent_episodes[aid].get_actions(), sa.get_actions())
+
+
+def test_the_signatures_are_the_real_parameters():
+    """``inspect.signature`` shows the family's parameters on ``js.Sampler`` and each
+    member's own on the member (no metaclass ``__call__`` hides them)."""
+    P = inspect.Parameter
+    family = inspect.signature(js.Sampler).parameters
+    assert [(n, p.kind) for n, p in family.items()] == [
+        ("env", P.POSITIONAL_OR_KEYWORD),
+        ("policy", P.POSITIONAL_OR_KEYWORD),
+        ("num_envs", P.POSITIONAL_OR_KEYWORD),
+        ("rollout_length", P.POSITIONAL_OR_KEYWORD),
+        ("seed", P.POSITIONAL_OR_KEYWORD),
+        ("transforms", P.KEYWORD_ONLY),
+        ("explore", P.KEYWORD_ONLY),
+        ("devices", P.KEYWORD_ONLY),
+        ("mesh", P.KEYWORD_ONLY),
+        ("options", P.VAR_KEYWORD),
+    ]
+    assert [family[n].default for n in ("num_envs", "rollout_length", "seed", "explore")] == [
+        None,
+        128,
+        0,
+        True,
+    ]
+    device = inspect.signature(DeviceSampler).parameters
+    host = inspect.signature(HostSampler).parameters
+    for member in (device, host):  # js.Sampler(...) hands its arguments on unchanged
+        assert list(member)[:5] == ["env", "policy", "num_envs", "rollout_length", "seed"]
+        assert {"transforms", "explore", "devices", "mesh", "env_params", "callbacks"} <= set(
+            member
+        )
+        assert not any(p.kind is P.VAR_KEYWORD for p in member.values())
+    assert {"topup_length", "episode_factory", "reset_pool"} <= set(device) - set(host)
+    assert {"batch_sizes", "timeout_s", "mark_off_policy"} <= set(host) - set(device)
+    assert "feed" not in host  # one feed per kind of env, no option
+    assert type(js.Sampler) is abc.ABCMeta  # no metaclass of its own
+
+
+def _gym_envs(n):
+    gym = pytest.importorskip("gymnasium")
+    return [gym.make("CartPole-v1") for _ in range(n)]
+
+
+def _env_kinds():
+    """``(label, make env, member)`` for every kind of env the tests sample from."""
+    gym_id = "gym:CartPole-v1"
+    return [
+        ("Env", lambda: js.make("CartPole-v1"), DeviceSampler),
+        ("registered id", lambda: "CartPole-v1", DeviceSampler),
+        ("suite id", lambda: "gymnax:CartPole-v1", DeviceSampler),
+        ("HostEnv", lambda: js.make(gym_id, num_envs=2), HostSampler),
+        ("gym: id", lambda: gym_id, HostSampler),
+        ("Gymnasium env", lambda: _gym_envs(1)[0], HostSampler),
+        ("list of Gymnasium envs", lambda: _gym_envs(2), HostSampler),
+        ("list of factories", lambda: [lambda: _gym_envs(1)[0]] * 2, HostSampler),
+        (
+            "Gymnasium vector env",
+            lambda: pytest.importorskip("gymnasium").make_vec(
+                "CartPole-v1", num_envs=2, vectorization_mode="sync"
+            ),
+            HostSampler,
+        ),
+    ]
+
+
+@pytest.mark.parametrize("label", [k[0] for k in _env_kinds()])
+def test_every_env_kind_gets_its_member(label, cartpole_policy):
+    """Exactly one member accepts each kind of env, and ``js.Sampler`` builds it: an
+    instance of that member and of ``js.Sampler``."""
+    ((_, make, member),) = [k for k in _env_kinds() if k[0] == label]
+    env = make()
+    assert [m for m in (DeviceSampler, HostSampler) if m.accepts(env)] == [member]
+    assert not js.Sampler.accepts(env)  # the base builds no sampler itself
+    s = js.Sampler(env, cartpole_policy, rollout_length=4)
+    try:
+        assert type(s) is member and isinstance(s, js.Sampler)
+        assert s.sample(None) and s.metrics.num_env_steps_sampled > 0
+    finally:
+        s.close()
+
+
+def test_multi_agent_env_kinds_get_their_member():
+    env = js.make("TicTacToe-v0")
+    policy = js.RandomPolicy(env.observation_space, env.action_space)
+    assert type(js.Sampler(env, policy, num_envs=2, rollout_length=4)) is DeviceSampler
+    ext = js.host_envs.ExternalMultiAgentEnv(
+        env.observation_space, env.action_space, agent_ids=("a", "b")
+    )
+    with js.Sampler(ext, policy, timeout_s=0.1) as s:
+        assert type(s) is HostSampler and isinstance(s, js.Sampler) and s.multi_agent
+
+
+def test_host_envs_refuse_the_device_options_and_close_what_was_made_for_them(
+    cartpole_policy, monkeypatch
+):
+    from jaxsampler.host_envs import GymnasiumHostEnv
+
+    closed = []
+    monkeypatch.setattr(GymnasiumHostEnv, "close", lambda self: closed.append(self))
+    for option in ({"devices": 1}, {"mesh": object()}):
+        with pytest.raises(ValueError, match="devices= / mesh= split the env axis"):
+            js.Sampler("gym:CartPole-v1", cartpole_policy, num_envs=2, **option)
+    assert len(closed) == 2
+    mine = GymnasiumHostEnv("CartPole-v1", 2)
+    with pytest.raises(ValueError, match="drop devices= / mesh="):
+        HostSampler(mine, cartpole_policy, devices=1)
+    assert len(closed) == 2  # the caller's env stays open
+
+
+def test_host_sampler_builds_the_host_env_itself(cartpole_policy):
+    """``HostSampler`` takes what ``js.Sampler`` hands it: a ``"gym:<id>"`` with its
+    ``num_envs``, positionally as on the family."""
+    with HostSampler("gym:CartPole-v1", cartpole_policy, 3, 5, 7) as s:
+        assert (s.host_env.num_envs, s.rollout_length) == (3, 5)
+        assert s.sample(None) and s.metrics.num_env_steps_sampled == 15
+    with pytest.raises(TypeError, match="not a complete host env"):
+        HostSampler(js.make("CartPole-v1"), cartpole_policy)

@@ -31,8 +31,8 @@ from jaxsampler.episodes.multi_agent import default_agent_to_module_mapping_fn
 from jaxsampler.episodes.single_agent import SingleAgentEpisode as JsSingleAgentEpisode
 from jaxsampler.episodes.single_agent import reward_space
 from jaxsampler.integrations.rllib import require_rllib
-from jaxsampler.sampling.columns import no_gc, obs_at
-from jaxsampler.sampling.convert_single import EpisodeColumns
+from jaxsampler.sampling.device.columns import no_gc, obs_at
+from jaxsampler.sampling.device.single import EpisodeColumns
 
 require_rllib()
 

@@ -122,8 +122,8 @@ from jaxsampler.integrations.rllib.runner_parts import (  # noqa: E402
     resolve_env,
     topup_length,
 )
-from jaxsampler.sampling.convert_single import EpisodeColumns  # noqa: E402
 from jaxsampler.sampling.device import DeviceSampler  # noqa: E402
+from jaxsampler.sampling.device.single import EpisodeColumns  # noqa: E402
 from jaxsampler.sampling.host import HostSampler  # noqa: E402
 from jaxsampler.spaces import from_gymnasium_space  # noqa: E402
 

@@ -17,7 +17,7 @@ import pytest
 import jaxsampler as js
 from jaxsampler.policies.base import Policy
 from jaxsampler.rollout import pipeline_of
-from jaxsampler.sampling.convert_single import EpisodeColumns
+from jaxsampler.sampling.device.single import EpisodeColumns
 from jaxsampler.transforms import PrevActionsRewards
 
 E, T, H = 3, 4, 2  # tiny: TicTacToe and CartPole episodes span several calls

@@ -372,7 +372,7 @@ def test_num_episodes_num_timesteps_metrics_and_no_recompile(monkeypatch):
 @pytest.mark.parametrize("by_policy", [False, True])
 def test_output_order_equals_a_lexsort(seed, by_policy):
     """The counting order of the agent steps equals sorting by ((rank,) segment, agent, t)."""
-    from jaxsampler.sampling.convert_multi import output_order
+    from jaxsampler.sampling.device.multi import output_order
 
     rng = np.random.default_rng(seed)
     S, A = 7, 3
@@ -429,7 +429,7 @@ def test_chunks_are_numpy_without_empty_agents_from_every_call(env_id, horizon):
     dtype = np.asarray(env.action_space.zeros()).dtype
     assert assert_rllib_runner_chunks(calls, dtype) >= 3
     # chunks batch like RLlib's: every column concatenates into arrays
-    from jaxsampler.sampling.collector import episodes_to_batch
+    from jaxsampler.sampling.host.collector import episodes_to_batch
 
     for episodes in calls[1:]:
         b = episodes_to_batch(episodes, env.agent_ids)["default_policy"]

@@ -13,7 +13,6 @@ import threading
 
 import jax
 import numpy as np
-import pytest
 
 import jaxsampler as js
 from jaxsampler import spaces
@@ -87,12 +86,9 @@ def _episode_of(first_obs: np.ndarray) -> str:
     return {0.1: "kept", 0.4: "gone", 0.6: "logged"}[round(float(first_obs[0]), 1)]
 
 
-@pytest.mark.parametrize("feed", ["track", "collector"])
-def test_batch_rows_mark_the_last_step_of_abandoned_episodes(feed):
+def test_batch_rows_mark_the_last_step_of_abandoned_episodes():
     env = ExternalEnv(OBS, ACT, max_wait_s=0.0)
-    s = HostSampler(
-        env, js.MLPPolicy(OBS, ACT, hidden_sizes=(4,)), feed=feed, timeout_s=0.5, batch_sizes=(2,)
-    )
+    s = HostSampler(env, js.MLPPolicy(OBS, ACT, hidden_sizes=(4,)), timeout_s=0.5, batch_sizes=(2,))
     assert s.mark_abandoned and abandons_episodes(env)
     parts = [b["default_policy"] for b in _drive(env, s, _sim(env), True) if b.policy_batches]
     batch = js.episodes.concat_samples(parts)

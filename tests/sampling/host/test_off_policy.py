@@ -177,22 +177,20 @@ def _kinds(batch):
 
 
 @pytest.mark.parametrize(
-    "make,space,feed",
+    "make,space",
     [
-        (js.MLPPolicy, DISCRETE, "track"),
-        (js.MLPPolicy, BOX, "collector"),
-        (js.policies.RecurrentPolicy, BOX, "track"),
-        (js.policies.RecurrentPolicy, DISCRETE, "collector"),
+        (js.MLPPolicy, DISCRETE),
+        (js.MLPPolicy, BOX),
+        (js.policies.RecurrentPolicy, BOX),
+        (js.policies.RecurrentPolicy, DISCRETE),
     ],
-    ids=["mlp-discrete-track", "mlp-box-collector", "gru-box-track", "gru-discrete-collector"],
+    ids=["mlp-discrete", "mlp-box", "gru-box", "gru-discrete"],
 )
-def test_off_policy_rows_hold_the_behaviour_logp(make, space, feed):
+def test_off_policy_rows_hold_the_behaviour_logp(make, space):
     env = Lockstep(space)
     policy = make(OBS, space, **({"hidden_sizes": (8,)} if make is js.MLPPolicy else {}))
     params = _params(policy)
-    s = HostSampler(
-        env, policy, seed=1, rollout_length=24, feed=feed, mark_off_policy=True, batch_sizes=(4,)
-    )
+    s = HostSampler(env, policy, seed=1, rollout_length=24, mark_off_policy=True, batch_sizes=(4,))
     batch = s.sample_batch(params)["default_policy"]
     kinds = _kinds(batch)
     assert set(kinds) == {POLICY, LOGGED, CALLER, CLIENT, BAD_CLIENT}

@@ -1,10 +1,12 @@
-"""HostSampler's single-agent fast path (list tracks) against its collector path.
+"""HostSampler's single-agent path (list tracks) against the collector.
 
-Both paths sample the same scripted host env (sub-envs out of lockstep, episodes ending
-terminated or truncated, off-policy actions, infos, reward-only polls) with the same
-policy and seed; every ``sample()`` / ``sample_batch()`` call (mixed, lookback 0 and 2,
-``num_episodes`` resets) must give identical episodes, batches and metrics. The collector
-path is itself checked against the device sampler and RLlib's reference output in
+The tracks sample a scripted host env (sub-envs out of lockstep, episodes ending
+terminated or truncated, off-policy actions, infos, reward-only polls); the reference is
+the same env with a second agent that never shows up, which the sampler feeds through its
+multi-agent path (the collector). With the same policy and seed, every ``sample()`` /
+``sample_batch()`` call (mixed, lookback 0 and 2, ``num_episodes`` resets) must give the
+same episodes (the collector's agent episodes), batches and metrics. The collector is
+itself checked against the device sampler and RLlib's reference output in
 ``test_gymnasium.py``.
 """
 
@@ -19,10 +21,11 @@ import pytest
 import jaxsampler as js
 from jaxsampler import spaces
 from jaxsampler.constants import ALL_AGENTS
+from jaxsampler.episodes.ids import agent_episode_id
 from jaxsampler.host_envs.base import HostEnv, PollResult
 from jaxsampler.policies.base import Policy
 from jaxsampler.sampling import HostSampler
-from jaxsampler.sampling.track import Track
+from jaxsampler.sampling.host.track import Track
 
 A = js.constants.DEFAULT_AGENT_ID
 
@@ -132,8 +135,15 @@ CALLS = [
 ]
 
 
+class WithSilentAgent(Scripted):
+    """:class:`Scripted` with a second agent that never shows up: a multi-agent env to the
+    sampler, so its one real agent goes through the collector."""
+
+    agent_ids = (A, "silent")
+
+
 def _run(fast: bool, horizon: int, reward_only: bool = True):
-    env = Scripted(reward_only=reward_only)
+    env = (Scripted if fast else WithSilentAgent)(reward_only=reward_only)
     s = HostSampler(
         env,
         Noisy(env.observation_space, env.action_space),
@@ -141,7 +151,6 @@ def _run(fast: bool, horizon: int, reward_only: bool = True):
         episode_lookback_horizon=horizon,
         rollout_length=6,
         mark_off_policy=True,
-        feed="track" if fast else "collector",
     )
     assert type(s.feed).__name__ == ("TrackFeed" if fast else "CollectorFeed")
     out = []
@@ -162,9 +171,12 @@ def _same_buffer(g, w, what):
 
 
 @pytest.mark.parametrize("horizon, reward_only", [(0, True), (2, False), (3, False)])
-def test_fast_path_equals_collector_path(horizon, reward_only):
-    """(Lookback counts agent steps on the fast path, env steps on the collector path: the
-    two differ only when an env sends reward-only polls, hence no lookback with those.)"""
+def test_track_path_equals_collector_path(horizon, reward_only, monkeypatch):
+    """(Lookback counts agent steps on the tracks, env steps in the collector: the two
+    differ only when an env sends reward-only polls, hence no lookback with those. The
+    collector's chunks keep their step-less agent episodes here, so that every chunk of
+    the tracks has its counterpart.)"""
+    monkeypatch.setattr(js.MultiAgentEpisode, "prune_empty_agents", lambda self: self)
     fast, slow = _run(True, horizon, reward_only), _run(False, horizon, reward_only)
     n_eps = n_rows = 0
     for got, want in zip(fast, slow):
@@ -172,16 +184,19 @@ def test_fast_path_equals_collector_path(horizon, reward_only):
             assert got == pytest.approx(want, nan_ok=True)
         elif isinstance(want, list):
             assert len(got) == len(want)
-            for g, w in zip(got, want):
-                assert type(g) is type(w) is js.SingleAgentEpisode
+            for g, ma in zip(got, want):
+                assert type(g) is js.SingleAgentEpisode and type(ma) is js.MultiAgentEpisode
+                assert list(ma.agent_episodes) == [A]
+                w = ma.agent_episodes[A]
                 assert (g.id_, len(g), g.t_started, g.t, g.is_terminated, g.is_truncated) == (
-                    w.id_,
+                    ma.id_,
                     len(w),
                     w.t_started,
                     w.t,
                     w.is_terminated,
                     w.is_truncated,
                 )
+                assert w.id_ == agent_episode_id(ma.id_, 0)
                 assert (g.agent_id, g.module_id, g.multi_agent_episode_id) == (None, None, None)
                 for name in ("observations", "actions", "rewards", "infos"):
                     _same_buffer(getattr(g, name), getattr(w, name), name)
@@ -201,6 +216,8 @@ def test_fast_path_equals_collector_path(horizon, reward_only):
                 for k in w:
                     if k == "infos":
                         assert g[k] == w[k]
+                    elif k == "eps_id":  # the collector's rows carry the agent's episode id
+                        assert [agent_episode_id(i, 0) for i in g[k]] == list(w[k])
                     else:
                         np.testing.assert_array_equal(g[k], w[k], err_msg=k)
                         assert g[k].dtype == w[k].dtype, k
@@ -243,22 +260,19 @@ class ParamAction(Policy):
 @pytest.mark.parametrize("kw", [{}, {"num_timesteps": 9}])
 def test_each_call_acts_with_its_own_params(fast, kw):
     """The actions of a call's last observations come from the next call's params (both
-    paths; the fast one answers each poll before recording it). Lockstep sub-envs, so
-    every step of a call's chunk was chosen in that call."""
-    env = Scripted(reward_only=False, off_policy=False, ready_p=1.0)  # lockstep
-    s = HostSampler(
-        env,
-        ParamAction(env.observation_space, env.action_space),
-        rollout_length=5,
-        feed="track" if fast else "collector",
-    )
+    paths; the tracks answer each poll before recording it). Lockstep sub-envs, so every
+    step of a call's chunk was chosen in that call."""
+    env = (Scripted if fast else WithSilentAgent)(
+        reward_only=False, off_policy=False, ready_p=1.0
+    )  # lockstep
+    s = HostSampler(env, ParamAction(env.observation_space, env.action_space), rollout_length=5)
     for p in (1, 2, 3):
         for ep in s.sample(p, **kw):
-            assert ep.actions.data.tolist()[ep.actions.lookback :] == [p] * len(ep), (p, ep)
+            for sa in [ep] if fast else ep.agent_episodes.values():
+                assert sa.actions.data.tolist()[sa.actions.lookback :] == [p] * len(sa), (p, sa)
 
 
-@pytest.mark.parametrize("fast", [True, False])
-def test_one_agent_multi_agent_policy_and_episodes_ended_before_their_first_step(fast):
+def test_one_agent_multi_agent_policy_and_episodes_ended_before_their_first_step():
     """A one-agent env with a MultiAgentPolicy files rows under its policy id; an episode
     whose first observation is already final (start_episode, then end_episode) is no
     episode: nothing is emitted, counted or left running, and no action is sent to it."""
@@ -268,7 +282,7 @@ def test_one_agent_multi_agent_policy_and_episodes_ended_before_their_first_step
     pol = js.policies.MultiAgentPolicy(
         env.agent_ids, {"main": ParamAction(env.observation_space, env.action_space)}
     )
-    s = HostSampler(env, pol, timeout_s=0.3, feed="track" if fast else "collector")
+    s = HostSampler(env, pol, timeout_s=0.3)
     o = np.zeros(2, np.float32)
     for _ in range(3):
         env.end_episode(env.start_episode(), o)

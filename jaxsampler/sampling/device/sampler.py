@@ -1,60 +1,12 @@
-"""``DeviceSampler``: the sampler (RLlib's ``EnvRunner`` role) of pure-JAX envs.
-
-``DeviceSampler.sample(params)`` runs whole ``rollout_length`` device chunks and turns them
-into numpy'ized :class:`SingleAgentEpisode` objects, following RLlib's
-``SingleAgentEnvRunner.sample()``,
-adapted to a device that runs whole chunks:
-
-* jaxsampler's next-step auto-reset *is* Gymnasium's NEXT_STEP mode: reset steps
-  deliver the new episode's first observation and are not counted as timesteps;
-* ``num_timesteps=N``: as many rollout calls as needed until at least ``N`` (non-reset)
-  env steps were taken; every step sampled is returned exactly once (nothing dropped);
-* ``num_episodes=N``: all envs are reset first (ongoing episodes are discarded, as in
-  RLlib), then calls run until ``N`` episodes have finished; the episodes that finished
-  up to the step at which the count reached ``N`` are returned, and the next call resets
-  again;
-* neither: one rollout call;
-* ``topup_length=L``: a ``num_timesteps`` / ``num_episodes`` call runs one
-  ``rollout_length`` chunk, then ``L``-step chunks until the count is reached, so the
-  count is overshot by one short chunk at most (reset steps do not count, so one full
-  chunk of ``num_timesteps = num_envs * rollout_length`` is usually a little short);
-* ongoing episodes are returned as chunks (``t > 0``) and continue in the next call with
-  the same ``id_``, ``t_started`` = the previous chunk's ``t`` and a lookback of up to
-  ``episode_lookback_horizon`` steps taken from the previous chunk.
-
-Conversion is a converter object picked once at construction
-(:class:`~jaxsampler.sampling.convert_single.SingleAgentConverter` or
-:class:`~jaxsampler.sampling.convert_multi.MultiAgentConverter`; a single-agent sampler
-may be given an ``episode_factory`` that builds other episode objects, e.g. RLlib's, straight
-from the call's columns): one bulk
-device-to-host copy per call, one bulk transpose to env-major columns (with the lookback
-steps prepended), episode boundaries from the ``is_reset`` flags with ``np.nonzero``.
-The only Python loop is over episodes, never over timesteps.
-
-Transforms (``transforms=``) run inside the rollout: episodes and batches hold what the
-policy saw (transformed observations and rewards, policy-side actions) and
-:class:`SamplerMetrics` the env's own returns (sums of ``Trajectory.raw_rewards``). The
-env's raw observations and rewards are not copied into infos (that costs about a fifth
-of the conversion of a ``sample()`` call and more when every episode's infos are read);
-they are in :attr:`DeviceSampler.last_chunks` (``raw_obs`` / ``raw_rewards``). Under
-domain randomization each step's infos carry the env params it ran with
-(``infos["env_params"]``). A reset continues the transforms' statistics.
-
-Devices (``devices=`` / ``mesh=``): the rollouts are built with ``make_rollout(...,
-mesh=)`` (the env axis split over the mesh's ``"env"`` axis, the random streams those of
-one device), the reset state is computed by one jitted call laid out on the mesh, and the
-host copy reads this process's shards (:func:`jaxsampler.rollout.placement.to_host`, still one
-transfer per call); the converters hold this process's envs only. On a mesh spanning
-processes the ``num_timesteps`` / ``num_episodes`` counts are global (one small allgather
-of step and episode counts per chunk), so every process makes the same rollout calls.
-"""
+"""``DeviceSampler``: the :class:`~jaxsampler.sampling.base.Sampler` of pure-JAX envs, which
+runs whole jitted rollout chunks on the device and converts them on the host in bulk, so
+no Python loop ever runs over timesteps."""
 
 from __future__ import annotations
 
 import dataclasses
 import re
-import time
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import jax
 import numpy as np
@@ -65,6 +17,7 @@ from jaxsampler.constants import DEFAULT_POLICY_ID
 from jaxsampler.envs.base import Env
 from jaxsampler.episodes.batch import MultiAgentBatch
 from jaxsampler.episodes.ids import EpisodeIds
+from jaxsampler.host_envs.adapt import is_host_stepped
 from jaxsampler.policies.base import Policy
 from jaxsampler.rollout import distributed, placement
 from jaxsampler.rollout.scan import (
@@ -74,28 +27,38 @@ from jaxsampler.rollout.scan import (
     jit_rollout,
     make_rollout,
 )
-from jaxsampler.sampling.base import (
-    Sampler,
+from jaxsampler.sampling.base import Sampler
+from jaxsampler.sampling.device.columns import InfoPath, info_leaves, with_transform_infos
+from jaxsampler.sampling.device.multi import MultiAgentConverter
+from jaxsampler.sampling.device.single import EpisodeFactory, SingleAgentConverter
+from jaxsampler.sampling.metrics import (
     SamplerMetrics,
     check_lookback,
-    check_sample_counts,
     explain_policy_mismatch,
     exploring_or_greedy,
 )
-from jaxsampler.sampling.columns import InfoPath, info_leaves, with_transform_infos
-from jaxsampler.sampling.convert_multi import MultiAgentConverter
-from jaxsampler.sampling.convert_single import EpisodeFactory, SingleAgentConverter
 from jaxsampler.transforms.base import TransformState
 from jaxsampler.types import Trajectory
 
 __all__ = ["Converter", "DeviceSampler"]
 
 
+class _Call(NamedTuple):
+    """One call's host copies of its rollout chunks, and what their conversion needs."""
+
+    chunks: list[Trajectory]
+    #: for a ``num_episodes`` call counted over several processes, the step at which the
+    #: count was reached (``None``: the converter finds it)
+    cutoff: int | None
+    num_episodes: int | None
+
+
 class Converter(Protocol):
     """Turns the host copies of one call's rollout chunks into episodes or a batch, and
     carries what running episodes need into the next call."""
 
-    def reset(self, reset_info: dict[InfoPath, np.ndarray]) -> None: ...
+    def reset(self, reset_info: dict[InfoPath, np.ndarray]) -> None:
+        """Forgets the running episodes; new ones start with these reset infos."""
 
     def episodes(
         self,
@@ -103,7 +66,8 @@ class Converter(Protocol):
         num_episodes: int | None,
         state: Any,
         cutoff: int | None = None,
-    ) -> tuple[list[Any], SamplerMetrics]: ...
+    ) -> tuple[list[Any], SamplerMetrics]:
+        """The call's episodes and its metrics (``cutoff``: see ``_Call``)."""
 
     def batch(
         self,
@@ -111,21 +75,72 @@ class Converter(Protocol):
         num_episodes: int | None,
         state: Any,
         cutoff: int | None = None,
-    ) -> tuple[MultiAgentBatch, SamplerMetrics]: ...
+    ) -> tuple[MultiAgentBatch, SamplerMetrics]:
+        """The call's batch and its metrics."""
 
-    def get_state(self) -> dict[str, Any]: ...
+    def get_state(self) -> dict[str, Any]:
+        """What the running episodes carry, for a checkpoint."""
 
-    def set_state(self, state: dict[str, Any]) -> None: ...
+    def set_state(self, state: dict[str, Any]) -> None:
+        """Installs what :meth:`get_state` returned."""
 
 
 class DeviceSampler(Sampler):
     """The :class:`~jaxsampler.sampling.base.Sampler` of a pure-JAX env: each call runs
     whole jitted rollout chunks and converts them in bulk on the host.
 
+    ``DeviceSampler.sample(params)`` runs whole ``rollout_length`` device chunks and turns
+    them into numpy'ized :class:`SingleAgentEpisode` objects, following RLlib's
+    ``SingleAgentEnvRunner.sample()``, adapted to a device that runs whole chunks:
+
+    * jaxsampler's next-step auto-reset *is* Gymnasium's NEXT_STEP mode: reset steps
+      deliver the new episode's first observation and are not counted as timesteps;
+    * ``num_timesteps=N``: as many rollout calls as needed until at least ``N`` (non-reset)
+      env steps were taken; every step sampled is returned exactly once (nothing dropped);
+    * ``num_episodes=N``: all envs are reset first (ongoing episodes are discarded, as in
+      RLlib), then calls run until ``N`` episodes have finished; the episodes that finished
+      up to the step at which the count reached ``N`` are returned, and the next call resets
+      again;
+    * neither: one rollout call;
+    * ``topup_length=L``: a ``num_timesteps`` / ``num_episodes`` call runs one
+      ``rollout_length`` chunk, then ``L``-step chunks until the count is reached, so the
+      count is overshot by one short chunk at most (reset steps do not count, so one full
+      chunk of ``num_timesteps = num_envs * rollout_length`` is usually a little short);
+    * ongoing episodes are returned as chunks (``t > 0``) and continue in the next call with
+      the same ``id_``, ``t_started`` = the previous chunk's ``t`` and a lookback of up to
+      ``episode_lookback_horizon`` steps taken from the previous chunk.
+
+    Conversion is a converter object picked once at construction
+    (:class:`~jaxsampler.sampling.device.single.SingleAgentConverter` or
+    :class:`~jaxsampler.sampling.device.multi.MultiAgentConverter`; a single-agent sampler
+    may be given an ``episode_factory`` that builds other episode objects, e.g. RLlib's,
+    straight from the call's columns): one bulk device-to-host copy per call, one bulk
+    transpose to env-major columns (with the lookback steps prepended), episode boundaries
+    from the ``is_reset`` flags with ``np.nonzero``. The only Python loop is over episodes,
+    never over timesteps.
+
+    Transforms (``transforms=``) run inside the rollout: episodes and batches hold what the
+    policy saw (transformed observations and rewards, policy-side actions) and
+    :class:`SamplerMetrics` the env's own returns (sums of ``Trajectory.raw_rewards``). The
+    env's raw observations and rewards are not copied into infos (that costs about a fifth
+    of the conversion of a ``sample()`` call and more when every episode's infos are read);
+    they are in :attr:`DeviceSampler.last_chunks` (``raw_obs`` / ``raw_rewards``). Under
+    domain randomization each step's infos carry the env params it ran with
+    (``infos["env_params"]``). A reset continues the transforms' statistics.
+
+    Devices (``devices=`` / ``mesh=``): the rollouts are built with ``make_rollout(...,
+    mesh=)`` (the env axis split over the mesh's ``"env"`` axis, the random streams those of
+    one device), the reset state is computed by one jitted call laid out on the mesh, and
+    the host copy reads this process's shards (:func:`jaxsampler.rollout.placement.to_host`,
+    still one transfer per call); the converters hold this process's envs only. On a mesh
+    spanning processes the ``num_timesteps`` / ``num_episodes`` counts are global (one small
+    allgather of step and episode counts per chunk), so every process makes the same rollout
+    calls.
+
     Args:
-        env: a jaxsampler env, a registered env id (``js.make``), or a host-stepped env.
+        env: a jaxsampler env or a registered env id (``js.make``).
         policy: the policy (``(params, obs, key, state) -> (action, extras, state)``).
-        num_envs: envs stepped side by side (the env axis).
+        num_envs: envs stepped side by side (the env axis; ``None``: 1).
         rollout_length: device steps per rollout call.
         seed: PRNG seed; the same seed and calls give identical episodes.
         env_params: env params (default ``env.default_params``).
@@ -138,7 +153,7 @@ class DeviceSampler(Sampler):
             the call are this many steps long (a second jitted rollout, compiled on the
             first call that needs it); ``None``: every chunk is ``rollout_length`` long.
         episode_factory: single-agent envs: builds ``sample()``'s episodes from the
-            call's :class:`~jaxsampler.sampling.convert_single.EpisodeColumns` instead
+            call's :class:`~jaxsampler.sampling.device.single.EpisodeColumns` instead
             of jaxsampler's :class:`SingleAgentEpisode` (``sample_batch()`` is
             unaffected); ``None``: jaxsampler's episodes.
         transforms: env->policy / policy->env transforms run inside the rollout
@@ -220,7 +235,7 @@ class DeviceSampler(Sampler):
         self,
         env: Env | str,
         policy: Policy,
-        num_envs: int = 1,
+        num_envs: int | None = 1,
         rollout_length: int = 128,
         seed: int = 0,
         *,
@@ -237,6 +252,7 @@ class DeviceSampler(Sampler):
         callbacks: Any = None,
     ):
         env = _resolve(env)
+        num_envs = 1 if num_envs is None else num_envs
         self._init_reporting(callbacks)
         self.mesh = _sampler_mesh(devices, mesh)
         policy = exploring_or_greedy(policy, explore)
@@ -292,7 +308,6 @@ class DeviceSampler(Sampler):
         self.topup_length = topup_length
         self._topup: Any = None  # built on first use
         self._topup_buffers: Trajectory | None = None
-        self.last_split = (0.0, 0.0)
         self.last_chunks: list[Trajectory] = []
         self._key = jax.random.PRNGKey(seed)
         # (env, count) -> id, deterministic per seed; local env i is global env offset + i
@@ -327,6 +342,18 @@ class DeviceSampler(Sampler):
                 episode_lookback_horizon,
                 rllib_compatible=rllib_compatible,
             )
+
+    @property
+    def last_split(self) -> tuple[float, float]:
+        """``(rollout_s, to_episodes_s)`` of the last ``sample()`` / ``sample_batch()``."""
+        return self._last_split
+
+    @classmethod
+    def accepts(cls, env: Any) -> bool:
+        """A pure-JAX env or an env id: every env that is not host-stepped
+        (:func:`jaxsampler.host_envs.is_host_stepped`); an object that is neither fails in
+        the env's resolution here, with its own message."""
+        return not is_host_stepped(env)
 
     # ------------------------------------------------------------------------- state
 
@@ -434,75 +461,21 @@ class DeviceSampler(Sampler):
 
     # ------------------------------------------------------------------------- sampling
 
-    def sample(
-        self,
-        params: Any,
-        num_timesteps: int | None = None,
-        num_episodes: int | None = None,
-        force_reset: bool = False,
-    ) -> list[Any]:
-        """Samples and returns numpy'ized episodes: finished ones, then ongoing chunks
-        (:class:`SingleAgentEpisode`, or :class:`MultiAgentEpisode` for a multi-agent env).
-
-        Args:
-            params: policy params.
-            num_timesteps: sample until at least this many env steps (reset steps not
-                counted); whole rollout calls only, so possibly more.
-            num_episodes: reset, then sample until this many episodes finished.
-            force_reset: reset all envs first (ongoing episodes are discarded).
-
-        Metrics of the call are in :attr:`metrics`.
-        """
-        self._start_call()
-        t0 = time.perf_counter()
-        chunks, cutoff = self._run(params, num_timesteps, num_episodes, force_reset)
-        t1 = time.perf_counter()
-        out, metrics = self._convert.episodes(chunks, num_episodes, self._state, cutoff)
-        self.last_split = (t1 - t0, time.perf_counter() - t1)
-        return self._finish(out, metrics, len(chunks), num_episodes, "sample")
-
-    def sample_batch(
-        self,
-        params: Any,
-        num_timesteps: int | None = None,
-        num_episodes: int | None = None,
-        force_reset: bool = False,
-    ) -> MultiAgentBatch:
-        """Like :meth:`sample`, but returns a ``MultiAgentBatch`` (``"default_policy"`` ->
-        ``SampleBatch``) built straight from the device buffers, one row per sampled step.
-
-        Columns: ``obs``, ``new_obs`` (derived from the single observation track),
-        ``actions``, ``rewards``, ``terminateds``, ``truncateds``, ``t``, ``eps_id`` (the
-        episodes' ``id_``), ``agent_index``, ``infos`` and the policy's extras
-        (``action_logp``, ``vf_preds``, ...). Rows come episode by episode in the order
-        :meth:`sample` would return the episodes. Episodes continue across calls exactly
-        as with :meth:`sample` (the two may be mixed).
-        """
-        self._start_call()
-        t0 = time.perf_counter()
-        chunks, cutoff = self._run(params, num_timesteps, num_episodes, force_reset)
-        t1 = time.perf_counter()
-        out, metrics = self._convert.batch(chunks, num_episodes, self._state, cutoff)
-        self.last_split = (t1 - t0, time.perf_counter() - t1)
-        return self._finish(out, metrics, len(chunks), num_episodes, "sample_batch")
-
-    def _run(
+    def _collect(
         self,
         params: Any,
         num_timesteps: int | None,
         num_episodes: int | None,
         force_reset: bool,
-    ) -> tuple[list[Trajectory], int | None]:
-        """The call loop: rollout chunks until the requested counts are reached. Returns
-        the chunks and, for a ``num_episodes`` call counted over several processes, the
-        step at which the count was reached (``None``: the converter finds it)."""
-        check_sample_counts(num_timesteps, num_episodes)
+    ) -> _Call:
+        """The call loop: rollout chunks until the requested counts are reached."""
         if self._state is None or force_reset or num_episodes is not None:
             self.reset()
         chunks: list[Trajectory] = []
         self.last_chunks = chunks
         if self._spans_processes and (num_timesteps is not None or num_episodes is not None):
-            return chunks, self._run_global(params, chunks, num_timesteps, num_episodes)
+            cutoff = self._run_global(params, chunks, num_timesteps, num_episodes)
+            return _Call(chunks, cutoff, num_episodes)
         steps = done = 0
         while True:
             traj = self._next_chunk(params, chunks)
@@ -514,7 +487,21 @@ class DeviceSampler(Sampler):
                     break
             elif num_timesteps is None or steps >= num_timesteps:
                 break
-        return chunks, None
+        return _Call(chunks, None, num_episodes)
+
+    def _episodes(self, call: _Call) -> list[Any]:
+        """The call's episodes (:class:`SingleAgentEpisode` or :class:`MultiAgentEpisode`
+        chunks, or the ``episode_factory``'s)."""
+        out, metrics = self._convert.episodes(
+            call.chunks, call.num_episodes, self._state, call.cutoff
+        )
+        return self._finish(out, metrics, call)
+
+    def _batch(self, call: _Call) -> MultiAgentBatch:
+        """The call's batch (built straight from the host copies of the buffers; ``new_obs``
+        derived from the single observation track)."""
+        out, metrics = self._convert.batch(call.chunks, call.num_episodes, self._state, call.cutoff)
+        return self._finish(out, metrics, call)
 
     def _next_chunk(self, params: Any, chunks: list[Trajectory]) -> Trajectory:
         if chunks and self.topup_length not in (None, self.rollout_length):
@@ -552,16 +539,13 @@ class DeviceSampler(Sampler):
                 return None
             offset += live.shape[0]
 
-    def _finish(
-        self, out: Any, metrics: SamplerMetrics, calls: int, num_episodes: Any, kind: str
-    ) -> Any:
-        metrics.num_rollout_calls = calls
+    def _finish(self, out: Any, metrics: SamplerMetrics, call: _Call) -> Any:
+        metrics.num_rollout_calls = len(call.chunks)
         self.metrics = metrics
-        if num_episodes is not None:
+        if call.num_episodes is not None:
             # The next call starts fresh, as RLlib does (the transforms' statistics go on).
             self._carried = self._state.transform_state
             self._state = None
-        self._report(kind, *self.last_split)
         return out
 
     # ------------------------------------------------------------------------- checkpoints

@@ -2,7 +2,7 @@
 
 :class:`SingleAgentConverter` turns the host copies of one call's chunks into numpy'ized
 :class:`SingleAgentEpisode` chunks (``sample()``) or one ``SampleBatch`` (``sample_batch()``):
-env-major columns once per call (:func:`~jaxsampler.sampling.columns.build_columns`),
+env-major columns once per call (:func:`~jaxsampler.sampling.device.columns.build_columns`),
 segments with ``np.nonzero``, then numpy views (episodes) or one flat gather per column
 (the batch). The only Python loop is over episodes, never over timesteps.
 """
@@ -20,8 +20,7 @@ from jaxsampler.episodes.batch import MultiAgentBatch, SampleBatch
 from jaxsampler.episodes.ids import EpisodeIds
 from jaxsampler.episodes.lookback import InfiniteLookbackBuffer
 from jaxsampler.episodes.single_agent import EpisodeBuffers, SingleAgentEpisode, reward_space
-from jaxsampler.sampling.base import SamplerMetrics
-from jaxsampler.sampling.columns import (
+from jaxsampler.sampling.device.columns import (
     Columns,
     InfoPath,
     Segments,
@@ -33,6 +32,7 @@ from jaxsampler.sampling.columns import (
     obs_map,
     unflatten,
 )
+from jaxsampler.sampling.metrics import SamplerMetrics
 from jaxsampler.types import Trajectory
 
 __all__ = ["EpisodeColumns", "EpisodeFactory", "SingleAgentConverter"]
@@ -176,7 +176,7 @@ class SingleAgentConverter:
         cutoff: int | None = None,
     ) -> tuple[list[SingleAgentEpisode], SamplerMetrics]:
         """The call's episodes (finished ones, then ongoing chunks) and its metrics
-        (``cutoff``: see :func:`~jaxsampler.sampling.columns.find_segments`).
+        (``cutoff``: see :func:`~jaxsampler.sampling.device.columns.find_segments`).
 
         Each episode's buffers (numpy views of the call's columns) are built on first
         access (:meth:`SingleAgentEpisode.lazy`): per episode, only its object is made here.

@@ -1,13 +1,9 @@
-"""Single-agent episodes of a host-stepped env as plain lists (the host sampler's track feed).
-
-A host env with one agent delivers, per poll of a running sub-env, the agent's next
-observation, its reward and flags: one complete step. :class:`Track` appends such steps
-to Python lists (a few list appends per step instead of the general
-:class:`~jaxsampler.episodes.multi_agent.MultiAgentEpisode` bookkeeping of hanging
-actions and per-agent maps) and builds, only when a chunk closes, the same numpy'ized
-:class:`~jaxsampler.episodes.single_agent.SingleAgentEpisode` and the same batch rows
-that the collector feed builds (:mod:`jaxsampler.sampling.feeds`; the tests check that
-the two feeds agree). :class:`TrackFeed` is the host sampler's feed made of tracks.
+"""Single-agent episodes of a host-stepped env as plain lists (the host sampler's track feed):
+a host env with one agent delivers one complete step per poll, so a few list appends per
+step replace the general :class:`~jaxsampler.episodes.multi_agent.MultiAgentEpisode`
+bookkeeping of hanging actions and per-agent maps. A chunk becomes the numpy'ized
+:class:`~jaxsampler.episodes.single_agent.SingleAgentEpisode` and the batch rows the
+collector would build for the same steps (the tests compare them) only when it closes.
 """
 
 from __future__ import annotations
@@ -19,8 +15,15 @@ from jaxsampler.episodes.batch import MultiAgentBatch, SampleBatch
 from jaxsampler.episodes.lookback import batch as stack
 from jaxsampler.episodes.single_agent import SingleAgentEpisode
 from jaxsampler.host_envs.base import PollResult
-from jaxsampler.sampling.collector import concat_rows, is_abandoned, step_rows
-from jaxsampler.sampling.feeds import Books, DoneRecord, Feed, QueuedRows, env_ids_of, episode_over
+from jaxsampler.sampling.host.collector import concat_rows, is_abandoned, step_rows
+from jaxsampler.sampling.host.feeds import (
+    Books,
+    DoneRecord,
+    Feed,
+    QueuedRows,
+    env_ids_of,
+    episode_over,
+)
 
 __all__ = ["Track", "TrackFeed", "track_rows"]
 
@@ -130,7 +133,7 @@ class Track:
 
 def track_rows(track: Track, agent_index: int = 0, mark_abandoned: bool = False) -> dict[str, Any]:
     """The batch rows of a chunk (``len >= 1``): one per step, the columns of
-    :func:`jaxsampler.sampling.collector.episodes_to_batch` (``mark_abandoned``: with the
+    :func:`jaxsampler.sampling.host.collector.episodes_to_batch` (``mark_abandoned``: with the
     ``abandoned`` column)."""
     lb = track.lookback
     return step_rows(
@@ -164,6 +167,7 @@ class TrackFeed(Feed):
         self._env_steps: dict[str, int] = {}  # episode id -> env steps (polls) so far
 
     def queued(self) -> list[QueuedRows]:
+        """The observations waiting for an action, as one row block of the agent's policy."""
         queue, self._queue = self._queue, []
         if not queue:
             return []
@@ -178,6 +182,7 @@ class TrackFeed(Feed):
         done: list[DoneRecord],
         env_rewards: dict[Any, dict[Any, Any]] | None = None,
     ) -> int:
+        """Appends the poll's steps to the running tracks (:meth:`Feed.feed`)."""
         b, agent = self.books, self.agent
         steps = 0
         for e in env_ids_of(res):
@@ -242,6 +247,8 @@ class TrackFeed(Feed):
         return steps
 
     def close_call(self, discard_running: bool) -> list[Any]:
+        """Closes the finished tracks and, unless discarded, cuts every running track that
+        stepped (:meth:`Feed.close_call`)."""
         if discard_running:
             for tr in self._tracks.values():
                 self.books.returns.pop(tr.id_, None)
@@ -258,10 +265,12 @@ class TrackFeed(Feed):
         return chunks
 
     def episodes(self, chunks: list[Any]) -> list[SingleAgentEpisode]:
+        """The tracks as numpy'ized :class:`SingleAgentEpisode` objects."""
         b = self.books
         return [tr.episode(b.observation_space, b.action_space) for tr in chunks]
 
     def batch(self, chunks: list[Any]) -> MultiAgentBatch:
+        """The tracks' rows (:func:`track_rows`), all under the agent's policy id."""
         mark = self.books.mark_abandoned
         rows = [track_rows(tr, 0, mark) for tr in chunks if len(tr)]
         policy_batches = {}
@@ -272,13 +281,16 @@ class TrackFeed(Feed):
         return MultiAgentBatch(policy_batches, sum(len(tr) for tr in chunks))
 
     def agent_steps(self, chunks: list[Any]) -> int:
+        """The steps of the tracks (one agent: one agent step per step)."""
         return sum(len(tr) for tr in chunks)
 
     def running_ids(self) -> list[str]:
+        """The running episodes' ids, by their env's first appearance."""
         order = sorted(self._tracks, key=self.books.env_rank.__getitem__)
         return [self._tracks[e].id_ for e in order]
 
     def reset(self) -> None:
+        """Forgets every running track and every closed one not yet returned."""
         self._tracks.clear()
         self._closed.clear()
         self._queue.clear()

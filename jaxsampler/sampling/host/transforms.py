@@ -39,7 +39,7 @@ import numpy as np
 from jaxsampler.constants import ALL_AGENTS
 from jaxsampler.episodes.lookback import batch as stack
 from jaxsampler.host_envs.base import PollResult
-from jaxsampler.sampling.feeds import episode_over
+from jaxsampler.sampling.host.feeds import episode_over
 from jaxsampler.transforms.base import Context, Observed, Pipeline, StageState, TransformState
 
 __all__ = ["HostTransforms"]

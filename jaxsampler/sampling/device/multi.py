@@ -3,7 +3,7 @@
 :class:`MultiAgentConverter` turns one call's chunks into :class:`MultiAgentEpisode`
 chunks (``sample()``) or a ``MultiAgentBatch`` keyed by policy id (``sample_batch()``);
 both come from one vectorized pass over the call's buffers
-(:func:`jaxsampler.sampling.agent_steps.agent_steps`) that finds every completed agent
+(:func:`jaxsampler.sampling.device.agent_steps.agent_steps`) that finds every completed agent
 step. Open chunks continue across calls with RLlib's ``cut(episode_lookback_horizon)``;
 a step still waiting for the agent's next observation is carried to the next call.
 """
@@ -22,7 +22,7 @@ from jaxsampler.episodes.lookback import InfiniteLookbackBuffer, tree_map
 from jaxsampler.episodes.multi_agent import SKIP, MultiAgentEpisode, StaticModuleMapping
 from jaxsampler.episodes.single_agent import SingleAgentEpisode, reward_space
 from jaxsampler.rollout import placement
-from jaxsampler.sampling.agent_steps import (
+from jaxsampler.sampling.device.agent_steps import (
     AgentCarry,
     AgentSteps,
     agent_steps,
@@ -30,8 +30,7 @@ from jaxsampler.sampling.agent_steps import (
     take_info,
     take_obs,
 )
-from jaxsampler.sampling.base import SamplerMetrics
-from jaxsampler.sampling.columns import (
+from jaxsampler.sampling.device.columns import (
     Columns,
     InfoPath,
     Segments,
@@ -42,6 +41,7 @@ from jaxsampler.sampling.columns import (
     obs_map,
     unflatten,
 )
+from jaxsampler.sampling.metrics import SamplerMetrics
 from jaxsampler.types import Trajectory
 
 __all__ = ["MultiAgentConverter", "output_order"]
@@ -261,7 +261,7 @@ class MultiAgentConverter:
     ) -> tuple[MultiAgentBatch, SamplerMetrics]:
         """``MultiAgentBatch``: one row per completed agent step, keyed by policy id; rows
         episode by episode (``sample()``'s order), then agent by agent, then by ``t``
-        (``cutoff``: see :func:`~jaxsampler.sampling.columns.find_segments`)."""
+        (``cutoff``: see :func:`~jaxsampler.sampling.device.columns.find_segments`)."""
         cs = self._call_steps(chunks, num_episodes, state, by_policy=True, cutoff=cutoff)
         steps, pos, seg = cs.steps, cs.pos, cs.seg
         self._open = {}  # open sample() chunks are stale now: the next sample() starts new chunks
@@ -300,7 +300,7 @@ class MultiAgentConverter:
         cutoff: int | None = None,
     ) -> tuple[list[MultiAgentEpisode], SamplerMetrics]:
         """The call's episodes (finished ones, then ongoing chunks) and its metrics
-        (``cutoff``: see :func:`~jaxsampler.sampling.columns.find_segments`)."""
+        (``cutoff``: see :func:`~jaxsampler.sampling.device.columns.find_segments`)."""
         cs = self._call_steps(chunks, num_episodes, state, by_policy=False, cutoff=cutoff)
         seg, pos = cs.seg, cs.pos
         data = self._step_columns(cs, np.zeros(len(pos), np.int8), next_infos=True)

@@ -7,7 +7,7 @@ jaxsampler :class:`MultiAgentEpisode`, fed with ``add_env_reset`` / ``add_env_st
 host-stepped and serving envs produce the same episode objects, and the same batch
 columns, as the device :class:`jaxsampler.Sampler`.
 
-Flow per env step (what :class:`jaxsampler.sampling.feeds.CollectorFeed` does for the
+Flow per env step (what :class:`jaxsampler.sampling.host.feeds.CollectorFeed` does for the
 :class:`jaxsampler.sampling.host.HostSampler`)::
 
     # episode start, or an agent joining late:
@@ -63,7 +63,7 @@ from jaxsampler.episodes.batch import MultiAgentBatch, SampleBatch
 from jaxsampler.episodes.lookback import batch as stack
 from jaxsampler.episodes.lookback import tree_map
 from jaxsampler.episodes.multi_agent import MultiAgentEpisode
-from jaxsampler.sampling.base import check_lookback, check_positive_int
+from jaxsampler.sampling.metrics import check_lookback, check_positive_int
 
 __all__ = [
     "ABANDONED",

@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from jaxsampler.sampling.columns import Columns, InfoPath, obs_map
+from jaxsampler.sampling.device.columns import Columns, InfoPath, obs_map
 
 __all__ = ["AgentCarry", "AgentSteps", "agent_steps", "take", "take_info", "take_obs"]
 

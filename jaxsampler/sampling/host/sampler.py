@@ -1,85 +1,12 @@
-"""``HostSampler``: the :class:`~jaxsampler.sampling.base.Sampler` of host-stepped envs.
-
-The env is any :class:`~jaxsampler.host_envs.base.HostEnv` (Gymnasium envs, dict-API
-multi-agent envs, external / served envs); the policy is a jaxsampler policy, evaluated
-as **one jitted call per policy per env step** on the observations of every agent that
-must act, stacked to ``[N, 1, ...]`` (the policy protocol's ``[E, A, ...]`` with one
-agent per row) and zero-padded to a fixed bucket size (``batch_sizes``; default powers
-of two), so the jitted function compiles at most once per bucket. More than the largest
-bucket is split into several calls.
-
-Loop per env step: compute and send the actions of the queued agents; ``poll()``; check
-the poll (agent ids, observations: :class:`~jaxsampler.spaces.ValueChecker`) and hand it
-to the sampler's feed (:mod:`jaxsampler.sampling.feeds`), which keeps the running
-episodes. An
-off-policy action of the poll (``off_policy_actions``) is sent and recorded instead of
-the policy's (the policy is still evaluated on that observation: its recurrent state is
-kept; ``mark_off_policy=True`` adds an ``off_policy`` bool column). Its extras describe
-the recorded action (:mod:`jaxsampler.sampling.off_policy`): a local-inference client's
-``extra_model_outputs`` from the step's info, else the caller's ``info["action_logp"]``,
-else ``action_logp`` computed with the policy's ``log_prob`` (one extra jitted call, only
-for batches with off-policy rows), else NaN; ``vf_preds`` and other extras come from the
-server's forward pass unless the client sent its own. :attr:`HostSampler.off_policy_counts`
-counts which way each row went.
-
-Abandoned episodes (an external env's client went away: the episode ends truncated with
-``{"abandoned": True}`` in the info of its final observation, which the episode objects
-keep) are marked in batches by a bool ``abandoned`` column, ``True`` on the episode's
-last row; the column is there whenever the env can abandon episodes (``mark_abandoned``).
-
-``sample()`` / ``sample_batch()`` follow the device sampler:
-
-* the first call (and every reset) polls the first observations before any action; a
-  sub-env whose first observation is already final (``ExternalEnv.start_episode`` then
-  ``end_episode``) has no step: it is not an episode (nothing is emitted or counted);
-* ``num_timesteps=N``: until at least ``N`` env steps (polls of a sub-env that step it;
-  reset polls are not counted);
-* ``num_episodes=N``: reset first (ongoing episodes discarded; needs the env's optional
-  ``reset()``, see :attr:`HostEnv.resettable`, else running episodes continue), run until
-  ``N`` episodes finished, return the finished ones (all that finished in the poll where
-  the count reached ``N``); the next call resets again;
-* neither: ``rollout_length`` polls, not counting the first poll after the sampler's
-  start or a reset (it only delivers first observations); for lockstep envs that is
-  ``rollout_length`` steps per sub-env, reset steps included, like one device rollout
-  call of that length;
-* ongoing episodes are returned as chunks (``cut`` with ``episode_lookback_horizon``)
-  and continue in the next call with the same ``id_``; the actions of the last poll's
-  observations are computed at the start of the next call, with that call's params.
-
-The feed is chosen once, at construction (``feed``): single-agent envs use list
-tracks (:class:`~jaxsampler.sampling.track.TrackFeed`, a few appends per step), multi-agent
-envs the :class:`~jaxsampler.sampling.collector.SampleCollector`
-(:class:`~jaxsampler.sampling.feeds.CollectorFeed`, which builds :class:`MultiAgentEpisode`
-objects with ``add_env_reset`` / ``add_env_step``). Both give the same episodes and
-batches for single-agent envs, except that continuation chunks get
-``episode_lookback_horizon`` *agent* steps of lookback on the tracks (RLlib's
-``SingleAgentEpisode.cut``) and env steps on the collector; they differ only for envs that
-send reward-only polls.
-
-Order of the output: finished episodes (env by env, in time), then ongoing chunks (env
-by env); envs in order of first appearance. Single-agent envs (one agent id) give
-:class:`SingleAgentEpisode` objects (``id_`` = the episode id), multi-agent envs
-:class:`MultiAgentEpisode` chunks. All are numpy'ized; ``infos`` stay lists of dicts.
-
-Transforms (``transforms=``): the device rollout's transforms run on every poll
-(:mod:`jaxsampler.sampling.host_transforms`): the policy acts on, and episodes record, the
-transformed observations and rewards; actions are recorded policy side and sent through
-the transforms' ``to_env``; the metrics' returns are the env's own. An off-policy action
-(the env's own) is sent and recorded as the env gave it.
-
-Recurrent policies: the state is kept per ``(env_id, agent_id)`` on the host, reset to
-``initial_state`` when the agent's episode starts, and updated only when the agent acts.
-
-Memory: no per-env or per-episode entry outlives its episode (external envs' env ids are
-episode ids, so a long-running server would otherwise grow without bound); see
-:mod:`jaxsampler.sampling.feeds`.
-"""
+"""``HostSampler``: the :class:`~jaxsampler.sampling.base.Sampler` of envs only the host can
+step (Gymnasium envs, dict-API multi-agent envs, external and served envs), so the env
+steps on the host and the policy runs as one jitted call per env step."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import Any
 
 import jax
 import numpy as np
@@ -87,25 +14,27 @@ import numpy as np
 from jaxsampler.constants import ALL_AGENTS, DEFAULT_POLICY_ID
 from jaxsampler.episodes.batch import MultiAgentBatch
 from jaxsampler.episodes.ids import EpisodeIds
-from jaxsampler.episodes.multi_agent import MultiAgentEpisode
-from jaxsampler.episodes.single_agent import SingleAgentEpisode
+from jaxsampler.host_envs.adapt import as_host_env, is_host_stepped
 from jaxsampler.host_envs.base import HostEnv, PollResult, check_host_env
 from jaxsampler.policies.base import Policy
 from jaxsampler.policies.multi import MultiAgentPolicy
 from jaxsampler.rollout.scan import Transforms, check_policy_fits
-from jaxsampler.sampling.base import (
-    Sampler,
+from jaxsampler.sampling.base import Sampler
+from jaxsampler.sampling.host.feeds import Books, CollectorFeed, DoneRecord, Feed
+from jaxsampler.sampling.host.off_policy import (
+    OffPolicyCounts,
+    behaviour_outputs,
+    off_policy_extras,
+)
+from jaxsampler.sampling.host.track import TrackFeed
+from jaxsampler.sampling.host.transforms import HostTransforms, bucket
+from jaxsampler.sampling.metrics import (
     SamplerMetrics,
     check_lookback,
     check_positive_int,
-    check_sample_counts,
     explain_policy_mismatch,
     exploring_or_greedy,
 )
-from jaxsampler.sampling.feeds import Books, CollectorFeed, DoneRecord, Feed
-from jaxsampler.sampling.host_transforms import HostTransforms, bucket
-from jaxsampler.sampling.off_policy import OffPolicyCounts, behaviour_outputs, off_policy_extras
-from jaxsampler.sampling.track import TrackFeed
 from jaxsampler.spaces import ValueChecker
 from jaxsampler.transforms.base import Pipeline, build_pipeline
 
@@ -123,15 +52,21 @@ def _default_buckets(n: int, cap: int) -> tuple[int, ...]:
     return tuple(out)
 
 
-def _make_feed(kind: str, books: Books) -> Feed:
-    """The feed named ``kind`` (``"auto"``: tracks for one agent, else the collector)."""
-    if kind == "auto":
-        kind = "track" if len(books.agent_ids) == 1 else "collector"
-    if kind == "track":
-        return TrackFeed(books)
-    if kind == "collector":
-        return CollectorFeed(books)
-    raise ValueError(f"feed must be 'auto', 'track' or 'collector', got {kind!r}")
+def _refuse_device_options(
+    host_env: HostEnv, num_envs: int | None, env_params: Any, devices: Any, mesh: Any
+) -> None:
+    """Raises ``ValueError`` for the family's options that have no meaning on a host env."""
+    if devices is not None or mesh is not None:
+        raise ValueError(
+            f"devices= / mesh= split the env axis of a pure-JAX env over devices; "
+            f"{type(host_env).__name__} steps its envs on the host (its policy runs on the "
+            "default device): drop devices= / mesh=, or use a pure-JAX env (a "
+            "jaxsampler Env or a registered id such as 'CartPole-v1')"
+        )
+    if env_params is not None:
+        raise ValueError("env_params are for pure-JAX envs; configure a host-stepped env directly")
+    if num_envs is not None and host_env.num_envs != num_envs:
+        raise ValueError(f"num_envs={num_envs} but the host env has {host_env.num_envs} sub-envs")
 
 
 def abandons_episodes(host_env: Any) -> bool:
@@ -143,15 +78,92 @@ def abandons_episodes(host_env: Any) -> bool:
 class HostSampler(Sampler):
     """Samples episodes from a host-stepped env with a jaxsampler policy.
 
+    The env is any :class:`~jaxsampler.host_envs.base.HostEnv` (Gymnasium envs, dict-API
+    multi-agent envs, external / served envs); the policy is a jaxsampler policy, evaluated
+    as **one jitted call per policy per env step** on the observations of every agent that
+    must act, stacked to ``[N, 1, ...]`` (the policy protocol's ``[E, A, ...]`` with one
+    agent per row) and zero-padded to a fixed bucket size (``batch_sizes``; default powers
+    of two), so the jitted function compiles at most once per bucket. More than the largest
+    bucket is split into several calls.
+
+    Loop per env step: compute and send the actions of the queued agents; ``poll()``; check
+    the poll (agent ids, observations: :class:`~jaxsampler.spaces.ValueChecker`) and hand it
+    to the sampler's feed (:mod:`jaxsampler.sampling.host.feeds`), which keeps the running
+    episodes. An off-policy action of the poll (``off_policy_actions``) is sent and recorded
+    instead of the policy's (the policy is still evaluated on that observation: its
+    recurrent state is kept; ``mark_off_policy=True`` adds an ``off_policy`` bool column).
+    Its extras describe the recorded action (:mod:`jaxsampler.sampling.host.off_policy`): a
+    local-inference client's ``extra_model_outputs`` from the step's info, else the caller's
+    ``info["action_logp"]``, else ``action_logp`` computed with the policy's ``log_prob``
+    (one extra jitted call, only for batches with off-policy rows), else NaN; ``vf_preds``
+    and other extras come from the server's forward pass unless the client sent its own.
+    :attr:`HostSampler.off_policy_counts` counts which way each row went.
+
+    Abandoned episodes (an external env's client went away: the episode ends truncated with
+    ``{"abandoned": True}`` in the info of its final observation, which the episode objects
+    keep) are marked in batches by a bool ``abandoned`` column, ``True`` on the episode's
+    last row; the column is there whenever the env can abandon episodes (``mark_abandoned``).
+
+    ``sample()`` / ``sample_batch()`` follow the device sampler:
+
+    * the first call (and every reset) polls the first observations before any action; a
+      sub-env whose first observation is already final (``ExternalEnv.start_episode`` then
+      ``end_episode``) has no step: it is not an episode (nothing is emitted or counted);
+    * ``num_timesteps=N``: until at least ``N`` env steps (polls of a sub-env that step it;
+      reset polls are not counted);
+    * ``num_episodes=N``: reset first (ongoing episodes discarded; needs the env's optional
+      ``reset()``, see :attr:`HostEnv.resettable`, else running episodes continue), run until
+      ``N`` episodes finished, return the finished ones (all that finished in the poll where
+      the count reached ``N``); the next call resets again;
+    * neither: ``rollout_length`` polls, not counting the first poll after the sampler's
+      start or a reset (it only delivers first observations); for lockstep envs that is
+      ``rollout_length`` steps per sub-env, reset steps included, like one device rollout
+      call of that length;
+    * ongoing episodes are returned as chunks (``cut`` with ``episode_lookback_horizon``)
+      and continue in the next call with the same ``id_``; the actions of the last poll's
+      observations are computed at the start of the next call, with that call's params.
+
+    The feed is chosen once, at construction: single-agent envs use list tracks
+    (:class:`~jaxsampler.sampling.host.track.TrackFeed`, a few appends per step), multi-agent
+    envs the :class:`~jaxsampler.sampling.host.collector.SampleCollector`
+    (:class:`~jaxsampler.sampling.host.feeds.CollectorFeed`, which builds
+    :class:`MultiAgentEpisode` objects with ``add_env_reset`` / ``add_env_step``).
+    Continuation chunks of single-agent episodes get ``episode_lookback_horizon`` *agent*
+    steps of lookback (RLlib's ``SingleAgentEpisode.cut``).
+
+    Order of the output: finished episodes (env by env, in time), then ongoing chunks (env
+    by env); envs in order of first appearance. Single-agent envs (one agent id) give
+    :class:`SingleAgentEpisode` objects (``id_`` = the episode id), multi-agent envs
+    :class:`MultiAgentEpisode` chunks. All are numpy'ized; ``infos`` stay lists of dicts.
+
+    Transforms (``transforms=``): the device rollout's transforms run on every poll
+    (:mod:`jaxsampler.sampling.host.transforms`): the policy acts on, and episodes record, the
+    transformed observations and rewards; actions are recorded policy side and sent through
+    the transforms' ``to_env``; the metrics' returns are the env's own. An off-policy action
+    (the env's own) is sent and recorded as the env gave it.
+
+    Recurrent policies: the state is kept per ``(env_id, agent_id)`` on the host, reset to
+    ``initial_state`` when the agent's episode starts, and updated only when the agent acts.
+
+    Memory: no per-env or per-episode entry outlives its episode (external envs' env ids are
+    episode ids, so a long-running server would otherwise grow without bound); see
+    :mod:`jaxsampler.sampling.host.feeds`.
+
     Args:
-        host_env: the env (a :class:`HostEnv`).
+        env: the env: a :class:`HostEnv`, or what
+            :func:`~jaxsampler.host_envs.as_host_env` turns into one (a Gymnasium env or
+            vector env, a list of Gymnasium envs or factories, ``"gym:<id>"``), which the
+            sampler then owns (:meth:`close` closes it; so does a failed construction).
         policy: a :class:`Policy` (one policy for every agent) or a
             :class:`~jaxsampler.MultiAgentPolicy` built for ``host_env.agent_ids``.
-        seed: PRNG seed of the policy keys and of the episode ids.
+        num_envs: the number of Gymnasium envs of a ``"gym:<id>"`` env; else, if given,
+            it must equal the host env's ``num_envs``.
+        rollout_length: polls of a call with neither ``num_timesteps`` nor ``num_episodes``.
+        seed: PRNG seed of the policy keys and of the episode ids (and of the Gymnasium
+            envs built here).
         episode_lookback_horizon: lookback env steps of continuation chunks.
         batch_sizes: the padded batch sizes (sorted; default: powers of two up to
             ``num_envs * num_agents``, at most ``max_batch_size``).
-        rollout_length: polls of a call with neither ``num_timesteps`` nor ``num_episodes``.
         timeout_s: a call returns after at most about this many seconds even if fewer steps
             or episodes arrived (serving envs: clients may be idle); ``None``: no limit. A
             call also returns when the env is closed.
@@ -160,11 +172,6 @@ class HostSampler(Sampler):
         mark_abandoned: add an ``abandoned`` bool column to batches (``True`` on the last
             row of an abandoned episode); ``None`` (default): if the env can abandon
             episodes (:func:`abandons_episodes`: external envs and policy servers).
-        feed: how polls become episodes (:mod:`jaxsampler.sampling.feeds`): ``"auto"``
-            (list tracks for single-agent envs, the collector for multi-agent ones),
-            ``"track"`` (single-agent envs only) or ``"collector"`` (any env; for a
-            single-agent env it gives the same episodes as the tracks, at a higher cost
-            per step).
         rllib_compatible: multi-agent done flags exactly as RLlib 2.60's
             ``MultiAgentEpisode.add_env_step`` sets them: when a step ends the episode,
             the episode's flags (``"__all__"``, or terminated when every agent is done by
@@ -173,42 +180,100 @@ class HostSampler(Sampler):
         transforms: env->policy / policy->env transforms (:mod:`jaxsampler.transforms`,
             env side first, or a :class:`~jaxsampler.transforms.Pipeline` bound to the
             host env's spaces), run on each poll with the device rollout's semantics
-            (:mod:`jaxsampler.sampling.host_transforms`); the policy must be built for
+            (:mod:`jaxsampler.sampling.host.transforms`); the policy must be built for
             the spaces they hand on (``build_pipeline(transforms,
             host_env.observation_space, host_env.action_space).observation_space``).
             Episodes and batches hold what the policy saw; :attr:`metrics` report the
             env's own returns.
         explore: ``False``: the policy acts greedily
             (:func:`jaxsampler.policies.greedy.greedy`).
+        callbacks: objects with ``on_sample_end(report)``, called after every call
+            (:class:`~jaxsampler.sampling.callbacks.SamplerCallback`).
+        env_params, devices, mesh: the family's pure-JAX options (``js.Sampler`` passes
+            them on): refused here with a ``ValueError`` that says why.
 
     Raises:
-        TypeError: ``host_env`` is not a complete :class:`HostEnv` (the missing members
-            are named).
+        TypeError: ``env`` is not host-stepped, or not a complete :class:`HostEnv` (the
+            missing members are named).
         ValueError: the policy was built for other spaces or other agent ids; a bad
-            argument.
+            argument; ``env_params`` / ``devices`` / ``mesh`` given; ``num_envs``
+            differs from the host env's.
     """
+
+    @classmethod
+    def accepts(cls, env: Any) -> bool:
+        """A host-stepped env (:func:`jaxsampler.host_envs.is_host_stepped`)."""
+        return is_host_stepped(env)
 
     def __init__(
         self,
-        host_env: HostEnv,
+        env: Any,
         policy: Policy,
-        *,
+        num_envs: int | None = None,
+        rollout_length: int = 128,
         seed: int = 0,
+        *,
         episode_lookback_horizon: int = 1,
         batch_sizes: Sequence[int] | None = None,
-        rollout_length: int = 128,
         max_batch_size: int = 1024,
         mark_off_policy: bool = False,
         mark_abandoned: bool | None = None,
         timeout_s: float | None = None,
-        feed: Literal["auto", "track", "collector"] = "auto",
         rllib_compatible: bool = False,
         transforms: Transforms = None,
         explore: bool = True,
         callbacks: Any = None,
+        env_params: Any = None,
+        devices: Any = None,
+        mesh: Any = None,
     ):
+        host_env = as_host_env(env, num_envs, seed)
+        if host_env is None:
+            host_env = check_host_env(env)  # not host-stepped: the message says what it lacks
+        try:
+            _refuse_device_options(host_env, num_envs, env_params, devices, mesh)
+            self._setup(
+                host_env,
+                policy,
+                rollout_length,
+                seed,
+                episode_lookback_horizon=episode_lookback_horizon,
+                batch_sizes=batch_sizes,
+                max_batch_size=max_batch_size,
+                mark_off_policy=mark_off_policy,
+                mark_abandoned=mark_abandoned,
+                timeout_s=timeout_s,
+                rllib_compatible=rllib_compatible,
+                transforms=transforms,
+                explore=explore,
+                callbacks=callbacks,
+            )
+        except BaseException:
+            if host_env is not env:  # made here from a Gymnasium env, a list or an id
+                host_env.close()
+            raise
+
+    def _setup(
+        self,
+        host_env: HostEnv,
+        policy: Policy,
+        rollout_length: int,
+        seed: int,
+        *,
+        episode_lookback_horizon: int,
+        batch_sizes: Sequence[int] | None,
+        max_batch_size: int,
+        mark_off_policy: bool,
+        mark_abandoned: bool | None,
+        timeout_s: float | None,
+        rllib_compatible: bool,
+        transforms: Transforms,
+        explore: bool,
+        callbacks: Any,
+    ) -> None:
+        """Builds the sampler over a checked host env (arguments: the class docstring)."""
         self._init_reporting(callbacks)
-        self.host_env = check_host_env(host_env)
+        self.host_env = host_env
         policy = exploring_or_greedy(policy, explore)
         self.explore = explore
         self.policy = policy
@@ -279,8 +344,8 @@ class HostSampler(Sampler):
             action_space=self._act_space,
             ids=EpisodeIds(seed),
         )
-        #: the feed chosen at construction (:mod:`jaxsampler.sampling.feeds`)
-        self.feed: Feed = _make_feed(feed, self._books)
+        #: the feed chosen at construction (:mod:`jaxsampler.sampling.host.feeds`)
+        self.feed: Feed = CollectorFeed(self._books) if self.multi_agent else TrackFeed(self._books)
         #: the transforms' runner (``None`` without transforms)
         self.transforms = HostTransforms(pipe, self.batch_sizes) if pipe else None
         self._needs_reset = True
@@ -430,7 +495,7 @@ class HostSampler(Sampler):
         acts: list,
     ) -> dict:
         """The extras of one policy call with its off-policy rows describing the recorded
-        actions (:func:`~jaxsampler.sampling.off_policy.off_policy_extras`)."""
+        actions (:func:`~jaxsampler.sampling.host.off_policy.off_policy_extras`)."""
         offs = self._books.off_policy
         given = [behaviour_outputs(offs[env_ids[i]].infos.get(agent_ids[i])) for i in rows]
         fn = self.logp_fns.get(pid)
@@ -537,50 +602,14 @@ class HostSampler(Sampler):
         self._needs_reset = False
         self._fresh = True
 
-    def sample(
-        self,
-        params: Any,
-        num_timesteps: int | None = None,
-        num_episodes: int | None = None,
-        force_reset: bool = False,
-    ) -> list[SingleAgentEpisode] | list[MultiAgentEpisode]:
-        """Samples and returns numpy'ized episodes: finished ones, then ongoing chunks.
+    def _episodes(self, chunks: list[Any]) -> list[Any]:
+        """The call's chunks as numpy'ized episodes (``infos`` stay lists of dicts)."""
+        return self.feed.episodes(chunks)
 
-        Args:
-            params: policy params (a dict ``policy_id -> params`` for a MultiAgentPolicy).
-            num_timesteps: sample until at least this many env steps.
-            num_episodes: reset, then sample until this many episodes finished.
-            force_reset: reset first (ongoing episodes are discarded).
-
-        Metrics of the call are in :attr:`metrics`.
-        """
-        self._start_call()
-        t0 = time.perf_counter()
-        chunks = self._sample(params, num_timesteps, num_episodes, force_reset)
-        t1 = time.perf_counter()
-        out = self.feed.episodes(chunks)
-        self._report("sample", t1 - t0, time.perf_counter() - t1)
-        return out
-
-    def sample_batch(
-        self,
-        params: Any,
-        num_timesteps: int | None = None,
-        num_episodes: int | None = None,
-        force_reset: bool = False,
-    ) -> MultiAgentBatch:
-        """Like :meth:`sample`, but returns a ``MultiAgentBatch`` (policy id ->
-        ``SampleBatch``; rows episode by episode in :meth:`sample`'s order, then agent by
-        agent, then by ``t``) with the device sampler's columns: ``obs``, ``new_obs``,
-        ``actions``, ``rewards``, ``terminateds``, ``truncateds``, ``t``, ``eps_id``,
-        ``agent_index``, ``infos`` (list of dicts) and the policy's extras."""
-        self._start_call()
-        t0 = time.perf_counter()
-        chunks = self._sample(params, num_timesteps, num_episodes, force_reset)
-        t1 = time.perf_counter()
+    def _batch(self, chunks: list[Any]) -> MultiAgentBatch:
+        """The call's chunks as a batch (``infos``: a list of dicts)."""
         batch = self.feed.batch(chunks)
         batch.count = self.metrics.num_env_steps_sampled
-        self._report("sample_batch", t1 - t0, time.perf_counter() - t1)
         return batch
 
     def _checkpoint_parts(self) -> tuple[dict[str, Any], Any, dict[str, Any]]:
@@ -594,11 +623,11 @@ class HostSampler(Sampler):
             return self.host_env.poll()
         return self.host_env.poll(timeout=max(deadline - time.monotonic(), 0.0))
 
-    def _sample(
+    def _collect(
         self, params: Any, num_timesteps: int | None, num_episodes: int | None, force_reset: bool
     ) -> list[Any]:
-        """Runs one call; returns its chunks (the feed's), finished ones first."""
-        check_sample_counts(num_timesteps, num_episodes)
+        """Runs one call; returns its chunks (the feed's), finished ones first; sets
+        :attr:`metrics`."""
         can_reset = self.host_env.resettable
         if force_reset or ((num_episodes is not None or self._needs_reset) and can_reset):
             self.reset()

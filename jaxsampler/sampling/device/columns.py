@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from jaxsampler.episodes.lookback import tree_map
-from jaxsampler.sampling.base import SamplerMetrics
+from jaxsampler.sampling.metrics import SamplerMetrics
 from jaxsampler.types import NoInfo, Trajectory
 
 __all__ = [
@@ -356,6 +356,7 @@ class Segments:
 
     @property
     def done(self) -> np.ndarray:
+        """Whether each segment ended (terminated or truncated)."""
         return self.term | self.trunc
 
 

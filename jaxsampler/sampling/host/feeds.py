@@ -1,31 +1,13 @@
-"""How :class:`~jaxsampler.sampling.host.HostSampler` turns polls into episodes: two feeds.
+"""How :class:`~jaxsampler.sampling.host.HostSampler` turns polls into episodes: one feed
+per kind of env, picked at construction, so the per-poll loop never branches on it.
 
-A feed owns the running episodes of a host sampler: it takes each checked poll
-(:meth:`Feed.feed`), says which agents wait for an action (:meth:`Feed.queued`), closes
-the call's chunks (:meth:`Feed.close_call`) and turns them into episodes or a batch. The
-sampler picks one feed at construction and never branches on it again:
-
-* :class:`~jaxsampler.sampling.track.TrackFeed` (single-agent envs): each running episode
-  is a list :class:`~jaxsampler.sampling.track.Track`, a few appends per step, built into numpy'ized
-  :class:`SingleAgentEpisode` objects and batch rows only when its chunk closes;
-* :class:`CollectorFeed` (multi-agent envs, and single-agent ones on request): episodes
-  are :class:`MultiAgentEpisode` objects built by the
-  :class:`~jaxsampler.sampling.collector.SampleCollector`; for a single-agent env the
-  agent's :class:`SingleAgentEpisode` is returned.
-
-Both give the same episodes and batches for single-agent envs (the tests compare them),
-except one detail: continuation chunks get ``episode_lookback_horizon`` *agent* steps of
-lookback on the track feed (RLlib's ``SingleAgentEpisode.cut``) and env steps on the
-collector feed; they differ only for envs that send reward-only polls.
-
-What the sampler and its feed share (actions sent and awaiting their poll, off-policy
-actions, recurrent states, returns, the finishing order) lives in one :class:`Books`.
-
-Nothing in the books or a feed outlives its episode: every entry keyed by an env id or
-an episode id is removed when the episode ends, except the env's rank (order of first
-appearance, which keeps the output order of lockstep envs stable across episodes); ranks
-of envs without a running episode are forgotten once more than ``Books.rank_capacity``
-env ids are known (external envs, whose env ids are episode ids, never repeat one).
+Single-agent envs use list tracks (:class:`~jaxsampler.sampling.host.track.TrackFeed`: a
+few appends per step, episodes built when a chunk closes); multi-agent envs the
+:class:`CollectorFeed` (:class:`MultiAgentEpisode` objects built by the
+:class:`~jaxsampler.sampling.host.collector.SampleCollector`). What the sampler and its
+feed share lives in one :class:`Books`. Nothing in the books or a feed outlives its
+episode, except env ranks (see :meth:`Books.forget_ranks`), so a server whose env ids are
+episode ids does not grow without bound.
 """
 
 from __future__ import annotations
@@ -41,7 +23,7 @@ from jaxsampler.episodes.ids import EpisodeIds, agent_episode_id
 from jaxsampler.episodes.multi_agent import MultiAgentEpisode, StaticModuleMapping
 from jaxsampler.episodes.single_agent import SingleAgentEpisode
 from jaxsampler.host_envs.base import PollResult
-from jaxsampler.sampling.collector import SampleCollector, episodes_to_batch
+from jaxsampler.sampling.host.collector import SampleCollector, episodes_to_batch
 
 __all__ = [
     "Books",
@@ -98,7 +80,7 @@ class Books:
         observation_space / action_space: one agent's spaces.
         ids: the sampler's episode ids.
         mark_abandoned: batch rows get an ``abandoned`` column
-            (:func:`~jaxsampler.sampling.collector.step_rows`).
+            (:func:`~jaxsampler.sampling.host.collector.step_rows`).
         rllib_compatible: agents' done flags as RLlib 2.60's ``MultiAgentEpisode`` sets
             them (the episode's computed flags OR'ed into every agent stepped in the step
             that ends it); default: each agent's own flags OR ``"__all__"``.
@@ -139,6 +121,7 @@ class Books:
     poll_index: int = 0
 
     def new_episode_id(self) -> str:
+        """A new episode id (the next number of this run)."""
         eid = self.ids(0, self.count)
         self.count += 1
         return eid
@@ -229,12 +212,20 @@ class Feed(abc.ABC):
 
 class CollectorFeed(Feed):
     """The feed of multi-agent envs: :class:`MultiAgentEpisode` objects built by a
-    :class:`SampleCollector`. Also usable for single-agent envs (``feed="collector"``):
-    each chunk's one agent episode is then returned."""
+    :class:`SampleCollector`.
+
+    Raises:
+        ValueError: a single-agent env (its feed is
+            :class:`~jaxsampler.sampling.host.track.TrackFeed`).
+    """
 
     def __init__(self, books: Books):
+        if len(books.agent_ids) == 1:
+            raise ValueError(
+                f"the collector feed is for multi-agent envs; this env has one agent "
+                f"{books.agent_ids[0]!r} (single-agent envs use TrackFeed)"
+            )
         super().__init__(books)
-        self.multi_agent = len(books.agent_ids) != 1
         self.collector = SampleCollector(
             agent_ids=books.agent_ids,
             episode_lookback_horizon=books.horizon,
@@ -243,6 +234,7 @@ class CollectorFeed(Feed):
         self._running: dict[Any, str] = {}  # env id -> running episode id
 
     def queued(self) -> list[QueuedRows]:
+        """The collector's inference inputs, per policy (the collector empties them)."""
         out = []
         for pid in self.books.policy_ids:
             rows = self.collector.get_inference_input_dict(pid)
@@ -251,8 +243,6 @@ class CollectorFeed(Feed):
         return out
 
     def _agent_episode_id(self, ma_id: str, agent_id: Any) -> str:
-        if not self.multi_agent:
-            return ma_id
         return agent_episode_id(ma_id, self.books.agent_ids.index(agent_id))
 
     def _new_episode(self) -> MultiAgentEpisode:
@@ -294,6 +284,7 @@ class CollectorFeed(Feed):
         done: list[DoneRecord],
         env_rewards: dict[Any, dict[Any, Any]] | None = None,
     ) -> int:
+        """Adds the poll's steps to the running episodes (:meth:`Feed.feed`)."""
         b, c = self.books, self.collector
         steps = 0
         for e in env_ids_of(res):
@@ -364,6 +355,8 @@ class CollectorFeed(Feed):
         return steps
 
     def close_call(self, discard_running: bool) -> list[Any]:
+        """Closes the call's chunks (:meth:`Feed.close_call`); agents without a step in a
+        chunk are pruned from it, as RLlib's env runner does."""
         if discard_running:
             for eid in self._running.values():
                 self.collector.discard_episode(eid)
@@ -373,28 +366,30 @@ class CollectorFeed(Feed):
             for e in sorted(self._running, key=self.books.env_rank.__getitem__):
                 self.collector.postprocess_episode(self._running[e], is_done=False)
         chunks = list(self.collector.pop_built_episodes())
-        if self.multi_agent:  # as RLlib's env runner (the successors are already cut)
-            for ep in chunks:
-                ep.prune_empty_agents()
+        for ep in chunks:  # as RLlib's env runner (the successors are already cut)
+            ep.prune_empty_agents()
         return chunks
 
-    def episodes(self, chunks: list[Any]) -> list[SingleAgentEpisode] | list[MultiAgentEpisode]:
-        if self.multi_agent:
-            return list(chunks)
-        return [_plain(next(iter(ep.agent_episodes.values()))) for ep in chunks]
+    def episodes(self, chunks: list[Any]) -> list[MultiAgentEpisode]:
+        """The chunks themselves (numpy'ized :class:`MultiAgentEpisode` objects)."""
+        return list(chunks)
 
     def batch(self, chunks: list[Any]) -> MultiAgentBatch:
+        """The chunks' rows (:func:`~jaxsampler.sampling.host.collector.episodes_to_batch`)."""
         b = self.books
         return episodes_to_batch(chunks, b.agent_ids, b.policy_ids, mark_abandoned=b.mark_abandoned)
 
     def agent_steps(self, chunks: list[Any]) -> int:
+        """The agent steps of the chunks' agent episodes."""
         return sum(ep.agent_steps() for ep in chunks)
 
     def running_ids(self) -> list[str]:
+        """The running episodes' ids, by their env's first appearance."""
         order = sorted(self._running, key=self.books.env_rank.__getitem__)
         return [self._running[e] for e in order]
 
     def reset(self) -> None:
+        """Discards every running episode and every built chunk."""
         for eid in self._running.values():
             self.collector.discard_episode(eid)
         self.collector.pop_built_episodes()
@@ -411,21 +406,3 @@ def _own_flags(ep: MultiAgentEpisode, done_before: set, terms: dict, truncs: dic
         if sa.is_done and a not in done_before:
             sa.is_terminated = bool(terms.get(a, False)) or all_term
             sa.is_truncated = bool(truncs.get(a, False)) or all_trunc
-
-
-def _plain(sa: SingleAgentEpisode) -> SingleAgentEpisode:
-    """A single-agent env's agent episode as a plain episode (no agent, module or
-    multi-agent episode id), over the same buffers."""
-    return SingleAgentEpisode.trusted(
-        sa.id_,
-        observations=sa.observations,
-        infos=sa.infos,
-        actions=sa.actions,
-        rewards=sa.rewards,
-        extra_model_outputs=sa.extra_model_outputs,
-        observation_space=sa.observation_space,
-        action_space=sa.action_space,
-        terminated=sa.is_terminated,
-        truncated=sa.is_truncated,
-        t_started=sa.t_started,
-    )
