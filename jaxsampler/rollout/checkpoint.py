@@ -452,6 +452,20 @@ _DATA_CLASSES = frozenset(
     }
 )
 
+#: Where those classes lived before the sampling package was split into its members:
+#: checkpoints written then name the old places.
+_MOVED_CLASSES = {
+    ("jaxsampler.sampling.base", "SamplerMetrics"): (
+        "jaxsampler.sampling.metrics",
+        "SamplerMetrics",
+    ),
+    ("jaxsampler.sampling.agent_steps", "AgentCarry"): (
+        "jaxsampler.sampling.device.agent_steps",
+        "AgentCarry",
+    ),
+    ("jaxsampler.sampling.columns", "Columns"): ("jaxsampler.sampling.device.columns", "Columns"),
+}
+
 
 def _in_data_module(module: str) -> bool:
     return any(module == m or module.startswith(m + ".") for m in _DATA_MODULES)
@@ -508,6 +522,7 @@ class _Unpickler(pickle.Unpickler):
         if module == __name__ and name == "_host_ref":
             return self._resolve
         top = module.split(".")[0]
+        module, name = _MOVED_CLASSES.get((module, name), (module, name))
         if module == "builtins" and name in _SAFE_BUILTINS:
             return super().find_class(module, name)
         if module == "collections" and name in ("OrderedDict", "defaultdict", "deque"):

@@ -468,3 +468,29 @@ def test_checkpoint_benchmark_quick_writes_the_schema(tmp_path: Path) -> None:
         # the sampler's checkpoint holds the host blob (open chunks); the pure one has none
         assert (r["host_blob_bytes"] > 0) == (r["what"] == "sampler")
     assert "| setup | what | on disk MB |" in (tmp_path / "checkpoint.md").read_text()
+
+
+def test_host_blob_written_before_the_sampling_split_still_loads(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A blob pickled when SamplerMetrics lived in jaxsampler.sampling.base (and AgentCarry in
+    # jaxsampler.sampling.agent_steps) names those modules; the loader maps them to today's.
+    import types
+
+    from jaxsampler.sampling.device.agent_steps import AgentCarry
+    from jaxsampler.sampling.metrics import SamplerMetrics
+
+    old_steps = types.ModuleType("jaxsampler.sampling.agent_steps")
+    old_steps.AgentCarry = AgentCarry  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "jaxsampler.sampling.agent_steps", old_steps)
+    monkeypatch.setattr(SamplerMetrics, "__module__", "jaxsampler.sampling.base")
+    monkeypatch.setattr(AgentCarry, "__module__", "jaxsampler.sampling.agent_steps")
+    metrics = SamplerMetrics(num_env_steps_sampled=7, episode_return_mean=1.5)
+    blob = checkpoint.dump_host({"m": metrics})
+    assert b"jaxsampler.sampling.base" in blob
+    monkeypatch.undo()  # today's layout: the old module names no longer exist
+
+    back = checkpoint.load_host(blob)["m"]
+    assert type(back) is SamplerMetrics and repr(back) == repr(metrics)  # (NaN fields)
+    with pytest.raises(CheckpointError, match="may not"):
+        checkpoint.load_host(blob.replace(b"SamplerMetrics", b"SamplerMetricz"))
