@@ -70,7 +70,7 @@ import numpy as np
 
 from benchmarks import harness, serving_client
 from benchmarks.harness import fmt, log, thousands
-from benchmarks.serving_client import JOIN_TIMEOUT_S, keep_round, percentiles_ms
+from benchmarks.serving_client import JOIN_TIMEOUT_S, Phases, keep_round, percentiles_ms
 from jaxsampler.cli.bench import compile_count, environment_info
 
 HIDDEN = (64, 64)
@@ -515,49 +515,42 @@ def server_window(a: dict[str, float], b: dict[str, float]) -> dict[str, Any]:
 # --------------------------------------------------------------------------- driver
 
 
-def measure_mode(
-    mode: str,
-    clients: Sequence[int],
-    rounds: int,
-    warmup_s: float,
-    duration_s: float,
-    episode_len: int,
-    sample_timesteps: int,
-    max_wait_s: float,
-    seed: int,
-    client_procs: int = 4,
-) -> dict[str, Any]:
-    """Sets up one mode, runs ``rounds`` rounds of every client count (rotating order), tears
-    down."""
+def measure_mode(mode: str, ph: Phases) -> dict[str, Any]:
+    """Sets up one mode, runs ``ph.rounds`` rounds of every client count (rotating order),
+    tears down."""
+    clients = ph.clients
     t_setup = time.perf_counter()
     side = (
-        BareSide(max(clients), max_wait_s, seed)
+        BareSide(max(clients), ph.max_wait_s, ph.seed)
         if mode == "bare"
-        else ServingSide(mode != "inprocess", max(clients), max_wait_s, sample_timesteps, seed)
+        else ServingSide(
+            mode != "inprocess", max(clients), ph.max_wait_s, ph.sample_timesteps, ph.seed
+        )
     )
-    pool = serving_client.WorkerPool(side.server.address, client_procs) if mode == "http" else None
+    pool = (
+        serving_client.WorkerPool(side.server.address, ph.client_procs) if mode == "http" else None
+    )
     setup_s = time.perf_counter() - t_setup
     raw: dict[int, list[dict]] = {n: [] for n in clients}
     lat: dict[int, list[float]] = {n: [] for n in clients}
     try:
 
-        def phase(n: int, warm: float, dur: float) -> dict:
-            cmd = serving_client.phase_command(n, warm, dur, episode_len, seed)
+        def phase(cmd: dict) -> dict:
             run = serving_client.run_phase_here if pool is None else pool.run_phase
             res, a, b = run(side, cmd)
             res["server"] = server_window(a, b)
             return res
 
-        phase(max(clients), 2 * warmup_s, duration_s / 2)  # connections, episodes, any lazy compile
-        phase(min(clients), warmup_s, duration_s / 4)
-        for r in range(rounds * (side.error is None)):
+        for cmd in ph.warm_ups():
+            phase(cmd)
+        for r in range(ph.rounds * (side.error is None)):
             for n in harness.rotated(clients, r):
                 if side.error is not None:  # nobody answers get_action any more: stop measuring
                     break
-                res = keep_round(phase(n, warmup_s, duration_s), raw[n], lat[n])
+                res = keep_round(phase(ph.command(n)), raw[n], lat[n])
                 log(
-                    f"  {mode} round {r + 1}/{rounds}: {n:3d} clients {res['actions_per_s']:9.0f} "
-                    "actions/s, "
+                    f"  {mode} round {r + 1}/{ph.rounds}: {n:3d} clients "
+                    f"{res['actions_per_s']:9.0f} actions/s, "
                     f"batch {res['server']['mean_batch'] or 0:5.1f}, errors {res['num_errors']}"
                 )
     finally:
@@ -682,38 +675,15 @@ def vs_bare(modes: dict[str, Any]) -> dict[str, Any] | None:
     }
 
 
-def run_benchmark(
-    modes: Sequence[str],
-    clients: Sequence[int],
-    rounds: int,
-    warmup_s: float,
-    duration_s: float,
-    episode_len: int,
-    sample_timesteps: int,
-    max_wait_s: float,
-    seed: int,
-    client_procs: int = 4,
-) -> dict[str, Any]:
+def run_benchmark(modes: Sequence[str], ph: Phases) -> dict[str, Any]:
     started = time.perf_counter()
-    clients = sorted(set(clients))
     results = {}
     for mode in modes:
         log(
-            f"{LABELS[mode]}: clients {clients}, {rounds} rounds x {duration_s} s (+{warmup_s} s "
-            "warm-up)"
+            f"{LABELS[mode]}: clients {ph.clients}, {ph.rounds} rounds x {ph.duration_s} s "
+            f"(+{ph.warmup_s} s warm-up)"
         )
-        results[mode] = measure_mode(
-            mode,
-            clients,
-            rounds,
-            warmup_s,
-            duration_s,
-            episode_len,
-            sample_timesteps,
-            max_wait_s,
-            seed,
-            client_procs,
-        )
+        results[mode] = measure_mode(mode, ph)
     left = [
         t.name for t in threading.enumerate() if t is not threading.main_thread() and t.is_alive()
     ]
@@ -728,15 +698,15 @@ def run_benchmark(
             "observations",
             "policy": f"MLPPolicy {HIDDEN} tanh",
             "modes": list(modes),
-            "clients": clients,
-            "rounds": rounds,
-            "warmup_s": warmup_s,
-            "duration_s": duration_s,
-            "episode_len": episode_len,
-            "sample_timesteps": sample_timesteps,
-            "max_wait_s": max_wait_s,
-            "seed": seed,
-            "http_client_processes": client_procs,
+            "clients": ph.clients,
+            "rounds": ph.rounds,
+            "warmup_s": ph.warmup_s,
+            "duration_s": ph.duration_s,
+            "episode_len": ph.episode_len,
+            "sample_timesteps": ph.sample_timesteps,
+            "max_wait_s": ph.max_wait_s,
+            "seed": ph.seed,
+            "http_client_processes": ph.client_procs,
             "switch_interval_s": sys.getswitchinterval(),
         },
         "environment": {**environment_info(), **harness.versions(["msgpack"])},
@@ -924,18 +894,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         serving_client.worker(args.client_worker)
         return
     SIZES.apply(args)
-    results = run_benchmark(
-        args.modes,
-        args.clients,
-        args.rounds,
-        args.warmup,
-        args.duration,
-        args.episode_len,
-        args.sample_timesteps,
-        args.max_wait_ms / 1e3,
-        args.seed,
-        args.client_procs,
-    )
+    results = run_benchmark(args.modes, Phases.from_args(args))
     harness.finish(
         results, markdown_table(results), "serving", harness.results_dir(args.out, args.quick)
     )

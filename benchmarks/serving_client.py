@@ -7,13 +7,15 @@ warm-up and a timed window and measures the window: actions/s, the latencies of 
 ``get_action`` that returned in it, CPU time, errors. Phases run in this process
 (:func:`run_phase_here`) or dealt over client processes (:class:`WorkerPool`: each one is
 ``python -m benchmarks.serving_client ADDRESS``, taking phase commands as JSON lines on
-stdin). :func:`keep_round` files a timed phase's result; :func:`add_arguments` adds the
-command-line options the serving benchmarks share, :func:`sizes` their defaults.
+stdin). :func:`keep_round` files a timed phase's result. :class:`Phases` holds the settings
+the serving benchmarks share, :func:`add_arguments` their command-line options and
+:func:`sizes` their defaults.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import subprocess
@@ -285,7 +287,7 @@ class WorkerPool:
         self.workers = [Worker(address) for _ in range(procs)]
 
     def run_phase(self, side: Any, cmd: dict) -> tuple[dict, dict, dict]:
-        """One phase (:func:`phase_command`) against ``side`` (its ``snapshot()`` read at the
+        """One phase (:meth:`Phases.command`) against ``side`` (its ``snapshot()`` read at the
         window's edges): ``(result, snapshot at the start, snapshot at the end)``."""
         n = cmd["clients"]
         used = self.workers[: min(n, len(self.workers))]
@@ -337,21 +339,64 @@ def percentiles_ms(lat: Sequence[float]) -> tuple[float | None, float | None]:
     return float(p50), float(p99)
 
 
-def phase_command(
-    clients: int, warmup_s: float, duration_s: float, episode_len: int, seed: int
-) -> dict[str, Any]:
-    """A phase, as :func:`run_phase_here` and :meth:`WorkerPool.run_phase` take it."""
-    return {
-        "clients": clients,
-        "warmup_s": warmup_s,
-        "duration_s": duration_s,
-        "episode_len": episode_len,
-        "seed": seed,
-    }
+@dataclasses.dataclass(frozen=True)
+class Phases:
+    """How a serving benchmark runs its phases: the client counts (sorted, each once), the
+    rounds, a phase's warm-up and timed window, the clients' episodes, the sampler's
+    ``sample_batch(num_timesteps=)`` and ``max_wait_s``, the seed and the client processes."""
+
+    clients: Sequence[int]
+    rounds: int
+    warmup_s: float
+    duration_s: float
+    episode_len: int
+    sample_timesteps: int
+    max_wait_s: float
+    seed: int
+    client_procs: int = 4
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "clients", sorted(set(self.clients)))
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> Phases:
+        """From the options of :func:`add_arguments` (after the sizes are applied)."""
+        return cls(
+            args.clients,
+            args.rounds,
+            args.warmup,
+            args.duration,
+            args.episode_len,
+            args.sample_timesteps,
+            args.max_wait_ms / 1e3,
+            args.seed,
+            args.client_procs,
+        )
+
+    def command(
+        self, clients: int, warmup_s: float | None = None, duration_s: float | None = None
+    ) -> dict[str, Any]:
+        """A phase of ``clients`` clients, as :func:`run_phase_here` and
+        :meth:`WorkerPool.run_phase` take it (default: the timed phases' warm-up and window)."""
+        return {
+            "clients": clients,
+            "warmup_s": self.warmup_s if warmup_s is None else warmup_s,
+            "duration_s": self.duration_s if duration_s is None else duration_s,
+            "episode_len": self.episode_len,
+            "seed": self.seed,
+        }
+
+    def warm_ups(self) -> list[dict[str, Any]]:
+        """The untimed phases before the rounds (connections, episodes, any lazy set-up or
+        compile): the most clients, then the fewest."""
+        return [
+            self.command(max(self.clients), 2 * self.warmup_s, self.duration_s / 2),
+            self.command(min(self.clients), self.warmup_s, self.duration_s / 4),
+        ]
 
 
 def run_phase_here(side: Any, cmd: dict) -> tuple[dict, dict, dict]:
-    """One phase (:func:`phase_command`) of client threads in this process against ``side``
+    """One phase (:meth:`Phases.command`) of client threads in this process against ``side``
     (its ``client_factory()``, and its ``snapshot()`` read at the window's edges): ``(result,
     snapshot at the start, snapshot at the end)``."""
     snaps: dict[str, dict] = {}

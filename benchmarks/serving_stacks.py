@@ -71,7 +71,7 @@ from typing import Any
 
 from benchmarks import harness, serving, serving_client
 from benchmarks.harness import fmt, log, thousands
-from benchmarks.serving_client import keep_round, percentiles_ms
+from benchmarks.serving_client import Phases, keep_round, percentiles_ms
 from jaxsampler.cli.bench import environment_info
 
 STACKS = ("current", "aiohttp", "aiohttp-lowlevel", "uvicorn")
@@ -606,23 +606,12 @@ def _ratios(a: list[dict], b: list[dict], key: str) -> dict[str, float] | None:
     return {**harness.median_min_max(vals), "n": len(vals)}
 
 
-def run_benchmark(
-    stacks: Sequence[str],
-    clients: Sequence[int],
-    rounds: int,
-    warmup_s: float,
-    duration_s: float,
-    episode_len: int,
-    sample_timesteps: int,
-    max_wait_s: float,
-    seed: int,
-    client_procs: int,
-) -> dict[str, Any]:
+def run_benchmark(stacks: Sequence[str], ph: Phases) -> dict[str, Any]:
     started = time.perf_counter()
-    clients = sorted(set(clients))
+    clients = ph.clients
     stacks = ["current"] + [s for s in stacks if s != "current"]
     log(f"setting up the sampler and {stacks} ...")
-    side = serving.ServingSide(True, max(clients), max_wait_s, sample_timesteps, seed)
+    side = serving.ServingSide(True, max(clients), ph.max_wait_s, ph.sample_timesteps, ph.seed)
     servers: dict[str, Any] = {"current": side.server}
     pools: dict[str, Any] = {}
     raw: dict[str, dict[int, list[dict]]] = {s: {n: [] for n in clients} for s in stacks}
@@ -634,7 +623,7 @@ def run_benchmark(
             else:
                 servers[s] = AiohttpServer(side.env, lowlevel=s == "aiohttp-lowlevel")
         for s in stacks:
-            pools[s] = serving_client.WorkerPool(servers[s].address, client_procs)
+            pools[s] = serving_client.WorkerPool(servers[s].address, ph.client_procs)
         # CPU time of each stack's event-loop thread: the HTTP layer's own work (parse,
         # dispatch, env calls, answer), apart from the sampler thread the stacks share.
         threads = {t.name: t for t in threading.enumerate()}
@@ -653,8 +642,7 @@ def run_benchmark(
         )
         setup_s = time.perf_counter() - started
 
-        def phase(stack: str, n: int, warm: float, dur: float) -> dict:
-            cmd = serving_client.phase_command(n, warm, dur, episode_len, seed)
+        def phase(stack: str, cmd: dict) -> dict:
             res, a, b = pools[stack].run_phase(side, cmd)
             res["server"] = serving.server_window(a, b)
             sent = res["server"]["counts"]["actions_sent"]
@@ -665,18 +653,18 @@ def run_benchmark(
             return res
 
         for s in stacks:  # connections, episodes, any lazy set-up of the stack
-            phase(s, max(clients), 2 * warmup_s, duration_s / 2)
-            phase(s, min(clients), warmup_s, duration_s / 4)
-        for r in range(rounds):
+            for cmd in ph.warm_ups():
+                phase(s, cmd)
+        for r in range(ph.rounds):
             order = harness.rotated(clients, r)
             for i, n in enumerate(order):
                 for s in harness.rotated(stacks, r * len(order) + i):
                     if side.error is not None:
                         raise RuntimeError(f"sampler thread failed: {side.error}")
-                    res = keep_round(phase(s, n, warmup_s, duration_s), raw[s][n], lat[s][n])
+                    res = keep_round(phase(s, ph.command(n)), raw[s][n], lat[s][n])
                     res["round"] = r
                     log(
-                        f"  round {r + 1}/{rounds} {n:3d} clients {s:8s} "
+                        f"  round {r + 1}/{ph.rounds} {n:3d} clients {s:8s} "
                         f"{res['actions_per_s']:8.0f} actions/s  p50 {res['p50_ms'] or 0:6.2f} ms"
                         f"  batch {res['server']['mean_batch'] or 0:5.1f}  errors "
                         f"{res['num_errors']}"
@@ -750,14 +738,14 @@ def run_benchmark(
         "config": {
             "stacks": stacks,
             "clients": clients,
-            "rounds": rounds,
-            "warmup_s": warmup_s,
-            "duration_s": duration_s,
-            "episode_len": episode_len,
-            "sample_timesteps": sample_timesteps,
-            "max_wait_s": max_wait_s,
-            "client_procs": client_procs,
-            "seed": seed,
+            "rounds": ph.rounds,
+            "warmup_s": ph.warmup_s,
+            "duration_s": ph.duration_s,
+            "episode_len": ph.episode_len,
+            "sample_timesteps": ph.sample_timesteps,
+            "max_wait_s": ph.max_wait_s,
+            "client_procs": ph.client_procs,
+            "seed": ph.seed,
             "hidden": list(serving.HIDDEN),
             "switch_interval_s": sys.getswitchinterval(),
             "max_body_bytes": MAX_BODY_BYTES,
@@ -1033,18 +1021,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         harness.write_results(res, markdown_table(res), out, "serving_stacks")
         return
     SIZES.apply(args)
-    res = run_benchmark(
-        args.stacks,
-        args.clients,
-        args.rounds,
-        args.warmup,
-        args.duration,
-        args.episode_len,
-        args.sample_timesteps,
-        args.max_wait_ms / 1e3,
-        args.seed,
-        args.client_procs,
-    )
+    res = run_benchmark(args.stacks, Phases.from_args(args))
     harness.finish(
         res, markdown_table(res), "serving_stacks", harness.results_dir(args.out, args.quick)
     )
