@@ -19,9 +19,9 @@ the same sampler, for scale.
 
 Usage::
 
-    python benchmarks/checkpoint.py           # full run, writes benchmarks/results/checkpoint.*
-    python benchmarks/checkpoint.py --quick   # smoke test (tiny sizes), prints the table only
-    python benchmarks/checkpoint.py --quick --out DIR   # ... and writes DIR/checkpoint.*
+    python -m benchmarks.checkpoint           # full run, writes benchmarks/results/checkpoint.*
+    python -m benchmarks.checkpoint --quick   # smoke test (tiny sizes), prints the table only
+    python -m benchmarks.checkpoint --quick --out DIR   # ... and writes DIR/checkpoint.*
 """
 
 from __future__ import annotations
@@ -29,22 +29,17 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import statistics
-import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
 import jax
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's jaxsampler
-
 import jaxsampler as js
-from jaxsampler.cli import bench
-
-RESULTS = Path(__file__).resolve().parent / "results"
+from benchmarks import harness
+from benchmarks.harness import log, median_time
+from jaxsampler.cli.bench import environment_info
 
 #: name -> (env id, env kwargs, num_envs, rollout_length); quick sizes in QUICK
 FULL: dict[str, tuple[str, dict[str, Any], int, int]] = {
@@ -65,26 +60,15 @@ def array_bytes(tree: Any) -> int:
     return int(sum(np.asarray(x).nbytes for x in jax.tree.leaves(tree)))
 
 
-def timed(fn: Any, repeats: int) -> tuple[float, Any]:
-    """Median wall time of ``repeats`` calls after one warm-up, and the last result."""
-    out = fn()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        out = jax.block_until_ready(fn())
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times), out
-
-
 def measure(name: str, spec: tuple[str, dict[str, Any], int, int], repeats: int) -> list[dict]:
     env_id, env_kw, num_envs, T = spec
     env = js.make(env_id, **env_kw)
     policy = js.MLPPolicy(env.observation_space, env.action_space)
     params = policy.init(jax.random.PRNGKey(0))
     sampler = js.Sampler(env, policy, num_envs=num_envs, rollout_length=T, seed=0)
-    bench.log(f"{name}: compiling and sampling")
+    log(f"{name}: compiling and sampling")
     sampler.sample(params)
-    sample_s, _ = timed(lambda: sampler.sample(params), 2)
+    sample_s = median_time(lambda: sampler.sample(params), 2)
     open_chunks = sampler.metrics.num_episodes_ongoing
     rows = []
     root = Path(tempfile.mkdtemp(prefix="jaxsampler_ckpt_bench_"))
@@ -100,10 +84,10 @@ def measure(name: str, spec: tuple[str, dict[str, Any], int, int], repeats: int)
         def save() -> None:
             last.append(sampler.save(new_path(), params=params))
 
-        save_s, _ = timed(save, repeats)
+        save_s = median_time(save, repeats)
         path = last[-1]
         meta = js.rollout.checkpoint.read_meta(path)
-        load_s, _ = timed(lambda: jax.tree.leaves(sampler.load(path, params=params)), repeats)
+        load_s = median_time(lambda: jax.tree.leaves(sampler.load(path, params=params)), repeats)
         arrays, _, _ = sampler._checkpoint_parts()
         rows.append(
             {
@@ -119,7 +103,7 @@ def measure(name: str, spec: tuple[str, dict[str, Any], int, int], repeats: int)
                 "open_chunks": open_chunks,
             }
         )
-        bench.log(f"{name}: sampler save {save_s:.3f} s, load {load_s:.3f} s")
+        log(f"{name}: sampler save {save_s:.3f} s, load {load_s:.3f} s")
         # pure path: the same RolloutState and params
         tree = {"rollout": sampler._state, "params": params}
         last.clear()
@@ -127,9 +111,9 @@ def measure(name: str, spec: tuple[str, dict[str, Any], int, int], repeats: int)
         def pure_save() -> None:
             last.append(js.rollout.checkpoint.save(new_path(), tree))
 
-        pure_save_s, _ = timed(pure_save, repeats)
+        pure_save_s = median_time(pure_save, repeats)
         path = last[-1]
-        pure_load_s, _ = timed(lambda: js.rollout.checkpoint.restore(path, like=tree), repeats)
+        pure_load_s = median_time(lambda: js.rollout.checkpoint.restore(path, like=tree), repeats)
         rows.append(
             {
                 "setup": name,
@@ -144,7 +128,7 @@ def measure(name: str, spec: tuple[str, dict[str, Any], int, int], repeats: int)
                 "open_chunks": open_chunks,
             }
         )
-        bench.log(f"{name}: pure save {pure_save_s:.3f} s, load {pure_load_s:.3f} s")
+        log(f"{name}: pure save {pure_save_s:.3f} s, load {pure_load_s:.3f} s")
     finally:
         sampler.close()
         shutil.rmtree(root, ignore_errors=True)
@@ -156,7 +140,7 @@ def markdown(rows: list[dict], info: dict[str, Any], repeats: int) -> str:
     lines = [
         "# Checkpoint size and save / load time",
         "",
-        f"Median of {repeats} repeats after a warm-up (`python benchmarks/checkpoint.py`); "
+        f"Median of {repeats} repeats after a warm-up (`python -m benchmarks.checkpoint`); "
         "`sampler`: `Sampler.save(path, params=params)` / `Sampler.load(path, params=params)`, "
         "`pure`: `js.rollout.checkpoint.save` / `restore(like=)` of the same `RolloutState` "
         "+ params. "
@@ -187,27 +171,23 @@ def markdown(rows: list[dict], info: dict[str, Any], repeats: int) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="tiny sizes, 1 repeat")
     parser.add_argument("--repeats", type=int, default=None)
-    parser.add_argument("--out", help="write checkpoint.json / .md here (quick: default none)")
+    harness.add_quick_out(parser, "checkpoint", quick="tiny sizes, 1 repeat; prints")
     args = parser.parse_args()
     setups = QUICK if args.quick else FULL
     repeats = args.repeats or (1 if args.quick else 5)
-    info = bench.environment_info()
+    info = environment_info()
     info["loadavg"] = os.getloadavg()[0]
     rows = [r for name, spec in setups.items() for r in measure(name, spec, repeats)]
-    md = markdown(rows, info, repeats)
-    print(md)
-    out = Path(args.out) if args.out else (None if args.quick else RESULTS)
-    if out is not None:
-        results = {
-            "benchmark": "checkpoint",
-            "config": {"quick": args.quick, "repeats": repeats, "setups": list(setups)},
-            "rows": rows,
-            "environment": info,
-            "git": bench.git_state(),
-        }
-        bench.write_results(results, md, out, "checkpoint")
+    results = {
+        "benchmark": "checkpoint",
+        "config": {"quick": args.quick, "repeats": repeats, "setups": list(setups)},
+        "rows": rows,
+        "environment": info,
+        "git": harness.git_state(),
+    }
+    out = harness.results_dir(args.out, args.quick)
+    harness.finish(results, markdown(rows, info, repeats), "checkpoint", out)
 
 
 if __name__ == "__main__":

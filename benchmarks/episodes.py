@@ -21,8 +21,8 @@ buffers on first access (``SingleAgentEpisode.lazy``), so its figure is the cost
 getting the episodes, not of reading every one of them; ``--touch`` adds a
 ``sample+read`` side that also reads every single-agent episode's columns.
 
-    python benchmarks/episodes.py                 # full run, writes results/episodes.*
-    python benchmarks/episodes.py --quick         # smoke test, prints only
+    python -m benchmarks.episodes                 # full run, writes results/episodes.*
+    python -m benchmarks.episodes --quick         # smoke test, prints only
 """
 
 from __future__ import annotations
@@ -33,17 +33,17 @@ import statistics
 import sys
 import time
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
 import jax
 
 import jaxsampler as js
-from jaxsampler.cli.bench import environment_info, git_state, log, write_results
+from benchmarks import harness
+from benchmarks.harness import log
+from jaxsampler.cli.bench import environment_info
 from jaxsampler.envs.spread import Spread
 from jaxsampler.sampling import DeviceSampler
 
-RESULTS = Path(__file__).resolve().parent / "results"
 CELLS = (("CartPole-v1", 1, 1024), ("Spread", 8, 64), ("Spread", 8, 1024), ("Spread", 8, 4096))
 POLICIES = ("random", "mlp")
 TARGETS = {"sample_batch": {"random": 1.3, "mlp": 1.3}, "sample": {"random": 2.0, "mlp": 1.5}}
@@ -109,7 +109,7 @@ def measure(
     steps: dict[str, list[int]] = {k: [] for k in sides}
     names = list(sides)
     for r in range(repeats):
-        for name in names[r % len(names) :] + names[: r % len(names)]:
+        for name in harness.rotated(names, r):
             gc.collect()
             t0 = time.perf_counter()
             n = sides[name]()
@@ -131,9 +131,7 @@ def measure(
         row[f"{name}_s"] = med
         row[f"{name}_timesteps_per_s"] = statistics.median(steps[name]) / med
         if name != "rollout":
-            row[f"ratio_{name}"] = statistics.median(
-                a / b for a, b in zip(times[name], times["rollout"])
-            )
+            row[f"ratio_{name}"] = harness.paired_ratio(times[name], times["rollout"])
     return row
 
 
@@ -159,16 +157,17 @@ def markdown(results: dict[str, Any]) -> str:
         ok = r[f"ratio_{side}"] <= TARGETS[side][r["policy"]]
         return f"**{r[f'ratio_{side}']:.2f}**" + ("" if ok else " ✗")
 
-    def rate(x: float) -> str:
-        return f"{x / 1e6:.2f}M" if x >= 1e6 else f"{x / 1e3:.0f}k"
-
     for r in results["results"]:
         name = r["env"] if r["agents"] == 1 else f"{r['env']}({r['agents']})"
         lines.append(
             f"| {name} | {r['num_envs']} | {r['policy']} | {r['rollout_s'] * 1e3:.1f} | "
             f"{r['sample_s'] * 1e3:.1f} | {r['sample_batch_s'] * 1e3:.1f} | {mark(r, 'sample')} | "
-            f"{mark(r, 'sample_batch')} | {rate(r['rollout_timesteps_per_s'])} · "
-            f"{rate(r['sample_timesteps_per_s'])} · {rate(r['sample_batch_timesteps_per_s'])} |"
+            f"{mark(r, 'sample_batch')} | "
+            + " · ".join(
+                harness.mk(r[f"{side}_timesteps_per_s"])
+                for side in ("rollout", "sample", "sample_batch")
+            )
+            + " |"
         )
     touched = [r for r in results["results"] if "ratio_sample+read" in r]
     if touched:
@@ -197,8 +196,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument(
         "--touch", action="store_true", help="also time sample() + reading every episode"
     )
-    p.add_argument("--quick", action="store_true", help="small cells, prints only")
-    p.add_argument("--out", type=Path, default=None, help=f"results dir (default {RESULTS})")
+    harness.add_quick_out(p, "episodes", quick="small cells; prints")
     args = p.parse_args(argv)
     cells = [("CartPole-v1", 1, 64), ("Spread", 8, 16)] if args.quick else list(CELLS)
     T = 16 if args.quick else args.rollout_length
@@ -215,23 +213,19 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f"(rollout {r['rollout_s'] * 1e3:.1f} ms)"
             )
             gc.collect()
-    import datetime
-
     results = {
-        "benchmark": "conversion: Sampler.sample / sample_batch vs the bare rollout",
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "command": " ".join(["python", "benchmarks/episodes.py", *sys.argv[1:]]),
+        **harness.stamp(
+            "conversion: Sampler.sample / sample_batch vs the bare rollout", "episodes"
+        ),
         "config": {"rollout_length": T, "cells": [list(c) for c in cells], "policies": POLICIES},
         "environment": environment_info(),
-        "git": git_state(),
+        "git": harness.git_state(),
         "results": rows,
         "wall_s": time.perf_counter() - started,
     }
-    md = markdown(results)
-    print(md)
-    out = args.out or (None if args.quick else RESULTS)
-    if out is not None:
-        write_results(results, md, out, "episodes")
+    harness.finish(
+        results, markdown(results), "episodes", harness.results_dir(args.out, args.quick)
+    )
     return 0
 
 

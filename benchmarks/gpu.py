@@ -24,20 +24,17 @@ jax/jaxlib versions, ``nvidia-smi``) and ``gpu.md`` to ``--out`` (default
 
 Usage::
 
-    python benchmarks/gpu.py                          # the GPU run (< 10 min)
-    python benchmarks/gpu.py --quick --out /tmp/gpu   # CPU dry run of the same code path
-    python benchmarks/gpu.py --max-width 65536 --envs CartPole-v1
+    python -m benchmarks.gpu                          # the GPU run (< 10 min)
+    python -m benchmarks.gpu --quick --out /tmp/gpu   # CPU dry run of the same code path
+    python -m benchmarks.gpu --max-width 65536 --envs CartPole-v1
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime
 import gc
-import json
 import statistics
 import subprocess
-import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -47,23 +44,34 @@ import jax
 import numpy as np
 
 import jaxsampler as js
-from jaxsampler.cli.bench import environment_info, log
+from benchmarks import harness
+from benchmarks.harness import log
+from jaxsampler.cli.bench import environment_info
 
-RESULTS_DIR = Path(__file__).resolve().parent / "results"
 #: label -> (env id, make kwargs, default T)
 ENVS: dict[str, tuple[str, dict[str, Any], int]] = {
     "CartPole-v1": ("CartPole-v1", {}, 128),
     "Breakout-MinAtar": ("gymnax:Breakout-MinAtar", {}, 32),
     "Spread-8": ("Spread-v0", {"n": 8}, 32),
 }
-QUICK = {
-    "min_width": 64,
-    "max_width": 256,
-    "rollout_cap": 8,
-    "repeats": 2,
-    "min_time_s": 0.0,
-    "budget_s": 300.0,
-}
+SIZES = harness.Sizes(
+    full={
+        "min_width": 1024,
+        "max_width": 1 << 20,
+        "rollout_cap": 128,
+        "repeats": 5,
+        "min_time_s": 0.5,
+        "budget_s": 540.0,
+    },
+    quick={
+        "min_width": 64,
+        "max_width": 256,
+        "rollout_cap": 8,
+        "repeats": 2,
+        "min_time_s": 0.0,
+        "budget_s": 300.0,
+    },
+)
 
 
 def widths_up_to(max_width: int, start: int = 1024, factor: int = 4) -> list[int]:
@@ -185,13 +193,6 @@ def device_info() -> dict[str, Any]:
     return info
 
 
-def _si(x: float) -> str:
-    for div, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
-        if x >= div:
-            return f"{x / div:.2f}{suffix}"
-    return f"{x:.0f}"
-
-
 def markdown(res: dict[str, Any]) -> str:
     dev = res["device"]
     lines = [
@@ -208,7 +209,7 @@ def markdown(res: dict[str, Any]) -> str:
         for r in series["rows"]:
             lines.append(
                 f"| {label} | {r['width']} | {r['rollout_length']} | {r['num_agents']} | "
-                f"{_si(r['actions_per_s'])} | {_si(r['agent_steps_per_s'])} | "
+                f"{harness.si(r['actions_per_s'], 2)} | {harness.si(r['agent_steps_per_s'], 2)} | "
                 f"{r['median_s'] * 1e3:.1f} | {r['compile_s']:.1f} |"
             )
     stops = [(k, s["stopped"]) for k, s in res["envs"].items() if s["stopped"]]
@@ -222,20 +223,17 @@ def markdown(res: dict[str, Any]) -> str:
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     ap.add_argument("--envs", nargs="+", choices=list(ENVS), default=list(ENVS))
-    ap.add_argument("--min-width", type=int, default=1024)
-    ap.add_argument("--max-width", type=int, default=1 << 20)
-    ap.add_argument("--rollout-cap", type=int, default=128, help="T at most this")
+    ap.add_argument("--min-width", type=int, help="default 1024")
+    ap.add_argument("--max-width", type=int, help="default 1048576")
+    ap.add_argument("--rollout-cap", type=int, help="T at most this (default 128)")
     ap.add_argument("--min-rollout-length", type=int, default=4)
     ap.add_argument("--max-buffer-gb", type=float, default=24.0)
-    ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--min-time-s", type=float, default=0.5)
-    ap.add_argument("--budget-s", type=float, default=540.0, help="whole-script time budget")
+    ap.add_argument("--repeats", type=int, help="default 5")
+    ap.add_argument("--min-time-s", type=float, help="default 0.5")
+    ap.add_argument("--budget-s", type=float, help="whole-script time budget (default 540)")
     ap.add_argument("--quick", action="store_true", help="CPU dry run: W <= 256, T = 8")
-    ap.add_argument("--out", type=Path, default=RESULTS_DIR)
-    args = ap.parse_args(argv)
-    if args.quick:  # the quick values, except where given on the command line
-        ap.set_defaults(**QUICK)
-        args = ap.parse_args(argv)
+    ap.add_argument("--out", type=Path, default=harness.RESULTS_DIR)
+    args = SIZES.apply(ap.parse_args(argv))  # --quick: the quick values, unless given
     if args.min_width < 1 or args.max_width < 1 or args.repeats < 1 or args.budget_s <= 0:
         ap.error("--min-width, --max-width, --repeats and --budget-s must be positive")
     return args
@@ -251,9 +249,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         share = (end - time.perf_counter()) / (len(args.envs) - i)
         envs[label] = run_env(label, args, time.perf_counter() + share)
     res = {
-        "benchmark": "gpu",
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "command": " ".join(sys.argv),
+        **harness.stamp("gpu", "gpu"),
         "config": {
             k: v if not isinstance(v, Path) else str(v)
             for k, v in vars(args).items()
@@ -264,12 +260,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         "envs": envs,
         "wall_s": time.perf_counter() - t_start,
     }
-    md = markdown(res)
-    print(md)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "gpu.json").write_text(json.dumps(res, indent=1, default=str) + "\n")
-    (args.out / "gpu.md").write_text(md)
-    log(f"wrote gpu.json and gpu.md to {args.out}")
+    harness.finish(res, markdown(res), "gpu", args.out, default=str)
 
 
 if __name__ == "__main__":

@@ -5,6 +5,8 @@
 #   OUT=/some/dir bash benchmarks/gpu.sh   # write gpu.json / gpu.md there (default benchmarks/results)
 #   bash benchmarks/gpu.sh --max-width 262144 --budget-s 300   # extra arguments go to gpu.py
 #
+# It runs `python -m benchmarks.gpu` from the repository root (the scripts are a package).
+#
 # The Python that runs it, the first of:
 #   1. $GPU_VENV (default /tmp/jaxsampler-gpu-venv) if its JAX already sees a GPU;
 #   2. python3 itself if its JAX sees a GPU (an image that ships JAX with CUDA): the project
@@ -53,4 +55,4 @@ has_gpu "$PY" || {
 "$PY" -c 'import jax, jaxsampler; print("gpu.sh: jax", jax.__version__, jax.devices(), jaxsampler.__file__)'
 nvidia-smi || true
 export PYTHONUNBUFFERED=1
-exec "$PY" benchmarks/gpu.py --out "$OUT_DIR" "$@"
+exec "$PY" -m benchmarks.gpu --out "$OUT_DIR" "$@"

@@ -8,7 +8,8 @@ one shared 64x64 tanh actor-critic ``MLPPolicy`` applied to every agent):
 
   - ``jaxsampler``: ``js.jit_rollout(js.make_rollout(env, policy, W, T))``, passing the
     previous trajectory back so the donated buffers are reused;
-  - ``handwritten``: the loop a JaxMARL / PureJaxRL user writes, written here:
+  - ``handwritten``: the loop a JaxMARL / PureJaxRL user writes
+    (:func:`benchmarks.baselines.spread`):
     ``jax.vmap`` of ``env.step`` + ``env.reset`` over envs with same-step auto-reset
     (``jnp.where`` leaf by leaf once every agent is done), the same network
     (``MLPPolicy.forward`` with the same params), a categorical sample and its
@@ -33,57 +34,54 @@ would exceed ``--max-buffer-gb`` run with ``T`` halved until it fits (never belo
 
 Usage::
 
-    python benchmarks/multiagent.py                   # full run (~6-9 min, 2 cores): results/
-    python benchmarks/multiagent.py --quick           # smoke test, prints only
-    python benchmarks/multiagent.py --agents 8 --widths 1024 --repeats 3 --no-conversion
-    python benchmarks/multiagent.py --out /tmp/ma     # write multiagent.json/.md elsewhere
+    python -m benchmarks.multiagent                   # full run (~6-9 min, 2 cores): results/
+    python -m benchmarks.multiagent --quick           # smoke test, prints only
+    python -m benchmarks.multiagent --agents 8 --widths 1024 --repeats 3 --no-conversion
+    python -m benchmarks.multiagent --out /tmp/ma     # write multiagent.json/.md elsewhere
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime
 import gc
 import math
 import statistics
-import sys
 import time
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
-import flax.struct
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 import jaxsampler as js
-from jaxsampler.cli.bench import environment_info, git_state, log, time_calls, write_results
+from benchmarks import baselines, harness
+from jaxsampler.cli.bench import environment_info, time_calls
 from jaxsampler.envs.spread import Spread
 from jaxsampler.sampling import DeviceSampler
 
 DEFAULT_AGENTS = (2, 8, 32)
 DEFAULT_WIDTHS = (64, 256, 1024, 4096)
 DEFAULT_CONVERSION = ((8, 64), (8, 1024), (8, 4096))
-QUICK = {
-    "agents": [2],
-    "widths": [8],
-    "rollout_length": 16,
-    "repeats": 1,
-    "big_repeats": 1,
-    "conversion": [(2, 8)],
-    "conversion_repeats": 1,
-}
-FULL = {
-    "agents": list(DEFAULT_AGENTS),
-    "widths": list(DEFAULT_WIDTHS),
-    "rollout_length": 128,
-    "repeats": 5,
-    "big_repeats": 3,
-    "conversion": [list(c) for c in DEFAULT_CONVERSION],
-    "conversion_repeats": 3,
-}
-RESULTS_DIR = Path(__file__).resolve().parent / "results"
+SIZES = harness.Sizes(
+    full={
+        "agents": list(DEFAULT_AGENTS),
+        "widths": list(DEFAULT_WIDTHS),
+        "rollout_length": 128,
+        "repeats": 5,
+        "big_repeats": 3,
+        "conversion": [list(c) for c in DEFAULT_CONVERSION],
+        "conversion_repeats": 3,
+    },
+    quick={
+        "agents": [2],
+        "widths": [8],
+        "rollout_length": 16,
+        "repeats": 1,
+        "big_repeats": 1,
+        "conversion": [(2, 8)],
+        "conversion_repeats": 1,
+    },
+)
 HIDDEN = (64, 64)
 SIDES = ("jaxsampler", "handwritten")
 
@@ -119,72 +117,10 @@ def cell_rollout_length(
     return T
 
 
-# --------------------------------------------------------------------------- hand-written loop
-
-
-@flax.struct.dataclass
-class HandCarry:
-    env_state: Any  # SpreadState, leaves [E, ...]
-    obs: jax.Array  # float32[E, A, obs_dim]
-    key: jax.Array
-
-
-@flax.struct.dataclass
-class HandTransition:
-    obs: jax.Array  # float32[T, E, A, obs_dim]
-    action: jax.Array  # int32[T, E, A]
-    reward: jax.Array  # float32[T, E, A]
-    terminated: jax.Array  # bool[T, E, A]
-    truncated: jax.Array  # bool[T, E, A]
-    logp: jax.Array  # float32[T, E, A]
-    value: jax.Array  # float32[T, E, A]
-
-
-def make_handwritten(
-    env: Spread, policy: js.MLPPolicy, num_envs: int, rollout_length: int, seed: int = 0
-) -> tuple[Callable, HandCarry]:
-    """PureJaxRL-style sampler over ``Spread``: returns ``(jitted run(params, carry), carry)``.
-
-    One env's step computes the step and a reset and keeps the reset (state and first
-    observation) where every agent is done: gymnax's same-step auto-reset, so every step
-    is an action (and the final observation of an episode is not kept, as in PureJaxRL).
-    """
-    env_params = env.default_params
-    space = env.action_space
-
-    def env_step(key: jax.Array, state: Any, action: jax.Array) -> tuple[Any, jax.Array, Any]:
-        k_step, k_reset = jax.random.split(key)
-        st, ts = env.step(k_step, state, action, env_params)
-        rs, rts = env.reset(k_reset, env_params)
-        done = jnp.all(ts.terminated | ts.truncated)
-        state = jax.tree.map(lambda r, s: jnp.where(done, r, s), rs, st)
-        return state, jnp.where(done, rts.obs, ts.obs), ts
-
-    v_step = jax.vmap(env_step)
-
-    def run(params: Any, carry: HandCarry) -> tuple[HandCarry, HandTransition]:
-        def step(c: HandCarry, _: Any) -> tuple[HandCarry, HandTransition]:
-            key, k_act, k_env = jax.random.split(c.key, 3)
-            logits, value, _ = policy.forward(params, c.obs)  # [E, A, 5], [E, A]
-            action = jax.random.categorical(k_act, logits).astype(space.dtype)
-            logp = jnp.take_along_axis(jax.nn.log_softmax(logits), action[..., None], -1)[..., 0]
-            state, obs, ts = v_step(jax.random.split(k_env, num_envs), c.env_state, action)
-            tr = HandTransition(c.obs, action, ts.reward, ts.terminated, ts.truncated, logp, value)
-            return HandCarry(state, obs, key), tr
-
-        return jax.lax.scan(step, carry, None, rollout_length)
-
-    key, reset_key = jax.random.split(jax.random.PRNGKey(seed))
-    state, ts = jax.vmap(env.reset, in_axes=(0, None))(
-        jax.random.split(reset_key, num_envs), env_params
-    )
-    return jax.jit(run, donate_argnums=1), HandCarry(state, ts.obs, key)
-
-
 # --------------------------------------------------------------------------- timers
 
 
-class Side:
+class Side(harness.RoundTimer):
     """One implementation at one cell: compiles on construction, then times rounds of calls."""
 
     def __init__(
@@ -205,14 +141,10 @@ class Side:
             self._rollout, self._state = rollout, state
             self._traj: Any = None
         else:
-            self._run, self._carry = make_handwritten(env, policy, num_envs, rollout_length, seed)
+            self._run, self._carry = baselines.spread(env, policy, num_envs, rollout_length, seed)
             jax.block_until_ready(self._carry)
             self._out = None
-        t0 = time.perf_counter()
-        jax.block_until_ready(self.call())  # trace + compile + one run
-        self.compile_s = time.perf_counter() - t0
-        self.times: list[float] = []
-        self.round_s: list[float] = []
+        super().__init__(self.call)  # trace + compile + one run
 
     def call(self) -> Any:
         if self.name == "jaxsampler":
@@ -222,12 +154,6 @@ class Side:
         self._out = None  # drop the previous outputs first, as a training loop would
         self._carry, self._out = self._run(self.params, self._carry)
         return self._out
-
-    def round(self, inner: int) -> float:
-        times = time_calls(self.call, inner)
-        self.times.extend(times)
-        self.round_s.append(statistics.median(times))
-        return self.round_s[-1]
 
     def acting_fraction(self) -> float:
         """Share of agent-step slots where an agent acted (jaxsampler's reset steps do not)."""
@@ -260,8 +186,7 @@ def measure_cell(
     rounds = repeats if call_s < big_call_s else min(repeats, big_repeats)
     ratio_rounds = []
     for r in range(rounds):
-        order = SIDES if r % 2 == 0 else SIDES[::-1]
-        med = {name: sides[name].round(inner) for name in order}
+        med = {name: sides[name].round(inner) for name in harness.alternated(SIDES, r)}
         ratio_rounds.append(med["handwritten"] / med["jaxsampler"])  # ratio of rates
     agent_steps = W * A * T
     out: dict[str, Any] = {
@@ -392,7 +317,7 @@ def run_benchmark(
     max_buffer_gb: float = 2.5,
     min_rollout_length: int = 32,
     seed: int = 0,
-    progress: Callable[[str], None] | None = log,
+    progress: Callable[[str], None] | None = harness.log,
 ) -> dict[str, Any]:
     """Every rollout cell, then every conversion cell; returns the results dict."""
     started = time.perf_counter()
@@ -426,10 +351,11 @@ def run_benchmark(
         if progress and not conv[-1]["status"].startswith("ok"):
             progress("    " + conv[-1]["status"])
     return {
-        "benchmark": "Spread multi-agent sampling: jaxsampler vs hand-written vmap+scan; "
-        "sample_batch conversion",
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "command": " ".join([Path(sys.executable).name] + sys.argv),
+        **harness.stamp(
+            "Spread multi-agent sampling: jaxsampler vs hand-written vmap+scan; "
+            "sample_batch conversion",
+            "multiagent",
+        ),
         "config": {
             "env": "Spread(n)",
             "policy": f"MLPPolicy {HIDDEN} tanh, shared over agents",
@@ -445,15 +371,11 @@ def run_benchmark(
             "seed": seed,
         },
         "environment": environment_info(),
-        "git": git_state(),
+        "git": harness.git_state(),
         "cells": cells,
         "conversion": conv,
         "wall_s": time.perf_counter() - started,
     }
-
-
-def _fmt_rate(x: float) -> str:
-    return f"{x / 1e6:.2f}M" if x >= 1e6 else f"{x / 1e3:.0f}k"
 
 
 def markdown_table(results: dict[str, Any]) -> str:
@@ -506,8 +428,8 @@ def markdown_table(results: dict[str, Any]) -> str:
         )
         md += grid(
             lambda c: (
-                f"{_fmt_rate(c['jaxsampler']['agent_steps_per_s'])} / "
-                f"{_fmt_rate(c['handwritten']['agent_steps_per_s'])}"
+                f"{harness.mk(c['jaxsampler']['agent_steps_per_s'])} / "
+                f"{harness.mk(c['handwritten']['agent_steps_per_s'])}"
             )
         )
         md += "\n## Compile time, seconds (first call), jaxsampler / hand-written\n\n"
@@ -607,16 +529,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         "--no-rollout", action="store_true", help="skip the rollout grid (conversion cells only)"
     )
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument(
-        "--quick", action="store_true", help="tiny smoke run; prints, writes only with --out"
-    )
-    p.add_argument(
-        "--out", type=Path, help=f"where to write multiagent.json/.md (default {RESULTS_DIR})"
-    )
-    args = p.parse_args(argv)
-    for k, v in (QUICK if args.quick else FULL).items():
-        if getattr(args, k) is None:
-            setattr(args, k, v)
+    harness.add_quick_out(p, "multiagent")
+    args = SIZES.apply(p.parse_args(argv))
     if args.no_conversion:
         args.conversion = []
     if args.no_rollout:
@@ -633,10 +547,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         min_rollout_length=args.min_rollout_length,
         seed=args.seed,
     )
-    print(markdown_table(results))
-    out_dir = args.out or (None if args.quick else RESULTS_DIR)
-    if out_dir is not None:
-        write_results(results, markdown_table(results), out_dir, "multiagent")
+    harness.finish(
+        results, markdown_table(results), "multiagent", harness.results_dir(args.out, args.quick)
+    )
 
 
 if __name__ == "__main__":

@@ -6,7 +6,7 @@ terminateds/truncateds bool, logp float32, vf_preds float32, eps_id int64), plai
 gzip-compressed. In each round, back to back in a rotating order, on the same records:
 
 * ``write v1``: the version-1 layout (header, then one bare msgpack document per
-  record), written with the same codec;
+  record), written here from the documented format with the same codec;
 * ``write v2``: :class:`jaxsampler.offline.OfflineWriter` (a 21-byte frame header with
   two CRC-32s per record, an end frame on close);
 * ``read v1`` / ``read v2``: :func:`jaxsampler.offline.read_records` over each file,
@@ -17,33 +17,34 @@ gzip-compressed. In each round, back to back in a rotating order, on the same re
 Reported: medians over rounds (``--repeats``, at least 5), the within-round ratios
 ``v2 / v1`` (medians), and the ratio of the fastest rounds.
 
-    python benchmarks/offline_format.py            # full run, writes results/offline_format.*
-    python benchmarks/offline_format.py --quick    # smoke test, prints only
+    python -m benchmarks.offline_format            # full run, writes results/offline_format.*
+    python -m benchmarks.offline_format --quick    # smoke test, prints only
 """
 
 from __future__ import annotations
 
 import argparse
-import gc
+import gzip
 import os
 import statistics
 import subprocess
 import tempfile
-import time
 import types
 from collections.abc import Callable
-from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO, cast
 
 import numpy as np
 
 import jaxsampler as js
-from jaxsampler.cli.bench import environment_info, git_state, log, write_results
+from benchmarks import harness
+from benchmarks.harness import log
+from jaxsampler.cli.bench import environment_info
 from jaxsampler.episodes.codec import packb
-from jaxsampler.offline import _HEADERS, OfflineWriter, _open, read_records
+from jaxsampler.offline import FORMAT, OfflineWriter, read_records
 
-RESULTS = Path(__file__).resolve().parent / "results"
-ROOT = Path(__file__).resolve().parent.parent
+#: The version-1 header: ``{"format": "jaxsampler.offline", "version": 1}`` in msgpack, as
+#: the format's documentation (``jaxsampler.offline``) gives it.
+HEADER_V1 = packb({"format": FORMAT, "version": 1})
 
 
 def make_batches(n: int, rows: int) -> list[js.SampleBatch]:
@@ -63,9 +64,16 @@ def make_batches(n: int, rows: int) -> list[js.SampleBatch]:
     ]
 
 
+def open_log(path: str, mode: str) -> BinaryIO:
+    """A log file, gzip-compressed where the path ends in ``.gz`` (as the offline logs)."""
+    if path.endswith(".gz"):
+        return cast(BinaryIO, gzip.open(path, mode))
+    return cast(BinaryIO, open(path, mode))
+
+
 def write_v1(path: str, batches: list[js.SampleBatch]) -> None:
-    with _open(path, "wb") as f:
-        f.write(_HEADERS[1])
+    with open_log(path, "wb") as f:
+        f.write(HEADER_V1)
         for b in batches:
             f.write(packb(b))
 
@@ -85,7 +93,7 @@ def old_reader(ref: str) -> Callable[[str], int] | None:
     try:
         src = subprocess.run(
             ["git", "show", f"{ref}:jaxsampler/codec.py"],
-            cwd=ROOT,
+            cwd=harness.ROOT,
             capture_output=True,
             text=True,
             check=True,
@@ -97,19 +105,12 @@ def old_reader(ref: str) -> Callable[[str], int] | None:
     exec(compile(src, f"{ref}:jaxsampler/codec.py", "exec"), mod.__dict__)
 
     def read(path: str) -> int:
-        with _open(path, "rb") as f:
+        with open_log(path, "rb") as f:
             frames = mod.unpacker(f)
             next(frames)  # the header
             return sum(1 for _ in frames)
 
     return read
-
-
-def timed(fn: Callable[[], Any]) -> float:
-    gc.collect()
-    t = time.perf_counter()
-    fn()
-    return time.perf_counter() - t
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -133,10 +134,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             names = list(sides)
             times: dict[str, list[float]] = {k: [] for k in names}
             for r in range(args.repeats):
-                for k in names[r % len(names) :] + names[: r % len(names)]:
-                    times[k].append(timed(sides[k]))
+                for k in harness.rotated(names, r):
+                    times[k].append(harness.timed(sides[k], collect=True))
             ratio = {
-                op: statistics.median(b / a for a, b in zip(times[f"{op} v1"], times[f"{op} v2"]))
+                op: harness.paired_ratio(times[f"{op} v2"], times[f"{op} v1"])
                 for op in ("write", "read")
             }
             cell = {
@@ -150,8 +151,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 "ratio_v2_over_v1": ratio,
             }
             if before is not None:
-                cell["ratio_read_v1_now_over_before"] = statistics.median(
-                    a / b for a, b in zip(times["read v1"], times["read v1 (before)"])
+                cell["ratio_read_v1_now_over_before"] = harness.paired_ratio(
+                    times["read v1"], times["read v1 (before)"]
                 )
             cells[suffix] = cell
             log(f"{suffix}: {cell['median_s']} ratio v2/v1 {ratio}")
@@ -161,7 +162,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "rows": args.rows,
         "cells": cells,
         "environment": environment_info(),
-        "git": git_state(),
+        "git": harness.git_state(),
     }
 
 
@@ -208,10 +209,8 @@ def main() -> None:
     if args.quick:
         args.batches, args.rows, args.repeats = 10, 100, 5
     res = run(args)
-    md = markdown(res)
-    print(md)
-    if not args.quick:
-        write_results(res, md, RESULTS, "offline_format")
+    out = None if args.quick else harness.RESULTS_DIR
+    harness.finish(res, markdown(res), "offline_format", out)
 
 
 if __name__ == "__main__":

@@ -2,10 +2,11 @@
 
 Left: RLlib PPO on CartPole-v1, mean episode return by env steps sampled, with
 ``JaxEnvRunner`` and with RLlib's ``SingleAgentEnvRunner`` (``rllib_ppo.json``, written by
-``examples/rllib_ppo.py --out``). Right: env steps/s of the runners' ``sample()`` at 64 and
-1024 envs (``rllib.json``, written by ``benchmarks/rllib.py``), medians, with the ratio.
+``python -m examples.rllib_ppo --out``). Right: env steps/s of the runners' ``sample()`` at
+64 and 1024 envs (``rllib.json``, written by ``python -m benchmarks.rllib``), medians, with
+the ratio.
 
-Usage: ``python benchmarks/plot_rllib.py [--results benchmarks/results]``
+Usage: ``python -m benchmarks.plot_rllib [--results benchmarks/results]``
 """
 
 from __future__ import annotations
@@ -14,11 +15,11 @@ import argparse
 import json
 import pathlib
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
 from matplotlib.ticker import FuncFormatter
+
+from benchmarks import harness
+
+plt = harness.pyplot()
 
 LABELS = {"jax": "JaxEnvRunner (jaxsampler)", "rllib": "RLlib SingleAgentEnvRunner"}
 COLORS = {"jax": "tab:blue", "rllib": "tab:orange"}
@@ -73,9 +74,7 @@ def plot(results: pathlib.Path) -> pathlib.Path:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument(
-        "--results", type=pathlib.Path, default=pathlib.Path(__file__).parent / "results"
-    )
+    parser.add_argument("--results", type=pathlib.Path, default=harness.RESULTS_DIR)
     print(plot(parser.parse_args().results))
 
 

@@ -1,9 +1,9 @@
 """PPO on gymnax:Breakout-MinAtar with js.CNNPolicy: jaxsampler's rollout vs the handwritten
 gymnax vmap+scan loop, same seeds and hyper-parameters (examples/ppo.py).
 
-    python examples/ppo.py --env Breakout-MinAtar --sampler jaxsampler --seeds 2 --json a.json
-    python examples/ppo.py --env Breakout-MinAtar --sampler handwritten --seeds 2 --json b.json
-    python benchmarks/ppo_breakout.py a.json b.json   # -> results/ppo_breakout.{json,md,png}
+    python -m examples.ppo --env Breakout-MinAtar --sampler jaxsampler --seeds 2 --json a.json
+    python -m examples.ppo --env Breakout-MinAtar --sampler handwritten --seeds 2 --json b.json
+    python -m benchmarks.ppo_breakout a.json b.json   # -> results/ppo_breakout.{json,md,png}
 
 Agreement: the two samplers' curves agree within seed noise when, at every logged update
 (smoothed over a window), the gap between the sampler means is at most the spread (max -
@@ -18,7 +18,9 @@ from pathlib import Path
 
 import numpy as np
 
-RESULTS = Path(__file__).resolve().parent / "results"
+from benchmarks import harness
+
+RESULTS = harness.RESULTS_DIR
 
 
 def smooth(curve: np.ndarray, window: int) -> np.ndarray:
@@ -99,11 +101,7 @@ def main(paths: list[str]) -> int:
     ]
     (RESULTS / "ppo_breakout.md").write_text("\n".join(md))
 
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = harness.pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.5))
     x = (np.arange(n) + 1) * steps_per_update
     for k, color in (("jaxsampler", "tab:blue"), ("handwritten", "tab:orange")):

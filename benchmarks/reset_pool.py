@@ -18,30 +18,26 @@ ProcMaze), each call blocked on before the clock is read. Speedup = exact time /
 
 Usage::
 
-    python benchmarks/reset_pool.py           # full run, writes benchmarks/results/reset_pool.*
-    python benchmarks/reset_pool.py --quick   # smoke test (W = 256), prints the table only
+    python -m benchmarks.reset_pool           # full run, writes benchmarks/results/reset_pool.*
+    python -m benchmarks.reset_pool --quick   # smoke test (W = 256), prints the table only
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import jax
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's jaxsampler
-
 import jaxsampler as js
-from jaxsampler.cli import bench
+from benchmarks import harness
+from benchmarks.harness import log
+from jaxsampler.cli.bench import environment_info, time_calls
 from jaxsampler.envs.registry import make_jax_env
 from jaxsampler.vector import ResetPool
-
-RESULTS = Path(__file__).resolve().parent / "results"
 
 #: (env id, rollout length, variants): name -> reset_pool=.
 SETUPS: list[tuple[str, int, dict[str, ResetPool | None]]] = [
@@ -93,20 +89,18 @@ def build(env_id: str, num_envs: int, T: int, pool: ResetPool | None) -> Any:
 def measure(
     env_id: str, T: int, variants: dict[str, Any], W: int, repeats: int, inner: int
 ) -> list[dict]:
-    bench.log(f"{env_id}: compiling {len(variants)} variants at W={W}, T={T}")
+    log(f"{env_id}: compiling {len(variants)} variants at W={W}, T={T}")
     built = {name: build(env_id, W, T, pool) for name, pool in variants.items()}
     for name in variants:  # warm-up calls, untimed (first-touch allocations)
-        bench.time_calls(built[name][0], 2)
+        time_calls(built[name][0], 2)
     times: dict[str, list[float]] = {name: [] for name in variants}
     cpu: dict[str, list[float]] = {name: [] for name in variants}
-    names = list(variants)
     for r in range(repeats):
-        order = names[r % len(names) :] + names[: r % len(names)]
-        for name in order:
+        for name in harness.rotated(list(variants), r):
             c0 = time.process_time()
-            times[name].append(statistics.median(bench.time_calls(built[name][0], inner)))
+            times[name].append(statistics.median(time_calls(built[name][0], inner)))
             cpu[name].append((time.process_time() - c0) / inner)
-        bench.log(f"{env_id}: repeat {r + 1}/{repeats}")
+        log(f"{env_id}: repeat {r + 1}/{repeats}")
     base = statistics.median(times["exact"])
     base_min, base_cpu = min(times["exact"]), statistics.median(cpu["exact"])
     rows = []
@@ -168,7 +162,7 @@ def main() -> None:
     parser.add_argument("--only", help="one env id of the table (no files written)")
     args = parser.parse_args()
     W, repeats = (256, 2) if args.quick else (4096, args.repeats)
-    info = bench.environment_info()
+    info = environment_info()
     rows = []
     for env_id, T, variants in SETUPS:
         if args.only and env_id != args.only:
@@ -176,11 +170,9 @@ def main() -> None:
         reps = max(3, repeats // 2) if env_id == "ProcMaze-v0" and not args.quick else repeats
         inner = 1 if env_id == "ProcMaze-v0" or args.quick else 3
         rows.extend(measure(env_id, T, variants, W, reps, inner))
-    md = markdown(rows, info)
-    print(md)
-    if not args.quick and not args.only:
-        results = {"rows": rows, "environment": info, "git": bench.git_state()}
-        bench.write_results(results, md, RESULTS, "reset_pool")
+    results = {"rows": rows, "environment": info, "git": harness.git_state()}
+    out = None if args.quick or args.only else harness.RESULTS_DIR
+    harness.finish(results, markdown(rows, info), "reset_pool", out)
 
 
 if __name__ == "__main__":

@@ -24,8 +24,8 @@ steps/s at 64 envs (OpenMP barriers under oversubscription); with one it ran at 
 
 Usage::
 
-    python benchmarks/rllib.py                       # 64 and 1024 envs, writes results
-    python benchmarks/rllib.py --envs 64 --repeats 3 --no-write
+    python -m benchmarks.rllib                       # 64 and 1024 envs, writes results
+    python -m benchmarks.rllib --envs 64 --repeats 3 --no-write
 """
 
 from __future__ import annotations
@@ -37,14 +37,13 @@ import multiprocessing as mp
 import os
 import platform
 import statistics
-import sys
 import time
 import warnings
 from typing import Any
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from benchmarks import harness
 
-RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+RESULTS = str(harness.RESULTS_DIR)
 #: rollout_fragment_length per vector width (env steps per call: num_envs * fragment)
 FRAGMENT = {64: 128, 1024: 32}
 

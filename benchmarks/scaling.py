@@ -19,8 +19,9 @@ Rows (``N`` = devices x processes):
   before JAX starts).
 * ``rollout_2x_pinned``: two pinned processes each running its own 1-device rollout,
   no communication: the ceiling the distributed rows could reach.
-* ``hand_1p`` / ``hand_2x_pinned``: the hand-written PureJaxRL loop of
-  ``throughput.py`` (``vmap`` over gymnax CartPole + the same MLP in one jitted scan), in
+* ``hand_1p`` / ``hand_2x_pinned``: the hand-written PureJaxRL loop of ``throughput.py``
+  (:func:`benchmarks.baselines.gymnax_cartpole`: ``vmap`` over gymnax CartPole + the same
+  MLP in one jitted scan), in
   one process, and in two pinned processes with no communication (the issue's
   "hand-written 2 pinned processes" reference).
 * ``sampler_1d`` / ``sampler_2d``: end to end, ``js.Sampler(env, policy,
@@ -28,7 +29,7 @@ Rows (``N`` = devices x processes):
   ``MultiAgentBatch`` included); skipped, with the reason, if ``Sampler`` does not take
   ``devices=``.
 
-Method: each configuration is a group of worker processes (this script with ``--worker``)
+Method: each configuration is a group of worker processes (this module with ``--worker``)
 started once; each compiles its rows, reports one call's time, and then times rounds on
 the parent's command. Rounds go through every row in a rotating order, so every row sees
 the same machine noise; a row's figure is the median over rounds of its median call time
@@ -41,17 +42,16 @@ actions; the sampler counts the env steps in the batch.
 
 Usage::
 
-    python benchmarks/scaling.py                  # full run (~5 min on 2 cores), writes results/
-    python benchmarks/scaling.py --quick          # smoke test (W=16, T=8), prints only
-    python benchmarks/scaling.py --quick --out /tmp/sc   # ... and writes json/md/png there
-    python benchmarks/scaling.py --widths 1024 --repeats 9 --no-sampler
+    python -m benchmarks.scaling                  # full run (~5 min on 2 cores), writes results/
+    python -m benchmarks.scaling --quick          # smoke test (W=16, T=8), prints only
+    python -m benchmarks.scaling --quick --out /tmp/sc   # ... and writes json/md/png there
+    python -m benchmarks.scaling --widths 1024 --repeats 9 --no-sampler
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import datetime
 import json
 import math
 import os
@@ -66,15 +66,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-# The parent process never imports JAX: workers pin themselves to a core before JAX
-# starts (XLA sizes its thread pool from the cores it may use).
+# The parent process never imports JAX (the harness does not either): workers pin
+# themselves to a core before JAX starts (XLA sizes its thread pool from the cores it may use).
+from benchmarks import harness
 
-ROOT = Path(__file__).resolve().parents[1]
-RESULTS_DIR = Path(__file__).resolve().parent / "results"
 MARK = "@@scaling "
 ENV_ID = "CartPole-v1"
 DEFAULT_WIDTHS = (1024, 16384)
-QUICK = {"widths": [16], "rollout_length": 8, "repeats": 2, "target_s": 0.02}
+SIZES = harness.Sizes(
+    full={"widths": list(DEFAULT_WIDTHS), "rollout_length": 128, "repeats": 7, "target_s": 0.3},
+    quick={"widths": [16], "rollout_length": 8, "repeats": 2, "target_s": 0.02},
+)
 
 LABELS = {
     "rollout_1p1d": "jaxsampler rollout, 1 process x 1 device",
@@ -172,9 +174,10 @@ def _rollout_row(width: int, T: int, mesh: Any) -> _Row:
 
 def _hand_row(width: int, T: int) -> _Row:
     import jax
-    from throughput import make_handwritten, policy_params  # the same loop as throughput.py
 
-    run, carry = make_handwritten(width, T)
+    from benchmarks.baselines import gymnax_cartpole, policy_params  # throughput.py's loop
+
+    run, carry = gymnax_cartpole(width, T)
     params = policy_params()
     box: dict[str, Any] = {"carry": carry}
     box["carry"], out = run(params, box["carry"])
@@ -282,7 +285,8 @@ class Proc:
     def __init__(self, group: Group, index: int, args: argparse.Namespace, env: dict[str, str]):
         cmd = [
             sys.executable,
-            str(Path(__file__).resolve()),
+            "-m",
+            "benchmarks.scaling",
             "--worker",
             ",".join(group.rows),
             "--widths",
@@ -295,7 +299,7 @@ class Proc:
         self.log: IO[str] = tempfile.TemporaryFile("w+")  # noqa: SIM115 (closed by close())
         self.p = subprocess.Popen(
             cmd,
-            cwd=ROOT,
+            cwd=harness.ROOT,
             env=env,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
@@ -318,7 +322,7 @@ class Proc:
                 msg: dict[str, Any] = json.loads(line[len(MARK) :])
                 if msg["event"] != "built":
                     return msg
-                _log(f"  {self.name} built {msg['key']} in {msg['compile_s']:.1f} s")
+                harness.log(f"  {self.name} built {msg['key']} in {msg['compile_s']:.1f} s")
         raise TimeoutError(f"worker {self.name} did not answer within {timeout:.0f} s")
 
     def send(self, msg: dict[str, Any]) -> None:
@@ -340,10 +344,6 @@ class Proc:
         self.log.close()
 
 
-def _log(msg: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
-
-
 def _free_port() -> int:
     import socket
 
@@ -359,7 +359,7 @@ def start_group(group: Group, args: argparse.Namespace) -> list[Proc]:
         if not k.startswith("JAXSAMPLER_") and k not in ("XLA_FLAGS", "JAX_PLATFORMS")
     }
     base.update(
-        PYTHONPATH=str(ROOT),
+        PYTHONPATH=str(harness.ROOT),
         JAX_PLATFORMS="cpu",
         OPENBLAS_NUM_THREADS="1",
         XLA_FLAGS=f"--xla_force_host_platform_device_count={group.devices}",
@@ -386,7 +386,7 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
     try:
         chosen = [g for g in groups(args.sampler) if args.groups is None or g.name in args.groups]
         for g in chosen:  # all at once: their imports and compiles overlap
-            _log(f"starting {g.name}: {g.processes} process(es) x {g.devices} device(s)")
+            harness.log(f"starting {g.name}: {g.processes} process(es) x {g.devices} device(s)")
             started.append((g, start_group(g, args)))
         for g, procs in started:
             ready[g.name] = [p.recv(args.worker_timeout) for p in procs]
@@ -395,7 +395,7 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
             for m in msgs:
                 skipped.update(m["skipped"])
         for row, why in skipped.items():
-            _log(f"skipping {row}: {why}")
+            harness.log(f"skipping {row}: {why}")
         cells = [
             (g, procs, row, w)
             for g, procs in started
@@ -409,9 +409,8 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
             inner[row, w] = max(1, math.ceil(args.target_s / max(call_s, 1e-6)))
         raw: dict[str, dict[str, list[Any]]] = {}
         for r in range(args.repeats):
-            _log(f"round {r + 1}/{args.repeats}")
-            k = r % len(cells)
-            for _, procs, row, w in cells[k:] + cells[:k]:
+            harness.log(f"round {r + 1}/{args.repeats}")
+            for _, procs, row, w in harness.rotated(cells, r):
                 key = f"{row}@{w}"
                 for p in procs:
                     p.send({"op": "round", "key": key, "inner": inner[row, w]})
@@ -431,9 +430,7 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
             p.close()
     rows = summarize(raw, distributed={r for g in groups(True) if g.distributed for r in g.rows})
     return {
-        "benchmark": "scaling",
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "command": " ".join(sys.argv),
+        **harness.stamp("scaling", "scaling"),
         "note": args.note,
         "config": {
             "env_id": ENV_ID,
@@ -482,8 +479,7 @@ def summarize(raw: dict[str, dict[str, list[Any]]], distributed: set[str]) -> di
             }
             if base in raw and w in raw[base]:
                 single = [_throughput(r, False) for r in raw[base][w]]
-                ratios = [a / b for a, b in zip(tp, single, strict=True)]
-                cell["speedup"] = statistics.median(ratios)
+                cell["speedup"] = harness.paired_ratio(tp, single)
                 cell["efficiency"] = cell["speedup"] / n
             out.setdefault(row, {})[w] = cell
     return out
@@ -512,13 +508,6 @@ def check_targets(rows: dict[str, Any], widths: Sequence[int]) -> list[dict[str,
 # --------------------------------------------------------------------------- reports
 
 
-def _si(x: float) -> str:
-    for div, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
-        if x >= div:
-            return f"{x / div:.2f}{suffix}"
-    return f"{x:.0f}"
-
-
 def markdown(res: dict[str, Any]) -> str:
     cfg = res["config"]
     widths = [str(w) for w in cfg["widths_per_unit"]]
@@ -543,7 +532,7 @@ def markdown(res: dict[str, Any]) -> str:
                 cells += ["-", "-", "-"]
                 continue
             cells += [
-                _si(c["actions_per_s"]),
+                harness.si(c["actions_per_s"], 2),
                 f"{c['speedup']:.2f}x" if "speedup" in c else "-",
                 f"{c['efficiency']:.0%}" if "efficiency" in c else "-",
             ]
@@ -563,10 +552,7 @@ def markdown(res: dict[str, Any]) -> str:
 
 def plot(res: dict[str, Any], path: Path) -> None:
     """Grouped bars: actions/s per row, one bar per width, efficiency written on each."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = harness.pyplot()
     from matplotlib.ticker import FuncFormatter
 
     rows = list(res["rows"])
@@ -617,10 +603,10 @@ def plot(res: dict[str, Any], path: Path) -> None:
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-    ap.add_argument("--widths", type=int, nargs="+", default=list(DEFAULT_WIDTHS))
-    ap.add_argument("--rollout-length", type=int, default=128)
-    ap.add_argument("--repeats", type=int, default=7, help="rounds (default 7)")
-    ap.add_argument("--target-s", type=float, default=0.3, help="seconds per row per round")
+    ap.add_argument("--widths", type=int, nargs="+", help="W per unit (default 1024 16384)")
+    ap.add_argument("--rollout-length", type=int, help="T (default 128)")
+    ap.add_argument("--repeats", type=int, help="rounds (default 7)")
+    ap.add_argument("--target-s", type=float, help="seconds per row per round (default 0.3)")
     ap.add_argument("--no-sampler", dest="sampler", action="store_false")
     ap.add_argument(
         "--groups",
@@ -629,16 +615,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         choices=[g.name for g in groups(True)],
         help="run only these configurations (default: all)",
     )
-    ap.add_argument("--quick", action="store_true", help="tiny smoke test; prints only")
-    ap.add_argument("--out", type=Path, default=None, help=f"output folder (default {RESULTS_DIR})")
+    harness.add_quick_out(ap, "scaling", quick="tiny smoke test; prints")
     ap.add_argument("--note", default="", help="free text recorded with the results")
     ap.add_argument("--worker-timeout", type=float, default=600.0)
     ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--pin", type=int, default=None, help=argparse.SUPPRESS)
-    args = ap.parse_args(argv)
-    if args.quick:  # the quick values, except where given on the command line
-        ap.set_defaults(**QUICK)
-        args = ap.parse_args(argv)
+    args = SIZES.apply(ap.parse_args(argv))  # --quick: the quick values, unless given
     if any(w < 1 for w in args.widths) or args.rollout_length < 1 or args.repeats < 1:
         ap.error("--widths, --rollout-length and --repeats must be positive")
     return args
@@ -650,15 +632,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         worker(args.worker.split(","), args.widths, args.rollout_length, args.pin)
         return
     res = run_benchmark(args)
-    md = markdown(res)
-    print(md)
-    out = args.out if args.out is not None else (None if args.quick else RESULTS_DIR)
-    if out is not None:
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "scaling.json").write_text(json.dumps(res, indent=1) + "\n")
-        (out / "scaling.md").write_text(md)
-        plot(res, out / "scaling.png")
-        _log(f"wrote scaling.json, scaling.md and scaling.png to {out}")
+    harness.finish(
+        res, markdown(res), "scaling", harness.results_dir(args.out, args.quick), plot=plot
+    )
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """Policy serving: ``get_action`` throughput and latency with 1-64 concurrent clients.
 
-A simulator-driven setup (issue 5, "Performance"): client threads run episodes against
+A simulator-driven setup (issue 5, "Performance"): client threads
+(:mod:`benchmarks.serving_client`) run episodes against
 a CartPole-shaped env (``obs`` float32 ``(4,)``, ``Discrete(2)`` actions, episodes of
 ``--episode-len`` steps), each step one blocking ``get_action`` plus one ``log_returns``,
 then ``end_episode``. The serving side is one :class:`~jaxsampler.sampling.host.HostSampler`
@@ -48,32 +49,30 @@ join. Reported per (mode, clients):
 
 Usage::
 
-    python benchmarks/serving.py          # full run (~1.5-2 min), writes results/serving.{json,md}
-    python benchmarks/serving.py --quick           # smoke test (tiny phases), prints only
-    python benchmarks/serving.py --modes inprocess --clients 1 64 --rounds 5
-    python benchmarks/serving.py --out /tmp/serving
+    python -m benchmarks.serving          # full run (~1.5-2 min), writes results/serving.{json,md}
+    python -m benchmarks.serving --quick           # smoke test (tiny phases), prints only
+    python -m benchmarks.serving --modes inprocess --clients 1 64 --rounds 5
+    python -m benchmarks.serving --out /tmp/serving
 """
 
 from __future__ import annotations
 
 import _thread
 import argparse
-import datetime
-import json
 import statistics
-import subprocess
 import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from jaxsampler.cli.bench import compile_count, environment_info, git_state, log, write_results
+from benchmarks import harness, serving_client
+from benchmarks.harness import fmt, log, thousands
+from benchmarks.serving_client import JOIN_TIMEOUT_S, Phases, keep_round, percentiles_ms
+from jaxsampler.cli.bench import compile_count, environment_info
 
-RESULTS_DIR = Path(__file__).resolve().parent / "results"
 HIDDEN = (64, 64)
 MODES = ("inprocess", "bare", "http", "http-inproc")
 LABELS = {
@@ -82,169 +81,10 @@ LABELS = {
     "http": "HTTP, clients in other processes",
     "http-inproc": "HTTP, clients in the server process",
 }
-FULL = {
-    "clients": [1, 8, 64],
-    "rounds": 3,
-    "warmup": 0.5,
-    "duration": 1.5,
-    "episode_len": 50,
-    "sample_timesteps": 4096,
-    "modes": list(MODES),
-}
-QUICK = {
-    "clients": [1, 8, 64],
-    "rounds": 1,
-    "warmup": 0.2,
-    "duration": 0.3,
-    "episode_len": 50,
-    "sample_timesteps": 256,
-    "modes": list(MODES),
-}
-JOIN_TIMEOUT_S = 15.0
-
-
-# --------------------------------------------------------------------------- clients
-
-
-def client_observations(client: int, episode_len: int, seed: int) -> np.ndarray:
-    """``[episode_len + 1, 4]`` float32 CartPole-range observations of one client (fixed per
-    client)."""
-    rng = np.random.default_rng([seed, client])
-    scale = np.array([1.0, 0.5, 0.1, 0.5], np.float32)
-    return np.clip(rng.standard_normal((episode_len + 1, 4)) * scale, -2.0, 2.0).astype(np.float32)
-
-
-def _client_thread(
-    factory: Callable[[], Any],
-    obs: np.ndarray,
-    stop: threading.Event,
-    rec: list,
-    errors: list,
-    cpu: list,
-) -> None:
-    """Episode loop of one simulator: ``start_episode``, then per step ``get_action`` (timed)
-    and ``log_returns``; ``end_episode`` at the end (truncated when stopped mid-episode).
-    Appends ``(t_returned, latency_s)`` of every ``get_action`` to ``rec`` and the thread's
-    CPU time to ``cpu``."""
-    client = None
-    cpu0 = time.thread_time()
-    try:
-        client = factory()
-        episode_len = len(obs) - 1
-        clock = time.perf_counter
-        while not stop.is_set():
-            eid = client.start_episode()
-            t = 0
-            while t < episode_len and not stop.is_set():
-                t0 = clock()
-                client.get_action(eid, obs[t])
-                t1 = clock()
-                rec.append((t1, t1 - t0))
-                client.log_returns(eid, 1.0)
-                t += 1
-            client.end_episode(eid, obs[t], truncated=t < episode_len)
-    except Exception as e:
-        errors.append(f"{type(e).__name__}: {e}")
-    finally:
-        close = getattr(client, "close", None)
-        if close is not None and not hasattr(client, "poll"):  # a PolicyClient, not the shared env
-            close()
-        cpu.append(time.thread_time() - cpu0)
-
-
-def run_phase(
-    factory: Callable[[], Any],
-    num_clients: int,
-    warmup_s: float,
-    duration_s: float,
-    episode_len: int,
-    seed: int,
-    mark: Callable[[str], None] | None = None,
-    first_client: int = 0,
-) -> dict[str, Any]:
-    """Runs ``num_clients`` client threads for ``warmup_s + duration_s`` and measures the window.
-
-    ``mark("start")`` / ``mark("end")`` are called at the window's edges (server-side
-    counters are read there). Returns actions/s, per-client counts, the raw latencies (s)
-    of the window, the process CPU time in cores, errors and hung threads.
-    """
-    stop = threading.Event()
-    recs: list[list] = [[] for _ in range(num_clients)]
-    errors: list[str] = []
-    cpu: list[float] = []
-    threads = [
-        threading.Thread(
-            target=_client_thread,
-            name=f"client-{i}",
-            daemon=True,
-            args=(
-                factory,
-                client_observations(first_client + i, episode_len, seed),
-                stop,
-                recs[i],
-                errors,
-                cpu,
-            ),
-        )
-        for i in range(num_clients)
-    ]
-    for th in threads:
-        th.start()
-    time.sleep(warmup_s)
-    if mark:
-        mark("start")
-    t0, c0 = time.perf_counter(), time.process_time()
-    time.sleep(duration_s)
-    t1, c1 = time.perf_counter(), time.process_time()
-    if mark:
-        mark("end")
-    stop.set()
-    deadline = time.monotonic() + JOIN_TIMEOUT_S
-    for th in threads:
-        th.join(max(0.0, deadline - time.monotonic()))
-    hung = sum(th.is_alive() for th in threads)
-    per_client = [sum(1 for td, _ in r if t0 <= td < t1) for r in recs]
-    lat = [lat for r in recs for td, lat in r if t0 <= td < t1]
-    wall = t1 - t0
-    return {
-        "clients": num_clients,
-        "window_s": wall,
-        "actions": len(lat),
-        "actions_per_s": len(lat) / wall,
-        "per_client_actions": per_client,
-        "latencies_s": lat,
-        "cpu_cores": (c1 - c0) / wall,
-        "client_cpu_us_per_action": 1e6 * sum(cpu) / max(1, sum(len(r) for r in recs)),
-        "errors": errors[:5],
-        "num_errors": len(errors),
-        "hung_threads": hung,
-    }
-
-
-def _worker(address: str) -> None:
-    """``--client-worker``: runs phases of PolicyClient threads on command (JSON lines on stdin)."""
-    from jaxsampler.serving.client import PolicyClient
-
-    def say(msg: dict) -> None:
-        sys.stdout.write(json.dumps(msg) + "\n")
-        sys.stdout.flush()
-
-    say({"event": "ready"})
-    for line in sys.stdin:
-        cmd = json.loads(line)
-        if cmd.get("quit"):
-            break
-        res = run_phase(
-            lambda: PolicyClient(address),
-            cmd["clients"],
-            cmd["warmup_s"],
-            cmd["duration_s"],
-            cmd["episode_len"],
-            cmd["seed"],
-            mark=lambda what: say({"event": what}),
-            first_client=cmd.get("first_client", 0),
-        )
-        say({"event": "result", "result": res})
+SIZES = serving_client.sizes(
+    full={"rounds": 3, "duration": 1.5, "modes": list(MODES)},
+    quick={"duration": 0.3, "modes": list(MODES)},
+)
 
 
 # --------------------------------------------------------------------------- serving side
@@ -675,178 +515,47 @@ def server_window(a: dict[str, float], b: dict[str, float]) -> dict[str, Any]:
 # --------------------------------------------------------------------------- driver
 
 
-class _Worker:
-    """The client process of the ``http`` mode (this script with ``--client-worker``)."""
-
-    def __init__(self, address: str):
-        cmd = [
-            sys.executable,
-            str(Path(__file__).resolve()),
-            "--client-worker",
-            address,
-            "--switch-interval-ms",
-            str(sys.getswitchinterval() * 1e3),
-        ]
-        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        self._expect("ready")
-
-    def _expect(self, event: str) -> dict:
-        while True:
-            line = self.proc.stdout.readline()
-            if not line:
-                raise RuntimeError(
-                    f"client worker exited (rc {self.proc.poll()}) while waiting for {event!r}"
-                )
-            try:
-                msg = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            if msg.get("event") == event:
-                return msg
-
-    def send(self, cmd: dict) -> None:
-        self.proc.stdin.write(json.dumps(cmd) + "\n")
-        self.proc.stdin.flush()
-
-    def close(self) -> None:
-        try:
-            self.proc.stdin.write(json.dumps({"quit": True}) + "\n")
-            self.proc.stdin.close()
-            self.proc.wait(JOIN_TIMEOUT_S)
-        except (OSError, subprocess.TimeoutExpired):
-            self.proc.kill()
-            self.proc.wait()
-
-
-class _WorkerPool:
-    """The client processes of the ``http`` mode: a phase's clients are dealt out over up to
-    ``procs`` workers (each its own process, GIL and ``PolicyClient`` threads), which start
-    together; the server-side window runs from the last worker's start to the first one's end."""
-
-    def __init__(self, address: str, procs: int):
-        self.workers = [_Worker(address) for _ in range(procs)]
-
-    def run_phase(self, side: ServingSide, cmd: dict) -> tuple[dict, dict, dict]:
-        n = cmd["clients"]
-        used = self.workers[: min(n, len(self.workers))]
-        shares = [n // len(used) + (i < n % len(used)) for i in range(len(used))]
-        first = 0
-        for w, k in zip(used, shares):
-            w.send({**cmd, "clients": k, "first_client": first})
-            first += k
-        for w in used:
-            w._expect("start")
-        a = side.snapshot()
-        for w in used:
-            w._expect("end")
-        b = side.snapshot()
-        return _merge([w._expect("result")["result"] for w in used]), a, b
-
-    def close(self) -> None:
-        for w in self.workers:
-            w.close()
-
-
-def _merge(results: list[dict]) -> dict:
-    """One phase result from the workers' (their windows overlap up to the start skew)."""
-    actions = sum(r["actions"] for r in results)
-    return {
-        "clients": sum(r["clients"] for r in results),
-        "window_s": statistics.mean(r["window_s"] for r in results),
-        "actions": actions,
-        "actions_per_s": sum(r["actions_per_s"] for r in results),
-        "per_client_actions": [c for r in results for c in r["per_client_actions"]],
-        "latencies_s": [x for r in results for x in r["latencies_s"]],
-        "cpu_cores": sum(r["cpu_cores"] for r in results),
-        "client_cpu_us_per_action": sum(
-            r["client_cpu_us_per_action"] * r["actions"] for r in results
-        )
-        / max(1, actions),
-        "errors": [e for r in results for e in r["errors"]][:5],
-        "num_errors": sum(r["num_errors"] for r in results),
-        "hung_threads": sum(r["hung_threads"] for r in results),
-        "processes": len(results),
-    }
-
-
-def _percentiles_ms(lat: Sequence[float]) -> tuple[float | None, float | None]:
-    if not lat:
-        return None, None
-    p50, p99 = np.percentile(np.asarray(lat), [50, 99]) * 1e3
-    return float(p50), float(p99)
-
-
-def measure_mode(
-    mode: str,
-    clients: Sequence[int],
-    rounds: int,
-    warmup_s: float,
-    duration_s: float,
-    episode_len: int,
-    sample_timesteps: int,
-    max_wait_s: float,
-    seed: int,
-    client_procs: int = 4,
-) -> dict[str, Any]:
-    """Sets up one mode, runs ``rounds`` rounds of every client count (rotating order), tears
-    down."""
+def measure_mode(mode: str, ph: Phases) -> dict[str, Any]:
+    """Sets up one mode, runs ``ph.rounds`` rounds of every client count (rotating order),
+    tears down."""
+    clients = ph.clients
     t_setup = time.perf_counter()
     side = (
-        BareSide(max(clients), max_wait_s, seed)
+        BareSide(max(clients), ph.max_wait_s, ph.seed)
         if mode == "bare"
-        else ServingSide(mode != "inprocess", max(clients), max_wait_s, sample_timesteps, seed)
+        else ServingSide(
+            mode != "inprocess", max(clients), ph.max_wait_s, ph.sample_timesteps, ph.seed
+        )
     )
-    worker = _WorkerPool(side.server.address, client_procs) if mode == "http" else None
+    pool = (
+        serving_client.WorkerPool(side.server.address, ph.client_procs) if mode == "http" else None
+    )
     setup_s = time.perf_counter() - t_setup
     raw: dict[int, list[dict]] = {n: [] for n in clients}
     lat: dict[int, list[float]] = {n: [] for n in clients}
     try:
 
-        def phase(n: int, warm: float, dur: float) -> dict:
-            cmd = {
-                "clients": n,
-                "warmup_s": warm,
-                "duration_s": dur,
-                "episode_len": episode_len,
-                "seed": seed,
-            }
-            if worker is not None:
-                res, a, b = worker.run_phase(side, cmd)
-            else:
-                snaps: dict[str, dict] = {}
-                res = run_phase(
-                    side.client_factory(),
-                    n,
-                    warm,
-                    dur,
-                    episode_len,
-                    seed,
-                    mark=lambda what: snaps.__setitem__(what, side.snapshot()),
-                )
-                a, b = snaps["start"], snaps["end"]
+        def phase(cmd: dict) -> dict:
+            run = serving_client.run_phase_here if pool is None else pool.run_phase
+            res, a, b = run(side, cmd)
             res["server"] = server_window(a, b)
             return res
 
-        phase(max(clients), 2 * warmup_s, duration_s / 2)  # connections, episodes, any lazy compile
-        phase(min(clients), warmup_s, duration_s / 4)
-        for r in range(rounds * (side.error is None)):
-            order = list(clients[r % len(clients) :]) + list(clients[: r % len(clients)])
-            for n in order:
+        for cmd in ph.warm_ups():
+            phase(cmd)
+        for r in range(ph.rounds * (side.error is None)):
+            for n in harness.rotated(clients, r):
                 if side.error is not None:  # nobody answers get_action any more: stop measuring
                     break
-                res = phase(n, warmup_s, duration_s)
-                round_lat = res.pop("latencies_s")
-                res["p50_ms"], res["p99_ms"] = _percentiles_ms(round_lat)
-                lat[n].extend(round_lat)
-                raw[n].append(res)
+                res = keep_round(phase(ph.command(n)), raw[n], lat[n])
                 log(
-                    f"  {mode} round {r + 1}/{rounds}: {n:3d} clients {res['actions_per_s']:9.0f} "
-                    "actions/s, "
+                    f"  {mode} round {r + 1}/{ph.rounds}: {n:3d} clients "
+                    f"{res['actions_per_s']:9.0f} actions/s, "
                     f"batch {res['server']['mean_batch'] or 0:5.1f}, errors {res['num_errors']}"
                 )
     finally:
-        if worker is not None:
-            worker.close()
+        if pool is not None:
+            pool.close()
         side.close()
     return summarize_mode(mode, clients, raw, lat, side, setup_s)
 
@@ -865,7 +574,7 @@ def summarize_mode(
         if not rs:
             continue
         aps = [r["actions_per_s"] for r in rs]
-        p50, p99 = _percentiles_ms(lat[n])
+        p50, p99 = percentiles_ms(lat[n])
 
         def med(key: str, rs: list[dict] = rs) -> float | None:
             vals = [r["server"][key] for r in rs if r["server"][key] is not None]
@@ -926,12 +635,7 @@ def summarize_mode(
                 if b["actions_per_s"]
             ]
             if ratios:
-                speedup[str(n)] = {
-                    "median": statistics.median(ratios),
-                    "min": min(ratios),
-                    "max": max(ratios),
-                    "vs_clients": base,
-                }
+                speedup[str(n)] = {**harness.median_min_max(ratios), "vs_clients": base}
     return {
         "mode": mode,
         "label": LABELS[mode],
@@ -971,66 +675,42 @@ def vs_bare(modes: dict[str, Any]) -> dict[str, Any] | None:
     }
 
 
-def run_benchmark(
-    modes: Sequence[str],
-    clients: Sequence[int],
-    rounds: int,
-    warmup_s: float,
-    duration_s: float,
-    episode_len: int,
-    sample_timesteps: int,
-    max_wait_s: float,
-    seed: int,
-    client_procs: int = 4,
-) -> dict[str, Any]:
-    from importlib import metadata
-
+def run_benchmark(modes: Sequence[str], ph: Phases) -> dict[str, Any]:
     started = time.perf_counter()
-    clients = sorted(set(clients))
     results = {}
     for mode in modes:
         log(
-            f"{LABELS[mode]}: clients {clients}, {rounds} rounds x {duration_s} s (+{warmup_s} s "
-            "warm-up)"
+            f"{LABELS[mode]}: clients {ph.clients}, {ph.rounds} rounds x {ph.duration_s} s "
+            f"(+{ph.warmup_s} s warm-up)"
         )
-        results[mode] = measure_mode(
-            mode,
-            clients,
-            rounds,
-            warmup_s,
-            duration_s,
-            episode_len,
-            sample_timesteps,
-            max_wait_s,
-            seed,
-            client_procs,
-        )
+        results[mode] = measure_mode(mode, ph)
     left = [
         t.name for t in threading.enumerate() if t is not threading.main_thread() and t.is_alive()
     ]
     return {
-        "benchmark": "Policy serving: get_action actions/s and latency, in-process (vs a bare "
-        "floor) and over HTTP",
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "command": " ".join([Path(sys.executable).name] + sys.argv),
+        **harness.stamp(
+            "Policy serving: get_action actions/s and latency, in-process (vs a bare "
+            "floor) and over HTTP",
+            "serving",
+        ),
         "config": {
             "env": "CartPole-v1 spaces (obs float32 (4,), Discrete(2)); fixed per-client "
             "observations",
             "policy": f"MLPPolicy {HIDDEN} tanh",
             "modes": list(modes),
-            "clients": clients,
-            "rounds": rounds,
-            "warmup_s": warmup_s,
-            "duration_s": duration_s,
-            "episode_len": episode_len,
-            "sample_timesteps": sample_timesteps,
-            "max_wait_s": max_wait_s,
-            "seed": seed,
-            "http_client_processes": client_procs,
+            "clients": ph.clients,
+            "rounds": ph.rounds,
+            "warmup_s": ph.warmup_s,
+            "duration_s": ph.duration_s,
+            "episode_len": ph.episode_len,
+            "sample_timesteps": ph.sample_timesteps,
+            "max_wait_s": ph.max_wait_s,
+            "seed": ph.seed,
+            "http_client_processes": ph.client_procs,
             "switch_interval_s": sys.getswitchinterval(),
         },
-        "environment": {**environment_info(), "msgpack": metadata.version("msgpack")},
-        "git": git_state(include_untracked=True),
+        "environment": {**environment_info(), **harness.versions(["msgpack"])},
+        "git": harness.git_state(include_untracked=True),
         "modes": results,
         "vs_bare": vs_bare(results),
         "threads_left_after_run": left,
@@ -1039,14 +719,6 @@ def run_benchmark(
 
 
 # --------------------------------------------------------------------------- reporting
-
-
-def _f(x: float | None, fmt: str = ".0f", scale: float = 1.0) -> str:
-    return "—" if x is None else format(x * scale, fmt)
-
-
-def _rate(x: float) -> str:
-    return f"{x / 1e3:.1f}k" if x >= 1e3 else f"{x:.0f}"
 
 
 def markdown_vs_bare(vb: dict[str, Any] | None) -> str:
@@ -1071,8 +743,8 @@ def markdown_vs_bare(vb: dict[str, Any] | None) -> str:
     for n, c in vb["cells"].items():
         sp = [vb[k].get(n) for k in ("inprocess_speedup", "bare_speedup")]
         md += (
-            f"| {c['clients']} | {_rate(c['inprocess_actions_per_s'])} | "
-            f"{_rate(c['bare_actions_per_s'])} | "
+            f"| {c['clients']} | {thousands(c['inprocess_actions_per_s'])} | "
+            f"{thousands(c['bare_actions_per_s'])} | "
             f"**{c['ratio']:.0%}** | "
             + " | ".join(f"{s['median']:.1f}x" if s else "—" for s in sp)
             + " |\n"
@@ -1109,16 +781,16 @@ def markdown_table(results: dict[str, Any]) -> str:
     )
     for mode, m in results["modes"].items():
         for c in m["cells"].values():
-            cpu = _f(c["server_cpu_cores"], ".2f")
+            cpu = fmt(c["server_cpu_cores"], ".2f")
             if mode == "http":
                 cpu += f" / {c['client_cpu_cores']:.2f}"
             md += (
-                f"| {m['label']} | {c['clients']} | **{_rate(c['actions_per_s'])}** "
-                f"[{_rate(c['actions_per_s_min'])}–{_rate(c['actions_per_s_max'])}] | "
-                f"{_rate(c['per_client_actions_per_s'])} | {_f(c['p50_ms'], '.2f')} | "
-                f"{_f(c['p99_ms'], '.2f')} | "
-                f"{_f(c['mean_batch'], '.1f')} ({_f(c['mean_padded_batch'], '.0f')}) | "
-                f"{_f(c['policy_calls_per_s'])} | {cpu} |\n"
+                f"| {m['label']} | {c['clients']} | **{thousands(c['actions_per_s'])}** "
+                f"[{thousands(c['actions_per_s_min'])}–{thousands(c['actions_per_s_max'])}] | "
+                f"{thousands(c['per_client_actions_per_s'])} | {fmt(c['p50_ms'], '.2f')} | "
+                f"{fmt(c['p99_ms'], '.2f')} | "
+                f"{fmt(c['mean_batch'], '.1f')} ({fmt(c['mean_padded_batch'], '.0f')}) | "
+                f"{fmt(c['policy_calls_per_s'])} | {cpu} |\n"
             )
     md += (
         "\n## Speedup in total actions/s over 1 client "
@@ -1172,14 +844,18 @@ def markdown_table(results: dict[str, Any]) -> str:
     for m in results["modes"].values():
         for c in m["cells"].values():
             md += (
-                f"| {m['label']} | {c['clients']} | {_f(c['share_poll'], '.0%')} | "
-                f"{_f(c['share_policy'], '.0%')} | "
-                f"{_f(c['share_send'], '.0%')} | {_f(c['share_rest'], '.0%')} | "
-                f"{_f(c['share_batch_build'], '.0%')} | "
-                f"{_f(c['sampler_cpu_share'], '.0%')} | {_f(c['policy_us_per_call'])} "
-                f"({_f(c['policy_cpu_us_per_call'])}) | {_f(c['sampler_cpu_us_per_action'])} | "
-                f"{_f(c['client_cpu_us_per_action'])} | {_f(c['server_cpu_us_per_action'])}"
-                + (f" + {_f(c['client_process_cpu_us_per_action'])}" if m["mode"] == "http" else "")
+                f"| {m['label']} | {c['clients']} | {fmt(c['share_poll'], '.0%')} | "
+                f"{fmt(c['share_policy'], '.0%')} | "
+                f"{fmt(c['share_send'], '.0%')} | {fmt(c['share_rest'], '.0%')} | "
+                f"{fmt(c['share_batch_build'], '.0%')} | "
+                f"{fmt(c['sampler_cpu_share'], '.0%')} | {fmt(c['policy_us_per_call'])} "
+                f"({fmt(c['policy_cpu_us_per_call'])}) | {fmt(c['sampler_cpu_us_per_action'])} | "
+                f"{fmt(c['client_cpu_us_per_action'])} | {fmt(c['server_cpu_us_per_action'])}"
+                + (
+                    f" + {fmt(c['client_process_cpu_us_per_action'])}"
+                    if m["mode"] == "http"
+                    else ""
+                )
                 + " |\n"
             )
     md += (
@@ -1191,7 +867,7 @@ def markdown_table(results: dict[str, Any]) -> str:
         errs = sum(c["num_errors"] + c["hung_threads"] for c in m["cells"].values())
         note = m["sampler_error"] or (f"{errs} client errors / hung threads" if errs else "none")
         md += (
-            f"| {m['label']} | {m['setup_s']:.1f} | {_f(m['compile_s'], '.2f')} | "
+            f"| {m['label']} | {m['setup_s']:.1f} | {fmt(m['compile_s'], '.2f')} | "
             f"{m['batch_sizes']} | "
             f"{'—' if m['recompiles_while_timing'] is None else m['recompiles_while_timing']} | "
             f"{note} |\n"
@@ -1204,69 +880,24 @@ def markdown_table(results: dict[str, Any]) -> str:
 def main(argv: Sequence[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--modes", nargs="+", choices=MODES, help=f"default: {' '.join(MODES)}")
-    p.add_argument(
-        "--clients", type=int, nargs="+", help="concurrent client counts (default 1 8 64)"
-    )
-    p.add_argument(
-        "--rounds", type=int, help="rounds per mode; each runs every client count once (default 3)"
-    )
-    p.add_argument("--duration", type=float, help="timed seconds per cell and round (default 1.5)")
-    p.add_argument(
-        "--warmup", type=float, help="untimed seconds before each timed window (default 0.5)"
-    )
-    p.add_argument("--episode-len", type=int, help="steps per client episode (default 50)")
-    p.add_argument(
-        "--sample-timesteps",
-        type=int,
-        help="num_timesteps of each sample_batch call (default 4096)",
-    )
-    p.add_argument(
-        "--max-wait-ms", type=float, default=2.0, help="ExternalEnv batching wait (default 2 ms)"
-    )
+    serving_client.add_arguments(p, "serving", SIZES)
     p.add_argument(
         "--switch-interval-ms",
         type=float,
         help="sys.setswitchinterval for the server and client processes (default: Python's, 5 ms)",
     )
-    p.add_argument(
-        "--client-procs",
-        type=int,
-        default=4,
-        help="http mode: client processes the clients are dealt over (default 4)",
-    )
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument(
-        "--quick", action="store_true", help="tiny smoke run; prints, writes only with --out"
-    )
-    p.add_argument(
-        "--out", type=Path, help=f"where to write serving.json/.md (default {RESULTS_DIR})"
-    )
-    p.add_argument("--client-worker", help=argparse.SUPPRESS)
+    p.add_argument("--client-worker", help=argparse.SUPPRESS)  # serving_client's, by its old name
     args = p.parse_args(argv)
     if args.switch_interval_ms is not None:
         sys.setswitchinterval(args.switch_interval_ms / 1e3)
     if args.client_worker:
-        _worker(args.client_worker)
+        serving_client.worker(args.client_worker)
         return
-    for k, v in (QUICK if args.quick else FULL).items():
-        if getattr(args, k) is None:
-            setattr(args, k, v)
-    results = run_benchmark(
-        args.modes,
-        args.clients,
-        args.rounds,
-        args.warmup,
-        args.duration,
-        args.episode_len,
-        args.sample_timesteps,
-        args.max_wait_ms / 1e3,
-        args.seed,
-        args.client_procs,
+    SIZES.apply(args)
+    results = run_benchmark(args.modes, Phases.from_args(args))
+    harness.finish(
+        results, markdown_table(results), "serving", harness.results_dir(args.out, args.quick)
     )
-    print(markdown_table(results))
-    out_dir = args.out or (None if args.quick else RESULTS_DIR)
-    if out_dir is not None:
-        write_results(results, markdown_table(results), out_dir, "serving")
 
 
 if __name__ == "__main__":

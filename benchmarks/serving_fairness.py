@@ -23,14 +23,13 @@ after under flood.
 
 Usage::
 
-    python benchmarks/serving_fairness.py --before ../main   # writes results/serving_fairness.*
-    python benchmarks/serving_fairness.py --before ../main --quick   # tiny run, prints only
+    python -m benchmarks.serving_fairness --before ../main   # writes results/serving_fairness.*
+    python -m benchmarks.serving_fairness --before ../main --quick   # tiny run, prints only
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime
 import http.client
 import os
 import statistics
@@ -43,11 +42,12 @@ from typing import Any
 
 import numpy as np
 
-from jaxsampler.cli.bench import environment_info, git_state, log, write_results
+from benchmarks import harness
+from benchmarks.harness import log
+from jaxsampler.cli.bench import environment_info
 from jaxsampler.episodes.codec import packb, unpackb
 
-RESULTS_DIR = Path(__file__).resolve().parent / "results"
-HERE = str(Path(__file__).resolve().parent.parent)
+HERE = str(harness.ROOT)
 
 SERVER = """
 import sys, threading, time
@@ -263,17 +263,17 @@ def main() -> None:
     p.add_argument("--warmup", type=float, default=1.0)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--quick", action="store_true", help="1 repeat, 4 samples; prints only")
-    p.add_argument("--out", type=Path, default=RESULTS_DIR)
+    p.add_argument("--out", type=Path, default=harness.RESULTS_DIR)
     args = p.parse_args()
     trees = {"before": args.before, "after": args.after}
     t_start = time.monotonic()
-    date = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    date = harness.now()
     results: dict[str, Any] = {
         "date": date,
-        "command": " ".join(sys.argv),
+        "command": harness.command("serving_fairness"),
         "config": {k: str(v) for k, v in vars(args).items()},
         "environment": environment_info(),
-        "git": git_state(),
+        "git": harness.git_state(),
         "scenarios": {},
     }
     md_body: list[str] = []
@@ -299,10 +299,7 @@ def main() -> None:
         "",
         *md_body,
     ]
-    text = "\n".join(md)
-    print(text)
-    if not args.quick:
-        write_results(results, text, args.out, "serving_fairness")
+    harness.finish(results, "\n".join(md), "serving_fairness", None if args.quick else args.out)
 
 
 if __name__ == "__main__":

@@ -31,7 +31,8 @@ back pressure, ``/batch``, ``GET /weights`` and ``/info``.
 All stacks serve the same :class:`~jaxsampler.host_envs.external.ExternalEnv`, sampled by
 one :class:`~jaxsampler.sampling.host.HostSampler` thread (``sample_batch`` in a loop, the
 jitted policy compiled for every padded batch size before timing): only the HTTP layer
-differs. The harness is ``benchmarks/serving.py``'s (imported, not copied): client threads
+differs. The harness is ``benchmarks/serving.py``'s (imported, not copied: its sampler side,
+:mod:`benchmarks.serving_client`'s clients): client threads
 in ``--client-procs`` other processes, each with its own ``PolicyClient``, running
 CartPole-shaped episodes (one ``get_action`` + a deferred ``log_returns`` per step).
 Every round runs every client count (rotating order) and, per client count, one phase on
@@ -46,9 +47,9 @@ in advance (:data:`THRESHOLD_ACTIONS`, :data:`THRESHOLD_P50`) to those ratios.
 
 Usage::
 
-    python benchmarks/serving_stacks.py          # full run (~7 min), results/serving_stacks.*
-    python benchmarks/serving_stacks.py --quick  # smoke run (~30 s), prints only
-    python benchmarks/serving_stacks.py --stacks current aiohttp --rounds 7
+    python -m benchmarks.serving_stacks          # full run (~7 min), results/serving_stacks.*
+    python -m benchmarks.serving_stacks --quick  # smoke run (~30 s), prints only
+    python -m benchmarks.serving_stacks --stacks current aiohttp --rounds 7
 """
 
 from __future__ import annotations
@@ -56,7 +57,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import datetime
 import json
 import os
 import socket
@@ -69,14 +69,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from benchmarks import harness, serving, serving_client
+from benchmarks.harness import fmt, log, thousands
+from benchmarks.serving_client import Phases, keep_round, percentiles_ms
+from jaxsampler.cli.bench import environment_info
 
-# benchmarks/serving.py: the clients, the instrumented sampler side, the worker pool
-import serving as harness
-
-from jaxsampler.cli.bench import environment_info, git_state, log, write_results
-
-RESULTS_DIR = Path(__file__).resolve().parent / "results"
 STACKS = ("current", "aiohttp", "aiohttp-lowlevel", "uvicorn")
 LABELS = {
     "current": "current (PolicyServer: asyncio protocol + httptools)",
@@ -88,24 +85,10 @@ LABELS = {
 #: (median of the within-round ratios candidate / current).
 THRESHOLD_ACTIONS = 0.85
 THRESHOLD_P50 = 1.25
-FULL = {
-    "clients": [1, 8, 64],
-    "rounds": 10,
-    "warmup": 0.5,
-    "duration": 1.0,
-    "episode_len": 50,
-    "sample_timesteps": 4096,
-    "stacks": list(STACKS),
-}
-QUICK = {
-    "clients": [1, 8, 64],
-    "rounds": 1,
-    "warmup": 0.2,
-    "duration": 0.4,
-    "episode_len": 50,
-    "sample_timesteps": 256,
-    "stacks": list(STACKS),
-}
+SIZES = serving_client.sizes(
+    full={"rounds": 10, "duration": 1.0, "stacks": list(STACKS)},
+    quick={"duration": 0.4, "stacks": list(STACKS)},
+)
 MAX_BODY_BYTES = 8 << 20  # PolicyServer's default max_body_bytes
 KEEPALIVE_S = 120.0  # PolicyServer's default keepalive_timeout_s
 JSON_TYPE = "application/json"
@@ -620,28 +603,15 @@ def _ratios(a: list[dict], b: list[dict], key: str) -> dict[str, float] | None:
     vals = [x[key] / y[key] for x, y in zip(a, b) if x.get(key) and y.get(key)]
     if not vals:
         return None
-    return {"median": statistics.median(vals), "min": min(vals), "max": max(vals), "n": len(vals)}
+    return {**harness.median_min_max(vals), "n": len(vals)}
 
 
-def run_benchmark(
-    stacks: Sequence[str],
-    clients: Sequence[int],
-    rounds: int,
-    warmup_s: float,
-    duration_s: float,
-    episode_len: int,
-    sample_timesteps: int,
-    max_wait_s: float,
-    seed: int,
-    client_procs: int,
-) -> dict[str, Any]:
-    from importlib import metadata
-
+def run_benchmark(stacks: Sequence[str], ph: Phases) -> dict[str, Any]:
     started = time.perf_counter()
-    clients = sorted(set(clients))
+    clients = ph.clients
     stacks = ["current"] + [s for s in stacks if s != "current"]
     log(f"setting up the sampler and {stacks} ...")
-    side = harness.ServingSide(True, max(clients), max_wait_s, sample_timesteps, seed)
+    side = serving.ServingSide(True, max(clients), ph.max_wait_s, ph.sample_timesteps, ph.seed)
     servers: dict[str, Any] = {"current": side.server}
     pools: dict[str, Any] = {}
     raw: dict[str, dict[int, list[dict]]] = {s: {n: [] for n in clients} for s in stacks}
@@ -653,7 +623,7 @@ def run_benchmark(
             else:
                 servers[s] = AiohttpServer(side.env, lowlevel=s == "aiohttp-lowlevel")
         for s in stacks:
-            pools[s] = harness._WorkerPool(servers[s].address, client_procs)
+            pools[s] = serving_client.WorkerPool(servers[s].address, ph.client_procs)
         # CPU time of each stack's event-loop thread: the HTTP layer's own work (parse,
         # dispatch, env calls, answer), apart from the sampler thread the stacks share.
         threads = {t.name: t for t in threading.enumerate()}
@@ -672,16 +642,9 @@ def run_benchmark(
         )
         setup_s = time.perf_counter() - started
 
-        def phase(stack: str, n: int, warm: float, dur: float) -> dict:
-            cmd = {
-                "clients": n,
-                "warmup_s": warm,
-                "duration_s": dur,
-                "episode_len": episode_len,
-                "seed": seed,
-            }
+        def phase(stack: str, cmd: dict) -> dict:
             res, a, b = pools[stack].run_phase(side, cmd)
-            res["server"] = harness.server_window(a, b)
+            res["server"] = serving.server_window(a, b)
             sent = res["server"]["counts"]["actions_sent"]
             res["loop_cpu_us_per_action"] = (
                 1e6 * (b["loop_cpu"][stack] - a["loop_cpu"][stack]) / sent if sent else None
@@ -690,23 +653,18 @@ def run_benchmark(
             return res
 
         for s in stacks:  # connections, episodes, any lazy set-up of the stack
-            phase(s, max(clients), 2 * warmup_s, duration_s / 2)
-            phase(s, min(clients), warmup_s, duration_s / 4)
-        for r in range(rounds):
-            order = clients[r % len(clients) :] + clients[: r % len(clients)]
+            for cmd in ph.warm_ups():
+                phase(s, cmd)
+        for r in range(ph.rounds):
+            order = harness.rotated(clients, r)
             for i, n in enumerate(order):
-                k = (r * len(order) + i) % len(stacks)
-                for s in stacks[k:] + stacks[:k]:
+                for s in harness.rotated(stacks, r * len(order) + i):
                     if side.error is not None:
                         raise RuntimeError(f"sampler thread failed: {side.error}")
-                    res = phase(s, n, warmup_s, duration_s)
-                    round_lat = res.pop("latencies_s")
-                    res["p50_ms"], res["p99_ms"] = harness._percentiles_ms(round_lat)
+                    res = keep_round(phase(s, ph.command(n)), raw[s][n], lat[s][n])
                     res["round"] = r
-                    lat[s][n].extend(round_lat)
-                    raw[s][n].append(res)
                     log(
-                        f"  round {r + 1}/{rounds} {n:3d} clients {s:8s} "
+                        f"  round {r + 1}/{ph.rounds} {n:3d} clients {s:8s} "
                         f"{res['actions_per_s']:8.0f} actions/s  p50 {res['p50_ms'] or 0:6.2f} ms"
                         f"  batch {res['server']['mean_batch'] or 0:5.1f}  errors "
                         f"{res['num_errors']}"
@@ -727,7 +685,7 @@ def run_benchmark(
             if not rs:
                 continue
             aps = [r["actions_per_s"] for r in rs]
-            p50, p99 = harness._percentiles_ms(lat[s][n])
+            p50, p99 = percentiles_ms(lat[s][n])
             cells[str(n)] = {
                 "clients": n,
                 "actions_per_s": statistics.median(aps),
@@ -771,26 +729,24 @@ def run_benchmark(
             }
             for n in clients
         }
-    versions = {}
-    for pkg in ("aiohttp", "uvicorn", "httptools", "msgpack"):
-        with contextlib.suppress(metadata.PackageNotFoundError):
-            versions[pkg] = metadata.version(pkg)
+    versions = harness.versions(("aiohttp", "uvicorn", "httptools", "msgpack"), missing=None)
     return {
-        "benchmark": "Serving stacks: PolicyServer's HTTP layer vs aiohttp / uvicorn, side by side",
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "command": " ".join(["python", "benchmarks/serving_stacks.py", *sys.argv[1:]]),
+        **harness.stamp(
+            "Serving stacks: PolicyServer's HTTP layer vs aiohttp / uvicorn, side by side",
+            "serving_stacks",
+        ),
         "config": {
             "stacks": stacks,
             "clients": clients,
-            "rounds": rounds,
-            "warmup_s": warmup_s,
-            "duration_s": duration_s,
-            "episode_len": episode_len,
-            "sample_timesteps": sample_timesteps,
-            "max_wait_s": max_wait_s,
-            "client_procs": client_procs,
-            "seed": seed,
-            "hidden": list(harness.HIDDEN),
+            "rounds": ph.rounds,
+            "warmup_s": ph.warmup_s,
+            "duration_s": ph.duration_s,
+            "episode_len": ph.episode_len,
+            "sample_timesteps": ph.sample_timesteps,
+            "max_wait_s": ph.max_wait_s,
+            "client_procs": ph.client_procs,
+            "seed": ph.seed,
+            "hidden": list(serving.HIDDEN),
             "switch_interval_s": sys.getswitchinterval(),
             "max_body_bytes": MAX_BODY_BYTES,
             "keepalive_s": KEEPALIVE_S,
@@ -807,7 +763,7 @@ def run_benchmark(
         "sampler_error": side.error,
         "recompiles_while_timing": side.recompiles(),
         "environment": environment_info() | {"packages": versions},
-        "git": git_state(),
+        "git": harness.git_state(),
         "stacks": results_stacks,
         "vs_current": vs_current,
         "verdicts": {s: verdict(vs_current[s]) for s in stacks[1:]},
@@ -896,7 +852,7 @@ def _server_cpu_ratio(a: list[dict], b: list[dict]) -> dict[str, float] | None:
     ]
     if not vals:
         return None
-    return {"median": statistics.median(vals), "min": min(vals), "max": max(vals), "n": len(vals)}
+    return {**harness.median_min_max(vals), "n": len(vals)}
 
 
 def _clients(n: str | int) -> str:
@@ -916,16 +872,6 @@ def verdict(vs: dict[str, Any]) -> dict[str, Any]:
 
 
 # --------------------------------------------------------------------------- report
-
-
-def _k(x: float | None) -> str:
-    if x is None:
-        return "—"
-    return f"{x / 1e3:.1f}k" if x >= 1e3 else f"{x:.0f}"
-
-
-def _f(x: float | None, fmt: str = ".2f") -> str:
-    return "—" if x is None else format(x, fmt)
 
 
 def _ratio(r: dict | None, fmt: str = ".2f") -> str:
@@ -968,12 +914,13 @@ def markdown_table(res: dict[str, Any]) -> str:
     for s in res["stacks"].values():
         for c in s["cells"].values():
             md += (
-                f"| {s['label']} | {c['clients']} | **{_k(c['actions_per_s'])}** "
-                f"[{_k(c['actions_per_s_min'])}–{_k(c['actions_per_s_max'])}] | "
-                f"{_f(c['p50_ms'])} | {_f(c['p99_ms'])} | {_f(c['mean_batch'], '.1f')} | "
-                f"{_f(c['loop_cpu_us_per_action'], '.0f')} | "
-                f"{_f(c['server_cpu_us_per_action'], '.0f')} | "
-                f"{_f(c['client_cpu_us_per_action'], '.0f')} | "
+                f"| {s['label']} | {c['clients']} | **{thousands(c['actions_per_s'])}** "
+                f"[{thousands(c['actions_per_s_min'])}–{thousands(c['actions_per_s_max'])}] | "
+                f"{fmt(c['p50_ms'], '.2f')} | {fmt(c['p99_ms'], '.2f')} | "
+                f"{fmt(c['mean_batch'], '.1f')} | "
+                f"{fmt(c['loop_cpu_us_per_action'], '.0f')} | "
+                f"{fmt(c['server_cpu_us_per_action'], '.0f')} | "
+                f"{fmt(c['client_cpu_us_per_action'], '.0f')} | "
                 f"{c['num_errors'] + c['hung_threads']} |\n"
             )
     md += "\n## Candidate / current, within each round\n\n"
@@ -1033,7 +980,7 @@ def markdown_table(res: dict[str, Any]) -> str:
     md += "\n## Noise\n\n"
     md += (
         f"1-minute load average over the phases (other engineers' tests on the same 2 cores): "
-        f"{_f(la['min'], '.1f')} / {_f(la['median'], '.1f')} / {_f(la['max'], '.1f')} "
+        f"{fmt(la['min'], '.1f')} / {fmt(la['median'], '.1f')} / {fmt(la['max'], '.1f')} "
         "(min / median / max). The current stack's own actions/s, max / min over rounds: "
         + ", ".join(
             f"{v:.2f}x at {_clients(n)}"
@@ -1060,17 +1007,7 @@ def markdown_table(res: dict[str, Any]) -> str:
 def main(argv: Sequence[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--stacks", nargs="+", choices=STACKS, help=f"default: {' '.join(STACKS)}")
-    p.add_argument("--clients", type=int, nargs="+", help="client counts (default 1 8 64)")
-    p.add_argument("--rounds", type=int, help="rounds (default 10)")
-    p.add_argument("--duration", type=float, help="timed seconds per cell (default 1.0)")
-    p.add_argument("--warmup", type=float, help="untimed seconds before each window (0.5)")
-    p.add_argument("--episode-len", type=int, help="steps per client episode (default 50)")
-    p.add_argument("--sample-timesteps", type=int, help="num_timesteps per sample_batch (4096)")
-    p.add_argument("--max-wait-ms", type=float, default=2.0, help="ExternalEnv batching wait")
-    p.add_argument("--client-procs", type=int, default=4, help="client processes per stack (4)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--quick", action="store_true", help="smoke run; prints, writes only with --out")
-    p.add_argument("--out", type=Path, help=f"where to write the results (default {RESULTS_DIR})")
+    serving_client.add_arguments(p, "serving_stacks", SIZES)
     p.add_argument(
         "--rerender",
         type=Path,
@@ -1080,28 +1017,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.rerender:
         res = json.loads(args.rerender.read_text())
         res["verdicts"] = {s: verdict(v) for s, v in res["vs_current"].items()}
-        write_results(res, markdown_table(res), args.out or args.rerender.parent, "serving_stacks")
+        out = args.out or args.rerender.parent
+        harness.write_results(res, markdown_table(res), out, "serving_stacks")
         return
-    for k, v in (QUICK if args.quick else FULL).items():
-        if getattr(args, k) is None:
-            setattr(args, k, v)
-    res = run_benchmark(
-        args.stacks,
-        args.clients,
-        args.rounds,
-        args.warmup,
-        args.duration,
-        args.episode_len,
-        args.sample_timesteps,
-        args.max_wait_ms / 1e3,
-        args.seed,
-        args.client_procs,
+    SIZES.apply(args)
+    res = run_benchmark(args.stacks, Phases.from_args(args))
+    harness.finish(
+        res, markdown_table(res), "serving_stacks", harness.results_dir(args.out, args.quick)
     )
-    md = markdown_table(res)
-    print(md)
-    out_dir = args.out or (None if args.quick else RESULTS_DIR)
-    if out_dir is not None:
-        write_results(res, md, out_dir, "serving_stacks")
 
 
 if __name__ == "__main__":

@@ -46,7 +46,7 @@ Part (b), serving soak. A :class:`~jaxsampler.serving.server.PolicyServer` over 
 :class:`~jaxsampler.host_envs.external.ExternalEnv` (CartPole-shaped spaces), sampled by a
 HostSampler thread calling ``sample_batch(num_timesteps=--sample-timesteps)`` in a loop.
 ``--clients`` client threads (one remote-mode :class:`~jaxsampler.serving.client.
-PolicyClient` each) dealt over ``--client-procs`` processes (this script with
+PolicyClient` each) dealt over ``--client-procs`` processes (this module with
 ``--serving-worker``) run short episodes (5-40 steps; every 7th step is a ``log_action``,
 the rest ``get_action``; a ``log_returns`` after each) until ``--serving-steps`` steps in
 total. Observations carry ``(client, episode, t)``, so the server side counts every step
@@ -57,15 +57,14 @@ sampled batches (per episode, both sides' counts compared), client errors (must 
 
 Usage::
 
-    python benchmarks/soak.py          # full run (~9 min on a busy 2-core machine), writes results/
-    python benchmarks/soak.py --quick        # < 60 s smoke run, prints only (writes with --out)
-    python benchmarks/soak.py --parts samplers --calls 200
+    python -m benchmarks.soak          # full run (~9 min on a busy 2-core machine), writes results/
+    python -m benchmarks.soak --quick        # < 60 s smoke run, prints only (writes with --out)
+    python -m benchmarks.soak --parts samplers --calls 200
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime
 import gc
 import json
 import subprocess
@@ -73,31 +72,21 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from jaxsampler.cli.bench import compile_count, environment_info, git_state, log, write_results
+from benchmarks import harness
+from benchmarks.harness import log
+from jaxsampler.cli.bench import compile_count, environment_info
 
-RESULTS_DIR = Path(__file__).resolve().parent / "results"
 HIDDEN = (8,)
 SAMPLERS = ("device", "device-ma", "host", "host-ma")
 PARTS = ("samplers", "serving")
-FULL: dict[str, Any] = {
-    "calls": 1000,
-    "every": 20,
-    "serving_steps": 200_000,
-    "clients": 64,
-    "client_procs": 4,
-}
-QUICK: dict[str, Any] = {
-    "calls": 10,
-    "every": 3,
-    "serving_steps": 1_500,
-    "clients": 8,
-    "client_procs": 1,
-}
+SIZES = harness.Sizes(
+    full={"calls": 1000, "every": 20, "serving_steps": 200_000, "clients": 64, "client_procs": 4},
+    quick={"calls": 10, "every": 3, "serving_steps": 1_500, "clients": 8, "client_procs": 1},
+)
 WARMUP_FRACTION = 0.2
 MAX_EPISODES_PER_CLIENT = 4096
 MAX_EPISODE_LEN = 40
@@ -759,7 +748,8 @@ def run_serving_soak(
     for k in shares:
         cmd = [
             sys.executable,
-            str(Path(__file__).resolve()),
+            "-m",
+            "benchmarks.soak",
             "--serving-worker",
             address,
             str(first),
@@ -767,7 +757,7 @@ def run_serving_soak(
             str(per_client),
             str(seed),
         ]
-        workers.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True))
+        workers.append(subprocess.Popen(cmd, cwd=harness.ROOT, stdout=subprocess.PIPE, text=True))
         first += k
     sent: dict[tuple[int, int], int] = {}
     errors: list[str] = []
@@ -834,8 +824,8 @@ def run_serving_soak(
 # --------------------------------------------------------------------------- report
 
 
-def _f(x: float | None, fmt: str = ".0f", scale: float = 1.0) -> str:
-    return "n/a" if x is None else format(x * scale, fmt)
+def _f(x: float | None, spec: str = ".0f", scale: float = 1.0) -> str:
+    return harness.fmt(x, spec, scale, missing="n/a")
 
 
 def _mib(x: float | None) -> str:
@@ -982,9 +972,11 @@ def markdown(results: dict[str, Any]) -> str:
 def run(args: argparse.Namespace) -> dict[str, Any]:
     started = time.perf_counter()
     out: dict[str, Any] = {
-        "benchmark": "Soak: samplers and serving over long runs (memory, recompiles, steps)",
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "command": " ".join(["python", "benchmarks/soak.py", *args.argv]),
+        **harness.stamp(
+            "Soak: samplers and serving over long runs (memory, recompiles, steps)",
+            "soak",
+            args.argv,
+        ),
         "config": {
             "calls": args.calls,
             "every": args.every,
@@ -1000,7 +992,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "policy": f"MLPPolicy {HIDDEN}",
         },
         "environment": environment_info(),
-        "git": git_state(include_untracked=True),
+        "git": harness.git_state(include_untracked=True),
     }
     compile_count()  # start listening before anything compiles
     if "samplers" in args.parts:
@@ -1071,8 +1063,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="serving: the ExternalEnv's max_finished_ids (default: the env's, 100000)",
     )
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--quick", action="store_true", help="< 60 s smoke run; writes only with --out")
-    p.add_argument("--out", type=Path, help=f"where to write soak.json/.md (default {RESULTS_DIR})")
+    harness.add_quick_out(p, "soak", quick="< 60 s smoke run; prints")
     p.add_argument("--serving-worker", nargs=5, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)
@@ -1080,16 +1071,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         address, first, count, steps, seed = args.serving_worker
         _worker(address, int(first), int(count), int(steps), int(seed))
         return 0
-    for k, v in (QUICK if args.quick else FULL).items():
-        if getattr(args, k) is None:
-            setattr(args, k, v)
+    SIZES.apply(args)
     results = run(args)
     results["failures"] = failures(results)
-    md = markdown(results)
-    print(md)
-    out_dir = args.out or (None if args.quick else RESULTS_DIR)
-    if out_dir is not None:
-        write_results(results, md, out_dir, "soak")
+    harness.finish(results, markdown(results), "soak", harness.results_dir(args.out, args.quick))
     for f in results["failures"]:
         log(f"FAILED: {f}")
     return 1 if results["failures"] else 0

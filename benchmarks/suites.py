@@ -24,7 +24,8 @@ hand-written loops count what they applied (every env step is an action for each
 acting agents: 1 for gymnax/brax/jumanji, the player to move for pgx's two-player
 games, 3 for JaxMARL's simple spread).
 
-Measurement, as ``benchmarks/throughput.py``: each side is compiled first (compile time
+Measurement, as ``benchmarks/throughput.py`` (the loops' carry and transitions are
+:mod:`benchmarks.baselines`'): each side is compiled first (compile time
 reported apart), then ``--repeats`` rounds; in each round each side times enough calls to
 take ~0.2 s, at least 3 (the same number of calls for both), the order alternating between rounds.
 A figure is the median over all timed calls; a ratio is the median over rounds of the
@@ -32,16 +33,15 @@ within-round ratio. Every timed call blocks on its result before the clock is re
 
 Usage::
 
-    python benchmarks/suites.py              # full run (~5-10 min on 2 cores), writes results/
-    python benchmarks/suites.py --quick      # smoke test (E=8, T=8, 1 round), prints only
-    python benchmarks/suites.py --suites gymnax pgx --widths 64 --repeats 3
+    python -m benchmarks.suites              # full run (~5-10 min on 2 cores), writes results/
+    python -m benchmarks.suites --quick      # smoke test (E=8, T=8, 1 round), prints only
+    python -m benchmarks.suites --suites gymnax pgx --widths 64 --repeats 3
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import datetime
 import importlib.util
 import math
 import statistics
@@ -49,49 +49,36 @@ import sys
 import time
 import traceback
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
-import flax.struct
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 import jaxsampler as js
-from jaxsampler.cli.bench import environment_info, git_state, log, write_results
+from benchmarks import harness
+from benchmarks.baselines import HandCarry, HandTransition
+from jaxsampler.cli.bench import environment_info
 from jaxsampler.envs.base import Env
 from jaxsampler.policies import MLPPolicy, Policy
 from jaxsampler.transforms.flatten import FlattenObservation
 
-RESULTS_DIR = Path(__file__).resolve().parent / "results"
 DEFAULT_WIDTHS = (64, 512)
-QUICK = {"widths": [8], "rollout_length": 8, "repeats": 1, "target_s": 0.0, "min_calls": 1}
+SIZES = harness.Sizes(
+    full={
+        "widths": list(DEFAULT_WIDTHS),
+        "rollout_length": 128,
+        "repeats": 5,
+        "target_s": 0.2,
+        "min_calls": 3,
+    },
+    quick={"widths": [8], "rollout_length": 8, "repeats": 1, "target_s": 0.0, "min_calls": 1},
+)
+#: Packages whose versions are recorded with the results.
+VERSIONS = ("gymnax", "brax", "mujoco", "jumanji", "pgx", "jaxmarl")
 
 #: ``(run(params, carry) -> (carry, transitions), carry, agent-steps per call)``.
 Baseline = tuple[Callable[[Any, Any], tuple[Any, Any]], Any, int]
-
-
-@flax.struct.dataclass
-class Carry:
-    """The hand-written loops' scan carry."""
-
-    env_state: Any
-    obs: Any  # the policy's input, leaves [E, A, ...]
-    key: jax.Array
-    extra: Any = None  # suite-specific (e.g. a step counter for a time limit)
-
-
-@flax.struct.dataclass
-class Transition:
-    """What the hand-written loops store per step (leaves ``[T, E, ...]``)."""
-
-    obs: Any
-    action: Any
-    reward: jax.Array
-    terminated: jax.Array
-    truncated: jax.Array
-    logp: jax.Array
-    value: jax.Array
 
 
 def where_reset(done: jax.Array, fresh: Any, current: Any) -> Any:
@@ -119,21 +106,21 @@ def gymnax_baseline(
     genv, gparams = env.env, env.params  # type: ignore[attr-defined]
     E = num_envs
 
-    def run(params: Any, carry: Carry) -> tuple[Carry, Transition]:
-        def step(c: Carry, _: Any) -> tuple[Carry, Transition]:
+    def run(params: Any, carry: HandCarry) -> tuple[HandCarry, HandTransition]:
+        def step(c: HandCarry, _: Any) -> tuple[HandCarry, HandTransition]:
             key, k_act, k_step = jax.random.split(c.key, 3)
             action, logp, value = act(policy, params, c.obs, k_act)
             obs, state, reward, terminated, truncated, _ = jax.vmap(
                 genv.step, in_axes=(0, 0, 0, None)
             )(jax.random.split(k_step, E), c.env_state, action[:, 0], gparams)
-            tr = Transition(c.obs, action, reward, terminated, truncated, logp, value)
-            return Carry(state, obs[:, None], key), tr
+            tr = HandTransition(c.obs, action, reward, terminated, truncated, logp, value)
+            return HandCarry(state, obs[:, None], key), tr
 
         return jax.lax.scan(step, carry, None, rollout_length)
 
     key, k = jax.random.split(jax.random.PRNGKey(seed))
     obs, state = jax.vmap(genv.reset, in_axes=(0, None))(jax.random.split(k, E), gparams)
-    return jax.jit(run), Carry(state, obs[:, None], key), E * rollout_length
+    return jax.jit(run), HandCarry(state, obs[:, None], key), E * rollout_length
 
 
 def jaxmarl_baseline(
@@ -148,8 +135,8 @@ def jaxmarl_baseline(
     def stack(d: dict[str, jax.Array]) -> jax.Array:
         return jnp.stack([d[a] for a in agents], axis=1)
 
-    def run(params: Any, carry: Carry) -> tuple[Carry, Transition]:
-        def step(c: Carry, _: Any) -> tuple[Carry, Transition]:
+    def run(params: Any, carry: HandCarry) -> tuple[HandCarry, HandTransition]:
+        def step(c: HandCarry, _: Any) -> tuple[HandCarry, HandTransition]:
             key, k_act, k_step = jax.random.split(c.key, 3)
             action, logp, value = act(policy, params, c.obs, k_act)
             actions = {a: action[:, i] for i, a in enumerate(agents)}
@@ -157,16 +144,16 @@ def jaxmarl_baseline(
                 jax.random.split(k_step, E), c.env_state, actions
             )
             terminated = stack(done)
-            tr = Transition(
+            tr = HandTransition(
                 c.obs, action, stack(reward), terminated, jnp.zeros_like(terminated), logp, value
             )
-            return Carry(state, stack(obs), key), tr
+            return HandCarry(state, stack(obs), key), tr
 
         return jax.lax.scan(step, carry, None, rollout_length)
 
     key, k = jax.random.split(jax.random.PRNGKey(seed))
     obs, state = jax.vmap(menv.reset)(jax.random.split(k, E))
-    return jax.jit(run), Carry(state, stack(obs), key), E * rollout_length * A
+    return jax.jit(run), HandCarry(state, stack(obs), key), E * rollout_length * A
 
 
 def policy_input(env: Env, obs: Any, mask: jax.Array | None) -> Any:
@@ -191,21 +178,21 @@ def pgx_baseline(
     def observe(s: Any) -> Any:
         return policy_input(env, s.observation[:, None], s.legal_action_mask[:, None])
 
-    def run(params: Any, carry: Carry) -> tuple[Carry, Transition]:
-        def step(c: Carry, _: Any) -> tuple[Carry, Transition]:
+    def run(params: Any, carry: HandCarry) -> tuple[HandCarry, HandTransition]:
+        def step(c: HandCarry, _: Any) -> tuple[HandCarry, HandTransition]:
             key, k_act, k_step, k_reset = jax.random.split(c.key, 4)
             action, logp, value = act(policy, params, c.obs, k_act)
             s = jax.vmap(penv.step)(c.env_state, action[:, 0], jax.random.split(k_step, E))
             fresh = jax.vmap(penv.init)(jax.random.split(k_reset, E))
             nxt = where_reset(s.terminated | s.truncated, fresh, s)
-            tr = Transition(c.obs, action, s.rewards, s.terminated, s.truncated, logp, value)
-            return Carry(nxt, observe(nxt), key), tr
+            tr = HandTransition(c.obs, action, s.rewards, s.terminated, s.truncated, logp, value)
+            return HandCarry(nxt, observe(nxt), key), tr
 
         return jax.lax.scan(step, carry, None, rollout_length)
 
     key, k = jax.random.split(jax.random.PRNGKey(seed))
     state = jax.vmap(penv.init)(jax.random.split(k, E))
-    return jax.jit(run), Carry(state, observe(state), key), E * rollout_length
+    return jax.jit(run), HandCarry(state, observe(state), key), E * rollout_length
 
 
 def jumanji_baseline(
@@ -218,8 +205,8 @@ def jumanji_baseline(
     E = num_envs
     to_obs = _jumanji_observer(env)
 
-    def run(params: Any, carry: Carry) -> tuple[Carry, Transition]:
-        def step(c: Carry, _: Any) -> tuple[Carry, Transition]:
+    def run(params: Any, carry: HandCarry) -> tuple[HandCarry, HandTransition]:
+        def step(c: HandCarry, _: Any) -> tuple[HandCarry, HandTransition]:
             key, k_act, k_reset = jax.random.split(c.key, 3)
             action, logp, value = act(policy, params, c.obs, k_act)
             state, ts = jax.vmap(jenv.step)(c.env_state, action[:, 0])
@@ -228,14 +215,14 @@ def jumanji_baseline(
             state = where_reset(done, fresh_state, state)
             obs = where_reset(done, fresh_ts.observation, ts.observation)
             ended = ts.discount == 0
-            tr = Transition(c.obs, action, ts.reward, done & ended, done & ~ended, logp, value)
-            return Carry(state, to_obs(obs), key), tr
+            tr = HandTransition(c.obs, action, ts.reward, done & ended, done & ~ended, logp, value)
+            return HandCarry(state, to_obs(obs), key), tr
 
         return jax.lax.scan(step, carry, None, rollout_length)
 
     key, k = jax.random.split(jax.random.PRNGKey(seed))
     state, ts = jax.vmap(jenv.reset)(jax.random.split(k, E))
-    return jax.jit(run), Carry(state, to_obs(ts.observation), key), E * rollout_length
+    return jax.jit(run), HandCarry(state, to_obs(ts.observation), key), E * rollout_length
 
 
 def _jumanji_observer(env: Env) -> Callable[[Any], Any]:
@@ -263,8 +250,8 @@ def brax_baseline(
     high = jnp.asarray(env.action_space.high)  # type: ignore[attr-defined]
     E = num_envs
 
-    def run(params: Any, carry: Carry) -> tuple[Carry, Transition]:
-        def step(c: Carry, _: Any) -> tuple[Carry, Transition]:
+    def run(params: Any, carry: HandCarry) -> tuple[HandCarry, HandTransition]:
+        def step(c: HandCarry, _: Any) -> tuple[HandCarry, HandTransition]:
             key, k_act, k_reset = jax.random.split(c.key, 3)
             action, logp, value = act(policy, params, c.obs, k_act)
             s = jax.vmap(benv.step)(c.env_state, jnp.clip(action[:, 0], low, high))
@@ -275,14 +262,14 @@ def brax_baseline(
             fresh = jax.vmap(benv.reset)(jax.random.split(k_reset, E))
             s = where_reset(done, fresh, s)
             t = jnp.where(done, 0, t)
-            tr = Transition(c.obs, action, s.reward, terminated, truncated, logp, value)
-            return Carry(s, s.obs[:, None], key, t), tr
+            tr = HandTransition(c.obs, action, s.reward, terminated, truncated, logp, value)
+            return HandCarry(s, s.obs[:, None], key, t), tr
 
         return jax.lax.scan(step, carry, None, rollout_length)
 
     key, k = jax.random.split(jax.random.PRNGKey(seed))
     state = jax.vmap(benv.reset)(jax.random.split(k, E))
-    carry = Carry(state, state.obs[:, None], key, jnp.zeros(E, jnp.int32))
+    carry = HandCarry(state, state.obs[:, None], key, jnp.zeros(E, jnp.int32))
     return jax.jit(run), carry, E * rollout_length
 
 
@@ -368,9 +355,7 @@ class Timed:
 
     def __init__(self, call: Callable[[], Any], count: Callable[[Any], int]):
         self.call, self.count = call, count
-        t0 = time.perf_counter()
-        jax.block_until_ready(call())
-        self.compile_s = time.perf_counter() - t0
+        self.compile_s = harness.timed(call)
         self.times: list[float] = []
         self.steps: list[int] = []
         self.round_rate: list[float] = []  # agent-steps/s of each round (medians)
@@ -457,40 +442,30 @@ def measure_suite(
         }
         probe = min(t for s in sides.values() for t in _probe(s))
         calls = max(min_calls, min(50, math.ceil(target_s / probe)))
-        names = list(sides)
         for r in range(repeats):
-            for name in names if r % 2 == 0 else names[::-1]:
+            for name in harness.alternated(list(sides), r):
                 sides[name].round(calls)
         row: dict[str, Any] = {name: s.summary(E * T) for name, s in sides.items()}
         row["calls_per_round"] = calls
-        row["ratio"] = statistics.median(
-            a / b
-            for a, b in zip(
-                row["jaxsampler"]["round_agent_steps_per_s"],
-                row["handwritten"]["round_agent_steps_per_s"],
-                strict=True,
-            )
+        row["ratio"] = harness.paired_ratio(
+            row["jaxsampler"]["round_agent_steps_per_s"],
+            row["handwritten"]["round_agent_steps_per_s"],
         )
         row["acting_fraction"] = row["jaxsampler"]["agent_steps_per_call"] / (
             E * T * env.num_agents
         )
         out["by_width"][str(E)] = row
-        log(
-            f"  {suite.name} E={E}: jaxsampler {_si(row['jaxsampler']['agent_steps_per_s'])}, "
-            f"hand-written {_si(row['handwritten']['agent_steps_per_s'])} agent-steps/s, "
-            f"ratio {row['ratio']:.2f}"
+        js_rate, hand_rate = (row[k]["agent_steps_per_s"] for k in ("jaxsampler", "handwritten"))
+        harness.log(
+            f"  {suite.name} E={E}: jaxsampler {harness.si(js_rate)}, "
+            f"hand-written {harness.si(hand_rate)} agent-steps/s, ratio {row['ratio']:.2f}"
         )
     return out
 
 
 def _probe(side: Timed) -> list[float]:
     """Two untimed-for-the-record warm-up calls: their durations size the rounds."""
-    times = []
-    for _ in range(2):
-        t0 = time.perf_counter()
-        jax.block_until_ready(side.call())
-        times.append(time.perf_counter() - t0)
-    return times
+    return [harness.timed(side.call) for _ in range(2)]
 
 
 def skip_reason(suite: Suite) -> str | None:
@@ -517,7 +492,7 @@ def run_benchmark(
         suite = SUITES[name]
         reason = skip_reason(suite)
         if reason is None:
-            log(f"{name}: {suite.env_id}, widths {list(widths)}, T={rollout_length}")
+            harness.log(f"{name}: {suite.env_id}, widths {list(widths)}, T={rollout_length}")
             try:
                 results[name] = {
                     "status": "ok",
@@ -534,10 +509,11 @@ def run_benchmark(
         print(f"skipping {name}: {reason}", file=sys.stderr, flush=True)
         results[name] = {"status": f"skipped: {reason}", "env": suite.env_id}
     return {
-        "benchmark": "Sampling throughput per env suite: jaxsampler vs a hand-written "
-        "vmap + lax.scan of the same env, same 64x64 MLP policy",
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "command": " ".join([Path(sys.executable).name] + sys.argv),
+        **harness.stamp(
+            "Sampling throughput per env suite: jaxsampler vs a hand-written "
+            "vmap + lax.scan of the same env, same 64x64 MLP policy",
+            "suites",
+        ),
         "config": {
             "suites": list(suites),
             "widths": list(widths),
@@ -548,33 +524,14 @@ def run_benchmark(
             "seed": seed,
             "policy": "MLPPolicy (64, 64) tanh actor-critic",
         },
-        "environment": {**environment_info(), **_versions()},
-        "git": git_state(),
+        "environment": {**environment_info(), **harness.versions(VERSIONS)},
+        "git": harness.git_state(),
         "suites": results,
         "wall_s": time.perf_counter() - started,
     }
 
 
-def _versions() -> dict[str, str]:
-    from importlib import metadata
-
-    out = {}
-    for pkg in ("gymnax", "brax", "mujoco", "jumanji", "pgx", "jaxmarl"):
-        try:
-            out[pkg] = metadata.version(pkg)
-        except metadata.PackageNotFoundError:
-            out[pkg] = "not installed"
-    return out
-
-
 # --------------------------------------------------------------------------- reporting
-
-
-def _si(x: float) -> str:
-    for scale, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
-        if x >= scale:
-            return f"{x / scale:.3g}{suffix}"
-    return f"{x:.3g}"
 
 
 def markdown_table(results: dict[str, Any]) -> str:
@@ -601,7 +558,7 @@ def markdown_table(results: dict[str, Any]) -> str:
             j, h = row["jaxsampler"], row["handwritten"]
             md += (
                 f"| {name} | `{rec['env']}` | {rec['num_agents']} | {E} "
-                f"| {_si(j['agent_steps_per_s'])} | {_si(h['agent_steps_per_s'])} "
+                f"| {harness.si(j['agent_steps_per_s'])} | {harness.si(h['agent_steps_per_s'])} "
                 f"| **{row['ratio']:.2f}** | {row['acting_fraction']:.3f} "
                 f"| {j['compile_s']:.1f} / {h['compile_s']:.1f} |\n"
             )
@@ -626,23 +583,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--target-s", type=float, help="seconds per side per round (default 0.2)")
     p.add_argument("--min-calls", type=int, help="least calls per side per round (default 3)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--quick", action="store_true", help="smoke run; writes only with --output-dir")
-    p.add_argument("--output-dir", type=Path, help=f"default {RESULTS_DIR} (not with --quick)")
-    args = p.parse_args(argv)
-    base = (
-        QUICK
-        if args.quick
-        else {
-            "widths": list(DEFAULT_WIDTHS),
-            "rollout_length": 128,
-            "repeats": 5,
-            "target_s": 0.2,
-            "min_calls": 3,
-        }
-    )
-    for k, v in base.items():
-        if getattr(args, k) is None:
-            setattr(args, k, v)
+    harness.add_quick_out(p, "suites", out="--output-dir", quick="smoke run")
+    args = SIZES.apply(p.parse_args(argv))
     results = run_benchmark(
         args.suites or list(SUITES),
         args.widths,
@@ -652,11 +594,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         args.seed,
         args.min_calls,
     )
-    md = markdown_table(results)
-    print(md)
-    out_dir = args.output_dir or (None if args.quick else RESULTS_DIR)
-    if out_dir is not None:
-        write_results(results, md, out_dir, "suites")
+    harness.finish(
+        results,
+        markdown_table(results),
+        "suites",
+        harness.results_dir(args.output_dir, args.quick),
+    )
 
 
 if __name__ == "__main__":

@@ -8,12 +8,14 @@ each step. Implementations, per width ``W`` (number of parallel envs):
 * ``jaxsampler``: :func:`jaxsampler.cli.bench.measure_rollout` (jitted ``lax.scan``, donated
   buffers, next-step auto-reset: the step after an episode end is a reset step with no
   action, so ``actions_per_s`` < ``env_steps_per_s``).
-* ``handwritten``: a PureJaxRL-style loop written here: ``jax.vmap`` over gymnax
-  ``CartPole-v1`` (same-step auto-reset, so every step is an action) and a flax MLP in
-  one jitted ``lax.scan`` that stacks the transitions; keys split per env per step.
+* ``handwritten``: a PureJaxRL-style loop (:func:`benchmarks.baselines.gymnax_cartpole`):
+  ``jax.vmap`` over gymnax ``CartPole-v1`` (same-step auto-reset, so every step is an
+  action) and a flax MLP in one jitted ``lax.scan`` that stacks the transitions; keys
+  split per env per step.
 * ``forward_only``: the jaxsampler policy alone (MLP + sampling over ``[W]`` obs) scanned
   ``T`` times with no env: the ceiling for a rollout of that policy.
-* ``sync_vector_env``: Gymnasium ``SyncVectorEnv`` + the MLP in numpy, a Python loop.
+* ``sync_vector_env``: Gymnasium ``SyncVectorEnv`` + the MLP in numpy, a Python loop (the
+  host loops are :mod:`benchmarks.baselines`' too).
 * ``make_vec``: Gymnasium's numpy-vectorized CartPole + the jitted MLP once per step.
 * ``envpool``: EnvPool (if installed) + the MLP in numpy.
 * ``jaxsampler_2dev``: jaxsampler over 2 forced CPU devices, in a subprocess (only if
@@ -25,9 +27,9 @@ Figures are medians over repeats after a warm-up; compile time is reported separ
 
 Usage::
 
-    python benchmarks/throughput.py                 # full run, writes benchmarks/results/
-    python benchmarks/throughput.py --quick         # smoke test, prints the table only
-    python benchmarks/throughput.py --widths 1 64 4096 --repeats 3
+    python -m benchmarks.throughput                 # full run, writes benchmarks/results/
+    python -m benchmarks.throughput --quick         # smoke test, prints the table only
+    python -m benchmarks.throughput --widths 1 64 4096 --repeats 3
 """
 
 from __future__ import annotations
@@ -39,7 +41,6 @@ import os
 os.environ["OPENBLAS_NUM_THREADS"] = "1"
 
 import argparse
-import datetime
 import inspect
 import json
 import math
@@ -47,31 +48,42 @@ import statistics
 import subprocess
 import sys
 import time
-import warnings
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any, cast
 
-import flax.linen as nn
-import flax.struct
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 import jaxsampler as js
-from jaxsampler.cli.bench import environment_info, log, measure_rollout, time_calls, write_results
+from benchmarks import harness
+from benchmarks.baselines import (
+    ENV_ID,
+    HOST_LOOPS,
+    envpool_status,
+    gymnax_cartpole,
+    make_host_loop,
+    policy_params,
+)
+from jaxsampler.cli.bench import environment_info, measure_rollout, time_calls
 from jaxsampler.envs.base import Env
 
-ENV_ID = "CartPole-v1"
 DEFAULT_WIDTHS = (1, 8, 64, 256, 1024, 4096, 16384)
-QUICK = {
-    "widths": [1, 8],
-    "rollout_length": 8,
-    "repeats": 1,
-    "host_max_width": 8,
-    "host_target_s": 0.05,
-}
-RESULTS_DIR = Path(__file__).resolve().parent / "results"
+SIZES = harness.Sizes(
+    full={
+        "widths": list(DEFAULT_WIDTHS),
+        "rollout_length": 128,
+        "repeats": 5,
+        "host_max_width": 1024,
+        "host_target_s": 1.5,
+    },
+    quick={
+        "widths": [1, 8],
+        "rollout_length": 8,
+        "repeats": 1,
+        "host_max_width": 8,
+        "host_target_s": 0.05,
+    },
+)
 LABELS = {
     "jaxsampler": "jaxsampler (measure_rollout)",
     "handwritten": "hand-written vmap(gymnax) + scan",
@@ -82,139 +94,12 @@ LABELS = {
     "jaxsampler_2dev": "jaxsampler, 2 CPU devices (subprocess)",
 }
 JAX_IMPLS = ("jaxsampler", "handwritten", "forward_only")
-HOST_IMPLS = ("sync_vector_env", "make_vec", "envpool")
-
-
-# --------------------------------------------------------------------------- the policy
-
-
-class HandActorCritic(nn.Module):
-    """The 64x64 tanh actor-critic, by hand: ``float32[E, 4] -> (logits[E, n], value[E])``.
-
-    Same parameter names and initializers as ``jaxsampler.policies.ActorCriticMLP``, so
-    the two share one parameter tree.
-    """
-
-    num_actions: int
-
-    @nn.compact
-    def __call__(self, x: jax.Array) -> tuple[jax.Array, jax.Array]:
-        ortho = nn.initializers.orthogonal
-        a = nn.tanh(nn.Dense(64, kernel_init=ortho(math.sqrt(2)), name="actor_0")(x))
-        a = nn.tanh(nn.Dense(64, kernel_init=ortho(math.sqrt(2)), name="actor_1")(a))
-        logits = nn.Dense(self.num_actions, kernel_init=ortho(0.01), name="actor_out")(a)
-        c = nn.tanh(nn.Dense(64, kernel_init=ortho(math.sqrt(2)), name="critic_0")(x))
-        c = nn.tanh(nn.Dense(64, kernel_init=ortho(math.sqrt(2)), name="critic_1")(c))
-        value = nn.Dense(1, kernel_init=ortho(1.0), name="critic_out")(c)[:, 0]
-        return logits, value
-
-
-def policy_params(seed: int = 0) -> Any:
-    """The parameters ``measure_rollout(seed=seed)`` uses (same key, same module)."""
-    env = js.make(ENV_ID)
-    policy = js.MLPPolicy(env.observation_space, env.action_space, (64, 64))
-    params = policy.init(jax.random.PRNGKey(seed))
-    hand = HandActorCritic(cast(Any, env.action_space).n).init(
-        jax.random.PRNGKey(seed), jnp.zeros((1, 4), jnp.float32)
-    )
-    hand_layout: Any = jax.tree.structure(hand)
-    if hand_layout != jax.tree.structure(params):
-        raise AssertionError(
-            "HandActorCritic and jaxsampler's ActorCriticMLP have different layouts"
-        )
-    return params
-
-
-def sample_jax(params: Any, obs: jax.Array, key: jax.Array) -> tuple[jax.Array, jax.Array, Any]:
-    """``(action int32[E], logp float32[E], value float32[E])`` for ``obs float32[E, 4]``."""
-    logits, value = HandActorCritic(2).apply(params, obs)
-    action = jax.random.categorical(key, logits)
-    logp = jnp.take_along_axis(jax.nn.log_softmax(logits), action[:, None], 1)[:, 0]
-    return action.astype(jnp.int32), logp, value
-
-
-class NumpyActorCritic:
-    """The same MLP in numpy (weights copied from the flax params), sampling in numpy."""
-
-    def __init__(self, params: Any, seed: int = 0):
-        p = jax.device_get(params["params"])
-        self.w = {
-            k: (np.asarray(v["kernel"], np.float32), np.asarray(v["bias"], np.float32))
-            for k, v in p.items()
-        }
-        self.rng = np.random.default_rng(seed)
-
-    def _mlp(self, x: np.ndarray, prefix: str) -> np.ndarray:
-        for i in range(2):
-            k, b = self.w[f"{prefix}_{i}"]
-            x = np.tanh(x @ k + b)
-        k, b = self.w[f"{prefix}_out"]
-        return x @ k + b
-
-    def __call__(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        obs = np.asarray(obs, np.float32)
-        logits = self._mlp(obs, "actor")
-        value = self._mlp(obs, "critic")[:, 0]
-        z = logits - logits.max(1, keepdims=True)
-        logp_all = z - np.log(np.exp(z).sum(1, keepdims=True))
-        u = self.rng.random((obs.shape[0], 1), dtype=np.float32)
-        action = (np.cumsum(np.exp(logp_all), 1)[:, :-1] < u).sum(1)
-        logp = np.take_along_axis(logp_all, action[:, None], 1)[:, 0]
-        return action, logp, value
+HOST_IMPLS = HOST_LOOPS
+#: Packages whose versions are recorded with the results.
+VERSIONS = ("gymnax", "gymnasium", "envpool")
 
 
 # --------------------------------------------------------------------------- JAX loops
-
-
-@flax.struct.dataclass
-class HandCarry:
-    env_state: Any
-    obs: jax.Array
-    key: jax.Array
-
-
-@flax.struct.dataclass
-class HandTransition:
-    obs: jax.Array
-    action: jax.Array
-    reward: jax.Array
-    terminated: jax.Array
-    truncated: jax.Array
-    logp: jax.Array
-    value: jax.Array
-
-
-def make_handwritten(
-    num_envs: int, rollout_length: int, seed: int = 0
-) -> tuple[Callable, HandCarry]:
-    """PureJaxRL-style sampler: returns ``(jitted run(params, carry), initial carry)``.
-
-    ``run`` scans ``T`` steps of ``vmap(gymnax step)`` + MLP and returns the new carry and
-    the stacked ``HandTransition`` (``[T, E]`` leaves, obs ``[T, E, 4]``).
-    """
-    import gymnax
-
-    env, env_params = gymnax.make(ENV_ID)
-
-    def run(params: Any, carry: HandCarry) -> tuple[HandCarry, HandTransition]:
-        def step(c: HandCarry, _: Any) -> tuple[HandCarry, HandTransition]:
-            key, k_act, k_step = jax.random.split(c.key, 3)
-            action, logp, value = sample_jax(params, c.obs, k_act)
-            step_keys = jax.random.split(k_step, num_envs)
-            obs, env_state, reward, terminated, truncated, _ = jax.vmap(
-                env.step, in_axes=(0, 0, 0, None)
-            )(step_keys, c.env_state, action, env_params)
-            return HandCarry(env_state, obs, key), HandTransition(
-                c.obs, action, reward, terminated, truncated, logp, value
-            )
-
-        return jax.lax.scan(step, carry, None, rollout_length)
-
-    key, reset_key = jax.random.split(jax.random.PRNGKey(seed))
-    obs, env_state = jax.vmap(env.reset, in_axes=(0, None))(
-        jax.random.split(reset_key, num_envs), env_params
-    )
-    return jax.jit(run), HandCarry(env_state, obs, key)
 
 
 def make_forward_only(num_envs: int, rollout_length: int, seed: int = 0) -> tuple[Callable, Any]:
@@ -242,121 +127,16 @@ def make_forward_only(num_envs: int, rollout_length: int, seed: int = 0) -> tupl
     return jax.jit(run), (obs, jax.random.fold_in(key, 1))
 
 
-class JaxTimer:
-    """Compiles a ``run(params, carry)`` once, then times ``inner`` calls per round."""
+def jax_timer(run: Callable, carry: Any, params: Any) -> harness.RoundTimer:
+    """Compiles a ``run(params, carry)`` once (carrying its carry from call to call), then
+    times ``inner`` calls per round."""
+    box = {"carry": carry}
 
-    def __init__(self, run: Callable, carry: Any, params: Any):
-        self.run, self.params, self.carry = run, params, carry
-        t0 = time.perf_counter()
-        self.carry, out = run(params, carry)
-        jax.block_until_ready(out)
-        self.compile_s = time.perf_counter() - t0
-        self.times: list[float] = []
-        self.round_s: list[float] = []  # median call time of each round
-
-    def call(self) -> Any:
-        self.carry, out = self.run(self.params, self.carry)
+    def call() -> Any:
+        box["carry"], out = run(params, box["carry"])
         return out
 
-    def round(self, inner: int) -> None:
-        times = time_calls(self.call, inner)
-        self.times.extend(times)
-        self.round_s.append(statistics.median(times))
-
-
-# --------------------------------------------------------------------------- host loops
-
-
-class HostLoop:
-    """A Python loop over a Gymnasium-API vector env, storing transitions in numpy buffers.
-
-    Counts actions as jaxsampler does: with next-step auto-reset the step after an
-    episode end only resets (its action is ignored), so it is a step but not an action.
-    """
-
-    def __init__(
-        self, vec_env: Any, act: Callable, num_envs: int, buffer_len: int, seed: int | None
-    ):
-        self.env, self.act, self.W = vec_env, act, num_envs
-        with warnings.catch_warnings():  # EnvPool's Box bounds are float64; Gymnasium warns
-            warnings.filterwarnings("ignore", message=".*precision lowered", category=UserWarning)
-            self.obs, _ = vec_env.reset() if seed is None else vec_env.reset(seed=seed)
-        self.prev_done = np.zeros(num_envs, bool)
-        T = buffer_len
-        self.buf = {
-            "obs": np.zeros((T, num_envs, 4), np.float32),
-            "action": np.zeros((T, num_envs), np.int32),
-            "reward": np.zeros((T, num_envs), np.float32),
-            "terminated": np.zeros((T, num_envs), bool),
-            "truncated": np.zeros((T, num_envs), bool),
-            "logp": np.zeros((T, num_envs), np.float32),
-            "value": np.zeros((T, num_envs), np.float32),
-        }
-        self.runs: list[dict[str, float]] = []
-
-    def run(self, num_steps: int) -> dict[str, float]:
-        b, T, acted = self.buf, self.buf["obs"].shape[0], 0
-        t0 = time.perf_counter()
-        for i in range(num_steps):
-            t = i % T
-            action, logp, value = self.act(self.obs)
-            b["obs"][t], b["action"][t], b["logp"][t], b["value"][t] = self.obs, action, logp, value
-            self.obs, reward, term, trunc, _ = self.env.step(action)
-            b["reward"][t], b["terminated"][t], b["truncated"][t] = reward, term, trunc
-            acted += self.W - int(np.count_nonzero(self.prev_done))
-            self.prev_done = np.logical_or(term, trunc)
-        dt = time.perf_counter() - t0
-        return {"seconds": dt, "steps": num_steps * self.W, "actions": acted}
-
-
-def _host_env(kind: str, num_envs: int, seed: int) -> Any:
-    import gymnasium as gym
-
-    if kind == "sync_vector_env":
-        return gym.vector.SyncVectorEnv([lambda: gym.make(ENV_ID) for _ in range(num_envs)])
-    if kind == "make_vec":
-        return gym.make_vec(ENV_ID, num_envs=num_envs, vectorization_mode="vector_entry_point")
-    import envpool
-
-    return envpool.make(ENV_ID, env_type="gymnasium", num_envs=num_envs, seed=seed)
-
-
-def envpool_status() -> str | None:
-    """``None`` if EnvPool imports, else why not (recorded in the results)."""
-    try:
-        import envpool  # noqa: F401
-    except Exception as e:  # ImportError, or a broken binary wheel
-        return f"not installable/importable here: {type(e).__name__}: {e}"
-    return None
-
-
-def make_host_loop(
-    kind: str, num_envs: int, params: Any, buffer_len: int, seed: int
-) -> tuple[HostLoop, float | None]:
-    """Builds a host loop; returns it and the policy compile time (``make_vec`` only)."""
-    vec_env = _host_env(kind, num_envs, seed)
-    compile_s = None
-    if kind == "make_vec":
-
-        def sample(p: Any, obs: jax.Array, key: jax.Array) -> tuple[jax.Array, ...]:
-            key, k = jax.random.split(key)
-            return (*sample_jax(p, obs, k), key)
-
-        policy = jax.jit(sample)
-        box = {"key": jax.random.PRNGKey(seed)}
-
-        def act(obs: np.ndarray) -> tuple[np.ndarray, ...]:
-            action, logp, value, box["key"] = policy(params, jax.device_put(obs), box["key"])
-            return tuple(np.asarray(x) for x in (action, logp, value))
-
-        t0 = time.perf_counter()
-        jax.block_until_ready(policy(params, jnp.zeros((num_envs, 4), jnp.float32), box["key"]))
-        compile_s = time.perf_counter() - t0
-    else:
-        act = NumpyActorCritic(params, seed)
-    # EnvPool takes its seed in envpool.make and warns on reset(seed=...).
-    reset_seed = None if kind == "envpool" else seed
-    return HostLoop(vec_env, act, num_envs, buffer_len, reset_seed), compile_s
+    return harness.RoundTimer(call)
 
 
 # --------------------------------------------------------------------------- the sweep
@@ -414,8 +194,8 @@ def measure_width(
     one run of each host loop; the order rotates from round to round.
     """
     W, T = width, rollout_length
-    hand = JaxTimer(*make_handwritten(W, T, seed), params)
-    fwd = JaxTimer(*make_forward_only(W, T, seed), params)
+    hand = jax_timer(*gymnax_cartpole(W, T, seed), params)
+    fwd = jax_timer(*make_forward_only(W, T, seed), params)
     warm = min(time_calls(hand.call, 2))
     inner = max(1, min(50, math.ceil(jax_target_s / warm)))
     loops, host_steps, host_compile = {}, {}, {}
@@ -443,8 +223,7 @@ def measure_width(
 
     order = list(JAX_IMPLS) + list(host)
     for r in range(repeats):
-        k = r % len(order)
-        for name in order[k:] + order[:k]:
+        for name in harness.rotated(order, r):
             one(name)
     js_times = [t for res in js_rounds for t in _steady_times(res)]
     out = {
@@ -507,7 +286,8 @@ def measure_multi_device(
     ).strip()
     cmd = [
         sys.executable,
-        str(Path(__file__).resolve()),
+        "-m",
+        "benchmarks.throughput",
         "--devices-worker",
         str(devices),
         "--rollout-length",
@@ -517,7 +297,9 @@ def measure_multi_device(
         "--widths",
         *map(str, widths),
     ]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1800)
+    proc = subprocess.run(
+        cmd, cwd=harness.ROOT, env=env, capture_output=True, text=True, timeout=1800
+    )
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT_JSON:")]
     if proc.returncode != 0 or not lines:
         return {"status": f"failed (rc={proc.returncode}): {proc.stderr.strip()[-2000:]}"}
@@ -577,7 +359,7 @@ def run_benchmark(
     multi_device: bool = True,
     multi_device_repeats: int = 5,
     seed: int = 0,
-    progress: Callable[[str], None] | None = log,
+    progress: Callable[[str], None] | None = harness.log,
 ) -> dict[str, Any]:
     """Runs every implementation at every width; returns the full results dict.
 
@@ -614,9 +396,9 @@ def run_benchmark(
         else {"status": "skipped: disabled"}
     )
     return {
-        "benchmark": "CartPole-v1 sampling throughput, 64x64 tanh actor-critic MLP",
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "command": " ".join([Path(sys.executable).name] + sys.argv),
+        **harness.stamp(
+            "CartPole-v1 sampling throughput, 64x64 tanh actor-critic MLP", "throughput"
+        ),
         "config": {
             "env_id": ENV_ID,
             "widths": list(widths),
@@ -630,7 +412,7 @@ def run_benchmark(
             "multi_device_repeats": min(repeats, multi_device_repeats) if multi_device else 0,
             "OPENBLAS_NUM_THREADS": os.environ.get("OPENBLAS_NUM_THREADS"),
         },
-        "environment": {**environment_info(), **_versions()},
+        "environment": {**environment_info(), **harness.versions(VERSIONS)},
         "labels": LABELS,
         "envpool_status": ep or "ok",
         "by_width": by_width,
@@ -640,27 +422,13 @@ def run_benchmark(
     }
 
 
-def _versions() -> dict[str, str]:
-    from importlib import metadata
-
-    out = {}
-    for pkg in ("gymnax", "gymnasium", "envpool"):
-        try:
-            out[pkg] = metadata.version(pkg)
-        except metadata.PackageNotFoundError:
-            out[pkg] = "not installed"
-    return out
-
-
 def paired_ratio(a: dict[str, Any], b: dict[str, Any], key: str = "actions_per_s") -> float:
     """Median over rounds of ``a``'s figure over ``b``'s in the same round.
 
     Both ran in every round, one after the other, so noise that hits a whole round
     cancels out; the median then discards rounds where it hit only one of them.
     """
-    return statistics.median(
-        x / y for x, y in zip(a[f"round_{key}"], b[f"round_{key}"], strict=True)
-    )
+    return harness.paired_ratio(a[f"round_{key}"], b[f"round_{key}"])
 
 
 def ratios(
@@ -689,13 +457,6 @@ def ratios(
 
 
 # --------------------------------------------------------------------------- reporting
-
-
-def _si(x: float) -> str:
-    for scale, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
-        if x >= scale:
-            return f"{x / scale:.3g}{suffix}"
-    return f"{x:.3g}"
 
 
 def _note(text: str, limit: int = 160) -> str:
@@ -748,13 +509,13 @@ def markdown_table(results: dict[str, Any]) -> str:
                     LABELS[name], [_note(results["envpool_status"])] + [""] * (len(widths) - 1)
                 )
                 continue
-            s += row(LABELS[name], [_si(r[key]) if r else "—" for r in recs])
+            s += row(LABELS[name], [harness.si(r[key]) if r else "—" for r in recs])
         multi = results["jaxsampler_2dev"]
         if multi.get("status") == "ok":
             cells = []
             for w in widths:
                 rec = multi["by_width"].get(w, {})
-                cells.append(_si(rec["2dev"][key]) if "2dev" in rec else "—")
+                cells.append(harness.si(rec["2dev"][key]) if "2dev" in rec else "—")
             s += row(LABELS["jaxsampler_2dev"], cells)
         else:
             s += row(LABELS["jaxsampler_2dev"], [_note(multi["status"])] + [""] * (len(widths) - 1))
@@ -857,30 +618,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         help="max rounds in the 2-device subprocess (default 5)",
     )
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument(
-        "--quick", action="store_true", help="tiny smoke run; prints, writes only with --output-dir"
-    )
-    p.add_argument(
-        "--output-dir",
-        type=Path,
-        help=f"where to write throughput.json/.md (default {RESULTS_DIR})",
-    )
+    harness.add_quick_out(p, "throughput", out="--output-dir")
     p.add_argument("--devices-worker", type=int, help=argparse.SUPPRESS)
-    args = p.parse_args(argv)
-    base = (
-        QUICK
-        if args.quick
-        else {
-            "widths": list(DEFAULT_WIDTHS),
-            "rollout_length": 128,
-            "repeats": 5,
-            "host_max_width": 1024,
-            "host_target_s": 1.5,
-        }
-    )
-    for k, v in base.items():
-        if getattr(args, k) is None:
-            setattr(args, k, v)
+    args = SIZES.apply(p.parse_args(argv))
     if args.devices_worker:
         _devices_worker(args.widths, args.rollout_length, args.repeats, args.devices_worker)
         return
@@ -896,10 +636,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         multi_device_repeats=args.multi_device_repeats,
         seed=args.seed,
     )
-    print(markdown_table(results))
-    out_dir = args.output_dir or (None if args.quick else RESULTS_DIR)
-    if out_dir is not None:
-        write_results(results, markdown_table(results), out_dir, "throughput")
+    harness.finish(
+        results,
+        markdown_table(results),
+        "throughput",
+        harness.results_dir(args.output_dir, args.quick),
+    )
 
 
 if __name__ == "__main__":

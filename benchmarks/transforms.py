@@ -22,15 +22,13 @@ median over repeats of ``inner`` back-to-back calls, blocked on before the clock
 
 Usage::
 
-    python benchmarks/transforms.py             # full run, writes benchmarks/results/
-    python benchmarks/transforms.py --quick     # smoke test, prints the table only
+    python -m benchmarks.transforms             # full run, writes benchmarks/results/
+    python -m benchmarks.transforms --quick     # smoke test, prints the table only
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
 import os
 import platform
 import statistics
@@ -41,13 +39,10 @@ from typing import Any
 
 import jax
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's jaxsampler
-
 import jaxsampler as js
+from benchmarks import harness
 from jaxsampler.transforms import NormalizeObservation
 from jaxsampler.transforms.reward import ClipReward, NormalizeReward, ScaleReward
-
-RESULTS = Path(__file__).resolve().parent / "results"
 
 VARIANTS: dict[str, tuple[Any, ...]] = {
     "none": (),
@@ -101,8 +96,7 @@ def run(num_envs: int, length: int, repeats: int, inner: int, names: list[str]) 
         v.timed(1)
         v.times.clear()
     for r in range(repeats):
-        k = r % len(variants)
-        for v in variants[k:] + variants[:k]:
+        for v in harness.rotated(variants, r):
             v.timed(inner)
     none = next(v for v in variants if v.name == "none")
     base = statistics.median(none.times)
@@ -119,9 +113,7 @@ def run(num_envs: int, length: int, repeats: int, inner: int, names: list[str]) 
                 "ratio_to_none": med / base,
                 "ratio_of_min_to_none": min(v.times) / min(none.times),
                 # Same round, adjacent in time: slow drifts of the machine's load cancel.
-                "median_paired_ratio_to_none": statistics.median(
-                    a / b for a, b in zip(v.times, none.times)
-                ),
+                "median_paired_ratio_to_none": harness.paired_ratio(v.times, none.times),
                 "xla_bytes_ratio_to_none": v.xla_bytes / none.xla_bytes,
                 "compile_plus_first_call_s": v.first_call_s,
                 "xla_flops_per_step": v.xla_flops,
@@ -129,8 +121,8 @@ def run(num_envs: int, length: int, repeats: int, inner: int, names: list[str]) 
             }
         )
     return {
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "command": "python " + " ".join(sys.argv),
+        "date": harness.now(),
+        "command": harness.command("transforms"),
         "environment": {
             "jax": jax.__version__,
             "devices": [str(d) for d in jax.devices()],
@@ -199,19 +191,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--inner", type=int, default=3)
     p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
     p.add_argument("--quick", action="store_true", help="tiny sizes; print only")
-    p.add_argument("--out", type=Path, default=RESULTS)
+    p.add_argument("--out", type=Path, default=harness.RESULTS_DIR)
     args = p.parse_args(argv)
     names = ["none"] + [n for n in args.variants if n != "none"]
     if args.quick:
         res = run(8, 16, 3, 1, names)
     else:
         res = run(args.num_envs, args.rollout_length, args.repeats, args.inner, names)
-    md = markdown(res)
-    print(md)
-    if not args.quick:
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "transforms.json").write_text(json.dumps(res, indent=1) + "\n")
-        (args.out / "transforms.md").write_text(md)
+    harness.finish(res, markdown(res), "transforms", None if args.quick else args.out)
     return 0
 
 

@@ -20,8 +20,8 @@ load from other processes hits both alike. Compile time (first call) is reported
 
 Usage::
 
-    python benchmarks/vmap_agents.py              # writes results/vmap_agents.{json,md}
-    python benchmarks/vmap_agents.py --quick      # smoke test, prints only
+    python -m benchmarks.vmap_agents              # writes results/vmap_agents.{json,md}
+    python -m benchmarks.vmap_agents --quick      # smoke test, prints only
 """
 
 from __future__ import annotations
@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
-import json
 import os
 import statistics
 import sys
@@ -43,11 +42,12 @@ import jax.numpy as jnp
 import numpy as np
 
 import jaxsampler as js
+from benchmarks import harness
+from benchmarks.harness import timed
 from jaxsampler import vector
 from jaxsampler.envs.spread import _PUSH, Spread, SpreadParams, SpreadState
 from jaxsampler.types import NoInfo, TimeStep
 
-RESULTS = Path(__file__).parent / "results"
 LOAD_BEFORE = os.getloadavg()[0]  # other processes on the machine: the spread of the ratios
 
 
@@ -162,39 +162,30 @@ def check_identical(new: js.Env, old: js.Env, num_envs: int) -> None:
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
-def timed(fn: Callable[[], Any]) -> float:
-    t0 = time.perf_counter()
-    jax.block_until_ready(fn())
-    return time.perf_counter() - t0
-
-
 def measure(kind: str, width: int, length: int, rounds: int, n: int) -> dict[str, Any]:
     """One cell: both envs compiled, then ``rounds`` alternating timed calls each."""
     make = env_scan if kind == "env" else rollout_runner
     sides = {"vmap_agents": Spread(n), "whole_array": WholeArraySpread(n)}
     runners, carries, compile_s = {}, {}, {}
+
+    def step(name: str) -> float:
+        """Seconds of one call of ``name``'s runner (the env scan carries its carry on)."""
+        fn, carry = runners[name], carries[name]
+        if kind != "env":
+            return timed(lambda: fn(carry))
+        t0 = time.perf_counter()
+        carries[name] = jax.block_until_ready(fn(carry))
+        return time.perf_counter() - t0
+
     for name, env in sides.items():
-        fn, carry = make(env, width, length)
-        runners[name], carries[name] = fn, carry
-        if kind == "env":
-            t0 = time.perf_counter()
-            carries[name] = jax.block_until_ready(fn(carry))
-            compile_s[name] = time.perf_counter() - t0
-        else:
-            compile_s[name] = timed(lambda fn=fn, carry=carry: fn(carry))
+        runners[name], carries[name] = make(env, width, length)
+        compile_s[name] = step(name)
     times: dict[str, list[float]] = {name: [] for name in sides}
     ratios = []
     for r in range(rounds):
-        order = list(sides) if r % 2 == 0 else list(reversed(sides))
         this = {}
-        for name in order:
-            fn, carry = runners[name], carries[name]
-            if kind == "env":
-                t0 = time.perf_counter()
-                carries[name] = jax.block_until_ready(fn(carry))
-                this[name] = time.perf_counter() - t0
-            else:
-                this[name] = timed(lambda fn=fn, carry=carry: fn(carry))
+        for name in harness.alternated(list(sides), r):
+            this[name] = step(name)
             times[name].append(this[name])
         ratios.append(this["vmap_agents"] / this["whole_array"])
     agent_steps = width * n * length
@@ -256,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rollout-length", type=int, default=128)
     p.add_argument("--rounds", type=int, default=15)
     p.add_argument("--quick", action="store_true", help="tiny sizes, print only")
-    p.add_argument("--out", type=Path, default=RESULTS)
+    p.add_argument("--out", type=Path, default=harness.RESULTS_DIR)
     args = p.parse_args(argv)
     widths = [int(w) for w in args.widths.split(",")]
     length, rounds = args.rollout_length, args.rounds
@@ -277,13 +268,9 @@ def main(argv: list[str] | None = None) -> int:
         "loadavg_1m_before": LOAD_BEFORE,
         "loadavg_1m_after": os.getloadavg()[0],
     }
-    text = markdown(rows, info)
-    print(text)
-    if not args.quick:
-        args.out.mkdir(parents=True, exist_ok=True)
-        payload = {"results": rows, "environment": info, "argv": argv or sys.argv[1:]}
-        (args.out / "vmap_agents.json").write_text(json.dumps(payload, indent=2) + "\n")
-        (args.out / "vmap_agents.md").write_text(text)
+    payload = {"results": rows, "environment": info, "argv": argv or sys.argv[1:]}
+    out = None if args.quick else args.out
+    harness.finish(payload, markdown(rows, info), "vmap_agents", out, indent=2)
     return 0
 
 

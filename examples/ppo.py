@@ -4,10 +4,10 @@ The whole iteration — ``make_rollout`` rollout, GAE with correct truncation bo
 (:func:`jaxsampler.compute_gae`), minibatch epochs with optax — runs inside one
 ``jax.jit`` (a ``lax.scan`` over updates).
 
-    python examples/ppo.py --env CartPole-v1 --seeds 3                 # ~500k steps
-    python examples/ppo.py --env Pendulum-v1 --seeds 3                 # ~1M steps
-    python examples/ppo.py --env CartPole-v1 --sampler handwritten    # baseline loop
-    python examples/ppo.py --env Breakout-MinAtar --seeds 2            # CNN policy, ~1M steps
+    python -m examples.ppo --env CartPole-v1 --seeds 3                 # ~500k steps
+    python -m examples.ppo --env Pendulum-v1 --seeds 3                 # ~1M steps
+    python -m examples.ppo --env CartPole-v1 --sampler handwritten    # baseline loop
+    python -m examples.ppo --env Breakout-MinAtar --seeds 2            # CNN policy, ~1M steps
 
 ``--sampler handwritten`` swaps the sampler for a plain gymnax ``vmap`` + ``lax.scan``
 loop (gymnax's own same-step auto-reset, as in PureJaxRL) with the same network,
@@ -15,8 +15,8 @@ algorithm and hyperparameters, to compare wall-clock time and env steps/s.
 
 Checkpoint and resume::
 
-    python examples/ppo.py --env Pendulum-v1 --checkpoint-dir runs/pendulum   # interrupted...
-    python examples/ppo.py --env Pendulum-v1 --checkpoint-dir runs/pendulum   # ...resumes
+    python -m examples.ppo --env Pendulum-v1 --checkpoint-dir runs/pendulum   # interrupted...
+    python -m examples.ppo --env Pendulum-v1 --checkpoint-dir runs/pendulum   # ...resumes
 
 With ``--checkpoint-dir`` (or ``--checkpoint-every N``) training runs in jitted chunks of
 ``N`` updates (default: a tenth of the run), the same ``update`` scanned ``N`` times, and
@@ -42,6 +42,7 @@ import dataclasses
 import json
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -447,6 +448,69 @@ def _summary(
     }
 
 
+def train_seeds(
+    make: Callable[[], Callable[[jax.Array], Any]],
+    keys: jax.Array,
+    on_seed: Callable[[int, float], None] | None = None,
+) -> tuple[list[Any], float, float]:
+    """Builds a pure ``train(key)`` (``make()``) and compiles it once for ``keys[0]``, then
+    trains every key one after the other: ``(outputs, compile_s, wall_s)``. ``compile_s``
+    is building and compiling; ``on_seed(i, seconds)`` is called after each seed."""
+    t0 = time.perf_counter()
+    compiled = jax.jit(make()).lower(keys[0]).compile()
+    compile_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    outs = []
+    for i, k in enumerate(keys):
+        t1 = time.perf_counter()
+        outs.append(jax.block_until_ready(compiled(k)))
+        if on_seed is not None:
+            on_seed(i, time.perf_counter() - t1)
+    return outs, compile_s, time.perf_counter() - t0
+
+
+def write_json(path: Path, res: dict[str, Any]) -> None:
+    """Writes a result dict as indented JSON (its folder made if need be)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(res, indent=1) + "\n")
+
+
+def steps_to(curve: np.ndarray, threshold: float, steps_per_update: int) -> int | None:
+    """Env steps until the 10-update moving average of ``curve`` (updates without a
+    finished episode skipped) first reaches ``threshold``; ``None`` if it never does."""
+    seen: list[float] = []
+    for i, v in enumerate(curve):
+        if np.isfinite(v):
+            seen.append(float(v))
+            if len(seen) >= 10 and np.mean(seen[-10:]) >= threshold:
+                return (i + 1) * steps_per_update
+    return None
+
+
+def pyplot() -> Any:
+    """``matplotlib.pyplot`` on the file-only Agg backend."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def save_curves(fig: Any, ax: Any, path: Path) -> None:
+    """Finishes a learning-curve plot (x: env steps in thousands, y: returns, a grid, the
+    legend at the lower right) and writes it to ``path``."""
+    from matplotlib.ticker import FuncFormatter
+
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v / 1000:,.0f}k"))
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}"))
+    ax.grid(alpha=0.3)
+    ax.legend(loc="lower right", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path)
+    pyplot().close(fig)
+
+
 def run(
     cfg: PPOConfig,
     seeds: int = 3,
@@ -473,17 +537,7 @@ def run(
         JSON-serializable.
     """
     keys = jax.random.split(jax.random.PRNGKey(seed), seeds)
-    t0 = time.perf_counter()
-    compiled = jax.jit(make_train(cfg, return_params)).lower(keys[0]).compile()
-    compile_s = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    outs = []
-    for i, k in enumerate(keys):
-        t1 = time.perf_counter()
-        outs.append(jax.block_until_ready(compiled(k)))
-        if on_seed is not None:
-            on_seed(i, time.perf_counter() - t1)
-    wall_s = time.perf_counter() - t0
+    outs, compile_s, wall_s = train_seeds(lambda: make_train(cfg, return_params), keys, on_seed)
     per_seed = [o[0] for o in outs] if return_params else outs
     metrics = jax.tree.map(lambda *xs: np.stack(xs), *per_seed)
     ret_sum, eps = np.asarray(metrics["return_sum"]), np.asarray(metrics["episodes"])
@@ -839,8 +893,7 @@ def main(argv: list[str] | None = None) -> int:
         + ", ".join(f"{r:.1f}" for r in res["final_mean_return_per_seed"])
     )
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(res, indent=1) + "\n")
+        write_json(args.json, res)
     return 0
 
 

@@ -33,9 +33,9 @@ Episode returns are counted per env inside the jit; each process reads its own e
 (:func:`jaxsampler.rollout.placement.to_host`) and the global figures are their sum over
 processes (:func:`jaxsampler.rollout.distributed.process_sum`).
 
-    python -m jaxsampler.cli.launch -n 2 examples/ppo_distributed.py     # 2 local processes
-    python examples/ppo_distributed.py                               # 1 process, unchanged
-    python examples/ppo_distributed.py --quick                       # smoke test (tiny)
+    python -m jaxsampler.cli.launch -n 2 -m examples.ppo_distributed   # 2 local processes
+    python -m examples.ppo_distributed                               # 1 process, unchanged
+    python -m examples.ppo_distributed --quick                       # smoke test (tiny)
 
 Without the launcher, start each process with ``JAXSAMPLER_COORDINATOR=127.0.0.1:PORT``,
 ``JAXSAMPLER_NUM_PROCESSES=n`` and ``JAXSAMPLER_PROCESS_ID=i`` set (and, on CPU, as many
@@ -48,7 +48,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
-import importlib.util
 import json
 import sys
 import time
@@ -64,26 +63,10 @@ import optax
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's jaxsampler
-
 import jaxsampler as js
+from examples import ppo
 from jaxsampler.rollout import distributed, placement
 
-
-def _load_ppo() -> Any:
-    """``examples/ppo.py`` as a module (the examples folder is not a package)."""
-    name = "jaxsampler_example_ppo"
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name("ppo.py"))
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod  # dataclasses look their module up while the class is built
-    spec.loader.exec_module(mod)
-    return mod
-
-
-ppo = _load_ppo()
 RESULTS = ppo.RESULTS
 
 #: examples/ppo.py's CartPole settings (PureJaxRL's) with a larger global batch: 32 envs
@@ -302,18 +285,6 @@ def count_all_reduces(trainer: Trainer, carry: Carry) -> int:
     return hlo.count(" all-reduce(") + hlo.count(" all-reduce-start(")
 
 
-def steps_to(curve: np.ndarray, threshold: float, steps_per_update: int) -> int | None:
-    """Env steps until the 10-update moving average of ``curve`` (updates without a
-    finished episode skipped) first reaches ``threshold``; ``None`` if it never does."""
-    seen: list[float] = []
-    for i, v in enumerate(curve):
-        if np.isfinite(v):
-            seen.append(float(v))
-            if len(seen) >= 10 and np.mean(seen[-10:]) >= threshold:
-                return (i + 1) * steps_per_update
-    return None
-
-
 def train(
     cfg: Any,
     mesh: Mesh,
@@ -399,7 +370,7 @@ def train(
         "wall_s": wall_s,
         "env_steps_per_s": steps / wall_s,
         "final_mean_return": float(ret_sum[-tail:].sum() / max(eps[-tail:].sum(), 1)),
-        "steps_to_threshold": {str(t): steps_to(curve, t, per_update) for t in THRESHOLDS},
+        "steps_to_threshold": {str(t): ppo.steps_to(curve, t, per_update) for t in THRESHOLDS},
         "episodes_per_update": eps.astype(int).tolist(),
         "learning_curve": [None if np.isnan(v) else float(v) for v in curve],
     }
@@ -512,11 +483,7 @@ def moving_average(curve: np.ndarray, n: int = 10) -> tuple[np.ndarray, np.ndarr
 
 
 def plot(runs: list[dict[str, Any]], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from matplotlib.ticker import FuncFormatter
+    plt = ppo.pyplot()
 
     fig, ax = plt.subplots(figsize=(7.5, 4.5), dpi=120)
     styles = [("tab:blue", "-"), ("tab:red", "--"), ("tab:green", ":"), ("tab:purple", "-.")]
@@ -529,8 +496,6 @@ def plot(runs: list[dict[str, Any]], path: Path) -> None:
             lw = 2.0 if ls == ":" else 1.1  # dotted on top of an identical curve stays visible
             ax.plot(x, avg, ls, color=color, lw=lw, alpha=0.85, label=label)
     ax.axhline(450, color="grey", lw=0.8, alpha=0.6)
-    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v / 1000:,.0f}k"))
-    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}"))
     ax.set_xlabel("env steps (global, all processes)")
     ax.set_ylabel("training episode return (10-update moving average)")
     cfg = runs[0]["config"]
@@ -539,11 +504,7 @@ def plot(runs: list[dict[str, Any]], path: Path) -> None:
         "processes or devices\njaxsampler rollout on a jax.distributed mesh, 2-core CPU",
         fontsize=10,
     )
-    ax.grid(alpha=0.3)
-    ax.legend(loc="lower right", fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    ppo.save_curves(fig, ax, path)
 
 
 def report(paths: list[Path], out_dir: Path, note: str) -> None:
@@ -552,12 +513,9 @@ def report(paths: list[Path], out_dir: Path, note: str) -> None:
     runs = [json.loads(p.read_text()) for p in paths]
     out_dir.mkdir(parents=True, exist_ok=True)
     groups = group(runs)
-    (out_dir / "ppo_distributed.json").write_text(
-        json.dumps(
-            {"note": note, "runs": groups, "same_computation": same_computation(groups)},
-            indent=1,
-        )
-        + "\n"
+    ppo.write_json(
+        out_dir / "ppo_distributed.json",
+        {"note": note, "runs": groups, "same_computation": same_computation(groups)},
     )
     (out_dir / "ppo_distributed.md").write_text(markdown(runs, note))
     plot(runs, out_dir / "ppo_distributed.png")
@@ -656,8 +614,7 @@ def main(argv: list[str] | None = None) -> int:
             flush=True,
         )
         if args.out:
-            args.out.parent.mkdir(parents=True, exist_ok=True)
-            args.out.write_text(json.dumps(res, indent=1) + "\n")
+            ppo.write_json(args.out, res)
     return 0
 
 

@@ -10,8 +10,8 @@ uniform in ``[0.25, 0.75]`` m and ``[0.5, 2.0]`` kg; ``randomized_wide``: log-un
 lengths and cart masses (outside and between the training ones), each evaluation
 episode with its own params (per-episode ``env_params``).
 
-    python examples/ppo_domain_randomization.py             # 3 seeds x 500k steps per variant
-    python examples/ppo_domain_randomization.py --quick     # tiny sizes (the test)
+    python -m examples.ppo_domain_randomization             # 3 seeds x 500k steps per variant
+    python -m examples.ppo_domain_randomization --quick     # tiny sizes (the test)
 
 Writes ``benchmarks/results/ppo_domain_randomization.{json,md,png}`` (``--out`` elsewhere).
 """
@@ -21,12 +21,10 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
-import importlib.util
 import json
 import os
 import platform
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -35,21 +33,9 @@ import jax.numpy as jnp
 import numpy as np
 
 import jaxsampler as js
+from examples import ppo
 from jaxsampler.transforms.params import DomainRandomization
 
-
-def _load_ppo() -> Any:
-    """``examples/ppo.py`` as a module (its PPO loss, optimizer and epochs are reused)."""
-    path = Path(__file__).with_name("ppo.py")
-    spec = importlib.util.spec_from_file_location("jaxsampler_example_ppo", path)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # dataclasses look their module up while the class is built
-    spec.loader.exec_module(mod)
-    return mod
-
-
-ppo = _load_ppo()
 PPOConfig = ppo.PPOConfig
 make_epochs, make_loss, make_optimizer = ppo.make_epochs, ppo.make_loss, ppo.make_optimizer
 
@@ -210,19 +196,15 @@ def run_experiment(
     grid = eval_grid(lengths, masses, per_cell)
     n_eval = len(lengths) * len(masses) * per_cell
     keys = jax.random.split(jax.random.PRNGKey(seed), seeds)
+    steps = cfg.num_updates * cfg.num_envs * cfg.rollout_length  # per seed
     variants: dict[str, Any] = {}
     for name, ranges in VARIANTS.items():
         randomize = ranges is not None
-        t0 = time.perf_counter()
-        compiled = jax.jit(make_train(cfg, ranges)).lower(keys[0]).compile()
-        compile_s = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        outs = []
-        for k in keys:
-            outs.append(jax.block_until_ready(compiled(k)))
-            if bar is not None:
-                bar.update(cfg.num_updates * cfg.num_envs * cfg.rollout_length, variant=name)
-        wall_s = time.perf_counter() - t0
+        outs, compile_s, wall_s = ppo.train_seeds(
+            lambda ranges=ranges: make_train(cfg, ranges),
+            keys,
+            None if bar is None else lambda _i, _t, name=name: bar.update(steps, variant=name),
+        )
         per_seed: list[dict[str, Any]] = []
         for s, (params, metrics) in enumerate(outs):
             metrics = jax.device_get(metrics)
@@ -363,11 +345,7 @@ COLORS = {"randomized": "tab:green", "randomized_wide": "tab:orange", "default":
 
 
 def write_plot(res: dict[str, Any], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = ppo.pyplot()
     lengths = np.asarray(res["eval_lengths_m"])
     fig, ax = plt.subplots(figsize=(8, 4.8))
     for name, r in res["variants"].items():
@@ -431,7 +409,7 @@ def main(argv: list[str] | None = None) -> int:
         log_curves(logger, res)
     res["quick"] = bool(args.quick)
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / f"{NAME}.json").write_text(json.dumps(res, indent=1) + "\n")
+    ppo.write_json(args.out / f"{NAME}.json", res)
     write_markdown(res, args.out / f"{NAME}.md")
     write_plot(res, args.out / f"{NAME}.png")
     for name, r in res["variants"].items():

@@ -6,36 +6,29 @@ minibatch updates. The batch's ``new_obs`` column (derived from jaxsampler's sin
 observation track) gives the bootstrap value at truncations and at the chunk's cut;
 ``terminateds`` stops it.
 
-    python examples/ppo_host.py [--total-timesteps 500000] [--seed 0]
+    python -m examples.ppo_host [--total-timesteps 500000] [--seed 0]
+
+The pieces of that loop (:func:`add_arguments`, :func:`make_sampler`, :func:`make_learner`,
+:func:`learn`) also drive ``ppo_multiagent.py`` (one learner per policy) and
+``selfplay_pgx.py``.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import importlib.util
-import json
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 import jaxsampler as js
-
-
-def _load_ppo():
-    path = Path(__file__).with_name("ppo.py")
-    spec = importlib.util.spec_from_file_location("jaxsampler_example_ppo", path)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
-ppo = _load_ppo()
+from examples import ppo
 
 
 def batch_gae(rewards, values, next_values, terminateds, ends, gamma, lam):
@@ -126,14 +119,72 @@ def padded_batch(sb, size: int) -> dict[str, np.ndarray]:
     return batch
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--total-timesteps", type=int, default=500_000)
-    p.add_argument("--num-envs", type=int, default=4)
+def add_arguments(
+    p: argparse.ArgumentParser, total_timesteps: int, num_envs: int, total_help: str | None = None
+) -> None:
+    """The options of a host learner: sizes, seed, ``--json`` and the logger's."""
+    p.add_argument("--total-timesteps", type=int, default=total_timesteps, help=total_help)
+    p.add_argument("--num-envs", type=int, default=num_envs)
     p.add_argument("--rollout-length", type=int, default=128)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", type=Path, default=None)
     js.integrations.loggers.add_arguments(p)  # --log-dir, --logger, --quiet
+
+
+def make_sampler(
+    env: js.Env,
+    policy: Any,
+    cfg: ppo.PPOConfig,
+    seed: int,
+    logger: js.integrations.loggers.Logger,
+    bar: js.integrations.progress.Bar,
+) -> js.Sampler:
+    """The learner's sampler: it logs each call's report (returns, env steps/s, compile
+    events) and advances the bar by its env steps."""
+    return js.Sampler(
+        env,
+        policy,
+        num_envs=cfg.num_envs,
+        rollout_length=cfg.rollout_length,
+        seed=seed,
+        callbacks=[logger, js.integrations.progress.ProgressCallback(bar)],
+    )
+
+
+def make_learner(
+    cfg: ppo.PPOConfig, policy: js.MLPPolicy, logging: bool = False
+) -> tuple[Any, Callable, Callable | None]:
+    """``(tx, update, batch_loss)`` of a PPO learner of ``policy``: ``ppo.py``'s optimizer,
+    :func:`make_update` over its minibatch epochs, and :func:`make_batch_loss` if
+    ``logging`` (else None)."""
+    tx = ppo.make_optimizer(cfg)
+    update = make_update(cfg, policy, ppo.make_epochs(cfg, ppo.make_loss(cfg, policy), tx))
+    return tx, update, make_batch_loss(cfg, policy) if logging else None
+
+
+def learn(
+    update: Callable,
+    batch_loss: Callable | None,
+    params: Any,
+    opt_state: Any,
+    sb: Any,
+    size: int,
+    key: jax.Array,
+) -> tuple[Any, Any, dict[str, Any]]:
+    """One update on a ``SampleBatch`` (padded to ``size`` rows): the new ``(params,
+    opt_state)`` and, with a ``batch_loss``, the loss before and after it
+    (``{"loss_before", "loss_after"}``; else ``{}``)."""
+    batch = padded_batch(sb, size)
+    losses = {} if batch_loss is None else {"loss_before": batch_loss(params, batch)}
+    params, opt_state = update(params, opt_state, batch, key)
+    if batch_loss is not None:
+        losses["loss_after"] = batch_loss(params, batch)
+    return params, opt_state, losses
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_arguments(p, total_timesteps=500_000, num_envs=4)
     args = p.parse_args(argv)
     cfg = dataclasses.replace(
         ppo.DEFAULTS["CartPole-v1"],
@@ -145,27 +196,11 @@ def main(argv: list[str] | None = None) -> int:
     policy = js.MLPPolicy(env.observation_space, env.action_space, cfg.hidden_sizes, cfg.activation)
     logger = js.integrations.loggers.from_arguments(args)
     bar = js.integrations.progress.Bar(cfg.total_timesteps, desc="ppo_host", quiet=args.quiet)
-    # the sampler logs each call's report (returns, env steps/s, compile events) and
-    # advances the bar by its env steps
-    sampler = js.Sampler(
-        env,
-        policy,
-        num_envs=cfg.num_envs,
-        rollout_length=cfg.rollout_length,
-        seed=args.seed,
-        callbacks=[logger, js.integrations.progress.ProgressCallback(bar)],
-    )
+    sampler = make_sampler(env, policy, cfg, args.seed, logger, bar)
     params = policy.init(jax.random.PRNGKey(args.seed))
-    tx = ppo.make_optimizer(cfg)
+    logging = not isinstance(logger, js.integrations.loggers.NullLogger)
+    tx, update, batch_loss = make_learner(cfg, policy, logging)
     opt_state = tx.init(params)
-    epochs = ppo.make_epochs(cfg, ppo.make_loss(cfg, policy), tx)
-
-    update = make_update(cfg, policy, epochs)
-    batch_loss = (
-        None
-        if isinstance(logger, js.integrations.loggers.NullLogger)
-        else make_batch_loss(cfg, policy)
-    )
 
     # Batches vary in length (reset steps are not rows): pad to the fixed device batch size
     # so `update` compiles once; padded rows get mask False.
@@ -177,21 +212,13 @@ def main(argv: list[str] | None = None) -> int:
             mab = sampler.sample_batch(params)
             sb = mab["default_policy"]
             key, k = jax.random.split(key)
-            batch = padded_batch(sb, size)
-            before = None if batch_loss is None else batch_loss(params, batch)
-            params, opt_state = update(params, opt_state, batch, k)
+            params, opt_state, losses = learn(update, batch_loss, params, opt_state, sb, size, k)
             steps += sb.count
             if sampler.metrics.num_episodes_completed:
                 returns.append(sampler.metrics.episode_return_mean)
-            if batch_loss is not None:
-                logger.log(
-                    {
-                        "train/loss_before": before,
-                        "train/loss_after": batch_loss(params, batch),
-                        "train/rows": sb.count,
-                    },
-                    step=sampler.totals.env_steps,
-                )
+            if logging:
+                scalars = {f"train/{name}": v for name, v in losses.items()}
+                logger.log({**scalars, "train/rows": sb.count}, step=sampler.totals.env_steps)
     wall = time.perf_counter() - t0
     final = float(np.mean(returns[-max(1, len(returns) // 20) :])) if returns else float("nan")
     print(
@@ -199,19 +226,15 @@ def main(argv: list[str] | None = None) -> int:
         f"({steps / wall:,.0f} env steps/s); final mean return {final:.1f}"
     )
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(
-            json.dumps(
-                {
-                    "env_steps": steps,
-                    "wall_s": wall,
-                    "env_steps_per_s": steps / wall,
-                    "final_mean_return": final,
-                    "returns": returns,
-                },
-                indent=1,
-            )
-            + "\n"
+        ppo.write_json(
+            args.json,
+            {
+                "env_steps": steps,
+                "wall_s": wall,
+                "env_steps_per_s": steps / wall,
+                "final_mean_return": final,
+                "returns": returns,
+            },
         )
     return 0
 

@@ -10,37 +10,25 @@ returns a ``MultiAgentBatch``; each policy computes GAE over its own ``SampleBat
 with its own optimizer. Learning shows as the mean per-agent episode return rising from
 the random policies' level.
 
-    python examples/ppo_multiagent.py [--total-timesteps 400000] [--seed 0]
+    python -m examples.ppo_multiagent [--total-timesteps 400000] [--seed 0]
+
+The loop is ``ppo_host.py``'s (its sampler, learner and update step), one learner per
+policy.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import importlib.util
-import json
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import jax
 import numpy as np
 
 import jaxsampler as js
-
-
-def _load(name: str):
-    path = Path(__file__).with_name(f"{name}.py")
-    spec = importlib.util.spec_from_file_location(f"jaxsampler_example_{name}", path)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
-ppo = _load("ppo")
-ppo_host = _load("ppo_host")
+from examples import ppo, ppo_host
 
 
 def policy_of(agent_id: str, episode: Any = None, **kwargs: Any) -> str:
@@ -50,13 +38,8 @@ def policy_of(agent_id: str, episode: Any = None, **kwargs: Any) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--total-timesteps", type=int, default=400_000, help="env steps")
     p.add_argument("--agents", type=int, default=2, help="Spread agents (>= 2)")
-    p.add_argument("--num-envs", type=int, default=16)
-    p.add_argument("--rollout-length", type=int, default=128)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--json", type=Path, default=None)
-    js.integrations.loggers.add_arguments(p)  # --log-dir, --logger, --quiet
+    ppo_host.add_arguments(p, total_timesteps=400_000, num_envs=16, total_help="env steps")
     args = p.parse_args(argv)
     env = js.make("Spread-v0", n=args.agents)
     cfg = dataclasses.replace(
@@ -73,24 +56,11 @@ def main(argv: list[str] | None = None) -> int:
     policy = js.policies.MultiAgentPolicy(env, {"even": mlp, "odd": mlp}, policy_of)
     logger = js.integrations.loggers.from_arguments(args)
     bar = js.integrations.progress.Bar(cfg.total_timesteps, desc="ppo_multiagent", quiet=args.quiet)
-    # the sampler logs each call's report (returns, env steps/s, compile events) and
-    # advances the bar by its env steps
-    sampler = js.Sampler(
-        env,
-        policy,
-        num_envs=cfg.num_envs,
-        rollout_length=cfg.rollout_length,
-        seed=args.seed,
-        callbacks=[logger, js.integrations.progress.ProgressCallback(bar)],
-    )
+    sampler = ppo_host.make_sampler(env, policy, cfg, args.seed, logger, bar)
     params = policy.init(jax.random.PRNGKey(args.seed))
-    tx = ppo.make_optimizer(cfg)
-    opt_states = {pid: tx.init(params[pid]) for pid in policy.policy_ids}
-    epochs = ppo.make_epochs(cfg, ppo.make_loss(cfg, mlp), tx)
-
-    update = ppo_host.make_update(cfg, mlp, epochs)
     logging = not isinstance(logger, js.integrations.loggers.NullLogger)
-    batch_loss = ppo_host.make_batch_loss(cfg, mlp) if logging else None
+    tx, update, batch_loss = ppo_host.make_learner(cfg, mlp, logging)
+    opt_states = {pid: tx.init(params[pid]) for pid in policy.policy_ids}
 
     # Rows per policy vary (agent steps complete across calls): pad to the most one call
     # can hold, so `update` compiles once; padded rows are masked out.
@@ -103,12 +73,11 @@ def main(argv: list[str] | None = None) -> int:
             scalars = {}
             for pid in policy.policy_ids:
                 key, k = jax.random.split(key)
-                batch = ppo_host.padded_batch(mab[pid], size)
-                if batch_loss is not None:
-                    scalars[f"train/{pid}/loss_before"] = batch_loss(params[pid], batch)
-                params[pid], opt_states[pid] = update(params[pid], opt_states[pid], batch, k)
-                if batch_loss is not None:
-                    scalars[f"train/{pid}/loss_after"] = batch_loss(params[pid], batch)
+                params[pid], opt_states[pid], losses = ppo_host.learn(
+                    update, batch_loss, params[pid], opt_states[pid], mab[pid], size, k
+                )
+                if logging:
+                    scalars.update({f"train/{pid}/{name}": v for name, v in losses.items()})
                     scalars[f"train/{pid}/agent_steps"] = mab[pid].count
             steps += mab.env_steps()
             agent_steps += mab.agent_steps()
@@ -130,22 +99,18 @@ def main(argv: list[str] | None = None) -> int:
         f"mean per-agent return {first:.1f} -> {last:.1f}"
     )
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(
-            json.dumps(
-                {
-                    "agents": args.agents,
-                    "env_steps": steps,
-                    "agent_steps": agent_steps,
-                    "wall_s": wall,
-                    "agent_steps_per_s": agent_steps / wall,
-                    "first_return_per_agent": first,
-                    "final_return_per_agent": last,
-                    "curve": curve,
-                },
-                indent=1,
-            )
-            + "\n"
+        ppo.write_json(
+            args.json,
+            {
+                "agents": args.agents,
+                "env_steps": steps,
+                "agent_steps": agent_steps,
+                "wall_s": wall,
+                "agent_steps_per_s": agent_steps / wall,
+                "first_return_per_agent": first,
+                "final_return_per_agent": last,
+                "curve": curve,
+            },
         )
     return 0
 

@@ -18,9 +18,9 @@ PPO code) cannot follow them, while scaled returns are of order 1.
 (MJX backend on the CPU, episodes of at most 1000 steps, reward 1 per step the pole stays
 up, so 1000 is the best return), written as ``ppo_brax.*``.
 
-    python examples/ppo_normalization.py                 # full run, writes benchmarks/results/
-    python examples/ppo_normalization.py --env brax:inverted_pendulum   # -> ppo_brax.*
-    python examples/ppo_normalization.py --quick         # smoke test (tiny), prints only
+    python -m examples.ppo_normalization                 # full run, writes benchmarks/results/
+    python -m examples.ppo_normalization --env brax:inverted_pendulum   # -> ppo_brax.*
+    python -m examples.ppo_normalization --quick         # smoke test (tiny), prints only
 """
 
 from __future__ import annotations
@@ -28,10 +28,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
-import importlib.util
-import json
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -39,27 +36,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's jaxsampler
-
 import jaxsampler as js
+from examples import ppo
 from jaxsampler.transforms import NormalizeObservation
 from jaxsampler.transforms.reward import NormalizeReward
 
-
-def _load_ppo() -> Any:
-    """``examples/ppo.py`` as a module (the examples folder is not a package)."""
-    name = "jaxsampler_example_ppo"
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name("ppo.py"))
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod  # dataclasses look their module up while the class is built
-    spec.loader.exec_module(mod)
-    return mod
-
-
-ppo = _load_ppo()
 RESULTS = ppo.RESULTS
 
 #: Pendulum-v1 with examples/ppo.py's Pendulum settings except the discount: 0.99 (the
@@ -90,18 +71,6 @@ def thresholds_of(env_id: str) -> tuple[float, ...]:
 def stem_of(env_id: str) -> str:
     """The stem of ``env_id``'s result files."""
     return ENVS[env_id][2] if env_id in ENVS else "ppo_normalization"
-
-
-def steps_to(curve: np.ndarray, threshold: float, steps_per_update: int) -> int | None:
-    """Env steps until the 10-update moving average of ``curve`` (updates without a
-    finished episode skipped) first reaches ``threshold``; ``None`` if it never does."""
-    seen: list[float] = []
-    for i, v in enumerate(curve):
-        if np.isfinite(v):
-            seen.append(float(v))
-            if len(seen) >= 10 and np.mean(seen[-10:]) >= threshold:
-                return (i + 1) * steps_per_update
-    return None
 
 
 def make_train(cfg: Any, normalize: bool):
@@ -170,16 +139,12 @@ def run_variant(
     """Trains ``seeds`` seeds one after the other with one compiled function (``bar``, a
     :class:`jaxsampler.integrations.progress.Bar`, advances by each seed's env steps)."""
     keys = jax.random.split(jax.random.PRNGKey(seed), seeds)  # the same keys for both variants
-    t0 = time.perf_counter()
-    compiled = jax.jit(make_train(cfg, normalize)).lower(keys[0]).compile()
-    compile_s = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    per_seed = []
-    for k in keys:
-        per_seed.append(jax.block_until_ready(compiled(k)))
-        if bar is not None:
-            bar.update(cfg.num_updates * cfg.num_envs * cfg.rollout_length)
-    wall_s = time.perf_counter() - t0
+    steps = cfg.num_updates * cfg.num_envs * cfg.rollout_length
+    per_seed, compile_s, wall_s = ppo.train_seeds(
+        lambda: make_train(cfg, normalize),
+        keys,
+        None if bar is None else lambda _i, _t: bar.update(steps),
+    )
     ret_sum = np.stack([np.asarray(m["return_sum"]) for m in per_seed])
     eps = np.stack([np.asarray(m["episodes"]) for m in per_seed])
     curve = np.where(eps > 0, ret_sum / np.maximum(eps, 1), np.nan)
@@ -197,7 +162,7 @@ def run_variant(
         "wall_s": wall_s,
         "final_mean_return_per_seed": [None if np.isnan(v) else float(v) for v in final],
         "steps_to_threshold_per_seed": {
-            str(th): [steps_to(c, th, cfg.num_envs * cfg.rollout_length) for c in curve]
+            str(th): [ppo.steps_to(c, th, cfg.num_envs * cfg.rollout_length) for c in curve]
             for th in thresholds_of(cfg.env_id)
         },
         "learning_curve_per_seed": [
@@ -215,7 +180,7 @@ def run(cfg: Any, seeds: int = 3, seed: int = 0, bar: Any = None) -> dict[str, A
     }
     return {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "command": "python " + " ".join(sys.argv),
+        "command": " ".join(["python", "-m", "examples.ppo_normalization", *sys.argv[1:]]),
         "jax": jax.__version__,
         "config": dataclasses.asdict(cfg),
         "seeds": seeds,
@@ -277,7 +242,7 @@ def markdown(res: dict[str, Any]) -> str:
         "",
         f"{res['date']} · {cfg['env_id']}, {res['seeds']} seeds (the same for both), "
         f"{res['env_steps_per_seed']:,} env steps per seed · jax {res['jax']}, 2-core CPU "
-        f"(shared) · `python examples/ppo_normalization.py --env {cfg['env_id']}`",
+        f"(shared) · `python -m examples.ppo_normalization --env {cfg['env_id']}`",
         "",
         f"PPO of `examples/ppo.py` with its Pendulum-v1 settings except `gamma = {cfg['gamma']}`: "
         f"{cfg['num_envs']} envs x {cfg['rollout_length']} steps per update, "
@@ -319,11 +284,7 @@ def markdown(res: dict[str, Any]) -> str:
 
 
 def plot(res: dict[str, Any], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from matplotlib.ticker import FuncFormatter
+    plt = ppo.pyplot()
 
     fig, ax = plt.subplots(figsize=(7.5, 4.5), dpi=120)
     per_update = res["env_steps_per_update"]
@@ -339,8 +300,6 @@ def plot(res: dict[str, Any], path: Path) -> None:
         mean, lo, hi = c.mean(0), c.min(0), c.max(0)
         ax.plot(x[ok], mean[ok], color=colors[name], label=f"{labels[name]} (mean)")
         ax.fill_between(x[ok], lo[ok], hi[ok], color=colors[name], alpha=0.2, label="min-max")
-    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v / 1000:,.0f}k"))
-    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}"))
     ax.set_xlabel("env steps per seed")
     ax.set_ylabel("raw episode return (sum of env rewards)")
     cfg = res["config"]
@@ -349,11 +308,7 @@ def plot(res: dict[str, Any], path: Path) -> None:
         "raw training return\njaxsampler rollout, 2-core CPU",
         fontsize=10,
     )
-    ax.grid(alpha=0.3)
-    ax.legend(loc="lower right", fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    ppo.save_curves(fig, ax, path)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -390,8 +345,7 @@ def main(argv: list[str] | None = None) -> int:
     print(md)
     out = args.out if args.out is not None else (None if args.quick else RESULTS)
     if out is not None:
-        out.mkdir(parents=True, exist_ok=True)
-        (out / f"{stem}.json").write_text(json.dumps(res, indent=1) + "\n")
+        ppo.write_json(out / f"{stem}.json", res)
         (out / f"{stem}.md").write_text(md)
         plot(res, out / f"{stem}.png")
     return 0

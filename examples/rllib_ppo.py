@@ -5,10 +5,10 @@ shared 32-unit linear layer); the only difference between the two runs is
 ``env_runner_cls``. RLlib's learner, metrics, weight sync and checkpoints are used
 unchanged::
 
-    python examples/rllib_ppo.py --runner jax          # until mean return >= 450
-    python examples/rllib_ppo.py --runner rllib        # the same config, RLlib's runner
-    python examples/rllib_ppo.py --runner both --torch-threads 1 --out benchmarks/results/rllib_ppo
-    python examples/rllib_ppo.py --quick               # two tiny iterations (CI)
+    python -m examples.rllib_ppo --runner jax          # until mean return >= 450
+    python -m examples.rllib_ppo --runner rllib        # the same config, RLlib's runner
+    python -m examples.rllib_ppo --runner both --torch-threads 1 --out benchmarks/results/rllib_ppo
+    python -m examples.rllib_ppo --quick               # two tiny iterations (CI)
 
 Each iteration prints the env steps sampled so far, the mean return of the last 100
 episodes (RLlib's ``episode_return_mean``) and the iteration's wall time; ``--out``
@@ -24,13 +24,10 @@ import argparse
 import json
 import logging
 import os
-import sys
 import time
 import warnings
 from pathlib import Path
 from typing import Any
-
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 
 def make_config(runner: str, *, quick: bool = False, seed: int = 0, num_envs: int = 16) -> Any:

@@ -14,14 +14,13 @@ Every ``--eval-every`` iterations the greedy policy plays ``--eval-games`` games
 ``agent_0`` against a uniformly random legal player (pgx picks who moves first at random);
 the win / draw / loss rates are reported for the games it moved first and second.
 
-    python examples/selfplay_pgx.py [--total-timesteps 10000000] [--seed 0] [--json out.json]
+    python -m examples.selfplay_pgx [--total-timesteps 10000000] [--seed 0] [--json out.json]
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import importlib.util
 import json
 import sys
 import time
@@ -33,19 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import jaxsampler as js
-
-
-def _load(name: str):
-    path = Path(__file__).with_name(f"{name}.py")
-    spec = importlib.util.spec_from_file_location(f"jaxsampler_example_{name}", path)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
-ppo_multiagent = _load("ppo_multiagent")
-ppo, ppo_host = ppo_multiagent.ppo, ppo_multiagent.ppo_host
+from examples import ppo, ppo_host
 
 
 def shared(agent_id: str, episode: Any = None, **kwargs: Any) -> str:
@@ -165,9 +152,8 @@ def main(argv: list[str] | None = None) -> int:
         env, policy, num_envs=cfg.num_envs, rollout_length=cfg.rollout_length, seed=args.seed
     )
     params = policy.init(jax.random.PRNGKey(args.seed))
-    tx = ppo.make_optimizer(cfg)
+    tx, update, _ = ppo_host.make_learner(cfg, mlp)
     opt_state = tx.init(params["shared"])
-    update = ppo_host.make_update(cfg, mlp, ppo.make_epochs(cfg, ppo.make_loss(cfg, mlp), tx))
     evaluate = make_evaluate(env, mlp, args.eval_games)
     # One mover per env step, plus the moves a call completes from the previous one.
     size = cfg.num_envs * (cfg.rollout_length + 1)
@@ -205,22 +191,18 @@ def main(argv: list[str] | None = None) -> int:
         )
     print(f"{steps:,} moves in {wall:.1f} s ({steps / wall:,.0f} moves/s)")
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(
-            json.dumps(
-                {
-                    "env": "pgx:tic_tac_toe",
-                    "config": {k: v for k, v in dataclasses.asdict(cfg).items() if k != "sampler"},
-                    "seed": args.seed,
-                    "eval_games": args.eval_games,
-                    "env_steps": steps,
-                    "wall_s": wall,
-                    "final": final,
-                    "curve": curve,
-                },
-                indent=1,
-            )
-            + "\n"
+        ppo.write_json(
+            args.json,
+            {
+                "env": "pgx:tic_tac_toe",
+                "config": {k: v for k, v in dataclasses.asdict(cfg).items() if k != "sampler"},
+                "seed": args.seed,
+                "eval_games": args.eval_games,
+                "env_steps": steps,
+                "wall_s": wall,
+                "final": final,
+                "curve": curve,
+            },
         )
         write_report(args.json, json.loads(args.json.read_text()))
     return 0
@@ -250,10 +232,7 @@ def write_report(path: Path, res: dict[str, Any]) -> None:
         lines.append(f"| {c['env_steps']:,} | {o['win']:.3f} | {o['draw']:.3f} | {o['loss']:.3f} |")
     path.with_suffix(".md").write_text("\n".join(lines) + "\n")
     try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        plt = ppo.pyplot()
     except ImportError:
         return
     x = [c["env_steps"] for c in res["curve"]]

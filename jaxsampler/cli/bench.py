@@ -1,21 +1,19 @@
-"""Throughput measurement of jaxsampler rollouts (used by the CLI and ``benchmarks/``).
+"""Throughput measurement of jaxsampler rollouts (the ``jaxsampler bench`` command; the
+benchmark scripts in ``benchmarks/`` use it too).
 
 Compile time and steady-state time are measured separately; every timed call blocks on
-its result before the clock is read; figures are medians over repeats.
+its result before the clock is read; figures are medians over repeats. The scripts' own
+bookkeeping (result files, git state, progress lines) is ``benchmarks/harness.py``'s.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import platform
 import statistics
-import subprocess
-import sys
 import time
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
 import jax
@@ -29,9 +27,6 @@ from jaxsampler.types import Trajectory
 __all__ = [
     "compile_count",
     "environment_info",
-    "git_state",
-    "log",
-    "write_results",
     "time_calls",
     "measure_rollout",
     "sweep",
@@ -55,38 +50,6 @@ def compile_count() -> int:
         jax.monitoring.register_event_duration_secs_listener(_on_event)
         _compiles["listening"] = True
     return _compiles["count"]
-
-
-def log(msg: str) -> None:
-    """A timestamped progress line on stderr (benchmark scripts)."""
-    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
-
-
-def git_state(include_untracked: bool = False) -> dict[str, Any]:
-    """HEAD commit and the files changed in the working tree (the code that was measured)."""
-
-    def git(*args: str) -> str:
-        return subprocess.run(
-            ["git", *args],
-            cwd=Path(__file__).resolve().parent,
-            capture_output=True,
-            text=True,
-            timeout=10,
-        ).stdout.strip()
-
-    status = ["status", "--porcelain"] + ([] if include_untracked else ["-uno"])
-    try:
-        return {"commit": git("rev-parse", "HEAD"), "changed": git(*status).splitlines()}
-    except (OSError, subprocess.SubprocessError) as e:
-        return {"error": str(e)}
-
-
-def write_results(results: dict[str, Any], markdown: str, out_dir: Path, name: str) -> None:
-    """Writes ``<name>.json`` (the raw results) and ``<name>.md`` (the tables) to ``out_dir``."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / f"{name}.json").write_text(json.dumps(results, indent=1) + "\n")
-    (out_dir / f"{name}.md").write_text(markdown)
-    log(f"wrote {out_dir / (name + '.json')} and {out_dir / (name + '.md')}")
 
 
 def environment_info() -> dict[str, Any]:

@@ -1,10 +1,9 @@
-"""``benchmarks/scaling.py`` and ``benchmarks/gpu.py`` run tiny (so CI exercises both
+"""``python -m benchmarks.scaling`` and ``python -m benchmarks.gpu`` run tiny (so CI exercises both
 scripts, the 2-process ``jax.distributed`` worker included) and write the promised JSON;
 their bookkeeping (throughput of a round, speedups, series stops) is checked by hand."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -13,28 +12,26 @@ from types import SimpleNamespace
 
 import pytest
 
+from benchmarks import gpu
+from benchmarks import scaling as sc
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def load(name: str):
-    path = ROOT / "benchmarks" / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(f"bench_{name}", path)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
-def run_script(*args: str, timeout: int = 600) -> None:
+def run_script(module: str, *args: str, timeout: int = 600) -> None:
     proc = subprocess.run(
-        [sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout
+        [sys.executable, "-m", module, *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
 
 
 def test_scaling_quick_writes_the_schema(tmp_path):
     run_script(
-        "benchmarks/scaling.py", "--quick", "--widths", "8", "--groups", "1p1d", "2p1d",
+        "benchmarks.scaling", "--quick", "--widths", "8", "--groups", "1p1d", "2p1d",
         "--out", str(tmp_path),
     )  # fmt: skip
     res = json.loads((tmp_path / "scaling.json").read_text())
@@ -60,7 +57,6 @@ def test_scaling_quick_writes_the_schema(tmp_path):
 
 
 def test_scaling_throughput_and_speedup_by_hand():
-    sc = load("scaling")
     one = {"times_s": [[0.1, 0.3, 0.2]], "acted": [100], "steps": [100]}
     dist = {"times_s": [[0.2, 0.2], [0.25, 0.25]], "acted": [200, 200], "steps": [200, 200]}
     indep = {"times_s": [[0.1], [0.2]], "acted": [100, 100], "steps": [100, 100]}
@@ -85,13 +81,12 @@ def test_scaling_throughput_and_speedup_by_hand():
 
 
 def test_scaling_rejects_bad_sizes():
-    sc = load("scaling")
     with pytest.raises(SystemExit):
         sc.parse_args(["--widths", "0"])
 
 
 def test_gpu_quick_writes_the_schema(tmp_path):
-    run_script("benchmarks/gpu.py", "--quick", "--max-width", "64", "--out", str(tmp_path))
+    run_script("benchmarks.gpu", "--quick", "--max-width", "64", "--out", str(tmp_path))
     res = json.loads((tmp_path / "gpu.json").read_text())
     assert res["benchmark"] == "gpu"
     assert set(res["envs"]) == {"CartPole-v1", "Breakout-MinAtar", "Spread-8"}
@@ -106,7 +101,6 @@ def test_gpu_quick_writes_the_schema(tmp_path):
 
 
 def test_gpu_series_stops_at_oom_and_at_the_budget(monkeypatch):
-    gpu = load("gpu")
     assert gpu.widths_up_to(1 << 20) == [1024 * 4**k for k in range(6)]
     args = SimpleNamespace(
         max_width=16384, min_width=1024, rollout_cap=128, min_rollout_length=4,
@@ -136,7 +130,6 @@ def test_gpu_series_stops_at_oom_and_at_the_budget(monkeypatch):
 
 
 def test_gpu_shortens_T_to_fit_the_buffer():
-    gpu = load("gpu")
     env = SimpleNamespace(observation_space=SimpleNamespace(shape=(10, 10, 4)), num_agents=1)
     # Breakout at 1M envs: 32 steps would need ~54 GB; 8 steps fit in 24 GB.
     assert gpu.buffer_bytes(env, 1 << 20, 32) > 24e9 > gpu.buffer_bytes(env, 1 << 20, 8)

@@ -1,30 +1,19 @@
-"""``benchmarks/soak.py --quick`` runs (so CI exercises the script) and its step ledger
+"""``python -m benchmarks.soak --quick`` runs (so CI exercises the script) and its step ledger
 catches what it is meant to catch."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def load_soak():
-    spec = importlib.util.spec_from_file_location("bench_soak", ROOT / "benchmarks" / "soak.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
+from benchmarks import soak as soak_module
 
 
 @pytest.fixture(scope="module")
 def soak():
-    return load_soak()
+    return soak_module
 
 
 def test_ledger_catches_gaps_repeats_and_returning_ids(soak):
@@ -82,7 +71,7 @@ def test_quick_run_writes_results_and_finds_nothing_wrong(soak, tmp_path):
     assert s["lost_steps"] == s["duplicated_steps"] == s["client_error_count"] == 0
     assert s["compiles_during_run"] == 0
     md = (tmp_path / "soak.md").read_text()
-    assert "## Sampler soak" in md and "## Serving soak" in md and "benchmarks/soak.py" in md
+    assert "## Sampler soak" in md and "## Serving soak" in md and "benchmarks.soak" in md
 
 
 def test_served_sampler_bookkeeping_stays_bounded():

@@ -1,33 +1,22 @@
-"""``benchmarks/suites.py --quick`` runs one suite tiny and writes the promised JSON and
+"""``python -m benchmarks.suites --quick`` runs one suite tiny and writes the promised JSON and
 Markdown; its bookkeeping (agent-steps, the paired ratio) is checked by hand from the raw
 figures, and a missing suite is skipped with its reason. No timing assertions."""
 
 from __future__ import annotations
 
-import importlib.util
+import dataclasses
 import json
 import statistics
-import sys
-from pathlib import Path
 
 import pytest
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def load(name: str):
-    path = ROOT / "benchmarks" / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(f"bench_{name}", path)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
 
 
 @pytest.fixture(scope="module")
 def suites():
     pytest.importorskip("gymnax", reason="the gymnax suite is the one the smoke run uses")
-    return load("suites")
+    from benchmarks import suites
+
+    return suites
 
 
 def test_quick_gymnax_writes_the_schema(suites, tmp_path):
@@ -88,7 +77,7 @@ def test_handwritten_gymnax_matches_gymnax_driven_by_hand(suites):
 
 
 def test_a_missing_suite_is_skipped_with_its_reason(suites, monkeypatch, capsys):
-    fake = suites.dataclasses.replace(suites.SUITES["gymnax"], name="nope", module="no_such_pkg")
+    fake = dataclasses.replace(suites.SUITES["gymnax"], name="nope", module="no_such_pkg")
     monkeypatch.setitem(suites.SUITES, "nope", fake)
     res = suites.run_benchmark(["nope"], widths=[8], rollout_length=8, repeats=1, target_s=0.0)
     assert res["suites"]["nope"]["status"].startswith("skipped: package 'no_such_pkg'")

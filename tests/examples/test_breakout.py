@@ -1,4 +1,4 @@
-"""examples/ppo.py on Breakout-MinAtar (CNN policy): a quick run with each sampler."""
+"""examples.ppo on Breakout-MinAtar (CNN policy): a quick run with each sampler."""
 
 from __future__ import annotations
 
@@ -7,14 +7,13 @@ import json
 import numpy as np
 import pytest
 
-from tests.examples.test_examples import load
+from examples import ppo
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("sampler", ["jaxsampler", "handwritten"])
 def test_ppo_breakout_quick(sampler, tmp_path):
     pytest.importorskip("gymnax", reason="Breakout-MinAtar comes from gymnax")
-    ppo = load("ppo")
     out = tmp_path / "ppo.json"
     args = ["--env", "Breakout-MinAtar", "--sampler", sampler, "--seeds", "1"]
     args += ["--total-timesteps", "128", "--num-envs", "2", "--rollout-length", "32"]

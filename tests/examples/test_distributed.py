@@ -1,4 +1,4 @@
-"""examples/ppo_distributed.py: PPO on a mesh over 2 jax.distributed processes (1 CPU device
+"""examples.ppo_distributed: PPO on a mesh over 2 jax.distributed processes (1 CPU device
 each) is the same global computation as on 1 process with 2 devices; the params stay
 identical across processes after every update; global episode counts are the sums of the
 local ones; each process holds its own env slice (learning results:
@@ -6,43 +6,25 @@ benchmarks/results/ppo_distributed.md)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import jax
 import numpy as np
 import pytest
 
+from examples import ppo_distributed as ex
 from tests.processes import run_processes
-
-ROOT = Path(__file__).resolve().parents[2]
-EXAMPLE = ROOT / "examples" / "ppo_distributed.py"
-
-
-def load():
-    name = "example_ppo_distributed"
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, EXAMPLE)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
 
 # Each process: 3 tiny updates (QUICK: 4 global envs x 16 steps), recording after each
 # update its copy of the params, every process's copy (allgather), its episode counts and
 # its part of the trajectory.
-SCRIPT = f"""
-import importlib.util, json, sys
+SCRIPT = """
+import json
 import jaxsampler.rollout.distributed as dist
 dist.initialize()
 import jax, numpy as np
 from jaxsampler.rollout import placement
-spec = importlib.util.spec_from_file_location("ex", {str(EXAMPLE)!r})
-ex = importlib.util.module_from_spec(spec); sys.modules["ex"] = ex; spec.loader.exec_module(ex)
+import examples.ppo_distributed as ex
 mesh = placement.env_mesh()
 cfg = ex.QUICK
 rec = []
@@ -71,7 +53,6 @@ def parse(out: str) -> dict:
 def reference(mesh_devices: int):
     """The same training on 1 process with ``mesh_devices`` local devices: per update the
     params and the global observations."""
-    ex = load()
     from jaxsampler.rollout import placement
 
     rec = []
@@ -92,7 +73,6 @@ def reference(mesh_devices: int):
 def test_two_processes_match_one_process_with_two_devices():
     outs = run_processes(SCRIPT, "RESULT", n=2, devices=1, timeout=900)
     runs = sorted((parse(o) for o in outs), key=lambda r: r["process"])
-    ex = load()
     cfg = ex.QUICK
     updates = cfg.num_updates
     assert updates == 3 and [r["process"] for r in runs] == [0, 1]
@@ -144,7 +124,6 @@ def test_one_device_is_the_same_run_up_to_rounding(tmp_path):
     assert one_res["episodes_per_update"] == two_res["episodes_per_update"]
     for a, b in zip(one, two):
         np.testing.assert_allclose(a["params"], b["params"], rtol=1e-3, atol=1e-4)
-    ex = load()
     paths = []
     for name, res in (("one", one_res), ("two", two_res)):
         paths.append(tmp_path / f"{name}.json")
@@ -158,7 +137,6 @@ def test_one_device_is_the_same_run_up_to_rounding(tmp_path):
 
 
 def test_bad_sizes_are_named():
-    ex = load()
     import dataclasses
 
     from jaxsampler.rollout import placement

@@ -1,38 +1,22 @@
-"""examples/ppo_domain_randomization.py in --quick mode: the result files' structure, that
+"""examples.ppo_domain_randomization in --quick mode: the result files' structure, that
 training ran (with randomized physics in the randomized run only), and that the evaluation
 gives every held-out episode its own params (checked against CartPole stepped by hand)."""
 
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 import jaxsampler as js
+from examples import ppo_domain_randomization as ex
 from jaxsampler.envs.cartpole import CartPoleState
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def load():
-    name = "example_ppo_domain_randomization"
-    spec = importlib.util.spec_from_file_location(
-        name, ROOT / "examples" / "ppo_domain_randomization.py"
-    )
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def test_quick_run_writes_results_with_both_variants(tmp_path):
-    ex = load()
     assert ex.main(["--quick", "--out", str(tmp_path)]) == 0
     res = json.loads((tmp_path / "ppo_domain_randomization.json").read_text())
     assert res["quick"] is True and res["seeds"] == 2
@@ -88,7 +72,6 @@ def test_evaluation_gives_each_episode_its_own_params():
     """A zero-weight policy's greedy action is always 0 (argmax of equal logits), so each
     held-out episode's length follows from its pole and cart: compare with CartPole
     stepped by hand (the random initial state moves it by a few steps)."""
-    ex = load()
     env = js.make("CartPole-v1")
     policy = ex.make_policy(ex.PPOConfig(), env)
     params = jax.tree.map(jnp.zeros_like, policy.init(jax.random.PRNGKey(0)))
@@ -105,7 +88,6 @@ def test_evaluation_gives_each_episode_its_own_params():
 
 
 def test_sample_params_draw_in_their_ranges():
-    ex = load()
     base = js.make("CartPole-v1").default_params
     keys = jax.random.split(jax.random.PRNGKey(0), 4000)
     for name, ranges in ex.VARIANTS.items():

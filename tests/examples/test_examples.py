@@ -3,25 +3,12 @@ learning results are in benchmarks/results/ppo.md)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def load(name: str):
-    spec = importlib.util.spec_from_file_location(
-        f"example_{name}", ROOT / "examples" / f"{name}.py"
-    )
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # dataclasses look their module up while the class is built
-    spec.loader.exec_module(mod)
-    return mod
+from examples import ppo, ppo_host, ppo_multiagent
 
 
 @pytest.mark.parametrize(
@@ -29,7 +16,6 @@ def load(name: str):
     [("CartPole-v1", "jaxsampler"), ("CartPole-v1", "handwritten"), ("Pendulum-v1", "jaxsampler")],
 )
 def test_ppo_example_runs(env_id, sampler, tmp_path):
-    ppo = load("ppo")
     out = tmp_path / "ppo.json"
     rc = ppo.main(
         [
@@ -61,10 +47,9 @@ def test_ppo_example_runs(env_id, sampler, tmp_path):
 
 
 def test_ppo_host_example_runs(tmp_path):
-    host = load("ppo_host")
     out = tmp_path / "host.json"
     assert (
-        host.main(
+        ppo_host.main(
             [
                 "--total-timesteps",
                 "600",
@@ -83,10 +68,9 @@ def test_ppo_host_example_runs(tmp_path):
 
 
 def test_ppo_multiagent_example_runs(tmp_path):
-    ma = load("ppo_multiagent")
     out = tmp_path / "ma.json"
     assert (
-        ma.main(
+        ppo_multiagent.main(
             [
                 "--total-timesteps",
                 "400",
@@ -111,7 +95,6 @@ def test_batch_gae_matches_the_trajectory_gae():
 
     import jaxsampler as js
 
-    host = load("ppo_host")
     env = js.make("CartPole-v1")
     pol = js.MLPPolicy(env.observation_space, env.action_space, hidden_sizes=(8,))
     params = pol.init(jax.random.PRNGKey(0))
@@ -122,7 +105,7 @@ def test_batch_gae_matches_the_trajectory_gae():
     ends = np.ones(sb.count, bool)
     ends[:-1] = sb["eps_id"][1:] != sb["eps_id"][:-1]
     adv = np.asarray(
-        host.batch_gae(sb["rewards"], sb["vf_preds"], nv, sb["terminateds"], ends, 0.99, 0.95)
+        ppo_host.batch_gae(sb["rewards"], sb["vf_preds"], nv, sb["terminateds"], ends, 0.99, 0.95)
     )
     # Reference: the same steps' advantages from the device-side GAE, matched by (eps_id, t).
     s2 = js.Sampler(env, pol, num_envs=3, rollout_length=40, seed=5, episode_lookback_horizon=0)

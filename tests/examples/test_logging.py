@@ -3,34 +3,19 @@ itself reports (its own JSON output is the reference)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
-import sys
-from pathlib import Path
 
 import pytest
 
+from examples import ppo_distributed, ppo_domain_randomization, ppo_host, ppo_normalization
 from jaxsampler.integrations.loggers import read_jsonl
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def load(name):
-    spec = importlib.util.spec_from_file_location(
-        f"example_{name}_logging", ROOT / "examples" / f"{name}.py"
-    )
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def test_ppo_host_logs_every_sampler_call_and_update(tmp_path, capsys):
-    host = load("ppo_host")
     out, logs = tmp_path / "host.json", tmp_path / "logs"
     argv = ["--total-timesteps", "300", "--num-envs", "2", "--rollout-length", "32"]
-    assert host.main([*argv, "--json", str(out), "--log-dir", str(logs), "--quiet"]) == 0
+    assert ppo_host.main([*argv, "--json", str(out), "--log-dir", str(logs), "--quiet"]) == 0
     assert capsys.readouterr().err == ""  # --quiet: no bar
     res = json.loads(out.read_text())
     lines = read_jsonl(logs / "metrics.jsonl")
@@ -78,7 +63,7 @@ def test_scan_trainers_log_their_curves_one_line_per_update(tmp_path):
         },
     }
     with JsonlLogger(tmp_path / "n.jsonl") as lg:
-        assert load("ppo_normalization").log_curves(lg, norm) == 4
+        assert ppo_normalization.log_curves(lg, norm) == 4
     lines = read_jsonl(tmp_path / "n.jsonl")
     assert [x["step"] for x in lines] == [200, 400, 600, 800]
     assert [x.get("raw/seed0/episode_return_mean") for x in lines] == [None, -900, None, -700]
@@ -100,7 +85,7 @@ def test_scan_trainers_log_their_curves_one_line_per_update(tmp_path):
         },
     }
     with JsonlLogger(tmp_path / "d.jsonl") as lg:
-        assert load("ppo_domain_randomization").log_curves(lg, dr) == 2
+        assert ppo_domain_randomization.log_curves(lg, dr) == 2
     lines = read_jsonl(tmp_path / "d.jsonl")
     assert [x["step"] for x in lines] == [64, 128]
     assert [x["default/train_return"] for x in lines] == [2.0, 5.0]
@@ -109,9 +94,10 @@ def test_scan_trainers_log_their_curves_one_line_per_update(tmp_path):
 
 
 def test_ppo_distributed_logs_the_global_figures_per_update(tmp_path):
-    ex = load("ppo_distributed")
     out, logs = tmp_path / "run.json", tmp_path / "logs"
-    assert ex.main(["--quick", "--out", str(out), "--log-dir", str(logs), "--quiet"]) == 0
+    assert (
+        ppo_distributed.main(["--quick", "--out", str(out), "--log-dir", str(logs), "--quiet"]) == 0
+    )
     res = json.loads(out.read_text())
     lines = read_jsonl(logs / "metrics.jsonl")
     per_update, n = res["env_steps_per_update"], len(res["learning_curve"])

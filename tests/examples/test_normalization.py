@@ -1,31 +1,17 @@
-"""Smoke test of examples/ppo_normalization.py --quick: both variants run on the same seeds
-and the outputs have the documented structure (learning results: benchmarks/results/
-ppo_normalization.md)."""
+"""Smoke test of ``python -m examples.ppo_normalization --quick``: both variants run on the
+same seeds and the outputs have the documented structure (learning results:
+benchmarks/results/ppo_normalization.md)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def load():
-    spec = importlib.util.spec_from_file_location(
-        "example_ppo_normalization", ROOT / "examples" / "ppo_normalization.py"
-    )
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
+from examples import ppo_normalization as ex
 
 
 def test_quick_run_writes_both_curves(tmp_path):
-    ex = load()
     assert ex.main(["--quick", "--seeds", "2", "--out", str(tmp_path)]) == 0
     res = json.loads((tmp_path / "ppo_normalization.json").read_text())
     assert res["seeds"] == 2 and set(res["variants"]) == {"normalized", "raw"}

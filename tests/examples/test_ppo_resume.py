@@ -3,7 +3,7 @@ uninterrupted run's per-update metrics bit for bit; a checkpoint of another conf
 refused with a message naming the differing fields; --log-dir writes one JSON line per
 update across the interruption.
 
-Every run is a fresh ``python examples/ppo.py`` process. They share a JAX persistent
+Every run is a fresh ``python -m examples.ppo`` process. They share a JAX persistent
 compilation cache (in the test's tmp dir) only to save compile time: a cached executable is
 the one the compiler would produce again.
 """
@@ -22,7 +22,6 @@ import pytest
 import jaxsampler as js
 
 ROOT = Path(__file__).resolve().parents[2]
-EXAMPLE = ROOT / "examples" / "ppo.py"
 # 6 updates of 2 envs x 16 steps, in chunks of 2 updates.
 TINY = ["--seeds", "2", "--num-envs", "2", "--rollout-length", "16", "--total-timesteps", "192"]
 
@@ -36,7 +35,7 @@ def ppo(tmp: Path, *args: str) -> subprocess.CompletedProcess[str]:
         JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0",
     )
     return subprocess.run(
-        [sys.executable, str(EXAMPLE), *TINY, *args],
+        [sys.executable, "-m", "examples.ppo", *TINY, *args],
         cwd=ROOT,
         env=env,
         capture_output=True,

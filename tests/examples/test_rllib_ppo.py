@@ -1,34 +1,20 @@
-"""examples/rllib_ppo.py in --quick mode: two tiny PPO iterations with each runner (the
+"""examples.rllib_ppo in --quick mode: two tiny PPO iterations with each runner (the
 learning result, return >= 450, is in benchmarks/results/rllib_ppo.md)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
-import sys
-from pathlib import Path
 
 import pytest
 
 pytest.importorskip("ray.rllib", reason="examples/rllib_ppo.py needs ray[rllib] (the rllib extra)")
 pytest.importorskip("torch", reason="examples/rllib_ppo.py needs torch (the rllib extra)")
 
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def load_example():
-    spec = importlib.util.spec_from_file_location(
-        "example_rllib_ppo", ROOT / "examples" / "rllib_ppo.py"
-    )
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
 
 def test_rllib_ppo_example_quick_runs_both_runners(tmp_path):
-    example = load_example()
+    from examples import rllib_ppo as example
+
     out = tmp_path / "curves"
     runs = example.main(["--quick", "--runner", "both", "--out", str(out)])
     assert [r["runner"] for r in runs] == ["jax", "rllib"]

@@ -1,33 +1,19 @@
-"""Smoke test of examples/selfplay_pgx.py --quick: self-play PPO runs on pgx tic-tac-toe and
-writes its results (learning results: benchmarks/results/selfplay_pgx.md)."""
+"""Smoke test of ``python -m examples.selfplay_pgx --quick``: self-play PPO runs on pgx
+tic-tac-toe and writes its results (learning results: benchmarks/results/selfplay_pgx.md)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
 pytest.importorskip("pgx", reason="pgx is not installed (pip install -e '.[pgx]')")
 
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def load():
-    spec = importlib.util.spec_from_file_location(
-        "example_selfplay_pgx", ROOT / "examples" / "selfplay_pgx.py"
-    )
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
 
 @pytest.mark.slow  # ~50 s on the shared 2-core machine (mostly compiles)
 def test_quick_run_writes_rates(tmp_path):
-    ex = load()
+    from examples import selfplay_pgx as ex
+
     out = tmp_path / "selfplay_pgx.json"
     assert ex.main(["--quick", "--json", str(out)]) == 0
     res = json.loads(out.read_text())
@@ -40,8 +26,9 @@ def test_quick_run_writes_rates(tmp_path):
 
 
 def test_rates_split_by_first_mover():
-    ex = load()
     import numpy as np
+
+    from examples import selfplay_pgx as ex
 
     r = ex.rates(np.array([0, 0, 1, 1]), np.array([1.0, 0.0, -1.0, 1.0], np.float32))
     assert r["first"] == {"games": 2, "win": 0.5, "draw": 0.5, "loss": 0.0}

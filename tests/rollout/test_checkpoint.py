@@ -449,7 +449,7 @@ def test_mesh_spanning_processes_cannot_be_checkpointed(
 
 def test_checkpoint_benchmark_quick_writes_the_schema(tmp_path: Path) -> None:
     proc = subprocess.run(
-        [sys.executable, "benchmarks/checkpoint.py", "--quick", "--out", str(tmp_path)],
+        [sys.executable, "-m", "benchmarks.checkpoint", "--quick", "--out", str(tmp_path)],
         cwd=ROOT,
         capture_output=True,
         text=True,
