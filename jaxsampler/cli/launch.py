@@ -54,8 +54,9 @@ KILL_AFTER_S = 2.0
 
 _DEVICE_FLAG = "--xla_force_host_platform_device_count"
 _PR_SET_PDEATHSIG = 1
-# The processes import the same jaxsampler as the launcher (a source checkout included).
-_PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# The processes import the same jaxsampler as the launcher (a source checkout included): the
+# folder that holds the ``jaxsampler`` package (this file is jaxsampler/cli/launch.py).
+_PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _free_port() -> int:
