@@ -29,7 +29,7 @@ def served():
     whose answers the loop holds back while they run. Yields ``(server, loop, holds)``."""
     from jaxsampler.host_envs.external import ExternalEnv
     from jaxsampler.serving.server import PolicyServer
-    from tests.host_envs.external.test_env import ACT, OBS, PollLoop
+    from tests.fakes import ACT, OBS, PollLoop
 
     env = ExternalEnv(OBS, ACT, max_wait_s=0.005, episode_timeout_s=30.0)
     server = PolicyServer(env, port=0, max_body_bytes=4096)

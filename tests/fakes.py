@@ -3,13 +3,19 @@
 from __future__ import annotations
 
 import dataclasses
+import threading
+from collections import defaultdict
 from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from flax import struct
 
+from jaxsampler import spaces
+from jaxsampler.constants import ALL_AGENTS
+from jaxsampler.constants import DEFAULT_AGENT_ID as AGENT
 from jaxsampler.envs.base import Env, SingleAgentEnv
 from jaxsampler.policies.base import Policy
 from jaxsampler.spaces import Box, Discrete
@@ -278,3 +284,155 @@ class ChaosEnv(Env):
         acting = jax.random.bernoulli(k_act, 0.6, (3,)) & ~done
         s = ChaosState(t, done, state.uid)
         return s, self._ts(s, reward, term, trunc, acting)
+
+
+# ------------------------------------------------------------- a served external env's kit
+# Shared by the ExternalEnv tests and the policy-server tests: simulator threads that drive
+# an ExternalEnv and record what they logged, and a minimal poll loop (the "sampler") that
+# answers with a deterministic function of the observation and records what it was given.
+
+OBS = spaces.Box(-1e6, 1e6, (3,))
+ACT = spaces.Discrete(97)
+
+
+def answer(obs: np.ndarray) -> int:
+    return int(round(float(obs[0]) * 7 + float(obs[1]) * 3 + float(obs[2]))) % 97
+
+
+class PollLoop:
+    """A minimal sampler: polls, records every delivered step, answers with ``answer``."""
+
+    def __init__(self, env, hold=lambda eid: False):
+        self.env, self.hold = env, hold
+        self.steps: dict = defaultdict(
+            list
+        )  # eid -> [(agent obs dict, rewards, term, trunc, infos, offp)]
+        self.poll_sizes: list[int] = []
+        self.stop = threading.Event()
+        self.held: dict = {}
+        self.thread = threading.Thread(target=self.run, daemon=True)
+        self.thread.start()
+
+    def run(self):
+        while not self.stop.is_set():
+            r = self.env.poll(timeout=0.05)
+            if not r.obs:
+                self._release()
+                continue
+            self.poll_sizes.append(len(r.obs))
+            actions = {}
+            for eid, obs in r.obs.items():
+                self.steps[eid].append(
+                    (
+                        obs,
+                        r.rewards[eid],
+                        r.terminateds[eid],
+                        r.truncateds[eid],
+                        r.infos[eid],
+                        r.off_policy_actions.get(eid),
+                    )
+                )
+                if r.terminateds[eid][ALL_AGENTS] or r.truncateds[eid][ALL_AGENTS]:
+                    continue
+                acts = {a: answer(o) for a, o in obs.items() if not r.terminateds[eid].get(a)}
+                if self.hold(eid):
+                    self.held[eid] = acts
+                else:
+                    actions[eid] = acts
+            self.env.send_actions(actions)
+            self._release()
+
+    def _release(self):
+        for eid in [e for e in self.held if not self.hold(e)]:
+            self.env.send_actions({eid: self.held.pop(eid)})
+
+    def close(self):
+        self.stop.set()
+        self.thread.join(timeout=10)
+        assert not self.thread.is_alive()
+
+
+def run_clients(n_threads, fn):
+    barrier = threading.Barrier(n_threads)
+    errors, logs = [], {}
+
+    def target(cid):
+        try:
+            barrier.wait(timeout=10)
+            logs[cid] = fn(cid)
+        except BaseException as e:
+            errors.append((cid, e))
+
+    threads = [threading.Thread(target=target, args=(c,)) for c in range(n_threads)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert not any(t.is_alive() for t in threads)
+    assert not errors, errors
+    return logs
+
+
+def simulate(env, cid, n_episodes=3, n_steps=6):
+    """One simulator thread; returns {eid: expected delivered steps}."""
+    expected = {}
+    rng = np.random.default_rng(cid)
+    for e in range(n_episodes):
+        eid = env.start_episode(episode_id=f"c{cid}-e{e}" if e % 2 else None)
+        steps, pending_reward, pending_info = [], 0.0, {}
+        for t in range(n_steps):
+            obs = np.array([cid, e, t], np.float32)
+            if rng.random() < 0.3:
+                act = (answer(obs) + 1) % 97
+                env.log_action(eid, obs, act)
+                off = act
+            else:
+                assert env.get_action(eid, obs) == answer(obs)
+                off = None
+            steps.append(("step", obs, pending_reward, pending_info, off))
+            pending_reward, pending_info = 0.0, {}
+            for _ in range(int(rng.integers(0, 3))):
+                r = float(rng.integers(-5, 5))
+                pending_reward += r
+                env.log_returns(eid, r, {"t": t} if r > 0 else None)
+                if r > 0:
+                    pending_info = {"t": t}
+        final = np.array([cid, e, n_steps], np.float32)
+        env.end_episode(eid, final)
+        steps.append(("end", final, pending_reward, pending_info, None))
+        expected[eid] = steps
+    return expected
+
+
+def wait_finished(env, eids, timeout=20.0):
+    """Waits (bounded) until the poll loop delivered the final step of every episode."""
+    ev = threading.Event()
+    for _ in range(int(timeout / 0.005)):
+        if all(env.episode_status(e) in ("completed", "abandoned") for e in eids):
+            return
+        ev.wait(0.005)
+    raise AssertionError("episodes not finished in time")
+
+
+def check_exactly_once(loop, logs, others=()):
+    expected = {eid: s for log in logs.values() for eid, s in log.items()}
+    assert set(loop.steps) - set(others) == set(expected), "episodes lost or invented"
+    n = 0
+    for eid, exp in expected.items():
+        got = loop.steps[eid]
+        assert len(got) == len(exp), eid
+        for (kind, obs, rew, info, off), (g_obs, g_rew, g_term, g_trunc, g_info, g_off) in zip(
+            exp, got
+        ):
+            assert list(g_obs) == [AGENT]
+            np.testing.assert_array_equal(g_obs[AGENT], obs)
+            assert g_obs[AGENT].dtype == np.float32
+            assert g_rew[AGENT] == pytest.approx(rew)
+            assert g_info[AGENT] == info
+            assert g_term == {AGENT: kind == "end", ALL_AGENTS: kind == "end"}
+            assert g_trunc == {AGENT: False, ALL_AGENTS: False}
+            assert (g_off is None) == (off is None)
+            if off is not None:
+                assert g_off == {AGENT: off}
+            n += 1
+    return n

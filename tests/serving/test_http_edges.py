@@ -32,7 +32,7 @@ from jaxsampler.host_envs.external import (
 )
 from jaxsampler.serving.client import PolicyClient
 from jaxsampler.serving.server import PROTOCOL_VERSION, PolicyServer, PolicyServerError
-from tests.host_envs.external.test_env import ACT, OBS, PollLoop, answer, wait_finished
+from tests.fakes import ACT, OBS, PollLoop, answer, wait_finished
 
 MP = "application/msgpack"
 

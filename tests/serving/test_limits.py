@@ -20,7 +20,7 @@ from jaxsampler.episodes.codec import unpackb
 from jaxsampler.host_envs.external import CapacityError, ExternalEnv, InvalidDataError
 from jaxsampler.serving.client import PolicyClient
 from jaxsampler.serving.server import PROTOCOL_VERSION, PolicyServer
-from tests.host_envs.external.test_env import ACT, OBS, PollLoop, answer
+from tests.fakes import ACT, OBS, PollLoop, answer
 from tests.serving.test_http_edges import (
     OB,
     Responses,

@@ -30,7 +30,7 @@ from jaxsampler.host_envs.external import (
 from jaxsampler.serving import server as server_module
 from jaxsampler.serving.client import PolicyClient
 from jaxsampler.serving.server import PROTOCOL_VERSION, PolicyServer, PolicyServerError
-from tests.host_envs.external.test_env import ACT, OBS, PollLoop, answer
+from tests.fakes import ACT, OBS, PollLoop, answer
 from tests.serving.test_http_edges import OB, Responses, connect, get, json_error, post, until
 
 TOKEN = "t0ps3cret-token"

@@ -31,7 +31,7 @@ from jaxsampler.host_envs.external import (
 )
 from jaxsampler.serving.client import PolicyClient
 from jaxsampler.serving.server import PROTOCOL_VERSION, PolicyServer, PolicyServerError
-from tests.host_envs.external.test_env import (
+from tests.fakes import (
     ACT,
     OBS,
     PollLoop,
