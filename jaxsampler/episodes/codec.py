@@ -650,6 +650,7 @@ class Unpacker:
 
     @property
     def offset(self) -> int:
+        """Bytes consumed so far, counted from the start of the stream."""
         return self._base + self._pos
 
     def __iter__(self) -> Unpacker:

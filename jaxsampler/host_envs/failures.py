@@ -328,6 +328,7 @@ class SubEnvFailures:
 
     @staticmethod
     def name(i: int) -> str:
+        """How messages name sub-env ``i`` (or the whole vector env)."""
         return "the vector env" if i == WHOLE_ENV else f"sub-env {i}"
 
     def good_step(self, i: int) -> None:

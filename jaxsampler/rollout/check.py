@@ -87,6 +87,7 @@ class EnvCheckReport:
 
     @property
     def ok(self) -> bool:
+        """No problems found (notes do not count)."""
         return not self.problems
 
     def __str__(self) -> str:

@@ -78,10 +78,12 @@ class EvalResult:
 
     @property
     def num_episodes(self) -> int:
+        """Episodes evaluated."""
         return int(self.returns.shape[0])
 
     @property
     def mean_return(self) -> float:
+        """Mean undiscounted return over the episodes."""
         return float(np.mean(self.returns))
 
     @property
@@ -91,6 +93,7 @@ class EvalResult:
 
     @property
     def mean_length(self) -> float:
+        """Mean episode length in env steps."""
         return float(np.mean(self.lengths))
 
     def as_dict(self) -> dict[str, float | int]:

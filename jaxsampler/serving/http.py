@@ -64,7 +64,9 @@ class ConnectionOwner(Protocol):
     here, so the connection layer does not import the listener that imports it."""
 
     @property
-    def limits(self) -> Limits: ...
+    def limits(self) -> Limits:
+        """The server's request limits."""
+        ...
 
     @property
     def _conns(self) -> set[Connection]: ...

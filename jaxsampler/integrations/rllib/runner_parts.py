@@ -320,6 +320,8 @@ class RunnerPolicy(Policy):
 
     @staticmethod
     def call_params(params: Any, mode: int, seq: int) -> dict[str, Any]:
+        """The params one jitted call takes: the module's weights, the explore mode and the
+        call's sequence number (both int32, so changing them never recompiles)."""
         return {"module": params, "mode": np.int32(mode), "seq": np.int32(seq)}
 
     def init(self, key: jax.Array) -> Any:
