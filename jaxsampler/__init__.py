@@ -25,7 +25,13 @@ The layers, top first (a layer imports only layers below it):
 from __future__ import annotations
 
 import importlib
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import sys
+import types as _pytypes  # (jaxsampler.types would shadow the name "types")
 import warnings
+from collections.abc import Sequence
 from typing import Any
 
 from jaxsampler import (
@@ -159,3 +165,75 @@ def __getattr__(name: str) -> Any:
         )
         return getattr(importlib.import_module(home), name)
     raise AttributeError(f"module 'jaxsampler' has no attribute {name!r}")
+
+
+#: Module paths that moved into their layer's folder, old prefix -> new prefix. Importing an
+#: old path still works, with a DeprecationWarning, for one release.
+_MOVED_MODULES: dict[str, str] = {
+    "jaxsampler.check": "jaxsampler.rollout.check",
+    "jaxsampler.checkpoint": "jaxsampler.rollout.checkpoint",
+    "jaxsampler.codec": "jaxsampler.episodes.codec",
+    "jaxsampler.distributed": "jaxsampler.rollout.distributed",
+    "jaxsampler.evaluation": "jaxsampler.rollout.evaluation",
+    "jaxsampler.loggers": "jaxsampler.integrations.loggers",
+    "jaxsampler.placement": "jaxsampler.rollout.placement",
+    "jaxsampler.progress": "jaxsampler.integrations.progress",
+    "jaxsampler.registry": "jaxsampler.envs.registry",
+    "jaxsampler.rllib": "jaxsampler.integrations.rllib",
+    "jaxsampler.video": "jaxsampler.integrations.video",
+}
+
+
+def _new_name(fullname: str) -> str | None:
+    for old, new in _MOVED_MODULES.items():
+        if fullname == old or fullname.startswith(old + "."):
+            return new + fullname[len(old) :]
+    return None
+
+
+class _MovedModuleFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Imports an old module path as a thin alias of the module's new home."""
+
+    def find_spec(
+        self, fullname: str, path: Sequence[str] | None, target: _pytypes.ModuleType | None = None
+    ) -> importlib.machinery.ModuleSpec | None:
+        new = _new_name(fullname)
+        if new is None:
+            return None
+        target_spec = importlib.util.find_spec(new)
+        if target_spec is None:
+            return None
+        spec = importlib.machinery.ModuleSpec(fullname, self, origin=target_spec.origin)
+        if target_spec.submodule_search_locations is not None:
+            spec.submodule_search_locations = []  # a package: its submodules come here too
+        return spec
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> _pytypes.ModuleType:
+        new = _new_name(spec.name)
+        assert new is not None
+        warnings.warn(
+            f"{spec.name} moved to {new} (the old path goes in the next release)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        target = importlib.import_module(new)
+        alias = _pytypes.ModuleType(spec.name, target.__doc__)
+        if hasattr(target, "__all__"):
+            alias.__all__ = target.__all__  # type: ignore[attr-defined]
+        if hasattr(target, "__path__"):
+            alias.__path__ = []  # its submodules are aliases too (found by this finder)
+
+        def forward(name: str) -> Any:
+            if name.startswith("__"):  # module machinery stays the alias's own
+                raise AttributeError(name)
+            return getattr(target, name)
+
+        alias.__getattr__ = forward  # type: ignore[method-assign]
+        return alias
+
+    def exec_module(self, module: _pytypes.ModuleType) -> None:
+        pass
+
+
+if not any(isinstance(f, _MovedModuleFinder) for f in sys.meta_path):
+    sys.meta_path.insert(0, _MovedModuleFinder())

@@ -164,3 +164,25 @@ def test_gym_ids_resolve_through_the_kind_host_envs_adds():
         env.close()
     with pytest.raises(ValueError, match="a suite's prefix"):
         registry.register_kind("gymnax", lambda i: i)
+
+
+@pytest.mark.parametrize(
+    "old, new, name",
+    [
+        ("jaxsampler.placement", "jaxsampler.rollout.placement", "env_mesh"),
+        ("jaxsampler.checkpoint", "jaxsampler.rollout.checkpoint", "Checkpoints"),
+        ("jaxsampler.loggers", "jaxsampler.integrations.loggers", "JsonlLogger"),
+        ("jaxsampler.codec", "jaxsampler.episodes.codec", "packb"),
+        ("jaxsampler.rllib.convert", "jaxsampler.integrations.rllib.convert", "to_rllib"),
+    ],
+)
+def test_moved_module_paths_import_with_a_deprecation_warning(monkeypatch, old, new, name):
+    import importlib
+
+    for m in [m for m in sys.modules if m == old or m.startswith(old + ".")]:
+        monkeypatch.delitem(sys.modules, m)
+    with pytest.warns(DeprecationWarning, match=rf"{old} moved to {new}"):
+        alias = importlib.import_module(old)
+    assert getattr(alias, name) is getattr(importlib.import_module(new), name)
+    with pytest.raises(ModuleNotFoundError):
+        importlib.import_module("jaxsampler.no_such_module")
