@@ -6,9 +6,10 @@ from __future__ import annotations
 import sys
 from typing import Any
 
+from jaxsampler.envs import registry
 from jaxsampler.envs.base import Env
 from jaxsampler.host_envs.base import HostEnv, check_host_env
-from jaxsampler.host_envs.gymnasium_envs import GymnasiumHostEnv, make_gym
+from jaxsampler.host_envs.gymnasium_envs import GymnasiumHostEnv
 from jaxsampler.host_envs.gymnasium_vector import GymnasiumVectorHostEnv
 
 __all__ = ["as_host_env", "is_host_stepped"]
@@ -24,14 +25,15 @@ def _is_gymnasium_vector_env(env: Any) -> bool:
 
 
 def _kind(env: Any) -> str | None:
-    """``"host"``, ``"vector"``, ``"gym_id"``, ``"gymnasium"`` (one env, or a list of envs
-    or factories), or ``None``: not host-stepped."""
+    """``"host"``, ``"vector"``, ``"kind_id"`` (an id of a kind the registry resolves to a
+    host env, such as ``"gym:<id>"``), ``"gymnasium"`` (one env, or a list of envs or
+    factories), or ``None``: not host-stepped."""
     if isinstance(env, HostEnv) or hasattr(env, "poll") or hasattr(env, "send_actions"):
         return "host"
     if _is_gymnasium_vector_env(env):
         return "vector"
-    if isinstance(env, str) and env.startswith("gym:"):
-        return "gym_id"
+    if isinstance(env, str) and ":" in env and env.partition(":")[0] in registry.KINDS:
+        return "kind_id"
     if isinstance(env, (list, tuple)) or (
         not isinstance(env, (Env, str))
         and hasattr(env, "step")
@@ -52,8 +54,9 @@ def is_host_stepped(env: Any) -> bool:
 def as_host_env(env: Any, num_envs: int | None, seed: int) -> HostEnv | None:
     """``env`` as a :class:`HostEnv` if it is host-stepped (:func:`is_host_stepped`), else
     ``None``. A HostEnv is returned itself; Gymnasium envs, vector envs, lists and
-    ``"gym:<id>"`` (:func:`~jaxsampler.host_envs.make_gym` with ``num_envs``) are wrapped
-    in a new host env seeded with ``seed``, which the caller then owns and closes.
+    ``"gym:<id>"`` (built by the registry's kind, :func:`~jaxsampler.host_envs.make_gym`,
+    with ``num_envs``) are wrapped in a new host env seeded with ``seed``, which the caller
+    then owns and closes.
 
     Raises:
         TypeError: ``env`` looks like a host env (it has ``poll`` or ``send_actions``) but
@@ -64,8 +67,8 @@ def as_host_env(env: Any, num_envs: int | None, seed: int) -> HostEnv | None:
         return check_host_env(env)
     if kind == "vector":
         return GymnasiumVectorHostEnv(env, seed=seed)
-    if kind == "gym_id":
-        return make_gym(env[len("gym:") :], num_envs, seed=seed)
+    if kind == "kind_id":
+        return registry.make(env, num_envs=num_envs, seed=seed)
     if kind == "gymnasium":
         return GymnasiumHostEnv(env if isinstance(env, (list, tuple)) else [env], seed=seed)
     return None
