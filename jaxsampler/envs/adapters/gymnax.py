@@ -39,6 +39,21 @@ rollout can call, so the adapter renders in JAX where it knows the env
   name (the same physics, other field names) and drawn by that env's renderer, with
   the params the two share by name;
 * anything else: ``can_render`` is False and ``render`` raises ``NotImplementedError``.
+
+Compact observations (``compact_obs=True``, or ``"uint8"`` / ``"bool"``): the adapter
+casts every observation to a 1-byte dtype before handing it on, so the rollout's buffers,
+episodes and batches hold 1 byte per entry instead of 4, and the observation space says so
+(``Box(0, 1, (10, 10, 4), uint8)`` for Breakout-MinAtar). The policy receives that dtype;
+the built-in policies (MLP, CNN, GRU) cast their network input to float32 inside the jit,
+so they compute exactly what they compute on the float32 frames; a hand-written policy
+must do the same (``obs.astype(jnp.float32)``). The cast is allowed only where it keeps
+every value exactly (:func:`compact_observation_space`): a ``Box`` with finite bounds in
+the target dtype's range (``[0, 255]`` for uint8, ``[0, 1]`` for bool) whose values are
+whole numbers, known either from its integer / bool dtype or from how the env draws its
+observations (:data:`WHOLE_NUMBER_FRAMES`: gymnax's MinAtar envs draw each frame in a
+``bool`` or ``int32`` grid, or a float32 grid of ``set(1)`` / ``max(0 or 1)`` writes, and
+only then cast to float32, so every entry is exactly 0 or 1). Anything else raises a
+``ValueError`` naming the env and its space.
 """
 
 from __future__ import annotations
@@ -57,10 +72,13 @@ from jaxsampler.spaces import Box, Space, from_gymnax_space
 from jaxsampler.types import TimeStep
 
 __all__ = [
+    "COMPACT_DTYPES",
     "GymnaxEnv",
     "MINATAR_BACKGROUND",
     "MINATAR_CELL",
     "MINATAR_PALETTE",
+    "WHOLE_NUMBER_FRAMES",
+    "compact_observation_space",
     "from_gymnax",
     "make_gymnax",
 ]
@@ -86,6 +104,13 @@ MINATAR_BACKGROUND = np.array([16, 16, 24], dtype=np.uint8)
 #: Pixels per MinAtar grid cell, in each direction.
 MINATAR_CELL = 16
 
+#: The dtypes ``compact_obs`` stores, by name (``compact_obs=True`` is ``"uint8"``).
+COMPACT_DTYPES: dict[str, np.dtype] = {"uint8": np.dtype(np.uint8), "bool": np.dtype(np.bool_)}
+
+#: Module prefixes of gymnax envs whose float observations are whole numbers by
+#: construction (see the module docstring): MinAtar draws 0/1 frames.
+WHOLE_NUMBER_FRAMES: tuple[str, ...] = ("gymnax.environments.minatar.",)
+
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class GymnaxEnv(SuiteEnv):
@@ -96,14 +121,36 @@ class GymnaxEnv(SuiteEnv):
         params: its ``EnvParams``; defaults to ``env.default_params``. The spaces are
             derived from these params; other params may be passed to ``reset``/``step``.
         env_id: a display name.
+        compact_obs: hold observations in a 1-byte dtype: ``False`` (the env's own dtype),
+            ``True`` or ``"uint8"``, or ``"bool"`` (see the module docstring).
+
+    Raises:
+        ValueError: ``compact_obs`` on an env whose observations the cast would not keep
+            exactly, or an unknown ``compact_obs`` value (the message names them).
     """
+
+    compact_obs: bool | str = False
 
     suite: ClassVar[str] = "gymnax"
 
     def __post_init__(self) -> None:
         if self.params is None:
             object.__setattr__(self, "params", self.env.default_params)
-        self._set_spaces(*_spaces(self.env, self.params))
+        obs_space, act_space = _spaces(self.env, self.params)
+        dtype = _compact_dtype(self.compact_obs)
+        if dtype is not None:
+            whole = type(self.env).__module__.startswith(WHOLE_NUMBER_FRAMES)
+            obs_space = compact_observation_space(obs_space, dtype, whole, self.name)
+        object.__setattr__(self, "_obs_dtype", dtype)
+        self._set_spaces(obs_space, act_space)
+
+    def _held(self, obs: Any) -> Any:
+        """``obs`` (gymnax's, without the agent axis) with the agent axis added, in the
+        compact dtype when ``compact_obs`` is on."""
+        dtype = self.__dict__["_obs_dtype"]
+        if dtype is None:
+            return jax.tree.map(lambda x: jnp.asarray(x)[None], obs)
+        return jnp.asarray(obs).astype(dtype)[None]
 
     @property
     def name(self) -> str:
@@ -161,7 +208,7 @@ class GymnaxEnv(SuiteEnv):
         params = self.params if params is None else params
         obs, state = self.env.reset_env(key, params)
         return state, TimeStep(
-            obs=jax.tree.map(lambda x: jnp.asarray(x)[None], obs),
+            obs=self._held(obs),
             reward=jnp.zeros((1,), jnp.float32),
             terminated=jnp.zeros((1,), jnp.bool_),
             truncated=jnp.zeros((1,), jnp.bool_),
@@ -184,7 +231,7 @@ class GymnaxEnv(SuiteEnv):
         truncated = self.env.is_truncated(state, params)
         info = jax.tree.map(jnp.asarray, info)
         return state, TimeStep(
-            obs=jax.tree.map(lambda x: jnp.asarray(x)[None], obs),
+            obs=self._held(obs),
             reward=jnp.reshape(reward, (1,)).astype(jnp.float32),
             terminated=jnp.reshape(terminated, (1,)).astype(jnp.bool_),
             truncated=jnp.reshape(truncated, (1,)).astype(jnp.bool_),
@@ -250,6 +297,55 @@ def _spaces(env: Any, params: Any) -> tuple[Space, Space]:
     if fix is not None and isinstance(obs_space, Box):
         obs_space = fix(obs_space, params)
     return obs_space, act_space
+
+
+def _compact_dtype(option: bool | str) -> np.dtype | None:
+    """The dtype ``compact_obs`` asks for, or ``None`` (off)."""
+    if option is False:
+        return None
+    if option is True:
+        return COMPACT_DTYPES["uint8"]
+    if isinstance(option, str) and option in COMPACT_DTYPES:
+        return COMPACT_DTYPES[option]
+    raise ValueError(
+        f"compact_obs must be False, True or one of {sorted(COMPACT_DTYPES)}, got {option!r}"
+    )
+
+
+def compact_observation_space(space: Space, dtype: Any, whole_numbers: bool, env: str) -> Box:
+    """``space`` held in ``dtype`` (``uint8`` or ``bool``): the same shape and bounds.
+
+    Args:
+        space: the env's observation space.
+        dtype: the compact dtype.
+        whole_numbers: the env's observations are known to be whole numbers although the
+            space's dtype is a float (e.g. MinAtar's 0/1 frames).
+        env: the env's name, for the error message.
+
+    Raises:
+        ValueError: ``space`` is not a ``Box``, its bounds are not finite or not inside
+            ``dtype``'s range (``[0, 255]``, ``[0, 1]`` for bool), or it is a float Box of
+            an env not known to emit whole numbers; the message names the env and space.
+    """
+    dtype = np.dtype(dtype)
+    top = 1 if dtype == np.bool_ else int(np.iinfo(dtype).max)
+    why = None
+    if not isinstance(space, Box):
+        why = "only a Box observation can be held compactly"
+    elif not space.is_bounded or np.any(space.low < 0) or np.any(space.high > top):
+        why = f"its bounds are not inside [0, {top}], the range of {dtype.name}"
+    elif np.issubdtype(space.dtype, np.floating) and not whole_numbers:
+        why = (
+            f"its dtype is {space.dtype.name} and {env} is not known to emit whole numbers "
+            f"(known: the envs under {', '.join(p.rstrip('.') for p in WHOLE_NUMBER_FRAMES)})"
+        )
+    if why is not None:
+        raise ValueError(
+            f"compact_obs={dtype.name!r} would not keep the observations of {env} exactly: "
+            f"{why}; its observation space is {space!r}"
+        )
+    assert isinstance(space, Box)
+    return Box(space.low, space.high, space.shape, dtype)
 
 
 # --------------------------------------------------------------------------- rendering
@@ -362,26 +458,36 @@ def _renderer(env: Any) -> Renderer | None:
     return None
 
 
-def from_gymnax(env: Any, params: Any = None, env_id: str | None = None) -> GymnaxEnv:
+def from_gymnax(
+    env: Any, params: Any = None, env_id: str | None = None, compact_obs: bool | str = False
+) -> GymnaxEnv:
     """Wraps a gymnax env object (and optionally its params) as a jaxsampler env.
+
+    ``compact_obs``: hold observations in ``uint8`` (``True``) or ``bool`` (see
+    :class:`GymnaxEnv`).
 
     Raises:
         TypeError: ``env`` is not a gymnax ``Environment`` (no ``reset_env``/``step_env``).
+        ValueError: ``compact_obs`` would not keep the env's observations exactly.
     """
     if not hasattr(env, "step_env") or not hasattr(env, "reset_env"):
         raise wrong_suite("from_gymnax", "a gymnax Environment (gymnax.make(id)[0])", env)
-    return GymnaxEnv(env, params, env_id)
+    return GymnaxEnv(env, params, env_id, compact_obs)
 
 
-def make_gymnax(env_id: str, **kwargs: Any) -> GymnaxEnv:
+def make_gymnax(env_id: str, compact_obs: bool | str = False, **kwargs: Any) -> GymnaxEnv:
     """``gymnax.make(env_id, **kwargs)`` wrapped as a jaxsampler env.
 
+    ``compact_obs``: hold observations in ``uint8`` (``True``) or ``bool``, e.g.
+    ``js.make("gymnax:Breakout-MinAtar", compact_obs=True)`` (see :class:`GymnaxEnv`).
+
     Raises:
-        ValueError: ``env_id`` is not in ``gymnax.registered_envs`` (the message lists them).
+        ValueError: ``env_id`` is not in ``gymnax.registered_envs`` (the message lists them),
+            or ``compact_obs`` would not keep the env's observations exactly.
     """
     import gymnax
 
     if env_id not in gymnax.registered_envs:
         raise unknown_id("gymnax", env_id, gymnax.registered_envs)
     env, params = gymnax.make(env_id, **kwargs)
-    return GymnaxEnv(env, params, env_id)
+    return GymnaxEnv(env, params, env_id, compact_obs)
