@@ -47,8 +47,7 @@ def _batch_bytes(batch: Any) -> int:
     total = 0
     for pid in batch.policy_batches:
         sb = batch.policy_batches[pid]
-        for k in sb.keys():
-            total += _nbytes(sb[k])
+        total += sum(_nbytes(sb[k]) for k in list(sb.keys()))
     return total
 
 
