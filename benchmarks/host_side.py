@@ -157,8 +157,11 @@ def make_env(cell: Cell, make_kwargs: Mapping[str, Any], notes: list[str]) -> An
     return js.make(MINATAR)
 
 
-def make_sampler(env: Any, pol: Any, cell: Cell, T: int, kw: Mapping[str, Any], notes: list[str]):
-    """A ``DeviceSampler`` of the cell, with the options of ``kw`` it takes (a note per dropped one)."""
+def make_sampler(
+    env: Any, pol: Any, cell: Cell, T: int, kw: Mapping[str, Any], notes: list[str]
+) -> Any:
+    """A ``DeviceSampler`` of the cell with the options of ``kw`` that it takes (a note
+    for each one dropped)."""
     from jaxsampler.sampling import DeviceSampler
 
     ok, dropped = accepted(DeviceSampler.__init__, kw)
@@ -418,13 +421,16 @@ def devices_worker(config: Mapping[str, Any]) -> dict[str, Any]:
         sides = {
             "rollout_1d": bare_rollout(env, pol, params, cell.num_envs, T),
             "rollout_2d": bare_rollout(env, pol, params, cell.num_envs, T, mesh=2),
-            "sample_batch_1d": lambda s=s1: s.sample_batch(params),
-            "sample_batch_2d": lambda s=s2: s.sample_batch(params),
+            "sample_batch_1d": lambda s=s1, p=params: s.sample_batch(p),
+            "sample_batch_2d": lambda s=s2, p=params: s.sample_batch(p),
         }
         t0 = time.perf_counter()
         times, split = run_rounds(sides, rounds)
-        one = summarize({"rollout_1d": times["rollout_1d"], "sample_batch_1d": times["sample_batch_1d"]}, split, "rollout_1d")  # fmt: skip
-        two = summarize({"rollout_2d": times["rollout_2d"], "sample_batch_2d": times["sample_batch_2d"]}, split, "rollout_2d")  # fmt: skip
+        one, two = (
+            summarize({k: times[k] for k in (f"rollout_{d}", f"sample_batch_{d}")}, split,
+                      f"rollout_{d}")[f"sample_batch_{d}"]
+            for d in ("1d", "2d")
+        )  # fmt: skip
         out["cells"].append(
             {
                 "cell": f"devices {cell.key}",
@@ -433,8 +439,10 @@ def devices_worker(config: Mapping[str, Any]) -> dict[str, Any]:
                 "rounds": rounds,
                 "times_s": times,
                 "split_s": split,
-                "sides": {"sample_batch_1d": one["sample_batch_1d"], "sample_batch_2d": two["sample_batch_2d"]},  # fmt: skip
-                "speedup_sample_batch": harness.paired_ratio(times["sample_batch_1d"], times["sample_batch_2d"]),  # fmt: skip
+                "sides": {"sample_batch_1d": one, "sample_batch_2d": two},
+                "speedup_sample_batch": harness.paired_ratio(
+                    times["sample_batch_1d"], times["sample_batch_2d"]
+                ),
                 "speedup_rollout": harness.paired_ratio(times["rollout_1d"], times["rollout_2d"]),
                 "wall_s": time.perf_counter() - t0,
             }
@@ -451,7 +459,9 @@ def run_devices(devs: Sequence[Cell], T: int, rounds: int, opts: argparse.Namesp
         "rounds": rounds,
         "opts": {k: vars(opts)[k] for k in ("sampler_kwargs",)},
     }
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2", JAX_PLATFORMS="cpu")
+    env = dict(
+        os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2", JAX_PLATFORMS="cpu"
+    )
     proc = subprocess.run(
         [sys.executable, "-m", "benchmarks.host_side", "--devices-worker", json.dumps(config)],
         cwd=harness.ROOT,
@@ -462,7 +472,9 @@ def run_devices(devs: Sequence[Cell], T: int, rounds: int, opts: argparse.Namesp
     )
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(MARK)]
     if proc.returncode != 0 or not lines:
-        raise RuntimeError(f"the 2-device worker failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
+        raise RuntimeError(
+            f"the 2-device worker failed ({proc.returncode}):\n{proc.stderr[-4000:]}"
+        )
     return json.loads(lines[-1][len(MARK) :])
 
 
@@ -491,6 +503,11 @@ def check_targets(results: Mapping[str, Any]) -> list[dict[str, Any]]:
         out.append({"label": label, "cell": cell, "figure": what, "today": today,
                     "op": op, "goal": goal, "value": value, "met": met})  # fmt: skip
     return out
+
+
+def ratios_line(row: Mapping[str, Any]) -> str:
+    """``side 1.23x, ...``: a row's ratios to the bare rollout, for the progress log."""
+    return ", ".join(f"{k} {s['ratio']:.2f}x" for k, s in row["sides"].items() if "ratio" in s)
 
 
 def _f(x: float | None, unit: str = "") -> str:
@@ -593,12 +610,18 @@ def plot(res: dict[str, Any], path: Path, before: Mapping[str, Any] | None = Non
                         hatch="//" if name == "before" else None, edgecolor="white")  # fmt: skip
                 left += part
             ax.text(left, y, f" {b[label][3]:.0f} ms ({name})", va="center", fontsize=7)
+    goals = {f"{c}: {f}": g for _, c, f, _, op, g in TARGETS if op == "<=" and f in CONVERTING}
+    for i, label in enumerate(labels):
+        if label in goals:
+            ax.plot([goals[label]] * 2, [i - 0.45, i + 0.45], color="black", lw=1.5)
     ax.set_yticks(range(len(labels)), labels, fontsize=8)
     ax.invert_yaxis()
     ax.set_xlabel("time per call, in units of the bare rollout (rollout + host copy = 1)")
     ax.set_ylabel("cell: side")
     handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in colors]
+    handles.append(plt.Line2D([0], [0], color="black", lw=1.5))
     names = ["rollout (device compute)", "host copy (device_get)", "conversion (the rest)"]
+    names.append("target (issue 28)")
     if before:
         handles.append(plt.Rectangle((0, 0), 1, 1, facecolor="white", edgecolor="gray", hatch="//"))
         names.append("before")
@@ -675,8 +698,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     for cell in main_cells if "cells" in args.parts else ():
         big = cell.env == "Spread" and cell.num_envs >= 1024
         log(f"{cell.key}: {', '.join(cell.sides)}")
-        rows.append(measure_cell(cell, args.rollout_length, args.big_rounds if big else args.rounds, args, notes))  # fmt: skip
-        log("    " + ", ".join(f"{k} {s['ratio']:.2f}x" for k, s in rows[-1]["sides"].items() if "ratio" in s))  # fmt: skip
+        rounds = args.big_rounds if big else args.rounds
+        rows.append(measure_cell(cell, args.rollout_length, rounds, args, notes))
+        log("    " + ratios_line(rows[-1]))
         gc.collect()
     devices: dict[str, Any] = {}
     if "devices" in args.parts and dev_cells:
@@ -686,9 +710,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     res: dict[str, Any] = {
         **harness.stamp("host side vs the bare rollout (issue 28)", NAME),
         "config": {
-            "rollout_length": args.rollout_length, "rounds": args.rounds,
-            "big_rounds": args.big_rounds, "memory_calls": args.memory_calls,
-            "parts": args.parts, "quick": args.quick, "sampler_kwargs": args.sampler_kwargs,
+            "rollout_length": args.rollout_length,
+            "rounds": args.rounds,
+            "big_rounds": args.big_rounds,
+            "memory_calls": args.memory_calls,
+            "parts": args.parts,
+            "quick": args.quick,
+            "sampler_kwargs": args.sampler_kwargs,
             "minatar_make_kwargs": args.minatar_make_kwargs,
             "minatar_sampler_kwargs": args.minatar_sampler_kwargs,
         },  # fmt: skip
