@@ -304,8 +304,8 @@ def run_host(args: argparse.Namespace, deadline: float) -> dict[str, Any]:
         sides = list(HOST_SIDES)
         guess = predict(rows[-1] if rows else None, w, T)
         left = deadline - time.perf_counter()
-        # A side costs its warm-up plus its rounds: (repeats + 1) calls.
-        calls = args.host_repeats + 1
+        # A side needs its warm-up and at least one round (measure_host cuts rounds short).
+        calls = 2
         while guess and len(sides) > 1 and sum(guess[s] for s in sides) * calls > left:
             skip(f"W={w}, T={T}: {sides[-1]} predicted ~{guess[sides[-1]]:.1f} s a call, "
                  f"{left:.0f} s left")  # fmt: skip
