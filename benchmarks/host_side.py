@@ -616,6 +616,8 @@ def plot(res: dict[str, Any], path: Path, before: Mapping[str, Any] | None = Non
             ax.plot([goals[label]] * 2, [i - 0.45, i + 0.45], color="black", lw=1.5)
     ax.set_yticks(range(len(labels)), labels, fontsize=8)
     ax.invert_yaxis()
+    widest = max(sum(v[:3]) for _, b in runs for v in b.values())
+    ax.set_xlim(0, widest * 1.2)
     ax.set_xlabel("time per call, in units of the bare rollout (rollout + host copy = 1)")
     ax.set_ylabel("cell: side")
     handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in colors]
@@ -664,6 +666,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--minatar-make-kwargs", type=_json_kwargs, default={}, metavar="JSON")
     p.add_argument("--minatar-sampler-kwargs", type=_json_kwargs, default={}, metavar="JSON")
     p.add_argument("--name", default=NAME, help=f"result file name (default {NAME})")
+    p.add_argument("--replot", type=Path, metavar="JSON", help="rewrite .md/.png of a run's JSON")
     p.add_argument("--devices-worker", metavar="JSON", help=argparse.SUPPRESS)
     harness.add_quick_out(p, NAME)
     args = p.parse_args(argv)
@@ -685,9 +688,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.devices_worker:
         print(MARK + json.dumps(devices_worker(json.loads(args.devices_worker))), flush=True)
         return 0
+    before = json.loads(args.before.read_text()) if args.before else None
+    if args.replot:
+        res = json.loads(args.replot.read_text())
+        out = args.out or args.replot.parent
+        harness.finish(res, markdown(res, before), args.replot.stem, out,
+                       plot=lambda r, path: plot(r, path, before))  # fmt: skip
+        return 0
     from jaxsampler.cli.bench import environment_info
 
-    before = json.loads(args.before.read_text()) if args.before else None
     started = time.perf_counter()
     main_cells, dev_cells = cells(args.quick)
     if args.cells:
