@@ -101,7 +101,8 @@ def test_summarize_and_targets_by_hand():
     out = hs.summarize(times, split)
     sb = out["sample_batch"]
     assert sb["ratio"] == pytest.approx(1.5)  # median of 2, 1.5, 1.5
-    assert sb["conversion_s"] == pytest.approx(0.5) and sb["rollout_fraction"] == 0.75
+    # side - rollout per round: 1.0, 1.0, 0.5; compute share: 0.75, 0.75, 0.5.
+    assert sb["conversion_s"] == pytest.approx(1.0) and sb["rollout_fraction"] == 0.75
     assert out["rollout"]["compute_s"] == 0.75 and out["rollout"]["copy_s"] == 0.5
     res = {
         "cells": [
