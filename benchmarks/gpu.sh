@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
-# The prepared GPU run: actions/s from 1K to 1M envs (CartPole, Breakout-MinAtar, Spread-8).
+# The prepared GPU run (~8 min): actions/s from 1K to 1M envs (CartPole, Breakout-MinAtar,
+# Spread-8), then the host side (issue 28): sample_batch() and sample() + reading every episode
+# against the bare rollout, CartPole-v1 random policy at 64K, 256K and 1M envs.
 #
 #   bash benchmarks/gpu.sh                 # from anywhere; runs in the repository root
 #   OUT=/some/dir bash benchmarks/gpu.sh   # write gpu.json / gpu.md there (default benchmarks/results)
 #   bash benchmarks/gpu.sh --max-width 262144 --budget-s 300   # extra arguments go to gpu.py
+#   bash benchmarks/gpu.sh --parts host --sampler-kwargs '{"prefetch": true}'   # host side only
 #
 # It runs `python -m benchmarks.gpu` from the repository root (the scripts are a package).
 #

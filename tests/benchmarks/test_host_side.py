@@ -1,0 +1,168 @@
+"""``python -m benchmarks.host_side --quick`` runs tiny and writes the promised JSON, Markdown and
+plot; its bookkeeping (paired ratios, the time split, batch bytes with views counted once, the
+targets, the kwargs a checkout does not take) is checked by hand; the GPU script's host-side
+part runs on CPU at tiny sizes and skips what does not fit with the reason. No timing
+assertions."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from benchmarks import gpu
+from benchmarks import host_side as hs
+
+
+def test_quick_writes_the_schema(tmp_path):
+    pytest.importorskip("gymnax", reason="the MinAtar cell is a gymnax env")
+    hs.main(["--quick", "--cells", "CartPole-v1 16 mlp", "Breakout", "--out", str(tmp_path)])
+    res = json.loads((tmp_path / "host_side.json").read_text())
+    assert res["config"]["rollout_length"] == 8 and res["config"]["quick"]
+    cart, minatar = res["cells"]
+    assert cart["cell"] == "CartPole-v1 16 mlp" and minatar["cell"] == "Breakout-MinAtar 16 random"
+    assert set(cart["sides"]) == {"rollout", "sample_batch", "sample", "sample+read"}
+    for side in ("sample_batch", "sample", "sample+read"):
+        s, ts, base = cart["sides"][side], cart["times_s"][side], cart["times_s"]["rollout"]
+        assert len(ts) == len(base) == 2
+        assert s["ratio"] == pytest.approx(statistics.median(a / b for a, b in zip(ts, base)))
+        assert s["conversion_s"] == pytest.approx(
+            statistics.median(a - b for a, b in zip(ts, base))
+        )
+    compute, copy = cart["split_s"]["rollout_compute"], cart["split_s"]["rollout_copy"]
+    assert all(c + p <= t for c, p, t in zip(compute, copy, cart["times_s"]["rollout"]))
+    mem = minatar["memory"]
+    # 16 envs x 8 steps of 10x10x4 float32 frames, obs and new_obs: at least 2 x ~100 rows.
+    assert mem["nbytes_bytes"] >= mem["held_bytes"] > 2 * 100 * 400 * 4
+    assert mem["peak_bytes"] > 0 and mem["obs_dtype"] == "float32"
+    assert mem["peak_over_bytes"] == pytest.approx(mem["peak_bytes"] / mem["held_bytes"])
+    (dev,) = res["devices"]["cells"]
+    assert res["devices"]["device_count"] == 2 and dev["cell"] == "devices CartPole-v1 16 mlp"
+    assert dev["speedup_sample_batch"] == pytest.approx(
+        statistics.median(
+            a / b
+            for a, b in zip(dev["times_s"]["sample_batch_1d"], dev["times_s"]["sample_batch_2d"])
+        )
+    )
+    assert {t["figure"] for t in res["targets"]} >= {"sample_batch", "speedup_sample_batch"}
+    assert all(t["value"] is None for t in res["targets"])  # quick cells are not the targets'
+    md = (tmp_path / "host_side.md").read_text()
+    assert "| CartPole-v1 16 mlp | sample+read |" in md and "2 devices / 1" in md
+    assert (tmp_path / "host_side.png").stat().st_size > 0
+    # A second run drawn against the first as "before".
+    hs.plot(res, tmp_path / "both.png", before=res)
+    assert (tmp_path / "both.png").stat().st_size > 0
+
+
+def test_batch_bytes_counts_views_once_and_object_arrays_as_pointers():
+    obs = np.zeros((5, 3), np.float32)
+    track = np.zeros((6, 3), np.uint8)
+    batch = SimpleNamespace(
+        policy_batches={
+            "p": {
+                "obs": track[:-1],
+                "new_obs": track[1:],  # a view of the same track
+                "eps_id": np.array(["a"] * 5, dtype=object),
+                "x": obs,
+                "infos": [{"k": obs}],  # the same array again
+            }
+        }
+    )
+    got = hs.batch_bytes(batch)
+    assert got["nbytes"] == 15 + 15 + 5 * 8 + 60 + 60
+    assert got["held"] == 18 + 5 * 8 + 60
+
+
+def test_read_all_reads_every_agent_episode():
+    calls = []
+
+    class Ep:
+        def get_observations(self):
+            calls.append("o")
+
+        def get_actions(self):
+            calls.append("a")
+
+        def get_rewards(self):
+            calls.append("r")
+
+    multi = SimpleNamespace(agent_episodes={"a0": Ep(), "a1": Ep()})
+    assert hs.read_all([Ep(), multi]) == 3
+    assert calls == ["o", "a", "r"] * 3
+
+
+def test_summarize_and_targets_by_hand():
+    times = {"rollout": [1.0, 2.0, 1.0], "sample_batch": [2.0, 3.0, 1.5]}
+    split = {"rollout_compute": [0.75, 1.5, 0.5], "rollout_copy": [0.25, 0.5, 0.5]}
+    out = hs.summarize(times, split)
+    sb = out["sample_batch"]
+    assert sb["ratio"] == pytest.approx(1.5)  # median of 2, 1.5, 1.5
+    # side - rollout per round: 1.0, 1.0, 0.5; compute share: 0.75, 0.75, 0.5.
+    assert sb["conversion_s"] == pytest.approx(1.0) and sb["rollout_fraction"] == 0.75
+    assert out["rollout"]["compute_s"] == 0.75 and out["rollout"]["copy_s"] == 0.5
+    res = {
+        "cells": [
+            {"cell": "CartPole-v1 1024 random", "sides": {"sample_batch": {"ratio": 1.1}}},
+            {"cell": "Breakout-MinAtar 1024 random", "sides": {}, "memory": {"batch_mib": 120}},
+        ],
+        "devices": {"cells": [{"cell": "devices Spread(8) 1024 random", "sides": {},
+                               "speedup_sample_batch": 1.7}]},
+    }  # fmt: skip
+    got = {(t["cell"], t["figure"]): t for t in hs.check_targets(res)}
+    assert got[("CartPole-v1 1024 random", "sample_batch")]["met"] is True
+    assert got[("Breakout-MinAtar 1024 random", "batch_mib")]["met"] is False
+    assert got[("devices Spread(8) 1024 random", "speedup_sample_batch")]["met"] is True
+    assert got[("CartPole-v1 1024 random", "sample+read")]["value"] is None
+    bars = hs.bars({"cells": [{"cell": "c", "sides": out}]})
+    assert bars == {"c: sample_batch": (0.75, 0.25, 0.5, 2000.0)}
+
+
+def test_options_a_checkout_lacks_are_dropped_with_a_note():
+    def f(a, *, prefetch=False):
+        return a
+
+    assert hs.accepted(f, {"prefetch": True, "compact": 1}) == ({"prefetch": True}, {"compact": 1})
+    args = hs.parse_args(["--quick", "--prefetch", "--sampler-kwargs", '{"x": 1}'])
+    assert args.sampler_kwargs == {"x": 1, "prefetch": True} and args.rollout_length == 8
+    with pytest.raises(SystemExit):
+        hs.parse_args(["--sampler-kwargs", "[1]"])
+    with pytest.raises(SystemExit):
+        hs.parse_args(["--rounds", "0"])
+
+
+def test_gpu_host_part_runs_tiny_on_cpu(tmp_path):
+    gpu.main(["--quick", "--parts", "host", "--host-widths", "32", "--out", str(tmp_path)])
+    res = json.loads((tmp_path / "gpu.json").read_text())
+    assert res["envs"] == {}
+    (row,) = res["host_side"]["rows"]
+    assert row["width"] == 32 and row["rollout_length"] == 1024 // 32
+    assert set(row["sides"]) == {"rollout", "sample_batch", "sample+read"}
+    assert row["sides"]["sample_batch"]["ratio"] > 0
+    assert "## Host side" in (tmp_path / "gpu.md").read_text()
+
+
+def test_gpu_host_series_skips_what_does_not_fit(monkeypatch):
+    args = argparse.Namespace(
+        host_widths=[1024, 4096, 1 << 30], host_max_steps=1 << 16, host_repeats=2,
+        min_rollout_length=4, max_buffer_gb=24.0, sampler_kwargs={},
+    )  # fmt: skip
+    assert [gpu.host_rollout_length(w, args) for w in args.host_widths] == [64, 16, 4]
+    seen = []
+
+    def fake(width, T, args, sides, deadline):
+        seen.append((width, list(sides)))
+        return {"width": width, "rollout_length": T, "sides": {},
+                "call_s": {"rollout": 1.0, "sample_batch": 2.0, "sample+read": 50.0}}  # fmt: skip
+
+    monkeypatch.setattr(gpu, "measure_host", fake)
+    monkeypatch.setattr(gpu.time, "perf_counter", lambda: 0.0)
+    res = gpu.run_host(args, deadline=100.0)
+    # 4096 is predicted 4x the 1024 figures: sample+read (200 s a call) does not fit in 100 s;
+    # 2^30 envs x 4 steps is a ~220 GB trajectory: over --max-buffer-gb.
+    assert seen == [(1024, list(gpu.HOST_SIDES)), (4096, ["rollout", "sample_batch"])]
+    assert any("sample+read predicted" in why for why in res["skipped"])
+    assert any(why.startswith(f"W={1 << 30}, T=4: trajectory") for why in res["skipped"])
