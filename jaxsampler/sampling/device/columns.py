@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import gc
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -335,7 +336,7 @@ def _env_major(parts: Sequence[np.ndarray], head: np.ndarray | None, H: int) -> 
         fill(0, E)
     else:
         bounds = np.linspace(0, E, min(pool.threads, E) + 1).astype(int).tolist()
-        pool.run([lambda a=a, b=b: fill(a, b) for a, b in zip(bounds[:-1], bounds[1:])])
+        pool.run([functools.partial(fill, a, b) for a, b in zip(bounds[:-1], bounds[1:])])
     return out
 
 
@@ -367,9 +368,7 @@ def check_chunks(chunks: Sequence[Trajectory]) -> None:
         if E0 is None:
             E0 = E
         elif E != E0:
-            raise ValueError(
-                f"malformed trajectory: chunk {k} holds {E} envs, chunk 0 holds {E0}"
-            )
+            raise ValueError(f"malformed trajectory: chunk {k} holds {E} envs, chunk 0 holds {E0}")
         want: list[tuple[str, Any, tuple[int, ...]]] = [
             (name, getattr(c, name), (T, E, A)) for name in _STEP_FIELDS
         ]

@@ -161,7 +161,7 @@ def parallel_take(
         out = np.empty((n,) + col.shape[1:], col.dtype)
     dest = out
 
-    def part(a: int, b: int) -> Callable[[], None]:
+    def part(a: int, b: int) -> Callable[[], Any]:
         return lambda: np.take(col, index[a:b], axis=0, out=dest[a:b], mode="clip")
 
     pool.run([part(a, b) for a, b in _splits(n, pool.threads)])
