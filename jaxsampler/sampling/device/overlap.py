@@ -129,6 +129,11 @@ class WeightsVersion:
         self.current = 0
         self._leaves: list[Any] | None = None
 
+    def restart(self, version: int) -> None:
+        """Continues from a checkpointed ``version``: the next params count as new (one
+        more), since their identity cannot be compared with the saved run's."""
+        self.current, self._leaves = version, []
+
     def update(self, params: Any, given: int | None = None) -> int:
         """The version of ``params``: ``given`` when not ``None`` (an int >= 0), else the
         previous version if every leaf is the previous call's object, else one more.

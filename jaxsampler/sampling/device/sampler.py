@@ -217,6 +217,27 @@ class DeviceSampler(Sampler):
             (:class:`~jaxsampler.sampling.callbacks.SamplerCallback`, e.g. the loggers of
             :mod:`jaxsampler.integrations.loggers`), called after every ``sample()`` /
             ``sample_batch()`` with a :class:`~jaxsampler.sampling.callbacks.SampleReport`.
+        overlap: a call of several chunks (``num_timesteps`` / ``num_episodes``,
+            ``topup_length``) dispatches chunk ``k + 1`` before it copies chunk ``k`` to
+            the host (the counts that decide whether ``k + 1`` is needed are read on the
+            device; two buffer sets take turns, as the rollout donates them). Results are
+            bit-identical either way; ``False``: each chunk is copied before the next runs.
+        prefetch: at the end of a ``num_timesteps`` or plain call, dispatch the next
+            call's first ``rollout_length`` chunk with this call's params before this
+            call's data is converted, so the next call finds it (partly) done. Its
+            samples then come from the previous call's params: every step is tagged
+            with the weights version that produced it, an ``int64`` extra
+            ``"weights_seq_no"`` (RLlib's name) in every episode's extra model outputs
+            and every batch row (see :attr:`weights_seq_no`; ``sample(...,
+            weights_seq_no=n)`` names the version). Not after a ``num_episodes`` call
+            (the next call resets); a call that resets (``num_episodes``,
+            ``force_reset``), :meth:`reset`, :meth:`save`, :meth:`load` and :meth:`close`
+            discard the prefetched chunk and return to the state before it
+            (:meth:`discard_prefetch`), so a checkpoint never holds a rollout in flight.
+            A checkpoint of a prefetching sampler loads only into a prefetching one.
+        host_threads: threads that copy device shards to the host and transpose the
+            env-major columns, each its own range of envs (``None``: one per local
+            device of the mesh, at most one per core; ``1``: none).
 
     Checkpoints: :meth:`save` / :meth:`load` / :meth:`Sampler.restore` capture the
     random state, the env and policy states, episode counters and ids, the transforms'
@@ -716,6 +737,7 @@ class DeviceSampler(Sampler):
             "converter": self._convert.get_state(),
             "metrics": self.metrics,
             "totals": self.totals,
+            "weights_seq_no": self._versions.current,
         }
         return arrays, host, self._checkpoint_fingerprint()
 
@@ -753,6 +775,7 @@ class DeviceSampler(Sampler):
         self._state = arrays.get("state")
         self._carried = arrays.get("carried")
         self._prefetched = None
+        self._versions.restart(host.get("weights_seq_no", 0))
         for ring in self._rings.values():
             ring.clear()
         self._episode_id.set_state(host["ids"])
