@@ -30,9 +30,9 @@ __all__ = [
     "using_pool",
 ]
 
-#: below this many bytes an operation runs in the calling thread (the hand-off to a
-#: thread costs tens of microseconds)
-MIN_SPLIT_BYTES = 1 << 20
+#: below this many bytes an operation runs in the calling thread (measured on 2 vCPUs: a
+#: 2 MB gather took 0.1 ms in one thread and 0.28 ms split over two)
+MIN_SPLIT_BYTES = 8 << 20
 
 
 class HostPool:

@@ -259,11 +259,11 @@ def test_parallel_take_equals_np_take() -> None:
     pool = HostPool(2)
     try:
         rng = np.random.default_rng(0)
-        col = rng.normal(size=(5000, 70)).astype(np.float32)  # > MIN_SPLIT_BYTES gathered
-        idx = rng.integers(0, len(col), 6000)
+        col = rng.normal(size=(5000, 700)).astype(np.float32)
+        idx = rng.integers(0, len(col), 6000)  # 16.8 MB gathered: > MIN_SPLIT_BYTES
         idx[:3] = [-1, 0, 4999]
         np.testing.assert_array_equal(parallel_take(col, idx, pool), np.take(col, idx, axis=0))
-        out = np.empty((len(idx), 70), np.float32)
+        out = np.empty((len(idx), 700), np.float32)
         assert parallel_take(col, idx, pool, out=out) is out
         np.testing.assert_array_equal(out, col[idx])
         with pytest.raises(IndexError, match="index 5000 is out of bounds for 5000 rows"):
