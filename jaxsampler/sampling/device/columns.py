@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import gc
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -18,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from jaxsampler.episodes.lookback import tree_map
+from jaxsampler.sampling.device.parallel import MIN_SPLIT_BYTES, current_pool
 from jaxsampler.sampling.metrics import SamplerMetrics
 from jaxsampler.types import NoInfo, Trajectory
 
@@ -26,6 +28,7 @@ __all__ = [
     "InfoPath",
     "Segments",
     "build_columns",
+    "check_chunks",
     "find_segments",
     "info_for_obs",
     "info_leaves",
@@ -240,6 +243,7 @@ def build_columns(
         multi_agent: keep the agent axis (``obs`` time-major, without the head); else
             agent 0's values.
     """
+    check_chunks(chunks)
     H = horizon
     agent: Any = slice(None) if multi_agent else 0
     first = chunks[0]
@@ -313,16 +317,93 @@ def build_columns(
 
 
 def _env_major(parts: Sequence[np.ndarray], head: np.ndarray | None, H: int) -> np.ndarray:
-    """``[E, H + sum(T_i), ...]``: the lookback head (zeros if none) then each part, transposed."""
+    """``[E, H + sum(T_i), ...]``: the lookback head (zeros if none) then each part,
+    transposed; a large column is filled by :func:`~.parallel.current_pool`'s threads,
+    each transposing its own range of envs."""
     E = parts[0].shape[1]
     total = sum(p.shape[0] for p in parts)
     out = np.empty((E, H + total) + parts[0].shape[2:], parts[0].dtype)
-    out[:, :H] = 0 if head is None else head
-    pos = H
-    for p in parts:
-        out[:, pos : pos + p.shape[0]] = p.swapaxes(0, 1)
-        pos += p.shape[0]
+    pool = current_pool()
+
+    def fill(a: int, b: int) -> None:
+        out[a:b, :H] = 0 if head is None else head[a:b]
+        pos = H
+        for p in parts:
+            out[a:b, pos : pos + p.shape[0]] = p[:, a:b].swapaxes(0, 1)
+            pos += p.shape[0]
+
+    if pool.threads == 1 or out.nbytes < MIN_SPLIT_BYTES or out.dtype == object:
+        fill(0, E)
+    else:
+        bounds = np.linspace(0, E, min(pool.threads, E) + 1).astype(int).tolist()
+        pool.run([functools.partial(fill, a, b) for a, b in zip(bounds[:-1], bounds[1:])])
     return out
+
+
+_STEP_FIELDS = ("actions", "rewards", "terminated", "truncated", "acting", "raw_rewards")
+
+
+def check_chunks(chunks: Sequence[Trajectory]) -> None:
+    """Checks the leading axes of a call's chunks before any column is allocated: every
+    step field ``[T, E, A, ...]``, ``is_reset`` ``[T, E]``, extras ``[T, E, ...]``, infos
+    ``[T, E, ...]`` and observation leaves ``[T + 1, E, ...]`` of a chunk agree on ``T``
+    and ``E``, the agent axis ``A`` agrees between the step fields, and ``E`` is the same
+    in every chunk (shapes only: no value is read).
+
+    Raises:
+        ValueError: no chunks, or a field whose leading shape disagrees (the message
+            names the chunk, the field, its shape and the expected axes).
+    """
+    if not chunks:
+        raise ValueError("a sampler call converts at least one rollout chunk, got none")
+    E0: int | None = None
+    for k, c in enumerate(chunks):
+        rewards = np.shape(c.rewards)
+        if len(rewards) < 3:
+            raise ValueError(
+                f"malformed trajectory: chunk {k}'s rewards have shape {rewards}, "
+                "expected [T, E, A]"
+            )
+        T, E, A = rewards[:3]
+        if E0 is None:
+            E0 = E
+        elif E != E0:
+            raise ValueError(f"malformed trajectory: chunk {k} holds {E} envs, chunk 0 holds {E0}")
+        want: list[tuple[str, Any, tuple[int, ...]]] = [
+            (name, getattr(c, name), (T, E, A)) for name in _STEP_FIELDS
+        ]
+        want.append(("is_reset", c.is_reset, (T, E)))
+        want += [(f"obs{p}", x, (T + 1, E)) for p, x in _leaf_items(c.obs)]
+        want += [(f"extras{p}", x, (T, E)) for p, x in _leaf_items(c.extras)]
+        want += [(f"infos{p}", x, (T, E)) for p, x in _leaf_items(c.infos)]
+        for name, leaf, lead in want:
+            if leaf is None:
+                continue
+            shape = np.shape(leaf)
+            if tuple(shape[: len(lead)]) != lead:
+                axes = ", ".join(map(str, lead))
+                raise ValueError(
+                    f"malformed trajectory: chunk {k}'s {name} has shape {tuple(shape)}, "
+                    f"expected leading axes [{axes}] (T={T}, E={E}, A={A} from its rewards)"
+                )
+
+
+def _leaf_items(tree: Any) -> list[tuple[str, Any]]:
+    """``(path, leaf)`` of a pytree of arrays (``""`` for a bare array; ``NoInfo`` and
+    ``None`` have none)."""
+    if tree is None or isinstance(tree, NoInfo):
+        return []
+    if isinstance(tree, dict):
+        return [(f"[{k!r}]{p}", x) for k, v in tree.items() for p, x in _leaf_items(v)]
+    if isinstance(tree, (tuple, list)):
+        return [(f"[{i}]{p}", x) for i, v in enumerate(tree) for p, x in _leaf_items(v)]
+    if dataclasses.is_dataclass(tree) and not isinstance(tree, type):
+        return [
+            (f".{f.name}{p}", x)
+            for f in dataclasses.fields(tree)
+            for p, x in _leaf_items(getattr(tree, f.name))
+        ]
+    return [("", tree)]
 
 
 def _info_get(infos: Any, path: InfoPath) -> np.ndarray:

@@ -5,7 +5,6 @@ no Python loop ever runs over timesteps."""
 from __future__ import annotations
 
 import dataclasses
-import re
 from typing import Any, NamedTuple, Protocol
 
 import jax
@@ -30,6 +29,17 @@ from jaxsampler.rollout.scan import (
 from jaxsampler.sampling.base import Sampler
 from jaxsampler.sampling.device.columns import InfoPath, info_leaves, with_transform_infos
 from jaxsampler.sampling.device.multi import MultiAgentConverter
+from jaxsampler.sampling.device.overlap import (
+    WEIGHTS_SEQ_NO,
+    BufferRing,
+    Prefetched,
+    WeightsVersion,
+    chunk_counts,
+    copy_state,
+    tag_chunk,
+)
+from jaxsampler.sampling.device.parallel import HostPool, host_pool, shards_to_host, using_pool
+from jaxsampler.sampling.device.setup import cores, resolve_env, sampler_mesh, stable_repr
 from jaxsampler.sampling.device.single import EpisodeFactory, SingleAgentConverter
 from jaxsampler.sampling.metrics import (
     SamplerMetrics,
@@ -207,6 +217,27 @@ class DeviceSampler(Sampler):
             (:class:`~jaxsampler.sampling.callbacks.SamplerCallback`, e.g. the loggers of
             :mod:`jaxsampler.integrations.loggers`), called after every ``sample()`` /
             ``sample_batch()`` with a :class:`~jaxsampler.sampling.callbacks.SampleReport`.
+        overlap: a call of several chunks (``num_timesteps`` / ``num_episodes``,
+            ``topup_length``) dispatches chunk ``k + 1`` before it copies chunk ``k`` to
+            the host (the counts that decide whether ``k + 1`` is needed are read on the
+            device; two buffer sets take turns, as the rollout donates them). Results are
+            bit-identical either way; ``False``: each chunk is copied before the next runs.
+        prefetch: at the end of a ``num_timesteps`` or plain call, dispatch the next
+            call's first ``rollout_length`` chunk with this call's params before this
+            call's data is converted, so the next call finds it (partly) done. Its
+            samples then come from the previous call's params: every step is tagged
+            with the weights version that produced it, an ``int64`` extra
+            ``"weights_seq_no"`` (RLlib's name) in every episode's extra model outputs
+            and every batch row (see :attr:`weights_seq_no`; ``sample(...,
+            weights_seq_no=n)`` names the version). Not after a ``num_episodes`` call
+            (the next call resets); a call that resets (``num_episodes``,
+            ``force_reset``), :meth:`reset`, :meth:`save`, :meth:`load` and :meth:`close`
+            discard the prefetched chunk and return to the state before it
+            (:meth:`discard_prefetch`), so a checkpoint never holds a rollout in flight.
+            A checkpoint of a prefetching sampler loads only into a prefetching one.
+        host_threads: threads that copy device shards to the host and transpose the
+            env-major columns, each its own range of envs (``None``: one per local
+            device of the mesh, at most one per core; ``1``: none).
 
     Checkpoints: :meth:`save` / :meth:`load` / :meth:`Sampler.restore` capture the
     random state, the env and policy states, episode counters and ids, the transforms'
@@ -250,11 +281,14 @@ class DeviceSampler(Sampler):
         mesh: Mesh | None = None,
         reset_pool: Any = None,
         callbacks: Any = None,
+        overlap: bool = True,
+        prefetch: bool = False,
+        host_threads: int | None = None,
     ):
-        env = _resolve(env)
+        env = resolve_env(env)
         num_envs = 1 if num_envs is None else num_envs
         self._init_reporting(callbacks)
-        self.mesh = _sampler_mesh(devices, mesh)
+        self.mesh = sampler_mesh(devices, mesh)
         policy = exploring_or_greedy(policy, explore)
         if topup_length is not None and (
             isinstance(topup_length, bool) or not isinstance(topup_length, int) or topup_length < 1
@@ -307,14 +341,21 @@ class DeviceSampler(Sampler):
         local = self.local_envs.stop - self.local_envs.start
         self.topup_length = topup_length
         self._topup: Any = None  # built on first use
-        self._topup_buffers: Trajectory | None = None
+        self.overlap, self.prefetch = bool(overlap), bool(prefetch)
+        depth = 2 if self.overlap or self.prefetch else 1
+        self._rings = {False: BufferRing(depth), True: BufferRing(depth)}  # by "topup"
+        self._prefetched: Prefetched | None = None
+        self._versions = WeightsVersion()
+        self._given_version: int | None = None
+        if host_threads is None:
+            host_threads = max(1, min(len(self.mesh.local_devices) if self.mesh else 1, cores()))
+        self._pool: HostPool = host_pool(host_threads)
         self.last_chunks: list[Trajectory] = []
         self._key = jax.random.PRNGKey(seed)
         # (env, count) -> id, deterministic per seed; local env i is global env offset + i
         self._episode_id = EpisodeIds(seed, stream_offset=self.local_envs.start)
         self._state: Any = None
         self._carried: TransformState | None = None  # transform state across fresh starts
-        self._buffers: Trajectory | None = None
         self.metrics = SamplerMetrics()
         self.agent_ids = tuple(env.agent_ids)
         self.agent_policy = tuple(
@@ -365,7 +406,9 @@ class DeviceSampler(Sampler):
 
     def reset(self) -> None:
         """Resets every env; ongoing episodes are discarded. The transforms' ``shared``
-        state (e.g. normalization statistics) continues; their per-env rows restart."""
+        state (e.g. normalization statistics) continues; their per-env rows restart. A
+        prefetched chunk is discarded first (:meth:`discard_prefetch`)."""
+        self.discard_prefetch()
         self._key, k = jax.random.split(self._key)
         old = self.transform_state
         if self.mesh is None:
@@ -426,8 +469,12 @@ class DeviceSampler(Sampler):
         return out
 
     def _host_copy(self, traj: Trajectory) -> Trajectory:
-        # One transfer per call; on a mesh spanning processes, this process's envs.
-        host = placement.to_host(traj)
+        # One transfer per call; on a mesh spanning processes, this process's envs; on a
+        # mesh of this process's devices, shard by shard over the host threads.
+        if self.mesh is None or self._spans_processes:
+            host = placement.to_host(traj)
+        else:
+            host = shards_to_host(traj, self._pool)
         if host.env_params is None:
             return host
         # Under domain randomization each step's infos carry its params (the info at
@@ -436,30 +483,73 @@ class DeviceSampler(Sampler):
             host, infos=with_transform_infos(host.infos, env_params=host.env_params)
         )
 
-    def _call(self, params: Any) -> Trajectory:
-        self._state, traj = self._rollout(params, self._state, self._buffers)
-        self._buffers = traj
-        return self._host_copy(traj)
-
-    def _call_topup(self, params: Any) -> Trajectory:
-        if self._topup is None:
-            assert self.topup_length is not None
-            self._topup = jit_rollout(
-                make_rollout(
-                    self.env,
-                    self.policy,
-                    self.num_envs,
-                    self.topup_length,
-                    transforms=self.pipeline,
-                    mesh=self.mesh,
-                    reset_pool=self.reset_pool,
+    def _dispatch(self, params: Any, topup: bool) -> Trajectory:
+        """Starts one rollout chunk (asynchronously) and advances the state; ``topup``:
+        a ``topup_length`` chunk. Returns its device trajectory."""
+        ring = self._rings[topup]
+        if not topup:
+            run = self._rollout
+        else:
+            if self._topup is None:
+                assert self.topup_length is not None
+                self._topup = jit_rollout(
+                    make_rollout(
+                        self.env,
+                        self.policy,
+                        self.num_envs,
+                        self.topup_length,
+                        transforms=self.pipeline,
+                        mesh=self.mesh,
+                        reset_pool=self.reset_pool,
+                    )
                 )
-            )
-        self._state, traj = self._topup(params, self._state, self._topup_buffers)
-        self._topup_buffers = traj
-        return self._host_copy(traj)
+            run = self._topup
+        self._state, traj = run(params, self._state, ring.take())
+        ring.put(traj)
+        return traj
+
+    def _fetch(self, traj: Trajectory, version: int) -> Trajectory:
+        """The host copy of a dispatched chunk (waits for it), tagged with the weights
+        version that produced it when the sampler prefetches."""
+        host = self._host_copy(traj)
+        return tag_chunk(host, version) if self.prefetch else host
 
     # ------------------------------------------------------------------------- sampling
+
+    def sample(
+        self,
+        params: Any,
+        num_timesteps: int | None = None,
+        num_episodes: int | None = None,
+        force_reset: bool = False,
+        *,
+        weights_seq_no: int | None = None,
+    ) -> list[Any]:
+        """:meth:`Sampler.sample`; ``weights_seq_no``: the version of ``params`` (an
+        int >= 0) that a prefetching sampler tags its steps with (``None``: counted, see
+        :attr:`weights_seq_no`)."""
+        self._given_version = weights_seq_no
+        return super().sample(params, num_timesteps, num_episodes, force_reset)
+
+    def sample_batch(
+        self,
+        params: Any,
+        num_timesteps: int | None = None,
+        num_episodes: int | None = None,
+        force_reset: bool = False,
+        *,
+        weights_seq_no: int | None = None,
+    ) -> MultiAgentBatch:
+        """:meth:`Sampler.sample_batch`; ``weights_seq_no``: as in :meth:`sample`."""
+        self._given_version = weights_seq_no
+        return super().sample_batch(params, num_timesteps, num_episodes, force_reset)
+
+    @property
+    def weights_seq_no(self) -> int:
+        """The weights version of the last call's params: the ``weights_seq_no=`` given
+        to that call, else a counter that starts at 0 and moves on by one whenever a call
+        gets params that are not the previous call's objects (leaf by leaf)."""
+        return self._versions.current
 
     def _collect(
         self,
@@ -468,50 +558,99 @@ class DeviceSampler(Sampler):
         num_episodes: int | None,
         force_reset: bool,
     ) -> _Call:
-        """The call loop: rollout chunks until the requested counts are reached."""
+        """The call loop: rollout chunks until the requested counts are reached. With
+        ``overlap`` the next chunk is dispatched before this one is copied to the host
+        (the counts that decide it are read on the device); with ``prefetch`` the next
+        call's first chunk is dispatched before this call's last one is copied."""
+        given, self._given_version = self._given_version, None
+        version = self._versions.update(params, given)
         if self._state is None or force_reset or num_episodes is not None:
-            self.reset()
+            self.reset()  # (discards a prefetched chunk first)
         chunks: list[Trajectory] = []
         self.last_chunks = chunks
+        pending = self._take_prefetched()
+        if pending is None:
+            pending = (self._dispatch(params, topup=False), version)
         if self._spans_processes and (num_timesteps is not None or num_episodes is not None):
-            cutoff = self._run_global(params, chunks, num_timesteps, num_episodes)
+            cutoff = self._run_global(params, version, chunks, pending, num_timesteps, num_episodes)
             return _Call(chunks, cutoff, num_episodes)
+        topup = self.topup_length not in (None, self.rollout_length)
+        counted = num_timesteps is not None or num_episodes is not None
         steps = done = 0
         while True:
-            traj = self._next_chunk(params, chunks)
-            chunks.append(traj)
-            steps += int(np.count_nonzero(~traj.is_reset))
+            traj, ver = pending
+            if counted and self.overlap:
+                n_steps, n_done = chunk_counts(traj)
+            else:
+                host = self._fetch(traj, ver)
+                n_steps, n_done = int(np.count_nonzero(~host.is_reset)), _count_done(host)
+            steps, done = steps + n_steps, done + n_done
             if num_episodes is not None:
-                done += _count_done(traj)
-                if done >= num_episodes:
-                    break
-            elif num_timesteps is None or steps >= num_timesteps:
-                break
-        return _Call(chunks, None, num_episodes)
+                more = done < num_episodes
+            else:
+                more = num_timesteps is not None and steps < num_timesteps
+            if more:
+                pending = (self._dispatch(params, topup=topup), version)
+            elif self.prefetch and num_episodes is None:
+                self._prefetch(params, version)
+            if counted and self.overlap:
+                host = self._fetch(traj, ver)
+            chunks.append(host)
+            if not more:
+                return _Call(chunks, None, num_episodes)
+
+    def _prefetch(self, params: Any, version: int) -> None:
+        """Dispatches the next call's first chunk with these params (the state before it
+        is kept, to go back to if the chunk is discarded)."""
+        before = copy_state(self._state)
+        traj = self._dispatch(params, topup=False)
+        self._prefetched = Prefetched(traj, before, version)
+
+    def _take_prefetched(self) -> tuple[Trajectory, int] | None:
+        """The prefetched chunk and its version, now part of this call (``None``: none)."""
+        pf, self._prefetched = self._prefetched, None
+        return None if pf is None else (pf.traj, pf.version)
+
+    def discard_prefetch(self) -> bool:
+        """Discards the chunk dispatched ahead for the next call, if any: the sampler
+        returns to the state before it, so its next call runs as a sampler without
+        ``prefetch`` would (with that call's params). ``reset()``, ``save()``, ``load()``,
+        ``close()`` and calls that reset (``num_episodes``, ``force_reset``) do this
+        first. Returns whether a chunk was discarded."""
+        pf, self._prefetched = self._prefetched, None
+        if pf is None:
+            return False
+        self._state = pf.state_before
+        return True
+
+    def close(self) -> None:
+        """Discards a prefetched chunk (:meth:`discard_prefetch`); nothing else to release."""
+        self.discard_prefetch()
 
     def _episodes(self, call: _Call) -> list[Any]:
         """The call's episodes (:class:`SingleAgentEpisode` or :class:`MultiAgentEpisode`
         chunks, or the ``episode_factory``'s)."""
-        out, metrics = self._convert.episodes(
-            call.chunks, call.num_episodes, self._state, call.cutoff
-        )
+        with using_pool(self._pool):
+            out, metrics = self._convert.episodes(
+                call.chunks, call.num_episodes, self._state, call.cutoff
+            )
         return self._finish(out, metrics, call)
 
     def _batch(self, call: _Call) -> MultiAgentBatch:
         """The call's batch (built straight from the host copies of the buffers; ``new_obs``
         derived from the single observation track)."""
-        out, metrics = self._convert.batch(call.chunks, call.num_episodes, self._state, call.cutoff)
+        with using_pool(self._pool):
+            out, metrics = self._convert.batch(
+                call.chunks, call.num_episodes, self._state, call.cutoff
+            )
         return self._finish(out, metrics, call)
-
-    def _next_chunk(self, params: Any, chunks: list[Trajectory]) -> Trajectory:
-        if chunks and self.topup_length not in (None, self.rollout_length):
-            return self._call_topup(params)
-        return self._call(params)
 
     def _run_global(
         self,
         params: Any,
+        version: int,
         chunks: list[Trajectory],
+        first: tuple[Trajectory, int],
         num_timesteps: int | None,
         num_episodes: int | None,
     ) -> int | None:
@@ -520,8 +659,13 @@ class DeviceSampler(Sampler):
         same chunk. Returns the step of the call at which the ``num_episodes``-th episode
         ended (``None`` for ``num_timesteps``)."""
         steps = done = offset = 0
+        topup = self.topup_length not in (None, self.rollout_length)
+        pending: tuple[Trajectory, int] | None = first
         while True:
-            traj = self._next_chunk(params, chunks)
+            if pending is None:
+                pending = (self._dispatch(params, topup=topup), version)
+            traj = self._fetch(*pending)
+            pending = None
             chunks.append(traj)
             live = ~np.asarray(traj.is_reset)
             ended = np.count_nonzero(
@@ -569,17 +713,19 @@ class DeviceSampler(Sampler):
             "topup_length": self.topup_length,
             "observation_space": repr(pipe.observation_space),
             "action_space": repr(pipe.action_space),
-            "transforms": [_stable_repr(t) for t in pipe.transforms],
+            "transforms": [stable_repr(t) for t in pipe.transforms],
             "policy": type(self.policy).__name__,
             "explore": self.explore,
             "episode_lookback_horizon": self.horizon,
             "rllib_compatible": self.rllib_compatible,
-            "reset_pool": _stable_repr(self.reset_pool),
+            "reset_pool": stable_repr(self.reset_pool),
             "local_envs": [self.local_envs.start, self.local_envs.stop],
+            **({"tags": [WEIGHTS_SEQ_NO]} if self.prefetch else {}),
         }
 
     def _checkpoint_parts(self) -> tuple[dict[str, Any], Any, dict[str, Any]]:
         self._no_multiprocess_checkpoints()
+        self.discard_prefetch()  # a checkpoint holds no rollout in flight
         arrays: dict[str, Any] = {"key": self._key}
         if self._state is not None:
             arrays["state"] = self._state
@@ -591,6 +737,7 @@ class DeviceSampler(Sampler):
             "converter": self._convert.get_state(),
             "metrics": self.metrics,
             "totals": self.totals,
+            "weights_seq_no": self._versions.current,
         }
         return arrays, host, self._checkpoint_fingerprint()
 
@@ -627,7 +774,10 @@ class DeviceSampler(Sampler):
         self._key = arrays["key"]
         self._state = arrays.get("state")
         self._carried = arrays.get("carried")
-        self._buffers = self._topup_buffers = None
+        self._prefetched = None
+        self._versions.restart(host.get("weights_seq_no", 0))
+        for ring in self._rings.values():
+            ring.clear()
         self._episode_id.set_state(host["ids"])
         self._convert.set_state(host["converter"])
         self.metrics = host["metrics"]
@@ -637,47 +787,6 @@ class DeviceSampler(Sampler):
 
 def _is_array(x: Any) -> bool:
     return isinstance(x, (jax.Array, np.ndarray))
-
-
-def _stable_repr(obj: Any) -> str:
-    """``repr(obj)`` without memory addresses (``<function f at 0x7f..>`` -> ``<function
-    f>``), so that the same configuration gives the same text in every process."""
-    return re.sub(r" at 0x[0-9a-fA-F]+", "", repr(obj))
-
-
-def _sampler_mesh(devices: Any, mesh: Any) -> Mesh | None:
-    """The mesh of ``devices=`` / ``mesh=`` (``None``: neither given)."""
-    if devices is not None and mesh is not None:
-        raise ValueError(
-            "give devices= (a device count or a list of devices) or mesh= (a jax Mesh with "
-            "an 'env' axis), not both"
-        )
-    if mesh is not None:
-        if not isinstance(mesh, Mesh):
-            raise TypeError(
-                "mesh= takes a jax.sharding.Mesh with an 'env' axis, got "
-                f"{type(mesh).__name__} (for a device count or a list of devices use devices=)"
-            )
-        return placement.as_mesh(mesh)
-    if devices is None:
-        return None
-    if isinstance(devices, Mesh):
-        raise TypeError("devices= takes a device count or a list of devices; pass a Mesh as mesh=")
-    ok_count = isinstance(devices, (int, np.integer)) and not isinstance(devices, bool)
-    ok_list = isinstance(devices, (list, tuple)) and all(isinstance(d, jax.Device) for d in devices)
-    if not (ok_count or ok_list):
-        raise TypeError(
-            f"devices= takes a device count (an int) or a list of jax devices, got {devices!r}"
-        )
-    return placement.as_mesh(int(devices) if ok_count else list(devices))
-
-
-def _resolve(env: Env | str) -> Env:
-    if isinstance(env, str):
-        from jaxsampler.envs.registry import make_jax_env
-
-        return make_jax_env(env)  # a "gym:" id gets a TypeError that says where it belongs
-    return env
 
 
 def _count_done(traj: Trajectory) -> int:
