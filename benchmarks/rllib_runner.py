@@ -207,6 +207,65 @@ def floor_per_chunk(episodes: list[Any], limit: int = 300) -> dict[str, float]:
     return {"from_state_s": from_state, "bare_objects_s": (time.perf_counter() - t0) / len(eps)}
 
 
+def bench_handoff(envs: int, fragment: int, agents: int, repeats: int = 5) -> dict[str, Any]:
+    """Seconds to hand a Spread ``envs x fragment`` batch to a torch learner on CPU:
+    RLlib's TorchLearner conversion of our batch as sampled (zero copy) vs with one copy
+    of every numeric column first (a layout RLlib must copy, or a host round trip); and a
+    JAX array of the observations' size to torch by DLPack vs ``np.array`` + from_numpy."""
+    import types
+
+    import jax
+    import jax.numpy as jnp
+    import torch
+    from ray.rllib.core.learner.torch.torch_learner import TorchLearner
+    from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch
+
+    import jaxsampler as js
+    from jaxsampler.integrations.rllib import to_rllib
+    from jaxsampler.integrations.rllib.torch_handoff import learner_copies
+
+    env = js.make("Spread-v0", n=agents)
+    pol = js.RandomPolicy(env.observation_space, env.action_space)
+    s = js.Sampler(env, pol, num_envs=envs, rollout_length=fragment, seed=0)
+    batch = to_rllib(s.sample_batch(()))
+    me = types.SimpleNamespace(_device=torch.device("cpu"))
+    convert = lambda b: TorchLearner._convert_batch_type(me, b)
+
+    def copied() -> Any:
+        return MultiAgentBatch(
+            {
+                pid: SampleBatch(
+                    {
+                        k: v.copy() if isinstance(v, np.ndarray) and v.dtype != object else v
+                        for k, v in cols.items()
+                    }
+                )
+                for pid, cols in batch.policy_batches.items()
+            },
+            batch.count,
+        )
+
+    nbytes = sum(
+        v.nbytes
+        for cols in batch.policy_batches.values()
+        for v in cols.values()
+        if isinstance(v, np.ndarray) and v.dtype != object
+    )
+    obs = batch.policy_batches[next(iter(batch.policy_batches))]["obs"]
+    x = jax.block_until_ready(jnp.ones(obs.shape, obs.dtype))
+    return {
+        "batch_mib": nbytes / 2**20,
+        "learner_copies": learner_copies(batch),
+        "zero_copy_s": harness.median_time(lambda: convert(batch), repeats),
+        "one_copy_s": harness.median_time(lambda: convert(copied()), repeats),
+        "jax_obs_mib": x.nbytes / 2**20,
+        "jax_dlpack_s": harness.median_time(lambda: torch.from_dlpack(x), repeats),
+        "jax_host_round_trip_s": harness.median_time(
+            lambda: torch.from_numpy(np.array(x)), repeats
+        ),
+    }
+
+
 def env_steps(episodes: list[Any]) -> int:
     return sum(len(e) for e in episodes)
 
@@ -252,6 +311,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         for name, rs in rows.items()
     }
     floor = floor_per_chunk(last)
+    handoff = bench_handoff(E, T, args.agents)
     chunks = med["jax"]["episodes"]
     return {
         **harness.stamp(NAME, NAME),
@@ -268,6 +328,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "speedup_vs_before": harness.paired_ratio(
             [r["wall_s"] for r in rows["jax_before"]], [r["wall_s"] for r in rows["jax"]]
         ),
+        "handoff": handoff,
         "floor_per_chunk": floor
         | {
             "ours_to_rllib_s": med["jax"]["to_rllib_s"] / chunks,
@@ -278,8 +339,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def markdown(res: dict[str, Any]) -> str:
     med, c = res["median"], res["config"]
-    ms = lambda x: f"{x * 1e3:.0f}"  # noqa: E731
-    us = lambda x: f"{x * 1e6:.1f}"  # noqa: E731
+    ms = lambda x: f"{x * 1e3:.0f}"
+    us = lambda x: f"{x * 1e6:.1f}"
     out = [
         f"# JaxMultiAgentEnvRunner vs RLlib's MultiAgentEnvRunner: Spread({c['agents']}), "
         f"{c['envs']} envs\n",
@@ -306,7 +367,7 @@ def markdown(res: dict[str, Any]) -> str:
             + " | ".join(split)
             + " |"
         )
-    f = res["floor_per_chunk"]
+    f, h = res["floor_per_chunk"], res["handoff"]
     out += [
         "",
         f"**Speed-up vs RLlib's runner** (env steps/s, paired median): "
@@ -320,6 +381,18 @@ def markdown(res: dict[str, Any]) -> str:
         f"agents): ours {us(f['ours_to_rllib_s'])} us; bare creation of the same RLlib objects "
         f"(`__new__` + attribute stores) {us(f['bare_objects_s'])} us; RLlib's own "
         f"`MultiAgentEpisode.from_state` {us(f['from_state_s'])} us.",
+        "",
+        "## Hand-off to a torch learner on CPU (item 7)",
+        "",
+        "| path | ms |",
+        "|---|---:|",
+        f"| RLlib TorchLearner conversion of our {h['batch_mib']:.0f} MiB Spread batch, as "
+        f"sampled (zero copy; columns it would copy: {h['learner_copies'] or 'none'}) | "
+        f"{ms(h['zero_copy_s'])} |",
+        f"| the same after one copy of every numeric column | {ms(h['one_copy_s'])} |",
+        f"| {h['jax_obs_mib']:.0f} MiB JAX array to torch by DLPack | {ms(h['jax_dlpack_s'])} |",
+        f"| the same by `np.array` + `torch.from_numpy` (host round trip) | "
+        f"{ms(h['jax_host_round_trip_s'])} |",
         "",
     ]
     return "\n".join(out)
