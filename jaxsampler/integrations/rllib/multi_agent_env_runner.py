@@ -167,14 +167,14 @@ class JaxMultiAgentEnvRunner(JaxEnvRunner):
         per_step_s = wall_s * self.num_envs / max(steps, 1)
         st = chunk_stats(episodes, self.agent_ids)
         length, returns, agent_steps, present = st.length, st.returns, st.steps, st.present
-        seen = present.any(axis=0)  # this call's agents (before adding earlier chunks)
+        seen: np.ndarray = np.asarray(present.any(axis=0))  # this call's agents (before adding earlier chunks)
         per_agent = agent_steps.sum(axis=0)
         ongoing = self._ongoing_for_metrics
         ids = [ep.id_ for ep in episodes]
-        prev_rows = [m for m, id_ in enumerate(ids) if id_ in ongoing]
+        prev_rows = [row for row, id_ in enumerate(ids) if id_ in ongoing]
         duration = length * per_step_s
         if prev_rows:  # chunks continuing an episode: add its earlier chunks' sums
-            prev = [ongoing.pop(ids[m]) for m in prev_rows]
+            prev = [ongoing.pop(ids[row]) for row in prev_rows]
             rows = np.asarray(prev_rows, np.intp)
             length = length.copy()
             length[rows] += [p.length for p in prev]
@@ -186,13 +186,13 @@ class JaxMultiAgentEnvRunner(JaxEnvRunner):
         else:
             agent_steps_total = agent_steps
         done = np.fromiter((ep.is_done for ep in episodes), bool, len(episodes))
-        for m in np.flatnonzero(~done).tolist():
-            ongoing[ids[m]] = _EpisodeSums(
-                int(length[m]),
-                float(duration[m]),
-                returns[m],
-                agent_steps_total[m],
-                present[m],
+        for row in np.flatnonzero(~done).tolist():
+            ongoing[ids[row]] = _EpisodeSums(
+                int(length[row]),
+                float(duration[row]),
+                returns[row],
+                agent_steps_total[row],
+                present[row],
             )
         if done.any():
             self._done_for_metrics.append(
