@@ -167,7 +167,8 @@ class JaxMultiAgentEnvRunner(JaxEnvRunner):
         per_step_s = wall_s * self.num_envs / max(steps, 1)
         st = chunk_stats(episodes, self.agent_ids)
         length, returns, agent_steps, present = st.length, st.returns, st.steps, st.present
-        seen: np.ndarray = np.asarray(present.any(axis=0))  # this call's agents (before adding earlier chunks)
+        # this call's agents (before adding earlier chunks)
+        seen: np.ndarray = np.asarray(present.any(axis=0))
         per_agent = agent_steps.sum(axis=0)
         ongoing = self._ongoing_for_metrics
         ids = [ep.id_ for ep in episodes]
