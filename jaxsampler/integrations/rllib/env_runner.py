@@ -312,8 +312,6 @@ class JaxEnvRunner(EnvRunner, Checkpointable):
             RLlib ``SingleAgentEpisode`` objects, numpy'ized: finished episodes first,
             then the ongoing chunks (``t > 0``).
         """
-        from jaxsampler.integrations.rllib.convert import to_rllib
-
         if num_timesteps is not None and num_episodes is not None:
             raise ValueError("sample(): give num_timesteps or num_episodes, not both")
         if self._time_after_sampling is not None:
@@ -351,9 +349,7 @@ class JaxEnvRunner(EnvRunner, Checkpointable):
                 steps = int(self._sampler.metrics.num_env_steps_sampled)
             self._needs_initial_reset = num_episodes is not None
             t1 = time.perf_counter()
-            # device envs: already RLlib's episodes (the sampler's episode factory); a
-            # host sampler's are converted here
-            episodes = js_episodes if self._chunk_returns is not None else to_rllib(js_episodes)
+            episodes = self._to_rllib(js_episodes)
             t2 = time.perf_counter()
             if random_actions:
                 self._strip_model_outputs(episodes)
@@ -375,6 +371,13 @@ class JaxEnvRunner(EnvRunner, Checkpointable):
             )
         self._time_after_sampling = time.perf_counter()
         return episodes
+
+    def _to_rllib(self, episodes: list[Any]) -> list[Any]:
+        """The sampler's episodes as RLlib's: device envs' already are (the sampler's
+        episode factory), a host sampler's are converted here."""
+        from jaxsampler.integrations.rllib.convert import to_rllib
+
+        return episodes if self._chunk_returns is not None else to_rllib(episodes)
 
     def _episodes_from_columns(self, columns: EpisodeColumns) -> list[Any]:
         """The device sampler's episode factory: RLlib's episodes straight from the call's

@@ -17,7 +17,8 @@ Everything :class:`~jaxsampler.integrations.rllib.env_runner.JaxEnvRunner` says 
 RLlib's ``MultiRLModule`` is built from the config (inference only), each of its modules
 mirrored by :func:`~jaxsampler.integrations.rllib.module.policy_from_rl_module`, and the agents are
 mapped onto them by a :class:`jaxsampler.MultiAgentPolicy` (one jitted step for all
-policies). ``sample()`` returns RLlib ``MultiAgentEpisode`` objects (via ``to_rllib``);
+policies). ``sample()`` returns RLlib ``MultiAgentEpisode`` objects (built straight from the
+chunks' column arrays, equal to ``to_rllib``'s);
 metrics add RLlib's per-agent and per-module keys.
 
 Limits: the env must be a pure-JAX multi-agent env (``Spread-v0``, ``TicTacToe-v0``,
@@ -29,10 +30,12 @@ observation and one action space; ``policy_mapping_fn`` is called once per agent
 
 from __future__ import annotations
 
+import dataclasses
 from collections import defaultdict
 from typing import Any
 
 import gymnasium as gym
+import numpy as np
 
 from jaxsampler.integrations.rllib import require_rllib
 
@@ -63,6 +66,10 @@ from ray.rllib.utils.metrics import (  # noqa: E402
 )
 
 from jaxsampler.integrations.rllib.env_runner import _RLLIB_EXTRAS, JaxEnvRunner, _with_explore  # noqa: E402
+from jaxsampler.integrations.rllib.multi_episodes import (  # noqa: E402
+    chunk_stats,
+    rllib_multi_agent_episodes,
+)
 from jaxsampler.integrations.rllib.runner_parts import RunnerPolicy, topup_length  # noqa: E402
 from jaxsampler.policies.multi import MultiAgentPolicy  # noqa: E402
 from jaxsampler.sampling.device import DeviceSampler  # noqa: E402
@@ -148,48 +155,72 @@ class JaxMultiAgentEnvRunner(JaxEnvRunner):
                 for key in _RLLIB_EXTRAS:
                     sa.extra_model_outputs.pop(key, None)
 
+    def _to_rllib(self, episodes: list[Any]) -> list[Any]:
+        """RLlib's ``MultiAgentEpisode`` chunks built straight from the sampler's chunks'
+        column arrays (:func:`.multi_episodes.rllib_multi_agent_episodes`)."""
+        return rllib_multi_agent_episodes(episodes)
+
     def _bookkeep(self, episodes: list[Any], steps: int, wall_s: float) -> None:
+        """Per-call counters now; each chunk's length, duration and per-agent returns and
+        steps (one vectorized pass, :func:`chunk_stats`) added to its episode's earlier
+        chunks, and kept for :meth:`get_metrics` once the episode is done."""
         per_step_s = wall_s * self.num_envs / max(steps, 1)
-        num_done = 0
-        agent_steps: dict[str, int] = defaultdict(int)
-        module_steps: dict[str, int] = defaultdict(int)
-        for ep in episodes:
-            agents = {str(aid): sa for aid, sa in ep.agent_episodes.items()}
-            chunk: dict[str, Any] = {
-                "length": len(ep),
-                "return": 0.0,
-                "duration": len(ep) * per_step_s,
-                "agent_returns": defaultdict(float),
-                "module_returns": defaultdict(float),
-                "agent_steps": defaultdict(int),
-            }
-            for aid, sa in agents.items():
-                r = float(sa.get_return())
-                chunk["return"] += r
-                chunk["agent_returns"][aid] += r
-                chunk["module_returns"][sa.module_id] += r
-                chunk["agent_steps"][aid] += len(sa)
-                agent_steps[aid] += len(sa)
-                module_steps[sa.module_id] += len(sa)
-            prev = self._ongoing_for_metrics.pop(ep.id_, None)
-            if prev is not None:
-                chunk = _add(prev, chunk)
-            if ep.is_done:
-                num_done += 1
-                self._done_for_metrics.append(chunk)
-            else:
-                self._ongoing_for_metrics[ep.id_] = chunk
+        st = chunk_stats(episodes, self.agent_ids)
+        length, returns, agent_steps, present = st.length, st.returns, st.steps, st.present
+        # this call's agents (before adding earlier chunks)
+        seen: np.ndarray = np.asarray(present.any(axis=0))
+        per_agent = agent_steps.sum(axis=0)
+        ongoing = self._ongoing_for_metrics
+        ids = [ep.id_ for ep in episodes]
+        prev_rows = [row for row, id_ in enumerate(ids) if id_ in ongoing]
+        duration = length * per_step_s
+        if prev_rows:  # chunks continuing an episode: add its earlier chunks' sums
+            prev = [ongoing.pop(ids[row]) for row in prev_rows]
+            rows = np.asarray(prev_rows, np.intp)
+            length = length.copy()
+            length[rows] += [p.length for p in prev]
+            duration[rows] += [p.duration for p in prev]
+            returns[rows] += np.stack([p.returns for p in prev])
+            present[rows] |= np.stack([p.present for p in prev])
+            agent_steps_total = agent_steps.copy()
+            agent_steps_total[rows] += np.stack([p.steps for p in prev])
+        else:
+            agent_steps_total = agent_steps
+        done = np.fromiter((ep.is_done for ep in episodes), bool, len(episodes))
+        for row in np.flatnonzero(~done).tolist():
+            ongoing[ids[row]] = _EpisodeSums(
+                int(length[row]),
+                float(duration[row]),
+                returns[row],
+                agent_steps_total[row],
+                present[row],
+            )
+        if done.any():
+            self._done_for_metrics.append(
+                _EpisodeSums(
+                    length[done],
+                    duration[done],
+                    returns[done],
+                    agent_steps_total[done],
+                    present[done],
+                )
+            )
         m = self.metrics
         m.log_value(NUM_ENV_STEPS_SAMPLED, steps, reduce="sum")
         m.log_value(
             NUM_ENV_STEPS_SAMPLED_LIFETIME, steps, reduce="lifetime_sum", with_throughput=True
         )
+        num_done = int(done.sum())
         m.log_value(NUM_EPISODES, num_done, reduce="sum")
         m.log_value(NUM_EPISODES_LIFETIME, num_done, reduce="lifetime_sum")
-        for aid, n in agent_steps.items():
-            m.log_value((NUM_AGENT_STEPS_SAMPLED, aid), n, reduce="sum")
-            m.log_value((NUM_AGENT_STEPS_SAMPLED_LIFETIME, aid), n, reduce="lifetime_sum")
-        for mid, n in module_steps.items():
+        per_module: dict[str, int] = defaultdict(int)
+        for a, aid in enumerate(self.agent_ids):
+            if seen[a]:
+                n = int(per_agent[a])
+                m.log_value((NUM_AGENT_STEPS_SAMPLED, aid), n, reduce="sum")
+                m.log_value((NUM_AGENT_STEPS_SAMPLED_LIFETIME, aid), n, reduce="lifetime_sum")
+                per_module[self._mapping[aid]] += n
+        for mid, n in per_module.items():
             m.log_value((NUM_MODULE_STEPS_SAMPLED, mid), n, reduce="sum")
             m.log_value((NUM_MODULE_STEPS_SAMPLED_LIFETIME, mid), n, reduce="lifetime_sum")
 
@@ -198,28 +229,44 @@ class JaxMultiAgentEnvRunner(JaxEnvRunner):
         reduced metrics."""
         win = self._metrics_window()
         m = self.metrics
-        for c in self._done_for_metrics:
-            m.log_dict(
-                {
-                    EPISODE_LEN_MEAN: c["length"],
-                    EPISODE_RETURN_MEAN: c["return"],
-                    EPISODE_DURATION_SEC_MEAN: c["duration"],
-                    EPISODE_AGENT_RETURN_MEAN: dict(c["agent_returns"]),
-                    EPISODE_AGENT_STEPS: dict(c["agent_steps"]),
-                    EPISODE_MODULE_RETURN_MEAN: dict(c["module_returns"]),
-                },
-                window=win,
-            )
-            m.log_dict(
-                {EPISODE_LEN_MIN: c["length"], EPISODE_RETURN_MIN: c["return"]},
-                reduce="min",
-                window=win,
-            )
-            m.log_dict(
-                {EPISODE_LEN_MAX: c["length"], EPISODE_RETURN_MAX: c["return"]},
-                reduce="max",
-                window=win,
-            )
+        aids = [str(a) for a in self.agent_ids]
+        modules = [self._mapping[a] for a in self.agent_ids]
+        for block in self._done_for_metrics:
+            totals = block.returns.sum(axis=1).tolist()
+            for i, (length, dur, rets, n, here) in enumerate(
+                zip(
+                    block.length.tolist(),
+                    block.duration.tolist(),
+                    block.returns.tolist(),
+                    block.steps.tolist(),
+                    block.present.tolist(),
+                )
+            ):
+                module_returns: dict[str, float] = {}
+                for mid, r, h in zip(modules, rets, here):
+                    if h:
+                        module_returns[mid] = module_returns.get(mid, 0.0) + r
+                m.log_dict(
+                    {
+                        EPISODE_LEN_MEAN: length,
+                        EPISODE_RETURN_MEAN: totals[i],
+                        EPISODE_DURATION_SEC_MEAN: dur,
+                        EPISODE_AGENT_RETURN_MEAN: {a: r for a, r, h in zip(aids, rets, here) if h},
+                        EPISODE_AGENT_STEPS: {a: k for a, k, h in zip(aids, n, here) if h},
+                        EPISODE_MODULE_RETURN_MEAN: module_returns,
+                    },
+                    window=win,
+                )
+                m.log_dict(
+                    {EPISODE_LEN_MIN: length, EPISODE_RETURN_MIN: totals[i]},
+                    reduce="min",
+                    window=win,
+                )
+                m.log_dict(
+                    {EPISODE_LEN_MAX: length, EPISODE_RETURN_MAX: totals[i]},
+                    reduce="max",
+                    window=win,
+                )
         self._done_for_metrics.clear()
         return m.reduce()
 
@@ -261,11 +308,13 @@ class JaxMultiAgentEnvRunner(JaxEnvRunner):
                 self._weights_seq_no = seq
 
 
-def _add(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
-    out: dict[str, Any] = {k: a[k] + b[k] for k in ("length", "return", "duration")}
-    for k in ("agent_returns", "module_returns", "agent_steps"):
-        merged = defaultdict(type(next(iter(b[k].values()), 0.0)), a[k])
-        for key, v in b[k].items():
-            merged[key] += v
-        out[k] = merged
-    return out
+@dataclasses.dataclass
+class _EpisodeSums:
+    """An episode's sums over its chunks so far (scalars and ``[A]`` rows), or a block of
+    finished episodes' (``[n]`` and ``[n, A]`` arrays)."""
+
+    length: Any
+    duration: Any
+    returns: np.ndarray
+    steps: np.ndarray
+    present: np.ndarray
