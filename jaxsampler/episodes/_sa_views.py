@@ -13,9 +13,11 @@ here: the space helpers the episode shares with the samplers (:func:`reward_spac
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any, Generic, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast, overload
 
 import numpy as np
+
+from jaxsampler.episodes.lookback import InfiniteLookbackBuffer
 
 if TYPE_CHECKING:
     from jaxsampler.episodes.single_agent import SingleAgentEpisode
@@ -24,8 +26,10 @@ __all__ = [
     "COLUMNS",
     "EpisodeViews",
     "LazyColumn",
+    "as_buffer",
     "borrow",
     "contains",
+    "empty_like",
     "reward_space",
     "view_episodes",
 ]
@@ -151,7 +155,7 @@ def view_episodes(
     """:meth:`SingleAgentEpisode.from_views`' loop: one episode of class ``cls`` per
     ``(id_, terminated, truncated, t_started, t)`` of ``fields`` (key: its position),
     every column left unbuilt. One object and its slots per episode, nothing else."""
-    new, out = cls.__new__, []
+    new, out = cls.__new__, cast(list[_E], [])
     append = out.append
     for key, (id_, term, trunc, ts, te) in enumerate(fields):
         ep = new(cls)
@@ -174,3 +178,18 @@ def borrow(episode: _E) -> _E:
     for buf in episode.extra_model_outputs.values():
         buf.borrowed = True
     return episode
+
+
+def empty_like(buf: InfiniteLookbackBuffer) -> Any:
+    """An empty column in ``buf``'s mode (list, or zero-length arrays)."""
+    return buf.get(slice(len(buf), None)) if buf.finalized else []
+
+
+def as_buffer(data: Any, lookback: int, space: Any) -> InfiniteLookbackBuffer:
+    """``data`` as an episode column: a buffer as is (given ``space`` where it has
+    none), anything else a new buffer with ``lookback`` leading items."""
+    if isinstance(data, InfiniteLookbackBuffer):
+        if space is not None and data.space is None:
+            data.space = space
+        return data
+    return InfiniteLookbackBuffer(data, lookback, space)

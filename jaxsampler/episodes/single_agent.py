@@ -23,14 +23,18 @@ import numpy as np
 from jaxsampler.episodes._sa_views import (
     EpisodeViews,
     LazyColumn,
+    as_buffer,
     borrow,
     contains,
+    empty_like,
     reward_space,
     view_episodes,
 )
 from jaxsampler.episodes._tree import data_len, leaves, tree_map
 from jaxsampler.episodes.ids import random_episode_id
 from jaxsampler.episodes.lookback import InfiniteLookbackBuffer
+
+_empty_like = empty_like  # (multi_agent.py imports it from here)
 
 __all__ = ["EpisodeBuffers", "SingleAgentEpisode", "reward_space"]
 
@@ -42,11 +46,6 @@ EpisodeBuffers = tuple[
     dict[str, InfiniteLookbackBuffer],  # extra model outputs
 ]
 """The buffers of an episode, as :meth:`SingleAgentEpisode.lazy`'s ``build`` returns them."""
-
-
-def _empty_like(buf: InfiniteLookbackBuffer) -> Any:
-    """An empty column in ``buf``'s mode (list, or zero-length arrays)."""
-    return buf.get(slice(len(buf), None)) if buf.finalized else []
 
 
 class SingleAgentEpisode:
@@ -83,6 +82,12 @@ class SingleAgentEpisode:
     )
     _lazy: tuple[Callable[[Any], EpisodeBuffers], Any] | None  # see lazy()
     _view: EpisodeViews | None  # see from_views(); _key: this episode's key in it
+    _key: Any
+    _observations: InfiniteLookbackBuffer | None  # (None: not built yet, see LazyColumn)
+    _infos: InfiniteLookbackBuffer | None
+    _actions: InfiniteLookbackBuffer | None
+    _rewards: InfiniteLookbackBuffer | None
+    _extra_model_outputs: dict[str, InfiniteLookbackBuffer] | None
 
     @classmethod
     def trusted(
@@ -276,12 +281,12 @@ class SingleAgentEpisode:
             )
         lb = int(len_lookback_buffer)
         self._observation_space, self._action_space = observation_space, action_space
-        self.observations = _as_buffer(observations, lb, observation_space)
-        self.infos = _as_buffer(infos, lb, None)
-        self.actions = _as_buffer(actions, lb, action_space)
-        self.rewards = _as_buffer(rewards, lb, reward_space())
+        self.observations = as_buffer(observations, lb, observation_space)
+        self.infos = as_buffer(infos, lb, None)
+        self.actions = as_buffer(actions, lb, action_space)
+        self.rewards = as_buffer(rewards, lb, reward_space())
         self.extra_model_outputs = {
-            k: _as_buffer(v, lb, None) for k, v in (extra_model_outputs or {}).items()
+            k: as_buffer(v, lb, None) for k, v in (extra_model_outputs or {}).items()
         }
         self.is_terminated, self.is_truncated = terminated, truncated
         self.t_started = t_started or 0
@@ -564,7 +569,7 @@ class SingleAgentEpisode:
         tail = slice(-n, None) if n > 0 else None
 
         def steps(buf: InfiniteLookbackBuffer) -> Any:
-            return buf.get(tail) if tail is not None else _empty_like(buf)
+            return buf.get(tail) if tail is not None else empty_like(buf)
 
         successor = SingleAgentEpisode(
             self.id_,
@@ -791,11 +796,3 @@ class SingleAgentEpisode:
 
     def __repr__(self) -> str:
         return f"SAEps(len={len(self)} done={self.is_done} R={self.get_return()} id_={self.id_})"
-
-
-def _as_buffer(data: Any, lookback: int, space: Any) -> InfiniteLookbackBuffer:
-    if isinstance(data, InfiniteLookbackBuffer):
-        if space is not None and data.space is None:
-            data.space = space
-        return data
-    return InfiniteLookbackBuffer(data, lookback, space)

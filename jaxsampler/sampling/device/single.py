@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -18,7 +19,7 @@ import numpy as np
 from jaxsampler.constants import DEFAULT_POLICY_ID
 from jaxsampler.episodes._sa_views import EpisodeViews
 from jaxsampler.episodes._tree import leaves
-from jaxsampler.episodes.batch import MultiAgentBatch, SampleBatch
+from jaxsampler.episodes.batch import Deferred, MultiAgentBatch, SampleBatch
 from jaxsampler.episodes.ids import EpisodeIds
 from jaxsampler.episodes.lookback import InfiniteLookbackBuffer
 from jaxsampler.episodes.single_agent import SingleAgentEpisode, reward_space
@@ -273,10 +274,16 @@ class SingleAgentConverter:
                 {k: info_for_obs(col, e, j) for k, col in cols.infos.items()}
             )
         else:
-            data[SampleBatch.INFOS] = [{} for _ in range(n_rows)]  # one dict per row
+            # one dict per row, built on first read (most readers never touch infos)
+            data[SampleBatch.INFOS] = Deferred(partial(_empty_infos, n_rows))
         for name, col in cols.extras.items():
             data[name] = rows(col, flat)
         return MultiAgentBatch({self._policy_id: SampleBatch(data)}, n_rows), m
+
+
+def _empty_infos(n: int) -> list[dict[str, Any]]:
+    """``n`` separate empty info dicts: the infos column of an env without infos."""
+    return [{} for _ in range(n)]
 
 
 def _flat(col: np.ndarray) -> np.ndarray:
