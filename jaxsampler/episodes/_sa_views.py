@@ -13,14 +13,11 @@ here: the space helpers the episode shares with the samplers (:func:`reward_spac
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast, overload
+from typing import Any, Generic, TypeVar, cast, overload
 
 import numpy as np
 
 from jaxsampler.episodes.lookback import InfiniteLookbackBuffer
-
-if TYPE_CHECKING:
-    from jaxsampler.episodes.single_agent import SingleAgentEpisode
 
 __all__ = [
     "COLUMNS",
@@ -127,8 +124,8 @@ class LazyColumn(Generic[_T]):
     @overload
     def __get__(self, episode: None, owner: type) -> LazyColumn[_T]: ...
     @overload
-    def __get__(self, episode: SingleAgentEpisode, owner: type) -> _T: ...
-    def __get__(self, episode: SingleAgentEpisode | None, owner: type) -> Any:
+    def __get__(self, episode: Any, owner: type) -> _T: ...
+    def __get__(self, episode: Any, owner: type) -> Any:
         if episode is None:
             return self
         value = getattr(episode, self._slot)
@@ -136,13 +133,13 @@ class LazyColumn(Generic[_T]):
             value = episode._build_column(self._name)
         return value
 
-    def __set__(self, episode: SingleAgentEpisode, value: _T) -> None:
+    def __set__(self, episode: Any, value: _T) -> None:
         if episode._lazy is not None:
             episode._build()
         setattr(episode, self._slot, value)
 
 
-_E = TypeVar("_E", bound="SingleAgentEpisode")
+_E = TypeVar("_E")  # a SingleAgentEpisode (not imported here: it imports this module)
 
 
 def view_episodes(
@@ -158,7 +155,7 @@ def view_episodes(
     new, out = cls.__new__, cast(list[_E], [])
     append = out.append
     for key, (id_, term, trunc, ts, te) in enumerate(fields):
-        ep = new(cls)
+        ep: Any = new(cls)
         ep.id_, ep._view, ep._key, ep.t_started, ep.t = id_, views, key, ts, te
         ep.is_terminated, ep.is_truncated = term, trunc
         ep._observation_space, ep._action_space = observation_space, action_space
@@ -170,7 +167,7 @@ def view_episodes(
     return out
 
 
-def borrow(episode: _E) -> _E:
+def borrow(episode: Any) -> Any:
     """Marks ``episode``'s numpy'ized columns borrowed (their data are views of another
     episode's): its first write to a column copies that column. Returns ``episode``."""
     for buf in (episode.observations, episode.infos, episode.actions, episode.rewards):
