@@ -16,7 +16,24 @@ import numpy as np
 
 from jaxsampler.constants import DEFAULT_POLICY_ID
 
-__all__ = ["SampleBatch", "MultiAgentBatch", "concat_samples"]
+__all__ = ["Deferred", "MultiAgentBatch", "SampleBatch", "concat_samples"]
+
+
+class Deferred:
+    """A :class:`SampleBatch` column built on its first read: ``build()`` makes the value.
+
+    Put one as a column's value (``SampleBatch({"infos": Deferred(make_infos)})``) where
+    building the column costs more than most readers need (one dict per row of an env
+    without infos). Every way a batch hands out values builds it first and stores the
+    result (``batch[k]``, ``get``, ``items``, ``values``, ``pop``, ``dict(batch)``,
+    ``{**batch}``, copies, slices, concatenation, pickling, equality), so no reader ever
+    sees the ``Deferred`` itself. It does not count as a column for the batch's length.
+    """
+
+    __slots__ = ("build",)
+
+    def __init__(self, build: Any):
+        self.build = build
 
 
 def _is_state_key(k: str) -> bool:
@@ -89,6 +106,8 @@ class SampleBatch(dict):
                 "available as TERMINATEDS | TRUNCATEDS."
             )
         for k, v in data.items():
+            if type(v) is Deferred:
+                continue
             if k != self.INFOS and isinstance(v, (list, int, float, bool, np.number, np.bool_)):
                 data[k] = np.array(v)
         super().__init__(data)
@@ -104,8 +123,8 @@ class SampleBatch(dict):
         seq_lens = dict.get(self, self.SEQ_LENS)
         if seq_lens is not None and len(seq_lens) > 0:
             return int(np.sum(seq_lens))
-        for k, v in self.items():
-            if k == self.INFOS or k == self.SEQ_LENS or _is_state_key(k):
+        for k, v in dict.items(self):  # (deferred columns stay unbuilt)
+            if k == self.INFOS or k == self.SEQ_LENS or _is_state_key(k) or type(v) is Deferred:
                 continue
             n = _first_len(v)
             if n is not None:
@@ -137,8 +156,70 @@ class SampleBatch(dict):
             return self._slice_rows(key)
         if key == self.DONES:
             # RLlib returns `terminateds` here (its comment claims terminateds | truncateds).
-            return dict.__getitem__(self, self.TERMINATEDS)
-        return dict.__getitem__(self, key)
+            key = self.TERMINATEDS
+        value = dict.__getitem__(self, key)
+        if type(value) is Deferred:
+            value = value.build()
+            dict.__setitem__(self, key, value)
+        return value
+
+    # Every dict read path that hands out values builds the deferred columns first
+    # (overriding __iter__ also makes dict(batch) / {**batch} read through __getitem__).
+
+    def _build_deferred(self) -> None:
+        for k, v in list(dict.items(self)):
+            if type(v) is Deferred:
+                dict.__setitem__(self, k, v.build())
+
+    def __iter__(self) -> Iterator[Any]:
+        return dict.__iter__(self)
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        """Like ``dict.get`` (a deferred column is built)."""
+        return self[key] if key in self else default  # noqa: SIM401 (this is get)
+
+    def items(self) -> Any:
+        """Like ``dict.items`` (deferred columns are built first)."""
+        self._build_deferred()
+        return dict.items(self)
+
+    def values(self) -> Any:
+        """Like ``dict.values`` (deferred columns are built first)."""
+        self._build_deferred()
+        return dict.values(self)
+
+    def pop(self, key: Any, *default: Any) -> Any:
+        """Like ``dict.pop`` (a deferred column is built)."""
+        if key in self:
+            self[key]
+        return dict.pop(self, key, *default)
+
+    def popitem(self) -> tuple[Any, Any]:
+        """Like ``dict.popitem`` (deferred columns are built first)."""
+        self._build_deferred()
+        return dict.popitem(self)
+
+    def setdefault(self, key: Any, default: Any = None) -> Any:
+        """Like ``dict.setdefault`` (a deferred column is built)."""
+        if key in self:
+            return self[key]
+        dict.__setitem__(self, key, default)
+        return default
+
+    def __eq__(self, other: object) -> bool:
+        self._build_deferred()
+        if isinstance(other, SampleBatch):
+            other._build_deferred()
+        return dict.__eq__(self, other)
+
+    def __ne__(self, other: object) -> bool:
+        return not self == other
+
+    __hash__ = None
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        self._build_deferred()
+        return super().__reduce_ex__(protocol)
 
     def _slice_rows(self, s: slice) -> SampleBatch:
         start = s.start or 0
@@ -190,12 +271,12 @@ class SampleBatch(dict):
         if n == 0:
             return []
         if key == self.EPS_ID or (key is None and self.EPS_ID in self):
-            ids = np.asarray(dict.__getitem__(self, self.EPS_ID))
+            ids = np.asarray(self[self.EPS_ID])
             cuts = np.nonzero(ids[1:] != ids[:-1])[0] + 1
         else:
-            done = np.asarray(dict.__getitem__(self, self.TERMINATEDS), bool)
+            done = np.asarray(self[self.TERMINATEDS], bool)
             if self.TRUNCATEDS in self:
-                done = done | np.asarray(dict.__getitem__(self, self.TRUNCATEDS), bool)
+                done = done | np.asarray(self[self.TRUNCATEDS], bool)
             cuts = np.nonzero(done[:-1])[0] + 1
         bounds = [0, *cuts.tolist(), n]
         return [self.slice(a, b) for a, b in zip(bounds[:-1], bounds[1:])]
@@ -359,7 +440,7 @@ def _concat_sb(samples: Sequence[SampleBatch]) -> SampleBatch:
             raise ValueError(f"cannot concat SampleBatches with different {attr}")
     out: dict[str, Any] = {}
     for key in first:
-        cols = [dict.__getitem__(b, key) for b in batches]  # KeyError if a later batch lacks it
+        cols = [b[key] for b in batches]  # KeyError if a later batch lacks it
         if isinstance(cols[0], list):
             out[key] = [x for c in cols for x in c]
         else:

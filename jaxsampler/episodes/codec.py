@@ -111,7 +111,7 @@ def _object_state(obj: Any) -> list:
             "num_grad_updates": obj.num_grad_updates,
             "count": obj.count,
         }
-        return ["SampleBatch", [dict(dict.items(obj)), attrs]]
+        return ["SampleBatch", [dict(obj.items()), attrs]]  # (items(): builds deferred columns)
     if isinstance(obj, MultiAgentBatch):
         return ["MultiAgentBatch", [obj.policy_batches, obj.count]]
     if isinstance(obj, SingleAgentEpisode):

@@ -98,24 +98,52 @@ class InfiniteLookbackBuffer:
             dummies (their dtype) and ``one_hot_discrete``.
     """
 
-    __slots__ = ("data", "finalized", "lookback", "_space", "_struct")
+    __slots__ = ("data", "finalized", "lookback", "_space", "_struct", "_borrowed")
 
     def __init__(self, data: Any = None, lookback: int = 0, space: Any = None):
         self.data = [] if data is None else data
         self.finalized = not isinstance(self.data, list)
         self.lookback = min(int(lookback), self.len_incl_lookback())
         self.space = space
+        self._borrowed = False
 
     @classmethod
-    def trusted(cls, data: Any, lookback: int, space: Any = None) -> InfiniteLookbackBuffer:
+    def trusted(
+        cls, data: Any, lookback: int, space: Any = None, *, borrowed: bool = True
+    ) -> InfiniteLookbackBuffer:
         """A buffer over already-validated ``data`` without the constructor's checks or
         copies: the samplers' fast path. A list stays in list mode; anything else (an
         array or a struct of arrays, possibly a view) is taken as numpy'ized.
-        ``lookback`` must not exceed the data's length."""
+        ``lookback`` must not exceed the data's length.
+
+        ``borrowed=True`` (the default: the samplers hand out views of one call's shared
+        columns) makes the buffer copy numpy'ized data before its first in-place write
+        (:meth:`set`), so writing to this buffer never changes the arrays it was built
+        over (see :attr:`borrowed`)."""
         buf = cls.__new__(cls)
         buf.data, buf.finalized, buf.lookback = data, not isinstance(data, list), lookback
-        buf._space, buf._struct = space, None
+        buf._space, buf._struct, buf._borrowed = space, None, borrowed
         return buf
+
+    @property
+    def borrowed(self) -> bool:
+        """Whether the numpy'ized ``data`` is borrowed (views of arrays that others read,
+        e.g. a sampler call's shared columns): the next in-place write (:meth:`set`)
+        then copies the data first and the buffer owns it from then on. ``append``,
+        ``extend`` and ``pop`` build new arrays, so they end the borrowing too. Setting
+        it to ``True`` marks ``data`` as borrowed (a list-mode buffer ignores the flag:
+        its writes replace list items, never array contents)."""
+        return self._borrowed
+
+    @borrowed.setter
+    def borrowed(self, value: bool) -> None:
+        self._borrowed = bool(value)
+
+    def _own(self) -> None:
+        """Copies borrowed numpy'ized data (copy-on-write), so in-place writes stay here."""
+        if self._borrowed and self.finalized:
+            self.data = tree_map(np.array, self.data)
+        self._borrowed = False
 
     @property
     def space(self) -> Any:
@@ -149,7 +177,7 @@ class InfiniteLookbackBuffer:
         """Stacks the list of items into arrays (idempotent). Raises on an empty list."""
         if not self.finalized:
             self.data = batch(self.data)
-            self.finalized = True
+            self.finalized, self._borrowed = True, False  # (new arrays)
 
     to_numpy = finalize
 
@@ -349,6 +377,7 @@ class InfiniteLookbackBuffer:
                 self.data,
                 reorder(item, self.data),
             )
+            self._borrowed = False  # (new arrays)
         else:
             self.data.append(item)
 
@@ -364,6 +393,7 @@ class InfiniteLookbackBuffer:
                 self.data,
                 reorder(items, self.data),
             )
+            self._borrowed = False  # (new arrays)
         else:
             self.data.extend(items)
 
@@ -372,6 +402,7 @@ class InfiniteLookbackBuffer:
         if self.finalized:
             pos = index % self.len_incl_lookback()
             self.data = tree_map(lambda d: np.delete(d, pos, axis=0), self.data)
+            self._borrowed = False  # (new arrays)
         else:
             self.data.pop(index)
 
@@ -449,6 +480,8 @@ class InfiniteLookbackBuffer:
                     raise ValueError(
                         f"new value {v!r} is not in the buffer's space {self._space!r}"
                     )
+        if positions:
+            self._own()
         for p, v in zip(positions, values):
             if self.finalized:
 
@@ -501,6 +534,7 @@ class InfiniteLookbackBuffer:
         """Like RLlib's: the buffer :meth:`get_state` returned ``state`` of."""
         buf = InfiniteLookbackBuffer(space=state["space"])
         buf.data, buf.finalized, buf.lookback = state["data"], state["finalized"], state["lookback"]
+        # (the state's data is taken as is, as RLlib does: not borrowed)
         return buf
 
     def __eq__(self, other: object) -> bool:

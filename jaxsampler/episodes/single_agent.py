@@ -16,13 +16,25 @@ from __future__ import annotations
 import copy
 import time
 from collections.abc import Callable
-from typing import Any, Generic, TypeVar, overload
+from typing import Any
 
 import numpy as np
 
+from jaxsampler.episodes._sa_views import (
+    EpisodeViews,
+    LazyColumn,
+    as_buffer,
+    borrow,
+    contains,
+    empty_like,
+    reward_space,
+    view_episodes,
+)
 from jaxsampler.episodes._tree import data_len, leaves, tree_map
 from jaxsampler.episodes.ids import random_episode_id
 from jaxsampler.episodes.lookback import InfiniteLookbackBuffer
+
+_empty_like = empty_like  # (multi_agent.py imports it from here)
 
 __all__ = ["EpisodeBuffers", "SingleAgentEpisode", "reward_space"]
 
@@ -34,72 +46,6 @@ EpisodeBuffers = tuple[
     dict[str, InfiniteLookbackBuffer],  # extra model outputs
 ]
 """The buffers of an episode, as :meth:`SingleAgentEpisode.lazy`'s ``build`` returns them."""
-
-_REWARD_SPACE = None
-
-
-def reward_space() -> Any:
-    """The space of one reward (an unbounded float32 scalar), shared by every episode."""
-    global _REWARD_SPACE
-    if _REWARD_SPACE is None:
-        from jaxsampler.spaces import Box
-
-        _REWARD_SPACE = Box(-np.inf, np.inf, (), np.float32)
-    return _REWARD_SPACE
-
-
-def _contains(space: Any, x: Any) -> bool:
-    """Whether ``x`` is in ``space`` by the space's own ``contains`` (``None``: any ``x``).
-
-    Not :func:`jaxsampler.spaces.check_value`: that one leaves ``Box`` bounds unchecked
-    and takes bools as ``Discrete`` values, which ``validate=True`` rejects."""
-    if space is None:
-        return True
-    from jaxsampler.spaces import Space, convert_space
-
-    try:
-        s = space if isinstance(space, Space) else convert_space(space)
-    except TypeError:
-        return bool(space.contains(x))
-    if isinstance(x, (dict, tuple)):
-        return bool(np.asarray(s.contains(x)))
-    arr = np.asarray(x)
-    if arr.shape != s.shape:
-        return False
-    return bool(np.asarray(s.contains(arr)))
-
-
-def _empty_like(buf: InfiniteLookbackBuffer) -> Any:
-    """An empty column in ``buf``'s mode (list, or zero-length arrays)."""
-    return buf.get(slice(len(buf), None)) if buf.finalized else []
-
-
-_T = TypeVar("_T")
-
-
-class _Column(Generic[_T]):
-    """A column attribute of :class:`SingleAgentEpisode`, kept in the slot ``_<name>``; a
-    :meth:`~SingleAgentEpisode.lazy` episode builds its columns before the first read or
-    write of any of them."""
-
-    def __set_name__(self, owner: type, name: str) -> None:
-        self._slot = "_" + name
-
-    @overload
-    def __get__(self, episode: None, owner: type) -> _Column[_T]: ...
-    @overload
-    def __get__(self, episode: SingleAgentEpisode, owner: type) -> _T: ...
-    def __get__(self, episode: SingleAgentEpisode | None, owner: type) -> Any:
-        if episode is None:
-            return self
-        if episode._lazy is not None:
-            episode._build()
-        return getattr(episode, self._slot)
-
-    def __set__(self, episode: SingleAgentEpisode, value: _T) -> None:
-        if episode._lazy is not None:
-            episode._build()
-        setattr(episode, self._slot, value)
 
 
 class SingleAgentEpisode:
@@ -122,6 +68,8 @@ class SingleAgentEpisode:
         "_rewards",
         "_extra_model_outputs",
         "_lazy",
+        "_view",
+        "_key",
         "is_terminated",
         "is_truncated",
         "t_started",
@@ -133,6 +81,13 @@ class SingleAgentEpisode:
         "_last_step_time",
     )
     _lazy: tuple[Callable[[Any], EpisodeBuffers], Any] | None  # see lazy()
+    _view: EpisodeViews | None  # see from_views(); _key: this episode's key in it
+    _key: Any
+    _observations: InfiniteLookbackBuffer | None  # (None: not built yet, see LazyColumn)
+    _infos: InfiniteLookbackBuffer | None
+    _actions: InfiniteLookbackBuffer | None
+    _rewards: InfiniteLookbackBuffer | None
+    _extra_model_outputs: dict[str, InfiniteLookbackBuffer] | None
 
     @classmethod
     def trusted(
@@ -165,7 +120,7 @@ class SingleAgentEpisode:
         Unlike RLlib (not a bug fix): the samplers' rewards keep the env's float32 dtype
         (RLlib's are float64 once numpy'ized); :meth:`get_return` sums in float64."""
         ep = cls.__new__(cls)
-        ep._lazy = None
+        ep._lazy = ep._view = ep._key = None
         ep.id_ = id_
         ep.agent_id, ep.module_id, ep.multi_agent_episode_id = (
             agent_id,
@@ -207,7 +162,9 @@ class SingleAgentEpisode:
         extra_model_outputs)`` as :meth:`trusted` takes them; ``t`` must be
         ``t_started + len(rewards)``."""
         ep = cls.__new__(cls)
-        ep._lazy = (build, key)
+        ep._lazy, ep._view, ep._key = (build, key), None, None
+        ep._observations = ep._infos = ep._actions = ep._rewards = None
+        ep._extra_model_outputs = None
         ep.id_ = id_
         ep.agent_id = ep.module_id = ep.multi_agent_episode_id = None
         ep._observation_space, ep._action_space = observation_space, action_space
@@ -216,6 +173,39 @@ class SingleAgentEpisode:
         ep.custom_data = {}
         ep._start_time = ep._last_step_time = None
         return ep
+
+    @classmethod
+    def from_views(
+        cls,
+        views: EpisodeViews,
+        ids: list[str],
+        terminated: list[bool],
+        truncated: list[bool],
+        t_started: list[int],
+        t: list[int],
+        observation_space: Any,
+        action_space: Any,
+    ) -> list[SingleAgentEpisode]:
+        """One episode per entry of the lists (episode ``i`` is ``views``' key ``i``), each
+        a light view: a column is built (``views.column``) on its first access, and the
+        default getters (``get_observations()``, ``get_actions()``, ``get_rewards()``,
+        ``get_extra_model_outputs(key)``) slice the shared data without building it. The
+        columns are borrowed buffers: writing to an episode copies its data first, so it
+        never changes another episode or the shared data. ``t[i]`` must be
+        ``t_started[i]`` plus the episode's steps."""
+        fields = zip(ids, terminated, truncated, t_started, t)
+        return view_episodes(cls, views, fields, observation_space, action_space)
+
+    def _build_column(self, name: str) -> Any:
+        """Builds column ``name`` of a lazy episode (all of them for a :meth:`lazy` one)
+        and returns it."""
+        if self._view is not None:
+            value = self._view.column(self._key, name)
+            setattr(self, "_" + name, value)
+            return value
+        if self._lazy is not None:
+            self._build()
+        return getattr(self, "_" + name)
 
     def _build(self) -> None:
         """Builds the buffers of a :meth:`lazy` episode."""
@@ -233,12 +223,12 @@ class SingleAgentEpisode:
         ) = buffers
         self._lazy = None
 
-    # The columns: built on first access (read or write) for a lazy() episode.
-    observations: _Column[InfiniteLookbackBuffer] = _Column()
-    infos: _Column[InfiniteLookbackBuffer] = _Column()
-    actions: _Column[InfiniteLookbackBuffer] = _Column()
-    rewards: _Column[InfiniteLookbackBuffer] = _Column()
-    extra_model_outputs: _Column[dict[str, InfiniteLookbackBuffer]] = _Column()
+    # The columns: built on first access (read or write) for a lazy() / from_views() episode.
+    observations: LazyColumn[InfiniteLookbackBuffer] = LazyColumn()
+    infos: LazyColumn[InfiniteLookbackBuffer] = LazyColumn()
+    actions: LazyColumn[InfiniteLookbackBuffer] = LazyColumn()
+    rewards: LazyColumn[InfiniteLookbackBuffer] = LazyColumn()
+    extra_model_outputs: LazyColumn[dict[str, InfiniteLookbackBuffer]] = LazyColumn()
 
     def __init__(
         self,
@@ -259,7 +249,7 @@ class SingleAgentEpisode:
         module_id: Any = None,
         multi_agent_episode_id: str | None = None,
     ):
-        self._lazy = None
+        self._lazy = self._view = self._key = None
         self.id_ = id_ or random_episode_id()
         self.agent_id, self.module_id, self.multi_agent_episode_id = (
             agent_id,
@@ -291,12 +281,12 @@ class SingleAgentEpisode:
             )
         lb = int(len_lookback_buffer)
         self._observation_space, self._action_space = observation_space, action_space
-        self.observations = _as_buffer(observations, lb, observation_space)
-        self.infos = _as_buffer(infos, lb, None)
-        self.actions = _as_buffer(actions, lb, action_space)
-        self.rewards = _as_buffer(rewards, lb, reward_space())
+        self.observations = as_buffer(observations, lb, observation_space)
+        self.infos = as_buffer(infos, lb, None)
+        self.actions = as_buffer(actions, lb, action_space)
+        self.rewards = as_buffer(rewards, lb, reward_space())
         self.extra_model_outputs = {
-            k: _as_buffer(v, lb, None) for k, v in (extra_model_outputs or {}).items()
+            k: as_buffer(v, lb, None) for k, v in (extra_model_outputs or {}).items()
         }
         self.is_terminated, self.is_truncated = terminated, truncated
         self.t_started = t_started or 0
@@ -341,6 +331,8 @@ class SingleAgentEpisode:
     @property
     def is_numpy(self) -> bool:
         """Like RLlib's: whether the columns are numpy'ized (:meth:`to_numpy`)."""
+        if self._rewards is None and self._view is not None:
+            return True  # (views of numpy columns)
         return self.rewards.finalized
 
     is_finalized = is_numpy
@@ -367,7 +359,7 @@ class SingleAgentEpisode:
         assert not self.is_reset, "The episode is already reset."
         assert not self.is_done, "The episode is already done."
         assert self.t == self.t_started == 0, "add_env_reset needs t == t_started == 0."
-        if validate and not _contains(self.observation_space, observation):
+        if validate and not contains(self.observation_space, observation):
             raise ValueError(
                 f"observation {observation!r} is not in the observation space "
                 f"{self.observation_space!r}"
@@ -396,12 +388,12 @@ class SingleAgentEpisode:
         unchanged)."""
         assert not self.is_done, "The agent is already done: no data can be added to its episode."
         if validate:
-            if not _contains(self.observation_space, observation):
+            if not contains(self.observation_space, observation):
                 raise ValueError(
                     f"observation {observation!r} is not in the observation space "
                     f"{self.observation_space!r}"
                 )
-            if not _contains(self.action_space, action):
+            if not contains(self.action_space, action):
                 raise ValueError(
                     f"action {action!r} is not in the action space {self.action_space!r}"
                 )
@@ -430,6 +422,14 @@ class SingleAgentEpisode:
     ) -> Any:
         """Like RLlib's: the observations at ``indices`` (see
         :meth:`InfiniteLookbackBuffer.get`: ``None`` is all, lookback excluded)."""
+        view = self._view  # (fill and neg_index_as_lookback do not apply to indices=None)
+        if (
+            view is not None
+            and indices is None
+            and not one_hot_discrete
+            and self._observations is None
+        ):
+            return view.observations(self._key)
         return self.observations.get(
             indices,
             neg_index_as_lookback=neg_index_as_lookback,
@@ -452,6 +452,9 @@ class SingleAgentEpisode:
         one_hot_discrete: bool = False,
     ) -> Any:
         """Like RLlib's: the actions at ``indices`` (as in :meth:`get_observations`)."""
+        view = self._view  # (fill and neg_index_as_lookback do not apply to indices=None)
+        if view is not None and indices is None and not one_hot_discrete and self._actions is None:
+            return view.actions(self._key)
         return self.actions.get(
             indices,
             neg_index_as_lookback=neg_index_as_lookback,
@@ -463,6 +466,8 @@ class SingleAgentEpisode:
         self, indices: Any = None, *, neg_index_as_lookback: bool = False, fill: Any = None
     ) -> Any:
         """Like RLlib's: the rewards at ``indices`` (as in :meth:`get_observations`)."""
+        if indices is None and self._rewards is None and self._view is not None:
+            return self._view.rewards(self._key)
         return self.rewards.get(indices, neg_index_as_lookback=neg_index_as_lookback, fill=fill)
 
     def get_extra_model_outputs(
@@ -475,6 +480,10 @@ class SingleAgentEpisode:
     ) -> Any:
         """Like RLlib's: the extra model output ``key`` at ``indices`` (as in
         :meth:`get_observations`); ``KeyError`` for an unknown ``key``."""
+        if indices is None and self._extra_model_outputs is None and self._view is not None:
+            found = self._view.extra(self._key, key)
+            if found is not None:
+                return found
         if key not in self.extra_model_outputs:
             raise KeyError(
                 f"no extra model output {key!r}; this episode has "
@@ -560,7 +569,7 @@ class SingleAgentEpisode:
         tail = slice(-n, None) if n > 0 else None
 
         def steps(buf: InfiniteLookbackBuffer) -> Any:
-            return buf.get(tail) if tail is not None else _empty_like(buf)
+            return buf.get(tail) if tail is not None else empty_like(buf)
 
         successor = SingleAgentEpisode(
             self.id_,
@@ -578,7 +587,7 @@ class SingleAgentEpisode:
             multi_agent_episode_id=self.multi_agent_episode_id,
         )
         successor.custom_data = copy.deepcopy(self.custom_data)
-        return successor
+        return borrow(successor)  # (its columns are views of this episode's)
 
     def slice(self, slice_: slice, *, len_lookback_buffer: int | None = None) -> SingleAgentEpisode:
         """A new episode over ``slice_`` of this one's own timesteps (see RLlib).
@@ -605,22 +614,24 @@ class SingleAgentEpisode:
                 return tree_map(lambda x: x[a:b:step], buf.data)
             return buf.data[a:b:step]
 
-        return SingleAgentEpisode(
-            self.id_,
-            observations=cols(self.observations, 1),
-            observation_space=self.observation_space,
-            infos=cols(self.infos, 1),
-            actions=cols(self.actions, 0),
-            action_space=self.action_space,
-            rewards=cols(self.rewards, 0),
-            extra_model_outputs={k: cols(v, 0) for k, v in self.extra_model_outputs.items()},
-            terminated=self.is_terminated if stop == n else False,
-            truncated=self.is_truncated if stop == n else False,
-            t_started=self.t_started + start,
-            len_lookback_buffer=lb,
-            agent_id=self.agent_id,
-            module_id=self.module_id,
-            multi_agent_episode_id=self.multi_agent_episode_id,
+        return borrow(  # (its columns are views of this episode's)
+            SingleAgentEpisode(
+                self.id_,
+                observations=cols(self.observations, 1),
+                observation_space=self.observation_space,
+                infos=cols(self.infos, 1),
+                actions=cols(self.actions, 0),
+                action_space=self.action_space,
+                rewards=cols(self.rewards, 0),
+                extra_model_outputs={k: cols(v, 0) for k, v in self.extra_model_outputs.items()},
+                terminated=self.is_terminated if stop == n else False,
+                truncated=self.is_truncated if stop == n else False,
+                t_started=self.t_started + start,
+                len_lookback_buffer=lb,
+                agent_id=self.agent_id,
+                module_id=self.module_id,
+                multi_agent_episode_id=self.multi_agent_episode_id,
+            )
         )
 
     def __getitem__(self, item: Any) -> SingleAgentEpisode:
@@ -752,7 +763,7 @@ class SingleAgentEpisode:
     def from_state(state: dict[str, Any]) -> SingleAgentEpisode:
         """Like RLlib's: the episode :meth:`get_state` returned ``state`` of."""
         ep = SingleAgentEpisode.__new__(SingleAgentEpisode)
-        ep._lazy = None
+        ep._lazy = ep._view = ep._key = None
         for k in (
             "id_",
             "agent_id",
@@ -785,11 +796,3 @@ class SingleAgentEpisode:
 
     def __repr__(self) -> str:
         return f"SAEps(len={len(self)} done={self.is_done} R={self.get_return()} id_={self.id_})"
-
-
-def _as_buffer(data: Any, lookback: int, space: Any) -> InfiniteLookbackBuffer:
-    if isinstance(data, InfiniteLookbackBuffer):
-        if space is not None and data.space is None:
-            data.space = space
-        return data
-    return InfiniteLookbackBuffer(data, lookback, space)

@@ -11,15 +11,18 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import numpy as np
 
 from jaxsampler.constants import DEFAULT_POLICY_ID
-from jaxsampler.episodes.batch import MultiAgentBatch, SampleBatch
+from jaxsampler.episodes._sa_views import EpisodeViews
+from jaxsampler.episodes._tree import leaves
+from jaxsampler.episodes.batch import Deferred, MultiAgentBatch, SampleBatch
 from jaxsampler.episodes.ids import EpisodeIds
 from jaxsampler.episodes.lookback import InfiniteLookbackBuffer
-from jaxsampler.episodes.single_agent import EpisodeBuffers, SingleAgentEpisode, reward_space
+from jaxsampler.episodes.single_agent import SingleAgentEpisode, reward_space
 from jaxsampler.sampling.device.columns import (
     Columns,
     InfoPath,
@@ -27,6 +30,7 @@ from jaxsampler.sampling.device.columns import (
     build_columns,
     find_segments,
     info_for_obs,
+    info_leaves,
     no_gc,
     obs_at,
     obs_map,
@@ -150,6 +154,7 @@ class SingleAgentConverter:
         self, chunks: list[Trajectory], num_episodes: int | None, cutoff: int | None
     ) -> tuple[Columns, Segments, SamplerMetrics]:
         H = self._horizon
+        check_chunks(chunks)
         fresh = self._head is None
         cols = build_columns(chunks, self._head, self._reset_info, H, multi_agent=False)
         self._head = cols.tail(H)
@@ -178,8 +183,10 @@ class SingleAgentConverter:
         """The call's episodes (finished ones, then ongoing chunks) and its metrics
         (``cutoff``: see :func:`~jaxsampler.sampling.device.columns.find_segments`).
 
-        Each episode's buffers (numpy views of the call's columns) are built on first
-        access (:meth:`SingleAgentEpisode.lazy`): per episode, only its object is made here.
+        Each episode is a light view of the call's columns
+        (:meth:`SingleAgentEpisode.from_views`): per episode, only its object is made here;
+        a column's buffer is built on its first access, and the default getters slice the
+        columns without building any. Writing to an episode copies its data first.
         """
         cols, seg, m = self._segments(chunks, num_episodes, cutoff)
         if self._factory is not None:
@@ -204,30 +211,18 @@ class SingleAgentConverter:
                 info_columns=tuple(cols.infos.items()),
             )
             return self._factory(columns), m
-        build = _EpisodeBuffers(cols, seg, self._horizon, self._obs_space, self._act_space)
-        lazy, obs_space, act_space = SingleAgentEpisode.lazy, self._obs_space, self._act_space
-        fields = zip(
-            self._ids.many(seg.env, seg.count).tolist(),
-            seg.t_started.tolist(),
-            (seg.t_started + seg.len).tolist(),
-            seg.term.tolist(),
-            seg.trunc.tolist(),
-        )
+        views = _EpisodeViews(cols, seg, self._horizon, self._obs_space, self._act_space)
         with no_gc():  # thousands of small objects: skip cyclic-GC passes while building
-            out = [
-                lazy(
-                    id_,
-                    build,
-                    i,
-                    observation_space=obs_space,
-                    action_space=act_space,
-                    terminated=term,
-                    truncated=trunc,
-                    t_started=t_started,
-                    t=t,
-                )
-                for i, (id_, t_started, t, term, trunc) in enumerate(fields)
-            ]
+            out = SingleAgentEpisode.from_views(
+                views,
+                self._ids.many(seg.env, seg.count).tolist(),
+                seg.term.tolist(),
+                seg.trunc.tolist(),
+                seg.t_started.tolist(),
+                (seg.t_started + seg.len).tolist(),
+                self._obs_space,
+                self._act_space,
+            )
         return out, m
 
     def batch(
@@ -279,42 +274,158 @@ class SingleAgentConverter:
                 {k: info_for_obs(col, e, j) for k, col in cols.infos.items()}
             )
         else:
-            data[SampleBatch.INFOS] = [{} for _ in range(n_rows)]  # one dict per row
+            # one dict per row, built on first read (most readers never touch infos)
+            data[SampleBatch.INFOS] = Deferred(partial(_empty_infos, n_rows))
         for name, col in cols.extras.items():
             data[name] = rows(col, flat)
         return MultiAgentBatch({self._policy_id: SampleBatch(data)}, n_rows), m
 
 
-class _EpisodeBuffers:
-    """Builds the buffers of the call's episode ``i``: numpy views of the call's columns
-    (``EpisodeBuffers``, as :meth:`SingleAgentEpisode.lazy` asks)."""
+def _empty_infos(n: int) -> list[dict[str, Any]]:
+    """``n`` separate empty info dicts: the infos column of an env without infos."""
+    return [{} for _ in range(n)]
 
-    __slots__ = ("_cols", "_a", "_b", "_env", "_lb", "_obs_space", "_act_space", "_infos")
+
+def _flat(col: np.ndarray) -> np.ndarray:
+    """An env-major column ``[E, S, ...]`` as ``[E * S, ...]`` (a view of the contiguous
+    columns :func:`build_columns` makes): one episode's slots are one basic slice."""
+    return col.reshape((-1,) + col.shape[2:])
+
+
+class _EpisodeViews(EpisodeViews):
+    """The call's episodes over its env-major columns: episode ``i`` is env ``env[i]``'s
+    slots ``a[i]:b[i]`` of the step columns and ``a[i]:b[i] + 1`` of ``obs``, the leading
+    ``lb[i]`` of them lookback. The default getters are one slice of a flattened column
+    (flat offsets of the items after the lookback precomputed for all episodes)."""
+
+    __slots__ = (
+        "_cols",
+        "_env",
+        "_a",
+        "_b",
+        "_lb",
+        "_o0",
+        "_o1",
+        "_s0",
+        "_s1",
+        "_obs",
+        "_actions",
+        "_rewards",
+        "_extras",
+        "_obs_space",
+        "_act_space",
+        "_infos",
+    )
 
     def __init__(self, cols: Columns, seg: Segments, H: int, obs_space: Any, act_space: Any):
         self._cols = cols
-        self._a = (H + seg.start - seg.lookback).tolist()  # first slot, lookback included
-        self._b = (H + seg.start + seg.len).tolist()  # one past the last step's slot
+        S = cols.rewards.shape[1]  # step slots per env (obs: one more)
+        first = H + seg.start  # the first step's slot
+        stop = first + seg.len  # one past the last step's slot
+        self._a = (first - seg.lookback).tolist()  # first slot, lookback included
+        self._b = stop.tolist()
         self._env, self._lb = seg.env.tolist(), seg.lookback.tolist()
+        self._s0, self._s1 = (seg.env * S + first).tolist(), (seg.env * S + stop).tolist()
+        o = seg.env * (S + 1)
+        self._o0, self._o1 = (o + first).tolist(), (o + stop + 1).tolist()
+        self._obs = _flat(cols.obs) if type(cols.obs) is np.ndarray else None
+        self._actions, self._rewards = _flat(cols.actions), _flat(cols.rewards)
+        self._extras = {k: _flat(c) for k, c in cols.extras.items()}
         self._obs_space, self._act_space = obs_space, act_space
         self._infos = list(cols.infos.items())
 
-    def __call__(self, i: int) -> EpisodeBuffers:
-        cols, trusted = self._cols, InfiniteLookbackBuffer.trusted
-        e, a, b, lb = self._env[i], self._a[i], self._b[i], self._lb[i]
-        if self._infos:
-            # The info of observation j + 1 was recorded at step j (the first
-            # observation's is zeros when the buffers do not hold it).
-            slots = np.arange(a, b + 1)
-            infos = trusted(
-                unflatten({k: info_for_obs(col, e, slots) for k, col in self._infos}), lb
+    def observations(self, i: int) -> Any:
+        """Episode ``i``'s observations after its lookback (views)."""
+        if self._obs is not None:
+            return self._obs[self._o0[i] : self._o1[i]]
+        return obs_at(
+            self._cols.obs, (self._env[i], slice(self._a[i] + self._lb[i], self._b[i] + 1))
+        )
+
+    def actions(self, i: int) -> Any:
+        """Episode ``i``'s actions after its lookback (a view)."""
+        return self._actions[self._s0[i] : self._s1[i]]
+
+    def rewards(self, i: int) -> Any:
+        """Episode ``i``'s rewards after its lookback (a view)."""
+        return self._rewards[self._s0[i] : self._s1[i]]
+
+    def extra(self, i: int, name: str) -> Any:
+        """Episode ``i``'s extra model output ``name`` after its lookback (a view), or
+        ``None`` where the policy has no such output."""
+        col = self._extras.get(name)
+        return None if col is None else col[self._s0[i] : self._s1[i]]
+
+    def column(self, i: int, name: str) -> Any:
+        """Episode ``i``'s column ``name``: a borrowed buffer over views of the call's
+        columns (extra model outputs: a new dict of them)."""
+        trusted, lb = InfiniteLookbackBuffer.trusted, self._lb[i]
+        s0, s1 = self._s0[i] - lb, self._s1[i]
+        if name == "actions":
+            return trusted(self._actions[s0:s1], lb, self._act_space)
+        if name == "rewards":
+            return trusted(self._rewards[s0:s1], lb, reward_space())
+        if name == "extra_model_outputs":
+            return {k: trusted(c[s0:s1], lb) for k, c in self._extras.items()}
+        e, a, b = self._env[i], self._a[i], self._b[i]
+        if name == "observations":
+            return trusted(obs_at(self._cols.obs, (e, slice(a, b + 1))), lb, self._obs_space)
+        if name != "infos":
+            raise ValueError(f"an episode has no column {name!r}")
+        if not self._infos:
+            return trusted([{} for _ in range(b - a + 1)], lb)  # one dict per observation
+        # The info of observation j + 1 was recorded at step j (the first observation's
+        # is zeros when the buffers do not hold it).
+        slots = np.arange(a, b + 1)
+        return trusted(unflatten({k: info_for_obs(c, e, slots) for k, c in self._infos}), lb)
+
+
+def check_chunks(chunks: list[Trajectory]) -> None:
+    """Raises ``ValueError`` naming the field and both shapes where a chunk's leading
+    axes disagree (``[T, E]`` as ``is_reset``'s, ``[T + 1, E]`` for observations, the
+    same ``A`` for the per-agent fields, the same ``E`` in every chunk): shape
+    comparisons only, before anything is allocated."""
+    E: int | None = None
+    for n, c in enumerate(chunks):
+        reset = np.shape(c.is_reset)
+        if len(reset) != 2:
+            raise ValueError(
+                f"malformed trajectory: chunk {n}'s is_reset has shape {reset}, expected [T, E]"
             )
-        else:
-            infos = trusted([{} for _ in range(b - a + 1)], lb)  # one dict per step
-        return (
-            trusted(obs_at(cols.obs, (e, slice(a, b + 1))), lb, self._obs_space),
-            infos,
-            trusted(cols.actions[e, a:b], lb, self._act_space),
-            trusted(cols.rewards[e, a:b], lb, reward_space()),
-            {k: trusted(c[e, a:b], lb) for k, c in cols.extras.items()},
+        T, E0 = reset
+        if E is None:
+            E = E0
+        elif E0 != E:
+            raise ValueError(
+                f"malformed trajectory: chunk {n}'s is_reset has shape {reset}, but chunk 0 "
+                f"has {E} envs"
+            )
+        per_agent: list[tuple[str, Any]] = [
+            ("rewards", c.rewards),
+            ("terminated", c.terminated),
+            ("truncated", c.truncated),
+            ("acting", c.acting),
+            ("actions", c.actions),
+        ]
+        if c.raw_rewards is not None:
+            per_agent.append(("raw_rewards", c.raw_rewards))
+        if isinstance(c.extras, dict):
+            per_agent += [(f"extras[{k!r}]", v) for k, v in c.extras.items()]
+        A = np.shape(c.rewards)[2:3]
+        for name, value in per_agent:
+            for leaf in leaves(value):
+                _expect(n, name, np.shape(leaf), (T, E0, *A))
+        for leaf in leaves(c.obs):
+            _expect(n, "obs", np.shape(leaf), (T + 1, E0, *A))
+        for path, leaf in info_leaves(c.infos):
+            _expect(n, "infos[" + "/".join(path) + "]", np.shape(leaf), (T, E0))
+
+
+def _expect(n: int, name: str, shape: tuple[int, ...], lead: tuple[int, ...]) -> None:
+    if tuple(shape[: len(lead)]) != lead:
+        raise ValueError(
+            f"malformed trajectory: chunk {n}'s {name} has shape {tuple(shape)}, expected "
+            f"leading axes {lead} (from is_reset's [T, E]"
+            + (" and rewards' A" if len(lead) > 2 else "")
+            + ")"
         )

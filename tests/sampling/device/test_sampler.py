@@ -469,25 +469,28 @@ def test_sampled_episodes_build_their_buffers_once_whatever_is_touched_first():
 
 
 def test_a_lazy_episode_whose_build_fails_stays_lazy_and_builds_later():
-    """An exception inside the deferred build (e.g. KeyboardInterrupt) must not leave the
-    episode half-built: the next access builds it and sees the same data."""
+    """An exception inside the deferred build of a column (e.g. KeyboardInterrupt) must
+    not leave the episode half-built: the next access builds it and sees the same data."""
+    from jaxsampler.episodes._sa_views import EpisodeViews
+
     ep = fake_sampler(seed=5).sample(())[0]
     want = fake_sampler(seed=5).sample(())[0]
-    build, key = ep._lazy
+    views = ep._view
     calls = []
 
-    def flaky(k):
-        calls.append(k)
-        if len(calls) == 1:
-            raise KeyboardInterrupt
-        return build(k)
+    class Flaky(EpisodeViews):
+        def column(self, key, name):
+            calls.append(name)
+            if len(calls) == 1:
+                raise KeyboardInterrupt
+            return views.column(key, name)
 
-    ep._lazy = (flaky, key)
+    ep._view = Flaky()
     with pytest.raises(KeyboardInterrupt):
-        ep.get_observations()
-    np.testing.assert_array_equal(ep.get_observations(), want.get_observations())
-    np.testing.assert_array_equal(ep.get_rewards(), want.get_rewards())
-    assert len(calls) == 2
+        ep.get_observations(slice(0, None))
+    np.testing.assert_array_equal(ep.get_observations(slice(0, None)), want.get_observations())
+    np.testing.assert_array_equal(ep.get_rewards(0), want.get_rewards(0))
+    assert calls == ["observations", "observations", "rewards"]
 
 
 def test_infos_without_env_infos_are_separate_dicts():
