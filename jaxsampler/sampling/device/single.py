@@ -18,7 +18,6 @@ import numpy as np
 
 from jaxsampler.constants import DEFAULT_POLICY_ID
 from jaxsampler.episodes._sa_views import EpisodeViews
-from jaxsampler.episodes._tree import leaves
 from jaxsampler.episodes.batch import Deferred, MultiAgentBatch, SampleBatch
 from jaxsampler.episodes.ids import EpisodeIds
 from jaxsampler.episodes.lookback import InfiniteLookbackBuffer
@@ -30,7 +29,6 @@ from jaxsampler.sampling.device.columns import (
     build_columns,
     find_segments,
     info_for_obs,
-    info_leaves,
     no_gc,
     obs_at,
     obs_map,
@@ -154,7 +152,6 @@ class SingleAgentConverter:
         self, chunks: list[Trajectory], num_episodes: int | None, cutoff: int | None
     ) -> tuple[Columns, Segments, SamplerMetrics]:
         H = self._horizon
-        check_chunks(chunks)
         fresh = self._head is None
         cols = build_columns(chunks, self._head, self._reset_info, H, multi_agent=False)
         self._head = cols.tail(H)
@@ -378,54 +375,3 @@ class _EpisodeViews(EpisodeViews):
         # is zeros when the buffers do not hold it).
         slots = np.arange(a, b + 1)
         return trusted(unflatten({k: info_for_obs(c, e, slots) for k, c in self._infos}), lb)
-
-
-def check_chunks(chunks: list[Trajectory]) -> None:
-    """Raises ``ValueError`` naming the field and both shapes where a chunk's leading
-    axes disagree (``[T, E]`` as ``is_reset``'s, ``[T + 1, E]`` for observations, the
-    same ``A`` for the per-agent fields, the same ``E`` in every chunk): shape
-    comparisons only, before anything is allocated."""
-    E: int | None = None
-    for n, c in enumerate(chunks):
-        reset = np.shape(c.is_reset)
-        if len(reset) != 2:
-            raise ValueError(
-                f"malformed trajectory: chunk {n}'s is_reset has shape {reset}, expected [T, E]"
-            )
-        T, E0 = reset
-        if E is None:
-            E = E0
-        elif E0 != E:
-            raise ValueError(
-                f"malformed trajectory: chunk {n}'s is_reset has shape {reset}, but chunk 0 "
-                f"has {E} envs"
-            )
-        per_agent: list[tuple[str, Any]] = [
-            ("rewards", c.rewards),
-            ("terminated", c.terminated),
-            ("truncated", c.truncated),
-            ("acting", c.acting),
-            ("actions", c.actions),
-        ]
-        if c.raw_rewards is not None:
-            per_agent.append(("raw_rewards", c.raw_rewards))
-        if isinstance(c.extras, dict):
-            per_agent += [(f"extras[{k!r}]", v) for k, v in c.extras.items()]
-        A = np.shape(c.rewards)[2:3]
-        for name, value in per_agent:
-            for leaf in leaves(value):
-                _expect(n, name, np.shape(leaf), (T, E0, *A))
-        for leaf in leaves(c.obs):
-            _expect(n, "obs", np.shape(leaf), (T + 1, E0, *A))
-        for path, leaf in info_leaves(c.infos):
-            _expect(n, "infos[" + "/".join(path) + "]", np.shape(leaf), (T, E0))
-
-
-def _expect(n: int, name: str, shape: tuple[int, ...], lead: tuple[int, ...]) -> None:
-    if tuple(shape[: len(lead)]) != lead:
-        raise ValueError(
-            f"malformed trajectory: chunk {n}'s {name} has shape {tuple(shape)}, expected "
-            f"leading axes {lead} (from is_reset's [T, E]"
-            + (" and rewards' A" if len(lead) > 2 else "")
-            + ")"
-        )
