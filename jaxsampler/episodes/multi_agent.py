@@ -82,17 +82,9 @@ class MultiAgentEpisode(_Stepping, _Getters):
         self.action_space = action_space or {}
         self.env_t_started = env_t_started or 0
         self.env_t = self.env_t_started
-        self.agent_t_started = defaultdict(int, agent_t_started or {})
-        self.agent_episodes = {}
-        self.env_t_to_agent_t = defaultdict(InfiniteLookbackBuffer)
-        self._agent_episode_ids = dict(agent_episode_ids or {})
-        self._hanging_actions_end = {}
-        self._hanging_extra_model_outputs_end = defaultdict(dict)
-        self._hanging_rewards_end = defaultdict(float)
-        self._hanging_rewards_begin = defaultdict(float)
+        self._init_agent_state(agent_t_started, agent_episode_ids)
         self.is_terminated = False
         self.is_truncated = False
-        self._len_lookback_buffers = 0
         self.custom_data = {}
         self._start_time = None
         self._last_step_time = None
@@ -114,6 +106,40 @@ class MultiAgentEpisode(_Stepping, _Getters):
             self.is_truncated = bool(
                 truncateds.get(ALL_AGENTS, False) if isinstance(truncateds, dict) else truncateds
             )
+
+    @classmethod
+    def lazy(
+        cls,
+        id_: str,
+        build: Callable[[MultiAgentEpisode, Any], None],
+        key: Any,
+        *,
+        observation_space: dict,
+        action_space: dict,
+        agent_module_ids: dict,
+        agent_to_module_mapping_fn: Callable[[Any, Any], Any],
+        env_t_started: int,
+        env_t: int,
+        terminated: bool,
+        truncated: bool,
+    ) -> MultiAgentEpisode:
+        """An episode whose per-agent state (agents' episodes, ``env_t_to_agent_t``,
+        hanging caches, lookback) is filled by ``build(episode, key)`` on first access to
+        any of it; until then only the ids, spaces, env steps and done flags are set (the
+        samplers make thousands of episodes per call; most users read few of them).
+        ``build`` starts from an episode without agents and must leave ``env_t`` and the
+        done flags as given here."""
+        ep = cls.__new__(cls)
+        ep.__dict__["_lazy"] = (build, key)
+        ep.id_ = id_
+        ep.agent_to_module_mapping_fn = agent_to_module_mapping_fn
+        ep._agent_to_module_mapping = dict(agent_module_ids)
+        ep.observation_space, ep.action_space = observation_space, action_space
+        ep.env_t_started, ep.env_t = env_t_started, env_t
+        ep.is_terminated, ep.is_truncated = terminated, truncated
+        ep.custom_data = {}
+        ep._start_time = ep._last_step_time = None
+        return ep
 
     # -- done flags --------------------------------------------------------------------
 
@@ -432,7 +458,12 @@ class MultiAgentEpisode(_Stepping, _Getters):
 
     def get_state(self) -> dict[str, Any]:
         """Like RLlib's: the episode's state (a deep copy), for :meth:`from_state`."""
+        self._ensure_built()
         return copy.deepcopy({k: v for k, v in self.__dict__.items()})
+
+    def __getstate__(self) -> dict[str, Any]:
+        self._ensure_built()
+        return self.__dict__
 
     @staticmethod
     def from_state(state: dict[str, Any]) -> MultiAgentEpisode:
