@@ -44,7 +44,7 @@ from jaxsampler.sampling.device.columns import (
 from jaxsampler.sampling.metrics import SamplerMetrics
 from jaxsampler.types import Trajectory
 
-__all__ = ["MultiAgentConverter", "output_order"]
+__all__ = ["MultiAgentConverter", "check_trajectory", "output_order"]
 
 _H = 1  # column head: the info of each call's first observation (lookback comes from cut)
 
@@ -150,6 +150,8 @@ class MultiAgentConverter:
         """Segments plus the completed agent steps of the call, rows in output order
         (``by_policy``: grouped by policy first, so each policy's rows are one slice)."""
         E, A = self._num_envs, len(self._agent_ids)
+        for chunk in chunks:
+            check_trajectory(chunk, E, A)
         # Agents acting on the call's last observation: it completes their previous step.
         self._next_acting = np.asarray(
             placement.to_host(state.acting & ~state.needs_reset[:, None])
@@ -669,6 +671,36 @@ def _map_entries(entries: np.ndarray) -> list:
     if (entries < 0).any():
         out = [SKIP if v < 0 else v for v in out]
     return out
+
+
+def check_trajectory(traj: Trajectory, num_envs: int, num_agents: int) -> None:
+    """Raises ``ValueError`` naming the field and both shapes when a multi-agent
+    trajectory's leading axes disagree (``[T, E, A]`` per step, ``[T + 1, E, A]`` for
+    observations, ``[T, E]`` for ``is_reset``), before any conversion allocates."""
+    T = np.shape(traj.is_reset)[0] if np.ndim(traj.is_reset) else -1
+    want = (T, num_envs, num_agents)
+    if np.shape(traj.is_reset) != want[:2]:
+        raise ValueError(
+            f"trajectory field 'is_reset' has shape {np.shape(traj.is_reset)}, "
+            f"expected leading shape {want[:2]} (T, num_envs)"
+        )
+    fields: list[tuple[str, Any, tuple[int, ...]]] = [
+        ("rewards", traj.rewards, want),
+        ("terminated", traj.terminated, want),
+        ("truncated", traj.truncated, want),
+        ("acting", traj.acting, want),
+    ]
+    fields += [("actions", x, want) for x in jax.tree.leaves(traj.actions)]
+    fields += [(f"extras[{k!r}]", x, want) for k, x in traj.extras.items()]
+    fields += [("obs", x, (T + 1, num_envs, num_agents)) for x in jax.tree.leaves(traj.obs)]
+    for name, x, lead in fields:
+        shape = tuple(np.shape(x))
+        if shape[: len(lead)] != lead:
+            raise ValueError(
+                f"trajectory field {name!r} has shape {shape}, expected leading shape "
+                f"{lead} (T{' + 1' if name == 'obs' else ''}, num_envs, num_agents), "
+                f"as 'is_reset' {np.shape(traj.is_reset)} and the {num_agents} agents give"
+            )
 
 
 def output_order(

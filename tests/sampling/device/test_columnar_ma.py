@@ -19,6 +19,7 @@ import pytest
 import jaxsampler as js
 from jaxsampler.envs.spread import Spread
 from jaxsampler.episodes.multi_agent import MultiAgentEpisode
+from jaxsampler.sampling.device.multi import check_trajectory
 from tests.fakes import ChaosEnv, CountingPolicy
 from tests.sampling.device.test_multi_agent import SEED, E, T, device_calls, reference_chunks
 
@@ -195,3 +196,21 @@ def test_lazy_chunks_pickle_and_build_the_same_state():
             assert "_lazy" not in ep.__dict__ and "_lazy" not in clone.__dict__
             assert lazy or not ep.is_done  # finished chunks start lazy
             _assert_same_state(_state(clone), _state(ep))
+
+
+def test_a_malformed_trajectory_raises_a_named_error_before_conversion():
+    env = ChaosEnv()
+    policy = CountingPolicy(env.observation_space, env.action_space)
+    sampler = js.Sampler(env, policy, num_envs=E, rollout_length=T, seed=SEED)
+    ((traj, _, _),) = device_calls(env, policy, (), 1)
+    A = env.num_agents
+    conv = sampler._convert
+    check_trajectory(traj, E, A)  # well-formed: no error
+    bad_rewards = traj.replace(rewards=traj.rewards[:, :, :-1])  # agent axis mismatch
+    with pytest.raises(
+        ValueError, match=rf"'rewards' has shape \({T}, {E}, {A - 1}\).*\({T}, {E}, {A}\)"
+    ):
+        conv.episodes([bad_rewards], None, None)
+    bad_obs = traj.replace(obs=traj.obs[:-1])  # T instead of T + 1 observations
+    with pytest.raises(ValueError, match=rf"'obs' has shape \({T}, {E}, {A}"):
+        conv.batch([bad_obs], None, None)
