@@ -743,56 +743,10 @@ def output_order(
     return order
 
 
-_STEP_KEYS = frozenset(
-    {
-        SampleBatch.OBS,
-        SampleBatch.NEXT_OBS,
-        SampleBatch.ACTIONS,
-        SampleBatch.REWARDS,
-        SampleBatch.TERMINATEDS,
-        SampleBatch.TRUNCATEDS,
-        SampleBatch.T,
-        SampleBatch.EPS_ID,
-        SampleBatch.AGENT_INDEX,
-        SampleBatch.INFOS,
-        "_next_infos",
-    }
-)
-
-
 def _slice_rows(data: dict[str, Any], lo: int, hi: int) -> dict[str, Any]:
     """Rows ``lo:hi`` of every column (views); nested columns (infos, dict / tuple
     observations) leaf by leaf."""
     return {k: tree_map(lambda x: x[lo:hi], v) for k, v in data.items() if k != "_next_infos"}
-
-
-def _take_rows(data: dict[str, Any], rows: np.ndarray) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in data.items():
-        if isinstance(v, dict):
-            out[k] = _take_rows(v, rows)
-        elif isinstance(v, list):
-            out[k] = [v[i] for i in rows.tolist()]
-        else:
-            out[k] = v[rows]
-    return out
-
-
-def _flatten(tree: dict[str, Any], prefix: InfoPath = ()) -> dict[InfoPath, np.ndarray]:
-    out = {}
-    for k, v in tree.items():
-        if isinstance(v, dict):
-            out.update(_flatten(v, prefix + (k,)))
-        else:
-            out[prefix + (k,)] = v
-    return out
-
-
-def _row_info(data: dict[str, Any], info_paths: list, row: int) -> dict[InfoPath, Any]:
-    """Flattened info leaves of the start observation of step ``row``."""
-    if not info_paths:
-        return {}
-    return {k: v[row] for k, v in _flatten(data[SampleBatch.INFOS]).items()}
 
 
 def _finalize(ep: MultiAgentEpisode) -> None:
