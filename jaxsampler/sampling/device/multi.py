@@ -378,7 +378,7 @@ class MultiAgentConverter:
         instead of a new one, when it does not continue a successor)."""
         ctx, i = key.ctx, key.i
         seg = ctx.cs.seg
-        ep, first = self._open_episode(ep, key, ctx.step0[key.e], ctx.cs.old)
+        ep, first = self._open_episode(ep, key, int(ctx.step0[key.e]), ctx.cs.old)
         self._extend_episode(ep, first, key, int(seg.len[i]), hanging)
         if seg.term[i] or seg.trunc[i]:
             ep.is_terminated, ep.is_truncated = True, bool(seg.trunc[i])
