@@ -90,13 +90,45 @@ class _LazyField(Generic[_T]):
 def _build_lazy(episode: Any) -> None:
     """Builds a lazy episode: empty per-agent state, then its ``build(episode, key)``
     fills it (on an exception the episode stays lazy)."""
-    build, key = episode.__dict__.pop("_lazy")
+    d = episode.__dict__
+    build, key = d.pop("_lazy")
     try:
         episode._init_agent_state()
+        d["_len_lookback_buffers"] = 0
         build(episode, key)
     except BaseException:
-        episode.__dict__["_lazy"] = (build, key)
+        d["_lazy"] = (build, key)
         raise
+    # the attribute order of a constructed episode (states and pickles compare alike)
+    ordered = {k: d[k] for k in _ATTR_ORDER if k in d}
+    ordered.update((k, v) for k, v in d.items() if k not in ordered)
+    d.clear()
+    d.update(ordered)
+
+
+_ATTR_ORDER = (
+    "id_",
+    "agent_to_module_mapping_fn",
+    "_agent_to_module_mapping",
+    "observation_space",
+    "action_space",
+    "env_t_started",
+    "env_t",
+    "agent_t_started",
+    "agent_episodes",
+    "env_t_to_agent_t",
+    "_agent_episode_ids",
+    "_hanging_actions_end",
+    "_hanging_extra_model_outputs_end",
+    "_hanging_rewards_end",
+    "_hanging_rewards_begin",
+    "is_terminated",
+    "is_truncated",
+    "_len_lookback_buffers",
+    "custom_data",
+    "_start_time",
+    "_last_step_time",
+)
 
 
 # Pickles, reprs and the docs name these where users import them from.
@@ -145,7 +177,6 @@ class _AgentBookkeeping:
         d["_hanging_extra_model_outputs_end"] = defaultdict(dict)
         d["_hanging_rewards_end"] = defaultdict(float)
         d["_hanging_rewards_begin"] = defaultdict(float)
-        d["_len_lookback_buffers"] = 0
 
     def _ensure_built(self) -> None:
         """Builds a lazy episode's per-agent state now (no-op otherwise)."""

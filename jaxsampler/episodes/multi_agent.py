@@ -89,6 +89,7 @@ class MultiAgentEpisode(_Stepping, _Getters):
         self._init_agent_state(agent_t_started, agent_episode_ids)
         self.is_terminated = False
         self.is_truncated = False
+        self._len_lookback_buffers = 0
         self.custom_data = {}
         self._start_time = None
         self._last_step_time = None
