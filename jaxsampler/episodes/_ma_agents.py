@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Generic, TypeVar, overload
 
 from jaxsampler.episodes.ids import random_episode_id
 from jaxsampler.episodes.lookback import InfiniteLookbackBuffer
@@ -56,6 +56,81 @@ class StaticModuleMapping:
         return f"StaticModuleMapping({self.mapping!r})"
 
 
+_T = TypeVar("_T")
+
+
+class _LazyField(Generic[_T]):
+    """A per-agent attribute of a multi-agent episode, kept in the instance ``__dict__``
+    under its own name (so states and pickles look as for a plain attribute). An episode
+    made by ``MultiAgentEpisode.lazy`` builds all of them on the first read or write of
+    any of them."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self._name = name
+
+    @overload
+    def __get__(self, episode: None, owner: type) -> _LazyField[_T]: ...
+    @overload
+    def __get__(self, episode: object, owner: type) -> _T: ...
+    def __get__(self, episode: object | None, owner: type) -> Any:
+        if episode is None:
+            return self
+        d = episode.__dict__
+        if "_lazy" in d:
+            _build_lazy(episode)
+        return d[self._name]
+
+    def __set__(self, episode: object, value: _T) -> None:
+        d = episode.__dict__
+        if "_lazy" in d:
+            _build_lazy(episode)
+        d[self._name] = value
+
+
+def _build_lazy(episode: Any) -> None:
+    """Builds a lazy episode: empty per-agent state, then its ``build(episode, key)``
+    fills it (on an exception the episode stays lazy)."""
+    d = episode.__dict__
+    build, key = d.pop("_lazy")
+    try:
+        episode._init_agent_state()
+        d["_len_lookback_buffers"] = 0
+        build(episode, key)
+    except BaseException:
+        d["_lazy"] = (build, key)
+        raise
+    # the attribute order of a constructed episode (states and pickles compare alike)
+    ordered = {k: d[k] for k in _ATTR_ORDER if k in d}
+    ordered.update((k, v) for k, v in d.items() if k not in ordered)
+    d.clear()
+    d.update(ordered)
+
+
+_ATTR_ORDER = (
+    "id_",
+    "agent_to_module_mapping_fn",
+    "_agent_to_module_mapping",
+    "observation_space",
+    "action_space",
+    "env_t_started",
+    "env_t",
+    "agent_t_started",
+    "agent_episodes",
+    "env_t_to_agent_t",
+    "_agent_episode_ids",
+    "_hanging_actions_end",
+    "_hanging_extra_model_outputs_end",
+    "_hanging_rewards_end",
+    "_hanging_rewards_begin",
+    "is_terminated",
+    "is_truncated",
+    "_len_lookback_buffers",
+    "custom_data",
+    "_start_time",
+    "_last_step_time",
+)
+
+
 # Pickles, reprs and the docs name these where users import them from.
 for _public in (MultiAgentEnvError, StaticModuleMapping, default_agent_to_module_mapping_fn):
     _public.__module__ = "jaxsampler.episodes.multi_agent"
@@ -73,20 +148,40 @@ class _AgentBookkeeping:
     action_space: Any
     env_t_started: int
     env_t: int
-    agent_t_started: defaultdict[Any, int]
-    agent_episodes: dict[Any, SingleAgentEpisode]
-    env_t_to_agent_t: defaultdict[Any, InfiniteLookbackBuffer]
-    _agent_episode_ids: dict[Any, str]
-    _hanging_actions_end: dict[Any, Any]
-    _hanging_extra_model_outputs_end: defaultdict[Any, dict]
-    _hanging_rewards_end: defaultdict[Any, float]
-    _hanging_rewards_begin: defaultdict[Any, float]
+    # The per-agent state: built on first access for a lazy episode.
+    agent_t_started: _LazyField[defaultdict[Any, int]] = _LazyField()
+    agent_episodes: _LazyField[dict[Any, SingleAgentEpisode]] = _LazyField()
+    env_t_to_agent_t: _LazyField[defaultdict[Any, InfiniteLookbackBuffer]] = _LazyField()
+    _agent_episode_ids: _LazyField[dict[Any, str]] = _LazyField()
+    _hanging_actions_end: _LazyField[dict[Any, Any]] = _LazyField()
+    _hanging_extra_model_outputs_end: _LazyField[defaultdict[Any, dict]] = _LazyField()
+    _hanging_rewards_end: _LazyField[defaultdict[Any, float]] = _LazyField()
+    _hanging_rewards_begin: _LazyField[defaultdict[Any, float]] = _LazyField()
+    _len_lookback_buffers: _LazyField[int] = _LazyField()
     is_terminated: bool
     is_truncated: bool
-    _len_lookback_buffers: int
     custom_data: dict[str, Any]
     _start_time: float | None
     _last_step_time: float | None
+
+    def _init_agent_state(
+        self, agent_t_started: dict | None = None, agent_episode_ids: dict | None = None
+    ) -> None:
+        """Sets the per-agent state of an episode without agents yet."""
+        d = self.__dict__
+        d["agent_t_started"] = defaultdict(int, agent_t_started or {})
+        d["agent_episodes"] = {}
+        d["env_t_to_agent_t"] = defaultdict(InfiniteLookbackBuffer)
+        d["_agent_episode_ids"] = dict(agent_episode_ids or {})
+        d["_hanging_actions_end"] = {}
+        d["_hanging_extra_model_outputs_end"] = defaultdict(dict)
+        d["_hanging_rewards_end"] = defaultdict(float)
+        d["_hanging_rewards_begin"] = defaultdict(float)
+
+    def _ensure_built(self) -> None:
+        """Builds a lazy episode's per-agent state now (no-op otherwise)."""
+        if "_lazy" in self.__dict__:
+            _build_lazy(self)
 
     @property
     def is_done(self) -> bool:

@@ -23,9 +23,12 @@ not RLlib bugs are marked "Design choice".
 from __future__ import annotations
 
 import copy
+import time
 from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
+
+import numpy as np
 
 from jaxsampler.constants import ALL_AGENTS
 from jaxsampler.episodes._ma_agents import (
@@ -36,9 +39,10 @@ from jaxsampler.episodes._ma_agents import (
 )
 from jaxsampler.episodes._ma_getters import _Getters
 from jaxsampler.episodes._ma_steps import _Stepping
+from jaxsampler.episodes._tree import tree_map
 from jaxsampler.episodes.ids import random_episode_id
 from jaxsampler.episodes.lookback import InfiniteLookbackBuffer
-from jaxsampler.episodes.single_agent import _empty_like
+from jaxsampler.episodes.single_agent import SingleAgentEpisode, _empty_like
 
 __all__ = ["MultiAgentEpisode", "MultiAgentEnvError", "SKIP", "StaticModuleMapping"]
 
@@ -82,14 +86,7 @@ class MultiAgentEpisode(_Stepping, _Getters):
         self.action_space = action_space or {}
         self.env_t_started = env_t_started or 0
         self.env_t = self.env_t_started
-        self.agent_t_started = defaultdict(int, agent_t_started or {})
-        self.agent_episodes = {}
-        self.env_t_to_agent_t = defaultdict(InfiniteLookbackBuffer)
-        self._agent_episode_ids = dict(agent_episode_ids or {})
-        self._hanging_actions_end = {}
-        self._hanging_extra_model_outputs_end = defaultdict(dict)
-        self._hanging_rewards_end = defaultdict(float)
-        self._hanging_rewards_begin = defaultdict(float)
+        self._init_agent_state(agent_t_started, agent_episode_ids)
         self.is_terminated = False
         self.is_truncated = False
         self._len_lookback_buffers = 0
@@ -114,6 +111,40 @@ class MultiAgentEpisode(_Stepping, _Getters):
             self.is_truncated = bool(
                 truncateds.get(ALL_AGENTS, False) if isinstance(truncateds, dict) else truncateds
             )
+
+    @classmethod
+    def lazy(
+        cls,
+        id_: str,
+        build: Callable[[MultiAgentEpisode, Any], None],
+        key: Any,
+        *,
+        observation_space: dict,
+        action_space: dict,
+        agent_module_ids: dict,
+        agent_to_module_mapping_fn: Callable[[Any, Any], Any],
+        env_t_started: int,
+        env_t: int,
+        terminated: bool,
+        truncated: bool,
+    ) -> MultiAgentEpisode:
+        """An episode whose per-agent state (agents' episodes, ``env_t_to_agent_t``,
+        hanging caches, lookback) is filled by ``build(episode, key)`` on first access to
+        any of it; until then only the ids, spaces, env steps and done flags are set (the
+        samplers make thousands of episodes per call; most users read few of them).
+        ``build`` starts from an episode without agents and must leave ``env_t`` and the
+        done flags as given here."""
+        ep = cls.__new__(cls)
+        ep.__dict__["_lazy"] = (build, key)
+        ep.id_ = id_
+        ep.agent_to_module_mapping_fn = agent_to_module_mapping_fn
+        ep._agent_to_module_mapping = dict(agent_module_ids)
+        ep.observation_space, ep.action_space = observation_space, action_space
+        ep.env_t_started, ep.env_t = env_t_started, env_t
+        ep.is_terminated, ep.is_truncated = terminated, truncated
+        ep.custom_data = {}
+        ep._start_time = ep._last_step_time = None
+        return ep
 
     # -- done flags --------------------------------------------------------------------
 
@@ -247,6 +278,48 @@ class MultiAgentEpisode(_Stepping, _Getters):
         n = int(len_lookback_buffer)
         if n < 0:
             raise ValueError(f"len_lookback_buffer must be >= 0, got {n}")
+        fast = self._cut_columns(n)
+        return fast if fast is not None else self._cut_from_lists(n)
+
+    def _cut_columns(self, n: int) -> MultiAgentEpisode | None:
+        """:meth:`cut` by slicing the agents' numpy'ized columns, for the common case it
+        can take: nothing hanging, and every agent still running observed (and so acted)
+        at each of the last ``n`` env steps; ``None`` otherwise (the same successor as
+        :meth:`_cut_from_lists`, which rebuilds it step by step)."""
+        if (
+            self._hanging_actions_end
+            or self._hanging_rewards_end
+            or self._hanging_rewards_begin
+            or self._hanging_extra_model_outputs_end
+        ):
+            return None
+        n = min(n, self._map_len() - 1)
+        active = {a: sa for a, sa in self.agent_episodes.items() if not sa.is_done}
+        for aid, sa in active.items():
+            m = self.env_t_to_agent_t[aid].data
+            if not _full_window(m, n, sa.t) or not _cuttable(sa, n):
+                return None
+        succ = MultiAgentEpisode(
+            self.id_,
+            observation_space=self.observation_space,
+            action_space=self.action_space,
+            env_t_started=self.env_t,
+            agent_episode_ids={a: sa.id_ for a, sa in self.agent_episodes.items()},
+            agent_module_ids=self.agent_to_module_mapping,
+            agent_to_module_mapping_fn=self.agent_to_module_mapping_fn,
+        )
+        succ._len_lookback_buffers = n
+        for aid, sa in active.items():
+            t0 = sa.t
+            succ.agent_episodes[aid] = _cut_agent(sa, n, self.id_, succ.module_for(aid))
+            succ.agent_t_started[aid] = t0
+            succ.env_t_to_agent_t[aid] = InfiniteLookbackBuffer(list(range(t0 - n, t0 + 1)), n)
+        succ.custom_data = copy.deepcopy(self.custom_data)
+        succ._start_time = succ._last_step_time = time.perf_counter()
+        return succ
+
+    def _cut_from_lists(self, n: int) -> MultiAgentEpisode:
+        """:meth:`cut` through the list constructor (every case)."""
         last = self._map_len() - 1
         for aid in self._hanging_actions_end:
             data = self.env_t_to_agent_t[aid].data
@@ -432,7 +505,12 @@ class MultiAgentEpisode(_Stepping, _Getters):
 
     def get_state(self) -> dict[str, Any]:
         """Like RLlib's: the episode's state (a deep copy), for :meth:`from_state`."""
+        self._ensure_built()
         return copy.deepcopy({k: v for k, v in self.__dict__.items()})
+
+    def __getstate__(self) -> dict[str, Any]:
+        self._ensure_built()
+        return self.__dict__
 
     @staticmethod
     def from_state(state: dict[str, Any]) -> MultiAgentEpisode:
@@ -444,3 +522,70 @@ class MultiAgentEpisode(_Stepping, _Getters):
     def __repr__(self) -> str:
         returns = {a: sa.get_return() for a, sa in self.agent_episodes.items()}
         return f"MAEps(len={len(self)} done={self.is_done} Rs={returns} id_={self.id_})"
+
+
+def _full_window(m: list, n: int, t: int) -> bool:
+    """Whether map data ``m`` ends with the ``n + 1`` consecutive agent timesteps
+    ``t - n .. t`` (an observation at each of the last ``n + 1`` env steps)."""
+    if len(m) < n + 1:
+        return False
+    window = m[len(m) - n - 1 :]
+    return window == list(range(t - n, t + 1))
+
+
+def _cuttable(sa: SingleAgentEpisode, n: int) -> bool:
+    """Whether ``sa``'s columns are numpy'ized and hold its last ``n`` steps."""
+    cols = (sa.observations, sa.actions, sa.rewards, *sa.extra_model_outputs.values())
+    return (
+        all(b.finalized for b in cols)
+        and sa.observations.len_incl_lookback() >= n + 1
+        and sa.rewards.len_incl_lookback() >= n
+    )
+
+
+def _items(buf: InfiniteLookbackBuffer, k: int) -> list:
+    """The last ``k`` items of a numpy'ized buffer as a list (rows of a copy)."""
+    n = buf.len_incl_lookback()
+    tail = tree_map(lambda x: np.array(x[n - k :]), buf.data)
+    if isinstance(tail, np.ndarray):
+        return list(tail)
+    return [tree_map(lambda x, i=i: x[i], tail) for i in range(k)]
+
+
+def _cut_agent(sa: SingleAgentEpisode, n: int, ma_id: str, module_id: Any) -> SingleAgentEpisode:
+    """``sa``'s successor in a multi-agent ``cut`` with ``n`` lookback steps, as the list
+    constructor makes it: observations numpy'ized, the other columns in list mode."""
+    trusted = InfiniteLookbackBuffer.trusted
+    infos = sa.infos
+    k = infos.len_incl_lookback()
+    if infos.finalized:
+        info_items = [tree_map(lambda x, i=i: x[i], infos.data) for i in range(k - n - 1, k)]
+    else:
+        info_items = list(infos.data[k - n - 1 :])
+    no_steps = n == 0
+    actions = trusted([] if no_steps else _items(sa.actions, n), n, sa.actions.space)
+    rewards = trusted([] if no_steps else _items(sa.rewards, n), n, sa.rewards.space)
+    extras = {
+        key: trusted(_items(b, n), n, b.space)
+        for key, b in ({} if no_steps else sa.extra_model_outputs).items()
+    }
+    obs = sa.observations
+    k = obs.len_incl_lookback()
+    observations = tree_map(lambda x: np.array(x[k - n - 1 :]), obs.data)
+    return SingleAgentEpisode.trusted(
+        sa.id_,
+        observations=trusted(observations, n, obs.space),
+        infos=trusted(info_items, n),
+        actions=actions,
+        rewards=rewards,
+        extra_model_outputs=extras,
+        observation_space=sa.observation_space,
+        action_space=sa.action_space,
+        terminated=False,
+        truncated=False,
+        t_started=sa.t,
+        agent_id=sa.agent_id,
+        module_id=module_id,
+        multi_agent_episode_id=ma_id,
+        t=sa.t,
+    )

@@ -44,7 +44,7 @@ from jaxsampler.sampling.device.columns import (
 from jaxsampler.sampling.metrics import SamplerMetrics
 from jaxsampler.types import Trajectory
 
-__all__ = ["MultiAgentConverter", "output_order"]
+__all__ = ["MultiAgentConverter", "check_trajectory", "output_order"]
 
 _H = 1  # column head: the info of each call's first observation (lookback comes from cut)
 
@@ -99,6 +99,12 @@ class MultiAgentConverter:
         self._num_envs = num_envs
         self._agent_ids, self._agent_policy = agent_ids, agent_policy
         self._obs_space, self._act_space = observation_space, action_space
+        self._spaces = (
+            {a: observation_space for a in agent_ids},
+            {a: action_space for a in agent_ids},
+        )
+        self._mapping = dict(zip(agent_ids, agent_policy))
+        self._mapping_fn = StaticModuleMapping(self._mapping)
         self._act_zero = np.asarray(jax.tree.leaves(action_space.zeros())[0])
         self._horizon = horizon
         self._head: Columns | None = None
@@ -144,6 +150,8 @@ class MultiAgentConverter:
         """Segments plus the completed agent steps of the call, rows in output order
         (``by_policy``: grouped by policy first, so each policy's rows are one slice)."""
         E, A = self._num_envs, len(self._agent_ids)
+        for chunk in chunks:
+            check_trajectory(chunk, E, A)
         # Agents acting on the call's last observation: it completes their previous step.
         self._next_acting = np.asarray(
             placement.to_host(state.acting & ~state.needs_reset[:, None])
@@ -300,62 +308,111 @@ class MultiAgentConverter:
         cutoff: int | None = None,
     ) -> tuple[list[MultiAgentEpisode], SamplerMetrics]:
         """The call's episodes (finished ones, then ongoing chunks) and its metrics
-        (``cutoff``: see :func:`~jaxsampler.sampling.device.columns.find_segments`)."""
+        (``cutoff``: see :func:`~jaxsampler.sampling.device.columns.find_segments`).
+
+        Finished chunks are lazy (:meth:`MultiAgentEpisode.lazy`): their agents' episodes
+        are views into the call's columns, made on first access. Chunks still open are
+        built now, as the next call continues their ``cut`` successors."""
         cs = self._call_steps(chunks, num_episodes, state, by_policy=False, cutoff=cutoff)
         seg, pos = cs.seg, cs.pos
-        data = self._step_columns(cs, np.zeros(len(pos), np.int8), next_infos=True)
-        bounds = np.searchsorted(pos, np.arange(len(seg) + 1))
-        step0 = np.asarray(chunks[0].episode_step_0)
+        carry = self._carry
+        assert carry is not None  # set by _call_steps
+        ctx = _Context(
+            cs,
+            self._episode_columns(cs),
+            carry,
+            self._next_acting,
+            np.asarray(chunks[0].episode_step_0),
+        )
+        bounds = np.searchsorted(pos, np.arange(len(seg) + 1)).tolist()
         L = cs.call.is_reset.shape[1]
+        step0 = ctx.step0.tolist()
+        envs, starts, lens = seg.env.tolist(), seg.start.tolist(), seg.len.tolist()
+        counts, terms, truncs = seg.count.tolist(), seg.term.tolist(), seg.trunc.tolist()
         episodes, still_open = [], {}
         with no_gc():
             for i in range(len(seg)):
-                e, start, length = int(seg.env[i]), int(seg.start[i]), int(seg.len[i])
+                e, start, length = envs[i], starts[i], lens[i]
                 continues = start == 0 and step0[e] > 0
-                ep, first = self._open_episode(
-                    e, int(seg.count[i]), continues, int(step0[e]), cs.old
-                )
-                done = bool(seg.term[i] or seg.trunc[i])
-                hanging = not done and start + length == L
-                rows = (int(bounds[i]), int(bounds[i + 1]))
-                self._extend_episode(ep, first, e, length, rows, cs, data, hanging)
+                succ = self._open.get(e) if continues else None
+                done = bool(terms[i] or truncs[i])
+                key = _Key(ctx, i, e, counts[i], continues, succ, (bounds[i], bounds[i + 1]))
                 if done:
-                    ep.is_terminated, ep.is_truncated = True, bool(seg.trunc[i])
+                    t0 = succ.env_t_started if succ is not None else (step0[e] if continues else 0)
+                    t1 = (succ.env_t if succ is not None else t0) + length
+                    ep = MultiAgentEpisode.lazy(
+                        self._ids(e, counts[i]) if succ is None else succ.id_,
+                        self._build,
+                        key,
+                        observation_space=self._spaces[0],
+                        action_space=self._spaces[1],
+                        agent_module_ids=self._mapping,
+                        agent_to_module_mapping_fn=self._mapping_fn,
+                        env_t_started=t0,
+                        env_t=t1,
+                        terminated=True,
+                        truncated=bool(truncs[i]),
+                    )
                 else:
+                    ep = self._fill(None, key, hanging=start + length == L)
                     still_open[e] = ep
                 episodes.append(ep)
             # As RLlib's env runner: the open chunks' successors are cut first, then every
             # chunk loses its agents without a step and is numpy'ized.
             self._open = {e: self._successor(ep) for e, ep in still_open.items()}
-            for ep in episodes:
+            for ep in still_open.values():
                 _finalize(ep.prune_empty_agents())
         m = cs.metrics
         m.num_agent_steps_sampled = len(pos)
         return episodes, m
 
+    def _build(self, ep: MultiAgentEpisode, key: _Key) -> None:
+        """Fills a lazy finished chunk (see :meth:`MultiAgentEpisode.lazy`)."""
+        full = self._fill(ep if key.succ is None else None, key, hanging=False)
+        if full is not ep:  # a continued chunk: the successor extended, now this episode
+            ep.__dict__.update(full.__dict__)
+        _finalize(ep.prune_empty_agents())
+
+    def _fill(self, ep: MultiAgentEpisode | None, key: _Key, hanging: bool) -> MultiAgentEpisode:
+        """The chunk of segment ``key.i`` with all its steps (``ep``: a lazy episode to fill
+        instead of a new one, when it does not continue a successor)."""
+        ctx, i = key.ctx, key.i
+        seg = ctx.cs.seg
+        ep, first = self._open_episode(ep, key, int(ctx.step0[key.e]), ctx.cs.old)
+        self._extend_episode(ep, first, key, int(seg.len[i]), hanging)
+        if seg.term[i] or seg.trunc[i]:
+            ep.is_terminated, ep.is_truncated = True, bool(seg.trunc[i])
+        return ep
+
     def _open_episode(
-        self, e: int, count: int, continues: bool, step0: int, old: AgentCarry
+        self, ep: MultiAgentEpisode | None, key: _Key, step0: int, old: AgentCarry
     ) -> tuple[MultiAgentEpisode, int]:
-        """The chunk that the call's steps of env ``e`` extend: the successor (``cut``) of
-        the open chunk, or a new episode (also when the previous call was ``sample_batch``);
-        and the env step of its first map entry still to be written."""
-        if continues and e in self._open:
-            ep = self._open[e]  # the cut successor of the previous call's chunk
-            return ep, ep.env_t + 1  # its maps end at env step ep.env_t
-        ma_id = self._ids(e, count)
-        mapping = dict(zip(self._agent_ids, self._agent_policy))
-        ep = MultiAgentEpisode(
-            ma_id,
-            observation_space={a: self._obs_space for a in self._agent_ids},
-            action_space={a: self._act_space for a in self._agent_ids},
-            agent_episode_ids={
-                a: agent_episode_id(ma_id, i) for i, a in enumerate(self._agent_ids)
-            },
-            agent_module_ids=mapping,
-            agent_to_module_mapping_fn=StaticModuleMapping(mapping),
-        )
+        """The chunk that the segment's steps of env ``key.e`` extend: the successor
+        (``cut``) of the open chunk, or a new episode (also when the previous call was
+        ``sample_batch``; ``ep``: a lazy one to start from); and the env step of its first
+        map entry still to be written."""
+        e = key.e
+        if key.succ is not None:
+            return key.succ, key.succ.env_t + 1  # its maps end at env step succ.env_t
+        ma_id = self._ids(e, key.count)
+        if ep is None:
+            ep = MultiAgentEpisode(
+                ma_id,
+                observation_space=self._spaces[0],
+                action_space=self._spaces[1],
+                agent_episode_ids={
+                    a: agent_episode_id(ma_id, i) for i, a in enumerate(self._agent_ids)
+                },
+                agent_module_ids=self._mapping,
+                agent_to_module_mapping_fn=self._mapping_fn,
+            )
+        else:
+            ep.start_at(0, 0)
+            ep._agent_episode_ids.update(
+                {a: agent_episode_id(ma_id, i) for i, a in enumerate(self._agent_ids)}
+            )
         first = 0
-        if continues:  # no chunk to cut: start at the earliest hanging step's observation
+        if key.continues:  # no chunk to cut: start at the earliest hanging step's observation
             hanging = old.start[e][old.pend[e]]
             first = int(min([step0, *hanging.tolist()]))
             ep.start_at(step0, step0 - first)
@@ -413,67 +470,35 @@ class MultiAgentConverter:
         )
 
     def _extend_episode(
-        self,
-        ep: MultiAgentEpisode,
-        first: int,
-        e: int,
-        length: int,
-        rows: tuple[int, int],
-        cs: _CallSteps,
-        data: dict[str, Any],
-        hanging: bool,
+        self, ep: MultiAgentEpisode, first: int, key: _Key, length: int, hanging: bool
     ) -> None:
-        """Appends ``length`` env steps of env ``e`` (agent steps ``rows[0]:rows[1]``) to
-        ``ep``; its map entries are written from env step ``first`` on."""
+        """Appends ``length`` env steps of env ``key.e`` (agent steps ``key.rows``) to
+        ``ep``; its map entries are written from env step ``first`` on. An agent new to
+        ``ep`` gets views into the call's columns."""
+        ctx, e = key.ctx, key.e
+        cs, data, carry = ctx.cs, ctx.data, ctx.carry
         steps = cs.steps
         last = ep.env_t + length
         width = last - first + 1
-        info_paths = list(cs.call.infos)
-        extra_keys = list(cs.cols.extras)
         # A segment's rows run agent by agent (then by t): each agent's rows are one slice,
         # so its columns are numpy views, as a single-agent episode's are.
-        lo, hi = rows
+        lo, hi = key.rows
         cuts = (
             lo + np.searchsorted(steps.agent[lo:hi], np.arange(len(self._agent_ids) + 1))
         ).tolist()
-        carry = self._carry
-        assert carry is not None  # set by _call_steps
         for a, aid in enumerate(self._agent_ids):
             r0, r1 = cuts[a], cuts[a + 1]
-            r = slice(r0, r1)
             pend = hanging and bool(carry.pend[e, a])
             mapped = aid in ep.env_t_to_agent_t
             entries = np.full(width, -1, np.int64)
             if r1 > r0:
-                sa = self._ensure_agent(
-                    ep,
-                    a,
-                    obs_at(data[SampleBatch.OBS], r0),
-                    _row_info(data, info_paths, r0),
-                    int(steps.t[r0]),
-                )
-                inside = steps.start_step[r] >= first  # earlier starts are already mapped
-                entries[steps.start_step[r][inside] - first] = steps.t[r][inside]
-                entries[steps.end_step[r] - first] = steps.t[r] + 1
-                _extend(sa.observations, obs_at(data[SampleBatch.NEXT_OBS], r))
-                _extend(sa.actions, data[SampleBatch.ACTIONS][r])
-                _extend(sa.rewards, data[SampleBatch.REWARDS][r])
-                for k in extra_keys:
-                    if k not in sa.extra_model_outputs:
-                        sa.extra_model_outputs[k] = InfiniteLookbackBuffer.trusted(
-                            data[k][r][:0], sa.actions.lookback
-                        )
-                    _extend(sa.extra_model_outputs[k], data[k][r])
-                if info_paths and sa.infos.finalized:
-                    _extend(sa.infos, _take_rows(data["_next_infos"], np.arange(r0, r1)))
-                elif info_paths:  # a list-mode column (a cut successor): one dict per row
-                    rows_info = _take_rows(data["_next_infos"], np.arange(r0, r1))
-                    sa.infos.data.extend(
-                        tree_map(lambda x, i=i: x[i], rows_info) for i in range(r1 - r0)
-                    )
-                else:
-                    sa.infos.data.extend([{}] * (r1 - r0))
-                sa.t += r1 - r0
+                t_r = steps.t[r0:r1]
+                start_r = steps.start_step[r0:r1]
+                inside = start_r >= first  # earlier starts are already mapped
+                entries[start_r[inside] - first] = t_r[inside]
+                entries[steps.end_step[r0:r1] - first] = t_r + 1
+                self._add_steps(ep, a, int(t_r[0]), r0, r1, data)
+                sa = ep.agent_episodes[aid]
                 sa.is_terminated, sa.is_truncated = (
                     bool(steps.terminated[r1 - 1]),
                     bool(steps.truncated[r1 - 1]),
@@ -492,7 +517,7 @@ class MultiAgentConverter:
                 if first <= start <= last:
                     entries[start - first] = t
                 self._set_hanging(ep, a, e, carry)
-            if hanging and aid not in ep.agent_episodes and self._next_acting[e, a]:
+            if hanging and aid not in ep.agent_episodes and ctx.next_acting[e, a]:
                 # Joins with the call's last observation (it acts on it in the next call).
                 L = cs.call.is_reset.shape[1]
                 info = {
@@ -512,8 +537,170 @@ class MultiAgentConverter:
                 entries[last - first] = int(carry.n_act[e, a])
             if not mapped and aid not in ep.agent_episodes:
                 continue
-            ep.extend_agent_map(aid, [SKIP if v < 0 else v for v in entries.tolist()], first)
+            ep.extend_agent_map(aid, _map_entries(entries), first)
         ep.env_t = last
+
+    def _add_steps(
+        self, ep: MultiAgentEpisode, a: int, t0: int, r0: int, r1: int, data: _EpisodeColumns
+    ) -> None:
+        """Agent ``a``'s steps ``r0:r1`` (rows of ``data``) added to ``ep``: a new agent
+        episode of views into ``data``, or appended to the agent's existing one."""
+        aid = self._agent_ids[a]
+        g = int(data.group[r0])  # the rows' run: its observations are track rows r0+g..r1+g
+        o0, o1 = r0 + g, r1 + g + 1
+        trusted = InfiniteLookbackBuffer.trusted
+        sa = ep.agent_episodes.get(aid)
+        n = r1 - r0
+        if sa is None:
+            info_buf = (
+                trusted(tree_map(lambda x: x[o0:o1], data.info_track), 0)
+                if data.info_track
+                else trusted([{}] + [{}] * n, 0)
+            )
+            sa = ep.trusted_agent(
+                aid,
+                observations=trusted(
+                    obs_map(lambda x: x[o0:o1], data.obs_track), 0, self._obs_space
+                ),
+                infos=info_buf,
+                actions=trusted(data.actions[r0:r1], 0, self._act_space),
+                rewards=trusted(data.rewards[r0:r1], 0, reward_space()),
+                t_started=t0,
+                default_id=agent_episode_id(ep.id_, a),
+            )
+            sa.t = t0 + n
+            for k, col in data.extras.items():
+                sa.extra_model_outputs[k] = trusted(col[r0:r1], 0)
+            return
+        _extend(sa.observations, obs_map(lambda x: x[o0 + 1 : o1], data.obs_track))
+        _extend(sa.actions, data.actions[r0:r1])
+        _extend(sa.rewards, data.rewards[r0:r1])
+        for k, col in data.extras.items():
+            if k not in sa.extra_model_outputs:
+                sa.extra_model_outputs[k] = InfiniteLookbackBuffer.trusted(
+                    col[r0:r0], sa.actions.lookback
+                )
+            _extend(sa.extra_model_outputs[k], col[r0:r1])
+        if data.info_track and sa.infos.finalized:
+            _extend(sa.infos, tree_map(lambda x: x[o0 + 1 : o1], data.info_track))
+        elif data.info_track:  # a list-mode column (a cut successor): one dict per row
+            rows_info = tree_map(lambda x: x[o0 + 1 : o1], data.info_track)
+            sa.infos.data.extend(tree_map(lambda x, i=i: x[i], rows_info) for i in range(n))
+        else:
+            sa.infos.data.extend([{}] * n)
+        sa.t += n
+
+    def _episode_columns(self, cs: _CallSteps) -> _EpisodeColumns:
+        """The call's per-row columns for episodes, with each run of an agent's rows in a
+        segment given ``n + 1`` consecutive rows of one observation (and info) track: its
+        steps' start observations and then its last step's new observation (a run's steps
+        follow each other, so a step's new observation is the next one's start)."""
+        steps, old, cols, call = cs.steps, cs.old, cs.cols, cs.call
+        e, s, a, c = steps.env, steps.slot, steps.agent, steps.end
+        n = len(e)
+        A = len(self._agent_ids)
+        # runs of rows: (segment, agent)
+        new_run = np.ones(n, bool)
+        if n > 1:
+            np.not_equal(cs.pos[1:] * A + a[1:], cs.pos[:-1] * A + a[:-1], out=new_run[1:])
+        group = np.cumsum(new_run) - 1
+        ends = np.flatnonzero(np.append(new_run[1:], True))  # each run's last row
+        # track row of each step's start obs: row + its run; a run's end obs after its last
+        G = len(ends)
+        te, ts, ta = (np.empty(n + G, np.int64) for _ in range(3))
+        at = np.arange(n) + group
+        te[at], ts[at], ta[at] = e, s, a
+        at_end = ends + group[ends] + 1
+        te[at_end], ts[at_end], ta[at_end] = e[ends], c[ends], a[ends]
+        obs_track = take_obs(call.obs, old.obs, te, ts, ta)
+        infos = call.infos
+        info_track = (
+            unflatten({k: take_info(v, old.info[k], te, ts, ta, A) for k, v in infos.items()})
+            if infos
+            else {}
+        )
+        return _EpisodeColumns(
+            group=group,
+            obs_track=obs_track,
+            info_track=info_track,
+            actions=take(cols.actions, old.action, e, s, a, _H),
+            rewards=steps.reward.astype(np.float32),
+            extras={k: take(col, old.extras[k], e, s, a, _H) for k, col in cols.extras.items()},
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class _EpisodeColumns:
+    """One call's per-agent-step columns for episodes (rows as ``AgentSteps``)."""
+
+    group: np.ndarray  # each row's run of (segment, agent) rows
+    obs_track: Any  # [n + runs, ...]: see MultiAgentConverter._episode_columns
+    info_track: dict[str, Any]  # nested info leaves on the same rows ({}: no infos)
+    actions: np.ndarray
+    rewards: np.ndarray
+    extras: dict[str, np.ndarray]
+
+
+@dataclasses.dataclass(frozen=True)
+class _Context:
+    """What one call's chunks are built from (held by its lazy episodes)."""
+
+    cs: _CallSteps
+    data: _EpisodeColumns
+    carry: AgentCarry  # the carry at the end of the call
+    next_acting: np.ndarray
+    step0: np.ndarray
+
+
+@dataclasses.dataclass(frozen=True)
+class _Key:
+    """One chunk of a call: segment ``i`` of env ``e``, its rows, the successor it continues."""
+
+    ctx: _Context
+    i: int
+    e: int
+    count: int
+    continues: bool
+    succ: MultiAgentEpisode | None
+    rows: tuple[int, int]
+
+
+def _map_entries(entries: np.ndarray) -> list:
+    """``env_t_to_agent_t`` entries: agent timesteps, :data:`SKIP` for ``-1``."""
+    out = entries.tolist()
+    if (entries < 0).any():
+        out = [SKIP if v < 0 else v for v in out]
+    return out
+
+
+def check_trajectory(traj: Trajectory, num_envs: int, num_agents: int) -> None:
+    """Raises ``ValueError`` naming the field and both shapes when a multi-agent
+    trajectory's leading axes disagree (``[T, E, A]`` per step, ``[T + 1, E, A]`` for
+    observations, ``[T, E]`` for ``is_reset``), before any conversion allocates."""
+    T = np.shape(traj.is_reset)[0] if np.ndim(traj.is_reset) else -1
+    want = (T, num_envs, num_agents)
+    if np.shape(traj.is_reset) != want[:2]:
+        raise ValueError(
+            f"trajectory field 'is_reset' has shape {np.shape(traj.is_reset)}, "
+            f"expected leading shape {want[:2]} (T, num_envs)"
+        )
+    fields: list[tuple[str, Any, tuple[int, ...]]] = [
+        ("rewards", traj.rewards, want),
+        ("terminated", traj.terminated, want),
+        ("truncated", traj.truncated, want),
+        ("acting", traj.acting, want),
+    ]
+    fields += [("actions", x, want) for x in jax.tree.leaves(traj.actions)]
+    fields += [(f"extras[{k!r}]", x, want) for k, x in traj.extras.items()]
+    fields += [("obs", x, (T + 1, num_envs, num_agents)) for x in jax.tree.leaves(traj.obs)]
+    for name, x, lead in fields:
+        shape = tuple(np.shape(x))
+        if shape[: len(lead)] != lead:
+            raise ValueError(
+                f"trajectory field {name!r} has shape {shape}, expected leading shape "
+                f"{lead} (T{' + 1' if name == 'obs' else ''}, num_envs, num_agents), "
+                f"as 'is_reset' {np.shape(traj.is_reset)} and the {num_agents} agents give"
+            )
 
 
 def output_order(
@@ -556,56 +743,10 @@ def output_order(
     return order
 
 
-_STEP_KEYS = frozenset(
-    {
-        SampleBatch.OBS,
-        SampleBatch.NEXT_OBS,
-        SampleBatch.ACTIONS,
-        SampleBatch.REWARDS,
-        SampleBatch.TERMINATEDS,
-        SampleBatch.TRUNCATEDS,
-        SampleBatch.T,
-        SampleBatch.EPS_ID,
-        SampleBatch.AGENT_INDEX,
-        SampleBatch.INFOS,
-        "_next_infos",
-    }
-)
-
-
 def _slice_rows(data: dict[str, Any], lo: int, hi: int) -> dict[str, Any]:
     """Rows ``lo:hi`` of every column (views); nested columns (infos, dict / tuple
     observations) leaf by leaf."""
     return {k: tree_map(lambda x: x[lo:hi], v) for k, v in data.items() if k != "_next_infos"}
-
-
-def _take_rows(data: dict[str, Any], rows: np.ndarray) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in data.items():
-        if isinstance(v, dict):
-            out[k] = _take_rows(v, rows)
-        elif isinstance(v, list):
-            out[k] = [v[i] for i in rows.tolist()]
-        else:
-            out[k] = v[rows]
-    return out
-
-
-def _flatten(tree: dict[str, Any], prefix: InfoPath = ()) -> dict[InfoPath, np.ndarray]:
-    out = {}
-    for k, v in tree.items():
-        if isinstance(v, dict):
-            out.update(_flatten(v, prefix + (k,)))
-        else:
-            out[prefix + (k,)] = v
-    return out
-
-
-def _row_info(data: dict[str, Any], info_paths: list, row: int) -> dict[InfoPath, Any]:
-    """Flattened info leaves of the start observation of step ``row``."""
-    if not info_paths:
-        return {}
-    return {k: v[row] for k, v in _flatten(data[SampleBatch.INFOS]).items()}
 
 
 def _finalize(ep: MultiAgentEpisode) -> None:
