@@ -35,6 +35,7 @@ from jaxsampler.sampling.device.columns import (
     InfoPath,
     Segments,
     build_columns,
+    check_chunks,
     find_segments,
     no_gc,
     obs_at,
@@ -150,8 +151,7 @@ class MultiAgentConverter:
         """Segments plus the completed agent steps of the call, rows in output order
         (``by_policy``: grouped by policy first, so each policy's rows are one slice)."""
         E, A = self._num_envs, len(self._agent_ids)
-        for chunk in chunks:
-            check_trajectory(chunk, E, A)
+        check_trajectory(chunks, E, A)
         # Agents acting on the call's last observation: it completes their previous step.
         self._next_acting = np.asarray(
             placement.to_host(state.acting & ~state.needs_reset[:, None])
@@ -673,34 +673,18 @@ def _map_entries(entries: np.ndarray) -> list:
     return out
 
 
-def check_trajectory(traj: Trajectory, num_envs: int, num_agents: int) -> None:
-    """Raises ``ValueError`` naming the field and both shapes when a multi-agent
-    trajectory's leading axes disagree (``[T, E, A]`` per step, ``[T + 1, E, A]`` for
-    observations, ``[T, E]`` for ``is_reset``), before any conversion allocates."""
-    T = np.shape(traj.is_reset)[0] if np.ndim(traj.is_reset) else -1
-    want = (T, num_envs, num_agents)
-    if np.shape(traj.is_reset) != want[:2]:
-        raise ValueError(
-            f"trajectory field 'is_reset' has shape {np.shape(traj.is_reset)}, "
-            f"expected leading shape {want[:2]} (T, num_envs)"
-        )
-    fields: list[tuple[str, Any, tuple[int, ...]]] = [
-        ("rewards", traj.rewards, want),
-        ("terminated", traj.terminated, want),
-        ("truncated", traj.truncated, want),
-        ("acting", traj.acting, want),
-    ]
-    fields += [("actions", x, want) for x in jax.tree.leaves(traj.actions)]
-    fields += [(f"extras[{k!r}]", x, want) for k, x in traj.extras.items()]
-    fields += [("obs", x, (T + 1, num_envs, num_agents)) for x in jax.tree.leaves(traj.obs)]
-    for name, x, lead in fields:
-        shape = tuple(np.shape(x))
-        if shape[: len(lead)] != lead:
+def check_trajectory(chunks: list[Trajectory], num_envs: int, num_agents: int) -> None:
+    """Raises ``ValueError`` before any conversion allocates when a chunk's rewards do not
+    hold this converter's ``[T, num_envs, num_agents]`` or the chunks' fields disagree on
+    their leading axes (:func:`~jaxsampler.sampling.device.columns.check_chunks`)."""
+    for k, c in enumerate(chunks):
+        shape = tuple(np.shape(c.rewards))
+        if shape[1:3] != (num_envs, num_agents):
             raise ValueError(
-                f"trajectory field {name!r} has shape {shape}, expected leading shape "
-                f"{lead} (T{' + 1' if name == 'obs' else ''}, num_envs, num_agents), "
-                f"as 'is_reset' {np.shape(traj.is_reset)} and the {num_agents} agents give"
+                f"malformed trajectory: chunk {k}'s rewards have shape {shape}, expected "
+                f"[T, {num_envs}, {num_agents}] (this sampler's num_envs, num_agents)"
             )
+    check_chunks(chunks)
 
 
 def output_order(

@@ -205,12 +205,12 @@ def test_a_malformed_trajectory_raises_a_named_error_before_conversion():
     ((traj, _, _),) = device_calls(env, policy, (), 1)
     A = env.num_agents
     conv = sampler._convert
-    check_trajectory(traj, E, A)  # well-formed: no error
+    check_trajectory([traj], E, A)  # well-formed: no error
     bad_rewards = traj.replace(rewards=traj.rewards[:, :, :-1])  # agent axis mismatch
     with pytest.raises(
-        ValueError, match=rf"'rewards' has shape \({T}, {E}, {A - 1}\).*\({T}, {E}, {A}\)"
+        ValueError, match=rf"rewards have shape \({T}, {E}, {A - 1}\).*\[T, {E}, {A}\]"
     ):
         conv.episodes([bad_rewards], None, None)
     bad_obs = traj.replace(obs=traj.obs[:-1])  # T instead of T + 1 observations
-    with pytest.raises(ValueError, match=rf"'obs' has shape \({T}, {E}, {A}"):
+    with pytest.raises(ValueError, match=rf"obs has shape \({T}, {E}, {A}"):
         conv.batch([bad_obs], None, None)
