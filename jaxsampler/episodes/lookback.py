@@ -214,6 +214,9 @@ class InfiniteLookbackBuffer:
             ValueError: ``one_hot_discrete`` on data of a buffer without a space.
         """
         if indices is None:
+            data = self.data
+            if type(data) is np.ndarray and not one_hot_discrete:
+                return data[self.lookback :]  # the common case: a view, no index rules
             part = self._get_slice(slice(None), neg_index_as_lookback, None, False)
             return self._convert_batch(part, True) if one_hot_discrete else part
         if isinstance(indices, slice):
