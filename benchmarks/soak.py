@@ -516,16 +516,16 @@ def warm_policy_fns(sampler: Any, policy: Any, params: Any) -> int:
 
 
 def count_rollouts(sampler: Any) -> None:
-    """Counts the device sampler's rollout calls (``_call``) in ``sampler._soak_rollouts``:
-    the device-side reference of the step accounting."""
-    inner = sampler._call
+    """Counts the device sampler's rollout chunks (``_dispatch``) in
+    ``sampler._soak_rollouts``: the device-side reference of the step accounting."""
+    inner = sampler._dispatch
     sampler._soak_rollouts = 0
 
-    def call(params: Any) -> Any:
+    def dispatch(params: Any, topup: bool) -> Any:
         sampler._soak_rollouts += 1
-        return inner(params)
+        return inner(params, topup)
 
-    sampler._call = call
+    sampler._dispatch = dispatch
 
 
 def verdict(phase: dict, max_growth: float, max_slope: float) -> str:

@@ -110,7 +110,7 @@ def test_batch_gae_matches_the_trajectory_gae():
     # Reference: the same steps' advantages from the device-side GAE, matched by (eps_id, t).
     s2 = js.Sampler(env, pol, num_envs=3, rollout_length=40, seed=5, episode_lookback_horizon=0)
     s2.sample_batch(params)
-    s2._state, traj = s2._rollout(params, s2._state, s2._buffers)
+    traj = s2._dispatch(params, topup=False)  # the sampler's next rollout chunk
     _, last_value, _ = pol.forward(params, s2._state.obs)
     ref = np.asarray(js.compute_gae(traj, last_value, 0.99, 0.95).advantages)[..., 0]
     # Each live (step, env) cell of the trajectory: its env, episode number in that env

@@ -26,7 +26,8 @@ from ray.rllib.env.single_agent_episode import SingleAgentEpisode as RlSingleAge
 
 import jaxsampler as js
 from jaxsampler.integrations.rllib import to_rllib
-from tests.integrations.rllib.test_convert import js_ma_state, rl_ma_state, same
+from tests.integrations.rllib.rl_compare import rl_ma_state, same
+from tests.integrations.rllib.test_convert import js_ma_state
 
 HORIZON = 2
 
