@@ -406,6 +406,12 @@ def test_hostile_array_declarations(dtype, shape, nbytes, code, request_side):
         out = unpackb(doc, objects=not request_side)
     except DecodeError:
         return
+    if code == 2 and np.dtype(dtype).kind in "US":
+        # a fixed-width string scalar keeps its value, not its width (numpy's str_ /
+        # bytes_ drop trailing NULs), so compare with numpy's own scalar of those bytes
+        ref = np.frombuffer(bytes(nbytes), np.dtype(dtype)).reshape(shape)[()]
+        assert out == ref and type(out) is type(ref)
+        return
     a = np.asarray(out)
     assert a.nbytes == nbytes and a.dtype == np.dtype(dtype) and list(a.shape) == shape
     assert code == 1 or shape == []
