@@ -8,12 +8,22 @@ asking for ``--devices-per-process`` CPU devices. Their output is streamed line 
 prefixed ``[i]`` (stdout to stdout, stderr to stderr). The launcher:
 
 - returns ``0`` when every process exits ``0``;
-- returns the first nonzero exit code otherwise (a process killed by signal ``s`` counts as
-  ``128 + s``, as a shell reports it); when a process fails, the others get ``--grace``
-  seconds to finish (a survivor's own error message is usually the informative one), then
-  ``SIGTERM``, then ``SIGKILL`` two seconds later;
+- otherwise returns the exit code of the process that failed first (a process killed by
+  signal ``s`` counts as ``128 + s``, as a shell reports it); when a process fails, the others
+  get ``--grace`` seconds to finish (a survivor's own error message is usually the informative
+  one), then ``SIGTERM``, then ``SIGKILL`` two seconds later;
 - on Ctrl-C (or ``SIGTERM``) stops every process the same way and returns ``130`` (``143``);
 - with ``--wall-timeout S``, stops everything after S seconds and returns ``124``.
+
+Which failure is "first": processes that end after the first failure the launcher observes never
+change the job's code, whether the launcher stopped them or they failed because a peer vanished
+(a collective whose peer is gone fails with a connection reset, and that process exits ``1``).
+Exits are observed in the order the OS reports them: on Linux (5.3+) through one pidfd per
+process in an epoll set, whose ready list keeps the order the processes ended even when several
+ended between two looks; elsewhere by looking at every process each 10 ms, and processes found
+ended in the same look come in process order. Of several processes observed ending together,
+the job takes the earliest that exited with a nonzero code of its own, and a signal's
+``128 + s`` only when each of them was killed by a signal.
 
 Every process runs in its own process group (what it starts itself is stopped with it) and,
 on Linux, dies with the launcher even if the launcher is killed outright.
@@ -28,7 +38,7 @@ import argparse
 import contextlib
 import ctypes
 import os
-import queue
+import select
 import signal
 import socket
 import subprocess
@@ -36,7 +46,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import IO, Any
+from typing import IO, Any, Protocol
 
 from jaxsampler.rollout.distributed import (
     ENV_COORDINATOR,
@@ -51,6 +61,8 @@ __all__ = ["launch", "main"]
 DEFAULT_GRACE_S = 5.0
 #: Seconds between ``SIGTERM`` and ``SIGKILL`` when processes are stopped.
 KILL_AFTER_S = 2.0
+#: Seconds between looks at the processes where the OS cannot report exits in order (no pidfd).
+POLL_S = 0.01
 
 _DEVICE_FLAG = "--xla_force_host_platform_device_count"
 _PR_SET_PDEATHSIG = 1
@@ -192,9 +204,9 @@ def launch(
         stderr: where prefixed standard error goes (default ``sys.stderr``).
 
     Returns:
-        0 if every process exited 0; else the first nonzero exit code (``128 + signal``
-        for a process killed by a signal), 130 on Ctrl-C, 143 on SIGTERM, 124 on
-        ``wall_timeout``.
+        0 if every process exited 0; else the exit code of the process that failed first
+        (``128 + signal`` for a process killed by a signal; the module docstring says how
+        "first" is decided), 130 on Ctrl-C, 143 on SIGTERM, 124 on ``wall_timeout``.
 
     Raises:
         ValueError: bad ``n``, ``devices_per_process``, ``port``, timeouts or ``argv``.
@@ -231,6 +243,7 @@ def launch(
     def on_signal(signum: int, _frame: Any) -> None:
         raise _Interrupted(128 + signum)
 
+    watch = _exit_watch()
     if threading.current_thread() is threading.main_thread():
         previous[signal.SIGTERM] = signal.signal(signal.SIGTERM, on_signal)
     code = 0
@@ -261,17 +274,19 @@ def launch(
                 preexec_fn=_child_setup(cores[i % len(cores)] if cores else None),
             )
             procs.append(p)
+            watch.add(i, p)
             assert p.stdout is not None and p.stderr is not None
             for pipe, sink in ((p.stdout, out), (p.stderr, err)):
                 pump = _Pump(pipe, sink, f"[{i}] ", lock)
                 pump.start()
                 pumps.append(pump)
-        code = _supervise(procs, grace_s, wall_timeout, err, lock)
+        code = _supervise(watch, n, grace_s, wall_timeout, err, lock)
     except KeyboardInterrupt:
         code = 130
     except _Interrupted as e:
         code = e.code
     finally:
+        watch.close()
         _stop(procs)
         for t in pumps:
             if t.ident is not None:  # started (an interrupt may land in between)
@@ -281,43 +296,135 @@ def launch(
     return code
 
 
+class _ExitWatch(Protocol):
+    """Observes the launched processes end, in the order they ended where the OS tells it."""
+
+    def add(self, i: int, proc: subprocess.Popen[bytes]) -> None:
+        """Watches ``proc`` (process ``i``) from now on."""
+
+    def wait(self, timeout: float) -> list[tuple[int, int]]:
+        """The processes that ended since the last call, ``(i, returncode)`` earliest first,
+        each reaped; waits up to ``timeout`` seconds for one, ``[]`` if none did."""
+
+    def close(self) -> None:
+        """Releases what the watch holds (the processes are left alone)."""
+
+
+class _PidfdWatch:
+    """Linux 5.3+: one pidfd per process in an epoll set. The kernel makes a pidfd readable when
+    it tells the parent that the process ended, and epoll returns ready descriptors in the order
+    they became ready, so processes that ended between two looks still come back in exit order."""
+
+    def __init__(self) -> None:
+        self._epoll = select.epoll()
+        self._watched: dict[int, tuple[int, subprocess.Popen[bytes]]] = {}
+
+    def add(self, i: int, proc: subprocess.Popen[bytes]) -> None:
+        fd = os.pidfd_open(proc.pid)  # the child is not reaped yet: the pid is still proc's
+        self._watched[fd] = (i, proc)
+        self._epoll.register(fd, select.EPOLLIN)
+
+    def wait(self, timeout: float) -> list[tuple[int, int]]:
+        ended = []
+        for fd, _ in self._epoll.poll(timeout):
+            i, proc = self._watched.pop(fd)
+            self._epoll.unregister(fd)
+            os.close(fd)
+            ended.append((i, proc.wait()))
+        return ended
+
+    def close(self) -> None:
+        for fd in self._watched:
+            os.close(fd)
+        self._watched.clear()
+        self._epoll.close()
+
+
+class _PollWatch:
+    """Anywhere else: looks at every running process each ``POLL_S`` seconds. Processes found
+    ended in the same look come in process order (the OS does not say which ended first)."""
+
+    def __init__(self, interval: float = POLL_S) -> None:
+        self._interval = interval
+        self._running: list[tuple[int, subprocess.Popen[bytes]]] = []
+
+    def add(self, i: int, proc: subprocess.Popen[bytes]) -> None:
+        self._running.append((i, proc))
+
+    def wait(self, timeout: float) -> list[tuple[int, int]]:
+        deadline = time.monotonic() + timeout
+        while True:
+            looked = [(i, p, p.poll()) for i, p in self._running]
+            ended = [(i, code) for i, _, code in looked if code is not None]
+            if ended:
+                self._running = [(i, p) for i, p, code in looked if code is None]
+                return ended
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return []
+            time.sleep(min(self._interval, left))
+
+    def close(self) -> None:
+        self._running.clear()
+
+
+def _exit_watch() -> _ExitWatch:
+    """The pidfd watch where this OS has pidfds and epoll, else the polling one."""
+    if hasattr(os, "pidfd_open") and hasattr(select, "epoll"):
+        try:
+            os.close(os.pidfd_open(os.getpid()))
+        except OSError:  # an older kernel (ENOSYS) or a sandbox that forbids the call
+            return _PollWatch()
+        return _PidfdWatch()
+    return _PollWatch()
+
+
+def _first_failure(ended: Sequence[tuple[int, int]]) -> tuple[int, int] | None:
+    """Of processes observed ending together, ``(i, returncode)`` earliest first, the failure
+    that is the job's: the earliest with a nonzero code of its own, else the earliest killed by
+    a signal (negative ``returncode``); ``None`` when every one exited 0."""
+    own = [(i, code) for i, code in ended if code > 0]
+    signalled = [(i, code) for i, code in ended if code < 0]
+    if own:
+        return own[0]
+    return signalled[0] if signalled else None
+
+
 def _supervise(
-    procs: Sequence[subprocess.Popen[bytes]],
+    watch: _ExitWatch,
+    n: int,
     grace_s: float,
     wall_timeout: float | None,
     err: IO[str],
     lock: threading.Lock,
 ) -> int:
-    """Waits for the processes; returns the job's exit code. After the first failure (in
-    the order the processes ended, one waiting thread each) the others get ``grace_s``."""
-    ended: queue.Queue[tuple[int, int]] = queue.Queue()
-
-    def wait(i: int, p: subprocess.Popen[bytes]) -> None:
-        ended.put((i, p.wait()))
-
-    for i, p in enumerate(procs):
-        threading.Thread(target=wait, args=(i, p), daemon=True).start()
+    """Waits for the ``n`` processes of ``watch``; returns the job's exit code. The first
+    observed failure (:func:`_first_failure` of the first look that finds one) is the job's;
+    the others then get ``grace_s`` seconds to end."""
     start = time.monotonic()
     first_failure: int | None = None
     stop_at: float | None = None
-    remaining = len(procs)
+    remaining = n
     while remaining:
-        try:
-            i, c = ended.get(timeout=0.05)
-        except queue.Empty:
-            now = time.monotonic()
-            if stop_at is not None and now >= stop_at:
-                assert first_failure is not None
-                return first_failure
-            if wall_timeout is not None and now - start >= wall_timeout:
-                _note(
-                    err, lock, f"wall timeout of {wall_timeout:g} s reached; stopping every process"
-                )
-                return 124
-            continue
-        remaining -= 1
-        if c != 0 and first_failure is None:
-            first_failure = _exit_code(c)
+        now = time.monotonic()
+        if stop_at is not None and now >= stop_at:
+            assert first_failure is not None
+            return first_failure
+        if wall_timeout is not None and now - start >= wall_timeout:
+            _note(err, lock, f"wall timeout of {wall_timeout:g} s reached; stopping every process")
+            return 124
+        # Wake for whichever deadline comes first (at least every half second).
+        timeout = 0.5
+        if stop_at is not None:
+            timeout = min(timeout, stop_at - now)
+        if wall_timeout is not None:
+            timeout = min(timeout, start + wall_timeout - now)
+        ended = watch.wait(max(0.0, timeout))
+        remaining -= len(ended)
+        failure = _first_failure(ended) if first_failure is None else None
+        if failure is not None:
+            i, code = failure
+            first_failure = _exit_code(code)
             stop_at = time.monotonic() + grace_s
             _note(err, lock, f"process {i} exited {first_failure}; stopping the others")
     return first_failure or 0
@@ -339,9 +446,13 @@ def _parser() -> argparse.ArgumentParser:
             "Run a program as N local processes of one jax.distributed job.\n\n"
             "Each process gets JAXSAMPLER_COORDINATOR, JAXSAMPLER_NUM_PROCESSES and\n"
             "JAXSAMPLER_PROCESS_ID (read by jaxsampler.rollout.distributed.initialize()) and\n"
-            "XLA_FLAGS for its CPU devices; its output lines are prefixed [i]. The exit\n"
-            "code is the first nonzero one of any process; when one process fails, the\n"
-            "others get --grace seconds, then are stopped. Ctrl-C stops them all."
+            "XLA_FLAGS for its CPU devices; its output lines are prefixed [i].\n\n"
+            "The exit code is 0 when every process exits 0, else that of the process that\n"
+            "failed first (128+s for one killed by signal s): processes that fail after it\n"
+            "(stopped, or exiting 1 because a peer vanished) do not change it, and of\n"
+            "processes seen ending together the earliest with a code of its own (not a\n"
+            "signal's) wins. When one process fails, the others get --grace seconds, then\n"
+            "are stopped. Ctrl-C stops them all (130); --wall-timeout exits 124."
         ),
         epilog=(
             "examples:\n"

@@ -6,10 +6,12 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
 import pytest
 
+from jaxsampler.cli import launch as launch_module
 from jaxsampler.cli.launch import launch, main
 
 JOB = textwrap.dedent(
@@ -47,7 +49,54 @@ def _gone(pid: int) -> bool:
     return False
 
 
-def test_a_failing_process_ends_the_job_with_its_code_and_leaves_no_process(tmp_path):
+def _has_exited(pid: int) -> bool:
+    """Whether our child ``pid`` has ended, without reaping it."""
+    return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+
+
+def _wait_exited(pids, guard_s: float = 120.0) -> None:
+    """Until every child in ``pids`` has ended (not reaped); a hang guard, not a timing."""
+    deadline = time.monotonic() + guard_s
+    while not all(_has_exited(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
+class _LateFirstLook:
+    """Wraps the launcher's exit watch: its first look comes only once every process has
+    ended, as when the launcher is starved of CPU while a failure spreads."""
+
+    def __init__(self, inner):
+        self.inner, self.pids, self.looked = inner, [], False
+
+    def add(self, i, proc):
+        self.pids.append(proc.pid)
+        self.inner.add(i, proc)
+
+    def wait(self, timeout):
+        if not self.looked:
+            self.looked = True
+            _wait_exited(self.pids)
+        return self.inner.wait(timeout)
+
+    def close(self):
+        self.inner.close()
+
+
+def _exit_order_known() -> bool:
+    return isinstance(launch_module._exit_watch(), launch_module._PidfdWatch)
+
+
+@pytest.mark.parametrize("look", ["as they end", "after all ended"])
+def test_a_failing_process_ends_the_job_with_its_code_and_leaves_no_process(
+    tmp_path, monkeypatch, look
+):
+    if look == "after all ended":
+        # The flake this pins: process 1 exits 3, process 0 then loses its Gloo connection and
+        # exits 1, and the launcher must still report process 1's 3.
+        if not _exit_order_known():
+            pytest.skip("the OS reports no exit order here (no pidfd/epoll)")
+        real = launch_module._exit_watch
+        monkeypatch.setattr(launch_module, "_exit_watch", lambda: _LateFirstLook(real()))
     (tmp_path / "fail.py").write_text(
         textwrap.dedent(
             """
@@ -132,3 +181,133 @@ def test_module_form_and_help(tmp_path, capsys):
 def test_bad_arguments_are_named(argv, kwargs, match):
     with pytest.raises(ValueError, match=match):
         launch(argv, **kwargs)
+
+
+@pytest.mark.parametrize(
+    "ended, expected",
+    [
+        ([], None),
+        ([(0, 0), (1, 0)], None),
+        ([(0, 0), (1, 2)], (1, 2)),
+        # The earliest failure wins, whatever the process index.
+        ([(1, 3), (0, 1)], (1, 3)),
+        ([(0, 1), (1, 3)], (0, 1)),
+        # A code of the process's own beats a signal death seen in the same look.
+        ([(0, -9), (1, 1)], (1, 1)),
+        ([(2, -15), (0, 0), (1, -9)], (2, -15)),
+    ],
+)
+def test_first_failure_of_one_look(ended, expected):
+    assert launch_module._first_failure(ended) == expected
+
+
+class _ScriptedWatch:
+    """A stand-in exit watch that reports the given looks, one per wait()."""
+
+    def __init__(self, looks):
+        self.looks = list(looks)
+
+    def wait(self, timeout):
+        return self.looks.pop(0) if self.looks else []
+
+
+@pytest.mark.parametrize(
+    "looks, code, note",
+    [
+        ([[(0, 0)], [(1, 0)]], 0, None),
+        # Later failures never replace the first: a peer exiting 1, one the launcher stopped.
+        ([[(1, 3)], [(0, 1)], [(2, -15)]], 3, "process 1 exited 3"),
+        ([[], [(2, 0)], [(0, 4), (1, 1)]], 4, "process 0 exited 4"),
+        ([[(1, -9), (0, 2)], [(2, 5)]], 2, "process 0 exited 2"),
+        ([[(1, -11)], [(0, 2), (2, 1)]], 139, "process 1 exited 139"),
+    ],
+)
+def test_the_job_takes_the_code_of_the_first_observed_failure(looks, code, note):
+    err = io.StringIO()
+    n = sum(len(look) for look in looks)
+    watch = _ScriptedWatch(looks)
+    got = launch_module._supervise(watch, n, 60.0, None, err, threading.Lock())
+    assert got == code
+    notes = [line for line in err.getvalue().splitlines() if line.startswith("[launch]")]
+    assert notes == ([] if note is None else [f"[launch] {note}; stopping the others"])
+
+
+def _chain(tmp_path):
+    """Two plain processes: ``last`` exits 1 once ``first`` (which exits 3 when its stdin
+    closes) has ended, the way a peer fails when its connection is reset."""
+    first = subprocess.Popen(
+        [sys.executable, "-c", "import sys; sys.stdin.read(); sys.exit(3)"],
+        stdin=subprocess.PIPE,
+    )
+    wait_for_first = textwrap.dedent(
+        f"""
+        import os, sys, time
+        def ended(pid):  # a zombie (state Z) or gone
+            try:
+                with open(f"/proc/{{pid}}/stat") as f:
+                    return f.read().rsplit(") ", 1)[1][0] in "ZX"
+            except FileNotFoundError:
+                return True
+        while not ended({first.pid}):
+            time.sleep(0.001)
+        sys.exit(1)
+        """
+    )
+    last = subprocess.Popen([sys.executable, "-c", wait_for_first])
+    return first, last
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_the_pidfd_watch_reports_processes_that_ended_between_looks_in_exit_order(tmp_path):
+    if not _exit_order_known():
+        pytest.skip("no pidfd/epoll here")
+    first, last = _chain(tmp_path)
+    watch = launch_module._PidfdWatch()
+    try:
+        watch.add(0, last)  # index order is the reverse of exit order
+        watch.add(1, first)
+        first.stdin.close()
+        _wait_exited([first.pid, last.pid])
+        ended = watch.wait(5.0)
+        while len(ended) < 2:  # a hang guard: both have ended already
+            ended += watch.wait(5.0)
+    finally:
+        watch.close()
+        for p in (first, last):
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    assert ended == [(1, 3), (0, 1)]
+    assert (first.returncode, last.returncode) == (3, 1)  # reaped by the watch
+    assert launch_module._first_failure(ended) == (1, 3)
+
+
+def test_the_poll_watch_reports_each_process_once_reaped():
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", f"import sys; sys.stdin.read(); sys.exit({c})"],
+            stdin=subprocess.PIPE,
+        )
+        for c in (0, 5)
+    ]
+    watch = launch_module._PollWatch(interval=0.001)
+    try:
+        for i, p in enumerate(procs):
+            watch.add(i, p)
+        assert watch.wait(0.0) == []  # neither can end before its stdin closes
+        procs[1].stdin.close()
+        ended = []
+        while not ended:
+            ended = watch.wait(5.0)
+        assert ended == [(1, 5)]
+        procs[0].stdin.close()
+        while len(ended) < 2:
+            ended += watch.wait(5.0)
+        assert ended == [(1, 5), (0, 0)]
+        assert watch.wait(0.0) == []
+    finally:
+        watch.close()
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
