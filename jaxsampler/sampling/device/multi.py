@@ -11,6 +11,7 @@ a step still waiting for the agent's next observation is carried to the next cal
 from __future__ import annotations
 
 import dataclasses
+from functools import partial
 from typing import Any
 
 import jax
@@ -383,9 +384,9 @@ class MultiAgentConverter:
     def _build_views(self, ep: MultiAgentEpisode, key: _Key) -> None:
         """Fills a lazy finished chunk whose steps all lie in this call: its agents'
         episodes are view episodes (:class:`AgentViews`, one per run of the chunk's rows,
-        built without touching the data) and its maps are written for all agents at once.
-        The same episode as :meth:`_fill` builds (agents with no step in the chunk have
-        none; nothing hangs)."""
+        built without touching the data), its maps are written on first access
+        (:meth:`_fill_maps`). The same episode as :meth:`_fill` builds (agents with no step
+        in the chunk have none; nothing hangs)."""
         ctx = key.ctx
         steps, data = ctx.cs.steps, ctx.data
         ma_id = ep.id_
@@ -409,23 +410,36 @@ class MultiAgentConverter:
         sas = view_episodes(
             SingleAgentEpisode, ctx.views, fields, self._obs_space, self._act_space, range(g0, g1)
         )
-        # env_t_to_agent_t: a step's start env step maps to its agent timestep, its end
-        # env step to the next one (written after, as _extend_episode does).
-        entries = np.full((g1 - g0, ep.env_t - ep.env_t_started + 1), -1, np.int64)
+        by_agent, started = ep.agent_episodes, ep.agent_t_started
+        for a, sa, ts in zip(agents, sas, t0.tolist()):
+            aid = self._agent_ids[a]
+            sa.agent_id, sa.module_id, sa.multi_agent_episode_id = aid, self._mapping[aid], ma_id
+            by_agent[aid] = sa
+            started[aid] = ts
+        # (env_t_to_agent_t: on first access; readers of the agents' episodes never need it)
+        ep.__dict__["_lazy_maps"] = partial(
+            self._fill_maps, key, agents, ep.env_t - ep.env_t_started + 1
+        )
+
+    def _fill_maps(
+        self, key: _Key, agents: list[int], width: int, maps: dict[Any, InfiniteLookbackBuffer]
+    ) -> None:
+        """``env_t_to_agent_t`` of a view-built chunk (:meth:`_build_views`), all agents in
+        one pass: a step's start env step maps to its agent timestep, its end env step to
+        the next one (written after, as :meth:`_extend_episode` does)."""
+        steps, data = key.ctx.cs.steps, key.ctx.data
+        lo, hi = key.rows
+        g0 = int(data.group[lo])
+        entries = np.full((len(agents), width), -1, np.int64)
         local = data.group[lo:hi] - g0
         t = steps.t[lo:hi]
         entries[local, steps.start_step[lo:hi]] = t
         entries[local, steps.end_step[lo:hi]] = t + 1
         rows = entries.astype(object)
         rows[entries < 0] = SKIP
-        by_agent, started, maps = ep.agent_episodes, ep.agent_t_started, ep.env_t_to_agent_t
         trusted = InfiniteLookbackBuffer.trusted
-        for a, sa, ts, row in zip(agents, sas, t0.tolist(), rows.tolist()):
-            aid = self._agent_ids[a]
-            sa.agent_id, sa.module_id, sa.multi_agent_episode_id = aid, self._mapping[aid], ma_id
-            by_agent[aid] = sa
-            started[aid] = ts
-            maps[aid] = trusted(row, 0, borrowed=False)
+        for a, row in zip(agents, rows.tolist()):
+            maps[self._agent_ids[a]] = trusted(row, 0, borrowed=False)
 
     def _fill(self, ep: MultiAgentEpisode | None, key: _Key, hanging: bool) -> MultiAgentEpisode:
         """The chunk of segment ``key.i`` with all its steps (``ep``: a lazy episode to fill
