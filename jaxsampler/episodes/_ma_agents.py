@@ -87,6 +87,40 @@ class _LazyField(Generic[_T]):
         d[self._name] = value
 
 
+class _LazyMaps(_LazyField[_T]):
+    """``env_t_to_agent_t``: a :class:`_LazyField` whose maps a lazy episode's build may
+    leave to a later builder, ``fill(maps)`` stored under ``_lazy_maps``, run on the first
+    access to the maps themselves (readers of agents' episodes never need them)."""
+
+    def __get__(self, episode: object | None, owner: type) -> Any:
+        if episode is None:
+            return self
+        d = episode.__dict__
+        if "_lazy" in d:
+            _build_lazy(episode)
+        if "_lazy_maps" in d:
+            _build_maps(episode)
+        return d[self._name]
+
+    def __set__(self, episode: object, value: _T) -> None:
+        d = episode.__dict__
+        if "_lazy" in d:
+            _build_lazy(episode)
+        d.pop("_lazy_maps", None)  # (replaced whole)
+        d[self._name] = value
+
+
+def _build_maps(episode: Any) -> None:
+    """Runs a lazy episode's pending maps builder (on an exception it stays pending)."""
+    d = episode.__dict__
+    fill = d.pop("_lazy_maps")
+    try:
+        fill(d["env_t_to_agent_t"])
+    except BaseException:
+        d["_lazy_maps"] = fill
+        raise
+
+
 def _build_lazy(episode: Any) -> None:
     """Builds a lazy episode: empty per-agent state, then its ``build(episode, key)``
     fills it (on an exception the episode stays lazy)."""
@@ -151,7 +185,7 @@ class _AgentBookkeeping:
     # The per-agent state: built on first access for a lazy episode.
     agent_t_started: _LazyField[defaultdict[Any, int]] = _LazyField()
     agent_episodes: _LazyField[dict[Any, SingleAgentEpisode]] = _LazyField()
-    env_t_to_agent_t: _LazyField[defaultdict[Any, InfiniteLookbackBuffer]] = _LazyField()
+    env_t_to_agent_t: _LazyMaps[defaultdict[Any, InfiniteLookbackBuffer]] = _LazyMaps()
     _agent_episode_ids: _LazyField[dict[Any, str]] = _LazyField()
     _hanging_actions_end: _LazyField[dict[Any, Any]] = _LazyField()
     _hanging_extra_model_outputs_end: _LazyField[defaultdict[Any, dict]] = _LazyField()
@@ -182,6 +216,8 @@ class _AgentBookkeeping:
         """Builds a lazy episode's per-agent state now (no-op otherwise)."""
         if "_lazy" in self.__dict__:
             _build_lazy(self)
+        if "_lazy_maps" in self.__dict__:
+            _build_maps(self)
 
     @property
     def is_done(self) -> bool:

@@ -148,13 +148,16 @@ def view_episodes(
     fields: Iterable[tuple[str, bool, bool, int, int]],
     observation_space: Any,
     action_space: Any,
+    keys: Iterable[Any] | None = None,
 ) -> list[_E]:
     """:meth:`SingleAgentEpisode.from_views`' loop: one episode of class ``cls`` per
-    ``(id_, terminated, truncated, t_started, t)`` of ``fields`` (key: its position),
-    every column left unbuilt. One object and its slots per episode, nothing else."""
+    ``(id_, terminated, truncated, t_started, t)`` of ``fields`` (its key in ``views``:
+    the matching item of ``keys``, by default its position), every column left unbuilt.
+    One object and its slots per episode, nothing else."""
     new, out = cls.__new__, cast(list[_E], [])
     append = out.append
-    for key, (id_, term, trunc, ts, te) in enumerate(fields):
+    keyed = enumerate(fields) if keys is None else zip(keys, fields)
+    for key, (id_, term, trunc, ts, te) in keyed:
         ep: Any = new(cls)
         ep.id_, ep._view, ep._key, ep.t_started, ep.t = id_, views, key, ts, te
         ep.is_terminated, ep.is_truncated = term, trunc

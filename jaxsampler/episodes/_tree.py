@@ -33,6 +33,8 @@ def leaves(tree: Any) -> list[Any]:
 
 def data_len(data: Any) -> int:
     """Number of items in a column: ``len`` of a list, else the leading dim of the first leaf."""
+    if type(data) is np.ndarray:
+        return data.shape[0]
     if isinstance(data, list):
         return len(data)
     found = leaves(data)

@@ -281,11 +281,16 @@ class MultiAgentEpisode(_Stepping, _Getters):
         fast = self._cut_columns(n)
         return fast if fast is not None else self._cut_from_lists(n)
 
-    def _cut_columns(self, n: int) -> MultiAgentEpisode | None:
+    def _cut_columns(self, n: int, numpy: bool = False) -> MultiAgentEpisode | None:
         """:meth:`cut` by slicing the agents' numpy'ized columns, for the common case it
         can take: nothing hanging, and every agent still running observed (and so acted)
         at each of the last ``n`` env steps; ``None`` otherwise (the same successor as
-        :meth:`_cut_from_lists`, which rebuilds it step by step)."""
+        :meth:`_cut_from_lists`, which rebuilds it step by step).
+
+        ``numpy``: the successor's lookback columns as arrays (copies of the last rows)
+        instead of lists of rows, as ``finalize()`` of every non-empty column (and of
+        infos holding values) would make them: the samplers' successors, which the next
+        call extends with arrays."""
         if (
             self._hanging_actions_end
             or self._hanging_rewards_end
@@ -311,7 +316,7 @@ class MultiAgentEpisode(_Stepping, _Getters):
         succ._len_lookback_buffers = n
         for aid, sa in active.items():
             t0 = sa.t
-            succ.agent_episodes[aid] = _cut_agent(sa, n, self.id_, succ.module_for(aid))
+            succ.agent_episodes[aid] = _cut_agent(sa, n, self.id_, succ.module_for(aid), numpy)
             succ.agent_t_started[aid] = t0
             succ.env_t_to_agent_t[aid] = InfiniteLookbackBuffer(list(range(t0 - n, t0 + 1)), n)
         succ.custom_data = copy.deepcopy(self.custom_data)
@@ -543,30 +548,39 @@ def _cuttable(sa: SingleAgentEpisode, n: int) -> bool:
     )
 
 
-def _items(buf: InfiniteLookbackBuffer, k: int) -> list:
-    """The last ``k`` items of a numpy'ized buffer as a list (rows of a copy)."""
+def _items(buf: InfiniteLookbackBuffer, k: int, numpy: bool = False) -> Any:
+    """The last ``k`` items of a numpy'ized buffer as a list (rows of a copy; ``numpy``:
+    the copy itself)."""
     n = buf.len_incl_lookback()
     tail = tree_map(lambda x: np.array(x[n - k :]), buf.data)
+    if numpy:
+        return tail
     if isinstance(tail, np.ndarray):
         return list(tail)
     return [tree_map(lambda x, i=i: x[i], tail) for i in range(k)]
 
 
-def _cut_agent(sa: SingleAgentEpisode, n: int, ma_id: str, module_id: Any) -> SingleAgentEpisode:
+def _cut_agent(
+    sa: SingleAgentEpisode, n: int, ma_id: str, module_id: Any, numpy: bool = False
+) -> SingleAgentEpisode:
     """``sa``'s successor in a multi-agent ``cut`` with ``n`` lookback steps, as the list
-    constructor makes it: observations numpy'ized, the other columns in list mode."""
+    constructor makes it: observations numpy'ized, the other columns in list mode
+    (``numpy``: as ``finalize()`` then makes them, see ``_cut_columns``)."""
     trusted = InfiniteLookbackBuffer.trusted
     infos = sa.infos
     k = infos.len_incl_lookback()
-    if infos.finalized:
+    info_items: Any
+    if infos.finalized and numpy:
+        info_items = tree_map(lambda x: np.array(x[k - n - 1 :]), infos.data)
+    elif infos.finalized:
         info_items = [tree_map(lambda x, i=i: x[i], infos.data) for i in range(k - n - 1, k)]
     else:
         info_items = list(infos.data[k - n - 1 :])
     no_steps = n == 0
-    actions = trusted([] if no_steps else _items(sa.actions, n), n, sa.actions.space)
-    rewards = trusted([] if no_steps else _items(sa.rewards, n), n, sa.rewards.space)
+    actions = trusted([] if no_steps else _items(sa.actions, n, numpy), n, sa.actions.space)
+    rewards = trusted([] if no_steps else _items(sa.rewards, n, numpy), n, sa.rewards.space)
     extras = {
-        key: trusted(_items(b, n), n, b.space)
+        key: trusted(_items(b, n, numpy), n, b.space)
         for key, b in ({} if no_steps else sa.extra_model_outputs).items()
     }
     obs = sa.observations

@@ -11,11 +11,13 @@ a step still waiting for the agent's next observation is carried to the next cal
 from __future__ import annotations
 
 import dataclasses
+from functools import partial
 from typing import Any
 
 import jax
 import numpy as np
 
+from jaxsampler.episodes._sa_views import view_episodes
 from jaxsampler.episodes.batch import MultiAgentBatch, SampleBatch
 from jaxsampler.episodes.ids import EpisodeIds, agent_episode_id
 from jaxsampler.episodes.lookback import InfiniteLookbackBuffer, tree_map
@@ -30,6 +32,7 @@ from jaxsampler.sampling.device.agent_steps import (
     take_info,
     take_obs,
 )
+from jaxsampler.sampling.device.agent_views import AgentViews, EpisodeColumns
 from jaxsampler.sampling.device.columns import (
     Columns,
     InfoPath,
@@ -317,9 +320,11 @@ class MultiAgentConverter:
         seg, pos = cs.seg, cs.pos
         carry = self._carry
         assert carry is not None  # set by _call_steps
+        data = self._episode_columns(cs)
         ctx = _Context(
             cs,
-            self._episode_columns(cs),
+            data,
+            AgentViews(data, data.run_start, data.run_stop, self._obs_space, self._act_space),
             carry,
             self._next_acting,
             np.asarray(chunks[0].episode_step_0),
@@ -368,10 +373,73 @@ class MultiAgentConverter:
 
     def _build(self, ep: MultiAgentEpisode, key: _Key) -> None:
         """Fills a lazy finished chunk (see :meth:`MultiAgentEpisode.lazy`)."""
+        if key.succ is None and not key.continues:  # all its steps are in this call
+            self._build_views(ep, key)
+            return
         full = self._fill(ep if key.succ is None else None, key, hanging=False)
         if full is not ep:  # a continued chunk: the successor extended, now this episode
             ep.__dict__.update(full.__dict__)
         _finalize(ep.prune_empty_agents())
+
+    def _build_views(self, ep: MultiAgentEpisode, key: _Key) -> None:
+        """Fills a lazy finished chunk whose steps all lie in this call: its agents'
+        episodes are view episodes (:class:`AgentViews`, one per run of the chunk's rows,
+        built without touching the data), its maps are written on first access
+        (:meth:`_fill_maps`). The same episode as :meth:`_fill` builds (agents with no step
+        in the chunk have none; nothing hangs)."""
+        ctx = key.ctx
+        steps, data = ctx.cs.steps, ctx.data
+        ma_id = ep.id_
+        ep._agent_episode_ids.update(
+            {a: agent_episode_id(ma_id, i) for i, a in enumerate(self._agent_ids)}
+        )
+        lo, hi = key.rows
+        if hi == lo:
+            return
+        g0, g1 = int(data.group[lo]), int(data.group[hi - 1]) + 1
+        r0, r1 = data.run_start[g0:g1], data.run_stop[g0:g1]
+        agents = steps.agent[r0].tolist()
+        t0 = steps.t[r0]
+        fields = zip(
+            [ep._agent_episode_ids[self._agent_ids[a]] for a in agents],
+            steps.terminated[r1 - 1].tolist(),
+            steps.truncated[r1 - 1].tolist(),
+            t0.tolist(),
+            (t0 + (r1 - r0)).tolist(),
+        )
+        sas = view_episodes(
+            SingleAgentEpisode, ctx.views, fields, self._obs_space, self._act_space, range(g0, g1)
+        )
+        by_agent, started = ep.agent_episodes, ep.agent_t_started
+        for a, sa, ts in zip(agents, sas, t0.tolist()):
+            aid = self._agent_ids[a]
+            sa.agent_id, sa.module_id, sa.multi_agent_episode_id = aid, self._mapping[aid], ma_id
+            by_agent[aid] = sa
+            started[aid] = ts
+        # (env_t_to_agent_t: on first access; readers of the agents' episodes never need it)
+        ep.__dict__["_lazy_maps"] = partial(
+            self._fill_maps, key, agents, ep.env_t - ep.env_t_started + 1
+        )
+
+    def _fill_maps(
+        self, key: _Key, agents: list[int], width: int, maps: dict[Any, InfiniteLookbackBuffer]
+    ) -> None:
+        """``env_t_to_agent_t`` of a view-built chunk (:meth:`_build_views`), all agents in
+        one pass: a step's start env step maps to its agent timestep, its end env step to
+        the next one (written after, as :meth:`_extend_episode` does)."""
+        steps, data = key.ctx.cs.steps, key.ctx.data
+        lo, hi = key.rows
+        g0 = int(data.group[lo])
+        entries = np.full((len(agents), width), -1, np.int64)
+        local = data.group[lo:hi] - g0
+        t = steps.t[lo:hi]
+        entries[local, steps.start_step[lo:hi]] = t
+        entries[local, steps.end_step[lo:hi]] = t + 1
+        rows = entries.astype(object)
+        rows[entries < 0] = SKIP
+        trusted = InfiniteLookbackBuffer.trusted
+        for a, row in zip(agents, rows.tolist()):
+            maps[self._agent_ids[a]] = trusted(row, 0, borrowed=False)
 
     def _fill(self, ep: MultiAgentEpisode | None, key: _Key, hanging: bool) -> MultiAgentEpisode:
         """The chunk of segment ``key.i`` with all its steps (``ep``: a lazy episode to fill
@@ -430,6 +498,9 @@ class MultiAgentConverter:
     def _successor(self, ep: MultiAgentEpisode) -> MultiAgentEpisode:
         """``ep.cut(horizon)`` with its lookback data numpy'ized (the next call appends
         arrays to it; env infos stay numpy'ized, as in new chunks)."""
+        fast = None if ep.is_done else ep._cut_columns(max(self._horizon, 0), numpy=True)
+        if fast is not None:  # (lookback columns already arrays)
+            return fast
         succ = ep.cut(self._horizon)
         for sa in succ.agent_episodes.values():
             for buf in (sa.observations, sa.actions, sa.rewards, *sa.extra_model_outputs.values()):
@@ -541,7 +612,7 @@ class MultiAgentConverter:
         ep.env_t = last
 
     def _add_steps(
-        self, ep: MultiAgentEpisode, a: int, t0: int, r0: int, r1: int, data: _EpisodeColumns
+        self, ep: MultiAgentEpisode, a: int, t0: int, r0: int, r1: int, data: EpisodeColumns
     ) -> None:
         """Agent ``a``'s steps ``r0:r1`` (rows of ``data``) added to ``ep``: a new agent
         episode of views into ``data``, or appended to the agent's existing one."""
@@ -590,7 +661,7 @@ class MultiAgentConverter:
             sa.infos.data.extend([{}] * n)
         sa.t += n
 
-    def _episode_columns(self, cs: _CallSteps) -> _EpisodeColumns:
+    def _episode_columns(self, cs: _CallSteps) -> EpisodeColumns:
         """The call's per-row columns for episodes, with each run of an agent's rows in a
         segment given ``n + 1`` consecutive rows of one observation (and info) track: its
         steps' start observations and then its last step's new observation (a run's steps
@@ -619,8 +690,10 @@ class MultiAgentConverter:
             if infos
             else {}
         )
-        return _EpisodeColumns(
+        return EpisodeColumns(
             group=group,
+            run_start=np.flatnonzero(new_run),
+            run_stop=ends + 1,
             obs_track=obs_track,
             info_track=info_track,
             actions=take(cols.actions, old.action, e, s, a, _H),
@@ -630,23 +703,12 @@ class MultiAgentConverter:
 
 
 @dataclasses.dataclass(frozen=True)
-class _EpisodeColumns:
-    """One call's per-agent-step columns for episodes (rows as ``AgentSteps``)."""
-
-    group: np.ndarray  # each row's run of (segment, agent) rows
-    obs_track: Any  # [n + runs, ...]: see MultiAgentConverter._episode_columns
-    info_track: dict[str, Any]  # nested info leaves on the same rows ({}: no infos)
-    actions: np.ndarray
-    rewards: np.ndarray
-    extras: dict[str, np.ndarray]
-
-
-@dataclasses.dataclass(frozen=True)
 class _Context:
     """What one call's chunks are built from (held by its lazy episodes)."""
 
     cs: _CallSteps
-    data: _EpisodeColumns
+    data: EpisodeColumns
+    views: AgentViews  # finished chunks' agents' episodes over data
     carry: AgentCarry  # the carry at the end of the call
     next_acting: np.ndarray
     step0: np.ndarray

@@ -5,8 +5,10 @@
   env step with ``add_env_reset`` / ``add_env_step`` from the same device buffers
   (continuations with lookback, hanging agents, acting masks of turn-based envs);
 * ``MultiAgentEpisode.cut`` over numpy'ized columns gives the state the list
-  constructor path gives;
-* lazy chunks build on first access, pickle and give the same state as built ones.
+  constructor path gives (and, as arrays, the state that path gives once finalized);
+* lazy chunks build on first access, pickle and give the same state as built ones;
+  finished chunks built as views of the call's columns give the state the step-by-step
+  build (``_fill``) gives.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import pytest
 import jaxsampler as js
 from jaxsampler.envs.spread import Spread
 from jaxsampler.episodes.multi_agent import MultiAgentEpisode
-from jaxsampler.sampling.device.multi import check_trajectory
+from jaxsampler.sampling.device.multi import _finalize, check_trajectory
 from tests.fakes import ChaosEnv, CountingPolicy
 from tests.sampling.device.test_multi_agent import SEED, E, T, device_calls, reference_chunks
 
@@ -183,6 +185,56 @@ def test_column_cut_equals_the_list_cut(horizon):
             fast += 1
             _assert_same_state(_state(got), _state(ep._cut_from_lists(horizon)))
     assert fast > 0
+
+
+@pytest.mark.parametrize("horizon", [0, 1, 3])
+def test_numpy_column_cut_equals_the_list_cut_finalized(horizon):
+    # The samplers' successors: the list cut's columns stacked as the next call extends them.
+    env = Spread(3)
+    policy = CountingPolicy(env.observation_space, env.action_space)
+    sampler = js.Sampler(env, policy, num_envs=E, rollout_length=T, seed=SEED)
+    fast = 0
+    for _ in range(4):
+        for ep in sampler.sample(()):
+            if ep.is_done:
+                continue
+            got = ep._cut_columns(horizon, numpy=True)
+            if got is None:
+                continue
+            fast += 1
+            want = ep._cut_from_lists(horizon)
+            for sa in want.agent_episodes.values():
+                for buf in (sa.observations, sa.actions, sa.rewards, sa.infos):
+                    if not buf.finalized and buf.data and (buf is not sa.infos or buf.data[0]):
+                        buf.finalize()
+                for buf in sa.extra_model_outputs.values():
+                    buf.finalize()
+            _assert_same_state(_state(got), _state(want))
+    assert fast > 0
+
+
+@pytest.mark.parametrize("make_env", [ChaosEnv, lambda: Spread(3)], ids=["chaos", "spread"])
+def test_view_built_chunks_equal_the_step_by_step_build(make_env):
+    env = make_env()
+    policy = CountingPolicy(env.observation_space, env.action_space)
+    # (long calls: chunks that start and end within one call)
+    sampler = js.Sampler(env, policy, num_envs=E, rollout_length=8 * T, seed=SEED)
+    views = 0
+    for _ in range(3):
+        for ep in sampler.sample(()):
+            lazy = ep.__dict__.get("_lazy")
+            if lazy is None:
+                continue
+            build, key = lazy
+            if key.succ is not None or key.continues:
+                continue  # (continues a chunk of an earlier call: built step by step)
+            views += 1
+            want = build.__self__._fill(None, key, hanging=False)
+            _finalize(want.prune_empty_agents())
+            _assert_same_state(_state(ep), _state(want))
+            for sa in ep.agent_episodes.values():  # (views: columns built on first access)
+                assert sa._view is not None
+    assert views > 0
 
 
 def test_lazy_chunks_pickle_and_build_the_same_state():

@@ -1,0 +1,109 @@
+"""The columns a multi-agent call's episodes read, and agents' episodes as views of them.
+
+:class:`EpisodeColumns` holds one call's completed agent steps as whole-call columns, rows
+in ``sample()``'s order (segment by segment, agent by agent, then by agent timestep), with
+one observation (and info) *track* in which each run of an agent's rows in a segment gets
+``n + 1`` consecutive rows: its steps' start observations, then its last step's new
+observation. :class:`AgentViews` reads an agent's episode of such a run as slices of those
+columns (:meth:`SingleAgentEpisode.from_views`' protocol): a finished chunk's agents are
+light objects whose columns are built on first access, and whose default getters are one
+slice each.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+
+from jaxsampler.episodes._sa_views import EpisodeViews, reward_space
+from jaxsampler.episodes.lookback import InfiniteLookbackBuffer, tree_map
+from jaxsampler.sampling.device.columns import obs_map
+
+__all__ = ["AgentViews", "EpisodeColumns"]
+
+
+@dataclasses.dataclass(frozen=True)
+class EpisodeColumns:
+    """One call's per-agent-step columns for episodes (rows as ``AgentSteps``)."""
+
+    group: np.ndarray  # each row's run of (segment, agent) rows
+    run_start: np.ndarray  # each run's first row
+    run_stop: np.ndarray  # one past each run's last row
+    obs_track: Any  # [n + runs, ...]: a run's rows r0:r1 have track rows r0+g : r1+g+1
+    info_track: dict[str, Any]  # nested info leaves on the same rows ({}: no infos)
+    actions: np.ndarray
+    rewards: np.ndarray
+    extras: dict[str, np.ndarray]
+
+
+class AgentViews(EpisodeViews):
+    """Agents' episodes over :class:`EpisodeColumns`, keyed by run: episode ``g`` is the
+    run of rows ``r0[g]:r1[g]`` (one agent's steps in one segment, no lookback), its
+    observations (and infos) track rows ``r0[g] + g : r1[g] + g + 1``.
+
+    Args:
+        data: the call's columns.
+        run_start, run_stop: ``int[G]``, each run's first row and one past its last.
+        observation_space, action_space: of one agent.
+    """
+
+    __slots__ = ("_d", "_r0", "_r1", "_obs", "_obs_space", "_act_space")
+
+    def __init__(
+        self,
+        data: EpisodeColumns,
+        run_start: np.ndarray,
+        run_stop: np.ndarray,
+        observation_space: Any,
+        action_space: Any,
+    ):
+        self._d = data
+        self._r0, self._r1 = run_start.tolist(), run_stop.tolist()
+        self._obs = data.obs_track if type(data.obs_track) is np.ndarray else None
+        self._obs_space, self._act_space = observation_space, action_space
+
+    def _track(self, g: int) -> slice:
+        return slice(self._r0[g] + g, self._r1[g] + g + 1)
+
+    def observations(self, g: int) -> Any:
+        """Run ``g``'s observations, its last step's new one included (views)."""
+        if self._obs is not None:
+            return self._obs[self._r0[g] + g : self._r1[g] + g + 1]
+        rows = self._track(g)
+        return obs_map(lambda x: x[rows], self._d.obs_track)
+
+    def actions(self, g: int) -> Any:
+        """Run ``g``'s actions (a view)."""
+        return self._d.actions[self._r0[g] : self._r1[g]]
+
+    def rewards(self, g: int) -> Any:
+        """Run ``g``'s rewards (a view)."""
+        return self._d.rewards[self._r0[g] : self._r1[g]]
+
+    def extra(self, g: int, name: str) -> Any:
+        """Run ``g``'s extra model output ``name`` (a view), or ``None`` where the policy
+        has no such output."""
+        col = self._d.extras.get(name)
+        return None if col is None else col[self._r0[g] : self._r1[g]]
+
+    def column(self, g: int, name: str) -> Any:
+        """Run ``g``'s column ``name``: a borrowed buffer over views of the call's columns
+        (extra model outputs: a new dict of them)."""
+        trusted = InfiniteLookbackBuffer.trusted
+        r0, r1 = self._r0[g], self._r1[g]
+        if name == "observations":
+            return trusted(self.observations(g), 0, self._obs_space)
+        if name == "actions":
+            return trusted(self._d.actions[r0:r1], 0, self._act_space)
+        if name == "rewards":
+            return trusted(self._d.rewards[r0:r1], 0, reward_space())
+        if name == "extra_model_outputs":
+            return {k: trusted(c[r0:r1], 0) for k, c in self._d.extras.items()}
+        if name != "infos":
+            raise ValueError(f"an episode has no column {name!r}")
+        if not self._d.info_track:
+            return trusted([{} for _ in range(r1 - r0 + 1)], 0)  # one dict per observation
+        rows = self._track(g)
+        return trusted(tree_map(lambda x: x[rows], self._d.info_track), 0)
