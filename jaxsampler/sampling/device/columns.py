@@ -26,6 +26,7 @@ from jaxsampler.types import NoInfo, Trajectory
 __all__ = [
     "Columns",
     "InfoPath",
+    "NextRows",
     "Segments",
     "build_columns",
     "check_chunks",
@@ -113,6 +114,53 @@ def obs_map(fn: Callable[..., Any], obs: Any, *rest: Any) -> Any:
     if type(obs) is np.ndarray:  # the common case: one isinstance check, no recursion
         return fn(obs, *rest)
     return tree_map(fn, obs, *rest)
+
+
+@dataclasses.dataclass(frozen=True)
+class NextRows:
+    """A batch's ``new_obs`` column held as its ``obs`` column plus the few rows where a
+    row's next observation is not the next row's: calling it builds the column.
+
+    Row ``i`` of the built column is ``obs[i + 1]``, except rows ``rows`` (ascending),
+    which are ``ends`` (the real next observations where a segment / an agent's run of
+    rows ends; the last row must be one of them). It keeps only ``obs`` (the batch's own
+    array, or a slice of it) and the end rows, never the call's buffers, so it can sit in
+    a batch as a :class:`~jaxsampler.episodes.batch.Deferred` column's builder. ``obs``
+    and ``ends`` are arrays, or dict / tuple structs of them (built leaf by leaf).
+    In-place writes to ``obs`` before the first build show in the built column.
+    """
+
+    obs: Any  # [N, ...] (a struct of such arrays for nested spaces)
+    rows: np.ndarray  # int [K], ascending, the last one N - 1 when N > 0
+    ends: Any  # [K, ...], like obs
+
+    def __post_init__(self) -> None:
+        n, k = len(first_leaf(self.obs)), len(self.rows)
+        if n and (not k or self.rows[-1] != n - 1):
+            last = int(self.rows[-1]) if k else None
+            raise ValueError(f"the last of {n} rows must be an end row, got end rows ending {last}")
+        if len(first_leaf(self.ends)) != k:
+            raise ValueError(f"{k} end rows but {len(first_leaf(self.ends))} end observations")
+
+    def __call__(self) -> Any:
+        """The built column: fresh C-contiguous arrays like ``obs``'s leaves."""
+        rows = self.rows
+
+        def shifted(o: np.ndarray, end: np.ndarray) -> np.ndarray:
+            out = np.empty(o.shape, o.dtype)
+            if len(o) > 1:
+                out[:-1] = o[1:]  # one sequential copy, then the few end rows
+            out[rows] = end
+            return out
+
+        return obs_map(shifted, self.obs, self.ends)
+
+    def slice(self, lo: int, hi: int) -> NextRows:
+        """The column's rows ``lo:hi`` (row ``hi - 1`` must be an end row unless empty)."""
+        i, j = np.searchsorted(self.rows, (lo, hi))
+        return NextRows(
+            obs_at(self.obs, slice(lo, hi)), self.rows[i:j] - lo, obs_at(self.ends, slice(i, j))
+        )
 
 
 def obs_at(obs: Any, index: Any) -> Any:

@@ -18,7 +18,7 @@ import jax
 import numpy as np
 
 from jaxsampler.episodes._sa_views import view_episodes
-from jaxsampler.episodes.batch import MultiAgentBatch, SampleBatch
+from jaxsampler.episodes.batch import Deferred, MultiAgentBatch, SampleBatch
 from jaxsampler.episodes.ids import EpisodeIds, agent_episode_id
 from jaxsampler.episodes.lookback import InfiniteLookbackBuffer, tree_map
 from jaxsampler.episodes.multi_agent import SKIP, MultiAgentEpisode, StaticModuleMapping
@@ -36,6 +36,7 @@ from jaxsampler.sampling.device.agent_views import AgentViews, EpisodeColumns
 from jaxsampler.sampling.device.columns import (
     Columns,
     InfoPath,
+    NextRows,
     Segments,
     build_columns,
     check_chunks,
@@ -219,26 +220,18 @@ class MultiAgentConverter:
         A = len(self._agent_ids)
         # Observations are the bulk of the data: one flat gather from the time-major buffer
         # (as fast as from an agent-major copy, which would cost a transpose); and a row's
-        # new_obs is the next row's obs except where an agent's run of rows ends.
+        # new_obs is the next row's obs except where an agent's run of rows ends: new_obs is
+        # built from the batch's obs on its first read, only those end rows gathered now.
         # (A nested observation: the same per leaf.)
         obs = take_obs(call.obs, old.obs, e, s, a)
         same = np.zeros(len(e), bool)
         if len(e) > 1:
             same[:-1] = (e[1:] == e[:-1]) & (a[1:] == a[:-1]) & (s[1:] == c[:-1])
         rest = np.flatnonzero(~same)
-        er, cr, ar = e[rest], c[rest], a[rest]
-
-        def next_obs(o: np.ndarray, col: np.ndarray, carried: np.ndarray) -> np.ndarray:
-            out = np.empty_like(o)
-            if len(o) > 1:
-                out[:-1] = o[1:]  # one sequential copy; the other rows are gathered below
-            out[rest] = take(col, carried, er, cr, ar, time_major=True)
-            return out
-
-        new_obs = obs_map(next_obs, obs, call.obs, old.obs)
+        ends = take_obs(call.obs, old.obs, e[rest], c[rest], a[rest])
         data: dict[str, Any] = {
             SampleBatch.OBS: obs,
-            SampleBatch.NEXT_OBS: new_obs,
+            SampleBatch.NEXT_OBS: NextRows(obs, rest, ends),  # (split per policy: _slice_rows)
             SampleBatch.ACTIONS: take(cols.actions, old.action, e, s, a, _H),
             SampleBatch.REWARDS: steps.reward.astype(np.float32),
             SampleBatch.TERMINATEDS: steps.terminated,
@@ -791,8 +784,13 @@ def output_order(
 
 def _slice_rows(data: dict[str, Any], lo: int, hi: int) -> dict[str, Any]:
     """Rows ``lo:hi`` of every column (views); nested columns (infos, dict / tuple
-    observations) leaf by leaf."""
-    return {k: tree_map(lambda x: x[lo:hi], v) for k, v in data.items() if k != "_next_infos"}
+    observations) leaf by leaf; ``new_obs`` (:class:`NextRows`) as a deferred column of
+    those rows."""
+    return {
+        k: Deferred(v.slice(lo, hi)) if type(v) is NextRows else tree_map(lambda x: x[lo:hi], v)
+        for k, v in data.items()
+        if k != "_next_infos"
+    }
 
 
 def _finalize(ep: MultiAgentEpisode) -> None:

@@ -25,6 +25,7 @@ from jaxsampler.episodes.single_agent import SingleAgentEpisode, reward_space
 from jaxsampler.sampling.device.columns import (
     Columns,
     InfoPath,
+    NextRows,
     Segments,
     build_columns,
     find_segments,
@@ -249,10 +250,14 @@ class SingleAgentConverter:
             return np.take(col.reshape((-1,) + col.shape[2:]), index, axis=0)
 
         # (a nested observation: a struct of such columns, one gather per leaf)
-        next_obs = flat_obs + 1
+        obs = obs_map(lambda o: rows(o, flat_obs), cols.obs)
+        # A row's new_obs is the next row's obs except at a segment's last row: new_obs is
+        # built from the batch's obs on its first read, only those end rows gathered now.
+        last = (first + lens - 1)[lens > 0]
+        ends = obs_map(lambda o: rows(o, flat_obs[last] + 1), cols.obs)
         data: dict[str, Any] = {
-            SampleBatch.OBS: obs_map(lambda o: rows(o, flat_obs), cols.obs),
-            SampleBatch.NEXT_OBS: obs_map(lambda o: rows(o, next_obs), cols.obs),
+            SampleBatch.OBS: obs,
+            SampleBatch.NEXT_OBS: Deferred(NextRows(obs, last, ends)),
             SampleBatch.ACTIONS: rows(cols.actions, flat),
             SampleBatch.REWARDS: rows(cols.rewards, flat),
             SampleBatch.TERMINATEDS: rows(cols.terminated, flat),
