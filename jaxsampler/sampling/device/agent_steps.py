@@ -27,7 +27,15 @@ import numpy as np
 
 from jaxsampler.sampling.device.columns import Columns, InfoPath, obs_map
 
-__all__ = ["AgentCarry", "AgentSteps", "agent_steps", "take", "take_info", "take_obs"]
+__all__ = [
+    "AgentCarry",
+    "AgentSteps",
+    "agent_steps",
+    "output_order",
+    "take",
+    "take_info",
+    "take_obs",
+]
 
 _BIG = np.iinfo(np.int64).max // 4
 
@@ -260,3 +268,43 @@ def take_info(
     if len(first):
         out[first] = carried[e[first], a[first]]
     return out
+
+
+def output_order(
+    pos: np.ndarray,
+    agent: np.ndarray,
+    t: np.ndarray,
+    num_segments: int,
+    num_agents: int,
+    rank: np.ndarray | None = None,
+) -> np.ndarray:
+    """The rows of the kept segments (``pos >= 0``) sorted by ``(rank[agent],) pos, agent,
+    t`` without a sort: one counting pass.
+
+    A ``(segment, agent)`` group's completed steps have consecutive ``t`` (an agent's steps
+    are numbered in order, and only its last one in a call can be left hanging), so a
+    row's place is its group's start plus ``t`` minus the group's smallest ``t``.
+
+    Args:
+        pos: ``int[n]``, each row's segment (output position), ``-1`` for dropped ones.
+        agent, t: ``int[n]``, each row's agent index and the agent's timestep.
+        num_segments, num_agents: segments (``pos < num_segments``) and ``A``.
+        rank: ``int[A]``, each agent's policy rank to group by first (``None``: no grouping).
+
+    Returns:
+        ``int64[k]``: row indices in output order (``k`` kept rows).
+    """
+    keep = np.flatnonzero(pos >= 0)
+    group = np.take(pos, keep) * num_agents + np.take(agent, keep)
+    n_groups = num_segments * num_agents
+    if rank is not None:
+        group += np.take(rank, np.take(agent, keep)) * n_groups
+        n_groups *= int(rank.max()) + 1 if len(rank) else 1
+    tk = np.take(t, keep)
+    counts = np.bincount(group, minlength=n_groups)
+    first_t = np.full(n_groups, np.iinfo(np.int64).max)
+    np.minimum.at(first_t, group, tk)
+    place = (np.cumsum(counts) - counts)[group] + (tk - first_t[group])
+    order = np.empty(len(keep), np.int64)
+    order[place] = keep
+    return order

@@ -127,7 +127,10 @@ class NextRows:
     array, or a slice of it) and the end rows, never the call's buffers, so it can sit in
     a batch as a :class:`~jaxsampler.episodes.batch.Deferred` column's builder. ``obs``
     and ``ends`` are arrays, or dict / tuple structs of them (built leaf by leaf).
-    In-place writes to ``obs`` before the first build show in the built column.
+
+    :meth:`guard` makes ``obs``' arrays read-only until the column is built (then they
+    are writable again): an in-place write to the batch's ``obs`` would otherwise show
+    in a ``new_obs`` built after it, so it raises instead.
     """
 
     obs: Any  # [N, ...] (a struct of such arrays for nested spaces)
@@ -153,7 +156,15 @@ class NextRows:
             out[rows] = end
             return out
 
-        return obs_map(shifted, self.obs, self.ends)
+        built = obs_map(shifted, self.obs, self.ends)
+        obs_map(_set_writeable, self.obs)
+        return built
+
+    def guard(self) -> NextRows:
+        """Marks ``obs``' arrays read-only until this column is built; returns ``self``.
+        (The arrays must be the batch's own ``obs`` column, not views taken of it.)"""
+        obs_map(_set_read_only, self.obs)
+        return self
 
     def slice(self, lo: int, hi: int) -> NextRows:
         """The column's rows ``lo:hi`` (row ``hi - 1`` must be an end row unless empty)."""
@@ -161,6 +172,14 @@ class NextRows:
         return NextRows(
             obs_at(self.obs, slice(lo, hi)), self.rows[i:j] - lo, obs_at(self.ends, slice(i, j))
         )
+
+
+def _set_read_only(x: np.ndarray) -> None:
+    x.flags.writeable = False
+
+
+def _set_writeable(x: np.ndarray) -> None:
+    x.flags.writeable = True  # (the batch's own arrays or views of a writable base)
 
 
 def obs_at(obs: Any, index: Any) -> Any:

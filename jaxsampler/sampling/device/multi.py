@@ -32,6 +32,7 @@ from jaxsampler.sampling.device.agent_steps import (
     take_info,
     take_obs,
 )
+from jaxsampler.sampling.device.agent_steps import output_order as output_order
 from jaxsampler.sampling.device.agent_views import AgentViews, EpisodeColumns
 from jaxsampler.sampling.device.columns import (
     Columns,
@@ -742,55 +743,21 @@ def check_trajectory(chunks: list[Trajectory], num_envs: int, num_agents: int) -
     check_chunks(chunks)
 
 
-def output_order(
-    pos: np.ndarray,
-    agent: np.ndarray,
-    t: np.ndarray,
-    num_segments: int,
-    num_agents: int,
-    rank: np.ndarray | None = None,
-) -> np.ndarray:
-    """The rows of the kept segments (``pos >= 0``) sorted by ``(rank[agent],) pos, agent,
-    t`` without a sort: one counting pass.
-
-    A ``(segment, agent)`` group's completed steps have consecutive ``t`` (an agent's steps
-    are numbered in order, and only its last one in a call can be left hanging), so a
-    row's place is its group's start plus ``t`` minus the group's smallest ``t``.
-
-    Args:
-        pos: ``int[n]``, each row's segment (output position), ``-1`` for dropped ones.
-        agent, t: ``int[n]``, each row's agent index and the agent's timestep.
-        num_segments, num_agents: segments (``pos < num_segments``) and ``A``.
-        rank: ``int[A]``, each agent's policy rank to group by first (``None``: no grouping).
-
-    Returns:
-        ``int64[k]``: row indices in output order (``k`` kept rows).
-    """
-    keep = np.flatnonzero(pos >= 0)
-    group = np.take(pos, keep) * num_agents + np.take(agent, keep)
-    n_groups = num_segments * num_agents
-    if rank is not None:
-        group += np.take(rank, np.take(agent, keep)) * n_groups
-        n_groups *= int(rank.max()) + 1 if len(rank) else 1
-    tk = np.take(t, keep)
-    counts = np.bincount(group, minlength=n_groups)
-    first_t = np.full(n_groups, np.iinfo(np.int64).max)
-    np.minimum.at(first_t, group, tk)
-    place = (np.cumsum(counts) - counts)[group] + (tk - first_t[group])
-    order = np.empty(len(keep), np.int64)
-    order[place] = keep
-    return order
-
-
 def _slice_rows(data: dict[str, Any], lo: int, hi: int) -> dict[str, Any]:
     """Rows ``lo:hi`` of every column (views); nested columns (infos, dict / tuple
     observations) leaf by leaf; ``new_obs`` (:class:`NextRows`) as a deferred column of
-    those rows."""
-    return {
-        k: Deferred(v.slice(lo, hi)) if type(v) is NextRows else tree_map(lambda x: x[lo:hi], v)
+    those rows, over the slice's own ``obs`` views (read-only until it is built)."""
+    out = {
+        k: tree_map(lambda x: x[lo:hi], v)
         for k, v in data.items()
-        if k != "_next_infos"
+        if k != "_next_infos" and type(v) is not NextRows
     }
+    nxt = data.get(SampleBatch.NEXT_OBS)
+    if type(nxt) is NextRows:
+        part = nxt.slice(lo, hi)
+        part = NextRows(out[SampleBatch.OBS], part.rows, part.ends).guard()
+        out[SampleBatch.NEXT_OBS] = Deferred(part)
+    return {k: out[k] for k in data if k in out}  # (the columns' order)
 
 
 def _finalize(ep: MultiAgentEpisode) -> None:

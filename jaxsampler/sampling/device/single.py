@@ -257,7 +257,8 @@ class SingleAgentConverter:
         ends = obs_map(lambda o: rows(o, flat_obs[last] + 1), cols.obs)
         data: dict[str, Any] = {
             SampleBatch.OBS: obs,
-            SampleBatch.NEXT_OBS: Deferred(NextRows(obs, last, ends)),
+            # (obs read-only until then: an in-place write would show in new_obs)
+            SampleBatch.NEXT_OBS: Deferred(NextRows(obs, last, ends).guard()),
             SampleBatch.ACTIONS: rows(cols.actions, flat),
             SampleBatch.REWARDS: rows(cols.rewards, flat),
             SampleBatch.TERMINATEDS: rows(cols.terminated, flat),

@@ -207,3 +207,21 @@ def test_multi_agent_dict_obs_new_obs_is_deferred_and_equals_the_agent_episodes_
         n_runs = sum(len(ep.agent_episodes) for ep in eps)
         assert_holds_only_the_batch_obs(deferred_new_obs(b), b, max_ends=n_runs)
         assert_tree_equal(b["new_obs"], agent_rows(eps, {"agent_0", "agent_1"}))
+
+
+@pytest.mark.parametrize("make", [sa_sampler, chaos_sampler], ids=["single", "multi"])
+def test_obs_is_read_only_until_new_obs_is_built_so_an_in_place_write_cannot_leak(make):
+    # new_obs is built from obs: a write into obs before that read would show in new_obs
+    # (RLlib's new_obs is its own array), so it raises; once built, obs is writable again
+    # and writing to it leaves new_obs alone.
+    s_bat, s_ref = twins(make)
+    params = {"p0": (), "p1": ()} if make is chaos_sampler else ()
+    for _ in range(2):
+        batch, ref = s_bat.sample_batch(params), s_ref.sample_batch(params)
+        for pid, b in batch.policy_batches.items():
+            with pytest.raises(ValueError, match="read-only"):
+                b["obs"][:] = 0
+            want = ref[pid]["new_obs"].copy()
+            np.testing.assert_array_equal(b["new_obs"], want)
+            b["obs"][:] = -7  # writable now; new_obs keeps its values
+            np.testing.assert_array_equal(b["new_obs"], want)
