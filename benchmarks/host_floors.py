@@ -10,10 +10,13 @@ of the cell's ratios: ``(bare rollout + floor) / bare rollout``.
   memory. The floor copies that many bytes, span for span as the batch's arrays hold them
   (views of one buffer counted once, :func:`held_spans`), from a warm source into
   ``np.empty`` arrays allocated anew each repeat ("fresh"), and, for comparison, into
-  arrays written before ("reused"); medians of the repeats. On a VM whose host backs pages
-  on first touch, the fresh copy costs many times the reused one. The bare rollout's floor
-  is its device compute plus its trajectory's bytes copied fresh (``jax.device_get``
-  makes a new host array per leaf).
+  arrays written before ("reused"); medians of the repeats. On this VM (Firecracker, free
+  page reporting) pages a process frees go back to the host after about 2 s, and the host
+  backs them anew on the next touch, at a few ms per MB: the batch's fresh copy is also
+  timed after ``idle_s`` asleep ("cold"), which is what a call pays when its calls are
+  further apart than that (``gap_s``: how long the other sides of a round run between two).
+  The bare rollout's floor is its device compute plus its trajectory's bytes copied fresh
+  (``jax.device_get`` makes a new host array per leaf on an accelerator; none on CPU).
 * Objects (``sample+read``): ``sample()`` returns one episode object per episode (and one
   per agent episode of a multi-agent one), so the floor is creating that many objects
   (counted from one ``sample()`` of the cell), kept alive as the episodes are, with the
@@ -107,10 +110,13 @@ def batch_bytes(batch: Any) -> dict[str, int]:
 # --------------------------------------------------------------------------- memory floor
 
 
-def copy_seconds(spans: Sequence[int], repeats: int, fresh: bool) -> list[float]:
+def copy_seconds(
+    spans: Sequence[int], repeats: int, fresh: bool, idle_s: float = 0.0
+) -> list[float]:
     """Seconds to copy ``spans`` bytes (one array per span) from a warm source, ``repeats``
     times: into arrays allocated anew each repeat (``fresh``) or into the same arrays,
-    written once before. The fresh arrays live until the timing ends (as a batch does)."""
+    written once before; each repeat after ``idle_s`` seconds asleep. The fresh arrays live
+    until the timing ends (as a batch does)."""
     import numpy as np
 
     if not spans:
@@ -120,6 +126,7 @@ def copy_seconds(spans: Sequence[int], repeats: int, fresh: bool) -> list[float]
     out = []
     for _ in range(repeats):
         gc.collect()
+        time.sleep(idle_s)
         t0 = time.perf_counter()
         kept = [np.empty(n, np.uint8) for n in spans] if fresh else reused
         for dst in kept:
@@ -129,10 +136,13 @@ def copy_seconds(spans: Sequence[int], repeats: int, fresh: bool) -> list[float]
     return out
 
 
-def memory_floor(spans: Sequence[int], repeats: int) -> dict[str, Any]:
-    """Medians (ms) of :func:`copy_seconds` into fresh and into reused memory."""
+def memory_floor(spans: Sequence[int], repeats: int, idle_s: float = 0.0) -> dict[str, Any]:
+    """Medians (ms) of :func:`copy_seconds` into fresh memory back to back (``fresh``) and
+    into reused memory; with ``idle_s`` > 0, also into fresh memory after that long asleep
+    each time (``cold``: pages the process freed, once the VM's host has taken them back)."""
     fresh = copy_seconds(spans, repeats, fresh=True)
     reused = copy_seconds(spans, repeats, fresh=False)
+    cold = copy_seconds(spans, repeats, fresh=True, idle_s=idle_s) if idle_s > 0 else []
     return {
         "bytes": int(sum(spans)),
         "spans": len(spans),
@@ -140,7 +150,12 @@ def memory_floor(spans: Sequence[int], repeats: int) -> dict[str, Any]:
         "reused_ms": statistics.median(reused) * 1e3,
         "fresh_all_ms": [t * 1e3 for t in fresh],
         "reused_all_ms": [t * 1e3 for t in reused],
-    }
+        **(
+            {"idle_s": idle_s, "cold_ms": statistics.median(cold) * 1e3,
+             "cold_all_ms": [t * 1e3 for t in cold]}
+            if cold else {}
+        ),
+    }  # fmt: skip
 
 
 # --------------------------------------------------------------------------- object floor
@@ -244,12 +259,15 @@ def measure(
     sampler: Any,
     params: Any,
     repeats: int,
+    idle_s: float = 0.0,
 ) -> dict[str, Any]:
     """The floors of one cell after its rounds, per side it timed: ``rollout`` (compute +
     the trajectory copied fresh), ``sample_batch`` (rollout + the batch copied fresh) and
     ``sample+read`` (rollout + the episode objects). ``summary`` is the cell's
     ``summarize()`` result (ratios and the median rollout); ``rollout`` returns
-    ``(compute_s, copy_s, host trajectory)``."""
+    ``(compute_s, copy_s, host trajectory)``. ``idle_s`` > 0 adds the batch's cold copy
+    (:func:`memory_floor`); ``gap_s`` of a row is how long the other sides of a round ran
+    between two of its calls (the sum of their medians)."""
     import jax
 
     base = summary["rollout"]
@@ -270,14 +288,17 @@ def measure(
         }
     if "sample_batch" in sides:
         spans = held_spans(sampler.sample_batch(params))
-        mem = memory_floor(spans, repeats)
+        mem = memory_floor(spans, repeats, idle_s)
         out["sample_batch"] = {
             "kind": "memory",
             "measured_ratio": summary["sample_batch"]["ratio"],
             "floor_ratio": _ratio(rollout_s, mem["fresh_ms"]),
             "reused_ratio": _ratio(rollout_s, mem["reused_ms"]),
+            "gap_s": sum(summary[s]["median_s"] for s in sides if s != "sample_batch"),
             **mem,
         }
+        if "cold_ms" in mem:
+            out["sample_batch"]["cold_ratio"] = _ratio(rollout_s, mem["cold_ms"])
     if "sample+read" in sides:
         counts = count_episodes(sampler.sample(params))
         obj = object_floor(counts, repeats)
@@ -299,13 +320,20 @@ def measure(
 def what(side: str, f: Mapping[str, Any]) -> str:
     """One cell of the Floors table: what the floor of ``side`` is, with its figures."""
     if f["kind"] == "memory":
+        cold = (
+            f", after {f['idle_s']:g} s idle {f['cold_ms']:.1f} ms; the other sides of a round "
+            f"run {f['gap_s']:.1f} s between two calls"
+            if "cold_ms" in f
+            else ""
+        )
         text = (
             f"{f['bytes'] / MiB:.1f} MiB in {f['spans']} arrays written once into fresh "
-            f"memory: {f['fresh_ms']:.1f} ms (into reused memory {f['reused_ms']:.1f} ms)"
+            f"memory: {f['fresh_ms']:.1f} ms (reused memory {f['reused_ms']:.1f} ms{cold})"
         )
-        if side == "rollout":
-            text = f"compute + the trajectory's {text}; measured host copy {f['copy_ms']:.1f} ms"
-        return text
+        if side != "rollout":
+            return text
+        below = " (below the floor: no copy made)" if f["copy_ms"] < f["fresh_ms"] else ""
+        return f"compute + the trajectory's {text}; measured host copy {f['copy_ms']:.1f} ms{below}"
     agents = f" + {f['agent_episodes']} agent episodes" if f["multi"] else ""
     rllib = (
         f"RLlib's empty episodes {f['rllib_ms']:.1f} ms"
@@ -319,9 +347,11 @@ def what(side: str, f: Mapping[str, Any]) -> str:
 
 
 def floor_text(f: Mapping[str, Any]) -> str:
-    """The floor ratio(s) of a row: memory ``fresh (reused r)``; objects ``minimal / RLlib``."""
+    """The floor ratio(s) of a row: memory ``fresh (cold c, reused r)``; objects
+    ``minimal / RLlib``."""
     if f["kind"] == "memory":
-        return f"{f['floor_ratio']:.2f} (reused {f['reused_ratio']:.2f})"
+        cold = f"cold {f['cold_ratio']:.2f}, " if "cold_ratio" in f else ""
+        return f"{f['floor_ratio']:.2f} ({cold}reused {f['reused_ratio']:.2f})"
     rllib = f" / {f['rllib_ratio']:.2f}" if "rllib_ratio" in f else ""
     return f"{f['floor_ratio']:.2f}{rllib}"
 
@@ -338,10 +368,14 @@ def markdown_lines(res: Mapping[str, Any]) -> list[str]:
         "",
         "The least each call could cost here, measured in the same process after the cell's "
         "rounds, as (bare rollout + floor) / bare rollout. Memory: the bytes the call returns "
-        "(arrays held at return; lazy `Deferred` columns not built, not counted), written "
-        "once into freshly allocated memory (in parentheses: into reused memory). Objects: "
-        "one object per episode and agent episode, GC on: a minimal slotted object / RLlib's "
-        "empty `SingleAgentEpisode()` (+ `MultiAgentEpisode()`).",
+        "(arrays held at return; lazy `Deferred` columns not built, not counted) written "
+        "once into freshly allocated memory, back to back; in parentheses: the same after "
+        "an idle pause (cold: on this VM, pages freed for about 2 s go back to the host, "
+        "which backs them anew on the next touch, at a few ms per MB) and into reused memory. "
+        "The rollout row is the device compute plus the trajectory's copy (on the CPU "
+        "backend `jax.device_get` makes none). Objects: one object per episode and agent "
+        "episode, GC on: a minimal slotted object / RLlib's empty `SingleAgentEpisode()` "
+        "(+ `MultiAgentEpisode()` per multi-agent episode).",
         "",
         "| cell | side | measured / rollout | floor / rollout | what the floor is |",
         "|---|---|---:|---:|---|",
@@ -356,9 +390,15 @@ def markdown_lines(res: Mapping[str, Any]) -> list[str]:
     return lines + ["", *sentences] if sentences else lines
 
 
+def _against(goal: float, floor: float) -> str:
+    if floor > goal:
+        return f"the target lies {floor - goal:.2f} below it: no design meets it here"
+    return f"the target is {goal - floor:.2f} above it"
+
+
 def closeness(target: Mapping[str, Any], rows: Sequence[Mapping[str, Any]]) -> str:
     """For an unmet target with a floor: how close the measured figure is to the floor,
-    and whether the target lies below it; "" otherwise."""
+    and whether the target lies below it (and below the cold or RLlib floor); "" otherwise."""
     if target["met"] is not False:
         return ""
     f = next(
@@ -372,22 +412,23 @@ def closeness(target: Mapping[str, Any], rows: Sequence[Mapping[str, Any]]) -> s
     if f is None:
         return ""
     value, goal, floor = target["value"], target["goal"], f["floor_ratio"]
-    kind = (
-        "the batch written once into fresh memory"
-        if f["kind"] == "memory"
-        else ("one minimal object per episode")
-    )
-    where = (
-        f"the target lies {floor - goal:.2f} below that floor: no design meets it on this machine"
-        if floor > goal
-        else f"the target is {goal - floor:.2f} above it"
-    )
-    conv = (value - 1) / (floor - 1) if floor > 1 else float("inf")
+    kind = "the batch written once into fresh memory" if f["kind"] == "memory" else (
+        "one minimal object per episode"
+    )  # fmt: skip
+    conv = f"{(value - 1) / (floor - 1):.1f}x" if floor > 1 else "—"
     text = (
         f"- {target['label']}: measured {value:.2f}, target {goal:g}, floor {floor:.2f} "
-        f"({kind}); {where}; the measured is {value - floor:.2f} rollouts above the floor "
-        f"(its time beyond the rollout is {conv:.1f}x the floor's)"
+        f"({kind}); {_against(goal, floor)}; the measured is {value - floor:.2f} rollouts "
+        f"above the floor (its time beyond the rollout is {conv} the floor's)"
     )
+    if "cold_ratio" in f:
+        text += (
+            f"; with the pages cold (calls over ~2 s apart: here {f['gap_s']:.1f} s) the "
+            f"floor is {f['cold_ratio']:.2f} and {_against(goal, f['cold_ratio'])}"
+        )
     if "rllib_ratio" in f:
-        text += f"; RLlib's own empty episodes alone would give {f['rllib_ratio']:.2f}"
+        text += (
+            f"; RLlib's own empty episodes alone give {f['rllib_ratio']:.2f}: "
+            f"{_against(goal, f['rllib_ratio'])} for RLlib's classes"
+        )
     return text + "."

@@ -27,7 +27,8 @@ other processes hits the sides of a round alike). The time split of a side is ro
 rollout). Results: ``results/host_side.{json,md,png}``; ``--before PATH`` (an earlier
 run's JSON) adds its figures to the table and draws them next to this run's in the plot.
 
-Floors (:mod:`benchmarks.host_floors`; ``--floor-repeats``, 0 for none): after its rounds,
+Floors (:mod:`benchmarks.host_floors`; ``--floor-repeats``, 0 for none; ``--floor-idle``
+seconds before each cold copy, 0 for none): after its rounds,
 each cell measures the least its calls could cost here -- the batch's (and the trajectory's)
 bytes written once into fresh memory, one object per episode (a minimal slotted one, and
 RLlib's own empty episodes) -- as a ratio to the bare rollout next to the measured one
@@ -340,8 +341,9 @@ def measure_cell(cell: Cell, T: int, rounds: int, opts: argparse.Namespace, note
     }
     if opts.floor_repeats:
         row["floors"] = host_floors.measure(
-            cell.sides, row["sides"], every["rollout"], sampler, params, opts.floor_repeats
-        )
+            cell.sides, row["sides"], every["rollout"], sampler, params, opts.floor_repeats,
+            opts.floor_idle,
+        )  # fmt: skip
     if is_minatar:
         row["memory"] = minatar_memory(sampler, params, opts.memory_calls)
     row["wall_s"] = time.perf_counter() - t0
@@ -636,6 +638,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--big-rounds", type=int, help="rounds of Spread(8) 1024 cells (default 5)")
     p.add_argument("--memory-calls", type=int, help="tracemalloc'd MinAtar calls (default 3)")
     p.add_argument("--floor-repeats", type=int, help="repeats per floor (default 5; 0: none)")
+    p.add_argument("--floor-idle", type=float, help="s before a cold copy (default 3; quick 0)")
     p.add_argument("--parts", nargs="+", choices=("cells", "devices"), default=["cells", "devices"])
     p.add_argument("--cells", nargs="+", metavar="TEXT", help="only cells whose name has TEXT")
     p.add_argument("--before", type=Path, help="an earlier host_side.json to compare with")
@@ -655,6 +658,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
             "big_rounds": 5,
             "memory_calls": 3,
             "floor_repeats": 5,
+            "floor_idle": 3.0,
         },
         quick={
             "rollout_length": 8,
@@ -662,14 +666,16 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
             "big_rounds": 2,
             "memory_calls": 1,
             "floor_repeats": 2,
+            "floor_idle": 0.0,
         },
     )
     args = sizes.apply(args)
     for k in ("rollout_length", "rounds", "big_rounds", "memory_calls"):
         if getattr(args, k) < 1:
             p.error(f"--{k.replace('_', '-')} must be >= 1, got {getattr(args, k)}")
-    if args.floor_repeats < 0:
-        p.error(f"--floor-repeats must be >= 0, got {args.floor_repeats}")
+    for k in ("floor_repeats", "floor_idle"):
+        if getattr(args, k) < 0:
+            p.error(f"--{k.replace('_', '-')} must be >= 0, got {getattr(args, k)}")
     if args.prefetch:
         args.sampler_kwargs = {**args.sampler_kwargs, "prefetch": True}
     return args
@@ -716,6 +722,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "big_rounds": args.big_rounds,
             "memory_calls": args.memory_calls,
             "floor_repeats": args.floor_repeats,
+            "floor_idle": args.floor_idle,
             "parts": args.parts,
             "quick": args.quick,
             "sampler_kwargs": args.sampler_kwargs,

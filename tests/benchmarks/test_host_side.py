@@ -200,6 +200,7 @@ def test_batch_bytes_skips_deferred_columns_without_building_them():
 def test_copy_floor_and_object_counts_by_hand():
     got = hf.memory_floor([1000, 24], repeats=2)
     assert got["bytes"] == 1024 and got["spans"] == 2 and len(got["fresh_all_ms"]) == 2
+    assert "cold_ms" not in got and len(hf.memory_floor([8], 1, idle_s=0.01)["cold_all_ms"]) == 1
     assert hf.memory_floor([], 1)["fresh_ms"] == 0.0
     multi = SimpleNamespace(agent_episodes={"a0": 1, "a1": 2, "a2": 3})
     counts = hf.count_episodes([object(), multi, multi])
@@ -215,7 +216,8 @@ def test_floors_table_and_closeness_sentences():
     floors = {
         "sample_batch": {"kind": "memory", "measured_ratio": 1.9, "floor_ratio": 1.5,
                          "reused_ratio": 1.1, "bytes": 3 << 20, "spans": 4, "fresh_ms": 5.0,
-                         "reused_ms": 1.0},
+                         "reused_ms": 1.0, "cold_ratio": 1.8, "cold_ms": 40.0, "idle_s": 3.0,
+                         "gap_s": 2.5},
         "sample+read": {"kind": "objects", "measured_ratio": 3.0, "floor_ratio": 1.25,
                         "rllib_ratio": 6.0, "episodes": 10, "multi": 0, "agent_episodes": 0,
                         "objects": 10, "minimal_ms": 1.0, "minimal_gc_off_ms": 0.5,
@@ -232,12 +234,14 @@ def test_floors_table_and_closeness_sentences():
     ]  # fmt: skip
     md = "\n".join(hf.markdown_lines({"cells": [{"cell": "c", "floors": floors}],
                                       "targets": targets}))  # fmt: skip
-    assert "| c | sample_batch | 1.90 | 1.50 (reused 1.10) | 3.0 MiB in 4 arrays" in md
+    assert "| c | sample_batch | 1.90 | 1.50 (cold 1.80, reused 1.10) | 3.0 MiB in 4 arrays" in md
+    assert "after 3 s idle 40.0 ms; the other sides of a round run 2.5 s" in md
     assert "| c | sample+read | 3.00 | 1.25 / 6.00 | 10 episodes: 10 slotted objects" in md
     # A: the floor (1.5) is above the target (1.2); 0.4 above the floor; 0.9 / 0.5 = 1.8x.
     assert "- A: measured 1.90, target 1.2, floor 1.50" in md
-    assert "lies 0.30 below that floor" in md and "0.40 rollouts above" in md and "1.8x" in md
+    assert "lies 0.30 below it" in md and "0.40 rollouts above" in md and "1.8x" in md
+    assert "here 2.5 s) the floor is 1.80 and the target lies 0.60 below it" in md
     # B: the target is above the floor; 2.0 / 0.25 = 8x; RLlib's own episodes noted.
     assert "- B: measured 3.00, target 2, floor 1.25" in md and "is 0.75 above it" in md
-    assert "8.0x" in md and "would give 6.00" in md
+    assert "8.0x" in md and "alone give 6.00: the target lies 4.00 below it" in md
     assert "- C:" not in md and "- D:" not in md  # no floor / met
