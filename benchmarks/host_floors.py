@@ -253,7 +253,7 @@ def _ratio(rollout_s: float, extra_ms: float) -> float:
 
 
 def measure(
-    sides: Mapping[str, Any],
+    sides: Sequence[str],
     summary: Mapping[str, Any],
     rollout: Callable[[], Any],
     sampler: Any,
