@@ -27,6 +27,13 @@ other processes hits the sides of a round alike). The time split of a side is ro
 rollout). Results: ``results/host_side.{json,md,png}``; ``--before PATH`` (an earlier
 run's JSON) adds its figures to the table and draws them next to this run's in the plot.
 
+Floors (:mod:`benchmarks.host_floors`; ``--floor-repeats``, 0 for none; ``--floor-idle``
+seconds before each cold copy, 0 for none): after its rounds,
+each cell measures the least its calls could cost here -- the batch's (and the trajectory's)
+bytes written once into fresh memory, one object per episode (a minimal slotted one, and
+RLlib's own empty episodes) -- as a ratio to the bare rollout next to the measured one
+(``row["floors"]``, and a Floors table with how close each unmet target is to its floor).
+
 Options the code under test may or may not have are passed through and dropped, with a
 note in the results, where this checkout does not take them: ``--prefetch`` (the
 sampler's ``prefetch=True``), ``--sampler-kwargs JSON`` (every ``DeviceSampler``),
@@ -51,12 +58,13 @@ import subprocess
 import sys
 import time
 import tracemalloc
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from benchmarks import harness
+from benchmarks import harness, host_floors
 from benchmarks.harness import log
+from benchmarks.host_floors import batch_bytes
 
 NAME = "host_side"
 MINATAR = "gymnax:Breakout-MinAtar"
@@ -292,41 +300,6 @@ def summarize(
     return out
 
 
-def _arrays(obj: Any, seen: set[int]) -> Iterator[Any]:
-    import numpy as np
-
-    if isinstance(obj, np.ndarray):
-        yield obj
-        return
-    if id(obj) in seen:
-        return
-    seen.add(id(obj))
-    if hasattr(obj, "policy_batches"):
-        yield from _arrays(obj.policy_batches, seen)
-    elif isinstance(obj, Mapping):
-        for v in obj.values():
-            yield from _arrays(v, seen)
-    elif isinstance(obj, (list, tuple)):
-        for v in obj:
-            yield from _arrays(v, seen)
-
-
-def batch_bytes(batch: Any) -> dict[str, int]:
-    """``nbytes``: the sum of ``nbytes`` over every numpy array in ``batch`` (object arrays
-    count 8 bytes an entry: their pointers); ``held``: the memory those arrays span, each
-    byte once (views of one buffer, e.g. ``new_obs`` into the observation track, count once)."""
-    import numpy as np
-
-    bounds = getattr(np.lib, "array_utils", np).byte_bounds
-    arrays = list(_arrays(batch, set()))
-    spans = sorted(bounds(a) for a in arrays if a.size)
-    held, end = 0, -1
-    for lo, hi in spans:
-        held += max(0, hi - max(lo, end))
-        end = max(end, hi)
-    return {"nbytes": int(sum(a.nbytes for a in arrays)), "held": int(held)}
-
-
 def peak_allocation(call: Callable[[], Any]) -> tuple[int, Any]:
     """Peak bytes traced by ``tracemalloc`` during ``call()`` above what was traced before
     it, and its result."""
@@ -366,6 +339,11 @@ def measure_cell(cell: Cell, T: int, rounds: int, opts: argparse.Namespace, note
         "split_s": split,
         "sides": summarize(times, split),
     }
+    if opts.floor_repeats:
+        row["floors"] = host_floors.measure(
+            cell.sides, row["sides"], every["rollout"], sampler, params, opts.floor_repeats,
+            opts.floor_idle,
+        )  # fmt: skip
     if is_minatar:
         row["memory"] = minatar_memory(sampler, params, opts.memory_calls)
     row["wall_s"] = time.perf_counter() - t0
@@ -572,6 +550,7 @@ def markdown(res: Mapping[str, Any], before: Mapping[str, Any] | None) -> str:
         )
     for why in res.get("devices", {}).get("skipped", {}).values():
         lines.append(f"\n2-device cells skipped: {why}")
+    lines += host_floors.markdown_lines(res)
     lines.append("")
     return "\n".join(lines)
 
@@ -658,6 +637,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--rounds", type=int, help="rounds per cell (default 9; quick 2)")
     p.add_argument("--big-rounds", type=int, help="rounds of Spread(8) 1024 cells (default 5)")
     p.add_argument("--memory-calls", type=int, help="tracemalloc'd MinAtar calls (default 3)")
+    p.add_argument("--floor-repeats", type=int, help="repeats per floor (default 5; 0: none)")
+    p.add_argument("--floor-idle", type=float, help="s before a cold copy (default 3; quick 0)")
     p.add_argument("--parts", nargs="+", choices=("cells", "devices"), default=["cells", "devices"])
     p.add_argument("--cells", nargs="+", metavar="TEXT", help="only cells whose name has TEXT")
     p.add_argument("--before", type=Path, help="an earlier host_side.json to compare with")
@@ -671,13 +652,30 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     harness.add_quick_out(p, NAME)
     args = p.parse_args(argv)
     sizes = harness.Sizes(
-        full={"rollout_length": 128, "rounds": 9, "big_rounds": 5, "memory_calls": 3},
-        quick={"rollout_length": 8, "rounds": 2, "big_rounds": 2, "memory_calls": 1},
+        full={
+            "rollout_length": 128,
+            "rounds": 9,
+            "big_rounds": 5,
+            "memory_calls": 3,
+            "floor_repeats": 5,
+            "floor_idle": 3.0,
+        },
+        quick={
+            "rollout_length": 8,
+            "rounds": 2,
+            "big_rounds": 2,
+            "memory_calls": 1,
+            "floor_repeats": 2,
+            "floor_idle": 0.0,
+        },
     )
     args = sizes.apply(args)
     for k in ("rollout_length", "rounds", "big_rounds", "memory_calls"):
         if getattr(args, k) < 1:
             p.error(f"--{k.replace('_', '-')} must be >= 1, got {getattr(args, k)}")
+    for k in ("floor_repeats", "floor_idle"):
+        if getattr(args, k) < 0:
+            p.error(f"--{k.replace('_', '-')} must be >= 0, got {getattr(args, k)}")
     if args.prefetch:
         args.sampler_kwargs = {**args.sampler_kwargs, "prefetch": True}
     return args
@@ -723,6 +721,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             "rounds": args.rounds,
             "big_rounds": args.big_rounds,
             "memory_calls": args.memory_calls,
+            "floor_repeats": args.floor_repeats,
+            "floor_idle": args.floor_idle,
             "parts": args.parts,
             "quick": args.quick,
             "sampler_kwargs": args.sampler_kwargs,

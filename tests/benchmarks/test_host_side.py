@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from benchmarks import gpu
+from benchmarks import host_floors as hf
 from benchmarks import host_side as hs
 
 
@@ -52,6 +53,18 @@ def test_quick_writes_the_schema(tmp_path):
     assert all(t["value"] is None for t in res["targets"])  # quick cells are not the targets'
     md = (tmp_path / "host_side.md").read_text()
     assert "| CartPole-v1 16 mlp | sample+read |" in md and "2 devices / 1" in md
+    # Floors: the memory one copies about as many bytes as the MinAtar batch holds (another
+    # call's batch: the same columns, per-episode ones aside); the object one counts at least
+    # one episode per env.
+    assert set(cart["floors"]) == {"rollout", "sample_batch", "sample+read"}
+    assert set(minatar["floors"]) == {"rollout", "sample_batch"}
+    assert minatar["floors"]["sample_batch"]["bytes"] == pytest.approx(mem["held_bytes"], rel=0.05)
+    objs = cart["floors"]["sample+read"]
+    assert objs["episodes"] >= 16 and objs["objects"] == objs["episodes"]
+    assert objs["measured_ratio"] == cart["sides"]["sample+read"]["ratio"]
+    base = cart["sides"]["rollout"]["median_s"]
+    assert objs["floor_ratio"] == pytest.approx((base + objs["minimal_ms"] / 1e3) / base)
+    assert "## Floors" in md and "| CartPole-v1 16 mlp | sample_batch |" in md.split("## Floors")[1]
     assert (tmp_path / "host_side.png").stat().st_size > 0
     # A second run drawn against the first as "before".
     hs.plot(res, tmp_path / "both.png", before=res)
@@ -166,3 +179,69 @@ def test_gpu_host_series_skips_what_does_not_fit(monkeypatch):
     assert seen == [(1024, list(gpu.HOST_SIDES)), (4096, ["rollout", "sample_batch"])]
     assert any("sample+read predicted" in why for why in res["skipped"])
     assert any(why.startswith(f"W={1 << 30}, T=4: trajectory") for why in res["skipped"])
+
+
+def test_batch_bytes_skips_deferred_columns_without_building_them():
+    from jaxsampler.episodes.batch import Deferred, MultiAgentBatch, SampleBatch
+
+    def boom():
+        raise AssertionError("a Deferred column was built")
+
+    track = np.zeros((6, 4), np.float32)
+    sb = SampleBatch({"obs": track[:-1], "new_obs": Deferred(boom), "infos": Deferred(boom),
+                      "actions": np.zeros(5, np.int64)})  # fmt: skip
+    batch = MultiAgentBatch({"p": sb}, env_steps=5)
+    assert hs.batch_bytes(batch) == {"nbytes": 80 + 40, "held": 80 + 40}
+    # Two spans: the track's rows and the actions; a view of the track merges into the first.
+    sb2 = SampleBatch({"obs": track[:-1], "next": track[1:], "actions": np.zeros(5, np.int64)})
+    assert sorted(hf.held_spans(sb2)) == [40, 96]
+
+
+def test_copy_floor_and_object_counts_by_hand():
+    got = hf.memory_floor([1000, 24], repeats=2)
+    assert got["bytes"] == 1024 and got["spans"] == 2 and len(got["fresh_all_ms"]) == 2
+    assert "cold_ms" not in got and len(hf.memory_floor([8], 1, idle_s=0.01)["cold_all_ms"]) == 1
+    assert hf.memory_floor([], 1)["fresh_ms"] == 0.0
+    multi = SimpleNamespace(agent_episodes={"a0": 1, "a1": 2, "a2": 3})
+    counts = hf.count_episodes([object(), multi, multi])
+    assert counts == {"episodes": 3, "multi": 2, "agent_episodes": 6}
+    floor = hf.object_floor(counts, repeats=1)
+    assert floor["objects"] == 9 and floor["minimal_ms"] >= 0
+    pytest.importorskip("ray.rllib")
+    assert floor["rllib_ms"] > 0
+
+
+def test_floors_table_and_closeness_sentences():
+    assert hf.markdown_lines({"cells": [{"cell": "c", "sides": {}}]}) == []  # an older JSON
+    floors = {
+        "sample_batch": {"kind": "memory", "measured_ratio": 1.9, "floor_ratio": 1.5,
+                         "reused_ratio": 1.1, "bytes": 3 << 20, "spans": 4, "fresh_ms": 5.0,
+                         "reused_ms": 1.0, "cold_ratio": 1.8, "cold_ms": 40.0, "idle_s": 3.0,
+                         "gap_s": 2.5},
+        "sample+read": {"kind": "objects", "measured_ratio": 3.0, "floor_ratio": 1.25,
+                        "rllib_ratio": 6.0, "episodes": 10, "multi": 0, "agent_episodes": 0,
+                        "objects": 10, "minimal_ms": 1.0, "minimal_gc_off_ms": 0.5,
+                        "rllib_ms": 20.0},
+    }  # fmt: skip
+    targets = [
+        {"label": "A", "cell": "c", "figure": "sample_batch", "value": 1.9, "goal": 1.2,
+         "met": False},
+        {"label": "B", "cell": "c", "figure": "sample+read", "value": 3.0, "goal": 2.0,
+         "met": False},
+        {"label": "C", "cell": "c", "figure": "sample", "value": 3.0, "goal": 2.0, "met": False},
+        {"label": "D", "cell": "c", "figure": "sample+read", "value": 1.0, "goal": 2.0,
+         "met": True},
+    ]  # fmt: skip
+    md = "\n".join(hf.markdown_lines({"cells": [{"cell": "c", "floors": floors}],
+                                      "targets": targets}))  # fmt: skip
+    assert "| c | sample_batch | 1.90 | 1.50 (cold 1.80, reused 1.10) | 3.0 MiB in 4 arrays" in md
+    assert "after 3 s idle 40.0 ms; the other sides of a round run 2.5 s" in md
+    assert "| c | sample+read | 3.00 | 1.25 / 6.00 | 10 episodes: 10 slotted objects" in md
+    # A: the floor (1.5) is above the target (1.2); 0.4 above the floor; 0.9 / 0.5 = 1.8x.
+    assert "- A: measured 1.90, target 1.2, floor 1.50" in md
+    assert "lies 0.30 below it" in md and "0.40 rollouts above" in md and "1.8x" in md
+    assert "here 2.5 s) the floor is 1.80 and the target lies 0.60 below it" in md
+    # B: the target is above the floor; 2.0 / 0.25 = 8x; RLlib's own episodes noted.
+    assert "- B: measured 3.00, target 2, floor 1.25" in md and "is 0.75 above it" in md
+    assert "8.0x" in md and "alone give 6.00: the target lies 4.00 below it" in md
+    assert "- C:" not in md and "- D:" not in md  # no floor / met
