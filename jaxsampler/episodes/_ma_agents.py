@@ -93,21 +93,14 @@ class _LazyMaps(_LazyField[_T]):
     access to the maps themselves (readers of agents' episodes never need them)."""
 
     def __get__(self, episode: object | None, owner: type) -> Any:
-        if episode is None:
-            return self
-        d = episode.__dict__
-        if "_lazy" in d:
-            _build_lazy(episode)
-        if "_lazy_maps" in d:
-            _build_maps(episode)
-        return d[self._name]
+        value = super().__get__(episode, owner)
+        if episode is not None and "_lazy_maps" in episode.__dict__:
+            _build_maps(episode)  # (fills ``value`` in place)
+        return value
 
     def __set__(self, episode: object, value: _T) -> None:
-        d = episode.__dict__
-        if "_lazy" in d:
-            _build_lazy(episode)
-        d.pop("_lazy_maps", None)  # (replaced whole)
-        d[self._name] = value
+        super().__set__(episode, value)
+        episode.__dict__.pop("_lazy_maps", None)  # (replaced whole)
 
 
 def _build_maps(episode: Any) -> None:
