@@ -169,8 +169,9 @@ def _assert_same_state(a, b, where=""):
         assert type(a) is type(b) and a == b, (where, a, b)
 
 
-@pytest.mark.parametrize("horizon", [0, 1, 3])
-def test_column_cut_equals_the_list_cut(horizon):
+def _column_cuts(horizon: int, numpy: bool):
+    """``(chunk, its column cut)`` for every open Spread(3) chunk of four calls that the
+    column path takes; asserts there was at least one."""
     env = Spread(3)
     policy = CountingPolicy(env.observation_space, env.action_space)
     sampler = js.Sampler(env, policy, num_envs=E, rollout_length=T, seed=SEED)
@@ -179,38 +180,31 @@ def test_column_cut_equals_the_list_cut(horizon):
         for ep in sampler.sample(()):
             if ep.is_done:
                 continue
-            got = ep._cut_columns(horizon)
-            if got is None:
-                continue
-            fast += 1
-            _assert_same_state(_state(got), _state(ep._cut_from_lists(horizon)))
+            got = ep._cut_columns(horizon, numpy=numpy)
+            if got is not None:
+                fast += 1
+                yield ep, got
     assert fast > 0
+
+
+@pytest.mark.parametrize("horizon", [0, 1, 3])
+def test_column_cut_equals_the_list_cut(horizon):
+    for ep, got in _column_cuts(horizon, numpy=False):
+        _assert_same_state(_state(got), _state(ep._cut_from_lists(horizon)))
 
 
 @pytest.mark.parametrize("horizon", [0, 1, 3])
 def test_numpy_column_cut_equals_the_list_cut_finalized(horizon):
     # The samplers' successors: the list cut's columns stacked as the next call extends them.
-    env = Spread(3)
-    policy = CountingPolicy(env.observation_space, env.action_space)
-    sampler = js.Sampler(env, policy, num_envs=E, rollout_length=T, seed=SEED)
-    fast = 0
-    for _ in range(4):
-        for ep in sampler.sample(()):
-            if ep.is_done:
-                continue
-            got = ep._cut_columns(horizon, numpy=True)
-            if got is None:
-                continue
-            fast += 1
-            want = ep._cut_from_lists(horizon)
-            for sa in want.agent_episodes.values():
-                for buf in (sa.observations, sa.actions, sa.rewards, sa.infos):
-                    if not buf.finalized and buf.data and (buf is not sa.infos or buf.data[0]):
-                        buf.finalize()
-                for buf in sa.extra_model_outputs.values():
+    for ep, got in _column_cuts(horizon, numpy=True):
+        want = ep._cut_from_lists(horizon)
+        for sa in want.agent_episodes.values():
+            for buf in (sa.observations, sa.actions, sa.rewards, sa.infos):
+                if not buf.finalized and buf.data and (buf is not sa.infos or buf.data[0]):
                     buf.finalize()
-            _assert_same_state(_state(got), _state(want))
-    assert fast > 0
+            for buf in sa.extra_model_outputs.values():
+                buf.finalize()
+        _assert_same_state(_state(got), _state(want))
 
 
 @pytest.mark.parametrize("make_env", [ChaosEnv, lambda: Spread(3)], ids=["chaos", "spread"])
