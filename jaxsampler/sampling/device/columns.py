@@ -546,11 +546,15 @@ def find_segments(
     E = is_reset.shape[0]
     total = is_reset.shape[1] - H
     live = ~is_reset[:, H:]
-    done = (terminated[:, H:] | truncated[:, H:]) & live
-    prev = np.concatenate([np.zeros((E, 1), bool), live[:, :-1]], axis=1)
-    nxt = np.concatenate([live[:, 1:], np.zeros((E, 1), bool)], axis=1)
-    seg_env, seg_start = np.nonzero(live & ~prev)
-    _, seg_end = np.nonzero(live & ~nxt)  # inclusive, same (env, time) order
+    # Segments are the runs of live steps of each env: with a dead slot padded on both
+    # sides of every env's row, the flattened row's changes alternate start, stop.
+    width = total + 2
+    pad = np.zeros((E, width), np.int8)
+    pad[:, 1:-1] = live
+    edges = np.flatnonzero(np.diff(pad.reshape(-1)))
+    seg_env, seg_start = np.divmod(edges[0::2] + 1, width)
+    seg_start -= 1
+    seg_end = edges[1::2] - seg_env * width - 1  # inclusive
     seg_len = seg_end - seg_start + 1
     # Resets of the env before each segment: binary searches in the (sorted) flat reset
     # positions, not a cumulative count over every step.
@@ -562,13 +566,15 @@ def find_segments(
     continues = (seg_start == 0) & (step0[seg_env] > 0)
     t_started = np.where(continues, step0[seg_env], 0)
     lookback = np.where(continues, np.minimum(0 if fresh else H, step0[seg_env]), 0)
-    is_done = done[seg_env, seg_end]
-    term = terminated[seg_env, H + seg_end] & is_done
-    trunc = truncated[seg_env, H + seg_end] & is_done
-    # Returns: segment sums plus what earlier calls accumulated.
-    rew = np.where(live, rewards[:, H:], 0).astype(np.float64)
-    csum = np.concatenate([np.zeros((E, 1)), np.cumsum(rew, axis=1)], axis=1)
-    seg_sum = csum[seg_env, seg_end + 1] - csum[seg_env, seg_start]
+    term_end, trunc_end = terminated[seg_env, H + seg_end], truncated[seg_env, H + seg_end]
+    is_done = term_end | trunc_end  # (a segment's last step is live)
+    term, trunc = term_end & is_done, trunc_end & is_done
+    # Returns: each segment's sum (one pass: the dead steps between segments count 0)
+    # plus what earlier calls accumulated.
+    rew = np.where(live, rewards[:, H:], 0).reshape(-1)
+    seg_sum = (
+        np.add.reduceat(rew, env_at + seg_start, dtype=np.float64) if len(seg_env) else np.zeros(0)
+    )
     seg_return = seg_sum + np.where(continues, partial_return[seg_env], 0.0)
     if num_episodes is not None:  # stop at the step where the count reached N
         if cutoff is None:
