@@ -50,7 +50,8 @@ class Columns:
     """Host columns of a call: one numpy array per rollout buffer field.
 
     Single-agent columns are ``[E, S, ...]`` (the agent axis dropped), ``obs`` with one
-    time slot more than the others. Multi-agent ones keep it, ``[E, S, A, ...]``, except
+    time slot more than the others (or, with ``time_major_obs``, as the buffers hold it:
+    ``[T_total + 1, E, ...]`` without the head, for a batch's row gathers). Multi-agent ones keep it, ``[E, S, A, ...]``, except
     ``obs``, which stays time-major as the buffers hold it, ``[T_total + 1, E, A, ...]``,
     the call's own slots only (no head: a row gather reads it in place, and transposing
     it costs more than the gather saves). ``infos`` are the env info leaves by path; the
@@ -298,6 +299,7 @@ def build_columns(
     reset_info: dict[InfoPath, np.ndarray],
     horizon: int,
     multi_agent: bool,
+    time_major_obs: bool | None = None,
 ) -> Columns:
     """Env-major columns ``[E, H + T_total(+1 for obs), ...]`` of the call's chunks.
 
@@ -309,10 +311,14 @@ def build_columns(
         horizon: ``H``, lookback steps before the call's first step.
         multi_agent: keep the agent axis (``obs`` time-major, without the head); else
             agent 0's values.
+        time_major_obs: ``obs`` as the buffers hold it, ``[T_total + 1, E, ...]`` without
+            the head (no transpose: a single-agent batch gathers its rows from it); by
+            default as ``multi_agent``.
     """
     check_chunks(chunks)
     H = horizon
     agent: Any = slice(None) if multi_agent else 0
+    time_major = multi_agent if time_major_obs is None else time_major_obs
     first = chunks[0]
 
     def cat(parts: list[np.ndarray], old: np.ndarray | None) -> np.ndarray:
@@ -337,7 +343,7 @@ def build_columns(
     def obs_column(old_obs: np.ndarray | None, *leaves: Any) -> np.ndarray:
         parts = [_obs_leaf(x, 3)[:, :, agent] for x in leaves]
         parts = [p[:-1] for p in parts[:-1]] + [parts[-1]]
-        if multi_agent:  # as the buffers hold it: no copy at all for a one-chunk call
+        if time_major:  # as the buffers hold it: no copy at all for a one-chunk call
             return parts[0] if len(parts) == 1 else np.concatenate(parts)
         return cat(parts, old_obs)
 
@@ -378,7 +384,7 @@ def build_columns(
         acting=field("acting") if multi_agent else None,
         extras={k: extra(k) for k in sorted(extras)},
         infos={path: info(path) for path, _ in info_leaves(first.infos)},
-        time_major_obs=multi_agent,
+        time_major_obs=time_major,
         raw_rewards=None if first.raw_rewards is None else field("raw_rewards"),
     )
 

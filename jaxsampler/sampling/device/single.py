@@ -150,12 +150,32 @@ class SingleAgentConverter:
         self._partial_return = state["partial_return"]
 
     def _segments(
-        self, chunks: list[Trajectory], num_episodes: int | None, cutoff: int | None
+        self,
+        chunks: list[Trajectory],
+        num_episodes: int | None,
+        cutoff: int | None,
+        time_major_obs: bool = False,
     ) -> tuple[Columns, Segments, SamplerMetrics]:
+        """The call's columns (``time_major_obs``: ``obs`` left as the buffers hold it,
+        :func:`build_columns`), its segments and metrics; keeps the next call's head."""
         H = self._horizon
         fresh = self._head is None
-        cols = build_columns(chunks, self._head, self._reset_info, H, multi_agent=False)
-        self._head = cols.tail(H)
+        cols = build_columns(
+            chunks,
+            self._head,
+            self._reset_info,
+            H,
+            multi_agent=False,
+            time_major_obs=time_major_obs,
+        )
+        head = cols.tail(H)
+        if cols.time_major_obs:  # the head is env-major, whichever call comes next
+            head = dataclasses.replace(
+                head,
+                obs=obs_map(lambda o: np.ascontiguousarray(o.swapaxes(0, 1)), head.obs),
+                time_major_obs=False,
+            )
+        self._head = head
         seg, m, self._partial_return = find_segments(
             cols.is_reset,
             cols.terminated,
@@ -232,11 +252,16 @@ class SingleAgentConverter:
     ) -> tuple[MultiAgentBatch, SamplerMetrics]:
         """One ``SampleBatch`` row per sampled (non-reset) step, episodes in
         :meth:`episodes`' order: one flat gather per column, no loop over steps."""
-        cols, seg, m = self._segments(chunks, num_episodes, cutoff)
+        # (obs time-major when the call has the head's observations: no transpose, the
+        # rows gathered straight from the buffers)
+        T_total = sum(int(np.shape(c.rewards)[0]) for c in chunks)
+        cols, seg, m = self._segments(
+            chunks, num_episodes, cutoff, time_major_obs=T_total >= self._horizon
+        )
         H = self._horizon
         lens = seg.len
         n_rows = int(lens.sum())
-        S = cols.is_reset.shape[1]
+        E, S = cols.is_reset.shape
         # Row r of segment i is step seg.start[i] + (r - first[i]): every per-row index is a
         # per-segment base repeated over the segment's rows plus the row number (two passes
         # over the rows instead of a gather per index).
@@ -244,7 +269,12 @@ class SingleAgentConverter:
         row = np.arange(n_rows)
         base = seg.env * S + H + seg.start - first  # flat step column index minus the row
         flat = np.repeat(base, lens) + row  # rows of the env-major step columns, flattened
-        flat_obs = np.repeat(base + seg.env, lens) + row  # obs have one slot more per env
+        if cols.time_major_obs:  # obs [T_total + 1, E, ...]: step j of env e is row j * E + e
+            flat_obs = np.repeat((seg.start - first) * E + seg.env, lens) + row * E
+            next_obs = E  # the next observation's offset
+        else:  # env-major [E, S + 1, ...]: one slot more per env than the step columns
+            flat_obs = np.repeat(base + seg.env, lens) + row
+            next_obs = 1
 
         def rows(col: np.ndarray, index: np.ndarray) -> np.ndarray:
             return np.take(col.reshape((-1,) + col.shape[2:]), index, axis=0)
@@ -254,7 +284,7 @@ class SingleAgentConverter:
         # A row's new_obs is the next row's obs except at a segment's last row: new_obs is
         # built from the batch's obs on its first read, only those end rows gathered now.
         last = (first + lens - 1)[lens > 0]
-        ends = obs_map(lambda o: rows(o, flat_obs[last] + 1), cols.obs)
+        ends = obs_map(lambda o: rows(o, flat_obs[last] + next_obs), cols.obs)
         data: dict[str, Any] = {
             SampleBatch.OBS: obs,
             # (obs read-only until then: an in-place write would show in new_obs)
