@@ -258,7 +258,15 @@ class MultiAgentEpisode(_Stepping, _Getters):
     def cut(self, len_lookback_buffer: int = 0) -> MultiAgentEpisode:
         """The successor chunk (same ``id_``, ``len == 0``, ``env_t_started = self.env_t``)
         with ``len_lookback_buffer`` env steps of lookback, raised so that every hanging
-        agent's last observation is inside (its step then completes in the successor).
+        agent has an observation inside (its step then completes in the successor).
+
+        For each hanging agent the lookback grows, where needed, to reach that agent's
+        latest observation among the env steps at least ``len_lookback_buffer`` back from
+        the end (the current env step counting as 1). As in RLlib, an observation within
+        the last ``len_lookback_buffer - 1`` env steps does not count although it would be
+        inside already: the successor may then get a longer lookback than asked, with an
+        earlier observation of that agent too, reaching past this chunk's own start into
+        its lookback. Without such an observation in the maps the asked length stays.
 
         RLlib deviation (4): ``cut(0)`` raises the lookback for hanging agents too (RLlib's
         search stops at once for 0, so their pending steps are lost).
@@ -326,11 +334,9 @@ class MultiAgentEpisode(_Stepping, _Getters):
     def _cut_from_lists(self, n: int) -> MultiAgentEpisode:
         """:meth:`cut` through the list constructor (every case)."""
         last = self._map_len() - 1
+        asked = n
         for aid in self._hanging_actions_end:
-            data = self.env_t_to_agent_t[aid].data
-            real = [i for i, v in enumerate(data) if v != SKIP]
-            if real:
-                n = max(n, last - real[-1])  # (also for n == 0: RLlib deviation (4))
+            n = max(n, _hanging_lookback(self.env_t_to_agent_t[aid].data, asked))
         n = min(n, last)  # RLlib deviation (16)
         active = [a for a, sa in self.agent_episodes.items() if not sa.is_done]
         keep = lambda steps: [{a: v for a, v in d.items() if a in active} for d in steps]
@@ -527,6 +533,23 @@ class MultiAgentEpisode(_Stepping, _Getters):
     def __repr__(self) -> str:
         returns = {a: sa.get_return() for a, sa in self.agent_episodes.items()}
         return f"MAEps(len={len(self)} done={self.is_done} Rs={returns} id_={self.id_})"
+
+
+def _hanging_lookback(m: list, asked: int) -> int:
+    """The lookback (in env steps) that a ``cut(asked)`` needs for a hanging agent with
+    map data ``m``: it reaches back to the agent's latest observation that is at least
+    ``max(asked, 1)`` entries from the end of ``m`` (the last entry being 1 from the end);
+    0 when there is none.
+
+    An observation nearer the end than ``asked`` entries is passed over, as RLlib's
+    ``cut`` passes it over, so the lookback may end up longer than ``asked`` although
+    ``asked`` steps already held an observation of the agent.
+    RLlib deviation (4): ``asked == 0`` searches as 1 does (RLlib's search for 0 looks
+    at the chunk's first env step and stops there, losing the hanging agent's step)."""
+    for back in range(max(asked, 1), len(m) + 1):
+        if m[len(m) - back] != SKIP:
+            return back - 1
+    return 0
 
 
 def _full_window(m: list, n: int, t: int) -> bool:

@@ -13,9 +13,10 @@ The model keeps the whole episode as plain lists per agent (every observation wi
 env step it came at, every action, every summed reward) and answers, for the current
 chunk, with RLlib's rules written out directly: per-agent steps of the chunk, env-step
 getters by index (with ``neg_index_as_lookback`` into the chunk's lookback, whose size
-``cut`` raises so every hanging agent's last observation is inside, and which cannot
-reach past the previous chunk's own lookback), agents to act, returns, done flags. At the
-end the chunks concatenated back (``concat_episode``) equal the never-cut episode.
+``cut(n)`` raises for every hanging agent to its latest observation at least ``n`` env
+steps back, as RLlib's does, and which cannot reach past the previous chunk's own
+lookback), agents to act, returns, done flags. At the end the chunks concatenated back
+(``concat_episode``) equal the never-cut episode.
 """
 
 from __future__ import annotations
@@ -77,11 +78,18 @@ class Model:
         return bool(joined) and not self.joined_now and all(m.state == "done" for m in joined)
 
     def cut(self, n: int) -> None:
+        # RLlib's rule: a hanging agent's latest observation at least max(n, 1) env steps
+        # back (counting the current one as 1) and still in the chunk's maps sets the
+        # lookback; one nearer the end does not count (RLlib deviation 4 aside: n == 0
+        # searches as 1 does)
         need = n
+        first = self.env_t_started - self.lookback
         for m in self.agents.values():
             if m.state == "hanging":
-                need = max(need, self.env_t - m.obs_env_t[-1])
-        self.lookback = min(need, self.env_t - (self.env_t_started - self.lookback))
+                old = [E for E in m.obs_env_t if first <= E <= self.env_t + 1 - max(n, 1)]
+                if old:
+                    need = max(need, self.env_t - old[-1])
+        self.lookback = min(need, self.env_t - first)
         self.env_t_started = self.env_t
         self.chunk_agents = {a for a, m in self.agents.items() if m.state in ("ready", "hanging")}
         # completed steps so far (a hanging agent's step completes in the new chunk)

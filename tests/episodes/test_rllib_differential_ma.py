@@ -15,7 +15,7 @@ import warnings
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from jaxsampler.episodes.multi_agent import MultiAgentEpisode
@@ -31,6 +31,7 @@ RLlibEpisode = rllib_ma.MultiAgentEpisode
 
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(0, 2**32 - 1))
+@example(seed=3271972174)  # cut(3) of a cut chunk whose hanging agent observed 2 steps back
 def test_random_programs_give_rllibs_results(seed):
     p = Program(seed, RLlibEpisode, MultiAgentEpisode).run()
     assert p.counts["calls"] > 10
@@ -171,3 +172,59 @@ def test_a_done_agents_rewards_before_joining_are_dropped():
     same(lambda ep: ep.get_return(include_hanging_rewards=True), ref, got)
     assert got.get_return(include_hanging_rewards=True) == pytest.approx(4.0)
     assert np.isclose(got.get_return(), 4.0)
+
+
+def _hanging_chunk(cls, seen, cut_first):
+    """A chunk where agent "b" acts every env step and "h" observes at the env steps that
+    ``seen`` marks (and hangs at the others, the last one included); ``cut_first``: it is
+    the successor of a ``cut(1)`` two env steps in, so lookback data precede it."""
+    ep = cls()
+    ep.add_env_reset(observations={"b": 0, "h": 100})
+    hanging = False
+    for t, obs_h in enumerate(seen, 1):
+        obs, act, rew = {"b": t}, {"b": 10 + t}, {"b": 1.0}
+        if not hanging:
+            act["h"] = 110 + t
+        if obs_h:
+            obs["h"], rew["h"] = 100 + t, 0.5
+        ep.add_env_step(obs, act, rew, infos={"h": {"t": t}} if obs_h else {})
+        hanging = not obs_h
+        if cut_first and t == 2:
+            ep = ep.cut(1)
+    return ep
+
+
+@pytest.mark.parametrize("cut_first", [False, True])
+@pytest.mark.parametrize(
+    "seen", [(0, 0, 1, 0), (1, 0, 0, 1, 0, 0), (1, 1, 0), (0, 1, 0), (1, 0, 1, 1, 0)]
+)
+def test_cut_raises_the_lookback_for_a_hanging_agent_as_rllibs(seen, cut_first):
+    """A hanging agent's observation within the last ``lb - 1`` env steps does not stop
+    ``cut(lb)`` from reaching back to an earlier one (the seed 3271972174 case): every
+    requested lookback that the data holds gives RLlib's successor (lookback length,
+    maps, per-agent lookback, getters)."""
+    n_data = len(seen) - (1 if cut_first else 0)  # env steps in the maps, less one
+    for lb in range(1, n_data + 1):  # (0: RLlib deviation 4; more: deviation 16)
+        ref, got = both(lambda cls, lb=lb: _hanging_chunk(cls, seen, cut_first).cut(lb))
+        assert got._len_lookback_buffers == ref._len_lookback_buffers, lb
+        same(
+            lambda ep: {a: (list(m.data), m.lookback) for a, m in ep.env_t_to_agent_t.items()},
+            ref,
+            got,
+        )
+        same(
+            lambda ep: {
+                a: (s.t_started, s.observations.lookback, s.rewards.lookback)
+                for a, s in ep.agent_episodes.items()
+            },
+            ref,
+            got,
+        )
+        for f in (
+            lambda ep: ep.get_observations(slice(-3, None), env_steps=False),
+            lambda ep: ep.get_infos(slice(-2, None), env_steps=False),
+            lambda ep: ep.get_actions(slice(-2, None), env_steps=False, agent_ids="b"),
+            lambda ep: ep.get_observations(-1, neg_index_as_lookback=True),
+            lambda ep: dict(ep._hanging_actions_end),
+        ):
+            same(f, ref, got)
