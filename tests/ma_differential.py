@@ -265,8 +265,6 @@ class Program:
                     return "16 (cut's lookback is not clipped: padded empty env steps)"
                 if self.cut and not env_steps and what == "rewards":
                     return "16 (cut's lookback is not clipped: 0.0 hanging rewards)"
-                if self.cut and not env_steps and "fill" in kw:
-                    return "16 (cut's lookback is not clipped: one more lookback item)"
                 return None
 
             # bug 14: RLlib's dtype of numpy'ized rewards with fill is the first item's
