@@ -21,7 +21,8 @@ of the cell's ratios: ``(bare rollout + floor) / bare rollout``.
   per agent episode of a multi-agent one), so the floor is creating that many objects
   (counted from one ``sample()`` of the cell), kept alive as the episodes are, with the
   cyclic GC enabled: (i) :class:`Minimal`, an object with ``__slots__`` that points at its
-  data, the least any design can do; (ii) RLlib's own ``SingleAgentEpisode()`` (and
+  data, made and then read as the ``sample+read`` side reads episodes (three getters, each
+  one slice), the least any design can do; (ii) RLlib's own ``SingleAgentEpisode()`` (and
   ``MultiAgentEpisode()`` for each multi-agent episode), empty constructors, the least
   RLlib's classes cost. The minimal objects are also timed with the GC off (JSON only), to
   show the collector's share.
@@ -38,6 +39,8 @@ import statistics
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
+
+import numpy as np
 
 MiB = 1 << 20
 
@@ -163,12 +166,34 @@ def memory_floor(spans: Sequence[int], repeats: int, idle_s: float = 0.0) -> dic
 
 class Minimal:
     """The least an episode object can be: a slotted object pointing at its rows of a
-    shared buffer (``source[start:stop]``)."""
+    shared buffer (``source[start:stop]``), whose getters are one slice each."""
 
     __slots__ = ("source", "start", "stop")
 
     def __init__(self, source: Any, start: int, stop: int):
         self.source, self.start, self.stop = source, start, stop
+
+    def get_observations(self) -> Any:
+        """The episode's observations (one more than its steps)."""
+        return self.source[self.start : self.stop + 1]
+
+    def get_actions(self) -> Any:
+        """The episode's actions."""
+        return self.source[self.start : self.stop]
+
+    def get_rewards(self) -> Any:
+        """The episode's rewards."""
+        return self.source[self.start : self.stop]
+
+
+class MinimalMulti:
+    """The least a multi-agent episode can be: a slotted object holding its agents'
+    :class:`Minimal` episodes by agent id."""
+
+    __slots__ = ("agent_episodes",)
+
+    def __init__(self, agent_episodes: dict[Any, Minimal]):
+        self.agent_episodes = agent_episodes
 
 
 def count_episodes(episodes: Sequence[Any]) -> dict[str, int]:
@@ -222,26 +247,56 @@ def rllib_makers(counts: Mapping[str, int]) -> tuple[Callable[[], Any] | None, s
     return make, ""
 
 
+def minimal_episodes(counts: Mapping[str, int]) -> Callable[[], list[Any]]:
+    """A maker of :class:`Minimal` episodes for ``counts``: one per single-agent episode,
+    and a :class:`MinimalMulti` over its share of the agent episodes per multi-agent one."""
+    source = np.zeros(64, np.float32)
+    n_sa = counts["episodes"] - counts["multi"]
+    n_ma = counts["multi"]
+    per = counts["agent_episodes"] // n_ma if n_ma else 0
+    extra = counts["agent_episodes"] - per * n_ma
+
+    def make() -> list[Any]:
+        out: list[Any] = [Minimal(source, 0, 8) for _ in range(n_sa)]
+        for i in range(n_ma):
+            k = per + (i < extra)
+            out.append(MinimalMulti({j: Minimal(source, 0, 8) for j in range(k)}))
+        return out
+
+    return make
+
+
+def read_minimal(episodes: Sequence[Any]) -> list[Any]:
+    """Reads each episode's (or agent episode's) observations, actions and rewards once,
+    as the benchmark's ``sample+read`` side does; returns the episodes (kept alive)."""
+    for ep in episodes:
+        for sa in ep.agent_episodes.values() if type(ep) is MinimalMulti else (ep,):
+            sa.get_observations(), sa.get_actions(), sa.get_rewards()
+    return list(episodes)
+
+
 def object_floor(counts: Mapping[str, int], repeats: int) -> dict[str, Any]:
     """Medians (ms) of creating one :class:`Minimal` per episode and agent episode (GC on
-    and off) and RLlib's empty episodes (GC on; absent with a note without ray)."""
+    and off), of creating and reading them as ``sample+read`` reads episodes (three
+    getters each, GC on), and of RLlib's empty episodes (GC on; absent with a note
+    without ray)."""
     n = counts["episodes"] + counts["agent_episodes"]
-
-    def minimal() -> list[Minimal]:
-        return [Minimal(None, i, i + 1) for i in range(n)]
+    make = minimal_episodes(counts)
 
     out: dict[str, Any] = {**counts, "objects": n}
-    on = creation_seconds(minimal, repeats)
-    off = creation_seconds(minimal, repeats, gc_on=False)
+    on = creation_seconds(make, repeats)
+    off = creation_seconds(make, repeats, gc_on=False)
+    read = creation_seconds(lambda: read_minimal(make()), repeats)
     out |= {
         "minimal_ms": statistics.median(on) * 1e3,
         "minimal_gc_off_ms": statistics.median(off) * 1e3,
+        "minimal_read_ms": statistics.median(read) * 1e3,
     }
-    make, why = rllib_makers(counts)
-    if make is None:
+    rllib, why = rllib_makers(counts)
+    if rllib is None:
         out["note"] = why
     else:
-        out["rllib_ms"] = statistics.median(creation_seconds(make, repeats)) * 1e3
+        out["rllib_ms"] = statistics.median(creation_seconds(rllib, repeats)) * 1e3
     return out
 
 
@@ -305,7 +360,7 @@ def measure(
         row = {
             "kind": "objects",
             "measured_ratio": summary["sample+read"]["ratio"],
-            "floor_ratio": _ratio(rollout_s, obj["minimal_ms"]),
+            "floor_ratio": _ratio(rollout_s, obj["minimal_read_ms"]),
             **obj,
         }
         if "rllib_ms" in obj:
@@ -340,9 +395,14 @@ def what(side: str, f: Mapping[str, Any]) -> str:
         if "rllib_ms" in f
         else f.get("note", "RLlib's episodes not timed")
     )
+    read = (
+        f", made and read (three getters each) {f['minimal_read_ms']:.1f} ms"
+        if "minimal_read_ms" in f
+        else ""
+    )
     return (
         f"{f['episodes']} episodes{agents}: {f['objects']} slotted objects "
-        f"{f['minimal_ms']:.1f} ms (GC off {f['minimal_gc_off_ms']:.1f} ms); {rllib}"
+        f"{f['minimal_ms']:.1f} ms (GC off {f['minimal_gc_off_ms']:.1f} ms){read}; {rllib}"
     )
 
 
@@ -413,7 +473,7 @@ def closeness(target: Mapping[str, Any], rows: Sequence[Mapping[str, Any]]) -> s
         return ""
     value, goal, floor = target["value"], target["goal"], f["floor_ratio"]
     kind = "the batch written once into fresh memory" if f["kind"] == "memory" else (
-        "one minimal object per episode"
+        "one minimal object per episode, read by three one-slice getters"
     )  # fmt: skip
     conv = f"{(value - 1) / (floor - 1):.1f}x" if floor > 1 else "—"
     text = (
