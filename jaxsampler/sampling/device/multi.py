@@ -4,7 +4,8 @@
 chunks (``sample()``) or a ``MultiAgentBatch`` keyed by policy id (``sample_batch()``);
 both come from one vectorized pass over the call's buffers
 (:func:`jaxsampler.sampling.device.agent_steps.agent_steps`) that finds every completed agent
-step. Open chunks continue across calls with RLlib's ``cut(episode_lookback_horizon)``;
+step. Open chunks continue across calls with RLlib's ``cut(episode_lookback_horizon)``
+(mostly built from the call's columns, :mod:`~jaxsampler.sampling.device.successors`);
 a step still waiting for the agent's next observation is carried to the next call.
 """
 
@@ -319,8 +320,10 @@ class MultiAgentConverter:
         (``cutoff``: see :func:`~jaxsampler.sampling.device.columns.find_segments`).
 
         Finished chunks are lazy (:meth:`MultiAgentEpisode.lazy`): their agents' episodes
-        are views into the call's columns, made on first access. Chunks still open are
-        built now, as the next call continues their ``cut`` successors."""
+        are views into the call's columns, made on first access. An open chunk's ``cut``
+        successor (which the next call continues) comes straight from the call's columns
+        where :class:`~jaxsampler.sampling.device.successors.ColumnSuccessors` can build it
+        (then the chunk is lazy too); other open chunks are built now and cut."""
         cs = self._call_steps(chunks, num_episodes, state, by_policy=False, cutoff=cutoff)
         seg, pos = cs.seg, cs.pos
         carry = self._carry
