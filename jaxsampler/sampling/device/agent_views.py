@@ -19,9 +19,10 @@ import numpy as np
 
 from jaxsampler.episodes._sa_views import EpisodeViews, reward_space
 from jaxsampler.episodes.lookback import InfiniteLookbackBuffer, tree_map
-from jaxsampler.sampling.device.columns import obs_map
+from jaxsampler.sampling.device.agent_steps import AgentCarry, AgentSteps, take, take_info, take_obs
+from jaxsampler.sampling.device.columns import Columns, obs_map, unflatten
 
-__all__ = ["AgentViews", "EpisodeColumns"]
+__all__ = ["AgentViews", "EpisodeColumns", "episode_columns"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,3 +108,55 @@ class AgentViews(EpisodeViews):
             return trusted([{} for _ in range(r1 - r0 + 1)], 0)  # one dict per observation
         rows = self._track(g)
         return trusted(tree_map(lambda x: x[rows], self._d.info_track), 0)
+
+
+def episode_columns(
+    steps: AgentSteps,
+    pos: np.ndarray,
+    old: AgentCarry,
+    cols: Columns,
+    call: Columns,
+    num_agents: int,
+    head: int,
+) -> EpisodeColumns:
+    """The call's per-row columns for episodes, with each run of an agent's rows in a
+    segment given ``n + 1`` consecutive rows of one observation (and info) track: its
+    steps' start observations and then its last step's new observation (a run's steps
+    follow each other, so a step's new observation is the next one's start).
+
+    ``steps`` in output order, ``pos`` each step's segment, ``old`` the carry the call
+    started from; ``cols`` the columns with their ``head``-step head, ``call`` the call's
+    own steps."""
+    e, s, a, c = steps.env, steps.slot, steps.agent, steps.end
+    n = len(e)
+    A = num_agents
+    # runs of rows: (segment, agent)
+    new_run = np.ones(n, bool)
+    if n > 1:
+        np.not_equal(pos[1:] * A + a[1:], pos[:-1] * A + a[:-1], out=new_run[1:])
+    group = np.cumsum(new_run) - 1
+    ends = np.flatnonzero(np.append(new_run[1:], True))  # each run's last row
+    # track row of each step's start obs: row + its run; a run's end obs after its last
+    G = len(ends)
+    te, ts, ta = (np.empty(n + G, np.int64) for _ in range(3))
+    at = np.arange(n) + group
+    te[at], ts[at], ta[at] = e, s, a
+    at_end = ends + group[ends] + 1
+    te[at_end], ts[at_end], ta[at_end] = e[ends], c[ends], a[ends]
+    obs_track = take_obs(call.obs, old.obs, te, ts, ta)
+    infos = call.infos
+    info_track = (
+        unflatten({k: take_info(v, old.info[k], te, ts, ta, A) for k, v in infos.items()})
+        if infos
+        else {}
+    )
+    return EpisodeColumns(
+        group=group,
+        run_start=np.flatnonzero(new_run),
+        run_stop=ends + 1,
+        obs_track=obs_track,
+        info_track=info_track,
+        actions=take(cols.actions, old.action, e, s, a, head),
+        rewards=steps.reward.astype(np.float32),
+        extras={k: take(col, old.extras[k], e, s, a, head) for k, col in cols.extras.items()},
+    )

@@ -4,7 +4,8 @@
 chunks (``sample()``) or a ``MultiAgentBatch`` keyed by policy id (``sample_batch()``);
 both come from one vectorized pass over the call's buffers
 (:func:`jaxsampler.sampling.device.agent_steps.agent_steps`) that finds every completed agent
-step. Open chunks continue across calls with RLlib's ``cut(episode_lookback_horizon)``;
+step. Open chunks continue across calls with RLlib's ``cut(episode_lookback_horizon)``
+(mostly built from the call's columns, :mod:`~jaxsampler.sampling.device.successors`);
 a step still waiting for the agent's next observation is carried to the next call.
 """
 
@@ -33,7 +34,7 @@ from jaxsampler.sampling.device.agent_steps import (
     take_obs,
 )
 from jaxsampler.sampling.device.agent_steps import output_order as output_order
-from jaxsampler.sampling.device.agent_views import AgentViews, EpisodeColumns
+from jaxsampler.sampling.device.agent_views import AgentViews, EpisodeColumns, episode_columns
 from jaxsampler.sampling.device.columns import (
     Columns,
     InfoPath,
@@ -47,6 +48,7 @@ from jaxsampler.sampling.device.columns import (
     obs_map,
     unflatten,
 )
+from jaxsampler.sampling.device.successors import ColumnSuccessors
 from jaxsampler.sampling.metrics import SamplerMetrics
 from jaxsampler.types import Trajectory
 
@@ -118,6 +120,13 @@ class MultiAgentConverter:
         self._partial_return = np.zeros(num_envs, np.float64)
         self._carry: AgentCarry | None = None  # hanging steps, per-agent progress
         self._open: dict[int, MultiAgentEpisode] = {}  # env -> its open sample() chunk
+        # envs whose successor in _open came from the call's columns: nothing hangs in it,
+        # its columns are numpy'ized with the columns' dtypes (not state: a restored
+        # converter checks nothing and cuts its next chunks from the built chunks)
+        self._plain = np.zeros(num_envs, bool)
+        self._successors = ColumnSuccessors(
+            ids, agent_ids, self._spaces, self._mapping, self._mapping_fn, horizon
+        )
         self._next_acting = np.zeros((num_envs, len(agent_ids)), bool)
         # policies in order of first appearance on the agent axis, and each agent's rank
         self._pids = list(dict.fromkeys(agent_policy))
@@ -130,6 +139,7 @@ class MultiAgentConverter:
         self._partial_return = np.zeros_like(self._partial_return)
         self._carry = None
         self._open = {}
+        self._plain = np.zeros_like(self._plain)
 
     _STATE = ("_head", "_reset_info", "_partial_return", "_carry", "_open", "_next_acting")
 
@@ -142,6 +152,7 @@ class MultiAgentConverter:
         """Installs :meth:`get_state`'s output."""
         for name in self._STATE:
             setattr(self, name, state[name[1:]])
+        self._plain = np.zeros_like(self._plain)
 
     # ------------------------------------------------------------------------- steps
 
@@ -270,6 +281,7 @@ class MultiAgentConverter:
         cs = self._call_steps(chunks, num_episodes, state, by_policy=True, cutoff=cutoff)
         steps, pos, seg = cs.steps, cs.pos, cs.seg
         self._open = {}  # open sample() chunks are stale now: the next sample() starts new chunks
+        self._plain = np.zeros_like(self._plain)
         # eps_id: one string per (episode, agent) run of rows, then broadcast to the rows.
         n = len(pos)
         uid = pos * len(self._agent_ids) + steps.agent
@@ -308,13 +320,15 @@ class MultiAgentConverter:
         (``cutoff``: see :func:`~jaxsampler.sampling.device.columns.find_segments`).
 
         Finished chunks are lazy (:meth:`MultiAgentEpisode.lazy`): their agents' episodes
-        are views into the call's columns, made on first access. Chunks still open are
-        built now, as the next call continues their ``cut`` successors."""
+        are views into the call's columns, made on first access. An open chunk's ``cut``
+        successor (which the next call continues) comes straight from the call's columns
+        where :class:`~jaxsampler.sampling.device.successors.ColumnSuccessors` can build it
+        (then the chunk is lazy too); other open chunks are built now and cut."""
         cs = self._call_steps(chunks, num_episodes, state, by_policy=False, cutoff=cutoff)
         seg, pos = cs.seg, cs.pos
         carry = self._carry
         assert carry is not None  # set by _call_steps
-        data = self._episode_columns(cs)
+        data = episode_columns(cs.steps, cs.pos, cs.old, cs.cols, cs.call, len(self._agent_ids), _H)
         ctx = _Context(
             cs,
             data,
@@ -328,49 +342,79 @@ class MultiAgentConverter:
         step0 = ctx.step0.tolist()
         envs, starts, lens = seg.env.tolist(), seg.start.tolist(), seg.len.tolist()
         counts, terms, truncs = seg.count.tolist(), seg.term.tolist(), seg.trunc.tolist()
-        episodes, still_open = [], {}
+        episodes: list[MultiAgentEpisode] = []
+        open_keys: dict[int, _Key] = {}  # segment -> its open chunk
         with no_gc():
             for i in range(len(seg)):
                 e, start, length = envs[i], starts[i], lens[i]
                 continues = start == 0 and step0[e] > 0
                 succ = self._open.get(e) if continues else None
                 done = bool(terms[i] or truncs[i])
-                key = _Key(ctx, i, e, counts[i], continues, succ, (bounds[i], bounds[i + 1]))
+                rows = (bounds[i], bounds[i + 1])
+                hanging = not done and start + length == L
+                key = _Key(ctx, i, e, counts[i], continues, succ, rows, hanging)
                 if done:
-                    t0 = succ.env_t_started if succ is not None else (step0[e] if continues else 0)
-                    t1 = (succ.env_t if succ is not None else t0) + length
-                    ep = MultiAgentEpisode.lazy(
-                        self._ids(e, counts[i]) if succ is None else succ.id_,
-                        self._build,
-                        key,
-                        observation_space=self._spaces[0],
-                        action_space=self._spaces[1],
-                        agent_module_ids=self._mapping,
-                        agent_to_module_mapping_fn=self._mapping_fn,
-                        env_t_started=t0,
-                        env_t=t1,
-                        terminated=True,
-                        truncated=bool(truncs[i]),
-                    )
+                    episodes.append(self._lazy(key, length, done=True, truncated=truncs[i]))
                 else:
-                    ep = self._fill(None, key, hanging=start + length == L)
-                    still_open[e] = ep
-                episodes.append(ep)
+                    open_keys[i] = key
+                    episodes.append(None)  # type: ignore[arg-type]  # (set below)
+            fast = self._column_successors(ctx, open_keys)
+            still_open = {}
+            for i, key in open_keys.items():
+                if i in fast:  # lazy: its successor does not need the chunk built
+                    episodes[i] = self._lazy(key, lens[i], done=False, truncated=False)
+                else:
+                    episodes[i] = still_open[i] = self._fill(None, key, hanging=key.hanging)
             # As RLlib's env runner: the open chunks' successors are cut first, then every
             # chunk loses its agents without a step and is numpy'ized.
-            self._open = {e: self._successor(ep) for e, ep in still_open.items()}
+            cut = {i: self._successor(ep) for i, ep in still_open.items()}
+            self._open = {key.e: fast[i] if i in fast else cut[i] for i, key in open_keys.items()}
+            self._plain = np.zeros_like(self._plain)
+            self._plain[[open_keys[i].e for i in fast]] = True
             for ep in still_open.values():
                 _finalize(ep.prune_empty_agents())
         m = cs.metrics
         m.num_agent_steps_sampled = len(pos)
         return episodes, m
 
+    def _lazy(self, key: _Key, length: int, done: bool, truncated: bool) -> MultiAgentEpisode:
+        """The lazy chunk of ``key``'s segment (``length`` env steps), built by
+        :meth:`_build` on first access."""
+        succ, e = key.succ, key.e
+        t0 = (
+            succ.env_t_started
+            if succ is not None
+            else (int(key.ctx.step0[e]) if key.continues else 0)
+        )
+        return MultiAgentEpisode.lazy(
+            self._ids(e, key.count) if succ is None else succ.id_,
+            self._build,
+            key,
+            observation_space=self._spaces[0],
+            action_space=self._spaces[1],
+            agent_module_ids=self._mapping,
+            agent_to_module_mapping_fn=self._mapping_fn,
+            env_t_started=t0,
+            env_t=(succ.env_t if succ is not None else t0) + length,
+            terminated=done,
+            truncated=bool(truncated),
+        )
+
+    def _column_successors(
+        self, ctx: _Context, keys: dict[int, _Key]
+    ) -> dict[int, MultiAgentEpisode]:
+        """The successors of the open chunks (``keys``, by segment) that
+        :class:`~jaxsampler.sampling.device.successors.ColumnSuccessors` builds from the
+        call's columns (the others: ``_successor`` of the built chunk)."""
+        return self._successors(keys, ctx, self._plain)
+
     def _build(self, ep: MultiAgentEpisode, key: _Key) -> None:
-        """Fills a lazy finished chunk (see :meth:`MultiAgentEpisode.lazy`)."""
+        """Fills a lazy chunk (see :meth:`MultiAgentEpisode.lazy`): a finished one, or an
+        open one whose successor came from the call's columns (nothing hangs in it)."""
         if key.succ is None and not key.continues:  # all its steps are in this call
             self._build_views(ep, key)
             return
-        full = self._fill(ep if key.succ is None else None, key, hanging=False)
+        full = self._fill(ep if key.succ is None else None, key, hanging=key.hanging)
         if full is not ep:  # a continued chunk: the successor extended, now this episode
             ep.__dict__.update(full.__dict__)
         _finalize(ep.prune_empty_agents())
@@ -655,46 +699,6 @@ class MultiAgentConverter:
             sa.infos.data.extend([{}] * n)
         sa.t += n
 
-    def _episode_columns(self, cs: _CallSteps) -> EpisodeColumns:
-        """The call's per-row columns for episodes, with each run of an agent's rows in a
-        segment given ``n + 1`` consecutive rows of one observation (and info) track: its
-        steps' start observations and then its last step's new observation (a run's steps
-        follow each other, so a step's new observation is the next one's start)."""
-        steps, old, cols, call = cs.steps, cs.old, cs.cols, cs.call
-        e, s, a, c = steps.env, steps.slot, steps.agent, steps.end
-        n = len(e)
-        A = len(self._agent_ids)
-        # runs of rows: (segment, agent)
-        new_run = np.ones(n, bool)
-        if n > 1:
-            np.not_equal(cs.pos[1:] * A + a[1:], cs.pos[:-1] * A + a[:-1], out=new_run[1:])
-        group = np.cumsum(new_run) - 1
-        ends = np.flatnonzero(np.append(new_run[1:], True))  # each run's last row
-        # track row of each step's start obs: row + its run; a run's end obs after its last
-        G = len(ends)
-        te, ts, ta = (np.empty(n + G, np.int64) for _ in range(3))
-        at = np.arange(n) + group
-        te[at], ts[at], ta[at] = e, s, a
-        at_end = ends + group[ends] + 1
-        te[at_end], ts[at_end], ta[at_end] = e[ends], c[ends], a[ends]
-        obs_track = take_obs(call.obs, old.obs, te, ts, ta)
-        infos = call.infos
-        info_track = (
-            unflatten({k: take_info(v, old.info[k], te, ts, ta, A) for k, v in infos.items()})
-            if infos
-            else {}
-        )
-        return EpisodeColumns(
-            group=group,
-            run_start=np.flatnonzero(new_run),
-            run_stop=ends + 1,
-            obs_track=obs_track,
-            info_track=info_track,
-            actions=take(cols.actions, old.action, e, s, a, _H),
-            rewards=steps.reward.astype(np.float32),
-            extras={k: take(col, old.extras[k], e, s, a, _H) for k, col in cols.extras.items()},
-        )
-
 
 @dataclasses.dataclass(frozen=True)
 class _Context:
@@ -719,6 +723,7 @@ class _Key:
     continues: bool
     succ: MultiAgentEpisode | None
     rows: tuple[int, int]
+    hanging: bool = False  # the segment ends with the call (an open chunk: steps may hang)
 
 
 def _map_entries(entries: np.ndarray) -> list:
