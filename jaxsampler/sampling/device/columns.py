@@ -51,11 +51,12 @@ class Columns:
 
     Single-agent columns are ``[E, S, ...]`` (the agent axis dropped), ``obs`` with one
     time slot more than the others (or, with ``time_major_obs``, as the buffers hold it:
-    ``[T_total + 1, E, ...]`` without the head, for a batch's row gathers). Multi-agent ones keep it, ``[E, S, A, ...]``, except
-    ``obs``, which stays time-major as the buffers hold it, ``[T_total + 1, E, A, ...]``,
-    the call's own slots only (no head: a row gather reads it in place, and transposing
-    it costs more than the gather saves). ``infos`` are the env info leaves by path; the
-    info at slot ``j`` came with the step at slot ``j`` (so with observation ``j + 1``).
+    ``[T_total + 1, E, ...]`` without the head, for a batch's row gathers). Multi-agent
+    ones keep it, ``[E, S, A, ...]``, except ``obs``, which stays time-major as the
+    buffers hold it, ``[T_total + 1, E, A, ...]``, the call's own slots only (no head: a
+    row gather reads it in place, and transposing it costs more than the gather saves).
+    ``infos`` are the env info leaves by path; the info at slot ``j`` came with the step
+    at slot ``j`` (so with observation ``j + 1``).
     For ``Dict`` / ``Tuple`` observation spaces ``obs`` is a struct (dicts and tuples, as
     the rollout buffers hold it) of such arrays, one per leaf, all with the same leading
     axes: work on it leaf by leaf with :func:`obs_map`.
