@@ -60,17 +60,29 @@ from jaxsampler.offline.frames import (
     read_records,
 )
 from jaxsampler.offline.repair import RepairReport, repair_log
-from jaxsampler.offline.writer import OfflineWriter
+from jaxsampler.offline.writer import (
+    BUFFER_LIMIT,
+    GroupCommit,
+    LogReplacedError,
+    LogWriteError,
+    OfflineWriter,
+    WriterFailedError,
+)
 
 #: The format name and version in a log's header.
 FORMAT, VERSION = frames.FORMAT, frames.VERSION
 
 __all__ = [
+    "BUFFER_LIMIT",
     "CorruptLogError",
+    "GroupCommit",
+    "LogReplacedError",
+    "LogWriteError",
     "OfflineWriter",
     "RepairReport",
     "TornTailWarning",
     "TruncatedLogWarning",
+    "WriterFailedError",
     "read_batches",
     "read_episodes",
     "read_records",

@@ -19,9 +19,10 @@ _MAGIC = b"\xc1JSL"
 _HEAD = struct.Struct("<4sBQI")  # magic, kind, length, payload crc
 _HEAD_CRC = struct.Struct("<I")
 _FRAME_LEN = _HEAD.size + _HEAD_CRC.size  # 21
-_RECORD, _END = 0, 1
+_RECORD, _END, _RESUME = 0, 1, 2
 _CUT_HEAD = "the file ends inside a record header"
 _NO_END = "no end frame (its writer crashed, or is still writing)"
+_UNCLOSED = "ended without its end frame"
 _CHUNK = 1 << 24  # reads of a declared length go in chunks: a lie allocates nothing
 
 #: What an offline log holds: batches or episodes.
@@ -73,7 +74,7 @@ def _parse_head(head: bytes | memoryview) -> tuple[int, int, int] | str:
         return "no record marker here (damaged data, or bytes after the last record)"
     if zlib.crc32(head[: _HEAD.size]) != _HEAD_CRC.unpack_from(head, _HEAD.size)[0]:
         return "record header checksum mismatch"
-    if kind not in (_RECORD, _END) or (kind == _END and length):
+    if kind not in (_RECORD, _END, _RESUME) or (kind != _RECORD and length):
         return f"unknown frame kind {kind}"
     return kind, length, crc
 
@@ -133,8 +134,19 @@ def _warn_truncated(path: str, pos: int, what: str) -> None:
     )
 
 
+def _warn_unclosed(path: str, start: int, pos: int) -> None:
+    warnings.warn(
+        f"{path}: the writer session whose frames start at byte {start} {_UNCLOSED} at "
+        f"byte {pos} (its writer crashed; a later writer appended after it); every intact "
+        "record was read",
+        TruncatedLogWarning,
+        stacklevel=4,
+    )
+
+
 def _read_v2(f: BinaryIO, path: str) -> Iterator[Record]:
     pos, closed = _HEADER_LEN, False
+    session = pos  # where the current writer session's frames begin
     while True:
         head, cut = _read(f, _FRAME_LEN, path, pos)
         if not head and not cut:
@@ -160,8 +172,12 @@ def _read_v2(f: BinaryIO, path: str) -> Iterator[Record]:
             raise CorruptLogError(path, pos, "record checksum mismatch")
         if kind == _RECORD:
             yield _decode_record(payload, path, pos)
+        elif kind == _RESUME:
+            _warn_unclosed(path, session, pos)
         closed = kind == _END
         pos += _FRAME_LEN + length
+        if kind != _RECORD:
+            session = pos
 
 
 def _read_v1(f: BinaryIO, path: str) -> Iterator[Any]:

@@ -93,7 +93,7 @@ def _intact_v2(
 
 def _decodes(payload: bytes, kind: int, path: str) -> bool:
     try:
-        return kind == _END or _decode_record(payload, path, 0) is not None
+        return kind != _RECORD or _decode_record(payload, path, 0) is not None
     except CorruptLogError:
         return False
 
