@@ -492,3 +492,17 @@ def test_a_closed_writer_refuses_writes(tmp_path):
     w.close()
     with pytest.raises(ValueError, match="closed OfflineWriter"):
         w.write(batch(0))
+
+
+def test_repair_keeps_every_record_around_a_resume_frame(tmp_path):
+    path, out = tmp_path / "log.msgpack", tmp_path / "fixed.msgpack"
+    with OfflineWriter(str(path)) as w:
+        w.write(batch(0))
+        w.write(batch(1))
+    path.write_bytes(path.read_bytes()[:-21])  # the end frame is gone: a crashed session
+    with OfflineWriter(str(path), append=True) as w:
+        w.write(batch(2))
+    assert path.read_bytes().count(b"\xc1JSL\x02") == 1  # one resume frame
+    report = js.offline.repair_log(str(path), str(out))
+    assert report.records == 3 and not report.dropped and report.end_frame
+    assert numbers(out) == [0, 1, 2]  # a closed log, nothing to warn about
