@@ -3,7 +3,17 @@ and :class:`PolicyClient` (the simulator's side, remote or local inference), spe
 protocol of :mod:`jaxsampler.serving.protocol`."""
 
 from jaxsampler.serving.client import PolicyClient
-from jaxsampler.serving.protocol import PROTOCOL_VERSION, PolicyServerError
+from jaxsampler.serving.protocol import (
+    PROTOCOL_VERSION,
+    PolicyServerError,
+    ServerUnavailableError,
+)
 from jaxsampler.serving.server import PolicyServer
 
-__all__ = ["PROTOCOL_VERSION", "PolicyClient", "PolicyServer", "PolicyServerError"]
+__all__ = [
+    "PROTOCOL_VERSION",
+    "PolicyClient",
+    "PolicyServer",
+    "PolicyServerError",
+    "ServerUnavailableError",
+]

@@ -34,6 +34,7 @@ from jaxsampler.serving.protocol import (
     CONTENT_TYPE,
     ERRORS_BY_NAME,
     PolicyServerError,
+    ServerUnavailableError,
 )
 from jaxsampler.spaces import check_value
 
@@ -267,6 +268,8 @@ class PolicyClient:
             name, message = err.get("error", ""), err.get("message", "")
         except (ValueError, UnicodeDecodeError):
             name, message = "", data[:200].decode(errors="replace")
+        if name == ServerUnavailableError.__name__:
+            raise ServerUnavailableError(message)
         cls = ERRORS_BY_NAME.get(name)
         if cls is not None:
             raise cls(f"server: {message}")
@@ -406,6 +409,23 @@ class PolicyClient:
         if status != 200:
             self._raise(status, data)
         return unpackb(data, objects=False, spaces=True)
+
+    def health(self) -> dict:
+        """The server's ``GET /health``: its sampler's ``status`` (``"ok"``, ``"stalled"`` or
+        ``"failed"``), ``since_last_poll_s``, ``reason`` and more (see
+        :meth:`~jaxsampler.serving.server.PolicyServer.health_report`). A stalled or failed
+        sampler is reported here, not raised."""
+        status, _, data = self._request("GET", "/health")
+        if status not in (200, 503):
+            self._raise(status, data)
+        try:
+            report = json.loads(data.decode())
+        except (ValueError, UnicodeDecodeError):
+            report = None
+        if not isinstance(report, dict) or "status" not in report:
+            # a 503 from elsewhere (e.g. over max_connections) is no health report
+            self._raise(status, data)
+        return report
 
     def update_policy_weights(self) -> bool:
         """Pulls params from the server (local mode); returns whether they changed."""

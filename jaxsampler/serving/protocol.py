@@ -110,6 +110,7 @@ __all__ = [
     "PROTOCOL_VERSION",
     "STATUS_OF_ERROR",
     "PolicyServerError",
+    "ServerUnavailableError",
 ]
 
 PROTOCOL_VERSION = 2
@@ -133,6 +134,16 @@ class PolicyServerError(RuntimeError):
     def __init__(self, status: int, message: str):
         super().__init__(f"HTTP {status}: {message}")
         self.status = status
+
+
+class ServerUnavailableError(PolicyServerError):
+    """503 from a server whose sampler cannot answer: it stopped polling for
+    ``sampler_timeout_s`` or was reported failed. ``reason`` is the server's sentence
+    (how long since the last poll, or the failure's ``repr``)."""
+
+    def __init__(self, reason: str):
+        super().__init__(503, f"{type(self).__name__}: {reason}")
+        self.reason = reason
 
 
 #: ``(exception class, HTTP status)``, most specific first; the server answers the first match.

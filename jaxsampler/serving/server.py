@@ -27,10 +27,11 @@ from __future__ import annotations
 import contextlib
 import hmac
 import inspect
+import json
 import ssl
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, cast
@@ -44,6 +45,7 @@ from jaxsampler.episodes.codec import packb, unpackb
 from jaxsampler.host_envs import external as ext
 from jaxsampler.host_envs.base import HostEnv, MultiEnvDict, PollResult
 from jaxsampler.serving.batching import FairBatches
+from jaxsampler.serving.health import SamplerHealth
 from jaxsampler.serving.http import BadRequest, Connection, HTTPError, Limits, Request
 from jaxsampler.serving.listener import HTTPServer
 from jaxsampler.serving.protocol import (
@@ -52,6 +54,7 @@ from jaxsampler.serving.protocol import (
     COMMANDS,
     PROTOCOL_VERSION,
     PolicyServerError,
+    ServerUnavailableError,
 )
 
 __all__ = ["PolicyServer", "PolicyServerError", "PROTOCOL_VERSION"]
@@ -61,6 +64,15 @@ __all__ = ["PolicyServer", "PolicyServerError", "PROTOCOL_VERSION"]
 ANONYMOUS_OWNER = "anonymous"
 #: request bodies larger than this are decoded on a worker thread, not on the event loop
 _INLINE_DECODE_BYTES = 64 << 10
+#: commands refused while the sampler is stalled (they would wait for it, or start new
+#: work for it); after a failure every command is refused
+_NEED_SAMPLER = frozenset({"start_episode", "get_action"})
+_UNAVAILABLE = ServerUnavailableError.__name__
+
+
+def _unavailable(reason: str) -> HTTPError:
+    """The 503 answer for a sampler that cannot serve (``reason``: why)."""
+    return HTTPError(503, _UNAVAILABLE, reason)
 
 
 def _field(msg: Mapping, name: str, kind: Any = None, optional: bool = False) -> Any:
@@ -106,7 +118,8 @@ class _Connection(Connection):
         self.waiting: tuple[str, ext.Waiter] | None = (
             None  # (episode id, waiter) of a pending get_action
         )
-        self.timed_out = False  # the pending get_action ran out of time
+        #: why the pending get_action was given up (its answer), once it was
+        self.expired: BaseException | None = None
         self.deadline = 0.0  # when the pending get_action times out
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -118,12 +131,26 @@ class _Connection(Connection):
             self.server.env.expire_waiter(eid, waiter, "client disconnected")
 
     def check_timeouts(self, now: float) -> None:
-        """A waiting ``get_action`` past its deadline times out (one sweep instead of a timer
-        per call); else the HTTP deadlines (:meth:`Connection.check_timeouts`)."""
-        if self.waiting is not None and now >= self.deadline:
-            self.server._expire(self, self.waiting[0], self.server.env.action_timeout_s)
+        """A waiting ``get_action`` past its deadline times out, and one whose sampler stalled
+        or failed is given up with 503 (one sweep instead of a timer per call); else the
+        HTTP deadlines (:meth:`Connection.check_timeouts`)."""
+        problem = None if self.waiting is None else self.server.health.problem(now)
+        if self.waiting is not None and problem is not None:
+            self.server._expire(self, self.waiting[0], _unavailable(problem))
+        elif self.waiting is not None and now >= self.deadline:
+            timeout, eid = self.server.env.action_timeout_s, self.waiting[0]
+            self.server._expire(
+                self,
+                eid,
+                TimeoutError(f"episode {eid}: no action within {timeout} s; episode abandoned"),
+            )
         else:
             super().check_timeouts(now)
+
+    def exception(self, e: BaseException) -> None:
+        """As :meth:`Connection.exception`, but the env's "closed" error after a reported
+        sampler failure answers with that failure (503 with its reason)."""
+        super().exception(self.server._explain(e))
 
 
 class PolicyServer(HTTPServer, HostEnv):
@@ -158,6 +185,21 @@ class PolicyServer(HTTPServer, HostEnv):
         token: when set, every request needs ``Authorization: Bearer <token>``, else 401.
         ssl_context: a server-side :class:`ssl.SSLContext` (with its certificate loaded):
             serve HTTPS (:attr:`address` is then ``https://...``).
+        sampler_timeout_s: the sampler counts as stalled once it has not called :meth:`poll`
+            for this long (a sampler blocked inside ``poll`` is polling; before the first
+            poll the clock runs from the server's start); ``None``: never. While stalled,
+            ``start_episode`` and ``get_action``, and a ``log_action`` that would have to
+            wait for room (back pressure), get 503 ``ServerUnavailableError`` at once with
+            the reason; a ``get_action`` already waiting is answered so within about a tenth
+            of this time (its episode is abandoned, as on a timeout). ``log_returns``,
+            ``end_episode`` and a ``log_action`` with room are still accepted: they never
+            wait for the sampler, and it takes them when it polls again, which ends the
+            stall. A sampler loop that does other long work between polls (training, say)
+            needs a larger value or ``None``.
+
+    The sampler reports its own death with :meth:`fail` (or :meth:`sampler_alive` around its
+    loop); then every request gets 503 with the failure until :meth:`close`. ``GET /health``
+    reports the state (see :meth:`health_report`).
 
     The server runs in a daemon thread (an asyncio event loop) from construction on. Use as
     a context manager or call :meth:`close`.
@@ -191,6 +233,7 @@ class PolicyServer(HTTPServer, HostEnv):
         request_timeout_s: float = 10.0,
         token: str | None = None,
         ssl_context: ssl.SSLContext | None = None,
+        sampler_timeout_s: float | None = 30.0,
     ):
         if not isinstance(env, ext.ExternalEnvBase):
             raise TypeError(
@@ -216,7 +259,11 @@ class PolicyServer(HTTPServer, HostEnv):
             request_timeout_s=float(request_timeout_s),
             keepalive_timeout_s=float(keepalive_timeout_s),
         )
-        tick_s = min(1.0, max(0.01, env.action_timeout_s / 10))  # get_action timeouts: +10%
+        #: what the server knows about its sampler (see :mod:`~jaxsampler.serving.health`)
+        self.health = SamplerHealth(sampler_timeout_s)
+        # get_action timeouts and stalls are noticed within +10%
+        shortest = min(env.action_timeout_s, sampler_timeout_s or env.action_timeout_s)
+        tick_s = min(1.0, max(0.01, shortest / 10))
         # Binds first: nothing to clean up if it cannot.
         super().__init__(
             host, port, limits, ssl_context=ssl_context, tick_s=tick_s, name="PolicyServer"
@@ -254,8 +301,13 @@ class PolicyServer(HTTPServer, HostEnv):
     # -- HostEnv (delegated) -------------------------------------------------------------
 
     def poll(self, timeout: float | None = None) -> PollResult:
-        """The env's :meth:`~jaxsampler.host_envs.external.ExternalEnvBase.poll`."""
-        return self.env.poll(timeout)
+        """The env's :meth:`~jaxsampler.host_envs.external.ExternalEnvBase.poll`; the time it
+        runs counts as the sampler being alive (``sampler_timeout_s``)."""
+        self.health.poll_started()
+        try:
+            return self.env.poll(timeout)
+        finally:
+            self.health.poll_ended()
 
     def send_actions(self, actions: MultiEnvDict) -> None:
         """The env's :meth:`~jaxsampler.host_envs.external.ExternalEnvBase.send_actions`."""
@@ -277,6 +329,56 @@ class PolicyServer(HTTPServer, HostEnv):
     def weights_version(self) -> int:
         """The version of the params last published (0: none yet)."""
         return self._weights[0]
+
+    def fail(self, failure: BaseException | str) -> None:
+        """Reports that the sampler died (its exception, or a sentence saying why), from any
+        thread. From then on every request gets 503 ``ServerUnavailableError`` whose message
+        carries the failure (an exception as its ``repr``), requests already waiting
+        (``get_action``, ``log_action`` under back pressure) are answered so at once, and
+        ``GET /health`` says ``"failed"``; the env is closed, so nothing more is queued for
+        a sampler that will not come. The server stays failed until :meth:`close` (a new
+        sampler needs a new server). Later calls keep the first reason."""
+        if self.health.fail(failure):
+            self.env.close()  # wakes every waiting caller: their answers carry the failure
+
+    @contextlib.contextmanager
+    def sampler_alive(self) -> Iterator[PolicyServer]:
+        """Context manager for the sampler's loop: an exception escaping it (say, a full
+        disk under the offline writer) is reported with :meth:`fail`, then re-raised, so
+        clients get 503 with its reason instead of waiting for answers that never come::
+
+            with server.sampler_alive():
+                while not stop.is_set():
+                    writer.write(sampler.sample())
+        """
+        try:
+            yield self
+        except BaseException as e:
+            self.fail(e)
+            raise
+
+    def health_report(self) -> dict[str, Any]:
+        """The sampler's state as ``GET /health`` reports it: ``status`` (``"ok"``,
+        ``"stalled"`` or ``"failed"``), ``since_last_poll_s``, ``reason`` (the 503 message;
+        ``None`` when ok), ``sampler_timeout_s``, ``polls`` and ``polling`` (see
+        :meth:`~jaxsampler.serving.health.SamplerHealth.report`)."""
+        return self.health.report()
+
+    def _explain(self, e: BaseException) -> BaseException:
+        """``e``, or after a reported failure the 503 carrying it instead of the env's
+        "closed" error (which is how :meth:`fail` wakes waiting callers)."""
+        if isinstance(e, ext.EnvClosedError) and self.health.failure is not None:
+            problem = self.health.problem()
+            assert problem is not None
+            return _unavailable(problem)
+        return e
+
+    def _check_sampler(self, command: str) -> None:
+        """Raises the 503 for ``command`` when the sampler cannot serve it (see
+        ``sampler_timeout_s``)."""
+        problem = self.health.problem()
+        if problem is not None and (command in _NEED_SAMPLER or self.health.failure is not None):
+            raise _unavailable(problem)
 
     def close(self) -> None:
         """Stops serving, drops open connections and closes the env. Idempotent."""
@@ -413,6 +515,10 @@ class PolicyServer(HTTPServer, HostEnv):
                 "action_space": env.action_space,
             }
             conn.respond(200, packb(info))
+        elif path == "/health":  # answered here: never waits for the sampler
+            report = self.health.report()
+            body = json.dumps(report).encode()
+            conn.respond(200 if report["status"] == "ok" else 503, body, "application/json")
         elif path.lstrip("/") in COMMANDS or path == "/batch":
             conn.error(405, "MethodNotAllowed", f"{path} needs POST")
         else:
@@ -433,6 +539,7 @@ class PolicyServer(HTTPServer, HostEnv):
         self._loop.run_in_executor(self._executor, fn, *args).add_done_callback(finished)
 
     def _start_get_action(self, conn: _Connection, eid: str, obs: Any, owner: str) -> None:
+        self._check_sampler("get_action")
         entry: list = [conn, eid, None]  # the waiter is filled in below
 
         def answered() -> None:  # sampler thread (or whoever ends the wait), under the env lock
@@ -452,12 +559,18 @@ class PolicyServer(HTTPServer, HostEnv):
         conn.busy, conn.waiting = True, (eid, waiter)
         conn.deadline = time.monotonic() + self.env.action_timeout_s  # see check_timeouts
 
-    def _expire(self, conn: _Connection, eid: str, timeout: float) -> None:
+    def _expire(self, conn: _Connection, eid: str, error: BaseException) -> None:
+        """Gives up ``conn``'s waiting ``get_action`` (its episode is abandoned); ``error``
+        becomes its answer."""
         if conn.waiting is not None and conn.waiting[0] == eid:
-            # False when the answer came first (its delivery is queued): then it is delivered
-            conn.timed_out = self.env.expire_waiter(
-                eid, conn.waiting[1], f"get_action timed out after {timeout} s"
+            why = (
+                f"get_action timed out after {self.env.action_timeout_s} s"
+                if isinstance(error, TimeoutError)
+                else f"get_action given up: {error}"
             )
+            # False when the answer came first (its delivery is queued): then it is delivered
+            if self.env.expire_waiter(eid, conn.waiting[1], why):
+                conn.expired = error
 
     def _deliver_answers(self) -> None:
         self._wake_pending = False
@@ -473,14 +586,9 @@ class PolicyServer(HTTPServer, HostEnv):
                         self.env.abandon_episode(
                             eid, "client disconnected before receiving its action"
                         )
-                elif conn.timed_out:
-                    conn.timed_out = False
-                    conn.exception(
-                        TimeoutError(
-                            f"episode {eid}: no action within {self.env.action_timeout_s} s; "
-                            "episode abandoned"
-                        )
-                    )
+                elif conn.expired is not None:
+                    error, conn.expired = conn.expired, None
+                    conn.exception(error)
                 elif waiter.error is not None:
                     conn.exception(waiter.error)
                 else:
@@ -543,6 +651,13 @@ class PolicyServer(HTTPServer, HostEnv):
         return eid
 
     def _run(self, command: str, msg: Mapping, owner: str | None, block: bool = True) -> dict:
+        self._check_sampler(command)
+        try:
+            return self._run_command(command, msg, owner, block)
+        except ext.EnvClosedError as e:  # fail() closed the env meanwhile
+            raise self._explain(e) from None
+
+    def _run_command(self, command: str, msg: Mapping, owner: str | None, block: bool) -> dict:
         env, own = self.env, self._as(owner)
         if command == "start_episode":
             eid = env.start_episode(
@@ -554,15 +669,21 @@ class PolicyServer(HTTPServer, HostEnv):
         eid = self._episode_id(msg)
         if command == "log_action":
             info = _field(msg, "info", dict, optional=True)
-            env.submit(
-                eid,
-                self._agents(_field(msg, "observation")),
-                self._agents(_field(msg, "action")),
-                None if info is None else self._agents(info),
-                False,
-                block=block,
-                **own,
-            )
+            problem = self.health.problem() if block else None
+            try:  # a stalled sampler makes no room: 503 rather than a wait for it
+                env.submit(
+                    eid,
+                    self._agents(_field(msg, "observation")),
+                    self._agents(_field(msg, "action")),
+                    None if info is None else self._agents(info),
+                    False,
+                    block=block and problem is None,
+                    **own,
+                )
+            except ext.WouldBlockError:
+                if problem is None:
+                    raise
+                raise _unavailable(problem) from None
         elif command == "log_returns":
             info = _field(msg, "info", dict, optional=True)
             reward = _field(msg, "reward")
