@@ -27,6 +27,9 @@ GET  /info            --                                                   ``{pr
                                                                            weights_version,
                                                                            observation_space,
                                                                            action_space}``
+GET  /health          --                                                   JSON ``{status,
+                                                                           since_last_poll_s,
+                                                                           reason, ...}``
 ====================  ===================================================  ==================
 
 Any POST body may carry ``returns: [{episode_id, reward, info?, done?}, ...]``: those
@@ -42,7 +45,10 @@ command does not stop the others and is reported in ``errors`` (``[{index, statu
 message}]``); it is how local-inference clients ship experience (see
 :mod:`~jaxsampler.serving.batching` for how the server schedules it). ``/weights`` answers
 ``304`` when the client's version is current and ``404`` before
-:meth:`~jaxsampler.serving.server.PolicyServer.set_weights`.
+:meth:`~jaxsampler.serving.server.PolicyServer.set_weights`. ``/health`` reports the
+sampler behind the server (``"ok"``, ``"stalled"``: no poll for ``sampler_timeout_s``, or
+``"failed"``) as JSON, 200 when ok and 503 otherwise; it never waits for the sampler and,
+like every path, needs the token when the server has one.
 
 Errors have a JSON body ``{"error": <exception name>, "message": str}``:
 400 malformed body / bad data (wrong shape, unknown agent, missing field, episode id too
@@ -52,7 +58,9 @@ within ``request_timeout_s``, 409 wrong episode state (already started, complete
 abandoned, a get_action still waiting), 411 no ``Content-Length``, 413 body over
 ``max_body_bytes`` (the connection is closed without reading it) or too many commands
 (``max_batch_commands``, also for deferred ``returns``), 414 URL too long, 431 too many or
-too large headers, 503 capacity (connections, episodes, the client's quota) or closed, 504
+too large headers, 503 capacity (connections, episodes, the client's quota) or closed, or the sampler stalled
+or failed (error ``ServerUnavailableError``, its message the reason; the client raises
+:class:`ServerUnavailableError`), 504
 no action within the env's ``action_timeout_s``, 500 anything unexpected. The limits behind
 them are :class:`~jaxsampler.serving.server.PolicyServer` options (see
 :mod:`~jaxsampler.serving.http` for the connection-level ones); errors found while reading

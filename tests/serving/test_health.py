@@ -96,6 +96,7 @@ def wait_for(predicate, what: str, limit_s: float = 10.0) -> None:
         time.sleep(0.02)
 
 
+@pytest.mark.parametrize("sampled", [None], indirect=True)  # a load spike is no stall here
 def test_sampler_death_answers_waiting_get_action_with_503_and_refuses_new_requests(sampled):
     server, sampler, client = sampled
     eid = client.start_episode()
