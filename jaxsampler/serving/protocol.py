@@ -58,9 +58,9 @@ within ``request_timeout_s``, 409 wrong episode state (already started, complete
 abandoned, a get_action still waiting), 411 no ``Content-Length``, 413 body over
 ``max_body_bytes`` (the connection is closed without reading it) or too many commands
 (``max_batch_commands``, also for deferred ``returns``), 414 URL too long, 431 too many or
-too large headers, 503 capacity (connections, episodes, the client's quota) or closed, or the sampler stalled
-or failed (error ``ServerUnavailableError``, its message the reason; the client raises
-:class:`ServerUnavailableError`), 504
+too large headers, 503 capacity (connections, episodes, the client's quota) or closed, or
+the sampler stalled or failed (error ``ServerUnavailableError``, its message the reason;
+the client raises :class:`ServerUnavailableError`), 504
 no action within the env's ``action_timeout_s``, 500 anything unexpected. The limits behind
 them are :class:`~jaxsampler.serving.server.PolicyServer` options (see
 :mod:`~jaxsampler.serving.http` for the connection-level ones); errors found while reading
