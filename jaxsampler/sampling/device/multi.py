@@ -418,7 +418,9 @@ class MultiAgentConverter:
 
     def _build(self, ep: MultiAgentEpisode, key: _Key) -> None:
         """Fills a lazy chunk (see :meth:`MultiAgentEpisode.lazy`): a finished one, or an
-        open one whose successor came from the call's columns (nothing hangs in it)."""
+        open one whose successor came from the call's columns (nothing hangs in it); as
+        view episodes where all its steps are in this call or it continues a successor
+        from the columns (:class:`~jaxsampler.sampling.device.successors.ContinuedChunks`)."""
         if key.succ is None and not key.continues:  # all its steps are in this call
             self._build_views(ep, key)
             return
