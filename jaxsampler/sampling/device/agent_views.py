@@ -22,7 +22,7 @@ from jaxsampler.episodes.lookback import InfiniteLookbackBuffer, tree_map
 from jaxsampler.sampling.device.agent_steps import AgentCarry, AgentSteps, take, take_info, take_obs
 from jaxsampler.sampling.device.columns import Columns, obs_map, unflatten
 
-__all__ = ["AgentViews", "EpisodeColumns", "episode_columns"]
+__all__ = ["AgentViews", "EpisodeColumns", "LookbackViews", "episode_columns"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -160,3 +160,107 @@ def episode_columns(
         rewards=steps.reward.astype(np.float32),
         extras={k: take(col, old.extras[k], e, s, a, head) for k, col in cols.extras.items()},
     )
+
+
+class LookbackViews(EpisodeViews):
+    """Agents' episodes with lookback over columns laid out episode by episode, keyed by
+    position ``k``: episode ``k``'s observations (and infos) are the rows
+    ``o[k] : o[k] + n[k] + m[k] + 1`` of ``obs`` (``n[k]`` lookback rows, then ``m[k] + 1``
+    after it), its actions, rewards and extra model outputs the rows
+    ``a[k] : a[k] + n[k] + m[k]`` (``n[k]`` lookback items). Each episode's rows are its
+    own: no other episode reads them.
+
+    Args:
+        obs, infos: the observation column (an array or a struct of arrays) and the info
+            leaves on its rows (``{}``: no infos, one empty dict per observation).
+        actions, rewards, extras: the action, reward and extra model output columns.
+        obs_start, act_start, lookback, length: ``o``, ``a``, ``n``, ``m`` (``int[K]``).
+        observation_space, action_space: of one agent.
+    """
+
+    __slots__ = (
+        "_obs",
+        "_flat",
+        "_infos",
+        "_acts",
+        "_rews",
+        "_extras",
+        "_o",
+        "_a",
+        "_n",
+        "_m",
+        "_obs_space",
+        "_act_space",
+    )
+
+    def __init__(
+        self,
+        obs: Any,
+        infos: dict[str, Any],
+        actions: np.ndarray,
+        rewards: np.ndarray,
+        extras: dict[str, np.ndarray],
+        obs_start: np.ndarray,
+        act_start: np.ndarray,
+        lookback: np.ndarray,
+        length: np.ndarray,
+        observation_space: Any,
+        action_space: Any,
+    ):
+        self._obs, self._flat, self._infos = obs, type(obs) is np.ndarray, infos
+        self._acts, self._rews, self._extras = actions, rewards, extras
+        self._o, self._a = obs_start.tolist(), act_start.tolist()
+        self._n, self._m = lookback.tolist(), length.tolist()
+        self._obs_space, self._act_space = observation_space, action_space
+
+    def _rows(self, k: int, lookback: bool) -> slice:
+        o = self._o[k]
+        return slice(o if lookback else o + self._n[k], o + self._n[k] + self._m[k] + 1)
+
+    def _items(self, k: int, lookback: bool) -> slice:
+        a = self._a[k]
+        return slice(a if lookback else a + self._n[k], a + self._n[k] + self._m[k])
+
+    def observations(self, k: int) -> Any:
+        """Episode ``k``'s observations after its lookback (views)."""
+        rows = self._rows(k, False)
+        return self._obs[rows] if self._flat else obs_map(lambda x: x[rows], self._obs)
+
+    def actions(self, k: int) -> Any:
+        """Episode ``k``'s actions after its lookback (a view)."""
+        return self._acts[self._items(k, False)]
+
+    def rewards(self, k: int) -> Any:
+        """Episode ``k``'s rewards after its lookback (a view)."""
+        return self._rews[self._items(k, False)]
+
+    def extra(self, k: int, name: str) -> Any:
+        """Episode ``k``'s extra model output ``name`` after its lookback (a view), or
+        ``None`` where the policy has no such output."""
+        col = self._extras.get(name)
+        return None if col is None else col[self._items(k, False)]
+
+    def column(self, k: int, name: str) -> Any:
+        """Episode ``k``'s column ``name`` with its ``n[k]`` lookback items, over views of
+        its own rows (owned: in-place writes touch no other episode's data; only the
+        actions and rewards of an episode without lookback are marked borrowed, as the
+        episodes cut from built chunks have them)."""
+        trusted = InfiniteLookbackBuffer.trusted
+        n = self._n[k]
+        if name == "observations":
+            rows = self._rows(k, True)
+            obs = self._obs[rows] if self._flat else obs_map(lambda x: x[rows], self._obs)
+            return trusted(obs, n, self._obs_space, borrowed=False)
+        items = self._items(k, True)
+        if name == "actions":
+            return trusted(self._acts[items], n, self._act_space, borrowed=n == 0)
+        if name == "rewards":
+            return trusted(self._rews[items], n, reward_space(), borrowed=n == 0)
+        if name == "extra_model_outputs":
+            return {key: trusted(c[items], n, borrowed=False) for key, c in self._extras.items()}
+        if name != "infos":
+            raise ValueError(f"an episode has no column {name!r}")
+        if not self._infos:
+            return trusted([{} for _ in range(n + self._m[k] + 1)], n)
+        rows = self._rows(k, True)
+        return trusted(tree_map(lambda x: x[rows], self._infos), n, borrowed=False)

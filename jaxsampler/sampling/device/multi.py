@@ -48,7 +48,7 @@ from jaxsampler.sampling.device.columns import (
     obs_map,
     unflatten,
 )
-from jaxsampler.sampling.device.successors import ColumnSuccessors
+from jaxsampler.sampling.device.successors import ColumnSuccessors, ContinuedChunks
 from jaxsampler.sampling.metrics import SamplerMetrics
 from jaxsampler.types import Trajectory
 
@@ -128,6 +128,7 @@ class MultiAgentConverter:
             ids, agent_ids, self._spaces, self._mapping, self._mapping_fn, horizon
         )
         self._next_acting = np.zeros((num_envs, len(agent_ids)), bool)
+        self._continue_views = True  # (False: continued chunks extend their successors)
         # policies in order of first appearance on the agent axis, and each agent's rank
         self._pids = list(dict.fromkeys(agent_policy))
         self._rank = np.array([self._pids.index(pid) for pid in agent_policy])
@@ -336,6 +337,7 @@ class MultiAgentConverter:
             carry,
             self._next_acting,
             np.asarray(chunks[0].episode_step_0),
+            ContinuedChunks(cs.steps, data, self._agent_ids, self._obs_space, self._act_space),
         )
         bounds = np.searchsorted(pos, np.arange(len(seg) + 1)).tolist()
         L = cs.call.is_reset.shape[1]
@@ -344,6 +346,7 @@ class MultiAgentConverter:
         counts, terms, truncs = seg.count.tolist(), seg.term.tolist(), seg.trunc.tolist()
         episodes: list[MultiAgentEpisode] = []
         open_keys: dict[int, _Key] = {}  # segment -> its open chunk
+        plain: dict[int, _Key] = {}
         with no_gc():
             for i in range(len(seg)):
                 e, start, length = envs[i], starts[i], lens[i]
@@ -353,12 +356,17 @@ class MultiAgentConverter:
                 rows = (bounds[i], bounds[i + 1])
                 hanging = not done and start + length == L
                 key = _Key(ctx, i, e, counts[i], continues, succ, rows, hanging)
+                if succ is not None and self._plain[e] and self._continue_views:
+                    plain[i] = key
                 if done:
                     episodes.append(self._lazy(key, length, done=True, truncated=truncs[i]))
                 else:
                     open_keys[i] = key
                     episodes.append(None)  # type: ignore[arg-type]  # (set below)
             fast = self._column_successors(ctx, open_keys)
+            ctx.continued.keys.update(  # (lazy chunks that continue a plain successor)
+                (i, k) for i, k in plain.items() if i not in open_keys or i in fast
+            )
             still_open = {}
             for i, key in open_keys.items():
                 if i in fast:  # lazy: its successor does not need the chunk built
@@ -410,9 +418,13 @@ class MultiAgentConverter:
 
     def _build(self, ep: MultiAgentEpisode, key: _Key) -> None:
         """Fills a lazy chunk (see :meth:`MultiAgentEpisode.lazy`): a finished one, or an
-        open one whose successor came from the call's columns (nothing hangs in it)."""
+        open one whose successor came from the call's columns (nothing hangs in it); as
+        view episodes where all its steps are in this call or it continues a successor
+        from the columns (:class:`~jaxsampler.sampling.device.successors.ContinuedChunks`)."""
         if key.succ is None and not key.continues:  # all its steps are in this call
             self._build_views(ep, key)
+            return
+        if key.succ is not None and key.ctx.continued.build(ep, key):
             return
         full = self._fill(ep if key.succ is None else None, key, hanging=key.hanging)
         if full is not ep:  # a continued chunk: the successor extended, now this episode
@@ -710,6 +722,7 @@ class _Context:
     carry: AgentCarry  # the carry at the end of the call
     next_acting: np.ndarray
     step0: np.ndarray
+    continued: ContinuedChunks  # view episodes of chunks that continue plain successors
 
 
 @dataclasses.dataclass(frozen=True)

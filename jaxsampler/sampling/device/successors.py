@@ -11,6 +11,14 @@ call's :class:`EpisodeColumns` when the agent's run in the chunk has ``n`` steps
 and builds the same successors ``_cut_columns(n, numpy=True)`` builds from the chunk,
 without building the chunk. :class:`ColumnSuccessors` picks the open chunks of a call
 that this path takes and builds their successors.
+
+A chunk of the next call that continues such a successor (nothing hanging in it, each of
+the successor's agents with one run of rows starting at the successor's last observation)
+is read the same way as a chunk that starts in its call: :class:`ContinuedChunks` lays
+out, once per call, every such run with its successor's lookback rows in front (one
+scatter per column) and makes the chunk's agents view episodes over them
+(:class:`~jaxsampler.sampling.device.agent_views.LookbackViews`), instead of extending the
+successor's buffers agent by agent.
 """
 
 from __future__ import annotations
@@ -18,20 +26,27 @@ from __future__ import annotations
 import copy
 import dataclasses
 import time
+from functools import partial
 from typing import Any
 
 import numpy as np
 
-from jaxsampler.episodes._sa_views import reward_space
+from jaxsampler.episodes._sa_views import reward_space, view_episodes
 from jaxsampler.episodes.ids import agent_episode_id
 from jaxsampler.episodes.lookback import InfiniteLookbackBuffer, tree_map
-from jaxsampler.episodes.multi_agent import MultiAgentEpisode
+from jaxsampler.episodes.multi_agent import SKIP, MultiAgentEpisode
 from jaxsampler.episodes.single_agent import SingleAgentEpisode
 from jaxsampler.sampling.device.agent_steps import AgentSteps
-from jaxsampler.sampling.device.agent_views import EpisodeColumns
+from jaxsampler.sampling.device.agent_views import EpisodeColumns, LookbackViews
 from jaxsampler.sampling.device.columns import obs_map
 
-__all__ = ["ColumnSuccessors", "OpenChunk", "column_successors", "eligible_chunks"]
+__all__ = [
+    "ColumnSuccessors",
+    "ContinuedChunks",
+    "OpenChunk",
+    "column_successors",
+    "eligible_chunks",
+]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -281,6 +296,244 @@ def column_successors(
         succ._start_time = succ._last_step_time = now()
         out.append(succ)
     return out
+
+
+@dataclasses.dataclass(frozen=True)
+class _Plan:
+    """The call's continued chunks laid out for views: segment -> (its first key in
+    ``views``, its runs in its successor's agent order)."""
+
+    views: LookbackViews | None
+    chunks: dict[int, tuple[int, list[int]]]
+
+
+class ContinuedChunks:
+    """View episodes for the chunks of a call that continue a successor from
+    :func:`column_successors` (see the module docstring): the same episodes, maps and
+    fields as extending the successor step by step, built without copying per agent.
+
+    The converter puts the candidates into :attr:`keys` (segment -> the chunk's key:
+    ``i``, ``rows``, ``succ`` a successor from :func:`column_successors` that nothing has
+    changed, and nothing hanging in the chunk); the first :meth:`build` lays out all those
+    that qualify.
+
+    Args:
+        steps, data: the call's agent steps (output order) and columns.
+        agent_ids: the env's agent ids, in agent-axis order.
+        observation_space, action_space: of one agent.
+    """
+
+    def __init__(
+        self,
+        steps: AgentSteps,
+        data: EpisodeColumns,
+        agent_ids: tuple[Any, ...],
+        observation_space: Any,
+        action_space: Any,
+    ):
+        self._steps, self._data, self._agent_ids = steps, data, agent_ids
+        self._spaces = (observation_space, action_space)
+        self.keys: dict[int, Any] = {}
+        self._plan: _Plan | None = None
+
+    def build(self, ep: MultiAgentEpisode, key: Any) -> bool:
+        """Fills the lazy chunk ``ep`` of ``key`` with view episodes (maps on first
+        access); ``False`` (``ep`` untouched) where ``key`` is not a qualifying chunk."""
+        if key.i not in self.keys:
+            return False
+        plan = self._plan if self._plan is not None else self._make_plan()
+        found = plan.chunks.get(key.i)
+        if found is None or plan.views is None:
+            return False
+        k0, runs = found
+        succ, steps, data = key.succ, self._steps, self._data
+        r1 = data.run_stop[runs]
+        m = r1 - data.run_start[runs]
+        olds = list(succ.agent_episodes.values())
+        fields = zip(
+            [sa.id_ for sa in olds],
+            steps.terminated[r1 - 1].tolist(),
+            steps.truncated[r1 - 1].tolist(),
+            [sa.t_started for sa in olds],
+            (np.array([sa.t for sa in olds]) + m).tolist(),
+        )
+        sas = view_episodes(
+            SingleAgentEpisode, plan.views, fields, *self._spaces, range(k0, k0 + len(runs))
+        )
+        ma_id = ep.id_
+        by_agent = ep.agent_episodes
+        for aid, sa, old in zip(succ.agent_episodes, sas, olds):
+            sa.agent_id, sa.module_id, sa.multi_agent_episode_id = aid, old.module_id, ma_id
+            by_agent[aid] = sa
+        ep.agent_t_started.update(succ.agent_t_started)
+        ep._agent_episode_ids.update(succ._agent_episode_ids)
+        ep._len_lookback_buffers = succ._len_lookback_buffers
+        ep.custom_data = succ.custom_data
+        ep._start_time, ep._last_step_time = succ._start_time, succ._last_step_time
+        ep.__dict__["_lazy_maps"] = partial(self._fill_maps, succ, runs, ep.env_t - succ.env_t)
+        return True
+
+    def _fill_maps(
+        self, succ: MultiAgentEpisode, runs: list[int], width: int, maps: dict[Any, Any]
+    ) -> None:
+        """``env_t_to_agent_t`` of a continued chunk: its successor's maps, then env steps
+        ``succ.env_t + 1 ..`` (a step's start env step maps to its agent timestep, its end
+        env step to the next one)."""
+        steps, data = self._steps, self._data
+        r0 = data.run_start[runs]
+        m = data.run_stop[runs] - r0
+        idx, _ = _ranges(r0, m)
+        local = np.repeat(np.arange(len(runs)), m)
+        first = succ.env_t + 1
+        entries = np.full((len(runs), width), -1, np.int64)
+        t, start = steps.t[idx], steps.start_step[idx]
+        inside = start >= first  # (the first step starts at the successor's last env step)
+        entries[local[inside], start[inside] - first] = t[inside]
+        entries[local, steps.end_step[idx] - first] = t + 1
+        rows = entries.astype(object)
+        rows[entries < 0] = SKIP
+        trusted = InfiniteLookbackBuffer.trusted
+        old = succ.env_t_to_agent_t
+        for aid, row in zip(succ.agent_episodes, rows.tolist()):
+            prev = old[aid]
+            maps[aid] = trusted(prev.data + row, prev.lookback, borrowed=False)
+
+    def _make_plan(self) -> _Plan:
+        """Lays out every qualifying chunk's runs, each with its successor's lookback in
+        front: one scatter per column over all of them."""
+        steps, data = self._steps, self._data
+        run_agent = steps.agent[data.run_start].tolist()
+        aids = self._agent_ids
+        extra_keys = list(data.extras)
+        chunks: list[tuple[int, list[int]]] = []
+        g_l: list[int] = []
+        n_l: list[int] = []
+        t_l: list[int] = []
+        env_t_l: list[int] = []
+        olds: list[Any] = []
+        for i, key in self.keys.items():
+            lo, hi = key.rows
+            succ = key.succ
+            if hi == lo or succ is None:
+                continue
+            g0, g1 = int(data.group[lo]), int(data.group[hi - 1]) + 1
+            sas = succ.agent_episodes
+            if g1 - g0 != len(sas):
+                continue  # an agent of the successor without a run here, or a new one
+            g_of = {aids[run_agent[g]]: g for g in range(g0, g1)}
+            runs = [g_of.get(aid, -1) for aid in sas]
+            n = succ._len_lookback_buffers
+            if -1 in runs:
+                continue
+            if any(sa.observations.lookback != n for sa in sas.values()):
+                continue
+            if any(
+                list(sa.extra_model_outputs) != (extra_keys if n else []) for sa in sas.values()
+            ):
+                continue  # (without lookback the step-by-step path adds them empty)
+            chunks.append((i, runs))
+            g_l += runs
+            n_l += [n] * len(runs)
+            t_l += [sa.t for sa in sas.values()]
+            env_t_l += [succ.env_t] * len(runs)
+            olds += sas.values()
+        g = np.array(g_l, np.int64)
+        n_run = np.array(n_l, np.int64)
+        r0 = data.run_start[g]
+        ok_run = (steps.start_step[r0] == np.array(env_t_l, np.int64)) & (
+            steps.t[r0] == np.array(t_l, np.int64)
+        )
+        sizes = [len(runs) for _, runs in chunks]
+        bad = np.repeat(np.arange(len(chunks)), sizes)[~ok_run]
+        keep = np.ones(len(chunks), bool)
+        keep[bad] = False
+        run_keep = np.repeat(keep, sizes)
+        chunks = [c for c, k in zip(chunks, keep.tolist()) if k]
+        if not chunks:
+            self._plan = _Plan(None, {})
+            return self._plan
+        olds = [sa for sa, k in zip(olds, run_keep.tolist()) if k]
+        g, n_run, r0 = g[run_keep], n_run[run_keep], r0[run_keep]
+        m = data.run_stop[g] - r0
+        views = self._lay_out(olds, g, n_run, r0, m)
+        out: dict[int, tuple[int, list[int]]] = {}
+        k = 0
+        for i, runs in chunks:
+            out[i] = (k, runs)
+            k += len(runs)
+        self._plan = _Plan(views, out)
+        return self._plan
+
+    def _lay_out(
+        self, olds: list[Any], g: np.ndarray, n: np.ndarray, r0: np.ndarray, m: np.ndarray
+    ) -> LookbackViews | None:
+        """The runs ``g`` (rows ``r0 .. r0 + m``) each with the ``n`` lookback items of its
+        successor's agent episode ``olds`` in front, as :class:`LookbackViews` (``None``:
+        the successors' columns do not match the call's dtypes)."""
+        data = self._data
+        o_size, a_size = n + m + 1, n + m
+        o_lo, a_lo = np.cumsum(o_size) - o_size, np.cumsum(a_size) - a_size
+        lb_off = np.cumsum(n + 1) - (n + 1)  # in the successors' observations, concatenated
+        dst_lb_o, _ = _ranges(o_lo, n)
+        src_lb_o, _ = _ranges(lb_off, n)
+        dst_tr_o, _ = _ranges(o_lo + n, m + 1)
+        src_tr_o, _ = _ranges(r0 + g, m + 1)
+        dst_lb_a, _ = _ranges(a_lo, n)
+        dst_tr_a, _ = _ranges(a_lo + n, m)
+        src_tr_a, _ = _ranges(r0, m)
+        o_total, a_total = int(o_size.sum()), int(a_size.sum())
+
+        def place(
+            track: Any, lb: Any, total: int, dst_tr: Any, src_tr: Any, dst_lb: Any, src_lb: Any
+        ) -> Any:
+            if lb is not None and lb.dtype != track.dtype:
+                raise _Mismatch
+            out = np.empty((total,) + track.shape[1:], track.dtype)
+            out[dst_tr] = track[src_tr]
+            if lb is not None:
+                out[dst_lb] = lb if src_lb is None else lb[src_lb]
+            return out
+
+        def cat(*xs: Any) -> Any:
+            return np.concatenate(xs)
+
+        with_lb = [sa for sa, k in zip(olds, n.tolist()) if k]
+        try:
+            lb_obs = obs_map(cat, *(sa.observations.data for sa in olds))
+            obs = obs_map(
+                lambda t, lb: place(t, lb, o_total, dst_tr_o, src_tr_o, dst_lb_o, src_lb_o),
+                data.obs_track,
+                lb_obs,
+            )
+            infos: dict[str, Any] = {}
+            if data.info_track:
+                lb_inf = tree_map(cat, *(sa.infos.data for sa in olds))
+                infos = tree_map(
+                    lambda t, lb: place(t, lb, o_total, dst_tr_o, src_tr_o, dst_lb_o, src_lb_o),
+                    data.info_track,
+                    lb_inf,
+                )
+
+            def items(col: np.ndarray, lbs: list[Any]) -> np.ndarray:
+                lb = np.concatenate(lbs) if lbs else None
+                return place(col, lb, a_total, dst_tr_a, src_tr_a, dst_lb_a, None)
+
+            actions = items(data.actions, [sa.actions.data for sa in with_lb])
+            rewards = items(data.rewards, [sa.rewards.data for sa in with_lb])
+            extras = {
+                k: items(col, [sa.extra_model_outputs[k].data for sa in with_lb])
+                for k, col in data.extras.items()
+            }
+        except _Mismatch:
+            return None
+        obs_space, act_space = self._spaces
+        return LookbackViews(
+            obs, infos, actions, rewards, extras, o_lo, a_lo, n, m, obs_space, act_space
+        )
+
+
+class _Mismatch(Exception):
+    """A successor's column does not have the call's dtype."""
 
 
 def _ranges(start: np.ndarray, count: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

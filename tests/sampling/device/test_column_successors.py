@@ -11,18 +11,26 @@ agents out of lockstep with hanging steps (ChaosEnv), with lookback horizons 0 t
 * on Spread most open chunks take the new path (lazy chunk, successor from columns);
 * a lazy open chunk read only after the next call equals one read at once;
 * a checkpoint taken between calls resumes to the same chunks.
+
+Chunks that continue such a successor are view episodes with the successor's lookback in
+front (``ContinuedChunks``); their reference is the same sampler extending the successor
+step by step (``_continue_views = False``): the same state, maps and getters (lookback
+getters included), most of Spread's continued chunks view-built, and writes to one
+(``set_observations``, ``add_env_step``) change no other episode and not the next call.
 """
 
 from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
 import pytest
 
 import jaxsampler as js
 from jaxsampler.envs.spread import Spread
 from jaxsampler.episodes.lookback import InfiniteLookbackBuffer
 from jaxsampler.episodes.multi_agent import MultiAgentEpisode
+from jaxsampler.spaces import Box, Dict
 from tests.fakes import ChaosEnv, CountingPolicy
 from tests.sampling.device.test_columnar_ma import _assert_same_state, _state
 
@@ -37,10 +45,25 @@ class InfoSpread(Spread):
         return {"pos": state.pos, "time": state.time}
 
 
+@dataclasses.dataclass(frozen=True)
+class DictSpread(Spread):
+    """Spread with dict observations: the flat one and its first two entries."""
+
+    @property
+    def observation_space(self):
+        flat = super().observation_space
+        return Dict(a=flat, b=Box(-np.inf, np.inf, (2,), np.float32))
+
+    def agent_obs(self, agent_id, own, state, params):
+        obs = super().agent_obs(agent_id, own, state, params)
+        return {"a": obs, "b": obs[:2]}
+
+
 def _env(name: str):
     return {
         "spread": lambda: Spread(3),
         "info_spread": lambda: InfoSpread(2),
+        "dict_spread": lambda: DictSpread(2),
         "goals": lambda: js.make("Goals-v0"),
         "chaos": ChaosEnv,
     }[name]()
@@ -164,3 +187,134 @@ def test_lazy_open_chunks_hold_nothing_the_next_call_changes():
     carry = s._convert._carry
     s.sample(())
     assert s._convert._carry is not carry
+
+
+def _continued_sampler(env, horizon: int, views: bool):
+    s = _sampler(env, horizon)
+    s._convert._continue_views = views
+    return s
+
+
+def _lookback_reads(sa):
+    """Getters over and into the lookback (where the episode has steps enough)."""
+    out = [sa.get_observations(), sa.get_actions(), sa.get_rewards(), sa.get_infos()]
+    out += [sa.get_observations(-1), sa.get_observations(-2)]
+    lb = sa.observations.lookback
+    out.append(sa.get_observations(slice(-3, None), neg_index_as_lookback=True, fill=0.0))
+    if lb:
+        out.append(sa.get_observations(-1, neg_index_as_lookback=True))
+        out.append(sa.get_actions(-1, neg_index_as_lookback=True))
+        out.append(sa.get_rewards(-1, neg_index_as_lookback=True))
+        out.append(sa.get_infos(-1, neg_index_as_lookback=True))
+    out.append(sa.get_actions(slice(-2, None), neg_index_as_lookback=True, fill=0))
+    for k in sa.extra_model_outputs:
+        out.append(sa.get_extra_model_outputs(k))
+        if lb:
+            out.append(sa.get_extra_model_outputs(k, -1, neg_index_as_lookback=True))
+    return out
+
+
+def _is_view_built(ep) -> bool:
+    return all(sa._view is not None for sa in ep.agent_episodes.values())
+
+
+@pytest.mark.parametrize(
+    ("name", "horizon"),
+    [
+        ("spread", 1),
+        ("spread", 3),
+        ("info_spread", 2),
+        ("dict_spread", 2),
+        ("goals", 0),
+        ("goals", 2),
+        ("chaos", 2),
+    ],
+)
+def test_continued_chunks_as_views_equal_the_extended_successors(name, horizon):
+    # The reference: the same sampler with continued chunks built by extending their
+    # successor step by step (the pre-change path).
+    env = _env(name)
+    new, old = _continued_sampler(env, horizon, True), _continued_sampler(env, horizon, False)
+    n_cont = n_agents = n_view = 0
+    for c in range(6):
+        got, want = new.sample(()), old.sample(())
+        assert len(got) == len(want)
+        for j, (g, w) in enumerate(zip(got, want)):
+            where = f"call {c} chunk {j}"
+            if g.env_t_started > 0 and (g.is_done or "_lazy" in g.__dict__):
+                n_cont += 1
+                # getters first (the fast paths, before the columns are built)
+                for aid, sa in w.agent_episodes.items():
+                    ga = g.agent_episodes[aid]
+                    n_agents += 1
+                    n_view += ga._view is not None
+                    for x, y in zip(_lookback_reads(ga), _lookback_reads(sa)):
+                        _assert_same_state(x, y, f"{where} {aid} getters")
+            _same_chunk(g, w, where)
+            assert g.env_t_to_agent_t.keys() == w.env_t_to_agent_t.keys(), where
+            for aid, m in w.env_t_to_agent_t.items():
+                _strict(g.env_t_to_agent_t[aid], m, f"{where} map {aid}")
+                assert g.env_t_to_agent_t[aid].borrowed == m.borrowed, where
+        _same_successors(new, old, f"call {c}")
+    assert n_cont > 0
+    if "spread" in name:  # lockstep: nearly every continued chunk's agents
+        assert n_view >= 0.8 * n_agents, (n_view, n_agents)
+
+
+def test_most_continued_spread_chunks_are_view_built():
+    env = Spread(3)
+    s = _continued_sampler(env, 2, True)
+    n_cont = n_view = 0
+    for _ in range(5):
+        for ep in s.sample(()):
+            if ep.env_t_started > 0 and (ep.is_done or "_lazy" in ep.__dict__):
+                n_cont += 1
+                n_view += _is_view_built(ep)
+    assert n_cont > 0 and n_view >= 0.8 * n_cont, (n_view, n_cont)
+
+
+def test_writing_to_a_continued_view_chunk_changes_no_other_episode():
+    env = Spread(3)
+    a, b = _continued_sampler(env, 2, True), _continued_sampler(env, 2, True)
+    for _ in range(2):
+        a.sample(()), b.sample(())
+    got, ref = a.sample(()), b.sample(())
+    cont = [j for j, ep in enumerate(got) if ep.env_t_started > 0 and _is_view_built(ep)]
+    opened = [j for j in cont if not got[j].is_done]
+    assert len(cont) >= 2 and opened
+    j, k = cont[0], opened[-1]
+    assert j != k
+    # set_observations on one chunk, into the lookback too
+    ep = got[j]
+    aid = next(iter(ep.agent_episodes))
+    sa = ep.agent_episodes[aid]
+    assert sa.observations.lookback > 0
+    before = sa.get_observations(-1, neg_index_as_lookback=True).copy()
+    new_obs = np.full_like(sa.get_observations(0), 7.0)
+    ep.set_observations(new_data={aid: new_obs}, at_indices=0)
+    sa.observations.set(new_obs * 2, at_indices=-1, neg_index_as_lookback=True)
+    np.testing.assert_array_equal(sa.get_observations(0), new_obs)
+    np.testing.assert_array_equal(sa.get_observations(-1, neg_index_as_lookback=True), new_obs * 2)
+    assert not np.array_equal(before, new_obs * 2)
+    # add_env_step on an open one
+    op = got[k]
+    aids = list(op.agent_episodes)
+    act = {x: op.agent_episodes[x].get_actions(-1) for x in aids}
+    obs = {x: np.full_like(op.agent_episodes[x].get_observations(-1), 5.0) for x in aids}
+    op.add_env_step(obs, act, {x: 1.0 for x in aids})
+    for x in aids:
+        np.testing.assert_array_equal(op.agent_episodes[x].get_observations(-1), obs[x])
+    assert op.env_t == ref[k].env_t + 1
+    # the other chunks, and the written chunk's other agents, are as the twin's
+    for i in range(len(got)):
+        if i not in (j, k):
+            _same_chunk(got[i], ref[i], f"chunk {i}")
+    for other in ep.agent_episodes:
+        if other != aid:
+            _assert_same_state(
+                ep.agent_episodes[other].get_state(), ref[j].agent_episodes[other].get_state()
+            )
+    # the next call is as the twin's
+    for i, (g, w) in enumerate(zip(a.sample(()), b.sample(()))):
+        _same_chunk(g, w, f"next call chunk {i}")
+    _same_successors(a, b, "next call")
