@@ -434,8 +434,9 @@ def markdown_lines(res: Mapping[str, Any]) -> list[str]:
         "which backs them anew on the next touch, at a few ms per MB) and into reused memory. "
         "The rollout row is the device compute plus the trajectory's copy (on the CPU "
         "backend `jax.device_get` makes none). Objects: one object per episode and agent "
-        "episode, GC on: a minimal slotted object / RLlib's empty `SingleAgentEpisode()` "
-        "(+ `MultiAgentEpisode()` per multi-agent episode).",
+        "episode, GC on: a minimal slotted object, made and then read by three one-slice "
+        "getters / RLlib's empty `SingleAgentEpisode()` (+ `MultiAgentEpisode()` per "
+        "multi-agent episode).",
         "",
         "| cell | side | measured / rollout | floor / rollout | what the floor is |",
         "|---|---|---:|---:|---|",
