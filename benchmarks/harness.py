@@ -247,6 +247,25 @@ def log(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
+def module_at(ref: str, path: str, name: str) -> Any:
+    """The module ``path`` (a file of this repository) as it was at commit ``ref``, loaded
+    under ``name`` (registered in ``sys.modules``: dataclasses look their module up), or
+    ``None`` with a logged reason where git cannot show it: a baseline run side by side."""
+    import types
+
+    try:
+        src = subprocess.run(
+            ["git", "show", f"{ref}:{path}"], cwd=ROOT, capture_output=True, text=True, check=True
+        ).stdout
+    except (OSError, subprocess.CalledProcessError) as e:
+        log(f"no {path} at {ref} ({e}); skipping its baseline")
+        return None
+    mod = types.ModuleType(name)
+    sys.modules[name] = mod
+    exec(compile(src, f"{ref}:{path}", "exec"), mod.__dict__)
+    return mod
+
+
 def write_results(
     results: dict[str, Any],
     markdown: str,

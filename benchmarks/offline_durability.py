@@ -30,11 +30,8 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
-import types
 from collections.abc import Callable
 from typing import Any
 
@@ -79,21 +76,8 @@ def write_with(path: str, records: list[js.SampleBatch], kwargs: dict[str, Any])
 
 def old_writer(ref: str) -> type | None:
     """The ``OfflineWriter`` of commit ``ref`` (before the durability settings)."""
-    try:
-        src = subprocess.run(
-            ["git", "show", f"{ref}:jaxsampler/offline.py"],
-            cwd=harness.ROOT,
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout
-    except (OSError, subprocess.CalledProcessError) as e:
-        log(f"no baseline writer ({e}); skipping 'before'")
-        return None
-    mod = types.ModuleType("offline_before")
-    sys.modules[mod.__name__] = mod  # its dataclasses look their module up
-    exec(compile(src, f"{ref}:jaxsampler/offline.py", "exec"), mod.__dict__)
-    return mod.OfflineWriter
+    mod = harness.module_at(ref, "jaxsampler/offline.py", "offline_before")
+    return None if mod is None else mod.OfflineWriter
 
 
 def stat_cost_s(path: str, n: int = 20_000) -> float:

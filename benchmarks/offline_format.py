@@ -27,9 +27,7 @@ import argparse
 import gzip
 import os
 import statistics
-import subprocess
 import tempfile
-import types
 from collections.abc import Callable
 from typing import Any, BinaryIO, cast
 
@@ -90,19 +88,9 @@ def read_all(path: str) -> int:
 
 def old_reader(ref: str) -> Callable[[str], int] | None:
     """The version-1 reader of commit ``ref`` (its codec's streaming unpacker)."""
-    try:
-        src = subprocess.run(
-            ["git", "show", f"{ref}:jaxsampler/codec.py"],
-            cwd=harness.ROOT,
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout
-    except (OSError, subprocess.CalledProcessError) as e:
-        log(f"no baseline reader ({e}); skipping 'read v1 (before)'")
+    mod = harness.module_at(ref, "jaxsampler/codec.py", "codec_before")
+    if mod is None:
         return None
-    mod = types.ModuleType("codec_before")
-    exec(compile(src, f"{ref}:jaxsampler/codec.py", "exec"), mod.__dict__)
 
     def read(path: str) -> int:
         with open_log(path, "rb") as f:
