@@ -17,7 +17,8 @@ prefixed ``[i]`` (stdout to stdout, stderr to stderr). The launcher:
 
 Which failure is "first": processes that end after the first failure the launcher observes never
 change the job's code, whether the launcher stopped them or they failed because a peer vanished
-(a collective whose peer is gone fails with a connection reset, and that process exits ``1``).
+(a collective whose peer is gone fails with a connection reset, and that process exits ``1``,
+two seconds late, so that the peer which vanished is observed ending first even under load).
 Exits are observed in the order the OS reports them: on Linux (5.3+) through one pidfd per
 process in an epoll set, whose ready list keeps the order the processes ended even when several
 ended between two looks; elsewhere by looking at every process each 10 ms, and processes found

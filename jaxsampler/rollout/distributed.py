@@ -16,6 +16,7 @@ import atexit
 import os
 import sys
 import threading
+import time
 from typing import Any
 
 import jax
@@ -53,6 +54,10 @@ DEFAULT_HEARTBEAT_TIMEOUT_S = 10.0
 # JAX aborts the process itself when its own connect deadline passes; ours comes first so the
 # caller gets a TimeoutError it can read.
 _JAX_DEADLINE_MARGIN_S = 60
+#: Seconds a process whose collective failed because a peer vanished waits before it exits, so
+#: that the peer which caused it (already exiting: its connections closed) ends first and a
+#: launcher watching exit order reports the peer's status rather than this consequence.
+PEER_GONE_EXIT_DELAY_S = 2.0
 
 _initialized = False
 _joined_with: tuple[str, int, int] | None = None
@@ -121,7 +126,9 @@ def initialize(
       terminates every process itself.
     - a process of a joined job ends on an uncaught exception (the failed collective's
       included): its traceback and a line naming the process are printed and it exits at
-      once with status 1 (130 for Ctrl-C); one that calls ``sys.exit(code)`` with a nonzero
+      once with status 1 (130 for Ctrl-C), except that one whose collective failed because a
+      peer vanished first waits ``PEER_GONE_EXIT_DELAY_S`` (2 s), so that the peer which
+      caused it ends first and the launcher reports the peer's status; one that calls ``sys.exit(code)`` with a nonzero
       code exits at once with that code. Without this, JAX's exit-time shutdown barrier
       waits for peers that are gone or still running (up to ``timeout_s``) and then aborts
       the process (status 134, the real status lost). A process that returns normally
@@ -293,6 +300,10 @@ def _install_fail_fast(process_id: int, num_processes: int) -> None:
             )
             sys.stdout.flush()
             sys.stderr.flush()
+            if cause:
+                # The peer closed its connections on its way out; its exit is reported to the
+                # launcher a moment later (under load, after ours could be). Let it end first.
+                time.sleep(PEER_GONE_EXIT_DELAY_S)
         finally:
             os._exit(130 if issubclass(kind, KeyboardInterrupt) else 1)
 
