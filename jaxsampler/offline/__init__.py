@@ -77,6 +77,7 @@ from jaxsampler.offline.frames import (
     TruncatedLogWarning,
     read_records,
 )
+from jaxsampler.offline.journal import RecoveryReport, StepJournal, recover
 from jaxsampler.offline.repair import RepairReport, repair_log
 from jaxsampler.offline.writer import (
     BUFFER_LIMIT,
@@ -97,13 +98,16 @@ __all__ = [
     "LogReplacedError",
     "LogWriteError",
     "OfflineWriter",
+    "RecoveryReport",
     "RepairReport",
+    "StepJournal",
     "TornTailWarning",
     "TruncatedLogWarning",
     "WriterFailedError",
     "read_batches",
     "read_episodes",
     "read_records",
+    "recover",
     "repair_log",
     "write_batches",
     "write_episodes",

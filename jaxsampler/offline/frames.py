@@ -115,12 +115,12 @@ def _read_header(f: BinaryIO, path: str) -> int:
     raise CorruptLogError(path, 0, problem)
 
 
-def _decode_record(payload: bytes, path: str, pos: int) -> Record:
+def _decode_record(payload: bytes, path: str, pos: int, kinds: tuple = _RECORD_TYPES) -> Record:
     try:
         record = unpackb(payload)
     except DecodeError as e:
         raise CorruptLogError(path, pos, f"record does not decode: {e}") from e
-    if not isinstance(record, _RECORD_TYPES):
+    if not isinstance(record, kinds):
         raise CorruptLogError(path, pos, f"a {type(record).__name__} is not a batch or episode")
     return record
 
@@ -144,7 +144,7 @@ def _warn_unclosed(path: str, start: int, pos: int) -> None:
     )
 
 
-def _read_v2(f: BinaryIO, path: str) -> Iterator[Record]:
+def _read_v2(f: BinaryIO, path: str, kinds: tuple = _RECORD_TYPES) -> Iterator[Record]:
     pos, closed = _HEADER_LEN, False
     session = pos  # where the current writer session's frames begin
     while True:
@@ -171,7 +171,7 @@ def _read_v2(f: BinaryIO, path: str) -> Iterator[Record]:
         if zlib.crc32(payload) != crc:
             raise CorruptLogError(path, pos, "record checksum mismatch")
         if kind == _RECORD:
-            yield _decode_record(payload, path, pos)
+            yield _decode_record(payload, path, pos, kinds)
         elif kind == _RESUME:
             _warn_unclosed(path, session, pos)
         closed = kind == _END
@@ -217,6 +217,16 @@ def read_records(path: str) -> Iterator[Any]:
     with _open(path, "rb") as f:
         version = _read_header(f, path)
         yield from (_read_v2 if version == 2 else _read_v1)(f, path)
+
+
+def read_entries(path: str) -> Iterator[dict]:
+    """Yields the map records of a version-2 log that holds maps instead of batches (a step
+    journal's entries), with :func:`read_records`' checks and warnings."""
+    path = str(path)
+    with _open(path, "rb") as f:
+        if _read_header(f, path) != 2:
+            raise CorruptLogError(path, 0, "a journal is a version 2 log")
+        yield from cast(Iterator[dict], _read_v2(f, path, (dict,)))
 
 
 def _next_frame(buf: Any, pos: int, size: int) -> int | None:

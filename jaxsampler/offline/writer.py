@@ -255,8 +255,11 @@ class OfflineWriter:
         """
         if not isinstance(record, _RECORD_TYPES):
             raise TypeError(f"cannot log a {type(record).__name__}: give a batch or an episode")
+        self._append(packb(record))
+
+    def _append(self, payload: bytes) -> None:
+        """Appends one encoded record as one frame (:meth:`write` after its type check)."""
         self._usable()
-        payload = packb(record)
         self._check_path()
         if self.version == 2:
             self._pending.append(_frame_head(_RECORD, payload))

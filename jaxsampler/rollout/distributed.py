@@ -125,16 +125,16 @@ def initialize(
       heartbeats for ``heartbeat_timeout_s`` (its host vanished) JAX's coordination service
       terminates every process itself.
     - a process of a joined job ends on an uncaught exception (the failed collective's
-      included): its traceback and a line naming the process are printed and it exits at
-      once with status 1 (130 for Ctrl-C), except that one whose collective failed because a
-      peer vanished first waits ``PEER_GONE_EXIT_DELAY_S`` (2 s), so that the peer which
-      caused it ends first and the launcher reports the peer's status; one that calls ``sys.exit(code)`` with a nonzero
-      code exits at once with that code. Without this, JAX's exit-time shutdown barrier
-      waits for peers that are gone or still running (up to ``timeout_s``) and then aborts
-      the process (status 134, the real status lost). A process that returns normally
-      (status 0) still meets the others at that barrier. This sets ``sys.excepthook`` and
-      wraps ``sys.exit`` in the joined process; ``fail_fast=False`` leaves both alone (and
-      JAX's barrier behaviour as it is).
+      included): its traceback and a line naming the process are printed and it exits at once
+      with status 1 (130 for Ctrl-C), except that one whose collective failed because a peer
+      vanished first waits ``PEER_GONE_EXIT_DELAY_S`` (2 s), so that the peer which caused it
+      ends first and the launcher reports the peer's status; one that calls ``sys.exit(code)``
+      with a nonzero code exits at once with that code. Without this, JAX's exit-time shutdown
+      barrier waits for peers that are gone or still running (up to ``timeout_s``) and then
+      aborts the process (status 134, the real status lost). A process that returns normally
+      (status 0) still meets the others at that barrier. This sets ``sys.excepthook`` and wraps
+      ``sys.exit`` in the joined process; ``fail_fast=False`` leaves both alone (and JAX's
+      barrier behaviour as it is).
 
     Args:
         coordinator_address: ``host:port`` of process 0 (``JAXSAMPLER_COORDINATOR``).

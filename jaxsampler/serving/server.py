@@ -274,6 +274,7 @@ class PolicyServer(HTTPServer, HostEnv):
         self.observation_space, self.action_space = env.observation_space, env.action_space
         self.agent_ids, self.num_envs = env.agent_ids, env.num_envs
         self.abandons_episodes = env.abandons_episodes
+        self.names_episodes = env.names_episodes  # a journal's env: ids shared with samplers
         self.max_body_bytes, self.keepalive_timeout_s = (
             self.limits.max_body_bytes,
             self.limits.keepalive_timeout_s,

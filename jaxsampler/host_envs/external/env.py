@@ -8,7 +8,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Hashable, Mapping
-from typing import Any
+from typing import Any, Protocol
 
 from jaxsampler.constants import ALL_AGENTS, DEFAULT_AGENT_ID
 from jaxsampler.episodes.ids import random_episode_id
@@ -31,6 +31,19 @@ __all__ = ["CLIENT_POLICY_INFO", "ExternalEnv", "ExternalEnvBase", "ExternalMult
 
 #: Info key of steps whose action a client computed with the served policy (local mode).
 CLIENT_POLICY_INFO = "client_policy"
+
+
+class Journal(Protocol):
+    """Where an external env writes each change before it takes effect (write-ahead; see
+    :class:`~jaxsampler.offline.StepJournal`). :meth:`record` runs under the env's lock, in
+    the order the changes happen; when it raises, the change does not happen and the env
+    closes (every later call raises :class:`EnvClosedError` naming the failure)."""
+
+    def record(self, entry: dict[str, Any]) -> None:
+        """Stores one entry durably enough that the caller may then acknowledge it."""
+
+    def known(self, episode_id: str) -> bool:
+        """Whether ``episode_id`` ran before this server run (a pre-restart id)."""
 
 
 class ExternalEnvBase(_EpisodeBook, HostEnv):
@@ -67,6 +80,7 @@ class ExternalEnvBase(_EpisodeBook, HostEnv):
         max_episode_id_len: int = 128,
         max_queued_steps: int = 256,
         max_finished_ids: int = 100_000,
+        journal: Journal | None = None,
     ):
         _check_option("max_wait_s", max_wait_s, 0.0)
         _check_option("action_timeout_s", action_timeout_s, 0.0, strict=True)
@@ -98,6 +112,11 @@ class ExternalEnvBase(_EpisodeBook, HostEnv):
         #: the HostEnv's sub-env count: an upper bound on concurrently running episodes
         self.num_envs = self.max_concurrent_episodes
         self._thread: threading.Thread | None = None
+        self.journal = journal
+        #: a sampler names its episodes by this env's episode ids (so a journal's entries
+        #: and the sampler's output name the same episodes); see ``journal``
+        self.names_episodes = journal is not None
+        self._journal_error: BaseException | None = None
 
     # -- user loop (RLlib style) ---------------------------------------------------------
 
@@ -156,11 +175,16 @@ class ExternalEnvBase(_EpisodeBook, HostEnv):
                 raise EpisodeStateError(f"Episode {eid} has already been started.")
             if key in self._finished:
                 raise EpisodeStateError(f"Episode {eid} has already completed.")
+            if self.journal is not None and self.journal.known(eid):
+                raise EpisodeStateError(
+                    f"Episode {eid} ran before the server restarted; start a new episode."
+                )
             if self._quota_error(owner) is not None:
                 self._reap_idle()  # a vanished client's episodes may be due (no poller needed)
                 error = self._quota_error(owner)
                 if error is not None:
                     raise error
+            self._log({"op": "start", "e": eid, "training": bool(training_enabled)})
             ep = _Episode(eid, bool(training_enabled), owner)
             self._episodes[eid] = ep
             if owner is not None:
@@ -241,6 +265,16 @@ class ExternalEnvBase(_EpisodeBook, HostEnv):
                         ep.blocked -= 1
                 self._check_open()
                 ep = self._open_episode(episode_id, owner)
+            self._log(
+                {
+                    "op": "submit",
+                    "e": episode_id,
+                    "obs": obs,
+                    "action": action,
+                    "info": extra_infos,
+                    "want": bool(want_action),
+                }
+            )
             waiter = Waiter(on_answer) if want_action else None
             item = self._make_item(ep, obs, off_policy=action, waiter=waiter)
             if extra_infos:
@@ -330,15 +364,24 @@ class ExternalEnvBase(_EpisodeBook, HostEnv):
                         "would belong to no step (send their first observation first)"
                     )
             acc = ep.reward
+            sums = {a: acc.get(a, 0.0) + r for a, r in checked.items()} if acc else checked
+            for a, total in sums.items():
+                if not abs(total) <= MAX_REWARD:
+                    raise InvalidDataError(
+                        f"reward[{_short(a)}]: the rewards logged since the agent's last "
+                        f"step would sum to {total}, outside float32 range "
+                        f"(abs <= {MAX_REWARD:.4g}); the sum so far is kept"
+                    )
+            self._log(
+                {
+                    "op": "returns",
+                    "e": episode_id,
+                    "reward": checked,
+                    "info": infos,
+                    "done": None if newly_done is None else dict.fromkeys(newly_done, True),
+                }
+            )
             if acc:
-                sums = {a: acc.get(a, 0.0) + r for a, r in checked.items()}
-                for a, total in sums.items():
-                    if not abs(total) <= MAX_REWARD:
-                        raise InvalidDataError(
-                            f"reward[{_short(a)}]: the rewards logged since the agent's last "
-                            f"step would sum to {total}, outside float32 range "
-                            f"(abs <= {MAX_REWARD:.4g}); the sum so far is kept"
-                        )
                 acc.update(sums)
             else:  # each value is in range (check_reward): so is the sum
                 ep.reward = checked
@@ -358,6 +401,7 @@ class ExternalEnvBase(_EpisodeBook, HostEnv):
         with self._lock:
             ep = self._open_episode(episode_id, owner)
             self._check_done_agents(ep, obs, final=True)
+            self._log({"op": "end", "e": episode_id, "obs": obs, "truncated": bool(truncated)})
             item = self._make_item(ep, obs, final=True)
             if truncated:
                 item.all_trunc = True
@@ -376,12 +420,7 @@ class ExternalEnvBase(_EpisodeBook, HostEnv):
         waiting (episodes that never sent a request are not waited for)."""
         end = None if timeout is None else time.monotonic() + timeout
         with self._lock:
-            for eid in self._offp_in_flight:  # the sampler had its chance to answer them
-                ep = self._episodes.get(eid)
-                if ep is not None and ep.in_flight is not None and ep.in_flight.waiter is None:
-                    ep.in_flight = None
-                    self._refresh(ep)
-            self._offp_in_flight.clear()
+            self._settle_off_policy()
             self._reap_idle()
             while not self._ready and not self._closed:
                 wait = None if end is None else end - time.monotonic()
@@ -402,7 +441,22 @@ class ExternalEnvBase(_EpisodeBook, HostEnv):
                     self._poller = "all"
                     self._cond.wait(left)
                     self._poller = None
+            if self._ready and self.journal is not None:
+                self._log({"op": "poll", "ready": list(self._ready)})
             return self._deliver()
+
+    def _settle_off_policy(self) -> None:
+        """At a poll: the ``log_action`` steps of the last poll count as answered (the
+        sampler had its chance to answer them)."""
+        if not self._offp_in_flight:
+            return
+        self._log({"op": "settle"})
+        for eid in self._offp_in_flight:
+            ep = self._episodes.get(eid)
+            if ep is not None and ep.in_flight is not None and ep.in_flight.waiter is None:
+                ep.in_flight = None
+                self._refresh(ep)
+        self._offp_in_flight.clear()
 
     def send_actions(self, actions: MultiEnvDict) -> None:
         """Answers the episodes of the last poll; unknown or unexpected env ids are counted in
@@ -411,6 +465,8 @@ class ExternalEnvBase(_EpisodeBook, HostEnv):
         treats such steps as answered. An answered ``get_action`` restarts its episode's
         ``episode_timeout_s``."""
         with self._lock:
+            if self.journal is not None:
+                self._log({"op": "answer", "actions": dict(actions)})
             now = time.monotonic()
             for eid, acts in actions.items():
                 ep = self._episodes.get(eid)
@@ -434,6 +490,32 @@ class ExternalEnvBase(_EpisodeBook, HostEnv):
                     w.set()
                 self._refresh(ep)
 
+    def _abandon(self, ep: _Episode, reason: str) -> None:
+        self._log({"op": "abandon", "e": ep.eid, "reason": reason})
+        super()._abandon(ep, reason)
+
+    def _check_open(self) -> None:
+        if self._closed and self._journal_error is not None:
+            raise EnvClosedError(f"ExternalEnv closed: its journal failed ({self._journal_error})")
+        super()._check_open()
+
+    def _log(self, entry: dict[str, Any]) -> None:
+        """Writes ``entry`` to the journal before the change it describes (under the lock);
+        a failed write closes the env and raises, so the change never happens unlogged."""
+        if self.journal is None:
+            return
+        if self._journal_error is not None:
+            raise EnvClosedError(f"the journal failed: {self._journal_error}")
+        try:
+            self.journal.record(entry)
+        except BaseException as e:
+            self._journal_error = e
+            self._close_locked()
+            raise EnvClosedError(
+                f"the journal failed ({type(e).__name__}: {e}); the change was not made and "
+                "the env is closed"
+            ) from e
+
     @property
     def closed(self) -> bool:
         """Whether :meth:`close` was called."""
@@ -443,15 +525,21 @@ class ExternalEnvBase(_EpisodeBook, HostEnv):
         """Fails every blocked caller with :class:`EnvClosedError` and wakes the poller.
         Idempotent."""
         with self._lock:
-            if self._closed:
-                return
-            self._closed = True
-            for ep in self._episodes.values():
-                if ep.waiter is not None:
-                    ep.waiter.error = EnvClosedError("ExternalEnv was closed")
-                    ep.waiter.set()
-            self._cond.notify_all()
-            self._room.notify_all()
+            self._close_locked()
+
+    def _close_locked(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        why = "ExternalEnv was closed"
+        if self._journal_error is not None:
+            why = f"ExternalEnv closed: its journal failed ({self._journal_error})"
+        for ep in self._episodes.values():
+            if ep.waiter is not None:
+                ep.waiter.error = EnvClosedError(why)
+                ep.waiter.set()
+        self._cond.notify_all()
+        self._room.notify_all()
 
 
 class ExternalEnv(ExternalEnvBase):
@@ -485,6 +573,13 @@ class ExternalEnv(ExternalEnvBase):
             error and :meth:`episode_status`), oldest forgotten first; an entry is a keyed
             64-bit hash of the id, about 180 bytes whatever the id's length (100,000:
             about 18 MB).
+        journal: a write-ahead :class:`Journal` (:class:`~jaxsampler.offline.StepJournal`):
+            each change is written to it before it takes effect, so every acknowledged
+            step can be recovered after a crash (:func:`~jaxsampler.offline.recover`); ids
+            the journal knows from an earlier run are refused by ``start_episode``, and a
+            sampler names episodes by this env's ids (``names_episodes``). A failed journal
+            write closes the env: the call raises :class:`EnvClosedError` and its change is
+            not made. ``None`` (default): no journal.
 
     Rewards must be numbers with ``abs(r) <= MAX_REWARD`` (the float32 maximum), and so
     must their sum over one step: a call that would break that raises

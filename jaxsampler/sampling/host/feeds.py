@@ -81,6 +81,8 @@ class Books:
         ids: the sampler's episode ids.
         mark_abandoned: batch rows get an ``abandoned`` column
             (:func:`~jaxsampler.sampling.host.collector.step_rows`).
+        env_named: episode ids are the env's ids (an env whose ``names_episodes`` is true,
+            such as an external env with a journal), not the sampler's own.
         rllib_compatible: agents' done flags as RLlib 2.60's ``MultiAgentEpisode`` sets
             them (the episode's computed flags OR'ed into every agent stepped in the step
             that ends it); default: each agent's own flags OR ``"__all__"``.
@@ -106,6 +108,7 @@ class Books:
     action_space: Any
     ids: EpisodeIds
     mark_abandoned: bool = False
+    env_named: bool = False
     rllib_compatible: bool = False
     rank_capacity: int = 1024
     count: int = 0
@@ -120,9 +123,10 @@ class Books:
     finished: dict[str, tuple[int, int]] = dataclasses.field(default_factory=dict)
     poll_index: int = 0
 
-    def new_episode_id(self) -> str:
-        """A new episode id (the next number of this run)."""
-        eid = self.ids(0, self.count)
+    def new_episode_id(self, env_id: Any) -> str:
+        """A new episode id for env ``env_id``: the next number of this run, or the env id
+        itself where the env names its episodes (``env_named``)."""
+        eid = str(env_id) if self.env_named else self.ids(0, self.count)
         self.count += 1
         return eid
 
@@ -245,9 +249,9 @@ class CollectorFeed(Feed):
     def _agent_episode_id(self, ma_id: str, agent_id: Any) -> str:
         return agent_episode_id(ma_id, self.books.agent_ids.index(agent_id))
 
-    def _new_episode(self) -> MultiAgentEpisode:
+    def _new_episode(self, env_id: Any) -> MultiAgentEpisode:
         b = self.books
-        ma_id = b.new_episode_id()
+        ma_id = b.new_episode_id(env_id)
         mapping = b.mapping
         return MultiAgentEpisode(
             ma_id,
@@ -261,7 +265,7 @@ class CollectorFeed(Feed):
     def _start(self, e: Any, res: PollResult, obs: dict[Any, Any]) -> None:
         """Starts the episode of sub-env ``e`` with the poll's first observations."""
         b = self.books
-        ep = self._new_episode()
+        ep = self._new_episode(e)
         self._running[e] = ep.id_
         b.returns[ep.id_] = 0.0
         infos = res.infos.get(e, {})

@@ -334,6 +334,7 @@ class HostSampler(Sampler):
         n_envs = host_env.num_envs
         self._books = Books(
             mark_abandoned=self.mark_abandoned,
+            env_named=bool(getattr(host_env, "names_episodes", False)),
             rllib_compatible=bool(rllib_compatible),
             rank_capacity=max(2 * n_envs, 64) if isinstance(n_envs, int) else 1024,
             agent_ids=self.agent_ids,

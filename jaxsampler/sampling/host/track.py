@@ -194,7 +194,7 @@ class TrackFeed(Feed):
                     continue
                 info = res.infos.get(e, {}).get(agent)
                 tr = self._tracks[e] = Track(
-                    b.new_episode_id(), [o[agent]], [{} if info is None else info]
+                    b.new_episode_id(e), [o[agent]], [{} if info is None else info]
                 )
                 b.returns[tr.id_] = 0.0
                 self._env_steps[tr.id_] = 0

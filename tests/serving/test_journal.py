@@ -1,0 +1,211 @@
+"""Write-ahead journal: every acknowledged step of an external env ends up in the sampler's
+offline log exactly once, even when the sampler's last outputs die with the process.
+
+Client threads run episodes whose observations say (client, episode, step) and whose
+rewards say the same, and record what the env acknowledged (each returned action, each
+returned ``log_action`` / ``log_returns`` / ``end_episode``). A sampler thread writes its
+episodes to an offline log but "crashes": the output of its last calls is never written,
+and some episodes are left open by their clients. :func:`recover` must then fill the log
+so that it holds each acknowledged step once, with the acknowledged observation, action
+and reward, and nothing else.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+
+import jax
+import numpy as np
+import pytest
+
+import jaxsampler as js
+from jaxsampler.episodes import SampleBatch
+from jaxsampler.host_envs.external import EpisodeStateError, ExternalEnv
+from jaxsampler.offline import OfflineWriter, StepJournal, read_records, recover
+from jaxsampler.spaces import Box, Discrete
+
+OBS, ACT = Box(-1e6, 1e6, (3,), np.float32), Discrete(2)
+
+
+def obs_of(cid: int, ep: int, t: int) -> np.ndarray:
+    return np.array([cid, ep, t], np.float32)
+
+
+def reward_of(cid: int, ep: int, t: int) -> float:
+    return float(1000 * cid + 10 * ep + t)
+
+
+class Acks:
+    """What the env acknowledged, by (client, episode, step)."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.steps: dict[tuple[int, int, int], dict] = {}
+
+    def step(self, key: tuple, action: int) -> None:
+        with self.lock:
+            self.steps[key] = {"action": int(action), "reward": 0.0}
+
+    def reward(self, key: tuple, r: float) -> None:
+        with self.lock:
+            self.steps[key]["reward"] += r
+
+
+def run_client(env, acks, cid, episodes, steps, leave_open, ids):
+    for ep in range(episodes):
+        eid = env.start_episode(f"c{cid}e{ep}")
+        ids.append(eid)
+        for t in range(steps):
+            if t == 2:  # an off-policy step: acknowledged when log_action returns
+                env.log_action(eid, obs_of(cid, ep, t), 1)
+                acks.step((cid, ep, t), 1)
+            else:
+                acks.step((cid, ep, t), env.get_action(eid, obs_of(cid, ep, t)))
+            env.log_returns(eid, reward_of(cid, ep, t))
+            acks.reward((cid, ep, t), reward_of(cid, ep, t))
+        if not (leave_open and ep == episodes - 1):
+            env.end_episode(eid, obs_of(cid, ep, steps))
+
+
+def logged_steps(path):
+    """(client, episode, step) -> every (action, reward) the log holds for it."""
+    out: dict[tuple, list] = {}
+    for rec in read_records(path):
+        assert isinstance(rec, js.episodes.SingleAgentEpisode)
+        obs, acts, rews = rec.get_observations(), rec.get_actions(), rec.get_rewards()
+        for i in range(len(rec)):
+            key = tuple(int(v) for v in obs[i])
+            assert rec.id_ == f"c{key[0]}e{key[1]}"  # the env's id names the episode
+            assert key[2] == rec.t_started + i
+            out.setdefault(key, []).append((int(acts[i]), float(rews[i])))
+    return out
+
+
+def crashing_sampler(env, log, stop, lost_calls):
+    """Samples and writes each call's episodes; the last ``lost_calls`` outputs are never
+    written (they died with the process)."""
+    policy = js.MLPPolicy(OBS, ACT, hidden_sizes=(4,))
+    params = policy.init(jax.random.PRNGKey(0))
+    sampler = js.sampling.HostSampler(env, policy, seed=0, timeout_s=0.05)
+    outputs = []
+    while not stop.is_set():
+        outputs.append(sampler.sample(params, num_timesteps=4))
+    with OfflineWriter(log) as writer:
+        for episodes in outputs[: max(0, len(outputs) - lost_calls)]:
+            for episode in episodes:
+                writer.write(episode)
+    return sampler
+
+
+@pytest.mark.parametrize("lost_calls", [0, 3])
+def test_every_acknowledged_step_is_in_the_log_exactly_once_after_recovery(tmp_path, lost_calls):
+    journal, log = tmp_path / "steps.journal", tmp_path / "data.log"
+    env = ExternalEnv(OBS, ACT, max_wait_s=0.002, journal=StepJournal(journal))
+    acks, stop, ids = Acks(), threading.Event(), []
+    sampler_thread = threading.Thread(target=crashing_sampler, args=(env, log, stop, lost_calls))
+    sampler_thread.start()
+    clients = [
+        threading.Thread(target=run_client, args=(env, acks, c, 3, 6, c % 2 == 0, ids))
+        for c in range(4)
+    ]
+    for th in clients:
+        th.start()
+    for th in clients:
+        th.join(60)
+    stop.set()
+    sampler_thread.join(60)
+    # The crash: nothing is closed; the journal's entries are in the OS's hands.
+
+    report = recover(journal, log, ExternalEnv(OBS, ACT))
+    got = logged_steps(log)
+    want = {k: [(v["action"], v["reward"])] for k, v in acks.steps.items()}
+    assert got == want  # each acknowledged step once, with its action and reward
+    assert report.acknowledged_steps == len(want) == report.stored_steps + report.recovered_steps
+    assert sorted(report.ended_by_crash) == sorted(f"c{c}e2" for c in (0, 2))
+    if lost_calls:
+        assert report.recovered_steps > 0
+
+    again = recover(journal, log, ExternalEnv(OBS, ACT))  # idempotent
+    assert again.recovered_steps == 0 and logged_steps(log) == got
+
+
+def test_open_and_crash_ended_episodes_end_truncated_with_their_last_step(tmp_path):
+    journal, log = tmp_path / "j", tmp_path / "log"
+    env = ExternalEnv(OBS, ACT, journal=StepJournal(journal))
+    eid = env.start_episode("a")
+    env.log_action(eid, obs_of(0, 0, 0), 1)
+    env.log_returns(eid, 5.0)
+    env.log_action(eid, obs_of(0, 0, 1), 0)
+    env.log_returns(eid, 7.0)
+    # no sampler ever ran: everything is recovered
+    report = recover(journal, log, ExternalEnv(OBS, ACT))
+    assert report.recovered_steps == 2 and report.ended_by_crash == ["a"]
+    (ep,) = list(read_records(log))
+    assert ep.is_truncated and not ep.is_terminated
+    np.testing.assert_array_equal(ep.get_actions(), [1, 0])
+    np.testing.assert_array_equal(ep.get_rewards(), [5.0, 7.0])
+    # the last observation is repeated as the final one (the abandonment rule)
+    np.testing.assert_array_equal(ep.get_observations()[-1], obs_of(0, 0, 1))
+    assert all(i["recovered"] for i in ep.get_infos())
+
+
+def test_a_restarted_env_refuses_pre_restart_ids_and_sessions_replay_apart(tmp_path):
+    journal, log = tmp_path / "j", tmp_path / "log"
+    env = ExternalEnv(OBS, ACT, journal=StepJournal(journal))
+    env.start_episode("old")
+    env.log_action("old", obs_of(0, 0, 0), 1)
+    env2 = ExternalEnv(OBS, ACT, journal=StepJournal(journal))  # the restarted server
+    with pytest.raises(EpisodeStateError, match="before the server restarted"):
+        env2.start_episode("old")
+    env2.start_episode("new")
+    env2.log_action("new", obs_of(1, 0, 0), 0)
+    env2.end_episode("new", obs_of(1, 0, 1))
+    report = recover(journal, log, ExternalEnv(OBS, ACT))
+    assert report.sessions == 2 and report.ended_by_crash == ["old"]
+    eps = {e.id_: e for e in read_records(log)}
+    assert eps["new"].is_terminated and eps["old"].is_truncated
+
+
+def test_a_failing_journal_closes_the_env_and_nothing_is_acknowledged(tmp_path):
+    class Full:
+        def record(self, entry):
+            if entry["op"] == "submit":
+                raise OSError(28, "No space left on device")
+
+        def known(self, eid):
+            return False
+
+    env = ExternalEnv(OBS, ACT, journal=Full())
+    env.start_episode("a")
+    with pytest.raises(js.host_envs.external.EnvClosedError, match="journal failed"):
+        env.log_action("a", obs_of(0, 0, 0), 1)
+    with pytest.raises(js.host_envs.external.EnvClosedError, match="journal failed"):
+        env.start_episode("b")
+
+
+def test_sample_batch_rows_count_as_stored(tmp_path):
+    """A log of ``sample_batch()`` output: its (eps_id, t) rows are what it holds."""
+    journal, log = tmp_path / "j", tmp_path / "log"
+    env = ExternalEnv(OBS, ACT, journal=StepJournal(journal))
+    env.start_episode("a")
+    for t in range(3):
+        env.log_action("a", obs_of(0, 0, t), t % 2)
+    env.end_episode("a", obs_of(0, 0, 3))
+    policy = js.MLPPolicy(OBS, ACT, hidden_sizes=(4,))
+    sampler = js.sampling.HostSampler(env, policy, seed=0, timeout_s=0.05)
+    batch = sampler.sample_batch(policy.init(jax.random.PRNGKey(0)), num_timesteps=2)
+    rows = batch["default_policy"]
+    assert isinstance(rows, SampleBatch) and set(rows["eps_id"]) == {"a"}
+    with OfflineWriter(log) as w:
+        w.write(batch)
+    report = recover(journal, log, ExternalEnv(OBS, ACT))
+    assert report.acknowledged_steps == 3
+    assert report.stored_steps == rows.count and report.recovered_steps == 3 - rows.count
+    stored = Counter()
+    for rec in read_records(log):
+        if isinstance(rec, js.episodes.SingleAgentEpisode):
+            stored.update(range(rec.t_started, rec.t_started + len(rec)))
+        else:
+            stored.update(rec["default_policy"]["t"].tolist())
+    assert stored == Counter(range(3))
