@@ -59,6 +59,7 @@ from __future__ import annotations
 
 import _thread
 import argparse
+import os
 import statistics
 import sys
 import threading
@@ -75,7 +76,12 @@ from jaxsampler.cli.bench import compile_count, environment_info
 
 HIDDEN = (64, 64)
 MODES = ("inprocess", "bare", "http", "http-inproc")
+#: the same with a write-ahead journal (``ExternalEnv(journal=StepJournal(...))``); run by
+#: :mod:`benchmarks.serving_journal`
+JOURNAL_MODES = ("inprocess-journal", "http-journal")
 LABELS = {
+    "inprocess-journal": "in-process, write-ahead journal",
+    "http-journal": "HTTP, clients in other processes, write-ahead journal",
     "inprocess": "in-process (ExternalEnv)",
     "bare": "bare floor (lock + list + the same jitted policy)",
     "http": "HTTP, clients in other processes",
@@ -172,8 +178,16 @@ class ServingSide:
     """
 
     def __init__(
-        self, http: bool, max_batch: int, max_wait_s: float, sample_timesteps: int, seed: int
+        self,
+        http: bool,
+        max_batch: int,
+        max_wait_s: float,
+        sample_timesteps: int,
+        seed: int,
+        journal: bool = False,
     ):
+        import tempfile
+
         import jax
 
         import jaxsampler as js
@@ -181,8 +195,17 @@ class ServingSide:
         from jaxsampler.sampling.host import HostSampler
 
         cartpole = js.make("CartPole-v1")
+        self.journal = None
+        if journal:
+            from jaxsampler.offline import StepJournal
+
+            self._journal_dir = tempfile.TemporaryDirectory(prefix="serving-journal-")
+            self.journal = StepJournal(f"{self._journal_dir.name}/steps.journal")
         self.env = ExternalEnv(
-            cartpole.observation_space, cartpole.action_space, max_wait_s=max_wait_s
+            cartpole.observation_space,
+            cartpole.action_space,
+            max_wait_s=max_wait_s,
+            journal=self.journal,
         )
         self.server = None
         if http:
@@ -274,6 +297,10 @@ class ServingSide:
         self.thread.join(JOIN_TIMEOUT_S)
         if self.thread.is_alive():
             self.error = (self.error or "") + " sampler thread did not stop"
+        if self.journal is not None:
+            self.journal_bytes = os.path.getsize(self.journal.path)
+            self.journal.close()
+            self._journal_dir.cleanup()
 
 
 class BareEnv:
@@ -524,12 +551,16 @@ def measure_mode(mode: str, ph: Phases) -> dict[str, Any]:
         BareSide(max(clients), ph.max_wait_s, ph.seed)
         if mode == "bare"
         else ServingSide(
-            mode != "inprocess", max(clients), ph.max_wait_s, ph.sample_timesteps, ph.seed
+            not mode.startswith("inprocess"),
+            max(clients),
+            ph.max_wait_s,
+            ph.sample_timesteps,
+            ph.seed,
+            journal=mode.endswith("-journal"),
         )
     )
-    pool = (
-        serving_client.WorkerPool(side.server.address, ph.client_procs) if mode == "http" else None
-    )
+    remote = mode in ("http", "http-journal")
+    pool = serving_client.WorkerPool(side.server.address, ph.client_procs) if remote else None
     setup_s = time.perf_counter() - t_setup
     raw: dict[int, list[dict]] = {n: [] for n in clients}
     lat: dict[int, list[float]] = {n: [] for n in clients}
@@ -569,6 +600,7 @@ def summarize_mode(
     setup_s: float,
 ) -> dict[str, Any]:
     cells = {}
+    remote = mode in ("http", "http-journal")  # clients in other processes
     for n in clients:
         rs = raw[n]
         if not rs:
@@ -615,11 +647,9 @@ def summarize_mode(
             "client_process_cpu_us_per_action": statistics.median(
                 1e6 * r["cpu_cores"] / r["actions_per_s"] for r in rs if r["actions_per_s"]
             )
-            if any(aps) and mode == "http"
+            if any(aps) and remote
             else None,  # other modes: one process, counted as the server's
-            "client_cpu_cores": statistics.median(r["cpu_cores"] for r in rs)
-            if mode == "http"
-            else None,
+            "client_cpu_cores": statistics.median(r["cpu_cores"] for r in rs) if remote else None,
             "num_errors": sum(r["num_errors"] for r in rs),
             "hung_threads": sum(r["hung_threads"] for r in rs),
             "errors": [e for r in rs for e in r["errors"]][:5],
@@ -779,10 +809,10 @@ def markdown_table(results: dict[str, Any]) -> str:
         "calls/s | "
         "CPU cores |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|\n"
     )
-    for mode, m in results["modes"].items():
+    for m in results["modes"].values():
         for c in m["cells"].values():
             cpu = fmt(c["server_cpu_cores"], ".2f")
-            if mode == "http":
+            if c["client_cpu_cores"] is not None:
                 cpu += f" / {c['client_cpu_cores']:.2f}"
             md += (
                 f"| {m['label']} | {c['clients']} | **{thousands(c['actions_per_s'])}** "
@@ -853,7 +883,7 @@ def markdown_table(results: dict[str, Any]) -> str:
                 f"{fmt(c['client_cpu_us_per_action'])} | {fmt(c['server_cpu_us_per_action'])}"
                 + (
                     f" + {fmt(c['client_process_cpu_us_per_action'])}"
-                    if m["mode"] == "http"
+                    if c["client_process_cpu_us_per_action"] is not None
                     else ""
                 )
                 + " |\n"
@@ -879,7 +909,9 @@ def markdown_table(results: dict[str, Any]) -> str:
 
 def main(argv: Sequence[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--modes", nargs="+", choices=MODES, help=f"default: {' '.join(MODES)}")
+    p.add_argument(
+        "--modes", nargs="+", choices=MODES + JOURNAL_MODES, help=f"default: {' '.join(MODES)}"
+    )
     serving_client.add_arguments(p, "serving", SIZES)
     p.add_argument(
         "--switch-interval-ms",

@@ -257,10 +257,12 @@ class OfflineWriter:
             raise TypeError(f"cannot log a {type(record).__name__}: give a batch or an episode")
         self._append(packb(record))
 
-    def _append(self, payload: bytes) -> None:
-        """Appends one encoded record as one frame (:meth:`write` after its type check)."""
+    def _append(self, payload: bytes, check_path: bool = True) -> None:
+        """Appends one encoded record as one frame (:meth:`write` after its type check);
+        ``check_path=False`` leaves the path check to the next :meth:`flush`."""
         self._usable()
-        self._check_path()
+        if check_path:
+            self._check_path()
         if self.version == 2:
             self._pending.append(_frame_head(_RECORD, payload))
         self._pending.append(payload)

@@ -173,6 +173,9 @@ def test_a_failing_journal_closes_the_env_and_nothing_is_acknowledged(tmp_path):
             if entry["op"] == "submit":
                 raise OSError(28, "No space left on device")
 
+        def commit(self):
+            pass
+
         def known(self, eid):
             return False
 
@@ -209,3 +212,52 @@ def test_sample_batch_rows_count_as_stored(tmp_path):
         else:
             stored.update(rec["default_policy"]["t"].tolist())
     assert stored == Counter(range(3))
+
+
+def test_a_failing_commit_fails_the_call_and_the_answers_it_would_acknowledge(tmp_path):
+    """The commit runs before an acknowledgement: when it fails, the caller gets the error,
+    a get_action waiting for its answer gets it too, and the env is closed."""
+
+    class DiskFull:
+        fail = False
+
+        def record(self, entry):
+            pass
+
+        def commit(self):
+            if self.fail:
+                raise OSError(28, "No space left on device")
+
+        def known(self, eid):
+            return False
+
+    journal = DiskFull()
+    env = ExternalEnv(OBS, ACT, journal=journal)
+    env.start_episode("a")
+    waiter = env.submit("a", {"default_agent": obs_of(0, 0, 0)}, None, None, True)
+    res = env.poll(timeout=0)
+    assert list(res.obs) == ["a"]
+    journal.fail = True
+    with pytest.raises(js.host_envs.external.EnvClosedError, match="answers were not delivered"):
+        env.send_actions({"a": {"default_agent": 1}})
+    assert waiter.done and waiter.value is None  # never answered with an action
+    assert "journal failed" in str(waiter.error)
+    with pytest.raises(js.host_envs.external.EnvClosedError, match="No space left"):
+        env.log_returns("a", 1.0)
+
+
+def test_the_journal_writes_once_per_commit_and_notices_a_replaced_file(tmp_path):
+    from jaxsampler.offline import LogReplacedError
+
+    path = tmp_path / "j"
+    env = ExternalEnv(OBS, ACT, journal=StepJournal(path))
+    env.start_episode("a")
+    size = path.stat().st_size
+    env.journal.record({"op": "noop"})  # buffered: not written until a commit
+    assert path.stat().st_size == size
+    env.log_action("a", obs_of(0, 0, 0), 1)  # commits both
+    assert path.stat().st_size > size
+    path.rename(tmp_path / "moved")
+    with pytest.raises(js.host_envs.external.EnvClosedError, match="LogReplacedError"):
+        env.log_returns("a", 1.0)
+    assert isinstance(env._journal_error, LogReplacedError)

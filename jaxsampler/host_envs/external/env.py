@@ -36,11 +36,17 @@ CLIENT_POLICY_INFO = "client_policy"
 class Journal(Protocol):
     """Where an external env writes each change before it takes effect (write-ahead; see
     :class:`~jaxsampler.offline.StepJournal`). :meth:`record` runs under the env's lock, in
-    the order the changes happen; when it raises, the change does not happen and the env
-    closes (every later call raises :class:`EnvClosedError` naming the failure)."""
+    the order the changes happen, and may only buffer; :meth:`commit` makes every recorded
+    entry durable and runs before a change is acknowledged (before a call returns, and
+    before the answers of a ``send_actions`` wake their callers). When either raises, the
+    env closes (the call and every later one raise :class:`EnvClosedError` naming the
+    failure); a change whose :meth:`record` raised does not happen."""
 
     def record(self, entry: dict[str, Any]) -> None:
-        """Stores one entry durably enough that the caller may then acknowledge it."""
+        """Takes one entry, in order (it may only buffer it)."""
+
+    def commit(self) -> None:
+        """Makes every entry recorded so far durable (thread-safe)."""
 
     def known(self, episode_id: str) -> bool:
         """Whether ``episode_id`` ran before this server run (a pre-restart id)."""
@@ -190,6 +196,7 @@ class ExternalEnvBase(_EpisodeBook, HostEnv):
             if owner is not None:
                 self._by_owner.setdefault(owner, {})[eid] = None
             self._refresh(ep)
+        self._commit()
         return eid
 
     def _get_action(
@@ -283,7 +290,8 @@ class ExternalEnvBase(_EpisodeBook, HostEnv):
             if want_action:
                 ep.waiter = waiter
             self._push(ep, item)
-            return waiter
+        self._commit()
+        return waiter
 
     def _wait(
         self, episode_id: str, waiter: Waiter, timeout: float, cancelled: Callable[[], bool] | None
@@ -391,6 +399,7 @@ class ExternalEnvBase(_EpisodeBook, HostEnv):
             if newly_done:
                 ep.newly_done |= newly_done
             ep.last_activity = time.monotonic()
+        self._commit()
 
     def end_agent_episode(
         self, episode_id: str, obs: dict, truncated: bool, *, owner: Hashable | None = None
@@ -410,6 +419,7 @@ class ExternalEnvBase(_EpisodeBook, HostEnv):
                 item.terminated = {a: True for a in obs}
             ep.closed_reason = "completed"
             self._push(ep, item)
+        self._commit()
 
     # -- sampler side (HostEnv) ------------------------------------------------------------
 
@@ -465,8 +475,9 @@ class ExternalEnvBase(_EpisodeBook, HostEnv):
         treats such steps as answered. An answered ``get_action`` restarts its episode's
         ``episode_timeout_s``."""
         with self._lock:
-            if self.journal is not None:
+            if self.journal is not None:  # the answers are acknowledgements: durable first
                 self._log({"op": "answer", "actions": dict(actions)})
+                self._commit_locked()
             now = time.monotonic()
             for eid, acts in actions.items():
                 ep = self._episodes.get(eid)
@@ -509,12 +520,33 @@ class ExternalEnvBase(_EpisodeBook, HostEnv):
         try:
             self.journal.record(entry)
         except BaseException as e:
+            raise self._journal_failed(e, "the change was not made") from e
+
+    def _commit(self) -> None:
+        """Commits the journal before the caller's change is acknowledged (outside the lock,
+        so that concurrent callers' entries go out together)."""
+        if self.journal is None:
+            return
+        try:
+            self.journal.commit()
+        except BaseException as e:
+            with self._lock:
+                raise self._journal_failed(e, "the change was made but is not durable") from e
+
+    def _commit_locked(self) -> None:
+        try:
+            self.journal.commit()  # type: ignore[union-attr]
+        except BaseException as e:
+            raise self._journal_failed(e, "the answers were not delivered") from e
+
+    def _journal_failed(self, e: BaseException, what: str) -> EnvClosedError:
+        """Closes the env after a journal failure (under the lock); returns the error."""
+        if self._journal_error is None:
             self._journal_error = e
-            self._close_locked()
-            raise EnvClosedError(
-                f"the journal failed ({type(e).__name__}: {e}); the change was not made and "
-                "the env is closed"
-            ) from e
+        self._close_locked()
+        return EnvClosedError(
+            f"the journal failed ({type(e).__name__}: {e}); {what}, and the env is closed"
+        )
 
     @property
     def closed(self) -> bool:

@@ -1,0 +1,169 @@
+"""A policy server with a write-ahead journal, SIGKILLed twice under load (loopback only).
+
+The server process runs ``PolicyServer(ExternalEnv(journal=StepJournal(j)))`` and a host
+sampler that appends each ``sample(num_timesteps=64)`` call's episodes to an offline log,
+so up to a call's worth of answered steps live only in its memory. Client threads drive
+episodes over HTTP and record what was acknowledged: the observation and action of each
+answered ``get_action``, and a reward once a later call that carried it succeeded. The
+server is killed, :func:`~jaxsampler.offline.recover` runs, a new server continues on the
+same journal and log, is killed again, and recovery runs again. The log must then hold
+every acknowledged step exactly once with its action (and acknowledged reward), no step
+twice, and no id naming two episodes.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import jaxsampler as js
+from jaxsampler.host_envs.external import ExternalEnv
+from jaxsampler.offline import read_records, recover
+from jaxsampler.spaces import Box, Discrete
+from tests.processes import ROOT
+
+OBS, ACT = Box(-1e6, 1e6, (3,), np.float32), Discrete(2)
+
+SERVER = """
+import sys
+import jax, numpy as np
+import jaxsampler as js
+from jaxsampler.host_envs.external import ExternalEnv
+from jaxsampler.offline import OfflineWriter, StepJournal
+from jaxsampler.spaces import Box, Discrete
+
+OBS, ACT = Box(-1e6, 1e6, (3,), np.float32), Discrete(2)
+env = ExternalEnv(OBS, ACT, max_wait_s=0.002, journal=StepJournal(sys.argv[1]))
+server = js.serving.PolicyServer(env, port=0)
+policy = js.MLPPolicy(OBS, ACT, hidden_sizes=(4,))
+params = policy.init(jax.random.PRNGKey(0))
+sampler = js.sampling.HostSampler(server, policy, seed=0, timeout_s=0.05)
+writer = OfflineWriter(sys.argv[2], append=True)
+sampler.sample(params, num_timesteps=1)  # compiles before clients come
+print("READY", server.address, flush=True)
+while True:
+    for episode in sampler.sample(params, num_timesteps=64):
+        writer.write(episode)
+"""
+
+
+def start_server(journal, log):
+    proc = subprocess.Popen(
+        [sys.executable, "-c", SERVER, str(journal), str(log)],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu"),
+    )
+    line = proc.stdout.readline()
+    assert line.startswith("READY"), line
+    return proc, line.split()[1]
+
+
+class Clients:
+    """Client threads that run episodes against whichever server is up."""
+
+    def __init__(self, n):
+        self.lock = threading.Lock()
+        self.acked: dict[tuple, int] = {}  # (cid, ep, t) -> action
+        self.rewards: dict[tuple, float] = {}  # (cid, ep, t) -> acknowledged reward
+        self.address = None
+        self.up = threading.Event()
+        self.stop = threading.Event()
+        self.next_ep = [0] * n
+        self.threads = [threading.Thread(target=self.run, args=(c,)) for c in range(n)]
+
+    def run(self, cid):
+        while not self.stop.is_set():
+            self.up.wait()
+            client = js.serving.PolicyClient(self.address)
+            try:
+                while not self.stop.is_set():
+                    self.episode(client, cid)
+            except (ConnectionError, OSError, js.serving.PolicyServerError):
+                time.sleep(0.05)  # the server died: wait for the next one
+            finally:
+                client.close()
+
+    def episode(self, client, cid):
+        ep = self.next_ep[cid]
+        self.next_ep[cid] += 1
+        eid = client.start_episode(f"c{cid}e{ep}")
+        unacked = None  # the step whose reward rides on the next call
+        for t in range(40):
+            action = client.get_action(eid, np.array([cid, ep, t], np.float32))
+            with self.lock:
+                self.acked[(cid, ep, t)] = int(action)
+                if unacked is not None:
+                    self.rewards[unacked] = float(unacked[2] + 1)
+            client.log_returns(eid, float(t + 1))
+            unacked = (cid, ep, t)
+            if self.stop.is_set():
+                break
+        client.end_episode(eid, np.array([cid, ep, 99], np.float32))
+        with self.lock:
+            self.rewards[unacked] = float(unacked[2] + 1)
+
+    def count(self):
+        with self.lock:
+            return len(self.acked)
+
+
+def wait_for(clients, n, timeout=60):
+    end = time.monotonic() + timeout
+    while clients.count() < n and time.monotonic() < end:
+        time.sleep(0.02)
+    assert clients.count() >= n
+
+
+@pytest.mark.skipif(not hasattr(signal, "SIGKILL"), reason="needs SIGKILL (POSIX)")
+@pytest.mark.filterwarnings("ignore::jaxsampler.offline.TruncatedLogWarning")
+def test_answered_steps_survive_two_server_kills_exactly_once(tmp_path):
+    journal, log = tmp_path / "steps.journal", tmp_path / "data.log"
+    clients = Clients(6)
+    proc, clients.address = start_server(journal, log)
+    clients.up.set()
+    for th in clients.threads:
+        th.start()
+    reports = []
+    try:
+        for round_ in range(2):
+            wait_for(clients, clients.count() + 300)
+            clients.up.clear()
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(30)
+            reports.append(recover(journal, log, ExternalEnv(OBS, ACT)))
+            if round_ == 0:
+                proc, clients.address = start_server(journal, log)
+                clients.up.set()
+    finally:
+        clients.stop.set()
+        clients.up.set()
+        if proc.poll() is None:
+            proc.kill()
+        for th in clients.threads:
+            th.join(30)
+
+    logged: dict[tuple, list] = {}
+    for rec in read_records(log):
+        obs, acts, rews = rec.get_observations(), rec.get_actions(), rec.get_rewards()
+        for i in range(len(rec)):
+            key = tuple(int(v) for v in obs[i])
+            assert rec.id_ == f"c{key[0]}e{key[1]}" and key[2] == rec.t_started + i
+            logged.setdefault(key, []).append((int(acts[i]), float(rews[i])))
+    doubled = {k: v for k, v in logged.items() if len(v) > 1}
+    assert not doubled, f"steps stored twice: {list(doubled)[:5]}"
+    missing = [k for k in clients.acked if k not in logged]
+    assert not missing, f"{len(missing)} answered steps missing, e.g. {missing[:5]}"
+    for key, action in clients.acked.items():
+        assert logged[key][0][0] == action, key
+    for key, reward in clients.rewards.items():
+        assert logged[key][0][1] == reward, key
+    assert all(r.sessions == i + 1 for i, r in enumerate(reports))
+    assert reports[0].recovered_steps > 0  # the kill did catch answered, unwritten steps
