@@ -4,6 +4,7 @@ steps on the host and the policy runs as one jitted call per env step."""
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -189,6 +190,13 @@ class HostSampler(Sampler):
             (:func:`jaxsampler.policies.greedy.greedy`).
         callbacks: objects with ``on_sample_end(report)``, called after every call
             (:class:`~jaxsampler.sampling.callbacks.SamplerCallback`).
+        deterministic_ids: episode ids follow from ``seed`` (the same seed and calls give
+            the same ids). ``None`` (default): yes, except over envs whose episodes come
+            from outside callers (external envs and policy servers, whose
+            ``abandons_episodes`` is set): there each sampler draws a fresh random run
+            prefix, so that a restarted server's sampler appending to the same log never
+            repeats the ids of an earlier run. An env that names its episodes
+            (``names_episodes``, an external env with a journal) gives its own ids.
         env_params, devices, mesh: the family's pure-JAX options (``js.Sampler`` passes
             them on): refused here with a ``ValueError`` that says why.
 
@@ -223,6 +231,7 @@ class HostSampler(Sampler):
         transforms: Transforms = None,
         explore: bool = True,
         callbacks: Any = None,
+        deterministic_ids: bool | None = None,
         env_params: Any = None,
         devices: Any = None,
         mesh: Any = None,
@@ -247,6 +256,7 @@ class HostSampler(Sampler):
                 transforms=transforms,
                 explore=explore,
                 callbacks=callbacks,
+                deterministic_ids=deterministic_ids,
             )
         except BaseException:
             if host_env is not env:  # made here from a Gymnasium env, a list or an id
@@ -270,6 +280,7 @@ class HostSampler(Sampler):
         transforms: Transforms,
         explore: bool,
         callbacks: Any,
+        deterministic_ids: bool | None,
     ) -> None:
         """Builds the sampler over a checked host env (arguments: the class docstring)."""
         self._init_reporting(callbacks)
@@ -343,7 +354,7 @@ class HostSampler(Sampler):
             horizon=horizon,
             observation_space=self._obs_space,
             action_space=self._act_space,
-            ids=EpisodeIds(seed),
+            ids=_episode_ids(seed, host_env, deterministic_ids),
         )
         #: the feed chosen at construction (:mod:`jaxsampler.sampling.host.feeds`)
         self.feed: Feed = CollectorFeed(self._books) if self.multi_agent else TrackFeed(self._books)
@@ -688,3 +699,13 @@ def _not_checkpointable() -> NotImplementedError:
         "replay exactly; use a pure-JAX env (js.make('<id>') or js.make('gymnax:<id>')) "
         "for exact resume"
     )
+
+
+def _episode_ids(seed: int, env: HostEnv, deterministic: bool | None) -> EpisodeIds:
+    """The sampler's episode ids (see ``deterministic_ids``)."""
+    ids = EpisodeIds(seed)
+    if deterministic is None:
+        deterministic = not getattr(env, "abandons_episodes", False)
+    if not deterministic:
+        ids.set_state({"run": os.urandom(7).hex(), "resets": 0})
+    return ids
