@@ -494,8 +494,8 @@ class ExternalEnv(ExternalEnvBase):
             64-bit hash of the id, about 180 bytes whatever the id's length (100,000:
             about 18 MB).
         clock: the :class:`~jaxsampler.host_envs.external.clock.RunningClock` of both
-            timeouts; default the process's (:func:`~jaxsampler.host_envs.external.clock.process_clock`,
-            ticked by a heartbeat thread). A fake one in tests.
+            timeouts; default the process's one (ticked by a heartbeat thread, see
+            :func:`~jaxsampler.host_envs.external.clock.process_clock`). A fake one in tests.
 
     Rewards must be numbers with ``abs(r) <= MAX_REWARD`` (the float32 maximum), and so
     must their sum over one step: a call that would break that raises
