@@ -65,7 +65,9 @@ class RunningClock:
         tick (0.0 when none)."""
         with self._lock:
             t = self._raw()
-            gap = max(0.0, t - self._last_raw)
+            if t < self._last_raw:  # not monotonic after all: wait until it catches up
+                return 0.0
+            gap = t - self._last_raw
             counted = min(gap, self.max_gap_s)
             self._last_raw, self._running = t, self._running + counted
             pause = gap - counted
