@@ -293,6 +293,7 @@ def test_a_stopped_server_keeps_the_episodes_of_waiting_clients():
         assert results == {0: answer(o(2)), 1: answer(o(2))}
         for i in (0, 1):  # still running: the next calls are answered
             assert clients[i].get_action(eids[i], o(3)) == answer(o(3))
+
         # Client 2 stayed silent: abandoned after 2 s + 2 s of running time (bounded wait).
         def status(eid: str) -> str:
             assert proc.stdin is not None and proc.stdout is not None
