@@ -33,7 +33,6 @@ import socket
 import ssl
 import threading
 import time
-from collections.abc import Hashable
 from typing import Any, TypeVar
 
 from jaxsampler.host_envs.external.clock import RunningClock, process_clock
@@ -350,8 +349,8 @@ def shift_deadlines(conn: Connection, pause: float) -> None:
 class ClientPresence:
     """Which clients have a connection open, and which are gone: the peer closed their last
     connection ``grace_s`` ago or more, and none opened since. A client is an ``X-Client-Id``
-    (any hashable; ``None`` stands for every anonymous request: one client, present while any
-    anonymous connection is open). Times are running time (the caller's clock).
+    (``None`` stands for every anonymous request: one client, present while any anonymous
+    connection is open). Times are running time (the caller's clock).
 
     Raises:
         ValueError: ``grace_s`` is negative.
@@ -361,15 +360,15 @@ class ClientPresence:
         if not grace_s >= 0:
             raise ValueError(f"grace_s must be >= 0, got {grace_s!r}")
         self.grace_s = float(grace_s)
-        self._open: dict[Hashable, int] = {}  # client -> its open connections
-        self._left: dict[Hashable, float] = {}  # client -> when its peer closed the last one
+        self._open: dict[str | None, int] = {}  # client -> its open connections
+        self._left: dict[str | None, float] = {}  # client -> when its peer closed the last one
 
-    def opened(self, client: Hashable) -> None:
+    def opened(self, client: str | None) -> None:
         """A connection of ``client`` counts (its first accepted request arrived)."""
         self._open[client] = self._open.get(client, 0) + 1
         self._left.pop(client, None)
 
-    def closed(self, client: Hashable, now: float, by_peer: bool) -> None:
+    def closed(self, client: str | None, now: float, by_peer: bool) -> None:
         """A connection of ``client`` closed at ``now``; its grace starts if it was the last
         one and ``by_peer`` (a connection the server closed, say an idle keep-alive one, says
         nothing about the client)."""
@@ -381,11 +380,11 @@ class ClientPresence:
         if by_peer:
             self._left[client] = now
 
-    def connected(self, client: Hashable) -> bool:
+    def connected(self, client: str | None) -> bool:
         """Whether ``client`` has a connection open."""
         return client in self._open
 
-    def gone(self, now: float) -> list[Hashable]:
+    def gone(self, now: float) -> list[str | None]:
         """The clients whose grace ran out by ``now``, oldest first; each is reported once."""
         due = [c for c, t in self._left.items() if now - t >= self.grace_s]
         for c in due:
