@@ -47,6 +47,8 @@ _ACCEPT_BATCH = 64  # connections accepted per readiness event of the listening 
 _ACCEPT_LOG_INTERVAL_S = 10.0  # at most one log line per this long about failing accepts
 _ACCEPT_RETRY_S = (0.05, 0.5)  # retry delay after a failed accept: freed something / not
 _EVICT_ON_EMFILE = 4  # idle connections closed per failed accept
+#: clients (X-Client-Id values) tracked per connection; more are not (a bound on memory)
+_CLIENTS_PER_CONNECTION = 64
 _DESCRIPTOR_ERRNOS = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
 
 _S = TypeVar("_S", bound="HTTPServer")
@@ -193,11 +195,11 @@ class HTTPServer:
 
     def _client_seen(self, conn: Connection, client_id: str | None) -> None:
         """An accepted request of ``client_id`` arrived on ``conn``: the client is present
-        while ``conn`` is open."""
+        while ``conn`` is open (the first 64 clients of a connection are tracked)."""
         if self.presence is None:
             return
         clients = self._clients_of.setdefault(conn, set())
-        if client_id not in clients:
+        if client_id not in clients and len(clients) < _CLIENTS_PER_CONNECTION:
             clients.add(client_id)
             self.presence.opened(client_id)
 
