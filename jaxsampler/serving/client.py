@@ -9,6 +9,7 @@ background through ``/batch``.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import secrets
@@ -42,6 +43,44 @@ __all__ = ["PolicyClient"]
 
 #: Deferred ``log_returns`` a request carries at most (more are flushed through /batch).
 _MAX_CARRIED_RETURNS = 32
+#: statuses only a check before any command gives (deferred returns did not run)
+_REFUSED_BEFORE_COMMANDS = frozenset({401, 405, 408, 411, 413, 414, 431})
+#: how the server names a deferred log_returns that failed
+_RETURNS_INDEX = re.compile(r"deferred log_returns \(returns\[(\d+)\]\)")
+
+
+def _returns_run(status: int, body: bytes, carried: int) -> tuple[int, int]:
+    """What the server did with the ``carried`` deferred ``log_returns`` of a request it
+    answered with the error ``status`` / ``body``: ``(ran, refused)``, the first ``ran`` of
+    them ran, the next ``refused`` (0 or 1) it refused for its content, the rest did not run.
+
+    The server runs a request's deferred returns in order before its command: an error that
+    names ``returns[i]`` ran the ones before it (and refused that one unless the server
+    could not serve at all, a 5xx); an error from a check before any command runs (the
+    token, the path or method, a limit of the request, ``max_connections``) ran none; any
+    other error is the command's own, after all of them ran."""
+    try:
+        err = json.loads(body.decode())
+        name, message = str(err.get("error", "")), str(err.get("message", ""))
+    except (ValueError, UnicodeDecodeError, AttributeError):
+        name, message = "", ""
+    named = _RETURNS_INDEX.search(message)
+    if named is not None and int(named[1]) < carried:
+        i = int(named[1])
+        return i, 0 if status >= 500 else 1
+    if (
+        status in _REFUSED_BEFORE_COMMANDS
+        or (status == 404 and name == "NotFound")
+        or (status == 503 and "max_connections" in message)
+    ):
+        return 0, 0
+    return carried, 0
+
+
+def _attach_returns(e: BaseException, returns: list) -> None:
+    """Sets ``e.deferred_returns`` (see :class:`PolicyClient`), where ``e`` takes attributes."""
+    with contextlib.suppress(AttributeError, TypeError):
+        e.deferred_returns = list(returns)  # type: ignore[attr-defined]
 
 
 class _StaleConnection(ConnectionError):
@@ -152,10 +191,18 @@ class PolicyClient:
             the server's ``max_batch_commands`` (4096 by default).
         defer_returns: remote mode: ``log_returns`` does not make its own round trip; its
             reward travels with the thread's next request (``get_action``, ``end_episode``,
-            ...), which the server runs after it (one round trip per step instead of two).
+            ...), which the server runs before it (one round trip per step instead of two).
             A server-side error of a deferred call (say, an unknown episode) is raised by
             that next call, which is then not run. :meth:`flush` / :meth:`close` send what
-            is left.
+            is left. Deferred returns stay pending until the server ran them: a call that
+            fails before they ran (no answer at all, or an error answer from a check before
+            any command, or a 5xx naming them) leaves them pending for this thread's next
+            request, and its exception lists them in ``deferred_returns`` (the
+            ``log_returns`` messages, in order, that the server did not run; one it refused
+            for its content, named in the error, is first there and no longer pending).
+            Caveat: after a call with no answer the server may have run them already (it
+            read the request, then the connection broke): the next request then carries
+            them again.
         token: sent as ``Authorization: Bearer <token>`` with every request (servers with a
             ``token`` refuse requests without it: :class:`PolicyServerError` 401).
         ssl_context: client-side :class:`ssl.SSLContext` for ``https://`` addresses; default
@@ -282,14 +329,26 @@ class PolicyClient:
             # rather than at once before this request.
             self.flush()
             deferred = None
-        if deferred:  # this thread's log_returns calls travel with its next request
-            body = packb({**payload, "returns": deferred})
-            self._tls.returns = []  # only once encoded: a payload that cannot be sent keeps them
-        else:
-            body = packb(payload)
-        status, _, data = self._request("POST", "/" + command, body)
-        if status != 200:
-            self._raise(status, data)
+        # This thread's log_returns calls travel with its next request; they leave the
+        # pending list only once the server ran (or refused) them (see defer_returns).
+        carried = list(deferred) if deferred else []
+        body = packb({**payload, "returns": carried} if carried else payload)
+        try:
+            status, _, data = self._request("POST", "/" + command, body)
+        except Exception as e:  # no answer: whether the server ran them is unknown
+            _attach_returns(e, carried)
+            raise
+        if status // 100 != 2:
+            ran, refused = _returns_run(status, data, len(carried))
+            try:
+                self._raise(status, data)
+            except Exception as e:
+                if deferred:
+                    del deferred[: ran + refused]
+                _attach_returns(e, carried[ran:])
+                raise
+        if deferred:
+            del deferred[: len(carried)]  # the server ran them before the command itself
         return unpackb(data, objects=False)
 
     # -- the five calls ------------------------------------------------------------------
@@ -551,13 +610,22 @@ class PolicyClient:
         if self.inference_mode != "local":
             returns = getattr(self._tls, "returns", None)
             while returns:  # at most max_batch_commands a request (servers cap it)
-                chunk, returns = returns[: self._max_batch], returns[self._max_batch :]
-                self._tls.returns = returns
-                errors = self._post(
-                    "batch", {"commands": [{"command": "log_returns", **m} for m in chunk]}
-                )["errors"]
+                chunk = returns[: self._max_batch]
+                try:
+                    answer = self._post(
+                        "batch", {"commands": [{"command": "log_returns", **m} for m in chunk]}
+                    )
+                except Exception as e:  # not run (or unknown): they stay pending
+                    _attach_returns(e, chunk)
+                    raise
+                del returns[: len(chunk)]  # run, or refused one by one (errors)
+                errors = answer["errors"]
                 if errors:
-                    self._raise(errors[0]["status"], json.dumps(errors[0]).encode())
+                    try:
+                        self._raise(errors[0]["status"], json.dumps(errors[0]).encode())
+                    except Exception as e:
+                        _attach_returns(e, [chunk[x["index"]] for x in errors])
+                        raise
             return
         with self._out_cv:
             self._out_cv.notify_all()

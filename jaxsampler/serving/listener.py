@@ -12,6 +12,14 @@ keep-alive connection is closed to make room, or, with none idle, the newcomer g
 is closed. When the process runs out of file descriptors, ``accept`` is retried after
 closing idle connections (oldest first), with one log line per 10 s that counts the
 failures, and serving recovers by itself.
+
+Clocks: the tick also ticks the server's
+:class:`~jaxsampler.host_envs.external.clock.RunningClock`; when it sees that the whole
+process did not run for a while (``SIGSTOP``, a paused VM), every connection's deadlines move
+on by that pause (:func:`shift_deadlines`), so nobody is timed out for time in which the
+server could not read. With a ``client_gone_grace_s``, :class:`ClientPresence` notices a
+client (``X-Client-Id``) whose last connection its peer closed and that did not come back
+within the grace: :meth:`HTTPServer._client_gone` is told.
 """
 
 from __future__ import annotations
@@ -27,9 +35,10 @@ import threading
 import time
 from typing import Any, TypeVar
 
+from jaxsampler.host_envs.external.clock import RunningClock, process_clock
 from jaxsampler.serving.http import LINGER_S, Connection, Limits, Request
 
-__all__ = ["HTTPServer", "listen"]
+__all__ = ["ClientPresence", "HTTPServer", "listen", "shift_deadlines"]
 
 # The policy server's one logger (its name predates this module).
 _log = logging.getLogger("jaxsampler.serving.server")
@@ -38,6 +47,8 @@ _ACCEPT_BATCH = 64  # connections accepted per readiness event of the listening 
 _ACCEPT_LOG_INTERVAL_S = 10.0  # at most one log line per this long about failing accepts
 _ACCEPT_RETRY_S = (0.05, 0.5)  # retry delay after a failed accept: freed something / not
 _EVICT_ON_EMFILE = 4  # idle connections closed per failed accept
+#: clients (X-Client-Id values) tracked per connection; more are not (a bound on memory)
+_CLIENTS_PER_CONNECTION = 64
 _DESCRIPTOR_ERRNOS = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
 
 _S = TypeVar("_S", bound="HTTPServer")
@@ -57,6 +68,10 @@ class HTTPServer:
         ssl_context: a server-side :class:`ssl.SSLContext`: serve HTTPS.
         tick_s: how often connections check their deadlines (:meth:`Connection.check_timeouts`).
         name: the loop thread's name.
+        clock: the running clock whose detected pauses move deadlines on (see the module
+            docstring); default the process's.
+        client_gone_grace_s: how long a client whose peer closed its last connection may
+            take to come back before :meth:`_client_gone` is called for it; ``None``: never.
     """
 
     #: what the accepted connections are (a subclass may extend :class:`Connection`)
@@ -71,7 +86,13 @@ class HTTPServer:
         ssl_context: ssl.SSLContext | None = None,
         tick_s: float = 1.0,
         name: str = "HTTPServer",
+        clock: RunningClock | None = None,
+        client_gone_grace_s: float | None = None,
     ):
+        if client_gone_grace_s is not None and not client_gone_grace_s >= 0:
+            raise ValueError(
+                f"client_gone_grace_s must be >= 0 or None, got {client_gone_grace_s!r}"
+            )
         self.limits = limits
         self._lsock = listen(host, port)  # first: nothing to clean up if it cannot bind
         self._ssl = ssl_context
@@ -85,6 +106,12 @@ class HTTPServer:
         self._accept_log_at = 0.0  # when the next such line may be written
         self._closed = False
         self._sockname = self._lsock.getsockname()
+        #: the running clock (pauses of the process move deadlines on)
+        self.clock = process_clock() if clock is None else clock
+        self._paused_seen = self.clock.paused_s  # pauses whose deadlines were moved already
+        #: which clients are connected (``None`` without ``client_gone_grace_s``)
+        self.presence = None if client_gone_grace_s is None else ClientPresence(client_gone_grace_s)
+        self._clients_of: dict[Connection, set[str | None]] = {}  # connection -> its clients
 
     def _serve(self) -> None:
         """Starts the event loop in its thread; returns once it accepts connections."""
@@ -159,6 +186,30 @@ class HTTPServer:
         """Whether a request with these ``Authorization`` values may be served (else 401 and
         the connection closes). Default: every request."""
         return True
+
+    def _client_gone(self, client_id: str | None) -> None:
+        """The client ``client_id`` (``None``: the anonymous ones, together) closed its last
+        connection ``client_gone_grace_s`` ago and did not come back. Default: nothing."""
+
+    # -- client presence (event-loop thread; the connections report) ------------------------
+
+    def _client_seen(self, conn: Connection, client_id: str | None) -> None:
+        """An accepted request of ``client_id`` arrived on ``conn``: the client is present
+        while ``conn`` is open (the first 64 clients of a connection are tracked)."""
+        if self.presence is None:
+            return
+        clients = self._clients_of.setdefault(conn, set())
+        if client_id not in clients and len(clients) < _CLIENTS_PER_CONNECTION:
+            clients.add(client_id)
+            self.presence.opened(client_id)
+
+    def _connection_closed(self, conn: Connection, by_peer: bool) -> None:
+        """``conn`` closed; ``by_peer``: the client closed it (or it broke), not the server."""
+        clients = self._clients_of.pop(conn, ())
+        if self.presence is not None:
+            now = self.clock.now()
+            for client_id in clients:
+                self.presence.closed(client_id, now, by_peer and not self._closed)
 
     # -- connections (event-loop thread) ---------------------------------------------------
 
@@ -260,13 +311,87 @@ class HTTPServer:
             self._handshaking -= 1
 
     def _tick(self) -> None:
-        """Periodic: every connection checks its deadlines (slow requests, idle keep-alive
-        and stalled connections; see :meth:`Connection.check_timeouts`)."""
+        """Periodic: deadlines move on by a detected pause of the process, then every
+        connection checks its deadlines (slow requests, idle keep-alive and stalled
+        connections; see :meth:`Connection.check_timeouts`); clients gone for the grace
+        are reported (:meth:`_client_gone`)."""
+        self.clock.tick()
+        pause = self.clock.paused_s - self._paused_seen
+        if pause > 0:
+            self._paused_seen += pause
+            for c in list(self._conns):
+                shift_deadlines(c, pause)
         now = time.monotonic()
         for c in list(self._conns):
             c.check_timeouts(now)
+        if self.presence is not None and not self._closed:
+            for client_id in self.presence.gone(self.clock.now()):
+                try:
+                    self._client_gone(client_id)
+                except Exception:
+                    _log.exception("policy server: ending the episodes of a gone client failed")
         if not self._closed:
             self._loop.call_later(self._tick_s, self._tick)
+
+
+def shift_deadlines(conn: Connection, pause: float) -> None:
+    """Moves ``conn``'s deadlines (idle keep-alive, request arrival, unread answers) ``pause``
+    seconds on, and those of a subclass with a ``shift_deadlines(pause)`` method: the process
+    did not run for that long, so none of it counts against the peer."""
+    conn.last_activity += pause
+    if conn.req is not None:
+        conn.req.started += pause
+    if conn.write_paused_since is not None:
+        conn.write_paused_since += pause
+    more = getattr(conn, "shift_deadlines", None)
+    if more is not None:
+        more(pause)
+
+
+class ClientPresence:
+    """Which clients have a connection open, and which are gone: the peer closed their last
+    connection ``grace_s`` ago or more, and none opened since. A client is an ``X-Client-Id``
+    (``None`` stands for every anonymous request: one client, present while any anonymous
+    connection is open). Times are running time (the caller's clock).
+
+    Raises:
+        ValueError: ``grace_s`` is negative.
+    """
+
+    def __init__(self, grace_s: float):
+        if not grace_s >= 0:
+            raise ValueError(f"grace_s must be >= 0, got {grace_s!r}")
+        self.grace_s = float(grace_s)
+        self._open: dict[str | None, int] = {}  # client -> its open connections
+        self._left: dict[str | None, float] = {}  # client -> when its peer closed the last one
+
+    def opened(self, client: str | None) -> None:
+        """A connection of ``client`` counts (its first accepted request arrived)."""
+        self._open[client] = self._open.get(client, 0) + 1
+        self._left.pop(client, None)
+
+    def closed(self, client: str | None, now: float, by_peer: bool) -> None:
+        """A connection of ``client`` closed at ``now``; its grace starts if it was the last
+        one and ``by_peer`` (a connection the server closed, say an idle keep-alive one, says
+        nothing about the client)."""
+        n = self._open.get(client, 0) - 1
+        if n > 0:
+            self._open[client] = n
+            return
+        self._open.pop(client, None)
+        if by_peer:
+            self._left[client] = now
+
+    def connected(self, client: str | None) -> bool:
+        """Whether ``client`` has a connection open."""
+        return client in self._open
+
+    def gone(self, now: float) -> list[str | None]:
+        """The clients whose grace ran out by ``now``, oldest first; each is reported once."""
+        due = [c for c, t in self._left.items() if now - t >= self.grace_s]
+        for c in due:
+            del self._left[c]
+        return due
 
 
 def listen(host: str, port: int) -> socket.socket:

@@ -19,7 +19,10 @@ worker pool. Requests run as their client (the ``X-Client-Id`` header; without o
 A client that disconnects while its ``get_action`` waits is noticed at once (the event
 loop sees the connection close): its episode is abandoned and ends as truncated (see
 :mod:`~jaxsampler.host_envs.external`); other episodes are untouched. A client that
-vanishes between calls is caught by the env's ``episode_timeout_s``.
+vanishes between calls (its connection closed) loses its episodes after
+``client_gone_grace_s``; one that goes silent with its connection open, after the env's
+``episode_timeout_s``. Deadlines do not count time in which the server's process itself did
+not run (see :mod:`~jaxsampler.serving.listener`).
 """
 
 from __future__ import annotations
@@ -109,7 +112,8 @@ class _Limits(Limits):
 
 
 class _Connection(Connection):
-    """A policy-server connection: it may hold one ``get_action`` waiting for the sampler."""
+    """A policy-server connection: it may hold one ``get_action`` waiting for the sampler.
+    It reports its clients and how it closed (``client_gone_grace_s``)."""
 
     server: PolicyServer
 
@@ -121,11 +125,33 @@ class _Connection(Connection):
         #: why the pending get_action was given up (its answer), once it was
         self.expired: BaseException | None = None
         self.deadline = 0.0  # when the pending get_action times out
+        self.peer_closed = False  # the peer closed its side (EOF) or the connection broke
+
+    def on_message_complete(self) -> None:
+        """As :meth:`Connection.on_message_complete`; an accepted request's client counts as
+        present while this connection is open."""
+        req = self.req
+        if req is not None and req.error is None:
+            self.server._client_seen(self, req.client_id)
+        super().on_message_complete()
+
+    def eof_received(self) -> bool | None:
+        """The peer closed its side: the client went away (unless the server closed first)."""
+        self.peer_closed = True
+        return super().eof_received()
+
+    def shift_deadlines(self, pause: float) -> None:
+        """The process did not run for ``pause`` s: the pending get_action's deadline moves on
+        (see :func:`~jaxsampler.serving.listener.shift_deadlines`)."""
+        self.deadline += pause
 
     def connection_lost(self, exc: Exception | None) -> None:
         """The connection closed: a ``get_action`` still waiting on it gives up (its episode
-        is abandoned)."""
+        is abandoned); a client whose last connection its peer closed gets
+        ``client_gone_grace_s`` to come back."""
+        by_peer = not self.closing and (self.peer_closed or exc is not None)
         super().connection_lost(exc)
+        self.server._connection_closed(self, by_peer)
         if self.waiting is not None:  # the client went away while its get_action waited
             eid, waiter = self.waiting
             self.server.env.expire_waiter(eid, waiter, "client disconnected")
@@ -134,7 +160,7 @@ class _Connection(Connection):
         """A waiting ``get_action`` past its deadline times out, and one whose sampler stalled
         or failed is given up with 503 (one sweep instead of a timer per call); else the
         HTTP deadlines (:meth:`Connection.check_timeouts`)."""
-        problem = None if self.waiting is None else self.server.health.problem(now)
+        problem = None if self.waiting is None else self.server.health.problem()
         if self.waiting is not None and problem is not None:
             self.server._expire(self, self.waiting[0], _unavailable(problem))
         elif self.waiting is not None and now >= self.deadline:
@@ -196,6 +222,13 @@ class PolicyServer(HTTPServer, HostEnv):
             wait for the sampler, and it takes them when it polls again, which ends the
             stall. A sampler loop that does other long work between polls (training, say)
             needs a larger value or ``None``.
+        client_gone_grace_s: when the peer closes the last connection of a client (its
+            ``X-Client-Id``) and no new request of it arrives within this long (10 s by
+            default), its running episodes are abandoned (they end truncated, infos
+            ``abandoned``); ``None``: never (then ``episode_timeout_s`` ends them).
+            Connections the server closes (idle keep-alive ones, after an error answer) do
+            not start the grace. Anonymous requests (no ``X-Client-Id``) are one client: its
+            grace starts only when no anonymous connection is left.
 
     The sampler reports its own death with :meth:`fail` (or :meth:`sampler_alive` around its
     loop); then every request gets 503 with the failure until :meth:`close`. ``GET /health``
@@ -234,6 +267,7 @@ class PolicyServer(HTTPServer, HostEnv):
         token: str | None = None,
         ssl_context: ssl.SSLContext | None = None,
         sampler_timeout_s: float | None = 30.0,
+        client_gone_grace_s: float | None = 10.0,
     ):
         if not isinstance(env, ext.ExternalEnvBase):
             raise TypeError(
@@ -260,13 +294,20 @@ class PolicyServer(HTTPServer, HostEnv):
             keepalive_timeout_s=float(keepalive_timeout_s),
         )
         #: what the server knows about its sampler (see :mod:`~jaxsampler.serving.health`)
-        self.health = SamplerHealth(sampler_timeout_s)
+        self.health = SamplerHealth(sampler_timeout_s, env.clock.now)
         # get_action timeouts and stalls are noticed within +10%
         shortest = min(env.action_timeout_s, sampler_timeout_s or env.action_timeout_s)
         tick_s = min(1.0, max(0.01, shortest / 10))
         # Binds first: nothing to clean up if it cannot.
         super().__init__(
-            host, port, limits, ssl_context=ssl_context, tick_s=tick_s, name="PolicyServer"
+            host,
+            port,
+            limits,
+            ssl_context=ssl_context,
+            tick_s=tick_s,
+            name="PolicyServer",
+            clock=env.clock,
+            client_gone_grace_s=client_gone_grace_s,
         )
         self.limits: _Limits = limits
         self.env = env
@@ -401,6 +442,12 @@ class PolicyServer(HTTPServer, HostEnv):
 
     def _owner(self, req: Request) -> str:
         return ANONYMOUS_OWNER if req.client_id is None else req.client_id
+
+    def _client_gone(self, client_id: str | None) -> None:
+        """Abandons the running episodes of a client gone for ``client_gone_grace_s``."""
+        owner = ANONYMOUS_OWNER if client_id is None else client_id
+        if self._owned:
+            self.env.abandon_owner(owner, "client gone: its connection closed")
 
     def _dispatch(self, conn: Connection, req: Request) -> None:
         """Answers one request (event-loop thread): ``GET /weights`` and ``/info``, a command,

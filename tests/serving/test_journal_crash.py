@@ -13,6 +13,7 @@ twice, and no id naming two episodes.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -88,8 +89,9 @@ class Clients:
                     self.episode(client, cid)
             except (ConnectionError, OSError, js.serving.PolicyServerError):
                 time.sleep(0.05)  # the server died: wait for the next one
-            finally:
-                client.close()
+            finally:  # rewards still pending on a dead server are reported, not lost
+                with contextlib.suppress(ConnectionError, OSError, js.serving.PolicyServerError):
+                    client.close()
 
     def episode(self, client, cid):
         ep = self.next_ep[cid]

@@ -14,6 +14,7 @@ from jaxsampler.constants import ALL_AGENTS, DEFAULT_AGENT_ID
 from jaxsampler.episodes.ids import random_episode_id
 from jaxsampler.host_envs.base import HostEnv, MultiEnvDict, PollResult
 from jaxsampler.host_envs.external.checks import MAX_REWARD, AgentChecks, _check_option
+from jaxsampler.host_envs.external.clock import RunningClock
 from jaxsampler.host_envs.external.episodes import Waiter, _Episode, _EpisodeBook
 from jaxsampler.host_envs.external.errors import (
     EnvClosedError,
@@ -87,6 +88,7 @@ class ExternalEnvBase(_EpisodeBook, HostEnv):
         max_queued_steps: int = 256,
         max_finished_ids: int = 100_000,
         journal: Journal | None = None,
+        clock: RunningClock | None = None,
     ):
         _check_option("max_wait_s", max_wait_s, 0.0)
         _check_option("action_timeout_s", action_timeout_s, 0.0, strict=True)
@@ -111,6 +113,7 @@ class ExternalEnvBase(_EpisodeBook, HostEnv):
             max_episodes_per_owner=max_episodes_per_owner,
             max_finished_ids=max_finished_ids,
             episode_timeout_s=episode_timeout_s,
+            clock=clock,
         )
         self.max_wait_s, self.action_timeout_s = float(max_wait_s), float(action_timeout_s)
         self.max_queued_steps = int(max_queued_steps)
@@ -191,7 +194,7 @@ class ExternalEnvBase(_EpisodeBook, HostEnv):
                 if error is not None:
                     raise error
             self._log({"op": "start", "e": eid, "training": bool(training_enabled)})
-            ep = _Episode(eid, bool(training_enabled), owner)
+            ep = _Episode(eid, bool(training_enabled), owner, self.clock.now())
             self._episodes[eid] = ep
             if owner is not None:
                 self._by_owner.setdefault(owner, {})[eid] = None
@@ -244,7 +247,7 @@ class ExternalEnvBase(_EpisodeBook, HostEnv):
             if action is not None:  # agents whose final observation this is need no action
                 action = self._checks.actions(action, [a for a in obs if a not in ep.newly_done])
                 # back pressure: the simulator may run ahead of the sampler only so far
-                deadline = time.monotonic() + self.action_timeout_s
+                deadline = self.clock.now() + self.action_timeout_s
                 while (
                     len(ep.pending) >= self.max_queued_steps
                     and not self._closed
@@ -255,7 +258,7 @@ class ExternalEnvBase(_EpisodeBook, HostEnv):
                             f"episode {_short_id(episode_id)}: {len(ep.pending)} logged steps "
                             "wait to be polled"
                         )
-                    left = deadline - time.monotonic()
+                    left = deadline - self.clock.now()
                     if left <= 0:
                         why = (
                             f"{len(ep.pending)} logged steps not polled within "
@@ -296,9 +299,10 @@ class ExternalEnvBase(_EpisodeBook, HostEnv):
     def _wait(
         self, episode_id: str, waiter: Waiter, timeout: float, cancelled: Callable[[], bool] | None
     ) -> dict:
-        deadline = time.monotonic() + timeout
+        clock = self.clock  # a pause of the process does not count (see _EpisodeBook.clock)
+        deadline = clock.now() + timeout
         while True:
-            left = deadline - time.monotonic()
+            left = deadline - clock.now()
             step = left if cancelled is None else min(left, 0.1)
             if step > 0 and waiter.wait(step):
                 break
@@ -398,7 +402,7 @@ class ExternalEnvBase(_EpisodeBook, HostEnv):
                     ep.info[a] = dict(i)
             if newly_done:
                 ep.newly_done |= newly_done
-            ep.last_activity = time.monotonic()
+            ep.last_activity = self.clock.now()
         self._commit()
 
     def end_agent_episode(
@@ -478,7 +482,7 @@ class ExternalEnvBase(_EpisodeBook, HostEnv):
             if self.journal is not None:  # the answers are acknowledgements: durable first
                 self._log({"op": "answer", "actions": dict(actions)})
                 self._commit_locked()
-            now = time.monotonic()
+            now = self.clock.now()
             for eid, acts in actions.items():
                 ep = self._episodes.get(eid)
                 if ep is None or ep.in_flight is None:
@@ -591,6 +595,10 @@ class ExternalEnv(ExternalEnvBase):
             :class:`~jaxsampler.serving.client.PolicyClient`, say): its episodes free
             their slots after at most this long (plus up to 1 s, the sweep interval).
             Sweeps run in ``poll`` and in a ``start_episode`` that would be refused.
+            Both timeouts count running time (``clock``): while the whole process does
+            not run (``SIGSTOP``, a paused VM), no client is timed out, and after such a
+            pause the sweep waits 2 s of running time, so that requests which arrived
+            meanwhile are read first.
         max_concurrent_episodes: running episodes (and ended ones whose final step was
             not yet polled); ``start_episode`` beyond this raises ``CapacityError``. Also
             ``num_envs``.
@@ -612,6 +620,9 @@ class ExternalEnv(ExternalEnvBase):
             sampler names episodes by this env's ids (``names_episodes``). A failed journal
             write closes the env: the call raises :class:`EnvClosedError` and its change is
             not made. ``None`` (default): no journal.
+        clock: the :class:`~jaxsampler.host_envs.external.clock.RunningClock` of both
+            timeouts; default the process's one (ticked by a heartbeat thread, see
+            :func:`~jaxsampler.host_envs.external.clock.process_clock`). A fake one in tests.
 
     Rewards must be numbers with ``abs(r) <= MAX_REWARD`` (the float32 maximum), and so
     must their sum over one step: a call that would break that raises

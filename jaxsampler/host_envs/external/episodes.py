@@ -5,7 +5,9 @@ holds the episode table and everything kept per episode: owners and their quotas
 (``max_concurrent_episodes``, ``max_episodes_per_owner``), the steps each episode has for
 the sampler (:class:`_Item`: pending, ready, in flight, idle), what one poll delivers, the
 memory of finished ids (``max_finished_ids`` keyed 64-bit hashes), abandonment and the
-reaping of silent episodes (``episode_timeout_s``). One lock guards all of it, with the
+reaping of silent episodes (``episode_timeout_s``, measured on a
+:class:`~jaxsampler.host_envs.external.clock.RunningClock`, so time in which the process
+itself did not run is not held against a client). One lock guards all of it, with the
 two conditions that wait on it (the poller's and back pressure's); its methods expect the
 lock held unless they say otherwise (the public queries take it).
 """
@@ -16,13 +18,13 @@ import _thread
 import hashlib
 import secrets
 import threading
-import time
 from collections import OrderedDict, deque
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterable
 from typing import Any
 
 from jaxsampler.constants import ALL_AGENTS
 from jaxsampler.host_envs.base import MultiEnvDict, PollResult
+from jaxsampler.host_envs.external.clock import RunningClock, process_clock
 from jaxsampler.host_envs.external.errors import (
     CapacityError,
     EnvClosedError,
@@ -129,7 +131,7 @@ class _Episode:
         "waiter",
     )
 
-    def __init__(self, eid: str, training_enabled: bool, owner: Hashable | None):
+    def __init__(self, eid: str, training_enabled: bool, owner: Hashable | None, now: float):
         self.eid, self.training_enabled, self.owner = eid, training_enabled, owner
         self.pending: deque[_Item] = deque()
         self.in_flight: _Item | None = None
@@ -140,7 +142,7 @@ class _Episode:
         self.newly_done: set = set()
         self.closed_reason: str | None = None  # set once no client call may follow
         self.last_obs: dict | None = None  # None until the first request: "never used"
-        self.last_activity = time.monotonic()
+        self.last_activity = now  # running time (the book's clock) of its last call
         self.waiter: Waiter | None = None  # the caller blocked in get_action, if any
         self.blocked = 0  # callers waiting in log_action's back pressure
 
@@ -158,6 +160,7 @@ class _EpisodeBook:
         max_concurrent_episodes / max_episodes_per_owner / max_finished_ids /
             episode_timeout_s: see :class:`~jaxsampler.host_envs.external.ExternalEnv`
             (checked there).
+        clock: the clock of idle times and deadlines; default :func:`process_clock`.
     """
 
     #: the env's agents (set by the env)
@@ -170,6 +173,7 @@ class _EpisodeBook:
         max_episodes_per_owner: int | None,
         max_finished_ids: int,
         episode_timeout_s: float | None,
+        clock: RunningClock | None = None,
     ):
         self.max_concurrent_episodes = int(max_concurrent_episodes)
         self.max_episodes_per_owner = (
@@ -177,6 +181,9 @@ class _EpisodeBook:
         )
         self.max_finished_ids = int(max_finished_ids)
         self.episode_timeout_s = None if episode_timeout_s is None else float(episode_timeout_s)
+        #: the clock of ``episode_timeout_s`` and ``action_timeout_s`` (running time: pauses
+        #: of the whole process do not count; see :mod:`~jaxsampler.host_envs.external.clock`)
+        self.clock = process_clock() if clock is None else clock
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)  # the poller waits here
         self._room = threading.Condition(self._lock)  # log_action back pressure waits here
@@ -187,7 +194,7 @@ class _EpisodeBook:
         self._ready: dict[str, None] = {}  # episodes with a deliverable request (ordered, FIFO)
         self._idle: set[str] = set()  # used running episodes a request may still come from
         self._offp_in_flight: set[str] = set()
-        self._next_reap = 0.0  # monotonic time of the next episode_timeout_s sweep
+        self._next_reap = 0.0  # running time of the next episode_timeout_s sweep
         self._closed = False
         self._poller: str | None = (
             None  # what a poll() blocked in _cond waits for: "any" / "all" requests
@@ -386,7 +393,7 @@ class _EpisodeBook:
 
     def _push(self, ep: _Episode, item: _Item) -> None:
         ep.pending.append(item)
-        ep.last_activity = time.monotonic()
+        ep.last_activity = self.clock.now()
         if ep.in_flight is None:  # what _refresh does for an episode with a pending item
             self._ready[ep.eid] = None
         self._idle.discard(ep.eid)
@@ -508,25 +515,42 @@ class _EpisodeBook:
         self._room.notify_all()
 
     def _reap_idle(self) -> None:
-        """Abandons episodes with no call for ``episode_timeout_s`` (not those with a
-        caller blocked in the env). A sweep visits every episode, so it runs at most four
-        times per timeout and at most once a second (``poll`` and a refused start call it)."""
+        """Abandons episodes with no call for ``episode_timeout_s`` of running time (not
+        those with a caller blocked in the env). A sweep visits every episode, so it runs at
+        most four times per timeout and at most once a second (``poll`` and a refused start
+        call it). After a pause of the process (see :attr:`clock`) it waits until the process
+        ran for :func:`_reap_settle_s` again, so that requests which arrived during the pause
+        are read (and count as calls) before anyone is blamed for silence."""
         timeout = self.episode_timeout_s
         if timeout is None:
             return
-        now = time.monotonic()
-        if now < self._next_reap:
+        clock = self.clock
+        clock.tick()  # a pause not yet seen by the heartbeat is seen here
+        now = clock.now()
+        if now < self._next_reap or clock.steady_for() < _reap_settle_s(clock):
             return
         self._next_reap = now + min(1.0, timeout / 4)
-        limit = now - timeout
-        for ep in list(self._episodes.values()):
-            if (
-                ep.closed_reason is None
-                and ep.waiter is None
-                and not ep.blocked
-                and ep.last_activity < limit
-            ):
-                self._abandon(ep, f"no call for {timeout} s")
+        for ep in _idle_episodes(self._episodes.values(), now - timeout):
+            self._abandon(ep, f"no call for {timeout} s")
+
+
+def _reap_settle_s(clock: RunningClock) -> float:
+    """Running seconds the reaper waits after a detected pause before it sweeps: twice the
+    clock's ``max_gap_s`` (the event loop reads the sockets that filled meanwhile first)."""
+    return 2 * clock.max_gap_s
+
+
+def _idle_episodes(episodes: Iterable[_Episode], limit: float) -> list[_Episode]:
+    """The running episodes whose last call was before ``limit`` (running time) and that
+    nobody waits in: no blocked ``get_action``, no caller held by back pressure."""
+    return [
+        ep
+        for ep in episodes
+        if ep.closed_reason is None
+        and ep.waiter is None
+        and not ep.blocked
+        and ep.last_activity < limit
+    ]
 
 
 def _owner_tag(owner: Hashable) -> int:

@@ -31,6 +31,7 @@ from jaxsampler.host_envs.external import (
     InvalidDataError,
     UnknownEpisodeError,
 )
+from jaxsampler.host_envs.external.clock import RunningClock
 
 OBS = spaces.Box(-1e6, 1e6, (2,))
 ACT = spaces.Discrete(3)
@@ -186,8 +187,12 @@ class FakeClock:
 @pytest.fixture
 def clock(monkeypatch):
     fake = FakeClock()
-    for module in (external.env, external.episodes):  # the env's modules that read the clock
-        monkeypatch.setattr(module, "time", fake)
+    monkeypatch.setattr(external.env, "time", fake)
+    # Idle times and deadlines run on the env's RunningClock: one over the fake time that
+    # never sees a pause (the jumps below are time the process ran).
+    monkeypatch.setattr(
+        external.episodes, "process_clock", lambda: RunningClock(float("inf"), fake.monotonic)
+    )
     return fake
 
 
