@@ -25,15 +25,17 @@ import numpy as np
 import pytest
 
 import jaxsampler as js
-from jaxsampler.host_envs.external import ExternalEnv
+from jaxsampler.host_envs.external import EnvClosedError, ExternalEnv, ExternalEnvError
 from jaxsampler.offline import read_records, recover
 from jaxsampler.spaces import Box, Discrete
 from tests.processes import ROOT
 
 OBS, ACT = Box(-1e6, 1e6, (3,), np.float32), Discrete(2)
+#: what a client may be told when its server dies or refuses (every one a named error)
+TOLD = (ConnectionError, OSError, js.serving.PolicyServerError, ExternalEnvError, EnvClosedError)
 
 SERVER = """
-import sys
+import resource, signal, sys
 import jax, numpy as np
 import jaxsampler as js
 from jaxsampler.host_envs.external import ExternalEnv
@@ -41,6 +43,9 @@ from jaxsampler.offline import OfflineWriter, StepJournal
 from jaxsampler.spaces import Box, Discrete
 
 OBS, ACT = Box(-1e6, 1e6, (3,), np.float32), Discrete(2)
+if len(sys.argv) > 3:  # a disk that fills up: writes past this size fail with EFBIG
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (int(sys.argv[3]), int(sys.argv[3])))
 env = ExternalEnv(OBS, ACT, max_wait_s=0.002, journal=StepJournal(sys.argv[1]))
 server = js.serving.PolicyServer(env, port=0)
 policy = js.MLPPolicy(OBS, ACT, hidden_sizes=(4,))
@@ -49,15 +54,21 @@ sampler = js.sampling.HostSampler(server, policy, seed=0, timeout_s=0.05)
 writer = OfflineWriter(sys.argv[2], append=True)
 sampler.sample(params, num_timesteps=1)  # compiles before clients come
 print("READY", server.address, flush=True)
-while True:
-    for episode in sampler.sample(params, num_timesteps=64):
-        writer.write(episode)
+try:
+    with server.sampler_alive():  # a sampler that dies on a full disk says so to every client
+        while True:
+            for episode in sampler.sample(params, num_timesteps=64):
+                writer.write(episode)
+except Exception as e:  # the server stays up, answering 503 with the reason, until killed
+    print("sampler died:", type(e).__name__, file=sys.stderr, flush=True)
+    signal.pause()
 """
 
 
-def start_server(journal, log):
+def start_server(journal, log, max_file_bytes=None):
+    limit = [] if max_file_bytes is None else [str(max_file_bytes)]
     proc = subprocess.Popen(
-        [sys.executable, "-c", SERVER, str(journal), str(log)],
+        [sys.executable, "-c", SERVER, str(journal), str(log), *limit],
         stdout=subprocess.PIPE,
         text=True,
         env=dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu"),
@@ -78,6 +89,7 @@ class Clients:
         self.up = threading.Event()
         self.stop = threading.Event()
         self.next_ep = [0] * n
+        self.errors: list[tuple[int, BaseException]] = []  # (client, what it was told)
         self.threads = [threading.Thread(target=self.run, args=(c,)) for c in range(n)]
 
     def run(self, cid):
@@ -87,10 +99,12 @@ class Clients:
             try:
                 while not self.stop.is_set():
                     self.episode(client, cid)
-            except (ConnectionError, OSError, js.serving.PolicyServerError):
+            except TOLD as e:
+                with self.lock:
+                    self.errors.append((cid, e))
                 time.sleep(0.05)  # the server died: wait for the next one
             finally:  # rewards still pending on a dead server are reported, not lost
-                with contextlib.suppress(ConnectionError, OSError, js.serving.PolicyServerError):
+                with contextlib.suppress(*TOLD):
                     client.close()
 
     def episode(self, client, cid):
@@ -152,6 +166,13 @@ def test_answered_steps_survive_two_server_kills_exactly_once(tmp_path):
         for th in clients.threads:
             th.join(30)
 
+    check_log(log, clients)
+    assert all(r.sessions == i + 1 for i, r in enumerate(reports))
+    assert reports[0].recovered_steps > 0  # the kill did catch answered, unwritten steps
+
+
+def check_log(log, clients):
+    """Every acknowledged step in the log exactly once, with its action and reward."""
     logged: dict[tuple, list] = {}
     for rec in read_records(log):
         obs, acts, rews = rec.get_observations(), rec.get_actions(), rec.get_rewards()
@@ -167,5 +188,35 @@ def test_answered_steps_survive_two_server_kills_exactly_once(tmp_path):
         assert logged[key][0][0] == action, key
     for key, reward in clients.rewards.items():
         assert logged[key][0][1] == reward, key
-    assert all(r.sessions == i + 1 for i, r in enumerate(reports))
-    assert reports[0].recovered_steps > 0  # the kill did catch answered, unwritten steps
+    return logged
+
+
+@pytest.mark.skipif(not hasattr(signal, "SIGXFSZ"), reason="needs RLIMIT_FSIZE (POSIX)")
+@pytest.mark.filterwarnings("ignore::jaxsampler.offline.TruncatedLogWarning")
+def test_a_full_disk_is_refused_loudly_and_loses_no_answered_step(tmp_path):
+    """The server's files may not grow past 48 KiB: the journal fills first, its failed
+    write is cut back, the env closes and every client is told why (503 naming the
+    journal's failure); nothing answered is lost once recovery runs with room again."""
+    journal, log = tmp_path / "steps.journal", tmp_path / "data.log"
+    clients = Clients(4)
+    proc, clients.address = start_server(journal, log, max_file_bytes=48 << 10)
+    clients.up.set()
+    for th in clients.threads:
+        th.start()
+    try:
+        end = time.monotonic() + 60
+        while len({c for c, _ in clients.errors}) < 4 and time.monotonic() < end:
+            time.sleep(0.05)
+    finally:
+        clients.stop.set()
+        for th in clients.threads:
+            th.join(30)
+        proc.kill()
+        proc.wait(30)
+    assert clients.count() > 0 and len({c for c, _ in clients.errors}) == 4  # all were told
+    why = [str(e) for _, e in clients.errors]
+    assert all("journal failed" in w for w in why), why[:3]
+    assert journal.stat().st_size <= 48 << 10
+    report = recover(journal, log, ExternalEnv(OBS, ACT))
+    check_log(log, clients)
+    assert report.acknowledged_steps >= clients.count()
