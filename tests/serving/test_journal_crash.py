@@ -168,7 +168,8 @@ def test_answered_steps_survive_two_server_kills_exactly_once(tmp_path):
 
     check_log(log, clients)
     assert all(r.sessions == i + 1 for i, r in enumerate(reports))
-    assert reports[0].recovered_steps > 0  # the kill did catch answered, unwritten steps
+    # the kills did catch answered, unwritten steps (one kill alone may land just after a write)
+    assert sum(r.recovered_steps for r in reports) > 0
 
 
 def check_log(log, clients):
@@ -191,6 +192,29 @@ def check_log(log, clients):
     return logged
 
 
+def run_until_every_client_is_told(clients, proc, fault=None, timeout=60):
+    """Run the clients until each of them was refused at least once (or ``timeout``), with
+    ``fault()`` called once 100 steps were acknowledged; then stop them and the server."""
+    clients.up.set()
+    for th in clients.threads:
+        th.start()
+    try:
+        if fault is not None:
+            wait_for(clients, 100)
+            fault()
+        end = time.monotonic() + timeout
+        while len({c for c, _ in clients.errors}) < len(clients.threads):
+            assert time.monotonic() < end, f"clients never told: {clients.errors[:3]}"
+            time.sleep(0.05)
+    finally:
+        clients.stop.set()
+        for th in clients.threads:
+            th.join(30)
+        proc.kill()
+        proc.wait(30)
+    return [str(e) for _, e in clients.errors]
+
+
 @pytest.mark.skipif(not hasattr(signal, "SIGXFSZ"), reason="needs RLIMIT_FSIZE (POSIX)")
 @pytest.mark.filterwarnings("ignore::jaxsampler.offline.TruncatedLogWarning")
 def test_a_full_disk_is_refused_loudly_and_loses_no_answered_step(tmp_path):
@@ -200,23 +224,33 @@ def test_a_full_disk_is_refused_loudly_and_loses_no_answered_step(tmp_path):
     journal, log = tmp_path / "steps.journal", tmp_path / "data.log"
     clients = Clients(4)
     proc, clients.address = start_server(journal, log, max_file_bytes=48 << 10)
-    clients.up.set()
-    for th in clients.threads:
-        th.start()
-    try:
-        end = time.monotonic() + 60
-        while len({c for c, _ in clients.errors}) < 4 and time.monotonic() < end:
-            time.sleep(0.05)
-    finally:
-        clients.stop.set()
-        for th in clients.threads:
-            th.join(30)
-        proc.kill()
-        proc.wait(30)
-    assert clients.count() > 0 and len({c for c, _ in clients.errors}) == 4  # all were told
-    why = [str(e) for _, e in clients.errors]
+    why = run_until_every_client_is_told(clients, proc)
+    assert clients.count() > 0
     assert all("journal failed" in w for w in why), why[:3]
     assert journal.stat().st_size <= 48 << 10
     report = recover(journal, log, ExternalEnv(OBS, ACT))
     check_log(log, clients)
     assert report.acknowledged_steps >= clients.count()
+
+
+@pytest.mark.filterwarnings("ignore::jaxsampler.offline.TruncatedLogWarning")
+def test_a_replaced_log_is_refused_loudly_and_the_journal_still_holds_every_step(tmp_path):
+    """The sampler's log is deleted and its path made a directory under load: the writer's
+    next write fails naming the replacement, the server answers every client 503 with it,
+    and recovering the journal into a new log gives every answered step exactly once
+    (the old log's rows went with the deleted file; the journal kept them)."""
+    journal, log = tmp_path / "steps.journal", tmp_path / "data.log"
+    clients = Clients(4)
+    proc, clients.address = start_server(journal, log)
+
+    def replace_log():
+        log.unlink()
+        log.mkdir()
+
+    why = run_until_every_client_is_told(clients, proc, fault=replace_log)
+    assert all("no longer names" in w or "replaced" in w for w in why), why[:3]
+    assert log.is_dir()  # nothing wrote on into the unlinked file's name
+    fresh = tmp_path / "recovered.log"
+    report = recover(journal, fresh, ExternalEnv(OBS, ACT))
+    check_log(fresh, clients)
+    assert report.recovered_steps >= clients.count()
