@@ -219,14 +219,14 @@ def read_records(path: str) -> Iterator[Any]:
         yield from (_read_v2 if version == 2 else _read_v1)(f, path)
 
 
-def read_entries(path: str) -> Iterator[dict]:
-    """Yields the map records of a version-2 log that holds maps instead of batches (a step
-    journal's entries), with :func:`read_records`' checks and warnings."""
+def read_entries(path: str) -> Iterator[dict | list]:
+    """Yields the map (or list) records of a version-2 log that holds them instead of
+    batches (a step journal's commits), with :func:`read_records`' checks and warnings."""
     path = str(path)
     with _open(path, "rb") as f:
         if _read_header(f, path) != 2:
             raise CorruptLogError(path, 0, "a journal is a version 2 log")
-        yield from cast(Iterator[dict], _read_v2(f, path, (dict,)))
+        yield from cast(Iterator[dict | list], _read_v2(f, path, (dict, list)))
 
 
 def _next_frame(buf: Any, pos: int, size: int) -> int | None:

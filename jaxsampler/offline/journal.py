@@ -71,8 +71,8 @@ class StepJournal:
     crash is cut away with a :class:`~jaxsampler.offline.TornTailWarning`) and reads the
     episode ids it holds, which the env then refuses to start again.
 
-    Entries are buffered as the env records them (under its lock) and go out with one
-    write per :meth:`commit`, which the env runs before each acknowledgement: entries of
+    Entries are encoded as the env records them (under its lock) and go out as one frame,
+    in one write, per :meth:`commit`, which the env runs before each acknowledgement: entries of
     concurrent calls share a write (group commit). Each commit also checks that the path
     still names the journal (:class:`~jaxsampler.offline.LogReplacedError` otherwise).
 
@@ -101,17 +101,17 @@ class StepJournal:
         self._lock = threading.Lock()
         self._unsynced = 0  # entries handed to the OS but not fsynced
         self._oldest = 0.0  # GroupCommit clock time of the oldest of them
-        self._buffered = 0
+        self._buffered: list[bytes] = []  # encoded entries of the next commit
+        self._closed = False
         self._writer = OfflineWriter(self.path, append=True, flush="manual")
         self.record({"op": "open", "time": time.time(), "pid": os.getpid()})
         self.commit()
 
     def record(self, entry: dict[str, Any]) -> None:
-        """Buffers one entry (one frame) until the next :meth:`commit`."""
+        """Buffers one entry until the next :meth:`commit`."""
         payload = packb(entry)
         with self._lock:
-            self._writer._append(payload, check_path=False)
-            self._buffered += 1
+            self._buffered.append(payload)
 
     def commit(self) -> None:
         """Hands every buffered entry to the OS in one write (and fsyncs as ``fsync``
@@ -123,10 +123,13 @@ class StepJournal:
                 longer names the journal.
         """
         with self._lock:
-            n, self._buffered = self._buffered, 0
+            entries, self._buffered = self._buffered, []
+            n = len(entries)
             if not n and not (self._unsynced and self.fsync is not False):
                 return
             policy, writer = self.fsync, self._writer
+            if n:  # one frame: a commit lands whole or (cut back after a failure) not at all
+                writer._append(_array_head(n) + b"".join(entries), check_path=False)
             if policy is True:
                 writer.sync()
                 return
@@ -145,13 +148,17 @@ class StepJournal:
 
     def sync(self) -> None:
         """Writes and fsyncs every entry now."""
+        self.commit()
         with self._lock:
-            self._buffered = self._unsynced = 0
+            self._unsynced = 0
             self._writer.sync()
 
     def close(self) -> None:
         """Writes what is buffered, ends the session (an end frame) and closes the file;
         idempotent."""
+        if not self._closed:
+            self._closed = True
+            self.commit()
         with self._lock:
             self._writer.close()
 
@@ -236,7 +243,18 @@ def _entries(path: str) -> Iterator[dict]:
     """The journal's entries; the warnings of a crashed session are expected here."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", TruncatedLogWarning)
-        yield from read_entries(path)
+        for frame in read_entries(path):  # a commit's entries, or one entry (older journals)
+            yield from frame if isinstance(frame, list) else (frame,)
+
+
+def _array_head(n: int) -> bytes:
+    """The msgpack header of an array of ``n`` items: followed by ``n`` encoded entries, it
+    encodes their list without decoding them again."""
+    if n < 16:
+        return bytes([0x90 | n])
+    if n < 1 << 16:
+        return b"\xdc" + n.to_bytes(2, "big")
+    return b"\xdd" + n.to_bytes(4, "big")
 
 
 def _sessions(path: str) -> Iterator[list[dict]]:
