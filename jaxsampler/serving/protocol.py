@@ -114,10 +114,13 @@ __all__ = [
     "CLIENT_ID_PATTERN",
     "COMMANDS",
     "CONTENT_TYPE",
+    "EPOCH_HEADER",
     "ERRORS_BY_NAME",
     "PROTOCOL_VERSION",
     "STATUS_OF_ERROR",
     "PolicyServerError",
+    "SequenceError",
+    "ServerRestartedError",
     "ServerUnavailableError",
 ]
 
@@ -134,6 +137,9 @@ CLIENT_ID_HEADER = "X-Client-Id"
 CLIENT_ID_PATTERN = r"[A-Za-z0-9._~-]{1,64}"
 #: ``Authorization: Bearer <token>`` when the server has a token.
 AUTH_SCHEME = "Bearer"
+#: Header naming the server's run (random per :class:`~jaxsampler.serving.server.PolicyServer`
+#: instance): on every answer, and on requests, the run the client last heard from.
+EPOCH_HEADER = "X-Server-Epoch"
 
 
 class PolicyServerError(RuntimeError):
@@ -152,6 +158,27 @@ class ServerUnavailableError(PolicyServerError):
     def __init__(self, reason: str):
         super().__init__(503, f"{type(self).__name__}: {reason}")
         self.reason = reason
+
+
+class ServerRestartedError(PolicyServerError):
+    """410: the server restarted since the client last heard from it (its ``X-Server-Epoch``
+    changed), so the episodes this call names are gone; or the episode id belongs to a run
+    before the restart (the env's journal knows it). Recovery: start new episodes. The
+    client has adopted the new epoch when it raises this, so :meth:`start_episode` works."""
+
+    def __init__(self, message: str):
+        super().__init__(410, f"{type(self).__name__}: {message}")
+        self.reason = message
+
+
+class SequenceError(PolicyServerError):
+    """409: a command's ``seq`` does not follow the episode's last one (a gap, an old
+    number), or a number already used came with a different command. It means two callers
+    drive one episode, or a client bug; retrying does not help."""
+
+    def __init__(self, message: str):
+        super().__init__(409, f"{type(self).__name__}: {message}")
+        self.reason = message
 
 
 #: ``(exception class, HTTP status)``, most specific first; the server answers the first match.
