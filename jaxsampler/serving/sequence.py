@@ -155,6 +155,12 @@ class Sequences:
             if rec is not None and rec.running == seq:
                 rec.running, rec.running_fp = None, b""
 
+    def forget(self, key: tuple[Hashable, str]) -> None:
+        """Drops the record of ``key`` (an episode id started again, ``allow_reuse``)."""
+        with self._lock:
+            self._records.pop(key, None)
+            self._ended.pop(key, None)
+
     def ended(self, key: tuple[Hashable, str]) -> None:
         """The episode ended (``end_episode``): its record stays among the last
         ``max_ended`` ended ones, for a retried ``end_episode``."""

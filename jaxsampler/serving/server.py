@@ -77,6 +77,7 @@ _INLINE_DECODE_BYTES = 64 << 10
 #: work for it); after a failure every command is refused
 _NEED_SAMPLER = frozenset({"start_episode", "get_action"})
 _UNAVAILABLE = ServerUnavailableError.__name__
+_RUNNING = ("running", "finishing")  # episode states that keep a sequence record
 _STALE = (
     "the server restarted since this client last heard from it: the episodes of its "
     "earlier run are gone; start new episodes"
@@ -397,9 +398,7 @@ class PolicyServer(HTTPServer, HostEnv):
         self.epoch = secrets.token_hex(8)
         self.answer_headers = f"{EPOCH_HEADER}: {self.epoch}\r\n"
         self._epoch_bytes = self.epoch.encode()
-        self._sequences = Sequences(
-            lambda eid: env.episode_status(eid) in ("running", "finishing")
-        )
+        self._sequences = Sequences(lambda eid: env.episode_status(eid) in _RUNNING)
         self._serve()
 
     # -- HostEnv (delegated) -------------------------------------------------------------
@@ -618,9 +617,13 @@ class PolicyServer(HTTPServer, HostEnv):
         if eid is None:
             raise BadRequest("a start_episode with 'seq' needs an 'episode_id'")
         key = (owner, eid)
+        if command == "start_episode" and self.env.episode_status(eid) not in _RUNNING:
+            self._sequences.forget(key)  # an earlier episode of this id (allow_reuse)
         try:
             got = self._sequences.begin(key, seq, fingerprint(command, body))
         except SequenceError as e:
+            if command == "start_episode":
+                return 0  # another start of a running id: the env's own 409 says so
             raise HTTPError(409, SequenceError.__name__, e.reason) from None
         except RequestInProgress as e:
             raise HTTPError(503, "RequestInProgress", str(e)) from None
@@ -829,8 +832,7 @@ class PolicyServer(HTTPServer, HostEnv):
         journal = getattr(self.env, "journal", None)
         if journal is not None and isinstance(eid, str) and journal.known(eid):
             return _restarted(
-                f"episode {eid} belongs to a run before this server restarted; "
-                "start a new episode"
+                f"episode {eid} belongs to a run before this server restarted; start a new episode"
             )
         return e
 
