@@ -158,7 +158,10 @@ class PolicyClient:
             without one (``/batch``, commands of episodes started elsewhere) are sent
             again only when they cannot have arrived (no connection) or after a 503. After
             the last try the error is what it would have been without retries
-            (``ConnectionError``, :class:`ServerUnavailableError`, ...). ``0``: no retries.
+            (``ConnectionError``, :class:`ServerUnavailableError`, ...). ``0``: no retries
+            and no numbers (the requests of earlier versions). Caveat: after a call that
+            got no answer even from its last try, whether it ran is unknown; if it did,
+            the episode's next command gets :class:`SequenceError` (its number is taken).
         backoff_s: the first wait before a retry, in seconds.
 
     Restarts: every answer names the server's run (``X-Server-Epoch``); the client sends the
@@ -431,18 +434,14 @@ class PolicyClient:
         id)."""
         if self.inference_mode == "local":
             return self._local_start(episode_id, training_enabled)
-        eid = random_episode_id() if episode_id is None else episode_id
-        # the nonce tells a retry (the same bytes) from a second start of the same id
-        msg = {
-            "episode_id": eid,
-            "training_enabled": training_enabled,
-            "seq": 0,
-            "nonce": secrets.token_hex(8),
-        }
+        msg: dict[str, Any] = {"episode_id": episode_id, "training_enabled": training_enabled}
+        if self.retries:  # numbered: a retried start is recognised by its id and nonce
+            msg["episode_id"] = random_episode_id() if episode_id is None else episode_id
+            msg["seq"], msg["nonce"] = 0, secrets.token_hex(8)
         if allow_reuse:
             msg["allow_reuse"] = True
         eid = self._post("start_episode", msg)["episode_id"]
-        self._numbers.started(eid, self.server_epoch)
+        self._numbers.started(eid, self.server_epoch, numbered=bool(self.retries))
         return eid
 
     def get_action(self, episode_id: str, observation: Any) -> Any:

@@ -131,10 +131,11 @@ class EpisodeNumbers:
         self._eps: OrderedDict[str, list] = OrderedDict()  # id -> [epoch, next seq]
         self._lock = threading.Lock()
 
-    def started(self, eid: str, epoch: str | None) -> None:
-        """``eid`` started in the server run ``epoch``; its next command is number 1."""
+    def started(self, eid: str, epoch: str | None, numbered: bool = True) -> None:
+        """``eid`` started in the server run ``epoch``; its next command is number 1
+        (``numbered=False``: its commands go without numbers)."""
         with self._lock:
-            self._eps[eid] = [epoch, 1]
+            self._eps[eid] = [epoch, 1 if numbered else None]
             self._eps.move_to_end(eid)
             while len(self._eps) > MAX_NUMBERED_EPISODES:
                 self._eps.popitem(last=False)
@@ -149,7 +150,7 @@ class EpisodeNumbers:
         """Command ``seq`` of ``eid`` succeeded: the next one is ``seq + 1``."""
         with self._lock:
             entry = self._eps.get(eid)
-            if entry is not None and entry[1] == seq:
+            if entry is not None and entry[1] is not None and entry[1] == seq:
                 entry[1] = seq + 1
 
     def forget(self, eid: str) -> None:
