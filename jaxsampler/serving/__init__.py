@@ -6,6 +6,8 @@ from jaxsampler.serving.client import PolicyClient
 from jaxsampler.serving.protocol import (
     PROTOCOL_VERSION,
     PolicyServerError,
+    SequenceError,
+    ServerRestartedError,
     ServerUnavailableError,
 )
 from jaxsampler.serving.server import PolicyServer
@@ -15,5 +17,7 @@ __all__ = [
     "PolicyClient",
     "PolicyServer",
     "PolicyServerError",
+    "SequenceError",
+    "ServerRestartedError",
     "ServerUnavailableError",
 ]

@@ -6,6 +6,8 @@ no thread hand-over, which costs GIL switches when the process is busy. A bigger
 on a two-thread pool in slices of 32 commands, round-robin across connections, so a caller
 shipping huge batches delays others by about one slice each. A batch whose command must
 wait for room (the env's back pressure) waits on the blocking pool, not on the batch pool.
+A batch whose connection closed before its first slice ran is dropped (nobody would get its
+answer); once started, it runs to the end (half a batch would be worse).
 
 What the commands mean is the policy server's business
 (:class:`~jaxsampler.serving.server.PolicyServer`): it hands :class:`FairBatches` a function
@@ -58,6 +60,9 @@ class BatchJob:
         Raises :class:`~jaxsampler.host_envs.external.WouldBlockError` when a command must
         wait for room (back pressure): the rest then runs with :meth:`run_blocking`."""
         if self.commands is None:
+            if self.conn.closing:  # the client is gone before it ran: nobody gets the answer
+                self.result = None
+                return True
             try:
                 commands = self.batches.commands_of(self.body, self.owner)
             except Exception as e:
@@ -105,6 +110,8 @@ class BatchJob:
     def respond(self) -> None:
         """Sends the result (event-loop thread)."""
         conn, result = self.conn, self.result
+        if result is None:  # dropped (see step)
+            return
         if isinstance(result, BaseException):
             conn.exception(result)
         else:

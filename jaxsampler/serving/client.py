@@ -13,7 +13,6 @@ import contextlib
 import json
 import re
 import secrets
-import socket
 import ssl
 import threading
 import time
@@ -21,7 +20,6 @@ from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
-import httptools
 import numpy as np
 
 from jaxsampler.constants import DEFAULT_AGENT_ID
@@ -33,9 +31,19 @@ from jaxsampler.serving.protocol import (
     CLIENT_ID_HEADER,
     CLIENT_ID_PATTERN,
     CONTENT_TYPE,
+    EPOCH_HEADER,
     ERRORS_BY_NAME,
     PolicyServerError,
+    SequenceError,
+    ServerRestartedError,
     ServerUnavailableError,
+)
+from jaxsampler.serving.transport import (
+    Connection,
+    EpisodeNumbers,
+    NotSent,
+    StaleConnection,
+    backoff_delays,
 )
 from jaxsampler.spaces import check_value
 
@@ -45,6 +53,9 @@ __all__ = ["PolicyClient"]
 _MAX_CARRIED_RETURNS = 32
 #: statuses only a check before any command gives (deferred returns did not run)
 _REFUSED_BEFORE_COMMANDS = frozenset({401, 405, 408, 411, 413, 414, 431})
+#: error names the server gives before a request's deferred returns run (its seq check)
+_NAMED_BEFORE_COMMANDS = frozenset({SequenceError.__name__, "RequestInProgress", "NotFound"})
+_EPOCH = EPOCH_HEADER.lower()
 #: how the server names a deferred log_returns that failed
 _RETURNS_INDEX = re.compile(r"deferred log_returns \(returns\[(\d+)\]\)")
 
@@ -70,105 +81,30 @@ def _returns_run(status: int, body: bytes, carried: int) -> tuple[int, int]:
         return i, 0 if status >= 500 else 1
     if (
         status in _REFUSED_BEFORE_COMMANDS
-        or (status == 404 and name == "NotFound")
+        or name in _NAMED_BEFORE_COMMANDS
         or (status == 503 and "max_connections" in message)
     ):
         return 0, 0
     return carried, 0
 
 
+def _no_answer(e: BaseException) -> bool:
+    """Whether a request failed for want of an answer (a retry may get one)."""
+    return isinstance(e, (ConnectionError, TimeoutError))
+
+
+def _message(data: bytes) -> str:
+    """The ``message`` of a JSON error body (or its start)."""
+    try:
+        return str(json.loads(data.decode()).get("message", ""))
+    except (ValueError, UnicodeDecodeError, AttributeError):
+        return data[:200].decode(errors="replace")
+
+
 def _attach_returns(e: BaseException, returns: list) -> None:
     """Sets ``e.deferred_returns`` (see :class:`PolicyClient`), where ``e`` takes attributes."""
     with contextlib.suppress(AttributeError, TypeError):
         e.deferred_returns = list(returns)  # type: ignore[attr-defined]
-
-
-class _StaleConnection(ConnectionError):
-    """The server closed the connection before answering (e.g. an idle keep-alive one)."""
-
-
-class _Connection:
-    """A keep-alive HTTP/1.1 connection: writes a request, reads one response with
-    httptools (llhttp). Used by one thread at a time."""
-
-    def __init__(
-        self, host: str, port: int, timeout: float, ssl_context: ssl.SSLContext | None = None
-    ):
-        self.host, self.port, self.timeout = host, port, timeout
-        self.ssl_context = ssl_context
-        self.sock: socket.socket | None = None
-        self.used = False  # a request was answered on the current socket
-        self._status = 0
-        self._headers: dict[str, str] = {}
-        self._body: list[bytes] = []
-        self._complete = False
-        self._name = b""
-
-    def _open(self) -> socket.socket:
-        sock = socket.create_connection((self.host, self.port), timeout=self.timeout)
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        if self.ssl_context is not None:
-            try:
-                sock = self.ssl_context.wrap_socket(sock, server_hostname=self.host)
-            except BaseException:
-                sock.close()
-                raise
-        self.sock, self.used = sock, False
-        return sock
-
-    # httptools callbacks
-    def on_header(self, name: bytes, value: bytes) -> None:
-        """httptools: one response header."""
-        self._headers[name.decode("latin-1").lower()] = value.decode("latin-1")
-
-    def on_body(self, body: bytes) -> None:
-        """httptools: a piece of the response body."""
-        self._body.append(body)
-
-    def on_message_complete(self) -> None:
-        """httptools: the response is complete."""
-        self._complete = True
-
-    def round_trip(self, request: bytes) -> tuple[int, dict, bytes]:
-        """Sends ``request`` and reads its response: ``(status, headers, body)``."""
-        sock = self.sock or self._open()
-        try:
-            sock.sendall(request)
-        except (BrokenPipeError, ConnectionResetError, ssl.SSLEOFError) as e:
-            raise _StaleConnection(str(e)) from None
-        parser = httptools.HttpResponseParser(self)
-        self._headers, self._body, self._complete = {}, [], False
-        got = False
-        while not self._complete:
-            try:
-                chunk = sock.recv(1 << 16)
-            except (ConnectionResetError, ssl.SSLEOFError) as e:
-                if got:
-                    raise
-                raise _StaleConnection(str(e)) from None
-            if not chunk:
-                if got:
-                    raise ConnectionError("the server closed the connection mid-answer")
-                raise _StaleConnection("the server closed the connection")
-            got = True
-            try:
-                parser.feed_data(chunk)
-            except httptools.HttpParserError as e:
-                self.close()
-                raise ConnectionError(f"malformed HTTP answer: {e}") from None
-        status = parser.get_status_code()
-        self.used = True
-        if self._headers.get("connection", "").lower() == "close":
-            self.close()
-        return status, self._headers, b"".join(self._body)
-
-    def close(self) -> None:
-        """Closes the socket (the next request opens a new one)."""
-        if self.sock is not None:
-            try:
-                self.sock.close()
-            finally:
-                self.sock = None
 
 
 class PolicyClient:
@@ -212,6 +148,30 @@ class PolicyClient:
             runs its calls as that owner (other clients' episodes are unknown to it);
             default a random one (:attr:`client_id`). Several clients may share an id to
             act on the same episodes (say, a simulator that restarted).
+        retries: how often a request is sent again, after ``backoff_s``, twice that, four
+            times ..., when it got no answer (connection refused, reset or closed before
+            the answer, a timeout) or a 503 (the server's capacity, a stalled sampler, a
+            retry of a request still running). Never after a 4xx or another 5xx. A retry is
+            safe: the episode commands of episodes this client started carry a per-episode
+            number (``seq``; ``start_episode`` sends a client-made id with number 0), so
+            the server runs each once and answers a repeat with the first answer; requests
+            without one (``/batch``, commands of episodes started elsewhere) are sent
+            again only when they cannot have arrived (no connection) or after a 503. After
+            the last try the error is what it would have been without retries
+            (``ConnectionError``, :class:`ServerUnavailableError`, ...). ``0``: no retries
+            and no numbers (the requests of earlier versions). Caveat: after a call that
+            got no answer even from its last try, whether it ran is unknown; if it did,
+            the episode's next command gets :class:`SequenceError` (its number is taken).
+        backoff_s: the first wait before a retry, in seconds.
+
+    Restarts: every answer names the server's run (``X-Server-Epoch``); the client sends the
+    run an episode started in with each of its commands. A server that restarted since
+    (a new :class:`PolicyServer`) refuses them with 410 and the client raises
+    :class:`ServerRestartedError` (also for deferred ``log_returns`` of such episodes, listed
+    in its ``deferred_returns`` and dropped); calls that name nothing from before (a new
+    ``start_episode``, :meth:`health`, :meth:`server_info`) just work and the client takes
+    the new run as current. Episodes it did not start (another client's ids) are not
+    tracked: after a restart they get the server's 404, or 410 when its journal knows them.
 
     Thread-safe: each thread uses its own keep-alive connection. In local mode, errors of
     the background sender (e.g. the server refused a step) are raised by the next call.
@@ -232,6 +192,8 @@ class PolicyClient:
         token: str | None = None,
         ssl_context: ssl.SSLContext | None = None,
         client_id: str | None = None,
+        retries: int = 3,
+        backoff_s: float = 0.05,
     ):
         parts = urlsplit(address)
         if parts.scheme not in ("http", "https") or not parts.hostname or parts.port is None:
@@ -252,6 +214,14 @@ class PolicyClient:
             raise ValueError(f"client_id must match {CLIENT_ID_PATTERN}, got {client_id!r}")
         if int(max_batch_commands) < 1:
             raise ValueError(f"max_batch_commands must be >= 1, got {max_batch_commands}")
+        if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
+            raise ValueError(f"retries must be an int >= 0, got {retries!r}")
+        if not backoff_s >= 0:
+            raise ValueError(f"backoff_s must be >= 0, got {backoff_s!r}")
+        self.retries, self.backoff_s = retries, float(backoff_s)
+        #: the server run (``X-Server-Epoch``) this client heard from last (None: not yet)
+        self.server_epoch: str | None = None
+        self._numbers = EpisodeNumbers()
         self.address, self.inference_mode = address, inference_mode
         self.defer_returns = bool(defer_returns)
         #: sent as ``X-Client-Id``: the owner of the episodes this client starts
@@ -273,22 +243,31 @@ class PolicyClient:
 
     # -- transport ---------------------------------------------------------------------
 
-    def _conn(self) -> _Connection:
+    def _conn(self) -> Connection:
         c = getattr(self._tls, "conn", None)
         if c is None:
-            c = self._tls.conn = _Connection(self._host, self._port, self._timeout, self._ssl)
+            c = self._tls.conn = Connection(self._host, self._port, self._timeout, self._ssl)
         return c
 
     def _request(
-        self, method: str, path: str, body: bytes | None = None, headers: dict | None = None
+        self,
+        method: str,
+        path: str,
+        body: bytes | None = None,
+        headers: dict | None = None,
+        epoch: str | None = None,
     ) -> tuple[int, dict, bytes]:
         """One round trip on this thread's keep-alive connection: ``(status, headers, body)``
-        (header names lower-case)."""
+        (header names lower-case); ``epoch``: the server run the request is meant for.
+        Raises :class:`NotSent` when no connection could be opened, ``ConnectionError``
+        when the answer did not come."""
         head = (
             f"{method} {path} HTTP/1.1\r\nHost: {self._host}:{self._port}\r\n{self._fixed_headers}"
         )
         if body is not None:
             head += f"Content-Type: {CONTENT_TYPE}\r\nContent-Length: {len(body)}\r\n"
+        if epoch is not None:
+            head += f"{EPOCH_HEADER}: {epoch}\r\n"
         for k, v in (headers or {}).items():
             head += f"{k}: {v}\r\n"
         data = head.encode("latin-1") + b"\r\n" + (body or b"")
@@ -296,17 +275,44 @@ class PolicyClient:
             conn = self._conn()
             reused = conn.used
             try:
-                return conn.round_trip(data)
-            except _StaleConnection as e:
+                answer = conn.round_trip(data)
+            except StaleConnection as e:
                 conn.close()
                 if (
                     reused and attempt == 0
                 ):  # the server closed an idle keep-alive connection: retry once
                     continue
                 raise ConnectionError(f"policy server {self.address}: {e}") from None
+            except NotSent as e:
+                conn.close()
+                raise NotSent(f"policy server {self.address}: {e}") from e
             except OSError as e:
                 conn.close()
                 raise ConnectionError(f"policy server {self.address}: {e}") from e
+            got = answer[1].get(_EPOCH)
+            if got is not None and got != self.server_epoch:
+                self.server_epoch = got  # the first one, or the server restarted
+            return answer
+        raise AssertionError("unreachable")
+
+    def _get(self, path: str, headers: dict | None = None, ok: tuple = (200,)) -> tuple:
+        """A ``GET`` (safe to repeat): retried on no answer, and on a 503 unless ``ok``
+        has it (``/health`` reports with it); raises for a status not in ``ok`` (but 304)."""
+        delays = backoff_delays(self.retries, self.backoff_s)
+        for attempt in range(len(delays) + 1):
+            try:
+                status, hdrs, data = self._request("GET", path, headers=headers)
+            except ConnectionError:
+                if attempt == len(delays):
+                    raise
+                time.sleep(delays[attempt])
+                continue
+            if status == 503 and 503 not in ok and attempt < len(delays):
+                time.sleep(delays[attempt])
+                continue
+            if status not in ok and status != 304:
+                self._raise(status, data)
+            return status, hdrs, data
         raise AssertionError("unreachable")
 
     def _raise(self, status: int, data: bytes) -> None:
@@ -317,57 +323,134 @@ class PolicyClient:
             name, message = "", data[:200].decode(errors="replace")
         if name == ServerUnavailableError.__name__:
             raise ServerUnavailableError(message)
+        if name == ServerRestartedError.__name__:
+            raise ServerRestartedError(message)
+        if name == SequenceError.__name__:
+            raise SequenceError(message)
         cls = ERRORS_BY_NAME.get(name)
         if cls is not None:
             raise cls(f"server: {message}")
         raise PolicyServerError(status, f"{name}: {message}" if name else message)
 
-    def _post(self, command: str, payload: dict) -> dict:
+    def _post(self, command: str, payload: dict, episode_id: Any = None) -> dict:
+        """Sends a command (with this thread's deferred returns) and returns its answer,
+        retrying as :class:`PolicyClient` says; ``episode_id``: the episode it names, whose
+        number and server run go with it when this client started it."""
         deferred = getattr(self._tls, "returns", None) if command != "batch" else None
         if deferred and len(deferred) > min(_MAX_CARRIED_RETURNS, self._max_batch):
             # Many: they go on their own first (/batch), which the server runs in slices
             # rather than at once before this request.
             self.flush()
             deferred = None
-        # This thread's log_returns calls travel with its next request; they leave the
-        # pending list only once the server ran (or refused) them (see defer_returns).
-        carried = list(deferred) if deferred else []
-        body = packb({**payload, "returns": carried} if carried else payload)
-        try:
-            status, _, data = self._request("POST", "/" + command, body)
-        except Exception as e:  # no answer: whether the server ran them is unknown
-            _attach_returns(e, carried)
-            raise
-        if status // 100 != 2:
+        self._drop_stale_returns(deferred)
+        epoch, seq = self._numbers.get(episode_id)
+        if seq is not None:
+            payload = {**payload, "seq": seq}
+        numbered = "seq" in payload  # the server runs it once, however often it is sent
+        sent = epoch if epoch is not None else self.server_epoch
+        delays = backoff_delays(self.retries, self.backoff_s)
+        for attempt in range(len(delays) + 1):
+            # This thread's log_returns calls travel with its next request; they leave the
+            # pending list only once the server ran (or refused) them (see defer_returns).
+            # Unchanged, a retry sends the same bytes: the server knows it by them.
+            carried = list(deferred) if deferred else []
+            body = packb({**payload, "returns": carried} if carried else payload)
+            last = attempt == len(delays)
+            try:
+                status, headers, data = self._request("POST", "/" + command, body, epoch=sent)
+            except Exception as e:  # no answer: whether the server ran them is unknown
+                if not last and (isinstance(e, NotSent) or (numbered and _no_answer(e))):
+                    time.sleep(delays[attempt])
+                    continue
+                _attach_returns(e, carried)
+                raise
+            if status // 100 == 2:
+                break
+            restarted = sent is not None and headers.get(_EPOCH, sent) != sent
+            if restarted and status == 410:  # refused before anything ran: a new server run
+                stale = self._stale(carried)
+                if deferred:
+                    deferred[:] = [m for m in deferred if not any(m is x for x in stale)]
+                gone = ServerRestartedError(_message(data))
+                _attach_returns(gone, stale)
+                raise gone
             ran, refused = _returns_run(status, data, len(carried))
+            if deferred:
+                del deferred[: ran + refused]
+            if status == 503 and not last:
+                time.sleep(delays[attempt])
+                continue
             try:
                 self._raise(status, data)
             except Exception as e:
-                if deferred:
-                    del deferred[: ran + refused]
                 _attach_returns(e, carried[ran:])
                 raise
         if deferred:
             del deferred[: len(carried)]  # the server ran them before the command itself
+        if seq is not None:
+            self._numbers.advance(episode_id, seq)
         return unpackb(data, objects=False)
+
+    def _stale(self, returns: list) -> list:
+        """The deferred returns of episodes this client started in an earlier server run."""
+        current = self.server_epoch
+        out = []
+        for m in returns:
+            epoch, _ = self._numbers.get(m.get("episode_id"))
+            if epoch is not None and epoch != current:
+                out.append(m)
+        return out
+
+    def _drop_stale_returns(self, deferred: list | None) -> None:
+        """Raises :class:`ServerRestartedError` (nothing sent) when this thread holds deferred
+        returns of episodes the server lost when it restarted; they are dropped."""
+        if not deferred or self.server_epoch is None:
+            return
+        stale = self._stale(deferred)
+        if stale:
+            deferred[:] = [m for m in deferred if not any(m is x for x in stale)]
+            e = ServerRestartedError(
+                f"{len(stale)} deferred log_returns name episodes of a server run before "
+                "its restart; they were dropped (start new episodes)"
+            )
+            _attach_returns(e, stale)
+            raise e
 
     # -- the five calls ------------------------------------------------------------------
 
-    def start_episode(self, episode_id: str | None = None, training_enabled: bool = True) -> str:
-        """Starts an episode on the server; returns its id."""
+    def start_episode(
+        self,
+        episode_id: str | None = None,
+        training_enabled: bool = True,
+        *,
+        allow_reuse: bool = False,
+    ) -> str:
+        """Starts an episode on the server; returns its id (without ``episode_id``, a fresh
+        random one made here, so that a retried start is recognised).
+
+        ``allow_reuse``: start ``episode_id`` again although an episode of that id finished
+        on this server run (refused otherwise, :class:`EpisodeStateError`). Ids a server's
+        journal knows from an earlier run are refused either way (recovery finds steps by
+        id)."""
         if self.inference_mode == "local":
             return self._local_start(episode_id, training_enabled)
-        return self._post(
-            "start_episode", {"episode_id": episode_id, "training_enabled": training_enabled}
-        )["episode_id"]
+        msg: dict[str, Any] = {"episode_id": episode_id, "training_enabled": training_enabled}
+        if self.retries:  # numbered: a retried start is recognised by its id and nonce
+            msg["episode_id"] = random_episode_id() if episode_id is None else episode_id
+            msg["seq"], msg["nonce"] = 0, secrets.token_hex(8)
+        if allow_reuse:
+            msg["allow_reuse"] = True
+        eid = self._post("start_episode", msg)["episode_id"]
+        self._numbers.started(eid, self.server_epoch, numbered=bool(self.retries))
+        return eid
 
     def get_action(self, episode_id: str, observation: Any) -> Any:
         """The action for ``observation`` (a dict per agent for multi-agent servers)."""
         if self.inference_mode == "local":
             return self._local_act(episode_id, observation)
-        return self._post("get_action", {"episode_id": episode_id, "observation": observation})[
-            "action"
-        ]
+        return self._post(
+            "get_action", {"episode_id": episode_id, "observation": observation}, episode_id
+        )["action"]
 
     def log_action(
         self, episode_id: str, observation: Any, action: Any, info: dict | None = None
@@ -417,6 +500,8 @@ class PolicyClient:
         if self.inference_mode == "local":
             self._states.pop(episode_id, None)
             self._episodes.discard(episode_id)
+        else:
+            self._numbers.forget(episode_id)
 
     def _send(self, command: str, msg: dict) -> None:
         if self.inference_mode == "local":
@@ -426,7 +511,7 @@ class PolicyClient:
                 )
             self._enqueue({"command": command, **msg})
         else:
-            self._post(command, msg)
+            self._post(command, msg, msg["episode_id"])
 
     # -- local inference -----------------------------------------------------------------
 
@@ -464,9 +549,7 @@ class PolicyClient:
 
     def server_info(self) -> dict:
         """The server's ``/info``: protocol version, spaces, agent ids, weights version."""
-        status, _, data = self._request("GET", "/info")
-        if status != 200:
-            self._raise(status, data)
+        _, _, data = self._get("/info")
         return unpackb(data, objects=False, spaces=True)
 
     def health(self) -> dict:
@@ -474,9 +557,7 @@ class PolicyClient:
         ``"failed"``), ``since_last_poll_s``, ``reason`` and more (see
         :meth:`~jaxsampler.serving.server.PolicyServer.health_report`). A stalled or failed
         sampler is reported here, not raised."""
-        status, _, data = self._request("GET", "/health")
-        if status not in (200, 503):
-            self._raise(status, data)
+        status, _, data = self._get("/health", ok=(200, 503))
         try:
             report = json.loads(data.decode())
         except (ValueError, UnicodeDecodeError):
@@ -491,12 +572,10 @@ class PolicyClient:
         import jax
 
         headers = {"If-None-Match": f'"{self.weights_version}"'} if self._params is not None else {}
-        status, _, data = self._request("GET", "/weights", headers=headers)
+        status, _, data = self._get("/weights", headers=headers)
         self._last_pull = time.monotonic()
         if status == 304:
             return False
-        if status != 200:
-            self._raise(status, data)
         msg = unpackb(data, objects=False)
         self._params = jax.device_put(msg["params"])
         self.weights_version = int(msg["version"])
@@ -609,6 +688,7 @@ class PolicyClient:
         reached the server. Raises the server's error, if any."""
         if self.inference_mode != "local":
             returns = getattr(self._tls, "returns", None)
+            self._drop_stale_returns(returns)
             while returns:  # at most max_batch_commands a request (servers cap it)
                 chunk = returns[: self._max_batch]
                 try:

@@ -52,6 +52,7 @@ from jaxsampler.serving.protocol import (
     CLIENT_ID_HEADER,
     CLIENT_ID_PATTERN,
     CONTENT_TYPE,
+    EPOCH_HEADER,
     ERRORS_BY_NAME,
     PROTOCOL_VERSION,
     STATUS_OF_ERROR,
@@ -66,6 +67,11 @@ class ConnectionOwner(Protocol):
     @property
     def limits(self) -> Limits:
         """The server's request limits."""
+        ...
+
+    @property
+    def answer_headers(self) -> str:
+        """Header lines (each ending in CRLF) sent with every answer (the server's epoch)."""
         ...
 
     @property
@@ -89,6 +95,7 @@ _log = logging.getLogger("jaxsampler.serving.server")
 
 _CLIENT_ID = re.compile(CLIENT_ID_PATTERN.encode())
 _CLIENT_ID_NAME = CLIENT_ID_HEADER.lower().encode()
+_EPOCH_NAME = EPOCH_HEADER.lower().encode()
 _FEED_SLICE = 16 << 10  # bytes fed to the parser at a time (bounds what one feed can queue)
 #: after an answer that closes: how long the peer may still send (see Connection.respond)
 LINGER_S = 2.0
@@ -163,6 +170,7 @@ class Request:
         "if_none_match",
         "auth",
         "client_id",
+        "epoch",
         "error",
         "keep_alive",
         "method",
@@ -183,6 +191,7 @@ class Request:
         self.if_none_match = b""
         self.auth: list[bytes] = []  # Authorization header values
         self.client_id: str | None = None
+        self.epoch: bytes | None = None  # the server run the client last heard from
         self.error: tuple[int, str, str] | None = (
             None  # found while parsing: answered, then the connection closes
         )
@@ -414,7 +423,7 @@ class Connection(asyncio.Protocol):
     def on_header(self, name: bytes, value: bytes) -> None:
         """One header (431 beyond ``max_headers`` / ``max_header_bytes``); keeps those the
         server reads: ``Content-Length``, ``Transfer-Encoding``, ``If-None-Match``,
-        ``Authorization`` and ``X-Client-Id``."""
+        ``Authorization``, ``X-Client-Id`` and ``X-Server-Epoch``."""
         req, lim = self._req(), self.limits
         req.headers += 1
         req.head_size += len(name) + len(value) + 4  # "name: value\r\n"
@@ -451,6 +460,8 @@ class Connection(asyncio.Protocol):
                     f"{value[:80].decode(errors='replace')!r}",
                 )
             req.client_id = value.decode("ascii", errors="replace")
+        elif name == _EPOCH_NAME:
+            req.epoch = value
 
     def on_headers_complete(self) -> None:
         """The head is complete: a request refused by its head (401, 411, 413, or a problem
@@ -527,7 +538,8 @@ class Connection(asyncio.Protocol):
         close = close or (self.current is not None and not self.current.keep_alive)
         head = (
             f"HTTP/1.1 {status} {_REASONS.get(status, '')}\r\nServer: {_SERVER}\r\n"
-            f"Content-Type: {content_type}\r\nContent-Length: {len(body)}\r\n{extra}"
+            f"Content-Type: {content_type}\r\nContent-Length: {len(body)}\r\n"
+            f"{self.server.answer_headers}{extra}"
         )
         if close:
             head += "Connection: close\r\n"

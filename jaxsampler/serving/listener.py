@@ -76,6 +76,8 @@ class HTTPServer:
 
     #: what the accepted connections are (a subclass may extend :class:`Connection`)
     _connection_class: type[Connection] = Connection
+    #: header lines (each ending in CRLF) sent with every answer; a subclass sets its own
+    answer_headers = ""
 
     def __init__(
         self,

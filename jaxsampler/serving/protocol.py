@@ -14,11 +14,12 @@ tuples as type 3. Plain lists and numbers work too; the server validates every o
 ====================  ===================================================  ==================
 endpoint              request body                                         200 response body
 ====================  ===================================================  ==================
-POST /start_episode   ``{episode_id: str|nil, training_enabled: bool}``    ``{episode_id}``
-POST /get_action      ``{episode_id, observation}``                        ``{action}``
-POST /log_action      ``{episode_id, observation, action, info?}``         ``{}``
-POST /log_returns     ``{episode_id, reward, info?, done?}``               ``{}``
-POST /end_episode     ``{episode_id, observation, truncated?: bool}``      ``{}``
+POST /start_episode   ``{episode_id: str|nil, training_enabled: bool,      ``{episode_id}``
+                      allow_reuse?, seq?: 0, nonce?}``
+POST /get_action      ``{episode_id, observation, seq?}``                  ``{action}``
+POST /log_action      ``{episode_id, observation, action, info?, seq?}``   ``{}``
+POST /log_returns     ``{episode_id, reward, info?, done?, seq?}``         ``{}``
+POST /end_episode     ``{episode_id, observation, truncated?, seq?}``      ``{}``
 POST /batch           ``{commands: [{command: <name>, ...fields}, ...]}``  ``{done: n, errors}``
 GET  /weights         header ``If-None-Match: "<version>"`` optional       ``{version, params}``
 GET  /info            --                                                   ``{protocol,
@@ -38,6 +39,26 @@ error is the answer (message prefixed ``deferred log_returns``). This is how a r
 :class:`~jaxsampler.serving.client.PolicyClient` sends ``log_returns`` without a round
 trip of its own (version 2; version 1 had no such field).
 
+Restarts and retries. Every answer (errors, ``/health`` and ``/info`` included) carries
+``X-Server-Epoch: <16 hex digits>``, drawn at random by each
+:class:`~jaxsampler.serving.server.PolicyServer`. A request may send back the epoch it
+believes in; one that names episodes (any command but a ``start_episode`` without
+``returns``, and every ``/batch``) with another epoch gets 410
+:class:`ServerRestartedError`: the server restarted and those episodes are gone. So does a
+command naming an id the env's journal knows from an earlier run (without a journal an
+unknown id is 404). ``start_episode`` takes ``allow_reuse: true`` to start an id that
+finished in this run again (never one a journal knows). Any command of an episode may
+carry ``seq`` (``start_episode``: 0 and an ``episode_id``; then 1, 2, ... per episode; a
+number is used up by a success only): a repeat of the last successful number with the same
+bytes gets the recorded answer again without running anything, the number running now 503
+``RequestInProgress``, and a gap, an older number or a used one with other bytes 409
+:class:`SequenceError` (see :mod:`~jaxsampler.serving.sequence`). Commands without ``seq``
+run as always. A request whose connection closed before it ran is dropped (pipelined ones,
+big bodies decoded on a worker, a ``/batch`` before its first slice); not covered: a
+``log_action`` already waiting for room (it runs once there is room; its answer is
+recorded for a retry), and a ``get_action`` whose connection closes while it waits (its
+episode is abandoned, as before: a retry then gets 409).
+
 Multi-agent envs take dicts ``agent -> value`` for ``observation``, ``action``,
 ``reward``, ``info`` and ``done`` (``multiagent_done_dict``). ``/batch`` runs the
 non-blocking commands (:data:`BATCHABLE_COMMANDS`: not ``get_action``) in order; a refused
@@ -55,12 +76,15 @@ Errors have a JSON body ``{"error": <exception name>, "message": str}``:
 long, bad ``X-Client-Id``), 401 no or wrong token (with ``WWW-Authenticate: Bearer``), 404
 unknown episode (or another client's) or path, 405 wrong method, 408 request not received
 within ``request_timeout_s``, 409 wrong episode state (already started, completed,
-abandoned, a get_action still waiting), 411 no ``Content-Length``, 413 body over
+abandoned, a get_action still waiting; error ``EpisodeStateError``) or a bad ``seq``
+(``SequenceError``), 410 an episode of an earlier server run (``ServerRestartedError``),
+411 no ``Content-Length``, 413 body over
 ``max_body_bytes`` (the connection is closed without reading it) or too many commands
 (``max_batch_commands``, also for deferred ``returns``), 414 URL too long, 431 too many or
 too large headers, 503 capacity (connections, episodes, the client's quota) or closed, or
 the sampler stalled or failed (error ``ServerUnavailableError``, its message the reason;
-the client raises :class:`ServerUnavailableError`), 504
+the client raises :class:`ServerUnavailableError`) or a numbered request still running
+(``RequestInProgress``: retry), 504
 no action within the env's ``action_timeout_s``, 500 anything unexpected. The limits behind
 them are :class:`~jaxsampler.serving.server.PolicyServer` options (see
 :mod:`~jaxsampler.serving.http` for the connection-level ones); errors found while reading
@@ -114,10 +138,13 @@ __all__ = [
     "CLIENT_ID_PATTERN",
     "COMMANDS",
     "CONTENT_TYPE",
+    "EPOCH_HEADER",
     "ERRORS_BY_NAME",
     "PROTOCOL_VERSION",
     "STATUS_OF_ERROR",
     "PolicyServerError",
+    "SequenceError",
+    "ServerRestartedError",
     "ServerUnavailableError",
 ]
 
@@ -134,6 +161,9 @@ CLIENT_ID_HEADER = "X-Client-Id"
 CLIENT_ID_PATTERN = r"[A-Za-z0-9._~-]{1,64}"
 #: ``Authorization: Bearer <token>`` when the server has a token.
 AUTH_SCHEME = "Bearer"
+#: Header naming the server's run (random per :class:`~jaxsampler.serving.server.PolicyServer`
+#: instance): on every answer, and on requests, the run the client last heard from.
+EPOCH_HEADER = "X-Server-Epoch"
 
 
 class PolicyServerError(RuntimeError):
@@ -152,6 +182,27 @@ class ServerUnavailableError(PolicyServerError):
     def __init__(self, reason: str):
         super().__init__(503, f"{type(self).__name__}: {reason}")
         self.reason = reason
+
+
+class ServerRestartedError(PolicyServerError):
+    """410: the server restarted since the client last heard from it (its ``X-Server-Epoch``
+    changed), so the episodes this call names are gone; or the episode id belongs to a run
+    before the restart (the env's journal knows it). Recovery: start new episodes. The
+    client has adopted the new epoch when it raises this, so :meth:`start_episode` works."""
+
+    def __init__(self, message: str):
+        super().__init__(410, f"{type(self).__name__}: {message}")
+        self.reason = message
+
+
+class SequenceError(PolicyServerError):
+    """409: a command's ``seq`` does not follow the episode's last one (a gap, an old
+    number), or a number already used came with a different command. It means two callers
+    drive one episode, or a client bug; retrying does not help."""
+
+    def __init__(self, message: str):
+        super().__init__(409, f"{type(self).__name__}: {message}")
+        self.reason = message
 
 
 #: ``(exception class, HTTP status)``, most specific first; the server answers the first match.

@@ -31,6 +31,7 @@ import contextlib
 import hmac
 import inspect
 import json
+import secrets
 import ssl
 import time
 from collections import deque
@@ -55,10 +56,16 @@ from jaxsampler.serving.protocol import (
     AUTH_SCHEME,
     BATCHABLE_COMMANDS,
     COMMANDS,
+    EPOCH_HEADER,
     PROTOCOL_VERSION,
     PolicyServerError,
+    SequenceError,
+    ServerRestartedError,
     ServerUnavailableError,
 )
+from jaxsampler.serving.sequence import Answer, RequestInProgress, Sequences, fingerprint
+from jaxsampler.serving.server_connection import PolicyConnection as _Connection
+from jaxsampler.serving.server_connection import unavailable as _unavailable
 
 __all__ = ["PolicyServer", "PolicyServerError", "PROTOCOL_VERSION"]
 
@@ -71,11 +78,24 @@ _INLINE_DECODE_BYTES = 64 << 10
 #: work for it); after a failure every command is refused
 _NEED_SAMPLER = frozenset({"start_episode", "get_action"})
 _UNAVAILABLE = ServerUnavailableError.__name__
+_RUNNING = ("running", "finishing")  # episode states that keep a sequence record
+_STALE = (
+    "the server restarted since this client last heard from it: the episodes of its "
+    "earlier run are gone; start new episodes"
+)
 
 
-def _unavailable(reason: str) -> HTTPError:
-    """The 503 answer for a sampler that cannot serve (``reason``: why)."""
-    return HTTPError(503, _UNAVAILABLE, reason)
+def _restarted(reason: str) -> HTTPError:
+    """The 410 answer for a request that names something of an earlier server run."""
+    return HTTPError(410, ServerRestartedError.__name__, reason)
+
+
+def _seq_of(msg: Mapping) -> int | None:
+    """The request's ``seq`` (None without one); 400 unless a non-negative int."""
+    seq = msg.get("seq")
+    if seq is not None and (isinstance(seq, bool) or not isinstance(seq, int) or seq < 0):
+        raise BadRequest(f"field 'seq' must be an int >= 0, got {seq!r}")
+    return seq
 
 
 def _field(msg: Mapping, name: str, kind: Any = None, optional: bool = False) -> Any:
@@ -109,74 +129,6 @@ class _Limits(Limits):
 
     max_episode_id_len: int
     max_batch_commands: int
-
-
-class _Connection(Connection):
-    """A policy-server connection: it may hold one ``get_action`` waiting for the sampler.
-    It reports its clients and how it closed (``client_gone_grace_s``)."""
-
-    server: PolicyServer
-
-    def __init__(self, server: PolicyServer, refuse: bool = False):
-        super().__init__(server, refuse)
-        self.waiting: tuple[str, ext.Waiter] | None = (
-            None  # (episode id, waiter) of a pending get_action
-        )
-        #: why the pending get_action was given up (its answer), once it was
-        self.expired: BaseException | None = None
-        self.deadline = 0.0  # when the pending get_action times out
-        self.peer_closed = False  # the peer closed its side (EOF) or the connection broke
-
-    def on_message_complete(self) -> None:
-        """As :meth:`Connection.on_message_complete`; an accepted request's client counts as
-        present while this connection is open."""
-        req = self.req
-        if req is not None and req.error is None:
-            self.server._client_seen(self, req.client_id)
-        super().on_message_complete()
-
-    def eof_received(self) -> bool | None:
-        """The peer closed its side: the client went away (unless the server closed first)."""
-        self.peer_closed = True
-        return super().eof_received()
-
-    def shift_deadlines(self, pause: float) -> None:
-        """The process did not run for ``pause`` s: the pending get_action's deadline moves on
-        (see :func:`~jaxsampler.serving.listener.shift_deadlines`)."""
-        self.deadline += pause
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        """The connection closed: a ``get_action`` still waiting on it gives up (its episode
-        is abandoned); a client whose last connection its peer closed gets
-        ``client_gone_grace_s`` to come back."""
-        by_peer = not self.closing and (self.peer_closed or exc is not None)
-        super().connection_lost(exc)
-        self.server._connection_closed(self, by_peer)
-        if self.waiting is not None:  # the client went away while its get_action waited
-            eid, waiter = self.waiting
-            self.server.env.expire_waiter(eid, waiter, "client disconnected")
-
-    def check_timeouts(self, now: float) -> None:
-        """A waiting ``get_action`` past its deadline times out, and one whose sampler stalled
-        or failed is given up with 503 (one sweep instead of a timer per call); else the
-        HTTP deadlines (:meth:`Connection.check_timeouts`)."""
-        problem = None if self.waiting is None else self.server.health.problem()
-        if self.waiting is not None and problem is not None:
-            self.server._expire(self, self.waiting[0], _unavailable(problem))
-        elif self.waiting is not None and now >= self.deadline:
-            timeout, eid = self.server.env.action_timeout_s, self.waiting[0]
-            self.server._expire(
-                self,
-                eid,
-                TimeoutError(f"episode {eid}: no action within {timeout} s; episode abandoned"),
-            )
-        else:
-            super().check_timeouts(now)
-
-    def exception(self, e: BaseException) -> None:
-        """As :meth:`Connection.exception`, but the env's "closed" error after a reported
-        sampler failure answers with that failure (503 with its reason)."""
-        super().exception(self.server._explain(e))
 
 
 class PolicyServer(HTTPServer, HostEnv):
@@ -338,6 +290,12 @@ class PolicyServer(HTTPServer, HostEnv):
             max_workers=4, thread_name_prefix="PolicyServer-blocking"
         )
         self._batches = FairBatches(self._executor, self._batch_commands, self._run_batched)
+        #: this server run's id (16 random hex digits), sent with every answer as
+        #: ``X-Server-Epoch``: a client that sees it change knows the server restarted
+        self.epoch = secrets.token_hex(8)
+        self.answer_headers = f"{EPOCH_HEADER}: {self.epoch}\r\n"
+        self._epoch_bytes = self.epoch.encode()
+        self._sequences = Sequences(lambda eid: env.episode_status(eid) in _RUNNING)
         self._serve()
 
     # -- HostEnv (delegated) -------------------------------------------------------------
@@ -474,8 +432,12 @@ class PolicyServer(HTTPServer, HostEnv):
             return
         owner = self._owner(req)
         body = b"".join(req.body)
+        stale = req.epoch is not None and req.epoch != self._epoch_bytes
         if command == "batch":
-            self._batches.start(conn, body, owner)
+            if stale:
+                conn.exception(_restarted(_STALE))
+            else:
+                self._batches.start(conn, body, owner)
             return
         if len(body) > _INLINE_DECODE_BYTES:
             # Decoding a big body (plain lists: a Python walk over every item) would stall
@@ -485,10 +447,12 @@ class PolicyServer(HTTPServer, HostEnv):
             def decoded(fut: Any) -> None:
                 conn.busy = False
                 e = fut.exception()
-                if e is not None:
+                if conn.closing:
+                    pass  # the client is gone: nobody would get the answer, so it does not run
+                elif e is not None:
                     conn.exception(e)
                 else:
-                    self._command(conn, command, fut.result(), owner)
+                    self._command(conn, command, fut.result(), owner, body, stale)
                 if not conn.busy:
                     conn.done()
 
@@ -501,14 +465,23 @@ class PolicyServer(HTTPServer, HostEnv):
         except Exception as e:
             conn.exception(e)
             return
-        self._command(conn, command, msg, owner)
+        self._command(conn, command, msg, owner, body, stale)
 
-    def _command(self, conn: Connection, command: str, msg: dict, owner: Any) -> None:
+    def _command(
+        self, conn: Connection, command: str, msg: dict, owner: Any, body: bytes, stale: bool
+    ) -> None:
         """Runs one decoded command (not ``/batch``) and answers it, or leaves it waiting
-        (``get_action``, back pressure) with the connection marked busy."""
+        (``get_action``, back pressure) with the connection marked busy. ``stale``: the
+        request names an earlier server run (410 unless it names no episode); a numbered
+        one (``seq``) may be a retry: see :meth:`_numbered`."""
         try:
+            if stale and (command != "start_episode" or "returns" in msg):
+                raise _restarted(_STALE)
+            skip = self._numbered(cast(_Connection, conn), command, msg, owner, body)
+            if skip is None:
+                return  # a retry of a request that succeeded: its answer was sent again
             if "returns" in msg:  # log_returns calls deferred by the client: first, in order
-                self._returns(_field(msg, "returns", list), owner)
+                self._returns(_field(msg, "returns", list), owner, skip, cast(_Connection, conn))
             if command == "get_action":
                 self._start_get_action(
                     cast(_Connection, conn),
@@ -526,6 +499,36 @@ class PolicyServer(HTTPServer, HostEnv):
             conn.exception(e)
             return
         conn.respond(200, packb(result))
+
+    def _numbered(
+        self, conn: _Connection, command: str, msg: dict, owner: Any, body: bytes
+    ) -> int | None:
+        """Checks a numbered request (``seq``; see :mod:`~jaxsampler.serving.sequence`):
+        answers a retry of one that succeeded with its recorded answer (returns None), or
+        marks it running (the answer ends it) and returns how many of its deferred returns
+        already ran (0 without ``seq``)."""
+        seq = _seq_of(msg)
+        if seq is None:
+            return 0
+        eid = self._episode_id(msg, optional=command == "start_episode")
+        if eid is None:
+            raise BadRequest("a start_episode with 'seq' needs an 'episode_id'")
+        key = (owner, eid)
+        if command == "start_episode" and self.env.episode_status(eid) not in _RUNNING:
+            self._sequences.forget(key)  # an earlier episode of this id (allow_reuse)
+        try:
+            got = self._sequences.begin(key, seq, fingerprint(command, body))
+        except SequenceError as e:
+            if command == "start_episode":
+                return 0  # another start of a running id: the env's own 409 says so
+            raise HTTPError(409, SequenceError.__name__, e.reason) from None
+        except RequestInProgress as e:
+            raise HTTPError(503, "RequestInProgress", str(e)) from None
+        if isinstance(got, Answer):
+            conn.respond(got.status, got.body, got.content_type)
+            return None
+        conn.ticket = (key, seq, command)
+        return got
 
     def _decode(self, body: bytes) -> dict:
         msg = unpackb(body, objects=False, max_bytes_per_array=self.max_array_bytes)
@@ -598,9 +601,12 @@ class PolicyServer(HTTPServer, HostEnv):
                 with contextlib.suppress(RuntimeError):
                     self._loop.call_soon_threadsafe(self._deliver_answers)
 
-        waiter = self.env.submit(
-            eid, self._agents(obs), None, None, True, on_answer=answered, **self._as(owner)
-        )
+        try:
+            waiter = self.env.submit(
+                eid, self._agents(obs), None, None, True, on_answer=answered, **self._as(owner)
+            )
+        except ext.UnknownEpisodeError as e:
+            raise self._unknown(e, eid) from None
         assert waiter is not None  # a request that wants an action always has a waiter
         # Still in the loop thread: answered()'s delivery runs after this, with the entry complete.
         entry[2] = waiter
@@ -630,6 +636,7 @@ class PolicyServer(HTTPServer, HostEnv):
             conn.waiting = None
             try:
                 if conn.closing:  # the action never reaches the client
+                    conn.end_ticket(499)  # not recorded: a retry finds the episode abandoned
                     if waiter.error is None:
                         self.env.abandon_episode(
                             eid, "client disconnected before receiving its action"
@@ -649,9 +656,16 @@ class PolicyServer(HTTPServer, HostEnv):
                 conn.exception(e)
             conn.done()
 
-    def _returns(self, returns: list, owner: str | None) -> None:
+    def _returns(
+        self, returns: list, owner: str | None, skip: int = 0, conn: _Connection | None = None
+    ) -> None:
+        """Runs a request's deferred ``log_returns`` in order, but the first ``skip`` (a
+        retry's that ran already); a numbered request (``conn.ticket``) records each run."""
         self._check_count("deferred returns", returns)
+        ticket = None if conn is None else conn.ticket
         for i, r in enumerate(returns):
+            if i < skip:
+                continue
             if not isinstance(r, dict):
                 raise BadRequest(f"returns[{i}] must be a map")
             try:
@@ -659,6 +673,8 @@ class PolicyServer(HTTPServer, HostEnv):
             except Exception as e:
                 e.args = (f"deferred log_returns (returns[{i}]): {e}", *e.args[1:])
                 raise
+            if ticket is not None:
+                self._sequences.returns_ran(ticket[0], ticket[1], i + 1)
 
     def _batch_commands(self, body: bytes, owner: str | None) -> list:
         """The commands of a ``/batch`` body, after its deferred ``returns`` ran (any thread)."""
@@ -704,10 +720,24 @@ class PolicyServer(HTTPServer, HostEnv):
             return self._run_command(command, msg, owner, block)
         except ext.EnvClosedError as e:  # fail() closed the env meanwhile
             raise self._explain(e) from None
+        except ext.UnknownEpisodeError as e:
+            raise self._unknown(e, msg.get("episode_id")) from None
+
+    def _unknown(self, e: ext.UnknownEpisodeError, eid: Any) -> BaseException:
+        """``e``, or the 410 for an id the env's journal knows from an earlier run (an
+        episode the restart ended, not a typo)."""
+        journal = getattr(self.env, "journal", None)
+        if journal is not None and isinstance(eid, str) and journal.known(eid):
+            return _restarted(
+                f"episode {eid} belongs to a run before this server restarted; start a new episode"
+            )
+        return e
 
     def _run_command(self, command: str, msg: Mapping, owner: str | None, block: bool) -> dict:
         env, own = self.env, self._as(owner)
         if command == "start_episode":
+            if _field(msg, "allow_reuse", bool, optional=True):
+                own["allow_reuse"] = True  # only when asked: subclasses may not take it
             eid = env.start_episode(
                 self._episode_id(msg, optional=True),
                 bool(_field(msg, "training_enabled", bool, optional=True) is not False),

@@ -19,6 +19,7 @@ class FakeConn:
 
     def __init__(self) -> None:
         self.busy = False
+        self.closing = False  # the peer is still there (a closed one's batch is dropped)
         self.answers: list = []
         self.answered = threading.Event()
 

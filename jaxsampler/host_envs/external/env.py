@@ -153,6 +153,7 @@ class ExternalEnvBase(_EpisodeBook, HostEnv):
         training_enabled: bool = True,
         *,
         owner: Hashable | None = None,
+        allow_reuse: bool = False,
     ) -> str:
         """Registers a new episode and returns its id.
 
@@ -163,9 +164,14 @@ class ExternalEnvBase(_EpisodeBook, HostEnv):
                 False`` in their infos.
             owner: who may use the episode (see the class docstring); counts against
                 ``max_episodes_per_owner``.
+            allow_reuse: start ``episode_id`` again although an episode of that id finished
+                (completed or abandoned) in this run. Never with a ``journal``: its ids name
+                one episode each (recovery finds the steps it stored by id), so a finished
+                or journal-known id stays refused.
 
         Raises:
-            InvalidDataError: a bad id. EpisodeStateError: the id is running or finished.
+            InvalidDataError: a bad id. EpisodeStateError: the id is running, or finished
+                (without ``allow_reuse``), or known to the journal.
             CapacityError: ``max_concurrent_episodes`` episodes run, or ``owner`` has
                 ``max_episodes_per_owner``, even after abandoning timed-out episodes.
         """
@@ -182,11 +188,24 @@ class ExternalEnvBase(_EpisodeBook, HostEnv):
             self._check_open()
             if eid in self._episodes:
                 raise EpisodeStateError(f"Episode {eid} has already been started.")
-            if key in self._finished:
-                raise EpisodeStateError(f"Episode {eid} has already completed.")
+            journaled = self.journal is not None
+            if key in self._finished and (journaled or not allow_reuse):
+                raise EpisodeStateError(
+                    f"Episode {eid} has already completed"
+                    + (
+                        "; a journaled env never reuses an id (recovery finds steps by id)."
+                        if journaled
+                        else " (allow_reuse=True starts it again)."
+                    )
+                )
             if self.journal is not None and self.journal.known(eid):
                 raise EpisodeStateError(
-                    f"Episode {eid} ran before the server restarted; start a new episode."
+                    f"Episode {eid} ran before the server restarted; start a new episode"
+                    + (
+                        " (a journaled env never reuses an id: recovery finds steps by id)."
+                        if allow_reuse
+                        else "."
+                    )
                 )
             if self._quota_error(owner) is not None:
                 self._reap_idle()  # a vanished client's episodes may be due (no poller needed)
