@@ -312,7 +312,8 @@ class ExternalEnvBase(_EpisodeBook, HostEnv):
             if want_action:
                 ep.waiter = waiter
             self._push(ep, item)
-        self._commit()
+        if not want_action:  # a get_action's step is acknowledged by its answer, which
+            self._commit()  # send_actions commits (with this entry) before delivering it
         return waiter
 
     def _wait(
