@@ -480,16 +480,22 @@ class PolicyServer(HTTPServer, HostEnv):
             skip = self._numbered(cast(_Connection, conn), command, msg, owner, body)
             if skip is None:
                 return  # a retry of a request that succeeded: its answer was sent again
+            if command == "get_action":  # one journal commit, the answer's, covers the request
+                with self.env.commits_deferred() as deferral:
+                    if "returns" in msg:  # log_returns deferred by the client: first, in order
+                        self._returns(
+                            _field(msg, "returns", list), owner, skip, cast(_Connection, conn)
+                        )
+                    self._start_get_action(
+                        cast(_Connection, conn),
+                        self._episode_id(msg),
+                        _field(msg, "observation"),
+                        owner,
+                    )
+                    deferral.covered = True
+                return
             if "returns" in msg:  # log_returns calls deferred by the client: first, in order
                 self._returns(_field(msg, "returns", list), owner, skip, cast(_Connection, conn))
-            if command == "get_action":
-                self._start_get_action(
-                    cast(_Connection, conn),
-                    self._episode_id(msg),
-                    _field(msg, "observation"),
-                    owner,
-                )
-                return
             try:
                 result = self._run(command, msg, owner, block=False)
             except ext.WouldBlockError:  # back pressure: wait for room off the event loop
@@ -643,8 +649,10 @@ class PolicyServer(HTTPServer, HostEnv):
                         )
                 elif conn.expired is not None:
                     error, conn.expired = conn.expired, None
+                    self.env.commit_journal()  # the error acknowledges the request's returns
                     conn.exception(error)
                 elif waiter.error is not None:
+                    self.env.commit_journal()
                     conn.exception(waiter.error)
                 else:
                     out = waiter.value

@@ -261,3 +261,44 @@ def test_the_journal_writes_once_per_commit_and_notices_a_replaced_file(tmp_path
     with pytest.raises(js.host_envs.external.EnvClosedError, match="LogReplacedError"):
         env.log_returns("a", 1.0)
     assert isinstance(env._journal_error, LogReplacedError)
+
+
+def test_deferred_commits_write_once_at_the_end_or_leave_it_to_the_answer(tmp_path):
+    """commits_deferred: the block's calls write nothing until it ends (then one write), or,
+    when ``covered``, nothing at all until send_actions commits before its answer; an error
+    leaving the block still commits; blocks do not nest. Every entry reaches the file."""
+    path = tmp_path / "j"
+    env = ExternalEnv(OBS, ACT, journal=StepJournal(path))
+    env.start_episode("a")
+    env.start_episode("b")
+    size = path.stat().st_size
+    with env.commits_deferred():
+        env.log_returns("a", 1.0)
+        env.log_returns("b", 2.0)
+        assert path.stat().st_size == size  # not yet
+    assert path.stat().st_size > size  # both, at the block's end
+    size = path.stat().st_size
+    with env.commits_deferred() as deferral:
+        env.log_returns("a", 3.0)
+        env.submit("a", {"default_agent": obs_of(0, 0, 0)}, None, None, True)
+        deferral.covered = True
+    assert path.stat().st_size == size  # the answer will acknowledge them
+    assert env.poll(timeout=1.0)[0].keys() == {"a"}
+    env.send_actions({"a": {"default_agent": 1}})
+    assert path.stat().st_size > size  # written before the answer was delivered
+    size = path.stat().st_size
+    with pytest.raises(ValueError, match="boom"), env.commits_deferred():
+        env.log_returns("b", 4.0)
+        raise ValueError("boom")
+    assert path.stat().st_size > size
+    with env.commits_deferred(), pytest.raises(RuntimeError, match="nest"), env.commits_deferred():
+        pass
+    env.close()
+    ops = [e["op"] for e in journal_entries(path)]
+    assert ops.count("returns") == 4 and ops.count("answer") == 1
+
+
+def journal_entries(path):
+    from jaxsampler.offline.journal import _entries
+
+    return list(_entries(str(path)))

@@ -5,9 +5,10 @@ describes how they behave."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
-from collections.abc import Callable, Hashable, Mapping
+from collections.abc import Callable, Hashable, Iterator, Mapping
 from typing import Any, Protocol
 
 from jaxsampler.constants import ALL_AGENTS, DEFAULT_AGENT_ID
@@ -126,6 +127,7 @@ class ExternalEnvBase(_EpisodeBook, HostEnv):
         #: and the sampler's output name the same episodes); see ``journal``
         self.names_episodes = journal is not None
         self._journal_error: BaseException | None = None
+        self._deferral = threading.local()  # see commits_deferred
 
     # -- user loop (RLlib style) ---------------------------------------------------------
 
@@ -546,10 +548,40 @@ class ExternalEnvBase(_EpisodeBook, HostEnv):
         except BaseException as e:
             raise self._journal_failed(e, "the change was not made") from e
 
+    @contextlib.contextmanager
+    def commits_deferred(self) -> Iterator[Any]:
+        """Within the block, this thread's calls do not commit the journal before they
+        return: one commit at the block's end covers them all (a policy server runs a
+        request's commands in one block and answers after it). Set ``covered = True`` on
+        the yielded object when an answer that commits on its own will acknowledge them (a
+        ``get_action`` queued after them: :meth:`send_actions` commits every entry
+        recorded before its answer); then the block ends without a write. An error that
+        leaves the block still commits (the calls that ran are acknowledged by the error
+        answer). Not reentrant."""
+        state = self._deferral
+        if getattr(state, "active", False):
+            raise RuntimeError("commits_deferred blocks do not nest")
+        state.active, state.pending, state.covered = True, False, False
+        try:
+            yield state
+        finally:
+            state.active = False
+            if state.pending and not state.covered:
+                self._commit()
+
+    def commit_journal(self) -> None:
+        """Commits the journal now (what :meth:`commits_deferred` left pending, say before
+        an error answer that acknowledges calls an answer would have covered)."""
+        self._commit()
+
     def _commit(self) -> None:
         """Commits the journal before the caller's change is acknowledged (outside the lock,
         so that concurrent callers' entries go out together)."""
         if self.journal is None:
+            return
+        state = self._deferral
+        if getattr(state, "active", False):
+            state.pending = True
             return
         try:
             self.journal.commit()
