@@ -24,9 +24,10 @@ episode ids (an env with a journal sets ``names_episodes``; the host sampler the
 them as ``eps_id``), and the env refuses ``start_episode`` of an id the journal already
 holds, so ids never name two episodes.
 
-A journal grows with every step; start each server run with the same journal (its new
-session follows the old ones; recovery handles each session apart) and, once
-:func:`recover` reported, it may be archived or deleted. Recovered steps carry no
+Start each server run with the same journal (its new session follows the old ones;
+recovery handles each session apart). A journal grows with every step until
+:func:`recover` compacts it (by default) to the episode ids it held, so each recovery
+replays what was written since the last one. Recovered steps carry no
 ``extra_model_outputs`` (the sampler's logp and value estimates died with it) and have
 ``"recovered": True`` in their infos. Multi-agent envs are journaled but
 :func:`recover` handles single-agent journals only (it raises ``NotImplementedError``
@@ -93,8 +94,7 @@ class StepJournal:
         self._known: set[str] = set()
         if os.path.exists(self.path) and os.path.getsize(self.path) > 0:
             for entry in _entries(self.path):
-                if entry.get("op") == "start":
-                    self._known.add(str(entry["e"]))
+                _note_ids(entry, self._known)
         if not isinstance(fsync, (bool, GroupCommit)):
             raise TypeError(f"fsync must be a bool or a GroupCommit, got {fsync!r}")
         self.fsync = fsync
@@ -190,15 +190,26 @@ class RecoveryReport:
     recovered_steps: int = 0
     recovered_episodes: list[str] = dataclasses.field(default_factory=list)
     ended_by_crash: list[str] = dataclasses.field(default_factory=list)
+    compacted: bool = False
 
 
 def recover(
-    journal: str | os.PathLike, log: str | os.PathLike, env: ExternalEnvBase
+    journal: str | os.PathLike,
+    log: str | os.PathLike,
+    env: ExternalEnvBase,
+    *,
+    compact: bool = True,
 ) -> RecoveryReport:
     """Appends to ``log`` every acknowledged step of ``journal`` that ``log`` lacks (see the
     module docstring). ``env`` is the env the new server will run (its spaces and kind are
-    used for the replay; it is not changed). Run it before the new server serves. The log
-    is synced before this returns.
+    used for the replay; it is not changed). Run it before the new server serves (never
+    while a server writes the journal). The log is synced before this returns.
+
+    ``compact=True`` (default): once the log holds every step, the journal is replaced
+    (atomically: a new file, fsynced, renamed over it) by one that keeps only the episode
+    ids it held, which a server on it still refuses to start again. The next recovery
+    then replays only what later runs wrote, instead of every run since the journal
+    began. ``False`` keeps the journal as it is (say, to inspect it).
 
     Raises:
         NotImplementedError: a multi-agent env.
@@ -210,12 +221,14 @@ def recover(
     journal, log = str(journal), str(log)
     report = RecoveryReport()
     episodes: list[_Steps] = []
-    for session in _sessions(journal):
+    known: set[str] = set()
+    for session in _sessions(journal, known):
         report.sessions += 1
         found, open_at_end = _replay(session, env, journal)
         episodes += found
         report.ended_by_crash += open_at_end
-    stored = _stored_steps(log) if os.path.exists(log) and os.path.getsize(log) else {}
+    has_log = episodes and os.path.exists(log) and os.path.getsize(log)
+    stored = _stored_steps(log) if has_log else {}  # (nothing to look up: not read)
     chunks = []
     for ep in episodes:
         n = ep.num_steps()
@@ -233,7 +246,39 @@ def recover(
             for chunk in chunks:
                 writer.write(chunk)
             writer.sync()
+    if compact:
+        _compact(journal, known)
+        report.compacted = True
     return report
+
+
+#: episode ids per entry of a compacted journal
+_IDS_PER_ENTRY = 4096
+
+
+def _compact(path: str, known: set[str]) -> None:
+    """Replaces the journal by one holding only ``known`` (``ids`` entries), atomically."""
+    tmp = f"{path}.compacting"
+    ids = sorted(known)
+    with OfflineWriter(tmp, fsync=True) as writer:
+        for i in range(0, max(len(ids), 1), _IDS_PER_ENTRY):
+            writer._append(packb({"op": "ids", "ids": ids[i : i + _IDS_PER_ENTRY]}))
+    os.replace(tmp, path)
+    directory = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
+    try:
+        os.fsync(directory)  # the rename itself survives a machine crash
+    finally:
+        os.close(directory)
+
+
+def _note_ids(entry: dict, known: set[str]) -> None:
+    """Adds the episode ids ``entry`` names as started (a start, or a compacted journal's
+    ``ids``) to ``known``."""
+    op = entry.get("op")
+    if op == "start":
+        known.add(str(entry["e"]))
+    elif op == "ids":
+        known.update(str(e) for e in entry["ids"])
 
 
 # -- replay --------------------------------------------------------------------------------
@@ -257,9 +302,14 @@ def _array_head(n: int) -> bytes:
     return b"\xdd" + n.to_bytes(4, "big")
 
 
-def _sessions(path: str) -> Iterator[list[dict]]:
+def _sessions(path: str, known: set[str]) -> Iterator[list[dict]]:
+    """The journal's server runs (their entries after the ``open``); adds every episode id
+    started in it (or kept by a compaction) to ``known``."""
     session: list[dict] | None = None
     for entry in _entries(path):
+        _note_ids(entry, known)
+        if entry.get("op") == "ids":
+            continue  # a compacted journal's ids, before any session
         if entry.get("op") == "open":
             if session is not None:
                 yield session

@@ -302,3 +302,44 @@ def journal_entries(path):
     from jaxsampler.offline.journal import _entries
 
     return list(_entries(str(path)))
+
+
+def test_recovery_compacts_the_journal_to_its_ids_and_the_next_replays_only_the_new_run(
+    tmp_path,
+):
+    """After recover() the journal holds only episode ids (still refused), a second recover
+    finds nothing to replay, and a crash of the next run is recovered from that run alone;
+    compact=False leaves the journal's bytes as they were."""
+    journal, log = tmp_path / "j", tmp_path / "log"
+    env = ExternalEnv(OBS, ACT, journal=StepJournal(journal))
+    for i in range(3):
+        env.start_episode(f"e{i}")
+        env.log_action(f"e{i}", obs_of(0, i, 0), 1)
+        env.end_episode(f"e{i}", obs_of(0, i, 1))
+    env.start_episode("open")
+    env.log_action("open", obs_of(0, 9, 0), 0)  # a crash leaves it open
+    big = journal.stat().st_size
+    before = journal.read_bytes()
+    kept = recover(journal, log, ExternalEnv(OBS, ACT), compact=False)
+    assert journal.read_bytes() == before and not kept.compacted
+    first = recover(journal, log, ExternalEnv(OBS, ACT))
+    assert first.compacted and first.recovered_steps == 0  # the log had them all already
+    assert kept.recovered_steps == 4 and journal.stat().st_size < big
+    assert not (tmp_path / "j.compacting").exists()
+    again = recover(journal, log, ExternalEnv(OBS, ACT))
+    assert (again.sessions, again.episodes, again.recovered_steps) == (0, 0, 0)
+
+    env2 = ExternalEnv(OBS, ACT, journal=StepJournal(journal))  # the next run
+    for old in ("e0", "open"):
+        with pytest.raises(EpisodeStateError, match="before the server restarted"):
+            env2.start_episode(old)
+    env2.start_episode("new")
+    env2.log_action("new", obs_of(1, 0, 0), 1)
+    third = recover(journal, log, ExternalEnv(OBS, ACT))
+    assert (third.sessions, third.episodes, third.recovered_steps) == (1, 1, 1)
+    steps = Counter(
+        (rec.id_, rec.t_started + i) for rec in read_records(log) for i in range(len(rec))
+    )
+    assert steps == Counter(
+        {("e0", 0): 1, ("e1", 0): 1, ("e2", 0): 1, ("open", 0): 1, ("new", 0): 1}
+    )

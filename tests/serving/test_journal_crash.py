@@ -167,7 +167,8 @@ def test_answered_steps_survive_two_server_kills_exactly_once(tmp_path):
             th.join(30)
 
     check_log(log, clients)
-    assert all(r.sessions == i + 1 for i, r in enumerate(reports))
+    # each recovery compacted the journal: the next one replays only the run after it
+    assert [(r.sessions, r.compacted) for r in reports] == [(1, True), (1, True)]
     # the kills did catch answered, unwritten steps (one kill alone may land just after a write)
     assert sum(r.recovered_steps for r in reports) > 0
 
