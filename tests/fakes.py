@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import http.client
 import threading
 from collections import defaultdict
 from typing import ClassVar
@@ -293,6 +294,19 @@ class ChaosEnv(Env):
 
 OBS = spaces.Box(-1e6, 1e6, (3,))
 ACT = spaces.Discrete(97)
+
+
+def http_request(server, method: str, path: str, body=None, headers=None):
+    """One request to ``server`` (a ``PolicyServer``) on a fresh connection:
+    ``(status, response headers, body)``."""
+    host, port = server.address[len("http://") :].split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=30)
+    try:
+        conn.request(method, path, body=body, headers=headers or {})
+        resp = conn.getresponse()
+        return resp.status, resp.headers, resp.read()
+    finally:
+        conn.close()
 
 
 def answer(obs: np.ndarray) -> int:

@@ -55,7 +55,7 @@ from jaxsampler.offline.frames import (
     read_entries,
     read_records,
 )
-from jaxsampler.offline.writer import GroupCommit, OfflineWriter
+from jaxsampler.offline.writer import GroupCommit, OfflineWriter, _fsync_dir
 
 __all__ = ["RecoveryReport", "StepJournal", "recover"]
 
@@ -264,11 +264,7 @@ def _compact(path: str, known: set[str]) -> None:
         for i in range(0, max(len(ids), 1), _IDS_PER_ENTRY):
             writer._append(packb({"op": "ids", "ids": ids[i : i + _IDS_PER_ENTRY]}))
     os.replace(tmp, path)
-    directory = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
-    try:
-        os.fsync(directory)  # the rename itself survives a machine crash
-    finally:
-        os.close(directory)
+    _fsync_dir(os.path.dirname(os.path.abspath(path)))  # the rename survives a machine crash
 
 
 def _note_ids(entry: dict, known: set[str]) -> None:

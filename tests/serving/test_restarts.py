@@ -5,7 +5,6 @@ journal, ids of an earlier run are told from typos even by a fresh client."""
 
 from __future__ import annotations
 
-import http.client
 import json
 import re
 
@@ -16,7 +15,7 @@ from jaxsampler.episodes.codec import packb
 from jaxsampler.host_envs.external import EpisodeStateError, ExternalEnv, UnknownEpisodeError
 from jaxsampler.offline import StepJournal
 from jaxsampler.serving import PolicyClient, PolicyServer, ServerRestartedError
-from tests.fakes import ACT, OBS, PollLoop, answer, wait_finished
+from tests.fakes import ACT, OBS, PollLoop, answer, http_request, wait_finished
 
 
 def o(x: float) -> np.ndarray:
@@ -38,14 +37,8 @@ class Served:
 
 
 def raw(server, method: str, path: str, body=None, headers=None):
-    host, port = server.address[len("http://") :].split(":")
-    conn = http.client.HTTPConnection(host, int(port), timeout=30)
-    try:
-        conn.request(method, path, body=body, headers=headers or {})
-        resp = conn.getresponse()
-        return resp.status, resp.getheader("X-Server-Epoch"), resp.read()
-    finally:
-        conn.close()
+    status, head, data = http_request(server, method, path, body, headers)
+    return status, head.get("X-Server-Epoch"), data
 
 
 def test_every_answer_carries_the_epoch_errors_included():

@@ -8,7 +8,6 @@ test's poll loop) got: each step and each reward exactly once.
 
 from __future__ import annotations
 
-import http.client
 import json
 import socket
 import threading
@@ -24,7 +23,7 @@ from jaxsampler.serving import (
     SequenceError,
     ServerUnavailableError,
 )
-from tests.fakes import answer, wait_finished
+from tests.fakes import answer, http_request, wait_finished
 
 
 def o(x: float) -> np.ndarray:
@@ -199,14 +198,8 @@ def test_a_connection_refused_is_retried_then_raised():
 
 
 def raw(server, path: str, msg: dict, client_id: str = "me") -> tuple[int, bytes]:
-    host, port = server.address[len("http://") :].split(":")
-    conn = http.client.HTTPConnection(host, int(port), timeout=30)
-    try:
-        conn.request("POST", path, body=packb(msg), headers={"X-Client-Id": client_id})
-        resp = conn.getresponse()
-        return resp.status, resp.read()
-    finally:
-        conn.close()
+    status, _, data = http_request(server, "POST", path, packb(msg), {"X-Client-Id": client_id})
+    return status, data
 
 
 def test_a_gap_or_a_reused_number_is_a_sequence_error(served):

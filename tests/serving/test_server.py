@@ -7,7 +7,6 @@ with a tiny jitted MLP policy whose params are pulled from the server.
 
 from __future__ import annotations
 
-import http.client
 import json
 import socket
 import threading
@@ -37,6 +36,7 @@ from tests.fakes import (
     PollLoop,
     answer,
     check_exactly_once,
+    http_request,
     run_clients,
     simulate,
     wait_finished,
@@ -44,14 +44,8 @@ from tests.fakes import (
 
 
 def raw(server, method, path, body=None, headers=None):
-    host, port = server.address[len("http://") :].split(":")
-    conn = http.client.HTTPConnection(host, int(port), timeout=30)
-    try:
-        conn.request(method, path, body=body, headers=headers or {})
-        resp = conn.getresponse()
-        return resp.status, resp.getheader("Content-Type"), resp.read()
-    finally:
-        conn.close()
+    status, head, data = http_request(server, method, path, body, headers)
+    return status, head.get("Content-Type"), data
 
 
 def error_of(status, ctype, data):
