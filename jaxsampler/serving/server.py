@@ -480,12 +480,14 @@ class PolicyServer(HTTPServer, HostEnv):
             skip = self._numbered(cast(_Connection, conn), command, msg, owner, body)
             if skip is None:
                 return  # a retry of a request that succeeded: its answer was sent again
-            if command == "get_action":  # one journal commit, the answer's, covers the request
-                with self.env.commits_deferred() as deferral:
-                    if "returns" in msg:  # log_returns deferred by the client: first, in order
-                        self._returns(
-                            _field(msg, "returns", list), owner, skip, cast(_Connection, conn)
-                        )
+            # One journal commit per request, before its answer: at the block's end, or for
+            # a get_action the commit that precedes its action (see commits_deferred).
+            with self.env.commits_deferred() as deferral:
+                if "returns" in msg:  # log_returns deferred by the client: first, in order
+                    self._returns(
+                        _field(msg, "returns", list), owner, skip, cast(_Connection, conn)
+                    )
+                if command == "get_action":
                     self._start_get_action(
                         cast(_Connection, conn),
                         self._episode_id(msg),
@@ -493,14 +495,12 @@ class PolicyServer(HTTPServer, HostEnv):
                         owner,
                     )
                     deferral.covered = True
-                return
-            if "returns" in msg:  # log_returns calls deferred by the client: first, in order
-                self._returns(_field(msg, "returns", list), owner, skip, cast(_Connection, conn))
-            try:
-                result = self._run(command, msg, owner, block=False)
-            except ext.WouldBlockError:  # back pressure: wait for room off the event loop
-                self._in_executor(conn, self._run, command, msg, owner)
-                return
+                    return
+                try:
+                    result = self._run(command, msg, owner, block=False)
+                except ext.WouldBlockError:  # back pressure: wait for room off the event loop
+                    self._in_executor(conn, self._run, command, msg, owner)
+                    return
         except Exception as e:
             conn.exception(e)
             return
