@@ -77,7 +77,8 @@ from jaxsampler.offline.frames import (
     TruncatedLogWarning,
     read_records,
 )
-from jaxsampler.offline.journal import RecoveryReport, StepJournal, recover
+from jaxsampler.offline.journal import StepJournal
+from jaxsampler.offline.recovery import RecoveryReport, recover
 from jaxsampler.offline.repair import RepairReport, repair_log
 from jaxsampler.offline.writer import (
     BUFFER_LIMIT,

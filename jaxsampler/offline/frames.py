@@ -144,8 +144,10 @@ def _warn_unclosed(path: str, start: int, pos: int) -> None:
     )
 
 
-def _read_v2(f: BinaryIO, path: str, kinds: tuple = _RECORD_TYPES) -> Iterator[Record]:
-    pos, closed = _HEADER_LEN, False
+def _read_v2(
+    f: BinaryIO, path: str, kinds: tuple = _RECORD_TYPES, start: int = _HEADER_LEN
+) -> Iterator[Record]:
+    pos, closed = start, False
     session = pos  # where the current writer session's frames begin
     while True:
         head, cut = _read(f, _FRAME_LEN, path, pos)
@@ -203,12 +205,17 @@ def _read_v1(f: BinaryIO, path: str) -> Iterator[Any]:
         yield record
 
 
-def read_records(path: str) -> Iterator[Any]:
+def read_records(path: str, *, offset: int | None = None) -> Iterator[Any]:
     """Yields every record of an offline log (version 1 or 2), in file order, streaming.
+
+    ``offset``: read only the records from this byte on; it must be a frame boundary of an
+    uncompressed version-2 log, as :attr:`OfflineWriter.offset` gives (``None``: from the
+    start).
 
     Raises:
         CorruptLogError: the file is damaged or not an offline log (records before the
-            damage have been yielded).
+            damage have been yielded), or ``offset`` is not a frame boundary.
+        ValueError: ``offset`` for a ``.gz`` or version-1 log, or a negative one.
 
     Warns:
         TruncatedLogWarning: the log ends early (see the module docstring).
@@ -216,7 +223,16 @@ def read_records(path: str) -> Iterator[Any]:
     path = str(path)
     with _open(path, "rb") as f:
         version = _read_header(f, path)
-        yield from (_read_v2 if version == 2 else _read_v1)(f, path)
+        if offset is None:
+            yield from (_read_v2 if version == 2 else _read_v1)(f, path)
+            return
+        if version != 2 or path.endswith(".gz") or offset < _HEADER_LEN:
+            raise ValueError(
+                f"{path}: offset={offset} needs an uncompressed version-2 log and an offset "
+                f"of at least {_HEADER_LEN} (an OfflineWriter's offset)"
+            )
+        f.seek(offset)
+        yield from _read_v2(f, path, start=offset)
 
 
 def read_entries(path: str) -> Iterator[dict | list]:

@@ -1,4 +1,4 @@
-"""Write-ahead journal of an external env, and recovery of the steps a crash left unstored.
+"""Write-ahead journal of an external env (:class:`StepJournal`) and its in-run checkpoints.
 
 A served step is *acknowledged* when the client gets its answer: the action of a
 ``get_action``, the 200 of a ``log_action``, ``log_returns`` or ``end_episode``. Without a
@@ -10,58 +10,54 @@ start, each observation (with its action for ``log_action``), each reward, the f
 observation, each poll that hands steps to the sampler, each batch of answers and each
 abandonment. An entry is in the OS's hands when the call returns (it survives the
 server process being killed); ``fsync=True`` or a :class:`GroupCommit` makes entries
-survive a machine crash too (see :class:`StepJournal`).
-
-After a crash, :func:`recover` replays the journal into a fresh env of the same kind (the
-env's own code, so each step comes out exactly as the sampler would have seen it), ends
-the episodes the crash left open as truncated (their last acknowledged step kept), and
-appends to the sampler's offline log every acknowledged step that the log does not hold
-yet, as :class:`SingleAgentEpisode` chunks. Which steps the log holds is read from the
-log itself (episode ids and step indices of its episodes and batches), so recovery can
-run again after a crash during recovery and adds nothing twice: each acknowledged step
-ends up in the log exactly once. For this the sampler names episodes by the env's
-episode ids (an env with a journal sets ``names_episodes``; the host sampler then uses
-them as ``eps_id``), and the env refuses ``start_episode`` of an id the journal already
-holds, so ids never name two episodes.
+survive a machine crash too (see :class:`StepJournal`). After a crash,
+:func:`~jaxsampler.offline.recover` appends every acknowledged step the log lacks (see
+:mod:`jaxsampler.offline.recovery`).
 
 Start each server run with the same journal (its new session follows the old ones;
-recovery handles each session apart). A journal grows with every step until
-:func:`recover` compacts it (by default) to the episode ids it held, so each recovery
-replays what was written since the last one. Recovered steps carry no
-``extra_model_outputs`` (the sampler's logp and value estimates died with it) and have
-``"recovered": True`` in their infos. Multi-agent envs are journaled but
-:func:`recover` handles single-agent journals only (it raises ``NotImplementedError``
-for a multi-agent one).
+recovery handles each session apart). Left alone, a journal grows with every step, and
+recovery replays all of it. Two things shrink it: recovery compacts it (by default) to the
+episode ids it held, and an **in-run checkpoint**
+(:meth:`~jaxsampler.host_envs.external.ExternalEnvBase.checkpoint_journal`, called by the
+sampler's loop once its outputs are in the log) rewrites it to what a crash could still
+lose: the entries of the episodes running then, the ids of the finished ones, and where
+the log ended. Recovery after a crash then replays only those and what came later, and
+reads the log only from that point, however long the server ran. For this the journal
+keeps each running episode's entries in memory until the env drops the episode.
 """
 
 from __future__ import annotations
 
-import dataclasses
+import errno
+import heapq
+import itertools
 import os
 import threading
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
+from operator import itemgetter
 from typing import Any
 
-import numpy as np
-
-from jaxsampler.episodes import MultiAgentBatch, SampleBatch, SingleAgentEpisode
 from jaxsampler.episodes.codec import packb
-from jaxsampler.host_envs.external import ExternalEnv, ExternalEnvBase
 from jaxsampler.offline.frames import (
-    CorruptLogError,
+    _END,
+    _RECORD,
     TruncatedLogWarning,
+    _frame_head,
     read_entries,
-    read_records,
 )
-from jaxsampler.offline.writer import GroupCommit, OfflineWriter, _fsync_dir
+from jaxsampler.offline.writer import GroupCommit, LogWriteError, OfflineWriter, _fsync_dir
 
-__all__ = ["RecoveryReport", "StepJournal", "recover"]
+__all__ = ["StepJournal"]
 
-#: info key marking the steps :func:`recover` wrote
-RECOVERED_INFO = "recovered"
-_CRASH_REASON = "the server stopped before the episode ended (recovered from its journal)"
+#: entries that concern one episode (their ``"e"``); polls, answers and settles name several
+_EPISODE_OPS = frozenset({"start", "submit", "returns", "end", "abandon"})
+_ENTRY, _POLL, _ANSWER, _SETTLE = range(4)  # what a remembered mark is (see _Marks)
+#: entries per frame of a rewritten journal (a compaction's ids, a checkpoint's entries)
+_PER_FRAME = 4096
+
+_Mark = tuple[int, int, Any]  # (sequence number, kind, encoded entry / id / (id, actions))
 
 
 class StepJournal:
@@ -69,13 +65,16 @@ class StepJournal:
     (see the module docstring); give it to the env: ``ExternalEnv(..., journal=j)``.
 
     Opening appends a new session to an existing journal (a torn last entry left by a
-    crash is cut away with a :class:`~jaxsampler.offline.TornTailWarning`) and reads the
-    episode ids it holds, which the env then refuses to start again.
+    crash is cut away with a :class:`~jaxsampler.offline.TornTailWarning`; the temporary
+    file of a checkpoint a crash interrupted is removed, the journal itself being whole)
+    and reads the episode ids it holds, which the env then refuses to start again.
 
     Entries are encoded as the env records them (under its lock) and go out as one frame,
-    in one write, per :meth:`commit`, which the env runs before each acknowledgement: entries of
-    concurrent calls share a write (group commit). Each commit also checks that the path
-    still names the journal (:class:`~jaxsampler.offline.LogReplacedError` otherwise).
+    in one write, per :meth:`commit`, which the env runs before each acknowledgement:
+    entries of concurrent calls share a write (group commit). Each commit also checks that
+    the path still names the journal (:class:`~jaxsampler.offline.LogReplacedError`
+    otherwise). :meth:`checkpoint` rewrites the journal during the run (see the module
+    docstring).
 
     Args:
         path: the journal file (an offline log of version 2 whose records are entries).
@@ -85,12 +84,18 @@ class StepJournal:
             most disks); a :class:`GroupCommit`: fsync at a commit once N entries or N
             seconds are unsynced (a machine crash loses at most that window).
 
+    Attributes: ``checkpoints``, how many this journal took; ``failed``, the error that
+    broke it (a checkpoint that failed after switching files), or ``None``.
+
     Raises:
         CorruptLogError: the journal is damaged before its last entry.
     """
 
     def __init__(self, path: str | os.PathLike, *, fsync: bool | GroupCommit = False):
         self.path = str(path)
+        self._tmp = f"{self.path}.checkpoint"
+        if os.path.exists(self._tmp):  # a checkpoint a crash interrupted before its switch
+            os.remove(self._tmp)
         self._known: set[str] = set()
         if os.path.exists(self.path) and os.path.getsize(self.path) > 0:
             for entry in _entries(self.path):
@@ -98,13 +103,25 @@ class StepJournal:
         if not isinstance(fsync, (bool, GroupCommit)):
             raise TypeError(f"fsync must be a bool or a GroupCommit, got {fsync!r}")
         self.fsync = fsync
+        self.checkpoints = 0
+        self.failed: BaseException | None = None
         self._lock = threading.Lock()
         self._unsynced = 0  # entries handed to the OS but not fsynced
         self._oldest = 0.0  # GroupCommit clock time of the oldest of them
         self._buffered: list[bytes] = []  # encoded entries of the next commit
         self._closed = False
+        # What a checkpoint rewrites: each live episode's marks, the settles, the ids
+        # started since the last checkpoint (see _remember).
+        self._seq = 0
+        self._marks: dict[str, list[_Mark]] = {}
+        self._settles: list[int] = []
+        self._new_ids: set[str] = set()
+        if self.path.endswith(".gz"):
+            raise ValueError(f"{self.path}: a journal is not compressed (no .gz)")
         self._writer = OfflineWriter(self.path, append=True, flush="manual")
-        self.record({"op": "open", "time": time.time(), "pid": os.getpid()})
+        self._session_start: int = self._writer.offset or 0  # where this run's frames begin
+        self._open = {"op": "open", "time": time.time(), "pid": os.getpid()}
+        self.record(self._open)
         self.commit()
 
     def record(self, entry: dict[str, Any]) -> None:
@@ -112,6 +129,33 @@ class StepJournal:
         payload = packb(entry)
         with self._lock:
             self._buffered.append(payload)
+            self._seq += 1
+            self._remember(entry, payload)
+
+    def _remember(self, entry: dict[str, Any], payload: bytes) -> None:
+        """Files ``entry`` under the episodes it concerns, for the next checkpoint."""
+        op, seq = entry["op"], self._seq
+        if op in _EPISODE_OPS:
+            eid = str(entry["e"])
+            if op == "start":
+                self._new_ids.add(eid)
+            self._marks.setdefault(eid, []).append((seq, _ENTRY, payload))
+        elif op == "poll":
+            for eid in entry["ready"]:
+                if (marks := self._marks.get(eid)) is not None:
+                    marks.append((seq, _POLL, eid))
+        elif op == "answer":
+            for eid, actions in entry["actions"].items():
+                if (marks := self._marks.get(eid)) is not None:
+                    marks.append((seq, _ANSWER, (eid, actions)))
+        elif op == "settle":
+            self._settles.append(seq)
+
+    def forget(self, episode_id: str) -> None:
+        """Drops a finished episode's entries from memory (the env calls it when the
+        episode's final step was polled; the next checkpoint keeps only its id)."""
+        with self._lock:
+            self._marks.pop(episode_id, None)
 
     def commit(self) -> None:
         """Hands every buffered entry to the OS in one write (and fsyncs as ``fsync``
@@ -123,6 +167,7 @@ class StepJournal:
                 longer names the journal.
         """
         with self._lock:
+            self._usable()
             entries, self._buffered = self._buffered, []
             n = len(entries)
             if not n and not (self._unsynced and self.fsync is not False):
@@ -142,6 +187,90 @@ class StepJournal:
                     writer.sync()
                     self._unsynced = 0
 
+    def checkpoint(self, live: Iterable[str], log_offset: int | None) -> None:
+        """Rewrites the journal to what a crash could still lose, then goes on writing the
+        new file; the env calls it under its lock
+        (:meth:`~jaxsampler.host_envs.external.ExternalEnvBase.checkpoint_journal` says
+        when that is right). The new file holds what this file held before this run
+        (unchanged), the ids of this run's episodes that are not ``live``, this run's
+        entries of the ``live`` episodes and the polls, answers and settles among them
+        (in their order), and a checkpoint entry naming ``log_offset`` (where the log
+        ended: every step polled before it is stored there). It is written to a
+        temporary file, fsynced and renamed over the journal, so a crash leaves either
+        file whole. Every entry recorded so far is in it, so pending commits have
+        nothing left to write.
+
+        Raises:
+            LogWriteError: the new file could not be written (the journal is untouched);
+                once the files are switched, a failure fails the journal (``failed``).
+        """
+        live = set(live)
+        with self._lock:
+            self._usable()
+            marks = [self._marks[e] for e in live if self._marks.get(e)]
+            first = min((m[0][0] for m in marks), default=self._seq + 1)
+            self._settles = [s for s in self._settles if s >= first]
+            settles = [(s, _SETTLE, None) for s in self._settles]
+            dropped = sorted(self._new_ids - live)
+            with open(self.path, "rb") as f:
+                before = f.read(self._session_start)  # header and earlier runs
+            ids = _id_frames(dropped)
+            entries = [packb(self._open)] + list(_merge(marks + [settles]))
+            entries.append(packb({"op": "checkpoint", "log_offset": log_offset}))
+            frames = [
+                _frame(entries[i : i + _PER_FRAME]) for i in range(0, len(entries), _PER_FRAME)
+            ]
+            # An end frame last: the writer that goes on appending to it continues the
+            # session without the resume frame that marks a crashed writer.
+            self._write_tmp([before, *ids, *frames, _frame_head(_END, b"")])
+            try:
+                os.replace(self._tmp, self.path)
+            except OSError as e:
+                raise self._write_error(e, "renaming it over the journal") from e
+            try:  # from here on the new file is the journal
+                self._writer._close_fd()
+                _fsync_dir(os.path.dirname(os.path.abspath(self.path)))
+                self._writer = OfflineWriter(self.path, append=True, flush="manual")
+            except BaseException as e:
+                self.failed = e
+                raise
+            self._session_start = len(before) + sum(len(f) for f in ids)
+            self._buffered, self._unsynced = [], 0
+            self._new_ids &= live
+            self.checkpoints += 1
+
+    def _write_tmp(self, parts: list[bytes]) -> None:
+        """Writes and fsyncs the checkpoint's file; on failure removes it and raises."""
+        try:
+            fd = os.open(self._tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o666)
+            try:
+                for part in parts:
+                    view = memoryview(part)
+                    while view:
+                        view = view[os.write(fd, view) :]
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        except OSError as e:
+            if os.path.exists(self._tmp):
+                os.remove(self._tmp)
+            raise self._write_error(e, "writing it") from e
+
+    def _write_error(self, e: OSError, doing: str) -> LogWriteError:
+        error = LogWriteError(
+            self.path,
+            0,
+            f"a checkpoint failed {doing} ({e.strerror or e}); the journal is unchanged",
+        )
+        error.errno = e.errno or errno.EIO
+        return error
+
+    def _usable(self) -> None:
+        if self.failed is not None:
+            raise LogWriteError(
+                self.path, 0, f"the journal failed in a checkpoint ({self.failed})", failed=True
+            ) from self.failed
+
     def known(self, episode_id: str) -> bool:
         """Whether ``episode_id`` was started in an earlier session of this journal."""
         return episode_id in self._known
@@ -158,7 +287,8 @@ class StepJournal:
         idempotent."""
         if not self._closed:
             self._closed = True
-            self.commit()
+            if self.failed is None:
+                self.commit()
         with self._lock:
             self._writer.close()
 
@@ -169,100 +299,45 @@ class StepJournal:
         self.close()
 
 
-@dataclasses.dataclass
-class RecoveryReport:
-    """What :func:`recover` found and did.
-
-    Attributes:
-        sessions: server runs found in the journal.
-        episodes: episodes the journal holds.
-        acknowledged_steps: acknowledged steps (with their next observation) in all.
-        stored_steps: of these, those the log already held.
-        recovered_steps: those appended now (``acknowledged - stored``).
-        recovered_episodes: ids of the episodes that got recovered steps.
-        ended_by_crash: ids of episodes a crash (or a server that stopped) left open.
-    """
-
-    sessions: int = 0
-    episodes: int = 0
-    acknowledged_steps: int = 0
-    stored_steps: int = 0
-    recovered_steps: int = 0
-    recovered_episodes: list[str] = dataclasses.field(default_factory=list)
-    ended_by_crash: list[str] = dataclasses.field(default_factory=list)
-    compacted: bool = False
+def _merge(marks: list[list[_Mark]]) -> Iterator[bytes]:
+    """The encoded entries of the marks, in sequence order: an episode's own entries as
+    recorded, and one poll / answer / settle per sequence number for the episodes given."""
+    merged = heapq.merge(*marks, key=itemgetter(0))
+    for _, group in itertools.groupby(merged, key=itemgetter(0)):
+        items = list(group)
+        kind = items[0][1]
+        if kind == _ENTRY:
+            yield items[0][2]
+        elif kind == _POLL:
+            yield packb({"op": "poll", "ready": [m[2] for m in items]})
+        elif kind == _ANSWER:
+            yield packb({"op": "answer", "actions": dict(m[2] for m in items)})
+        else:
+            yield packb({"op": "settle"})
 
 
-def recover(
-    journal: str | os.PathLike,
-    log: str | os.PathLike,
-    env: ExternalEnvBase,
-    *,
-    compact: bool = True,
-) -> RecoveryReport:
-    """Appends to ``log`` every acknowledged step of ``journal`` that ``log`` lacks (see the
-    module docstring). ``env`` is the env the new server will run (its spaces and kind are
-    used for the replay; it is not changed). Run it before the new server serves (never
-    while a server writes the journal). The log is synced before this returns.
-
-    ``compact=True`` (default): once the log holds every step, the journal is replaced
-    (atomically: a new file, fsynced, renamed over it) by one that keeps only the episode
-    ids it held, which a server on it still refuses to start again. The next recovery
-    then replays only what later runs wrote, instead of every run since the journal
-    began. ``False`` keeps the journal as it is (say, to inspect it).
-
-    Raises:
-        NotImplementedError: a multi-agent env.
-        CorruptLogError: the journal or the log is damaged, or the journal does not replay
-            (it was not written by an env like ``env``).
-    """
-    if env.multi_agent:
-        raise NotImplementedError("recover() handles single-agent journals only")
-    journal, log = str(journal), str(log)
-    report = RecoveryReport()
-    episodes: list[_Steps] = []
-    known: set[str] = set()
-    for session in _sessions(journal, known):
-        report.sessions += 1
-        found, open_at_end = _replay(session, env, journal)
-        episodes += found
-        report.ended_by_crash += open_at_end
-    has_log = episodes and os.path.exists(log) and os.path.getsize(log)
-    stored = _stored_steps(log) if has_log else {}  # (nothing to look up: not read)
-    chunks = []
-    for ep in episodes:
-        n = ep.num_steps()
-        have = stored.get(ep.eid, set())
-        report.episodes += 1
-        report.acknowledged_steps += n
-        missing = [t for t in range(n) if t not in have]
-        report.stored_steps += n - len(missing)
-        if missing:
-            report.recovered_steps += len(missing)
-            report.recovered_episodes.append(ep.eid)
-            chunks += [ep.chunk(lo, hi, env) for lo, hi in _runs(missing)]
-    if chunks:
-        with OfflineWriter(log, append=True) as writer:
-            for chunk in chunks:
-                writer.write(chunk)
-            writer.sync()
-    if compact:
-        _compact(journal, known)
-        report.compacted = True
-    return report
+def _frame(entries: list[bytes]) -> bytes:
+    """One journal frame holding the encoded ``entries`` (as a commit writes them)."""
+    payload = _array_head(len(entries)) + b"".join(entries)
+    return _frame_head(_RECORD, payload) + payload
 
 
-#: episode ids per entry of a compacted journal
-_IDS_PER_ENTRY = 4096
+def _id_frames(ids: list[str]) -> list[bytes]:
+    """Frames of ``ids`` entries naming ``ids`` (none for no ids)."""
+    return [
+        _frame([packb({"op": "ids", "ids": ids[i : i + _PER_FRAME]})])
+        for i in range(0, len(ids), _PER_FRAME)
+    ]
 
 
 def _compact(path: str, known: set[str]) -> None:
-    """Replaces the journal by one holding only ``known`` (``ids`` entries), atomically."""
+    """Replaces the journal at ``path`` by one holding only ``known`` (``ids`` entries),
+    atomically (a new file, fsynced, renamed over it, the directory fsynced)."""
     tmp = f"{path}.compacting"
     ids = sorted(known)
     with OfflineWriter(tmp, fsync=True) as writer:
-        for i in range(0, max(len(ids), 1), _IDS_PER_ENTRY):
-            writer._append(packb({"op": "ids", "ids": ids[i : i + _IDS_PER_ENTRY]}))
+        for i in range(0, max(len(ids), 1), _PER_FRAME):
+            writer._append(packb({"op": "ids", "ids": ids[i : i + _PER_FRAME]}))
     os.replace(tmp, path)
     _fsync_dir(os.path.dirname(os.path.abspath(path)))  # the rename survives a machine crash
 
@@ -275,9 +350,6 @@ def _note_ids(entry: dict, known: set[str]) -> None:
         known.add(str(entry["e"]))
     elif op == "ids":
         known.update(str(e) for e in entry["ids"])
-
-
-# -- replay --------------------------------------------------------------------------------
 
 
 def _entries(path: str) -> Iterator[dict]:
@@ -296,180 +368,3 @@ def _array_head(n: int) -> bytes:
     if n < 1 << 16:
         return b"\xdc" + n.to_bytes(2, "big")
     return b"\xdd" + n.to_bytes(4, "big")
-
-
-def _sessions(path: str, known: set[str]) -> Iterator[list[dict]]:
-    """The journal's server runs (their entries after the ``open``); adds every episode id
-    started in it (or kept by a compaction) to ``known``."""
-    session: list[dict] | None = None
-    for entry in _entries(path):
-        _note_ids(entry, known)
-        if entry.get("op") == "ids":
-            continue  # a compacted journal's ids, before any session
-        if entry.get("op") == "open":
-            if session is not None:
-                yield session
-            session = []
-        elif session is None:
-            raise CorruptLogError(path, 0, "a journal entry before the first session start")
-        else:
-            session.append(entry)
-    if session is not None:
-        yield session
-
-
-class _Steps:
-    """One episode as the sampler saw it: the items polled, and the action of each."""
-
-    def __init__(self, eid: str):
-        self.eid = eid
-        self.items: list[dict[str, Any]] = []
-        self.actions: list[Any] = []
-
-    def num_steps(self) -> int:
-        """Steps with an action and a next observation: up to the first item without an
-        action (it ends the episode as its final observation) or the final item."""
-        for t, (item, action) in enumerate(zip(self.items, self.actions)):
-            if item["final"] or action is None:
-                return t
-        return max(0, len(self.items) - 1)
-
-    def chunk(self, lo: int, hi: int, env: ExternalEnvBase) -> SingleAgentEpisode:
-        """Steps ``lo .. hi - 1`` as an episode chunk (ending the episode where ``hi`` is
-        its last step)."""
-        items = self.items[lo : hi + 1]
-        last = self.items[hi]
-        end = hi == self.num_steps()
-        return SingleAgentEpisode(
-            self.eid,
-            observations=[i["obs"] for i in items],
-            infos=[{**i["info"], RECOVERED_INFO: True} for i in items],
-            actions=self.actions[lo:hi],
-            rewards=[float(i["reward"]) for i in items[1:]],
-            terminated=end and last["terminated"],
-            truncated=end and not last["terminated"],
-            t_started=lo,
-            len_lookback_buffer=0,
-            observation_space=env.observation_space,
-            action_space=env.action_space,
-        )
-
-
-def _replay(entries: list[dict], like: ExternalEnvBase, path: str) -> tuple[list[_Steps], list]:
-    """Replays one session's entries into a fresh env like ``like``; returns its episodes
-    and the ids of those still open at its end (then ended as truncated)."""
-    env = ExternalEnv(
-        like.observation_space,
-        like.action_space,
-        max_wait_s=0.0,
-        episode_timeout_s=None,
-        max_concurrent_episodes=1 << 30,
-        max_episodes_per_owner=None,
-        max_episode_id_len=1 << 20,
-        max_queued_steps=1 << 30,
-        max_finished_ids=1,
-    )
-    (agent,) = like.agent_ids
-    steps: dict[str, _Steps] = {}
-
-    def poll(expected: list | None) -> None:
-        res = env.poll(timeout=0)
-        if expected is not None and sorted(res.obs) != sorted(expected):
-            raise CorruptLogError(path, 0, "the journal does not replay (a poll differs)")
-        for eid, obs in res.obs.items():
-            ep = steps[eid]
-            ep.items.append(
-                {
-                    "obs": obs[agent],
-                    "reward": res.rewards[eid].get(agent, 0.0),
-                    "info": dict(res.infos[eid].get(agent) or {}),
-                    "terminated": bool(res.terminateds[eid].get(agent, False)),
-                    "final": bool(
-                        res.terminateds[eid]["__all__"] or res.truncateds[eid]["__all__"]
-                    ),
-                }
-            )
-            offp = res.off_policy_actions.get(eid)
-            ep.actions.append(None if offp is None else offp[agent])
-
-    for entry in entries:
-        op, eid = entry["op"], str(entry.get("e"))
-        try:
-            if op == "start":
-                env.start_episode(eid, entry["training"])
-                steps[eid] = _Steps(eid)
-            elif op == "submit":
-                env.submit(
-                    eid, entry["obs"], entry["action"], entry["info"], entry["want"], block=False
-                )
-            elif op == "returns":
-                env.log_agent_returns(eid, entry["reward"], entry["info"], entry["done"])
-            elif op == "end":
-                env.end_agent_episode(eid, entry["obs"], entry["truncated"])
-            elif op == "settle":
-                with env._lock:
-                    env._settle_off_policy()
-            elif op == "poll":
-                poll(entry["ready"])
-            elif op == "answer":
-                for e, acts in entry["actions"].items():
-                    ep = env._episodes.get(e)
-                    if (
-                        ep is not None
-                        and ep.in_flight is not None
-                        and ep.in_flight.waiter is not None
-                    ):
-                        steps[e].actions[-1] = acts[agent]
-                env.send_actions(entry["actions"])
-            elif op == "abandon":
-                with env._lock:
-                    env._abandon(env._episodes[eid], entry["reason"])
-            else:
-                raise CorruptLogError(path, 0, f"unknown journal entry {op!r}")
-        except CorruptLogError:
-            raise
-        except Exception as e:
-            raise CorruptLogError(path, 0, f"the journal does not replay at {op!r}: {e}") from e
-    open_at_end = [eid for eid, ep in env._episodes.items() if ep.closed_reason is None]
-    for eid in open_at_end:
-        env.abandon_episode(eid, _CRASH_REASON)
-    while env._ready or env._offp_in_flight:
-        poll(None)
-    return list(steps.values()), open_at_end
-
-
-# -- what the log holds --------------------------------------------------------------------
-
-
-def _stored_steps(path: str) -> dict[str, set[int]]:
-    """Episode id -> the step indices the offline log at ``path`` holds."""
-    stored: dict[str, set[int]] = {}
-    with warnings.catch_warnings():  # the sampler's writer crashed too: expected here
-        warnings.simplefilter("ignore", TruncatedLogWarning)
-        records = list(read_records(path))
-    for record in records:
-        batches = (
-            record.policy_batches.values() if isinstance(record, MultiAgentBatch) else [record]
-        )
-        for r in batches:
-            if isinstance(r, SingleAgentEpisode):
-                stored.setdefault(str(r.id_), set()).update(
-                    range(r.t_started, r.t_started + len(r))
-                )
-            elif isinstance(r, SampleBatch):
-                for eid, t in zip(np.asarray(r["eps_id"]).tolist(), np.asarray(r["t"]).tolist()):
-                    stored.setdefault(str(eid), set()).add(int(t))
-            else:  # a MultiAgentEpisode: not from a single-agent env
-                raise CorruptLogError(path, 0, "the log holds multi-agent episodes")
-    return stored
-
-
-def _runs(ts: list[int]) -> list[tuple[int, int]]:
-    """Sorted step indices as ``[lo, hi)`` runs of consecutive ones."""
-    runs: list[tuple[int, int]] = []
-    for t in ts:
-        if runs and runs[-1][1] == t:
-            runs[-1] = (runs[-1][0], t + 1)
-        else:
-            runs.append((t, t + 1))
-    return runs

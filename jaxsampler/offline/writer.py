@@ -287,6 +287,14 @@ class OfflineWriter:
         self._check_path()
         self._write_out(compressor=True)
 
+    @property
+    def offset(self) -> int | None:
+        """The byte where the file ends after every frame handed to the OS so far (so, after
+        :meth:`flush`, after every record written): a frame boundary, where
+        ``read_records(path, offset=...)`` can start reading what this writer writes
+        next. ``None`` for ``.gz`` (its offsets are not in the file's bytes)."""
+        return None if self._gz is not None else self._out.size
+
     def sync(self) -> None:
         """Flushes and fsyncs now: when it returns, every record this writer returned
         from is on disk (as far as the disk's own write cache keeps its promises).

@@ -5,11 +5,10 @@ describes how they behave."""
 
 from __future__ import annotations
 
-import contextlib
 import threading
 import time
-from collections.abc import Callable, Hashable, Iterator, Mapping
-from typing import Any, Protocol
+from collections.abc import Callable, Hashable, Mapping
+from typing import Any
 
 from jaxsampler.constants import ALL_AGENTS, DEFAULT_AGENT_ID
 from jaxsampler.episodes.ids import random_episode_id
@@ -27,6 +26,7 @@ from jaxsampler.host_envs.external.errors import (
     _short,
     _short_id,
 )
+from jaxsampler.host_envs.external.journaling import Journal, _Journaled
 from jaxsampler.spaces import Space
 
 __all__ = ["CLIENT_POLICY_INFO", "ExternalEnv", "ExternalEnvBase", "ExternalMultiAgentEnv"]
@@ -35,26 +35,7 @@ __all__ = ["CLIENT_POLICY_INFO", "ExternalEnv", "ExternalEnvBase", "ExternalMult
 CLIENT_POLICY_INFO = "client_policy"
 
 
-class Journal(Protocol):
-    """Where an external env writes each change before it takes effect (write-ahead; see
-    :class:`~jaxsampler.offline.StepJournal`). :meth:`record` runs under the env's lock, in
-    the order the changes happen, and may only buffer; :meth:`commit` makes every recorded
-    entry durable and runs before a change is acknowledged (before a call returns, and
-    before the answers of a ``send_actions`` wake their callers). When either raises, the
-    env closes (the call and every later one raise :class:`EnvClosedError` naming the
-    failure); a change whose :meth:`record` raised does not happen."""
-
-    def record(self, entry: dict[str, Any]) -> None:
-        """Takes one entry, in order (it may only buffer it)."""
-
-    def commit(self) -> None:
-        """Makes every entry recorded so far durable (thread-safe)."""
-
-    def known(self, episode_id: str) -> bool:
-        """Whether ``episode_id`` ran before this server run (a pre-restart id)."""
-
-
-class ExternalEnvBase(_EpisodeBook, HostEnv):
+class ExternalEnvBase(_Journaled, _EpisodeBook, HostEnv):
     """Shared machinery of :class:`ExternalEnv` and :class:`ExternalMultiAgentEnv`, which
     differ only in how they wrap agent dicts. Its agent-dict methods (:meth:`submit`,
     :meth:`expire_waiter`, :meth:`log_agent_returns`, :meth:`end_agent_episode`) are what
@@ -128,6 +109,7 @@ class ExternalEnvBase(_EpisodeBook, HostEnv):
         self.names_episodes = journal is not None
         self._journal_error: BaseException | None = None
         self._deferral = threading.local()  # see commits_deferred
+        self._poll_thread: int | None = None  # the thread of the last poll
 
     # -- user loop (RLlib style) ---------------------------------------------------------
 
@@ -456,6 +438,7 @@ class ExternalEnvBase(_EpisodeBook, HostEnv):
         waiting (episodes that never sent a request are not waited for)."""
         end = None if timeout is None else time.monotonic() + timeout
         with self._lock:
+            self._poll_thread = threading.get_ident()  # see checkpoint_journal
             self._settle_off_policy()
             self._reap_idle()
             while not self._ready and not self._closed:
@@ -535,74 +518,6 @@ class ExternalEnvBase(_EpisodeBook, HostEnv):
         if self._closed and self._journal_error is not None:
             raise EnvClosedError(f"ExternalEnv closed: its journal failed ({self._journal_error})")
         super()._check_open()
-
-    def _log(self, entry: dict[str, Any]) -> None:
-        """Writes ``entry`` to the journal before the change it describes (under the lock);
-        a failed write closes the env and raises, so the change never happens unlogged."""
-        if self.journal is None:
-            return
-        if self._journal_error is not None:
-            raise EnvClosedError(f"the journal failed: {self._journal_error}")
-        try:
-            self.journal.record(entry)
-        except BaseException as e:
-            raise self._journal_failed(e, "the change was not made") from e
-
-    @contextlib.contextmanager
-    def commits_deferred(self) -> Iterator[Any]:
-        """Within the block, this thread's calls do not commit the journal before they
-        return: one commit at the block's end covers them all (a policy server runs a
-        request's commands in one block and answers after it). Set ``covered = True`` on
-        the yielded object when an answer that commits on its own will acknowledge them (a
-        ``get_action`` queued after them: :meth:`send_actions` commits every entry
-        recorded before its answer); then the block ends without a write. An error that
-        leaves the block still commits (the calls that ran are acknowledged by the error
-        answer). Not reentrant."""
-        state = self._deferral
-        if getattr(state, "active", False):
-            raise RuntimeError("commits_deferred blocks do not nest")
-        state.active, state.pending, state.covered = True, False, False
-        try:
-            yield state
-        finally:
-            state.active = False
-            if state.pending and not state.covered:
-                self._commit()
-
-    def commit_journal(self) -> None:
-        """Commits the journal now (what :meth:`commits_deferred` left pending, say before
-        an error answer that acknowledges calls an answer would have covered)."""
-        self._commit()
-
-    def _commit(self) -> None:
-        """Commits the journal before the caller's change is acknowledged (outside the lock,
-        so that concurrent callers' entries go out together)."""
-        if self.journal is None:
-            return
-        state = self._deferral
-        if getattr(state, "active", False):
-            state.pending = True
-            return
-        try:
-            self.journal.commit()
-        except BaseException as e:
-            with self._lock:
-                raise self._journal_failed(e, "the change was made but is not durable") from e
-
-    def _commit_locked(self) -> None:
-        try:
-            self.journal.commit()  # type: ignore[union-attr]
-        except BaseException as e:
-            raise self._journal_failed(e, "the answers were not delivered") from e
-
-    def _journal_failed(self, e: BaseException, what: str) -> EnvClosedError:
-        """Closes the env after a journal failure (under the lock); returns the error."""
-        if self._journal_error is None:
-            self._journal_error = e
-        self._close_locked()
-        return EnvClosedError(
-            f"the journal failed ({type(e).__name__}: {e}); {what}, and the env is closed"
-        )
 
     @property
     def closed(self) -> bool:
