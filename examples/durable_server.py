@@ -16,7 +16,11 @@ collects (read it with ``js.offline.read_records``). Whatever happens to the pro
   written, and the same recovery runs at once, so the log is complete when it exits (0);
 * **a failure while serving** (a full disk under the journal or the log, the log deleted):
   every client is told at once with a named error, and the process exits 1 after storing
-  what it can.
+  what it can;
+* **while serving**, every ``--checkpoint-s`` seconds (after a sample call's episodes are
+  in the log) the journal is checkpointed (``env.checkpoint_journal(writer)``): it shrinks
+  to the episodes running then, so recovery after a crash replays only those and what
+  followed, and reads the log only from where it ended then, however long the server ran.
 
 It prints one JSON line when it serves (``{"event": "ready", "address", "startup_s",
 "recovery"}``: ``startup_s`` from process start, imports, recovery and compilation
@@ -93,9 +97,13 @@ def serve(
     try:
         with OfflineWriter(files["log"], append=True) as writer, server.sampler_alive():
             say("ready", address=server.address, startup_s=time.monotonic() - T0, recovery=recovery)
+            last = time.monotonic()
             while not stop.is_set():
                 for episode in sampler.sample(params, num_timesteps=args.timesteps):
                     writer.write(episode)
+                if args.checkpoint_s and time.monotonic() - last >= args.checkpoint_s:
+                    env.checkpoint_journal(writer)  # every polled step is in the log now
+                    last = time.monotonic()
     finally:
         server.close()
         journal.close()
@@ -115,6 +123,13 @@ def main(argv: list[str] | None = None) -> int:
         default="none",
         help="journal fsync: none (a killed process loses nothing answered), "
         "group (10 ms group commit), always (each answer waits for the disk)",
+    )
+    p.add_argument(
+        "--checkpoint-s",
+        type=float,
+        default=5.0,
+        help="seconds between in-run journal checkpoints (0: none; recovery then replays "
+        "the whole run)",
     )
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)

@@ -18,7 +18,15 @@ from tests.serving.test_journal_crash import Clients, check_log, wait_for
 
 def start(directory):
     proc = subprocess.Popen(
-        [sys.executable, "-m", "examples.durable_server", "--dir", str(directory)],
+        [
+            sys.executable,
+            "-m",
+            "examples.durable_server",
+            "--dir",
+            str(directory),
+            "--checkpoint-s",
+            "0.05",
+        ],
         stdout=subprocess.PIPE,
         text=True,
         cwd=ROOT,
@@ -46,6 +54,7 @@ def test_kill_restart_and_stop_leave_every_answered_step_in_the_log_once(tmp_pat
         proc.wait(30)
         proc, ready = start(tmp_path)  # recovers what the kill left unstored, then serves
         assert ready["recovery"]["sessions"] == 1 and ready["recovery"]["compacted"]
+        assert ready["recovery"]["log_read_from"] > 0  # from the last in-run checkpoint
         clients.address = ready["address"]
         clients.up.set()
         wait_for(clients, clients.count() + 200)

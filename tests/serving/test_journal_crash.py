@@ -35,7 +35,7 @@ OBS, ACT = Box(-1e6, 1e6, (3,), np.float32), Discrete(2)
 TOLD = (ConnectionError, OSError, js.serving.PolicyServerError, ExternalEnvError, EnvClosedError)
 
 SERVER = """
-import resource, signal, sys
+import os, resource, signal, sys
 import jax, numpy as np
 import jaxsampler as js
 from jaxsampler.host_envs.external import ExternalEnv
@@ -55,23 +55,32 @@ writer = OfflineWriter(sys.argv[2], append=True)
 sampler.sample(params, num_timesteps=1)  # compiles before clients come
 print("READY", server.address, flush=True)
 try:
+    every, calls = int(os.environ.get("CHECKPOINT_EVERY", "0")), 0
     with server.sampler_alive():  # a sampler that dies on a full disk says so to every client
         while True:
             for episode in sampler.sample(params, num_timesteps=64):
                 writer.write(episode)
+            calls += 1
+            if every and calls % every == 0:  # the in-run checkpoint, once the output is in
+                env.checkpoint_journal(writer)
 except Exception as e:  # the server stays up, answering 503 with the reason, until killed
     print("sampler died:", type(e).__name__, file=sys.stderr, flush=True)
     signal.pause()
 """
 
 
-def start_server(journal, log, max_file_bytes=None):
+def start_server(journal, log, max_file_bytes=None, checkpoint_every=0):
     limit = [] if max_file_bytes is None else [str(max_file_bytes)]
     proc = subprocess.Popen(
         [sys.executable, "-c", SERVER, str(journal), str(log), *limit],
         stdout=subprocess.PIPE,
         text=True,
-        env=dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu"),
+        env=dict(
+            os.environ,
+            PYTHONPATH=str(ROOT),
+            JAX_PLATFORMS="cpu",
+            CHECKPOINT_EVERY=str(checkpoint_every),
+        ),
     )
     line = proc.stdout.readline()
     assert line.startswith("READY"), line
@@ -140,10 +149,13 @@ def wait_for(clients, n, timeout=60):
 
 @pytest.mark.skipif(not hasattr(signal, "SIGKILL"), reason="needs SIGKILL (POSIX)")
 @pytest.mark.filterwarnings("ignore::jaxsampler.offline.TruncatedLogWarning")
-def test_answered_steps_survive_two_server_kills_exactly_once(tmp_path):
+@pytest.mark.parametrize("checkpoint_every", [0, 2], ids=["no-checkpoints", "checkpoints"])
+def test_answered_steps_survive_two_server_kills_exactly_once(tmp_path, checkpoint_every):
+    """With in-run checkpoints (every 2 sample calls) the journal holds only what followed
+    the last one, and recovery reads the log from where it ended then."""
     journal, log = tmp_path / "steps.journal", tmp_path / "data.log"
     clients = Clients(6)
-    proc, clients.address = start_server(journal, log)
+    proc, clients.address = start_server(journal, log, checkpoint_every=checkpoint_every)
     clients.up.set()
     for th in clients.threads:
         th.start()
@@ -156,7 +168,9 @@ def test_answered_steps_survive_two_server_kills_exactly_once(tmp_path):
             proc.wait(30)
             reports.append(recover(journal, log, ExternalEnv(OBS, ACT)))
             if round_ == 0:
-                proc, clients.address = start_server(journal, log)
+                proc, clients.address = start_server(
+                    journal, log, checkpoint_every=checkpoint_every
+                )
                 clients.up.set()
     finally:
         clients.stop.set()
@@ -171,6 +185,8 @@ def test_answered_steps_survive_two_server_kills_exactly_once(tmp_path):
     assert [(r.sessions, r.compacted) for r in reports] == [(1, True), (1, True)]
     # the kills did catch answered, unwritten steps (one kill alone may land just after a write)
     assert sum(r.recovered_steps for r in reports) > 0
+    if checkpoint_every:  # 300 steps are several sample calls of 64: a checkpoint came first
+        assert all(r.log_read_from > 0 for r in reports), reports
 
 
 def check_log(log, clients):
