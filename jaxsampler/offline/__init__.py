@@ -70,6 +70,7 @@ from typing import Any, cast
 
 from jaxsampler.episodes import MultiAgentBatch, MultiAgentEpisode, SampleBatch, SingleAgentEpisode
 from jaxsampler.offline import frames
+from jaxsampler.offline.append import RepeatedRunWarning
 from jaxsampler.offline.frames import (
     CorruptLogError,
     Record,
@@ -101,6 +102,7 @@ __all__ = [
     "OfflineWriter",
     "RecoveryReport",
     "RepairReport",
+    "RepeatedRunWarning",
     "StepJournal",
     "TornTailWarning",
     "TruncatedLogWarning",

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Any, Literal
 
 from jaxsampler.episodes.codec import packb
-from jaxsampler.offline.append import prepare_append
+from jaxsampler.offline.append import prepare_append, warn_if_repeated
 from jaxsampler.offline.frames import (
     _END,
     _HEADERS,
@@ -161,7 +161,12 @@ class OfflineWriter:
             look like a torn tail and cut intact records) but refused with
             :class:`CorruptLogError` (:func:`repair_log` rewrites it in version 2). When
             the last session ended without its end frame (its writer crashed), a resume
-            frame is written first, so readers report that session where it ended.
+            frame is written first, so readers report that session where it ended. The
+            first record written is compared with the first record of the log's last
+            session: a step (episode id and step index) in both means the same run is
+            written again (a sampler restarted with the same seed and deterministic ids),
+            and :class:`RepeatedRunWarning` says so (a resumed sampler or recovered steps
+            continue episodes without repeating a step, and pass).
         flush: ``"record"`` (the default): every :meth:`write` hands its whole frame to
             the OS before it returns, so a killed process loses no record it returned
             from (a machine crash still can: see ``fsync``). ``"manual"``: frames wait
@@ -222,7 +227,9 @@ class OfflineWriter:
         self._oldest = 0.0  # clock time of the oldest unsynced record
         self._abspath = os.path.abspath(self.path)  # a later chdir does not move the check
         exists = append and os.path.exists(self.path) and os.path.getsize(self.path) > 0
-        self.version, ended = prepare_append(self.path) if exists else (VERSION, True)
+        self.version, ended, self._last_run_at = (
+            prepare_append(self.path) if exists else (VERSION, True, None)
+        )
         flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC
         fd = os.open(self.path, flags | (0 if exists else os.O_TRUNC), 0o666)
         st = os.fstat(fd)
@@ -255,6 +262,9 @@ class OfflineWriter:
         """
         if not isinstance(record, _RECORD_TYPES):
             raise TypeError(f"cannot log a {type(record).__name__}: give a batch or an episode")
+        if self._last_run_at is not None:  # the first record appended: a repeated run?
+            at, self._last_run_at = self._last_run_at, None
+            warn_if_repeated(self.path, at, record)
         self._append(packb(record))
 
     def _append(self, payload: bytes, check_path: bool = True) -> None:
