@@ -18,7 +18,11 @@ worker pool. Requests run as their client (the ``X-Client-Id`` header; without o
 
 A client that disconnects while its ``get_action`` waits is noticed at once (the event
 loop sees the connection close): its episode is abandoned and ends as truncated (see
-:mod:`~jaxsampler.host_envs.external`); other episodes are untouched. A client that
+:mod:`~jaxsampler.host_envs.external`); other episodes are untouched. A numbered
+``get_action`` (``seq``, as :class:`~jaxsampler.serving.PolicyClient` sends) keeps waiting
+instead, and its answer is recorded, so the client's retry gets it (a dropped connection
+costs no episode); a client that does not come back loses the episode after
+``client_gone_grace_s``. A client that
 vanishes between calls (its connection closed) loses its episodes after
 ``client_gone_grace_s``; one that goes silent with its connection open, after the env's
 ``episode_timeout_s``. Deadlines do not count time in which the server's process itself did
@@ -49,6 +53,7 @@ from jaxsampler.episodes.codec import packb, unpackb
 from jaxsampler.host_envs import external as ext
 from jaxsampler.host_envs.base import HostEnv, MultiEnvDict, PollResult
 from jaxsampler.serving.batching import FairBatches
+from jaxsampler.serving.commands import _Commands, _field, _restarted
 from jaxsampler.serving.health import SamplerHealth
 from jaxsampler.serving.http import BadRequest, Connection, HTTPError, Limits, Request
 from jaxsampler.serving.listener import HTTPServer
@@ -56,11 +61,11 @@ from jaxsampler.serving.protocol import (
     AUTH_SCHEME,
     BATCHABLE_COMMANDS,
     COMMANDS,
+    CONTENT_TYPE,
     EPOCH_HEADER,
     PROTOCOL_VERSION,
     PolicyServerError,
     SequenceError,
-    ServerRestartedError,
     ServerUnavailableError,
 )
 from jaxsampler.serving.sequence import Answer, RequestInProgress, Sequences, fingerprint
@@ -85,30 +90,12 @@ _STALE = (
 )
 
 
-def _restarted(reason: str) -> HTTPError:
-    """The 410 answer for a request that names something of an earlier server run."""
-    return HTTPError(410, ServerRestartedError.__name__, reason)
-
-
 def _seq_of(msg: Mapping) -> int | None:
     """The request's ``seq`` (None without one); 400 unless a non-negative int."""
     seq = msg.get("seq")
     if seq is not None and (isinstance(seq, bool) or not isinstance(seq, int) or seq < 0):
         raise BadRequest(f"field 'seq' must be an int >= 0, got {seq!r}")
     return seq
-
-
-def _field(msg: Mapping, name: str, kind: Any = None, optional: bool = False) -> Any:
-    if name not in msg:
-        if optional:
-            return None
-        raise BadRequest(f"missing field {name!r}")
-    v = msg[name]
-    if kind is not None and not isinstance(v, kind) and not (optional and v is None):
-        raise BadRequest(
-            f"field {name!r} must be {getattr(kind, '__name__', kind)}, got {type(v).__name__}"
-        )
-    return v
 
 
 def _space_nbytes(space: Any) -> int:
@@ -131,7 +118,7 @@ class _Limits(Limits):
     max_batch_commands: int
 
 
-class PolicyServer(HTTPServer, HostEnv):
+class PolicyServer(_Commands, HTTPServer, HostEnv):
     """Serves an external env over HTTP on ``host:port`` (see the module docstring and
     :mod:`~jaxsampler.serving.protocol`).
 
@@ -641,8 +628,10 @@ class PolicyServer(HTTPServer, HostEnv):
                 continue
             conn.waiting = None
             try:
-                if conn.closing:  # the action never reaches the client
-                    conn.end_ticket(499)  # not recorded: a retry finds the episode abandoned
+                if conn.closing and conn.ticket is not None and waiter.error is None:
+                    conn.end_ticket(200, self._action_body(waiter.value), CONTENT_TYPE)
+                elif conn.closing:  # the action never reaches the client, nor a retry
+                    conn.end_ticket(499)
                     if waiter.error is None:
                         self.env.abandon_episode(
                             eid, "client disconnected before receiving its action"
@@ -655,14 +644,14 @@ class PolicyServer(HTTPServer, HostEnv):
                     self.env.commit_journal()
                     conn.exception(waiter.error)
                 else:
-                    out = waiter.value
-                    conn.respond(
-                        200,
-                        packb({"action": out if self.env.multi_agent else out[DEFAULT_AGENT_ID]}),
-                    )
+                    conn.respond(200, self._action_body(waiter.value))
             except Exception as e:
                 conn.exception(e)
             conn.done()
+
+    def _action_body(self, actions: dict) -> bytes:
+        """The body of a ``get_action`` answer."""
+        return packb({"action": actions if self.env.multi_agent else actions[DEFAULT_AGENT_ID]})
 
     def _returns(
         self, returns: list, owner: str | None, skip: int = 0, conn: _Connection | None = None
@@ -703,94 +692,3 @@ class PolicyServer(HTTPServer, HostEnv):
                 f"command {name!r} cannot be batched (allowed: {list(BATCHABLE_COMMANDS)})"
             )
         self._run(name, c, owner, block=block)
-
-    # -- command execution ---------------------------------------------------------------------
-
-    def _agents(self, x: Any) -> Any:
-        return x if self.env.multi_agent else {DEFAULT_AGENT_ID: x}
-
-    def _as(self, owner: str | None) -> dict[str, Any]:
-        """The ``owner`` keyword for env calls (none with an env that has no owners)."""
-        return {"owner": owner} if self._owned else {}
-
-    def _episode_id(self, msg: Mapping, optional: bool = False) -> Any:
-        eid = _field(msg, "episode_id", str, optional=optional)
-        if eid is not None and len(eid) > self.limits.max_episode_id_len:
-            raise BadRequest(
-                f"episode_id of {len(eid)} characters exceeds "
-                f"max_episode_id_len={self.limits.max_episode_id_len}"
-            )
-        return eid
-
-    def _run(self, command: str, msg: Mapping, owner: str | None, block: bool = True) -> dict:
-        self._check_sampler(command)
-        try:
-            return self._run_command(command, msg, owner, block)
-        except ext.EnvClosedError as e:  # fail() closed the env meanwhile
-            raise self._explain(e) from None
-        except ext.UnknownEpisodeError as e:
-            raise self._unknown(e, msg.get("episode_id")) from None
-
-    def _unknown(self, e: ext.UnknownEpisodeError, eid: Any) -> BaseException:
-        """``e``, or the 410 for an id the env's journal knows from an earlier run (an
-        episode the restart ended, not a typo)."""
-        journal = getattr(self.env, "journal", None)
-        if journal is not None and isinstance(eid, str) and journal.known(eid):
-            return _restarted(
-                f"episode {eid} belongs to a run before this server restarted; start a new episode"
-            )
-        return e
-
-    def _run_command(self, command: str, msg: Mapping, owner: str | None, block: bool) -> dict:
-        env, own = self.env, self._as(owner)
-        if command == "start_episode":
-            if _field(msg, "allow_reuse", bool, optional=True):
-                own["allow_reuse"] = True  # only when asked: subclasses may not take it
-            eid = env.start_episode(
-                self._episode_id(msg, optional=True),
-                bool(_field(msg, "training_enabled", bool, optional=True) is not False),
-                **own,
-            )
-            return {"episode_id": eid}
-        eid = self._episode_id(msg)
-        if command == "log_action":
-            info = _field(msg, "info", dict, optional=True)
-            problem = self.health.problem() if block else None
-            try:  # a stalled sampler makes no room: 503 rather than a wait for it
-                env.submit(
-                    eid,
-                    self._agents(_field(msg, "observation")),
-                    self._agents(_field(msg, "action")),
-                    None if info is None else self._agents(info),
-                    False,
-                    block=block and problem is None,
-                    **own,
-                )
-            except ext.WouldBlockError:
-                if problem is None:
-                    raise
-                raise _unavailable(problem) from None
-        elif command == "log_returns":
-            info = _field(msg, "info", dict, optional=True)
-            reward = _field(msg, "reward")
-            done = _field(msg, "done", dict, optional=True)
-            if env.multi_agent:
-                env.log_agent_returns(eid, reward, info, done, **own)
-            else:
-                env.log_agent_returns(
-                    eid,
-                    {DEFAULT_AGENT_ID: reward},
-                    None if info is None else {DEFAULT_AGENT_ID: info},
-                    None,
-                    **own,
-                )
-        elif command == "end_episode":
-            env.end_agent_episode(
-                eid,
-                self._agents(_field(msg, "observation")),
-                bool(_field(msg, "truncated", bool, optional=True)),
-                **own,
-            )
-        elif command == "get_action":
-            raise BadRequest("get_action is not allowed here")
-        return {}

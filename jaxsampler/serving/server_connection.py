@@ -89,12 +89,14 @@ class PolicyConnection(Connection):
 
     def connection_lost(self, exc: Exception | None) -> None:
         """The connection closed: a ``get_action`` still waiting on it gives up (its episode
-        is abandoned); a client whose last connection its peer closed gets
-        ``client_gone_grace_s`` to come back."""
+        is abandoned), unless it is numbered (``seq``): a client that numbers its requests
+        retries, so the wait goes on and its answer is recorded for the retry (a client
+        that never comes back loses the episode after ``client_gone_grace_s``). A client
+        whose last connection its peer closed gets ``client_gone_grace_s`` to come back."""
         by_peer = not self.closing and (self.peer_closed or exc is not None)
         super().connection_lost(exc)
         self.server._connection_closed(self, by_peer)
-        if self.waiting is not None:  # the client went away while its get_action waited
+        if self.waiting is not None and self.ticket is None:  # gone, and will not retry
             eid, waiter = self.waiting
             self.server.env.expire_waiter(eid, waiter, "client disconnected")
 

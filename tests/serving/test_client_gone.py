@@ -144,3 +144,23 @@ def test_grace_none_keeps_the_old_behaviour():
         loop.close()
     with pytest.raises(ValueError, match="client_gone_grace_s"):
         PolicyServer(ExternalEnv(OBS, ACT), port=0, client_gone_grace_s=-1.0)
+
+
+def test_a_numbered_get_action_whose_client_never_returns_ends_after_the_grace():
+    """A numbered get_action keeps waiting when its connection drops (the client may
+    retry); a client that never comes back loses the episode after the grace."""
+    from tests.serving.test_retries import drop_while_waiting, raw
+
+    env = ExternalEnv(OBS, ACT, max_wait_s=0.0, episode_timeout_s=60.0)
+    server = PolicyServer(env, port=0, client_gone_grace_s=0.3)
+    holds = {"n"}
+    loop = PollLoop(server, hold=lambda eid: eid in holds and env.episode_status(eid) == "running")
+    try:
+        assert raw(server, "/start_episode", {"episode_id": "n", "seq": 0}, "c")[0] == 200
+        drop_while_waiting(server, loop, {"episode_id": "n", "observation": o(4), "seq": 1}, "c")
+        wait_until(lambda: env.episode_status("n") == "abandoned")
+        final = loop.steps["n"][-1]
+        assert final[4][AGENT]["abandoned"] is True
+    finally:
+        loop.close()
+        server.close()

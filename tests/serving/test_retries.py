@@ -259,3 +259,54 @@ def test_requests_without_seq_behave_as_before(served):
     with pytest.raises(EpisodeStateError, match="already completed"):
         c.end_episode(eid, o(3))  # no replay without numbers
     c.close()
+
+
+def drop_while_waiting(server, loop, msg: dict, client_id: str = "me") -> None:
+    """Sends a get_action on a raw connection and closes it once the sampler holds the
+    step (the answer has nowhere to go)."""
+    host, port = server.address[len("http://") :].split(":")
+    sock = socket.create_connection((host, int(port)))
+    body = packb(msg)
+    sock.sendall(
+        b"POST /get_action HTTP/1.1\r\nHost: x\r\nContent-Type: application/msgpack\r\n"
+        + f"X-Client-Id: {client_id}\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+        + body
+    )
+    for _ in range(2000):  # bounded: until the sampler holds the step
+        if msg["episode_id"] in loop.held:
+            break
+        threading.Event().wait(0.005)
+    sock.close()
+
+
+def test_a_numbered_get_action_outlives_its_dropped_connection_and_the_retry_gets_it(served):
+    """The connection breaks while the sampler holds the step: the episode is not
+    abandoned, the answer is recorded, and the retry (same seq, same bytes) gets it; the
+    sampler saw the step once."""
+    server, loop, holds = served
+    assert raw(server, "/start_episode", {"episode_id": "d", "seq": 0})[0] == 200
+    holds.add("d")
+    msg = {"episode_id": "d", "observation": o(4), "seq": 1}
+    drop_while_waiting(server, loop, msg)
+    holds.discard("d")
+    for _ in range(2000):  # a retry while the first still waits gets 503: retry again
+        status, data = raw(server, "/get_action", msg)
+        if status != 503:
+            break
+        threading.Event().wait(0.005)
+    assert status == 200 and unpackb(data)["action"] == answer(o(4))
+    assert server.env.episode_status("d") == "running"
+    assert raw(server, "/end_episode", {"episode_id": "d", "observation": o(5), "seq": 2})[0] == 200
+    wait_finished(server.env, ["d"])
+    assert [float(s[0][AGENT][0]) for s in loop.steps["d"]] == [4.0, 5.0]
+    assert server.env.stats["abandoned"] == 0
+
+
+def test_an_unnumbered_get_action_dropped_while_waiting_abandons_its_episode(served):
+    server, loop, holds = served
+    assert raw(server, "/start_episode", {"episode_id": "u"})[0] == 200
+    holds.add("u")
+    drop_while_waiting(server, loop, {"episode_id": "u", "observation": o(4)})
+    holds.discard("u")
+    wait_finished(server.env, ["u"])
+    assert server.env.episode_status("u") == "abandoned"  # nobody could come back for it
