@@ -92,3 +92,58 @@ def vtrace(
             pg[t0, e, a] = min(clip_pg, rho) * (r + d * boot - v)
             next_vs = vs[t0, e, a]
     return vs, pg
+
+
+def transition_rows(traj):
+    """The transitions of a numpy'd Trajectory as [E * A, T] arrays (row e * A + a)."""
+    obs, actions = np.asarray(traj.obs), np.asarray(traj.actions)
+    rewards, term, trunc = (np.asarray(x) for x in (traj.rewards, traj.terminated, traj.truncated))
+    acting, is_reset = np.asarray(traj.acting), np.asarray(traj.is_reset)
+    T, E, A = rewards.shape
+    out = {
+        "obs": np.zeros((E * A, T) + obs.shape[3:], obs.dtype),
+        "next_obs": np.zeros((E * A, T) + obs.shape[3:], obs.dtype),
+        "action": np.zeros((E * A, T) + actions.shape[3:], actions.dtype),
+        "reward": np.zeros((E * A, T), np.float32),
+        "terminated": np.zeros((E * A, T), bool),
+        "truncated": np.zeros((E * A, T), bool),
+        "valid": np.zeros((E * A, T), bool),
+    }
+    for (e, a), steps in agent_steps(rewards, term, trunc, acting, is_reset).items():
+        row = e * A + a
+        for t in range(T):
+            out["obs"][row, t] = obs[t, e, a]
+            out["action"][row, t] = actions[t, e, a]
+        for t0, end, r, tm, tr, _ in steps:
+            out["next_obs"][row, t0] = obs[end, e, a]
+            out["reward"][row, t0] = r
+            out["terminated"][row, t0], out["truncated"][row, t0] = tm, tr
+            out["valid"][row, t0] = True
+    return out
+
+
+def step_rows(traj):
+    """The per-step rows of a numpy'd Trajectory for sequence buffers, [E * A, T] arrays,
+    with episode ids and starts counted by walking each env's steps."""
+    rewards, is_reset = np.asarray(traj.rewards), np.asarray(traj.is_reset)
+    T, E, A = rewards.shape
+    ids = np.zeros((E * A, T), np.int32)
+    starts = np.zeros((E * A, T), bool)
+    for e in range(E):
+        count = int(traj.episode_count_0[e])
+        start = int(traj.episode_step_0[e]) == 0 and not is_reset[0, e]
+        for t in range(T):
+            for a in range(A):
+                ids[e * A + a, t] = count
+                starts[e * A + a, t] = start
+            start = bool(is_reset[t, e])
+            count += int(is_reset[t, e])
+    swap = lambda x: np.swapaxes(np.asarray(x), 0, 1).reshape((E * A, T) + np.shape(x)[3:])
+    return {
+        "obs": swap(np.asarray(traj.obs)[:T]),
+        "reward": swap(rewards),
+        "valid": swap(traj.acting),
+        "terminated": swap(traj.terminated),
+        "episode_id": ids,
+        "episode_start": starts,
+    }
