@@ -14,6 +14,9 @@ The layers, top first (a layer imports only layers below it):
 - :mod:`~jaxsampler.sampling`: the sampler family (:class:`Sampler`);
 - :mod:`~jaxsampler.host_envs`: host-stepped envs (Gymnasium, external simulators);
 - :mod:`~jaxsampler.episodes`: RLlib's data model in numpy;
+- :mod:`~jaxsampler.offpolicy`: flashbax replay buffers filled from rollouts, n-step and
+  V-trace targets (the ``offpolicy`` extra; reached as ``js.offpolicy``, outside
+  ``__all__``, which holds the everyday path);
 - :mod:`~jaxsampler.rollout`: the jitted scan, placement over devices, evaluation,
   ``check_env``, checkpoints;
 - :mod:`~jaxsampler.postprocessing`: GAE and returns;
@@ -49,6 +52,10 @@ from jaxsampler import (
     transforms,
     vector,
 )
+
+# A layer like the ones above, reachable as js.offpolicy; kept out of __all__, which the
+# package tests cap at the everyday path (the optional extra is imported lazily inside it).
+from jaxsampler import offpolicy as offpolicy
 from jaxsampler.envs.base import Env, MultiAgentEnv, SingleAgentEnv
 from jaxsampler.envs.registry import make, register
 from jaxsampler.episodes import MultiAgentBatch, MultiAgentEpisode, SampleBatch, SingleAgentEpisode
