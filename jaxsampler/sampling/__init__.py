@@ -3,6 +3,7 @@ members, :class:`DeviceSampler` (pure-JAX envs) and :class:`HostSampler` (host-s
 envs). Both members are imported here, so that each registers itself and the base never
 imports either."""
 
+from jaxsampler.sampling.actor import ActorSample, AsyncActor
 from jaxsampler.sampling.base import Sampler
 from jaxsampler.sampling.callbacks import SampleReport
 from jaxsampler.sampling.device import DeviceSampler
@@ -11,6 +12,8 @@ from jaxsampler.sampling.host.collector import SampleCollector, episodes_to_batc
 from jaxsampler.sampling.metrics import SamplerMetrics
 
 __all__ = [
+    "ActorSample",
+    "AsyncActor",
     "DeviceSampler",
     "HostSampler",
     "SampleCollector",
