@@ -171,3 +171,15 @@ def test_a_real_samplers_action_logp_matches_the_params_its_version_names():
             actor.update(versions[k])
     assert stale >= 1  # the actor ran ahead at least once (it samples while we "learn")
     sampler.close()
+
+
+def test_the_readme_example_runs():
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    section = text.split("**Collection that overlaps the learner**", 1)[1]
+    block = section.split("```python\n", 1)[1].split("```", 1)[0]
+    scope: dict = {}
+    exec(compile(block, "README.md (AsyncActor)", "exec"), scope)
+    sample, actor = scope["sample"], scope["actor"]
+    assert sample.index == 2 and sample.version <= 2 and not actor.alive
