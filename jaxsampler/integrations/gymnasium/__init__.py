@@ -17,9 +17,19 @@ it, :func:`to_gymnasium` does. The parts:
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
-__all__ = ["to_gymnasium"]
+import numpy as np
+
+# public name -> submodule that defines it (imported, with Gymnasium, on first use)
+_EXPORTS = {
+    "InvalidActionError": "convert",
+    "JaxGymnasiumEnv": "env",
+    "JaxGymnasiumVectorEnv": "vector",
+}
+
+__all__ = sorted([*_EXPORTS, "to_gymnasium"])
 
 _INSTALL = 'pip install -e ".[gymnasium]"'
 
@@ -61,7 +71,7 @@ def to_gymnasium(
             matches); an unsupported render or auto-reset mode.
     """
     if num_envs is not None and (
-        isinstance(num_envs, bool) or not isinstance(num_envs, int) and not _is_np_int(num_envs)
+        isinstance(num_envs, bool) or not isinstance(num_envs, (int, np.integer))
     ):
         raise TypeError(f"to_gymnasium: num_envs must be an int or None, got {num_envs!r}")
     if num_envs is not None and int(num_envs) < 1:
@@ -88,7 +98,14 @@ def to_gymnasium(
     )
 
 
-def _is_np_int(x: Any) -> bool:
-    import numpy as np
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(
+            f"module 'jaxsampler.integrations.gymnasium' has no attribute {name!r}"
+        )
+    return getattr(importlib.import_module(f"jaxsampler.integrations.gymnasium.{module}"), name)
 
-    return isinstance(x, np.integer)
+
+def __dir__() -> list[str]:
+    return __all__

@@ -186,3 +186,14 @@ def test_bad_input_is_a_one_line_error(call, error, match):
     with pytest.raises(error, match=match) as info:
         call()
     assert "\n" not in str(info.value)
+
+
+def test_gymnasium_is_imported_on_first_use_only(monkeypatch):
+    import subprocess
+    import sys
+
+    code = "import sys, jaxsampler; assert 'gymnasium' not in sys.modules, 'imported'"
+    subprocess.run([sys.executable, "-c", code], check=True)
+    monkeypatch.setitem(sys.modules, "gymnasium", None)  # as if not installed
+    with pytest.raises(ImportError, match=r'pip install -e "\.\[gymnasium\]"'):
+        js.to_gymnasium("CartPole-v1")
