@@ -8,7 +8,8 @@ The top level holds the everyday path; everything else is reached through its la
 The layers, top first (a layer imports only layers below it):
 
 - :mod:`~jaxsampler.cli`: the ``jaxsampler`` command, its benchmark job, the launcher;
-- :mod:`~jaxsampler.integrations`: RLlib, loggers, progress bars, video;
+- :mod:`~jaxsampler.integrations`: RLlib, Gymnasium (:func:`to_gymnasium`), loggers, progress
+  bars, video;
 - :mod:`~jaxsampler.serving` and :mod:`~jaxsampler.offline`: the HTTP policy server and
   client; offline logs;
 - :mod:`~jaxsampler.sampling`: the sampler family (:class:`Sampler`);
@@ -59,6 +60,7 @@ from jaxsampler import offpolicy as offpolicy
 from jaxsampler.envs.base import Env, MultiAgentEnv, SingleAgentEnv
 from jaxsampler.envs.registry import make, register
 from jaxsampler.episodes import MultiAgentBatch, MultiAgentEpisode, SampleBatch, SingleAgentEpisode
+from jaxsampler.integrations.gymnasium import to_gymnasium
 from jaxsampler.policies import CNNPolicy, MLPPolicy, Policy, RandomPolicy
 from jaxsampler.postprocessing import compute_gae
 from jaxsampler.rollout import (
@@ -107,6 +109,7 @@ __all__ = [
     "sampling",
     "serving",
     "spaces",
+    "to_gymnasium",
     "transforms",
     "vector",
 ]
