@@ -101,6 +101,9 @@ class HTTPServer:
         self._tick_s = tick_s
         self._name = name
         self._conns: set[Connection] = set()  # open connections, closing ones included
+        #: closed connections whose deadlines still run (a policy server's numbered
+        #: get_action that waits on for its client's retry)
+        self._lingering: set[Connection] = set()
         self._live: set[Connection] = set()  # ... not closing: what max_connections counts
         self._handshaking = 0  # accepted sockets not yet connections (TLS handshakes)
         self._tasks: set[asyncio.Task] = set()
@@ -321,10 +324,10 @@ class HTTPServer:
         pause = self.clock.paused_s - self._paused_seen
         if pause > 0:
             self._paused_seen += pause
-            for c in list(self._conns):
+            for c in list(self._conns) + list(self._lingering):
                 shift_deadlines(c, pause)
         now = time.monotonic()
-        for c in list(self._conns):
+        for c in list(self._conns) + list(self._lingering):
             c.check_timeouts(now)
         if self.presence is not None and not self._closed:
             for client_id in self.presence.gone(self.clock.now()):

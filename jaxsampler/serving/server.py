@@ -627,6 +627,7 @@ class PolicyServer(_Commands, HTTPServer, HostEnv):
             if conn.waiting is None or conn.waiting[1] is not waiter:
                 continue
             conn.waiting = None
+            self._lingering.discard(conn)
             try:
                 if conn.closing and conn.ticket is not None and waiter.error is None:
                     conn.end_ticket(200, self._action_body(waiter.value), CONTENT_TYPE)

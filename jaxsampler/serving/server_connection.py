@@ -99,11 +99,17 @@ class PolicyConnection(Connection):
         if self.waiting is not None and self.ticket is None:  # gone, and will not retry
             eid, waiter = self.waiting
             self.server.env.expire_waiter(eid, waiter, "client disconnected")
+        elif self.waiting is not None:  # its timeout and stall checks still run
+            self.server._lingering.add(self)
 
     def check_timeouts(self, now: float) -> None:
         """A waiting ``get_action`` past its deadline times out, and one whose sampler stalled
         or failed is given up with 503 (one sweep instead of a timer per call); else the
         HTTP deadlines (:meth:`Connection.check_timeouts`)."""
+        lingering = self in self.server._lingering  # closed: only its wait is checked
+        if lingering and self.waiting is None:
+            self.server._lingering.discard(self)
+            return
         problem = None if self.waiting is None else self.server.health.problem()
         if self.waiting is not None and problem is not None:
             self.server._expire(self, self.waiting[0], unavailable(problem))
@@ -114,7 +120,7 @@ class PolicyConnection(Connection):
                 eid,
                 TimeoutError(f"episode {eid}: no action within {timeout} s; episode abandoned"),
             )
-        else:
+        elif not lingering:
             super().check_timeouts(now)
 
     def exception(self, e: BaseException) -> None:

@@ -158,6 +158,7 @@ def test_a_numbered_get_action_whose_client_never_returns_ends_after_the_grace()
     try:
         assert raw(server, "/start_episode", {"episode_id": "n", "seq": 0}, "c")[0] == 200
         drop_while_waiting(server, loop, {"episode_id": "n", "observation": o(4), "seq": 1}, "c")
+        assert env.episode_status("n") == "running"  # the server saw the close: it waits on
         wait_until(lambda: env.episode_status("n") == "abandoned")
         final = loop.steps["n"][-1]
         assert final[4][AGENT]["abandoned"] is True

@@ -263,8 +263,10 @@ def test_requests_without_seq_behave_as_before(served):
 
 def drop_while_waiting(server, loop, msg: dict, client_id: str = "me") -> None:
     """Sends a get_action on a raw connection and closes it once the sampler holds the
-    step (the answer has nowhere to go)."""
+    step (``loop=None``: once the server has the request), then waits until the server has
+    seen the close (the answer has nowhere to go)."""
     host, port = server.address[len("http://") :].split(":")
+    before = set(server._conns)
     sock = socket.create_connection((host, int(port)))
     body = packb(msg)
     sock.sendall(
@@ -272,11 +274,18 @@ def drop_while_waiting(server, loop, msg: dict, client_id: str = "me") -> None:
         + f"X-Client-Id: {client_id}\r\nContent-Length: {len(body)}\r\n\r\n".encode()
         + body
     )
-    for _ in range(2000):  # bounded: until the sampler holds the step
-        if msg["episode_id"] in loop.held:
+    for _ in range(2000):  # bounded: until the sampler holds the step / the env has it
+        if loop is not None and msg["episode_id"] in loop.held:
+            break
+        if loop is None and msg["episode_id"] in server.env._ready:
             break
         threading.Event().wait(0.005)
+    mine = set(server._conns) - before
     sock.close()
+    for _ in range(2000):  # bounded: until the server has seen the close
+        if not (mine & set(server._conns)):
+            break
+        threading.Event().wait(0.005)
 
 
 def test_a_numbered_get_action_outlives_its_dropped_connection_and_the_retry_gets_it(served):
@@ -310,3 +319,29 @@ def test_an_unnumbered_get_action_dropped_while_waiting_abandons_its_episode(ser
     holds.discard("u")
     wait_finished(server.env, ["u"])
     assert server.env.episode_status("u") == "abandoned"  # nobody could come back for it
+
+
+def test_a_dropped_numbered_get_action_still_times_out_when_the_sampler_stalls():
+    """Its wait outlives the connection, and so do its deadlines: a sampler that stops
+    polling ends it (the episode ends; the retry gets the stall's 503), as for one whose
+    connection stayed open."""
+    from jaxsampler.host_envs.external import ExternalEnv
+    from jaxsampler.serving.server import PolicyServer
+    from tests.fakes import ACT, OBS
+
+    env = ExternalEnv(OBS, ACT, max_wait_s=0.0, episode_timeout_s=60.0, action_timeout_s=30.0)
+    server = PolicyServer(env, port=0, sampler_timeout_s=0.5, client_gone_grace_s=None)
+    try:  # nobody polls: the sampler counts as stalled after 0.5 s
+        assert raw(server, "/start_episode", {"episode_id": "n", "seq": 0}, "a")[0] == 200
+        msg = {"episode_id": "n", "observation": o(1), "seq": 1}
+        drop_while_waiting(server, None, msg, "a")
+        for _ in range(3000):  # bounded wait for the stall to end it
+            if env.episode_status("n") != "running":
+                break
+            threading.Event().wait(0.01)
+        assert env.episode_status("n") in ("finishing", "abandoned")
+        status, data = raw(server, "/get_action", msg, "a")
+        assert status == 503 and json.loads(data)["error"] == "ServerUnavailableError"
+        assert not server._lingering
+    finally:
+        server.close()
