@@ -122,6 +122,9 @@ def recover(
         read_from = _start_of_reading(log, read_from or 0)
         report.log_read_from = read_from
     stored = _stored_steps(log, read_from or None) if has_log else {}  # (none to look up)
+    if not has_log or not read_from:  # the log says it all (or is gone): trust only it
+        for ep in episodes:
+            ep.stored_before = 0
     chunks = []
     for ep in episodes:
         n = ep.num_steps()

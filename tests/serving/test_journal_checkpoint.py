@@ -115,14 +115,23 @@ def test_checkpoints_without_a_crash_lose_nothing_and_recovery_adds_nothing(tmp_
     assert report.recovered_steps == 2 and report.log_read_from > 0
 
 
-def test_a_log_that_changed_since_the_checkpoint_is_read_whole_with_a_warning(tmp_path):
+def test_a_log_that_lost_its_tail_is_read_whole_and_the_running_episodes_recovered(tmp_path):
+    """A log that ends before the checkpoint's offset (replaced, or cut by a crash of a
+    machine that lost what was not on disk): recovery warns, reads the whole log and trusts
+    only it, so every acknowledged step of the episodes the journal still holds is stored
+    again, once."""
     journal, log, acks, ids, done = crash_run(tmp_path)
+    kept = {e["e"] for e in journal_entries(journal) if e["op"] == "start"}
     first = next(iter(read_records(log)))
     with OfflineWriter(log) as writer:  # replaced by a shorter log
         writer.write(first)
     with pytest.warns(UserWarning, match="has no record there"):
-        report = recover(journal, log, ExternalEnv(OBS, ACT), compact=False)
+        report = recover(journal, log, ExternalEnv(OBS, ACT))
     assert report.log_read_from == 0
+    got = logged_steps(log)
+    for (cid, ep, t), v in acks.steps.items():
+        if f"c{cid}e{ep}" in kept:
+            assert got[cid, ep, t] == [(v["action"], v["reward"])]
 
 
 def test_a_checkpoint_comes_from_the_polling_thread_of_a_checkpointing_journal(tmp_path):

@@ -132,8 +132,10 @@ class _Journaled:
         env handed to the sampler is then stored, so the journal keeps only the ids of the
         finished episodes (still refused after a restart) and the entries of the running
         ones. ``log``: the :class:`~jaxsampler.offline.OfflineWriter` those outputs went
-        to; it is flushed, and the journal notes where it ends, so that recovery reads the
-        log only from there (without it, recovery reads the whole log).
+        to; it is synced (flushed and fsynced, so that a machine crash cannot take from the
+        log what the journal no longer holds), and the journal notes where it ends, so
+        that recovery reads the log only from there (without it, recovery reads the whole
+        log and trusts only what it finds there).
 
         Clients wait while it runs (it holds the env's lock): it rewrites the running
         episodes' entries to a new file, fsyncs it and renames it over the journal.
@@ -157,8 +159,8 @@ class _Journaled:
                 "calls), so that every step it polled is in the log"
             )
         offset = None
-        if log is not None:
-            log.flush()
+        if log is not None:  # on disk before the journal forgets what it holds
+            log.sync()
             offset = getattr(log, "offset", None)
         with self._lock:
             self._check_open()
