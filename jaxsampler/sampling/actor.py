@@ -29,9 +29,9 @@ learner's jit on another, actor and learner run side by side on separate devices
 **Staleness.** Each sample carries the version of the params it was sampled with (0 for
 the first params, then one more per :meth:`~AsyncActor.update`). The actor reads the
 newest params at the start of each call, and runs at most ``max_queue`` samples ahead
-of the learner, so a sample is at most ``max_queue + 1`` versions old when the learner
-gets it; off-policy corrections (V-trace, :mod:`jaxsampler.offpolicy`) use the sample's
-own action log-probabilities.
+of the learner, so for a learner that updates once per sample, a sample is at most
+``max_queue + 1`` versions old when the learner gets it; off-policy corrections
+(V-trace, :mod:`jaxsampler.offpolicy`) use the sample's own action log-probabilities.
 
 **Back-pressure and shutdown.** The queue holds ``max_queue`` samples: a full queue
 blocks the actor (no unbounded memory). :meth:`~AsyncActor.close` (or leaving the
@@ -172,26 +172,31 @@ class AsyncActor:
         t0 = time.perf_counter()
         try:
             while True:
-                if self._error is not None and self._queue.empty():
-                    raise self._error
                 if self._stop.is_set():
                     raise RuntimeError("get() on a closed AsyncActor")
-                wait = _TICK_S if end is None else min(_TICK_S, end - time.monotonic())
-                if wait <= 0:
+                left = None if end is None else end - time.monotonic()
+                item = self._next(_TICK_S if left is None else min(_TICK_S, left))
+                if isinstance(item, _Failed):
+                    raise item.error
+                if item is not None:
+                    return item
+                if self._error is not None:  # its failure item was taken already
+                    raise self._error
+                if left is not None and left <= 0:
                     raise TimeoutError(
                         f"no sample from the actor within {timeout} s (it is "
                         + ("running" if self.alive else "not running")
                         + ")"
                     )
-                try:
-                    item = self._queue.get(timeout=wait)
-                except queue.Empty:
-                    continue
-                if isinstance(item, _Failed):
-                    raise item.error
-                return item
         finally:
             self.stats["learner_waited_s"] += time.perf_counter() - t0
+
+    def _next(self, wait: float) -> ActorSample | _Failed | None:
+        """The next queued item, waiting up to ``wait`` seconds (none: only what is there)."""
+        try:
+            return self._queue.get(timeout=wait) if wait > 0 else self._queue.get_nowait()
+        except queue.Empty:
+            return None
 
     def __iter__(self) -> Iterator[ActorSample]:
         """:meth:`get`, over and over."""
@@ -245,8 +250,8 @@ class AsyncActor:
                 self._put(_Failed(e))
                 return
             item = ActorSample(data, version, index, time.perf_counter() - t0)
+            self.stats["samples"] = index = index + 1  # produced (maybe not yet queued)
             self._put(item)
-            self.stats["samples"] = index = index + 1
 
     def _put(self, item: ActorSample | _Failed) -> None:
         """Queues ``item``, waiting while the queue is full, unless the actor is stopped."""

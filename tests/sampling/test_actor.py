@@ -71,10 +71,15 @@ def test_a_full_queue_stops_the_actor_until_the_learner_takes_a_sample():
         assert rec.started[2].wait(WAIT)  # room again: the actor goes on
 
 
-def test_an_actor_exception_is_raised_in_the_learner_after_the_samples_before_it():
+@pytest.mark.parametrize("max_queue", [1, 4])
+def test_an_actor_exception_is_raised_in_the_learner_after_the_samples_before_it(max_queue):
+    """With max_queue=1 the failure waits for room behind the samples before it."""
     rec = Recorder(fail_at=2)
-    actor = AsyncActor(rec, 0, max_queue=4)
-    assert [actor.get(timeout=WAIT).index for _ in range(2)] == [0, 1]
+    actor = AsyncActor(rec, 0, max_queue=max_queue)
+    assert rec.started[1].wait(WAIT)
+    assert actor.get(timeout=WAIT).index == 0
+    assert rec.started[2].wait(WAIT)  # call 2 fails while sample 1 waits in the queue
+    assert actor.get(timeout=WAIT).index == 1
     with pytest.raises(ValueError, match="env broke in call 2") as first:
         actor.get(timeout=WAIT)
     with pytest.raises(ValueError) as again:
@@ -114,6 +119,8 @@ def test_get_times_out_with_a_clear_error_and_bad_arguments_are_refused():
         with pytest.raises(TimeoutError, match="within 0.1 s"):
             actor.get(timeout=0.1)
         rec.release.set()
+        assert rec.started[1].wait(WAIT)  # sample 0 is queued
+        assert actor.get(timeout=0).index == 0  # timeout=0 still takes what is there
     with pytest.raises(ValueError, match="max_queue"):
         AsyncActor(rec, 0, max_queue=0)
     with pytest.raises(TypeError, match="callable"):
