@@ -26,24 +26,28 @@ def rows(seed: int, n: int = 40):
 
 
 def reference(b, gamma, lam):
-    """V-trace by its definition, chunk by chunk, in plain Python (float64)."""
+    """V-trace by the paper's explicit sum, chunk by chunk, in plain Python (float64):
+    ``vs_t = V_t + sum_{s >= t} (prod_{t <= i < s} d_i c_i) delta_s`` over the chunk,
+    ``delta_s = min(1, rho_s) (r_s + d_s V'_s - V_s)``, ``c_i = lam min(1, rho_i)``,
+    ``d = gamma`` (0 after a termination); the advantage bootstraps from ``vs_{t+1}``
+    inside the chunk and from ``V'`` at its end."""
     n = len(b["rewards"])
     vs, pg = np.zeros(n), np.zeros(n)
+    rho = np.exp(b["log_rhos"].astype(np.float64))
+    d = np.where(b["terminateds"], 0.0, gamma)
+    r, v, nv = (b[k].astype(np.float64) for k in ("rewards", "values", "next_values"))
+    delta = np.minimum(1.0, rho) * (r + d * nv - v)
     start = 0
     for stop in np.flatnonzero(b["ends"]) + 1:
-        idx = range(start, stop)
-        for t in reversed(idx):
-            rho = np.exp(float(b["log_rhos"][t]))
-            d = 0.0 if b["terminateds"][t] else gamma
-            v, nv, r = float(b["values"][t]), float(b["next_values"][t]), float(b["rewards"][t])
-            last = t == stop - 1
-            # inside a chunk the next row's obs is this row's new_obs: V' = next row's value
-            vs_next = nv if last else vs[t + 1]
-            v_next = nv if last else float(b["values"][t + 1])
-            trace = 0.0 if last else d * lam * min(1.0, rho) * (vs[t + 1] - v_next)
-            vs[t] = v + min(1.0, rho) * (r + d * nv - v) + trace
-            q = r + d * (lam * vs_next + (1 - lam) * nv)
-            pg[t] = min(1.0, rho) * (q - v)
+        for t in range(start, stop):
+            total, weight = 0.0, 1.0
+            for s_ in range(t, stop):
+                total += weight * delta[s_]
+                weight *= d[s_] * lam * min(1.0, rho[s_])
+            vs[t] = v[t] + total
+        for t in range(start, stop):
+            boot = nv[t] if t == stop - 1 else lam * vs[t + 1] + (1 - lam) * nv[t]
+            pg[t] = min(1.0, rho[t]) * (r[t] + d[t] * boot - v[t])
         start = stop
     return vs, pg
 
