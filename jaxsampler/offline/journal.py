@@ -97,9 +97,11 @@ class StepJournal:
         if os.path.exists(self._tmp):  # a checkpoint a crash interrupted before its switch
             os.remove(self._tmp)
         self._known: set[str] = set()
+        self._earlier_runs = 0  # sessions of earlier runs not yet recovered
         if os.path.exists(self.path) and os.path.getsize(self.path) > 0:
             for entry in _entries(self.path):
                 _note_ids(entry, self._known)
+                self._earlier_runs += entry.get("op") == "open"
         if not isinstance(fsync, (bool, GroupCommit)):
             raise TypeError(f"fsync must be a bool or a GroupCommit, got {fsync!r}")
         self.fsync = fsync
@@ -205,6 +207,14 @@ class StepJournal:
                 once the files are switched, a failure fails the journal (``failed``).
         """
         live = set(live)
+        if self._earlier_runs:
+            self._earlier_runs, n = 0, self._earlier_runs
+            warnings.warn(
+                f"{self.path}: the journal holds {n} earlier server run(s) not recovered; each "
+                "checkpoint copies them (clients wait meanwhile): run recover() before serving",
+                RuntimeWarning,
+                stacklevel=3,
+            )
         with self._lock:
             self._usable()
             marks = [self._marks[e] for e in live if self._marks.get(e)]

@@ -255,3 +255,28 @@ def test_read_records_from_a_writers_offset(tmp_path):
         list(read_records(path, offset=0))
     with OfflineWriter(tmp_path / "log.gz") as gz:
         assert gz.offset is None
+
+
+def test_checkpoints_keep_an_earlier_unrecovered_run_and_say_what_it_costs(tmp_path):
+    """A server started on a journal whose last run was never recovered: its checkpoints
+    copy that run along (and warn once that they do), and recovery still finds both."""
+    import warnings
+
+    path, log = tmp_path / "j", tmp_path / "log"
+    old = ExternalEnv(OBS, ACT, journal=StepJournal(path))
+    old.start_episode("c9e0")
+    old.log_action("c9e0", obs_of(9, 0, 0), 1)  # then a crash, and no recovery
+    env = ExternalEnv(OBS, ACT, journal=StepJournal(path))
+    env.start_episode("c1e0")
+    env.log_action("c1e0", obs_of(1, 0, 0), 0)
+    env.end_episode("c1e0", obs_of(1, 0, 1))
+    env.poll(timeout=0)  # this thread polls
+    with pytest.warns(RuntimeWarning, match="1 earlier server run"):
+        env.checkpoint_journal()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        env.checkpoint_journal()
+    assert not [w for w in caught if issubclass(w.category, RuntimeWarning)]
+    report = recover(path, log, ExternalEnv(OBS, ACT))
+    assert report.sessions == 2 and report.recovered_steps == 2
+    assert sorted(logged_steps(log)) == [(1, 0, 0), (9, 0, 0)]
