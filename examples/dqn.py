@@ -44,10 +44,10 @@ from jaxsampler.spaces import Discrete, Space
 class DQNConfig:
     env_id: str = "CartPole-v1"
     num_envs: int = 8
-    rollout_length: int = 4
-    total_timesteps: int = 200_000
-    updates_per_iteration: int = 4
-    batch_size: int = 128
+    rollout_length: int = 16
+    total_timesteps: int = 400_000
+    updates_per_iteration: int = 32
+    batch_size: int = 256
     buffer_size: int = 50_000
     learning_starts: int = 5_000
     lr: float = 5e-4
@@ -59,9 +59,9 @@ class DQNConfig:
     epsilon_end: float = 0.02
     exploration_fraction: float = 0.25
     max_grad_norm: float = 10.0
-    hidden_sizes: tuple[int, ...] = (64, 64)
+    hidden_sizes: tuple[int, ...] = (128, 128)
     eval_episodes: int = 20
-    log_every: int = 500
+    log_every: int = 250
 
     @property
     def steps_per_iteration(self) -> int:
@@ -72,8 +72,10 @@ class DQNConfig:
         return max(1, self.total_timesteps // self.steps_per_iteration)
 
 
-QUICK = dict(total_timesteps=2_048, learning_starts=256, buffer_size=2_048, batch_size=32,
-             eval_episodes=2, log_every=16)  # fmt: skip
+#: ``--quick`` (CI): the same code at tiny sizes, seconds after compiling.
+QUICK = dict(rollout_length=4, total_timesteps=2_048, updates_per_iteration=4, batch_size=32,
+             buffer_size=2_048, learning_starts=256, hidden_sizes=(32, 32), eval_episodes=2,
+             log_every=16)  # fmt: skip
 
 
 class QNetwork(nn.Module):

@@ -110,7 +110,7 @@ def test_squashed_log_density_integrates_the_action_density(setup):
 
 
 def test_training_loop_stores_every_step_and_learns_the_temperature():
-    cfg = dataclasses.replace(sac.SACConfig(**sac.QUICK), log_every=0)  # type: ignore[arg-type]
+    cfg = dataclasses.replace(sac.SACConfig(**sac.QUICK), log_every=0)
     ts, m = jax.jit(sac.make_train(cfg))(jax.random.PRNGKey(0))
     added = cfg.num_iterations * cfg.steps_per_iteration
     assert added == cfg.buffer_size and bool(ts.buffer.is_full)
