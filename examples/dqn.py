@@ -193,9 +193,11 @@ def make_parts(cfg: DQNConfig) -> Parts:
     env = js.make(cfg.env_id)
     policy = QPolicy(env.observation_space, env.action_space, cfg.hidden_sizes)
     rollout = js.make_rollout(env, policy, cfg.num_envs, cfg.rollout_length)
-    collect = lambda p, s: (lambda out: (out[0], with_n_step(out[1], cfg.n_step, cfg.gamma)))(
-        rollout(p, s)
-    )
+
+    def collect(params, state):
+        state, traj = rollout(params, state)
+        return state, with_n_step(traj, cfg.n_step, cfg.gamma)
+
     spec = jax.eval_shape(
         collect, policy.init(jax.random.PRNGKey(0)), rollout.init(jax.random.PRNGKey(0))
     )[1]
@@ -283,15 +285,6 @@ def make_train(cfg: DQNConfig):
     return train
 
 
-def curve(metrics: dict[str, Any], window: int) -> np.ndarray:
-    """Mean training return per ``window`` iterations (NaN where no episode ended)."""
-    r = np.asarray(metrics["return_sum"], np.float64)
-    e = np.asarray(metrics["episodes"], np.float64)
-    n = len(r) // window * window
-    r, e = r[:n].reshape(-1, window).sum(1), e[:n].reshape(-1, window).sum(1)
-    return np.where(e > 0, r / np.maximum(e, 1), np.nan)
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
@@ -319,7 +312,7 @@ def main(argv: list[str] | None = None) -> int:
         dataclasses.asdict(cfg),
         args.seeds,
         evals,
-        [curve(m, window) for _, m in outs],
+        [common.curve(m, window) for _, m in outs],
         cfg.num_iterations * cfg.steps_per_iteration,
         compile_s,
         walls,

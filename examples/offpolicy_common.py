@@ -26,6 +26,7 @@ from benchmarks import harness
 __all__ = [
     "LogWindow",
     "episode_returns",
+    "curve",
     "log_window",
     "report_every",
     "train_seeds",
@@ -108,6 +109,16 @@ def report_every(
 
     jax.lax.cond(now, emit, lambda: None)
     return jax.tree.map(lambda x: jnp.where(now, jnp.zeros_like(x), x), window)
+
+
+def curve(metrics: dict[str, Any], window: int) -> np.ndarray:
+    """Mean training return per ``window`` iterations from per-iteration ``return_sum`` and
+    ``episodes`` (NaN where no episode ended)."""
+    r = np.asarray(metrics["return_sum"], np.float64)
+    e = np.asarray(metrics["episodes"], np.float64)
+    n = len(r) // window * window
+    r, e = r[:n].reshape(-1, window).sum(1), e[:n].reshape(-1, window).sum(1)
+    return np.where(e > 0, r / np.maximum(e, 1), np.nan)
 
 
 def train_seeds(

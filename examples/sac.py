@@ -95,9 +95,8 @@ class TwinQ(nn.Module):
     @nn.compact
     def __call__(self, obs: jax.Array, action: jax.Array) -> tuple[jax.Array, jax.Array]:
         x = jnp.concatenate([obs, action], -1)
-        return MLP(self.hidden_sizes, 1, name="q1")(x)[..., 0], MLP(
-            self.hidden_sizes, 1, name="q2"
-        )(x)[..., 0]
+        q1 = MLP(self.hidden_sizes, 1, name="q1")(x)[..., 0]
+        return q1, MLP(self.hidden_sizes, 1, name="q2")(x)[..., 0]
 
 
 def squash_log_std(raw: jax.Array) -> jax.Array:
@@ -346,15 +345,6 @@ def make_train(cfg: SACConfig):
     return train
 
 
-def curve(metrics: dict[str, Any], window: int) -> np.ndarray:
-    """Mean training return per ``window`` iterations (NaN where no episode ended)."""
-    r = np.asarray(metrics["return_sum"], np.float64)
-    e = np.asarray(metrics["episodes"], np.float64)
-    n = len(r) // window * window
-    r, e = r[:n].reshape(-1, window).sum(1), e[:n].reshape(-1, window).sum(1)
-    return np.where(e > 0, r / np.maximum(e, 1), np.nan)
-
-
 def notes(cfg: SACConfig) -> str:
     return (
         f"SAC with a learnt temperature (target entropy -action_dim), {cfg.num_envs} envs x "
@@ -389,7 +379,7 @@ def main(argv: list[str] | None = None) -> int:
         dataclasses.asdict(cfg),
         args.seeds,
         greedy,
-        [curve(m, max(1, cfg.log_every)) for _, m in outs],
+        [common.curve(m, max(1, cfg.log_every)) for _, m in outs],
         cfg.num_iterations * cfg.steps_per_iteration,
         compile_s,
         walls,

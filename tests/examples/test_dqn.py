@@ -29,9 +29,12 @@ def filled():
     rollout = js.make_rollout(env, policy, E, T)
     env_params = env.default_params.replace(max_steps_in_episode=12)
     state = js.init_rollout_state(env, policy, E, jax.random.PRNGKey(1), env_params=env_params)
-    collect = jax.jit(
-        lambda p, s: (lambda o: (o[0], dqn.with_n_step(o[1], N, GAMMA)))(rollout(p, s))
-    )
+
+    @jax.jit
+    def collect(p, s):
+        s, traj = rollout(p, s)
+        return s, dqn.with_n_step(traj, N, GAMMA)
+
     replay = js.offpolicy.make_transition_buffer(
         jax.eval_shape(collect, params, state)[1], 2 * E * T, 8, 64
     )
