@@ -145,8 +145,13 @@ def _warn_unclosed(path: str, start: int, pos: int) -> None:
 
 
 def _read_v2(
-    f: BinaryIO, path: str, kinds: tuple = _RECORD_TYPES, start: int = _HEADER_LEN
-) -> Iterator[Record]:
+    f: BinaryIO,
+    path: str,
+    kinds: tuple | None = _RECORD_TYPES,
+    start: int = _HEADER_LEN,
+) -> Iterator[Any]:
+    """The records of a version-2 log from byte ``start`` (``kinds=None``: their payloads,
+    undecoded)."""
     pos, closed = start, False
     session = pos  # where the current writer session's frames begin
     while True:
@@ -173,7 +178,7 @@ def _read_v2(
         if zlib.crc32(payload) != crc:
             raise CorruptLogError(path, pos, "record checksum mismatch")
         if kind == _RECORD:
-            yield _decode_record(payload, path, pos, kinds)
+            yield payload if kinds is None else _decode_record(payload, path, pos, kinds)
         elif kind == _RESUME:
             _warn_unclosed(path, session, pos)
         closed = kind == _END
@@ -233,6 +238,18 @@ def read_records(path: str, *, offset: int | None = None) -> Iterator[Any]:
             )
         f.seek(offset)
         yield from _read_v2(f, path, start=offset)
+
+
+def read_payloads(path: str, offset: int | None = None) -> Iterator[bytes]:
+    """The undecoded payloads of a version-2 log's records (from ``offset``, a frame
+    boundary), with :func:`read_records`' checks and warnings."""
+    path = str(path)
+    with _open(path, "rb") as f:
+        if _read_header(f, path) != 2:
+            raise CorruptLogError(path, 0, "reading payloads needs a version-2 log")
+        if offset is not None:
+            f.seek(offset)
+        yield from _read_v2(f, path, None, _HEADER_LEN if offset is None else offset)
 
 
 def read_entries(path: str) -> Iterator[dict | list]:

@@ -31,15 +31,20 @@ import warnings
 from collections.abc import Iterator
 from typing import Any
 
+import msgpack
 import numpy as np
 
 from jaxsampler.episodes import MultiAgentBatch, SampleBatch, SingleAgentEpisode
+from jaxsampler.episodes.codec import _OBJECT
 from jaxsampler.host_envs.external import ExternalEnv, ExternalEnvBase
 from jaxsampler.offline.frames import (
     _FRAME_LEN,
     CorruptLogError,
     TruncatedLogWarning,
+    _decode_record,
     _parse_head,
+    _read_header,
+    read_payloads,
     read_records,
 )
 from jaxsampler.offline.journal import _compact, _entries, _note_ids
@@ -326,26 +331,55 @@ def _start_of_reading(path: str, offset: int) -> int:
 
 def _stored_steps(path: str, offset: int | None = None) -> dict[str, set[int]]:
     """Episode id -> the step indices the offline log at ``path`` holds (from ``offset``
-    on, or all)."""
+    on, or all). Single-agent episodes are read without decoding their arrays."""
     stored: dict[str, set[int]] = {}
     with warnings.catch_warnings():  # the sampler's writer crashed too: expected here
         warnings.simplefilter("ignore", TruncatedLogWarning)
-        records = list(read_records(path, offset=offset))
-    for record in records:
-        batches = (
-            record.policy_batches.values() if isinstance(record, MultiAgentBatch) else [record]
-        )
-        for r in batches:
-            if isinstance(r, SingleAgentEpisode):
-                stored.setdefault(str(r.id_), set()).update(
-                    range(r.t_started, r.t_started + len(r))
-                )
-            elif isinstance(r, SampleBatch):
-                for eid, t in zip(np.asarray(r["eps_id"]).tolist(), np.asarray(r["t"]).tolist()):
-                    stored.setdefault(str(eid), set()).add(int(t))
-            else:  # a MultiAgentEpisode: not from a single-agent env
-                raise CorruptLogError(path, 0, "the log holds multi-agent episodes")
+        if path.endswith(".gz") or _version(path) != 2:
+            records: Iterator[Any] = read_records(path, offset=offset)
+        else:
+            records = (_span(p) or _decode_record(p, path, 0) for p in read_payloads(path, offset))
+        for record in records:
+            if isinstance(record, tuple):  # (id, first step, end) of an episode
+                stored.setdefault(record[0], set()).update(range(record[1], record[2]))
+                continue
+            batches = (
+                record.policy_batches.values() if isinstance(record, MultiAgentBatch) else [record]
+            )
+            for r in batches:
+                if isinstance(r, SingleAgentEpisode):
+                    stored.setdefault(str(r.id_), set()).update(
+                        range(r.t_started, r.t_started + len(r))
+                    )
+                elif isinstance(r, SampleBatch):
+                    ids, ts = np.asarray(r["eps_id"]).tolist(), np.asarray(r["t"]).tolist()
+                    for eid, t in zip(ids, ts):
+                        stored.setdefault(str(eid), set()).add(int(t))
+                else:  # a MultiAgentEpisode: not from a single-agent env
+                    raise CorruptLogError(path, 0, "the log holds multi-agent episodes")
     return stored
+
+
+def _span(payload: bytes) -> tuple[str, int, int] | None:
+    """``(id, t_started, t)`` of a single-agent episode record, read from its state without
+    decoding its buffers (their arrays are most of its bytes); None for any other record."""
+    try:
+        top = msgpack.unpackb(payload, ext_hook=msgpack.ExtType, raw=False, strict_map_key=False)
+        if not isinstance(top, msgpack.ExtType) or top.code != _OBJECT:
+            return None
+        tag, state = msgpack.unpackb(
+            top.data, ext_hook=msgpack.ExtType, raw=False, strict_map_key=False
+        )
+        if tag != "SingleAgentEpisode":
+            return None
+        return str(state["id_"]), int(state["t_started"]), int(state["t"])
+    except Exception:  # not the shape expected: the full decoder says what is wrong
+        return None
+
+
+def _version(path: str) -> int:
+    with open(path, "rb") as f:
+        return _read_header(f, path)
 
 
 def _runs(ts: list[int]) -> list[tuple[int, int]]:

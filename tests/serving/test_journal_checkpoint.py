@@ -280,3 +280,21 @@ def test_checkpoints_keep_an_earlier_unrecovered_run_and_say_what_it_costs(tmp_p
     report = recover(path, log, ExternalEnv(OBS, ACT))
     assert report.sessions == 2 and report.recovered_steps == 2
     assert sorted(logged_steps(log)) == [(1, 0, 0), (9, 0, 0)]
+
+
+def test_recovery_reads_episode_spans_without_decoding_their_arrays(tmp_path):
+    """What the log holds, as recovery reads it (episode records by their state's id and
+    step range only), equals what the fully decoded records say."""
+    from jaxsampler.offline.frames import read_payloads
+    from jaxsampler.offline.recovery import _span, _stored_steps
+
+    journal, log, acks, ids, done = crash_run(tmp_path)
+    want: dict[str, set] = {}
+    for rec in read_records(log):
+        want.setdefault(rec.id_, set()).update(range(rec.t_started, rec.t_started + len(rec)))
+    assert _stored_steps(str(log)) == want
+    assert all(_span(p) is not None for p in read_payloads(str(log)))
+    batch = js.episodes.SampleBatch({"eps_id": np.array(["a"]), "t": np.array([0])})
+    from jaxsampler.episodes.codec import packb
+
+    assert _span(packb(batch)) is None  # other records take the full decoder
