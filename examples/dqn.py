@@ -41,7 +41,7 @@ from jaxsampler.spaces import Discrete, Space
 
 
 @dataclasses.dataclass(frozen=True)
-class DQNConfig:
+class DQNConfig(common.IterationSizes):
     env_id: str = "CartPole-v1"
     num_envs: int = 8
     rollout_length: int = 16
@@ -62,14 +62,6 @@ class DQNConfig:
     hidden_sizes: tuple[int, ...] = (128, 128)
     eval_episodes: int = 20
     log_every: int = 250
-
-    @property
-    def steps_per_iteration(self) -> int:
-        return self.num_envs * self.rollout_length
-
-    @property
-    def num_iterations(self) -> int:
-        return max(1, self.total_timesteps // self.steps_per_iteration)
 
 
 #: ``--quick`` (CI): the same code at tiny sizes, seconds after compiling.
@@ -278,11 +270,7 @@ def make_parts(cfg: DQNConfig) -> Parts:
 def make_train(cfg: DQNConfig):
     """``train(key) -> (final TrainState, metrics [num_iterations])``, pure; jit it."""
     parts = make_parts(cfg)
-
-    def train(key):
-        return jax.lax.scan(parts.iteration, parts.init(key), jnp.arange(cfg.num_iterations))
-
-    return train
+    return common.scan_train(parts.iteration, parts.init, cfg.num_iterations)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -24,16 +24,46 @@ import jaxsampler as js
 from benchmarks import harness
 
 __all__ = [
+    "IterationSizes",
     "LogWindow",
     "episode_returns",
     "curve",
     "log_window",
     "report_every",
+    "scan_train",
     "train_seeds",
     "evaluate",
     "record",
     "machine",
 ]
+
+
+class IterationSizes:
+    """The iteration arithmetic of an example's config (``num_envs``, ``rollout_length``,
+    ``total_timesteps`` fields): a base of its frozen dataclass."""
+
+    num_envs: int
+    rollout_length: int
+    total_timesteps: int
+
+    @property
+    def steps_per_iteration(self) -> int:
+        return self.num_envs * self.rollout_length
+
+    @property
+    def num_iterations(self) -> int:
+        return max(1, self.total_timesteps // self.steps_per_iteration)
+
+
+def scan_train(iteration: Callable, init: Callable, num_iterations: int) -> Callable:
+    """``train(key) -> (final state, metrics [num_iterations])``: ``num_iterations`` steps
+    of ``iteration(state, i) -> (state, metrics)`` from ``init(key)`` in one ``lax.scan``;
+    pure, jit it."""
+
+    def train(key):
+        return jax.lax.scan(iteration, init(key), jnp.arange(num_iterations))
+
+    return train
 
 
 @struct.dataclass

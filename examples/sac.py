@@ -43,7 +43,7 @@ LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0
 
 
 @dataclasses.dataclass(frozen=True)
-class SACConfig:
+class SACConfig(common.IterationSizes):
     env_id: str = "Pendulum-v1"
     num_envs: int = 8
     rollout_length: int = 8
@@ -60,14 +60,6 @@ class SACConfig:
     hidden_sizes: tuple[int, ...] = (128, 128)
     eval_episodes: int = 20
     log_every: int = 50
-
-    @property
-    def steps_per_iteration(self) -> int:
-        return self.num_envs * self.rollout_length
-
-    @property
-    def num_iterations(self) -> int:
-        return max(1, self.total_timesteps // self.steps_per_iteration)
 
 
 #: ``--quick`` (CI): the same code at tiny sizes, seconds after compiling.
@@ -338,11 +330,7 @@ def make_parts(cfg: SACConfig) -> Parts:
 def make_train(cfg: SACConfig):
     """``train(key) -> (final TrainState, metrics [num_iterations])``, pure; jit it."""
     parts = make_parts(cfg)
-
-    def train(key):
-        return jax.lax.scan(parts.iteration, parts.init(key), jnp.arange(cfg.num_iterations))
-
-    return train
+    return common.scan_train(parts.iteration, parts.init, cfg.num_iterations)
 
 
 def notes(cfg: SACConfig) -> str:
