@@ -19,6 +19,7 @@ import jax
 import numpy as np
 
 from jaxsampler import spaces as js_spaces
+from jaxsampler.integrations.gymnasium import kernels
 from jaxsampler.integrations.gymnasium.kernels import MAX_SEED
 
 __all__ = [
@@ -164,3 +165,23 @@ def check_seed(seed: Any, what: str = "seed") -> int:
     if not 0 <= int(seed) <= MAX_SEED:
         raise ValueError(f"{what} must lie in [0, 2**64), got {seed}")
     return int(seed)
+
+
+def frames(face: Any) -> np.ndarray | None:
+    """The frames of every env of ``face`` (a single or vector face: its ``render_mode``,
+    ``_state``, ``jax_env`` and ``env_params``), ``uint8[N, H, W, 3]``; ``None``, with
+    Gymnasium's warning, without a render mode.
+
+    Raises:
+        gymnasium.error.ResetNeeded: before the first ``reset``.
+    """
+    name = type(face).__name__
+    if face.render_mode is None:
+        gymnasium.logger.warn(
+            f"{name}.render() without a render mode returns None: create the env with "
+            "render_mode='rgb_array'"
+        )
+        return None
+    if face._state is None:
+        raise gymnasium.error.ResetNeeded(f"{name}: call reset() before render()")
+    return np.array(kernels.render_all(face.jax_env, face._state, face.env_params))

@@ -22,6 +22,7 @@ from jaxsampler.envs.registry import make
 from jaxsampler.integrations.gymnasium import kernels
 from jaxsampler.integrations.gymnasium.convert import (
     check_seed,
+    frames,
     gymnasium_space,
     host_action,
     host_info,
@@ -235,16 +236,8 @@ class JaxGymnasiumEnv(gymnasium.Env):
         Raises:
             gymnasium.error.ResetNeeded: before the first ``reset``.
         """
-        if self.render_mode is None:
-            gymnasium.logger.warn(
-                "JaxGymnasiumEnv.render() without a render mode returns None: create the env "
-                "with render_mode='rgb_array'"
-            )
-            return None
-        if self._state is None:
-            raise gymnasium.error.ResetNeeded("JaxGymnasiumEnv: call reset() before render()")
-        frames = kernels.render_all(self.jax_env, self._state, self.env_params)
-        return np.array(frames[0])
+        drawn = frames(self)
+        return None if drawn is None else drawn[0]
 
     def close(self) -> None:
         """Drops the episode's device state (closing twice is fine)."""

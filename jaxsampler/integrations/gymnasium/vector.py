@@ -35,6 +35,7 @@ from jaxsampler.envs.base import Env
 from jaxsampler.integrations.gymnasium import kernels
 from jaxsampler.integrations.gymnasium.convert import (
     check_seed,
+    frames,
     gymnasium_space,
     host_action,
     host_info,
@@ -314,16 +315,8 @@ class JaxGymnasiumVectorEnv(gymnasium.vector.VectorEnv):
         Raises:
             gymnasium.error.ResetNeeded: before the first ``reset``.
         """
-        if self.render_mode is None:
-            gymnasium.logger.warn(
-                "JaxGymnasiumVectorEnv.render() without a render mode returns None: create the "
-                "env with render_mode='rgb_array'"
-            )
-            return None
-        if self._state is None:
-            raise gymnasium.error.ResetNeeded("JaxGymnasiumVectorEnv: call reset() before render()")
-        frames = np.array(kernels.render_all(self.jax_env, self._state, self.env_params))
-        return tuple(frames)
+        drawn = frames(self)
+        return None if drawn is None else tuple(drawn)
 
     def close_extras(self, **kwargs: Any) -> None:
         """Drops the envs' device state."""
