@@ -42,7 +42,9 @@ from typing import Any
 from jaxsampler.episodes.codec import packb
 from jaxsampler.offline.frames import (
     _END,
+    _HEADERS,
     _RECORD,
+    VERSION,
     TruncatedLogWarning,
     _frame_head,
     read_entries,
@@ -232,7 +234,10 @@ class StepJournal:
             ]
             # An end frame last: the writer that goes on appending to it continues the
             # session without the resume frame that marks a crashed writer.
-            self._write_tmp([before, *ids, *frames, _frame_head(_END, b"")])
+            try:
+                _write_synced(self._tmp, [before, *ids, *frames, _frame_head(_END, b"")])
+            except OSError as e:
+                raise self._write_error(e, "writing it") from e
             try:
                 os.replace(self._tmp, self.path)
             except OSError as e:
@@ -248,23 +253,6 @@ class StepJournal:
             self._buffered, self._unsynced = [], 0
             self._new_ids &= live
             self.checkpoints += 1
-
-    def _write_tmp(self, parts: list[bytes]) -> None:
-        """Writes and fsyncs the checkpoint's file; on failure removes it and raises."""
-        try:
-            fd = os.open(self._tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o666)
-            try:
-                for part in parts:
-                    view = memoryview(part)
-                    while view:
-                        view = view[os.write(fd, view) :]
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-        except OSError as e:
-            if os.path.exists(self._tmp):
-                os.remove(self._tmp)
-            raise self._write_error(e, "writing it") from e
 
     def _write_error(self, e: OSError, doing: str) -> LogWriteError:
         error = LogWriteError(
@@ -344,12 +332,29 @@ def _compact(path: str, known: set[str]) -> None:
     """Replaces the journal at ``path`` by one holding only ``known`` (``ids`` entries),
     atomically (a new file, fsynced, renamed over it, the directory fsynced)."""
     tmp = f"{path}.compacting"
-    ids = sorted(known)
-    with OfflineWriter(tmp, fsync=True) as writer:
-        for i in range(0, max(len(ids), 1), _PER_FRAME):
-            writer._append(packb({"op": "ids", "ids": ids[i : i + _PER_FRAME]}))
+    ids = _id_frames(sorted(known)) or [_frame([packb({"op": "ids", "ids": []})])]
+    _write_synced(tmp, [_HEADERS[VERSION], *ids, _frame_head(_END, b"")])
     os.replace(tmp, path)
     _fsync_dir(os.path.dirname(os.path.abspath(path)))  # the rename survives a machine crash
+
+
+def _write_synced(path: str, parts: list[bytes]) -> None:
+    """Writes ``parts`` to a new file at ``path`` and fsyncs it (what a rename over the
+    journal may then put in its place); on failure removes it and raises the OSError."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o666)
+        try:
+            for part in parts:
+                view = memoryview(part)
+                while view:
+                    view = view[os.write(fd, view) :]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except OSError:
+        if os.path.exists(path):
+            os.remove(path)
+        raise
 
 
 def _note_ids(entry: dict, known: set[str]) -> None:
