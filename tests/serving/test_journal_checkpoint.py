@@ -41,14 +41,15 @@ from tests.serving.test_journal import (
 def checkpointing_sampler(env, log, stop, written_calls, every, done):
     """Writes each call's episodes and checkpoints every ``every`` calls, for the first
     ``written_calls`` calls; then samples on without writing (the outputs the crash
-    loses) until ``stop``."""
+    loses) until one call after ``stop``."""
     policy = js.MLPPolicy(OBS, ACT, hidden_sizes=(4,))
     params = policy.init(jax.random.PRNGKey(0))
     sampler = js.sampling.HostSampler(env, policy, seed=0, timeout_s=0.05)
     writer = OfflineWriter(log)
-    calls = 0
-    while not stop.is_set():
-        episodes = sampler.sample(params, num_timesteps=4)
+    calls, last = 0, False
+    while not last:
+        last = stop.is_set()  # one more call after the clients are done: it polls
+        episodes = sampler.sample(params, num_timesteps=4)  # their final end_episode
         calls += 1
         if calls <= written_calls:
             for episode in episodes:
