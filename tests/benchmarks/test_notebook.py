@@ -88,3 +88,32 @@ def test_committed_ppo_notebook_holds_full_run_outputs() -> None:
     assert "CartPole-v1: 499,712 steps/seed" in text and "Pendulum-v1: 999,424 steps/seed" in text
     assert [o for o in outputs if "image/png" in o.get("data", {})]
     assert_videos(outputs, max_bytes=500_000)
+
+
+TOURS = {
+    # notebook: (plots it draws, lines its run must print)
+    "episodes_tour.ipynb": (2, ("chunks per call", "successor starts at t =", "truncated")),
+    "multi_agent_tour.ipynb": (2, ("one game:", "policy 'x':", "policy 'o':")),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(TOURS))
+def test_tour_notebooks_run_and_plot(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The episodes and multi-agent tours run end to end at tiny sizes; their own cells
+    assert what they show (a continued chunk's first observation is the previous chunk's
+    last, its lookback the step before), so a wrong claim fails here."""
+    monkeypatch.setenv("JAXSAMPLER_NOTEBOOK_QUICK", "1")
+    path = NOTEBOOK.parent / name
+    nb = nbformat.read(path, as_version=4)
+    client = nbclient.NotebookClient(
+        nb, kernel_name="python3", timeout=180, resources={"metadata": {"path": str(path.parent)}}
+    )
+    client.execute()
+    outputs = [o for cell in nb.cells if cell.cell_type == "code" for o in cell.get("outputs", [])]
+    assert not [o for o in outputs if o.get("output_type") == "error"]
+    plots, lines = TOURS[name]
+    assert len([o for o in outputs if "image/png" in o.get("data", {})]) == plots
+    text = "".join(o.get("text", "") for o in outputs if o.get("output_type") == "stream")
+    for line in lines:
+        assert line in text
