@@ -1,4 +1,4 @@
-"""The throughput notebook runs end to end (tiny sizes) and draws its plot."""
+"""The notebooks run end to end (tiny sizes) and draw their plots."""
 
 from __future__ import annotations
 
@@ -94,15 +94,17 @@ TOURS = {
     # notebook: (plots it draws, lines its run must print)
     "episodes_tour.ipynb": (2, ("chunks per call", "successor starts at t =", "truncated")),
     "multi_agent_tour.ipynb": (2, ("one game:", "policy 'x':", "policy 'o':")),
+    "serving_tour.ipynb": (2, ("serving at http://", "the sampler's batches hold")),
 }
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(TOURS))
 def test_tour_notebooks_run_and_plot(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The episodes and multi-agent tours run end to end at tiny sizes; their own cells
-    assert what they show (a continued chunk's first observation is the previous chunk's
-    last, its lookback the step before), so a wrong claim fails here."""
+    """The episodes, multi-agent and serving tours run end to end at tiny sizes; their own
+    cells assert what they show (a continued chunk's first observation is the previous
+    chunk's last, its lookback the step before; every step the serving clients sent is in
+    the batches once), so a wrong claim fails here."""
     monkeypatch.setenv("JAXSAMPLER_NOTEBOOK_QUICK", "1")
     path = NOTEBOOK.parent / name
     nb = nbformat.read(path, as_version=4)
