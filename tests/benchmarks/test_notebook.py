@@ -95,13 +95,14 @@ TOURS = {
     "episodes_tour.ipynb": (2, ("chunks per call", "successor starts at t =", "truncated")),
     "multi_agent_tour.ipynb": (2, ("one game:", "policy 'x':", "policy 'o':")),
     "serving_tour.ipynb": (2, ("serving at http://", "the sampler's batches hold")),
+    "scaling_tour.ipynb": (3, ("2 devices (mesh=2)", "NVIDIA H200")),
 }
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(TOURS))
 def test_tour_notebooks_run_and_plot(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The episodes, multi-agent and serving tours run end to end at tiny sizes; their own
+    """The episodes, multi-agent, serving and scaling tours run end to end at tiny sizes; their own
     cells assert what they show (a continued chunk's first observation is the previous
     chunk's last, its lookback the step before; every step the serving clients sent is in
     the batches once), so a wrong claim fails here."""
