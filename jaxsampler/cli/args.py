@@ -29,16 +29,20 @@ MAX_SEED = 2**32 - 1
 
 
 class OneLineParser(argparse.ArgumentParser):
-    """An ``ArgumentParser`` whose errors are one line on stderr, ``<prog>: error: ...``
+    """An ``ArgumentParser`` whose errors are one line on stderr, ``<command>: error: ...``
     with a pointer to ``--help``, and exit status 2 (argparse's own error prints the
-    usage block first). Subparsers made from it are of this class too."""
+    usage block first). Subparsers made from it are of this class too; give each
+    ``command`` (the top-level program's name) so their errors start with it as well."""
+
+    #: The name error lines start with (default: ``prog``).
+    command: str | None = None
 
     def error(self, message: str) -> NoReturn:
-        prog = self.prog.split()[0]
-        sub = self.prog[len(prog) :].strip()
+        command = self.command or self.prog
+        sub = self.prog[len(command) :].strip() if self.prog.startswith(command) else ""
         where = f"{sub}: " if sub else ""
         text = " ".join(f"{where}{message}".split())  # one line, whatever the message held
-        sys.stderr.write(f"{prog}: error: {text} (see {self.prog} --help)\n")
+        sys.stderr.write(f"{command}: error: {text} (see {self.prog} --help)\n")
         sys.exit(2)
 
 

@@ -25,6 +25,7 @@ import difflib
 import json
 import os
 import sys
+import textwrap
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
@@ -46,6 +47,8 @@ EPILOG = """examples:
   jaxsampler envs"""
 
 Error = Callable[[str], NoReturn]
+#: The longest env error quoted from a suite (its id lists run to hundreds of characters).
+_MAX_MESSAGE = 240
 
 
 def _cores() -> int:
@@ -65,10 +68,10 @@ def _configure_devices(devices: str) -> None:
         os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={n}".strip()
 
 
-def _parsers() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
+def _parsers() -> tuple[types.OneLineParser, dict[str, types.OneLineParser]]:
     p = types.OneLineParser(
         prog="jaxsampler",
-        description=DESCRIPTION,
+        description=textwrap.fill(DESCRIPTION, 80),
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -174,7 +177,10 @@ def _parsers() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentPars
         description="Lists the built-in env ids, then each suite prefix with whether its "
         "package is installed and an example id.",
     )
-    return p, dict(sub.choices)
+    subs = dict(sub.choices)
+    for s in subs.values():
+        s.command = "jaxsampler"
+    return p, subs
 
 
 def _env_error(env_id: str, e: Exception) -> str:
@@ -190,7 +196,12 @@ def _env_error(env_id: str, e: Exception) -> str:
         hint = f"; did you mean {', '.join(repr(by_lower[c]) for c in close)}?" if close else ""
         return f"unknown env id {env_id!r}{hint} ({pointer})"
     text = str(e) if isinstance(e, (ValueError, TypeError, ImportError)) else repr(e)
-    return f"env {env_id!r}: {text.strip()} ({pointer})"
+    text = " ".join(text.split())
+    if len(text) > _MAX_MESSAGE:  # a suite's whole id list
+        text = text[: _MAX_MESSAGE - 5].rsplit(",", 1)[0] + ", ..."
+    if repr(env_id) not in text:
+        text = f"env {env_id!r}: {text}"
+    return f"{text} ({pointer})"
 
 
 def _make_env(env_id: str, error: Error) -> Any:
@@ -400,9 +411,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         status 2 through ``SystemExit``.
     """
     argv = list(sys.argv[1:] if argv is None else argv)
+    parser, subs = _parsers()
+    if argv and not argv[0].startswith("-") and argv[0] not in COMMANDS:
+        close = difflib.get_close_matches(argv[0], COMMANDS, n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        parser.error(f"unknown command {argv[0]!r}{hint} (commands: {', '.join(COMMANDS)})")
     if not argv or argv[0] not in (*COMMANDS, "-h", "--help"):
         argv = ["bench", *argv]  # bare `jaxsampler [options]`: bench
-    parser, subs = _parsers()
     args = parser.parse_args(argv)
     try:
         if args.command == "bench":
