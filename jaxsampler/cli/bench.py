@@ -2,7 +2,10 @@
 benchmark scripts in ``benchmarks/`` use it too).
 
 Compile time and steady-state time are measured separately; every timed call blocks on
-its result before the clock is read; figures are medians over repeats. The scripts' own
+its result before the clock is read; figures are medians over repeats.
+:func:`compare_rollout` times the baselines of :mod:`jaxsampler.cli.baseline` (the
+hand-written ``vmap`` + ``scan`` rollout, Gymnasium's ``SyncVectorEnv``) in turn with
+jaxsampler's rollout, so that their ratios hold under any machine load. The scripts' own
 bookkeeping (result files, git state, progress lines) is ``benchmarks/harness.py``'s.
 """
 

@@ -71,8 +71,9 @@ def load_line(info: Mapping[str, Any]) -> str:
         text = (
             f"{head} WARNING: more than half the cores were busy with other work, so the "
             "absolute rates above are low (several times below an idle machine's); trust the "
-            "'vs' ratios, whose loops were timed in turn under the same load (rows split over "
-            "several devices suffer most, as they need several free cores at once)."
+            "'vs' ratios, whose loops were timed in turn under the same load. Rows split over "
+            "several devices suffer most (they need several free cores at once), and a heavy "
+            "load makes the ratios noisy too: raise --repeats for steadier ones."
         )
     else:
         text = f"{head} Quiet enough for the absolute rates to mean something."
