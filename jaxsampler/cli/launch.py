@@ -49,6 +49,13 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import IO, Any, Protocol
 
+from jaxsampler.cli.args import (
+    OneLineParser,
+    nonnegative_float,
+    port,
+    positive_float,
+    positive_int,
+)
 from jaxsampler.rollout.distributed import (
     ENV_COORDINATOR,
     ENV_NUM_PROCESSES,
@@ -441,7 +448,7 @@ def _note(err: IO[str], lock: threading.Lock, text: str) -> None:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = OneLineParser(
         prog="python -m jaxsampler.cli.launch",
         description=(
             "Run a program as N local processes of one jax.distributed job.\n\n"
@@ -463,20 +470,25 @@ def _parser() -> argparse.ArgumentParser:
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("-n", "--num-processes", type=int, default=2, help="processes (default 2)")
     p.add_argument(
-        "--devices-per-process",
-        type=int,
-        default=1,
-        metavar="K",
-        help="CPU devices per process (XLA_FLAGS; default 1)",
+        "-n", "--num-processes", type=positive_int, default=2, help="processes, >= 1 (default 2)"
     )
     p.add_argument(
-        "--port", type=int, default=None, help="coordinator port on 127.0.0.1 (default: free)"
+        "--devices-per-process",
+        type=positive_int,
+        default=1,
+        metavar="K",
+        help="CPU devices per process, >= 1 (XLA_FLAGS; default 1)",
+    )
+    p.add_argument(
+        "--port",
+        type=port,
+        default=None,
+        help="coordinator port on 127.0.0.1, 1..65535 (default: a free one)",
     )
     p.add_argument(
         "--timeout",
-        type=float,
+        type=positive_float,
         default=None,
         metavar="S",
         help=(
@@ -489,17 +501,17 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--grace",
-        type=float,
+        type=nonnegative_float,
         default=DEFAULT_GRACE_S,
         metavar="S",
-        help=f"seconds the others get after one fails (default {DEFAULT_GRACE_S:g})",
+        help=f"seconds (>= 0) the others get after one fails (default {DEFAULT_GRACE_S:g})",
     )
     p.add_argument(
         "--wall-timeout",
-        type=float,
+        type=positive_float,
         default=None,
         metavar="S",
-        help="stop everything after S seconds, exit 124",
+        help="stop everything after S seconds (> 0), exit 124 (default: no limit)",
     )
     p.add_argument(
         "program",
