@@ -43,7 +43,8 @@ __all__ = [
 ]
 
 _SUPPORTED_ENVS = (
-    "a jaxsampler id (js.envs.registered_ids()), 'gymnax:<id>', 'gym:<Gymnasium id>', a Gymnasium "
+    "a jaxsampler id (js.envs.registered_ids()), a suite id ('gymnax:<id>', 'brax:<name>', "
+    "'jumanji:<id>', 'pgx:<id>', 'jaxmarl:<id>'), 'gym:<Gymnasium id>', a Gymnasium "
     "id, an env registered with ray.tune.register_env, a jaxsampler Env instance, or a "
     "callable returning a jaxsampler Env or a Gymnasium env"
 )
@@ -131,9 +132,10 @@ def resolve_env(
         if _global_registry.contains(ENV_CREATOR, spec):
             creator = _global_registry.get(ENV_CREATOR, spec)
             return _from_callable(lambda: creator(context()), spec, device, host)
-        if spec.startswith("gymnax:") or spec in js.envs.registered_ids():
+        if _is_suite_id(spec) or spec in js.envs.registered_ids():
             env = js.make(spec, **env_config)
-            assert isinstance(env, Env)
+            if not isinstance(env, Env):
+                raise TypeError(f"{spec!r} did not build a pure-JAX env ({type(env).__name__})")
             return device(env)
         if spec in gym.envs.registry:
             return host(lambda: gym.make(spec, **env_config))
@@ -141,6 +143,15 @@ def resolve_env(
     if callable(spec):
         return _from_callable(lambda: spec(context()), spec, device, host)
     raise TypeError(f"config.env={spec!r} is not supported; JaxEnvRunner takes {_SUPPORTED_ENVS}")
+
+
+def _is_suite_id(spec: str) -> bool:
+    """Whether ``spec`` names an env of a JAX suite (``"<suite>:<id>"``, any suite
+    :func:`jaxsampler.make` knows: gymnax, brax, jumanji, pgx, jaxmarl)."""
+    from jaxsampler.envs.registry import SUITES
+
+    suite, sep, _ = spec.partition(":")
+    return bool(sep) and suite in SUITES
 
 
 def _device(env: Env, multi_agent: bool) -> ResolvedEnv:

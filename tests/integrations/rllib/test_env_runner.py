@@ -307,3 +307,47 @@ def test_bad_input_fails_at_construction_naming_alternatives():
         assert all(e.t_started == 0 for e in r.sample(num_timesteps=4))
     finally:
         r.stop()
+
+
+# ------------------------------------------------------------------------- suite ids
+
+#: one id of each suite ``js.make`` knows, and whether it is multi-agent
+SUITE_IDS = [
+    ("gymnax:CartPole-v1", False),
+    ("brax:ant", False),
+    ("jumanji:Snake-v1", False),
+    ("pgx:tic_tac_toe", True),
+    ("jaxmarl:MPE_simple_spread_v3", True),
+]
+
+
+@pytest.mark.parametrize("env_id,multi", SUITE_IDS)
+def test_every_suite_id_resolves_to_the_env_js_make_builds(env_id, multi):
+    """Both runners take every ``"<suite>:<id>"`` that ``js.make`` takes (suites not
+    installed: the suite's own ImportError, not "unknown env id")."""
+    from jaxsampler.envs.registry import SUITES
+    from jaxsampler.integrations.rllib.runner_parts import resolve_env
+
+    assert {s.partition(":")[0] for s, _ in SUITE_IDS} == set(SUITES)
+    try:
+        ref = js.make(env_id)
+    except ImportError as e:
+        with pytest.raises(ImportError, match=str(e)[:20]):
+            resolve_env(config(env_id), 0, 0, multi_agent=multi)
+        return
+    got = resolve_env(config(env_id), 0, 0, multi_agent=multi)
+    assert type(got.env) is type(ref) and got.env.agent_ids == ref.agent_ids
+    assert got.observation_space == ref.observation_space.to_gymnasium()
+    if multi:  # the single-agent runner names the multi-agent one
+        with pytest.raises(ValueError, match="JaxMultiAgentEnvRunner"):
+            resolve_env(config(env_id), 0, 0)
+
+
+def test_single_agent_runner_samples_a_suite_env():
+    r = JaxEnvRunner(config=config("gymnax:CartPole-v1", num_envs=2))
+    try:
+        episodes = r.sample(num_timesteps=16, random_actions=True)
+        assert sum(len(e) for e in episodes) >= 16
+        assert all(type(e) is SingleAgentEpisode for e in episodes)
+    finally:
+        r.stop()

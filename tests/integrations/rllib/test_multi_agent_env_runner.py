@@ -118,3 +118,16 @@ def test_one_multi_agent_ppo_iteration(env):
         assert algo.env_runner.get_state()["weights_seq_no"] >= 1
     finally:
         algo.stop()
+
+
+def test_a_jaxmarl_suite_id_samples_as_the_native_env_does():
+    """``"jaxmarl:MPE_simple_spread_v3"`` (a ``js.make`` suite id) is sampled like the
+    native ``Spread-v0``: episodes of the three agents, each from its mapped module."""
+    r = JaxMultiAgentEnvRunner(config=config("jaxmarl:MPE_simple_spread_v3"))
+    try:
+        episodes = r.sample(num_timesteps=24, force_reset=True)
+        assert sum(len(e) for e in episodes) >= 24
+        assert {a for e in episodes for a in e.agent_ids} == set(MAPPING)
+        check_agents_follow_their_modules(r, episodes)
+    finally:
+        r.stop()
