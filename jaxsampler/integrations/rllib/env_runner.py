@@ -16,7 +16,8 @@
 What the runner does, next to RLlib's ``SingleAgentEnvRunner``:
 
 * **The env** resolves through :func:`jaxsampler.make`: built-in ids (``"CartPole-v1"``,
-  ``"Pendulum-v1"``, ...) and ``"gymnax:<id>"`` become a pure-JAX env sampled on the
+  ``"Pendulum-v1"``, ...) and suite ids (``"gymnax:<id>"``, ``"brax:<name>"``,
+  ``"jumanji:<id>"``, ...) become a pure-JAX env sampled on the
   device in whole jitted chunks; ``"gym:<id>"``, Gymnasium ids that jaxsampler has no
   native env for, env creators registered with ``ray.tune.register_env`` and callables
   returning a Gymnasium env are stepped on the host (jaxsampler's host sampler, one
