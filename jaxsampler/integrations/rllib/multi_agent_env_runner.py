@@ -78,7 +78,11 @@ from jaxsampler.integrations.rllib.multi_episodes import (  # noqa: E402
     chunk_stats,
     rllib_multi_agent_episodes,
 )
-from jaxsampler.integrations.rllib.runner_parts import RunnerPolicy, topup_length  # noqa: E402
+from jaxsampler.integrations.rllib.runner_parts import (  # noqa: E402
+    RunnerPolicy,
+    construction_error_spaces,
+    topup_length,
+)
 from jaxsampler.policies.multi import MultiAgentPolicy  # noqa: E402
 from jaxsampler.sampling.device import DeviceSampler  # noqa: E402
 from jaxsampler.spaces import from_gymnasium_space  # noqa: E402
@@ -305,7 +309,11 @@ class JaxMultiAgentEnvRunner(JaxEnvRunner):
     # ------------------------------------------------------------------ spaces, state
 
     def get_spaces(self) -> dict[str, Any]:
-        """RLlib's spaces dict: per-agent ``Dict`` env spaces and each module's spaces."""
+        """RLlib's spaces dict: per-agent ``Dict`` env spaces and each module's spaces (of
+        a remote runner whose construction failed: its error, for the driver to raise)."""
+        error = getattr(self, "_construction_error", None)
+        if error is not None:
+            return construction_error_spaces(error)
         obs, act = self._gym_obs_space, self._gym_act_space
         env_obs = gym.spaces.Dict({aid: obs for aid in self.agent_ids})
         env_act = gym.spaces.Dict({aid: act for aid in self.agent_ids})

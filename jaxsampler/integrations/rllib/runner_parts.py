@@ -9,6 +9,8 @@
 * :class:`RunnerPolicy`: the mirrored module's explore / greedy forward and uniform random
   actions in one jitted policy, the mode chosen by a params leaf (no retrace between
   modes), plus RLlib's ``weights_seq_no`` extra;
+* :func:`construction_error_spaces` / :func:`raise_remote_construction_error`: a remote
+  runner's construction error carried to ``build_algo()`` in the driver;
 * :func:`topup_length`: the length of the short chunks that top a ``num_timesteps`` call
   up after its first full chunk (``DeviceSampler(topup_length=...)``), so it overshoots by
   a top-up at most.
@@ -38,6 +40,8 @@ __all__ = [
     "UnsquashActions",
     "action_transform",
     "check_connectors",
+    "construction_error_spaces",
+    "raise_remote_construction_error",
     "resolve_env",
     "topup_length",
 ]
@@ -196,6 +200,30 @@ def _from_callable(
     raise TypeError(
         f"config.env={spec!r} built a {type(probe).__name__}; JaxEnvRunner takes {_SUPPORTED_ENVS}"
     )
+
+
+#: the key of the spaces dict that a remote runner whose construction failed returns
+_CONSTRUCTION_ERROR = "__jaxsampler_runner_construction_error__"
+
+
+def construction_error_spaces(error: Exception) -> dict[str, Any]:
+    """What a remote runner (a Ray actor) whose construction raised ``error`` returns from
+    ``get_spaces()``, so that the error reaches ``build_algo()`` in the driver.
+
+    RLlib (``restart_failed_env_runners``, on by default) logs a remote runner's
+    construction error, takes the actor out of service and then fails on its own with
+    ``IndexError: list index out of range`` when it asks the first remote runner for the
+    spaces. A runner that stays up and answers with its error instead gets it to the
+    driver: RLlib passes the remote runner's spaces to the driver's local runner, whose
+    construction raises it (:func:`raise_remote_construction_error`)."""
+    return {_CONSTRUCTION_ERROR: error}
+
+
+def raise_remote_construction_error(spaces: Any) -> None:
+    """Raises the error in ``spaces`` if a remote runner sent one
+    (:func:`construction_error_spaces`); else does nothing."""
+    if isinstance(spaces, dict) and _CONSTRUCTION_ERROR in spaces:
+        raise spaces[_CONSTRUCTION_ERROR]
 
 
 def topup_length(fragment: int) -> int:

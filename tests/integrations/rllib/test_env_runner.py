@@ -351,3 +351,25 @@ def test_single_agent_runner_samples_a_suite_env():
         assert all(type(e) is SingleAgentEpisode for e in episodes)
     finally:
         r.stop()
+
+
+def test_a_remote_runners_construction_error_travels_to_the_drivers_runner():
+    """Without Ray: a runner built as remote runner 1 with a bad config stays up and answers
+    ``get_spaces()`` with its error; the driver's runner, which RLlib builds with those
+    spaces, raises it (``test_remote_runners.py`` runs the same through ``build_algo()``)."""
+    bad = config(model=DefaultModelConfig(use_lstm=True))
+    with pytest.raises(TypeError, match="policy_from_rl_module") as local:
+        JaxEnvRunner(config=bad)
+    remote = JaxEnvRunner(config=bad, worker_index=1, num_workers=1)
+    remote.assert_healthy()
+    spaces = remote.get_spaces()
+    remote.stop()
+    with pytest.raises(TypeError) as driver:
+        JaxEnvRunner(config=config(), worker_index=0, num_workers=1, spaces=spaces)
+    assert str(driver.value) == str(local.value)
+    ma = config("gym:CartPole-v1").multi_agent(
+        policies={"p"}, policy_mapping_fn=lambda *a, **k: "p"
+    )
+    spaces = JaxMultiAgentEnvRunner(config=ma, worker_index=1, num_workers=1).get_spaces()
+    with pytest.raises(TypeError, match="MultiAgentEnvRunner"):
+        JaxMultiAgentEnvRunner(config=ma, worker_index=0, num_workers=1, spaces=spaces)
