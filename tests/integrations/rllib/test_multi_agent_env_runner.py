@@ -158,6 +158,10 @@ def test_rllib_compatible_train_batch_equals_rllibs_own_episodes_on_a_time_limit
     assert JaxMultiAgentEnvRunner.rllib_compatible and not keeps_flags.rllib_compatible
     with pytest.raises(TypeError, match="rllib_compatible must be a bool"):
         JaxMultiAgentEnvRunner.with_options(rllib_compatible="yes")
+    from ray import cloudpickle  # how the class travels to Ray actors
+
+    shipped = cloudpickle.loads(cloudpickle.dumps(keeps_flags))
+    assert issubclass(shipped, JaxMultiAgentEnvRunner) and shipped.rllib_compatible is False
     compatible = JaxMultiAgentEnvRunner(config=cfg(JaxMultiAgentEnvRunner))
     own = keeps_flags(config=cfg(keeps_flags))
     try:
