@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import warnings
 
+import gymnasium as gym
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, example, given, settings
@@ -365,3 +366,35 @@ def test_an_agent_terminated_without_observation_is_mapped_as_rllibs_positive_in
         lambda ep: ep.get_rewards(env_steps=False),
     ):
         same(f, ref, got)
+
+
+def test_numpyized_rewards_with_fill_keep_the_stored_dtype_whatever_comes_first():
+    """RLlib deviation (14), issue item (e): ``c`` joins after env step 0, so its env-step
+    rewards there are fill values. RLlib batches them in the *first* item's dtype: the
+    reward space's float32 when a fill item comes first, the stored float64 when a reward
+    does (the same items in another order). Ours: the stored dtype either way (RLlib's
+    answer for the data-first order), float32 only when every item is a fill item (as
+    RLlib); the values are RLlib's in every case."""
+    box = gym.spaces.Box(-1, 1, (2,), np.float32)
+    act = gym.spaces.Box(-1, 1, (1,), np.float32)
+
+    def build(cls):
+        ep = cls(observation_space={k: box for k in "ac"}, action_space={k: act for k in "ac"})
+        o = lambda v: np.full(2, v, np.float32)
+        a = np.zeros(1, np.float32)
+        ep.add_env_reset(observations={"a": o(0)})
+        ep.add_env_step({"a": o(1), "c": o(5)}, {"a": a}, {"a": 1.0})
+        ep.add_env_step({"a": o(2), "c": o(6)}, {"a": a, "c": a}, {"a": 1.0, "c": 2.0})
+        ep.add_env_step({"a": o(3), "c": o(7)}, {"a": a, "c": a}, {"a": 1.0, "c": 3.0})
+        return ep.to_numpy()
+
+    ref, got = both(build)
+    stored = got.agent_episodes["c"].rewards.data.dtype
+    assert stored == ref.agent_episodes["c"].rewards.data.dtype == np.float64
+    for idx, data_first in (([0, -1], [-1, 0]), (slice(0, 3), [2, 1, 0])):
+        r, g = ref.get_rewards(idx, fill=-9)["c"], got.get_rewards(idx, fill=-9)["c"]
+        np.testing.assert_array_equal(g, r)
+        assert r.dtype == np.float32 and g.dtype == stored  # RLlib: the fill item's dtype
+        same(lambda ep, i=data_first: ep.get_rewards(i, fill=-9), ref, got)  # data first
+    same(lambda ep: ep.get_rewards([0], fill=-9), ref, got)  # fill items only: float32
+    assert got.get_rewards([0], fill=-9)["c"].dtype == np.float32
