@@ -239,8 +239,8 @@ class JaxEnvRunner(EnvRunner, Checkpointable):
         for what, space in (("observation", self._gym_obs_space), ("action", self._gym_act_space)):
             if not isinstance(space, (gym.spaces.Box, gym.spaces.Discrete)):
                 raise TypeError(
-                    f"JaxEnvRunner supports Box or Discrete {what} spaces (RLlib's default "
-                    f"MLP module), got {space!r}"
+                    f"{type(self).__name__} supports Box or Discrete {what} spaces (RLlib's "
+                    f"default MLP module), got {space!r}"
                 )
 
     def make_module(self) -> None:

@@ -29,11 +29,13 @@ rllib_compatible=False)`` keeps the env's own flags (a time limit truncates, and
 bootstraps there).
 
 Limits: the env must be a pure-JAX multi-agent env (``Spread-v0``, ``TicTacToe-v0``,
-``Goals-v0``, a suite id such as ``"jaxmarl:MPE_simple_spread_v3"`` or ``"pgx:<id>"``, a
+``Goals-v0``, a suite id such as ``"jaxmarl:MPE_simple_spread_v3"``, a
 ``js.MultiAgentEnv``, ``js.envs.from_jaxmarl(...)``) whose agents share one
 observation and one action space; ``policy_mapping_fn`` is called once per agent with
 ``episode=None`` (the mapping is static); ``num_timesteps`` counts env steps
-(``count_steps_by="env_steps"``).
+(``count_steps_by="env_steps"``). Every ``js.make`` suite id resolves; the spaces must
+still suit RLlib's default MLP module (``"pgx:<id>"`` games have masked ``Dict``
+observations: ``TypeError`` naming the spaces).
 """
 
 from __future__ import annotations
