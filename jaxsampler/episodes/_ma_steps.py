@@ -312,7 +312,9 @@ class _Stepping(_AgentBookkeeping):
 
         RLlib deviation (9): RLlib maps that observation to the *next* env step, so the
         agent's map is one entry too long: its env-step getters with negative indices and
-        ``get_agents_that_stepped()`` are off by one."""
+        ``get_agents_that_stepped()`` are off by one (``get_observations(-1)`` shows the
+        agent, ``get_actions(-1)`` leaves its last action out), its positive indices are
+        not; ours give RLlib's positive-index result for every index."""
         sa = self.agent_episodes[aid]
         sa.add_env_step(
             obs,

@@ -273,7 +273,7 @@ class MultiAgentEpisode(_Stepping, _Getters):
         RLlib deviation (5): the successor starts with no rewards waiting for a first
         observation (RLlib copies this chunk's hanging rewards there, which the successor
         also holds as hanging, so ``get_return(include_hanging_rewards=True)`` counts them
-        twice).
+        twice, until the agent is done).
         RLlib deviation (16): the lookback is at most the data there is (RLlib does not
         clip ``len_lookback_buffer``: the successor gets empty lookback env steps and
         other lookback indices).

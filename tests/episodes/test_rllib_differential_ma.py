@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import warnings
 
+import gymnasium as gym
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, example, given, settings
@@ -228,3 +229,172 @@ def test_cut_raises_the_lookback_for_a_hanging_agent_as_rllibs(seen, cut_first):
             lambda ep: dict(ep._hanging_actions_end),
         ):
             same(f, ref, got)
+
+
+# ---------------------------------------------------------------------------------------
+# The behaviours a differential battery reported as differences (issue 29 item 3) that are
+# RLlib 2.60 bugs jaxsampler documents and does not copy: each test makes the same calls on
+# both classes and pins the difference to exactly the documented bug.
+
+
+def _hanging_at_cut(cls, lb):
+    """``b`` hangs at the cut with 2.0 collected; the successor steps on, ``b`` completes."""
+    ep = cls()
+    ep.add_env_reset(observations={"a": 0, "b": 100})
+    ep.add_env_step({"a": 1, "b": 101}, {"a": 0, "b": 10}, {"a": 1.0, "b": 1.0})
+    ep.add_env_step({"a": 2}, {"a": 1, "b": 11}, {"a": 1.0, "b": 2.0})
+    pred = ep
+    succ = ep.cut(lb)
+    steps = [
+        ({"a": 3}, {"a": 2}, {"a": 1.0, "b": 0.5}),
+        ({"a": 4, "b": 104}, {"a": 3}, {"a": 1.0, "b": 0.25}),
+        ({"a": 5, "b": 105}, {"a": 4, "b": 12}, {"a": 1.0, "b": 1.0}),
+    ]
+    return pred, succ, steps
+
+
+@pytest.mark.parametrize("lb", [1, 2])
+def test_a_cut_successor_counts_hanging_rewards_once(lb):
+    """RLlib deviation (5), issue item (a): after ``cut``, ``get_return(True)`` is what
+    the whole episode received minus what the predecessor completed (an independent
+    reference: the same steps on an uncut episode); RLlib's exceeds that by exactly the
+    rewards hanging at the cut (its successor copies them into its begin cache while
+    they also stay hanging) until the agent is done."""
+    for cls in (RLlibEpisode, MultiAgentEpisode):
+        pred, succ, steps = _hanging_at_cut(cls, lb)
+        whole, _, _ = _hanging_at_cut(cls, lb)
+        pred_done = pred.get_return()
+        copied = sum(pred._hanging_rewards_end.values())
+        assert copied == 2.0
+        for obs, act, rew in [(None, None, None), *steps]:
+            if obs is not None:
+                succ.add_env_step(obs, act, rew)
+                whole.add_env_step(obs, act, rew)
+            expected = whole.get_return(include_hanging_rewards=True) - pred_done
+            got = succ.get_return(include_hanging_rewards=True)
+            if cls is MultiAgentEpisode:
+                assert got == pytest.approx(expected)
+            else:  # RLlib's double count
+                assert got == pytest.approx(expected + copied)
+            assert succ.get_return() == pytest.approx(whole.get_return() - pred_done)
+
+
+def test_an_index_past_the_lookback_raises_as_rllibs_list_mode():
+    """RLlib deviation (B1), issue item (b): ``get_observations(i,
+    neg_index_as_lookback=True, env_steps=False)`` reaching past an agent's lookback
+    raises ``IndexError`` as RLlib's list-mode buffers do; RLlib's numpy'ized buffers take
+    a fast path that skips the range check and return an item from the end instead."""
+
+    def build(cls, numpy):
+        ep = cls()
+        ep.add_env_reset(observations={"a": 0, "b": 100})
+        ep.add_env_step({"a": 1, "b": 101}, {"a": 0, "b": 10}, {"a": 1.0, "b": 1.0})
+        ep.add_env_step({"a": 2, "b": 102}, {"a": 1, "b": 11}, {"a": 1.0, "b": 1.0})
+        ep = ep.cut(1)  # one lookback observation per agent
+        ep.add_env_step({"a": 3, "b": 103}, {"a": 2, "b": 12}, {"a": 1.0, "b": 1.0})
+        return ep.to_numpy() if numpy else ep
+
+    past = lambda ep: ep.get_observations(-2, neg_index_as_lookback=True, env_steps=False)
+    inside = lambda ep: ep.get_observations(-1, neg_index_as_lookback=True, env_steps=False)
+    for numpy in (False, True):
+        ref, got = both(lambda cls, numpy=numpy: build(cls, numpy))
+        same(inside, ref, got)  # the lookback observation itself: equal
+        with pytest.raises(IndexError):
+            past(got)
+    with pytest.raises(IndexError):  # RLlib's list mode: the same error
+        past(build(RLlibEpisode, False))
+    wrapped = past(build(RLlibEpisode, True))  # RLlib's numpy'ized fast path wraps around
+    assert wrapped == {"a": 3, "b": 103}
+
+
+@pytest.mark.parametrize("hang", [False, True])
+def test_an_agent_terminated_without_observation_is_mapped_as_rllibs_positive_indices(hang):
+    """RLlib deviation (9), issue items (c) and (d): ``b`` acts and is terminated without
+    a final observation (RLlib re-records its last one). RLlib maps that observation one
+    entry past the end of ``b``'s env-step map, so its *negative* env-step indices are
+    shifted by one for ``b`` (``get_observations(-1)`` / ``get_infos(-1)`` show ``b``,
+    ``get_actions(-1)`` / ``get_extra_model_outputs(None, -1)`` / ``get_rewards(-1)`` leave
+    out ``b``'s last action) while its *positive* indices are not. Ours: every index, negative
+    or positive, gives what RLlib's positive index of the same env step gives."""
+
+    def build(cls):
+        ep = cls()
+        ep.add_env_reset(observations={"a": 0, "b": 100}, infos={"b": {"r": 1}})
+        x = {"a": {"vf": 0.1}, "b": {"vf": 0.2}}
+        if hang:
+            ep.add_env_step(
+                {"a": 1}, {"a": 0, "b": 10}, {"a": 1.0, "b": 1.0}, extra_model_outputs=x
+            )
+            last = ({"a": 2}, {"a": 1}, {"a": 1.0, "b": 2.0}, {"a": {"vf": 0.3}})
+        else:
+            ep.add_env_step(
+                {"a": 1, "b": 101}, {"a": 0, "b": 10}, {"a": 1.0, "b": 1.0}, extra_model_outputs=x
+            )
+            last = (
+                {"a": 2},
+                {"a": 1, "b": 11},
+                {"a": 1.0, "b": 2.0},
+                {"a": {"vf": 0.3}, "b": {"vf": 0.4}},
+            )
+        obs, act, rew, extras = last
+        ep.add_env_step(obs, act, rew, terminateds={"b": True}, extra_model_outputs=extras)
+        return ep
+
+    ref, got = both(build)
+    n = len(got)  # env steps; n + 1 observations
+    getters = {
+        "observations": (lambda ep, i: ep.get_observations(i), n + 1),
+        "infos": (lambda ep, i: ep.get_infos(i), n + 1),
+        "actions": (lambda ep, i: ep.get_actions(i), n),
+        "rewards": (lambda ep, i: ep.get_rewards(i), n),
+        "extras": (lambda ep, i: ep.get_extra_model_outputs(None, i), n),
+    }
+    for name, (f, size) in getters.items():
+        for t in range(size):
+            same(lambda ep, f=f, t=t: f(ep, t), ref, got)  # positive indices: RLlib's
+            assert normalize(f(got, t - size)) == normalize(f(got, t)), (name, t)
+        last_ref, last_got = f(ref, -1), f(got, -1)
+        if name in ("observations", "infos"):  # RLlib: b's re-recorded observation at -1
+            assert "b" in last_ref and "b" not in last_got
+        elif not hang:  # RLlib: b's last action missing at -1 (it is at index n - 1)
+            assert "b" not in last_ref and "b" in last_got and "b" in f(ref, n - 1)
+    # the agent's own timeline is equal (RLlib's re-recorded observation and info included)
+    for f in (
+        lambda ep: ep.get_observations(env_steps=False),
+        lambda ep: ep.get_infos(env_steps=False),
+        lambda ep: ep.get_actions(env_steps=False),
+        lambda ep: ep.get_rewards(env_steps=False),
+    ):
+        same(f, ref, got)
+
+
+def test_numpyized_rewards_with_fill_keep_the_stored_dtype_whatever_comes_first():
+    """RLlib deviation (14), issue item (e): ``c`` joins after env step 0, so its env-step
+    rewards there are fill values. RLlib batches them in the *first* item's dtype: the
+    reward space's float32 when a fill item comes first, the stored float64 when a reward
+    does (the same items in another order). Ours: the stored dtype either way (RLlib's
+    answer for the data-first order), float32 only when every item is a fill item (as
+    RLlib); the values are RLlib's in every case."""
+    box = gym.spaces.Box(-1, 1, (2,), np.float32)
+    act = gym.spaces.Box(-1, 1, (1,), np.float32)
+
+    def build(cls):
+        ep = cls(observation_space={k: box for k in "ac"}, action_space={k: act for k in "ac"})
+        o = lambda v: np.full(2, v, np.float32)
+        a = np.zeros(1, np.float32)
+        ep.add_env_reset(observations={"a": o(0)})
+        ep.add_env_step({"a": o(1), "c": o(5)}, {"a": a}, {"a": 1.0})
+        ep.add_env_step({"a": o(2), "c": o(6)}, {"a": a, "c": a}, {"a": 1.0, "c": 2.0})
+        ep.add_env_step({"a": o(3), "c": o(7)}, {"a": a, "c": a}, {"a": 1.0, "c": 3.0})
+        return ep.to_numpy()
+
+    ref, got = both(build)
+    stored = got.agent_episodes["c"].rewards.data.dtype
+    assert stored == ref.agent_episodes["c"].rewards.data.dtype == np.float64
+    for idx, data_first in (([0, -1], [-1, 0]), (slice(0, 3), [2, 1, 0])):
+        r, g = ref.get_rewards(idx, fill=-9)["c"], got.get_rewards(idx, fill=-9)["c"]
+        np.testing.assert_array_equal(g, r)
+        assert r.dtype == np.float32 and g.dtype == stored  # RLlib: the fill item's dtype
+        same(lambda ep, i=data_first: ep.get_rewards(i, fill=-9), ref, got)  # data first
+    same(lambda ep: ep.get_rewards([0], fill=-9), ref, got)  # fill items only: float32
+    assert got.get_rewards([0], fill=-9)["c"].dtype == np.float32

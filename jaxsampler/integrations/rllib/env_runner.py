@@ -16,7 +16,8 @@
 What the runner does, next to RLlib's ``SingleAgentEnvRunner``:
 
 * **The env** resolves through :func:`jaxsampler.make`: built-in ids (``"CartPole-v1"``,
-  ``"Pendulum-v1"``, ...) and ``"gymnax:<id>"`` become a pure-JAX env sampled on the
+  ``"Pendulum-v1"``, ...) and suite ids (``"gymnax:<id>"``, ``"brax:<name>"``,
+  ``"jumanji:<id>"``, ...) become a pure-JAX env sampled on the
   device in whole jitted chunks; ``"gym:<id>"``, Gymnasium ids that jaxsampler has no
   native env for, env creators registered with ``ray.tune.register_env`` and callables
   returning a Gymnasium env are stepped on the host (jaxsampler's host sampler, one
@@ -119,6 +120,8 @@ from jaxsampler.integrations.rllib.runner_parts import (  # noqa: E402
     UnsquashActions,
     action_transform,
     check_connectors,
+    construction_error_spaces,
+    raise_remote_construction_error,
     resolve_env,
     topup_length,
 )
@@ -159,6 +162,21 @@ class JaxEnvRunner(EnvRunner, Checkpointable):
 
     def __init__(self, *, config: Any, **kwargs: Any):
         super().__init__(config=config, **kwargs)
+        # the driver's runner re-raises a remote runner's construction error (RLlib hands it
+        # the remote runner's spaces first, see runner_parts.construction_error_spaces)
+        raise_remote_construction_error(kwargs.get("spaces"))
+        self._construction_error: Exception | None = None
+        try:
+            self._construct(kwargs)
+        except Exception as e:
+            if not self.worker_index:  # the local runner (in the driver): raise now
+                raise
+            # A remote runner (a Ray actor) stays up to hand the error to the driver: RLlib
+            # would log it, take the actor out of service and fail later with IndexError.
+            self._construction_error = e
+
+    def _construct(self, kwargs: dict[str, Any]) -> None:
+        """``__init__``'s work after RLlib's ``EnvRunner`` part."""
         if self.config.is_multi_agent and not self._multi_agent:
             raise ValueError(
                 "JaxEnvRunner is single-agent; for config.multi_agent(...) use "
@@ -221,8 +239,8 @@ class JaxEnvRunner(EnvRunner, Checkpointable):
         for what, space in (("observation", self._gym_obs_space), ("action", self._gym_act_space)):
             if not isinstance(space, (gym.spaces.Box, gym.spaces.Discrete)):
                 raise TypeError(
-                    f"JaxEnvRunner supports Box or Discrete {what} spaces (RLlib's default "
-                    f"MLP module), got {space!r}"
+                    f"{type(self).__name__} supports Box or Discrete {what} spaces (RLlib's "
+                    f"default MLP module), got {space!r}"
                 )
 
     def make_module(self) -> None:
@@ -474,7 +492,11 @@ class JaxEnvRunner(EnvRunner, Checkpointable):
     # ------------------------------------------------------------------ spaces, state
 
     def get_spaces(self) -> dict[str, Any]:
-        """RLlib's spaces dict: vector env spaces, single spaces, and the module's."""
+        """RLlib's spaces dict: vector env spaces, single spaces, and the module's (of a
+        remote runner whose construction failed: its error, for the driver to raise)."""
+        error = getattr(self, "_construction_error", None)
+        if error is not None:
+            return construction_error_spaces(error)
         obs, act = self._gym_obs_space, self._gym_act_space
         vec = gym.vector.utils.batch_space
         return {
@@ -556,12 +578,16 @@ class JaxEnvRunner(EnvRunner, Checkpointable):
         return self._policy.traces.count
 
     def assert_healthy(self) -> None:
-        """Raises ``AssertionError`` unless the env, the module and the sampler exist."""
+        """Raises ``AssertionError`` unless the env, the module and the sampler exist (a
+        remote runner whose construction failed passes: it stays up only to hand its
+        error to the driver through :meth:`get_spaces`)."""
+        if self._construction_error is not None:
+            return
         assert self.env is not None and self.module is not None and self._sampler is not None
 
     def stop(self) -> None:
         """Closes the sampler (and its host envs, if any)."""
-        if self._sampler is not None:
+        if getattr(self, "_sampler", None) is not None:
             self._sampler.close()
 
 

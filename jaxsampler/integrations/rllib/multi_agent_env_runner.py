@@ -21,11 +21,21 @@ policies). ``sample()`` returns RLlib ``MultiAgentEpisode`` objects (built strai
 chunks' column arrays, equal to ``to_rllib``'s);
 metrics add RLlib's per-agent and per-module keys.
 
+Agents' done flags are RLlib's by default (``rllib_compatible=True``): on an episode's
+last step every agent stepped there is terminated, also at a time limit, as RLlib's
+``MultiAgentEpisode`` records it, so the train batches (value targets included) are those
+of RLlib's own runner; ``env_runner_cls=JaxMultiAgentEnvRunner.with_options(
+rllib_compatible=False)`` keeps the env's own flags (a time limit truncates, and GAE
+bootstraps there).
+
 Limits: the env must be a pure-JAX multi-agent env (``Spread-v0``, ``TicTacToe-v0``,
-``Goals-v0``, a ``js.MultiAgentEnv``, ``js.envs.from_jaxmarl(...)``) whose agents share one
+``Goals-v0``, a suite id such as ``"jaxmarl:MPE_simple_spread_v3"``, a
+``js.MultiAgentEnv``, ``js.envs.from_jaxmarl(...)``) whose agents share one
 observation and one action space; ``policy_mapping_fn`` is called once per agent with
 ``episode=None`` (the mapping is static); ``num_timesteps`` counts env steps
-(``count_steps_by="env_steps"``).
+(``count_steps_by="env_steps"``). Every ``js.make`` suite id resolves; the spaces must
+still suit RLlib's default MLP module (``"pgx:<id>"`` games have masked ``Dict``
+observations: ``TypeError`` naming the spaces).
 """
 
 from __future__ import annotations
@@ -70,7 +80,11 @@ from jaxsampler.integrations.rllib.multi_episodes import (  # noqa: E402
     chunk_stats,
     rllib_multi_agent_episodes,
 )
-from jaxsampler.integrations.rllib.runner_parts import RunnerPolicy, topup_length  # noqa: E402
+from jaxsampler.integrations.rllib.runner_parts import (  # noqa: E402
+    RunnerPolicy,
+    construction_error_spaces,
+    topup_length,
+)
 from jaxsampler.policies.multi import MultiAgentPolicy  # noqa: E402
 from jaxsampler.sampling.device import DeviceSampler  # noqa: E402
 from jaxsampler.spaces import from_gymnasium_space  # noqa: E402
@@ -91,6 +105,29 @@ class JaxMultiAgentEnvRunner(JaxEnvRunner):
     """
 
     _multi_agent = True
+
+    #: agents' done flags as RLlib's own ``MultiAgentEnvRunner`` records them (its
+    #: ``MultiAgentEpisode.add_env_step``): on an episode's last step every agent stepped
+    #: there is terminated, also on a time limit (and truncated too then), so the train
+    #: batch, value targets included, is RLlib's (no bootstrap at a time limit). ``False``:
+    #: each agent keeps the env's own flags (a time limit truncates, and GAE bootstraps
+    #: from the value of the last observation). Default ``True``, what RLlib users switching
+    #: runners want (the same batches as RLlib's runner); :meth:`with_options` sets it.
+    rllib_compatible: bool = True
+
+    @classmethod
+    def with_options(cls, *, rllib_compatible: bool = True) -> type[JaxMultiAgentEnvRunner]:
+        """A subclass with the given options, for ``config.env_runners(env_runner_cls=...)``
+        (RLlib builds runners from a class; the options travel with it to Ray actors)::
+
+            env_runner_cls=JaxMultiAgentEnvRunner.with_options(rllib_compatible=False)
+        """
+        if not isinstance(rllib_compatible, bool):
+            raise TypeError(
+                f"rllib_compatible must be a bool, got {type(rllib_compatible).__name__}"
+            )
+        name = f"{cls.__name__}(rllib_compatible={rllib_compatible})"
+        return type(name, (cls,), {"rllib_compatible": rllib_compatible, "__module__": __name__})
 
     # ------------------------------------------------------------------ construction
 
@@ -144,6 +181,7 @@ class JaxMultiAgentEnvRunner(JaxEnvRunner):
             rollout_length=self._fragment,
             seed=0 if self._seed is None else int(self._seed),
             episode_lookback_horizon=int(self.config.episode_lookback_horizon),
+            rllib_compatible=self.rllib_compatible,
             topup_length=topup_length(self._fragment),
         )
 
@@ -273,7 +311,11 @@ class JaxMultiAgentEnvRunner(JaxEnvRunner):
     # ------------------------------------------------------------------ spaces, state
 
     def get_spaces(self) -> dict[str, Any]:
-        """RLlib's spaces dict: per-agent ``Dict`` env spaces and each module's spaces."""
+        """RLlib's spaces dict: per-agent ``Dict`` env spaces and each module's spaces (of
+        a remote runner whose construction failed: its error, for the driver to raise)."""
+        error = getattr(self, "_construction_error", None)
+        if error is not None:
+            return construction_error_spaces(error)
         obs, act = self._gym_obs_space, self._gym_act_space
         env_obs = gym.spaces.Dict({aid: obs for aid in self.agent_ids})
         env_act = gym.spaces.Dict({aid: act for aid in self.agent_ids})

@@ -9,6 +9,8 @@
 * :class:`RunnerPolicy`: the mirrored module's explore / greedy forward and uniform random
   actions in one jitted policy, the mode chosen by a params leaf (no retrace between
   modes), plus RLlib's ``weights_seq_no`` extra;
+* :func:`construction_error_spaces` / :func:`raise_remote_construction_error`: a remote
+  runner's construction error carried to ``build_algo()`` in the driver;
 * :func:`topup_length`: the length of the short chunks that top a ``num_timesteps`` call
   up after its first full chunk (``DeviceSampler(topup_length=...)``), so it overshoots by
   a top-up at most.
@@ -38,12 +40,15 @@ __all__ = [
     "UnsquashActions",
     "action_transform",
     "check_connectors",
+    "construction_error_spaces",
+    "raise_remote_construction_error",
     "resolve_env",
     "topup_length",
 ]
 
 _SUPPORTED_ENVS = (
-    "a jaxsampler id (js.envs.registered_ids()), 'gymnax:<id>', 'gym:<Gymnasium id>', a Gymnasium "
+    "a jaxsampler id (js.envs.registered_ids()), a suite id ('gymnax:<id>', 'brax:<name>', "
+    "'jumanji:<id>', 'pgx:<id>', 'jaxmarl:<id>'), 'gym:<Gymnasium id>', a Gymnasium "
     "id, an env registered with ray.tune.register_env, a jaxsampler Env instance, or a "
     "callable returning a jaxsampler Env or a Gymnasium env"
 )
@@ -131,9 +136,10 @@ def resolve_env(
         if _global_registry.contains(ENV_CREATOR, spec):
             creator = _global_registry.get(ENV_CREATOR, spec)
             return _from_callable(lambda: creator(context()), spec, device, host)
-        if spec.startswith("gymnax:") or spec in js.envs.registered_ids():
+        if _is_suite_id(spec) or spec in js.envs.registered_ids():
             env = js.make(spec, **env_config)
-            assert isinstance(env, Env)
+            if not isinstance(env, Env):
+                raise TypeError(f"{spec!r} did not build a pure-JAX env ({type(env).__name__})")
             return device(env)
         if spec in gym.envs.registry:
             return host(lambda: gym.make(spec, **env_config))
@@ -141,6 +147,15 @@ def resolve_env(
     if callable(spec):
         return _from_callable(lambda: spec(context()), spec, device, host)
     raise TypeError(f"config.env={spec!r} is not supported; JaxEnvRunner takes {_SUPPORTED_ENVS}")
+
+
+def _is_suite_id(spec: str) -> bool:
+    """Whether ``spec`` names an env of a JAX suite (``"<suite>:<id>"``, any suite
+    :func:`jaxsampler.make` knows: gymnax, brax, jumanji, pgx, jaxmarl)."""
+    from jaxsampler.envs.registry import SUITES
+
+    suite, sep, _ = spec.partition(":")
+    return bool(sep) and suite in SUITES
 
 
 def _device(env: Env, multi_agent: bool) -> ResolvedEnv:
@@ -185,6 +200,30 @@ def _from_callable(
     raise TypeError(
         f"config.env={spec!r} built a {type(probe).__name__}; JaxEnvRunner takes {_SUPPORTED_ENVS}"
     )
+
+
+#: the key of the spaces dict that a remote runner whose construction failed returns
+_CONSTRUCTION_ERROR = "__jaxsampler_runner_construction_error__"
+
+
+def construction_error_spaces(error: Exception) -> dict[str, Any]:
+    """What a remote runner (a Ray actor) whose construction raised ``error`` returns from
+    ``get_spaces()``, so that the error reaches ``build_algo()`` in the driver.
+
+    RLlib (``restart_failed_env_runners``, on by default) logs a remote runner's
+    construction error, takes the actor out of service and then fails on its own with
+    ``IndexError: list index out of range`` when it asks the first remote runner for the
+    spaces. A runner that stays up and answers with its error instead gets it to the
+    driver: RLlib passes the remote runner's spaces to the driver's local runner, whose
+    construction raises it (:func:`raise_remote_construction_error`)."""
+    return {_CONSTRUCTION_ERROR: error}
+
+
+def raise_remote_construction_error(spaces: Any) -> None:
+    """Raises the error in ``spaces`` if a remote runner sent one
+    (:func:`construction_error_spaces`); else does nothing."""
+    if isinstance(spaces, dict) and _CONSTRUCTION_ERROR in spaces:
+        raise spaces[_CONSTRUCTION_ERROR]
 
 
 def topup_length(fragment: int) -> int:

@@ -307,3 +307,69 @@ def test_bad_input_fails_at_construction_naming_alternatives():
         assert all(e.t_started == 0 for e in r.sample(num_timesteps=4))
     finally:
         r.stop()
+
+
+# ------------------------------------------------------------------------- suite ids
+
+#: one id of each suite ``js.make`` knows, and whether it is multi-agent
+SUITE_IDS = [
+    ("gymnax:CartPole-v1", False),
+    ("brax:ant", False),
+    ("jumanji:Snake-v1", False),
+    ("pgx:tic_tac_toe", True),
+    ("jaxmarl:MPE_simple_spread_v3", True),
+]
+
+
+@pytest.mark.parametrize("env_id,multi", SUITE_IDS)
+def test_every_suite_id_resolves_to_the_env_js_make_builds(env_id, multi):
+    """Both runners take every ``"<suite>:<id>"`` that ``js.make`` takes (suites not
+    installed: the suite's own ImportError, not "unknown env id")."""
+    from jaxsampler.envs.registry import SUITES
+    from jaxsampler.integrations.rllib.runner_parts import resolve_env
+
+    assert {s.partition(":")[0] for s, _ in SUITE_IDS} == set(SUITES)
+    try:
+        ref = js.make(env_id)
+    except ImportError as e:
+        with pytest.raises(ImportError, match=str(e)[:20]):
+            resolve_env(config(env_id), 0, 0, multi_agent=multi)
+        return
+    got = resolve_env(config(env_id), 0, 0, multi_agent=multi)
+    assert type(got.env) is type(ref) and got.env.agent_ids == ref.agent_ids
+    assert got.observation_space == ref.observation_space.to_gymnasium()
+    if multi:  # the single-agent runner names the multi-agent one
+        with pytest.raises(ValueError, match="JaxMultiAgentEnvRunner"):
+            resolve_env(config(env_id), 0, 0)
+
+
+def test_single_agent_runner_samples_a_suite_env():
+    r = JaxEnvRunner(config=config("gymnax:CartPole-v1", num_envs=2))
+    try:
+        episodes = r.sample(num_timesteps=16, random_actions=True)
+        assert sum(len(e) for e in episodes) >= 16
+        assert all(type(e) is SingleAgentEpisode for e in episodes)
+    finally:
+        r.stop()
+
+
+def test_a_remote_runners_construction_error_travels_to_the_drivers_runner():
+    """Without Ray: a runner built as remote runner 1 with a bad config stays up and answers
+    ``get_spaces()`` with its error; the driver's runner, which RLlib builds with those
+    spaces, raises it (``test_remote_runners.py`` runs the same through ``build_algo()``)."""
+    bad = config(model=DefaultModelConfig(use_lstm=True))
+    with pytest.raises(TypeError, match="policy_from_rl_module") as local:
+        JaxEnvRunner(config=bad)
+    remote = JaxEnvRunner(config=bad, worker_index=1, num_workers=1)
+    remote.assert_healthy()
+    spaces = remote.get_spaces()
+    remote.stop()
+    with pytest.raises(TypeError) as driver:
+        JaxEnvRunner(config=config(), worker_index=0, num_workers=1, spaces=spaces)
+    assert str(driver.value) == str(local.value)
+    ma = config("gym:CartPole-v1").multi_agent(
+        policies={"p"}, policy_mapping_fn=lambda *a, **k: "p"
+    )
+    spaces = JaxMultiAgentEnvRunner(config=ma, worker_index=1, num_workers=1).get_spaces()
+    with pytest.raises(TypeError, match="MultiAgentEnvRunner"):
+        JaxMultiAgentEnvRunner(config=ma, worker_index=0, num_workers=1, spaces=spaces)

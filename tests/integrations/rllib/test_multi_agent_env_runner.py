@@ -118,3 +118,75 @@ def test_one_multi_agent_ppo_iteration(env):
         assert algo.env_runner.get_state()["weights_seq_no"] >= 1
     finally:
         algo.stop()
+
+
+def test_a_jaxmarl_suite_id_samples_as_the_native_env_does():
+    """``"jaxmarl:MPE_simple_spread_v3"`` (a ``js.make`` suite id) is sampled like the
+    native ``Spread-v0``: episodes of the three agents, each from its mapped module."""
+    r = JaxMultiAgentEnvRunner(config=config("jaxmarl:MPE_simple_spread_v3"))
+    try:
+        episodes = r.sample(num_timesteps=24, force_reset=True)
+        assert sum(len(e) for e in episodes) >= 24
+        assert {a for e in episodes for a in e.agent_ids} == set(MAPPING)
+        check_agents_follow_their_modules(r, episodes)
+    finally:
+        r.stop()
+
+
+def test_rllib_compatible_train_batch_equals_rllibs_own_episodes_on_a_time_limit():
+    """Spread ends by its time limit. The default runner (``rllib_compatible=True``) gives
+    the train batch, value targets included, that RLlib's PPO learner pipeline builds from
+    RLlib's own ``MultiAgentEpisode`` s replayed step by step with ``add_env_step`` (what
+    RLlib's ``MultiAgentEnvRunner`` records) from the same data with the env's own flags;
+    ``with_options(rllib_compatible=False)`` keeps those flags (agents truncated, not
+    terminated), so GAE bootstraps there and the value targets differ."""
+    from tests.integrations.rllib.test_learner_connectors import (
+        build_ppo_learner,
+        rllib_ma_replay,
+        shared_module,
+        train_batch,
+    )
+
+    def cfg(cls):
+        return (
+            config(fragment=26, num_envs=2)
+            .multi_agent(policies={"shared"}, policy_mapping_fn=shared_module)
+            .env_runners(env_runner_cls=cls)
+        )
+
+    keeps_flags = JaxMultiAgentEnvRunner.with_options(rllib_compatible=False)
+    assert JaxMultiAgentEnvRunner.rllib_compatible and not keeps_flags.rllib_compatible
+    with pytest.raises(TypeError, match="rllib_compatible must be a bool"):
+        JaxMultiAgentEnvRunner.with_options(rllib_compatible="yes")
+    from ray import cloudpickle  # how the class travels to Ray actors
+
+    shipped = cloudpickle.loads(cloudpickle.dumps(keeps_flags))
+    assert issubclass(shipped, JaxMultiAgentEnvRunner) and shipped.rllib_compatible is False
+    compatible = JaxMultiAgentEnvRunner(config=cfg(JaxMultiAgentEnvRunner))
+    own = keeps_flags(config=cfg(keeps_flags))
+    try:
+        own.set_state(compatible.get_state(components="rl_module"))
+        ours = compatible.sample(num_timesteps=52, force_reset=True)
+        env_flags = own.sample(num_timesteps=52, force_reset=True)
+    finally:
+        compatible.stop()
+        own.stop()
+    assert sum(e.is_truncated for e in ours) == 2  # both envs hit the 25-step limit
+    obs_space, act_space = compatible._gym_obs_space, compatible._gym_act_space
+    aids = compatible.agent_ids
+    ref = rllib_ma_replay([env_flags], {a: obs_space for a in aids}, {a: act_space for a in aids})
+    ref = ref[0]
+    for ep in ref:  # (the sampler keeps float32 rewards)
+        for sa in ep.agent_episodes.values():
+            sa.rewards.data = np.asarray(sa.rewards.data, np.float32)
+    learner = build_ppo_learner(None, obs_space, act_space, multi_agent_ids=aids)
+    got, want, kept = (train_batch(learner, x)["shared"] for x in (ours, ref, env_flags))
+    for k in want:
+        if k != "weights_seq_no":
+            np.testing.assert_array_equal(got[k], want[k], err_msg=k)
+    for ep, r in zip(ours, ref):
+        assert {a: (s.is_terminated, s.is_truncated) for a, s in ep.agent_episodes.items()} == {
+            a: (s.is_terminated, s.is_truncated) for a, s in r.agent_episodes.items()
+        }
+    assert not np.allclose(kept["value_targets"], want["value_targets"], atol=1e-3)
+    np.testing.assert_array_equal(kept["rewards"], want["rewards"])
