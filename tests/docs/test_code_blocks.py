@@ -62,7 +62,9 @@ def test_blocks_are_found() -> None:
     """The extractor sees the README's quick start and keeps unlabelled fences out."""
     readme = python_blocks(ROOT / "README.md")
     assert readme and "js.make(" in readme[0].code
-    text = "a\n\n```python\nx = 1\n```\n\n- item\n\n  ```python\n  y = x\n  ```\n\n```text\nz\n```\n"
+    text = (
+        "a\n\n```python\nx = 1\n```\n\n- item\n\n  ```python\n  y = x\n  ```\n\n```text\nz\n```\n"
+    )
     found = blocks(text)
     assert [(b.lang, b.code) for b in found] == [
         ("python", "x = 1\n"),
@@ -74,6 +76,9 @@ def test_blocks_are_found() -> None:
 def test_no_unlabelled_fences() -> None:
     """Every fence names its language, so a Python block cannot hide as an unlabelled one."""
     bad = [
-        f"{p.relative_to(ROOT)}:{b.line}" for p in pages() for b in blocks(p.read_text()) if not b.lang
+        f"{p.relative_to(ROOT)}:{b.line}"
+        for p in pages()
+        for b in blocks(p.read_text())
+        if not b.lang
     ]
     assert not bad, f"fences without a language: {bad}"
