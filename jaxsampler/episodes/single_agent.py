@@ -51,10 +51,16 @@ EpisodeBuffers = tuple[
 class SingleAgentEpisode:
     """A (chunk of an) episode of one agent: observations, actions, rewards, infos, extras.
 
-    See RLlib's documentation of ``SingleAgentEpisode``; all its arguments are accepted.
-    ``observations`` has one item more than ``actions`` / ``rewards`` / each extra model
-    output. ``len_lookback_buffer`` (``"auto"`` = everything given) leading items of each
-    column are lookback, not part of the episode's own timesteps.
+    The constructor takes every argument of RLlib 2.60's ``SingleAgentEpisode``, with the
+    same meaning: ``id_`` (a random episode id by default), the columns ``observations``,
+    ``infos``, ``actions``, ``rewards`` and ``extra_model_outputs`` (``{key: list}``), the
+    spaces, ``terminated`` / ``truncated``, ``t_started`` (the env step at which this chunk
+    starts), ``len_lookback_buffer``, and ``agent_id`` / ``module_id`` /
+    ``multi_agent_episode_id`` for one agent's part of a multi-agent episode.
+    ``observations`` has one item more than
+    ``actions`` / ``rewards`` / each extra model output. ``len_lookback_buffer``
+    (``"auto"`` = everything given) leading items of each column are lookback, not part of
+    the episode's own timesteps.
     """
 
     __slots__ = (
