@@ -56,9 +56,8 @@ ALLOWLIST: set[str] = {
 def _own_doc(obj: Any) -> str | None:
     """The object's own docstring (not one inherited from ``object`` or a builtin)."""
     doc = obj.__doc__ if not isinstance(obj, property) else (obj.fget.__doc__ if obj.fget else None)
-    if isinstance(obj, type) and doc is not None:
-        if doc == type.__doc__ or doc == object.__doc__:
-            return None
+    if isinstance(obj, type) and doc in (type.__doc__, object.__doc__):
+        return None
     return doc
 
 
