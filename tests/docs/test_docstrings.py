@@ -58,6 +58,8 @@ def _own_doc(obj: Any) -> str | None:
     doc = obj.__doc__ if not isinstance(obj, property) else (obj.fget.__doc__ if obj.fget else None)
     if isinstance(obj, type) and doc in (type.__doc__, object.__doc__):
         return None
+    if isinstance(obj, type) and doc and doc.startswith(f"{obj.__name__}("):
+        return None  # the signature dataclasses write for a class without a docstring
     return doc
 
 
