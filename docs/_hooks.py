@@ -2,12 +2,15 @@
 
 Every file there (tables in ``.md``, plots in ``.png``) is added to the site under the same
 path, so pages link to ``benchmarks/results/<name>`` and the site shows what the benchmark
-scripts last wrote, never a copy made by hand. ``docs/results.md`` holds the marker
-``<!-- results: all -->``, replaced by every results table in turn.
+scripts last wrote, never a copy made by hand. A page line ``<!-- results: NAME.md -->``
+is replaced by that file (headings moved down two levels); ``<!-- results: all -->`` by
+every results file in turn (``docs/results.md``). A marker naming a missing file fails
+the build.
 """
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +18,7 @@ from mkdocs.structure.files import File, Files
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
-MARKER = "<!-- results: all -->"
+MARKER = re.compile(r"^<!-- results: (?P<name>\S+) -->$", re.MULTILINE)
 
 
 def on_files(files: Files, config: Any) -> Files:
@@ -36,13 +39,23 @@ def _demote(markdown: str, folder: str) -> str:
     return "\n".join(out)
 
 
+def _section(path: Path, heading: bool) -> str:
+    """One results file, ready to inline: demoted headings, links from the site root."""
+    name = path.relative_to(RESULTS).as_posix()
+    body = _demote(path.read_text(), path.parent.relative_to(ROOT).as_posix())
+    return f"## `{name}`\n\n{body}\n" if heading else f"{body}\n"
+
+
 def on_page_markdown(markdown: str, page: Any, config: Any, files: Files) -> str:
-    """Replaces the results marker with every ``benchmarks/results/*.md`` table."""
-    if MARKER not in markdown:
-        return markdown
-    parts = []
-    for path in sorted(RESULTS.rglob("*.md")):
-        name = path.relative_to(RESULTS).as_posix()
-        folder = path.parent.relative_to(ROOT).as_posix()
-        parts.append(f"## `{name}`\n\n{_demote(path.read_text(), folder)}\n")
-    return markdown.replace(MARKER, "\n".join(parts))
+    """Replaces each results marker with the file (or files) it names."""
+
+    def expand(m: re.Match[str]) -> str:
+        name = m.group("name")
+        if name == "all":
+            return "\n".join(_section(p, True) for p in sorted(RESULTS.rglob("*.md")))
+        path = RESULTS / name
+        if not path.is_file():
+            raise FileNotFoundError(f"{page.file.src_uri}: no results file {path}")
+        return _section(path, False)
+
+    return MARKER.sub(expand, markdown)
