@@ -82,3 +82,16 @@ def test_no_unlabelled_fences() -> None:
         if not b.lang
     ]
     assert not bad, f"fences without a language: {bad}"
+
+
+def test_readme_results_match_the_results_file() -> None:
+    """Each figure of the README's results table is in benchmarks/results/throughput.md."""
+    readme = (ROOT / "README.md").read_text()
+    results = (ROOT / "benchmarks" / "results" / "throughput.md").read_text()
+    section = readme[readme.index("## Results") : readme.index("## Documentation")]
+    rows = [line for line in section.splitlines() if line.startswith("| ") and "W=1" not in line]
+    cells = [c.strip() for row in rows for c in row.strip("|").split("|")[1:]]
+    figures = [c for c in cells if c and c != "—"]
+    assert len(figures) >= 12
+    missing = [f for f in figures if f"| {f} |" not in results and f"| {f}\n" not in results]
+    assert not missing, f"README figures not in throughput.md: {missing}"
