@@ -1,4 +1,8 @@
-"""Every ```python block of the README and of docs/ runs as written (see tests/docs/blocks.py)."""
+"""Every ```python block of the README and of docs/ runs as written (see tests/docs/blocks.py).
+
+This file runs the README and the pages outside ``docs/guides/`` and ``docs/migration/``;
+``test_code_blocks_guides.py`` runs those two folders (two files, so pytest-xdist's
+``--dist loadfile`` gives them to two workers)."""
 
 from __future__ import annotations
 
@@ -27,9 +31,15 @@ for line, code in blocks:
 """
 
 
-def _params() -> list:
+GUIDES = ("docs/guides/", "docs/migration/")
+
+
+def page_params(guides: bool) -> list:
+    """One pytest param per page with python blocks: the guide folders' pages or the rest."""
     params = []
     for path in pages():
+        if path.relative_to(ROOT).as_posix().startswith(GUIDES) != guides:
+            continue
         found = python_blocks(path)
         if not found:
             continue
@@ -39,8 +49,8 @@ def _params() -> list:
     return params
 
 
-@pytest.mark.parametrize("path", _params())
-def test_page_blocks_run(path: Path, tmp_path: Path) -> None:
+def run_page(path: Path, tmp_path: Path) -> None:
+    """Runs the page's blocks in order in one fresh process; fails naming page and line."""
     rel = path.relative_to(ROOT).as_posix()
     payload = json.dumps([rel, [[b.line, b.code] for b in python_blocks(path)]])
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # blocks set their own
@@ -56,6 +66,11 @@ def test_page_blocks_run(path: Path, tmp_path: Path) -> None:
         timeout=900,
     )
     assert proc.returncode == 0, f"{rel}:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
+
+
+@pytest.mark.parametrize("path", page_params(guides=False))
+def test_page_blocks_run(path: Path, tmp_path: Path) -> None:
+    run_page(path, tmp_path)
 
 
 def test_blocks_are_found() -> None:
