@@ -93,10 +93,10 @@ def _inherited(cls: type, name: str) -> Any:
     return None
 
 
-def _public() -> dict[str, Any]:
+def _public(modules: list[str] = MODULES) -> dict[str, Any]:
     """Qualified name -> object, for every public name and public class member."""
     out: dict[str, Any] = {}
-    for modname in MODULES:
+    for modname in modules:
         mod = importlib.import_module(modname)
         for name in getattr(mod, "__all__", []):
             obj = getattr(mod, name)
@@ -120,12 +120,25 @@ def _problem(doc: str | None) -> str | None:
     return None
 
 
-def test_public_names_are_documented() -> None:
+def _undocumented(public: dict[str, Any]) -> dict[str, str]:
     problems = {}
-    for qualname, obj in PUBLIC.items():
+    for qualname, obj in public.items():
         problem = _problem(_own_doc(obj))
         if problem and qualname not in ALLOWLIST:
             problems[qualname] = problem
+    return problems
+
+
+def test_public_names_are_documented() -> None:
+    problems = _undocumented(PUBLIC)
+    assert not problems, "\n".join(f"{k}: {v}" for k, v in sorted(problems.items()))
+
+
+@pytest.mark.integration
+def test_rllib_integration_is_documented() -> None:
+    """The RLlib layer (it imports RLlib, so it runs with the integration tests)."""
+    pytest.importorskip("ray.rllib")
+    problems = _undocumented(_public(["jaxsampler.integrations.rllib"]))
     assert not problems, "\n".join(f"{k}: {v}" for k, v in sorted(problems.items()))
 
 
