@@ -51,16 +51,11 @@ EpisodeBuffers = tuple[
 class SingleAgentEpisode:
     """A (chunk of an) episode of one agent: observations, actions, rewards, infos, extras.
 
-    The constructor takes every argument of RLlib 2.60's ``SingleAgentEpisode``, with the
-    same meaning: ``id_`` (a random episode id by default), the columns ``observations``,
-    ``infos``, ``actions``, ``rewards`` and ``extra_model_outputs`` (``{key: list}``), the
-    spaces, ``terminated`` / ``truncated``, ``t_started`` (the env step at which this chunk
-    starts), ``len_lookback_buffer``, and ``agent_id`` / ``module_id`` /
-    ``multi_agent_episode_id`` for one agent's part of a multi-agent episode.
-    ``observations`` has one item more than
-    ``actions`` / ``rewards`` / each extra model output. ``len_lookback_buffer``
-    (``"auto"`` = everything given) leading items of each column are lookback, not part of
-    the episode's own timesteps.
+    Takes RLlib 2.60's constructor arguments with their meaning (``id_``, the five columns,
+    the spaces, ``terminated`` / ``truncated``, ``t_started``, ``len_lookback_buffer``,
+    ``agent_id`` / ``module_id`` / ``multi_agent_episode_id``). ``observations`` has one
+    item more than ``actions`` / ``rewards`` / each extra model output; the first
+    ``len_lookback_buffer`` (``"auto"``: all given) items of each column are lookback.
     """
 
     __slots__ = (
