@@ -591,7 +591,8 @@ class SingleAgentEpisode:
         return borrow(successor)  # (its columns are views of this episode's)
 
     def slice(self, slice_: slice, *, len_lookback_buffer: int | None = None) -> SingleAgentEpisode:
-        """A new episode over ``slice_`` of this one's own timesteps (see RLlib).
+        """This episode's timesteps ``slice_`` as a new episode: same id, ``t_started`` moved
+        by the start, done flags only if it reaches the end, lookback ``len_lookback_buffer``.
 
         RLlib deviation (E2): works on a numpy'ized episode with ``Dict`` observations.
         RLlib deviation (E4): the bounds are clipped to ``[0, len]`` (RLlib's reversed
