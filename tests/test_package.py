@@ -1,5 +1,5 @@
 """The floor plan holds: a narrow sorted top level, rooms a person can hold, no import
-circle, and one list of layers shared by the README and the import-linter contract."""
+circle, and one list of layers shared by docs/layout.md and the import-linter contract."""
 
 from __future__ import annotations
 
@@ -128,9 +128,8 @@ def _contract_layers() -> list[set[str]]:
     ]
 
 
-def _readme_layers() -> list[set[str]]:
-    text = (ROOT / "README.md").read_text()
-    table = text.split("## Layout: one folder per layer", 1)[1]
+def _docs_layers() -> list[set[str]]:
+    table = (ROOT / "docs" / "layout.md").read_text()
     rows = [line for line in table.splitlines() if line.startswith("| ")][1:]
     layers = []
     for row in rows:
@@ -142,8 +141,8 @@ def _readme_layers() -> list[set[str]]:
     return layers
 
 
-def test_readme_layout_table_and_contract_list_the_same_rows_in_order():
-    assert _readme_layers() == _contract_layers()
+def test_docs_layout_table_and_contract_list_the_same_rows_in_order():
+    assert _docs_layers() == _contract_layers()
 
 
 def test_every_package_module_sits_in_a_layer():

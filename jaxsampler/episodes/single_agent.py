@@ -51,10 +51,11 @@ EpisodeBuffers = tuple[
 class SingleAgentEpisode:
     """A (chunk of an) episode of one agent: observations, actions, rewards, infos, extras.
 
-    See RLlib's documentation of ``SingleAgentEpisode``; all its arguments are accepted.
-    ``observations`` has one item more than ``actions`` / ``rewards`` / each extra model
-    output. ``len_lookback_buffer`` (``"auto"`` = everything given) leading items of each
-    column are lookback, not part of the episode's own timesteps.
+    Takes RLlib 2.60's constructor arguments with their meaning (``id_``, the five columns,
+    the spaces, ``terminated`` / ``truncated``, ``t_started``, ``len_lookback_buffer``,
+    ``agent_id`` / ``module_id`` / ``multi_agent_episode_id``). ``observations`` has one
+    item more than ``actions`` / ``rewards`` / each extra model output; the first
+    ``len_lookback_buffer`` (``"auto"``: all given) items of each column are lookback.
     """
 
     __slots__ = (
@@ -590,7 +591,8 @@ class SingleAgentEpisode:
         return borrow(successor)  # (its columns are views of this episode's)
 
     def slice(self, slice_: slice, *, len_lookback_buffer: int | None = None) -> SingleAgentEpisode:
-        """A new episode over ``slice_`` of this one's own timesteps (see RLlib).
+        """This episode's timesteps ``slice_`` as a new episode: same id, ``t_started`` moved
+        by the start, done flags only if it reaches the end, lookback ``len_lookback_buffer``.
 
         RLlib deviation (E2): works on a numpy'ized episode with ``Dict`` observations.
         RLlib deviation (E4): the bounds are clipped to ``[0, len]`` (RLlib's reversed

@@ -132,9 +132,9 @@ def check_output_path(path: str | os.PathLike[str], suffixes: Any = SUFFIXES) ->
 
     Raises:
         ValueError: unsupported suffix (naming the supported ones).
-        FileNotFoundError / NotADirectoryError / IsADirectoryError / PermissionError
-        (all ``OSError``): the directory is missing, not a directory, the path is a
-        directory, or the directory is not writable; the message names the path.
+        OSError: ``FileNotFoundError``, ``NotADirectoryError``, ``IsADirectoryError`` or
+            ``PermissionError``: the directory is missing, not a directory, the path is a
+            directory, or the directory is not writable; the message names the path.
     """
     p = Path(os.fspath(path)).expanduser()
     suffix = p.suffix.lower()

@@ -19,13 +19,23 @@ Consecutive ``add`` calls must come from consecutive rollout calls of the same r
 state (each row is one continuing timeline). Shapes are checked at trace time against the
 buffer state: a trajectory of another shape or dtype raises, naming both.
 
-Example (inside one jitted function)::
+Example (collect and sample inside one jitted function)::
 
-    replay = make_transition_buffer(jax.eval_shape(rollout, params, state)[1], 10_000, 64, 32)
-    buf = replay.init()
-    state, traj = rollout(params, state)
-    buf = replay.add(buf, traj)
-    batch = replay.sample(buf, key)  # ReplayTransition, leaves [32, ...]
+    >>> import jax
+    >>> import jaxsampler as js
+    >>> env = js.make("CartPole-v1")
+    >>> policy = js.RandomPolicy(env.observation_space, env.action_space)
+    >>> rollout = js.make_rollout(env, policy, num_envs=4, rollout_length=16)
+    >>> params, state = (), rollout.init(jax.random.PRNGKey(0))
+    >>> replay = make_transition_buffer(jax.eval_shape(rollout, params, state)[1], 10_000, 64, 32)
+    >>> @jax.jit
+    ... def collect(state, buf, key):
+    ...     state, traj = rollout(params, state)
+    ...     buf = replay.add(buf, traj)
+    ...     return state, buf, replay.sample(buf, key)
+    >>> state, buf, batch = collect(state, replay.init(), jax.random.PRNGKey(1))
+    >>> batch.obs.shape  # a ReplayTransition, leaves [32, ...]
+    (32, 4)
 """
 
 from __future__ import annotations

@@ -233,9 +233,9 @@ def make_rollout(
 
     Raises:
         ValueError / TypeError: bad sizes, mismatched spaces, ``num_envs`` not divisible
-        by the mesh (the nearest valid counts named), ``reset_pool`` with domain
-        randomization; at trace time, actions of the wrong shape or dtype, ``reset_pool``
-        with per-env params.
+            by the mesh (the nearest valid counts named), ``reset_pool`` with domain
+            randomization; at trace time, actions of the wrong shape or dtype,
+            ``reset_pool`` with per-env params.
     """
     check_sizes(num_envs, rollout_length)
     pipe = check_compatible(env, policy, transforms)

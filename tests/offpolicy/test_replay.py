@@ -326,12 +326,12 @@ def test_jaxsampler_imports_without_the_extra():
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
 
 
-def test_the_readme_example_runs():
+def test_the_docs_example_runs():
     from pathlib import Path
 
-    text = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    block = text.split("### Off-policy", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+    text = (Path(__file__).resolve().parents[2] / "docs" / "guides" / "training.md").read_text()
+    block = text.split("## Off-policy", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
     scope: dict = {}
-    exec(compile(block, "README.md (off-policy)", "exec"), scope)
+    exec(compile(block, "docs/guides/training.md (off-policy)", "exec"), scope)
     batch = scope["batch"]
     assert batch.obs.shape == batch.next_obs.shape == (64, 4)

@@ -180,13 +180,13 @@ def test_a_real_samplers_action_logp_matches_the_params_its_version_names():
     sampler.close()
 
 
-def test_the_readme_example_runs():
+def test_the_docs_example_runs():
     from pathlib import Path
 
-    text = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    text = (Path(__file__).resolve().parents[2] / "docs" / "guides" / "training.md").read_text()
     section = text.split("**Collection that overlaps the learner**", 1)[1]
     block = section.split("```python\n", 1)[1].split("```", 1)[0]
     scope: dict = {}
-    exec(compile(block, "README.md (AsyncActor)", "exec"), scope)
+    exec(compile(block, "docs/guides/training.md (AsyncActor)", "exec"), scope)
     sample, actor = scope["sample"], scope["actor"]
     assert sample.index == 2 and sample.version <= 2 and not actor.alive
