@@ -48,13 +48,32 @@ __all__ = ["MultiAgentEpisode", "MultiAgentEnvError", "SKIP", "StaticModuleMappi
 
 
 class MultiAgentEpisode(_Stepping, _Getters):
-    """A (chunk of a) multi-agent episode; see the module docstring and RLlib's docs.
+    """A multi-agent episode, or one chunk of it: one :class:`SingleAgentEpisode` per agent
+    (``agent_episodes``) holding only the steps that agent acted, and per agent a map from
+    env steps to its own steps (``env_t_to_agent_t``; :data:`SKIP` where it did not act).
 
-    ``observations`` / ``infos`` / ``actions`` / ``rewards`` / ``extra_model_outputs`` are
-    lists of per-env-step dicts (``{agent_id: value}``; extras ``{agent_id: {key: value}}``)
-    with one observation dict more than action dicts. ``len_lookback_buffer`` leading env
-    steps (``"auto"``: all of them) are lookback. As in RLlib, ``agent_t_started`` holds
-    only agents that have started (received an observation).
+    Steps are added with :meth:`add_env_reset` / :meth:`add_env_step` (dicts keyed by agent
+    id, ``"__all__"`` in the done dicts); an agent that acts and gets no next observation
+    hangs, and its rewards are summed until it does. Getters read by env step
+    (``env_steps=True``) or by each agent's own steps, with the lookback, ``fill`` and
+    ``neg_index_as_lookback`` rules of :class:`~jaxsampler.episodes.InfiniteLookbackBuffer`.
+    :meth:`cut` starts the next chunk of a running episode; :meth:`to_numpy` freezes the
+    data into arrays. Where RLlib 2.60 has a bug this class does not copy, a note "RLlib
+    deviation (n)" in this package says what differs and why.
+
+    Args:
+        id_: the episode id (default: a fresh random one).
+        observations, infos, actions, rewards, extra_model_outputs: initial data as lists of
+            per-env-step dicts (``{agent_id: value}``; extras ``{agent_id: {key: value}}``),
+            with one observation dict more than action dicts.
+        observation_space, action_space: ``{agent_id: space}``.
+        terminateds, truncateds: the done flags, per agent (dict) or for all (bool).
+        env_t_started: the env step the data starts at (after the lookback).
+        agent_t_started: each started agent's first own step (only agents that received
+            an observation appear, as in RLlib).
+        len_lookback_buffer: how many leading env steps are lookback (``"auto"``: all).
+        agent_episode_ids, agent_module_ids: per-agent episode ids and module ids.
+        agent_to_module_mapping_fn: ``(agent_id, episode) -> module_id``.
     """
 
     def __init__(

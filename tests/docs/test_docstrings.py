@@ -46,11 +46,7 @@ _ONLY_REFERS = re.compile(
 
 # Public names whose docstrings live in files other engineers are editing now; each is a
 # TODO for those files (multi-agent episodes, the RLlib integration). Keep this list short.
-ALLOWLIST: set[str] = {
-    # TODO(multi-agent episodes): say what the class holds without "see ... RLlib's docs".
-    "jaxsampler.MultiAgentEpisode",
-    "jaxsampler.episodes.MultiAgentEpisode",
-}
+ALLOWLIST: set[str] = set()
 
 
 def _own_doc(obj: Any) -> str | None:
