@@ -90,7 +90,8 @@ def raw_get(server: PolicyServer, path: str, headers: dict | None = None):
         conn.close()
 
 
-def wait_for(predicate, what: str, limit_s: float = 10.0) -> None:
+def wait_for(predicate, what: str, limit_s: float = 60.0) -> None:
+    """Waits for ``predicate()``; ``limit_s`` is a hang guard only."""
     end = time.monotonic() + limit_s
     while not predicate():
         assert time.monotonic() < end, f"not within {limit_s} s: {what}"
