@@ -23,10 +23,29 @@ INTEGRATION_PATHS: dict[str, str] = {
     "tests/envs/adapters/test_jumanji.py": "Jumanji (the jumanji extra)",
     "tests/envs/adapters/test_pgx.py": "Pgx (the pgx extra)",
     "tests/benchmarks/test_notebook.py": "a Jupyter kernel (nbclient, ipykernel)",
+    "tests/sampling/test_resume.py": "a long run: saved and resumed runs in subprocesses",
 }
 
-#: Single tests (node ids without parameters) that are integration tests in a quick-tier file.
+#: Single tests that are integration tests in a quick-tier file: node ids, with parameters
+#: (one case) or without (every case).
 INTEGRATION_TESTS: dict[str, str] = {
+    "tests/test_package.py::test_moved_module_paths_import_with_a_deprecation_warning"
+    "[jaxsampler.rllib.convert-jaxsampler.integrations.rllib.convert-to_rllib]": (
+        "the old RLlib path imports RLlib"
+    ),
+    # The long runs: whole benchmarks, examples and resumed runs end to end (each tens of
+    # seconds of compiles); the modules they use have quick tests of their own.
+    "tests/envs/adapters/test_gymnax_compact.py::test_ppo_cnn_update_on_compact_frames_matches"
+    "_float32": "a long run",
+    "tests/benchmarks/test_host_side.py::test_quick_writes_the_schema": "a long run",
+    "tests/rollout/test_checkpoint.py::test_checkpoint_benchmark_quick_writes_the_schema": (
+        "a long run"
+    ),
+    "tests/benchmarks/test_scaling.py::test_gpu_quick_writes_the_schema": "a long run",
+    "tests/host_envs/external/test_limits.py::test_memory_does_not_grow_with_the_number_of"
+    "_episodes": "a long run",
+    "tests/examples/test_domain_randomization.py::test_quick_run_writes_results_with_both"
+    "_variants": "a long run",
     "tests/integrations/test_loggers.py::test_real_wandb_offline": "W&B (the wandb extra)",
     "tests/envs/adapters/test_jaxmarl.py::test_real_jaxmarl_mpe_matches_stepping_by_hand": (
         "JaxMARL (the jaxmarl extra)"
@@ -50,7 +69,7 @@ def integration_reason(nodeid: str, markers: Iterable[str]) -> str | None:
     for where, why in INTEGRATION_PATHS.items():
         if path == where or (where.endswith("/") and path.startswith(where)):
             return why
-    why = INTEGRATION_TESTS.get(f"{path}::{name.split('[', 1)[0]}")
+    why = INTEGRATION_TESTS.get(nodeid) or INTEGRATION_TESTS.get(f"{path}::{name.split('[')[0]}")
     if why is not None:
         return why
     slow = INTEGRATION_MARKERS.intersection(markers)
