@@ -25,6 +25,8 @@ import dataclasses
 import datetime
 import gc
 import json
+import os
+import platform
 import statistics
 import subprocess
 import sys
@@ -224,6 +226,34 @@ def git_state(include_untracked: bool = False) -> dict[str, Any]:
         return {"error": str(e)}
 
 
+def machine() -> dict[str, Any]:
+    """The machine a result was measured on: CPU model and count, OS, Python."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next(line.split(":", 1)[1].strip() for line in f if "model name" in line)
+    except (OSError, StopIteration):
+        pass
+    return {
+        "cpu": cpu,
+        "cpus": os.cpu_count(),
+        "os": platform.platform(),
+        "python": platform.python_version(),
+    }
+
+
+def measured_at() -> dict[str, Any]:
+    """Where and when a result was measured: ``commit`` (and the working-tree files changed
+    from it), ``date``, ``machine`` and ``load`` (the 1/5/15-minute load averages when the
+    result is written, which cover the run's last minutes)."""
+    return {
+        **git_state(),
+        "date": now(),
+        "machine": machine(),
+        "load": [round(x, 2) for x in os.getloadavg()],
+    }
+
+
 def versions(packages: Iterable[str], missing: str | None = "not installed") -> dict[str, str]:
     """Installed versions of ``packages``; one that is missing says ``missing`` (None: left
     out)."""
@@ -276,10 +306,12 @@ def write_results(
     indent: int = 1,
     default: Callable[[Any], Any] | None = None,
 ) -> None:
-    """Writes ``<name>.json`` (the raw results; ``indent`` and ``default`` as for
+    """Writes ``<name>.json`` (the raw results, with a ``measured_at`` record from
+    :func:`measured_at` unless they have one; ``indent`` and ``default`` as for
     :func:`json.dumps`), ``<name>.md`` (the tables) and, given ``plot(results, path)``,
     ``<name>.png`` to ``out_dir``."""
     out_dir.mkdir(parents=True, exist_ok=True)
+    results = {**results, "measured_at": results.get("measured_at") or measured_at()}
     paths = [out_dir / f"{name}.json", out_dir / f"{name}.md"]
     paths[0].write_text(json.dumps(results, indent=indent, default=default) + "\n")
     paths[1].write_text(markdown)

@@ -7,10 +7,50 @@ if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", "")
         os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=2"
     ).strip()
 
+from pathlib import Path
+
 import jax
 import pytest
 
+from tests import skips, tiers
 from tests.fakes import FakeEnv
+
+# tests/test_tiers.py runs small inner pytest sessions.
+pytest_plugins = ["pytester"]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    skips.install(config)
+
+
+def _mark_matcher(config: pytest.Config):
+    """Whether ``-m`` selects a test with the given marker names; ``None`` without ``-m``."""
+    markexpr = config.getoption("markexpr", "") or ""
+    if not markexpr.strip():
+        return None
+    from _pytest.mark.expression import Expression  # pytest's own parser of -m
+
+    expr = Expression.compile(markexpr)
+    return lambda names: expr.evaluate(lambda name, /, **kwargs: name in names)
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """Files of integration tests are not even imported when ``-m`` leaves them out."""
+    try:
+        rel = collection_path.relative_to(config.rootpath).as_posix()
+    except ValueError:
+        return None
+    if tiers.is_integration_file(rel) and not tiers.selects_integration(_mark_matcher(config)):
+        return True
+    return None
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest's own -m deselection
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Marks the integration tests (tests/tiers.py lists them)."""
+    for item in items:
+        if tiers.integration_reason(item.nodeid, (m.name for m in item.iter_markers())):
+            item.add_marker(pytest.mark.integration)
 
 
 @pytest.fixture(scope="session")

@@ -436,7 +436,7 @@ def check_exactly_once(loop, logs, others=()):
         got = loop.steps[eid]
         assert len(got) == len(exp), eid
         for (kind, obs, rew, info, off), (g_obs, g_rew, g_term, g_trunc, g_info, g_off) in zip(
-            exp, got
+            exp, got, strict=True
         ):
             assert list(g_obs) == [AGENT]
             np.testing.assert_array_equal(g_obs[AGENT], obs)

@@ -40,7 +40,7 @@ def assert_same(a, b, path="root"):
     if isinstance(a, np.ndarray):
         assert a.dtype == b.dtype and a.shape == b.shape, (path, a.dtype, b.dtype, a.shape, b.shape)
         if a.dtype.kind == "O":
-            for i, (x, y) in enumerate(zip(a.ravel(), b.ravel())):
+            for i, (x, y) in enumerate(zip(a.ravel(), b.ravel(), strict=True)):
                 assert_same(x, y, f"{path}[{i}]")
         else:
             np.testing.assert_array_equal(a, b, err_msg=path)
@@ -68,7 +68,7 @@ def assert_same(a, b, path="root"):
             assert a.default_factory is b.default_factory
     elif isinstance(a, (list, tuple)):
         assert len(a) == len(b), path
-        for i, (x, y) in enumerate(zip(a, b)):
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
             assert_same(x, y, f"{path}[{i}]")
     elif isinstance(a, (SingleAgentEpisode, InfiniteLookbackBuffer)):
         assert_same(a.get_state(), b.get_state(), path)
@@ -147,7 +147,7 @@ def test_batches_round_trip(tmp_path, suffix):
     assert write_batches(path, batches) == len(batches)
     back = list(read_batches(path))
     assert len(back) == len(batches)
-    for a, b in zip(batches, back):
+    for a, b in zip(batches, back, strict=True):
         assert_same(a, b)
     # appending keeps the header and adds records
     write_batches(path, batches[:1], append=True)
@@ -170,7 +170,7 @@ def test_episodes_round_trip(tmp_path):
     write_episodes(path, episodes)
     back = list(read_episodes(path))
     assert len(back) == len(episodes)
-    for a, b in zip(episodes, back):
+    for a, b in zip(episodes, back, strict=True):
         assert_same(a, b)
         assert a.get_return() == b.get_return() and len(a) == len(b)
     # mixed files: readers pick their kind
@@ -203,7 +203,7 @@ def test_version_1_logs_stay_readable_and_appendable(tmp_path, name):
         warnings.simplefilter("error")
         back = list(read_records(os.path.join(DATA, name)))
     assert len(back) == len(expected)
-    for a, b in zip(expected, back):
+    for a, b in zip(expected, back, strict=True):
         assert_same(a, b)
     copy = str(tmp_path / name)
     shutil.copy(os.path.join(DATA, name), copy)
@@ -473,7 +473,7 @@ def test_repair_converts_version_1_and_cut_logs(tmp_path):
     report = repair_log(os.path.join(DATA, "offline_v1.msgpack"), out)
     assert report.version == 1 and report.records == 5 and not report.dropped
     back = list(read_records(out))
-    for a, b in zip([*hand_made_batches(), fixture_episode()], back):
+    for a, b in zip([*hand_made_batches(), fixture_episode()], back, strict=True):
         assert_same(a, b)
     with open(out, "rb") as f:
         data = f.read()

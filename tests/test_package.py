@@ -63,7 +63,7 @@ def test_make_sharded_rollout_is_a_deprecated_alias_of_mesh():
     key = jax.random.PRNGKey(0)
     _, a = old((), old.init(key))
     _, b = new((), new.init(key))
-    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
         np.testing.assert_array_equal(x, y)
 
 

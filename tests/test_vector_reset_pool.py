@@ -81,7 +81,7 @@ def test_every_fresh_start_is_an_entry_of_its_block():
     t_idx, e_idx = np.nonzero(traj.is_reset)
     assert len(t_idx) > 8, "the test needs resets"
     used = set()
-    for t, e in zip(t_idx, e_idx):
+    for t, e in zip(t_idx, e_idx, strict=True):
         block = t // 16
         match = np.nonzero((entries[block] == traj.obs[t + 1, e]).all(axis=(-2, -1)))[0]
         assert len(match) == 1, f"step {t} env {e}: the fresh start is no entry of block {block}"

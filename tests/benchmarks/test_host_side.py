@@ -30,12 +30,16 @@ def test_quick_writes_the_schema(tmp_path):
     for side in ("sample_batch", "sample", "sample+read"):
         s, ts, base = cart["sides"][side], cart["times_s"][side], cart["times_s"]["rollout"]
         assert len(ts) == len(base) == 2
-        assert s["ratio"] == pytest.approx(statistics.median(a / b for a, b in zip(ts, base)))
+        assert s["ratio"] == pytest.approx(
+            statistics.median(a / b for a, b in zip(ts, base, strict=True))
+        )
         assert s["conversion_s"] == pytest.approx(
-            statistics.median(a - b for a, b in zip(ts, base))
+            statistics.median(a - b for a, b in zip(ts, base, strict=True))
         )
     compute, copy = cart["split_s"]["rollout_compute"], cart["split_s"]["rollout_copy"]
-    assert all(c + p <= t for c, p, t in zip(compute, copy, cart["times_s"]["rollout"]))
+    assert all(
+        c + p <= t for c, p, t in zip(compute, copy, cart["times_s"]["rollout"], strict=True)
+    )
     mem = minatar["memory"]
     # 16 envs x 8 steps of 10x10x4 float32 frames: at least ~100 rows of obs.
     # (one float32 observation copy: new_obs is built on first read, not held)
@@ -47,7 +51,9 @@ def test_quick_writes_the_schema(tmp_path):
     assert dev["speedup_sample_batch"] == pytest.approx(
         statistics.median(
             a / b
-            for a, b in zip(dev["times_s"]["sample_batch_1d"], dev["times_s"]["sample_batch_2d"])
+            for a, b in zip(
+                dev["times_s"]["sample_batch_1d"], dev["times_s"]["sample_batch_2d"], strict=True
+            )
         )
     )
     assert {t["figure"] for t in res["targets"]} >= {"sample_batch", "speedup_sample_batch"}

@@ -41,6 +41,7 @@ def test_quick_gymnax_writes_the_schema(suites, tmp_path):
         for a, b in zip(
             row["jaxsampler"]["round_agent_steps_per_s"],
             row["handwritten"]["round_agent_steps_per_s"],
+            strict=True,
         )
     ]
     assert row["ratio"] == pytest.approx(statistics.median(ratios))

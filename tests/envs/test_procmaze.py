@@ -126,7 +126,7 @@ def test_jit_and_eager_resets_agree():
     key = jax.random.PRNGKey(5)
     eager = env.reset(key)
     jitted = jax.jit(env.reset)(key)
-    for a, b in zip(jax.tree.leaves(eager), jax.tree.leaves(jitted)):
+    for a, b in zip(jax.tree.leaves(eager), jax.tree.leaves(jitted), strict=True):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 

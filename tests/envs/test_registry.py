@@ -57,7 +57,7 @@ def test_every_registered_id_builds_and_runs(env_id):
     ts0, ts1 = reset_and_step(jax.random.key(0))
     A = env.num_agents
     assert jax.tree.structure(ts0) == jax.tree.structure(ts1)
-    for a, b in zip(jax.tree.leaves(ts0), jax.tree.leaves(ts1)):
+    for a, b in zip(jax.tree.leaves(ts0), jax.tree.leaves(ts1), strict=True):
         assert a.shape == b.shape and a.dtype == b.dtype
     space = env.observation_space
     for ts in (ts0, ts1):

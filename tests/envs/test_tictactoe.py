@@ -143,7 +143,7 @@ def test_jitted_and_unjitted_agree_and_acting_alternates():
         action = np.array([cell, cell], np.int32)
         s_j, ts_j = step_j(jax.random.PRNGKey(t), s_j, action)
         s_u, ts_u = env.step(jax.random.PRNGKey(t), s_u, action)
-        for a, b in zip(jax.tree.leaves((s_j, ts_j)), jax.tree.leaves((s_u, ts_u))):
+        for a, b in zip(jax.tree.leaves((s_j, ts_j)), jax.tree.leaves((s_u, ts_u)), strict=True):
             np.testing.assert_array_equal(a, b)
     np.testing.assert_array_equal(ts_j.terminated, [True, True])  # draw
     np.testing.assert_array_equal(ts_j.reward, [0.0, 0.0])

@@ -131,7 +131,8 @@ def test_multi_agent_env_lifts_one_agent_functions_with_vmap_agents(monkeypatch)
     eager = env.step(jax.random.PRNGKey(2), s, jnp.array([1, 1, 1]))
     s, ts = step(jax.random.PRNGKey(2), s, jnp.array([1, 1, 1]))
     assert all(
-        np.array_equal(a, b) for a, b in zip(jax.tree.leaves(eager), jax.tree.leaves((s, ts)))
+        np.array_equal(a, b)
+        for a, b in zip(jax.tree.leaves(eager), jax.tree.leaves((s, ts)), strict=True)
     )
     np.testing.assert_array_equal(ts.reward, [0.0, 2.0, 3.0])  # a done agent earns nothing
     assert not ts.truncated.any()  # default truncation: time >= max_steps_in_episode

@@ -169,7 +169,7 @@ def apply_step(ep_list: list, model: Model, plan: dict, counter: list) -> bool:
     finish_hanging = []
     model.env_t += 1
     model.known_before = {a for a, m in model.agents.items() if m.obs}
-    for a, c, r in zip(AGENTS, plan["choice"], plan["reward"]):
+    for a, c, r in zip(AGENTS, plan["choice"], plan["reward"], strict=True):
         m = model.agents[a]
         counter[0] += 1
         o = 1000 * AGENTS.index(a) + counter[0]

@@ -154,7 +154,7 @@ def test_rllib_ma_example_reproduced(example):
     got = run(PRELUDE + example["code"]).rstrip("\n").split("\n")
     want = _expected(example)
     assert len(got) == len(want), "\n".join(got)
-    for g, w in zip(got, want):
+    for g, w in zip(got, want, strict=True):
         if exception_type(w):
             assert exception_type(g) == exception_type(w), (g, w)
             assert g.split(" -> !!")[0] == w.split(" -> !!")[0]

@@ -92,7 +92,7 @@ def test_rllib_example_reproduced(example):
     got = run(example["code"]).rstrip("\n").split("\n")
     want = example["expected"].rstrip("\n").split("\n")
     assert len(got) == len(want), "\n".join(got)
-    for g, w in zip(got, want):
+    for g, w in zip(got, want, strict=True):
         dev = DEVIATIONS.get((example["section"], w))
         if dev is not None:
             assert g == dev[0]

@@ -88,7 +88,7 @@ def test_two_processes_match_one_process_with_two_devices():
         np.testing.assert_array_equal(np.float32(a["params"]), np.float32(b["params"]))
         # The same global computation as 1 process x 2 devices.
         np.testing.assert_allclose(np.float32(a["params"]), ref[i]["params"], rtol=1e-5, atol=1e-6)
-        for r, part in zip(runs, (a, b)):
+        for r, part in zip(runs, (a, b), strict=True):
             lo, hi = r["slice"]
             obs = np.float32(part["obs"])  # [T + 1, local envs, 1, 4]
             assert obs.shape == (cfg.rollout_length + 1, 2, 1, 4)
@@ -122,7 +122,7 @@ def test_one_device_is_the_same_run_up_to_rounding(tmp_path):
     two, two_res = reference(2)
     assert one_res["hlo_all_reduces"] == 0
     assert one_res["episodes_per_update"] == two_res["episodes_per_update"]
-    for a, b in zip(one, two):
+    for a, b in zip(one, two, strict=True):
         np.testing.assert_allclose(a["params"], b["params"], rtol=1e-3, atol=1e-4)
     paths = []
     for name, res in (("one", one_res), ("two", two_res)):

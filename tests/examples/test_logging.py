@@ -24,7 +24,7 @@ def test_ppo_host_logs_every_sampler_call_and_update(tmp_path, capsys):
     # one sampler line (the callback) and one training line per update, in that order
     assert len(sampler) == len(train) == len(lines) / 2 and len(sampler) >= 5
     assert lines[::2] == sampler and lines[1::2] == train
-    for s, t in zip(sampler, train):
+    for s, t in zip(sampler, train, strict=True):
         assert s["step"] == t["step"] and s["sampler/total_env_steps"] == s["step"]
         assert s["sampler/env_steps_per_s"] > 0 and s["sampler/rollout_s"] > 0
         assert math.isfinite(t["train/loss_before"]) and math.isfinite(t["train/loss_after"])
@@ -107,7 +107,7 @@ def test_ppo_distributed_logs_the_global_figures_per_update(tmp_path):
         res["env_steps"]
     ]
     assert [x["train/episodes"] for x in lines[:n]] == res["episodes_per_update"]
-    for x, ret in zip(lines[:n], res["learning_curve"]):
+    for x, ret in zip(lines[:n], res["learning_curve"], strict=True):
         if ret is None:
             assert "train/episode_return_mean" not in x
         else:

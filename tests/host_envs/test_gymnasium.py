@@ -93,7 +93,11 @@ def _starts(sampler, calls):
     for out in calls:
         if isinstance(out, js.MultiAgentBatch):
             b = out["default_policy"]
-            firsts = [(i, eid) for i, (eid, t) in enumerate(zip(b["eps_id"], b["t"])) if t == 0]
+            firsts = [
+                (i, eid)
+                for i, (eid, t) in enumerate(zip(b["eps_id"], b["t"], strict=True))
+                if t == 0
+            ]
             for i, eid in firsts:
                 e, c = where[eid]
                 starts[e][c] = b["obs"][i]
@@ -123,7 +127,7 @@ def _host_sampler(starts, horizon):
 
 def _assert_same_episodes(got_eps, want_eps, ids, ends):
     assert len(got_eps) == len(want_eps)
-    for g, w in zip(got_eps, want_eps):
+    for g, w in zip(got_eps, want_eps, strict=True):
         assert isinstance(g, js.SingleAgentEpisode)
         assert (len(g), g.t_started, g.t) == (len(w), w.t_started, w.t)
         assert (g.is_terminated, g.is_truncated) == (w.is_terminated, w.is_truncated)
@@ -149,7 +153,7 @@ def _assert_same_batch(got, want, ids):
     for k in ("actions", "rewards", "terminateds", "truncateds", "t", "agent_index"):
         np.testing.assert_array_equal(g[k], w[k], err_msg=k)
         assert g[k].dtype == w[k].dtype, k
-    for a, b in zip(g["eps_id"], w["eps_id"]):  # the same episodes (and boundaries)
+    for a, b in zip(g["eps_id"], w["eps_id"], strict=True):  # the same episodes (and boundaries)
         assert ids.setdefault(a, b) == b
 
 
@@ -160,7 +164,7 @@ def test_gymnasium_cartpole_equals_device_cartpole(horizon):
     host = _host_sampler(_starts(dev, dev_calls), horizon)
     ids: dict = {}
     ends = {"term": 0, "trunc": 0}
-    for call, (kind, want) in enumerate(zip(KINDS, dev_calls)):
+    for call, (kind, want) in enumerate(zip(KINDS, dev_calls, strict=True)):
         if kind == "eps":
             _assert_same_episodes(host.sample(()), want, ids, ends)
         else:
@@ -479,7 +483,7 @@ def test_multi_agent_dict_env_equals_the_plain_add_env_step_loop(horizon, rllib_
     for call in range(calls):
         got = s.sample({"p0": (), "p1": ()})
         assert len(got) == len(want[call]), call
-        for g, w in zip(got, want[call]):
+        for g, w in zip(got, want[call], strict=True):
             assert isinstance(g, MultiAgentEpisode)
             # The reference chunks' ids are random: map them, one to one and stable.
             assert ids.setdefault(w.id_, g.id_) == g.id_

@@ -49,9 +49,9 @@ def test_sync_vector_env_equals_the_list_of_envs():
     got, want = episodes_data(a, params), episodes_data(b, params)
     assert len(got) == len(want) and len(got) > 3
     assert any(w[2] for w in want)  # truncations happen (time limit 30)
-    for g, w in zip(got, want):
+    for g, w in zip(got, want, strict=True):
         assert g[:3] == w[:3]
-        for x, y in zip(g[3:], w[3:]):
+        for x, y in zip(g[3:], w[3:], strict=True):
             np.testing.assert_array_equal(x, y)
 
 

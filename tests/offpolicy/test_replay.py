@@ -208,13 +208,13 @@ def test_replayed_policy_states_match_the_rollouts(recurrent):
     pol, (_, params, end_state, trajs) = recurrent
     replay = jax.jit(replay_policy_states, static_argnums=0)
     states = [np.asarray(replay(pol, params, t)) for t in trajs]
-    for traj, st in zip(trajs, states):
+    for traj, st in zip(trajs, states, strict=True):
         keep = np.asarray(traj.episode_step_0) != 0  # else reset to zeros at step 0
         np.testing.assert_array_equal(st[0][keep], np.asarray(traj.policy_state_0)[keep])
         assert np.all(st[0][~keep] == 0)
     # after call k's last step the policy holds call k + 1's starting state
     nexts = [trajs[1].policy_state_0, end_state.policy_state]
-    for traj, st, nxt in zip(trajs, states, nexts):
+    for traj, st, nxt in zip(trajs, states, nexts, strict=True):
         last_obs = jax.tree.map(lambda x: x[T - 1], traj.obs)
         carry = pol(params, last_obs, jax.random.PRNGKey(0), jnp.asarray(st[T - 1]))[2]
         np.testing.assert_allclose(np.asarray(carry), np.asarray(nxt), rtol=1e-5, atol=1e-6)
@@ -228,7 +228,7 @@ def test_sequence_buffer_stores_the_state_at_each_window_start(recurrent):
     @jax.jit
     def fill(key):
         buf = replay.init()
-        for traj, st in zip(trajs, states):
+        for traj, st in zip(trajs, states, strict=True):
             buf = replay.add(buf, traj, st)
         return replay.sample(buf, key)
 

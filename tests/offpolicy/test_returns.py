@@ -95,7 +95,7 @@ def test_early_done_agent_ends_one_slot_after_its_flag():
     T = rewards.shape[0]
     early = [
         (s, e)
-        for s, e in zip(*np.nonzero(acting[..., 0]))
+        for s, e in zip(*np.nonzero(acting[..., 0]), strict=True)
         if idx[s, e] < T and not is_reset[idx[s, e], e] and not acting[idx[s, e], e, 0]
     ]
     assert early

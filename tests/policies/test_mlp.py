@@ -367,7 +367,9 @@ def test_random_policy_actions_in_space(action_space):
     obs = _obs((2, 3))
     action, extras, state = _call(policy, (), obs, jax.random.key(0), js.policies.NoState())
     assert extras == {} and state == js.policies.NoState()
-    for leaf, sub in zip(jax.tree.leaves(action), jax.tree.leaves(action_space.zeros())):
+    for leaf, sub in zip(
+        jax.tree.leaves(action), jax.tree.leaves(action_space.zeros()), strict=True
+    ):
         assert leaf.shape == (2, 3) + sub.shape and leaf.dtype == sub.dtype
     flat = jax.tree.map(lambda x: x.reshape((6,) + x.shape[2:]), action)
     assert bool(jnp.all(jax.vmap(action_space.contains)(flat)))
@@ -392,7 +394,9 @@ def test_discrete_observation_is_one_hot():
     params = d_pol.init(jax.random.key(0))
     obs = jnp.array([[1, 3], [5, 2]], jnp.int32)
     one_hot = jnp.asarray(np.eye(5, dtype=np.float32)[np.asarray(obs) - 1])
-    for got, ref in zip(d_pol.forward(params, obs)[:2], b_pol.forward(params, one_hot)[:2]):
+    for got, ref in zip(
+        d_pol.forward(params, obs)[:2], b_pol.forward(params, one_hot)[:2], strict=True
+    ):
         assert got.shape[:2] == (2, 2)
         np.testing.assert_allclose(np.asarray(got), np.asarray(ref), rtol=1e-6, atol=1e-6)
 

@@ -267,7 +267,9 @@ def test_extra_trees_round_trip_with_and_without_like(
     checkpoint.save(tmp_path / "c", {"x": jnp.zeros(2)}, extra={"params": params, "opt": state})
     out = checkpoint.restore_extra(tmp_path / "c", like={"params": params, "opt": state})
     assert jax.tree.structure(out["opt"]) == jax.tree.structure(state)  # NamedTuples kept
-    for a, b in zip(jax.tree.leaves(out), jax.tree.leaves({"params": params, "opt": state})):
+    for a, b in zip(
+        jax.tree.leaves(out), jax.tree.leaves({"params": params, "opt": state}), strict=True
+    ):
         assert a.dtype == b.dtype and a.sharding == b.sharding
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     plain = checkpoint.restore_extra(tmp_path / "c")
@@ -303,7 +305,7 @@ def test_sampler_load_returns_extras_and_restore_builds(live: dict[str, Any]) ->
         assert restored.totals.calls == 1 and restored.metrics.num_env_steps_sampled > 0
         other, _ = _build(seed=5)
         extra = other.load(live["good"])
-        for a, b in zip(jax.tree.leaves(extra["params"]), jax.tree.leaves(params)):
+        for a, b in zip(jax.tree.leaves(extra["params"]), jax.tree.leaves(params), strict=True):
             np.testing.assert_array_equal(a, np.asarray(b))
     finally:
         restored.close()
@@ -331,7 +333,9 @@ def test_save_before_the_first_call_and_after_num_episodes(tmp_path: Path) -> No
     other, _ = _build(transforms=(NormalizeObservation(),), seed=7)
     other.load(tmp_path / "episodes")
     for a, b in zip(
-        jax.tree.leaves(other.transform_state), jax.tree.leaves(sampler.transform_state)
+        jax.tree.leaves(other.transform_state),
+        jax.tree.leaves(sampler.transform_state),
+        strict=True,
     ):
         assert np.asarray(a).tobytes() == np.asarray(b).tobytes()
     assert _fingerprint(other.sample(params)) == _fingerprint(sampler.sample(params))

@@ -51,7 +51,7 @@ def same(a, b) -> bool:
 def test_step_keys_are_deterministic_and_all_streams_distinct():
     k1 = keys.step_keys(KEY, E, params_stream=True)
     k2 = keys.step_keys(KEY, E, params_stream=True)
-    assert all(same(a, b) for a, b in zip(jax.tree.leaves(k1), jax.tree.leaves(k2)))
+    assert all(same(a, b) for a, b in zip(jax.tree.leaves(k1), jax.tree.leaves(k2), strict=True))
     assert k1.env_steps.shape == (E, 2) and k1.env_resets.shape == (E, 2)
     singles = [k1.carry, k1.policy, k1.reset, keys.pool_key(KEY)]
     rows = singles + list(k1.env_steps) + list(k1.env_resets)
@@ -145,11 +145,13 @@ def test_a_transition_has_the_shapes_of_one_buffer_slot():
     assert tr.raw_obs is None and tr.raw_rewards is None and tr.env_params is None
     for f in dataclasses.fields(tr):
         value = getattr(tr, f.name)
-        for slot, leaf in zip(jax.tree.leaves(getattr(spec, f.name)), jax.tree.leaves(value)):
+        for slot, leaf in zip(
+            jax.tree.leaves(getattr(spec, f.name)), jax.tree.leaves(value), strict=True
+        ):
             assert slot.shape[1:] == leaf.shape and slot.dtype == leaf.dtype, f.name
     # The next state keeps the state's layout.
     assert jax.tree.structure(after) == jax.tree.structure(state)
-    for a, b in zip(jax.tree.leaves(after), jax.tree.leaves(state)):
+    for a, b in zip(jax.tree.leaves(after), jax.tree.leaves(state), strict=True):
         assert a.shape == b.shape and a.dtype == jnp.result_type(b)
 
 
@@ -246,7 +248,7 @@ def numpy_write(buf: Trajectory, t: int, tr: step.Transition) -> Trajectory:
         value = getattr(tr, f.name)
         if value is None:
             continue
-        for b, v in zip(jax.tree.leaves(getattr(out, f.name)), jax.tree.leaves(value)):
+        for b, v in zip(jax.tree.leaves(getattr(out, f.name)), jax.tree.leaves(value), strict=True):
             b[t] = np.asarray(v).astype(b.dtype)
     return out
 
@@ -258,7 +260,7 @@ def test_write_matches_a_numpy_reference(t, raw):
     want = numpy_write(buf, t, tr)
     got = jax.jit(buffers.write)(buf, jnp.int32(t), tr)
     assert jax.tree.structure(got) == jax.tree.structure(want)
-    for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+    for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
         assert g.dtype == w.dtype
         np.testing.assert_array_equal(g, w)
     if not raw:  # tracks the transition does not carry are left as they were

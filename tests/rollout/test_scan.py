@@ -28,7 +28,7 @@ E, T = 4, 12
 def tree_equal(a, b) -> bool:
     return jax.tree.structure(a) == jax.tree.structure(b) and all(
         np.array_equal(np.asarray(x), np.asarray(y), equal_nan=True)
-        for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b))
+        for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True)
     )
 
 

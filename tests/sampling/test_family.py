@@ -45,7 +45,7 @@ def test_make_gym_id_gives_the_host_env_the_sampler_uses(cartpole_policy):
     ):
         ea, eb = a.sample(None), b.sample(None)
         assert [e.id_ for e in ea] == [e.id_ for e in eb]
-        for x, y in zip(ea, eb):
+        for x, y in zip(ea, eb, strict=True):
             np.testing.assert_array_equal(x.get_observations(), y.get_observations())
             np.testing.assert_array_equal(x.get_actions(), y.get_actions())
 

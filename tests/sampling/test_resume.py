@@ -82,7 +82,7 @@ def assert_same(a: Any, b: Any, path: str = "") -> None:
             assert_same(a[k], b[k], f"{path}/{k}")
     elif isinstance(a, list):
         assert isinstance(b, list) and len(a) == len(b), f"{path}: {len(a)} items vs {b!r:.200}"
-        for i, (x, y) in enumerate(zip(a, b)):
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
             assert_same(x, y, f"{path}[{i}]")
     elif isinstance(a, np.ndarray):
         assert isinstance(b, np.ndarray), f"{path}: array vs {type(b).__name__}"
@@ -90,7 +90,7 @@ def assert_same(a: Any, b: Any, path: str = "") -> None:
             f"{path}: {a.dtype}{a.shape} vs {b.dtype}{b.shape}"
         )
         if a.dtype == object:
-            for i, (x, y) in enumerate(zip(a.ravel(), b.ravel())):
+            for i, (x, y) in enumerate(zip(a.ravel(), b.ravel(), strict=True)):
                 assert_same(x, y, f"{path}[{i}]")
         else:
             assert a.tobytes() == b.tobytes(), f"{path}: {a.ravel()[:8]} vs {b.ravel()[:8]}"

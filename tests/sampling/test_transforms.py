@@ -171,7 +171,7 @@ def test_device_multi_agent_rewards_and_env_params_in_infos():
         eps, ref = s.sample(()), plain.sample(())
         assert eps and all(isinstance(ep, js.MultiAgentEpisode) for ep in eps)
         assert [ep.id_ for ep in eps] == [ep.id_ for ep in ref]
-        for ep, r in zip(eps, ref):
+        for ep, r in zip(eps, ref, strict=True):
             for aid, sa in ep.agent_episodes.items():
                 ra = r.agent_episodes[aid]
                 np.testing.assert_allclose(
@@ -268,7 +268,7 @@ def test_host_env_gives_the_device_rollouts_normalized_obs_statistics_and_reward
     deps = ds.sample(params)
     assert len(deps) == len(eps)
     key = lambda ep: (float(np.asarray(ep.observations.data)[0, 0]), len(ep))
-    for d, h in zip(sorted(deps, key=key), sorted(eps, key=key)):
+    for d, h in zip(sorted(deps, key=key), sorted(eps, key=key), strict=True):
         np.testing.assert_allclose(
             np.asarray(h.observations.data), np.asarray(d.observations.data), atol=2e-5
         )
@@ -405,7 +405,7 @@ def test_host_multi_agent_reward_transform_sees_reward_only_polls():
         eps, ref = s.sample(()), plain.sample(())
         assert [ep.id_ for ep in eps] == [ep.id_ for ep in ref]
         n = 0
-        for ep, r in zip(eps, ref):
+        for ep, r in zip(eps, ref, strict=True):
             for aid, sa in ep.agent_episodes.items():
                 ra = r.agent_episodes[aid]
                 # an agent's step reward sums the (scaled) rewards of its waiting polls

@@ -93,7 +93,7 @@ def test_http_clients_to_sampler_batches_exactly_once():
     np.testing.assert_array_equal(term, obs[:, 2] == STEPS - 1)
     # No episode merged or split: one eps_id per (client, episode), never shared.
     by_episode: dict = {}
-    for o, e in zip(obs.astype(int).tolist(), eps.tolist()):
+    for o, e in zip(obs.astype(int).tolist(), eps.tolist(), strict=True):
         by_episode.setdefault((o[0], o[1]), set()).add(e)
     assert all(len(v) == 1 for v in by_episode.values())
     assert len({next(iter(v)) for v in by_episode.values()}) == CLIENTS * EPISODES

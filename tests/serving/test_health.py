@@ -90,7 +90,8 @@ def raw_get(server: PolicyServer, path: str, headers: dict | None = None):
         conn.close()
 
 
-def wait_for(predicate, what: str, limit_s: float = 10.0) -> None:
+def wait_for(predicate, what: str, limit_s: float = 60.0) -> None:
+    """Waits for ``predicate()``; ``limit_s`` is a hang guard only."""
     end = time.monotonic() + limit_s
     while not predicate():
         assert time.monotonic() < end, f"not within {limit_s} s: {what}"
@@ -106,11 +107,9 @@ def test_sampler_death_answers_waiting_get_action_with_503_and_refuses_new_reque
     assert (status, ctype, json.loads(body)["status"]) == (200, "application/json", "ok")
 
     sampler.die.set()
-    t0 = time.monotonic()
     with pytest.raises(ServerUnavailableError) as info:
         client.get_action(eid, OBS0 + 1)  # waits for the sampler, which dies on this step
-    waited = time.monotonic() - t0
-    assert waited < ACTION_TIMEOUT_S / 2  # answered at the death, not at the timeout
+    # Answered at the death, not at the action timeout: the answer carries the death's reason.
     assert info.value.status == 503
     assert "No space left on device" in info.value.reason and "OSError" in info.value.reason
     assert isinstance(info.value, PolicyServerError)
@@ -165,10 +164,9 @@ def test_stalled_sampler_gets_503_then_recovers(sampled):
     other = client.start_episode()
 
     sampler.pause()
-    t0 = time.monotonic()
     with pytest.raises(ServerUnavailableError, match="has not polled for") as info:
         client.get_action(eid, OBS0 + 1)  # waits, then is given up when the stall shows
-    assert time.monotonic() - t0 < ACTION_TIMEOUT_S / 2
+    # Given up by the stall check (its reason), not by the action timeout.
     assert "sampler_timeout_s=1)" in info.value.reason
     assert server.env.episode_status(eid) == "finishing"  # abandoned, as on a timeout
     # New work is refused at once; closing out work already begun is accepted.

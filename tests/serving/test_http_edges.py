@@ -330,10 +330,8 @@ def test_unanswered_get_action_gets_504_and_only_its_episode_is_abandoned():
 
             th = threading.Thread(target=step_fast)
             th.start()
-            t0 = time.monotonic()
-            with pytest.raises(TimeoutError, match="abandoned"):
+            with pytest.raises(TimeoutError, match="abandoned"):  # the action timeout's answer
                 slow.get_action("slow", OB[1])
-            assert 0.25 < time.monotonic() - t0 < 5.0
             done.set()
             th.join(5)
             assert not th.is_alive() and len(fast_actions) > 1 and all(fast_actions)
@@ -384,10 +382,11 @@ def test_close_while_get_action_waits_fails_the_call_without_hanging():
     th = threading.Thread(target=lambda: out.update(r=capture(client.get_action, eid, OB[1])))
     th.start()
     poll_until(server, {eid})  # delivered to the "sampler", never answered
-    t0 = time.monotonic()
-    server.close()
-    assert time.monotonic() - t0 < 5.0
-    th.join(5)
+    closer = threading.Thread(target=server.close)
+    closer.start()
+    closer.join(60)  # a hang guard only
+    assert not closer.is_alive(), "close() hangs while a get_action waits"
+    th.join(60)
     assert not th.is_alive()
     assert isinstance(out["r"], (EnvClosedError, ConnectionError)), out
     with pytest.raises(ConnectionError):  # nobody listens any more
@@ -406,9 +405,8 @@ def test_close_right_after_start_stops_the_server(monkeypatch):
 
     monkeypatch.setattr(asyncio, "new_event_loop", LateLoop)
     server = PolicyServer(ExternalEnv(OBS, ACT))
-    t0 = time.monotonic()
-    server.close()
-    assert time.monotonic() - t0 < 3.0 and not server._thread.is_alive()
+    server.close()  # returns with the loop thread gone (not after a join that gave up)
+    assert not server._thread.is_alive()
     with pytest.raises(OSError):
         connect(server, timeout=1.0)
 
@@ -456,12 +454,10 @@ def test_log_action_under_back_pressure_waits_off_the_event_loop():
         out: dict = {}
         th = threading.Thread(target=lambda: out.update(r=capture(a.log_action, eid, OB[1], 2)))
         th.start()
-        th.join(0.3)
-        assert th.is_alive()  # waits for the poller to make room
-        t0 = time.monotonic()
+        until(lambda: env._episodes[eid].blocked == 1)  # waits for the poller to make room
         other = b.start_episode()  # meanwhile the event loop serves other connections
         assert b.server_info()["protocol"] == PROTOCOL_VERSION
-        assert time.monotonic() - t0 < 1.0 and th.is_alive()
+        assert th.is_alive() and env._episodes[eid].blocked == 1  # (nothing polls yet)
         loop = PollLoop(server)
         try:
             th.join(5)
@@ -482,10 +478,8 @@ def test_log_action_back_pressure_times_out_with_504():
         c = PolicyClient(server.address)
         eid = c.start_episode()
         c.log_action(eid, OB[0], 1)
-        t0 = time.monotonic()
-        with pytest.raises(TimeoutError, match="not polled"):
+        with pytest.raises(TimeoutError, match=r"not polled within 0\.3 s"):  # the timeout's answer
             c.log_action(eid, OB[1], 2)
-        assert 0.25 < time.monotonic() - t0 < 5.0
         assert c.server_info()["protocol"] == PROTOCOL_VERSION  # the connection is still usable
         c.close()
 

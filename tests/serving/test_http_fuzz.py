@@ -152,7 +152,7 @@ class Harness:
         self.server.close()
         got = self.loop.steps[self.normal_eid]
         assert len(got) == len(self.normal_sent) + 1
-        for (obs, _, _), sent in zip(got, [*self.normal_sent, final]):
+        for (obs, _, _), sent in zip(got, [*self.normal_sent, final], strict=True):
             want = sent if self.multi_agent else {DEFAULT_AGENT_ID: sent}
             assert set(obs) == set(want)
             for a in want:

@@ -255,19 +255,18 @@ def test_slow_loris_gets_408_and_is_closed():
     with PolicyServer(env, request_timeout_s=0.3) as server:
         with connect(server) as sock:
             head = get("/info", extra=b"X-Slow: " + b"v" * 40 + b"\r\n")
-            t0 = time.monotonic()
             rs = Responses(sock)
-            for i in range(len(head)):  # one byte every 50 ms: never idle, never complete
+            # One byte at a time, each once the server has answered nothing for 50 ms: never
+            # idle, and (at about 5 s for the whole head) never complete before the 408 comes.
+            for i in range(len(head)):
                 try:
                     sock.sendall(head[i : i + 1])
                 except OSError:
                     break
-                if time.monotonic() - t0 > 0.6:
+                if select.select([sock], [], [], 0.05)[0]:  # the answer (or the close) is here
                     break
-                time.sleep(0.05)
             (r,) = rs.read(1)
             assert "request_timeout_s=0.3" in json_error(r, 408)["message"] and rs.closed()
-            assert time.monotonic() - t0 < 3.0
         with connect(server) as sock:  # a slow body too
             data = post("/start_episode", {"episode_id": "slow"})
             sock.sendall(data[:-2])
@@ -284,16 +283,17 @@ def test_blank_lines_do_not_keep_an_idle_connection_open():
     but reset the idle clock, keeping the connection forever."""
     env = ExternalEnv(OBS, ACT, action_timeout_s=1.0)  # ticks every 0.1 s
     with PolicyServer(env, keepalive_timeout_s=0.3) as server, connect(server) as sock:
-        t0 = time.monotonic()
         closed = False
-        while time.monotonic() - t0 < 3.0 and not closed:
+        for _ in range(600):  # a hang guard only (about 30 s): the server closes it well before
             try:
                 sock.sendall(b"\r\n")
             except OSError:
                 closed = True
                 break
             closed = bool(select.select([sock], [], [], 0.05)[0]) and sock.recv(1) == b""
-        assert closed and time.monotonic() - t0 < 2.0
+            if closed:
+                break
+        assert closed
 
 
 def test_slow_request_behind_a_waiting_get_action_is_answered_in_order():

@@ -183,7 +183,7 @@ def stitch(chunks: list) -> dict:
                 if t in rec["obs"]:
                     np.testing.assert_array_equal(rec["obs"][t], o)
                 rec["obs"][t] = o
-            for i, (a, r) in enumerate(zip(sa.get_actions(), sa.get_rewards())):
+            for i, (a, r) in enumerate(zip(sa.get_actions(), sa.get_rewards(), strict=True)):
                 rec["act"][sa.t_started + i].append(int(a))
                 rec["rew"][sa.t_started + i].append(float(r))
             if sa.is_terminated:

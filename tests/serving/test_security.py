@@ -177,7 +177,7 @@ def test_tls_serves_https_clients_with_the_token(cert):
                 until(lambda: not server._live)  # the idle connection is reaped ...
                 c.end_episode(eid, OB[3])  # ... and the client reconnects transparently
                 assert c._tls.conn.sock is not first
-            until_done = time.monotonic() + 5
+            until_done = time.monotonic() + 60  # a hang guard only
             while env.episode_status(eid) != "completed" and time.monotonic() < until_done:
                 time.sleep(0.01)
             assert env.episode_status(eid) == "completed"
@@ -305,9 +305,10 @@ def test_a_client_cannot_touch_another_clients_episode():
             owner.end_episode(eid, OB[2])
             owner.close()
             other.close()
-            deadline = time.monotonic() + 5
+            deadline = time.monotonic() + 60  # a hang guard only
             while env.episode_status(eid) != "completed" and time.monotonic() < deadline:
                 time.sleep(0.01)
+            assert env.episode_status(eid) == "completed"
         finally:
             loop.close()
     assert [s[1][AGENT] for s in loop.steps[eid]] == [0.0, 0.0, 2.0]

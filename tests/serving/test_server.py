@@ -236,7 +236,7 @@ def test_local_inference_pulls_weights_and_logs_experience():
             loop.close()
     got = [(eid, s) for eid in eids for s in loop.steps[eid][:-1]]
     assert len(got) == len(expected) == 8
-    for (eid, s), (e_eid, obs, act, vf, version) in zip(got, expected):
+    for (eid, s), (e_eid, obs, act, vf, version) in zip(got, expected, strict=True):
         assert eid == e_eid
         np.testing.assert_array_equal(s[0][AGENT], obs)
         assert s[5] == {AGENT: act}  # recorded as the client's action

@@ -187,7 +187,7 @@ def prev_ref(run: dict, flags: dict, n: int, start: int = 0) -> tuple[np.ndarray
             for a in range(num_agents):
                 seq = history_slots(flags, t, e, a) + [t]
                 entries = []
-                for r, nxt in zip(seq[:-1], seq[1:]):
+                for r, nxt in zip(seq[:-1], seq[1:], strict=True):
                     act = 0 * acts[r, e, a] if done[r, e, a] else acts[r, e, a] - start
                     entries.append((act, rews[r:nxt, e, a].sum()))
                 for i, (act, rew) in enumerate(entries[-n:][::-1]):
@@ -201,7 +201,9 @@ def flatten_ref(space: Space, x: Any) -> np.ndarray:
     if isinstance(space, Dict):
         return np.concatenate([flatten_ref(space[k], x[k]) for k in sorted(space.spaces)], -1)
     if isinstance(space, Tuple):
-        return np.concatenate([flatten_ref(s, xi) for s, xi in zip(space.spaces, x)], -1)
+        return np.concatenate(
+            [flatten_ref(s, xi) for s, xi in zip(space.spaces, x, strict=True)], -1
+        )
     x = np.asarray(x)
     if isinstance(space, Discrete):
         return np.eye(space.n, dtype=np.float32)[x - space.start]
@@ -451,7 +453,7 @@ def test_observe_jitted_equals_eager(tf):
 
     eager = steps(state0)
     jitted = jax.jit(steps)(state0)
-    for a, b in zip(jax.tree.leaves(eager), jax.tree.leaves(jitted)):
+    for a, b in zip(jax.tree.leaves(eager), jax.tree.leaves(jitted), strict=True):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6)
 
 

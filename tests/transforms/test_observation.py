@@ -195,7 +195,7 @@ def test_update_false_and_frozen_context_freeze_the_statistics():
     frozen = js.jit_rollout(js.make_rollout(env, pol, 3, 5, transforms=frozen_tf))
     state, traj = frozen((), state)
     after = jax.device_get(moments_of(state))
-    for a, b in zip(jax.tree.leaves(before), jax.tree.leaves(after)):
+    for a, b in zip(jax.tree.leaves(before), jax.tree.leaves(after), strict=True):
         np.testing.assert_array_equal(a, b)
     traj = jax.device_get(traj)
     want = (np.asarray(traj.raw_obs) - before.mean) / np.sqrt(np.asarray(before.var) + EPS)
@@ -231,7 +231,7 @@ def test_two_calls_of_t_equal_one_call_of_2t():
     np.testing.assert_array_equal(
         np.concatenate([trajs[0].raw_obs, trajs[1].raw_obs[1:]]), np.asarray(whole.raw_obs)
     )
-    for a, b in zip(jax.tree.leaves(moments_of(s1)), jax.tree.leaves(moments_of(s2))):
+    for a, b in zip(jax.tree.leaves(moments_of(s1)), jax.tree.leaves(moments_of(s2)), strict=True):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
@@ -260,7 +260,7 @@ def test_rng_streams_unchanged_by_transforms():
     with_tf = js.jit_rollout(js.make_rollout(env, pol, 3, 6, transforms=tf))
     sa, ta = run_calls(plain, plain.init(jax.random.PRNGKey(7)), 2)
     sb, tb = run_calls(with_tf, with_tf.init(jax.random.PRNGKey(7)), 2)
-    for a, b in zip(ta, tb):
+    for a, b in zip(ta, tb, strict=True):
         np.testing.assert_array_equal(a.obs, b.raw_obs)
         for field in ("actions", "rewards", "terminated", "truncated", "acting", "is_reset"):
             np.testing.assert_array_equal(getattr(a, field), getattr(b, field))

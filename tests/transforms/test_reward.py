@@ -124,7 +124,9 @@ def test_two_calls_equal_one_call_of_twice_the_length():
     for field in ("rewards", "raw_rewards", "terminated", "is_reset"):
         joined = np.concatenate([getattr(a, field), getattr(b, field)])
         np.testing.assert_allclose(joined, getattr(c, field), rtol=1e-6, err_msg=field)
-    for x, y in zip(jax.tree.leaves(s2.transform_state), jax.tree.leaves(s1.transform_state)):
+    for x, y in zip(
+        jax.tree.leaves(s2.transform_state), jax.tree.leaves(s1.transform_state), strict=True
+    ):
         np.testing.assert_allclose(x, y, rtol=1e-6)
 
 
@@ -172,7 +174,7 @@ def test_returns_restart_at_episode_edges_by_hand():
     assert float(state.stages[0].rows[0, 0]) == 0.5 * 4.0
     jit_state, jit_out = run(jax.jit(pipe.observe_env, static_argnums=8))
     np.testing.assert_allclose(jit_out, out, rtol=1e-6)
-    for x, y in zip(jax.tree.leaves(jit_state), jax.tree.leaves(state)):
+    for x, y in zip(jax.tree.leaves(jit_state), jax.tree.leaves(state), strict=True):
         np.testing.assert_allclose(x, y, rtol=1e-6)
 
 
@@ -186,7 +188,9 @@ def test_frozen_statistics():
     frozen = NormalizeReward(gamma=0.9, update=False)
     state2, (traj,) = run_calls(env, (frozen,), E=3, T=8, calls=1, state=state)
     for x, y in zip(
-        jax.tree.leaves(state2.transform_state.stages[0].shared), jax.tree.leaves(moments)
+        jax.tree.leaves(state2.transform_state.stages[0].shared),
+        jax.tree.leaves(moments),
+        strict=True,
     ):
         np.testing.assert_array_equal(x, y)
     want = np.clip(traj.raw_rewards / np.sqrt(float(moments.var) + 1e-8), -10, 10)
@@ -228,7 +232,7 @@ def test_composition_with_normalize_observation():
     ]:
         state, both = run_calls(env, transforms, **kw)
         i = [type(t) for t in transforms].index(NormalizeReward)
-        for a, o, r in zip(both, obs_only, rew_only):
+        for a, o, r in zip(both, obs_only, rew_only, strict=True):
             np.testing.assert_array_equal(a.raw_rewards, r.raw_rewards)
             np.testing.assert_array_equal(a.raw_obs, o.raw_obs)
             np.testing.assert_allclose(a.obs, o.obs, rtol=1e-6)
@@ -236,6 +240,7 @@ def test_composition_with_normalize_observation():
         for x, y in zip(
             jax.tree.leaves(state.transform_state.stages[i]),
             jax.tree.leaves(s_rew.transform_state.stages[0]),
+            strict=True,
         ):
             np.testing.assert_allclose(x, y, rtol=1e-6)
 

@@ -88,14 +88,14 @@ def _actions(env_id: str, space: S.Space, n: int) -> list[np.ndarray]:
 def _equal(a, b) -> bool:
     la, lb = jax.tree.leaves(a), jax.tree.leaves(b)
     return len(la) == len(lb) and all(
-        np.array_equal(np.asarray(x), np.asarray(y)) for x, y in zip(la, lb)
+        np.array_equal(np.asarray(x), np.asarray(y)) for x, y in zip(la, lb, strict=True)
     )
 
 
 def _close(a, b) -> None:
     """Same structure; leaves equal to 1e-6 (see the module docstring)."""
     assert jax.tree.structure(a) == jax.tree.structure(b)
-    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
         np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-6, atol=1e-6)
 
 
@@ -188,7 +188,7 @@ def test_reset_and_step_timesteps_match(env_id):
     action = s.ours.action_space.sample_batch(key, (1,))
     _, ts1 = s.ours_step(key, state, action, s.params)
     assert jax.tree.structure(ts0) == jax.tree.structure(ts1)
-    for a, b in zip(jax.tree.leaves(ts0), jax.tree.leaves(ts1)):
+    for a, b in zip(jax.tree.leaves(ts0), jax.tree.leaves(ts1), strict=True):
         assert a.shape == b.shape and a.dtype == b.dtype
     assert set(ts0.info) == {"discount"} and ts0.info["discount"].dtype == jnp.float32
     space = s.ours.observation_space

@@ -181,7 +181,7 @@ def test_device_sampler_episodes_and_batches_hold_the_compact_dtype():
     for col in ("actions", "rewards", "terminateds", "truncateds", "t"):
         np.testing.assert_array_equal(b[col], ref_b[col], err_msg=col)
     assert len(eps) == len(ref_eps) and eps
-    for ep, ref in zip(eps, ref_eps):
+    for ep, ref in zip(eps, ref_eps, strict=True):
         got = ep.get_observations()
         assert got.dtype == np.uint8
         np.testing.assert_array_equal(got.astype(np.float32), ref.get_observations())

@@ -161,7 +161,7 @@ def test_vmapped_matches_single_env_steps():
         s_next, ts = step_v(keys, s, actions[t], ENV.params)
         for e in range(3):
             _, ts_e = STEP(keys[e], env_slice(s, e), actions[t, e])
-            for a, b in zip(jax.tree.leaves(ts_e), jax.tree.leaves(env_slice(ts, e))):
+            for a, b in zip(jax.tree.leaves(ts_e), jax.tree.leaves(env_slice(ts, e)), strict=True):
                 np.testing.assert_array_equal(a, b)
         s = s_next
 

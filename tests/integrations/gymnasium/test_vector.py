@@ -78,7 +78,9 @@ def test_steps_equal_sync_vector_env_over_single_faces(name, mode):
         else:
             actions = rng.integers(0, 2, N)
         out, expected = ours.step(actions), ref.step(actions)
-        for part, a, b in zip(("obs", "reward", "term", "trunc", "infos"), out, expected):
+        for part, a, b in zip(
+            ("obs", "reward", "term", "trunc", "infos"), out, expected, strict=True
+        ):
             _same(a, b, f"step {t} {part}")
         ended["terminated"] += int(out[2].sum())
         ended["truncated"] += int(out[3].sum())
@@ -151,7 +153,7 @@ def test_same_step_rule_at_a_time_limit():
     assert infos["_final_obs"].all() and infos["_final_info"].all() and infos["final_info"] == {}
     assert not any(_is_cartpole_start(o) for o in infos["final_obs"])
     # the final observation is one step on from the last one (x moves by tau * x_dot)
-    for final, prev in zip(infos["final_obs"], last):
+    for final, prev in zip(infos["final_obs"], last, strict=True):
         assert final[0] == pytest.approx(prev[0] + 0.02 * prev[1], abs=1e-6)
 
 

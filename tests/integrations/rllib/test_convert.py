@@ -74,7 +74,7 @@ def sa_episodes(request):
 def test_single_agent_round_trip_js_rllib_js(sa_episodes):
     rl = to_rllib(sa_episodes)
     assert isinstance(rl, list) and len(rl) == len(sa_episodes)
-    for js_ep, rl_ep in zip(sa_episodes, rl):
+    for js_ep, rl_ep in zip(sa_episodes, rl, strict=True):
         assert type(rl_ep) is RlSingleAgentEpisode
         rl_ep.validate()
         # the RLlib episode reads as the jaxsampler one, lookback included
@@ -94,21 +94,21 @@ def test_single_agent_round_trip_js_rllib_js(sa_episodes):
             js_ep.is_truncated,
         )
     back = from_rllib(rl)
-    for a, b in zip(sa_episodes, back):
+    for a, b in zip(sa_episodes, back, strict=True):
         assert_js_sa_equal(a, b)
 
 
 def test_single_agent_round_trip_rllib_js_rllib(sa_episodes):
     rl = to_rllib(sa_episodes)
     again = to_rllib(from_rllib(rl))
-    for a, b in zip(rl, again):
+    for a, b in zip(rl, again, strict=True):
         assert_rl_sa_equal(a, b)
 
 
 def test_fast_path_builds_what_rllibs_constructor_builds(sa_episodes):
     """to_rllib skips RLlib's constructor (re-validation, struct recomputation); the object
     must be the one the constructor makes from the same buffers, slot by slot."""
-    for js_ep, rl_ep in zip(sa_episodes, to_rllib(sa_episodes)):
+    for js_ep, rl_ep in zip(sa_episodes, to_rllib(sa_episodes), strict=True):
 
         def buf(b, space=None):
             return RlBuffer(b.data, b.lookback, space)
@@ -188,9 +188,9 @@ def test_hand_built_round_trips():
         -1, neg_index_as_lookback=True
     )
     assert rl[3].get_observations(-1)["pos"].tolist() == [1.0, 1.0, 1.0]
-    for a, b in zip(eps, from_rllib(rl)):
+    for a, b in zip(eps, from_rllib(rl), strict=True):
         assert_js_sa_equal(a, b)
-    for a, b in zip(rl, to_rllib(from_rllib(rl))):
+    for a, b in zip(rl, to_rllib(from_rllib(rl)), strict=True):
         assert_rl_sa_equal(a, b)
 
 
@@ -312,7 +312,7 @@ def ma_episodes(request):
 
 def test_multi_agent_round_trip_js_rllib_js(ma_episodes):
     rl = to_rllib(ma_episodes)
-    for js_ep, rl_ep in zip(ma_episodes, rl):
+    for js_ep, rl_ep in zip(ma_episodes, rl, strict=True):
         assert type(rl_ep) is RlMultiAgentEpisode
         rl_ep.validate()
         assert rl_ep.agent_ids == js_ep.agent_ids and len(rl_ep) == len(js_ep)
@@ -323,13 +323,13 @@ def test_multi_agent_round_trip_js_rllib_js(ma_episodes):
             assert sa.module_id == js_ep.agent_episodes[aid].module_id
             same(sa.get_observations(), js_ep.agent_episodes[aid].get_observations())
         assert dict(rl_ep._hanging_actions_end) == dict(js_ep._hanging_actions_end)
-    for a, b in zip(ma_episodes, from_rllib(rl)):
+    for a, b in zip(ma_episodes, from_rllib(rl), strict=True):
         assert_js_ma_equal(a, b)
 
 
 def test_multi_agent_round_trip_rllib_js_rllib(ma_episodes):
     rl = to_rllib(ma_episodes)
-    for a, b in zip(rl, to_rllib(from_rllib(rl))):
+    for a, b in zip(rl, to_rllib(from_rllib(rl)), strict=True):
         assert_rl_ma_equal(a, b)
 
 

@@ -128,7 +128,7 @@ def test_chunks_and_successors_equal_the_built_chunks_cut(name, horizon):
         assert not any(not ep.is_done and "_lazy" in ep.__dict__ for ep in want)
         # successors before and after the chunks are built (building one must not touch them)
         _same_successors(new, old, f"call {c}")
-        for j, (g, w) in enumerate(zip(got, want)):
+        for j, (g, w) in enumerate(zip(got, want, strict=True)):
             _same_chunk(g, w, f"call {c} chunk {j}")
         _same_successors(new, old, f"call {c}, chunks read")
         assert new._convert._plain.sum() == sum(fast)
@@ -148,7 +148,7 @@ def test_an_open_chunk_read_after_the_next_call_equals_one_read_at_once():
         read = now.sample(())
         for ep in read:
             ep.get_state()  # built at once
-        for j, (p, w) in enumerate(zip(pending, previous)):
+        for j, (p, w) in enumerate(zip(pending, previous, strict=True)):
             _same_chunk(p, w, f"call {c - 1} chunk {j}, read late")
         pending, previous = late.sample(()), read
         lazy += sum("_lazy" in ep.__dict__ and not ep.is_done for ep in pending)
@@ -168,7 +168,7 @@ def test_a_checkpoint_between_calls_resumes_to_the_same_chunks(tmp_path):
     assert not b._convert._plain.any() and a._convert._plain.any()
     for c in range(3):
         got, want = b.sample(()), a.sample(())
-        for j, (g, w) in enumerate(zip(got, want)):
+        for j, (g, w) in enumerate(zip(got, want, strict=True)):
             _same_chunk(g, w, f"call {c} chunk {j}", strict=c > 0)
         _same_successors(b, a, f"call {c}", strict=c > 0)
 
@@ -239,7 +239,7 @@ def test_continued_chunks_as_views_equal_the_extended_successors(name, horizon):
     for c in range(6):
         got, want = new.sample(()), old.sample(())
         assert len(got) == len(want)
-        for j, (g, w) in enumerate(zip(got, want)):
+        for j, (g, w) in enumerate(zip(got, want, strict=True)):
             where = f"call {c} chunk {j}"
             if g.env_t_started > 0 and (g.is_done or "_lazy" in g.__dict__):
                 n_cont += 1
@@ -248,7 +248,7 @@ def test_continued_chunks_as_views_equal_the_extended_successors(name, horizon):
                     ga = g.agent_episodes[aid]
                     n_agents += 1
                     n_view += ga._view is not None
-                    for x, y in zip(_lookback_reads(ga), _lookback_reads(sa)):
+                    for x, y in zip(_lookback_reads(ga), _lookback_reads(sa), strict=True):
                         _assert_same_state(x, y, f"{where} {aid} getters")
             _same_chunk(g, w, where)
             assert g.env_t_to_agent_t.keys() == w.env_t_to_agent_t.keys(), where
@@ -315,6 +315,6 @@ def test_writing_to_a_continued_view_chunk_changes_no_other_episode():
                 ep.agent_episodes[other].get_state(), ref[j].agent_episodes[other].get_state()
             )
     # the next call is as the twin's
-    for i, (g, w) in enumerate(zip(a.sample(()), b.sample(()))):
+    for i, (g, w) in enumerate(zip(a.sample(()), b.sample(()), strict=True)):
         _same_chunk(g, w, f"next call chunk {i}")
     _same_successors(a, b, "next call")

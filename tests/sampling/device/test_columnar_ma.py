@@ -35,7 +35,7 @@ def _same(got, want, where):
             _same(got[k], want[k], f"{where}[{k!r}]")
     elif isinstance(want, list) and want and isinstance(want[0], dict):
         assert len(got) == len(want), where
-        for i, (g, w) in enumerate(zip(got, want)):
+        for i, (g, w) in enumerate(zip(got, want, strict=True)):
             _same(g, w, f"{where}[{i}]")
     else:
         np.testing.assert_allclose(
@@ -127,9 +127,9 @@ def test_every_getter_equals_the_step_by_step_reference(env_id, horizon):
         }
     )
     lazy_seen = 0
-    for c, (g_call, w_call) in enumerate(zip(got, want)):
+    for c, (g_call, w_call) in enumerate(zip(got, want, strict=True)):
         assert len(g_call) == len(w_call)
-        for j, (g, w) in enumerate(zip(g_call, w_call)):
+        for j, (g, w) in enumerate(zip(g_call, w_call, strict=True)):
             lazy_seen += "_lazy" in g.__dict__
             # (the reference loop records no infos: TicTacToe's are checked in
             # test_multi_agent.test_infos_belong_to_each_agents_observations)
@@ -151,7 +151,7 @@ def _assert_same_state(a, b, where=""):
             _assert_same_state(a[k], b[k], f"{where}.{k}")
     elif isinstance(b, (list, tuple)):
         assert type(a) is type(b) and len(a) == len(b), where
-        for i, (x, y) in enumerate(zip(a, b)):
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
             _assert_same_state(x, y, f"{where}[{i}]")
     elif isinstance(b, np.ndarray):
         assert isinstance(a, np.ndarray) and a.dtype == b.dtype, (where, type(a), b.dtype)

@@ -109,7 +109,7 @@ def test_set_on_a_view_episode_changes_no_other_episode_array_or_later_call():
     np.testing.assert_array_equal(early_obs, early[0])
     np.testing.assert_array_equal(early_rewards, early[1])
     np.testing.assert_array_equal(early_actions, early[2])
-    for a, b in zip(jax.tree.leaves(mutated.last_chunks), jax.tree.leaves(chunks)):
+    for a, b in zip(jax.tree.leaves(mutated.last_chunks), jax.tree.leaves(chunks), strict=True):
         np.testing.assert_array_equal(a, b)
     # the next call (its continuation chunks' lookback comes from this call) is the twin's
     for e, w in zip(mutated.sample(params), twin.sample(params), strict=True):
@@ -174,7 +174,7 @@ def test_default_getters_slice_without_building_and_match_the_buffers():
                 s.rewards.get(),
                 s.extra_model_outputs["vf_preds"].get(),
             )
-            for g, w in zip(got, want):
+            for g, w in zip(got, want, strict=True):
                 assert g.dtype == w.dtype and g.shape == w.shape
                 np.testing.assert_array_equal(g, w)
             assert f.is_numpy and f.get_return() == s.get_return()

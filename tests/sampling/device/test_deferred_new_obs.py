@@ -27,7 +27,7 @@ E, T, H = 3, 4, 2
 def eager_next(obs: np.ndarray, rows: np.ndarray, ends: np.ndarray) -> np.ndarray:
     """The reference: row ``i`` is ``obs[i + 1]`` unless ``i`` is in ``rows`` (a loop)."""
     out = np.zeros_like(obs)
-    patch = dict(zip(rows.tolist(), ends))
+    patch = dict(zip(rows.tolist(), ends, strict=True))
     for i in range(len(obs)):
         out[i] = patch[i] if i in patch else obs[i + 1]
     return out
@@ -85,7 +85,7 @@ def assert_holds_only_the_batch_obs(nr: NextRows, b: SampleBatch, max_ends: int)
     """The deferred column keeps the batch's obs (views of it) and at most ``max_ends``
     end rows, not the call's buffers."""
     obs = dict.__getitem__(b, "obs")
-    for mine, theirs in zip(_leaves(nr.obs), _leaves(obs)):
+    for mine, theirs in zip(_leaves(nr.obs), _leaves(obs), strict=True):
         assert mine.shape == theirs.shape and np.shares_memory(mine, theirs)
     assert len(nr.rows) <= max_ends
     for end in _leaves(nr.ends):  # (per policy: a slice of the call's few end rows)
@@ -109,7 +109,7 @@ def shifted(obs_list: list) -> object:
 def assert_tree_equal(got, want) -> None:
     gl, wl = _leaves(got), _leaves(want)
     assert len(gl) == len(wl) > 0
-    for g, w in zip(gl, wl):
+    for g, w in zip(gl, wl, strict=True):
         assert_same_array(g, np.asarray(w))
 
 

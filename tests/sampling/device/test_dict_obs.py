@@ -87,7 +87,7 @@ def test_multi_agent_dict_obs_episodes_match_the_flat_env(kind):
     for _ in range(3):  # fresh chunks, then continuations with lookback across calls
         got, ref = s_dict.sample(params), s_flat.sample(params)
         assert [ep.id_ for ep in got] == [ep.id_ for ep in ref]
-        for ep, rf in zip(got, ref):
+        for ep, rf in zip(got, ref, strict=True):
             assert ep.env_t_started == rf.env_t_started and ep.env_t == rf.env_t
             assert ep.is_done == rf.is_done
             continued += ep.env_t_started > 0
@@ -180,7 +180,7 @@ def test_prev_actions_rewards_episodes_across_calls():
     for _ in range(4):
         got, ref = s_tf.sample(()), s_raw.sample(())
         assert [ep.id_ for ep in got] == [ep.id_ for ep in ref]
-        for ep, rf in zip(got, ref):
+        for ep, rf in zip(got, ref, strict=True):
             obs = ep.get_observations()
             assert set(obs) == {"observations", "prev_actions", "prev_rewards"}
             # the raw observations, lookback included

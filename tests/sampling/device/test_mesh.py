@@ -28,7 +28,7 @@ def same_tree(a: Any, b: Any, where: str) -> None:
     """Non-float leaves equal exactly; float leaves up to rounding."""
     la, lb = jax.tree.leaves(a), jax.tree.leaves(b)
     assert jax.tree.structure(a) == jax.tree.structure(b), where
-    for x, y in zip(la, lb):
+    for x, y in zip(la, lb, strict=True):
         x, y = np.asarray(x), np.asarray(y)
         assert x.shape == y.shape and x.dtype == y.dtype, where
         if np.issubdtype(x.dtype, np.floating):
@@ -64,7 +64,7 @@ def record(ep: Any) -> dict[str, Any]:
 def same_episodes(got: list[Any], want: list[Any], where: str) -> None:
     assert len(got) == len(want), where
     assert want, f"{where}: nothing sampled"
-    for i, (g, w) in enumerate(zip(got, want)):
+    for i, (g, w) in enumerate(zip(got, want, strict=True)):
         rg, rw = record(g), record(w)
         assert rg["id"] == rw["id"] and rg["t"] == rw["t"] and rg["flags"] == rw["flags"]
         same_tree(rg, rw, f"{where}, episode {i}")
@@ -114,7 +114,7 @@ def compare_runs(make, params, calls=CALLS) -> None:
     want = run_calls(make(), params, calls)
     for devices in (1, 2):
         got = run_calls(make(devices=devices), params, calls)
-        for i, ((method, kw), (g, gm), (w, wm)) in enumerate(zip(calls, got, want)):
+        for i, ((method, kw), (g, gm), (w, wm)) in enumerate(zip(calls, got, want, strict=True)):
             where = f"devices={devices}, call {i} {method}({kw})"
             if method == "sample":
                 same_episodes(g, w, where)
@@ -261,7 +261,7 @@ def test_episode_ids_with_a_stream_offset_are_the_global_envs_ids():
     streams, counts = np.array([0, 1, 1]), np.array([0, 3, 2**33])  # the last: wide layout
     want = whole.many(streams + 2, counts)
     assert part.many(streams, counts).tolist() == want.tolist()
-    assert [part(int(s), int(c)) for s, c in zip(streams, counts)] == want.tolist()
+    assert [part(int(s), int(c)) for s, c in zip(streams, counts, strict=True)] == want.tolist()
     assert len(set(want.tolist()) | set(whole.many(streams, counts).tolist())) == 6
     with pytest.raises(ValueError, match=">= 0"):
         EpisodeIds(0, stream_offset=-1)

@@ -178,9 +178,9 @@ def test_sample_matches_the_reference_loop(env_id, horizon):
     mapping = dict.fromkeys(env.agent_ids, "default_policy")
     want = reference_chunks(device_calls(env, policy, (), n_calls), env, horizon, mapping)
     n_done = 0
-    for g_call, w_call in zip(got, want):
+    for g_call, w_call in zip(got, want, strict=True):
         assert len(g_call) == len(w_call)
-        for g, w in zip(g_call, w_call):
+        for g, w in zip(g_call, w_call, strict=True):
             assert_same_chunk(g, w)
             n_done += w.is_done
     assert n_done >= 2  # the fixture really ends episodes (and cuts others)

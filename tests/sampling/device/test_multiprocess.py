@@ -133,7 +133,7 @@ def test_each_process_samples_its_own_envs_and_metrics_add_up():
                 mine = [e for e in ref["episodes"] if lo <= env_of(e["id"]) < hi]
                 assert mine, f"{where}: the reference has no episodes of envs {lo}..{hi - 1}"
                 assert len(got["episodes"]) == len(mine), where
-                for g, w in zip(got["episodes"], mine):
+                for g, w in zip(got["episodes"], mine, strict=True):
                     assert (g["id"], g["t"], g["flags"]) == (w["id"], w["t"], w["flags"]), where
                     assert g["actions"] == w["actions"], where
                     close(g["obs"], w["obs"])
@@ -143,9 +143,11 @@ def test_each_process_samples_its_own_envs_and_metrics_add_up():
                 gb, wb = got["batch"], ref["batch"]
                 assert sum(rows) > 0 and len(gb["eps_id"]) == sum(rows), where
                 for k in ("eps_id", "t", "actions", "terminateds", "truncateds"):
-                    assert gb[k] == [x for x, r in zip(wb[k], rows) if r], f"{where}: {k}"
+                    assert gb[k] == [x for x, r in zip(wb[k], rows, strict=True) if r], (
+                        f"{where}: {k}"
+                    )
                 for k in ("obs", "rewards"):
-                    close(gb[k], [x for x, r in zip(wb[k], rows) if r])
+                    close(gb[k], [x for x, r in zip(wb[k], rows, strict=True) if r])
         # Ids never collide across processes.
         ids = [
             {e["id"] for e in p["calls"][i]["episodes"]}

@@ -69,10 +69,10 @@ def _record(ep: Any, drop: tuple[str, ...] = ()) -> dict[str, Any]:
 
 def assert_episodes_equal(a: list[Any], b: list[Any], drop: tuple[str, ...] = ()) -> None:
     assert len(a) == len(b)
-    for x, y in zip(a, b):
+    for x, y in zip(a, b, strict=True):
         ra, rb = _record(x, drop), _record(y, drop)
         assert jax.tree.structure(ra) == jax.tree.structure(rb)
-        for u, v in zip(jax.tree.leaves(ra), jax.tree.leaves(rb)):
+        for u, v in zip(jax.tree.leaves(ra), jax.tree.leaves(rb), strict=True):
             np.testing.assert_array_equal(np.asarray(u), np.asarray(v))
 
 

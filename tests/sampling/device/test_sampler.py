@@ -128,7 +128,7 @@ def test_deterministic_per_seed():
     for _ in range(2):
         ea, eb, ec = a.sample(()), b.sample(()), c.sample(())
         assert [e.id_ for e in ea] == [e.id_ for e in eb]
-        for x, y in zip(ea, eb):
+        for x, y in zip(ea, eb, strict=True):
             np.testing.assert_array_equal(x.observations.data, y.observations.data)
             np.testing.assert_array_equal(x.actions.data, y.actions.data)
     assert {e.id_ for e in ea}.isdisjoint({e.id_ for e in ec})
@@ -176,7 +176,7 @@ def test_episodes_are_views_and_survive_later_calls():
     assert all(e.observations.data.base is not None for e in eps)  # slices, not copies
     for _ in range(3):
         s.sample(())  # device buffers are donated and reused in place
-    for e, snap in zip(eps, snapshot):
+    for e, snap in zip(eps, snapshot, strict=True):
         np.testing.assert_array_equal(e.observations.data, snap)
 
 
@@ -288,7 +288,7 @@ def test_round_trip_equals_a_python_loop_with_the_same_keys():
         ],
         key=key,
     )
-    for g, r in zip(got, ref_sorted):
+    for g, r in zip(got, ref_sorted, strict=True):
         # Fused vmapped code vs one env at a time may differ in the last float32 bit.
         np.testing.assert_allclose(g[0], r[0], rtol=1e-6, atol=1e-7)
         np.testing.assert_array_equal(g[1], r[1])
@@ -449,7 +449,7 @@ def test_sampled_episodes_build_their_buffers_once_whatever_is_touched_first():
     a, b, c = fake_sampler(seed=31), fake_sampler(seed=31), fake_sampler(seed=31)
     ea, eb, ec = a.sample(()), b.sample(()), c.sample(())
     assert len(ea) == len(eb) == len(ec) > 3
-    for x, y, z in zip(ea, eb, ec):
+    for x, y, z in zip(ea, eb, ec, strict=True):
         assert x.observations is x.observations and x.actions is x.actions
         z.actions = y.actions  # an assignment first: the other columns are still this chunk's
         y2 = pickle.loads(pickle.dumps(y))  # pickling first

@@ -110,13 +110,17 @@ def test_collector_builds_the_reference_episode_and_inference_inputs():
         {"px": [(0, "x", 3, [4.0]), (1, "x", 4, [104.0])], "py": []},  # y is done
         {"px": [(1, "x", 5, [105.0])], "py": []},
     ]
-    for got, want in zip(rows, want_rows):
+    for got, want in zip(rows, want_rows, strict=True):
         for pid, w in want.items():
             g = got[pid]
             assert [
                 (int(e), a, int(t), list(ob))
                 for e, a, t, ob in zip(
-                    g.get("env_id", []), g.get("agent_id", []), g.get("t", []), g.get("obs", [])
+                    g.get("env_id", []),
+                    g.get("agent_id", []),
+                    g.get("t", []),
+                    g.get("obs", []),
+                    strict=True,
                 )
             ] == w
             if w:
@@ -204,7 +208,7 @@ def test_truncated_fragments_have_exactly_rollout_fragment_length_steps():
     rows = [
         (names[e], int(tt), int(a))
         for f in fragments
-        for e, tt, a in zip(f["p"]["eps_id"], f["p"]["t"], f["p"]["actions"])
+        for e, tt, a in zip(f["p"]["eps_id"], f["p"]["t"], f["p"]["actions"], strict=True)
     ]
     assert all(f.env_steps() == 4 for f in fragments)
     # Every step exactly once, episodes continue across fragments with their ids and t.

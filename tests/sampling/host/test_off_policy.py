@@ -286,7 +286,7 @@ def test_policy_log_prob_matches_numpy_and_multi_agent_dispatches():
     actions = np.array([[0, 2, 1], [2, 1, 0]], np.int32)
     got = np.asarray(jax.jit(multi.log_prob)(params, obs, actions, multi.initial_state((2, 3))))
     assert got.shape == (2, 3) and multi.has_log_prob
-    for j, pol in zip(range(3), (red, blue, red)):
+    for j, pol in zip(range(3), (red, blue, red), strict=True):
         pid = "blue" if j == 1 else "red"
         dist = np.asarray(pol.forward(params[pid], obs[:, j])[0], np.float64)
         np.testing.assert_allclose(

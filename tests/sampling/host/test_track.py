@@ -179,12 +179,12 @@ def test_track_path_equals_collector_path(horizon, reward_only, monkeypatch):
     monkeypatch.setattr(js.MultiAgentEpisode, "prune_empty_agents", lambda self: self)
     fast, slow = _run(True, horizon, reward_only), _run(False, horizon, reward_only)
     n_eps = n_rows = 0
-    for got, want in zip(fast, slow):
+    for got, want in zip(fast, slow, strict=True):
         if isinstance(want, dict):  # metrics
             assert got == pytest.approx(want, nan_ok=True)
         elif isinstance(want, list):
             assert len(got) == len(want)
-            for g, ma in zip(got, want):
+            for g, ma in zip(got, want, strict=True):
                 assert type(g) is js.SingleAgentEpisode and type(ma) is js.MultiAgentEpisode
                 assert list(ma.agent_episodes) == [A]
                 w = ma.agent_episodes[A]
