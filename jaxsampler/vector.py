@@ -42,6 +42,9 @@ __all__ = [
     "PoolStarts",
     "as_reset_pool",
     "select_envs",
+    "acting_rows",
+    "gather_agents",
+    "scatter_agents",
     "param_axes",
     "broadcast_params",
 ]
@@ -155,6 +158,45 @@ def select_envs(mask: jax.Array, on_true: Any, on_false: Any) -> Any:
         return jnp.where(m, a, b)
 
     return jax.tree.map(sel, on_true, on_false)
+
+
+def acting_rows(acting: jax.Array, k: int) -> jax.Array:
+    """``int32[E, k]``: per env, the agent indices of its acting agents first (in agent
+    order), then non-acting ones, ``k`` in all (each agent at most once). With at most ``k``
+    agents acting, every acting agent is among the rows. Pure.
+
+    Args:
+        acting: ``bool[E, A]``.
+        k: rows per env, ``1 <= k <= A`` (static).
+    """
+    order = jnp.argsort(jnp.logical_not(acting), axis=-1, stable=True)
+    return order[..., :k].astype(jnp.int32)
+
+
+def gather_agents(tree: Any, rows: jax.Array) -> Any:
+    """Leaves ``[E, A, ...]`` -> ``[E, k, ...]``: row ``j`` of env ``e`` is agent
+    ``rows[e, j]`` (``rows``: ``int32[E, k]``, e.g. :func:`acting_rows`). Pure."""
+
+    def take(x: jax.Array) -> jax.Array:
+        return jnp.take_along_axis(x, rows.reshape(rows.shape + (1,) * (x.ndim - 2)), axis=1)
+
+    return jax.tree.map(take, tree)
+
+
+def scatter_agents(tree: Any, rows: jax.Array, num_agents: int) -> Any:
+    """Leaves ``[E, k, ...]`` -> ``[E, num_agents, ...]``, the inverse of
+    :func:`gather_agents` on the gathered rows: agent ``rows[e, j]`` gets row ``j``, every
+    other agent zeros. Selects (no arithmetic), so values move bit for bit. Pure."""
+    agents = jnp.arange(num_agents, dtype=rows.dtype)
+
+    def put(x: jax.Array) -> jax.Array:
+        out = jnp.zeros((x.shape[0], num_agents) + x.shape[2:], x.dtype)
+        for j in range(rows.shape[-1]):  # k is small and static
+            hit = rows[:, j : j + 1] == agents  # [E, A]
+            out = jnp.where(hit.reshape(hit.shape + (1,) * (x.ndim - 2)), x[:, j : j + 1], out)
+        return out
+
+    return jax.tree.map(put, tree)
 
 
 def autoreset_step(

@@ -44,6 +44,12 @@ class Env:
 
     #: Number of agents on the agent axis.
     num_agents: ClassVar[int] = 1
+    #: At most this many agents act in any step (``None``: no bound declared). A turn-based
+    #: game declares 1; the rollout then runs the policy on the acting agents' rows only
+    #: (``E x max_acting`` instead of ``E x A``) when the policy can
+    #: (:attr:`jaxsampler.policies.Policy.acts_on_rows`). ``check_env`` and ``debug=True``
+    #: rollouts fail on a step where more agents act.
+    max_acting: ClassVar[int | None] = None
 
     @property
     def name(self) -> str:

@@ -112,6 +112,7 @@ class TicTacToe(MultiAgentEnv):
     masked_obs: bool = False
 
     num_agents: ClassVar[int] = 2
+    max_acting: ClassVar[int | None] = 1  # one player moves per step
 
     @property
     def name(self) -> str:

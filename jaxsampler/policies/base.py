@@ -88,6 +88,40 @@ class Policy:
         return type(self).log_prob is not Policy.log_prob
 
 
+    def act_on_rows(
+        self, params: Any, obs: Any, key: jax.Array, policy_state: Any, rows: jax.Array
+    ) -> tuple[Any, dict[str, jax.Array], Any]:
+        """``__call__`` with the network evaluated on some agent rows only (optional).
+
+        The rollout calls it for envs that declare ``max_acting`` (turn-based games): the
+        network runs on the ``E x k`` rows of the agents that act, not on all ``E x A``.
+
+        Args:
+            params, obs, key, policy_state: as for ``__call__`` (``obs`` leaves
+                ``[E, A, ...]``).
+            rows: ``int32[E, k]``, the agent indices to evaluate per env
+                (:func:`jaxsampler.vector.acting_rows`).
+
+        Returns:
+            ``(action, extras, policy_state)`` shaped as ``__call__``'s (``[E, A, ...]``).
+            For the agents in ``rows``, the network's outputs are ``__call__``'s (to float
+            rounding: XLA may round a matmul over fewer rows differently) and the
+            actions are drawn from the same distributions (a policy may spend its random
+            bits on these rows only, so sampled actions need not be ``__call__``'s own
+            draws); the other agents' entries are placeholders (the rollout ignores them:
+            those agents do not act).
+
+        Raises:
+            NotImplementedError: the policy cannot (:attr:`acts_on_rows` is ``False``).
+        """
+        raise NotImplementedError(f"{type(self).__name__} cannot act on a subset of rows")
+
+    @property
+    def acts_on_rows(self) -> bool:
+        """Whether :meth:`act_on_rows` is implemented (a subclass overrides it)."""
+        return type(self).act_on_rows is not Policy.act_on_rows
+
+
 @dataclasses.dataclass(frozen=True)
 class RandomPolicy(Policy):
     """Uniformly random actions from ``action_space``; no params, no extras.

@@ -42,6 +42,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxsampler import vector
 from jaxsampler.policies.base import NoState, Policy, batch_dims
 from jaxsampler.spaces import Box, Discrete, Space
 from jaxsampler.transforms.mask import MASK_KEY, OBS_KEY, legal_actions, split_masked_space
@@ -258,6 +259,22 @@ class FeedForwardActorCritic(Policy):
     ) -> tuple[Any, dict[str, jax.Array], Any]:
         dist_inputs, value, log_std = self.forward(params, obs)
         action, extras = _act(self.action_space, dist_inputs, value, log_std, key, self.explore)
+        return action, extras, policy_state
+
+    def act_on_rows(
+        self, params: Any, obs: Any, key: jax.Array, policy_state: Any, rows: jax.Array
+    ) -> tuple[Any, dict[str, jax.Array], Any]:
+        """``__call__`` on the agent rows ``rows`` only (``int32[E, k]``; see
+        :meth:`Policy.act_on_rows`): the network runs on those rows and the actions are
+        drawn for them alone, then put back in place; the other agents get zero actions
+        and extras. The random draws are for ``[E, k]``, not ``[E, A]`` (drawing for every
+        agent costs as much as the network here), so a sampling policy's actions are other
+        draws from the same distributions than ``__call__``'s; a greedy one's are the same.
+        Pure."""
+        num_agents = batch_dims(obs, self.observation_space)[1]
+        dist_inputs, value, log_std = self.forward(params, vector.gather_agents(obs, rows))
+        action, extras = _act(self.action_space, dist_inputs, value, log_std, key, self.explore)
+        action, extras = vector.scatter_agents((action, extras), rows, num_agents)
         return action, extras, policy_state
 
     def log_prob(self, params: Any, obs: Any, action: jax.Array, policy_state: Any) -> Any:

@@ -215,6 +215,27 @@ class MultiAgentPolicy(Policy):
         return merge(actions), merge(_align_extras(extras, batches)), states
 
     @property
+    def acts_on_rows(self) -> bool:
+        """Whether :meth:`act_on_rows` can run: one policy plays every agent (self-play with
+        a shared policy) and can itself act on rows. With several policies each agent's
+        rows go to its own policy, so a turn-based env evaluates them all."""
+        return len(self.policies) == 1 and self.policies[0].acts_on_rows
+
+    def act_on_rows(
+        self, params: Mapping[str, Any], obs: Any, key: jax.Array, policy_state: Any, rows: Any
+    ) -> tuple[Any, dict[str, jax.Array], Any]:
+        """The one policy's :meth:`Policy.act_on_rows` on the agent rows ``rows``
+        (``int32[E, k]``), with ``__call__``'s key split."""
+        if not self.acts_on_rows:
+            raise NotImplementedError(
+                "MultiAgentPolicy acts on rows only with one policy that can (acts_on_rows)"
+            )
+        (pid,), (policy,) = self.policy_ids, self.policies
+        (k,) = jax.random.split(key, 1)
+        a, x, s = policy.act_on_rows(params[pid], obs, k, policy_state[pid], rows)
+        return a, x, {pid: s}
+
+    @property
     def has_log_prob(self) -> bool:
         """Whether every policy implements ``log_prob``."""
         return all(p.has_log_prob for p in self.policies)

@@ -432,6 +432,28 @@ def _done_agent_problems(rec: dict[str, Any]) -> dict[str, str]:
     return out
 
 
+def _check_max_acting(env: Env, rec: dict[str, Any], report: EnvCheckReport) -> None:
+    """An env that declares ``max_acting`` never has more agents acting in one step (the
+    rollout runs the policy on that many rows per env, so more would go without action)."""
+    k = getattr(env, "max_acting", None)
+    if k is None:
+        return
+    report.checks_run.append(f"at most max_acting={k} agents act per step")
+    counts = [
+        ("reset", np.asarray(rec["first_acting"]).sum(-1)[None]),  # [1, N]
+        ("step", (np.asarray(rec["acting"]) & rec["alive"][..., None]).sum(-1)),  # [S, N]
+    ]
+    for where, count in counts:
+        if (count > k).any():
+            t, e = np.argwhere(count > k)[0]
+            at = "the reset" if where == "reset" else f"step {t + 1}"
+            report.problems.append(
+                f"{count[t, e]} agents act at {at} of env {e}, but the env declares "
+                f"max_acting={k}: the rollout would give the extra agents no action"
+            )
+            return
+
+
 def _check_run(env: Env, rec: dict[str, Any], report: EnvCheckReport, limit: Any) -> None:
     alive = rec["alive"]  # [S, N]
     report.checks_run.append("observations in space")
@@ -455,6 +477,7 @@ def _check_run(env: Env, rec: dict[str, Any], report: EnvCheckReport, limit: Any
                 if bad.any():
                     t, e = np.argwhere(bad)[0]
                     report.problems.append(f"non-finite {name} at step {t + 1} of env {e}")
+    _check_max_acting(env, rec, report)
     report.checks_run.append("final observation is real")
     done = rec["done"]
     if not done.any():

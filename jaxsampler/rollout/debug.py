@@ -38,7 +38,8 @@ def debug_checks(env: Env, traj: Trajectory, pipe: Pipeline) -> None:
 
     Checked: non-finite float observations, rewards, actions and extras; observations
     (the env's own) outside ``env.observation_space``; actions of acting agents outside
-    the policy's action space. Only the earliest (in ``[T, E, A]`` order) of all the
+    the policy's action space; a step where more agents act than the env's
+    ``max_acting``. Only the earliest (in ``[T, E, A]`` order) of all the
     candidates fails, with a message naming it and its step, env and agent.
 
     Args:
@@ -71,6 +72,15 @@ def debug_checks(env: Env, traj: Trajectory, pipe: Pipeline) -> None:
     act_space = pipe.action_space
     act_in = jax.vmap(jax.vmap(jax.vmap(act_space.contains)))(traj.actions)
     candidates.append((f"action outside {act_space!r} (acting agent)", ~act_in & traj.acting))
+    k = getattr(env, "max_acting", None)
+    if k is not None:  # the policy ran on k rows per env: more acting agents got no action
+        crowded = jnp.sum(traj.acting, axis=-1, keepdims=True) > k
+        candidates.append(
+            (
+                f"more agents acting than the env's max_acting={k} (acting agent)",
+                crowded & traj.acting,
+            )
+        )
     firsts = [(name, *_first_bad(bad)) for name, bad in candidates]
     big = jnp.int32(T * E * A)
     earliest = jnp.min(jnp.stack([jnp.where(found, idx, big) for _, found, idx in firsts]))

@@ -22,7 +22,15 @@ from jaxsampler.rollout.keys import StepKeys
 from jaxsampler.transforms.base import Context, Pipeline
 from jaxsampler.types import RolloutState
 
-__all__ = ["Transition", "PolicyStep", "Outcome", "policy_step", "env_step", "advance"]
+__all__ = [
+    "Transition",
+    "PolicyStep",
+    "Outcome",
+    "acting_only",
+    "policy_step",
+    "env_step",
+    "advance",
+]
 
 
 @struct.dataclass(kw_only=True)
@@ -107,6 +115,19 @@ class Outcome:
     policy_state: Any
 
 
+def acting_only(env: Env, policy: Policy, initial_policy_state: Any) -> int | None:
+    """How many agent rows the policy runs on per env when only the acting ones need it:
+    ``env.max_acting`` when the env declares fewer than ``num_agents``, the policy can act
+    on rows (:attr:`~jaxsampler.policies.Policy.acts_on_rows`) and is stateless (a
+    recurrent state advances for every agent at every step, so it needs every row);
+    ``None`` otherwise (the policy runs on all ``E x A`` rows). Static."""
+    k = getattr(env, "max_acting", None)
+    stateless = len(jax.tree.leaves(initial_policy_state)) == 0
+    if k is None or not 1 <= k < env.num_agents or not stateless or not policy.acts_on_rows:
+        return None
+    return int(k)
+
+
 def policy_step(
     policy: Policy,
     pipe: Pipeline,
@@ -143,7 +164,12 @@ def policy_step(
     pstate = state.policy_state
     if len(jax.tree.leaves(initial_policy_state)) > 0:
         pstate = vector.select_envs(state.episode_step == 0, initial_policy_state, pstate)
-    action, extras, pstate = policy(params, state.obs, key, pstate)
+    k = acting_only(env, policy, initial_policy_state)
+    if k is None:
+        action, extras, pstate = policy(params, state.obs, key, pstate)
+    else:  # a turn-based env: the network runs on the acting agents' rows only
+        rows = vector.acting_rows(state.acting, k)
+        action, extras, pstate = policy.act_on_rows(params, state.obs, key, pstate, rows)
     check_action(pipe.action_space, action, batch)
     env_action = pipe.to_env(action) if pipe.changes_action else action
     check_action(env.action_space, env_action, batch)

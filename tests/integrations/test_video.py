@@ -346,7 +346,9 @@ def test_check_command_without_render_or_imageio(registered, tmp_path, monkeypat
     assert cli.main(["check", "Fake-v0", "--frame", str(tmp_path / "f.png")]) == 0
     assert "first frame" not in capsys.readouterr().out and not (tmp_path / "f.png").exists()
     bad = tmp_path / "missing" / "f.png"
-    assert cli.main(["check", "RenderFake-v0", "--frame", str(bad)]) == 2
+    with pytest.raises(SystemExit) as exited:  # a one-line usage error, before any check
+        cli.main(["check", "RenderFake-v0", "--frame", str(bad)])
+    assert exited.value.code == 2
     captured = capsys.readouterr()
     assert str(bad) in captured.err and "check_env" not in captured.out  # failed first
     monkeypatch.setitem(sys.modules, "imageio", None)

@@ -107,6 +107,8 @@ class PgxEnv(SuiteEnv):
     masked_obs: bool = True
 
     suite: ClassVar[str] = "pgx"
+    #: pgx's games are played in turns: only ``current_player`` moves.
+    max_acting: ClassVar[int | None] = 1
 
     def __post_init__(self) -> None:
         pgx = import_suite("pgx", "pgx")

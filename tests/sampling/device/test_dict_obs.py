@@ -40,8 +40,22 @@ class OnFlatTicTacToe(Policy):
         return self.inner.initial_state(batch_shape)
 
     def __call__(self, params: Any, obs: Any, key: jax.Array, policy_state: Any) -> Any:
-        masked = {"observations": obs, "action_mask": obs[..., 18:] == 1}
-        return self.inner(params, masked, key, policy_state)
+        return self.inner(params, self.masked(obs), key, policy_state)
+
+    @staticmethod
+    def masked(obs: Any) -> dict[str, Any]:
+        return {"observations": obs, "action_mask": obs[..., 18:] == 1}
+
+    # TicTacToe is turn-based: the rollout runs a policy that can on the mover's row only
+    # (Env.max_acting), so the wrapper takes the inner policy's path there too.
+    @property
+    def acts_on_rows(self) -> bool:
+        return self.inner.acts_on_rows
+
+    def act_on_rows(
+        self, params: Any, obs: Any, key: jax.Array, policy_state: Any, rows: Any
+    ) -> Any:
+        return self.inner.act_on_rows(params, self.masked(obs), key, policy_state, rows)
 
 
 def tictactoe_policy(kind: str, space: Any, action_space: Any) -> Policy:

@@ -1,0 +1,141 @@
+"""Acting-only compute: an env that declares ``max_acting`` (turn-based games) gets its
+policy run on the acting agents' rows only.
+
+References: the same rollout with the bound removed (every row evaluated), a greedy policy
+(no random draws) for bit-for-bit equality, the network's own ``forward`` and ``log_prob``
+on the recorded observations for a sampling policy, the softmax probabilities for the
+distribution of the draws, and NumPy's ``take_along_axis`` for the row helpers.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxsampler as js
+from jaxsampler import vector
+from jaxsampler.envs.spread import Spread
+from jaxsampler.envs.tictactoe import TicTacToe
+from jaxsampler.rollout.debug import RolloutDebugError
+from jaxsampler.rollout.step import acting_only
+
+
+class EveryRow(TicTacToe):
+    """TicTacToe without the bound: the policy runs on both players' rows."""
+
+    max_acting = None
+
+
+class CrowdedSpread(Spread):
+    """Every agent acts at once, but the env claims one at most (a wrong declaration)."""
+
+    max_acting = 1
+
+
+def rollout_of(env, policy, num_envs=6, length=30):
+    params = policy.init(jax.random.PRNGKey(0))
+    rollout = js.make_rollout(env, policy, num_envs, length)
+    _, traj = jax.jit(rollout)(params, rollout.init(jax.random.PRNGKey(1)))
+    return params, jax.device_get(traj)
+
+
+def mlp(env, explore=True):
+    return js.MLPPolicy(env.observation_space, env.action_space, hidden_sizes=(8,), explore=explore)
+
+
+def test_rows_helpers_match_numpy():
+    acting = np.array([[False, True, False], [True, False, True], [False, False, False]])
+    rows = np.asarray(vector.acting_rows(jnp.asarray(acting), 2))
+    # acting agents first, in agent order, then the others
+    np.testing.assert_array_equal(rows, [[1, 0], [0, 2], [0, 1]])
+    x = np.arange(3 * 3 * 2, dtype=np.float32).reshape(3, 3, 2)
+    got = np.asarray(vector.gather_agents(jnp.asarray(x), jnp.asarray(rows)))
+    np.testing.assert_array_equal(got, np.take_along_axis(x, rows[..., None], axis=1))
+    back = np.asarray(vector.scatter_agents(jnp.asarray(got), jnp.asarray(rows), 3))
+    want = np.zeros_like(x)
+    np.put_along_axis(want, rows[..., None], got, axis=1)
+    np.testing.assert_array_equal(back, want)
+
+
+def test_a_greedy_policy_gives_the_every_row_trajectory():
+    """The same actions, so the same games; the network's outputs agree to float rounding
+    (XLA may round a matmul over E x 1 rows differently from one over E x 2)."""
+    _, fast = rollout_of(TicTacToe(), mlp(TicTacToe(), explore=False))
+    _, full = rollout_of(EveryRow(), mlp(EveryRow(), explore=False))
+    act = full.acting
+    assert act.sum() > 0 and full.is_reset.any()  # games ended and restarted in the call
+    for field in ("obs", "rewards", "terminated", "truncated", "acting", "is_reset"):
+        np.testing.assert_array_equal(getattr(fast, field), getattr(full, field))
+    np.testing.assert_array_equal(fast.actions[act], full.actions[act])
+    for name in full.extras:
+        np.testing.assert_allclose(fast.extras[name][act], full.extras[name][act], rtol=1e-6)
+
+
+def test_a_sampling_policy_records_the_networks_outputs_for_its_own_actions():
+    env = TicTacToe()
+    policy = mlp(env)
+    params, traj = rollout_of(env, policy)
+    act = traj.acting
+    obs = traj.obs[:-1]
+    dist, value, _ = policy.forward(params, obs)  # every row, on the recorded observations
+    np.testing.assert_allclose(
+        traj.extras["action_dist_inputs"][act], np.asarray(dist)[act], rtol=1e-6, atol=1e-6
+    )
+    np.testing.assert_allclose(
+        traj.extras["vf_preds"][act], np.asarray(value)[act], rtol=1e-6, atol=1e-6
+    )
+    logp = policy.log_prob(params, obs, jnp.asarray(traj.actions), None)
+    np.testing.assert_allclose(
+        traj.extras["action_logp"][act], np.asarray(logp)[act], rtol=1e-5, atol=1e-6
+    )
+    # where one player moves, the other's row was skipped: zeros, never another's output
+    skipped = ~act & (act.sum(-1, keepdims=True) == 1)
+    assert skipped.any()
+    assert not traj.extras["vf_preds"][skipped].any() and not traj.actions[skipped].any()
+
+
+def test_draws_on_rows_follow_the_policys_distribution():
+    """One observation, 20,000 envs: the frequency of each action is its softmax
+    probability (to within 5 standard errors)."""
+    env = TicTacToe()
+    policy = mlp(env)
+    params = policy.init(jax.random.PRNGKey(3))
+    E = 20_000
+    one = jnp.zeros(env.observation_space.shape, jnp.float32).at[::2].set(1.0)
+    obs = jnp.broadcast_to(one, (E, 2) + one.shape)
+    rows = jnp.ones((E, 1), jnp.int32)  # agent 1 acts everywhere
+    action, extras, _ = policy.act_on_rows(params, obs, jax.random.PRNGKey(4), None, rows)
+    probs = np.asarray(jax.nn.softmax(policy.forward(params, one[None])[0][0]))
+    freq = np.bincount(np.asarray(action[:, 1]), minlength=9) / E
+    assert np.all(np.abs(freq - probs) <= 5 * np.sqrt(probs * (1 - probs) / E) + 1e-9)
+    assert not np.asarray(action[:, 0]).any()  # agent 0 was not evaluated
+
+
+def test_which_policies_run_on_acting_rows_only():
+    env = TicTacToe()
+    feed_forward = mlp(env)
+    pstate = feed_forward.initial_state((2, 2))
+    assert acting_only(env, feed_forward, pstate) == 1
+    assert acting_only(EveryRow(), feed_forward, pstate) is None
+    shared = js.policies.MultiAgentPolicy(env, {"shared": feed_forward})
+    assert acting_only(env, shared, shared.initial_state((2, 2))) == 1
+    two = js.policies.MultiAgentPolicy(
+        env,
+        {"x": feed_forward, "o": feed_forward},
+        policy_mapping_fn=lambda a: "x" if a == "agent_0" else "o",
+    )
+    assert acting_only(env, two, two.initial_state((2, 2))) is None  # each agent its own policy
+    recurrent = js.policies.RecurrentPolicy(env.observation_space, env.action_space, hidden_size=4)
+    assert acting_only(env, recurrent, recurrent.initial_state((2, 2))) is None
+
+
+def test_more_agents_acting_than_declared_is_an_error_not_a_dropped_action():
+    env = CrowdedSpread()
+    report = js.check_env(env, raise_on_error=False)
+    assert any("max_acting=1" in p for p in report.problems)
+    policy = mlp(env)
+    rollout = js.make_rollout(env, policy, 2, 3, debug=True)
+    with pytest.raises(RolloutDebugError, match="max_acting=1"):
+        rollout(policy.init(jax.random.PRNGKey(0)), rollout.init(jax.random.PRNGKey(1)))
