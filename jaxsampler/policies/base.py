@@ -87,7 +87,6 @@ class Policy:
         """Whether :meth:`log_prob` is implemented (a subclass overrides it)."""
         return type(self).log_prob is not Policy.log_prob
 
-
     def act_on_rows(
         self, params: Any, obs: Any, key: jax.Array, policy_state: Any, rows: jax.Array
     ) -> tuple[Any, dict[str, jax.Array], Any]:
