@@ -95,6 +95,13 @@ def hand_unsupported(env: Env, policy: str) -> str | None:
     obs = env.observation_space
     if not isinstance(obs, Box):
         return f"the hand-written loop takes Box observations, this env has {obs!r}"
+    bound = getattr(env, "max_acting", None)
+    if bound is not None and bound < env.num_agents:
+        return (
+            f"a turn-based env (max_acting={bound}): jaxsampler runs the policy on the "
+            "acting agents' rows only, so the two loops would neither do the same work nor make "
+            "the same trajectory"
+        )
     act = env.action_space
     if policy == "mlp" and not (
         isinstance(act, Discrete)

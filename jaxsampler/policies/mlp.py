@@ -261,20 +261,41 @@ class FeedForwardActorCritic(Policy):
         action, extras = _act(self.action_space, dist_inputs, value, log_std, key, self.explore)
         return action, extras, policy_state
 
+    @property
+    def acts_on_rows(self) -> bool:
+        """True unless a subclass changes how it acts (overrides ``__call__`` or
+        :meth:`act_on_rows` no longer matches it): then the rollout calls ``__call__``."""
+        cls = type(self)
+        return (
+            cls.__call__ is FeedForwardActorCritic.__call__
+            and cls.act_on_rows is FeedForwardActorCritic.act_on_rows
+        )
+
     def act_on_rows(
         self, params: Any, obs: Any, key: jax.Array, policy_state: Any, rows: jax.Array
     ) -> tuple[Any, dict[str, jax.Array], Any]:
-        """``__call__`` on the agent rows ``rows`` only (``int32[E, k]``; see
-        :meth:`Policy.act_on_rows`): the network runs on those rows and the actions are
-        drawn for them alone, then put back in place; the other agents get zero actions
-        and extras. The random draws are for ``[E, k]``, not ``[E, A]`` (drawing for every
-        agent costs as much as the network here), so a sampling policy's actions are other
-        draws from the same distributions than ``__call__``'s; a greedy one's are the same.
-        Pure."""
+        """``__call__`` with the actor on the agent rows ``rows`` only (``int32[E, k]``;
+        see :meth:`Policy.act_on_rows`): the actor runs on those rows and the actions are
+        drawn for them alone, then put back in place (the other agents get zero actions,
+        ``action_dist_inputs`` and ``action_logp``). The random draws are for ``[E, k]``,
+        not ``[E, A]`` (drawing for every agent costs as much as the network here), so a
+        sampling policy's actions are other draws from the same distributions than
+        ``__call__``'s; a greedy one's are the same.
+
+        ``vf_preds`` comes from the critic on every row, as in ``__call__``: values of
+        agents that do not act are read too (at a reset step, the final observations'
+        values bootstrap truncated episodes in GAE and n-step returns). XLA drops the actor
+        of that full-row pass and the critic of the row pass, whose outputs go unused. Pure.
+        """
         num_agents = batch_dims(obs, self.observation_space)[1]
-        dist_inputs, value, log_std = self.forward(params, vector.gather_agents(obs, rows))
-        action, extras = _act(self.action_space, dist_inputs, value, log_std, key, self.explore)
+        _, value, _ = self.forward(params, obs)
+        dist_inputs, _, log_std = self.forward(params, vector.gather_agents(obs, rows))
+        placeholder = jnp.zeros(dist_inputs.shape[:2], value.dtype)
+        action, extras = _act(
+            self.action_space, dist_inputs, placeholder, log_std, key, self.explore
+        )
         action, extras = vector.scatter_agents((action, extras), rows, num_agents)
+        extras["vf_preds"] = value
         return action, extras, policy_state
 
     def log_prob(self, params: Any, obs: Any, action: jax.Array, policy_state: Any) -> Any:

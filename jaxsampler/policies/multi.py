@@ -35,7 +35,9 @@ Rules:
 * params are a dict ``policy_id -> params``; the recurrent state a dict ``policy_id ->
   state`` with leaves ``[E, A_p, ...]``;
 * actions of agents that are not acting are computed like all others and ignored by the
-  env and by every host-side conversion (the ``acting`` mask decides);
+  env and by every host-side conversion (the ``acting`` mask decides); in a turn-based env
+  (``Env.max_acting``) with one policy for every agent, the rollout runs it on the acting
+  rows only (:meth:`act_on_rows`), and the others' actions are zero placeholders;
 * ``log_prob(params, obs, action, policy_state)`` evaluates every policy's ``log_prob`` on
   its own agents, like the step; it is available (:attr:`has_log_prob`) only when every
   policy has one.

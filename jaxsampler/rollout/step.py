@@ -140,7 +140,10 @@ def policy_step(
     """Runs the policy on ``state.obs`` and maps its action through the transforms.
 
     A recurrent state is reset to ``initial_policy_state`` in the envs whose episode
-    starts at this step (``state.episode_step == 0``).
+    starts at this step (``state.episode_step == 0``). In a turn-based env
+    (:func:`acting_only`), the policy acts on the acting agents' rows only
+    (``policy.act_on_rows``): the other agents' actions and extras (but ``vf_preds``) are
+    zero placeholders, which nothing reads (those agents do not act).
 
     Args:
         policy: the policy (static).

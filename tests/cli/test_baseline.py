@@ -128,3 +128,11 @@ def test_compare_rollout_times_every_loop_in_turn():
         "CartPole-v1", 2, 4, hidden_sizes=(8,), repeats=1, hand_written=False
     )
     assert alone["vs_hand_written"] is None and alone["vs_sync_vector_env"] is None
+
+
+def test_turn_based_envs_get_no_hand_written_ratio():
+    """jaxsampler runs a turn-based env's policy on the mover's rows only; a plain
+    vmap + scan loop runs every row, so a ratio would compare different work."""
+    reason = hand_unsupported(make_jax_env("TicTacToe-v0"), "mlp")
+    assert reason is not None and "max_acting=1" in reason
+    assert hand_unsupported(make_jax_env("Spread-v0"), "mlp") is None

@@ -73,6 +73,26 @@ def test_a_greedy_policy_gives_the_every_row_trajectory():
         np.testing.assert_allclose(fast.extras[name][act], full.extras[name][act], rtol=1e-6)
 
 
+def test_values_of_every_agent_are_kept_for_truncation_bootstraps():
+    """Games cut by a 4-move limit: at the reset step nobody acts, but GAE bootstraps each
+    truncated player from its final observation's value, so ``vf_preds`` must hold every
+    agent's value at every step (as evaluating every row does), and the advantages match."""
+    env_params = TicTacToe().default_params.replace(max_steps_in_episode=4)
+    policy = mlp(TicTacToe(masked_obs=True), explore=False)  # legal moves: games go on
+    trajs = []
+    for env in (TicTacToe(masked_obs=True), EveryRow(masked_obs=True)):
+        params = policy.init(jax.random.PRNGKey(0))
+        rollout = js.make_rollout(env, policy, 6, 30)
+        state = rollout.init(jax.random.PRNGKey(1), env_params=env_params)
+        trajs.append(jax.device_get(jax.jit(rollout)(params, state)[1]))
+    fast, full = trajs
+    assert (full.truncated & ~full.terminated).any()  # some games hit the limit
+    np.testing.assert_allclose(fast.extras["vf_preds"], full.extras["vf_preds"], rtol=1e-6)
+    last = jnp.zeros(full.rewards.shape[1:])
+    got, want = (js.compute_gae(t, last) for t in (fast, full))
+    np.testing.assert_allclose(got.advantages, want.advantages, rtol=1e-5, atol=1e-6)
+
+
 def test_a_sampling_policy_records_the_networks_outputs_for_its_own_actions():
     env = TicTacToe()
     policy = mlp(env)
@@ -90,10 +110,13 @@ def test_a_sampling_policy_records_the_networks_outputs_for_its_own_actions():
     np.testing.assert_allclose(
         traj.extras["action_logp"][act], np.asarray(logp)[act], rtol=1e-5, atol=1e-6
     )
-    # where one player moves, the other's row was skipped: zeros, never another's output
+    # every agent's value, acting or not (GAE reads them at reset steps)
+    np.testing.assert_allclose(traj.extras["vf_preds"], np.asarray(value), rtol=1e-6, atol=1e-6)
+    # where one player moves, the other's row was skipped by the actor: zeros, never
+    # another agent's output
     skipped = ~act & (act.sum(-1, keepdims=True) == 1)
     assert skipped.any()
-    assert not traj.extras["vf_preds"][skipped].any() and not traj.actions[skipped].any()
+    assert not traj.extras["action_logp"][skipped].any() and not traj.actions[skipped].any()
 
 
 def test_draws_on_rows_follow_the_policys_distribution():
@@ -129,6 +152,13 @@ def test_which_policies_run_on_acting_rows_only():
     assert acting_only(env, two, two.initial_state((2, 2))) is None  # each agent its own policy
     recurrent = js.policies.RecurrentPolicy(env.observation_space, env.action_space, hidden_size=4)
     assert acting_only(env, recurrent, recurrent.initial_state((2, 2))) is None
+
+    class Noisy(js.MLPPolicy):  # acts its own way: the rollout must call its __call__
+        def __call__(self, params, obs, key, policy_state):
+            return super().__call__(params, obs, key, policy_state)
+
+    noisy = Noisy(env.observation_space, env.action_space, hidden_sizes=(8,))
+    assert not noisy.acts_on_rows and acting_only(env, noisy, pstate) is None
 
 
 def test_more_agents_acting_than_declared_is_an_error_not_a_dropped_action():

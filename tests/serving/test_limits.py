@@ -282,7 +282,9 @@ def test_blank_lines_do_not_keep_an_idle_connection_open():
     """llhttp skips CRLFs between requests: trickling them started no request (so no 408)
     but reset the idle clock, keeping the connection forever."""
     env = ExternalEnv(OBS, ACT, action_timeout_s=1.0)  # ticks every 0.1 s
-    with PolicyServer(env, keepalive_timeout_s=0.3) as server, connect(server) as sock:
+    # the request timeout is far beyond the guard: only the 0.3 s idle close can end it
+    idle_only = PolicyServer(env, keepalive_timeout_s=0.3, request_timeout_s=120.0)
+    with idle_only as server, connect(server) as sock:
         closed = False
         for _ in range(600):  # a hang guard only (about 30 s): the server closes it well before
             try:

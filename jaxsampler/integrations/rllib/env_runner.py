@@ -330,6 +330,7 @@ class JaxEnvRunner(EnvRunner, Checkpointable):
             RLlib ``SingleAgentEpisode`` objects, numpy'ized: finished episodes first,
             then the ongoing chunks (``t > 0``).
         """
+        self._raise_construction_error()
         if num_timesteps is not None and num_episodes is not None:
             raise ValueError("sample(): give num_timesteps or num_episodes, not both")
         if self._time_after_sampling is not None:
@@ -514,6 +515,7 @@ class JaxEnvRunner(EnvRunner, Checkpointable):
     ) -> dict[str, Any]:
         """RLlib's runner state: lifetime env steps, the module's state and
         ``weights_seq_no``, and the (default, stateless) connector pipelines' states."""
+        self._raise_construction_error()
         state: dict[str, Any] = {
             NUM_ENV_STEPS_SAMPLED_LIFETIME: self.num_env_steps_sampled_lifetime
         }
@@ -576,6 +578,14 @@ class JaxEnvRunner(EnvRunner, Checkpointable):
     def num_policy_traces(self) -> int:
         """How often the sampling policy was traced (compiled); a weight sync adds none."""
         return self._policy.traces.count
+
+    def _raise_construction_error(self) -> None:
+        """A remote runner whose construction failed raises that error when it is asked to
+        work (RLlib reads it from only one runner's spaces at ``build_algo()``; a restarted
+        or other failed runner would otherwise fail later with an unrelated error)."""
+        error = getattr(self, "_construction_error", None)
+        if error is not None:
+            raise error
 
     def assert_healthy(self) -> None:
         """Raises ``AssertionError`` unless the env, the module and the sampler exist (a

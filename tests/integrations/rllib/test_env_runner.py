@@ -363,6 +363,9 @@ def test_a_remote_runners_construction_error_travels_to_the_drivers_runner():
     remote = JaxEnvRunner(config=bad, worker_index=1, num_workers=1)
     remote.assert_healthy()
     spaces = remote.get_spaces()
+    for work in (remote.sample, remote.get_state):  # asked to work, it raises the error too
+        with pytest.raises(TypeError, match="policy_from_rl_module"):
+            work()
     remote.stop()
     with pytest.raises(TypeError) as driver:
         JaxEnvRunner(config=config(), worker_index=0, num_workers=1, spaces=spaces)

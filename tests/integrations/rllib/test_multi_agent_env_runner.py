@@ -184,7 +184,7 @@ def test_rllib_compatible_train_batch_equals_rllibs_own_episodes_on_a_time_limit
     for k in want:
         if k != "weights_seq_no":
             np.testing.assert_array_equal(got[k], want[k], err_msg=k)
-    for ep, r in zip(ours, ref):
+    for ep, r in zip(ours, ref, strict=True):
         assert {a: (s.is_terminated, s.is_truncated) for a, s in ep.agent_episodes.items()} == {
             a: (s.is_terminated, s.is_truncated) for a, s in r.agent_episodes.items()
         }
