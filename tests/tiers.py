@@ -24,6 +24,9 @@ INTEGRATION_PATHS: dict[str, str] = {
     "tests/envs/adapters/test_pgx.py": "Pgx (the pgx extra)",
     "tests/benchmarks/test_notebook.py": "a Jupyter kernel (nbclient, ipykernel)",
     "tests/docs/test_hooks.py": "mkdocs (the docs extra)",
+    "tests/docs/test_code_blocks_guides.py": (
+        "a long run: every guide's and migration page's code, one process per page"
+    ),
     "tests/sampling/test_resume.py": "a long run: saved and resumed runs in subprocesses",
 }
 
