@@ -107,8 +107,10 @@ class Policy:
             rounding: XLA may round a matmul over fewer rows differently) and the
             actions are drawn from the same distributions (a policy may spend its random
             bits on these rows only, so sampled actions need not be ``__call__``'s own
-            draws); the other agents' entries are placeholders (the rollout ignores them:
-            those agents do not act).
+            draws). The other agents' actions and extras may be placeholders (they do not
+            act), except a value estimate (``vf_preds``), which must be given for every
+            agent: at a reset step nobody acts, and GAE bootstraps each truncated agent
+            from its final observation's value.
 
         Raises:
             NotImplementedError: the policy cannot (:attr:`acts_on_rows` is ``False``).
