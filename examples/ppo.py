@@ -794,8 +794,20 @@ def main(argv: list[str] | None = None) -> int:
         metavar="K",
         help="exit after the chunk that contains update K (simulates an interruption)",
     )
+    p.add_argument(
+        "--video",
+        type=Path,
+        default=None,
+        metavar="PATH",
+        help="after training, record one greedy episode of the first seed's policy here "
+        "(.mp4 or .gif; needs the video extra)",
+    )
     js.integrations.loggers.add_arguments(p)  # --log-dir, --logger, --quiet
     args = p.parse_args(argv)
+    if args.video is not None and args.video.suffix not in (".mp4", ".gif"):
+        p.error(f"--video must end in .mp4 or .gif, got {str(args.video)!r}")
+    if args.video is not None and not args.video.resolve().parent.is_dir():
+        p.error(f"--video: the folder of {str(args.video)!r} does not exist")
     cfg = dataclasses.replace(DEFAULTS[args.env], sampler=args.sampler)
     for field, value in (
         ("total_timesteps", args.total_timesteps),
@@ -818,6 +830,7 @@ def main(argv: list[str] | None = None) -> int:
     done_before = 0
     if every is not None and args.checkpoint_dir is not None and args.checkpoint_dir.is_dir():
         done_before = js.rollout.checkpoint.Checkpoints(args.checkpoint_dir, 2).latest_step() or 0
+    video = args.video is not None
     desc = f"ppo {cfg.env_id}"
     with (
         logger,
@@ -834,7 +847,7 @@ def main(argv: list[str] | None = None) -> int:
             def on_seed(i: int, wall_s: float) -> None:
                 bar.update(steps_per_seed, seed=i, env_steps_per_s=steps_per_seed / wall_s)
 
-            res = run(cfg, args.seeds, args.seed, on_seed=on_seed)
+            res = run(cfg, args.seeds, args.seed, on_seed=on_seed, return_params=video)
             js.integrations.loggers.log_history(
                 logger,
                 update_scalars({k: np.asarray(v) for k, v in res["metrics_per_seed"].items()}),
@@ -868,6 +881,7 @@ def main(argv: list[str] | None = None) -> int:
                     checkpoint_dir=args.checkpoint_dir,
                     stop_after=args.stop_after,
                     on_chunk=on_chunk,
+                    return_params=video,
                 )
             except js.rollout.checkpoint.CheckpointError as e:
                 bar.close()
@@ -892,9 +906,22 @@ def main(argv: list[str] | None = None) -> int:
         f"({res['env_steps_per_s']:,.0f} env steps/s); final mean return per seed: "
         + ", ".join(f"{r:.1f}" for r in res["final_mean_return_per_seed"])
     )
+    if args.video is not None:
+        frames = record_trained(cfg, res["final_params"][0], args.video)
+        print(f"video: {args.video} ({len(frames)} frames, one greedy episode of seed 0)")
+        del res["final_params"]  # network weights: not for the JSON result
+    elif "final_params" in res:
+        del res["final_params"]
     if args.json:
         write_json(args.json, res)
     return 0
+
+
+def record_trained(cfg: PPOConfig, params: Any, path: Path) -> np.ndarray:
+    """One greedy episode of the trained policy ``params`` of ``cfg``, written to ``path``
+    (``js.integrations.record_video``); returns its frames."""
+    env = js.make(cfg.env_id)
+    return js.integrations.record_video(env, make_policy(cfg, env), params, path, explore=False)
 
 
 if __name__ == "__main__":

@@ -137,3 +137,18 @@ def test_batch_gae_matches_the_trajectory_gae():
         expected = ref_at[(*episode, int(sb["t"][i]))]
         np.testing.assert_allclose(adv[i], expected, rtol=1e-4, atol=1e-4, err_msg=f"row {i}")
     assert len(episode_of_id) > 3  # several episodes, some cut by the call boundary
+
+
+def test_ppo_example_records_a_video_of_the_trained_policy(tmp_path, capsys):
+    video = tmp_path / "cartpole.gif"
+    args = ["--seeds", "1", "--total-timesteps", "256", "--num-envs", "2", "--rollout-length"]
+    assert ppo.main([*args, "32", "--video", str(video), "--quiet"]) == 0
+    frames = int(capsys.readouterr().out.split("video: ")[1].split("(")[1].split(" frames")[0])
+    assert video.stat().st_size > 0 and frames >= 2  # an episode: first frame to final
+    iio = pytest.importorskip("imageio.v3")
+    # a GIF encoder may merge identical consecutive frames (a pole that barely moves)
+    assert 2 <= len(iio.imread(video, index=None)) <= frames
+    for bad, why in (("c.png", "must end in .mp4 or .gif"), ("no/c.gif", "does not exist")):
+        with pytest.raises(SystemExit) as exited:  # refused before any training
+            ppo.main([*args, "32", "--video", str(tmp_path / bad)])
+        assert exited.value.code == 2 and why in capsys.readouterr().err
