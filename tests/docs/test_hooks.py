@@ -2,29 +2,20 @@
 
 from __future__ import annotations
 
-import importlib.util
 from types import SimpleNamespace
 
 import pytest
 
 from tests.docs.blocks import ROOT
 
-pytest.importorskip("mkdocs")  # the docs extra (.ci/run installs it before the tests)
+pytest.importorskip("mkdocs")  # the docs extra (the integration tier installs it)
 
-
-def _hooks():
-    spec = importlib.util.spec_from_file_location("docs_hooks", ROOT / "docs" / "_hooks.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
+from docs import _hooks as hooks
 
 PAGE = SimpleNamespace(file=SimpleNamespace(src_uri="page.md"))
 
 
 def test_a_marker_becomes_the_file() -> None:
-    hooks = _hooks()
     text = (ROOT / "benchmarks" / "results" / "throughput.md").read_text()
     out = hooks.on_page_markdown("before\n<!-- results: throughput.md -->\nafter", PAGE, {}, [])
     title = text.splitlines()[0].lstrip("# ")
@@ -34,21 +25,21 @@ def test_a_marker_becomes_the_file() -> None:
 
 
 def test_all_renders_every_results_file() -> None:
-    out = _hooks().on_page_markdown("<!-- results: all -->", PAGE, {}, [])
+    out = hooks.on_page_markdown("<!-- results: all -->", PAGE, {}, [])
     names = sorted(p.name for p in (ROOT / "benchmarks" / "results").glob("*.md"))
     assert all(f"## `{name}`" in out for name in names)
 
 
 def test_relative_links_point_into_results() -> None:
-    out = _hooks().on_page_markdown("<!-- results: ppo_breakout.md -->", PAGE, {}, [])
+    out = hooks.on_page_markdown("<!-- results: ppo_breakout.md -->", PAGE, {}, [])
     assert "](benchmarks/results/ppo_breakout.png)" in out
 
 
 def test_a_missing_file_fails_the_build() -> None:
     with pytest.raises(FileNotFoundError, match="nope.md"):
-        _hooks().on_page_markdown("<!-- results: nope.md -->", PAGE, {}, [])
+        hooks.on_page_markdown("<!-- results: nope.md -->", PAGE, {}, [])
 
 
 def test_text_without_markers_is_unchanged() -> None:
     text = "# Title\n\nno markers here\n"
-    assert _hooks().on_page_markdown(text, PAGE, {}, []) == text
+    assert hooks.on_page_markdown(text, PAGE, {}, []) == text

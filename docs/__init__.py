@@ -1,0 +1,1 @@
+"""The documentation site's sources; a package so that tests import its build hooks."""
