@@ -285,25 +285,13 @@ def main(argv: list[str] | None = None) -> int:
         cfg = dataclasses.replace(cfg, total_timesteps=args.total_timesteps)
     if args.n_step is not None:
         cfg = dataclasses.replace(cfg, n_step=args.n_step)
-    parts = make_parts(cfg)
-    outs, compile_s, walls = common.train_seeds(make_train(cfg), args.seeds)
-    evals = [
-        common.evaluate(
-            parts.env, parts.policy, {"q": ts.online, "epsilon": 0.0}, cfg.eval_episodes, s
-        )
-        for s, (ts, _) in zip(args.seeds, outs)
-    ]
-    window = max(1, cfg.log_every)
-    res = common.record(
+    res = common.train_and_record(
         "dqn_cartpole",
         "dqn",
-        dataclasses.asdict(cfg),
+        cfg,
+        make_parts(cfg),
         args.seeds,
-        evals,
-        [common.curve(m, window) for _, m in outs],
-        cfg.num_iterations * cfg.steps_per_iteration,
-        compile_s,
-        walls,
+        lambda ts: {"q": ts.online, "epsilon": 0.0},
         "mean greedy evaluation return >= 475",
         notes(cfg),
         harness.results_dir(args.out, args.quick),

@@ -7,6 +7,7 @@ Nothing here is specific to an algorithm; the examples own their losses and netw
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import platform
 import sys
@@ -176,6 +177,46 @@ def evaluate(env: js.Env, policy: js.Policy, params: Any, episodes: int, seed: i
     """Returns of ``episodes`` greedy episodes (``js.evaluate``, ``deterministic=True``)."""
     res = js.evaluate(env, policy, params, episodes, jax.random.PRNGKey(10_000 + seed))
     return np.asarray(res.returns, np.float64)
+
+
+def train_and_record(
+    name: str,
+    script: str,
+    cfg: Any,
+    parts: Any,
+    seeds: Sequence[int],
+    greedy_params: Callable[[Any], Any],
+    target: str,
+    notes: str,
+    out_dir: Path | None,
+) -> dict[str, Any]:
+    """What an off-policy example's ``main`` does after building its ``parts``: trains every
+    seed (:func:`scan_train` of ``parts.iteration`` / ``parts.init``, :func:`train_seeds`),
+    evaluates each seed's final greedy policy (``greedy_params(train_state)``, its params
+    for ``parts.policy``) and writes the result (:func:`record`), which it returns.
+
+    ``cfg`` is an :class:`IterationSizes` dataclass with ``eval_episodes`` and
+    ``log_every``."""
+    train = scan_train(parts.iteration, parts.init, cfg.num_iterations)
+    outs, compile_s, walls = train_seeds(train, seeds)
+    evals = [
+        evaluate(parts.env, parts.policy, greedy_params(ts), cfg.eval_episodes, s)
+        for s, (ts, _) in zip(seeds, outs, strict=True)
+    ]
+    return record(
+        name,
+        script,
+        dataclasses.asdict(cfg),
+        seeds,
+        evals,
+        [curve(m, max(1, cfg.log_every)) for _, m in outs],
+        cfg.num_iterations * cfg.steps_per_iteration,
+        compile_s,
+        walls,
+        target,
+        notes,
+        out_dir,
+    )
 
 
 def machine() -> str:

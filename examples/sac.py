@@ -355,22 +355,13 @@ def main(argv: list[str] | None = None) -> int:
     cfg = SACConfig(**(QUICK if args.quick else {}))
     if args.total_timesteps is not None:
         cfg = dataclasses.replace(cfg, total_timesteps=args.total_timesteps)
-    parts = make_parts(cfg)
-    outs, compile_s, walls = common.train_seeds(make_train(cfg), args.seeds)
-    greedy = [
-        common.evaluate(parts.env, parts.policy, ts.learner.actor, cfg.eval_episodes, s)
-        for s, (ts, _) in zip(args.seeds, outs)
-    ]
-    res = common.record(
+    res = common.train_and_record(
         "sac_pendulum",
         "sac",
-        dataclasses.asdict(cfg),
+        cfg,
+        make_parts(cfg),
         args.seeds,
-        greedy,
-        [common.curve(m, max(1, cfg.log_every)) for _, m in outs],
-        cfg.num_iterations * cfg.steps_per_iteration,
-        compile_s,
-        walls,
+        lambda ts: ts.learner.actor,
         "mean greedy evaluation return > -250",
         notes(cfg),
         harness.results_dir(args.out, args.quick),
