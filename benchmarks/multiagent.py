@@ -282,7 +282,7 @@ def _time_sample_batch(
         rows.append(int(batch.env_steps()))
         agent_rows.append(int(batch.agent_steps()))
     assert batch is not None
-    conv = [a - b for a, b in zip(total_s, roll_s)]
+    conv = [a - b for a, b in zip(total_s, roll_s, strict=True)]
     t, r, c = statistics.median(total_s), statistics.median(roll_s), statistics.median(conv)
     return {
         "status": "ok" if inner_call is not None else "ok (no Sampler._call: total only)",

@@ -124,7 +124,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     ratio = {  # records/s relative to no flush, median of within-round ratios
         k: statistics.median(
             (counts[k] / t) / (counts["no flush"] / t0)
-            for t, t0 in zip(times[k], times["no flush"])
+            for t, t0 in zip(times[k], times["no flush"], strict=True)
         )
         for k in names
     }

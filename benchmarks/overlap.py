@@ -112,11 +112,13 @@ def measure(name: str, policy: str, W: int, T: int, repeats: int, kind: str) -> 
     }
     for v in calls:
         row[f"{v}_s"] = statistics.median(times[v])
-        row[f"{v}_steps_per_s"] = statistics.median([n / t for n, t in zip(steps[v], times[v])])
-    base = [n / t for n, t in zip(steps["1d_before"], times["1d_before"])]
+        row[f"{v}_steps_per_s"] = statistics.median(
+            [n / t for n, t in zip(steps[v], times[v], strict=True)]
+        )
+    base = [n / t for n, t in zip(steps["1d_before"], times["1d_before"], strict=True)]
     for v in calls:
-        mine = [n / t for n, t in zip(steps[v], times[v])]
-        row[f"speedup_{v}"] = statistics.median([a / b for a, b in zip(mine, base)])
+        mine = [n / t for n, t in zip(steps[v], times[v], strict=True)]
+        row[f"speedup_{v}"] = statistics.median([a / b for a, b in zip(mine, base, strict=True)])
     return row
 
 

@@ -54,7 +54,7 @@ def plot(results: pathlib.Path) -> pathlib.Path:
         ax2.bar(
             [x + (i - 0.5) * width for x in xs], vals, width, label=LABELS[kind], color=COLORS[kind]
         )
-    for x, r in zip(xs, rows):
+    for x, r in zip(xs, rows, strict=True):
         ax2.annotate(
             f"{r['ratio']:.1f}x", (x - 0.5 * width, r["jax_median"]), ha="center", va="bottom"
         )

@@ -661,7 +661,7 @@ def summarize_mode(
         if n != base:
             ratios = [
                 a["actions_per_s"] / b["actions_per_s"]
-                for a, b in zip(raw[n], raw[base])
+                for a, b in zip(raw[n], raw[base], strict=True)
                 if b["actions_per_s"]
             ]
             if ratios:

@@ -293,7 +293,7 @@ class WorkerPool:
         used = self.workers[: min(n, len(self.workers))]
         shares = [n // len(used) + (i < n % len(used)) for i in range(len(used))]
         first = 0
-        for w, k in zip(used, shares):
+        for w, k in zip(used, shares, strict=True):
             w.send({**cmd, "clients": k, "first_client": first})
             first += k
         for w in used:

@@ -600,7 +600,7 @@ def port_extras_us(n: int = 20000) -> dict[str, float]:
 
 def _ratios(a: list[dict], b: list[dict], key: str) -> dict[str, float] | None:
     """Median / min / max over rounds of ``a[r][key] / b[r][key]`` (same round)."""
-    vals = [x[key] / y[key] for x, y in zip(a, b) if x.get(key) and y.get(key)]
+    vals = [x[key] / y[key] for x, y in zip(a, b, strict=True) if x.get(key) and y.get(key)]
     if not vals:
         return None
     return {**harness.median_min_max(vals), "n": len(vals)}
@@ -847,7 +847,7 @@ def _server_cpu_ratio(a: list[dict], b: list[dict]) -> dict[str, float] | None:
 
     vals = [
         per_action(x) / per_action(y)
-        for x, y in zip(a, b)
+        for x, y in zip(a, b, strict=True)
         if per_action(x) and per_action(y)  # type: ignore[operator]
     ]
     if not vals:

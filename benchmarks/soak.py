@@ -134,7 +134,7 @@ def growth(
     if not xs or any(y is None for y in ys):
         return {"slope": None, "fitted": None, "last_minus_first": None, "window": None}
     lo = xs[0] + skip_fraction * (xs[-1] - xs[0])
-    pts = [(x, y) for x, y in zip(xs, ys) if x >= lo]
+    pts = [(x, y) for x, y in zip(xs, ys, strict=True) if x >= lo]
     wx, wy = [p[0] for p in pts], [float(p[1]) for p in pts]  # type: ignore[arg-type]
     s = fit_slope(wx, wy)
     return {
@@ -253,7 +253,7 @@ def account_batch(ledger: Ledger, batch: Any) -> tuple[int, int]:
         done = np.asarray(sb["terminateds"]) | np.asarray(sb["truncateds"])
         # Rows come episode by episode, agent by agent: split at id changes.
         cuts = np.flatnonzero(eids[1:] != eids[:-1]) + 1
-        for lo, hi in zip(np.r_[0, cuts], np.r_[cuts, n]):
+        for lo, hi in zip(np.r_[0, cuts], np.r_[cuts, n], strict=True):
             ledger.rows(str(eids[lo]), ts[lo:hi], bool(done[hi - 1]))
     return int(batch.env_steps()), agent_steps
 
@@ -814,7 +814,7 @@ def run_serving_soak(
         "wall_s": wall,
         "client_threads_wall_s": max(worker_walls, default=None),
         "steps_per_s": sent_steps / max(worker_walls) if worker_walls else None,
-        "rss_samples": [[round(t, 2), int(x), r] for t, x, r in zip(ts, step_x, rss)],
+        "rss_samples": [[round(t, 2), int(x), r] for t, x, r in zip(ts, step_x, rss, strict=True)],
         "rss_growth_per_step": growth(step_x, rss),
         "rss_growth_per_s": growth(ts, rss),
         "env_stats": dict(side.server.env.stats),

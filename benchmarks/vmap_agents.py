@@ -158,7 +158,7 @@ def check_identical(new: js.Env, old: js.Env, num_envs: int) -> None:
     for env in (new, old):
         rollout = js.make_rollout(env, pol, num_envs, 40)
         outs.append(jax.jit(rollout)((), rollout.init(jax.random.PRNGKey(3))))
-    for a, b in zip(jax.tree.leaves(outs[0]), jax.tree.leaves(outs[1])):
+    for a, b in zip(jax.tree.leaves(outs[0]), jax.tree.leaves(outs[1]), strict=True):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 

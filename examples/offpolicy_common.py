@@ -165,7 +165,7 @@ def train_seeds(
     compiled = jax.jit(train).lower(keys[0]).compile()
     compile_s = time.perf_counter() - t0
     outs, walls = [], []
-    for s, k in zip(seeds, keys):
+    for s, k in zip(seeds, keys, strict=True):
         print(f"seed {s}:", flush=True)
         t0 = time.perf_counter()
         outs.append(jax.block_until_ready(compiled(k)))
@@ -267,7 +267,7 @@ def record(
     rows = [
         f"| {s} | {m:.1f} | {float(r.std()):.1f} | {float(r.min()):.1f} | {w:.1f} | "
         f"{env_steps / w:,.0f} |"
-        for s, m, r, w in zip(seeds, means, eval_returns, walls)
+        for s, m, r, w in zip(seeds, means, eval_returns, walls, strict=True)
     ]
     md = "\n".join(
         [

@@ -487,7 +487,7 @@ def plot(runs: list[dict[str, Any]], path: Path) -> None:
 
     fig, ax = plt.subplots(figsize=(7.5, 4.5), dpi=120)
     styles = [("tab:blue", "-"), ("tab:red", "--"), ("tab:green", ":"), ("tab:purple", "-.")]
-    for (name, rs), (color, ls) in zip(group(runs).items(), styles):
+    for (name, rs), (color, ls) in zip(group(runs).items(), styles, strict=False):
         for j, r in enumerate(rs):
             idx, avg = moving_average(np.asarray(r["learning_curve"], dtype=float))
             x = (idx + 1) * r["env_steps_per_update"]

@@ -78,7 +78,7 @@ def run_processes(
         if attempt == 0 and procs[0].returncode != 0 and PORT_TAKEN in outs[0][1]:
             continue
         break
-    for i, (p, (out, err)) in enumerate(zip(procs, outs)):
+    for i, (p, (out, err)) in enumerate(zip(procs, outs, strict=True)):
         assert p.returncode == 0, f"process {i} exited {p.returncode}:\n{err[-4000:]}"
         assert marker in out, f"process {i}:\n{out[-2000:]}"
     return [o for o, _ in outs]

@@ -243,7 +243,7 @@ def load_job(name: str, job: Job, d: Path) -> dict[str, Any]:
     params = extra["params"]
     same_sharding = all(
         a.sharding == b.sharding
-        for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(other_params))
+        for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(other_params), strict=True)
     )
     resumed = _run(sampler, params, job.after)
     compiles = list(rep.compiles)
@@ -301,7 +301,8 @@ def pure_load(mesh: int | None, d: Path) -> dict[str, Any]:
     out: dict[str, Any] = {
         "is_rollout_state": isinstance(tree["rollout"], js.RolloutState),
         "sharding_kept": all(
-            a.sharding == b.sharding for a, b in zip(jax.tree.leaves(tree), jax.tree.leaves(like))
+            a.sharding == b.sharding
+            for a, b in zip(jax.tree.leaves(tree), jax.tree.leaves(like), strict=True)
         ),
         "sharded_leaves": sum(
             len(a.sharding.device_set) > 1 for a in jax.tree.leaves(tree["rollout"])

@@ -250,7 +250,7 @@ def outcome(path):
 
 def assert_prefix(records, original):
     assert len(records) <= len(original)
-    for a, b in zip(original, records):
+    for a, b in zip(original[: len(records)], records, strict=True):
         assert_same(a, b)
 
 

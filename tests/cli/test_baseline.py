@@ -120,7 +120,7 @@ def test_compare_rollout_times_every_loop_in_turn():
         "CartPole-v1", 2, 4, hidden_sizes=(8,), repeats=3, gym_id="CartPole-v1", gym_steps=4
     )
     assert len(row["times_s"]) == len(row["hand_times_s"]) == len(row["gym_times_s"]) == 3
-    paired = sorted(h / j for h, j in zip(row["hand_times_s"], row["times_s"]))
+    paired = sorted(h / j for h, j in zip(row["hand_times_s"], row["times_s"], strict=True))
     assert row["vs_hand_written"] == pytest.approx(paired[1])
     assert row["hand_compile_s"] > 0 and row["gym_steps_per_call"] == 4
     assert row["gym_actions_per_s"] > 0 and row["vs_sync_vector_env"] > 0

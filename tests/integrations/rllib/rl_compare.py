@@ -32,7 +32,7 @@ def same(a, b, path="state"):
         assert np.array_equal(a, b, equal_nan=a.dtype.kind == "f"), path
     elif isinstance(a, (list, tuple)) or isinstance(b, (list, tuple)):
         assert type(a) is type(b) and len(a) == len(b), (path, type(a), type(b))
-        for i, (x, y) in enumerate(zip(a, b)):
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
             same(x, y, f"{path}[{i}]")
     else:
         assert type(a) is type(b) and a == b, (path, a, b)

@@ -80,7 +80,7 @@ def test_factory_episodes_equal_to_rllib_of_sampler_episodes(env, horizon, topup
         got = fast.sample(params, **kwargs)
         assert len(got) == len(expected) > 0
         np.testing.assert_equal(fast.metrics.as_dict(), ref.metrics.as_dict())
-        for a, b in zip(got, expected):
+        for a, b in zip(got, expected, strict=True):
             assert type(a) is RlSingleAgentEpisode
             assert_rl_sa_equal(a, b)
             for slot in RlSingleAgentEpisode.__slots__:  # every slot, not only the state
@@ -154,7 +154,7 @@ def test_dict_observations_match_the_samplers_own_episodes():
     for _ in range(2):
         got, want = fast.sample(None), own.sample(None)
         assert len(got) == len(want) and isinstance(got[0], RlSingleAgentEpisode)
-        for g, w in zip(got, want):
+        for g, w in zip(got, want, strict=True):
             assert g.id_ == w.id_
             go, wo = g.get_observations(), w.get_observations()
             assert sorted(go) == sorted(wo) == ["observations", "prev_actions", "prev_rewards"]

@@ -155,8 +155,8 @@ def cartpole():
 
 def test_replayed_rllib_episodes_equal_the_converted_ones(cartpole):
     calls, obs_space, act_space, _ = cartpole
-    for call, ref_call in zip(calls, rllib_replay(calls, obs_space, act_space)):
-        for ours, ref in zip(to_rllib(call), ref_call):
+    for call, ref_call in zip(calls, rllib_replay(calls, obs_space, act_space), strict=True):
+        for ours, ref in zip(to_rllib(call), ref_call, strict=True):
             # RLlib's replay numpy'izes rewards to float64; the sampler keeps the env's
             # float32 (a documented deviation): compare values, then everything else.
             np.testing.assert_array_equal(ours.rewards.data, ref.rewards.data)
@@ -178,7 +178,7 @@ def test_replayed_rllib_episodes_equal_the_converted_ones(cartpole):
 def test_ppo_learner_pipeline_on_converted_episodes_equals_rllibs_own(cartpole):
     calls, obs_space, act_space, learner = cartpole
     refs = rllib_replay(calls, obs_space, act_space)
-    for call, ref_call in zip(calls, refs):
+    for call, ref_call in zip(calls, refs, strict=True):
         source_state = [e.get_state() for e in call]
         got = train_batch(learner, to_rllib(call))
         want = train_batch(learner, ref_call)
@@ -193,14 +193,14 @@ def test_ppo_learner_pipeline_on_converted_episodes_equals_rllibs_own(cartpole):
         want["default_policy"]["rewards"] = cols["rewards"]
         assert_same_batch(got, want, float_tol_keys=("advantages", "value_targets"))
         # The pipeline changed the converted episodes (one extra step, ids), not ours.
-        for ep, state in zip(call, source_state):
+        for ep, state in zip(call, source_state, strict=True):
             same(ep.get_state(), state)
 
 
 def test_ppo_pipeline_on_float32_rewards_is_exact(cartpole):
     """With rewards of the same dtype on both sides, every column is bit-identical."""
     calls, obs_space, act_space, learner = cartpole
-    for call, ref_call in zip(calls, rllib_replay(calls, obs_space, act_space)):
+    for call, ref_call in zip(calls, rllib_replay(calls, obs_space, act_space), strict=True):
         for ref in ref_call:
             ref.rewards.data = ref.rewards.data.astype(np.float32)
         assert_same_batch(train_batch(learner, to_rllib(call)), train_batch(learner, ref_call))
@@ -210,7 +210,7 @@ def test_continuous_actions_pipeline(cartpole):
     env, calls = sa_sample("Pendulum-v1", n_calls=2, rollout_length=5)
     obs_space, act_space = env.observation_space.to_gymnasium(), env.action_space.to_gymnasium()
     learner = build_ppo_learner("Pendulum-v1", obs_space, act_space)
-    for call, ref_call in zip(calls, rllib_replay(calls, obs_space, act_space)):
+    for call, ref_call in zip(calls, rllib_replay(calls, obs_space, act_space), strict=True):
         for ref in ref_call:
             ref.rewards.data = ref.rewards.data.astype(np.float32)
         assert_same_batch(train_batch(learner, to_rllib(call)), train_batch(learner, ref_call))
@@ -311,17 +311,19 @@ def test_multi_agent_ppo_pipeline_on_converted_episodes_equals_rllibs_own(env_id
     obs_space, act_space = env.observation_space.to_gymnasium(), env.action_space.to_gymnasium()
     learner = build_ppo_learner(None, obs_space, act_space, multi_agent_ids=env.agent_ids)
     spaces = ({a: obs_space for a in env.agent_ids}, {a: act_space for a in env.agent_ids})
-    for call, ref_call in zip(calls, rllib_ma_replay(calls, *spaces)):
+    for call, ref_call in zip(calls, rllib_ma_replay(calls, *spaces), strict=True):
         before = [js_ma_state(e) for e in call]
         ours = to_rllib(call)
-        for o, r in zip(ours, ref_call):
+        for o, r in zip(ours, ref_call, strict=True):
             align_all_flags(o, r)
             assert_ma_chunks_agree(o, r)
             for sa in r.agent_episodes.values():  # the sampler keeps float32 rewards
                 sa.rewards.data = np.asarray(sa.rewards.data, np.float32)
         assert all(e.is_numpy for e in ours)  # every chunk, as RLlib's runner returns them
         assert_same_batch(train_batch(learner, ours), train_batch(learner, ref_call))
-        for ep, state in zip(call, before):  # the pipeline changed the conversions only
+        for ep, state in zip(
+            call, before, strict=True
+        ):  # the pipeline changed the conversions only
             same(js_ma_state(ep), state)
 
 

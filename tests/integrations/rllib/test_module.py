@@ -259,7 +259,7 @@ def test_weight_sync_after_optimizer_step(case):
         assert jax.tree.structure(new_params) == jax.tree.structure(params)
         assert all(
             a.shape == b.shape and a.dtype == b.dtype
-            for a, b in zip(jax.tree.leaves(new_params), jax.tree.leaves(params))
+            for a, b in zip(jax.tree.leaves(new_params), jax.tree.leaves(params), strict=True)
         )
         after = act(new_params, jnp.asarray(obs))
         dist_inputs, _, values = _rllib(module, obs)

@@ -88,23 +88,23 @@ def test_columns_path_equals_to_rllib_over_calls(env_id):
         chunks = s.sample(())
         new, old = rllib_multi_agent_episodes(chunks), to_rllib(chunks)
         assert len(new) == len(old) == len(chunks)
-        for a, b in zip(new, old):
+        for a, b in zip(new, old, strict=True):
             assert type(a) is RlMultiAgentEpisode
             assert_rl_ma_equal(a, b)
             assert_fields_equal(a, b)
-        pairs += zip(new, old)
+        pairs += zip(new, old, strict=True)
         snapshots += copy.deepcopy(old)
     assert any(b.env_t_started > 0 for b, _ in pairs)  # continuation chunks were compared
     assert any(b._len_lookback_buffers > 0 for b, _ in pairs)
     # Later calls changed nothing the earlier episodes hold (no aliasing of carried data).
-    for (a, b), snap in zip(pairs, snapshots):
+    for (a, b), snap in zip(pairs, snapshots, strict=True):
         assert_rl_ma_equal(a, snap)
         assert_rl_ma_equal(a, b)
 
 
 def test_arrays_are_shared_and_lists_copied():
     chunks = sampler("Spread-v0").sample(())
-    for ep, rl in zip(chunks, rllib_multi_agent_episodes(chunks)):
+    for ep, rl in zip(chunks, rllib_multi_agent_episodes(chunks), strict=True):
         for aid, sa in ep.agent_episodes.items():
             rsa = rl.agent_episodes[aid]
             assert rsa.observations.data is sa.observations.data  # a view, not a copy
@@ -202,7 +202,7 @@ def test_runner_episodes_and_metrics(env_id, monkeypatch):
             kw = dict(num_timesteps=30, random_actions=i == 2)
             new, old = r.sample(**kw), ref.sample(**kw)
             assert len(new) == len(old)
-            for a, b in zip(new, old):
+            for a, b in zip(new, old, strict=True):
                 drop_step_times(a)  # wall-clock times of two runners differ
                 drop_step_times(b)
                 assert_rl_ma_equal(a, b)

@@ -10,6 +10,8 @@ field, and ``sample_batch()`` must equal the batch made from ``sample()``'s epis
 
 from __future__ import annotations
 
+import itertools
+
 import jax
 import numpy as np
 import pytest
@@ -269,7 +271,7 @@ def test_continuation_chunks_keep_ids_and_concatenate_to_the_full_episode():
     multi = [chunks for chunks in seen.values() if len(chunks) > 1]
     assert multi
     for chunks in multi:
-        for a, b in zip(chunks, chunks[1:]):
+        for a, b in itertools.pairwise(chunks):
             assert a.env_t == b.env_t_started
             for aid, sa in b.agent_episodes.items():
                 if aid in a.agent_episodes:

@@ -112,7 +112,7 @@ def test_rllib_compatible_flags_equal_rllibs_own_episodes(env_id):
         own += [ep for ep in default.sample(()) if ep.is_done]
     assert len(got) == len(want) >= 3
     differs = 0
-    for g, o, (_, w) in zip(got, own, want):
+    for g, o, (_, w) in zip(got, own, want, strict=True):
         # (a finished chunk holds the agents that stepped in it; RLlib's whole episode may
         # hold more, done in earlier chunks)
         wf = {a: f for a, f in flags(w).items() if a in g.agent_episodes}

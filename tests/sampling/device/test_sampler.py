@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import itertools
 import pickle
 from collections import defaultdict
 from collections.abc import Iterator
@@ -66,7 +67,7 @@ def test_chunks_follow_the_env_and_continue_across_calls():
             by_id[ep.id_].append(ep)
     finished = 0
     for chunks in by_id.values():
-        for prev, nxt in zip(chunks, chunks[1:]):
+        for prev, nxt in itertools.pairwise(chunks):
             assert not prev.is_done and nxt.t_started == prev.t  # RLlib cut() semantics
             lb = nxt.observations.lookback
             assert lb == min(2, len(prev) + prev.observations.lookback)
