@@ -27,7 +27,13 @@ INTEGRATION_PATHS: dict[str, str] = {
     "tests/docs/test_code_blocks_guides.py": (
         "a long run: every guide's and migration page's code, one process per page"
     ),
+    "tests/docs/test_code_blocks_concepts.py": (
+        "a long run: every concept page's code, one process per page"
+    ),
     "tests/sampling/test_resume.py": "a long run: saved and resumed runs in subprocesses",
+    "tests/examples/test_durable_server.py": (
+        "a long run: the durable-server example's kill and restart, end to end"
+    ),
 }
 
 #: Single tests that are integration tests in a quick-tier file: node ids, with parameters
@@ -46,6 +52,18 @@ INTEGRATION_TESTS: dict[str, str] = {
         "a long run"
     ),
     "tests/benchmarks/test_scaling.py::test_gpu_quick_writes_the_schema": "a long run",
+    "tests/benchmarks/test_scaling.py::test_scaling_quick_writes_the_schema": "a long run",
+    "tests/benchmarks/test_host_side.py::test_gpu_host_part_runs_tiny_on_cpu": "a long run",
+    "tests/benchmarks/test_suites.py::test_quick_gymnax_writes_the_schema": "a long run",
+    "tests/examples/test_dqn.py::test_quick_main_writes_results": "a long run",
+    "tests/examples/test_sac.py::test_quick_main_writes_results": "a long run",
+    "tests/examples/test_impala_host.py::test_both_loops_train_end_to_end": "a long run",
+    "tests/examples/test_distributed.py::test_two_processes_match_one_process_with_two_devices": (
+        "a long run"
+    ),
+    "tests/examples/test_distributed.py::test_one_device_is_the_same_run_up_to_rounding": (
+        "a long run"
+    ),
     "tests/host_envs/external/test_limits.py::test_memory_does_not_grow_with_the_number_of"
     "_episodes": "a long run",
     "tests/examples/test_domain_randomization.py::test_quick_run_writes_results_with_both"

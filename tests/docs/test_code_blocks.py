@@ -1,8 +1,10 @@
 """Every ```python block of the README and of docs/ runs as written (see tests/docs/blocks.py).
 
-This file runs the README and the pages outside ``docs/guides/`` and ``docs/migration/``;
-``test_code_blocks_guides.py`` runs those two folders (two files, so pytest-xdist's
-``--dist loadfile`` gives them to two workers)."""
+This file runs the README and the pages outside the folders of :data:`GROUPS`: the quick tier.
+``test_code_blocks_guides.py`` runs ``docs/guides/`` and ``docs/migration/``, and
+``test_code_blocks_concepts.py`` runs ``docs/concepts/``; both are in the integration tier
+(tests/tiers.py), one process per page, and separate files so that pytest-xdist's
+``--dist loadfile`` can give them to different workers."""
 
 from __future__ import annotations
 
@@ -31,14 +33,25 @@ for line, code in blocks:
 """
 
 
-GUIDES = ("docs/guides/", "docs/migration/")
+#: Page groups run by their own test files: the folders each covers. Every other page is "rest".
+GROUPS: dict[str, tuple[str, ...]] = {
+    "guides": ("docs/guides/", "docs/migration/"),
+    "concepts": ("docs/concepts/",),
+}
 
 
-def page_params(guides: bool) -> list:
-    """One pytest param per page with python blocks: the guide folders' pages or the rest."""
+def page_group(rel: str) -> str:
+    """The group of the page at the root-relative path ``rel``: a key of GROUPS or "rest"."""
+    return next((name for name, folders in GROUPS.items() if rel.startswith(folders)), "rest")
+
+
+def page_params(group: str) -> list:
+    """One pytest param per page with python blocks in ``group`` (see :func:`page_group`)."""
+    if group not in (*GROUPS, "rest"):
+        raise ValueError(f"unknown page group {group!r}; known: {[*GROUPS, 'rest']}")
     params = []
     for path in pages():
-        if path.relative_to(ROOT).as_posix().startswith(GUIDES) != guides:
+        if page_group(path.relative_to(ROOT).as_posix()) != group:
             continue
         found = python_blocks(path)
         if not found:
@@ -68,9 +81,21 @@ def run_page(path: Path, tmp_path: Path) -> None:
     assert proc.returncode == 0, f"{rel}:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
 
 
-@pytest.mark.parametrize("path", page_params(guides=False))
+@pytest.mark.parametrize("path", page_params("rest"))
 def test_page_blocks_run(path: Path, tmp_path: Path) -> None:
     run_page(path, tmp_path)
+
+
+def test_every_group_has_pages_and_the_readme_runs_here() -> None:
+    """The split is total and none of its files is empty: a page is in exactly one group."""
+    rels = [p.relative_to(ROOT).as_posix() for p in pages() if python_blocks(p)]
+    groups = {rel: page_group(rel) for rel in rels}
+    assert groups["README.md"] == "rest"
+    assert groups["docs/concepts/buffers.md"] == "concepts"
+    assert groups["docs/migration/from-rllib.md"] == "guides"
+    assert set(groups.values()) == {*GROUPS, "rest"}
+    counted = sum(len(page_params(g)) for g in (*GROUPS, "rest"))
+    assert counted == len(rels)
 
 
 def test_blocks_are_found() -> None:

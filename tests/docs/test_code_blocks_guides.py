@@ -10,6 +10,6 @@ import pytest
 from tests.docs.test_code_blocks import page_params, run_page
 
 
-@pytest.mark.parametrize("path", page_params(guides=True))
+@pytest.mark.parametrize("path", page_params("guides"))
 def test_guide_blocks_run(path: Path, tmp_path: Path) -> None:
     run_page(path, tmp_path)

@@ -1,0 +1,15 @@
+"""The ```python blocks of docs/concepts/ run as written (see tests/docs/test_code_blocks.py,
+which runs the README and the other top-level pages in the quick tier)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.docs.test_code_blocks import page_params, run_page
+
+
+@pytest.mark.parametrize("path", page_params("concepts"))
+def test_concept_blocks_run(path: Path, tmp_path: Path) -> None:
+    run_page(path, tmp_path)
