@@ -1,10 +1,12 @@
-"""Policies: the protocol, a random policy, Flax actor-critic MLP, CNN and GRU policies."""
+"""Policies: the protocol, a random policy, Flax actor-critic MLP, CNN and GRU policies,
+multi-agent mapping and a self-play opponent pool."""
 
 from jaxsampler.policies.base import NoState, Policy, RandomPolicy, batch_dims
 from jaxsampler.policies.cnn import ActorCriticCNN, CNNPolicy
 from jaxsampler.policies.greedy import greedy
 from jaxsampler.policies.mlp import ActorCriticMLP, MLPPolicy, RecurrentPolicy, log_prob
 from jaxsampler.policies.multi import MultiAgentPolicy
+from jaxsampler.policies.pool import OpponentPool
 
 __all__ = [
     "greedy",
@@ -15,6 +17,7 @@ __all__ = [
     "CNNPolicy",
     "ActorCriticCNN",
     "MultiAgentPolicy",
+    "OpponentPool",
     "RecurrentPolicy",
     "ActorCriticMLP",
     "batch_dims",
