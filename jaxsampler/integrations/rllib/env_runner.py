@@ -132,7 +132,8 @@ from jaxsampler.spaces import from_gymnasium_space  # noqa: E402
 
 __all__ = ["JaxEnvRunner"]
 
-#: Extra model outputs RLlib's own runner stores for the default PPO module.
+#: Extra model outputs RLlib's own runner stores for the default PPO module (for the DQN
+#: module: none, its forward passes return only actions).
 _RLLIB_EXTRAS = ("action_dist_inputs", "action_logp")
 _MODE_EXPLORE, _MODE_GREEDY, _MODE_RANDOM = 0, 1, 2
 
@@ -268,7 +269,7 @@ class JaxEnvRunner(EnvRunner, Checkpointable):
             explore_policy=_with_explore(self._js_policy, True),
             greedy_policy=_with_explore(self._js_policy, False),
             random_low=-1.0 if transform == "unsquash" else None,
-            keep_extras=_RLLIB_EXTRAS,
+            keep_extras=_rllib_extras(self._js_policy),
         )
         seed = 0 if self._seed is None else int(self._seed)
         horizon = int(self.config.episode_lookback_horizon)
@@ -357,7 +358,10 @@ class JaxEnvRunner(EnvRunner, Checkpointable):
                 mode = (
                     _MODE_RANDOM if random_actions else (_MODE_EXPLORE if explore else _MODE_GREEDY)
                 )
-                params = self._policy.call_params(self._params, mode, self._weights_seq_no)
+                module_params = self._params
+                if mode == _MODE_EXPLORE:
+                    module_params = self._js_policy.at_timestep(module_params, self.timestep())
+                params = self._policy.call_params(module_params, mode, self._weights_seq_no)
                 t0 = time.perf_counter()
                 js_episodes = self._sampler.sample(
                     params,
@@ -391,6 +395,14 @@ class JaxEnvRunner(EnvRunner, Checkpointable):
         self._time_after_sampling = time.perf_counter()
         return episodes
 
+    def timestep(self) -> int:
+        """The lifetime env step RLlib's runner passes to ``forward_exploration`` at the
+        start of a call (``t`` of DQN's epsilon schedule): this runner's lifetime count
+        (the global one after each training iteration's state sync), rounded down to a
+        multiple of the number of env runners as RLlib rounds it."""
+        runners = self.config.num_env_runners or 1
+        return int(self.num_env_steps_sampled_lifetime) // runners * runners
+
     def _to_rllib(self, episodes: list[Any]) -> list[Any]:
         """The sampler's episodes as RLlib's: device envs' already are (the sampler's
         episode factory), a host sampler's are converted here."""
@@ -416,7 +428,7 @@ class JaxEnvRunner(EnvRunner, Checkpointable):
     def _strip_model_outputs(self, episodes: list[Any]) -> None:
         """Random-action steps carry no module outputs (as in RLlib's runner)."""
         for ep in episodes:
-            for key in _RLLIB_EXTRAS:
+            for key in self._policy.keep_extras:
                 ep.extra_model_outputs.pop(key, None)
 
     def _bookkeep(self, episodes: list[Any], steps: int, wall_s: float) -> None:
@@ -613,6 +625,15 @@ def _with_explore(policy: Any, explore: bool) -> Any:
         f"the mirrored policy {type(policy).__name__} has no 'explore' switch; "
         "policy_from_rl_module must return a dataclass policy with an 'explore' field"
     )
+
+
+def _rllib_extras(policy: Any) -> tuple[str, ...]:
+    """The extra model outputs RLlib's own runner stores for the mirrored module: PPO's
+    ``action_dist_inputs`` and ``action_logp``; none for DQN (its ``qf_preds`` stay in the
+    rollout)."""
+    from jaxsampler.integrations.rllib.dqn_module import DQNModulePolicy
+
+    return () if isinstance(policy, DQNModulePolicy) else _RLLIB_EXTRAS
 
 
 def _chunk_return(ep: Any) -> float:
