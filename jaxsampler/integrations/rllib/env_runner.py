@@ -28,8 +28,14 @@ What the runner does, next to RLlib's ``SingleAgentEnvRunner``:
   policy; every ``set_state`` that carries module weights updates the torch module (for
   ``get_state`` and checkpoints) and the flax params. Weights are data, so a weight sync
   never retraces the rollout (:attr:`JaxEnvRunner.num_policy_traces` counts traces).
-* **Actions**: ``explore=True`` samples from the action distribution, ``explore=False``
-  acts greedily (argmax / mean), ``random_actions=True`` samples uniformly. Box actions
+* **Modules**: RLlib's default PPO module (``PPOConfig``) and default DQN module
+  (``DQNConfig``; MLP encoder, dueling or plain Q heads, ``num_atoms=1``).
+* **Actions**: ``explore=True`` samples from the action distribution (PPO) or is
+  epsilon-greedy on the Q-values (DQN: with probability epsilon a uniformly random action,
+  else the argmax; epsilon is the module's schedule at :meth:`JaxEnvRunner.timestep`, the
+  lifetime env step at the start of the call, passed to the jitted rollout as data),
+  ``explore=False`` acts greedily (argmax / mean), ``random_actions=True`` samples
+  uniformly. Box actions
   follow RLlib's module-to-env defaults: with ``config.normalize_actions`` (default) the
   env receives ``low + (a + 1) * (high - low) / 2`` clipped to the bounds (bounded float
   Boxes), with ``config.clip_actions`` the clipped action; the episode stores the
@@ -38,7 +44,9 @@ What the runner does, next to RLlib's ``SingleAgentEnvRunner``:
   :func:`jaxsampler.integrations.rllib.convert.to_rllib`), finished ones first, then ongoing chunks
   that continue in the next call with the same ``id_`` and a lookback of
   ``config.episode_lookback_horizon`` steps. Extra model outputs are what RLlib's runner
-  stores: ``action_dist_inputs``, ``action_logp`` and ``weights_seq_no``.
+  stores: ``action_dist_inputs``, ``action_logp`` and ``weights_seq_no`` for PPO,
+  ``weights_seq_no`` alone for DQN (RLlib's replay buffers and DQN learner take these
+  episodes as they take RLlib's own runner's).
 * **Metrics** go through the runner's ``MetricsLogger`` under RLlib's keys
   (``num_env_steps_sampled(_lifetime)``, ``num_episodes(_lifetime)``,
   ``episode_return_mean/min/max``, ``episode_len_mean/min/max``, per-agent and
@@ -53,6 +61,10 @@ Deviations from RLlib's runner, each forced by whole-chunk device sampling:
   then short top-up chunks (1/16 of that) until ``N`` env steps are reached, so a call
   returns at least ``N`` steps and at most one top-up chunk more (RLlib: fewer than
   ``N + num_envs``);
+* DQN's epsilon is fixed for a call (RLlib's runner moves ``t`` on with each vector step
+  of the call), and ``t`` counts this runner's steps as they are sampled (RLlib's runner
+  reads its count from the last state sync plus the call's steps, so within a training
+  iteration its epsilon lags by up to that iteration's steps);
 * ``episode_duration_sec_mean`` is each episode's share of the sampling wall time (the
   envs step together on the device; there is no per-episode clock);
 * ``random_actions=True`` with normalized bounded Box actions samples uniformly in the

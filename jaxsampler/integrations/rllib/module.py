@@ -1,4 +1,9 @@
-"""Mirror RLlib's default PPO torch RLModule as a jaxsampler policy.
+"""Mirror RLlib's default PPO (and DQN) torch RLModule as a jaxsampler policy.
+
+RLlib's default DQN torch module (``DefaultDQNTorchRLModule``) is mirrored by
+:mod:`jaxsampler.integrations.rllib.dqn_module` (``policy_from_rl_module`` dispatches to
+it): Q-values from the same encoder and dueling heads, greedy or RLlib's epsilon-greedy
+exploration with epsilon as a param. The rest of this docstring is about PPO.
 
 :func:`policy_from_rl_module` reads the structure of an RLlib 2.60
 ``DefaultPPOTorchRLModule`` (what ``PPOConfig().rl_module(model_config=DefaultModelConfig(...))``
