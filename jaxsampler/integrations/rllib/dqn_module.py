@@ -128,7 +128,7 @@ class DQNModulePolicy(Policy):
 
     def extra_params(self) -> dict[str, np.ndarray]:
         """``{"epsilon": float32[]}``: the schedule's value at timestep 0."""
-        return {"epsilon": np.float32(epsilon_at(self.epsilon_schedule, 0))}
+        return {"epsilon": np.asarray(epsilon_at(self.epsilon_schedule, 0), np.float32)}
 
     def epsilon_at(self, timestep: int) -> float:
         """RLlib's epsilon at lifetime env step ``timestep`` (the module's schedule)."""
@@ -137,11 +137,11 @@ class DQNModulePolicy(Policy):
     def at_timestep(self, params: dict[str, Any], timestep: int) -> dict[str, Any]:
         """``params`` with ``"epsilon"`` set to RLlib's epsilon at ``timestep`` (a new
         ``float32[]`` leaf of the same shape and dtype: a jitted caller is not retraced)."""
-        return {**params, "epsilon": np.float32(self.epsilon_at(timestep))}
+        return {**params, "epsilon": np.asarray(self.epsilon_at(timestep), np.float32)}
 
     def with_epsilon(self, params: dict[str, Any], epsilon: float) -> dict[str, Any]:
         """``params`` with ``"epsilon"`` set to ``epsilon`` (float32, no retrace)."""
-        return {**params, "epsilon": np.float32(epsilon)}
+        return {**params, "epsilon": np.asarray(epsilon, np.float32)}
 
     def init(self, key: jax.Array) -> dict[str, jax.Array]:
         """Random params of the right structure (for tests; real ones come from the module)."""
@@ -269,6 +269,9 @@ def dqn_policy_from_rl_module(
     if heads["vf"] is not None and _out_dim(heads["vf"]) != 1:
         raise _unsupported("a value head with more than one output")
 
+    model_config: Any = module.model_config  # a dict once the module is built
+    if not isinstance(model_config, Mapping) or "epsilon" not in model_config:
+        raise _unsupported("a DQN module without an epsilon schedule in its model_config")
     in_dim = next(layer[3] for layer in encoder if layer[0] == "dense")
     size = obs_space.n if isinstance(obs_space, Discrete) else int(np.prod(obs_space.shape))
     if size != in_dim:
@@ -282,7 +285,7 @@ def dqn_policy_from_rl_module(
         encoder=encoder,
         af_head=af_head,
         vf_head=heads["vf"],
-        epsilon_schedule=_schedule(module.model_config["epsilon"]),
+        epsilon_schedule=_schedule(model_config["epsilon"]),
         explore=bool(explore),
         matmul_precision=matmul_precision,
     )
