@@ -370,9 +370,7 @@ class JaxEnvRunner(EnvRunner, Checkpointable):
                 mode = (
                     _MODE_RANDOM if random_actions else (_MODE_EXPLORE if explore else _MODE_GREEDY)
                 )
-                module_params = self._params
-                if mode == _MODE_EXPLORE:
-                    module_params = self._js_policy.at_timestep(module_params, self.timestep())
+                module_params = self._explore_params() if mode == _MODE_EXPLORE else self._params
                 params = self._policy.call_params(module_params, mode, self._weights_seq_no)
                 t0 = time.perf_counter()
                 js_episodes = self._sampler.sample(
@@ -406,6 +404,11 @@ class JaxEnvRunner(EnvRunner, Checkpointable):
             )
         self._time_after_sampling = time.perf_counter()
         return episodes
+
+    def _explore_params(self) -> Any:
+        """The mirrored module's params for an exploring call: DQN's carry the epsilon of
+        :meth:`timestep` (same structure and dtypes every call: no retrace)."""
+        return self._js_policy.at_timestep(self._params, self.timestep())
 
     def timestep(self) -> int:
         """The lifetime env step RLlib's runner passes to ``forward_exploration`` at the

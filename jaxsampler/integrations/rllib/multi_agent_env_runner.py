@@ -164,6 +164,10 @@ class JaxMultiAgentEnvRunner(JaxEnvRunner):
                 )
         self._params = params
 
+    def _explore_params(self) -> Any:
+        """The mirrored modules' params as they are (PPO's exploration has no schedule)."""
+        return self._params
+
     def _build_sampler(self) -> None:
         obs_space = from_gymnasium_space(self._gym_obs_space)
         act_space = from_gymnasium_space(self._gym_act_space)

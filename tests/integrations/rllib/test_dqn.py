@@ -302,3 +302,16 @@ def test_dqn_trains_on_cartpole_with_jax_env_runner(one_torch_thread):
         assert max(returns[-4:]) >= TARGET_RETURN, returns
     finally:
         algo.stop()
+
+
+def test_multi_agent_runner_refuses_dqn_modules():
+    from jaxsampler.integrations.rllib import JaxMultiAgentEnvRunner
+
+    config = (
+        DQNConfig()
+        .environment("Spread-v0")
+        .env_runners(env_runner_cls=JaxMultiAgentEnvRunner, num_env_runners=0)
+        .multi_agent(policies={"p"}, policy_mapping_fn=lambda aid, ep, **kw: "p")
+    )
+    with pytest.raises(TypeError, match="DQN is mirrored by the single-agent JaxEnvRunner"):
+        JaxMultiAgentEnvRunner(config=config)
