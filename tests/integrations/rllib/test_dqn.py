@@ -180,6 +180,8 @@ def test_epsilon_and_weight_sync_do_not_retrace():
 
     for t in (0, 700, 2500, 9000):
         act(policy.at_timestep(params, t), obs, jax.random.key(t))
+    greedy, _, _ = act(policy.with_epsilon(params, 0.0), obs, jax.random.key(1))
+    np.testing.assert_array_equal(np.asarray(greedy), _rllib_actions(module, np.asarray(obs)))
     with torch.no_grad():
         for p in module.parameters():
             p.mul_(-2.0)
