@@ -28,8 +28,14 @@ What the runner does, next to RLlib's ``SingleAgentEnvRunner``:
   policy; every ``set_state`` that carries module weights updates the torch module (for
   ``get_state`` and checkpoints) and the flax params. Weights are data, so a weight sync
   never retraces the rollout (:attr:`JaxEnvRunner.num_policy_traces` counts traces).
-* **Actions**: ``explore=True`` samples from the action distribution, ``explore=False``
-  acts greedily (argmax / mean), ``random_actions=True`` samples uniformly. Box actions
+* **Modules**: RLlib's default PPO module (``PPOConfig``) and default DQN module
+  (``DQNConfig``; MLP encoder, dueling or plain Q heads, ``num_atoms=1``).
+* **Actions**: ``explore=True`` samples from the action distribution (PPO) or is
+  epsilon-greedy on the Q-values (DQN: with probability epsilon a uniformly random action,
+  else the argmax; epsilon is the module's schedule at :meth:`JaxEnvRunner.timestep`, the
+  lifetime env step at the start of the call, passed to the jitted rollout as data),
+  ``explore=False`` acts greedily (argmax / mean), ``random_actions=True`` samples
+  uniformly. Box actions
   follow RLlib's module-to-env defaults: with ``config.normalize_actions`` (default) the
   env receives ``low + (a + 1) * (high - low) / 2`` clipped to the bounds (bounded float
   Boxes), with ``config.clip_actions`` the clipped action; the episode stores the
@@ -38,7 +44,9 @@ What the runner does, next to RLlib's ``SingleAgentEnvRunner``:
   :func:`jaxsampler.integrations.rllib.convert.to_rllib`), finished ones first, then ongoing chunks
   that continue in the next call with the same ``id_`` and a lookback of
   ``config.episode_lookback_horizon`` steps. Extra model outputs are what RLlib's runner
-  stores: ``action_dist_inputs``, ``action_logp`` and ``weights_seq_no``.
+  stores: ``action_dist_inputs``, ``action_logp`` and ``weights_seq_no`` for PPO,
+  ``weights_seq_no`` alone for DQN (RLlib's replay buffers and DQN learner take these
+  episodes as they take RLlib's own runner's).
 * **Metrics** go through the runner's ``MetricsLogger`` under RLlib's keys
   (``num_env_steps_sampled(_lifetime)``, ``num_episodes(_lifetime)``,
   ``episode_return_mean/min/max``, ``episode_len_mean/min/max``, per-agent and
@@ -53,6 +61,10 @@ Deviations from RLlib's runner, each forced by whole-chunk device sampling:
   then short top-up chunks (1/16 of that) until ``N`` env steps are reached, so a call
   returns at least ``N`` steps and at most one top-up chunk more (RLlib: fewer than
   ``N + num_envs``);
+* DQN's epsilon is fixed for a call (RLlib's runner moves ``t`` on with each vector step
+  of the call), and ``t`` counts this runner's steps as they are sampled (RLlib's runner
+  reads its count from the last state sync plus the call's steps, so within a training
+  iteration its epsilon lags by up to that iteration's steps);
 * ``episode_duration_sec_mean`` is each episode's share of the sampling wall time (the
   envs step together on the device; there is no per-episode clock);
 * ``random_actions=True`` with normalized bounded Box actions samples uniformly in the
@@ -132,7 +144,8 @@ from jaxsampler.spaces import from_gymnasium_space  # noqa: E402
 
 __all__ = ["JaxEnvRunner"]
 
-#: Extra model outputs RLlib's own runner stores for the default PPO module.
+#: Extra model outputs RLlib's own runner stores for the default PPO module (for the DQN
+#: module: none, its forward passes return only actions).
 _RLLIB_EXTRAS = ("action_dist_inputs", "action_logp")
 _MODE_EXPLORE, _MODE_GREEDY, _MODE_RANDOM = 0, 1, 2
 
@@ -268,7 +281,7 @@ class JaxEnvRunner(EnvRunner, Checkpointable):
             explore_policy=_with_explore(self._js_policy, True),
             greedy_policy=_with_explore(self._js_policy, False),
             random_low=-1.0 if transform == "unsquash" else None,
-            keep_extras=_RLLIB_EXTRAS,
+            keep_extras=_rllib_extras(self._js_policy),
         )
         seed = 0 if self._seed is None else int(self._seed)
         horizon = int(self.config.episode_lookback_horizon)
@@ -357,7 +370,8 @@ class JaxEnvRunner(EnvRunner, Checkpointable):
                 mode = (
                     _MODE_RANDOM if random_actions else (_MODE_EXPLORE if explore else _MODE_GREEDY)
                 )
-                params = self._policy.call_params(self._params, mode, self._weights_seq_no)
+                module_params = self._explore_params() if mode == _MODE_EXPLORE else self._params
+                params = self._policy.call_params(module_params, mode, self._weights_seq_no)
                 t0 = time.perf_counter()
                 js_episodes = self._sampler.sample(
                     params,
@@ -391,6 +405,19 @@ class JaxEnvRunner(EnvRunner, Checkpointable):
         self._time_after_sampling = time.perf_counter()
         return episodes
 
+    def _explore_params(self) -> Any:
+        """The mirrored module's params for an exploring call: DQN's carry the epsilon of
+        :meth:`timestep` (same structure and dtypes every call: no retrace)."""
+        return self._js_policy.at_timestep(self._params, self.timestep())
+
+    def timestep(self) -> int:
+        """The lifetime env step RLlib's runner passes to ``forward_exploration`` at the
+        start of a call (``t`` of DQN's epsilon schedule): this runner's lifetime count
+        (the global one after each training iteration's state sync), rounded down to a
+        multiple of the number of env runners as RLlib rounds it."""
+        runners = self.config.num_env_runners or 1
+        return int(self.num_env_steps_sampled_lifetime) // runners * runners
+
     def _to_rllib(self, episodes: list[Any]) -> list[Any]:
         """The sampler's episodes as RLlib's: device envs' already are (the sampler's
         episode factory), a host sampler's are converted here."""
@@ -416,7 +443,7 @@ class JaxEnvRunner(EnvRunner, Checkpointable):
     def _strip_model_outputs(self, episodes: list[Any]) -> None:
         """Random-action steps carry no module outputs (as in RLlib's runner)."""
         for ep in episodes:
-            for key in _RLLIB_EXTRAS:
+            for key in self._policy.keep_extras:
                 ep.extra_model_outputs.pop(key, None)
 
     def _bookkeep(self, episodes: list[Any], steps: int, wall_s: float) -> None:
@@ -613,6 +640,15 @@ def _with_explore(policy: Any, explore: bool) -> Any:
         f"the mirrored policy {type(policy).__name__} has no 'explore' switch; "
         "policy_from_rl_module must return a dataclass policy with an 'explore' field"
     )
+
+
+def _rllib_extras(policy: Any) -> tuple[str, ...]:
+    """The extra model outputs RLlib's own runner stores for the mirrored module: PPO's
+    ``action_dist_inputs`` and ``action_logp``; none for DQN (its ``qf_preds`` stay in the
+    rollout)."""
+    from jaxsampler.integrations.rllib.dqn_module import DQNModulePolicy
+
+    return () if isinstance(policy, DQNModulePolicy) else _RLLIB_EXTRAS
 
 
 def _chunk_return(ep: Any) -> float:

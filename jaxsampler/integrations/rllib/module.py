@@ -1,4 +1,9 @@
-"""Mirror RLlib's default PPO torch RLModule as a jaxsampler policy.
+"""Mirror RLlib's default PPO (and DQN) torch RLModule as a jaxsampler policy.
+
+RLlib's default DQN torch module (``DefaultDQNTorchRLModule``) is mirrored by
+:mod:`jaxsampler.integrations.rllib.dqn_module` (``policy_from_rl_module`` dispatches to
+it): Q-values from the same encoder and dueling heads, greedy or RLlib's epsilon-greedy
+exploration with epsilon as a param. The rest of this docstring is about PPO.
 
 :func:`policy_from_rl_module` reads the structure of an RLlib 2.60
 ``DefaultPPOTorchRLModule`` (what ``PPOConfig().rl_module(model_config=DefaultModelConfig(...))``
@@ -42,7 +47,9 @@ _SUPPORTED = (
     "encoder (1-D Box observations; fcnet_hiddens, fcnet_activation, fcnet_use_layernorm, "
     "vf_share_layers), MLP pi/vf heads (head_fcnet_hiddens, head_fcnet_activation, "
     "head_fcnet_use_layernorm) and Discrete (TorchCategorical) or float Box "
-    "(TorchDiagGaussian, free_log_std False or True) actions"
+    "(TorchDiagGaussian, free_log_std False or True) actions; and RLlib's default DQN torch "
+    "RLModule (DefaultDQNTorchRLModule) with an MLP encoder, MLP advantage/value heads "
+    "(dueling on or off), num_atoms=1 (no distributional Q) and Discrete actions"
 )
 
 # torch activation class name -> jax function
@@ -119,6 +126,15 @@ class RLModulePolicy(Policy):
         """Whether the policy computes ``vf_preds`` (the module has a value head)."""
         return self.vf_head is not None
 
+    def extra_params(self) -> dict[str, np.ndarray]:
+        """Params that are not module weights: none for the PPO mirror."""
+        return {}
+
+    def at_timestep(self, params: dict[str, Any], timestep: int) -> dict[str, Any]:
+        """``params`` for acting at RLlib's lifetime env step ``timestep``: unchanged (the
+        PPO module's exploration does not depend on the timestep)."""
+        return params
+
     @property
     def param_shapes(self) -> dict[str, tuple[int, ...]]:
         """State key -> shape of every param the policy reads."""
@@ -148,17 +164,7 @@ class RLModulePolicy(Policy):
         }
 
     def _features(self, obs: Any) -> tuple[jax.Array, tuple[int, ...]]:
-        space = self.observation_space
-        if isinstance(space, Discrete):
-            x = jax.nn.one_hot(obs - space.start, space.n, dtype=jnp.float32)
-        elif isinstance(space, Box):
-            batch = obs.shape[: obs.ndim - len(space.shape)]
-            x = obs.reshape(batch + (-1,)).astype(jnp.float32)
-        else:  # pragma: no cover - refused at construction
-            raise TypeError(f"unsupported observation space {space!r}")
-        batch = x.shape[:-1]
-        # One 2-D matmul per layer: XLA's CPU dot is fastest on [rows, features].
-        return x.reshape(-1, x.shape[-1]), batch
+        return features(self.observation_space, obs)
 
     def action_dist_inputs(self, params: Mapping[str, jax.Array], obs: Any) -> jax.Array:
         """The module's ``action_dist_inputs`` for ``obs`` (leaves ``[*batch, *obs_shape]``).
@@ -219,21 +225,7 @@ class RLModulePolicy(Policy):
     def _run(
         self, layers: tuple[Layer, ...], params: Mapping[str, jax.Array], x: jax.Array
     ) -> jax.Array:
-        for layer in layers:
-            kind = layer[0]
-            if kind == "dense":
-                _, w, b, _, _ = layer
-                x = jnp.matmul(x, params[w].T, precision=self.matmul_precision)
-                if b:
-                    x = x + params[b]
-            elif kind == "layernorm":
-                _, w, b, _, eps = layer
-                mean = jnp.mean(x, axis=-1, keepdims=True)
-                var = jnp.mean(jnp.square(x - mean), axis=-1, keepdims=True)
-                x = (x - mean) / jnp.sqrt(var + eps) * params[w] + params[b]
-            else:
-                x = _ACTIVATIONS[layer[1]](x)
-        return x
+        return run_layers(layers, params, x, self.matmul_precision)
 
     def _sample(self, dist_inputs: jax.Array, key: jax.Array) -> tuple[jax.Array, jax.Array]:
         space = self.action_space
@@ -265,6 +257,46 @@ class RLModulePolicy(Policy):
         flat = action.reshape(action.shape[: action.ndim - len(space.shape)] + (-1,))
         mean, log_std = jnp.split(dist_inputs, 2, axis=-1)
         return _gaussian_logp(mean, log_std, flat.astype(jnp.float32))
+
+
+def features(space: Space, obs: Any) -> tuple[jax.Array, tuple[int, ...]]:
+    """An MLP encoder's input: ``obs`` (``[*batch, *obs_shape]``) one-hot encoded
+    (Discrete) or flattened (Box) to ``float32[rows, features]``, and ``batch``. Pure."""
+    if isinstance(space, Discrete):
+        x = jax.nn.one_hot(obs - space.start, space.n, dtype=jnp.float32)
+    elif isinstance(space, Box):
+        batch = obs.shape[: obs.ndim - len(space.shape)]
+        x = obs.reshape(batch + (-1,)).astype(jnp.float32)
+    else:  # pragma: no cover - refused at construction
+        raise TypeError(f"unsupported observation space {space!r}")
+    batch = x.shape[:-1]
+    # One 2-D matmul per layer: XLA's CPU dot is fastest on [rows, features].
+    return x.reshape(-1, x.shape[-1]), batch
+
+
+def run_layers(
+    layers: tuple[Layer, ...],
+    params: Mapping[str, jax.Array],
+    x: jax.Array,
+    precision: str | None = None,
+) -> jax.Array:
+    """Applies mirrored torch layers (dense, layernorm, activation specs) to ``x``
+    (``float32[rows, in]``) with torch-layout weights from ``params``. Pure."""
+    for layer in layers:
+        kind = layer[0]
+        if kind == "dense":
+            _, w, b, _, _ = layer
+            x = jnp.matmul(x, params[w].T, precision=precision)
+            if b:
+                x = x + params[b]
+        elif kind == "layernorm":
+            _, w, b, _, eps = layer
+            mean = jnp.mean(x, axis=-1, keepdims=True)
+            var = jnp.mean(jnp.square(x - mean), axis=-1, keepdims=True)
+            x = (x - mean) / jnp.sqrt(var + eps) * params[w] + params[b]
+        else:
+            x = _ACTIVATIONS[layer[1]](x)
+    return x
 
 
 def _categorical_logp(logits: jax.Array, idx: jax.Array) -> jax.Array:
@@ -355,14 +387,18 @@ def policy_from_rl_module(
     observation_space: Space | None = None,
     matmul_precision: str | None = None,
 ) -> tuple[RLModulePolicy, dict[str, jax.Array]]:
-    """An equivalent jaxsampler policy for an RLlib default PPO torch RLModule, and its params.
+    """An equivalent jaxsampler policy for an RLlib default PPO or DQN torch RLModule, and
+    its params.
 
     Args:
         module: a built ``DefaultPPOTorchRLModule`` (e.g.
             ``config.get_rl_module_spec(env=...).build()``, ``algo.get_module()``, an env
             runner's ``module``), or an ``RLModuleSpec`` (built here). An
             ``inference_only`` module (what RLlib's env runners hold) gives a policy without
-            ``vf_preds``.
+            ``vf_preds``. A ``DefaultDQNTorchRLModule`` gives a
+            :class:`~jaxsampler.integrations.rllib.dqn_module.DQNModulePolicy` (greedy or
+            epsilon-greedy on the module's Q-values, see
+            :func:`~jaxsampler.integrations.rllib.dqn_module.dqn_policy_from_rl_module`).
         explore: sample actions (``forward_exploration`` + sampling) or act
             deterministically (``forward_inference`` + the distribution's deterministic
             action), as RLlib's env runner does for ``explore=True`` / ``False``.
@@ -375,11 +411,13 @@ def policy_from_rl_module(
             float32 agreement with torch).
 
     Returns:
-        ``(policy, params)``: an :class:`RLModulePolicy` and params holding the module's
-        current weights (see :func:`params_from_module_state`).
+        ``(policy, params)``: an :class:`RLModulePolicy` (a ``DQNModulePolicy`` for a DQN
+        module) and params holding the module's current weights (see
+        :func:`params_from_module_state`).
 
     Raises:
-        TypeError: ``module`` is not RLlib's default PPO torch RLModule with an MLP encoder
+        TypeError: ``module`` is not RLlib's default PPO or DQN torch RLModule with an MLP
+            encoder
             (a MultiRLModule, another algorithm's module, a custom module, a CNN or LSTM
             encoder, a non-torch module) or its spaces are not supported; the message names
             what is supported.
@@ -417,6 +455,19 @@ def policy_from_rl_module(
         )
     if not isinstance(module, RLModule):
         raise _unsupported(f"got a {type(module).__name__}, not an RLlib RLModule")
+    from ray.rllib.algorithms.dqn.torch.default_dqn_torch_rl_module import (
+        DefaultDQNTorchRLModule,
+    )
+
+    if isinstance(module, DefaultDQNTorchRLModule):
+        from jaxsampler.integrations.rllib.dqn_module import dqn_policy_from_rl_module
+
+        return dqn_policy_from_rl_module(  # type: ignore[return-value]
+            module,
+            explore=explore,
+            observation_space=observation_space,
+            matmul_precision=matmul_precision,
+        )
     if not isinstance(module, DefaultPPOTorchRLModule):
         raise _unsupported(
             f"got a {type(module).__name__} (framework {getattr(module, 'framework', None)!r})"
@@ -517,7 +568,7 @@ def policy_from_rl_module(
     return policy, params_from_module_state(policy, module.get_state())
 
 
-def params_from_module_state(policy: RLModulePolicy, state: Mapping[str, Any]) -> dict[str, Any]:
+def params_from_module_state(policy: Any, state: Mapping[str, Any]) -> dict[str, Any]:
     """New params for ``policy`` from an RLlib module state (a weight sync).
 
     Use it on every ``EnvRunner.set_state`` instead of mirroring the module again: the
@@ -525,7 +576,7 @@ def params_from_module_state(policy: RLModulePolicy, state: Mapping[str, Any]) -
     jitted rollout that takes the params as an argument is not traced again.
 
     Args:
-        policy: a policy built by :func:`policy_from_rl_module`.
+        policy: a policy built by :func:`policy_from_rl_module` (PPO or DQN mirror).
         state: the module's state, ``module.get_state()`` (``inference_only`` or full): a
             mapping from state key to numpy array or torch tensor; also accepted: the
             ``{"default_policy": state}`` wrapping an env runner may receive. Keys the
@@ -533,7 +584,10 @@ def params_from_module_state(policy: RLModulePolicy, state: Mapping[str, Any]) -
             torch buffers) are ignored.
 
     Returns:
-        ``dict[str, jax.Array]``: state key -> ``float32`` array (torch's layout).
+        ``dict[str, jax.Array]``: state key -> ``float32`` array (torch's layout); for a
+        DQN mirror also ``"epsilon"`` (``float32[]``, the schedule's value at timestep 0;
+        :meth:`~jaxsampler.integrations.rllib.dqn_module.DQNModulePolicy.at_timestep`
+        sets it for a later timestep).
 
     Raises:
         KeyError: ``state`` lacks a key the policy reads (the message lists them).
@@ -561,4 +615,5 @@ def params_from_module_state(policy: RLModulePolicy, state: Mapping[str, Any]) -
                 "with policy_from_rl_module)"
             )
         host[name] = arr
+    host.update(policy.extra_params())
     return jax.device_put(host)

@@ -148,7 +148,7 @@ class JaxMultiAgentEnvRunner(JaxEnvRunner):
 
     def make_module(self) -> None:
         """Builds RLlib's (inference-only) ``MultiRLModule`` and mirrors every module."""
-        from jaxsampler.integrations.rllib.module import policy_from_rl_module
+        from jaxsampler.integrations.rllib.module import RLModulePolicy, policy_from_rl_module
 
         spec = self.config.get_multi_rl_module_spec(spaces=self.get_spaces(), inference_only=True)
         self.module = spec.build()
@@ -156,7 +156,17 @@ class JaxMultiAgentEnvRunner(JaxEnvRunner):
         params: dict[str, Any] = {}
         for mid in sorted(set(self._mapping.values())):
             self._js_policies[mid], params[mid] = policy_from_rl_module(self.module[mid])
+            if not isinstance(self._js_policies[mid], RLModulePolicy):
+                raise TypeError(
+                    f"JaxMultiAgentEnvRunner mirrors RLlib's default PPO module; module "
+                    f"{mid!r} is a {type(self.module[mid]).__name__} (DQN is mirrored by the "
+                    "single-agent JaxEnvRunner only)"
+                )
         self._params = params
+
+    def _explore_params(self) -> Any:
+        """The mirrored modules' params as they are (PPO's exploration has no schedule)."""
+        return self._params
 
     def _build_sampler(self) -> None:
         obs_space = from_gymnasium_space(self._gym_obs_space)

@@ -318,16 +318,27 @@ def test_unsupported_modules_raise():
         policy_from_rl_module(multi)
     with pytest.raises(TypeError, match="each sub-module"):
         policy_from_rl_module(multi.build())
-    # A module of another algorithm (DQN's default torch module).
+    # A module of another algorithm (SAC's default torch module; DQN's is mirrored, see
+    # test_dqn.py, and its distributional variant is refused).
     from ray.rllib.algorithms.dqn import DQNConfig
+    from ray.rllib.algorithms.sac import SACConfig
 
-    dqn = (
-        DQNConfig()
-        .environment(observation_space=CARTPOLE_OBS, action_space=CARTPOLE_ACT)
+    sac = (
+        SACConfig()
+        .environment(observation_space=PENDULUM_OBS, action_space=PENDULUM_ACT)
         .get_rl_module_spec()
         .build()
     )
-    with pytest.raises(TypeError, match="DefaultPPOTorchRLModule"):
+    with pytest.raises(TypeError, match="DefaultPPOTorchRLModule.*DefaultDQNTorchRLModule"):
+        policy_from_rl_module(sac)
+    dqn = (
+        DQNConfig()
+        .environment(observation_space=CARTPOLE_OBS, action_space=CARTPOLE_ACT)
+        .training(num_atoms=5)
+        .get_rl_module_spec()
+        .build()
+    )
+    with pytest.raises(TypeError, match="distributional"):
         policy_from_rl_module(dqn)
     # A custom subclass that changes the forward pass is not the default module.
     from ray.rllib.algorithms.ppo.torch.default_ppo_torch_rl_module import (
