@@ -40,6 +40,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import jaxsampler as js
+from benchmarks import harness
 from examples import ppo, ppo_host
 
 
@@ -243,6 +244,8 @@ def main(argv: list[str] | None = None) -> int:
                 "opponent": args.opponent,
                 "pool": pool if args.opponent == "pool" else None,
                 "eval_games": args.eval_games,
+                "eval_every": args.eval_every,
+                "measured_at": harness.measured_at(),
                 # The first seed's run (its curve is the plot's); every seed's in "runs".
                 "seed": first["seed"],
                 "env_steps": first["env_steps"],
@@ -294,10 +297,11 @@ def write_report(path: Path, res: dict[str, Any]) -> None:
                 f"| {run['seed']} | {side} | {r['games']} | {r['win']:.3f} | {r['draw']:.3f} "
                 f"| {r['loss']:.3f} | {run['wall_s']:.0f} |"
             )
+    cfg = res["config"]
     lines += [
         "",
-        f"Seed {res['seed']}, evaluated every {res['config']['num_envs']} x "
-        f"{res['config']['rollout_length']} x eval-every moves:",
+        f"Seed {res['seed']}, evaluated every {res.get('eval_every', 100)} iterations "
+        f"({cfg['num_envs']} envs x {cfg['rollout_length']} steps each):",
         "",
         "| training moves | win | draw | loss |",
         "|---|---|---|---|",

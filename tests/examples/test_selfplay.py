@@ -22,7 +22,10 @@ def test_quick_run_writes_rates(tmp_path):
         r = res["final"][side]
         assert r["win"] + r["draw"] + r["loss"] == pytest.approx(1.0)
     assert res["final"]["first"]["games"] + res["final"]["second"]["games"] == 64
-    assert "| overall |" in out.with_suffix(".md").read_text()
+    assert res["opponent"] == "pool" and res["pool"]["size"] == 8
+    assert [r["seed"] for r in res["runs"]] == [0] and res["runs"][0]["final"] == res["final"]
+    assert res["measured_at"]["commit"]
+    assert "| 0 | overall | 64 |" in out.with_suffix(".md").read_text()
 
 
 def test_rates_split_by_first_mover():
