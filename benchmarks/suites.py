@@ -337,6 +337,14 @@ SUITES: dict[str, Suite] = {
             "jaxsampler's agent axis is 2 wide, its acting fraction at most 1/2",
         ),
         Suite(
+            "pgx_connect_four",
+            "pgx",
+            "pgx:connect_four",
+            pgx_baseline,
+            "2 players, 1 moves per step, as tic-tac-toe; longer games (7 to 42 moves), so "
+            "fewer reset steps",
+        ),
+        Suite(
             "jaxmarl",
             "jaxmarl",
             "jaxmarl:MPE_simple_spread_v3",
