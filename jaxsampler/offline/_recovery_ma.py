@@ -202,22 +202,22 @@ def _chunk(
         else:
             terms, truncs = _flags(lines, group, end_term) if j == end else ({}, {})
             chunk.add_env_step(obs, actions, rewards, infos, terminateds=terms, truncateds=truncs)
-    if end_term is None:  # agents ended here by their own flags, not the episode
-        chunk.is_terminated = chunk.is_truncated = False
+    # the episode's own end (not RLlib's "every agent in the chunk is done" rule: agents
+    # of the episode that are not in this chunk may go on)
+    chunk.is_terminated, chunk.is_truncated = end_term is True, end_term is False
     return chunk.to_numpy()
 
 
 def _flags(
     lines: dict[Any, AgentLine], group: dict[Any, tuple[int, int]], end_term: bool | None
 ) -> tuple[dict, dict]:
-    """The done flags at a chunk's last env step: those of the agents whose last step
-    ends there, and the episode's (``"__all__"``) where it ends there."""
-    terms: dict[Any, bool] = {}
+    """The done flags at a chunk's last env step: the agents terminated there by their own
+    flags, and the episode's (``"__all__"``) where it ends there, which the episode ORs
+    into every agent still in it (an agent's truncation is always the episode's)."""
+    terms: dict[Any, bool] = {
+        a: True for a, (_, hi) in group.items() if hi == lines[a].num_steps and lines[a].terminated
+    }
     truncs: dict[Any, bool] = {}
-    for a, (_, hi) in group.items():
-        line = lines[a]
-        if hi == line.num_steps:
-            terms[a], truncs[a] = line.terminated, line.truncated
     if end_term is not None:
         terms[ALL_AGENTS], truncs[ALL_AGENTS] = end_term, not end_term
     return terms, truncs
