@@ -33,7 +33,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import warnings
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import msgpack
@@ -140,23 +140,18 @@ def recover(
     chunks: list[Any] = []
     for ep in episodes:
         report.episodes += 1
-        lines = agent_lines(ep) if env.multi_agent else {ep.eid: _SingleLine(ep)}
-        missing = {}
-        for key, line in lines.items():
-            have = stored.get((ep.eid, key) if env.multi_agent else key, set())
-            n = line.num_steps
-            todo = [t for t in range(line.stored_before, n) if t not in have]
-            report.acknowledged_steps += n
-            report.stored_steps += n - len(todo)
-            report.recovered_steps += len(todo)
-            if todo:
-                missing[key] = todo
-        if missing:
+        new: list[Any]
+        if env.multi_agent:
+            lines = agent_lines(ep)
+            have = {a: stored.get((ep.eid, a), set()) for a in lines}
+            missing = _missing(report, lines, have)
+            new = ma_chunks(ep, lines, missing, env) if missing else []
+        else:
+            missing = _missing(report, {ep.eid: _SingleLine(ep)}, stored)
+            new = [_chunk(ep, lo, hi, env) for lo, hi in runs(missing.get(ep.eid, []))]
+        if new:
             report.recovered_episodes.append(ep.eid)
-            if env.multi_agent:
-                chunks += ma_chunks(ep, lines, missing, env)
-            else:
-                chunks += [_chunk(ep, lo, hi, env) for lo, hi in runs(missing[ep.eid])]
+            chunks += new
     if chunks:
         with OfflineWriter(log, append=True) as writer:
             for chunk in chunks:
@@ -166,6 +161,25 @@ def recover(
         _compact(journal, known)
         report.compacted = True
     return report
+
+
+def _missing(
+    report: RecoveryReport, lines: Mapping[Any, Any], stored: Mapping[Any, set[int]]
+) -> dict[Any, list[int]]:
+    """Key -> the acknowledged steps of ``lines[key]`` (``num_steps`` of them, the first
+    ``stored_before`` stored at a checkpoint) that ``stored[key]`` lacks; counted in
+    ``report``."""
+    missing = {}
+    for key, line in lines.items():
+        have = stored.get(key, set())
+        n = line.num_steps
+        todo = [t for t in range(line.stored_before, n) if t not in have]
+        report.acknowledged_steps += n
+        report.stored_steps += n - len(todo)
+        report.recovered_steps += len(todo)
+        if todo:
+            missing[key] = todo
+    return missing
 
 
 # -- single-agent chunks -------------------------------------------------------------------
