@@ -67,7 +67,8 @@ class RecoveryReport:
     Attributes:
         sessions: server runs found in the journal.
         episodes: episodes the journal holds.
-        acknowledged_steps: acknowledged steps (with their next observation) in all.
+        acknowledged_steps: acknowledged steps (with their next observation) in all; for
+            a multi-agent env, agent steps.
         stored_steps: of these, those the log already held.
         recovered_steps: those appended now (``acknowledged - stored``).
         recovered_episodes: ids of the episodes that got recovered steps.
