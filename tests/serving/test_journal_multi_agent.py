@@ -273,6 +273,37 @@ def test_every_acknowledged_agent_step_is_stored_once_after_checkpoints_and_a_cr
     assert sorted(report.ended_by_crash) == ["c0e2", "c2e2"]
 
 
+@pytest.mark.filterwarnings("ignore::jaxsampler.offline.TruncatedLogWarning")
+def test_steps_stored_before_a_checkpoint_count_as_stored_by_the_journals_say(tmp_path):
+    """Episodes that run through a checkpoint: the log is read only from the checkpoint's
+    offset, so their steps stored before it are known from the journal alone (the steps
+    the sampler had polled then); none of them is stored again, the lost ones are."""
+    journal, log = tmp_path / "j", tmp_path / "log"
+    env = ma_env(StepJournal(journal), max_wait_s=0.0)
+    acks = AgentAcks()
+    for cid, stop_at in enumerate([None, 3, None, 1]):  # every step queued up front
+        run_ma_client(env, acks, cid, 2, stop_at, own_actions=True)
+    policy = js.MLPPolicy(OBS, ACT, hidden_sizes=(4,))
+    params = policy.init(jax.random.PRNGKey(0))
+    sampler = js.sampling.HostSampler(env, policy, seed=0, timeout_s=0.05)
+    writer = OfflineWriter(log)
+    for _ in range(2):  # written, each call followed by a checkpoint
+        for episode in sampler.sample(params, num_timesteps=8):
+            writer.write(episode)
+        env.checkpoint_journal(writer)
+    while env.open_episodes > 2:  # polled but never written (the two left open stay)
+        sampler.sample(params, num_timesteps=8)
+    writer._close_fd()  # the crash
+    (marker,) = [e for e in journal_entries(journal) if e["op"] == "checkpoint"]
+    kept = {e["e"] for e in journal_entries(journal) if e["op"] == "start"}
+    assert kept & {rec.id_ for rec in read_records(log)}  # running, with stored steps
+
+    report = recover(journal, log, ma_env())
+    assert logged(log) == acks.want()
+    assert report.log_read_from == marker["log_offset"] > 0
+    assert report.stored_steps > 0 and report.recovered_steps > 0
+
+
 def test_an_unanswered_get_action_is_the_final_observation(tmp_path):
     """The sampler polled a get_action and died before answering it (its entries made
     durable by another call's commit): the steps before are recovered, the unanswered
