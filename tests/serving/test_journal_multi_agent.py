@@ -65,6 +65,13 @@ class AgentAcks:
         )
 
 
+def ma_sampler(env):
+    """A host sampler over ``env`` and its policy's params."""
+    policy = js.MLPPolicy(OBS, ACT, hidden_sizes=(4,))
+    sampler = js.sampling.HostSampler(env, policy, seed=0, timeout_s=0.05)
+    return sampler, policy.init(jax.random.PRNGKey(0))
+
+
 def key_of(obs) -> tuple:
     return tuple(int(v) for v in np.asarray(obs))
 
@@ -201,9 +208,7 @@ def test_an_agent_step_stored_without_its_env_steps_other_agents_is_completed(tm
     journal, log = tmp_path / "j", tmp_path / "log"
     env = ma_env(StepJournal(journal), max_wait_s=0.0)
     acks = AgentAcks()
-    policy = js.MLPPolicy(OBS, ACT, hidden_sizes=(4,))
-    params = policy.init(jax.random.PRNGKey(0))
-    sampler = js.sampling.HostSampler(env, policy, seed=0, timeout_s=0.05)
+    sampler, params = ma_sampler(env)
     done = threading.Event()
 
     def client():
@@ -235,9 +240,8 @@ def test_batch_rows_of_a_multi_agent_log_count_as_stored(tmp_path):
     env = ma_env(StepJournal(journal), max_wait_s=0.0)
     acks = AgentAcks()
     run_ma_client(env, acks, 1, 1, own_actions=True)
-    policy = js.MLPPolicy(OBS, ACT, hidden_sizes=(4,))
-    sampler = js.sampling.HostSampler(env, policy, seed=0, timeout_s=0.05)
-    batch = sampler.sample_batch(policy.init(jax.random.PRNGKey(0)), num_timesteps=3)
+    sampler, params = ma_sampler(env)
+    batch = sampler.sample_batch(params, num_timesteps=3)
     rows = batch["default_policy"]
     assert rows.count > 0
     with OfflineWriter(log) as w:
@@ -283,9 +287,7 @@ def test_steps_stored_before_a_checkpoint_count_as_stored_by_the_journals_say(tm
     acks = AgentAcks()
     for cid, stop_at in enumerate([None, 3, None, 1]):  # every step queued up front
         run_ma_client(env, acks, cid, 2, stop_at, own_actions=True)
-    policy = js.MLPPolicy(OBS, ACT, hidden_sizes=(4,))
-    params = policy.init(jax.random.PRNGKey(0))
-    sampler = js.sampling.HostSampler(env, policy, seed=0, timeout_s=0.05)
+    sampler, params = ma_sampler(env)
     writer = OfflineWriter(log)
     for _ in range(2):  # written, each call followed by a checkpoint
         for episode in sampler.sample(params, num_timesteps=8):
