@@ -15,6 +15,7 @@ step by step: each acknowledged step once, with its action and reward, none inve
 from __future__ import annotations
 
 import threading
+import warnings
 from collections import Counter
 
 import jax
@@ -24,7 +25,14 @@ import pytest
 import jaxsampler as js
 from jaxsampler.episodes import MultiAgentEpisode
 from jaxsampler.host_envs.external import ExternalEnv, ExternalMultiAgentEnv
-from jaxsampler.offline import CorruptLogError, OfflineWriter, StepJournal, read_records, recover
+from jaxsampler.offline import (
+    CorruptLogError,
+    OfflineWriter,
+    RepeatedRunWarning,
+    StepJournal,
+    read_records,
+    recover,
+)
 from tests.serving.test_journal import crashing_sampler, journal_entries
 from tests.serving.test_journal_checkpoint import checkpointing_sampler
 from tests.serving.test_multi_agent import ACT, AGENTS, OBS, obs_of, reward_of
@@ -156,7 +164,7 @@ def test_every_acknowledged_agent_step_is_in_the_log_exactly_once_after_recovery
     env = ma_env(StepJournal(journal), max_wait_s=0.002)
     acks = run_clients(env, crashing_sampler, (log, lost_calls, SPACES), [1, None, 3, None])
 
-    report = recover(journal, log, ma_env())
+    report = recover(journal, log, ma_env(), compact=False)
     want = acks.want()
     assert logged(log) == want  # each acknowledged agent step once, none invented
     assert report.acknowledged_steps == sum(want.values())
@@ -164,8 +172,9 @@ def test_every_acknowledged_agent_step_is_in_the_log_exactly_once_after_recovery
     assert sorted(report.ended_by_crash) == ["c0e2", "c2e2"]
     if lost_calls:
         assert report.recovered_steps > 0
-    again = recover(journal, log, ma_env())
-    assert (again.recovered_steps, again.episodes) == (0, 0)
+    again = recover(journal, log, ma_env())  # the whole journal again: the log has it all
+    assert again.recovered_steps == 0 and again.stored_steps == report.acknowledged_steps
+    assert again.compacted and recover(journal, log, ma_env()).episodes == 0
     assert logged(log) == want
 
 
@@ -204,7 +213,8 @@ def test_a_crash_ends_open_episodes_truncated_and_closes_waiting_agents(tmp_path
 
 def test_an_agent_step_stored_without_its_env_steps_other_agents_is_completed(tmp_path):
     """A log whose chunks lack one agent (its rows died, the others' are stored): recovery
-    adds exactly that agent's steps, as chunks of that agent alone, and the rest stays."""
+    adds exactly that agent's steps, as chunks of that agent alone (which share env steps
+    with stored chunks but no agent step: no RepeatedRunWarning), and the rest stays."""
     journal, log = tmp_path / "j", tmp_path / "log"
     env = ma_env(StepJournal(journal), max_wait_s=0.0)
     acks = AgentAcks()
@@ -226,11 +236,14 @@ def test_an_agent_step_stored_without_its_env_steps_other_agents_is_completed(tm
             if i % 2 == 0:
                 chunk.agent_episodes.pop("a", None)  # a's steps of every other chunk die
             writer.write(chunk)
-    report = recover(journal, log, ma_env())
+    with warnings.catch_warnings():  # agent steps of stored env steps repeat no step
+        warnings.simplefilter("error", RepeatedRunWarning)
+        report = recover(journal, log, ma_env(), compact=False)
     assert report.recovered_steps > 0 and report.stored_steps > 0
     assert logged(log) == acks.want()
     recovered = list(read_records(log))[len(chunks) :]
     assert recovered and all(set(r.agent_episodes) == {"a"} for r in recovered)
+    assert recover(journal, log, ma_env()).recovered_steps == 0  # it reads them back
 
 
 def test_batch_rows_of_a_multi_agent_log_count_as_stored(tmp_path):
