@@ -163,10 +163,10 @@ def _cut(f: BinaryIO, path: str, at: int, size: int) -> None:
 
 class RepeatedRunWarning(UserWarning):
     """The first record an appending :class:`~jaxsampler.offline.OfflineWriter` writes
-    holds a step (an episode id and step index) that the first record of the log's last
-    writer session holds too: the same run was written again (a sampler restarted with the
-    same seed and deterministic episode ids), and anything that groups rows by
-    ``eps_id`` would merge two runs' episodes."""
+    holds a step (an episode id and step index; of a multi-agent episode, an agent's step)
+    that the first record of the log's last writer session holds too: the same run was
+    written again (a sampler restarted with the same seed and deterministic episode ids),
+    and anything that groups rows by ``eps_id`` would merge two runs' episodes."""
 
 
 def warn_if_repeated(path: str, at: int, record: Any) -> None:
