@@ -163,10 +163,10 @@ def _cut(f: BinaryIO, path: str, at: int, size: int) -> None:
 
 class RepeatedRunWarning(UserWarning):
     """The first record an appending :class:`~jaxsampler.offline.OfflineWriter` writes
-    holds a step (an episode id and step index) that the first record of the log's last
-    writer session holds too: the same run was written again (a sampler restarted with the
-    same seed and deterministic episode ids), and anything that groups rows by
-    ``eps_id`` would merge two runs' episodes."""
+    holds a step (an episode id and step index; of a multi-agent episode, an agent's step)
+    that the first record of the log's last writer session holds too: the same run was
+    written again (a sampler restarted with the same seed and deterministic episode ids),
+    and anything that groups rows by ``eps_id`` would merge two runs' episodes."""
 
 
 def warn_if_repeated(path: str, at: int, record: Any) -> None:
@@ -198,12 +198,19 @@ def warn_if_repeated(path: str, at: int, record: Any) -> None:
 
 
 def _steps(record: Any) -> set[tuple]:
-    """(policy, episode id, step) of every step ``record`` holds."""
+    """(policy, episode id, step) of every step ``record`` holds ((agent, episode id,
+    agent step) of a multi-agent episode's)."""
     if isinstance(record, MultiAgentBatch):
         return {s for pid, b in record.policy_batches.items() for s in _batch_steps(pid, b)}
     if isinstance(record, SampleBatch):
         return _batch_steps(None, record)
-    t0 = record.env_t_started if isinstance(record, MultiAgentEpisode) else record.t_started
+    if isinstance(record, MultiAgentEpisode):  # agent steps: recovery may complete an
+        return {  # agent's steps of env steps whose other agents' steps are stored
+            (a, str(record.id_), t)
+            for a, sa in record.agent_episodes.items()
+            for t in range(sa.t_started, sa.t_started + len(sa))
+        }
+    t0 = record.t_started
     return {(None, str(record.id_), t) for t in range(t0, t0 + len(record))}
 
 

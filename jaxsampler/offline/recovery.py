@@ -4,10 +4,15 @@ After a crash, :func:`recover` replays the journal (:class:`~jaxsampler.offline.
 into a fresh env of the same kind (the env's own code, so each step comes out exactly as
 the sampler would have seen it), ends the episodes the crash left open as truncated
 (their last acknowledged step kept), and appends to the sampler's offline log every
-acknowledged step that the log does not hold yet, as :class:`SingleAgentEpisode` chunks.
-Which steps the log holds is read from the log itself (episode ids and step indices of
-its episodes and batches), so recovery can run again after a crash during recovery and
-adds nothing twice: each acknowledged step ends up in the log exactly once. For this the
+acknowledged step that the log does not hold yet, as :class:`SingleAgentEpisode` chunks,
+or for a multi-agent env (:class:`~jaxsampler.host_envs.external.ExternalMultiAgentEnv`)
+each acknowledged *agent* step as :class:`MultiAgentEpisode` chunks (see
+:mod:`jaxsampler.offline._recovery_ma`: an agent's step may be stored while another
+agent's step of the same env step is not, so a chunk holds, per agent, one run of its
+missing steps). Which steps the log holds is read from the log itself (episode ids and
+step indices of its episodes and batch rows; for a multi-agent log, episode id, agent and
+the agent's step), so recovery can run again after a crash during recovery and adds
+nothing twice: each acknowledged step ends up in the log exactly once. For this the
 sampler names episodes by the env's episode ids (an env with a journal sets
 ``names_episodes``; the host sampler then uses them as ``eps_id``), and the env refuses
 ``start_episode`` of an id the journal already holds, so ids never name two episodes.
@@ -18,9 +23,9 @@ to the sampler before it count as stored (the checkpoint was taken once they wer
 log), and the log is read only from where it ended at the checkpoint.
 
 Recovered steps carry no ``extra_model_outputs`` (the sampler's logp and value estimates
-died with it) and have ``"recovered": True`` in their infos. Multi-agent envs are
-journaled but :func:`recover` handles single-agent journals only (it raises
-``NotImplementedError`` for a multi-agent one).
+died with it) and have ``"recovered": True`` in their infos. Recovered multi-agent chunks
+map every agent to the default policy (the sampler's agent-to-policy mapping is not in the
+journal).
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import msgpack
@@ -36,7 +41,9 @@ import numpy as np
 
 from jaxsampler.episodes import MultiAgentBatch, SampleBatch, SingleAgentEpisode
 from jaxsampler.episodes.codec import _OBJECT
-from jaxsampler.host_envs.external import ExternalEnv, ExternalEnvBase
+from jaxsampler.host_envs.external import ExternalEnvBase
+from jaxsampler.offline._recovery_ma import agent_lines, ma_chunks, stored_keys
+from jaxsampler.offline._replay import RECOVERED_INFO, _Steps, replay, runs, sessions
 from jaxsampler.offline.frames import (
     _FRAME_LEN,
     CorruptLogError,
@@ -47,14 +54,10 @@ from jaxsampler.offline.frames import (
     read_payloads,
     read_records,
 )
-from jaxsampler.offline.journal import _compact, _entries, _note_ids
+from jaxsampler.offline.journal import _compact
 from jaxsampler.offline.writer import OfflineWriter
 
 __all__ = ["RecoveryReport", "recover"]
-
-#: info key marking the steps :func:`recover` wrote
-RECOVERED_INFO = "recovered"
-_CRASH_REASON = "the server stopped before the episode ended (recovered from its journal)"
 
 
 @dataclasses.dataclass
@@ -64,7 +67,8 @@ class RecoveryReport:
     Attributes:
         sessions: server runs found in the journal.
         episodes: episodes the journal holds.
-        acknowledged_steps: acknowledged steps (with their next observation) in all.
+        acknowledged_steps: acknowledged steps (with their next observation) in all; for
+            a multi-agent env, agent steps.
         stored_steps: of these, those the log already held.
         recovered_steps: those appended now (``acknowledged - stored``).
         recovered_episodes: ids of the episodes that got recovered steps.
@@ -93,9 +97,12 @@ def recover(
     compact: bool = True,
 ) -> RecoveryReport:
     """Appends to ``log`` every acknowledged step of ``journal`` that ``log`` lacks (see the
-    module docstring). ``env`` is the env the new server will run (its spaces and kind are
-    used for the replay; it is not changed). Run it before the new server serves (never
-    while a server writes the journal). The log is synced before this returns.
+    module docstring). ``env`` is the env the new server will run, of the kind that wrote
+    the journal (an :class:`~jaxsampler.host_envs.external.ExternalEnv`, or an
+    :class:`~jaxsampler.host_envs.external.ExternalMultiAgentEnv` with the same agent ids;
+    its spaces and kind are used for the replay; it is not changed). Run it before the new
+    server serves (never while a server writes the journal). The log is synced before this
+    returns. For a multi-agent env the report's step counts are agent steps.
 
     ``compact=True`` (default): once the log holds every step, the journal is replaced
     (atomically: a new file, fsynced, renamed over it) by one that keeps only the episode
@@ -104,44 +111,48 @@ def recover(
     began. ``False`` keeps the journal as it is (say, to inspect it).
 
     Raises:
-        NotImplementedError: a multi-agent env.
         CorruptLogError: the journal or the log is damaged, or the journal does not replay
-            (it was not written by an env like ``env``).
+            (it was not written by an env like ``env``: a single-agent journal given a
+            multi-agent env, or the reverse, is named as such), or the log holds episodes
+            of the other kind.
     """
-    if env.multi_agent:
-        raise NotImplementedError("recover() handles single-agent journals only")
     journal, log = str(journal), str(log)
     report = RecoveryReport()
     episodes: list[_Steps] = []
     known: set[str] = set()
     read_from = None  # the least log offset a session's lookups need (0: the whole log)
-    for session in _sessions(journal, known):
+    for session in sessions(journal, known):
         report.sessions += 1
-        found, open_at_end, offset = _replay(session, env, journal)
+        found, offset = replay(session, env, journal)
         episodes += found
-        report.ended_by_crash += open_at_end
+        report.ended_by_crash += [ep.eid for ep in found if ep.ended_by_crash]
         if found:
             read_from = offset if read_from is None else min(read_from, offset)
     has_log = read_from is not None and os.path.exists(log) and os.path.getsize(log)
     if has_log:
         read_from = _start_of_reading(log, read_from or 0)
         report.log_read_from = read_from
-    stored = _stored_steps(log, read_from or None) if has_log else {}  # (none to look up)
+    stored: dict = {}  # (none to look up without a log)
+    if has_log:
+        stored = _stored_in(log, read_from or None, env)
     if not has_log or not read_from:  # the log says it all (or is gone): trust only it
         for ep in episodes:
-            ep.stored_before = 0
-    chunks = []
+            ep.polled_at_checkpoint = 0
+    chunks: list[Any] = []
     for ep in episodes:
-        n = ep.num_steps()
-        have = stored.get(ep.eid, set())
         report.episodes += 1
-        report.acknowledged_steps += n
-        missing = [t for t in range(ep.stored_before, n) if t not in have]
-        report.stored_steps += n - len(missing)
-        if missing:
-            report.recovered_steps += len(missing)
+        new: list[Any]
+        if env.multi_agent:
+            lines = agent_lines(ep)
+            have = {a: stored.get((ep.eid, a), set()) for a in lines}
+            missing = _missing(report, lines, have)
+            new = ma_chunks(ep, lines, missing, env) if missing else []
+        else:
+            missing = _missing(report, {ep.eid: _SingleLine(ep)}, stored)
+            new = [_chunk(ep, lo, hi, env) for lo, hi in runs(missing.get(ep.eid, []))]
+        if new:
             report.recovered_episodes.append(ep.eid)
-            chunks += [ep.chunk(lo, hi, env) for lo, hi in _runs(missing)]
+            chunks += new
     if chunks:
         with OfflineWriter(log, append=True) as writer:
             for chunk in chunks:
@@ -153,157 +164,58 @@ def recover(
     return report
 
 
-# -- replay --------------------------------------------------------------------------------
+def _missing(
+    report: RecoveryReport, lines: Mapping[Any, Any], stored: Mapping[Any, set[int]]
+) -> dict[Any, list[int]]:
+    """Key -> the acknowledged steps of ``lines[key]`` (``num_steps`` of them, the first
+    ``stored_before`` stored at a checkpoint) that ``stored[key]`` lacks; counted in
+    ``report``."""
+    missing = {}
+    for key, line in lines.items():
+        have = stored.get(key, set())
+        n = line.num_steps
+        todo = [t for t in range(line.stored_before, n) if t not in have]
+        report.acknowledged_steps += n
+        report.stored_steps += n - len(todo)
+        report.recovered_steps += len(todo)
+        if todo:
+            missing[key] = todo
+    return missing
 
 
-def _sessions(path: str, known: set[str]) -> Iterator[list[dict]]:
-    """The journal's server runs (their entries after the ``open``); adds every episode id
-    started in it (or kept by a compaction) to ``known``."""
-    session: list[dict] | None = None
-    for entry in _entries(path):
-        _note_ids(entry, known)
-        if entry.get("op") == "ids":
-            continue  # a compacted journal's ids, before any session
-        if entry.get("op") == "open":
-            if session is not None:
-                yield session
-            session = []
-        elif session is None:
-            raise CorruptLogError(path, 0, "a journal entry before the first session start")
-        else:
-            session.append(entry)
-    if session is not None:
-        yield session
+# -- single-agent chunks -------------------------------------------------------------------
 
 
-class _Steps:
-    """One episode as the sampler saw it: the items polled, and the action of each."""
+class _SingleLine:
+    """The steps of a single-agent episode: with an action and a next observation, up to
+    its last item (:meth:`_Steps.last_index`); those before its checkpoint were stored."""
 
-    def __init__(self, eid: str):
-        self.eid = eid
-        self.items: list[dict[str, Any]] = []
-        self.actions: list[Any] = []
-        #: steps before this one were stored when the journal took its checkpoint
-        self.stored_before = 0
-
-    def num_steps(self) -> int:
-        """Steps with an action and a next observation: up to the first item without an
-        action (it ends the episode as its final observation) or the final item."""
-        for t, (item, action) in enumerate(zip(self.items, self.actions)):
-            if item["final"] or action is None:
-                return t
-        return max(0, len(self.items) - 1)
-
-    def chunk(self, lo: int, hi: int, env: ExternalEnvBase) -> SingleAgentEpisode:
-        """Steps ``lo .. hi - 1`` as an episode chunk (ending the episode where ``hi`` is
-        its last step)."""
-        items = self.items[lo : hi + 1]
-        last = self.items[hi]
-        end = hi == self.num_steps()
-        return SingleAgentEpisode(
-            self.eid,
-            observations=[i["obs"] for i in items],
-            infos=[{**i["info"], RECOVERED_INFO: True} for i in items],
-            actions=self.actions[lo:hi],
-            rewards=[float(i["reward"]) for i in items[1:]],
-            terminated=end and last["terminated"],
-            truncated=end and not last["terminated"],
-            t_started=lo,
-            len_lookback_buffer=0,
-            observation_space=env.observation_space,
-            action_space=env.action_space,
-        )
+    def __init__(self, ep: _Steps):
+        self.num_steps = max(ep.last_index(), 0)
+        self.stored_before = max(ep.polled_at_checkpoint - 1, 0)
 
 
-def _replay(
-    entries: list[dict], like: ExternalEnvBase, path: str
-) -> tuple[list[_Steps], list, int]:
-    """Replays one session's entries into a fresh env like ``like``; returns its episodes,
-    the ids of those still open at its end (then ended as truncated), and the log offset
-    from which its steps must be looked up (its checkpoint's; 0: the whole log)."""
-    env = ExternalEnv(
-        like.observation_space,
-        like.action_space,
-        max_wait_s=0.0,
-        episode_timeout_s=None,
-        max_concurrent_episodes=1 << 30,
-        max_episodes_per_owner=None,
-        max_episode_id_len=1 << 20,
-        max_queued_steps=1 << 30,
-        max_finished_ids=1,
+def _chunk(ep: _Steps, lo: int, hi: int, env: ExternalEnvBase) -> SingleAgentEpisode:
+    """Steps ``lo .. hi - 1`` of a single-agent episode as an episode chunk (ending the
+    episode where ``hi`` is its last step)."""
+    (agent,) = env.agent_ids
+    items = ep.items[lo : hi + 1]
+    last = ep.items[hi]
+    terminated = last["terminated"][agent]
+    end = hi == ep.last_index()
+    return SingleAgentEpisode(
+        ep.eid,
+        observations=[i["obs"][agent] for i in items],
+        infos=[{**i["infos"][agent], RECOVERED_INFO: True} for i in items],
+        actions=[a[agent] for a in ep.actions[lo:hi]],  # type: ignore[index]
+        rewards=[float(i["rewards"].get(agent, 0.0)) for i in items[1:]],
+        terminated=end and terminated,
+        truncated=end and not terminated,
+        t_started=lo,
+        len_lookback_buffer=0,
+        observation_space=env.observation_space,
+        action_space=env.action_space,
     )
-    (agent,) = like.agent_ids
-    steps: dict[str, _Steps] = {}
-    log_offset = 0
-
-    def poll(expected: list | None) -> None:
-        res = env.poll(timeout=0)
-        if expected is not None and sorted(res.obs) != sorted(expected):
-            raise CorruptLogError(path, 0, "the journal does not replay (a poll differs)")
-        for eid, obs in res.obs.items():
-            ep = steps[eid]
-            ep.items.append(
-                {
-                    "obs": obs[agent],
-                    "reward": res.rewards[eid].get(agent, 0.0),
-                    "info": dict(res.infos[eid].get(agent) or {}),
-                    "terminated": bool(res.terminateds[eid].get(agent, False)),
-                    "final": bool(
-                        res.terminateds[eid]["__all__"] or res.truncateds[eid]["__all__"]
-                    ),
-                }
-            )
-            offp = res.off_policy_actions.get(eid)
-            ep.actions.append(None if offp is None else offp[agent])
-
-    for entry in entries:
-        op, eid = entry["op"], str(entry.get("e"))
-        try:
-            if op == "start":
-                env.start_episode(eid, entry["training"])
-                steps[eid] = _Steps(eid)
-            elif op == "submit":
-                env.submit(
-                    eid, entry["obs"], entry["action"], entry["info"], entry["want"], block=False
-                )
-            elif op == "returns":
-                env.log_agent_returns(eid, entry["reward"], entry["info"], entry["done"])
-            elif op == "end":
-                env.end_agent_episode(eid, entry["obs"], entry["truncated"])
-            elif op == "settle":
-                with env._lock:
-                    env._settle_off_policy()
-            elif op == "poll":
-                poll(entry["ready"])
-            elif op == "answer":
-                for e, acts in entry["actions"].items():
-                    ep = env._episodes.get(e)
-                    if (
-                        ep is not None
-                        and ep.in_flight is not None
-                        and ep.in_flight.waiter is not None
-                    ):
-                        steps[e].actions[-1] = acts[agent]
-                env.send_actions(entry["actions"])
-            elif op == "checkpoint":  # what the sampler had polled was in the log then
-                for polled in steps.values():
-                    polled.stored_before = max(len(polled.items) - 1, 0)
-                log_offset = entry["log_offset"] or 0
-            elif op == "abandon":
-                with env._lock:
-                    env._abandon(env._episodes[eid], entry["reason"])
-            else:
-                raise CorruptLogError(path, 0, f"unknown journal entry {op!r}")
-        except CorruptLogError:
-            raise
-        except Exception as e:
-            raise CorruptLogError(path, 0, f"the journal does not replay at {op!r}: {e}") from e
-    open_at_end = [eid for eid, ep in env._episodes.items() if ep.closed_reason is None]
-    for eid in open_at_end:
-        env.abandon_episode(eid, _CRASH_REASON)
-    while env._ready or env._offp_in_flight:
-        poll(None)
-    return list(steps.values()), open_at_end, log_offset
 
 
 # -- what the log holds --------------------------------------------------------------------
@@ -329,10 +241,28 @@ def _start_of_reading(path: str, offset: int) -> int:
     return 0
 
 
+def _stored_in(path: str, offset: int | None, env: ExternalEnvBase) -> dict:
+    """What the log holds of ``env``'s kind: episode id -> step indices (single-agent), or
+    ``(episode id, agent)`` -> the agent's step indices (multi-agent)."""
+    if not env.multi_agent:
+        return _stored_steps(path, offset)
+    agents = env.agent_ids
+    return _read_stored(path, offset, lambda r: stored_keys(r, agents, path))
+
+
 def _stored_steps(path: str, offset: int | None = None) -> dict[str, set[int]]:
-    """Episode id -> the step indices the offline log at ``path`` holds (from ``offset``
-    on, or all). Single-agent episodes are read without decoding their arrays."""
-    stored: dict[str, set[int]] = {}
+    """Episode id -> the step indices the single-agent offline log at ``path`` holds (from
+    ``offset`` on, or all). Episodes are read without decoding their arrays."""
+    return _read_stored(path, offset, lambda r: _single_keys(r, path))
+
+
+def _read_stored(
+    path: str, offset: int | None, keys: Callable[[Any], Iterable[tuple[Any, Iterable[int]]]]
+) -> dict:
+    """Key -> step indices over the log's records (from ``offset`` on, or all), ``keys``
+    naming those of one record (a single-agent episode's span comes as ``(id, first
+    step, end)``, read without decoding its arrays; a batch's policy batches one by one)."""
+    stored: dict[Any, set[int]] = {}
     with warnings.catch_warnings():  # the sampler's writer crashed too: expected here
         warnings.simplefilter("ignore", TruncatedLogWarning)
         if path.endswith(".gz") or _version(path) != 2:
@@ -340,24 +270,32 @@ def _stored_steps(path: str, offset: int | None = None) -> dict[str, set[int]]:
         else:
             records = (_span(p) or _decode_record(p, path, 0) for p in read_payloads(path, offset))
         for record in records:
-            if isinstance(record, tuple):  # (id, first step, end) of an episode
-                stored.setdefault(record[0], set()).update(range(record[1], record[2]))
-                continue
-            batches = (
+            parts = (
                 record.policy_batches.values() if isinstance(record, MultiAgentBatch) else [record]
             )
-            for r in batches:
-                if isinstance(r, SingleAgentEpisode):
-                    stored.setdefault(str(r.id_), set()).update(
-                        range(r.t_started, r.t_started + len(r))
-                    )
-                elif isinstance(r, SampleBatch):
-                    ids, ts = np.asarray(r["eps_id"]).tolist(), np.asarray(r["t"]).tolist()
-                    for eid, t in zip(ids, ts):
-                        stored.setdefault(str(eid), set()).add(int(t))
-                else:  # a MultiAgentEpisode: not from a single-agent env
-                    raise CorruptLogError(path, 0, "the log holds multi-agent episodes")
+            for part in parts:
+                for key, steps in keys(part):
+                    stored.setdefault(key, set()).update(steps)
     return stored
+
+
+def _single_keys(record: Any, path: str) -> Iterable[tuple[str, Iterable[int]]]:
+    """``(episode id, steps)`` of what one record of a single-agent log holds."""
+    if isinstance(record, tuple):  # (id, first step, end) of an episode
+        yield record[0], range(record[1], record[2])
+    elif isinstance(record, SingleAgentEpisode):
+        yield str(record.id_), range(record.t_started, record.t_started + len(record))
+    elif isinstance(record, SampleBatch):
+        ids, ts = np.asarray(record["eps_id"]).tolist(), np.asarray(record["t"]).tolist()
+        for eid, t in zip(ids, ts, strict=True):
+            yield str(eid), (int(t),)
+    else:  # a MultiAgentEpisode: not from a single-agent env
+        raise CorruptLogError(
+            path,
+            0,
+            "the log holds multi-agent episodes (a multi-agent env's log), "
+            "not the episodes of a single-agent env",
+        )
 
 
 def _span(payload: bytes) -> tuple[str, int, int] | None:
@@ -380,14 +318,3 @@ def _span(payload: bytes) -> tuple[str, int, int] | None:
 def _version(path: str) -> int:
     with open(path, "rb") as f:
         return _read_header(f, path)
-
-
-def _runs(ts: list[int]) -> list[tuple[int, int]]:
-    """Sorted step indices as ``[lo, hi)`` runs of consecutive ones."""
-    runs: list[tuple[int, int]] = []
-    for t in ts:
-        if runs and runs[-1][1] == t:
-            runs[-1] = (runs[-1][0], t + 1)
-        else:
-            runs.append((t, t + 1))
-    return runs

@@ -82,10 +82,10 @@ def logged_steps(path):
     return out
 
 
-def crashing_sampler(env, log, stop, lost_calls):
+def crashing_sampler(env, log, stop, lost_calls, spaces=(OBS, ACT)):
     """Samples and writes each call's episodes; the last ``lost_calls`` outputs are never
-    written (they died with the process)."""
-    policy = js.MLPPolicy(OBS, ACT, hidden_sizes=(4,))
+    written (they died with the process). ``spaces``: one agent's (observation, action)."""
+    policy = js.MLPPolicy(*spaces, hidden_sizes=(4,))
     params = policy.init(jax.random.PRNGKey(0))
     sampler = js.sampling.HostSampler(env, policy, seed=0, timeout_s=0.05)
     outputs = []

@@ -38,11 +38,11 @@ from tests.serving.test_journal import (
 )
 
 
-def checkpointing_sampler(env, log, stop, written_calls, every, done):
+def checkpointing_sampler(env, log, stop, written_calls, every, done, spaces=(OBS, ACT)):
     """Writes each call's episodes and checkpoints every ``every`` calls, for the first
     ``written_calls`` calls; then samples on without writing (the outputs the crash
-    loses) until one call after ``stop``."""
-    policy = js.MLPPolicy(OBS, ACT, hidden_sizes=(4,))
+    loses) until one call after ``stop``. ``spaces``: one agent's (observation, action)."""
+    policy = js.MLPPolicy(*spaces, hidden_sizes=(4,))
     params = policy.init(jax.random.PRNGKey(0))
     sampler = js.sampling.HostSampler(env, policy, seed=0, timeout_s=0.05)
     writer = OfflineWriter(log)
