@@ -418,6 +418,13 @@ class ExternalEnvBase(_Journaled, _EpisodeBook, HostEnv):
         with self._lock:
             ep = self._open_episode(episode_id, owner)
             self._check_done_agents(ep, obs, final=True)
+            waiting = self._waiting_agents(ep, obs) if truncated else {}
+            if waiting:
+                raise InvalidDataError(
+                    f"episode {episode_id}: agents {list(waiting)} acted and wait for their "
+                    "next observation; a truncated end_episode needs their final "
+                    "observations too (RLlib bootstraps each agent from its own)"
+                )
             self._log({"op": "end", "e": episode_id, "obs": obs, "truncated": bool(truncated)})
             item = self._make_item(ep, obs, final=True)
             if truncated:
@@ -650,8 +657,11 @@ class ExternalMultiAgentEnv(ExternalEnvBase):
     not bools; observations of agents that are done; actions for agents other than the
     acting ones; and rewards or done flags for an agent that has not observed yet in
     this episode (RLlib would file such a reward before the agent's first step, where
-    it trains nothing). Rewards or infos for an agent that is already done raise
-    :class:`EpisodeStateError`.
+    it trains nothing); and a truncated ``end_episode`` without the final observation of
+    an agent that acted and still waits for its next one (RLlib bootstraps every truncated
+    agent from its own final observation). Rewards or infos for an agent that is already
+    done raise :class:`EpisodeStateError`. An abandoned episode gives every agent still in
+    it its latest observation again, as its final one.
     """
 
     multi_agent = True
@@ -696,5 +706,11 @@ class ExternalMultiAgentEnv(ExternalEnvBase):
     def end_episode(
         self, episode_id: str, observation_dict: dict, *, truncated: bool = False
     ) -> None:
-        """Ends the episode with the agents' final observations."""
+        """Ends the episode with the agents' final observations.
+
+        Raises:
+            InvalidDataError: ``truncated=True`` without the final observation of an agent
+                that acted and waits for its next one (an agent out of lockstep that did
+                not observe in the last step): each truncated agent needs its own.
+        """
         self.end_agent_episode(episode_id, observation_dict, truncated)

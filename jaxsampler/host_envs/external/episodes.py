@@ -127,6 +127,7 @@ class _Episode:
         "newly_done",
         "closed_reason",
         "last_obs",
+        "agent_obs",
         "last_activity",
         "waiter",
     )
@@ -142,6 +143,9 @@ class _Episode:
         self.newly_done: set = set()
         self.closed_reason: str | None = None  # set once no client call may follow
         self.last_obs: dict | None = None  # None until the first request: "never used"
+        # Each agent's latest observation: an agent that acted and waits for its next one
+        # (out of lockstep) gets it again when the episode is cut (abandoned).
+        self.agent_obs: dict = {}
         self.last_activity = now  # running time (the book's clock) of its last call
         self.waiter: Waiter | None = None  # the caller blocked in get_action, if any
         self.blocked = 0  # callers waiting in log_action's back pressure
@@ -389,6 +393,7 @@ class _EpisodeBook:
         if len(ep.seen) < len(self.agent_ids):
             ep.seen.update(obs)
         ep.last_obs = obs
+        ep.agent_obs.update(obs)
         return _Item(obs, rewards, infos, terminated, off_policy=off_policy, waiter=waiter)
 
     def _push(self, ep: _Episode, item: _Item) -> None:
@@ -495,13 +500,17 @@ class _EpisodeBook:
             for a, r in ep.reward.items():  # none can be logged while a get_action waits
                 last.rewards[a] = last.rewards.get(a, 0.0) + r
             ep.reward = {}
+            for a, o in self._waiting_agents(ep, last.obs).items():
+                last.obs[a], last.terminated[a] = o, False
+                last.rewards.setdefault(a, 0.0)
+                last.infos.setdefault(a, {})
             for a in last.infos:
                 last.infos[a] = {**last.infos[a], "abandoned": True}
         elif ep.last_obs is not None:
-            # Repeat the last observation of the agents still in the episode (an agent
-            # whose final observation was already delivered must not observe again).
-            done = ep.done_agents
-            item = self._make_item(ep, {a: o for a, o in ep.last_obs.items() if a not in done})
+            # Repeat the last observation of every agent still in the episode: those of
+            # the last step and those waiting since an earlier one (an agent whose final
+            # observation was already delivered must not observe again).
+            item = self._make_item(ep, self._waiting_agents(ep, {}))
             item.all_trunc = True
             item.terminated = {a: False for a in item.obs}
             for a in item.infos:
@@ -513,6 +522,18 @@ class _EpisodeBook:
             self._refresh(ep)
         self._cond.notify()
         self._room.notify_all()
+
+    def _waiting_agents(self, ep: _Episode, obs: dict) -> dict:
+        """The latest observation of each agent (in agent order) that observed in ``ep``, is
+        not done and has none in ``obs``: it acted and waits for its next observation,
+        which a truncated end must give it (RLlib bootstraps from it). An agent marked done
+        whose final observation has not come yet is waiting too."""
+        done = ep.done_agents
+        return {
+            a: ep.agent_obs[a]
+            for a in self.agent_ids
+            if a in ep.agent_obs and a not in done and a not in obs
+        }
 
     def _reap_idle(self) -> None:
         """Abandons episodes with no call for ``episode_timeout_s`` of running time (not

@@ -416,8 +416,8 @@ def ma_scenario(hostile: list | None) -> list:
         assert env.table_sizes() == before
     env.log_action("x", {"a": o(5), "c": o(6)}, {"a": 0, "c": 1})
     env.log_returns("x", {"a": 1.0, "c": 3.0})
-    for eid in ("x", "y"):
-        env.end_episode(eid, {"a": o(7)}, truncated=eid == "y")
+    env.end_episode("x", {"a": o(7)})
+    env.end_episode("y", {"a": o(7), "b": o(8)}, truncated=True)  # b acted: it needs one too
     delivered += drain(env)
     assert env.table_sizes() == {**EMPTY_TABLES, "finished": 2}
     env.close()

@@ -70,6 +70,7 @@ class Ep:
     reward: dict = field(default_factory=dict)
     info: dict = field(default_factory=dict)
     last_obs: dict | None = None
+    agent_obs: dict = field(default_factory=dict)  # each agent's latest observation
     waiter: Any = None  # a get_action request not yet answered
 
 
@@ -98,16 +99,31 @@ class Model:
         ep.newly_done = set()
         ep.seen |= set(obs)
         ep.last_obs = obs
+        ep.agent_obs.update(obs)
         return Step(obs, rewards, infos, term)
+
+    @staticmethod
+    def waiting(ep: Ep, obs: dict) -> dict:
+        """Agents that observed, are not done and have no observation in ``obs``: each
+        acted and waits for its next one (a truncated end must give it)."""
+        return {
+            a: ep.agent_obs[a]
+            for a in AGENTS
+            if a in ep.agent_obs and a not in ep.done and a not in obs
+        }
 
     def abandon(self, ep: Ep) -> None:
         if ep.waiter is not None:  # the unpolled request becomes the final observation
             step = ep.queue[-1]
             step.waiter, step.all_trunc, step.final = None, True, True
+            for a, o in self.waiting(ep, step.obs).items():  # agents waiting since earlier
+                step.obs[a], step.term[a] = o, False
+                step.rewards.setdefault(a, 0.0)
+                step.infos.setdefault(a, {})
             step.infos = {a: {**i, "abandoned": True} for a, i in step.infos.items()}
             ep.waiter = None
-        elif ep.last_obs is not None:  # repeat the last observation of agents not done
-            obs = {a: o for a, o in ep.last_obs.items() if a not in ep.done}
+        elif ep.last_obs is not None:  # repeat the latest observation of agents not done
+            obs = self.waiting(ep, {})
             step = self.make_item(ep, obs)
             step.all_trunc, step.final = True, True
             step.term = dict.fromkeys(obs, False)
@@ -287,6 +303,8 @@ class Driver:
         ep = m.eps.get(eid)
         if err is None and set(agents) & ep.done:  # type: ignore[union-attr]
             err = InvalidDataError
+        if err is None and truncated and m.waiting(ep, obs):  # type: ignore[arg-type]
+            err = InvalidDataError  # a waiting agent's final observation is missing
         if self.caller is None:
             call = lambda: self.env.end_episode(eid, obs, truncated=truncated)
         else:
