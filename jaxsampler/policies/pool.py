@@ -59,7 +59,7 @@ class OpponentPool(Policy):
         base: the policy whose snapshots play; stateless (no recurrent state).
         size: snapshot slots, ``>= 1``.
         p_random: the initial probability of the random player (a param afterwards: set
-            ``params["p_random"]`` to change it without a recompile).
+            ``params["p_random"] = jnp.float32(p)`` to change it without a recompile).
 
     Raises:
         ValueError: ``size < 1`` or ``p_random`` outside ``[0, 1]``.
