@@ -16,7 +16,7 @@ Only the collection differs:
 ``--compare`` trains both, seeds interleaved, and writes
 ``benchmarks/results/ippo_mpe.{json,md,png}``.
 
-    python -m examples.ippo_mpe --compare --seeds 3 --total-timesteps 1000000
+    python -m examples.ippo_mpe --compare --seeds 3          # 3M env steps per run, ~10 min
     python -m examples.ippo_mpe --sampler hand --seeds 1
 
 The metric is JaxMARL's: an episode's return summed over the agents (JaxMARL's
@@ -69,7 +69,7 @@ JAXMARL_CONFIG = ppo.PPOConfig(
 )
 
 #: Env steps of the full run here: JaxMARL's 1e7 do not fit 6 runs on 2 shared cores.
-FULL_TIMESTEPS = 1_000_000
+FULL_TIMESTEPS = 3_000_000
 
 SAMPLERS = ("jaxsampler", "hand")
 
