@@ -356,13 +356,19 @@ class TrainParts:
     env: js.Env
 
 
-def make_parts(cfg: PPOConfig, with_stats: bool = False) -> TrainParts:
-    """The ``init`` and ``update`` functions :func:`make_train` scans (see :class:`TrainParts`)."""
+def make_parts(
+    cfg: PPOConfig, with_stats: bool = False, sampler: Callable[..., Any] | None = None
+) -> TrainParts:
+    """The ``init`` and ``update`` functions :func:`make_train` scans (see :class:`TrainParts`).
+
+    ``sampler``: a factory ``(cfg, env, policy) -> (init(key), run(params, state) -> (state,
+    batch))`` used instead of the one ``cfg.sampler`` names (the batch as
+    :func:`jaxsampler_sampler`'s, leaves ``[T, E, A, ...]``)."""
     env = js.make(cfg.env_id)
     policy = make_policy(cfg, env)
-    init_sampler, sample = (
-        jaxsampler_sampler if cfg.sampler == "jaxsampler" else handwritten_sampler
-    )(cfg, env, policy)
+    if sampler is None:
+        sampler = jaxsampler_sampler if cfg.sampler == "jaxsampler" else handwritten_sampler
+    init_sampler, sample = sampler(cfg, env, policy)
     batch_size = cfg.num_envs * cfg.rollout_length
     tx = make_optimizer(cfg)
     epochs = make_epochs(cfg, make_loss(cfg, policy, with_aux=with_stats), tx, with_stats)
@@ -406,10 +412,13 @@ def make_parts(cfg: PPOConfig, with_stats: bool = False) -> TrainParts:
     return TrainParts(init, update, policy, env)
 
 
-def make_train(cfg: PPOConfig, return_params: bool = False):
+def make_train(
+    cfg: PPOConfig, return_params: bool = False, sampler: Callable[..., Any] | None = None
+):
     """Returns ``train(key) -> metrics`` (``(metrics, final params)`` with ``return_params``):
-    a pure function, jit it (see :func:`run`); ``metrics`` leaves are ``[num_updates]``."""
-    parts = make_parts(cfg)
+    a pure function, jit it (see :func:`run`); ``metrics`` leaves are ``[num_updates]``.
+    ``sampler``: as for :func:`make_parts`."""
+    parts = make_parts(cfg, sampler=sampler)
 
     def train(key):
         carry, metrics = jax.lax.scan(parts.update, parts.init(key), None, cfg.num_updates)

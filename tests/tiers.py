@@ -19,6 +19,7 @@ INTEGRATION_PATHS: dict[str, str] = {
     "tests/sampling/device/test_rllib_compatible_ma.py": "RLlib's own episodes as the reference",
     "tests/examples/test_rllib_ppo.py": "examples/rllib_ppo.py trains with RLlib and torch",
     "tests/examples/test_selfplay.py": "Pgx (the pgx extra)",
+    "tests/examples/test_ippo_mpe.py": "JaxMARL (the jaxmarl extra)",
     "tests/envs/adapters/test_brax.py": "Brax and MuJoCo (the brax extra)",
     "tests/envs/adapters/test_jumanji.py": "Jumanji (the jumanji extra)",
     "tests/envs/adapters/test_pgx.py": "Pgx (the pgx extra)",
