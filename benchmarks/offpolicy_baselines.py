@@ -213,13 +213,17 @@ class HandState:
 
 @dataclasses.dataclass(frozen=True)
 class HandTrain:
-    """``train(key) -> (HandState, metrics [num_iterations])`` (pure; jit it), the rollout
-    of one iteration (``run(params, envs)``), the item builder and the greedy params of a
-    final state for the example's policy (``greedy(state)``)."""
+    """``train(key) -> (HandState, metrics [num_iterations])`` (pure; jit it), its first
+    state (``init(key)``), the rollout of one iteration (``run(params, envs)``), the item
+    builder, the acting params ``run`` gets from a state at iteration ``i``
+    (``acting(state, i)``) and the greedy params of a final state for the example's policy
+    (``greedy(state)``)."""
 
     train: Callable
+    init: Callable
     run: Callable
     items: Callable
+    acting: Callable
     greedy: Callable
 
 
@@ -280,7 +284,8 @@ def make_hand_dqn(cfg: dqn.DQNConfig, parts: dqn.Parts | None = None) -> HandTra
     items = lambda tr: dqn_items(tr, cfg.n_step, cfg.gamma)
     run = hand_rollout(parts.env, parts.env.default_params, cfg.num_envs, cfg.rollout_length, act)
     train = _hand_train(cfg, run, parts.replay, parts.update, acting, items, init)
-    return HandTrain(train, run, items, lambda hs: {"q": hs.learner[0], "epsilon": 0.0})
+    greedy = lambda hs: {"q": hs.learner[0], "epsilon": 0.0}
+    return HandTrain(train, init, run, items, lambda hs, i: acting(hs.learner, i), greedy)
 
 
 def make_hand_sac(cfg: sac.SACConfig, parts: sac.Parts | None = None) -> HandTrain:
@@ -302,4 +307,5 @@ def make_hand_sac(cfg: sac.SACConfig, parts: sac.Parts | None = None) -> HandTra
     run = hand_rollout(parts.env, parts.env.default_params, cfg.num_envs, cfg.rollout_length, act)
     actor = lambda learner, i: learner[0].actor
     train = _hand_train(cfg, run, parts.replay, parts.update, actor, sac_items, init)
-    return HandTrain(train, run, sac_items, lambda hs: hs.learner[0].actor)
+    greedy = lambda hs: hs.learner[0].actor
+    return HandTrain(train, init, run, sac_items, lambda hs, i: actor(hs.learner, i), greedy)

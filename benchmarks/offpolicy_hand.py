@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import statistics
 import sys
 import time
@@ -37,7 +38,8 @@ VARIANTS = ("jaxsampler", "hand")
 @dataclasses.dataclass(frozen=True)
 class Algo:
     """One algorithm of the benchmark: its config (the example's defaults, or ``--quick``'s),
-    how to build both loops, the evaluation target and the example's greedy params."""
+    how to build both loops, the evaluation target, the example's greedy params of a final
+    state and its acting params at the first iteration (``acting(parts, state)``)."""
 
     name: str
     result: str
@@ -47,6 +49,7 @@ class Algo:
     greedy: Callable[[Any], Any]
     hand: Callable[[Any, Any], HandTrain]
     make_parts: Callable[[Any], Any]
+    acting: Callable[[Any, Any], Any]
 
 
 def algos(quick: bool) -> dict[str, Algo]:
@@ -54,10 +57,12 @@ def algos(quick: bool) -> dict[str, Algo]:
     return {
         "dqn": Algo("dqn", "dqn_cartpole", dqn.DQNConfig(**(dqn.QUICK if quick else {})),
                     "mean greedy evaluation return >= 475", lambda m: m >= 475,
-                    lambda ts: {"q": ts.online, "epsilon": 0.0}, make_hand_dqn, dqn.make_parts),
+                    lambda ts: {"q": ts.online, "epsilon": 0.0}, make_hand_dqn, dqn.make_parts,
+                    lambda parts, ts: {"q": ts.online, "epsilon": parts.epsilon(0)}),
         "sac": Algo("sac", "sac_pendulum", sac.SACConfig(**(sac.QUICK if quick else {})),
                     "mean greedy evaluation return > -250", lambda m: m > -250,
-                    lambda ts: ts.learner.actor, make_hand_sac, sac.make_parts),
+                    lambda ts: ts.learner.actor, make_hand_sac, sac.make_parts,
+                    lambda parts, ts: ts.learner.actor),
     }  # fmt: skip
 
 
@@ -66,6 +71,55 @@ def compiled(train: Callable, key: jax.Array) -> tuple[Callable, float]:
     t0 = time.perf_counter()
     fn = jax.jit(train).lower(key).compile()
     return fn, time.perf_counter() - t0
+
+
+def collection_loops(algo: Algo, parts: Any, hand: HandTrain, iterations: int) -> dict:
+    """Per loop, ``loop(key)``: ``iterations`` iterations of collection and buffer add only
+    (no learner), from the training's first state with its first acting params; returns
+    the final envs and buffer (kept, so nothing is optimised away)."""
+
+    def jaxsampler(key: jax.Array) -> Any:
+        ts = parts.init(key)
+        params = algo.acting(parts, ts)
+
+        def body(c: Any, _: Any) -> tuple[Any, None]:
+            rstate, traj = parts.collect(params, c[0])
+            return (rstate, parts.replay.add(c[1], traj)), None
+
+        return jax.lax.scan(body, (ts.rollout, ts.buffer), None, iterations)[0]
+
+    def by_hand(key: jax.Array) -> Any:
+        hs = hand.init(key)
+        params = hand.acting(hs, 0)
+
+        def body(c: Any, _: Any) -> tuple[Any, None]:
+            envs, tr = hand.run(params, c[0])
+            return (envs, parts.replay.buffer.add(c[1], hand.items(tr))), None
+
+        return jax.lax.scan(body, (hs.envs, hs.buffer), None, iterations)[0]
+
+    return {"jaxsampler": jaxsampler, "hand": by_hand}
+
+
+def collection_time(
+    algo: Algo, parts: Any, hand: HandTrain, iterations: int, rounds: int
+) -> dict[str, Any]:
+    """Seconds per iteration of collection and buffer add alone, both loops, ``rounds``
+    rounds in alternating order (medians, and the median paired ratio jaxsampler / hand)."""
+    key = jax.random.PRNGKey(0)
+    loops = collection_loops(algo, parts, hand, iterations)
+    fns = {v: compiled(f, key)[0] for v, f in loops.items()}
+    times: dict[str, list[float]] = {v: [] for v in VARIANTS}
+    for r in range(rounds):
+        for v in harness.alternated(VARIANTS, r):
+            call = functools.partial(fns[v], jax.random.PRNGKey(r))
+            times[v].append(harness.timed(call) / iterations)
+    return {
+        "iterations_per_call": iterations,
+        "rounds": rounds,
+        "s_per_iteration": {v: statistics.median(times[v]) for v in VARIANTS},
+        "ratio": harness.paired_ratio(times["jaxsampler"], times["hand"]),
+    }
 
 
 def side_by_side(algo: Algo, seeds: Sequence[int]) -> dict[str, Any]:
@@ -99,7 +153,8 @@ def side_by_side(algo: Algo, seeds: Sequence[int]) -> dict[str, Any]:
                 "train_return_curve": [float(v) if np.isfinite(v) else None for v in curve],
             })  # fmt: skip
             harness.log(f"  {wall:.1f} s, eval {ev.mean():.1f}")
-    return summarize(algo, seeds, runs, compile_s)
+    collection = collection_time(algo, parts, hand, min(500, cfg.num_iterations), 7)
+    return {**summarize(algo, seeds, runs, compile_s), "collection": collection}
 
 
 def summarize(
@@ -117,6 +172,7 @@ def summarize(
         "env_id": cfg.env_id,
         "config": dataclasses.asdict(cfg),
         "env_steps_per_run": cfg.num_iterations * cfg.steps_per_iteration,
+        "config_iterations": cfg.num_iterations,
         "curve_window_env_steps": max(1, cfg.log_every) * cfg.steps_per_iteration,
         "seeds": list(seeds),
         "target": algo.target,
@@ -173,6 +229,20 @@ def markdown(res: dict[str, Any]) -> str:
             f"Target reached: jaxsampler {a['reached_target']['jaxsampler']}/{n} seeds, hand "
             f"{a['reached_target']['hand']}/{n}.",
         ]
+        if "collection" in a:
+            c, iters = a["collection"], a["config_iterations"]
+            per = c["s_per_iteration"]
+            share = {v: per[v] * iters / med[v] for v in per}
+            lines += [
+                "",
+                f"Collection and buffer add alone (no learner; {c['iterations_per_call']} "
+                f"iterations per call, {c['rounds']} rounds alternating): jaxsampler "
+                f"{per['jaxsampler'] * 1e3:.3f} ms, hand {per['hand'] * 1e3:.3f} ms per "
+                f"iteration, ratio **{c['ratio']:.2f}** (median paired); over a run's "
+                f"{iters:,} iterations that is {share['jaxsampler']:.1%} (jaxsampler) and "
+                f"{share['hand']:.1%} (hand) of the median training wall time: the learner "
+                "takes the rest.",
+            ]
     lines += ["", res["notes"], ""]
     return "\n".join(lines)
 

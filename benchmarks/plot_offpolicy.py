@@ -83,8 +83,8 @@ def plot_example(results: Path, name: str, out_dir: Path) -> Path:
             ax.plot(xs, ys, color=color, lw=1.2, ls="--", label=f"seed {run['seed']}, by hand")
     title = (
         f"{what}, measured on a {_cpus(rec['machine'])}\nmean return of the training "
-        f"episodes ended in each {window:,} env steps; solid: the example"
-        + (", dashed: written by hand" if hand is not None else "")
+        f"episodes ended per {window:,} env steps; solid: example"
+        + (", dashed: by hand" if hand is not None else "")
     )
     return _finish(ax, title, target, out_dir / f"{name}.png")
 

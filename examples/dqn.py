@@ -176,7 +176,9 @@ class Parts:
     learner's parts that a loop collecting its own way reuses
     (``benchmarks/offpolicy_hand.py``): ``update((online, target, opt_state, buffer), key)
     -> (carry, loss)`` (one Double-DQN step on a sampled batch), the optimizer ``tx`` and
-    ``epsilon(env_steps) -> float32[]`` (the exploration schedule)."""
+    ``epsilon(env_steps) -> float32[]`` (the exploration schedule); and ``collect(params,
+    rollout_state) -> (rollout_state, trajectory with n-step extras)``, what ``iteration``
+    adds to the buffer."""
 
     init: Any
     iteration: Any
@@ -186,6 +188,7 @@ class Parts:
     update: Any
     tx: Any
     epsilon: Any
+    collect: Any
 
 
 def make_parts(cfg: DQNConfig) -> Parts:
@@ -259,7 +262,7 @@ def make_parts(cfg: DQNConfig) -> Parts:
         ts = TrainState(online, target, opt_state, rstate, buf, running, key, window)
         return ts, {"return_sum": ret_sum, "episodes": episodes, "loss": loss, "epsilon": eps}
 
-    return Parts(init, iteration, policy, env, replay, update, tx, epsilon)
+    return Parts(init, iteration, policy, env, replay, update, tx, epsilon, collect)
 
 
 def make_train(cfg: DQNConfig):

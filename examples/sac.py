@@ -212,7 +212,8 @@ class Parts:
     collecting its own way reuses (``benchmarks/offpolicy_hand.py``): ``init_learner(key)
     -> (Learner, optimizer states)`` (the key ``init`` splits for the networks) and
     ``update((learner, opt_states, buffer), key) -> (carry, loss)`` (one SAC step on a
-    sampled batch)."""
+    sampled batch); and ``collect(actor_params, rollout_state) -> (rollout_state,
+    trajectory)`` (the rollout ``iteration`` adds to the buffer)."""
 
     init: Any
     iteration: Any
@@ -222,6 +223,7 @@ class Parts:
     replay: offpolicy.TransitionReplay
     init_learner: Any
     update: Any
+    collect: Any
 
 
 def make_parts(cfg: SACConfig) -> Parts:
@@ -325,7 +327,7 @@ def make_parts(cfg: SACConfig) -> Parts:
         alpha = jnp.exp(learner.log_alpha)
         return ts, {"return_sum": ret_sum, "episodes": episodes, "loss": loss, "alpha": alpha}
 
-    return Parts(init, iteration, policy, critic, env, replay, init_learner, update)
+    return Parts(init, iteration, policy, critic, env, replay, init_learner, update, rollout)
 
 
 def make_train(cfg: SACConfig):
