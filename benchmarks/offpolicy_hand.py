@@ -196,9 +196,10 @@ def markdown(res: dict[str, Any]) -> str:
         "",
         "Each example (`examples/dqn.py`, `examples/sac.py`: `js.make_rollout` collects, "
         "`jaxsampler.offpolicy` builds the n-step targets and the buffer's items) against the "
-        "same training written by hand (`benchmarks/offpolicy_hand.py`: `jax.vmap(env.step)` "
-        "in a `lax.scan`, a same-step auto-reset keeping the real final observation, n-step "
-        "targets and items built by hand), both one `jax.jit` with the same network, "
+        "same training written by hand (`benchmarks/offpolicy_baselines.py`: "
+        "`jax.vmap(env.step)` in a `lax.scan`, a same-step auto-reset keeping the real final "
+        "observation, n-step targets and items built by hand), both one `jax.jit` with the "
+        "same network, "
         "hyperparameters, flashbax buffer and learner update (the example's own). Runs "
         "alternate (jaxsampler first for even seeds); wall: one training run, compiled "
         "beforehand, blocked on. Ratio: jaxsampler / hand of the same seed, median over seeds.",

@@ -174,7 +174,7 @@ class Parts:
     """The pieces of a run: ``init(key) -> TrainState``, ``iteration(state, i) -> (state,
     metrics)`` (a ``lax.scan`` body), the policy, the env, the replay buffer, and the
     learner's parts that a loop collecting its own way reuses
-    (``benchmarks/offpolicy_hand.py``): ``update((online, target, opt_state, buffer), key)
+    (``benchmarks/offpolicy_baselines.py``): ``update((online, target, opt_state, buffer), key)
     -> (carry, loss)`` (one Double-DQN step on a sampled batch), the optimizer ``tx`` and
     ``epsilon(env_steps) -> float32[]`` (the exploration schedule); and ``collect(params,
     rollout_state) -> (rollout_state, trajectory with n-step extras)``, what ``iteration``

@@ -209,7 +209,7 @@ class TrainState:
 class Parts:
     """``init(key) -> TrainState``, ``iteration(state, i) -> (state, metrics)`` (a
     ``lax.scan`` body), what they are built from, and the learner's parts that a loop
-    collecting its own way reuses (``benchmarks/offpolicy_hand.py``): ``init_learner(key)
+    collecting its own way reuses (``benchmarks/offpolicy_baselines.py``): ``init_learner(key)
     -> (Learner, optimizer states)`` (the key ``init`` splits for the networks) and
     ``update((learner, opt_states, buffer), key) -> (carry, loss)`` (one SAC step on a
     sampled batch); and ``collect(actor_params, rollout_state) -> (rollout_state,

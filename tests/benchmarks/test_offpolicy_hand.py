@@ -141,6 +141,8 @@ def _check_record(rec: dict, algos: list[str], seeds: int) -> None:
         assert a["ratio_median"] == pytest.approx(float(np.median(ratios)))
         orders = [[by[v, s]["order"] for v in offpolicy_hand.VARIANTS] for s in a["seeds"]]
         assert orders[:2] == [[0, 1], [1, 0]]  # alternating
+        c = a["collection"]
+        assert set(c["s_per_iteration"]) == set(offpolicy_hand.VARIANTS) and c["ratio"] > 0
         for r in a["runs"]:
             assert len(r["eval_returns"]) == a["config"]["eval_episodes"]
             assert r["eval_mean_return"] == pytest.approx(np.mean(r["eval_returns"]))
