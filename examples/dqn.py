@@ -172,13 +172,23 @@ class TrainState:
 @dataclasses.dataclass(frozen=True)
 class Parts:
     """The pieces of a run: ``init(key) -> TrainState``, ``iteration(state, i) -> (state,
-    metrics)`` (a ``lax.scan`` body), the policy, the env, the replay buffer."""
+    metrics)`` (a ``lax.scan`` body), the policy, the env, the replay buffer, and the
+    learner's parts that a loop collecting its own way reuses
+    (``benchmarks/offpolicy_baselines.py``): ``update((online, target, opt_state, buffer), key)
+    -> (carry, loss)`` (one Double-DQN step on a sampled batch), the optimizer ``tx`` and
+    ``epsilon(env_steps) -> float32[]`` (the exploration schedule); and ``collect(params,
+    rollout_state) -> (rollout_state, trajectory with n-step extras)``, what ``iteration``
+    adds to the buffer."""
 
     init: Any
     iteration: Any
     policy: QPolicy
     env: js.Env
     replay: offpolicy.TransitionReplay
+    update: Any
+    tx: Any
+    epsilon: Any
+    collect: Any
 
 
 def make_parts(cfg: DQNConfig) -> Parts:
@@ -244,27 +254,15 @@ def make_parts(cfg: DQNConfig) -> Parts:
         running, ret_sum, episodes = common.episode_returns(traj, ts.running)
         key, k_up = jax.random.split(ts.key)
         learn = (steps >= cfg.learning_starts) & replay.can_sample(buf)
-        keys = jax.random.split(k_up, cfg.updates_per_iteration)
         carry = (ts.online, ts.target, ts.opt_state, buf)
-        (online, target, opt_state, _), losses = jax.lax.cond(
-            learn,
-            lambda: jax.lax.scan(update, carry, keys),
-            lambda: (carry, jnp.zeros((cfg.updates_per_iteration,), jnp.float32)),
+        (online, target, opt_state, _), loss = common.learn_if(
+            learn, update, carry, k_up, cfg.updates_per_iteration
         )
-        loss = losses.mean()
-        n_up = jnp.where(learn, 1.0, 0.0)
-        w = ts.window
-        window = common.LogWindow(
-            w.return_sum + ret_sum,
-            w.episodes + episodes,
-            w.loss_sum + loss * n_up,
-            w.updates + n_up,
-        )
-        window = common.report_every(cfg.log_every, i, steps, window)
+        window = common.advance(ts.window, cfg.log_every, i, steps, ret_sum, episodes, loss, learn)
         ts = TrainState(online, target, opt_state, rstate, buf, running, key, window)
         return ts, {"return_sum": ret_sum, "episodes": episodes, "loss": loss, "epsilon": eps}
 
-    return Parts(init, iteration, policy, env, replay)
+    return Parts(init, iteration, policy, env, replay, update, tx, epsilon, collect)
 
 
 def make_train(cfg: DQNConfig):

@@ -16,7 +16,8 @@ The update is a few epochs of minibatch steps on those targets with a clipped su
     python -m examples.impala_host --compare --seeds 3  # both, side by side: the results
 
 ``--compare`` trains with both loops (same seeds, steps and settings) and writes the final
-greedy evaluation returns and wall times to ``benchmarks/results/impala_host.{json,md}``.
+greedy evaluation returns, wall times and training curves to
+``benchmarks/results/impala_host.{json,md}`` (plotted by ``python -m benchmarks.plot_offpolicy``).
 """
 
 from __future__ import annotations
@@ -42,6 +43,8 @@ from jaxsampler.sampling import AsyncActor
 CONFIG = dataclasses.replace(
     ppo.DEFAULTS["CartPole-v1"], num_envs=8, rollout_length=64, total_timesteps=500_000
 )
+#: A point of a run's ``train_return_curve`` every this many updates.
+CURVE_EVERY = 20
 
 
 def batch_vtrace(rewards, values, next_values, terminateds, ends, log_rhos, gamma, lam):
@@ -137,6 +140,7 @@ def train(cfg: ppo.PPOConfig, seed: int, mode: str, quiet: bool = False) -> dict
         return rows, sampler.metrics.episode_return_mean, sampler.metrics.num_episodes_completed
 
     returns, lags, steps, updates = [], [], 0, 0
+    curve: list[list[float]] = []  # [env steps, mean return of the last 20 episodes]
     actor = AsyncActor(sample, params, max_queue=1) if mode == "async" else None
     t0 = time.perf_counter()
     try:
@@ -154,6 +158,8 @@ def train(cfg: ppo.PPOConfig, seed: int, mode: str, quiet: bool = False) -> dict
             lags.append(lag)
             if done:
                 returns.append(ret)
+            if updates % CURVE_EVERY == 0 and returns:
+                curve.append([steps, float(np.mean(returns[-20:]))])
             if not quiet and updates % 100 == 0:
                 recent = np.mean(returns[-20:]) if returns else float("nan")
                 print(f"  [{mode} seed {seed}] {steps:>8,} steps, mean return {recent:.1f}")
@@ -173,6 +179,7 @@ def train(cfg: ppo.PPOConfig, seed: int, mode: str, quiet: bool = False) -> dict
         "eval_return_mean": float(np.mean(ev.returns)),
         "train_return_last": float(np.mean(returns[-20:])) if returns else float("nan"),
         "mean_policy_lag": float(np.mean(lags)),
+        "train_return_curve": curve,
     }
 
 
@@ -199,7 +206,8 @@ def markdown(res: dict[str, Any]) -> str:
     md += (
         f"\nWall time, async / sync (median over seeds of the paired ratio): "
         f"**{s['wall_ratio']:.2f}** ({s['speedup']:.2f}x faster); runs reaching 475: async "
-        f"{s['async_solved']}/{s['seeds']}, sync {s['sync_solved']}/{s['seeds']}.\n"
+        f"{s['async_solved']}/{s['seeds']}, sync {s['sync_solved']}/{s['seeds']}. Learning "
+        "curves: `impala_host.png` (`python -m benchmarks.plot_offpolicy`).\n"
     )
     return md
 

@@ -31,6 +31,8 @@ __all__ = [
     "curve",
     "log_window",
     "report_every",
+    "advance",
+    "learn_if",
     "scan_train",
     "train_seeds",
     "evaluate",
@@ -140,6 +142,43 @@ def report_every(
 
     jax.lax.cond(now, emit, lambda: None)
     return jax.tree.map(lambda x: jnp.where(now, jnp.zeros_like(x), x), window)
+
+
+def advance(
+    window: LogWindow,
+    every: int,
+    iteration: jax.Array,
+    env_steps: jax.Array,
+    return_sum: jax.Array,
+    episodes: jax.Array,
+    loss: jax.Array,
+    learnt: jax.Array,
+) -> LogWindow:
+    """``window`` with one iteration's figures added (its episodes' ``return_sum`` and count,
+    its mean ``loss`` where it ``learnt``), then :func:`report_every`."""
+    w = window
+    n_up = jnp.where(learnt, 1.0, 0.0)
+    w = LogWindow(w.return_sum + return_sum, w.episodes + episodes, w.loss_sum + loss * n_up,
+                  w.updates + n_up)  # fmt: skip
+    return report_every(every, iteration, env_steps, w)
+
+
+def learn_if(
+    ready: jax.Array, update: Callable, carry: Any, key: jax.Array, num_updates: int
+) -> tuple[Any, jax.Array]:
+    """``num_updates`` learner steps ``update(carry, key) -> (carry, loss)`` in a
+    ``lax.scan`` when ``ready`` (``bool[]``), else ``carry`` unchanged.
+
+    Returns:
+        ``(carry, mean loss)`` (``0.0`` when not ready). Pure; jit-safe.
+    """
+    keys = jax.random.split(key, num_updates)
+    carry, losses = jax.lax.cond(
+        ready,
+        lambda: jax.lax.scan(update, carry, keys),
+        lambda: (carry, jnp.zeros((num_updates,), jnp.float32)),
+    )
+    return carry, losses.mean()
 
 
 def curve(metrics: dict[str, Any], window: int) -> np.ndarray:

@@ -208,7 +208,12 @@ class TrainState:
 @dataclasses.dataclass(frozen=True)
 class Parts:
     """``init(key) -> TrainState``, ``iteration(state, i) -> (state, metrics)`` (a
-    ``lax.scan`` body), and what they are built from."""
+    ``lax.scan`` body), what they are built from, and the learner's parts that a loop
+    collecting its own way reuses (``benchmarks/offpolicy_baselines.py``): ``init_learner(key)
+    -> (Learner, optimizer states)`` (the key ``init`` splits for the networks) and
+    ``update((learner, opt_states, buffer), key) -> (carry, loss)`` (one SAC step on a
+    sampled batch); and ``collect(actor_params, rollout_state) -> (rollout_state,
+    trajectory)`` (the rollout ``iteration`` adds to the buffer)."""
 
     init: Any
     iteration: Any
@@ -216,6 +221,9 @@ class Parts:
     critic: TwinQ
     env: js.Env
     replay: offpolicy.TransitionReplay
+    init_learner: Any
+    update: Any
+    collect: Any
 
 
 def make_parts(cfg: SACConfig) -> Parts:
@@ -273,8 +281,8 @@ def make_parts(cfg: SACConfig) -> Parts:
         learner = Learner(actor=a, critic=c, target=target, log_alpha=la)
         return (learner, {"actor": opt_a, "critic": opt_c, "alpha": opt_al}, buf), loss
 
-    def init(key):
-        k_actor, k_critic, k_env, k_loop = jax.random.split(key, 4)
+    def init_learner(key):
+        k_actor, k_critic, _, _ = jax.random.split(key, 4)
         obs = jnp.zeros((1, policy.obs_dim), jnp.float32)
         critic_params = critic.init(k_critic, obs, jnp.zeros((1, policy.action_dim)))
         learner = Learner(
@@ -288,6 +296,11 @@ def make_parts(cfg: SACConfig) -> Parts:
             "critic": txs["critic"].init(learner.critic),
             "alpha": txs["alpha"].init(learner.log_alpha),
         }
+        return learner, opts
+
+    def init(key):
+        _, _, k_env, k_loop = jax.random.split(key, 4)
+        learner, opts = init_learner(key)
         return TrainState(
             learner=learner,
             opt_states=opts,
@@ -306,25 +319,15 @@ def make_parts(cfg: SACConfig) -> Parts:
         key, k_up = jax.random.split(ts.key)
         learn = (steps >= cfg.learning_starts) & replay.can_sample(buf)
         carry = (ts.learner, ts.opt_states, buf)
-        (learner, opts, _), losses = jax.lax.cond(
-            learn,
-            lambda: jax.lax.scan(update, carry, jax.random.split(k_up, cfg.updates_per_iteration)),
-            lambda: (carry, jnp.zeros((cfg.updates_per_iteration,), jnp.float32)),
+        (learner, opts, _), loss = common.learn_if(
+            learn, update, carry, k_up, cfg.updates_per_iteration
         )
-        loss, n_up = losses.mean(), jnp.where(learn, 1.0, 0.0)
-        w = ts.window
-        window = common.LogWindow(
-            w.return_sum + ret_sum,
-            w.episodes + episodes,
-            w.loss_sum + loss * n_up,
-            w.updates + n_up,
-        )
-        window = common.report_every(cfg.log_every, i, steps, window)
+        window = common.advance(ts.window, cfg.log_every, i, steps, ret_sum, episodes, loss, learn)
         ts = TrainState(learner, opts, rstate, buf, running, key, window)
         alpha = jnp.exp(learner.log_alpha)
         return ts, {"return_sum": ret_sum, "episodes": episodes, "loss": loss, "alpha": alpha}
 
-    return Parts(init, iteration, policy, critic, env, replay)
+    return Parts(init, iteration, policy, critic, env, replay, init_learner, update, rollout)
 
 
 def make_train(cfg: SACConfig):
