@@ -32,6 +32,9 @@ INTEGRATION_PATHS: dict[str, str] = {
         "a long run: every concept page's code, one process per page"
     ),
     "tests/sampling/test_resume.py": "a long run: saved and resumed runs in subprocesses",
+    "tests/benchmarks/test_offpolicy_hand.py": (
+        "a long run: the hand-written off-policy baselines train and collect (benchmarks)"
+    ),
     "tests/examples/test_durable_server.py": (
         "a long run: the durable-server example's kill and restart, end to end"
     ),
