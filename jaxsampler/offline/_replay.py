@@ -169,7 +169,9 @@ def replay(entries: list[dict], like: ExternalEnvBase, path: str) -> tuple[list[
             elif op == "returns":
                 env.log_agent_returns(eid, entry["reward"], entry["info"], entry["done"])
             elif op == "end":
-                env.end_agent_episode(eid, entry["obs"], entry["truncated"])
+                # Journals written before truncated ends were refused without every waiting
+                # agent's observation: such an end gives them their latest one again.
+                env.end_agent_episode(eid, entry["obs"], entry["truncated"], complete_waiting=True)
             elif op == "settle":
                 with env._lock:
                     env._settle_off_policy()

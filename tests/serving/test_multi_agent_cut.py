@@ -73,7 +73,7 @@ def test_an_unpolled_request_that_becomes_the_final_step_completes_the_waiting_a
     env = ExternalMultiAgentEnv(OBS, ACT, agent_ids=AGENTS)
     eid = env.start_episode()
     env.log_action(eid, {a: obs_of(9, 0, 0, a) for a in ("a", "b")}, {"a": 0, "b": 1})
-    env.log_returns(eid, {"a": 1.0, "b": 2.0})
+    env.log_returns(eid, {"a": 1.0, "b": 2.0}, {"b": {"k": 7}})  # b's info: for its final step
     waiter = env.submit(eid, {"a": obs_of(9, 0, 1, "a")}, None, None, True)  # a get_action
     assert env.abandon_episode(eid)
     assert waiter is not None and isinstance(waiter.error, EpisodeStateError)
@@ -83,7 +83,7 @@ def test_an_unpolled_request_that_becomes_the_final_step_completes_the_waiting_a
     # The request's own observation of a is the final one; b gets its last one again.
     np.testing.assert_array_equal(obs["a"], [obs_of(9, 0, 0, "a"), obs_of(9, 0, 1, "a")])
     np.testing.assert_array_equal(obs["b"], [obs_of(9, 0, 0, "b"), obs_of(9, 0, 0, "b")])
-    assert ep.agent_episodes["b"].get_infos(-1)["abandoned"] is True
+    assert ep.agent_episodes["b"].get_infos(-1) == {"k": 7, "abandoned": True}
     assert [float(r) for r in ep.agent_episodes["b"].get_rewards()] == [2.0]
 
 
@@ -100,3 +100,28 @@ def test_truncated_end_without_a_waiting_agent_is_refused_and_changes_nothing():
     *_, ep = sample_until_done(env)
     assert ep.is_terminated and not ep.is_truncated
     assert ep.agent_episodes["a"].is_terminated
+
+
+def test_a_journal_from_before_the_refusal_still_recovers(tmp_path, monkeypatch):
+    """A journal written by an env that accepted a truncated end without a waiting agent's
+    observation (as before the refusal) replays: recovery gives that agent its latest
+    observation again, so its acknowledged step is stored, truncated."""
+    from jaxsampler.episodes import MultiAgentEpisode
+    from jaxsampler.offline import StepJournal, read_records, recover
+
+    journal, log = tmp_path / "j", tmp_path / "log"
+    with monkeypatch.context() as old:  # the env before the refusal: no agent counts as waiting
+        old.setattr(ExternalMultiAgentEnv, "_waiting_agents", lambda self, ep, obs: {})
+        env = ExternalMultiAgentEnv(OBS, ACT, agent_ids=AGENTS, journal=StepJournal(journal))
+        eid = env.start_episode()
+        env.log_action(eid, {a: obs_of(9, 2, 0, a) for a in ("a", "b")}, {"a": 0, "b": 1})
+        env.log_action(eid, {"a": obs_of(9, 2, 1, "a")}, {"a": 2})
+        env.end_episode(eid, {"a": obs_of(9, 2, 2, "a")}, truncated=True)  # accepted then
+        env.close()
+    report = recover(journal, log, ExternalMultiAgentEnv(OBS, ACT, agent_ids=AGENTS))
+    (rec,) = read_records(log)
+    assert isinstance(rec, MultiAgentEpisode) and rec.is_truncated
+    obs = {a: np.asarray(sa.get_observations()) for a, sa in rec.agent_episodes.items()}
+    np.testing.assert_array_equal(obs["b"], [obs_of(9, 2, 0, "b"), obs_of(9, 2, 0, "b")])
+    np.testing.assert_array_equal(obs["a"][-1], obs_of(9, 2, 2, "a"))
+    assert report.recovered_steps == 3  # a's two steps and b's one

@@ -410,15 +410,26 @@ class ExternalEnvBase(_Journaled, _EpisodeBook, HostEnv):
         self._commit()
 
     def end_agent_episode(
-        self, episode_id: str, obs: dict, truncated: bool, *, owner: Hashable | None = None
+        self,
+        episode_id: str,
+        obs: dict,
+        truncated: bool,
+        *,
+        owner: Hashable | None = None,
+        complete_waiting: bool = False,
     ) -> None:
         """``end_episode`` with an agent dict of final observations (what both public
-        classes and the policy server call)."""
+        classes and the policy server call). ``complete_waiting``: a truncated end that
+        leaves out an agent waiting for its next observation gives it its latest one again
+        instead of being refused (the journal's replay of a journal written before the
+        refusal existed)."""
         obs = self._checks.obs(obs, allow_empty=self.multi_agent)
         with self._lock:
             ep = self._open_episode(episode_id, owner)
             self._check_done_agents(ep, obs, final=True)
             waiting = self._waiting_agents(ep, obs) if truncated else {}
+            if waiting and complete_waiting:
+                obs, waiting = {**obs, **waiting}, {}
             if waiting:
                 raise InvalidDataError(
                     f"episode {episode_id}: agents {list(waiting)} acted and wait for their "

@@ -503,7 +503,10 @@ class _EpisodeBook:
             for a, o in self._waiting_agents(ep, last.obs).items():
                 last.obs[a], last.terminated[a] = o, False
                 last.rewards.setdefault(a, 0.0)
-                last.infos.setdefault(a, {})
+                info = ep.info.pop(a, {})  # logged for it since its last observation
+                if not ep.training_enabled:
+                    info = {**info, "training_enabled": False}
+                last.infos[a] = info
             for a in last.infos:
                 last.infos[a] = {**last.infos[a], "abandoned": True}
         elif ep.last_obs is not None:

@@ -119,7 +119,8 @@ class Model:
             for a, o in self.waiting(ep, step.obs).items():  # agents waiting since earlier
                 step.obs[a], step.term[a] = o, False
                 step.rewards.setdefault(a, 0.0)
-                step.infos.setdefault(a, {})
+                info = ep.info.pop(a, {})
+                step.infos[a] = info if ep.training else {**info, "training_enabled": False}
             step.infos = {a: {**i, "abandoned": True} for a, i in step.infos.items()}
             ep.waiter = None
         elif ep.last_obs is not None:  # repeat the latest observation of agents not done
