@@ -18,11 +18,14 @@ into a :class:`~jaxsampler.policies.MultiAgentPolicy` through the policy mapping
 
 Its params hold ``size`` snapshot slots of the base policy's params (a ring: :meth:`push`
 writes the oldest), how many are filled, and the probability of the random player. Each
-env's opponent is drawn once per episode, at its first step (the rollout resets a policy's
-state there): the random player with probability ``p_random``, else one of the filled
-snapshots uniformly. The pick lives in the policy state, so the rollout carries it and a
-pick never changes within an episode. Pushing a snapshot or changing ``p_random`` changes
-params only: nothing recompiles.
+agent row the pool plays (one per env in a two-player game) draws its opponent once per
+episode, at the episode's first step (the rollout resets a policy's state there): the
+random player with probability ``p_random``, else one of the filled slots uniformly. The
+pick is a slot index kept in the policy state, so it holds for the whole episode, with one
+exception: a :meth:`push` that overwrites the slot an episode plays switches that episode
+to the new snapshot from the next step on (push between sampler calls, as often as the
+ring allows, e.g. every few iterations). Pushing a snapshot or changing ``p_random``
+changes params only: nothing recompiles.
 
 The step evaluates the base policy once per slot (``size`` small forward passes, vmapped)
 and the random player, then takes each row's pick. The extras (``action_logp`` and the
@@ -30,6 +33,12 @@ others) are those of the picked snapshot; on rows the random player plays they a
 except ``action_logp``, the random player's own (``-log`` of the number of legal
 actions). The base policy must be stateless (a recurrent one would need a state per slot)
 and act in a ``Discrete`` space (board and card games).
+
+Costs and limits: the pool has a recurrent state, so a ``MultiAgentPolicy`` holding it
+runs every policy on every agent row (no acting-only rows in turn-based games), and the pool
+evaluates all ``size`` snapshots on its rows. It has no ``log_prob`` (the probability of a
+given action depends on the pick), so such a ``MultiAgentPolicy`` has none either: recompute
+the learner's log-probabilities with the learner policy's own ``log_prob`` on its rows.
 """
 
 from __future__ import annotations

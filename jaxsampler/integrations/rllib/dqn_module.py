@@ -42,7 +42,9 @@ from jaxsampler.integrations.rllib.module import (
     _sequential_layers,
     _unsupported,
     features,
+    layer_shapes,
     params_from_module_state,
+    random_params,
     run_layers,
 )
 from jaxsampler.policies.base import Policy
@@ -113,18 +115,7 @@ class DQNModulePolicy(Policy):
     @property
     def param_shapes(self) -> dict[str, tuple[int, ...]]:
         """State key -> shape of every module weight the policy reads."""
-        shapes: dict[str, tuple[int, ...]] = {}
-        for layer in self.encoder + self.af_head + (self.vf_head or ()):
-            if layer[0] == "dense":
-                _, w, b, d_in, d_out = layer
-                shapes[w] = (d_out, d_in)
-                if b:
-                    shapes[b] = (d_out,)
-            elif layer[0] == "layernorm":
-                _, w, b, dim, _ = layer
-                shapes[w] = (dim,)
-                shapes[b] = (dim,)
-        return shapes
+        return layer_shapes(self.encoder + self.af_head + (self.vf_head or ()))
 
     def extra_params(self) -> dict[str, np.ndarray]:
         """``{"epsilon": float32[]}``: the schedule's value at timestep 0."""
@@ -145,12 +136,7 @@ class DQNModulePolicy(Policy):
 
     def init(self, key: jax.Array) -> dict[str, jax.Array]:
         """Random params of the right structure (for tests; real ones come from the module)."""
-        shapes = self.param_shapes
-        keys = jax.random.split(key, len(shapes))
-        params = {
-            name: 0.1 * jax.random.normal(k, shape, jnp.float32)
-            for k, (name, shape) in zip(keys, sorted(shapes.items()), strict=True)
-        }
+        params = random_params(key, self.param_shapes)
         params.update({k: jnp.asarray(v) for k, v in self.extra_params().items()})
         return params
 

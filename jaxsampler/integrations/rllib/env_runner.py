@@ -61,10 +61,10 @@ Deviations from RLlib's runner, each forced by whole-chunk device sampling:
   then short top-up chunks (1/16 of that) until ``N`` env steps are reached, so a call
   returns at least ``N`` steps and at most one top-up chunk more (RLlib: fewer than
   ``N + num_envs``);
-* DQN's epsilon is fixed for a call (RLlib's runner moves ``t`` on with each vector step
-  of the call), and ``t`` counts this runner's steps as they are sampled (RLlib's runner
-  reads its count from the last state sync plus the call's steps, so within a training
-  iteration its epsilon lags by up to that iteration's steps);
+* DQN's epsilon is fixed for a call: this runner passes ``t = (L // N) * N`` at the start
+  of the call, with ``L`` its own lifetime env steps counted as they are sampled and ``N``
+  the number of env runners; RLlib's runner passes ``(L // N + ts) * N`` at every vector
+  step, with ``ts`` the call's steps so far and ``L`` as of the last state sync;
 * ``episode_duration_sec_mean`` is each episode's share of the sampling wall time (the
   envs step together on the device; there is no per-episode clock);
 * ``random_actions=True`` with normalized bounded Box actions samples uniformly in the

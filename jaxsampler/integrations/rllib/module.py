@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import jax
@@ -138,30 +138,18 @@ class RLModulePolicy(Policy):
     @property
     def param_shapes(self) -> dict[str, tuple[int, ...]]:
         """State key -> shape of every param the policy reads."""
-        shapes: dict[str, tuple[int, ...]] = {}
-        for layers in (self.actor_encoder, self.critic_encoder, self.pi_head, self.vf_head):
-            for layer in layers or ():
-                if layer[0] == "dense":
-                    _, w, b, d_in, d_out = layer
-                    shapes[w] = (d_out, d_in)
-                    if b:
-                        shapes[b] = (d_out,)
-                elif layer[0] == "layernorm":
-                    _, w, b, dim, _ = layer
-                    shapes[w] = (dim,)
-                    shapes[b] = (dim,)
+        shapes = layer_shapes(
+            layer
+            for layers in (self.actor_encoder, self.critic_encoder, self.pi_head, self.vf_head)
+            for layer in layers or ()
+        )
         if self.free_log_std_key:
             shapes[self.free_log_std_key] = (_action_size(self.action_space),)
         return shapes
 
     def init(self, key: jax.Array) -> dict[str, jax.Array]:
         """Random params of the right structure (for tests; real ones come from the module)."""
-        shapes = self.param_shapes
-        keys = jax.random.split(key, len(shapes))
-        return {
-            name: 0.1 * jax.random.normal(k, shape, jnp.float32)
-            for k, (name, shape) in zip(keys, sorted(shapes.items()))
-        }
+        return random_params(key, self.param_shapes)
 
     def _features(self, obs: Any) -> tuple[jax.Array, tuple[int, ...]]:
         return features(self.observation_space, obs)
@@ -297,6 +285,31 @@ def run_layers(
         else:
             x = _ACTIVATIONS[layer[1]](x)
     return x
+
+
+def layer_shapes(layers: Iterable[Layer]) -> dict[str, tuple[int, ...]]:
+    """State key -> shape of the weights of mirrored ``layers`` (dense and layernorm)."""
+    shapes: dict[str, tuple[int, ...]] = {}
+    for layer in layers:
+        if layer[0] == "dense":
+            _, w, b, d_in, d_out = layer
+            shapes[w] = (d_out, d_in)
+            if b:
+                shapes[b] = (d_out,)
+        elif layer[0] == "layernorm":
+            _, w, b, dim, _ = layer
+            shapes[w] = (dim,)
+            shapes[b] = (dim,)
+    return shapes
+
+
+def random_params(key: jax.Array, shapes: Mapping[str, tuple[int, ...]]) -> dict[str, jax.Array]:
+    """Normal(0, 0.1) float32 params of ``shapes`` (state key -> shape), for tests."""
+    keys = jax.random.split(key, len(shapes))
+    return {
+        name: 0.1 * jax.random.normal(k, shape, jnp.float32)
+        for k, (name, shape) in zip(keys, sorted(shapes.items()), strict=True)
+    }
 
 
 def _categorical_logp(logits: jax.Array, idx: jax.Array) -> jax.Array:
