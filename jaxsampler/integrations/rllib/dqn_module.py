@@ -41,6 +41,7 @@ from jaxsampler.integrations.rllib.module import (
     _out_dim,
     _sequential_layers,
     _unsupported,
+    check_input_dim,
     features,
     layer_shapes,
     params_from_module_state,
@@ -258,13 +259,7 @@ def dqn_policy_from_rl_module(
     model_config: Any = module.model_config  # a dict once the module is built
     if not isinstance(model_config, Mapping) or "epsilon" not in model_config:
         raise _unsupported("a DQN module without an epsilon schedule in its model_config")
-    in_dim = next(layer[3] for layer in encoder if layer[0] == "dense")
-    size = obs_space.n if isinstance(obs_space, Discrete) else int(np.prod(obs_space.shape))
-    if size != in_dim:
-        raise ValueError(
-            f"policy_from_rl_module: the observation space {obs_space!r} has {size} "
-            f"features but the module's encoder takes {in_dim}"
-        )
+    check_input_dim(obs_space, encoder)
     policy = DQNModulePolicy(
         observation_space=obs_space,
         action_space=action_space,

@@ -287,6 +287,18 @@ def run_layers(
     return x
 
 
+def check_input_dim(obs_space: Space, encoder: tuple[Layer, ...]) -> None:
+    """Raises ``ValueError`` unless ``obs_space`` has as many features (one-hot for
+    ``Discrete``) as the first dense layer of ``encoder`` takes."""
+    in_dim = next(layer[3] for layer in encoder if layer[0] == "dense")
+    size = obs_space.n if isinstance(obs_space, Discrete) else int(np.prod(obs_space.shape))
+    if size != in_dim:
+        raise ValueError(
+            f"policy_from_rl_module: the observation space {obs_space!r} has {size} "
+            f"features but the module's encoder takes {in_dim}"
+        )
+
+
 def layer_shapes(layers: Iterable[Layer]) -> dict[str, tuple[int, ...]]:
     """State key -> shape of the weights of mirrored ``layers`` (dense and layernorm)."""
     shapes: dict[str, tuple[int, ...]] = {}
@@ -554,13 +566,7 @@ def policy_from_rl_module(
     elif critic is not None:
         critic = None  # not used without a value head
 
-    in_dim = next(layer[3] for layer in actor if layer[0] == "dense")
-    features = obs_space.n if isinstance(obs_space, Discrete) else int(np.prod(obs_space.shape))
-    if features != in_dim:
-        raise ValueError(
-            f"policy_from_rl_module: the observation space {obs_space!r} has {features} "
-            f"features but the module's encoder takes {in_dim}"
-        )
+    check_input_dim(obs_space, actor)
     n = _action_size(action_space)
     expected = n if isinstance(action_space, Discrete) or free_log_std_key else 2 * n
     if _out_dim(pi_head) != expected:
