@@ -35,7 +35,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxsampler.integrations.rllib.module import (
+from jaxsampler.integrations.rllib._layers import (
     Layer,
     _mlp_encoder,
     _out_dim,
