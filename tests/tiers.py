@@ -60,6 +60,16 @@ INTEGRATION_TESTS: dict[str, str] = {
     "tests/benchmarks/test_host_side.py::test_gpu_host_part_runs_tiny_on_cpu": "a long run",
     "tests/benchmarks/test_suites.py::test_quick_gymnax_writes_the_schema": "a long run",
     "tests/examples/test_dqn.py::test_quick_main_writes_results": "a long run",
+    "tests/serving/test_journal_crash.py::test_answered_steps_survive_two_server_kills_exactly"
+    "_once": "a long run: server processes killed and restarted under load",
+    "tests/rollout/test_distributed.py::test_two_process_rollout_is_the_two_device_rollout"
+    "_sliced": "a long run: two processes launched",
+    "tests/cli/test_main.py::test_bench_says_why_gymnasium_did_not_run": "a long run",
+    "tests/integrations/test_progress.py::test_bench_quiet_prints_only_the_table": "a long run",
+    "tests/integrations/test_progress.py::test_bench_draws_a_bar_on_a_terminal": "a long run",
+    "tests/test_vector_reset_pool.py::test_procmaze_start_distribution": (
+        "a long run: a reset distribution over many mazes"
+    ),
     "tests/examples/test_sac.py::test_quick_main_writes_results": "a long run",
     "tests/examples/test_impala_host.py::test_both_loops_train_end_to_end": "a long run",
     "tests/examples/test_distributed.py::test_two_processes_match_one_process_with_two_devices": (
