@@ -6,6 +6,16 @@ if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", "")
     os.environ["XLA_FLAGS"] = (
         os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=2"
     ).strip()
+# The suite is compile-bound (tiny shapes, many programs): XLA's CPU backend compiles
+# without its expensive LLVM passes, which took tests/transforms from 73 s to 57 s on two
+# idle cores. Programs run slower, which tiny shapes do not notice; benchmarks do not use
+# this file. JAXSAMPLER_TEST_FULL_OPT=1 keeps XLA's defaults.
+if os.environ.get("JAXSAMPLER_TEST_FULL_OPT") != "1" and "optimization_level" not in (
+    os.environ.get("XLA_FLAGS", "")
+):
+    os.environ["XLA_FLAGS"] += (
+        " --xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
+    )
 
 from pathlib import Path
 
