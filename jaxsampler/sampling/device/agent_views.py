@@ -176,6 +176,8 @@ class LookbackViews(EpisodeViews):
         actions, rewards, extras: the action, reward and extra model output columns.
         obs_start, act_start, lookback, length: ``o``, ``a``, ``n``, ``m`` (``int[K]``).
         observation_space, action_space: of one agent.
+        borrowed: mark every column built here borrowed (its first in-place write copies
+            it), as the buffers of episodes cut from built chunks are.
     """
 
     __slots__ = (
@@ -191,6 +193,7 @@ class LookbackViews(EpisodeViews):
         "_m",
         "_obs_space",
         "_act_space",
+        "_borrowed",
     )
 
     def __init__(
@@ -206,12 +209,44 @@ class LookbackViews(EpisodeViews):
         length: np.ndarray,
         observation_space: Any,
         action_space: Any,
+        borrowed: bool = False,
     ):
         self._obs, self._flat, self._infos = obs, type(obs) is np.ndarray, infos
+        self._borrowed = borrowed
         self._acts, self._rews, self._extras = actions, rewards, extras
         self._o, self._a = obs_start.tolist(), act_start.tolist()
         self._n, self._m = lookback.tolist(), length.tolist()
         self._obs_space, self._act_space = observation_space, action_space
+
+    def pristine(self, episode: Any) -> int | None:
+        """``episode``'s key if it is one of these views with no column built yet (its
+        data are then exactly its rows here), else ``None``."""
+        if (
+            episode._view is self
+            and episode._observations is None
+            and episode._infos is None
+            and episode._actions is None
+            and episode._rewards is None
+            and episode._extra_model_outputs is None
+        ):
+            return int(episode._key)
+        return None
+
+    def lookback(self, k: int) -> int:
+        """Episode ``k``'s lookback items (``n[k]``)."""
+        return self._n[k]
+
+    def output_names(self) -> list[str]:
+        """The extra model outputs every episode here has."""
+        return list(self._extras)
+
+    def starts(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(o[keys], a[keys])``: where episodes ``keys``' observation and item rows start."""
+        return np.asarray(self._o, np.int64)[keys], np.asarray(self._a, np.int64)[keys]
+
+    def arrays(self) -> tuple[Any, dict[str, Any], np.ndarray, np.ndarray, dict[str, Any]]:
+        """The shared columns: observations, infos, actions, rewards, extra model outputs."""
+        return self._obs, self._infos, self._acts, self._rews, self._extras
 
     def _rows(self, k: int, lookback: bool) -> slice:
         o = self._o[k]
@@ -246,21 +281,24 @@ class LookbackViews(EpisodeViews):
         actions and rewards of an episode without lookback are marked borrowed, as the
         episodes cut from built chunks have them)."""
         trusted = InfiniteLookbackBuffer.trusted
-        n = self._n[k]
+        n, all_borrowed = self._n[k], self._borrowed
         if name == "observations":
             rows = self._rows(k, True)
             obs = self._obs[rows] if self._flat else obs_map(lambda x: x[rows], self._obs)
-            return trusted(obs, n, self._obs_space, borrowed=False)
+            return trusted(obs, n, self._obs_space, borrowed=all_borrowed)
         items = self._items(k, True)
+        lent = all_borrowed or n == 0
         if name == "actions":
-            return trusted(self._acts[items], n, self._act_space, borrowed=n == 0)
+            return trusted(self._acts[items], n, self._act_space, borrowed=lent)
         if name == "rewards":
-            return trusted(self._rews[items], n, reward_space(), borrowed=n == 0)
+            return trusted(self._rews[items], n, reward_space(), borrowed=lent)
         if name == "extra_model_outputs":
-            return {key: trusted(c[items], n, borrowed=False) for key, c in self._extras.items()}
+            return {
+                key: trusted(c[items], n, borrowed=all_borrowed) for key, c in self._extras.items()
+            }
         if name != "infos":
             raise ValueError(f"an episode has no column {name!r}")
         if not self._infos:
             return trusted([{} for _ in range(n + self._m[k] + 1)], n)
         rows = self._rows(k, True)
-        return trusted(tree_map(lambda x: x[rows], self._infos), n, borrowed=False)
+        return trusted(tree_map(lambda x: x[rows], self._infos), n, borrowed=all_borrowed)

@@ -347,6 +347,7 @@ class MultiAgentConverter:
         episodes: list[MultiAgentEpisode] = []
         open_keys: dict[int, _Key] = {}  # segment -> its open chunk
         plain: dict[int, _Key] = {}
+        build = self._build  # (one bound method for all the call's lazy chunks)
         with no_gc():
             for i in range(len(seg)):
                 e, start, length = envs[i], starts[i], lens[i]
@@ -359,7 +360,7 @@ class MultiAgentConverter:
                 if succ is not None and self._plain[e] and self._continue_views:
                     plain[i] = key
                 if done:
-                    episodes.append(self._lazy(key, length, done=True, truncated=truncs[i]))
+                    episodes.append(self._lazy(key, length, True, truncs[i], build))
                 else:
                     open_keys[i] = key
                     episodes.append(None)  # type: ignore[arg-type]  # (set below)
@@ -370,7 +371,7 @@ class MultiAgentConverter:
             still_open = {}
             for i, key in open_keys.items():
                 if i in fast:  # lazy: its successor does not need the chunk built
-                    episodes[i] = self._lazy(key, lens[i], done=False, truncated=False)
+                    episodes[i] = self._lazy(key, lens[i], False, False, build)
                 else:
                     episodes[i] = still_open[i] = self._fill(None, key, hanging=key.hanging)
             # As RLlib's env runner: the open chunks' successors are cut first, then every
@@ -385,9 +386,11 @@ class MultiAgentConverter:
         m.num_agent_steps_sampled = len(pos)
         return episodes, m
 
-    def _lazy(self, key: _Key, length: int, done: bool, truncated: bool) -> MultiAgentEpisode:
+    def _lazy(
+        self, key: _Key, length: int, done: bool, truncated: bool, build: Any
+    ) -> MultiAgentEpisode:
         """The lazy chunk of ``key``'s segment (``length`` env steps), built by
-        :meth:`_build` on first access."""
+        ``build`` (the bound :meth:`_build`, made once per call) on first access."""
         succ, e = key.succ, key.e
         t0 = (
             succ.env_t_started
@@ -396,7 +399,7 @@ class MultiAgentConverter:
         )
         return MultiAgentEpisode.lazy(
             self._ids(e, key.count) if succ is None else succ.id_,
-            self._build,
+            build,
             key,
             observation_space=self._spaces[0],
             action_space=self._spaces[1],

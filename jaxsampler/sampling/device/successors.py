@@ -208,13 +208,25 @@ def column_successors(
     actions = np.take(data.actions, a_idx, axis=0)
     rewards = np.take(data.rewards, a_idx, axis=0)
     extras = {k: np.take(col, a_idx, axis=0) for k, col in data.extras.items()}
-    flat = type(obs) is np.ndarray
     trusted = InfiniteLookbackBuffer.trusted
     obs_space, act_space = spaces[0][agent_ids[0]], spaces[1][agent_ids[0]]
     r_space = reward_space()
     t_next = (steps.t[end] + 1).tolist()
     agent_of = steps.agent[data.run_start].tolist()
-    o_off_l, a_off_l = o_off.tolist(), a_off.tolist()
+    # Every running agent's episode is a view of the gathered rows (key j: the j-th
+    # running agent over all chunks), its columns built on first access; the maps too.
+    views = LookbackViews(
+        obs, infos, actions, rewards, extras, o_off, a_off, n_all, np.zeros_like(n_all),
+        obs_space, act_space, borrowed=True,
+    )  # fmt: skip
+    t_all = [t_next[g] for _, g in act]
+    sas = view_episodes(
+        SingleAgentEpisode,
+        views,
+        zip([""] * len(act), [False] * len(act), [False] * len(act), t_all, t_all),
+        obs_space,
+        act_space,
+    )
     now = time.perf_counter
     out = []
     j = 0  # running agent, over all chunks
@@ -249,53 +261,58 @@ def column_successors(
                 agent_to_module_mapping_fn=prev.agent_to_module_mapping_fn,
             )
         succ._len_lookback_buffers = n
-        by_agent, started, maps = succ.agent_episodes, succ.agent_t_started, succ.env_t_to_agent_t
+        by_agent, started = succ.agent_episodes, succ.agent_t_started
+        mapped: list[tuple[Any, int]] = []
         for g in c.runs:
             if not running[g]:
                 continue
-            a = agent_of[g]
-            aid = agent_ids[a]
-            o0, a0 = o_off_l[j], a_off_l[j]
+            aid = agent_ids[agent_of[g]]
+            sa, t = sas[j], t_all[j]
             j += 1
-            o1 = o0 + n + 1
-            ob = obs[o0:o1] if flat else obs_map(lambda x, o0=o0, o1=o1: x[o0:o1], obs)
-            info: Any = (
-                tree_map(lambda x, o0=o0, o1=o1: x[o0:o1], infos)
-                if infos
-                else [{} for _ in range(n + 1)]
-            )
-            t = t_next[g]
             if n:
-                a1 = a0 + n
-                acts = trusted(actions[a0:a1], n, act_space)
-                rews = trusted(rewards[a0:a1], n, r_space)
-                ext = {k: trusted(col[a0:a1], n) for k, col in extras.items()}
-            else:
-                acts, rews, ext = trusted([], 0, act_space), trusted([], 0, r_space), {}
-            by_agent[aid] = SingleAgentEpisode.trusted(
-                ids[aid],
-                observations=trusted(ob, n, obs_space),
-                infos=trusted(info, n),
-                actions=acts,
-                rewards=rews,
-                extra_model_outputs=ext,
-                observation_space=obs_space,
-                action_space=act_space,
-                terminated=False,
-                truncated=False,
-                t_started=t,
-                agent_id=aid,
-                module_id=succ.module_for(aid),
-                multi_agent_episode_id=ma_id,
-                t=t,
-            )
+                sa.id_, sa.agent_id, sa.module_id = ids[aid], aid, succ.module_for(aid)
+                sa.multi_agent_episode_id = ma_id
+            else:  # (no lookback: list-mode columns, as cut(0) makes them)
+                sa = SingleAgentEpisode.trusted(
+                    ids[aid],
+                    observations=trusted(views.observations(j - 1), 0, obs_space),
+                    infos=trusted(
+                        tree_map(lambda x, k=j - 1: x[o_off[k] : o_off[k] + 1], infos)
+                        if infos
+                        else [{}],
+                        0,
+                    ),
+                    actions=trusted([], 0, act_space),
+                    rewards=trusted([], 0, r_space),
+                    extra_model_outputs={},
+                    observation_space=obs_space,
+                    action_space=act_space,
+                    terminated=False,
+                    truncated=False,
+                    t_started=t,
+                    agent_id=aid,
+                    module_id=succ.module_for(aid),
+                    multi_agent_episode_id=ma_id,
+                    t=t,
+                )
+            by_agent[aid] = sa
             started[aid] = t
-            maps[aid] = trusted(list(range(t - n, t + 1)), n, borrowed=False)
+            mapped.append((aid, t))
+        # env_t_to_agent_t: agent steps t - n .. t at the last n + 1 env steps, on first access
+        succ.__dict__["_lazy_maps"] = partial(_successor_maps, mapped, n)
         if prev is not None:
             succ.custom_data = copy.deepcopy(prev.custom_data)
         succ._start_time = succ._last_step_time = now()
         out.append(succ)
     return out
+
+
+def _successor_maps(mapped: list[tuple[Any, int]], n: int, maps: dict[Any, Any]) -> None:
+    """Fills a column successor's ``env_t_to_agent_t``: each agent ``(aid, t)`` was
+    observed at each of the last ``n + 1`` env steps (agent steps ``t - n .. t``)."""
+    trusted = InfiniteLookbackBuffer.trusted
+    for aid, t in mapped:
+        maps[aid] = trusted(list(range(t - n, t + 1)), n, borrowed=False)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -425,11 +442,7 @@ class ContinuedChunks:
             n = succ._len_lookback_buffers
             if -1 in runs:
                 continue
-            if any(sa.observations.lookback != n for sa in sas.values()):
-                continue
-            if any(
-                list(sa.extra_model_outputs) != (extra_keys if n else []) for sa in sas.values()
-            ):
+            if any(_lookback_of(sa) != (n, extra_keys if n else []) for sa in sas.values()):
                 continue  # (without lookback the step-by-step path adds them empty)
             chunks.append((i, runs))
             g_l += runs
@@ -473,55 +486,76 @@ class ContinuedChunks:
         data = self._data
         o_size, a_size = n + m + 1, n + m
         o_lo, a_lo = np.cumsum(o_size) - o_size, np.cumsum(a_size) - a_size
-        lb_off = np.cumsum(n + 1) - (n + 1)  # in the successors' observations, concatenated
-        dst_lb_o, _ = _ranges(o_lo, n)
-        src_lb_o, _ = _ranges(lb_off, n)
         dst_tr_o, _ = _ranges(o_lo + n, m + 1)
         src_tr_o, _ = _ranges(r0 + g, m + 1)
-        dst_lb_a, _ = _ranges(a_lo, n)
         dst_tr_a, _ = _ranges(a_lo + n, m)
         src_tr_a, _ = _ranges(r0, m)
         o_total, a_total = int(o_size.sum()), int(a_size.sum())
+        # Lookback rows: a successor whose episodes are untouched views (column_successors
+        # made them) reads its rows straight from their shared columns; others their data.
+        pv, keys, src = _view_sources(olds)
+        q = ~pv
+        kq = [sa for sa, k in zip(olds, q.tolist()) if k]
+        nq = n[q]
+        lb_q_off = np.cumsum(nq + 1) - (nq + 1)  # in the others' observations, concatenated
+        v_obs: Any = obs_map(lambda x: None, data.obs_track)
+        v_inf: dict[str, Any] = {}
+        v_act: np.ndarray | None = None
+        v_rew: np.ndarray | None = None
+        v_ext: dict[str, Any] = {}
+        if src is not None:
+            vo, va = src.starts(keys)
+            v_obs, v_inf, v_act, v_rew, v_ext = src.arrays()
+            obs_v = (_ranges(vo, n[pv])[0], _ranges(o_lo[pv], n[pv])[0])
+            act_v = (_ranges(va, n[pv])[0], _ranges(a_lo[pv], n[pv])[0])
+        obs_q = (_ranges(lb_q_off, nq)[0], _ranges(o_lo[q], nq)[0])
+        act_q = (None, _ranges(a_lo[q], nq)[0])
 
-        def place(
-            track: Any, lb: Any, total: int, dst_tr: Any, src_tr: Any, dst_lb: Any, src_lb: Any
-        ) -> Any:
-            if lb is not None and lb.dtype != track.dtype:
-                raise _Mismatch
+        def place(track: Any, total: int, dst_tr: Any, src_tr: Any, lbs: list) -> Any:
             out = np.empty((total,) + track.shape[1:], track.dtype)
             out[dst_tr] = track[src_tr]
-            if lb is not None:
+            for lb, (src_lb, dst_lb) in lbs:
+                if lb is None:
+                    continue
+                if lb.dtype != track.dtype:
+                    raise _Mismatch
                 out[dst_lb] = lb if src_lb is None else lb[src_lb]
             return out
 
         def cat(*xs: Any) -> Any:
-            return np.concatenate(xs)
+            return np.concatenate(xs) if xs else None
 
-        with_lb = [sa for sa, k in zip(olds, n.tolist()) if k]
+        def track_col(track: Any, v_col: Any, q_col: Any) -> Any:
+            lbs = [(q_col, obs_q)] + ([(v_col, obs_v)] if src is not None else [])
+            return place(track, o_total, dst_tr_o, src_tr_o, lbs)
+
+        def items(col: np.ndarray, v_col: Any, lbs_q: list[Any]) -> np.ndarray:
+            lbs = [(cat(*lbs_q), act_q)] + ([(v_col, act_v)] if src is not None else [])
+            return place(col, a_total, dst_tr_a, src_tr_a, lbs)
+
+        with_lb = [sa for sa, k in zip(kq, nq.tolist()) if k]
         try:
-            lb_obs = obs_map(cat, *(sa.observations.data for sa in olds))
             obs = obs_map(
-                lambda t, lb: place(t, lb, o_total, dst_tr_o, src_tr_o, dst_lb_o, src_lb_o),
+                lambda t, v, lb: track_col(t, v, lb),
                 data.obs_track,
-                lb_obs,
+                v_obs,
+                obs_map(cat, *(sa.observations.data for sa in kq))
+                if kq
+                else obs_map(lambda x: None, data.obs_track),
             )
             infos: dict[str, Any] = {}
             if data.info_track:
-                lb_inf = tree_map(cat, *(sa.infos.data for sa in olds))
+                blank = tree_map(lambda x: None, data.info_track)
                 infos = tree_map(
-                    lambda t, lb: place(t, lb, o_total, dst_tr_o, src_tr_o, dst_lb_o, src_lb_o),
+                    lambda t, v, lb: track_col(t, v, lb),
                     data.info_track,
-                    lb_inf,
+                    v_inf if src is not None else blank,
+                    tree_map(cat, *(sa.infos.data for sa in kq)) if kq else blank,
                 )
-
-            def items(col: np.ndarray, lbs: list[Any]) -> np.ndarray:
-                lb = np.concatenate(lbs) if lbs else None
-                return place(col, lb, a_total, dst_tr_a, src_tr_a, dst_lb_a, None)
-
-            actions = items(data.actions, [sa.actions.data for sa in with_lb])
-            rewards = items(data.rewards, [sa.rewards.data for sa in with_lb])
+            actions = items(data.actions, v_act, [sa.actions.data for sa in with_lb])
+            rewards = items(data.rewards, v_rew, [sa.rewards.data for sa in with_lb])
             extras = {
-                k: items(col, [sa.extra_model_outputs[k].data for sa in with_lb])
+                k: items(col, v_ext.get(k), [sa.extra_model_outputs[k].data for sa in with_lb])
                 for k, col in data.extras.items()
             }
         except _Mismatch:
@@ -530,6 +564,34 @@ class ContinuedChunks:
         return LookbackViews(
             obs, infos, actions, rewards, extras, o_lo, a_lo, n, m, obs_space, act_space
         )
+
+
+def _lookback_of(sa: Any) -> tuple[int, list[str]]:
+    """A successor's agent episode's lookback and extra model output names, read from its
+    views without building its columns where it is an untouched view episode."""
+    view = sa._view
+    if isinstance(view, LookbackViews) and (k := view.pristine(sa)) is not None:
+        n = view.lookback(k)
+        return n, view.output_names() if n else []
+    return sa.observations.lookback, list(sa.extra_model_outputs)
+
+
+def _view_sources(olds: list[Any]) -> tuple[np.ndarray, np.ndarray, LookbackViews | None]:
+    """Which of ``olds`` are untouched view episodes of one :class:`LookbackViews` (the
+    first such one's), their keys there, and those views (``None``: none are)."""
+    src: LookbackViews | None = None
+    pv = np.zeros(len(olds), bool)
+    keys: list[int] = []
+    for i, sa in enumerate(olds):
+        view = sa._view
+        if not isinstance(view, LookbackViews):
+            continue
+        if src is None:
+            src = view
+        if view is src and (k := view.pristine(sa)) is not None:
+            pv[i] = True
+            keys.append(k)
+    return pv, np.array(keys, np.int64), src if pv.any() else None
 
 
 class _Mismatch(Exception):
