@@ -451,7 +451,7 @@ class MultiAgentConverter:
             return
         g0, g1 = int(data.group[lo]), int(data.group[hi - 1]) + 1
         r0, r1 = data.run_start[g0:g1], data.run_stop[g0:g1]
-        agents = steps.agent[r0].tolist()
+        agents = tuple(steps.agent[r0].tolist())  # (ints only: the GC untracks it)
         t0 = steps.t[r0]
         fields = zip(
             [ep._agent_episode_ids[self._agent_ids[a]] for a in agents],
@@ -470,12 +470,16 @@ class MultiAgentConverter:
             by_agent[aid] = sa
             started[aid] = ts
         # (env_t_to_agent_t: on first access; readers of the agents' episodes never need it)
-        ep.__dict__["_lazy_maps"] = partial(
-            self._fill_maps, key, agents, ep.env_t - ep.env_t_started + 1
+        ep.__dict__["_lazy_maps"] = partial(  # (the plain function: no bound method each)
+            MultiAgentConverter._fill_maps, self, key, agents, ep.env_t - ep.env_t_started + 1
         )
 
     def _fill_maps(
-        self, key: _Key, agents: list[int], width: int, maps: dict[Any, InfiniteLookbackBuffer]
+        self,
+        key: _Key,
+        agents: tuple[int, ...],
+        width: int,
+        maps: dict[Any, InfiniteLookbackBuffer],
     ) -> None:
         """``env_t_to_agent_t`` of a view-built chunk (:meth:`_build_views`), all agents in
         one pass: a step's start env step maps to its agent timestep, its end env step to

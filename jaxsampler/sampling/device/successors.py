@@ -387,7 +387,9 @@ class ContinuedChunks:
         ep._len_lookback_buffers = succ._len_lookback_buffers
         ep.custom_data = succ.custom_data
         ep._start_time, ep._last_step_time = succ._start_time, succ._last_step_time
-        ep.__dict__["_lazy_maps"] = partial(self._fill_maps, succ, runs, ep.env_t - succ.env_t)
+        ep.__dict__["_lazy_maps"] = partial(
+            ContinuedChunks._fill_maps, self, succ, runs, ep.env_t - succ.env_t
+        )
         return True
 
     def _fill_maps(
