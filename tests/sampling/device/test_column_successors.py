@@ -318,3 +318,46 @@ def test_writing_to_a_continued_view_chunk_changes_no_other_episode():
     for i, (g, w) in enumerate(zip(a.sample(()), b.sample(()), strict=True)):
         _same_chunk(g, w, f"next call chunk {i}")
     _same_successors(a, b, "next call")
+
+
+@pytest.mark.parametrize(
+    ("name", "horizon"),
+    [("spread", 1), ("info_spread", 2), ("dict_spread", 2), ("goals", 2)],
+)
+def test_continued_chunks_read_untouched_successors_like_built_ones(name, horizon, monkeypatch):
+    # A continued chunk reads the lookback rows of a successor whose agents' columns are
+    # still unbuilt straight from the views those successors share, and those of a built
+    # successor from its buffers: untouched, every other one built, all built; the
+    # reference extends each successor step by step.
+    from jaxsampler.sampling.device import successors
+
+    seen = {"views": 0, "buffers": 0}
+    real = successors._view_sources
+
+    def spy(olds):
+        pv, keys, src = real(olds)
+        seen["views"] += int(pv.sum())
+        seen["buffers"] += int((~pv).sum())
+        return pv, keys, src
+
+    monkeypatch.setattr(successors, "_view_sources", spy)
+    env = _env(name)
+    ref = _continued_sampler(env, horizon, False)
+    runs = {mode: _continued_sampler(env, horizon, True) for mode in ("none", "half", "all")}
+    counts = {}
+    for c in range(5):
+        want = ref.sample(())
+        for mode, s in runs.items():
+            before = dict(seen)
+            got = s.sample(())
+            for j, (g, w) in enumerate(zip(got, want, strict=True)):
+                _same_chunk(g, w, f"{mode}: call {c} chunk {j}")
+            used = {k: seen[k] - before[k] for k in seen}
+            counts[mode] = {k: counts.get(mode, {}).get(k, 0) + used[k] for k in used}
+            opened = list(s._convert._open.values())
+            for ep in {"none": [], "half": opened[::2], "all": opened}[mode]:
+                for sa in ep.agent_episodes.values():
+                    assert sa.observations is not None and sa.actions is not None  # (builds)
+    assert counts["none"]["views"] > 0 and counts["none"]["buffers"] == 0, counts
+    assert counts["half"]["views"] > 0 and counts["half"]["buffers"] > 0, counts
+    assert counts["all"]["views"] == 0 and counts["all"]["buffers"] > 0, counts
