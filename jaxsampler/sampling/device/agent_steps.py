@@ -26,11 +26,13 @@ from typing import Any
 import numpy as np
 
 from jaxsampler.sampling.device.columns import Columns, InfoPath, obs_map
+from jaxsampler.sampling.device.parallel import HostPool, current_pool, parallel_take
 
 __all__ = [
     "AgentCarry",
     "AgentSteps",
     "agent_steps",
+    "agent_steps_sharded",
     "output_order",
     "take",
     "take_info",
@@ -216,6 +218,85 @@ def agent_steps(
     return steps, new
 
 
+#: below this many ``(env, step, agent)`` slots :func:`agent_steps_sharded` runs one shard
+MIN_SHARD_SLOTS = 1 << 18
+
+
+def agent_steps_sharded(
+    cols: Columns,
+    carry: AgentCarry,
+    episode_step0: np.ndarray,
+    next_acting: np.ndarray,
+    pool: HostPool | None = None,
+) -> tuple[AgentSteps, AgentCarry]:
+    """:func:`agent_steps` over contiguous env shards, one per thread of ``pool``
+    (``None``: :func:`~jaxsampler.sampling.device.parallel.current_pool`), joined: the
+    same steps in the same (env, slot, agent) order and the same carry. Envs are
+    independent, and numpy releases the GIL in the bulk passes."""
+    pool = current_pool() if pool is None else pool
+    assert cols.acting is not None, "multi-agent columns"
+    E, L, A = cols.acting.shape
+    parts = min(pool.threads, E)
+    if parts <= 1 or E * L * A < MIN_SHARD_SLOTS:
+        return agent_steps(cols, carry, episode_step0, next_acting)
+    edges = [E * i // parts for i in range(parts + 1)]
+
+    def shard(e0: int, e1: int) -> Any:
+        def run() -> tuple[AgentSteps, AgentCarry]:
+            sub = cols.map(lambda c: c[e0:e1], lambda o: o[:, e0:e1])
+            old = _carry_map(lambda x: x[e0:e1], carry)
+            return agent_steps(sub, old, episode_step0[e0:e1], next_acting[e0:e1])
+
+        return run
+
+    done = pool.run([shard(a, b) for a, b in zip(edges[:-1], edges[1:])])
+    parts_steps = [st for st, _ in done]
+    for e0, st in zip(edges[:-1], parts_steps):
+        st.env += e0
+    steps = AgentSteps(
+        **{
+            f.name: np.concatenate([getattr(st, f.name) for st in parts_steps])
+            for f in dataclasses.fields(AgentSteps)
+        }
+    )
+    return steps, _carry_join([c for _, c in done])
+
+
+def _carry_map(fn: Any, carry: AgentCarry) -> AgentCarry:
+    """``fn`` applied to every array of ``carry`` (each has the env axis first)."""
+    return AgentCarry(
+        pend=fn(carry.pend),
+        obs=obs_map(fn, carry.obs),
+        action=fn(carry.action),
+        extras={k: fn(v) for k, v in carry.extras.items()},
+        info={k: fn(v) for k, v in carry.info.items()},
+        reward=fn(carry.reward),
+        start=fn(carry.start),
+        done=fn(carry.done),
+        n_act=fn(carry.n_act),
+    )
+
+
+def _carry_join(carries: list[AgentCarry]) -> AgentCarry:
+    """Carries of consecutive env shards as one (concatenated on the env axis)."""
+
+    def cat(*xs: np.ndarray) -> np.ndarray:
+        return np.concatenate(xs)
+
+    first = carries[0]
+    return AgentCarry(
+        pend=cat(*(c.pend for c in carries)),
+        obs=obs_map(cat, *(c.obs for c in carries)),
+        action=cat(*(c.action for c in carries)),
+        extras={k: cat(*(c.extras[k] for c in carries)) for k in first.extras},
+        info={k: cat(*(c.info[k] for c in carries)) for k in first.info},
+        reward=cat(*(c.reward for c in carries)),
+        start=cat(*(c.start for c in carries)),
+        done=cat(*(c.done for c in carries)),
+        n_act=cat(*(c.n_act for c in carries)),
+    )
+
+
 def take(
     col: np.ndarray,
     carried: np.ndarray,
@@ -228,14 +309,15 @@ def take(
     """Values of an ``[E, L(+1), A, ...]`` column (``time_major``: ``[L(+1), E, A, ...]``)
     at augmented ``slot`` (0 = the carry); ``offset`` time slots come before the call's first."""
     j = np.maximum(slot - 1, 0) + offset
-    if time_major and col.flags.c_contiguous:  # one flat gather, straight from the buffers
+    # (one flat gather, split over the current pool's threads where it is large)
+    if time_major and col.flags.c_contiguous:  # straight from the buffers
         S, E, A = col.shape[:3]
-        out = np.take(col.reshape((S * E * A,) + col.shape[3:]), (j * E + e) * A + a, axis=0)
+        out = parallel_take(col.reshape((S * E * A,) + col.shape[3:]), (j * E + e) * A + a)
     elif time_major:
         out = col[j, e, a]
-    elif col.flags.c_contiguous:  # one flat gather (much faster than three index arrays)
+    elif col.flags.c_contiguous:  # (much faster than three index arrays)
         E, S, A = col.shape[:3]
-        out = np.take(col.reshape((E * S * A,) + col.shape[3:]), (e * S + j) * A + a, axis=0)
+        out = parallel_take(col.reshape((E * S * A,) + col.shape[3:]), (e * S + j) * A + a)
     else:
         out = col[e, j, a]
     # then patch the few carried rows

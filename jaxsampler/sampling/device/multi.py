@@ -28,7 +28,7 @@ from jaxsampler.rollout import placement
 from jaxsampler.sampling.device.agent_steps import (
     AgentCarry,
     AgentSteps,
-    agent_steps,
+    agent_steps_sharded,
     take,
     take_info,
     take_obs,
@@ -48,12 +48,14 @@ from jaxsampler.sampling.device.columns import (
     obs_map,
     unflatten,
 )
+from jaxsampler.sampling.device.parallel import MIN_SPLIT_BYTES, current_pool
 from jaxsampler.sampling.device.successors import ColumnSuccessors, ContinuedChunks
 from jaxsampler.sampling.metrics import SamplerMetrics
 from jaxsampler.types import Trajectory
 
 __all__ = ["MultiAgentConverter", "check_trajectory", "output_order"]
 
+_FIELDS = [f.name for f in dataclasses.fields(AgentSteps)]
 _H = 1  # column head: the info of each call's first observation (lookback comes from cut)
 
 
@@ -68,6 +70,25 @@ class _CallSteps:
     steps: AgentSteps  # in output order
     pos: np.ndarray  # each step's segment
     old: AgentCarry  # the carry the call started from
+
+
+def _reorder(steps: AgentSteps, order: np.ndarray) -> list[np.ndarray]:
+    """Every field of ``steps`` gathered at ``order`` (the fields split over the current
+    pool's threads where they are large)."""
+    cols = [getattr(steps, name) for name in _FIELDS]
+    pool = current_pool()
+    if pool.threads == 1 or len(order) * 8 * len(cols) < MIN_SPLIT_BYTES:
+        return [np.take(c, order) for c in cols]
+    parts = [cols[i :: pool.threads] for i in range(pool.threads)]
+
+    def gather(part: list[np.ndarray]) -> Any:
+        return lambda: [np.take(c, order) for c in part]
+
+    done = pool.run([gather(p) for p in parts])
+    out: list[np.ndarray] = [np.empty(0)] * len(cols)
+    for i, got in enumerate(done):
+        out[i :: pool.threads] = got
+    return out
 
 
 class MultiAgentConverter:
@@ -196,7 +217,7 @@ class MultiAgentConverter:
             cols.map(lambda c: c[:, _H:], lambda o: o), infos=cols.infos
         )  # (obs have no head)
         old = self._carry or AgentCarry.empty(call, E, A)
-        steps, self._carry = agent_steps(
+        steps, self._carry = agent_steps_sharded(
             call, old, np.asarray(chunks[0].episode_step_0), self._next_acting
         )
         # Each step belongs to the segment of its first call step (the carried ones: step 0).
@@ -210,9 +231,7 @@ class MultiAgentConverter:
         pos = np.take(seg_of_step, steps.env * L + np.maximum(steps.slot - 1, 0))
         rank = self._rank if by_policy else None
         order = output_order(pos, steps.agent, steps.t, len(seg), A, rank)
-        steps = AgentSteps(
-            **{f.name: getattr(steps, f.name)[order] for f in dataclasses.fields(AgentSteps)}
-        )
+        steps = AgentSteps(**dict(zip(_FIELDS, _reorder(steps, order))))
         pos = pos[order]
         if self._rllib_compatible and len(pos):
             # Steps ending at their episode's last env step (its last observation's slot;
