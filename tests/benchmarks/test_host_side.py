@@ -70,7 +70,9 @@ def test_quick_writes_the_schema(tmp_path):
     assert objs["episodes"] >= 16 and objs["objects"] == objs["episodes"]
     assert objs["measured_ratio"] == cart["sides"]["sample+read"]["ratio"]
     base = cart["sides"]["rollout"]["median_s"]
-    assert objs["floor_ratio"] == pytest.approx((base + objs["minimal_read_ms"] / 1e3) / base)
+    assert objs["floor_ratio"] == pytest.approx(
+        (base + objs["minimal_read_steady_ms"] / 1e3) / base
+    )
     assert "## Floors" in md and "| CartPole-v1 16 mlp | sample_batch |" in md.split("## Floors")[1]
     assert (tmp_path / "host_side.png").stat().st_size > 0
     # A second run drawn against the first as "before".
@@ -214,6 +216,7 @@ def test_copy_floor_and_object_counts_by_hand():
     assert counts == {"episodes": 3, "multi": 2, "agent_episodes": 6}
     floor = hf.object_floor(counts, repeats=1)
     assert floor["objects"] == 9 and floor["minimal_ms"] >= 0 and floor["minimal_read_ms"] >= 0
+    assert floor["minimal_read_steady_ms"] >= 0
     # the minimal episodes have the counts' shape, and reading them reads every agent's
     made = hf.minimal_episodes(counts)()
     assert len(made) == 3 and sorted(len(ep.agent_episodes) for ep in made[1:]) == [3, 3]
@@ -233,7 +236,8 @@ def test_floors_table_and_closeness_sentences():
         "sample+read": {"kind": "objects", "measured_ratio": 3.0, "floor_ratio": 1.25,
                         "rllib_ratio": 6.0, "episodes": 10, "multi": 0, "agent_episodes": 0,
                         "objects": 10, "minimal_ms": 1.0, "minimal_gc_off_ms": 0.5,
-                        "minimal_read_ms": 2.5, "rllib_ms": 20.0},
+                        "minimal_read_ms": 2.5, "minimal_read_steady_ms": 3.0,
+                        "rllib_ms": 20.0},
     }  # fmt: skip
     targets = [
         {"label": "A", "cell": "c", "figure": "sample_batch", "value": 1.9, "goal": 1.2,
@@ -249,7 +253,10 @@ def test_floors_table_and_closeness_sentences():
     assert "| c | sample_batch | 1.90 | 1.50 (cold 1.80, reused 1.10) | 3.0 MiB in 4 arrays" in md
     assert "after 3 s idle 40.0 ms; the other sides of a round run 2.5 s" in md
     assert "| c | sample+read | 3.00 | 1.25 / 6.00 | 10 episodes: 10 slotted objects" in md
-    assert "(GC off 0.5 ms), made and read (three getters each) 2.5 ms;" in md
+    assert (
+        "(GC off 0.5 ms), made and read (three getters each) 2.5 ms after a forced "
+        "collection, and in a steady loop 3.0 ms;" in md
+    )
     # A: the floor (1.5) is above the target (1.2); 0.4 above the floor; 0.9 / 0.5 = 1.8x.
     assert "- A: measured 1.90, target 1.2, floor 1.50" in md
     assert "lies 0.30 below it" in md and "0.40 rollouts above" in md and "1.8x" in md
