@@ -153,6 +153,8 @@ class MultiAgentConverter:
         # policies in order of first appearance on the agent axis, and each agent's rank
         self._pids = list(dict.fromkeys(agent_policy))
         self._rank = np.array([self._pids.index(pid) for pid in agent_policy])
+        self._suffixes = [agent_episode_id("", a) for a in range(len(agent_ids))]
+        self._modules = [self._mapping[aid] for aid in agent_ids]
 
     def reset(self, reset_info: dict[InfoPath, np.ndarray]) -> None:
         """Forgets the running episodes; ``reset_info`` holds the reset observations' info."""
@@ -460,32 +462,28 @@ class MultiAgentConverter:
         (:meth:`_fill_maps`). The same episode as :meth:`_fill` builds (agents with no step
         in the chunk have none; nothing hangs)."""
         ctx = key.ctx
-        steps, data = ctx.cs.steps, ctx.data
+        runs = ctx.tables.get("runs") or _run_table(ctx)
         ma_id = ep.id_
-        ep._agent_episode_ids.update(
-            {a: agent_episode_id(ma_id, i) for i, a in enumerate(self._agent_ids)}
-        )
+        ids = [ma_id + suffix for suffix in self._suffixes]  # (agent_episode_id's)
+        ep._agent_episode_ids.update(zip(self._agent_ids, ids))
         lo, hi = key.rows
         if hi == lo:
             return
-        g0, g1 = int(data.group[lo]), int(data.group[hi - 1]) + 1
-        r0, r1 = data.run_start[g0:g1], data.run_stop[g0:g1]
-        agents = tuple(steps.agent[r0].tolist())  # (ints only: the GC untracks it)
-        t0 = steps.t[r0]
+        group = ctx.data.group
+        g0, g1 = int(group[lo]), int(group[hi - 1]) + 1
+        agents = tuple(runs.agent[g0:g1])  # (ints only: the GC untracks it)
+        t0 = runs.t0[g0:g1]
         fields = zip(
-            [ep._agent_episode_ids[self._agent_ids[a]] for a in agents],
-            steps.terminated[r1 - 1].tolist(),
-            steps.truncated[r1 - 1].tolist(),
-            t0.tolist(),
-            (t0 + (r1 - r0)).tolist(),
+            [ids[a] for a in agents], runs.term[g0:g1], runs.trunc[g0:g1], t0, runs.t1[g0:g1]
         )
         sas = view_episodes(
             SingleAgentEpisode, ctx.views, fields, self._obs_space, self._act_space, range(g0, g1)
         )
         by_agent, started = ep.agent_episodes, ep.agent_t_started
-        for a, sa, ts in zip(agents, sas, t0.tolist()):
-            aid = self._agent_ids[a]
-            sa.agent_id, sa.module_id, sa.multi_agent_episode_id = aid, self._mapping[aid], ma_id
+        aids, modules = self._agent_ids, self._modules
+        for a, sa, ts in zip(agents, sas, t0):
+            aid = aids[a]
+            sa.agent_id, sa.module_id, sa.multi_agent_episode_id = aid, modules[a], ma_id
             by_agent[aid] = sa
             started[aid] = ts
         # (env_t_to_agent_t: on first access; readers of the agents' episodes never need it)
@@ -749,6 +747,35 @@ class _Context:
     next_acting: np.ndarray
     step0: np.ndarray
     continued: ContinuedChunks  # view episodes of chunks that continue plain successors
+    tables: dict[str, Any] = dataclasses.field(default_factory=dict)  # (made on first use)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Runs:
+    """Per run of rows of a call (one agent's steps in one segment), as Python lists:
+    what the call's view-built chunks read (:func:`_run_table`)."""
+
+    agent: list[int]
+    term: list[bool]  # the run's last step's flags
+    trunc: list[bool]
+    t0: list[int]  # the agent timestep of its first step, and one past its last
+    t1: list[int]
+
+
+def _run_table(ctx: _Context) -> _Runs:
+    """The call's :class:`_Runs`, made once (on the first view-built chunk) for all of them."""
+    steps, data = ctx.cs.steps, ctx.data
+    r0, r1 = data.run_start, data.run_stop
+    t0 = steps.t[r0]
+    runs = _Runs(
+        agent=steps.agent[r0].tolist(),
+        term=steps.terminated[r1 - 1].tolist(),
+        trunc=steps.truncated[r1 - 1].tolist(),
+        t0=t0.tolist(),
+        t1=(t0 + (r1 - r0)).tolist(),
+    )
+    ctx.tables["runs"] = runs
+    return runs
 
 
 @dataclasses.dataclass(frozen=True)
