@@ -76,11 +76,15 @@ from jaxsampler.cli.bench import compile_count, environment_info
 
 HIDDEN = (64, 64)
 MODES = ("inprocess", "bare", "http", "http-inproc")
-#: the same with a write-ahead journal (``ExternalEnv(journal=StepJournal(...))``); run by
-#: :mod:`benchmarks.serving_journal`
-JOURNAL_MODES = ("inprocess-journal", "http-journal")
+#: the same with a write-ahead journal (``ExternalEnv(journal=StepJournal(path,
+#: fsync=JOURNAL_GROUP_COMMIT))``; in-process with ``defer_returns=True``, and without it in
+#: ``inprocess-journal-strict``); run by :mod:`benchmarks.serving_journal`
+JOURNAL_MODES = ("inprocess-journal", "inprocess-journal-strict", "http-journal")
+#: the journals' fsync policy: at a commit once 20 ms or 1,000 entries are unsynced
+JOURNAL_GROUP_COMMIT = {"records": 1000, "seconds": 0.02}
 LABELS = {
     "inprocess-journal": "in-process, write-ahead journal",
+    "inprocess-journal-strict": "in-process, write-ahead journal, a write per log_returns",
     "http-journal": "HTTP, clients in other processes, write-ahead journal",
     "inprocess": "in-process (ExternalEnv)",
     "bare": "bare floor (lock + list + the same jitted policy)",
@@ -185,6 +189,7 @@ class ServingSide:
         sample_timesteps: int,
         seed: int,
         journal: bool = False,
+        defer_returns: bool = False,
     ):
         import tempfile
 
@@ -197,15 +202,19 @@ class ServingSide:
         cartpole = js.make("CartPole-v1")
         self.journal = None
         if journal:
-            from jaxsampler.offline import StepJournal
+            from jaxsampler.offline import GroupCommit, StepJournal
 
             self._journal_dir = tempfile.TemporaryDirectory(prefix="serving-journal-")
-            self.journal = StepJournal(f"{self._journal_dir.name}/steps.journal")
+            self.journal = StepJournal(
+                f"{self._journal_dir.name}/steps.journal",
+                fsync=GroupCommit(**JOURNAL_GROUP_COMMIT),
+            )
         self.env = ExternalEnv(
             cartpole.observation_space,
             cartpole.action_space,
             max_wait_s=max_wait_s,
             journal=self.journal,
+            defer_returns=defer_returns,
         )
         self.server = None
         if http:
@@ -556,7 +565,8 @@ def measure_mode(mode: str, ph: Phases) -> dict[str, Any]:
             ph.max_wait_s,
             ph.sample_timesteps,
             ph.seed,
-            journal=mode.endswith("-journal"),
+            journal="-journal" in mode,
+            defer_returns=mode == "inprocess-journal",
         )
     )
     remote = mode in ("http", "http-journal")

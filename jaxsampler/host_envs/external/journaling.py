@@ -101,17 +101,16 @@ class _Journaled:
         if getattr(state, "active", False):
             state.pending = True
             return
-        try:
-            self.journal.commit()
-        except BaseException as e:
-            with self._lock:
-                raise self._journal_failed(e, "the change was made but is not durable") from e
+        self._commit_now("the change was made but is not durable")
 
-    def _commit_locked(self) -> None:
+    def _commit_now(self, what: str) -> None:
+        """Commits the journal (outside the lock); a failure closes the env and raises
+        :class:`EnvClosedError` saying ``what`` became of the change."""
         try:
             self.journal.commit()  # type: ignore[union-attr]
         except BaseException as e:
-            raise self._journal_failed(e, "the answers were not delivered") from e
+            with self._lock:
+                raise self._journal_failed(e, what) from e
 
     def _journal_failed(self, e: BaseException, what: str) -> EnvClosedError:
         """Closes the env after a journal failure (under the lock); returns the error."""
