@@ -160,10 +160,12 @@ class PolicyClient:
             retry of a request still running). Never after a 4xx or another 5xx. A retry is
             safe: the episode commands of episodes this client started carry a per-episode
             number (``seq``; ``start_episode`` sends a client-made id with number 0), so
-            the server runs each once and answers a repeat with the first answer; requests
-            without one (``/batch``, commands of episodes started elsewhere) are sent
-            again only when they cannot have arrived (no connection) or after a 503. After
-            the last try the error is what it would have been without retries
+            the server runs each once and answers a repeat with the first answer; each
+            ``/batch`` (local mode's experience, :meth:`flush`) carries a request id that
+            the server runs once in the same way; commands of episodes started elsewhere
+            have no number and are sent again only when they cannot have arrived (no
+            connection) or after a 503. After the last try the error is what it would have
+            been without retries
             (``ConnectionError``, :class:`ServerUnavailableError`, ...). ``0``: no retries
             and no numbers (the requests of earlier versions). Caveat: after a call that
             got no answer even from its last try, whether it ran is unknown; if it did,
@@ -341,7 +343,9 @@ class PolicyClient:
     def _post(self, command: str, payload: dict, episode_id: Any = None) -> dict:
         """Sends a command (with this thread's deferred returns) and returns its answer,
         retrying as :class:`PolicyClient` says; ``episode_id``: the episode it names, whose
-        number and server run go with it when this client started it."""
+        number and server run go with it when this client started it. A ``/batch`` gets a
+        fresh request id (``?id=``; with ``retries``), kept by its retries: the server runs
+        it once."""
         deferred = getattr(self._tls, "returns", None) if command != "batch" else None
         if deferred and len(deferred) > min(_MAX_CARRIED_RETURNS, self._max_batch):
             # Many: they go on their own first (/batch), which the server runs in slices
@@ -352,7 +356,11 @@ class PolicyClient:
         epoch, seq = self._numbers.get(episode_id)
         if seq is not None:
             payload = {**payload, "seq": seq}
-        numbered = "seq" in payload  # the server runs it once, however often it is sent
+        path = "/" + command
+        if command == "batch" and self.retries:
+            path += f"?id={secrets.token_hex(12)}"
+        # the server runs it once, however often it is sent
+        numbered = "seq" in payload or path != "/" + command
         sent = epoch if epoch is not None else self.server_epoch
         delays = backoff_delays(self.retries, self.backoff_s)
         for attempt in range(len(delays) + 1):
@@ -363,7 +371,7 @@ class PolicyClient:
             body = packb({**payload, "returns": carried} if carried else payload)
             last = attempt == len(delays)
             try:
-                status, headers, data = self._request("POST", "/" + command, body, epoch=sent)
+                status, headers, data = self._request("POST", path, body, epoch=sent)
             except Exception as e:  # no answer: whether the server ran them is unknown
                 if not last and (isinstance(e, NotSent) or (numbered and _no_answer(e))):
                     time.sleep(delays[attempt])
