@@ -18,7 +18,7 @@ import threading
 import time
 from collections.abc import Mapping
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import urlencode, urlsplit
 
 import numpy as np
 
@@ -334,7 +334,9 @@ class PolicyClient:
         if name == ServerRestartedError.__name__:
             raise ServerRestartedError(message)
         if name == SequenceError.__name__:
-            raise SequenceError(message)
+            raise SequenceError(
+                f"{message} (PolicyClient.resync(episode_id) continues from the server's number)"
+            )
         cls = ERRORS_BY_NAME.get(name)
         if cls is not None:
             raise cls(f"server: {message}")
@@ -429,6 +431,38 @@ class PolicyClient:
             )
             _attach_returns(e, stale)
             raise e
+
+    def resync(self, episode_id: str) -> dict:
+        """Continues the numbering of ``episode_id`` from the server's, after a
+        :class:`SequenceError` (or for an episode another client of this ``client_id``
+        started): later commands carry the number the server expects.
+
+        Returns the server's report ``{"episode_id", "last", "next"}`` (``last``: the last
+        number it ran for this client, ``None`` when none; ``next``: the number this client
+        sends next) and ``"unanswered_ran"``: whether the server ran this client's call
+        that got no answer (``ConnectionError`` after the last retry): that call's number
+        is then ``last``, so it took effect and must not be repeated; ``False`` means it
+        did not run (repeat it if it matters). Resyncing is safe as far as the server is
+        concerned (nothing runs twice); it is up to the caller to reconcile its own state
+        with ``unanswered_ran``.
+
+        Raises:
+            ValueError: local inference or ``retries=0`` (no numbers to resync).
+            UnknownEpisodeError / ServerRestartedError: the episode is not running on
+                this server run (start a new one).
+            PolicyServerError: 503 ``RequestInProgress`` after the retries (a numbered
+                command of it still runs; resync once it finished).
+        """
+        if self.inference_mode == "local" or not self.retries:
+            raise ValueError("resync needs remote inference with retries (numbered commands)")
+        _, _, data = self._get("/sequence?" + urlencode({"episode_id": episode_id}))
+        report = unpackb(data, objects=False)
+        _, mine = self._numbers.get(episode_id)
+        last = report["last"]
+        report["unanswered_ran"] = last is not None and mine is not None and last >= mine
+        report["next"] = 1 if report["next"] is None else report["next"]
+        self._numbers.adopt(episode_id, self.server_epoch, report["next"])
+        return report
 
     # -- the five calls ------------------------------------------------------------------
 

@@ -70,6 +70,7 @@ class _Commands:
     _owned: bool
     _batches: Any  # the server's FairBatches
     _batch_ids: BatchIds
+    _sequences: Any  # the server's Sequences
 
     def _check_sampler(self, command: str) -> None:
         raise NotImplementedError
@@ -108,6 +109,34 @@ class _Commands:
                 ids.succeeded(key, Answer(200, data, CONTENT_TYPE))
 
         self._batches.start(conn, body, owner, record)
+
+    def _sequence_report(self, owner: Any, query: str) -> dict:
+        """``GET /sequence?episode_id=...``: this client's sequence numbers of a running
+        episode, ``{"episode_id", "last", "next"}`` (``last``: the last number the server
+        ran, ``next``: the one it expects; both ``None`` when the client sent no numbered
+        command for it: any number starts the record).
+
+        Raises:
+            HTTPError: 503 ``RequestInProgress`` while a numbered command of it runs (ask
+                again once it finished), 404 / 410 for an episode that is not running
+                (unknown, or of an earlier server run), 400 without one ``episode_id``.
+        """
+        try:
+            ids = parse_qs(query, max_num_fields=4).get("episode_id")
+        except ValueError as e:
+            raise BadRequest(f"malformed query string: {e}") from None
+        if ids is None or len(ids) != 1:
+            raise BadRequest("GET /sequence needs one episode_id (?episode_id=...)")
+        eid = self._episode_id({"episode_id": ids[0]})
+        if self.env.episode_status(eid) not in ("running", "finishing"):
+            raise self._unknown(ext.UnknownEpisodeError(f"Episode {eid} is not running."), eid)
+        state = self._sequences.state((owner, eid))
+        if state is not None and state[1] is not None:
+            raise HTTPError(
+                503, "RequestInProgress", f"seq {state[1]} of this episode is still running"
+            )
+        last = None if state is None else state[0]
+        return {"episode_id": eid, "last": last, "next": None if last is None else last + 1}
 
     def _agents(self, x: Any) -> Any:
         return x if self.env.multi_agent else {DEFAULT_AGENT_ID: x}

@@ -132,6 +132,13 @@ class Sequences:
             rec.partial = None
             return 0
 
+    def state(self, key: tuple[Hashable, str]) -> tuple[int | None, int | None] | None:
+        """``(last number that succeeded, number running now)`` of ``key``; ``None`` without
+        a record (any number starts one)."""
+        with self._lock:
+            rec = self._records.get(key)
+            return None if rec is None else (rec.last, rec.running)
+
     def returns_ran(self, key: tuple[Hashable, str], seq: int, n: int) -> None:
         """The running request ``seq`` has run its first ``n`` deferred returns."""
         with self._lock:

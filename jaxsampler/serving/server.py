@@ -415,7 +415,7 @@ class PolicyServer(_Commands, HTTPServer, HostEnv):
             return
         command = path.lstrip("/")
         if req.method == b"GET":
-            self._get(conn, req, path)
+            self._get(conn, req, path, parts.query)
             return
         if req.method != b"POST":
             conn.error(
@@ -570,7 +570,7 @@ class PolicyServer(_Commands, HTTPServer, HostEnv):
                 f"{len(items)} {name} in one request exceed max_batch_commands={limit}",
             )
 
-    def _get(self, conn: Connection, req: Request, path: str) -> None:
+    def _get(self, conn: Connection, req: Request, path: str, query: str = "") -> None:
         if path == "/weights":
             version, data = self._weights
             etag = f'ETag: "{version}"\r\n'
@@ -591,6 +591,11 @@ class PolicyServer(_Commands, HTTPServer, HostEnv):
                 "action_space": env.action_space,
             }
             conn.respond(200, packb(info))
+        elif path == "/sequence":
+            try:
+                conn.respond(200, packb(self._sequence_report(self._owner(req), query)))
+            except Exception as e:
+                conn.exception(e)
         elif path == "/health":  # answered here: never waits for the sampler
             report = self.health.report()
             body = json.dumps(report).encode()
