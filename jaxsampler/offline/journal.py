@@ -140,9 +140,16 @@ class StepJournal:
         self.record(self._open)
         self.commit()
 
-    def record(self, entry: dict[str, Any]) -> None:
-        """Buffers one entry until the next :meth:`commit`."""
-        payload = packb(entry)
+    def encode(self, entry: dict[str, Any]) -> bytes:
+        """``entry`` encoded as :meth:`record` stores it (an env encodes big entries with it
+        before taking its lock, and records the bytes under it)."""
+        return packb(entry)
+
+    def record(self, entry: dict[str, Any], payload: bytes | None = None) -> None:
+        """Buffers one entry until the next :meth:`commit`; ``payload``: the entry already
+        encoded (by :meth:`encode`)."""
+        if payload is None:
+            payload = packb(entry)
         with self._lock:
             self._buffered.append(payload)
             self._seq += 1

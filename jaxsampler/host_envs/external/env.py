@@ -246,6 +246,15 @@ class ExternalEnvBase(_Journaled, _EpisodeBook, HostEnv):
             raise InvalidDataError(
                 f"info must be a dict agent -> dict for observing agents, got {_short(extra_infos)}"
             )
+        entry: dict[str, Any] = {
+            "op": "submit",
+            "e": episode_id,
+            "obs": obs,
+            "action": None,
+            "info": extra_infos,
+            "want": bool(want_action),
+        }
+        pre = None if action is not None or self.journal is None else self._encoded(entry)
         with self._lock:
             ep = self._open_episode(episode_id, owner)
             self._check_done_agents(ep, obs)
@@ -280,16 +289,9 @@ class ExternalEnvBase(_Journaled, _EpisodeBook, HostEnv):
                         ep.blocked -= 1
                 self._check_open()
                 ep = self._open_episode(episode_id, owner)
-            self._log(
-                {
-                    "op": "submit",
-                    "e": episode_id,
-                    "obs": obs,
-                    "action": action,
-                    "info": extra_infos,
-                    "want": bool(want_action),
-                }
-            )
+            if action is not None:  # checked under the lock: encoded here
+                entry["action"] = action
+            self._log(entry, pre)
             waiter = Waiter(on_answer) if want_action else None
             item = self._make_item(ep, obs, off_policy=action, waiter=waiter)
             if extra_infos:
@@ -509,9 +511,11 @@ class ExternalEnvBase(_Journaled, _EpisodeBook, HostEnv):
         ``episode_timeout_s``."""
         journaled = self.journal is not None
         woken: list[Waiter] = []
+        entry = {"op": "answer", "actions": dict(actions)}
+        pre = self._encoded(entry) if journaled else None  # outside the lock
         with self._lock:
             if journaled:
-                self._log({"op": "answer", "actions": dict(actions)})
+                self._log(entry, pre)
             now = self.clock.now()
             for eid, acts in actions.items():
                 ep = self._episodes.get(eid)
