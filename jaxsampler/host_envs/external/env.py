@@ -640,10 +640,10 @@ class ExternalEnv(ExternalEnvBase):
             writing: its entry goes out with the next commit, at the latest the one
             before the episode's next answer or acknowledged call, so a killed process
             loses at most the rewards logged since then (which its simulator threads,
-            dying with it, saw acknowledged). With 64 simulator threads a write per
-            ``log_returns`` costs most of the throughput (each write hands the GIL on).
-            ``False`` (default): each returns only once its entry is written. A policy
-            server's requests commit before their answer either way.
+            dying with it, saw acknowledged); it saves a write per reward, and each write
+            hands the GIL to another thread. ``False`` (default): each returns only once
+            its entry is written. A policy server's requests commit before their answer
+            either way.
         clock: the :class:`~jaxsampler.host_envs.external.clock.RunningClock` of both
             timeouts; default the process's one (ticked by a heartbeat thread, see
             :func:`~jaxsampler.host_envs.external.clock.process_clock`). A fake one in tests.
