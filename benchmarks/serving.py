@@ -76,11 +76,15 @@ from jaxsampler.cli.bench import compile_count, environment_info
 
 HIDDEN = (64, 64)
 MODES = ("inprocess", "bare", "http", "http-inproc")
-#: the same with a write-ahead journal (``ExternalEnv(journal=StepJournal(...))``); run by
-#: :mod:`benchmarks.serving_journal`
-JOURNAL_MODES = ("inprocess-journal", "http-journal")
+#: the same with a write-ahead journal (``ExternalEnv(journal=StepJournal(path,
+#: fsync=JOURNAL_GROUP_COMMIT))``; in-process with ``defer_returns=True``, and without it in
+#: ``inprocess-journal-strict``); run by :mod:`benchmarks.serving_journal`
+JOURNAL_MODES = ("inprocess-journal", "inprocess-journal-strict", "http-journal")
+#: the journals' fsync policy: at a commit once 20 ms or 1,000 entries are unsynced
+JOURNAL_GROUP_COMMIT = {"records": 1000, "seconds": 0.02}
 LABELS = {
     "inprocess-journal": "in-process, write-ahead journal",
+    "inprocess-journal-strict": "in-process, write-ahead journal, a write per log_returns",
     "http-journal": "HTTP, clients in other processes, write-ahead journal",
     "inprocess": "in-process (ExternalEnv)",
     "bare": "bare floor (lock + list + the same jitted policy)",
@@ -185,6 +189,7 @@ class ServingSide:
         sample_timesteps: int,
         seed: int,
         journal: bool = False,
+        defer_returns: bool = False,
     ):
         import tempfile
 
@@ -197,15 +202,19 @@ class ServingSide:
         cartpole = js.make("CartPole-v1")
         self.journal = None
         if journal:
-            from jaxsampler.offline import StepJournal
+            from jaxsampler.offline import GroupCommit, StepJournal
 
             self._journal_dir = tempfile.TemporaryDirectory(prefix="serving-journal-")
-            self.journal = StepJournal(f"{self._journal_dir.name}/steps.journal")
+            self.journal = StepJournal(
+                f"{self._journal_dir.name}/steps.journal",
+                fsync=GroupCommit(**JOURNAL_GROUP_COMMIT),
+            )
         self.env = ExternalEnv(
             cartpole.observation_space,
             cartpole.action_space,
             max_wait_s=max_wait_s,
             journal=self.journal,
+            defer_returns=defer_returns,
         )
         self.server = None
         if http:
@@ -542,53 +551,89 @@ def server_window(a: dict[str, float], b: dict[str, float]) -> dict[str, Any]:
 # --------------------------------------------------------------------------- driver
 
 
+class ModeRun:
+    """One mode set up (its side, warm-ups done), run round by round (:meth:`round`), then
+    torn down and summarized (:meth:`finish`); :func:`measure_mode` runs one alone, and
+    :func:`run_benchmark` with ``interleave=True`` runs the rounds of several modes in turn
+    (side by side: a slow spell of a noisy machine hits every mode's rounds alike)."""
+
+    def __init__(self, mode: str, ph: Phases):
+        self.mode, self.ph = mode, ph
+        clients = ph.clients
+        t_setup = time.perf_counter()
+        self.side: ServingSide | BareSide = (
+            BareSide(max(clients), ph.max_wait_s, ph.seed)
+            if mode == "bare"
+            else ServingSide(
+                not mode.startswith("inprocess"),
+                max(clients),
+                ph.max_wait_s,
+                ph.sample_timesteps,
+                ph.seed,
+                journal="-journal" in mode,
+                defer_returns=mode == "inprocess-journal",
+            )
+        )
+        remote = mode in ("http", "http-journal")
+        self.pool = (
+            serving_client.WorkerPool(self.side.server.address, ph.client_procs)  # type: ignore[union-attr]
+            if remote
+            else None
+        )
+        self.setup_s = time.perf_counter() - t_setup
+        self.raw: dict[int, list[dict]] = {n: [] for n in clients}
+        self.lat: dict[int, list[float]] = {n: [] for n in clients}
+        try:
+            for cmd in ph.warm_ups():
+                self._phase(cmd)
+        except BaseException:
+            self.finish()
+            raise
+
+    def _phase(self, cmd: dict) -> dict:
+        run = serving_client.run_phase_here if self.pool is None else self.pool.run_phase
+        res, a, b = run(self.side, cmd)
+        res["server"] = server_window(a, b)
+        return res
+
+    def round(self, r: int) -> None:
+        """Round ``r``: every client count once (rotating order)."""
+        ph, side = self.ph, self.side
+        for n in harness.rotated(ph.clients, r):
+            if side.error is not None:  # nobody answers get_action any more: stop measuring
+                break
+            res = keep_round(self._phase(ph.command(n)), self.raw[n], self.lat[n])
+            log(
+                f"  {self.mode} round {r + 1}/{ph.rounds}: {n:3d} clients "
+                f"{res['actions_per_s']:9.0f} actions/s, "
+                f"batch {res['server']['mean_batch'] or 0:5.1f}, errors {res['num_errors']}"
+            )
+
+    def finish(self) -> dict[str, Any]:
+        """Tears the side down; the mode's summary."""
+        try:
+            if self.pool is not None:
+                self.pool.close()
+        finally:
+            self.pool = None
+            self.side.close()
+        return summarize_mode(
+            self.mode, self.ph.clients, self.raw, self.lat, self.side, self.setup_s
+        )
+
+
 def measure_mode(mode: str, ph: Phases) -> dict[str, Any]:
     """Sets up one mode, runs ``ph.rounds`` rounds of every client count (rotating order),
     tears down."""
-    clients = ph.clients
-    t_setup = time.perf_counter()
-    side = (
-        BareSide(max(clients), ph.max_wait_s, ph.seed)
-        if mode == "bare"
-        else ServingSide(
-            not mode.startswith("inprocess"),
-            max(clients),
-            ph.max_wait_s,
-            ph.sample_timesteps,
-            ph.seed,
-            journal=mode.endswith("-journal"),
-        )
-    )
-    remote = mode in ("http", "http-journal")
-    pool = serving_client.WorkerPool(side.server.address, ph.client_procs) if remote else None
-    setup_s = time.perf_counter() - t_setup
-    raw: dict[int, list[dict]] = {n: [] for n in clients}
-    lat: dict[int, list[float]] = {n: [] for n in clients}
+    run = ModeRun(mode, ph)
     try:
-
-        def phase(cmd: dict) -> dict:
-            run = serving_client.run_phase_here if pool is None else pool.run_phase
-            res, a, b = run(side, cmd)
-            res["server"] = server_window(a, b)
-            return res
-
-        for cmd in ph.warm_ups():
-            phase(cmd)
-        for r in range(ph.rounds * (side.error is None)):
-            for n in harness.rotated(clients, r):
-                if side.error is not None:  # nobody answers get_action any more: stop measuring
-                    break
-                res = keep_round(phase(ph.command(n)), raw[n], lat[n])
-                log(
-                    f"  {mode} round {r + 1}/{ph.rounds}: {n:3d} clients "
-                    f"{res['actions_per_s']:9.0f} actions/s, "
-                    f"batch {res['server']['mean_batch'] or 0:5.1f}, errors {res['num_errors']}"
-                )
+        for r in range(ph.rounds):
+            if run.side.error is not None:
+                break
+            run.round(r)
     finally:
-        if pool is not None:
-            pool.close()
-        side.close()
-    return summarize_mode(mode, clients, raw, lat, side, setup_s)
+        summary = run.finish()
+    return summary
 
 
 def summarize_mode(
@@ -705,10 +750,24 @@ def vs_bare(modes: dict[str, Any]) -> dict[str, Any] | None:
     }
 
 
-def run_benchmark(modes: Sequence[str], ph: Phases) -> dict[str, Any]:
+def run_benchmark(modes: Sequence[str], ph: Phases, interleave: bool = False) -> dict[str, Any]:
+    """Measures ``modes`` one after the other, or (``interleave``) all set up at once with
+    their rounds run in turn; the results as the JSON holds them."""
     started = time.perf_counter()
     results = {}
-    for mode in modes:
+    if interleave:
+        log(f"{', '.join(modes)}: set up, then their rounds in turn")
+        runs = {}
+        try:
+            for mode in modes:
+                runs[mode] = ModeRun(mode, ph)
+            for r in range(ph.rounds):
+                for run in runs.values():
+                    run.round(r)
+        finally:
+            for mode, run in runs.items():
+                results[mode] = run.finish()
+    for mode in modes if not interleave else ():
         log(
             f"{LABELS[mode]}: clients {ph.clients}, {ph.rounds} rounds x {ph.duration_s} s "
             f"(+{ph.warmup_s} s warm-up)"
@@ -738,6 +797,7 @@ def run_benchmark(modes: Sequence[str], ph: Phases) -> dict[str, Any]:
             "seed": ph.seed,
             "http_client_processes": ph.client_procs,
             "switch_interval_s": sys.getswitchinterval(),
+            "interleaved": interleave,
         },
         "environment": {**environment_info(), **harness.versions(["msgpack"])},
         "git": harness.git_state(include_untracked=True),

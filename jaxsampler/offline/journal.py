@@ -49,6 +49,7 @@ from jaxsampler.offline.frames import (
     _frame_head,
     read_entries,
 )
+from jaxsampler.offline.syncer import BackgroundSync
 from jaxsampler.offline.writer import GroupCommit, LogWriteError, OfflineWriter, _fsync_dir
 
 __all__ = ["StepJournal"]
@@ -73,18 +74,23 @@ class StepJournal:
 
     Entries are encoded as the env records them (under its lock) and go out as one frame,
     in one write, per :meth:`commit`, which the env runs before each acknowledgement:
-    entries of concurrent calls share a write (group commit). Each commit also checks that
-    the path still names the journal (:class:`~jaxsampler.offline.LogReplacedError`
-    otherwise). :meth:`checkpoint` rewrites the journal during the run (see the module
-    docstring).
+    entries of concurrent calls share a write (group commit). A commit returns once every
+    entry recorded before it began is written (and fsynced as ``fsync`` says): the first
+    caller writes everything buffered while later ones wait for that write and find their
+    entries in it; :meth:`record` never waits for a write or an fsync, so the env's lock is
+    never held across one. Each commit also checks that the path still names the journal
+    (:class:`~jaxsampler.offline.LogReplacedError` otherwise). :meth:`checkpoint` rewrites
+    the journal during the run (see the module docstring).
 
     Args:
         path: the journal file (an offline log of version 2 whose records are entries).
         fsync: ``False`` (default): a commit hands the entries to the OS, so a killed
             server loses nothing it acknowledged; ``True``: a commit also fsyncs (a machine
             crash loses nothing acknowledged either; an fsync per acknowledgement, slow on
-            most disks); a :class:`GroupCommit`: fsync at a commit once N entries or N
-            seconds are unsynced (a machine crash loses at most that window).
+            most disks); a :class:`GroupCommit`: an fsync is due at a commit once N entries
+            or N seconds are unsynced, and runs on a thread of its own (no caller waits for
+            it), so a machine crash loses at most that window and one fsync's time; a
+            failed one fails the journal (the next commit raises).
 
     Attributes: ``checkpoints``, how many this journal took; ``failed``, the error that
     broke it (a checkpoint that failed after switching files), or ``None``.
@@ -109,8 +115,14 @@ class StepJournal:
         self.fsync = fsync
         self.checkpoints = 0
         self.failed: BaseException | None = None
+        # _lock guards the buffer and the marks (held briefly, also under the env's lock);
+        # _write_lock orders the writes and fsyncs (held across them). Order: write, then buffer.
         self._lock = threading.Lock()
+        self._write_lock = threading.Lock()
+        self._written = 0  # entries (by sequence number) handed to the OS
+        self._lost = 0  # entries up to this number went down with a failed write
         self._unsynced = 0  # entries handed to the OS but not fsynced
+        self._syncer = BackgroundSync("StepJournal-fsync")
         self._oldest = 0.0  # GroupCommit clock time of the oldest of them
         self._buffered: list[bytes] = []  # encoded entries of the next commit
         self._closed = False
@@ -128,9 +140,16 @@ class StepJournal:
         self.record(self._open)
         self.commit()
 
-    def record(self, entry: dict[str, Any]) -> None:
-        """Buffers one entry until the next :meth:`commit`."""
-        payload = packb(entry)
+    def encode(self, entry: dict[str, Any]) -> bytes:
+        """``entry`` encoded as :meth:`record` stores it (an env encodes big entries with it
+        before taking its lock, and records the bytes under it)."""
+        return packb(entry)
+
+    def record(self, entry: dict[str, Any], payload: bytes | None = None) -> None:
+        """Buffers one entry until the next :meth:`commit`; ``payload``: the entry already
+        encoded (by :meth:`encode`)."""
+        if payload is None:
+            payload = packb(entry)
         with self._lock:
             self._buffered.append(payload)
             self._seq += 1
@@ -162,34 +181,56 @@ class StepJournal:
             self._marks.pop(episode_id, None)
 
     def commit(self) -> None:
-        """Hands every buffered entry to the OS in one write (and fsyncs as ``fsync``
-        says); thread-safe.
+        """Returns once every entry recorded before the call is handed to the OS in one
+        write (and fsyncs as ``fsync`` says); thread-safe. Concurrent callers share a
+        write: whoever holds the write lock writes all that is buffered, and a caller whose
+        entries that write carried returns without writing.
 
         Raises:
             LogWriteError: writing failed (the journal ends intact, cut back to before the
-                failed entries); :class:`~jaxsampler.offline.LogReplacedError`: the path no
-                longer names the journal.
+                failed entries; a later commit that waits for them raises too);
+                :class:`~jaxsampler.offline.LogReplacedError`: the path no longer names the
+                journal.
         """
         with self._lock:
             self._usable()
-            entries, self._buffered = self._buffered, []
-            n = len(entries)
-            if not n and not (self._unsynced and self.fsync is not False):
-                return
-            policy, writer = self.fsync, self._writer
-            if n:  # one frame: a commit lands whole or (cut back after a failure) not at all
-                writer._append(_array_head(n) + b"".join(entries), check_path=False)
+            target = self._seq
+        with self._write_lock:
+            with self._lock:
+                self._usable()
+                if target <= self._lost:
+                    raise LogWriteError(
+                        self.path, 0, "entries of this call went down with a failed write"
+                    )
+                if self._written >= target:  # an earlier caller's write carried them
+                    entries, upto = [], self._written  # (an fsync may still be due)
+                else:
+                    entries, self._buffered, upto = self._buffered, [], self._seq
+            try:
+                self._write(entries)
+            except BaseException:
+                self._lost = upto
+                raise
+            self._written = upto
+
+    def _write(self, entries: list[bytes]) -> None:
+        """Writes ``entries`` as one frame and fsyncs as ``fsync`` says (under the write
+        lock only: recording goes on meanwhile)."""
+        n = len(entries)
+        policy, writer = self.fsync, self._writer
+        if n:  # one frame: a commit lands whole or (cut back after a failure) not at all
+            writer._append(_array_head(n) + b"".join(entries), check_path=False)
             if policy is True:
                 writer.sync()
                 return
             writer.flush()
-            if isinstance(policy, GroupCommit):
-                if not self._unsynced:
-                    self._oldest = policy.clock()
-                self._unsynced += n
-                if policy.due(self._unsynced, self._oldest):
-                    writer.sync()
-                    self._unsynced = 0
+        if isinstance(policy, GroupCommit) and (n or self._unsynced):
+            if not self._unsynced:
+                self._oldest = policy.clock()
+            self._unsynced += n
+            if policy.due(self._unsynced, self._oldest):
+                self._syncer.request(writer._out.fd)
+                self._unsynced = 0
 
     def checkpoint(self, live: Iterable[str], log_offset: int | None) -> None:
         """Rewrites the journal to what a crash could still lose, then goes on writing the
@@ -217,7 +258,7 @@ class StepJournal:
                 RuntimeWarning,
                 stacklevel=3,
             )
-        with self._lock:
+        with self._write_lock, self._lock:
             self._usable()
             marks = [self._marks[e] for e in live if self._marks.get(e)]
             first = min((m[0][0] for m in marks), default=self._seq + 1)
@@ -243,6 +284,7 @@ class StepJournal:
             except OSError as e:
                 raise self._write_error(e, "renaming it over the journal") from e
             try:  # from here on the new file is the journal
+                self._syncer.quiesce()
                 self._writer._close_fd()
                 _fsync_dir(os.path.dirname(os.path.abspath(self.path)))
                 self._writer = OfflineWriter(self.path, append=True, flush="manual")
@@ -250,7 +292,7 @@ class StepJournal:
                 self.failed = e
                 raise
             self._session_start = len(before) + sum(len(f) for f in ids)
-            self._buffered, self._unsynced = [], 0
+            self._buffered, self._unsynced, self._written = [], 0, self._seq
             self._new_ids &= live
             self.checkpoints += 1
 
@@ -264,9 +306,15 @@ class StepJournal:
         return error
 
     def _usable(self) -> None:
+        e = self._syncer.error
+        if e is not None and self.failed is None:
+            self.failed = LogWriteError(
+                self.path, 0, f"a group commit's fsync failed ({e.strerror or e})", failed=True
+            )
+            self.failed.errno = e.errno
         if self.failed is not None:
             raise LogWriteError(
-                self.path, 0, f"the journal failed in a checkpoint ({self.failed})", failed=True
+                self.path, 0, f"the journal failed earlier ({self.failed})", failed=True
             ) from self.failed
 
     def known(self, episode_id: str) -> bool:
@@ -276,7 +324,7 @@ class StepJournal:
     def sync(self) -> None:
         """Writes and fsyncs every entry now."""
         self.commit()
-        with self._lock:
+        with self._write_lock:
             self._unsynced = 0
             self._writer.sync()
 
@@ -287,7 +335,8 @@ class StepJournal:
             self._closed = True
             if self.failed is None:
                 self.commit()
-        with self._lock:
+        with self._write_lock, self._lock:
+            self._syncer.stop()
             self._writer.close()
 
     def __enter__(self) -> StepJournal:

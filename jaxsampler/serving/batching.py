@@ -39,16 +39,37 @@ CommandsOf = Callable[[bytes, Any], list]
 #: others still run), or :class:`~jaxsampler.host_envs.external.WouldBlockError` when it must
 #: wait for room and ``block`` is false.
 RunCommand = Callable[[int, Any, Any, bool], None]
+#: ``(answer body or None) -> None``: told how a batch ended (its 200 body; ``None`` when
+#: it failed as a whole or was dropped); how the server records a batch's request id.
+Record = Callable[[bytes | None], None]
 
 
 class BatchJob:
     """One ``/batch`` request: decoded, then run :data:`_BATCH_SLICE` commands at a time by
     :class:`FairBatches`, so big batches of one connection interleave with everybody else's."""
 
-    __slots__ = ("batches", "conn", "body", "owner", "commands", "next", "errors", "result")
+    __slots__ = (
+        "batches",
+        "conn",
+        "body",
+        "owner",
+        "commands",
+        "next",
+        "errors",
+        "result",
+        "record",
+    )
 
-    def __init__(self, batches: FairBatches, conn: Connection, body: bytes, owner: Any):
+    def __init__(
+        self,
+        batches: FairBatches,
+        conn: Connection,
+        body: bytes,
+        owner: Any,
+        record: Record | None = None,
+    ):
         self.batches, self.conn, self.body, self.owner = batches, conn, body, owner
+        self.record = record
         self.commands: list | None = None
         self.next = 0
         self.errors: list[dict] = []
@@ -109,17 +130,21 @@ class BatchJob:
 
     def respond(self) -> None:
         """Sends the result (event-loop thread)."""
-        conn, result = self.conn, self.result
+        conn, result, record = self.conn, self.result, self.record or _ignore
         if result is None:  # dropped (see step)
+            record(None)
             return
         if isinstance(result, BaseException):
+            record(None)
             conn.exception(result)
         else:
             try:
                 data = packb(result)
             except Exception as e:
+                record(None)
                 conn.exception(e)
             else:
+                record(data)  # before the answer: a retry that follows it finds it
                 conn.respond(200, data)
 
 
@@ -143,11 +168,13 @@ class FairBatches:
         self._ready: deque[BatchJob] = deque()
         self._lock = threading.Lock()
 
-    def start(self, conn: Connection, body: bytes, owner: Any) -> None:
+    def start(
+        self, conn: Connection, body: bytes, owner: Any, record: Record | None = None
+    ) -> None:
         """Serves a ``/batch`` request (event-loop thread). A small one (one slice) runs here
         at once, like a single command; bigger ones go to the batch pool, a slice at a time;
-        one that must wait for room to the blocking pool."""
-        job = BatchJob(self, conn, body, owner)
+        one that must wait for room to the blocking pool. ``record``: told how it ended."""
+        job = BatchJob(self, conn, body, owner, record)
         if len(body) <= _INLINE_BATCH_BYTES:
             try:
                 finished = job.step()
@@ -190,3 +217,7 @@ class FairBatches:
     def shutdown(self) -> None:
         """Stops the batch pool (queued slices are dropped)."""
         self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _ignore(data: bytes | None) -> None:
+    """The :data:`Record` of a batch without a request id."""

@@ -18,7 +18,7 @@ import threading
 import time
 from collections.abc import Mapping
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import urlencode, urlsplit
 
 import numpy as np
 
@@ -160,10 +160,12 @@ class PolicyClient:
             retry of a request still running). Never after a 4xx or another 5xx. A retry is
             safe: the episode commands of episodes this client started carry a per-episode
             number (``seq``; ``start_episode`` sends a client-made id with number 0), so
-            the server runs each once and answers a repeat with the first answer; requests
-            without one (``/batch``, commands of episodes started elsewhere) are sent
-            again only when they cannot have arrived (no connection) or after a 503. After
-            the last try the error is what it would have been without retries
+            the server runs each once and answers a repeat with the first answer; each
+            ``/batch`` (local mode's experience, :meth:`flush`) carries a request id that
+            the server runs once in the same way; commands of episodes started elsewhere
+            have no number and are sent again only when they cannot have arrived (no
+            connection) or after a 503. After the last try the error is what it would have
+            been without retries
             (``ConnectionError``, :class:`ServerUnavailableError`, ...). ``0``: no retries
             and no numbers (the requests of earlier versions). Caveat: after a call that
             got no answer even from its last try, whether it ran is unknown; if it did,
@@ -332,7 +334,9 @@ class PolicyClient:
         if name == ServerRestartedError.__name__:
             raise ServerRestartedError(message)
         if name == SequenceError.__name__:
-            raise SequenceError(message)
+            raise SequenceError(
+                f"{message} (PolicyClient.resync(episode_id) continues from the server's number)"
+            )
         cls = ERRORS_BY_NAME.get(name)
         if cls is not None:
             raise cls(f"server: {message}")
@@ -341,7 +345,9 @@ class PolicyClient:
     def _post(self, command: str, payload: dict, episode_id: Any = None) -> dict:
         """Sends a command (with this thread's deferred returns) and returns its answer,
         retrying as :class:`PolicyClient` says; ``episode_id``: the episode it names, whose
-        number and server run go with it when this client started it."""
+        number and server run go with it when this client started it. A ``/batch`` gets a
+        fresh request id (``?id=``; with ``retries``), kept by its retries: the server runs
+        it once."""
         deferred = getattr(self._tls, "returns", None) if command != "batch" else None
         if deferred and len(deferred) > min(_MAX_CARRIED_RETURNS, self._max_batch):
             # Many: they go on their own first (/batch), which the server runs in slices
@@ -352,7 +358,11 @@ class PolicyClient:
         epoch, seq = self._numbers.get(episode_id)
         if seq is not None:
             payload = {**payload, "seq": seq}
-        numbered = "seq" in payload  # the server runs it once, however often it is sent
+        path = "/" + command
+        if command == "batch" and self.retries:
+            path += f"?id={secrets.token_hex(12)}"
+        # the server runs it once, however often it is sent
+        numbered = "seq" in payload or path != "/" + command
         sent = epoch if epoch is not None else self.server_epoch
         delays = backoff_delays(self.retries, self.backoff_s)
         for attempt in range(len(delays) + 1):
@@ -363,7 +373,7 @@ class PolicyClient:
             body = packb({**payload, "returns": carried} if carried else payload)
             last = attempt == len(delays)
             try:
-                status, headers, data = self._request("POST", "/" + command, body, epoch=sent)
+                status, headers, data = self._request("POST", path, body, epoch=sent)
             except Exception as e:  # no answer: whether the server ran them is unknown
                 if not last and (isinstance(e, NotSent) or (numbered and _no_answer(e))):
                     time.sleep(delays[attempt])
@@ -421,6 +431,38 @@ class PolicyClient:
             )
             _attach_returns(e, stale)
             raise e
+
+    def resync(self, episode_id: str) -> dict:
+        """Continues the numbering of ``episode_id`` from the server's, after a
+        :class:`SequenceError` (or for an episode another client of this ``client_id``
+        started): later commands carry the number the server expects.
+
+        Returns the server's report ``{"episode_id", "last", "next"}`` (``last``: the last
+        number it ran for this client, ``None`` when none; ``next``: the number this client
+        sends next) and ``"unanswered_ran"``: whether the server ran this client's call
+        that got no answer (``ConnectionError`` after the last retry): that call's number
+        is then ``last``, so it took effect and must not be repeated; ``False`` means it
+        did not run (repeat it if it matters). Resyncing is safe as far as the server is
+        concerned (nothing runs twice); it is up to the caller to reconcile its own state
+        with ``unanswered_ran``.
+
+        Raises:
+            ValueError: local inference or ``retries=0`` (no numbers to resync).
+            UnknownEpisodeError / ServerRestartedError: the episode is not running on
+                this server run (start a new one).
+            PolicyServerError: 503 ``RequestInProgress`` after the retries (a numbered
+                command of it still runs; resync once it finished).
+        """
+        if self.inference_mode == "local" or not self.retries:
+            raise ValueError("resync needs remote inference with retries (numbered commands)")
+        _, _, data = self._get("/sequence?" + urlencode({"episode_id": episode_id}))
+        report = unpackb(data, objects=False)
+        _, mine = self._numbers.get(episode_id)
+        last = report["last"]
+        report["unanswered_ran"] = last is not None and mine is not None and last >= mine
+        report["next"] = 1 if report["next"] is None else report["next"]
+        self._numbers.adopt(episode_id, self.server_epoch, report["next"])
+        return report
 
     # -- the five calls ------------------------------------------------------------------
 

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 
 from jaxsampler.serving.protocol import SequenceError
 
-__all__ = ["Answer", "RequestInProgress", "Sequences", "fingerprint"]
+__all__ = ["Answer", "BatchIds", "RequestInProgress", "Sequences", "fingerprint"]
 
 #: the first sweep runs once this many episodes have records
 _MIN_SWEEP = 256
@@ -132,6 +132,13 @@ class Sequences:
             rec.partial = None
             return 0
 
+    def state(self, key: tuple[Hashable, str]) -> tuple[int | None, int | None] | None:
+        """``(last number that succeeded, number running now)`` of ``key``; ``None`` without
+        a record (any number starts one)."""
+        with self._lock:
+            rec = self._records.get(key)
+            return None if rec is None else (rec.last, rec.running)
+
     def returns_ran(self, key: tuple[Hashable, str], seq: int, n: int) -> None:
         """The running request ``seq`` has run its first ``n`` deferred returns."""
         with self._lock:
@@ -183,3 +190,68 @@ class Sequences:
         ]:
             del self._records[key]
         self._sweep_at = max(_MIN_SWEEP, 2 * len(self._records))
+
+
+class BatchIds:
+    """The ``/batch`` requests that carried a request id (``POST /batch?id=...``), by
+    ``(owner, id)``: a retried batch (same id, same body) gets the first answer instead of
+    running its commands again; thread-safe.
+
+    ========================================  =======================================
+    incoming id                               what the server does
+    ========================================  =======================================
+    new                                       runs the batch, records its answer
+    finished, same body                       replays the recorded answer
+    running, same body                        503 ``RequestInProgress`` (retry later)
+    known, another body                       409 :class:`SequenceError`
+    ========================================  =======================================
+
+    A batch that failed as a whole (an undecodable body, say) or was dropped (its client
+    left before it ran) leaves its id free. The last ``max_ids`` finished ids are kept,
+    oldest forgotten first (a retry after that many later batches would run again).
+    """
+
+    def __init__(self, max_ids: int = 4096):
+        self._max_ids = int(max_ids)
+        self._done: OrderedDict[tuple[Hashable, str], tuple[bytes, Answer]] = OrderedDict()
+        self._running: dict[tuple[Hashable, str], bytes] = {}
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._done)
+
+    def begin(self, key: tuple[Hashable, str], fp: bytes) -> Answer | None:
+        """The recorded :class:`Answer` of a finished batch ``key`` to replay, or ``None``
+        (then it is marked running: end it with :meth:`succeeded` or :meth:`failed`).
+
+        Raises:
+            RequestInProgress: the same batch is running.
+            SequenceError: the id was used with another body.
+        """
+        with self._lock:
+            running = self._running.get(key)
+            done = self._done.get(key)
+            known = running if running is not None else None if done is None else done[0]
+            if known is not None and known != fp:
+                raise SequenceError(f"batch id {key[1]!r} was already used with another body")
+            if running is not None:
+                raise RequestInProgress(f"batch {key[1]!r} is still running")
+            if done is not None:
+                return done[1]
+            self._running[key] = fp
+            return None
+
+    def succeeded(self, key: tuple[Hashable, str], answer: Answer) -> None:
+        """The running batch ``key`` finished with ``answer`` (what a retry gets)."""
+        with self._lock:
+            fp = self._running.pop(key, None)
+            if fp is None:
+                return
+            self._done[key] = (fp, answer)
+            while len(self._done) > self._max_ids:
+                self._done.popitem(last=False)
+
+    def failed(self, key: tuple[Hashable, str]) -> None:
+        """The running batch ``key`` failed as a whole or was dropped: its id is free."""
+        with self._lock:
+            self._running.pop(key, None)

@@ -68,7 +68,13 @@ from jaxsampler.serving.protocol import (
     SequenceError,
     ServerUnavailableError,
 )
-from jaxsampler.serving.sequence import Answer, RequestInProgress, Sequences, fingerprint
+from jaxsampler.serving.sequence import (
+    Answer,
+    BatchIds,
+    RequestInProgress,
+    Sequences,
+    fingerprint,
+)
 from jaxsampler.serving.server_connection import PolicyConnection as _Connection
 from jaxsampler.serving.server_connection import unavailable as _unavailable
 
@@ -283,6 +289,7 @@ class PolicyServer(_Commands, HTTPServer, HostEnv):
         self.answer_headers = f"{EPOCH_HEADER}: {self.epoch}\r\n"
         self._epoch_bytes = self.epoch.encode()
         self._sequences = Sequences(lambda eid: env.episode_status(eid) in _RUNNING)
+        self._batch_ids = BatchIds()
         self._serve()
 
     # -- HostEnv (delegated) -------------------------------------------------------------
@@ -399,7 +406,8 @@ class PolicyServer(_Commands, HTTPServer, HostEnv):
         or ``/batch``; bodies over 64 KiB are decoded on a worker thread first."""
         url = b"".join(req.url)
         try:
-            path = urlsplit(url.decode("latin-1")).path
+            parts = urlsplit(url.decode("latin-1"))
+            path = parts.path
         except ValueError as e:  # e.g. "http://[": llhttp lets it through
             conn.error(
                 400, "InvalidDataError", f"malformed URL {url[:100].decode('latin-1')!r}: {e}"
@@ -407,7 +415,7 @@ class PolicyServer(_Commands, HTTPServer, HostEnv):
             return
         command = path.lstrip("/")
         if req.method == b"GET":
-            self._get(conn, req, path)
+            self._get(conn, req, path, parts.query)
             return
         if req.method != b"POST":
             conn.error(
@@ -421,10 +429,12 @@ class PolicyServer(_Commands, HTTPServer, HostEnv):
         body = b"".join(req.body)
         stale = req.epoch is not None and req.epoch != self._epoch_bytes
         if command == "batch":
-            if stale:
-                conn.exception(_restarted(_STALE))
-            else:
-                self._batches.start(conn, body, owner)
+            try:
+                if stale:
+                    raise _restarted(_STALE)
+                self._start_batch(conn, body, owner, parts.query)
+            except Exception as e:
+                conn.exception(e)
             return
         if len(body) > _INLINE_DECODE_BYTES:
             # Decoding a big body (plain lists: a Python walk over every item) would stall
@@ -516,12 +526,34 @@ class PolicyServer(_Commands, HTTPServer, HostEnv):
                 return 0  # another start of a running id: the env's own 409 says so
             raise HTTPError(409, SequenceError.__name__, e.reason) from None
         except RequestInProgress as e:
+            if command == "get_action" and self._rejoin(conn, key, seq):
+                return None  # it waits in the first one's place
             raise HTTPError(503, "RequestInProgress", str(e)) from None
         if isinstance(got, Answer):
             conn.respond(got.status, got.body, got.content_type)
             return None
         conn.ticket = (key, seq, command)
         return got
+
+    def _rejoin(self, conn: _Connection, key: tuple, seq: int) -> bool:
+        """A retried numbered ``get_action`` (same bytes) whose first request still waits on
+        a connection that closed takes that wait over: its answer (or error, or timeout)
+        goes to ``conn``; returns whether there was such a wait."""
+        for c in self._lingering:
+            old = cast(_Connection, c)
+            if old.ticket is not None and old.ticket[:2] == (key, seq) and old.entry is not None:
+                break
+        else:
+            return False
+        self._lingering.discard(old)
+        conn.ticket, conn.waiting, conn.entry = old.ticket, old.waiting, old.entry
+        conn.expired, conn.deadline = old.expired, old.deadline
+        old.ticket, old.waiting, old.entry, old.expired = None, None, None, None
+        entry = conn.entry
+        assert entry is not None
+        entry[0] = conn
+        conn.busy = True
+        return True
 
     def _decode(self, body: bytes) -> dict:
         msg = unpackb(body, objects=False, max_bytes_per_array=self.max_array_bytes)
@@ -538,7 +570,7 @@ class PolicyServer(_Commands, HTTPServer, HostEnv):
                 f"{len(items)} {name} in one request exceed max_batch_commands={limit}",
             )
 
-    def _get(self, conn: Connection, req: Request, path: str) -> None:
+    def _get(self, conn: Connection, req: Request, path: str, query: str = "") -> None:
         if path == "/weights":
             version, data = self._weights
             etag = f'ETag: "{version}"\r\n'
@@ -559,6 +591,11 @@ class PolicyServer(_Commands, HTTPServer, HostEnv):
                 "action_space": env.action_space,
             }
             conn.respond(200, packb(info))
+        elif path == "/sequence":
+            try:
+                conn.respond(200, packb(self._sequence_report(self._owner(req), query)))
+            except Exception as e:
+                conn.exception(e)
         elif path == "/health":  # answered here: never waits for the sampler
             report = self.health.report()
             body = json.dumps(report).encode()
@@ -603,7 +640,7 @@ class PolicyServer(_Commands, HTTPServer, HostEnv):
         assert waiter is not None  # a request that wants an action always has a waiter
         # Still in the loop thread: answered()'s delivery runs after this, with the entry complete.
         entry[2] = waiter
-        conn.busy, conn.waiting = True, (eid, waiter)
+        conn.busy, conn.waiting, conn.entry = True, (eid, waiter), entry
         conn.deadline = time.monotonic() + self.env.action_timeout_s  # see check_timeouts
 
     def _expire(self, conn: _Connection, eid: str, error: BaseException) -> None:

@@ -40,6 +40,9 @@ class PolicyConnection(Connection):
         #: ``(episode key, seq, command)`` of the numbered request being answered: its
         #: answer is recorded for retries (see :mod:`~jaxsampler.serving.sequence`)
         self.ticket: tuple[tuple[str, str], int, str] | None = None
+        #: the ``[connection, episode id, waiter]`` its pending get_action's answer is
+        #: delivered by (a retry that rejoins the wait points it at its own connection)
+        self.entry: list | None = None
 
     def respond(
         self,

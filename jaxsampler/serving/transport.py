@@ -146,6 +146,13 @@ class EpisodeNumbers:
             entry = self._eps.get(eid) if isinstance(eid, str) else None
             return (None, None) if entry is None else (entry[0], entry[1])
 
+    def adopt(self, eid: str, epoch: str | None, seq: int) -> None:
+        """``eid`` (in the server run ``epoch``) continues with number ``seq`` (a resync)."""
+        self.started(eid, epoch)
+        with self._lock:
+            if eid in self._eps:
+                self._eps[eid][1] = seq
+
     def advance(self, eid: str, seq: int) -> None:
         """Command ``seq`` of ``eid`` succeeded: the next one is ``seq + 1``."""
         with self._lock:

@@ -70,6 +70,7 @@ class ExternalEnvBase(_Journaled, _EpisodeBook, HostEnv):
         max_queued_steps: int = 256,
         max_finished_ids: int = 100_000,
         journal: Journal | None = None,
+        defer_returns: bool = False,
         clock: RunningClock | None = None,
     ):
         _check_option("max_wait_s", max_wait_s, 0.0)
@@ -104,6 +105,7 @@ class ExternalEnvBase(_Journaled, _EpisodeBook, HostEnv):
         self.num_envs = self.max_concurrent_episodes
         self._thread: threading.Thread | None = None
         self.journal = journal
+        self.defer_returns = bool(defer_returns)
         #: a sampler names its episodes by this env's episode ids (so a journal's entries
         #: and the sampler's output name the same episodes); see ``journal``
         self.names_episodes = journal is not None
@@ -244,6 +246,15 @@ class ExternalEnvBase(_Journaled, _EpisodeBook, HostEnv):
             raise InvalidDataError(
                 f"info must be a dict agent -> dict for observing agents, got {_short(extra_infos)}"
             )
+        entry: dict[str, Any] = {
+            "op": "submit",
+            "e": episode_id,
+            "obs": obs,
+            "action": None,
+            "info": extra_infos,
+            "want": bool(want_action),
+        }
+        pre = None if action is not None or self.journal is None else self._encoded(entry)
         with self._lock:
             ep = self._open_episode(episode_id, owner)
             self._check_done_agents(ep, obs)
@@ -278,16 +289,9 @@ class ExternalEnvBase(_Journaled, _EpisodeBook, HostEnv):
                         ep.blocked -= 1
                 self._check_open()
                 ep = self._open_episode(episode_id, owner)
-            self._log(
-                {
-                    "op": "submit",
-                    "e": episode_id,
-                    "obs": obs,
-                    "action": action,
-                    "info": extra_infos,
-                    "want": bool(want_action),
-                }
-            )
+            if action is not None:  # checked under the lock: encoded here
+                entry["action"] = action
+            self._log(entry, pre)
             waiter = Waiter(on_answer) if want_action else None
             item = self._make_item(ep, obs, off_policy=action, waiter=waiter)
             if extra_infos:
@@ -314,7 +318,8 @@ class ExternalEnvBase(_Journaled, _EpisodeBook, HostEnv):
             if left <= 0 or gone:
                 why = "client disconnected" if gone else f"get_action timed out after {timeout} s"
                 if not self.expire_waiter(episode_id, waiter, why):
-                    break  # answered meanwhile
+                    waiter.wait(-1)  # answered meanwhile: woken once the answer is durable
+                    break
                 if gone:
                     raise ConnectionAbortedError(f"episode {episode_id}: {why}")
                 raise TimeoutError(
@@ -351,9 +356,11 @@ class ExternalEnvBase(_Journaled, _EpisodeBook, HostEnv):
         dones: Mapping | None,
         *,
         owner: Hashable | None = None,
+        commit: bool = True,
     ) -> None:
         """``log_returns`` with agent dicts (what both public classes and the policy
         server call): rewards are checked and summed into each agent's pending reward.
+        ``commit=False``: return without committing the journal (``defer_returns``).
 
         Raises :class:`InvalidDataError` (and changes nothing) for non-dict arguments,
         unknown agents, rewards that are not finite float32-range numbers or whose sum
@@ -407,7 +414,8 @@ class ExternalEnvBase(_Journaled, _EpisodeBook, HostEnv):
             if newly_done:
                 ep.newly_done |= newly_done
             ep.last_activity = self.clock.now()
-        self._commit()
+        if commit:
+            self._commit()
 
     def end_agent_episode(
         self,
@@ -501,10 +509,13 @@ class ExternalEnvBase(_Journaled, _EpisodeBook, HostEnv):
         answer to a ``log_action`` step is ignored and may be left out: the next ``poll``
         treats such steps as answered. An answered ``get_action`` restarts its episode's
         ``episode_timeout_s``."""
+        journaled = self.journal is not None
+        woken: list[Waiter] = []
+        entry = {"op": "answer", "actions": dict(actions)}
+        pre = self._encoded(entry) if journaled else None  # outside the lock
         with self._lock:
-            if self.journal is not None:  # the answers are acknowledgements: durable first
-                self._log({"op": "answer", "actions": dict(actions)})
-                self._commit_locked()
+            if journaled:
+                self._log(entry, pre)
             now = self.clock.now()
             for eid, acts in actions.items():
                 ep = self._episodes.get(eid)
@@ -525,8 +536,28 @@ class ExternalEnvBase(_Journaled, _EpisodeBook, HostEnv):
                         )
                     else:
                         w.value = {a: acts[a] for a in want}
-                    w.set()
+                    if journaled:  # woken once the answers are durable, outside the lock
+                        w.claim()
+                        woken.append(w)
+                    else:
+                        w.set()
                 self._refresh(ep)
+        if journaled:
+            self._wake_durable(woken)
+
+    def _wake_durable(self, woken: list[Waiter]) -> None:
+        """Commits the journal (the answers are acknowledgements: durable first), then wakes
+        their callers; outside the lock, so that clients record meanwhile and share the
+        write. A failed commit closes the env, fails each of them instead and raises."""
+        try:
+            self._commit_now("the answers were not delivered")
+        except EnvClosedError as e:
+            for w in woken:
+                w.value, w.error = None, e
+                w.open()
+            raise
+        for w in woken:
+            w.open()
 
     def _abandon(self, ep: _Episode, reason: str) -> None:
         self._log({"op": "abandon", "e": ep.eid, "reason": reason})
@@ -605,6 +636,14 @@ class ExternalEnv(ExternalEnvBase):
             sampler names episodes by this env's ids (``names_episodes``). A failed journal
             write closes the env: the call raises :class:`EnvClosedError` and its change is
             not made. ``None`` (default): no journal.
+        defer_returns: with a journal, an in-process ``log_returns`` returns without
+            writing: its entry goes out with the next commit, at the latest the one
+            before the episode's next answer or acknowledged call, so a killed process
+            loses at most the rewards logged since then (which its simulator threads,
+            dying with it, saw acknowledged); it saves a write per reward, and each write
+            hands the GIL to another thread. ``False`` (default): each returns only once
+            its entry is written. A policy server's requests commit before their answer
+            either way.
         clock: the :class:`~jaxsampler.host_envs.external.clock.RunningClock` of both
             timeouts; default the process's one (ticked by a heartbeat thread, see
             :func:`~jaxsampler.host_envs.external.clock.process_clock`). A fake one in tests.
@@ -646,6 +685,7 @@ class ExternalEnv(ExternalEnvBase):
             {DEFAULT_AGENT_ID: reward},
             None if info is None else {DEFAULT_AGENT_ID: info},
             None,
+            commit=not self.defer_returns,
         )
 
     def end_episode(self, episode_id: str, observation: Any, *, truncated: bool = False) -> None:
@@ -712,7 +752,13 @@ class ExternalMultiAgentEnv(ExternalEnvBase):
         multiagent_done_dict: dict | None = None,
     ) -> None:
         """Adds per-agent rewards; ``info_dict`` holds per-agent infos for the next step."""
-        self.log_agent_returns(episode_id, reward_dict, info_dict, multiagent_done_dict)
+        self.log_agent_returns(
+            episode_id,
+            reward_dict,
+            info_dict,
+            multiagent_done_dict,
+            commit=not self.defer_returns,
+        )
 
     def end_episode(
         self, episode_id: str, observation_dict: dict, *, truncated: bool = False

@@ -59,12 +59,23 @@ class Waiter:
         """Answers the call (``value`` or ``error`` set first); later calls do nothing."""
         if not self.done:
             self.done = True
-            self._gate.release()
-            if self.callback is not None:
-                self.callback()
+            self.open()
+
+    def claim(self) -> None:
+        """Marks the call answered (under the env lock) without waking it yet: nobody can
+        expire it any more, and :meth:`open` wakes it once its answer is durable (a
+        journal's commit outside the lock)."""
+        self.done = True
+
+    def open(self) -> None:
+        """Wakes the caller of an answered call (after :meth:`claim`, or from :meth:`set`)."""
+        self._gate.release()
+        if self.callback is not None:
+            self.callback()
 
     def wait(self, timeout: float) -> bool:
-        """True once answered (then the gate stays open for later calls)."""
+        """True once answered (then the gate stays open for later calls); ``timeout`` -1:
+        until then."""
         if self._gate.acquire(timeout=timeout):
             self._gate.release()
             return True

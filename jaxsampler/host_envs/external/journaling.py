@@ -36,6 +36,8 @@ class Journal(Protocol):
     def known(self, episode_id: str) -> bool:
         """Whether ``episode_id`` ran before this server run (a pre-restart id)."""
 
+    # Optional: ``encode(entry) -> bytes`` with ``record(entry, payload)`` taking its bytes
+    # (the env then encodes big entries before taking its lock).
     # Optional (a journal without them cannot take checkpoints; see ``checkpoint_journal``):
     # ``forget(episode_id)``, called under the lock when the env drops a finished episode,
     # and ``checkpoint(live_ids, log_offset)``, called under the lock by checkpoint_journal.
@@ -54,15 +56,31 @@ class _Journaled:
     _close_locked: Callable[[], None]
     _check_open: Callable[[], None]
 
-    def _log(self, entry: dict[str, Any]) -> None:
+    def _encoded(self, entry: dict[str, Any]) -> bytes | None:
+        """``entry`` encoded by a journal that encodes apart from recording (``encode``),
+        before the lock is taken (the lock is then held for less); ``None`` otherwise, or
+        when encoding fails (:meth:`_log` then fails the same way under the lock)."""
+        encode = getattr(self.journal, "encode", None)
+        if encode is None:
+            return None
+        try:
+            return encode(entry)
+        except Exception:
+            return None
+
+    def _log(self, entry: dict[str, Any], payload: bytes | None = None) -> None:
         """Writes ``entry`` to the journal before the change it describes (under the lock);
-        a failed write closes the env and raises, so the change never happens unlogged."""
+        a failed write closes the env and raises, so the change never happens unlogged.
+        ``payload``: the entry as :meth:`_encoded` made it."""
         if self.journal is None:
             return
         if self._journal_error is not None:
             raise EnvClosedError(f"the journal failed: {self._journal_error}")
         try:
-            self.journal.record(entry)
+            if payload is None:
+                self.journal.record(entry)
+            else:
+                self.journal.record(entry, payload)  # type: ignore[call-arg]
         except BaseException as e:
             raise self._journal_failed(e, "the change was not made") from e
 
@@ -101,17 +119,16 @@ class _Journaled:
         if getattr(state, "active", False):
             state.pending = True
             return
-        try:
-            self.journal.commit()
-        except BaseException as e:
-            with self._lock:
-                raise self._journal_failed(e, "the change was made but is not durable") from e
+        self._commit_now("the change was made but is not durable")
 
-    def _commit_locked(self) -> None:
+    def _commit_now(self, what: str) -> None:
+        """Commits the journal (outside the lock); a failure closes the env and raises
+        :class:`EnvClosedError` saying ``what`` became of the change."""
         try:
             self.journal.commit()  # type: ignore[union-attr]
         except BaseException as e:
-            raise self._journal_failed(e, "the answers were not delivered") from e
+            with self._lock:
+                raise self._journal_failed(e, what) from e
 
     def _journal_failed(self, e: BaseException, what: str) -> EnvClosedError:
         """Closes the env after a journal failure (under the lock); returns the error."""
