@@ -139,13 +139,41 @@ def _object_state(obj: Any) -> list:
     raise TypeError(f"cannot encode object of type {type(obj).__name__}")
 
 
+#: ``(dtype str, shape) -> the encoded start of an array's payload`` (its msgpack array
+#: header, dtype and shape), so an array of a known kind encodes without a nested packb
+_HEADS: dict[tuple[np.dtype, tuple[int, ...]], bytes] = {}
+_MAX_HEADS = 4096
+
+
+def _array_bytes(a: np.ndarray | np.generic) -> bytes:
+    """``packb(_array_payload(np.asarray(a)))``, byte for byte, from a cached head and the
+    data (``a``: an array or a numpy scalar)."""
+    key = (a.dtype, a.shape)
+    head = _HEADS.get(key)
+    if head is None:
+        if a.dtype.kind in "OV":
+            raise TypeError(f"cannot encode numpy dtype {a.dtype}")
+        if len(_HEADS) >= _MAX_HEADS:
+            _HEADS.clear()
+        head = _HEADS[key] = b"\x93" + packb(a.dtype.str) + packb(list(a.shape))
+    data = a.tobytes()  # (C order, as np.ascontiguousarray(a).tobytes())
+    n = len(data)
+    if n < 0x100:
+        return b"".join((head, b"\xc4", n.to_bytes(1, "big"), data))
+    if n < 0x10000:
+        return b"".join((head, b"\xc5", n.to_bytes(2, "big"), data))
+    if n < 0x100000000:
+        return b"".join((head, b"\xc6", n.to_bytes(4, "big"), data))
+    return packb(_array_payload(np.asarray(a)))  # (msgpack's own error over 4 GiB)
+
+
 def _default(obj: Any) -> Any:
     if isinstance(obj, np.ndarray):
         if obj.dtype.kind == "O":
             return msgpack.ExtType(_OBJARRAY, packb([list(obj.shape), obj.ravel().tolist()]))
-        return msgpack.ExtType(_ARRAY, packb(_array_payload(obj)))
+        return msgpack.ExtType(_ARRAY, _array_bytes(obj))
     if isinstance(obj, np.generic):
-        return msgpack.ExtType(_SCALAR, packb(_array_payload(np.asarray(obj))))
+        return msgpack.ExtType(_SCALAR, _array_bytes(obj))
     if isinstance(obj, tuple):
         return msgpack.ExtType(_TUPLE, packb(list(obj)))
     if isinstance(obj, sp.Space):

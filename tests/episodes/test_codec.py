@@ -415,3 +415,48 @@ def test_hostile_array_declarations(dtype, shape, nbytes, code, request_side):
     a = np.asarray(out)
     assert a.nbytes == nbytes and a.dtype == np.dtype(dtype) and list(a.shape) == shape
     assert code == 1 or shape == []
+
+
+_ARRAYS = [
+    np.float32(1.5),
+    np.int64(3),
+    np.bool_(True),
+    np.str_("xy"),
+    np.datetime64("2020-01-01"),
+    np.zeros(()),
+    np.arange(7, dtype=np.int8),
+    np.zeros((3, 300), np.float32),
+    np.zeros((2, 3, 4), ">f8")[:, ::2],  # big-endian, not contiguous
+    np.zeros((0, 5)),
+    np.array(["ab", "c"]),
+    np.zeros(255, np.uint8),  # bin8 / bin16 / bin32 boundaries
+    np.zeros(256, np.uint8),
+    np.zeros(65535, np.uint8),
+    np.zeros(65536, np.uint8),
+]
+
+
+@pytest.mark.parametrize("a", _ARRAYS, ids=lambda a: f"{np.asarray(a).dtype}{np.shape(a)}")
+def test_array_encoding_is_msgpacks_own_byte_for_byte(a):
+    # The reference: the payload written by msgpack itself ([dtype str, shape, C-order
+    # bytes]) inside the ext type; the codec's cached-head path must give the same bytes.
+    arr = np.asarray(a)
+    payload = msgpack.packb(
+        [arr.dtype.str, list(arr.shape), np.ascontiguousarray(arr).tobytes()], use_bin_type=True
+    )
+    code = 2 if isinstance(a, np.generic) else 1
+    want = msgpack.packb(msgpack.ExtType(code, payload), use_bin_type=True)
+    assert packb(a) == want
+    assert packb(a) == want  # (second time: from the cached head)
+    back = unpackb(packb(a))
+    np.testing.assert_array_equal(back, arr)
+    assert np.asarray(back).dtype == arr.dtype
+
+
+def test_array_heads_cache_is_bounded_and_stays_right():
+    from jaxsampler.episodes import codec
+
+    for n in range(codec._MAX_HEADS + 10):
+        x = np.zeros((1, n % 3000 + 1, n // 3000 + 1), np.uint8)
+        assert np.array_equal(unpackb(packb(x)), x)
+    assert len(codec._HEADS) <= codec._MAX_HEADS
