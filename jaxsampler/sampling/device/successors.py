@@ -9,14 +9,17 @@ call's :class:`EpisodeColumns` when the agent's run in the chunk has ``n`` steps
 :func:`eligible_chunks` finds those chunks with whole-array tests over the runs, and
 :func:`column_successors` gathers their lookback rows with one ``take`` per column (copies)
 and builds the same successors ``_cut_columns(n, numpy=True)`` builds from the chunk,
-without building the chunk. :class:`ColumnSuccessors` picks the open chunks of a call
+without building the chunk: their agents' episodes are view episodes over those rows
+(:class:`~jaxsampler.sampling.device.agent_views.LookbackViews`, columns and maps built on
+first access), so a call makes one object per agent episode for them, not six. :class:`ColumnSuccessors` picks the open chunks of a call
 that this path takes and builds their successors.
 
 A chunk of the next call that continues such a successor (nothing hanging in it, each of
 the successor's agents with one run of rows starting at the successor's last observation)
 is read the same way as a chunk that starts in its call: :class:`ContinuedChunks` lays
 out, once per call, every such run with its successor's lookback rows in front (one
-scatter per column) and makes the chunk's agents view episodes over them
+scatter per column, read straight from the successors' shared rows where their agents'
+columns were never built) and makes the chunk's agents view episodes over them
 (:class:`~jaxsampler.sampling.device.agent_views.LookbackViews`), instead of extending the
 successor's buffers agent by agent.
 """
