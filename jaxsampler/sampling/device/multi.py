@@ -275,11 +275,12 @@ class MultiAgentConverter:
             SampleBatch.AGENT_INDEX: np.asarray(a, np.int64),
         }
         infos = call.infos
-        data[SampleBatch.INFOS] = (
-            unflatten({k: take_info(v, old.info[k], e, s, a, A) for k, v in infos.items()})
-            if infos
-            else [{}] * len(e)
-        )
+        if infos:
+            data[SampleBatch.INFOS] = unflatten(
+                {k: take_info(v, old.info[k], e, s, a, A) for k, v in infos.items()}
+            )
+        else:  # (one empty dict per row, made on first read: see _slice_rows)
+            data[SampleBatch.INFOS] = _NO_INFOS
         if next_infos and infos:
             data["_next_infos"] = unflatten(
                 {k: take_info(v, old.info[k], e, c, a, A) for k, v in infos.items()}
@@ -814,6 +815,14 @@ def check_trajectory(chunks: list[Trajectory], num_envs: int, num_agents: int) -
     check_chunks(chunks)
 
 
+_NO_INFOS = object()  # the infos column of an env without infos, before the rows are sliced
+
+
+def _empty_infos(n: int) -> list[dict[str, Any]]:
+    """``n`` separate empty info dicts: the infos column of an env without infos."""
+    return [{} for _ in range(n)]
+
+
 def _slice_rows(data: dict[str, Any], lo: int, hi: int) -> dict[str, Any]:
     """Rows ``lo:hi`` of every column (views); nested columns (infos, dict / tuple
     observations) leaf by leaf; ``new_obs`` (:class:`NextRows`) as a deferred column of
@@ -821,8 +830,10 @@ def _slice_rows(data: dict[str, Any], lo: int, hi: int) -> dict[str, Any]:
     out = {
         k: tree_map(lambda x: x[lo:hi], v)
         for k, v in data.items()
-        if k != "_next_infos" and type(v) is not NextRows
+        if k != "_next_infos" and type(v) is not NextRows and v is not _NO_INFOS
     }
+    if data.get(SampleBatch.INFOS) is _NO_INFOS:  # an env without infos
+        out[SampleBatch.INFOS] = Deferred(partial(_empty_infos, hi - lo))
     nxt = data.get(SampleBatch.NEXT_OBS)
     if type(nxt) is NextRows:
         part = nxt.slice(lo, hi)

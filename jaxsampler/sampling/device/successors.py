@@ -11,8 +11,9 @@ call's :class:`EpisodeColumns` when the agent's run in the chunk has ``n`` steps
 and builds the same successors ``_cut_columns(n, numpy=True)`` builds from the chunk,
 without building the chunk: their agents' episodes are view episodes over those rows
 (:class:`~jaxsampler.sampling.device.agent_views.LookbackViews`, columns and maps built on
-first access), so a call makes one object per agent episode for them, not six. :class:`ColumnSuccessors` picks the open chunks of a call
-that this path takes and builds their successors.
+first access), so a call makes one object per agent episode for them, not six.
+:class:`ColumnSuccessors` picks the open chunks of a call that this path takes and builds
+their successors.
 
 A chunk of the next call that continues such a successor (nothing hanging in it, each of
 the successor's agents with one run of rows starting at the successor's last observation)

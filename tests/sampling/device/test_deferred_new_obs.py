@@ -225,3 +225,30 @@ def test_obs_is_read_only_until_new_obs_is_built_so_an_in_place_write_cannot_lea
             np.testing.assert_array_equal(b["new_obs"], want)
             b["obs"][:] = -7  # writable now; new_obs keeps its values
             np.testing.assert_array_equal(b["new_obs"], want)
+
+
+def test_multi_agent_infos_of_an_env_without_infos_are_deferred_separate_dicts():
+    # ChaosEnv has no infos: each policy's infos column is built on first read, one
+    # separate empty dict per row (as RLlib's and the episodes' infos: a write to one row's
+    # dict changes no other row), the same as the agent episodes' infos.
+    s_eps, s_bat = twins(chaos_sampler)
+    params = {"p0": (), "p1": ()}
+    agents = {"p0": {"agent_0"}, "p1": {"agent_1", "agent_2"}}
+    for _ in range(3):
+        eps = s_eps.sample(params)
+        batch = s_bat.sample_batch(params)
+        for pid, b in batch.policy_batches.items():
+            assert type(dict.__getitem__(b, "infos")) is Deferred
+            infos = b["infos"]
+            assert infos == [{}] * len(b) and len(b) > 0
+            assert len({id(d) for d in infos}) == len(infos)
+            infos[0]["x"] = 1
+            assert all(d == {} for d in infos[1:])
+            want = [
+                i
+                for ep in eps
+                for aid, sa in ep.agent_episodes.items()
+                if aid in agents[pid]
+                for i in sa.get_infos()[:-1]
+            ]
+            assert len(want) == len(infos) and all(d == {} for d in want)
