@@ -22,12 +22,14 @@ from jaxsampler.episodes.batch import Deferred, MultiAgentBatch, SampleBatch
 from jaxsampler.episodes.ids import EpisodeIds
 from jaxsampler.episodes.lookback import InfiniteLookbackBuffer
 from jaxsampler.episodes.single_agent import SingleAgentEpisode, reward_space
+from jaxsampler.sampling.device import single_rows
 from jaxsampler.sampling.device.columns import (
     Columns,
     InfoPath,
     NextRows,
     Segments,
     build_columns,
+    check_chunks,
     find_segments,
     info_for_obs,
     no_gc,
@@ -251,7 +253,18 @@ class SingleAgentConverter:
         cutoff: int | None = None,
     ) -> tuple[MultiAgentBatch, SamplerMetrics]:
         """One ``SampleBatch`` row per sampled (non-reset) step, episodes in
-        :meth:`episodes`' order: one flat gather per column, no loop over steps."""
+        :meth:`episodes`' order: one flat gather per column, no loop over steps (the
+        common one-chunk call straight from the time-major buffers, see
+        :mod:`~jaxsampler.sampling.device.single_rows`). The ``eps_id`` column is built
+        on its first read."""
+        check_chunks(chunks)
+        if single_rows.applies(chunks, num_episodes, self._horizon):
+            chunk = chunks[0]
+            seg, m, carried = single_rows.segments(chunk, self._partial_return)
+            self._head = single_rows.tail_head(chunk, self._horizon)
+            self._partial_return = carried
+            rows = SampleBatch(single_rows.batch_columns(chunk, seg, self._ids))
+            return MultiAgentBatch({self._policy_id: rows}, int(seg.len.sum())), m
         # (obs time-major when the call has the head's observations: no transpose, the
         # rows gathered straight from the buffers)
         T_total = sum(int(np.shape(c.rewards)[0]) for c in chunks)
@@ -296,7 +309,7 @@ class SingleAgentConverter:
             SampleBatch.T: np.repeat((seg.t_started - first).astype(np.int64), lens) + row,
             # Object arrays of shared strs, as episodes_to_batch gives: 8 bytes per row (a
             # fresh <U32 column is 128 bytes per row, and its page faults cost milliseconds).
-            SampleBatch.EPS_ID: np.repeat(self._ids.many(seg.env, seg.count).astype(object), lens),
+            SampleBatch.EPS_ID: single_rows.deferred_ids(self._ids, seg),
             SampleBatch.AGENT_INDEX: np.zeros(n_rows, np.int64),
         }
         if cols.infos:
@@ -308,15 +321,10 @@ class SingleAgentConverter:
             )
         else:
             # one dict per row, built on first read (most readers never touch infos)
-            data[SampleBatch.INFOS] = Deferred(partial(_empty_infos, n_rows))
+            data[SampleBatch.INFOS] = Deferred(partial(single_rows.empty_infos, n_rows))
         for name, col in cols.extras.items():
             data[name] = rows(col, flat)
         return MultiAgentBatch({self._policy_id: SampleBatch(data)}, n_rows), m
-
-
-def _empty_infos(n: int) -> list[dict[str, Any]]:
-    """``n`` separate empty info dicts: the infos column of an env without infos."""
-    return [{} for _ in range(n)]
 
 
 def _flat(col: np.ndarray) -> np.ndarray:
