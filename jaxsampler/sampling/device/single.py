@@ -263,8 +263,8 @@ class SingleAgentConverter:
             seg, m, carried = single_rows.segments(chunk, self._partial_return)
             self._head = single_rows.tail_head(chunk, self._horizon)
             self._partial_return = carried
-            rows = SampleBatch(single_rows.batch_columns(chunk, seg, self._ids))
-            return MultiAgentBatch({self._policy_id: rows}, int(seg.len.sum())), m
+            fast = SampleBatch(single_rows.batch_columns(chunk, seg, self._ids))
+            return MultiAgentBatch({self._policy_id: fast}, int(seg.len.sum())), m
         # (obs time-major when the call has the head's observations: no transpose, the
         # rows gathered straight from the buffers)
         T_total = sum(int(np.shape(c.rewards)[0]) for c in chunks)
