@@ -396,13 +396,23 @@ def _env_major(parts: Sequence[np.ndarray], head: np.ndarray | None, H: int) -> 
     each transposing its own range of envs."""
     E = parts[0].shape[1]
     total = sum(p.shape[0] for p in parts)
-    out = np.empty((E, H + total) + parts[0].shape[2:], parts[0].dtype)
+    result = np.empty((E, H + total) + parts[0].shape[2:], parts[0].dtype)
+    # An item of several values (an observation vector) moves as one opaque unit: a
+    # transpose of [T, E] units copies whole items instead of one value at a time.
+    out, src, old = _units(result), [_units(p) for p in parts], None
+    if head is not None:
+        old = _units(head)
+    if any(a.ndim != out.ndim for a in src + ([] if old is None else [old])):
+        out, src, old = result, list(parts), head  # (an input not viewable as units)
     pool = current_pool()
 
     def fill(a: int, b: int) -> None:
-        out[a:b, :H] = 0 if head is None else head[a:b]
+        if old is None:
+            out[a:b, :H] = np.zeros((), out.dtype)
+        else:
+            out[a:b, :H] = old[a:b]
         pos = H
-        for p in parts:
+        for p in src:
             out[a:b, pos : pos + p.shape[0]] = p[:, a:b].swapaxes(0, 1)
             pos += p.shape[0]
 
@@ -411,7 +421,25 @@ def _env_major(parts: Sequence[np.ndarray], head: np.ndarray | None, H: int) -> 
     else:
         bounds = np.linspace(0, E, min(pool.threads, E) + 1).astype(int).tolist()
         pool.run([functools.partial(fill, a, b) for a, b in zip(bounds[:-1], bounds[1:])])
-    return out
+    return result
+
+
+def _units(x: np.ndarray) -> np.ndarray:
+    """``x`` ``[A, B, ...]`` as ``[A, B]`` opaque items of its trailing values (a view),
+    where its trailing axes are C-contiguous and hold several numeric values; else
+    ``x`` itself."""
+    if x.ndim < 3 or not x.size or x.dtype.hasobject or x.dtype.fields is not None:
+        return x
+    size = x.itemsize
+    for n, stride in zip(x.shape[:1:-1], x.strides[:1:-1]):
+        if stride != size:
+            return x
+        size *= n
+    if size <= x.itemsize:
+        return x
+    # (the trailing axes merge without a copy: they are contiguous)
+    flat = np.reshape(x, x.shape[:2] + (-1,), copy=False)
+    return flat.view(np.dtype((np.void, size)))[:, :, 0]
 
 
 _STEP_FIELDS = ("actions", "rewards", "terminated", "truncated", "acting", "raw_rewards")

@@ -102,10 +102,12 @@ def segments(
     :func:`~jaxsampler.sampling.device.columns.find_segments` finds them without a
     ``num_episodes`` cut (lookbacks left at 0: a batch has none)."""
     rewards = chunk.rewards if chunk.raw_rewards is None else chunk.raw_rewards
+    # Env-major views ([E, T], transposed, no copy): the flags are read at the segments'
+    # ends only; is_reset and the rewards are copied once, where they are scanned.
     return find_segments(
-        _env_major(np.asarray(chunk.is_reset)),
-        _env_major(_agent0(chunk.terminated)),
-        _env_major(_agent0(chunk.truncated)),
+        np.asarray(chunk.is_reset).T,
+        _agent0(chunk.terminated).T,
+        _agent0(chunk.truncated).T,
         _env_major(_agent0(rewards)),
         horizon=0,
         step0=np.asarray(chunk.episode_step_0),

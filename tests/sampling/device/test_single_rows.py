@@ -11,7 +11,7 @@ import pytest
 import jaxsampler as js
 from jaxsampler.episodes.batch import Deferred
 from jaxsampler.sampling.device import single_rows
-from jaxsampler.sampling.device.columns import segment_sums
+from jaxsampler.sampling.device.columns import _env_major, segment_sums
 from tests.fakes import FakeEnv
 
 COLUMNS = ("obs", "new_obs", "actions", "rewards", "terminateds", "truncateds", "t", "eps_id")
@@ -143,3 +143,29 @@ def test_segment_sums_match_a_loop(seed):
     assert got.dtype == np.float64
     np.testing.assert_allclose(got, want, rtol=1e-12)
     assert segment_sums(values, starts[:0], lens[:0]).shape == (0,)
+
+
+@pytest.mark.parametrize("shape", [(5, 4, 1, 3), (5, 4, 1, 2, 3), (5, 4, 1), (5, 4, 1, 1)])
+@pytest.mark.parametrize("dtype", [np.float32, np.uint8, np.int64, bool])
+def test_env_major_columns_equal_a_plain_transpose(shape, dtype):
+    """Items of several values are moved as opaque units: the values must not change."""
+    rng = np.random.default_rng(len(shape))
+    x = (rng.random(shape) * 10).astype(dtype)
+    parts = [x[:3, :, 0], x[2:, :, 0]]  # strided views, as the buffers' agent 0
+    head = (rng.random((4, 2) + shape[3:]) * 10).astype(dtype)
+    got = _env_major(parts, head, 2)
+    want = np.concatenate([head] + [p.swapaxes(0, 1) for p in parts], axis=1)
+    assert got.dtype == want.dtype and got.flags.c_contiguous
+    np.testing.assert_array_equal(got, want)
+    zeros = _env_major(parts, None, 2)
+    np.testing.assert_array_equal(zeros[:, :2], np.zeros_like(head))
+    np.testing.assert_array_equal(zeros[:, 2:], want[:, 2:])
+
+
+def test_env_major_falls_back_where_an_input_is_not_viewable_as_units():
+    rng = np.random.default_rng(0)
+    x = rng.random((5, 4, 1, 3)).astype(np.float32)
+    head = rng.random((4, 2, 6)).astype(np.float32)[:, :, ::2]  # strided trailing axis
+    got = _env_major([x[:, :, 0]], head, 2)
+    np.testing.assert_array_equal(got, np.concatenate([head, x[:, :, 0].swapaxes(0, 1)], 1))
+    assert _env_major([np.zeros((0, 4, 3), np.float32)], None, 1).shape == (4, 1, 3)
