@@ -363,9 +363,11 @@ class _EpisodeViews(EpisodeViews):
         S = cols.rewards.shape[1]  # step slots per env (obs: one more)
         first = H + seg.start  # the first step's slot
         stop = first + seg.len  # one past the last step's slot
-        self._a = (first - seg.lookback).tolist()  # first slot, lookback included
-        self._b = stop.tolist()
-        self._env, self._lb = seg.env.tolist(), seg.lookback.tolist()
+        # (numpy, not lists: only a column's build reads these, and numpy arrays are not
+        # containers the cyclic GC traverses)
+        self._a = first - seg.lookback  # first slot, lookback included
+        self._b = stop
+        self._env, self._lb = seg.env, seg.lookback
         self._s0, self._s1 = (seg.env * S + first).tolist(), (seg.env * S + stop).tolist()
         o = seg.env * (S + 1)
         self._o0, self._o1 = (o + first).tolist(), (o + stop + 1).tolist()
@@ -379,9 +381,8 @@ class _EpisodeViews(EpisodeViews):
         """Episode ``i``'s observations after its lookback (views)."""
         if self._obs is not None:
             return self._obs[self._o0[i] : self._o1[i]]
-        return obs_at(
-            self._cols.obs, (self._env[i], slice(self._a[i] + self._lb[i], self._b[i] + 1))
-        )
+        e, a, b = int(self._env[i]), int(self._a[i] + self._lb[i]), int(self._b[i])
+        return obs_at(self._cols.obs, (e, slice(a, b + 1)))
 
     def actions(self, i: int) -> Any:
         """Episode ``i``'s actions after its lookback (a view)."""
@@ -400,7 +401,7 @@ class _EpisodeViews(EpisodeViews):
     def column(self, i: int, name: str) -> Any:
         """Episode ``i``'s column ``name``: a borrowed buffer over views of the call's
         columns (extra model outputs: a new dict of them)."""
-        trusted, lb = InfiniteLookbackBuffer.trusted, self._lb[i]
+        trusted, lb = InfiniteLookbackBuffer.trusted, int(self._lb[i])
         s0, s1 = self._s0[i] - lb, self._s1[i]
         if name == "actions":
             return trusted(self._actions[s0:s1], lb, self._act_space)
@@ -408,7 +409,7 @@ class _EpisodeViews(EpisodeViews):
             return trusted(self._rewards[s0:s1], lb, reward_space())
         if name == "extra_model_outputs":
             return {k: trusted(c[s0:s1], lb) for k, c in self._extras.items()}
-        e, a, b = self._env[i], self._a[i], self._b[i]
+        e, a, b = int(self._env[i]), int(self._a[i]), int(self._b[i])
         if name == "observations":
             return trusted(obs_at(self._cols.obs, (e, slice(a, b + 1))), lb, self._obs_space)
         if name != "infos":
