@@ -169,3 +169,23 @@ def test_env_major_falls_back_where_an_input_is_not_viewable_as_units():
     got = _env_major([x[:, :, 0]], head, 2)
     np.testing.assert_array_equal(got, np.concatenate([head, x[:, :, 0].swapaxes(0, 1)], 1))
     assert _env_major([np.zeros((0, 4, 3), np.float32)], None, 1).shape == (4, 1, 3)
+
+
+def test_writing_to_a_time_major_batch_changes_no_later_call():
+    """The batch's columns are gathered copies: writes to them (new_obs built first, which
+    makes obs writable) leave the carried head and every later call's data alone."""
+    s, params = _sampler("mlp", 2)
+    twin, _ = _sampler("mlp", 2)
+    b = s.sample_batch(params)["default_policy"]
+    twin.sample_batch(params)
+    b["new_obs"]  # builds new_obs: obs becomes writable
+    for k in ("obs", "new_obs", "actions", "rewards", "terminateds", "truncateds", "t"):
+        b[k][...] = 7
+    for _ in range(2):
+        got = s.sample_batch(params)["default_policy"]
+        want = twin.sample_batch(params)["default_policy"]
+        for k in COLUMNS:
+            np.testing.assert_array_equal(got[k], want[k], err_msg=k)
+    got_eps, want_eps = s.sample(params), twin.sample(params)
+    for x, y in zip(got_eps, want_eps, strict=True):
+        _assert_same(x.get_state(), y.get_state(), "episode")
