@@ -4,7 +4,9 @@
 :class:`SingleAgentEpisode` chunks (``sample()``) or one ``SampleBatch`` (``sample_batch()``):
 env-major columns once per call (:func:`~jaxsampler.sampling.device.columns.build_columns`),
 segments with ``np.nonzero``, then numpy views (episodes) or one flat gather per column
-(the batch). The only Python loop is over episodes, never over timesteps.
+(the batch; the common one-chunk call skips the env-major copy and gathers straight from
+the time-major buffers, :mod:`~jaxsampler.sampling.device.single_rows`). The only Python
+loop is over episodes, never over timesteps.
 """
 
 from __future__ import annotations
