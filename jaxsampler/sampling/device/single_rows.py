@@ -41,6 +41,8 @@ __all__ = [
     "empty_infos",
     "episode_ids",
     "segments",
+    "steps",
+    "t_column",
     "tail_head",
 ]
 
@@ -137,6 +139,28 @@ def empty_infos(n: int) -> list[dict[str, Any]]:
     return [{} for _ in range(n)]
 
 
+_STEPS: dict[int, np.ndarray] = {}
+
+
+def steps(n: int, step: int) -> np.ndarray:
+    """``np.arange(0, n * step, step)`` (``int64``, read-only), sliced from a cached array
+    that grows as needed: the row offsets every call adds, without a fresh megabyte
+    (whose first touch costs page faults) per call."""
+    cached = _STEPS.get(step)
+    if cached is None or len(cached) < n:
+        cached = np.arange(0, max(n, 1024) * step, step, dtype=np.int64)
+        cached.flags.writeable = False
+        _STEPS[step] = cached
+    return cached[:n]
+
+
+def t_column(t0: np.ndarray, lens: np.ndarray, n: int) -> np.ndarray:
+    """The batch's ``t`` column: segment ``i``'s rows count up from ``t0[i]`` (``int64``)."""
+    t = np.repeat(t0.astype(np.int64), lens)
+    t += steps(n, 1)
+    return t
+
+
 def batch_columns(chunk: Trajectory, seg: Segments, ids: EpisodeIds) -> dict[str, Any]:
     """The ``SampleBatch`` columns of the segments' rows (in the segments' order), each
     gathered with one index from the chunk's time-major buffers."""
@@ -147,7 +171,7 @@ def batch_columns(chunk: Trajectory, seg: Segments, ids: EpisodeIds) -> dict[str
     # Row r of segment i is step seg.start[i] + (r - first[i]) of env seg.env[i]: slot
     # (step * E + env) of the flattened buffers, observations and steps alike.
     index = np.repeat((seg.start - first) * E + seg.env, lens)
-    index += np.arange(0, n * E, E)
+    index += steps(n, E)
 
     def rows(x: Any, at: np.ndarray) -> np.ndarray:
         a = _agent0(x)
@@ -165,7 +189,7 @@ def batch_columns(chunk: Trajectory, seg: Segments, ids: EpisodeIds) -> dict[str
         SampleBatch.REWARDS: rows(chunk.rewards, index),
         SampleBatch.TERMINATEDS: rows(chunk.terminated, index),
         SampleBatch.TRUNCATEDS: rows(chunk.truncated, index),
-        SampleBatch.T: np.repeat((seg.t_started - first).astype(np.int64), lens) + np.arange(n),
+        SampleBatch.T: t_column(seg.t_started - first, lens, n),
         SampleBatch.EPS_ID: deferred_ids(ids, seg),
         SampleBatch.AGENT_INDEX: np.zeros(n, np.int64),
         SampleBatch.INFOS: Deferred(partial(empty_infos, n)),

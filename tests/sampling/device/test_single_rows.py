@@ -189,3 +189,14 @@ def test_writing_to_a_time_major_batch_changes_no_later_call():
     got_eps, want_eps = s.sample(params), twin.sample(params)
     for x, y in zip(got_eps, want_eps, strict=True):
         _assert_same(x.get_state(), y.get_state(), "episode")
+
+
+def test_cached_row_offsets_equal_a_fresh_arange_and_cannot_be_written():
+    for n, step in [(0, 3), (5, 3), (5000, 3), (7, 3), (4, 1)]:
+        got = single_rows.steps(n, step)
+        np.testing.assert_array_equal(got, np.arange(0, n * step, step))
+        assert got.dtype == np.int64 and not got.flags.writeable
+    t = single_rows.t_column(np.array([4, -2, 0]), np.array([2, 3, 1]), 6)
+    # segment i's rows count up from t0[i] (t0 already less the segment's first row)
+    np.testing.assert_array_equal(t, np.array([4, -2, 0]).repeat([2, 3, 1]) + np.arange(6))
+    assert t.flags.writeable and t.dtype == np.int64
