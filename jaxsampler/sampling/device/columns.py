@@ -396,13 +396,23 @@ def _env_major(parts: Sequence[np.ndarray], head: np.ndarray | None, H: int) -> 
     each transposing its own range of envs."""
     E = parts[0].shape[1]
     total = sum(p.shape[0] for p in parts)
-    out = np.empty((E, H + total) + parts[0].shape[2:], parts[0].dtype)
+    result = np.empty((E, H + total) + parts[0].shape[2:], parts[0].dtype)
+    # An item of several values (an observation vector) moves as one opaque unit: a
+    # transpose of [T, E] units copies whole items instead of one value at a time.
+    out, src, old = _units(result), [_units(p) for p in parts], None
+    if head is not None:
+        old = _units(head)
+    if any(a.ndim != out.ndim for a in src + ([] if old is None else [old])):
+        out, src, old = result, list(parts), head  # (an input not viewable as units)
     pool = current_pool()
 
     def fill(a: int, b: int) -> None:
-        out[a:b, :H] = 0 if head is None else head[a:b]
+        if old is None:
+            out[a:b, :H] = np.zeros((), out.dtype)
+        else:
+            out[a:b, :H] = old[a:b]
         pos = H
-        for p in parts:
+        for p in src:
             out[a:b, pos : pos + p.shape[0]] = p[:, a:b].swapaxes(0, 1)
             pos += p.shape[0]
 
@@ -411,7 +421,25 @@ def _env_major(parts: Sequence[np.ndarray], head: np.ndarray | None, H: int) -> 
     else:
         bounds = np.linspace(0, E, min(pool.threads, E) + 1).astype(int).tolist()
         pool.run([functools.partial(fill, a, b) for a, b in zip(bounds[:-1], bounds[1:])])
-    return out
+    return result
+
+
+def _units(x: np.ndarray) -> np.ndarray:
+    """``x`` ``[A, B, ...]`` as ``[A, B]`` opaque items of its trailing values (a view),
+    where its trailing axes are C-contiguous and hold several numeric values; else
+    ``x`` itself."""
+    if x.ndim < 3 or not x.size or x.dtype.hasobject or x.dtype.fields is not None:
+        return x
+    size = x.itemsize
+    for n, stride in zip(x.shape[:1:-1], x.strides[:1:-1]):
+        if stride != size:
+            return x
+        size *= n
+    if size <= x.itemsize:
+        return x
+    # (the trailing axes merge without a copy: they are contiguous)
+    flat = np.reshape(x, x.shape[:2] + (-1,), copy=False)
+    return flat.view(np.dtype((np.void, size)))[:, :, 0]
 
 
 _STEP_FIELDS = ("actions", "rewards", "terminated", "truncated", "acting", "raw_rewards")
@@ -515,6 +543,23 @@ class Segments:
         return self.term | self.trunc
 
 
+def segment_sums(values: np.ndarray, starts: np.ndarray, lens: np.ndarray) -> np.ndarray:
+    """``float64`` sums of ``values.reshape(-1)[starts[i] : starts[i] + lens[i]]`` for
+    every ``i`` (ascending, non-overlapping runs, each ``lens[i] >= 1``): one reduction
+    over the flat values, no masked copy of them."""
+    flat = values.reshape(-1)
+    if not len(starts):
+        return np.zeros(0)
+    # reduceat over (start, stop) pairs: the even entries are the runs' sums, the odd
+    # ones (the gaps between runs) are dropped; a stop at the very end is left out (the
+    # last run then reaches the end by itself).
+    bounds = np.empty(2 * len(starts), np.int64)
+    bounds[0::2], bounds[1::2] = starts, starts + lens
+    if bounds[-1] == len(flat):
+        bounds = bounds[:-1]
+    return np.add.reduceat(flat, bounds, dtype=np.float64)[0::2]
+
+
 def find_segments(
     is_reset: np.ndarray,
     terminated: np.ndarray,
@@ -550,38 +595,37 @@ def find_segments(
         episodes still running at the call's end (zeros elsewhere).
     """
     H = horizon
-    E = is_reset.shape[0]
-    total = is_reset.shape[1] - H
+    E, width_h = is_reset.shape
+    total = width_h - H
     live = ~is_reset[:, H:]
     # Segments are the runs of live steps of each env: with a dead slot padded on both
     # sides of every env's row, the flattened row's changes alternate start, stop.
     width = total + 2
-    pad = np.zeros((E, width), np.int8)
+    pad = np.zeros((E, width), bool)
     pad[:, 1:-1] = live
-    edges = np.flatnonzero(np.diff(pad.reshape(-1)))
+    flat_pad = pad.reshape(-1)
+    edges = np.flatnonzero(flat_pad[1:] != flat_pad[:-1])
     seg_env, seg_start = np.divmod(edges[0::2] + 1, width)
     seg_start -= 1
     seg_end = edges[1::2] - seg_env * width - 1  # inclusive
     seg_len = seg_end - seg_start + 1
-    # Resets of the env before each segment: binary searches in the (sorted) flat reset
-    # positions, not a cumulative count over every step.
-    reset_at = np.flatnonzero(is_reset[:, H:])
-    env_at = seg_env * total
-    count = count0[seg_env] + (
-        np.searchsorted(reset_at, env_at + seg_start) - np.searchsorted(reset_at, env_at)
-    )
+    # Resets of the env before each segment: its dead (reset) steps before the segment's
+    # start, i.e. the start less the steps of the env's earlier segments (segments come
+    # by env, then start: no pass over the steps).
+    before = np.cumsum(seg_len) - seg_len  # steps of all earlier segments
+    new_env = np.ones(len(seg_env), bool)
+    new_env[1:] = seg_env[1:] != seg_env[:-1]
+    # each segment's env's first segment
+    env_first = np.maximum.accumulate(np.where(new_env, np.arange(len(seg_env)), 0))
+    count = count0[seg_env] + seg_start - (before - before[env_first])
     continues = (seg_start == 0) & (step0[seg_env] > 0)
     t_started = np.where(continues, step0[seg_env], 0)
     lookback = np.where(continues, np.minimum(0 if fresh else H, step0[seg_env]), 0)
     term_end, trunc_end = terminated[seg_env, H + seg_end], truncated[seg_env, H + seg_end]
     is_done = term_end | trunc_end  # (a segment's last step is live)
     term, trunc = term_end & is_done, trunc_end & is_done
-    # Returns: each segment's sum (one pass: the dead steps between segments count 0)
-    # plus what earlier calls accumulated.
-    rew = np.where(live, rewards[:, H:], 0).reshape(-1)
-    seg_sum = (
-        np.add.reduceat(rew, env_at + seg_start, dtype=np.float64) if len(seg_env) else np.zeros(0)
-    )
+    # Returns: each segment's sum plus what earlier calls accumulated.
+    seg_sum = segment_sums(rewards, seg_env * width_h + H + seg_start, seg_len)
     seg_return = seg_sum + np.where(continues, partial_return[seg_env], 0.0)
     if num_episodes is not None:  # stop at the step where the count reached N
         if cutoff is None:

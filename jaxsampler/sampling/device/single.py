@@ -4,7 +4,9 @@
 :class:`SingleAgentEpisode` chunks (``sample()``) or one ``SampleBatch`` (``sample_batch()``):
 env-major columns once per call (:func:`~jaxsampler.sampling.device.columns.build_columns`),
 segments with ``np.nonzero``, then numpy views (episodes) or one flat gather per column
-(the batch). The only Python loop is over episodes, never over timesteps.
+(the batch; the common one-chunk call skips the env-major copy and gathers straight from
+the time-major buffers, :mod:`~jaxsampler.sampling.device.single_rows`). The only Python
+loop is over episodes, never over timesteps.
 """
 
 from __future__ import annotations
@@ -22,12 +24,14 @@ from jaxsampler.episodes.batch import Deferred, MultiAgentBatch, SampleBatch
 from jaxsampler.episodes.ids import EpisodeIds
 from jaxsampler.episodes.lookback import InfiniteLookbackBuffer
 from jaxsampler.episodes.single_agent import SingleAgentEpisode, reward_space
+from jaxsampler.sampling.device import single_rows
 from jaxsampler.sampling.device.columns import (
     Columns,
     InfoPath,
     NextRows,
     Segments,
     build_columns,
+    check_chunks,
     find_segments,
     info_for_obs,
     no_gc,
@@ -251,7 +255,18 @@ class SingleAgentConverter:
         cutoff: int | None = None,
     ) -> tuple[MultiAgentBatch, SamplerMetrics]:
         """One ``SampleBatch`` row per sampled (non-reset) step, episodes in
-        :meth:`episodes`' order: one flat gather per column, no loop over steps."""
+        :meth:`episodes`' order: one flat gather per column, no loop over steps (the
+        common one-chunk call straight from the time-major buffers, see
+        :mod:`~jaxsampler.sampling.device.single_rows`). The ``eps_id`` column is built
+        on its first read."""
+        check_chunks(chunks)
+        if single_rows.applies(chunks, num_episodes, self._horizon):
+            chunk = chunks[0]
+            seg, m, carried = single_rows.segments(chunk, self._partial_return)
+            self._head = single_rows.tail_head(chunk, self._horizon)
+            self._partial_return = carried
+            fast = SampleBatch(single_rows.batch_columns(chunk, seg, self._ids))
+            return MultiAgentBatch({self._policy_id: fast}, int(seg.len.sum())), m
         # (obs time-major when the call has the head's observations: no transpose, the
         # rows gathered straight from the buffers)
         T_total = sum(int(np.shape(c.rewards)[0]) for c in chunks)
@@ -296,7 +311,7 @@ class SingleAgentConverter:
             SampleBatch.T: np.repeat((seg.t_started - first).astype(np.int64), lens) + row,
             # Object arrays of shared strs, as episodes_to_batch gives: 8 bytes per row (a
             # fresh <U32 column is 128 bytes per row, and its page faults cost milliseconds).
-            SampleBatch.EPS_ID: np.repeat(self._ids.many(seg.env, seg.count).astype(object), lens),
+            SampleBatch.EPS_ID: single_rows.deferred_ids(self._ids, seg),
             SampleBatch.AGENT_INDEX: np.zeros(n_rows, np.int64),
         }
         if cols.infos:
@@ -308,15 +323,10 @@ class SingleAgentConverter:
             )
         else:
             # one dict per row, built on first read (most readers never touch infos)
-            data[SampleBatch.INFOS] = Deferred(partial(_empty_infos, n_rows))
+            data[SampleBatch.INFOS] = Deferred(partial(single_rows.empty_infos, n_rows))
         for name, col in cols.extras.items():
             data[name] = rows(col, flat)
         return MultiAgentBatch({self._policy_id: SampleBatch(data)}, n_rows), m
-
-
-def _empty_infos(n: int) -> list[dict[str, Any]]:
-    """``n`` separate empty info dicts: the infos column of an env without infos."""
-    return [{} for _ in range(n)]
 
 
 def _flat(col: np.ndarray) -> np.ndarray:
@@ -355,9 +365,11 @@ class _EpisodeViews(EpisodeViews):
         S = cols.rewards.shape[1]  # step slots per env (obs: one more)
         first = H + seg.start  # the first step's slot
         stop = first + seg.len  # one past the last step's slot
-        self._a = (first - seg.lookback).tolist()  # first slot, lookback included
-        self._b = stop.tolist()
-        self._env, self._lb = seg.env.tolist(), seg.lookback.tolist()
+        # (numpy, not lists: only a column's build reads these, and numpy arrays are not
+        # containers the cyclic GC traverses)
+        self._a = first - seg.lookback  # first slot, lookback included
+        self._b = stop
+        self._env, self._lb = seg.env, seg.lookback
         self._s0, self._s1 = (seg.env * S + first).tolist(), (seg.env * S + stop).tolist()
         o = seg.env * (S + 1)
         self._o0, self._o1 = (o + first).tolist(), (o + stop + 1).tolist()
@@ -371,9 +383,8 @@ class _EpisodeViews(EpisodeViews):
         """Episode ``i``'s observations after its lookback (views)."""
         if self._obs is not None:
             return self._obs[self._o0[i] : self._o1[i]]
-        return obs_at(
-            self._cols.obs, (self._env[i], slice(self._a[i] + self._lb[i], self._b[i] + 1))
-        )
+        e, a, b = int(self._env[i]), int(self._a[i] + self._lb[i]), int(self._b[i])
+        return obs_at(self._cols.obs, (e, slice(a, b + 1)))
 
     def actions(self, i: int) -> Any:
         """Episode ``i``'s actions after its lookback (a view)."""
@@ -392,7 +403,7 @@ class _EpisodeViews(EpisodeViews):
     def column(self, i: int, name: str) -> Any:
         """Episode ``i``'s column ``name``: a borrowed buffer over views of the call's
         columns (extra model outputs: a new dict of them)."""
-        trusted, lb = InfiniteLookbackBuffer.trusted, self._lb[i]
+        trusted, lb = InfiniteLookbackBuffer.trusted, int(self._lb[i])
         s0, s1 = self._s0[i] - lb, self._s1[i]
         if name == "actions":
             return trusted(self._actions[s0:s1], lb, self._act_space)
@@ -400,7 +411,7 @@ class _EpisodeViews(EpisodeViews):
             return trusted(self._rewards[s0:s1], lb, reward_space())
         if name == "extra_model_outputs":
             return {k: trusted(c[s0:s1], lb) for k, c in self._extras.items()}
-        e, a, b = self._env[i], self._a[i], self._b[i]
+        e, a, b = int(self._env[i]), int(self._a[i]), int(self._b[i])
         if name == "observations":
             return trusted(obs_at(self._cols.obs, (e, slice(a, b + 1))), lb, self._obs_space)
         if name != "infos":

@@ -1,0 +1,202 @@
+"""The single-agent batch's time-major path (one chunk gathered in place) against the
+general env-major path, call after call: the same rows, dtypes, metrics and carried
+state; the deferred ``eps_id`` column; ``segment_sums`` against a loop."""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+import pytest
+
+import jaxsampler as js
+from jaxsampler.episodes.batch import Deferred
+from jaxsampler.sampling.device import single_rows
+from jaxsampler.sampling.device.columns import _env_major, segment_sums
+from tests.fakes import FakeEnv
+
+COLUMNS = ("obs", "new_obs", "actions", "rewards", "terminateds", "truncateds", "t", "eps_id")
+
+
+def _sampler(policy: str, horizon: int, rollout_length: int = 5) -> tuple[js.Sampler, object]:
+    env = FakeEnv()
+    if policy == "random":
+        pol = js.RandomPolicy(env.observation_space, env.action_space)
+    else:
+        pol = js.MLPPolicy(env.observation_space, env.action_space, hidden_sizes=(4,))
+    params = pol.init(jax.random.PRNGKey(0))
+    s = js.Sampler(
+        env,
+        pol,
+        num_envs=3,
+        rollout_length=rollout_length,
+        seed=5,
+        episode_lookback_horizon=horizon,
+    )
+    return s, params
+
+
+def _run(s: js.Sampler, params: object) -> list:
+    """Batches and episodes of a fixed call sequence (episodes between batches read the
+    head the batches carried)."""
+    out = []
+    for call in range(5):
+        if call == 2:
+            out.append(("episodes", s.sample(params)))
+        else:
+            b = s.sample_batch(params)["default_policy"]
+            out.append(("batch", {k: b[k] for k in list(b.keys())}))
+        out.append(("metrics", s.metrics.as_dict()))
+    out.append(("state", s._convert.get_state()))
+    return out
+
+
+def _assert_same(a: object, b: object, where: str) -> None:
+    if isinstance(a, dict):
+        assert isinstance(b, dict) and list(a) == list(b), where
+        for k in a:
+            _assert_same(a[k], b[k], f"{where}.{k}")
+    elif isinstance(a, js.SingleAgentEpisode):
+        _assert_same(a.get_state(), b.get_state(), where)
+    elif isinstance(a, (list, tuple)):
+        assert type(a) is type(b) and len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            _assert_same(x, y, f"{where}[{i}]")
+    elif isinstance(a, np.ndarray):
+        assert isinstance(b, np.ndarray) and a.dtype == b.dtype, where
+        np.testing.assert_array_equal(a, b, err_msg=where)
+    elif hasattr(a, "__dataclass_fields__"):
+        for k in a.__dataclass_fields__:
+            _assert_same(getattr(a, k), getattr(b, k), f"{where}.{k}")
+    else:
+        assert a == b, where
+
+
+@pytest.mark.parametrize(
+    "policy, horizon, rollout_length",
+    [("random", 0, 5), ("random", 1, 5), ("mlp", 3, 5), ("random", 5, 5), ("random", 7, 5)],
+)
+def test_time_major_batches_equal_the_env_major_path(monkeypatch, policy, horizon, rollout_length):
+    s, params = _sampler(policy, horizon, rollout_length)
+    taken = []
+    real = single_rows.applies
+
+    def spy(*args):
+        taken.append(real(*args))
+        return taken[-1]
+
+    monkeypatch.setattr(single_rows, "applies", spy)
+    fast = _run(s, params)
+    assert any(taken) == (rollout_length >= horizon)
+    monkeypatch.setattr(single_rows, "applies", lambda *args: False)
+    s2, _ = _sampler(policy, horizon, rollout_length)
+    general = _run(s2, params)
+    for (kind, a), (_, b) in zip(fast, general, strict=True):
+        _assert_same(a, b, kind)
+    batch = fast[0][1]
+    assert set(COLUMNS) <= set(batch) and batch["eps_id"].dtype == object
+    if policy == "mlp":
+        assert {"action_logp", "vf_preds"} & set(batch)
+
+
+def test_eps_id_is_built_on_first_read_with_the_ids_of_its_call():
+    s, params = _sampler("random", 1)
+    ref, _ = _sampler("random", 1)
+    b = s.sample_batch(params)["default_policy"]
+    assert type(dict.__getitem__(b, "eps_id")) is Deferred  # not built yet
+    s.sample_batch(params, force_reset=True)  # a reset moves the sampler's ids on
+    eps = ref.sample(params)
+    expected = np.concatenate([[e.id_] * len(e) for e in eps])
+    np.testing.assert_array_equal(b["eps_id"], expected)
+    assert b["eps_id"].dtype == object and len(set(map(id, b["eps_id"]))) == len(eps)
+
+
+def test_the_general_path_serves_calls_the_time_major_one_does_not():
+    s, params = _sampler("random", 1)
+    chunk_calls = []
+    real = single_rows.applies
+    s.sample_batch(params)
+    chunks = s.last_chunks
+    chunk_calls.append(real(chunks, None, 1))
+    chunk_calls.append(real(chunks, 3, 1))  # num_episodes: general
+    chunk_calls.append(real(chunks + chunks, None, 1))  # two chunks: general
+    chunk_calls.append(real(chunks, None, 6))  # horizon beyond the chunk: general
+    assert chunk_calls == [True, False, False, False]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_segment_sums_match_a_loop(seed):
+    rng = np.random.default_rng(seed)
+    values = rng.normal(size=(6, 11)).astype(np.float32)
+    flat = values.reshape(-1)
+    # random non-overlapping runs, the last one reaching the end on even seeds
+    cuts = np.sort(rng.choice(np.arange(1, flat.size), size=14, replace=False))
+    bounds = np.concatenate([[0], cuts, [flat.size]])
+    starts, stops = bounds[:-1:2], bounds[1::2]
+    if seed % 2:
+        stops = stops.copy()
+        stops[-1] -= 1
+    lens = stops - starts
+    keep = lens > 0
+    starts, lens = starts[keep], lens[keep]
+    got = segment_sums(values, starts, lens)
+    want = [flat[a : a + n].astype(np.float64).sum() for a, n in zip(starts, lens, strict=True)]
+    assert got.dtype == np.float64
+    np.testing.assert_allclose(got, want, rtol=1e-12)
+    assert segment_sums(values, starts[:0], lens[:0]).shape == (0,)
+
+
+@pytest.mark.parametrize("shape", [(5, 4, 1, 3), (5, 4, 1, 2, 3), (5, 4, 1), (5, 4, 1, 1)])
+@pytest.mark.parametrize("dtype", [np.float32, np.uint8, np.int64, bool])
+def test_env_major_columns_equal_a_plain_transpose(shape, dtype):
+    """Items of several values are moved as opaque units: the values must not change."""
+    rng = np.random.default_rng(len(shape))
+    x = (rng.random(shape) * 10).astype(dtype)
+    parts = [x[:3, :, 0], x[2:, :, 0]]  # strided views, as the buffers' agent 0
+    head = (rng.random((4, 2) + shape[3:]) * 10).astype(dtype)
+    got = _env_major(parts, head, 2)
+    want = np.concatenate([head] + [p.swapaxes(0, 1) for p in parts], axis=1)
+    assert got.dtype == want.dtype and got.flags.c_contiguous
+    np.testing.assert_array_equal(got, want)
+    zeros = _env_major(parts, None, 2)
+    np.testing.assert_array_equal(zeros[:, :2], np.zeros_like(head))
+    np.testing.assert_array_equal(zeros[:, 2:], want[:, 2:])
+
+
+def test_env_major_falls_back_where_an_input_is_not_viewable_as_units():
+    rng = np.random.default_rng(0)
+    x = rng.random((5, 4, 1, 3)).astype(np.float32)
+    head = rng.random((4, 2, 6)).astype(np.float32)[:, :, ::2]  # strided trailing axis
+    got = _env_major([x[:, :, 0]], head, 2)
+    np.testing.assert_array_equal(got, np.concatenate([head, x[:, :, 0].swapaxes(0, 1)], 1))
+    assert _env_major([np.zeros((0, 4, 3), np.float32)], None, 1).shape == (4, 1, 3)
+
+
+def test_writing_to_a_time_major_batch_changes_no_later_call():
+    """The batch's columns are gathered copies: writes to them (new_obs built first, which
+    makes obs writable) leave the carried head and every later call's data alone."""
+    s, params = _sampler("mlp", 2)
+    twin, _ = _sampler("mlp", 2)
+    b = s.sample_batch(params)["default_policy"]
+    twin.sample_batch(params)
+    b["new_obs"]  # builds new_obs: obs becomes writable
+    for k in ("obs", "new_obs", "actions", "rewards", "terminateds", "truncateds", "t"):
+        b[k][...] = 7
+    for _ in range(2):
+        got = s.sample_batch(params)["default_policy"]
+        want = twin.sample_batch(params)["default_policy"]
+        for k in COLUMNS:
+            np.testing.assert_array_equal(got[k], want[k], err_msg=k)
+    got_eps, want_eps = s.sample(params), twin.sample(params)
+    for x, y in zip(got_eps, want_eps, strict=True):
+        _assert_same(x.get_state(), y.get_state(), "episode")
+
+
+def test_cached_row_offsets_equal_a_fresh_arange_and_cannot_be_written():
+    for n, step in [(0, 3), (5, 3), (5000, 3), (7, 3), (4, 1)]:
+        got = single_rows.steps(n, step)
+        np.testing.assert_array_equal(got, np.arange(0, n * step, step))
+        assert got.dtype == np.int64 and not got.flags.writeable
+    t = single_rows.t_column(np.array([4, -2, 0]), np.array([2, 3, 1]), 6)
+    # segment i's rows count up from t0[i] (t0 already less the segment's first row)
+    np.testing.assert_array_equal(t, np.array([4, -2, 0]).repeat([2, 3, 1]) + np.arange(6))
+    assert t.flags.writeable and t.dtype == np.int64
