@@ -34,6 +34,11 @@ bytes written once into fresh memory, one object per episode (a minimal slotted 
 RLlib's own empty episodes) -- as a ratio to the bare rollout next to the measured one
 (``row["floors"]``, and a Floors table with how close each unmet target is to its floor).
 
+GC thresholds (``--gc-rounds``, 0 for none): every ``sample+read`` cell also runs that
+side in a steady loop (no ``gc.collect()`` forced between calls) with Python's default GC
+thresholds and with the first generation's raised to 100,000 in turn (``row["gc_tuning"]``):
+what a user's process can buy with one ``gc.set_threshold`` (jaxsampler never changes it).
+
 Options the code under test may or may not have are passed through and dropped, with a
 note in the results, where this checkout does not take them: ``--prefetch`` (the
 sampler's ``prefetch=True``), ``--sampler-kwargs JSON`` (every ``DeviceSampler``),
@@ -346,8 +351,41 @@ def measure_cell(cell: Cell, T: int, rounds: int, opts: argparse.Namespace, note
         )  # fmt: skip
     if is_minatar:
         row["memory"] = minatar_memory(sampler, params, opts.memory_calls)
+    if "sample+read" in cell.sides and opts.gc_rounds:
+        row["gc_tuning"] = gc_tuning(lambda: sample_and_read(sampler, params), opts.gc_rounds)
     row["wall_s"] = time.perf_counter() - t0
     return row
+
+
+#: the raised first-generation threshold :func:`gc_tuning` compares with Python's default
+GC_TUNED = 100_000
+
+
+def gc_tuning(call: Callable[[], Any], rounds: int) -> dict[str, Any]:
+    """``call()`` in a steady loop (no ``gc.collect()`` forced, the previous result alive
+    until the next is made), with Python's default GC thresholds and with the first
+    generation's raised to :data:`GC_TUNED` (a setting of the user's process, which
+    jaxsampler never changes), alternating; medians (ms) and the paired ratio."""
+    default = gc.get_threshold()
+    times: dict[str, list[float]] = {"default": [], "tuned": []}
+    keep = call()
+    try:
+        for r in range(rounds):
+            for name in harness.rotated(list(times), r):
+                gc.set_threshold(GC_TUNED, *default[1:]) if name == "tuned" else None
+                dt, out = _timed(call)
+                gc.set_threshold(*default)
+                times[name].append(dt)
+                keep = out
+    finally:
+        gc.set_threshold(*default)
+    del keep
+    return {
+        "threshold0": GC_TUNED,
+        "default_ms": statistics.median(times["default"]) * 1e3,
+        "tuned_ms": statistics.median(times["tuned"]) * 1e3,
+        "speedup": harness.paired_ratio(times["default"], times["tuned"]),
+    }
 
 
 def minatar_memory(sampler: Any, params: Any, calls: int) -> dict[str, Any]:
@@ -543,6 +581,15 @@ def markdown(res: Mapping[str, Any], before: Mapping[str, Any] | None) -> str:
                 f"`sample_batch()` {m['peak_bytes'] / MiB:.0f} MiB = {m['peak_over_bytes']:.2f}x "
                 f"held ({m['peak_over_nbytes']:.2f}x nbytes).",
             ]
+    for row in res["cells"]:
+        if "gc_tuning" in row:
+            g = row["gc_tuning"]
+            lines.append(
+                f"\n{row['cell']}: sample + read in a steady loop (no collection forced "
+                f"between calls) {g['default_ms']:.1f} ms with Python's default GC thresholds, "
+                f"{g['tuned_ms']:.1f} ms with `gc.set_threshold({g['threshold0']:,})` in the "
+                f"user's process ({g['speedup']:.2f}x, paired)."
+            )
     for row in res.get("devices", {}).get("cells", []):
         lines.append(
             f"\n{row['cell']}: `sample_batch()` 2 devices / 1: {row['speedup_sample_batch']:.2f}x; "
@@ -641,6 +688,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--floor-idle", type=float, help="s before a cold copy (default 3; quick 0)")
     p.add_argument("--parts", nargs="+", choices=("cells", "devices"), default=["cells", "devices"])
     p.add_argument("--cells", nargs="+", metavar="TEXT", help="only cells whose name has TEXT")
+    p.add_argument("--gc-rounds", type=int, help="rounds of the GC-threshold comparison (0: none)")
     p.add_argument("--before", type=Path, help="an earlier host_side.json to compare with")
     p.add_argument("--prefetch", action="store_true", help="DeviceSampler(prefetch=True)")
     p.add_argument("--sampler-kwargs", type=_json_kwargs, default={}, metavar="JSON")
@@ -659,6 +707,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
             "memory_calls": 3,
             "floor_repeats": 5,
             "floor_idle": 3.0,
+            "gc_rounds": 5,
         },
         quick={
             "rollout_length": 8,
@@ -667,13 +716,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
             "memory_calls": 1,
             "floor_repeats": 2,
             "floor_idle": 0.0,
+            "gc_rounds": 2,
         },
     )
     args = sizes.apply(args)
     for k in ("rollout_length", "rounds", "big_rounds", "memory_calls"):
         if getattr(args, k) < 1:
             p.error(f"--{k.replace('_', '-')} must be >= 1, got {getattr(args, k)}")
-    for k in ("floor_repeats", "floor_idle"):
+    for k in ("floor_repeats", "floor_idle", "gc_rounds"):
         if getattr(args, k) < 0:
             p.error(f"--{k.replace('_', '-')} must be >= 0, got {getattr(args, k)}")
     if args.prefetch:

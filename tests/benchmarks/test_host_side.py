@@ -70,9 +70,7 @@ def test_quick_writes_the_schema(tmp_path):
     assert objs["episodes"] >= 16 and objs["objects"] == objs["episodes"]
     assert objs["measured_ratio"] == cart["sides"]["sample+read"]["ratio"]
     base = cart["sides"]["rollout"]["median_s"]
-    assert objs["floor_ratio"] == pytest.approx(
-        (base + objs["minimal_read_steady_ms"] / 1e3) / base
-    )
+    assert objs["floor_ratio"] == pytest.approx((base + objs["minimal_read_ms"] / 1e3) / base)
     assert "## Floors" in md and "| CartPole-v1 16 mlp | sample_batch |" in md.split("## Floors")[1]
     assert (tmp_path / "host_side.png").stat().st_size > 0
     # A second run drawn against the first as "before".
