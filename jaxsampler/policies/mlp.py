@@ -44,6 +44,7 @@ import numpy as np
 
 from jaxsampler import vector
 from jaxsampler.policies.base import NoState, Policy, batch_dims
+from jaxsampler.policies.rows import row_budget, where_rows
 from jaxsampler.spaces import Box, Discrete, Space
 from jaxsampler.transforms.mask import MASK_KEY, OBS_KEY, legal_actions, split_masked_space
 
@@ -271,8 +272,20 @@ class FeedForwardActorCritic(Policy):
             and cls.act_on_rows is FeedForwardActorCritic.act_on_rows
         )
 
+    @property
+    def values_on_rows(self) -> bool:
+        """:meth:`act_on_rows` takes ``value_rows`` whenever it runs (:attr:`acts_on_rows`)."""
+        return self.acts_on_rows
+
     def act_on_rows(
-        self, params: Any, obs: Any, key: jax.Array, policy_state: Any, rows: jax.Array
+        self,
+        params: Any,
+        obs: Any,
+        key: jax.Array,
+        policy_state: Any,
+        rows: jax.Array,
+        *,
+        value_rows: jax.Array | None = None,
     ) -> tuple[Any, dict[str, jax.Array], Any]:
         """``__call__`` with the actor on the agent rows ``rows`` only (``int32[E, k]``;
         see :meth:`Policy.act_on_rows`): the actor runs on those rows and the actions are
@@ -282,13 +295,19 @@ class FeedForwardActorCritic(Policy):
         sampling policy's actions are other draws from the same distributions than
         ``__call__``'s; a greedy one's are the same.
 
-        ``vf_preds`` comes from the critic on every row, as in ``__call__``: values of
-        agents that do not act are read too (at a reset step, the final observations'
-        values bootstrap truncated episodes in GAE and n-step returns). XLA drops the actor
-        of that full-row pass and the critic of the row pass, whose outputs go unused. Pure.
+        ``vf_preds``: with ``value_rows=None`` the critic runs on every row, as in
+        ``__call__``. With a ``bool[E, A]`` mask (the rollout passes the acting agents and
+        every agent of a resetting env, the rows GAE and n-step returns read) it runs on
+        those rows only, about ``E x k`` plus a quarter of the rest
+        (:func:`~jaxsampler.policies.rows.where_rows`), and the other rows get 0. XLA drops
+        the actor of the critic's pass and the critic of the actor's. Pure.
         """
-        num_agents = batch_dims(obs, self.observation_space)[1]
-        _, value, _ = self.forward(params, obs)
+        E, num_agents = batch_dims(obs, self.observation_space)[:2]
+        if value_rows is None:
+            _, value, _ = self.forward(params, obs)
+        else:
+            budget = row_budget(E, num_agents, rows.shape[-1])
+            value = where_rows(lambda o: self.forward(params, o)[1], obs, value_rows, budget)
         dist_inputs, _, log_std = self.forward(params, vector.gather_agents(obs, rows))
         placeholder = jnp.zeros(dist_inputs.shape[:2], value.dtype)
         action, extras = _act(
