@@ -44,7 +44,7 @@ import numpy as np
 
 from jaxsampler import vector
 from jaxsampler.policies.base import NoState, Policy, batch_dims
-from jaxsampler.policies.rows import row_budget, where_rows
+from jaxsampler.policies.rows import extra_budget, rows_pass
 from jaxsampler.spaces import Box, Discrete, Space
 from jaxsampler.transforms.mask import MASK_KEY, OBS_KEY, legal_actions, split_masked_space
 
@@ -296,19 +296,27 @@ class FeedForwardActorCritic(Policy):
         ``__call__``'s; a greedy one's are the same.
 
         ``vf_preds``: with ``value_rows=None`` the critic runs on every row, as in
-        ``__call__``. With a ``bool[E, A]`` mask (the rollout passes the acting agents and
-        every agent of a resetting env, the rows GAE and n-step returns read) it runs on
-        those rows only, about ``E x k`` plus a quarter of the rest
-        (:func:`~jaxsampler.policies.rows.where_rows`), and the other rows get 0. XLA drops
-        the actor of the critic's pass and the critic of the actor's. Pure.
+        ``__call__`` (a second pass, XLA dropping its actor). With a ``bool[E, A]`` mask
+        (the rollout passes the acting agents and every agent of a resetting env, the
+        rows GAE and n-step returns read) the critic runs in the actor's pass, on the
+        acting rows and on a budget of the masked others
+        (:func:`~jaxsampler.policies.rows.rows_pass`); the other rows get 0. Pure.
         """
         E, num_agents = batch_dims(obs, self.observation_space)[:2]
         if value_rows is None:
             _, value, _ = self.forward(params, obs)
+            dist_inputs, _, log_std = self.forward(params, vector.gather_agents(obs, rows))
         else:
-            budget = row_budget(E, num_agents, rows.shape[-1])
-            value = where_rows(lambda o: self.forward(params, o)[1], obs, value_rows, budget)
-        dist_inputs, _, log_std = self.forward(params, vector.gather_agents(obs, rows))
+            stds: list[jax.Array | None] = []  # log_std is a param, not a row output
+
+            def net(x: Any) -> tuple[jax.Array, jax.Array]:
+                d, v, s = self.forward(params, x)
+                stds.append(s)
+                return d, v
+
+            budget = extra_budget(E, num_agents, rows.shape[-1])
+            dist_inputs, value = rows_pass(net, obs, rows, value_rows, budget)
+            log_std = stds[0]  # from the main pass (a fallback pass traces its own)
         placeholder = jnp.zeros(dist_inputs.shape[:2], value.dtype)
         action, extras = _act(
             self.action_space, dist_inputs, placeholder, log_std, key, self.explore

@@ -14,12 +14,12 @@ import pytest
 
 import jaxsampler as js
 from jaxsampler.envs.tictactoe import TicTacToe
-from jaxsampler.policies.rows import row_budget, where_rows
+from jaxsampler.policies.rows import extra_budget, rows_pass
 
 
 def rowwise(x):
-    """Elementwise per row (exact whatever the batch), two outputs of different shapes."""
-    return {"sq": x["a"] * x["a"] + 1.0, "first": x["b"][..., 0] - 2}
+    """Elementwise per row (exact whatever the batch): outputs of two shapes, a value."""
+    return {"sq": x["a"] * x["a"] + 1.0, "first": x["b"][..., 0] - 2}, x["a"].sum(-1)
 
 
 def inputs(E=5, A=3, seed=0):
@@ -30,59 +30,69 @@ def inputs(E=5, A=3, seed=0):
     }
 
 
-def reference(tree, mask):
-    out = rowwise(tree)  # NumPy on every row
-    return {
-        "sq": np.where(mask[..., None], out["sq"], 0.0),
-        "first": np.where(mask, out["first"], 0),
-    }
-
-
-@pytest.mark.parametrize("count", [0, 3, 6, 7, 15])  # budget 6: fits up to 6, then falls back
-def test_masked_rows_get_the_functions_outputs_and_the_others_zeros(count):
+@pytest.mark.parametrize("k", [1, 2])
+@pytest.mark.parametrize("extra", [0, 2, 3, 6])  # budget 3 rows beyond the acting ones
+def test_outputs_on_the_rows_and_values_where_the_mask_holds(k, extra):
+    rng = np.random.default_rng(10 * k + extra)
     tree = inputs()
-    mask = np.zeros(15, bool)
-    mask[np.random.default_rng(count).permutation(15)[:count]] = True
-    mask = mask.reshape(5, 3)
-    want = reference(tree, mask)
-    fn = lambda t, m: where_rows(rowwise, t, m, 6)
-    for got in (fn(tree, jnp.asarray(mask)), jax.jit(fn)(tree, jnp.asarray(mask))):
-        for name in want:
-            np.testing.assert_array_equal(np.asarray(got[name]), want[name])
-            assert got[name].dtype == want[name].dtype
+    E, A = 5, 3
+    rows = np.stack([rng.permutation(A)[:k] for _ in range(E)])
+    on_rows = np.zeros((E, A), bool)
+    np.put_along_axis(on_rows, rows, True, axis=1)
+    mask = on_rows.copy()
+    others = np.argwhere(~on_rows)
+    mask[tuple(others[rng.permutation(len(others))[:extra]].T)] = True
+    out_all, value_all = rowwise(tree)  # NumPy on every row: the reference
+    want_out = {
+        n: np.take_along_axis(v, rows.reshape(rows.shape + (1,) * (v.ndim - 2)), 1)
+        for n, v in out_all.items()
+    }
+    want_value = np.where(mask, value_all, 0.0)
+    fn = lambda t, r, m: rows_pass(rowwise, t, r, m, 3)
+    args = (tree, jnp.asarray(rows, jnp.int32), jnp.asarray(mask))
+    for out, value in (fn(*args), jax.jit(fn)(*args)):
+        for name in want_out:
+            np.testing.assert_array_equal(np.asarray(out[name]), want_out[name])
+            assert out[name].dtype == want_out[name].dtype
+        np.testing.assert_array_equal(np.asarray(value), want_value)
 
 
-def test_the_function_sees_only_the_budget_when_the_mask_fits():
+def test_one_pass_of_acting_plus_budget_rows_and_a_fallback_over_every_row():
     seen = []
 
     def spy(x):
-        seen.append(x.shape)
-        return x.sum(-1)
+        seen.append(x.shape[0])
+        return x, x.sum(-1)
 
     x = jnp.ones((4, 2, 3))
-    mask = jnp.zeros((4, 2), bool).at[1, 1].set(True)
-    out = where_rows(spy, x, mask, 5)
-    assert (5, 3) in seen and (8, 3) in seen  # the two branches of the cond
-    np.testing.assert_array_equal(np.asarray(out), np.where(np.asarray(mask), 3.0, 0.0))
+    rows = jnp.zeros((4, 1), jnp.int32)
+    mask = jnp.zeros((4, 2), bool).at[:, 0].set(True).at[1, 1].set(True)
+    _, value = rows_pass(spy, x, rows, mask, 1)
+    assert seen == [4 + 1, 8]  # the pass, and the fallback branch (traced, not run)
+    np.testing.assert_array_equal(np.asarray(value), np.where(np.asarray(mask), 3.0, 0.0))
     seen.clear()
-    where_rows(spy, x, mask, 8)  # the budget covers every row: no cond, one pass
-    assert seen == [(8, 3)]
+    rows_pass(spy, x, rows, mask, 4)  # every other row fits: no fallback
+    assert seen == [8]
+    seen.clear()
+    rows_pass(spy, x, jnp.array([[0, 1]] * 4, jnp.int32), mask, 0)  # k == A
+    assert seen == [8]
 
 
-def test_row_budget():
-    assert row_budget(512, 2, 1) == 512 + 128
-    assert row_budget(6, 2, 1) == 6 + 2  # rounded up
-    assert row_budget(4, 3, 3) == 12  # every row
+def test_extra_budget():
+    assert extra_budget(512, 2, 1) == 128
+    assert extra_budget(6, 2, 1) == 2  # rounded up
+    assert extra_budget(4, 3, 3) == 0  # every row acts
     with pytest.raises(ValueError, match="1 <= k <= A"):
-        row_budget(4, 2, 3)
+        extra_budget(4, 2, 3)
 
 
 def test_bad_input():
     x = jnp.ones((4, 2, 3))
-    with pytest.raises(ValueError, match=r"\[E, A\] mask"):
-        where_rows(lambda t: t, x, jnp.ones((8,), bool), 4)
+    rows = jnp.zeros((4, 1), jnp.int32)
+    with pytest.raises(ValueError, match=r"rows \[E, k\] and value_rows \[E, A\]"):
+        rows_pass(lambda t: (t, t.sum(-1)), x, rows, jnp.ones((8,), bool), 1)
     with pytest.raises(ValueError, match="budget must lie in"):
-        where_rows(lambda t: t, x, jnp.ones((4, 2), bool), 9)
+        rows_pass(lambda t: (t, t.sum(-1)), x, rows, jnp.ones((4, 2), bool), 9)
 
 
 def test_act_on_rows_values_match_the_critic_on_every_row():
@@ -94,7 +104,7 @@ def test_act_on_rows_values_match_the_critic_on_every_row():
     obs = obs.astype(env.observation_space.dtype)
     rows = jnp.zeros((E, 1), jnp.int32)
     _, value, _ = policy.forward(params, obs)
-    for n_reset in (0, 3, 10):  # 10 resetting envs overflow the budget (16 + 4 rows)
+    for n_reset in (0, 3, 10):  # 10 resetting envs overflow the budget (4 extra rows)
         needed = jnp.zeros((E, 2), bool).at[:, 0].set(True).at[:n_reset, 1].set(True)
         _, extras, _ = policy.act_on_rows(
             params, obs, jax.random.PRNGKey(2), None, rows, value_rows=needed
@@ -110,3 +120,24 @@ def test_act_on_rows_values_match_the_critic_on_every_row():
         shared.values_on_rows
         and not js.RandomPolicy(env.observation_space, env.action_space).values_on_rows
     )
+
+
+def test_a_gaussian_policy_acts_the_same_with_and_without_value_rows():
+    obs_space = js.spaces.Box(-1.0, 1.0, (3,), np.float32)
+    act_space = js.spaces.Box(-1.0, 1.0, (2,), np.float32)
+    policy = js.MLPPolicy(obs_space, act_space, hidden_sizes=(8,))
+    params = policy.init(jax.random.PRNGKey(0))
+    obs = jax.random.normal(jax.random.PRNGKey(1), (6, 3, 3))
+    rows = jnp.array([[0], [1], [2], [0], [1], [2]], jnp.int32)
+    needed = jnp.zeros((6, 3), bool).at[jnp.arange(6), rows[:, 0]].set(True).at[0].set(True)
+    key = jax.random.PRNGKey(2)
+    a, x, _ = policy.act_on_rows(params, obs, key, None, rows, value_rows=needed)
+    b, y, _ = policy.act_on_rows(params, obs, key, None, rows)
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6, atol=1e-6)
+    for name in ("action_dist_inputs", "action_logp"):
+        np.testing.assert_allclose(np.asarray(x[name]), np.asarray(y[name]), rtol=1e-6, atol=1e-6)
+    m = np.asarray(needed)
+    np.testing.assert_allclose(
+        np.asarray(x["vf_preds"])[m], np.asarray(y["vf_preds"])[m], rtol=1e-6, atol=1e-6
+    )
+    assert not np.asarray(x["vf_preds"])[~m].any()

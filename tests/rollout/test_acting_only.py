@@ -53,6 +53,11 @@ def test_rows_helpers_match_numpy():
     rows = np.asarray(vector.acting_rows(jnp.asarray(acting), 2))
     # acting agents first, in agent order, then the others
     np.testing.assert_array_equal(rows, [[1, 0], [0, 2], [0, 1]])
+    # k = 1 takes no sort: the first column of the stable sort, on every pattern of A = 3
+    every = np.array(np.meshgrid(*[[False, True]] * 3)).reshape(3, -1).T
+    one = np.asarray(vector.acting_rows(jnp.asarray(every), 1))
+    np.testing.assert_array_equal(one[:, 0], np.argsort(~every, axis=-1, kind="stable")[:, 0])
+    assert one.dtype == np.int32
     x = np.arange(3 * 3 * 2, dtype=np.float32).reshape(3, 3, 2)
     got = np.asarray(vector.gather_agents(jnp.asarray(x), jnp.asarray(rows)))
     np.testing.assert_array_equal(got, np.take_along_axis(x, rows[..., None], axis=1))
