@@ -85,15 +85,14 @@ def rows_pass(
     extra = (value_rows & ~on_rows).reshape(n)
     idx = mine
     if budget > 0:
-        _, more = jax.lax.top_k(extra.astype(jnp.float32), budget)
+        # the needed rows first, then other rows off ``rows``: the budget (at most the
+        # E x (A - k) rows off ``rows``) never picks a row of ``rows`` twice
+        score = extra.astype(jnp.float32) * 2 + (~on_rows).reshape(n).astype(jnp.float32)
+        _, more = jax.lax.top_k(score, budget)
         idx = jnp.concatenate([mine, more.astype(jnp.int32)])
     out, value = fn(jax.tree.map(lambda x: jnp.take(x, idx, axis=0), flat))
     out = jax.tree.map(lambda y: y[: E * k].reshape((E, k) + y.shape[1:]), out)
-    # the extra rows first, the acting rows last: a row picked twice keeps its acting value
-    v = jnp.zeros((n,), value.dtype)
-    if budget > 0:
-        v = v.at[idx[E * k :]].set(value[E * k :])
-    v = v.at[mine].set(value[: E * k])
+    v = jnp.zeros((n,), value.dtype).at[idx].set(value, unique_indices=True)
     fits = jnp.sum(extra) <= budget
 
     def every(_: None) -> jax.Array:
