@@ -298,9 +298,9 @@ class FeedForwardActorCritic(Policy):
         ``vf_preds``: with ``value_rows=None`` the critic runs on every row, as in
         ``__call__`` (a second pass, XLA dropping its actor). With a ``bool[E, A]`` mask
         (the rollout passes the acting agents and every agent of a resetting env, the
-        rows GAE and n-step returns read) the critic runs in the actor's pass, on the
-        acting rows and on a budget of the masked others
-        (:func:`~jaxsampler.policies.rows.rows_pass`); the other rows get 0. Pure.
+        rows GAE and n-step returns read) the acting rows and a budget of the masked
+        others are gathered once, the actor runs on the acting ones and the critic on all
+        of them (:func:`~jaxsampler.policies.rows.rows_pass`); the other rows get 0. Pure.
         """
         E, num_agents = batch_dims(obs, self.observation_space)[:2]
         if value_rows is None:
@@ -316,7 +316,7 @@ class FeedForwardActorCritic(Policy):
 
             budget = extra_budget(E, num_agents, rows.shape[-1])
             dist_inputs, value = rows_pass(net, obs, rows, value_rows, budget)
-            log_std = stds[0]  # from the main pass (a fallback pass traces its own)
+            log_std = stds[0]  # from the actor's call (a fallback pass traces its own)
         placeholder = jnp.zeros(dist_inputs.shape[:2], value.dtype)
         action, extras = _act(
             self.action_space, dist_inputs, placeholder, log_std, key, self.explore

@@ -8,9 +8,10 @@ non-acting agents of the envs that reset). Its number of rows is static; a step 
 needs more than the budget holds (far above any game's usual reset rate) computes the
 values on every row instead, so no value is ever dropped.
 
-One pass over both sets of rows costs much less than a separate critic pass: on the
-2-core CPU the second pass's fixed costs are about as large as the hand-written loop's
-whole network.
+The rows are gathered once; the actor's outputs come from the acting rows and the values
+from all gathered rows, so no row computes what it drops. A critic over every row, or a
+critic pass inside the fallback's ``lax.cond``, cost about as much again as the
+hand-written loop's whole network on the 2-core CPU.
 """
 
 from __future__ import annotations
@@ -44,11 +45,13 @@ def extra_budget(num_envs: int, num_agents: int, k: int) -> int:
 def rows_pass(
     fn: RowFn, tree: Any, rows: jax.Array, value_rows: jax.Array, budget: int
 ) -> tuple[Any, jax.Array]:
-    """``fn`` on the agent rows ``rows`` and on the value rows, in one call.
+    """``fn``'s outputs on the agent rows ``rows`` and its values on the value rows.
 
-    ``fn`` runs on the ``E x k`` rows of ``rows`` followed by ``budget`` distinct further
+    One gather takes the ``E x k`` rows of ``rows`` followed by ``budget`` distinct further
     rows that include every row of ``value_rows`` outside ``rows`` when they fit (a
-    top-k of the mask: one library call). When they do not fit, the values are taken
+    top-k of the mask: one library call); the outputs are ``fn``'s on the first
+    ``E x k`` of them, the values ``fn``'s on all (``fn`` is called twice and XLA drops
+    what each call does not return). When the rows do not fit, the values are taken
     from ``fn`` on every row instead (a ``lax.cond`` on a scalar: one branch runs; under
     ``vmap`` both do). ``fn`` must treat rows independently (an MLP does): a row's
     outputs do not depend on the other rows of its batch, up to the float rounding of a
@@ -90,8 +93,12 @@ def rows_pass(
         score = extra.astype(jnp.float32) * 2 + (~on_rows).reshape(n).astype(jnp.float32)
         _, more = jax.lax.top_k(score, budget)
         idx = jnp.concatenate([mine, more.astype(jnp.int32)])
-    out, value = fn(jax.tree.map(lambda x: jnp.take(x, idx, axis=0), flat))
-    out = jax.tree.map(lambda y: y[: E * k].reshape((E, k) + y.shape[1:]), out)
+    picked = jax.tree.map(lambda x: jnp.take(x, idx, axis=0), flat)
+    # two calls on the same gathered rows: XLA keeps the outputs of the first (the acting
+    # rows) and the values of the second (all of them), so no row computes what it drops
+    out = fn(jax.tree.map(lambda x: x[: E * k], picked))[0]
+    value = fn(picked)[1]
+    out = jax.tree.map(lambda y: y.reshape((E, k) + y.shape[1:]), out)
     v = jnp.zeros((n,), value.dtype).at[idx].set(value, unique_indices=True)
     fits = jnp.sum(extra) <= budget
 

@@ -57,7 +57,7 @@ def test_outputs_on_the_rows_and_values_where_the_mask_holds(k, extra):
         np.testing.assert_array_equal(np.asarray(value), want_value)
 
 
-def test_one_pass_of_acting_plus_budget_rows_and_a_fallback_over_every_row():
+def test_outputs_on_the_acting_rows_values_on_those_plus_the_budget_and_a_fallback():
     seen = []
 
     def spy(x):
@@ -68,14 +68,15 @@ def test_one_pass_of_acting_plus_budget_rows_and_a_fallback_over_every_row():
     rows = jnp.zeros((4, 1), jnp.int32)
     mask = jnp.zeros((4, 2), bool).at[:, 0].set(True).at[1, 1].set(True)
     _, value = rows_pass(spy, x, rows, mask, 1)
-    assert seen == [4 + 1, 8]  # the pass, and the fallback branch (traced, not run)
+    # the acting rows (outputs), those and the budget (values), the fallback (traced only)
+    assert seen == [4, 4 + 1, 8]
     np.testing.assert_array_equal(np.asarray(value), np.where(np.asarray(mask), 3.0, 0.0))
     seen.clear()
     rows_pass(spy, x, rows, mask, 4)  # every other row fits: no fallback
-    assert seen == [8]
+    assert seen == [4, 8]
     seen.clear()
     rows_pass(spy, x, jnp.array([[0, 1]] * 4, jnp.int32), mask, 0)  # k == A
-    assert seen == [8]
+    assert seen == [8, 8]
 
 
 def test_extra_budget():
