@@ -147,6 +147,10 @@ def policy_step(
     value of every acting agent and of every agent of an env that resets at this step
     (GAE and n-step returns bootstrap from those); a policy that cannot restrict its
     critic (:attr:`~jaxsampler.policies.Policy.values_on_rows` False) gives every row's.
+    This covers games whose players end together (TicTacToe, every pgx game). In an env
+    where one agent is truncated while the others play on, n-step returns and V-trace
+    would bootstrap that agent from the step after its truncation, where its value is 0
+    here (GAE reads the reset step's, which is kept).
 
     Args:
         policy: the policy (static).
