@@ -169,6 +169,8 @@ def acting_rows(acting: jax.Array, k: int) -> jax.Array:
         acting: ``bool[E, A]``.
         k: rows per env, ``1 <= k <= A`` (static).
     """
+    if k == 1:  # the first acting agent (0 if none): a sort's first row, without the sort
+        return jnp.argmax(acting, axis=-1, keepdims=True).astype(jnp.int32)
     order = jnp.argsort(jnp.logical_not(acting), axis=-1, stable=True)
     return order[..., :k].astype(jnp.int32)
 

@@ -88,7 +88,14 @@ class Policy:
         return type(self).log_prob is not Policy.log_prob
 
     def act_on_rows(
-        self, params: Any, obs: Any, key: jax.Array, policy_state: Any, rows: jax.Array
+        self,
+        params: Any,
+        obs: Any,
+        key: jax.Array,
+        policy_state: Any,
+        rows: jax.Array,
+        *,
+        value_rows: jax.Array | None = None,
     ) -> tuple[Any, dict[str, jax.Array], Any]:
         """``__call__`` with the network evaluated on some agent rows only (optional).
 
@@ -100,6 +107,10 @@ class Policy:
                 ``[E, A, ...]``).
             rows: ``int32[E, k]``, the agent indices to evaluate per env
                 (:func:`jaxsampler.vector.acting_rows`).
+            value_rows: ``bool[E, A]``, the agents whose value estimate is read (the
+                rollout passes the acting agents and every agent of a resetting env), or
+                ``None``: every agent's. Passed only to a policy whose
+                :attr:`values_on_rows` is True.
 
         Returns:
             ``(action, extras, policy_state)`` shaped as ``__call__``'s (``[E, A, ...]``).
@@ -109,8 +120,9 @@ class Policy:
             bits on these rows only, so sampled actions need not be ``__call__``'s own
             draws). The other agents' actions and extras may be placeholders (they do not
             act), except a value estimate (``vf_preds``), which must be given for every
-            agent: at a reset step nobody acts, and GAE bootstraps each truncated agent
-            from its final observation's value.
+            agent in ``value_rows`` (every agent when it is ``None``): at a reset step
+            nobody acts, and GAE bootstraps each truncated agent from its final
+            observation's value. Outside ``value_rows`` it may be a placeholder (0).
 
         Raises:
             NotImplementedError: the policy cannot (:attr:`acts_on_rows` is ``False``).
@@ -121,6 +133,12 @@ class Policy:
     def acts_on_rows(self) -> bool:
         """Whether :meth:`act_on_rows` is implemented (a subclass overrides it)."""
         return type(self).act_on_rows is not Policy.act_on_rows
+
+    @property
+    def values_on_rows(self) -> bool:
+        """Whether :meth:`act_on_rows` accepts ``value_rows`` (False unless a subclass
+        says so: an override written for ``rows`` alone is called without it)."""
+        return False
 
 
 @dataclasses.dataclass(frozen=True)

@@ -44,6 +44,7 @@ import numpy as np
 
 from jaxsampler import vector
 from jaxsampler.policies.base import NoState, Policy, batch_dims
+from jaxsampler.policies.rows import extra_budget, rows_pass
 from jaxsampler.spaces import Box, Discrete, Space
 from jaxsampler.transforms.mask import MASK_KEY, OBS_KEY, legal_actions, split_masked_space
 
@@ -271,8 +272,20 @@ class FeedForwardActorCritic(Policy):
             and cls.act_on_rows is FeedForwardActorCritic.act_on_rows
         )
 
+    @property
+    def values_on_rows(self) -> bool:
+        """:meth:`act_on_rows` takes ``value_rows`` whenever it runs (:attr:`acts_on_rows`)."""
+        return self.acts_on_rows
+
     def act_on_rows(
-        self, params: Any, obs: Any, key: jax.Array, policy_state: Any, rows: jax.Array
+        self,
+        params: Any,
+        obs: Any,
+        key: jax.Array,
+        policy_state: Any,
+        rows: jax.Array,
+        *,
+        value_rows: jax.Array | None = None,
     ) -> tuple[Any, dict[str, jax.Array], Any]:
         """``__call__`` with the actor on the agent rows ``rows`` only (``int32[E, k]``;
         see :meth:`Policy.act_on_rows`): the actor runs on those rows and the actions are
@@ -282,14 +295,28 @@ class FeedForwardActorCritic(Policy):
         sampling policy's actions are other draws from the same distributions than
         ``__call__``'s; a greedy one's are the same.
 
-        ``vf_preds`` comes from the critic on every row, as in ``__call__``: values of
-        agents that do not act are read too (at a reset step, the final observations'
-        values bootstrap truncated episodes in GAE and n-step returns). XLA drops the actor
-        of that full-row pass and the critic of the row pass, whose outputs go unused. Pure.
+        ``vf_preds``: with ``value_rows=None`` the critic runs on every row, as in
+        ``__call__`` (a second pass, XLA dropping its actor). With a ``bool[E, A]`` mask
+        (the rollout passes the acting agents and every agent of a resetting env, the
+        rows GAE and n-step returns read) the acting rows and a budget of the masked
+        others are gathered once, the actor runs on the acting ones and the critic on all
+        of them (:func:`~jaxsampler.policies.rows.rows_pass`); the other rows get 0. Pure.
         """
-        num_agents = batch_dims(obs, self.observation_space)[1]
-        _, value, _ = self.forward(params, obs)
-        dist_inputs, _, log_std = self.forward(params, vector.gather_agents(obs, rows))
+        E, num_agents = batch_dims(obs, self.observation_space)[:2]
+        if value_rows is None:
+            _, value, _ = self.forward(params, obs)
+            dist_inputs, _, log_std = self.forward(params, vector.gather_agents(obs, rows))
+        else:
+            stds: list[jax.Array | None] = []  # log_std is a param, not a row output
+
+            def net(x: Any) -> tuple[jax.Array, jax.Array]:
+                d, v, s = self.forward(params, x)
+                stds.append(s)
+                return d, v
+
+            budget = extra_budget(E, num_agents, rows.shape[-1])
+            dist_inputs, value = rows_pass(net, obs, rows, value_rows, budget)
+            log_std = stds[0]  # from the actor's call (a fallback pass traces its own)
         placeholder = jnp.zeros(dist_inputs.shape[:2], value.dtype)
         action, extras = _act(
             self.action_space, dist_inputs, placeholder, log_std, key, self.explore

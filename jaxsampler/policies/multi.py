@@ -223,18 +223,34 @@ class MultiAgentPolicy(Policy):
         rows go to its own policy, so a turn-based env evaluates them all."""
         return len(self.policies) == 1 and self.policies[0].acts_on_rows
 
+    @property
+    def values_on_rows(self) -> bool:
+        """Whether :meth:`act_on_rows` takes ``value_rows``: its one policy's does."""
+        return self.acts_on_rows and self.policies[0].values_on_rows
+
     def act_on_rows(
-        self, params: Mapping[str, Any], obs: Any, key: jax.Array, policy_state: Any, rows: Any
+        self,
+        params: Mapping[str, Any],
+        obs: Any,
+        key: jax.Array,
+        policy_state: Any,
+        rows: Any,
+        *,
+        value_rows: jax.Array | None = None,
     ) -> tuple[Any, dict[str, jax.Array], Any]:
         """The one policy's :meth:`Policy.act_on_rows` on the agent rows ``rows``
-        (``int32[E, k]``), with ``__call__``'s key split."""
+        (``int32[E, k]``), with ``__call__``'s key split; ``value_rows`` is passed on
+        (only to a policy that takes it)."""
         if not self.acts_on_rows:
             raise NotImplementedError(
                 "MultiAgentPolicy acts on rows only with one policy that can (acts_on_rows)"
             )
         (pid,), (policy,) = self.policy_ids, self.policies
         (k,) = jax.random.split(key, 1)
-        a, x, s = policy.act_on_rows(params[pid], obs, k, policy_state[pid], rows)
+        kw = {"value_rows": value_rows} if value_rows is not None else {}
+        if kw and not policy.values_on_rows:
+            raise TypeError(f"{type(policy).__name__}.act_on_rows does not take value_rows")
+        a, x, s = policy.act_on_rows(params[pid], obs, k, policy_state[pid], rows, **kw)
         return a, x, {pid: s}
 
     @property

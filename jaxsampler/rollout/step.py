@@ -142,8 +142,15 @@ def policy_step(
     A recurrent state is reset to ``initial_policy_state`` in the envs whose episode
     starts at this step (``state.episode_step == 0``). In a turn-based env
     (:func:`acting_only`), the policy acts on the acting agents' rows only
-    (``policy.act_on_rows``): the other agents' actions and extras (but ``vf_preds``) are
-    zero placeholders, which nothing reads (those agents do not act).
+    (``policy.act_on_rows``): the other agents' actions and extras are zero placeholders,
+    which nothing reads (those agents do not act), except ``vf_preds``, which holds the
+    value of every acting agent and of every agent of an env that resets at this step
+    (GAE and n-step returns bootstrap from those); a policy that cannot restrict its
+    critic (:attr:`~jaxsampler.policies.Policy.values_on_rows` False) gives every row's.
+    This covers games whose players end together (TicTacToe, every pgx game). In an env
+    where one agent is truncated while the others play on, n-step returns and V-trace
+    would bootstrap that agent from the step after its truncation, where its value is 0
+    here (GAE reads the reset step's, which is kept).
 
     Args:
         policy: the policy (static).
@@ -172,7 +179,13 @@ def policy_step(
         action, extras, pstate = policy(params, state.obs, key, pstate)
     else:  # a turn-based env: the network runs on the acting agents' rows only
         rows = vector.acting_rows(state.acting, k)
-        action, extras, pstate = policy.act_on_rows(params, state.obs, key, pstate, rows)
+        if policy.values_on_rows:  # values where GAE reads them: acting and reset rows
+            needed = state.acting | state.needs_reset[:, None]
+            action, extras, pstate = policy.act_on_rows(
+                params, state.obs, key, pstate, rows, value_rows=needed
+            )
+        else:
+            action, extras, pstate = policy.act_on_rows(params, state.obs, key, pstate, rows)
     check_action(pipe.action_space, action, batch)
     env_action = pipe.to_env(action) if pipe.changes_action else action
     check_action(env.action_space, env_action, batch)

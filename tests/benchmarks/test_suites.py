@@ -45,6 +45,17 @@ def test_quick_gymnax_writes_the_schema(suites, tmp_path):
         )
     ]
     assert row["ratio"] == pytest.approx(statistics.median(ratios))
+    # the ratio's two factors: time per env step (both run E x T) and agent-steps per call
+    per_step = [
+        h / j
+        for h, j in zip(
+            row["handwritten"]["round_median_s"], row["jaxsampler"]["round_median_s"], strict=True
+        )
+    ]
+    assert row["env_step_ratio"] == pytest.approx(statistics.median(per_step))
+    assert row["floor"] == row["jaxsampler"]["agent_steps_per_call"] / (E * T)
+    # one round of one call here, so no medians come between: ratio = per step x floor
+    assert row["ratio"] == pytest.approx(row["env_step_ratio"] * row["floor"])
     md = (tmp_path / "suites.md").read_text()
     assert "| gymnax | `gymnax:Breakout-MinAtar` | 1 | 8 |" in md
 

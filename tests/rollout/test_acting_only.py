@@ -9,6 +9,9 @@ distribution of the draws, and NumPy's ``take_along_axis`` for the row helpers.
 
 from __future__ import annotations
 
+import dataclasses
+from typing import Any
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -50,6 +53,11 @@ def test_rows_helpers_match_numpy():
     rows = np.asarray(vector.acting_rows(jnp.asarray(acting), 2))
     # acting agents first, in agent order, then the others
     np.testing.assert_array_equal(rows, [[1, 0], [0, 2], [0, 1]])
+    # k = 1 takes no sort: the first column of the stable sort, on every pattern of A = 3
+    every = np.array(np.meshgrid(*[[False, True]] * 3)).reshape(3, -1).T
+    one = np.asarray(vector.acting_rows(jnp.asarray(every), 1))
+    np.testing.assert_array_equal(one[:, 0], np.argsort(~every, axis=-1, kind="stable")[:, 0])
+    assert one.dtype == np.int32
     x = np.arange(3 * 3 * 2, dtype=np.float32).reshape(3, 3, 2)
     got = np.asarray(vector.gather_agents(jnp.asarray(x), jnp.asarray(rows)))
     np.testing.assert_array_equal(got, np.take_along_axis(x, rows[..., None], axis=1))
@@ -73,10 +81,11 @@ def test_a_greedy_policy_gives_the_every_row_trajectory():
         np.testing.assert_allclose(fast.extras[name][act], full.extras[name][act], rtol=1e-6)
 
 
-def test_values_of_every_agent_are_kept_for_truncation_bootstraps():
+def test_values_are_kept_where_bootstraps_read_them():
     """Games cut by a 4-move limit: at the reset step nobody acts, but GAE bootstraps each
     truncated player from its final observation's value, so ``vf_preds`` must hold every
-    agent's value at every step (as evaluating every row does), and the advantages match."""
+    agent's value at reset steps and the mover's at the others (as evaluating every row
+    does); a waiting player's is 0 (nothing reads it); the advantages match."""
     env_params = TicTacToe().default_params.replace(max_steps_in_episode=4)
     policy = mlp(TicTacToe(masked_obs=True), explore=False)  # legal moves: games go on
     trajs = []
@@ -87,7 +96,12 @@ def test_values_of_every_agent_are_kept_for_truncation_bootstraps():
         trajs.append(jax.device_get(jax.jit(rollout)(params, state)[1]))
     fast, full = trajs
     assert (full.truncated & ~full.terminated).any()  # some games hit the limit
-    np.testing.assert_allclose(fast.extras["vf_preds"], full.extras["vf_preds"], rtol=1e-6)
+    read = full.acting | full.is_reset[..., None]
+    assert (~read).any()
+    np.testing.assert_allclose(
+        fast.extras["vf_preds"][read], full.extras["vf_preds"][read], rtol=1e-6
+    )
+    assert not fast.extras["vf_preds"][~read].any()
     last = jnp.zeros(full.rewards.shape[1:])
     got, want = (js.compute_gae(t, last) for t in (fast, full))
     np.testing.assert_allclose(got.advantages, want.advantages, rtol=1e-5, atol=1e-6)
@@ -110,8 +124,12 @@ def test_a_sampling_policy_records_the_networks_outputs_for_its_own_actions():
     np.testing.assert_allclose(
         traj.extras["action_logp"][act], np.asarray(logp)[act], rtol=1e-5, atol=1e-6
     )
-    # every agent's value, acting or not (GAE reads them at reset steps)
-    np.testing.assert_allclose(traj.extras["vf_preds"], np.asarray(value), rtol=1e-6, atol=1e-6)
+    # every agent's value at reset steps (GAE bootstraps from them), 0 for a waiting one
+    read = act | traj.is_reset[..., None]
+    np.testing.assert_allclose(
+        traj.extras["vf_preds"][read], np.asarray(value)[read], rtol=1e-6, atol=1e-6
+    )
+    assert not traj.extras["vf_preds"][~read].any()
     # where one player moves, the other's row was skipped by the actor: zeros, never
     # another agent's output
     skipped = ~act & (act.sum(-1, keepdims=True) == 1)
@@ -169,3 +187,41 @@ def test_more_agents_acting_than_declared_is_an_error_not_a_dropped_action():
     rollout = js.make_rollout(env, policy, 2, 3, debug=True)
     with pytest.raises(RolloutDebugError, match="max_acting=1"):
         rollout(policy.init(jax.random.PRNGKey(0)), rollout.init(jax.random.PRNGKey(1)))
+
+
+@dataclasses.dataclass(frozen=True)
+class RowsOnly(js.policies.Policy):
+    """An ``act_on_rows`` written for ``rows`` alone (``values_on_rows`` stays False)."""
+
+    inner: Any
+    observation_space: Any
+    action_space: Any
+
+    def init(self, key):
+        return self.inner.init(key)
+
+    def initial_state(self, batch_shape):
+        return self.inner.initial_state(batch_shape)
+
+    def __call__(self, params, obs, key, policy_state):
+        return self.inner(params, obs, key, policy_state)
+
+    def act_on_rows(self, params, obs, key, policy_state, rows):
+        return self.inner.act_on_rows(params, obs, key, policy_state, rows)
+
+
+def test_a_policy_that_takes_rows_alone_still_gives_every_agents_value():
+    env = TicTacToe()
+    inner = mlp(env)
+    wrapped = RowsOnly(inner, env.observation_space, env.action_space)
+    assert wrapped.acts_on_rows and not wrapped.values_on_rows
+    params, fast = rollout_of(env, inner)
+    _, full = rollout_of(env, wrapped)
+    for field in ("obs", "actions", "rewards", "acting", "is_reset"):
+        np.testing.assert_array_equal(getattr(fast, field), getattr(full, field))
+    _, value, _ = inner.forward(params, full.obs[:-1])
+    np.testing.assert_allclose(full.extras["vf_preds"], np.asarray(value), rtol=1e-6, atol=1e-6)
+    read = fast.acting | fast.is_reset[..., None]
+    np.testing.assert_allclose(
+        fast.extras["vf_preds"][read], full.extras["vf_preds"][read], rtol=1e-6, atol=1e-7
+    )

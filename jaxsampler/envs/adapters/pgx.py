@@ -169,7 +169,11 @@ class PgxEnv(SuiteEnv):
         """
         params = self.params if params is None else params
         player = jnp.clip(state.current_player, 0, self.num_agents - 1)
-        move = jnp.asarray(action, jnp.int32).reshape((self.num_agents,))[player]
+        # the mover's entry by a masked sum, not an index: one elementwise op under vmap
+        # where a gather would be a separate kernel per step (the same integer)
+        ids = jnp.arange(self.num_agents, dtype=jnp.int32)
+        action = jnp.asarray(action, jnp.int32).reshape((self.num_agents,))
+        move = jnp.sum(jnp.where(ids == player, action, 0))
         state = self.env.step(state, move, key)
         return state, self._timestep(state, params)
 
