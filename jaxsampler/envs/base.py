@@ -50,6 +50,12 @@ class Env:
     #: (:attr:`jaxsampler.policies.Policy.acts_on_rows`). ``check_env`` and ``debug=True``
     #: rollouts fail on a step where more agents act.
     max_acting: ClassVar[int | None] = None
+    #: Every agent's episode ends at the same step (no agent is done while others play
+    #: on), as in TicTacToe and every pgx game. A turn-based env (``max_acting``) that
+    #: declares it lets the rollout run the critic only on the rows whose value is read
+    #: (acting agents, and every agent of an env that resets): an agent done alone would
+    #: be bootstrapped from an unread row. ``check_env`` fails a run that breaks it.
+    agents_end_together: ClassVar[bool] = False
 
     @property
     def name(self) -> str:

@@ -113,6 +113,7 @@ class TicTacToe(MultiAgentEnv):
 
     num_agents: ClassVar[int] = 2
     max_acting: ClassVar[int | None] = 1  # one player moves per step
+    agents_end_together: ClassVar[bool] = True  # (the game ends for both players)
 
     @property
     def name(self) -> str:

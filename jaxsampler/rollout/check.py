@@ -454,6 +454,25 @@ def _check_max_acting(env: Env, rec: dict[str, Any], report: EnvCheckReport) -> 
             return
 
 
+def _check_end_together(env: Env, rec: dict[str, Any], report: EnvCheckReport) -> None:
+    """An env that declares ``agents_end_together`` never has an agent done while another
+    is not (the rollout then skips the critic on rows it would bootstrap such an agent
+    from)."""
+    if not getattr(env, "agents_end_together", False):
+        return
+    report.checks_run.append("every agent's episode ends at the same step")
+    done = (np.asarray(rec["terminated"]) | np.asarray(rec["truncated"])) & rec["alive"][..., None]
+    split = done.any(-1) & ~done.all(-1)  # [S, N]
+    if split.any():
+        t, e = np.argwhere(split)[0]
+        who = np.flatnonzero(done[t, e]).tolist()
+        report.problems.append(
+            f"agents {who} of env {e} are done at step {t + 1} while the others play on, but "
+            "the env declares agents_end_together=True: their bootstrap values would be "
+            "read from rows the rollout leaves without a value"
+        )
+
+
 def _check_run(env: Env, rec: dict[str, Any], report: EnvCheckReport, limit: Any) -> None:
     alive = rec["alive"]  # [S, N]
     report.checks_run.append("observations in space")
@@ -478,6 +497,7 @@ def _check_run(env: Env, rec: dict[str, Any], report: EnvCheckReport, limit: Any
                     t, e = np.argwhere(bad)[0]
                     report.problems.append(f"non-finite {name} at step {t + 1} of env {e}")
     _check_max_acting(env, rec, report)
+    _check_end_together(env, rec, report)
     report.checks_run.append("final observation is real")
     done = rec["done"]
     if not done.any():

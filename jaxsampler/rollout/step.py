@@ -147,10 +147,10 @@ def policy_step(
     value of every acting agent and of every agent of an env that resets at this step
     (GAE and n-step returns bootstrap from those); a policy that cannot restrict its
     critic (:attr:`~jaxsampler.policies.Policy.values_on_rows` False) gives every row's.
-    This covers games whose players end together (TicTacToe, every pgx game). In an env
-    where one agent is truncated while the others play on, n-step returns and V-trace
-    would bootstrap that agent from the step after its truncation, where its value is 0
-    here (GAE reads the reset step's, which is kept).
+    Only for envs that declare ``agents_end_together`` (TicTacToe, every pgx game): where
+    one agent can be done while the others play on, n-step returns and V-trace would
+    bootstrap it from the step after its end, which is no reset step, so every row's value
+    is computed there.
 
     Args:
         policy: the policy (static).
@@ -179,7 +179,8 @@ def policy_step(
         action, extras, pstate = policy(params, state.obs, key, pstate)
     else:  # a turn-based env: the network runs on the acting agents' rows only
         rows = vector.acting_rows(state.acting, k)
-        if policy.values_on_rows:  # values where GAE reads them: acting and reset rows
+        if policy.values_on_rows and getattr(env, "agents_end_together", False):
+            # values where GAE and n-step returns read them: acting and reset rows
             needed = state.acting | state.needs_reset[:, None]
             action, extras, pstate = policy.act_on_rows(
                 params, state.obs, key, pstate, rows, value_rows=needed

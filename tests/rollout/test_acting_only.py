@@ -225,3 +225,36 @@ def test_a_policy_that_takes_rows_alone_still_gives_every_agents_value():
     np.testing.assert_allclose(
         fast.extras["vf_preds"][read], full.extras["vf_preds"][read], rtol=1e-6, atol=1e-7
     )
+
+
+class ApartTicTacToe(TicTacToe):
+    """TicTacToe that does not declare that its players end together."""
+
+    agents_end_together = False
+
+
+def test_an_env_whose_agents_may_end_apart_gets_every_rows_value():
+    # Without the declaration an agent could be done while the others play on, and
+    # n-step returns would bootstrap it from a row that is no reset step: every row's
+    # value is computed (the actor still runs on the acting rows only).
+    policy = mlp(TicTacToe(), explore=False)
+    _, apart = rollout_of(ApartTicTacToe(), policy)
+    _, full = rollout_of(EveryRow(), policy)
+    assert (~(full.acting | full.is_reset[..., None])).any()  # rows nobody reads exist
+    np.testing.assert_allclose(apart.extras["vf_preds"], full.extras["vf_preds"], rtol=1e-6)
+
+
+@dataclasses.dataclass(frozen=True)
+class ClaimsTogether(js.make("Goals-v0").__class__):
+    """Goals-v0 (agents finish at different times) wrongly declaring they end together."""
+
+    agents_end_together = True
+
+
+def test_check_env_refuses_agents_ending_apart_under_the_declaration():
+    report = js.check_env(ClaimsTogether())
+    assert "every agent's episode ends at the same step" in report.checks_run
+    assert any("agents_end_together=True" in p for p in report.problems), report.problems
+    ok = js.check_env(TicTacToe())
+    assert "every agent's episode ends at the same step" in ok.checks_run
+    assert not any("agents_end_together" in p for p in ok.problems), ok.problems

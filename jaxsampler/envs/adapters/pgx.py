@@ -109,6 +109,7 @@ class PgxEnv(SuiteEnv):
     suite: ClassVar[str] = "pgx"
     #: pgx's games are played in turns: only ``current_player`` moves.
     max_acting: ClassVar[int | None] = 1
+    agents_end_together: ClassVar[bool] = True  # (the game ends for both players)
 
     def __post_init__(self) -> None:
         pgx = import_suite("pgx", "pgx")
