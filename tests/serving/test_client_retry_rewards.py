@@ -21,33 +21,24 @@ from jaxsampler.host_envs.external import InvalidDataError, UnknownEpisodeError
 from jaxsampler.serving.client import PolicyClient, _returns_run
 from jaxsampler.serving.server import PolicyServerError
 from tests.fakes import answer, wait_finished
+from tests.serving.proxy import LoopbackProxy
 
 
 def o(x: float) -> np.ndarray:
     return np.full(3, x, np.float32)
 
 
-class Proxy:
+class Proxy(LoopbackProxy):
     """A loopback TCP proxy in front of the server; while ``down``, every connection it
     accepts is closed as soon as its request arrives (nothing reaches the server)."""
 
     def __init__(self, address: str):
-        host, port = address[len("http://") :].split(":")
-        self.upstream = (host, int(port))
         self.down = False
-        self.lsock = socket.create_server(("127.0.0.1", 0))
-        self.address = f"http://127.0.0.1:{self.lsock.getsockname()[1]}"
         self.socks: list[socket.socket] = []
-        threading.Thread(target=self._accept, daemon=True).start()
+        super().__init__(address)
 
-    def _accept(self) -> None:
-        while True:
-            try:
-                client, _ = self.lsock.accept()
-            except OSError:
-                return
-            self.socks.append(client)
-            threading.Thread(target=self._serve, args=(client,), daemon=True).start()
+    def _accepted(self, client: socket.socket) -> None:
+        self.socks.append(client)
 
     def _serve(self, client: socket.socket) -> None:
         upstream = None

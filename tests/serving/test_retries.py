@@ -24,6 +24,7 @@ from jaxsampler.serving import (
     ServerUnavailableError,
 )
 from tests.fakes import answer, http_request, wait_finished
+from tests.serving.proxy import LoopbackProxy
 
 
 def o(x: float) -> np.ndarray:
@@ -52,29 +53,17 @@ def _read_message(sock: socket.socket, buf: bytearray) -> bytes | None:
     return msg
 
 
-class LosingProxy:
+class LosingProxy(LoopbackProxy):
     """Forwards each request to the server; while ``lose`` > 0, a request whose path starts
     with ``lose_path`` has its answer read and dropped (``lost``), and the client's
     connection closed. Counts requests by request line (``seen``)."""
 
     def __init__(self, address: str, lose: int = 0, lose_path: bytes = b"POST /"):
-        host, port = address[len("http://") :].split(":")
-        self.upstream = (host, int(port))
         self.lose, self.lose_path = lose, lose_path
         self.lost: list[bytes] = []
         self.seen: list[bytes] = []
         self.lock = threading.Lock()
-        self.lsock = socket.create_server(("127.0.0.1", 0))
-        self.address = f"http://127.0.0.1:{self.lsock.getsockname()[1]}"
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                client, _ = self.lsock.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._serve, args=(client,), daemon=True).start()
+        super().__init__(address)
 
     def _serve(self, client: socket.socket) -> None:
         up = socket.create_connection(self.upstream)

@@ -13,6 +13,7 @@ import threading
 from jaxsampler.episodes.codec import unpackb
 from jaxsampler.serving import PolicyClient
 from tests.fakes import answer, wait_finished
+from tests.serving.proxy import LoopbackProxy
 from tests.serving.test_retries import _read_message, drop_while_waiting, o, raw
 
 BOUND_STEPS = 4000  # bounded polling loops (x 5 ms)
@@ -68,27 +69,16 @@ def test_a_different_request_under_the_waiting_number_does_not_rejoin(served):
     wait_until(lambda: not server._lingering)
 
 
-class CuttingProxy:
+class CuttingProxy(LoopbackProxy):
     """Forwards requests; the first ``POST /get_action`` is sent on, then its upstream
     connection is closed, ``cut`` waits until the server noticed, and the client's
     connection is closed too (a connection cut mid-wait, seen by both ends)."""
 
     def __init__(self, address: str, cut):
-        host, port = address[len("http://") :].split(":")
-        self.upstream, self.cut = (host, int(port)), cut
+        self.cut = cut
         self.pending_cut = 1
         self.get_actions = 0
-        self.lsock = socket.create_server(("127.0.0.1", 0))
-        self.address = f"http://127.0.0.1:{self.lsock.getsockname()[1]}"
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                client, _ = self.lsock.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._serve, args=(client,), daemon=True).start()
+        super().__init__(address)
 
     def _serve(self, client: socket.socket) -> None:
         up = socket.create_connection(self.upstream)

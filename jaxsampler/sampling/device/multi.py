@@ -19,7 +19,7 @@ import jax
 import numpy as np
 
 from jaxsampler.episodes._sa_views import view_episodes
-from jaxsampler.episodes.batch import Deferred, MultiAgentBatch, SampleBatch
+from jaxsampler.episodes.batch import MultiAgentBatch, SampleBatch
 from jaxsampler.episodes.ids import EpisodeIds, agent_episode_id
 from jaxsampler.episodes.lookback import InfiniteLookbackBuffer, tree_map
 from jaxsampler.episodes.multi_agent import SKIP, MultiAgentEpisode, StaticModuleMapping
@@ -41,21 +41,26 @@ from jaxsampler.sampling.device.columns import (
     NextRows,
     Segments,
     build_columns,
-    check_chunks,
     find_segments,
     no_gc,
     obs_at,
     obs_map,
     unflatten,
 )
-from jaxsampler.sampling.device.parallel import MIN_SPLIT_BYTES, current_pool
+from jaxsampler.sampling.device.multi_calls import (
+    FIELDS,
+    NO_INFOS,
+    check_trajectory,
+    reorder_steps,
+    run_table,
+    slice_rows,
+)
 from jaxsampler.sampling.device.successors import ColumnSuccessors, ContinuedChunks
 from jaxsampler.sampling.metrics import SamplerMetrics
 from jaxsampler.types import Trajectory
 
 __all__ = ["MultiAgentConverter", "check_trajectory", "output_order"]
 
-_FIELDS = [f.name for f in dataclasses.fields(AgentSteps)]
 _H = 1  # column head: the info of each call's first observation (lookback comes from cut)
 
 
@@ -70,25 +75,6 @@ class _CallSteps:
     steps: AgentSteps  # in output order
     pos: np.ndarray  # each step's segment
     old: AgentCarry  # the carry the call started from
-
-
-def _reorder(steps: AgentSteps, order: np.ndarray) -> list[np.ndarray]:
-    """Every field of ``steps`` gathered at ``order`` (the fields split over the current
-    pool's threads where they are large)."""
-    cols = [getattr(steps, name) for name in _FIELDS]
-    pool = current_pool()
-    if pool.threads == 1 or len(order) * 8 * len(cols) < MIN_SPLIT_BYTES:
-        return [np.take(c, order) for c in cols]
-    parts = [cols[i :: pool.threads] for i in range(pool.threads)]
-
-    def gather(part: list[np.ndarray]) -> Any:
-        return lambda: [np.take(c, order) for c in part]
-
-    done = pool.run([gather(p) for p in parts])
-    out: list[np.ndarray] = [np.empty(0)] * len(cols)
-    for i, got in enumerate(done):
-        out[i :: pool.threads] = got
-    return out
 
 
 class MultiAgentConverter:
@@ -233,7 +219,7 @@ class MultiAgentConverter:
         pos = np.take(seg_of_step, steps.env * L + np.maximum(steps.slot - 1, 0))
         rank = self._rank if by_policy else None
         order = output_order(pos, steps.agent, steps.t, len(seg), A, rank)
-        steps = AgentSteps(**dict(zip(_FIELDS, _reorder(steps, order))))
+        steps = AgentSteps(**dict(zip(FIELDS, reorder_steps(steps, order))))
         pos = pos[order]
         if self._rllib_compatible and len(pos):
             # Steps ending at their episode's last env step (its last observation's slot;
@@ -265,7 +251,7 @@ class MultiAgentConverter:
         ends = take_obs(call.obs, old.obs, e[rest], c[rest], a[rest])
         data: dict[str, Any] = {
             SampleBatch.OBS: obs,
-            SampleBatch.NEXT_OBS: NextRows(obs, rest, ends),  # (split per policy: _slice_rows)
+            SampleBatch.NEXT_OBS: NextRows(obs, rest, ends),  # (split per policy: slice_rows)
             SampleBatch.ACTIONS: take(cols.actions, old.action, e, s, a, _H),
             SampleBatch.REWARDS: steps.reward.astype(np.float32),
             SampleBatch.TERMINATEDS: steps.terminated,
@@ -279,8 +265,8 @@ class MultiAgentConverter:
             data[SampleBatch.INFOS] = unflatten(
                 {k: take_info(v, old.info[k], e, s, a, A) for k, v in infos.items()}
             )
-        else:  # (one empty dict per row, made on first read: see _slice_rows)
-            data[SampleBatch.INFOS] = _NO_INFOS
+        else:  # (one empty dict per row, made on first read: see slice_rows)
+            data[SampleBatch.INFOS] = NO_INFOS
         if next_infos and infos:
             data["_next_infos"] = unflatten(
                 {k: take_info(v, old.info[k], e, c, a, A) for k, v in infos.items()}
@@ -323,7 +309,7 @@ class MultiAgentConverter:
         # Rows are grouped by policy: each policy's batch is one slice (numpy views).
         bounds = np.searchsorted(self._rank[steps.agent], np.arange(len(self._pids) + 1))
         batches = {
-            pid: SampleBatch(_slice_rows(data, int(bounds[i]), int(bounds[i + 1])))
+            pid: SampleBatch(slice_rows(data, int(bounds[i]), int(bounds[i + 1])))
             for i, pid in enumerate(self._pids)
         }
         m = cs.metrics
@@ -463,7 +449,7 @@ class MultiAgentConverter:
         (:meth:`_fill_maps`). The same episode as :meth:`_fill` builds (agents with no step
         in the chunk have none; nothing hangs)."""
         ctx = key.ctx
-        runs = ctx.tables.get("runs") or _run_table(ctx)
+        runs = ctx.tables.get("runs") or run_table(ctx)
         ma_id = ep.id_
         ids = [ma_id + suffix for suffix in self._suffixes]  # (agent_episode_id's)
         ep._agent_episode_ids.update(zip(self._agent_ids, ids))
@@ -752,34 +738,6 @@ class _Context:
 
 
 @dataclasses.dataclass(frozen=True)
-class _Runs:
-    """Per run of rows of a call (one agent's steps in one segment), as Python lists:
-    what the call's view-built chunks read (:func:`_run_table`)."""
-
-    agent: list[int]
-    term: list[bool]  # the run's last step's flags
-    trunc: list[bool]
-    t0: list[int]  # the agent timestep of its first step, and one past its last
-    t1: list[int]
-
-
-def _run_table(ctx: _Context) -> _Runs:
-    """The call's :class:`_Runs`, made once (on the first view-built chunk) for all of them."""
-    steps, data = ctx.cs.steps, ctx.data
-    r0, r1 = data.run_start, data.run_stop
-    t0 = steps.t[r0]
-    runs = _Runs(
-        agent=steps.agent[r0].tolist(),
-        term=steps.terminated[r1 - 1].tolist(),
-        trunc=steps.truncated[r1 - 1].tolist(),
-        t0=t0.tolist(),
-        t1=(t0 + (r1 - r0)).tolist(),
-    )
-    ctx.tables["runs"] = runs
-    return runs
-
-
-@dataclasses.dataclass(frozen=True)
 class _Key:
     """One chunk of a call: segment ``i`` of env ``e``, its rows, the successor it continues."""
 
@@ -799,47 +757,6 @@ def _map_entries(entries: np.ndarray) -> list:
     if (entries < 0).any():
         out = [SKIP if v < 0 else v for v in out]
     return out
-
-
-def check_trajectory(chunks: list[Trajectory], num_envs: int, num_agents: int) -> None:
-    """Raises ``ValueError`` before any conversion allocates when a chunk's rewards do not
-    hold this converter's ``[T, num_envs, num_agents]`` or the chunks' fields disagree on
-    their leading axes (:func:`~jaxsampler.sampling.device.columns.check_chunks`)."""
-    for k, c in enumerate(chunks):
-        shape = tuple(np.shape(c.rewards))
-        if shape[1:3] != (num_envs, num_agents):
-            raise ValueError(
-                f"malformed trajectory: chunk {k}'s rewards have shape {shape}, expected "
-                f"[T, {num_envs}, {num_agents}] (this sampler's num_envs, num_agents)"
-            )
-    check_chunks(chunks)
-
-
-_NO_INFOS = object()  # the infos column of an env without infos, before the rows are sliced
-
-
-def _empty_infos(n: int) -> list[dict[str, Any]]:
-    """``n`` separate empty info dicts: the infos column of an env without infos."""
-    return [{} for _ in range(n)]
-
-
-def _slice_rows(data: dict[str, Any], lo: int, hi: int) -> dict[str, Any]:
-    """Rows ``lo:hi`` of every column (views); nested columns (infos, dict / tuple
-    observations) leaf by leaf; ``new_obs`` (:class:`NextRows`) as a deferred column of
-    those rows, over the slice's own ``obs`` views (read-only until it is built)."""
-    out = {
-        k: tree_map(lambda x: x[lo:hi], v)
-        for k, v in data.items()
-        if k != "_next_infos" and type(v) is not NextRows and v is not _NO_INFOS
-    }
-    if data.get(SampleBatch.INFOS) is _NO_INFOS:  # an env without infos
-        out[SampleBatch.INFOS] = Deferred(partial(_empty_infos, hi - lo))
-    nxt = data.get(SampleBatch.NEXT_OBS)
-    if type(nxt) is NextRows:
-        part = nxt.slice(lo, hi)
-        part = NextRows(out[SampleBatch.OBS], part.rows, part.ends).guard()
-        out[SampleBatch.NEXT_OBS] = Deferred(part)
-    return {k: out[k] for k in data if k in out}  # (the columns' order)
 
 
 def _finalize(ep: MultiAgentEpisode) -> None:

@@ -19,7 +19,7 @@ import jaxsampler as js
 from jaxsampler.envs.spread import Spread
 from jaxsampler.sampling import DeviceSampler
 from jaxsampler.sampling.device import agent_steps as agent_steps_module
-from jaxsampler.sampling.device import multi, parallel
+from jaxsampler.sampling.device import multi, multi_calls, parallel
 from jaxsampler.sampling.device.agent_steps import agent_steps, agent_steps_sharded
 from jaxsampler.sampling.device.parallel import HostPool
 from tests.fakes import ChaosEnv
@@ -32,7 +32,7 @@ E, T = 5, 6
 def no_thresholds(monkeypatch: Any) -> None:
     monkeypatch.setattr(agent_steps_module, "MIN_SHARD_SLOTS", 0)
     monkeypatch.setattr(parallel, "MIN_SPLIT_BYTES", 0)
-    monkeypatch.setattr(multi, "MIN_SPLIT_BYTES", 0)
+    monkeypatch.setattr(multi_calls, "MIN_SPLIT_BYTES", 0)
 
 
 @pytest.mark.parametrize("threads", [2, 3])

@@ -1,0 +1,119 @@
+"""Whole-call helpers of the multi-agent converter (:mod:`.multi`): the checks on a call's
+chunks, the reorder of its agent steps, each run's fields for the view-built chunks, and
+the per-policy row slices of a batch."""
+
+from __future__ import annotations
+
+import dataclasses
+from functools import partial
+from typing import Any
+
+import numpy as np
+
+from jaxsampler.episodes.batch import Deferred, SampleBatch
+from jaxsampler.episodes.lookback import tree_map
+from jaxsampler.sampling.device.agent_steps import AgentSteps
+from jaxsampler.sampling.device.columns import NextRows, check_chunks
+from jaxsampler.sampling.device.parallel import MIN_SPLIT_BYTES, current_pool
+from jaxsampler.types import Trajectory
+
+__all__ = [
+    "FIELDS",
+    "NO_INFOS",
+    "Runs",
+    "check_trajectory",
+    "reorder_steps",
+    "run_table",
+    "slice_rows",
+]
+
+FIELDS = [f.name for f in dataclasses.fields(AgentSteps)]
+
+
+def check_trajectory(chunks: list[Trajectory], num_envs: int, num_agents: int) -> None:
+    """Raises ``ValueError`` before any conversion allocates when a chunk's rewards do not
+    hold this converter's ``[T, num_envs, num_agents]`` or the chunks' fields disagree on
+    their leading axes (:func:`~jaxsampler.sampling.device.columns.check_chunks`)."""
+    for k, c in enumerate(chunks):
+        shape = tuple(np.shape(c.rewards))
+        if shape[1:3] != (num_envs, num_agents):
+            raise ValueError(
+                f"malformed trajectory: chunk {k}'s rewards have shape {shape}, expected "
+                f"[T, {num_envs}, {num_agents}] (this sampler's num_envs, num_agents)"
+            )
+    check_chunks(chunks)
+
+
+def reorder_steps(steps: AgentSteps, order: np.ndarray) -> list[np.ndarray]:
+    """Every field of ``steps`` gathered at ``order`` (the fields split over the current
+    pool's threads where they are large)."""
+    cols = [getattr(steps, name) for name in FIELDS]
+    pool = current_pool()
+    if pool.threads == 1 or len(order) * 8 * len(cols) < MIN_SPLIT_BYTES:
+        return [np.take(c, order) for c in cols]
+    parts = [cols[i :: pool.threads] for i in range(pool.threads)]
+
+    def gather(part: list[np.ndarray]) -> Any:
+        return lambda: [np.take(c, order) for c in part]
+
+    done = pool.run([gather(p) for p in parts])
+    out: list[np.ndarray] = [np.empty(0)] * len(cols)
+    for i, got in enumerate(done):
+        out[i :: pool.threads] = got
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class Runs:
+    """Per run of rows of a call (one agent's steps in one segment), as Python lists:
+    what the call's view-built chunks read (:func:`run_table`)."""
+
+    agent: list[int]
+    term: list[bool]  # the run's last step's flags
+    trunc: list[bool]
+    t0: list[int]  # the agent timestep of its first step, and one past its last
+    t1: list[int]
+
+
+def run_table(ctx: Any) -> Runs:
+    """The call's :class:`Runs` (``ctx``: its converter context), made once, on the first
+    view-built chunk, for all of them."""
+    steps, data = ctx.cs.steps, ctx.data
+    r0, r1 = data.run_start, data.run_stop
+    t0 = steps.t[r0]
+    runs = Runs(
+        agent=steps.agent[r0].tolist(),
+        term=steps.terminated[r1 - 1].tolist(),
+        trunc=steps.truncated[r1 - 1].tolist(),
+        t0=t0.tolist(),
+        t1=(t0 + (r1 - r0)).tolist(),
+    )
+    ctx.tables["runs"] = runs
+    return runs
+
+
+NO_INFOS = object()  # the infos column of an env without infos, before the rows are sliced
+
+
+def empty_infos(n: int) -> list[dict[str, Any]]:
+    """``n`` separate empty info dicts: the infos column of an env without infos."""
+    return [{} for _ in range(n)]
+
+
+def slice_rows(data: dict[str, Any], lo: int, hi: int) -> dict[str, Any]:
+    """Rows ``lo:hi`` of every column (views); nested columns (infos, dict / tuple
+    observations) leaf by leaf; ``new_obs`` (:class:`NextRows`) as a deferred column of
+    those rows, over the slice's own ``obs`` views (read-only until it is built)."""
+    out = {
+        k: tree_map(lambda x: x[lo:hi], v)
+        for k, v in data.items()
+        if k != "_next_infos" and type(v) is not NextRows and v is not NO_INFOS
+    }
+    if data.get(SampleBatch.INFOS) is NO_INFOS:  # an env without infos
+        out[SampleBatch.INFOS] = Deferred(partial(empty_infos, hi - lo))
+    nxt = data.get(SampleBatch.NEXT_OBS)
+    if type(nxt) is NextRows:
+        part = nxt.slice(lo, hi)
+        part = NextRows(out[SampleBatch.OBS], part.rows, part.ends).guard()
+        out[SampleBatch.NEXT_OBS] = Deferred(part)
+    return {k: out[k] for k in data if k in out}  # (the columns' order)
