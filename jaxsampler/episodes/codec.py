@@ -145,9 +145,8 @@ _HEADS: dict[tuple[np.dtype, tuple[int, ...]], bytes] = {}
 _MAX_HEADS = 4096
 
 
-def _array_bytes(a: np.ndarray | np.generic) -> bytes:
-    """``packb(_array_payload(np.asarray(a)))``, byte for byte, from a cached head and the
-    data (``a``: an array or a numpy scalar)."""
+def _array_bytes(a: np.ndarray) -> bytes:
+    """``packb(_array_payload(a))``, byte for byte, from a cached head and the data."""
     key = (a.dtype, a.shape)
     head = _HEADS.get(key)
     if head is None:
@@ -164,7 +163,7 @@ def _array_bytes(a: np.ndarray | np.generic) -> bytes:
         return b"".join((head, b"\xc5", n.to_bytes(2, "big"), data))
     if n < 0x100000000:
         return b"".join((head, b"\xc6", n.to_bytes(4, "big"), data))
-    return packb(_array_payload(np.asarray(a)))  # (msgpack's own error over 4 GiB)
+    return packb(_array_payload(a))  # (msgpack's own error over 4 GiB)
 
 
 def _default(obj: Any) -> Any:
@@ -173,7 +172,9 @@ def _default(obj: Any) -> Any:
             return msgpack.ExtType(_OBJARRAY, packb([list(obj.shape), obj.ravel().tolist()]))
         return msgpack.ExtType(_ARRAY, _array_bytes(obj))
     if isinstance(obj, np.generic):
-        return msgpack.ExtType(_SCALAR, _array_bytes(obj))
+        # (as a 0-d array: an empty str_ / bytes_ scalar's own dtype is <U0 / |S0, which
+        # the decoder refuses; np.asarray gives <U1 / |S1, as the payload always had)
+        return msgpack.ExtType(_SCALAR, _array_bytes(np.asarray(obj)))
     if isinstance(obj, tuple):
         return msgpack.ExtType(_TUPLE, packb(list(obj)))
     if isinstance(obj, sp.Space):

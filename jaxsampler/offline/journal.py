@@ -72,7 +72,8 @@ class StepJournal:
     file of a checkpoint a crash interrupted is removed, the journal itself being whole)
     and reads the episode ids it holds, which the env then refuses to start again.
 
-    Entries are encoded as the env records them (under its lock) and go out as one frame,
+    Entries are encoded as the env records them (the big ones, an observation or a batch
+    of answers, before it takes its lock: :meth:`encode`) and go out as one frame,
     in one write, per :meth:`commit`, which the env runs before each acknowledgement:
     entries of concurrent calls share a write (group commit). A commit returns once every
     entry recorded before it began is written (and fsynced as ``fsync`` says): the first

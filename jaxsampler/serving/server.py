@@ -623,7 +623,8 @@ class PolicyServer(_Commands, HTTPServer, HostEnv):
         self._check_sampler("get_action")
         entry: list = [conn, eid, None]  # the waiter is filled in below
 
-        def answered() -> None:  # sampler thread (or whoever ends the wait), under the env lock
+        def answered() -> None:  # whoever ends the wait: the sampler thread under the env
+            # lock, or with a journal the thread that woke the answers after their commit
             self._answers.append(entry)
             if not self._wake_pending:
                 self._wake_pending = True

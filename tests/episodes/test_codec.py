@@ -422,6 +422,8 @@ _ARRAYS = [
     np.int64(3),
     np.bool_(True),
     np.str_("xy"),
+    np.str_(""),  # (its own dtype is <U0, which the decoder refuses: encoded as <U1)
+    np.bytes_(b""),
     np.datetime64("2020-01-01"),
     np.zeros(()),
     np.arange(7, dtype=np.int8),

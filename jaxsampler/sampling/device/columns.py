@@ -402,8 +402,11 @@ def _env_major(parts: Sequence[np.ndarray], head: np.ndarray | None, H: int) -> 
     out, src, old = _units(result), [_units(p) for p in parts], None
     if head is not None:
         old = _units(head)
-    if any(a.ndim != out.ndim for a in src + ([] if old is None else [old])):
-        out, src, old = result, list(parts), head  # (an input not viewable as units)
+    inputs = list(parts) + ([] if head is None else [head])
+    if any(a.ndim != out.ndim for a in src + ([] if old is None else [old])) or any(
+        a.dtype != result.dtype for a in inputs
+    ):  # (an input not viewable as units, or of another dtype: cast value by value)
+        out, src, old = result, list(parts), head
     pool = current_pool()
 
     def fill(a: int, b: int) -> None:
@@ -438,7 +441,7 @@ def _units(x: np.ndarray) -> np.ndarray:
     if size <= x.itemsize:
         return x
     # (the trailing axes merge without a copy: they are contiguous)
-    flat = np.reshape(x, x.shape[:2] + (-1,), copy=False)
+    flat = x.reshape(x.shape[:2] + (-1,))
     return flat.view(np.dtype((np.void, size)))[:, :, 0]
 
 

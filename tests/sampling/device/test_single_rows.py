@@ -200,3 +200,15 @@ def test_cached_row_offsets_equal_a_fresh_arange_and_cannot_be_written():
     # segment i's rows count up from t0[i] (t0 already less the segment's first row)
     np.testing.assert_array_equal(t, np.array([4, -2, 0]).repeat([2, 3, 1]) + np.arange(6))
     assert t.flags.writeable and t.dtype == np.int64
+
+
+def test_env_major_casts_inputs_of_another_dtype_value_by_value():
+    # A part or head of another dtype than the first part's is cast (as numpy assignment
+    # casts), never reinterpreted byte by byte as an opaque unit.
+    x = np.arange(5 * 4 * 3, dtype=np.float32).reshape(5, 4, 3)
+    y = np.arange(2 * 4 * 3, dtype=np.int32).reshape(2, 4, 3)
+    head = np.full((4, 1, 3), 7, np.int64)
+    got = _env_major([x, y], head, 1)
+    want = np.concatenate([head, x.swapaxes(0, 1), y.swapaxes(0, 1)], axis=1).astype(np.float32)
+    assert got.dtype == np.float32
+    np.testing.assert_array_equal(got, want)
