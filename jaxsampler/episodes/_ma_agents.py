@@ -78,10 +78,7 @@ class _LazyField(Generic[_T]):
         d = episode.__dict__
         if "_lazy" in d:
             _build_lazy(episode)
-        value = d[self._name]
-        if value.__class__ is _Unmade:
-            value = d[self._name] = value.make()
-        return value
+        return d[self._name]
 
     def __set__(self, episode: object, value: _T) -> None:
         d = episode.__dict__
@@ -106,29 +103,6 @@ class _LazyMaps(_LazyField[_T]):
         episode.__dict__.pop("_lazy_maps", None)  # (replaced whole)
 
 
-class _Unmade:
-    """An empty per-agent cache not made yet: a lazy episode's build leaves the hanging
-    caches as this shared placeholder (most episodes never touch them, and each made
-    ``defaultdict`` is one more object for the cyclic GC to walk); the first access
-    through the attribute makes the real one."""
-
-    __slots__ = ("make",)
-
-    def __init__(self, make: Callable[[], Any]):
-        self.make = make
-
-
-_NO_EXTRAS = _Unmade(lambda: defaultdict(dict))
-_NO_REWARDS = _Unmade(lambda: defaultdict(float))
-
-
-def _make_all(d: dict[str, Any]) -> None:
-    """Replaces every :class:`_Unmade` placeholder in an episode's ``__dict__``."""
-    for k, v in d.items():
-        if v.__class__ is _Unmade:
-            d[k] = v.make()
-
-
 def _build_maps(episode: Any) -> None:
     """Runs a lazy episode's pending maps builder (on an exception it stays pending)."""
     d = episode.__dict__
@@ -147,8 +121,6 @@ def _build_lazy(episode: Any) -> None:
     build, key = d.pop("_lazy")
     try:
         episode._init_agent_state()
-        d["_hanging_extra_model_outputs_end"] = _NO_EXTRAS
-        d["_hanging_rewards_end"] = d["_hanging_rewards_begin"] = _NO_REWARDS
         d["_len_lookback_buffers"] = 0
         build(episode, key)
     except BaseException:
@@ -239,7 +211,6 @@ class _AgentBookkeeping:
             _build_lazy(self)
         if "_lazy_maps" in self.__dict__:
             _build_maps(self)
-        _make_all(self.__dict__)
 
     @property
     def is_done(self) -> bool:
