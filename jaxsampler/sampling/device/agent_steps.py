@@ -244,7 +244,7 @@ def agent_steps_sharded(
     def shard(e0: int, e1: int) -> Any:
         def run() -> tuple[AgentSteps, AgentCarry]:
             sub = cols.map(lambda c: c[e0:e1], lambda o: o[:, e0:e1])
-            old = _carry_map(lambda x: x[e0:e1], carry)
+            old = _carry_zip(lambda x: x[e0:e1], carry)
             return agent_steps(sub, old, episode_step0[e0:e1], next_acting[e0:e1])
 
         return run
@@ -259,41 +259,23 @@ def agent_steps_sharded(
             for f in dataclasses.fields(AgentSteps)
         }
     )
-    return steps, _carry_join([c for _, c in done])
+    return steps, _carry_zip(lambda *xs: np.concatenate(xs), *(c for _, c in done))
 
 
-def _carry_map(fn: Any, carry: AgentCarry) -> AgentCarry:
-    """``fn`` applied to every array of ``carry`` (each has the env axis first)."""
-    return AgentCarry(
-        pend=fn(carry.pend),
-        obs=obs_map(fn, carry.obs),
-        action=fn(carry.action),
-        extras={k: fn(v) for k, v in carry.extras.items()},
-        info={k: fn(v) for k, v in carry.info.items()},
-        reward=fn(carry.reward),
-        start=fn(carry.start),
-        done=fn(carry.done),
-        n_act=fn(carry.n_act),
-    )
-
-
-def _carry_join(carries: list[AgentCarry]) -> AgentCarry:
-    """Carries of consecutive env shards as one (concatenated on the env axis)."""
-
-    def cat(*xs: np.ndarray) -> np.ndarray:
-        return np.concatenate(xs)
-
+def _carry_zip(fn: Any, *carries: AgentCarry) -> AgentCarry:
+    """The carry whose every array is ``fn`` of the carries' arrays at that place (each
+    has the env axis first): one carry's env slice, or several carries joined."""
     first = carries[0]
     return AgentCarry(
-        pend=cat(*(c.pend for c in carries)),
-        obs=obs_map(cat, *(c.obs for c in carries)),
-        action=cat(*(c.action for c in carries)),
-        extras={k: cat(*(c.extras[k] for c in carries)) for k in first.extras},
-        info={k: cat(*(c.info[k] for c in carries)) for k in first.info},
-        reward=cat(*(c.reward for c in carries)),
-        start=cat(*(c.start for c in carries)),
-        done=cat(*(c.done for c in carries)),
-        n_act=cat(*(c.n_act for c in carries)),
+        pend=fn(*(c.pend for c in carries)),
+        obs=obs_map(fn, *(c.obs for c in carries)),
+        action=fn(*(c.action for c in carries)),
+        extras={k: fn(*(c.extras[k] for c in carries)) for k in first.extras},
+        info={k: fn(*(c.info[k] for c in carries)) for k in first.info},
+        reward=fn(*(c.reward for c in carries)),
+        start=fn(*(c.start for c in carries)),
+        done=fn(*(c.done for c in carries)),
+        n_act=fn(*(c.n_act for c in carries)),
     )
 
 

@@ -30,6 +30,7 @@ __all__ = [
     "Segments",
     "build_columns",
     "check_chunks",
+    "empty_infos",
     "find_segments",
     "info_for_obs",
     "info_leaves",
@@ -224,6 +225,12 @@ def no_gc() -> Iterator[None]:
     finally:
         if enabled:
             gc.enable()
+
+
+def empty_infos(n: int) -> list[dict[str, Any]]:
+    """``n`` separate empty info dicts: a batch's infos column for an env without infos
+    (built on first read, as a :class:`~jaxsampler.episodes.batch.Deferred` column)."""
+    return [{} for _ in range(n)]
 
 
 def info_leaves(infos: Any, prefix: InfoPath = ()) -> list[tuple[InfoPath, Any]]:

@@ -13,7 +13,7 @@ import numpy as np
 from jaxsampler.episodes.batch import Deferred, SampleBatch
 from jaxsampler.episodes.lookback import tree_map
 from jaxsampler.sampling.device.agent_steps import AgentSteps
-from jaxsampler.sampling.device.columns import NextRows, check_chunks
+from jaxsampler.sampling.device.columns import NextRows, check_chunks, empty_infos
 from jaxsampler.sampling.device.parallel import MIN_SPLIT_BYTES, current_pool
 from jaxsampler.types import Trajectory
 
@@ -93,11 +93,6 @@ def run_table(ctx: Any) -> Runs:
 
 
 NO_INFOS = object()  # the infos column of an env without infos, before the rows are sliced
-
-
-def empty_infos(n: int) -> list[dict[str, Any]]:
-    """``n`` separate empty info dicts: the infos column of an env without infos."""
-    return [{} for _ in range(n)]
 
 
 def slice_rows(data: dict[str, Any], lo: int, hi: int) -> dict[str, Any]:

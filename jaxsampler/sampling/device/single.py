@@ -32,6 +32,7 @@ from jaxsampler.sampling.device.columns import (
     Segments,
     build_columns,
     check_chunks,
+    empty_infos,
     find_segments,
     info_for_obs,
     no_gc,
@@ -308,7 +309,7 @@ class SingleAgentConverter:
             SampleBatch.REWARDS: rows(cols.rewards, flat),
             SampleBatch.TERMINATEDS: rows(cols.terminated, flat),
             SampleBatch.TRUNCATEDS: rows(cols.truncated, flat),
-            SampleBatch.T: np.repeat((seg.t_started - first).astype(np.int64), lens) + row,
+            SampleBatch.T: single_rows.t_column(seg.t_started - first, lens, n_rows),
             # Object arrays of shared strs, as episodes_to_batch gives: 8 bytes per row (a
             # fresh <U32 column is 128 bytes per row, and its page faults cost milliseconds).
             SampleBatch.EPS_ID: single_rows.deferred_ids(self._ids, seg),
@@ -323,7 +324,7 @@ class SingleAgentConverter:
             )
         else:
             # one dict per row, built on first read (most readers never touch infos)
-            data[SampleBatch.INFOS] = Deferred(partial(single_rows.empty_infos, n_rows))
+            data[SampleBatch.INFOS] = Deferred(partial(empty_infos, n_rows))
         for name, col in cols.extras.items():
             data[name] = rows(col, flat)
         return MultiAgentBatch({self._policy_id: SampleBatch(data)}, n_rows), m

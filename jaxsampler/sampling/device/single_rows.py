@@ -26,6 +26,7 @@ from jaxsampler.sampling.device.columns import (
     NextRows,
     Segments,
     build_columns,
+    empty_infos,
     find_segments,
     first_leaf,
     info_leaves,
@@ -38,7 +39,6 @@ __all__ = [
     "applies",
     "batch_columns",
     "deferred_ids",
-    "empty_infos",
     "episode_ids",
     "segments",
     "steps",
@@ -132,11 +132,6 @@ def deferred_ids(ids: EpisodeIds, seg: Segments) -> Deferred:
     """:func:`episode_ids` of the segments as a column built on its first read (most
     learners never read it); the ids are those of ``ids`` now, not after a reset."""
     return Deferred(partial(episode_ids, copy.copy(ids), seg.env, seg.count, seg.len))
-
-
-def empty_infos(n: int) -> list[dict[str, Any]]:
-    """``n`` separate empty info dicts: the infos column of an env without infos."""
-    return [{} for _ in range(n)]
 
 
 _STEPS: dict[int, np.ndarray] = {}
