@@ -97,3 +97,15 @@ def served():
     yield server, loop, holds
     loop.close()
     server.close()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _no_ray_cluster_left_running():
+    """Each test module leaves no Ray cluster behind. RLlib starts one on its own when an
+    algorithm is built; one left running forwards its raylet's log lines (a full-disk
+    warning, say) to this process's stderr at any later time, into another test's captured
+    output (the quiet CLI test's empty stderr)."""
+    yield
+    ray = sys.modules.get("ray")
+    if ray is not None and ray.is_initialized():
+        ray.shutdown()
