@@ -25,6 +25,7 @@ Env authors rarely write ``reset``/``step`` themselves:
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any, ClassVar
 
@@ -33,10 +34,11 @@ import jax.numpy as jnp
 
 from jaxsampler import vector
 from jaxsampler.constants import DEFAULT_AGENT_ID
+from jaxsampler.envs.groups import AgentGroup, GroupLayout
 from jaxsampler.spaces import Space
 from jaxsampler.types import NoInfo, PyTree, TimeStep
 
-__all__ = ["Env", "MultiAgentEnv", "SingleAgentEnv"]
+__all__ = ["Env", "GroupedMultiAgentEnv", "MultiAgentEnv", "SingleAgentEnv"]
 
 
 class Env:
@@ -69,6 +71,29 @@ class Env:
         if self.num_agents == 1:
             return (DEFAULT_AGENT_ID,)
         return tuple(f"agent_{i}" for i in range(self.num_agents))
+
+    @property
+    def agent_layout(self) -> GroupLayout | None:
+        """The env's agent groups, each with its own spaces (:mod:`jaxsampler.envs.groups`),
+        or ``None``: every agent has :attr:`observation_space` and :attr:`action_space`."""
+        return None
+
+    @property
+    def observation_spaces(self) -> dict[str, Space]:
+        """``agent_id -> space``: each agent's own observation space (RLlib's
+        ``MultiAgentEnv.observation_spaces``)."""
+        layout = self.agent_layout
+        if layout is not None:
+            return dict(layout.observation_spaces)
+        return {a: self.observation_space for a in self.agent_ids}
+
+    @property
+    def action_spaces(self) -> dict[str, Space]:
+        """``agent_id -> space``: each agent's own action space."""
+        layout = self.agent_layout
+        if layout is not None:
+            return dict(layout.action_spaces)
+        return {a: self.action_space for a in self.agent_ids}
 
     @property
     def default_params(self) -> Any:
@@ -352,11 +377,15 @@ class MultiAgentEnv(Env):
         ids = jnp.arange(self.num_agents, dtype=jnp.int32)
         return lifted(ids, self.agent_rows(state), state, *args)
 
+    def all_obs(self, state: Any, params: Any) -> PyTree:
+        """Every agent's observation of ``state``, on the agent axis (:meth:`agent_obs` lifted)."""
+        return self._lift(self.agent_obs, state, params)
+
     def reset_timestep(self, state: Any, params: Any) -> TimeStep:
         """The :class:`TimeStep` of a freshly reset ``state`` (reward 0, flags False)."""
         a = self.num_agents
         return TimeStep(
-            obs=self._lift(self.agent_obs, state, params),
+            obs=self.all_obs(state, params),
             reward=jnp.zeros((a,), jnp.float32),
             terminated=jnp.zeros((a,), jnp.bool_),
             truncated=jnp.zeros((a,), jnp.bool_),
@@ -388,7 +417,7 @@ class MultiAgentEnv(Env):
         state, shared = self.step_world(key, state, action, params)
         reward = self._lift(self.agent_reward, state, shared, params)
         ts = TimeStep(
-            obs=self._lift(self.agent_obs, state, params),
+            obs=self.all_obs(state, params),
             reward=reward.astype(jnp.float32),
             terminated=self._lift(self.agent_terminated, state, params).astype(jnp.bool_),
             truncated=self._lift(self.agent_truncated, state, params).astype(jnp.bool_),
@@ -396,3 +425,87 @@ class MultiAgentEnv(Env):
             info=self.info(state, params),
         )
         return state, ts
+
+
+class GroupedMultiAgentEnv(MultiAgentEnv):
+    """A :class:`MultiAgentEnv` whose agents come in groups with their own spaces.
+
+    Subclasses declare :attr:`agent_groups` (:class:`jaxsampler.envs.groups.AgentGroup` s, in
+    agent-axis order; :attr:`num_agents` must equal the agents they list) and write each
+    agent's observation per group, instead of :meth:`agent_obs`:
+
+    * ``group_obs(group, agent_id, own, state, params)``: one agent of group ``group`` (a
+      static ``str``: branch on it with Python ``if``) sees an element of that group's
+      observation space. ``agent_id`` is the agent's traced index on the whole agent axis;
+      ``own`` its row of :meth:`agent_rows`. It runs under ``vmap`` over the group's agents.
+
+    ``step_world`` gets the carrier actions ``[A, ...]``; :meth:`group_actions` turns them into
+    each group's own actions. Rewards and flags are scalars, written per agent as before.
+    The rollout carries the carrier spaces (:attr:`observation_space`,
+    :attr:`action_space`); :attr:`observation_spaces` / :attr:`action_spaces` give each
+    agent's own, and episodes, batches and policies mapped to a group see those.
+    """
+
+    @property
+    def agent_groups(self) -> tuple[AgentGroup, ...]:
+        """The agent groups, in agent-axis order (subclasses implement it)."""
+        raise NotImplementedError
+
+    @property
+    def agent_layout(self) -> GroupLayout:
+        layout = _layout(tuple(self.agent_groups))
+        if layout.num_agents != self.num_agents:
+            raise ValueError(
+                f"{self.name}: num_agents is {self.num_agents} but its agent groups list "
+                f"{layout.num_agents} agents ({list(layout.agent_ids)})"
+            )
+        return layout
+
+    @property
+    def agent_ids(self) -> tuple[str, ...]:
+        return self.agent_layout.agent_ids
+
+    @property
+    def observation_space(self) -> Space:
+        """The carrier observation space of the agent axis (every group's, flattened, padded)."""
+        return self.agent_layout.observation_space
+
+    @property
+    def action_space(self) -> Space:
+        """The carrier action space of the agent axis."""
+        return self.agent_layout.action_space
+
+    def group_obs(
+        self, group: str, agent_id: jax.Array, own: Any, state: Any, params: Any
+    ) -> PyTree:
+        """One agent of ``group``'s observation, in that group's space (subclasses implement it)."""
+        raise NotImplementedError
+
+    def group_actions(self, action: Any) -> dict[str, Any]:
+        """``group -> [A_g, *that group's action shape]``: the carrier actions ``[A, ...]`` of
+        :meth:`step_world` split by group and unpacked to each group's own space."""
+        layout = self.agent_layout
+        out = {}
+        for g in layout.groups:
+            start, stop = layout.slots(g.name)
+            out[g.name] = layout.unpack_action(g.name, action[start:stop])
+        return out
+
+    def all_obs(self, state: Any, params: Any) -> PyTree:
+        layout = self.agent_layout
+        rows = self.agent_rows(state)
+        parts = []
+        for g in layout.groups:
+            start, stop = layout.slots(g.name)
+            fn = functools.partial(self.group_obs, g.name)
+            lifted = vector.vmap_agents(fn, in_axes=(0, 0, None, None))
+            ids = jnp.arange(start, stop, dtype=jnp.int32)
+            own = jax.tree.map(lambda x, a=start, b=stop: x[a:b], rows)
+            parts.append(layout.pack_obs(g.name, lifted(ids, own, state, params)))
+        return jnp.concatenate(parts, axis=0)
+
+
+@functools.lru_cache(maxsize=256)
+def _layout(groups: tuple[AgentGroup, ...]) -> GroupLayout:
+    """One layout per distinct groups (building one checks them)."""
+    return GroupLayout(groups)
