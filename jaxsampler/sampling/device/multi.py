@@ -12,12 +12,14 @@ a step still waiting for the agent's next observation is carried to the next cal
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from functools import partial
 from typing import Any
 
 import jax
 import numpy as np
 
+from jaxsampler.envs.groups import GroupLayout
 from jaxsampler.episodes._sa_views import view_episodes
 from jaxsampler.episodes.batch import MultiAgentBatch, SampleBatch
 from jaxsampler.episodes.ids import EpisodeIds, agent_episode_id
@@ -47,6 +49,7 @@ from jaxsampler.sampling.device.columns import (
     obs_map,
     unflatten,
 )
+from jaxsampler.sampling.device.grouped import cut_to, policy_unpackers, unpack_episode
 from jaxsampler.sampling.device.multi_calls import (
     FIELDS,
     NO_INFOS,
@@ -108,8 +111,20 @@ class MultiAgentConverter:
         action_space: Any,
         horizon: int,
         rllib_compatible: bool = False,
+        layout: GroupLayout | None = None,
+        extra_shapes: Mapping[str, Mapping[str, tuple[int, ...]]] | None = None,
     ):
         self._ids = ids
+        # An env with agent groups: the outputs are unpacked to each agent's own spaces
+        # (:mod:`.grouped`); the converter itself works in the carrier spaces.
+        self._layout = layout
+        self._unpackers = (
+            policy_unpackers(layout, agent_ids, agent_policy, extra_shapes) if layout else {}
+        )
+        self._agent_cuts = {
+            aid: {k: cut_to(v) for k, v in (extra_shapes or {}).get(pid, {}).items()}
+            for aid, pid in zip(agent_ids, agent_policy, strict=True)
+        }
         self._rllib_compatible = bool(rllib_compatible)
         self._num_envs = num_envs
         self._agent_ids, self._agent_policy = agent_ids, agent_policy
@@ -308,8 +323,9 @@ class MultiAgentConverter:
         data = self._step_columns(cs, sa_ids)
         # Rows are grouped by policy: each policy's batch is one slice (numpy views).
         bounds = np.searchsorted(self._rank[steps.agent], np.arange(len(self._pids) + 1))
+        unpack = self._unpackers
         batches = {
-            pid: SampleBatch(slice_rows(data, int(bounds[i]), int(bounds[i + 1])))
+            pid: SampleBatch(slice_rows(data, int(bounds[i]), int(bounds[i + 1]), unpack.get(pid)))
             for i, pid in enumerate(self._pids)
         }
         m = cs.metrics
@@ -392,6 +408,8 @@ class MultiAgentConverter:
                 _finalize(ep.prune_empty_agents())
         m = cs.metrics
         m.num_agent_steps_sampled = len(pos)
+        if self._layout is not None:
+            episodes = [unpack_episode(ep, self._layout, self._agent_cuts) for ep in episodes]
         return episodes, m
 
     def _lazy(

@@ -95,20 +95,31 @@ def run_table(ctx: Any) -> Runs:
 NO_INFOS = object()  # the infos column of an env without infos, before the rows are sliced
 
 
-def slice_rows(data: dict[str, Any], lo: int, hi: int) -> dict[str, Any]:
+def slice_rows(data: dict[str, Any], lo: int, hi: int, unpack: Any = None) -> dict[str, Any]:
     """Rows ``lo:hi`` of every column (views); nested columns (infos, dict / tuple
     observations) leaf by leaf; ``new_obs`` (:class:`NextRows`) as a deferred column of
-    those rows, over the slice's own ``obs`` views (read-only until it is built)."""
+    those rows, over the slice's own ``obs`` views (read-only until it is built).
+    ``unpack``: the policy's :data:`~jaxsampler.sampling.device.grouped.Unpack` (an env
+    with agent groups), applied to its observations, actions and padded extras."""
     out = {
         k: tree_map(lambda x: x[lo:hi], v)
         for k, v in data.items()
         if k != "_next_infos" and type(v) is not NextRows and v is not NO_INFOS
     }
+    obs_fn = None
+    if unpack is not None:
+        obs_fn, act_fn, extra_fns = unpack
+        out[SampleBatch.OBS] = obs_fn(out[SampleBatch.OBS])
+        out[SampleBatch.ACTIONS] = act_fn(out[SampleBatch.ACTIONS])
+        for k, fn in extra_fns.items():
+            if k in out:
+                out[k] = fn(out[k])
     if data.get(SampleBatch.INFOS) is NO_INFOS:  # an env without infos
         out[SampleBatch.INFOS] = Deferred(partial(empty_infos, hi - lo))
     nxt = data.get(SampleBatch.NEXT_OBS)
     if type(nxt) is NextRows:
         part = nxt.slice(lo, hi)
-        part = NextRows(out[SampleBatch.OBS], part.rows, part.ends).guard()
+        ends = part.ends if obs_fn is None else obs_fn(part.ends)
+        part = NextRows(out[SampleBatch.OBS], part.rows, ends).guard()
         out[SampleBatch.NEXT_OBS] = Deferred(part)
     return {k: out[k] for k in data if k in out}  # (the columns' order)
