@@ -145,6 +145,17 @@ class JaxMultiAgentEnvRunner(JaxEnvRunner):
                 f"policy_mapping_fn maps agents to {unknown}, not in config.policies "
                 f"{sorted(self.config.policies)}"
             )
+        layout = getattr(env, "agent_layout", None)
+        for mid in sorted(set(self._mapping.values())):
+            if layout is None:
+                break
+            agents = [a for a in self.agent_ids if self._mapping[a] == mid]
+            groups = sorted({layout.group_of(a).name for a in agents})
+            if len(groups) > 1:
+                raise TypeError(
+                    f"module {mid!r} is mapped to agents {agents} of the agent groups {groups}, "
+                    "whose spaces differ: map each module to the agents of one group"
+                )
 
     def make_module(self) -> None:
         """Builds RLlib's (inference-only) ``MultiRLModule`` and mirrors every module."""
@@ -327,12 +338,25 @@ class JaxMultiAgentEnvRunner(JaxEnvRunner):
         if error is not None:
             return construction_error_spaces(error)
         obs, act = self._gym_obs_space, self._gym_act_space
-        env_obs = gym.spaces.Dict({aid: obs for aid in self.agent_ids})
-        env_act = gym.spaces.Dict({aid: act for aid in self.agent_ids})
+        own = {aid: (obs, act) for aid in self.agent_ids}
+        layout = getattr(self.env, "agent_layout", None)
+        if layout is not None:  # agent groups: each agent's own spaces, each module its group's
+            own = {
+                aid: (
+                    layout.observation_spaces[aid].to_gymnasium(),
+                    layout.action_spaces[aid].to_gymnasium(),
+                )
+                for aid in self.agent_ids
+            }
+        env_obs = gym.spaces.Dict({aid: own[aid][0] for aid in self.agent_ids})
+        env_act = gym.spaces.Dict({aid: own[aid][1] for aid in self.agent_ids})
+        first: dict[str, tuple[Any, Any]] = {}
+        for aid in self.agent_ids:
+            first.setdefault(self._mapping[aid], own[aid])
         return {
             INPUT_ENV_SPACES: (env_obs, env_act),
             INPUT_ENV_SINGLE_SPACES: (env_obs, env_act),
-            **{mid: (obs, act) for mid in self.config.policies},
+            **{mid: first.get(mid, (obs, act)) for mid in self.config.policies},
         }
 
     def set_state(self, state: dict[str, Any]) -> None:

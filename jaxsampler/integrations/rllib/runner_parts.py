@@ -357,6 +357,12 @@ class RunnerPolicy(Policy):
         ``None`` for a single policy; the sampler labels agent episodes with it."""
         return getattr(self.explore_policy, "agent_policy", None)
 
+    @property
+    def extra_shapes(self) -> Any:
+        """The mirrored multi-agent policy's padded extras' own shapes (agent groups), or
+        ``None``; the sampler cuts each policy's extras back to them."""
+        return getattr(self.explore_policy, "extra_shapes", None)
+
     @staticmethod
     def call_params(params: Any, mode: int, seq: int) -> dict[str, Any]:
         """The params one jitted call takes: the module's weights, the explore mode and the
