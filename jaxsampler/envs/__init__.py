@@ -13,6 +13,7 @@ from jaxsampler.envs.cartpole import CartPole
 from jaxsampler.envs.mountain_car import MountainCar
 from jaxsampler.envs.mountain_car_continuous import MountainCarContinuous
 from jaxsampler.envs.pendulum import Pendulum
+from jaxsampler.envs.predator_prey import PredatorPrey
 from jaxsampler.envs.registry import make, make_jax_env, register, registered_ids
 from jaxsampler.envs.spread import Spread
 
@@ -24,6 +25,7 @@ __all__ = [
     "MountainCarContinuous",
     "MultiAgentEnv",
     "Pendulum",
+    "PredatorPrey",
     "SingleAgentEnv",
     "Spread",
     "from_brax",

@@ -59,6 +59,9 @@ REGISTRY: dict[str, Callable[..., Env]] = {
     "TicTacToe-v0": _lazy("jaxsampler.envs.tictactoe:TicTacToe"),
     # Multi-agent (A = n): each agent terminates on its own at its goal; the rest go on.
     "Goals-v0": _lazy("jaxsampler.envs.goals:Goals"),
+    # Multi-agent with two agent groups of their own spaces (A = n_predators + 1): predators
+    # (Discrete(5), 4 observed values) chase a faster prey (Discrete(9), 2 + 2n values).
+    "PredatorPrey-v0": _lazy("jaxsampler.envs.predator_prey:PredatorPrey"),
 }
 
 

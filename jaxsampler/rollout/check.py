@@ -41,6 +41,10 @@ episode ends) and reports every violation of the env contract in plain words:
   action (per dimension, for ``MultiDiscrete``) and every action it samples is legal
   under the mask of the observation it acts on.
 
+* agent groups, when the env has them (``env.agent_layout``): every agent's observation,
+  read back in its own group's space, lies in that space, and the carrier padding after
+  it is zero (:mod:`jaxsampler.rollout.check_groups`); problems name group and agent.
+
 An episode ends on the step where every agent is done (``all(terminated | truncated)``
 over agents, as the rollout computes it); each checked env is stopped there.
 """
@@ -58,6 +62,7 @@ import numpy as np
 from jaxsampler import vector
 from jaxsampler.envs.base import Env
 from jaxsampler.policies.base import RandomPolicy
+from jaxsampler.rollout.check_groups import group_layout_problems, group_observation_problems
 from jaxsampler.spaces import Dict, Discrete, Space
 from jaxsampler.transforms.mask import (
     MASK_KEY,
@@ -256,6 +261,9 @@ def check_env(
             "cached per env)"
         )
         return _finish(report, raise_on_error)
+    report.problems += group_layout_problems(env)
+    if report.problems:  # the carrier spaces come from the layout
+        return _finish(report, raise_on_error)
     params = env.default_params if params is None else params
     key = jax.random.PRNGKey(seed)
     for what in ("observation_space", "action_space"):
@@ -309,6 +317,9 @@ def check_env(
         num_steps = max(num_steps, short_time_limit + 2)  # one runner (and compile) for both runs
     rec = _run_episodes(env, params, jax.random.fold_in(key, 2), num_envs, num_steps)
     _check_run(env, rec, report, limit)
+    if env.agent_layout is not None:
+        report.checks_run.append("agent groups: own observation spaces, zero padding")
+        report.problems += group_observation_problems(env.agent_layout, rec)
     runs = [rec]  # the runs whose flags tell terminated from truncated
     report.checks_run.append("reset TimeStep")
     report.problems += _reset_problems(rec)

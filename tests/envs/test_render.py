@@ -34,6 +34,7 @@ from jaxsampler.envs.cartpole import CartPoleState
 from jaxsampler.envs.goals import Goals, GoalsState
 from jaxsampler.envs.mountain_car import MountainCarState
 from jaxsampler.envs.pendulum import PendulumState
+from jaxsampler.envs.predator_prey import PredatorPrey, PredatorPreyState
 from jaxsampler.envs.procmaze import ProcMaze, ProcMazeState
 from jaxsampler.envs.spread import SpreadState
 from jaxsampler.envs.tictactoe import TicTacToe, TicTacToeState
@@ -49,6 +50,7 @@ RENDERING = [
     Goals(),
     TicTacToe(),
     ProcMaze(size=4),
+    PredatorPrey(),
 ]
 
 
@@ -91,6 +93,9 @@ def _states(env: Env, seed: int, n: int = 3) -> Any:
         pos = jnp.asarray(rng.integers(0, env.size, (n, 2)) * 2 + 1, jnp.int32)
         goal = jnp.asarray(rng.integers(0, env.size, (n, 2)) * 2 + 1, jnp.int32)
         return ProcMazeState(walls, pos, goal, time)
+    if isinstance(env, PredatorPrey):
+        caught = jnp.asarray(rng.random(n) < 0.5)
+        return PredatorPreyState(u(-1, 1, env.num_agents, 2), caught, time)
     raise AssertionError(f"no state builder for {env.name}")
 
 
