@@ -77,6 +77,10 @@ def _carrier_box(spaces: Sequence[Box]) -> Box:
     """The smallest flat Box that holds every space's flattened values (zeros after them)."""
     width = max(_size(s) for s in spaces)
     dtype = np.result_type(*(s.dtype for s in spaces))
+    if dtype == np.float64 and not any(s.dtype == np.float64 for s in spaces):
+        # (int32 with float32 promotes to float64, which JAX holds as float32 without x64:
+        # the carrier is float32 then, exact for integers up to 2**24)
+        dtype = np.dtype(np.float32)
     bounds = [_flat_bounds(s, width) for s in spaces]
     low = np.min([b[0] for b in bounds], axis=0)
     high = np.max([b[1] for b in bounds], axis=0)

@@ -46,6 +46,15 @@ def test_carrier_spaces_hold_every_group():
     assert "scout: 3" in repr(lay)
 
 
+def test_int32_and_float32_groups_get_a_float32_carrier():
+    # numpy promotes int32 with float32 to float64, which JAX (without x64) holds as float32
+    ints = AgentGroup("ints", ("i0",), Box(0, 9, (2,), np.int32), Discrete(2))
+    floats = AgentGroup("floats", ("f0",), Box(-1, 1, (3,)), Discrete(2))
+    assert GroupLayout([ints, floats]).observation_space.dtype == np.float32
+    wide = AgentGroup("wide", ("w0",), Box(-1, 1, (3,), np.float64), Discrete(2))
+    assert GroupLayout([ints, wide]).observation_space.dtype == np.float64
+
+
 def test_box_action_carrier():
     a = AgentGroup("a", ("a0",), Box(-1, 1, (2,)), Box(-1, 1, (3,)))
     b = AgentGroup("b", ("b0",), Box(-1, 1, (2,)), Box(np.array([0, -5]), np.array([2, 0]), (2,)))
