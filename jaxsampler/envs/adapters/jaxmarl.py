@@ -120,8 +120,9 @@ def convert_jaxmarl_space(space: Any) -> Space:
     if kind == "MultiDiscrete":
         return js_spaces.MultiDiscrete(np.asarray(space.num_categories))
     if kind == "Box":
+        shape = tuple(np.atleast_1d(space.shape).tolist())  # Hanabi's Box has a bare int shape
         return js_spaces.Box(
-            np.asarray(space.low), np.asarray(space.high), tuple(space.shape), np.dtype(space.dtype)
+            np.asarray(space.low), np.asarray(space.high), shape, np.dtype(space.dtype)
         )
     if kind == "Dict":
         return js_spaces.Dict({k: convert_jaxmarl_space(v) for k, v in space.spaces.items()})

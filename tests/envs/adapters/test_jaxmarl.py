@@ -326,6 +326,8 @@ def test_spaces_groups_cannot_carry_are_refused_naming_agents():
         from_jaxmarl(object())
     with pytest.raises(TypeError, match="unsupported space"):
         convert_jaxmarl_space(object())
+    # Hanabi's Box declares a bare int shape.
+    assert convert_jaxmarl_space(Box(0, 1, np.int64(5))) == js.spaces.Box(0, 1, (5,))
 
 
 @pytest.mark.slow  # imports jaxmarl (seconds); skipped where jaxmarl is not installed
