@@ -86,6 +86,9 @@ INTEGRATION_TESTS: dict[str, str] = {
     "tests/envs/adapters/test_jaxmarl.py::test_real_jaxmarl_mpe_matches_stepping_by_hand": (
         "JaxMARL (the jaxmarl extra)"
     ),
+    "tests/envs/adapters/test_jaxmarl.py::test_real_jaxmarl_groups_match_stepping_by_hand": (
+        "JaxMARL (the jaxmarl extra)"
+    ),
     "tests/benchmarks/test_host_side.py::test_copy_floor_and_object_counts_by_hand": (
         "the RLlib floor needs ray[rllib]"
     ),

@@ -12,10 +12,24 @@ The wrapped object is duck-typed; it needs what JaxMARL's ``MultiAgentEnv`` prov
 * ``observation_space(agent)`` / ``action_space(agent)`` returning gymnax-like spaces
   (JaxMARL's, gymnax's or jaxsampler's Box / Discrete / MultiDiscrete / Dict / Tuple).
 
-Every agent must have the same observation space and the same action space (the agent
-axis shares one space); heterogeneous agents must first be padded to a common space.
+Agents that share one observation space and one action space (MPE's ``simple_spread``,
+SMAX, Overcooked, ...) sit on the agent axis in ``env.agents`` order with that space, and
+the adapter has no :attr:`~jaxsampler.envs.base.Env.agent_layout`. Agents whose spaces
+differ (``simple_tag``'s adversaries and prey, ``halfcheetah_6x1``'s joints) become *agent
+groups* (:mod:`jaxsampler.envs.groups`): agents with equal (observation, action) spaces form
+one group, named after the agents (``"adversary"``, ``"agent"``; ``"group_<i>"`` where the
+names do not say it), groups in order of their first agent in ``env.agents``. The agent
+axis runs group by group, so where a group's agents are not contiguous in ``env.agents``
+(``hopper_3x1``: ``agent_0, agent_2, agent_1``) :attr:`agent_ids` gives the axis order, and
+every dict (observations, actions, rewards, dones) is matched by agent name both ways. The
+axis holds the layout's carrier spaces: each agent's observation flattened and padded with
+zeros, each action unpacked to the agent's own space before it reaches JaxMARL (a discrete
+carrier action is passed as is: a policy must not send an agent an index beyond its own
+``Discrete(n)``). :attr:`observation_spaces` / :attr:`action_spaces` give each agent's own
+space. Groups carry Box observations and actions that are all Discrete or all Box; other
+mixes are refused with the agents and their spaces named.
 
-Dicts become arrays on the agent axis, in ``env.agents`` order. JaxMARL agents act in
+Dicts become arrays on the agent axis, in :attr:`agent_ids` order. JaxMARL agents act in
 lockstep, so ``acting`` is every agent that is not done (``get_avail_actions`` is not
 used: legality masks are the wrapped env's business). JaxMARL reports one ``done`` per
 agent and no truncation: ``done[agent]`` becomes ``terminated`` (also when JaxMARL ends
@@ -29,13 +43,15 @@ The adapter's own time limit, :class:`JaxMARLParams` ``.max_steps_in_episode`` (
 none in practice), truncates every agent still going. For a real truncation signal,
 build the JaxMARL env with a step limit it never reaches and put the limit here.
 
-``info`` is the wrapped env's info pytree (leaves as arrays); ``reset`` returns zeros of
-the same structure so that ``reset`` and ``step`` return identical pytrees.
+``info`` is the wrapped env's info pytree (leaves as arrays, as JaxMARL orders them: not
+reordered into groups); ``reset`` returns zeros of the same structure so that ``reset`` and
+``step`` return identical pytrees.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import re
 from typing import Any, ClassVar
 
 import jax
@@ -45,6 +61,7 @@ from flax import struct
 
 from jaxsampler import spaces as js_spaces
 from jaxsampler.envs.adapters.common import SuiteEnv, import_suite, unknown_id
+from jaxsampler.envs.groups import AgentGroup, GroupLayout
 from jaxsampler.spaces import Space
 from jaxsampler.types import TimeStep
 
@@ -103,8 +120,9 @@ def convert_jaxmarl_space(space: Any) -> Space:
     if kind == "MultiDiscrete":
         return js_spaces.MultiDiscrete(np.asarray(space.num_categories))
     if kind == "Box":
+        shape = tuple(np.atleast_1d(space.shape).tolist())  # Hanabi's Box has a bare int shape
         return js_spaces.Box(
-            np.asarray(space.low), np.asarray(space.high), tuple(space.shape), np.dtype(space.dtype)
+            np.asarray(space.low), np.asarray(space.high), shape, np.dtype(space.dtype)
         )
     if kind == "Dict":
         return js_spaces.Dict({k: convert_jaxmarl_space(v) for k, v in space.spaces.items()})
@@ -113,19 +131,54 @@ def convert_jaxmarl_space(space: Any) -> Space:
     raise TypeError(f"convert_jaxmarl_space: unsupported space type {module}.{kind}")
 
 
-def _common_space(env: Any, what: str) -> Space:
+def _agent_spaces(env: Any, what: str) -> dict[str, Space]:
+    """``agent -> converted space`` for ``what`` in ``("observation_space", "action_space")``."""
+    return {a: convert_jaxmarl_space(getattr(env, what)(a)) for a in env.agents}
+
+
+def _group_names(members: list[list[str]]) -> list[str]:
+    """One name per group: its agents' shared name without the ``_<index>`` suffix
+    (``adversary_0, adversary_1`` -> ``"adversary"``) where every group has a distinct one,
+    else ``"group_<i>"``."""
+    stems = [{re.sub(r"_\d+$", "", a) for a in agents} for agents in members]
+    names = [next(iter(s)) for s in stems if len(s) == 1]
+    if len(names) == len(members) and len(set(names)) == len(names):
+        return names
+    return [f"group_{i}" for i in range(len(members))]
+
+
+def _jaxmarl_layout(env: Any) -> GroupLayout | None:
+    """The agent groups of a JaxMARL env whose agents' spaces differ; ``None`` when every
+    agent has the same observation space and the same action space.
+
+    Raises:
+        TypeError, ValueError: the spaces differ in a way agent groups cannot carry (the
+            message lists every agent's spaces).
+    """
     agents = list(env.agents)
-    converted = [convert_jaxmarl_space(getattr(env, what)(a)) for a in agents]
-    for agent, space in zip(agents[1:], converted[1:]):
-        if space != converted[0]:
-            raise ValueError(
-                f"from_jaxmarl: agents have different {what.replace('_', ' ')}s "
-                f"({agents[0]!r}: {converted[0]!r}, {agent!r}: {space!r}). jaxsampler puts all "
-                "agents on "
-                "one agent axis with one shared space: pad observations/actions of heterogeneous "
-                "agents to a common space (e.g. with a wrapper) before adapting the env"
-            )
-    return converted[0]
+    obs, act = _agent_spaces(env, "observation_space"), _agent_spaces(env, "action_space")
+    keys: list[tuple[Space, Space]] = []
+    members: list[list[str]] = []
+    for a in agents:
+        key = (obs[a], act[a])
+        if key not in keys:
+            keys.append(key)
+            members.append([])
+        members[keys.index(key)].append(a)
+    if len(keys) == 1:
+        return None
+    groups = [
+        AgentGroup(name, tuple(ids), o, s)
+        for name, ids, (o, s) in zip(_group_names(members), members, keys, strict=True)
+    ]
+    try:
+        return GroupLayout(groups)
+    except (TypeError, ValueError) as e:
+        listed = "; ".join(f"{a!r}: observation {obs[a]!r}, action {act[a]!r}" for a in agents)
+        raise type(e)(
+            f"from_jaxmarl: the agents' spaces differ, and agent groups cannot carry them ({e}). "
+            f"Agents: {listed}"
+        ) from e
 
 
 def _stack(tree_dict: Any, agents: tuple[str, ...]) -> Any:
@@ -175,25 +228,61 @@ class JaxMARLEnv(SuiteEnv):
             raise ValueError(
                 f"from_jaxmarl: env.num_agents={declared} but env.agents lists {len(agents)} agents"
             )
+        layout = _jaxmarl_layout(self.env)
         object.__setattr__(self, "num_agents", len(agents))
-        object.__setattr__(self, "_agents", agents)
-        self._set_spaces(
-            _common_space(self.env, "observation_space"), _common_space(self.env, "action_space")
-        )
+        object.__setattr__(self, "_layout", layout)
+        if layout is None:
+            object.__setattr__(self, "_agents", agents)
+            only = agents[0]
+            self._set_spaces(
+                convert_jaxmarl_space(self.env.observation_space(only)),
+                convert_jaxmarl_space(self.env.action_space(only)),
+            )
+        else:
+            object.__setattr__(self, "_agents", layout.agent_ids)
+            self._set_spaces(layout.observation_space, layout.action_space)
         if self.params is None:
             object.__setattr__(self, "params", _DEFAULT_PARAMS)
 
     @property
     def agent_ids(self) -> tuple[str, ...]:
-        """The JaxMARL agent names, in agent-axis order."""
+        """The JaxMARL agent names, in agent-axis order (group by group where agents differ)."""
         return self._agents  # type: ignore[attr-defined]
+
+    @property
+    def agent_layout(self) -> GroupLayout | None:
+        """The agent groups where the JaxMARL agents' spaces differ, else ``None``."""
+        layout: GroupLayout | None = self.__dict__["_layout"]
+        return layout
+
+    def _obs_rows(self, obs_dict: Any) -> Any:
+        """JaxMARL's ``{agent: obs}`` as the agent axis: stacked, or packed group by group."""
+        layout = self.agent_layout
+        if layout is None:
+            return _stack(obs_dict, self._agents)  # type: ignore[attr-defined]
+        return jnp.concatenate(
+            [layout.pack_obs(g.name, _stack(obs_dict, g.agent_ids)) for g in layout.groups]
+        )
+
+    def _action_dict(self, action: Any) -> dict[str, Any]:
+        """The agent axis's actions as JaxMARL's ``{agent: action}`` (each in its own space)."""
+        layout = self.agent_layout
+        if layout is None:
+            agents = self._agents  # type: ignore[attr-defined]
+            return {a: jax.tree.map(lambda x, i=i: x[i], action) for i, a in enumerate(agents)}
+        out = {}
+        for g in layout.groups:
+            start, stop = layout.slots(g.name)
+            own = layout.unpack_action(g.name, action[start:stop])
+            out.update({a: own[j] for j, a in enumerate(g.agent_ids)})
+        return out
 
     def _step_fn(self) -> Any:
         return self.env.step_env if hasattr(self.env, "step_env") else self.env.step
 
     def _info_zeros(self) -> Any:
         key = jax.random.PRNGKey(0)
-        actions = {a: self.action_space.zeros() for a in self._agents}  # type: ignore[attr-defined]
+        actions = {a: space.zeros() for a, space in self.action_spaces.items()}
         shapes = jax.eval_shape(lambda: self._step_fn()(key, self.env.reset(key)[1], actions)[4])
         return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
 
@@ -201,7 +290,6 @@ class JaxMARLEnv(SuiteEnv):
         """Resets the wrapped env. Pure; safe under jit and vmap."""
         A = self.num_agents
         obs_dict, env_state = self.env.reset(key)
-        agents = self._agents  # type: ignore[attr-defined]
 
         def flags() -> jax.Array:
             return jnp.zeros((A,), jnp.bool_)
@@ -209,10 +297,10 @@ class JaxMARLEnv(SuiteEnv):
         # The state and the TimeStep share no array: under an eager (un-jitted) vmap a shared
         # array comes out as one buffer in both, which a rollout donating its state rejects.
         s = JaxMARLState(
-            env_state, _stack(obs_dict, agents), flags(), flags(), jnp.zeros((), jnp.int32)
+            env_state, self._obs_rows(obs_dict), flags(), flags(), jnp.zeros((), jnp.int32)
         )
         return s, TimeStep(
-            obs=_stack(obs_dict, agents),
+            obs=self._obs_rows(obs_dict),
             reward=jnp.zeros((A,), jnp.float32),
             terminated=flags(),
             truncated=flags(),
@@ -223,13 +311,14 @@ class JaxMARLEnv(SuiteEnv):
     def step(
         self, key: jax.Array, state: JaxMARLState, action: Any, params: Any = None
     ) -> tuple[JaxMARLState, TimeStep]:
-        """Steps the wrapped env with ``action`` leaves ``[A, ...]``.
+        """Steps the wrapped env with ``action`` leaves ``[A, ...]`` (carrier actions where
+        the agents are grouped).
 
         Pure; safe under jit and vmap.
         """
         params = self.params if params is None else params
         agents = self._agents  # type: ignore[attr-defined]
-        actions = {a: jax.tree.map(lambda x, i=i: x[i], action) for i, a in enumerate(agents)}
+        actions = self._action_dict(action)
         obs_dict, env_state, reward, done, info = self._step_fn()(key, state.env_state, actions)
         going = ~(state.terminated | state.truncated)
         done_now = jnp.stack([jnp.asarray(done[a], jnp.bool_) for a in agents])
@@ -237,7 +326,7 @@ class JaxMARLEnv(SuiteEnv):
         time = state.time + 1
         terminated = state.terminated | (going & done_now)
         truncated = state.truncated | (going & ~done_now & (time >= params.max_steps_in_episode))
-        obs = _select_agents(going, _stack(obs_dict, agents), state.obs)
+        obs = _select_agents(going, self._obs_rows(obs_dict), state.obs)
         rewards = jnp.stack([jnp.asarray(reward[a], jnp.float32) for a in agents])
         s = JaxMARLState(env_state, obs, terminated, truncated, time)
         return s, TimeStep(
@@ -261,8 +350,9 @@ def from_jaxmarl(
         env_id: a display name.
 
     Raises:
-        TypeError: ``env`` lacks the JaxMARL API.
-        ValueError: the agents' observation or action spaces differ (pad them first).
+        TypeError: ``env`` lacks the JaxMARL API, or its agents' spaces differ in a way agent
+            groups cannot carry (a non-Box observation, Discrete and Box actions mixed).
+        ValueError: likewise (a Discrete action space not starting at 0).
     """
     return JaxMARLEnv(env, params, env_id)
 
