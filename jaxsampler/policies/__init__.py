@@ -4,8 +4,8 @@ multi-agent mapping (policies per agent group) and a self-play opponent pool."""
 from jaxsampler.policies.base import NoState, Policy, RandomPolicy, batch_dims
 from jaxsampler.policies.cnn import ActorCriticCNN, CNNPolicy
 from jaxsampler.policies.greedy import greedy
-from jaxsampler.policies.mlp import ActorCriticMLP, MLPPolicy, RecurrentPolicy, log_prob
 from jaxsampler.policies.groups import unpad_extra
+from jaxsampler.policies.mlp import ActorCriticMLP, MLPPolicy, RecurrentPolicy, log_prob
 from jaxsampler.policies.multi import MultiAgentPolicy, random_policy
 from jaxsampler.policies.pool import OpponentPool
 

@@ -40,6 +40,10 @@ def _fits(policy: Policy, observation_space: Space, action_space: Space) -> bool
     )
 
 
+def _equal(a: Space, b: Space) -> bool:
+    return a == b
+
+
 def group_of_policies(
     layout: GroupLayout,
     policies: Mapping[str, Policy],
@@ -106,18 +110,19 @@ def check_group_transforms(env_name: str, layout: GroupLayout, pipe: Pipeline) -
     """Refuses transforms that change the carrier spaces of an env with agent groups.
 
     Agents' rows are unpacked to their groups' spaces from the carrier layout, which a
-    stacked, masked or reshaped observation (or a rescaled action space) no longer has.
-    Transforms that keep both spaces (reward scaling, observation normalization, clipping)
-    pass.
+    stacked, masked or reshaped observation no longer has; an action space rescaled to the
+    carrier's bounds (the widest over the groups) would misplace every narrower group's
+    actions. Observation transforms that keep the shape and dtype (normalization: bounds
+    may change) and action transforms that keep the action space exactly pass.
 
     Raises:
         ValueError: the transforms change either space; the transforms and spaces are named.
     """
-    for what, carrier, after in (
-        ("observation", layout.observation_space, pipe.observation_space),
-        ("action", layout.action_space, pipe.action_space),
+    for what, carrier, after, same in (
+        ("observation", layout.observation_space, pipe.observation_space, compatible),
+        ("action", layout.action_space, pipe.action_space, _equal),
     ):
-        if not compatible(after, carrier):
+        if not same(after, carrier):
             names = [type(t).__name__ for t in pipe.transforms]
             raise ValueError(
                 f"env {env_name} has agent groups, whose rows are packed in the carrier "

@@ -23,15 +23,42 @@ order with one static permutation. The result is itself a :class:`Policy`, so
 
 Rules:
 
-* every policy must be built for the env's (one-agent) observation and action space, or
-  for the spaces its transforms hand the policy (``transforms=``, the tuple given to
-  ``make_rollout``; or pass the agent ids, ``env.agent_ids``, instead of the env: then
-  the spaces are checked when the rollout is built); agents with different spaces share
-  an agent axis only after padding to a common space;
+* in an env without agent groups, every policy must be built for the env's (one-agent)
+  observation and action space, or for the spaces its transforms hand the policy
+  (``transforms=``, the tuple given to ``make_rollout``; or pass the agent ids,
+  ``env.agent_ids``, instead of the env: then the spaces are checked when the rollout is
+  built);
+* in an env with agent groups (``env.agent_layout``, :mod:`jaxsampler.envs.groups`; pass
+  the env, not its agent ids), the agent axis carries every agent in the *carrier*
+  spaces, and each policy plays either
+
+  - **one group**: all its agents lie in that group and it is built for the group's own
+    spaces (e.g. ``MLPPolicy(group.observation_space, group.action_space)``). Inside the
+    step its rows are unpacked to the group's observations (``layout.unpack_obs``) and
+    its actions packed back into the carrier (``layout.pack_action``), so a
+    ``Discrete(5)`` group never draws action 7 of a ``Discrete(9)`` carrier; or
+  - **padded rows**: it is built for the carrier spaces (``env.observation_space``,
+    ``env.action_space``) and plays its agents' rows as they are, from any groups (one
+    policy for every agent is this mode).
+
+  A policy whose agents span groups and is not built for the carrier, or that is built
+  neither for its group's spaces nor for the carrier's, is refused at construction, the
+  policy, agents, groups and spaces named. :attr:`policy_groups` says which mode each
+  policy got. Transforms that change the observation or action space (``FrameStack``,
+  ``ActionMaskFromInfo``, ``PrevActionsRewards``, ``RescaleActions``) are refused for
+  such an env, here (``transforms=``) and when the rollout is built, since the rows
+  would no longer have the carrier's layout; transforms that keep both spaces (reward
+  transforms; ``NormalizeObservation``, which then normalizes each carrier column over
+  all groups' agents together; ``ClipActions``, to the carrier's bounds, the widest over
+  the groups, so a group's own bounds are the env's to clip) run as usual;
 * masked observations (``Dict(observations=..., action_mask=...)``) pass through: each
   policy gets its own agents' rows of both entries, so it masks with its agents' masks;
 * the extras of all policies are merged by key; a key that some policy does not produce
-  is zero for its agents (shapes beyond ``[E, A_p]`` must agree across policies);
+  is zero for its agents. Shapes beyond ``[E, A_p]`` may differ in size (a ``Discrete(5)``
+  and a ``Discrete(9)`` policy's ``action_dist_inputs``), not in rank: each is padded with
+  zeros to the widest; :attr:`extra_shapes` (per policy) and :attr:`agent_extra_shapes`
+  (per agent) give each one's true trailing shape, and
+  :func:`jaxsampler.policies.groups.unpad_extra` cuts an agent's extra back to it;
 * params are a dict ``policy_id -> params``; the recurrent state a dict ``policy_id ->
   state`` with leaves ``[E, A_p, ...]``;
 * actions of agents that are not acting are computed like all others and ignored by the
@@ -39,8 +66,11 @@ Rules:
   (``Env.max_acting``) with one policy for every agent, the rollout runs it on the acting
   rows only (:meth:`act_on_rows`), and the others' actions are zero placeholders;
 * ``log_prob(params, obs, action, policy_state)`` evaluates every policy's ``log_prob`` on
-  its own agents, like the step; it is available (:attr:`has_log_prob`) only when every
-  policy has one.
+  its own agents, like the step (a group's policy on its rows and actions unpacked to the
+  group's spaces); it is available (:attr:`has_log_prob`) only when every policy has one.
+
+:func:`random_policy` is the random policy of any env: per group, from the group's own
+action space, when the env has groups.
 """
 
 from __future__ import annotations
@@ -88,7 +118,9 @@ class MultiAgentPolicy(Policy):
     Raises:
         ValueError: empty ``policies``, a mapping to an unknown policy id, policies built
             for different spaces, or for other spaces than the env's (after
-            ``transforms``).
+            ``transforms``); with agent groups, a policy whose agents span groups (unless
+            built for the carrier), one built for other spaces than its group's (and the
+            carrier's), or transforms that change the spaces.
         TypeError: a ``policy_mapping_fn`` that takes neither signature.
     """
 

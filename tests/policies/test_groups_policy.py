@@ -298,3 +298,12 @@ def test_transforms_that_change_the_spaces_are_refused_the_others_run():
 def test_agent_ids_instead_of_the_env_point_to_the_groups():
     with pytest.raises(ValueError, match="declare agent groups in the env and pass the env"):
         MultiAgentPolicy(ENV.agent_ids, {"hunter": HUNTER_MLP, "runner": RUNNER_MLP}, by_group)
+
+
+def test_command_line_random_policy_is_group_aware():
+    from jaxsampler.cli.baseline import hand_unsupported
+    from jaxsampler.cli.bench import _make_policy
+
+    assert _make_policy(ENV, "random", (8,)) == random_policy(ENV)
+    assert "agent groups" in str(hand_unsupported(ENV, "random"))
+    assert hand_unsupported(ENV, "mlp") is None  # both loops run the MLP on the carrier
