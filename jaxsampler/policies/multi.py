@@ -413,8 +413,9 @@ def random_policy(env: Env) -> Policy:
     (:attr:`Env.agent_layout`), one ``RandomPolicy`` per group, built for the group's own
     spaces, in a :class:`MultiAgentPolicy` (policy ids: the group names): a group with
     ``Discrete(5)`` actions never draws an action of the wider carrier. Its params are
-    ``{group: ()}``. The samplers, the command line and the benchmarks build their random
-    policy with it.
+    ``{group: ()}``. The command line (``--policy random``) and the host-side benchmark
+    build their random policy with it; so should any code that needs one for an env it
+    does not know.
     """
     layout = env.agent_layout
     if layout is None:

@@ -307,3 +307,30 @@ def test_command_line_random_policy_is_group_aware():
     assert _make_policy(ENV, "random", (8,)) == random_policy(ENV)
     assert "agent groups" in str(hand_unsupported(ENV, "random"))
     assert hand_unsupported(ENV, "mlp") is None  # both loops run the MLP on the carrier
+
+
+@dataclasses.dataclass(frozen=True)
+class HuntersOnly(GroupedMultiAgentEnv):
+    """One group whose (2, 3) observations ride a flat carrier (only its layout is used)."""
+
+    num_agents: ClassVar[int] = 2
+
+    @property
+    def agent_groups(self) -> tuple[AgentGroup, ...]:
+        return (AgentGroup("hunter", ("hunter_0", "hunter_1"), HUNTER_OBS, HUNTER_ACT),)
+
+
+def test_one_group_policy_acting_on_rows_unpacks_like_the_step():
+    env = HuntersOnly()
+    pol = MultiAgentPolicy(env, {"hunter": HUNTER_MLP})
+    assert pol.policy_groups == ("hunter",) and pol.acts_on_rows
+    params = pol.init(jax.random.PRNGKey(0))
+    obs = jax.random.normal(jax.random.PRNGKey(1), (4, 2, 6))
+    rows = jnp.array([[0], [1], [1], [0]], jnp.int32)
+    key = jax.random.PRNGKey(2)
+    action, extras, _ = pol.act_on_rows(params, obs, key, pol.initial_state((4, 2)), rows)
+    (k,) = jax.random.split(key, 1)
+    own = jnp.asarray(np.asarray(obs).reshape(4, 2, 2, 3))
+    want, want_x, _ = HUNTER_MLP.act_on_rows(params["hunter"], own, k, NoState(), rows)
+    np.testing.assert_array_equal(action, want)
+    np.testing.assert_allclose(extras["vf_preds"], want_x["vf_preds"], rtol=1e-5, atol=1e-6)
