@@ -27,6 +27,7 @@ from jaxsampler.transforms.base import Pipeline
 
 __all__ = [
     "check_group_transforms",
+    "extra_shapes_of",
     "group_of_policies",
     "merge_extras",
     "pack_group_action",
@@ -208,6 +209,22 @@ def _pad(x: Any, shape: tuple[int, ...], dtype: Any) -> Any:
     x = jnp.asarray(x).astype(dtype)
     widths = [(0, 0), (0, 0)] + [(0, t - s) for s, t in zip(x.shape[2:], shape)]
     return x if all(w == (0, 0) for w in widths) else jnp.pad(x, widths)
+
+
+def extra_shapes_of(policy: Policy, num_agents: int) -> dict[str, Any]:
+    """``{extra key: trailing shape}`` of ``policy``'s extras beyond ``[E, A_p]`` (a tuple,
+    or a pytree of tuples for a pytree extra), from one abstract trace of its step
+    (``jax.eval_shape``: nothing runs) on ``num_agents`` agents."""
+    key = jax.random.PRNGKey(0)
+    batch = (1, num_agents)
+    obs = jax.tree.map(
+        lambda z: jax.ShapeDtypeStruct(batch + np.shape(z), np.asarray(z).dtype),
+        policy.observation_space.zeros(),
+    )
+    params = jax.eval_shape(policy.init, key)
+    state = jax.eval_shape(lambda: policy.initial_state(batch))
+    _, extras, _ = jax.eval_shape(policy, params, obs, key, state)
+    return {k: jax.tree.map(lambda x: tuple(x.shape[2:]), v) for k, v in extras.items()}
 
 
 def unpad_extra(value: Any, shape: tuple[int, ...]) -> Any:

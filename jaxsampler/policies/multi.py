@@ -90,6 +90,7 @@ from jaxsampler.envs.groups import GroupLayout
 from jaxsampler.policies.base import Policy, RandomPolicy
 from jaxsampler.policies.groups import (
     check_group_transforms,
+    extra_shapes_of,
     group_of_policies,
     merge_extras,
     pack_group_action,
@@ -215,19 +216,10 @@ class MultiAgentPolicy(Policy):
         policy does not produce is missing from its entry (its agents get zeros). Found by
         tracing each policy once, abstractly (``jax.eval_shape``), on first access.
         """
-        key = jax.random.PRNGKey(0)
-        out = {}
-        for pid, p in zip(self.policy_ids, self.policies):
-            batch = (1, len(self.agents_of(pid)))
-            obs = jax.tree.map(
-                lambda z, b=batch: jax.ShapeDtypeStruct(b + np.shape(z), np.asarray(z).dtype),
-                p.observation_space.zeros(),
-            )
-            params = jax.eval_shape(p.init, key)
-            state = jax.eval_shape(lambda p=p, b=batch: p.initial_state(b))
-            _, extras, _ = jax.eval_shape(p, params, obs, key, state)
-            out[pid] = {k: jax.tree.map(lambda x: tuple(x.shape[2:]), v) for k, v in extras.items()}
-        return out
+        return {
+            pid: extra_shapes_of(p, len(self.agents_of(pid)))
+            for pid, p in zip(self.policy_ids, self.policies)
+        }
 
     @property
     def agent_extra_shapes(self) -> dict[str, dict[str, Any]]:
