@@ -192,7 +192,11 @@ def make_policy(env: Any, name: str) -> tuple[Any, Any]:
     import jaxsampler as js
 
     if name == "random":
-        pol: Any = js.RandomPolicy(env.observation_space, env.action_space)
+        # each agent group from its own action space (older checkouts: one space)
+        by_group = getattr(js.policies, "random_policy", None)
+        pol: Any = (
+            by_group(env) if by_group else js.RandomPolicy(env.observation_space, env.action_space)
+        )
     else:
         pol = js.MLPPolicy(env.observation_space, env.action_space, (64, 64))
     return pol, pol.init(jax.random.PRNGKey(0))

@@ -90,7 +90,8 @@ def hand_unsupported(env: Env, policy: str) -> str | None:
 
     It covers what a short user script does: ``Box`` observations (any shape, flattened)
     and, for the MLP, ``Discrete`` or float ``Box`` actions; any action space for random
-    actions.
+    actions, except an env with agent groups of different action spaces (the hand loop
+    would draw from the carrier space).
     """
     obs = env.observation_space
     if not isinstance(obs, Box):
@@ -101,6 +102,12 @@ def hand_unsupported(env: Env, policy: str) -> str | None:
             f"a turn-based env (max_acting={bound}): jaxsampler runs the policy on the "
             "acting agents' rows only, so the two loops would neither do the same work nor make "
             "the same trajectory"
+        )
+    layout = getattr(env, "agent_layout", None)
+    if policy == "random" and layout is not None and not layout.identity:
+        return (
+            "agent groups: jaxsampler draws each group's random actions from its own action "
+            f"space, the hand-written loop from the carrier {env.action_space!r}"
         )
     act = env.action_space
     if policy == "mlp" and not (

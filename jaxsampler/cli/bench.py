@@ -30,7 +30,7 @@ from jaxsampler.cli.baseline import (
 )
 from jaxsampler.envs.base import Env
 from jaxsampler.envs.registry import make_jax_env
-from jaxsampler.policies import MLPPolicy, Policy, RandomPolicy
+from jaxsampler.policies import MLPPolicy, Policy, random_policy
 from jaxsampler.rollout import jit_rollout, make_rollout
 from jaxsampler.types import Trajectory
 
@@ -108,7 +108,7 @@ def _make_policy(env: Env, policy: str, hidden_sizes: Sequence[int]) -> Policy:
     if policy == "mlp":
         return MLPPolicy(env.observation_space, env.action_space, tuple(hidden_sizes))
     if policy == "random":
-        return RandomPolicy(env.observation_space, env.action_space)
+        return random_policy(env)  # each agent group from its own action space
     raise ValueError(f"policy must be 'mlp' or 'random', got {policy!r}")
 
 

@@ -23,15 +23,42 @@ order with one static permutation. The result is itself a :class:`Policy`, so
 
 Rules:
 
-* every policy must be built for the env's (one-agent) observation and action space, or
-  for the spaces its transforms hand the policy (``transforms=``, the tuple given to
-  ``make_rollout``; or pass the agent ids, ``env.agent_ids``, instead of the env: then
-  the spaces are checked when the rollout is built); agents with different spaces share
-  an agent axis only after padding to a common space;
+* in an env without agent groups, every policy must be built for the env's (one-agent)
+  observation and action space, or for the spaces its transforms hand the policy
+  (``transforms=``, the tuple given to ``make_rollout``; or pass the agent ids,
+  ``env.agent_ids``, instead of the env: then the spaces are checked when the rollout is
+  built);
+* in an env with agent groups (``env.agent_layout``, :mod:`jaxsampler.envs.groups`; pass
+  the env, not its agent ids), the agent axis carries every agent in the *carrier*
+  spaces, and each policy plays either
+
+  - **one group**: all its agents lie in that group and it is built for the group's own
+    spaces (e.g. ``MLPPolicy(group.observation_space, group.action_space)``). Inside the
+    step its rows are unpacked to the group's observations (``layout.unpack_obs``) and
+    its actions packed back into the carrier (``layout.pack_action``), so a
+    ``Discrete(5)`` group never draws action 7 of a ``Discrete(9)`` carrier; or
+  - **padded rows**: it is built for the carrier spaces (``env.observation_space``,
+    ``env.action_space``) and plays its agents' rows as they are, from any groups (one
+    policy for every agent is this mode).
+
+  A policy whose agents span groups and is not built for the carrier, or that is built
+  neither for its group's spaces nor for the carrier's, is refused at construction, the
+  policy, agents, groups and spaces named. :attr:`policy_groups` says which mode each
+  policy got. Transforms that change the observation or action space (``FrameStack``,
+  ``ActionMaskFromInfo``, ``PrevActionsRewards``, ``RescaleActions``) are refused for
+  such an env, here (``transforms=``) and when the rollout is built, since the rows
+  would no longer have the carrier's layout; transforms that keep both spaces (reward
+  transforms; ``NormalizeObservation``, which then normalizes each carrier column over
+  all groups' agents together; ``ClipActions``, to the carrier's bounds, the widest over
+  the groups, so a group's own bounds are the env's to clip) run as usual;
 * masked observations (``Dict(observations=..., action_mask=...)``) pass through: each
   policy gets its own agents' rows of both entries, so it masks with its agents' masks;
 * the extras of all policies are merged by key; a key that some policy does not produce
-  is zero for its agents (shapes beyond ``[E, A_p]`` must agree across policies);
+  is zero for its agents. Shapes beyond ``[E, A_p]`` may differ in size (a ``Discrete(5)``
+  and a ``Discrete(9)`` policy's ``action_dist_inputs``), not in rank: each is padded with
+  zeros to the widest; :attr:`extra_shapes` (per policy) and :attr:`agent_extra_shapes`
+  (per agent) give each one's true trailing shape, and
+  :func:`jaxsampler.policies.groups.unpad_extra` cuts an agent's extra back to it;
 * params are a dict ``policy_id -> params``; the recurrent state a dict ``policy_id ->
   state`` with leaves ``[E, A_p, ...]``;
 * actions of agents that are not acting are computed like all others and ignored by the
@@ -39,13 +66,17 @@ Rules:
   (``Env.max_acting``) with one policy for every agent, the rollout runs it on the acting
   rows only (:meth:`act_on_rows`), and the others' actions are zero placeholders;
 * ``log_prob(params, obs, action, policy_state)`` evaluates every policy's ``log_prob`` on
-  its own agents, like the step; it is available (:attr:`has_log_prob`) only when every
-  policy has one.
+  its own agents, like the step (a group's policy on its rows and actions unpacked to the
+  group's spaces); it is available (:attr:`has_log_prob`) only when every policy has one.
+
+:func:`random_policy` is the random policy of any env: per group, from the group's own
+action space, when the env has groups.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -55,11 +86,19 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxsampler.envs.base import Env
-from jaxsampler.policies.base import Policy
+from jaxsampler.envs.groups import GroupLayout
+from jaxsampler.policies.base import Policy, RandomPolicy
+from jaxsampler.policies.groups import (
+    check_group_transforms,
+    extra_shapes_of,
+    group_of_policies,
+    merge_extras,
+    pack_group_action,
+)
 from jaxsampler.spaces import Space, compatible
 from jaxsampler.transforms.base import Pipeline, Transform, build_pipeline
 
-__all__ = ["MultiAgentPolicy"]
+__all__ = ["MultiAgentPolicy", "random_policy"]
 
 
 @dataclasses.dataclass(frozen=True, init=False)
@@ -80,7 +119,9 @@ class MultiAgentPolicy(Policy):
     Raises:
         ValueError: empty ``policies``, a mapping to an unknown policy id, policies built
             for different spaces, or for other spaces than the env's (after
-            ``transforms``).
+            ``transforms``); with agent groups, a policy whose agents span groups (unless
+            built for the carrier), one built for other spaces than its group's (and the
+            carrier's), or transforms that change the spaces.
         TypeError: a ``policy_mapping_fn`` that takes neither signature.
     """
 
@@ -91,6 +132,11 @@ class MultiAgentPolicy(Policy):
     policies: tuple[Policy, ...]
     #: policy id of every agent-axis slot
     agent_policy: tuple[str, ...]
+    #: the env's agent groups (``None``: an env without groups, or agent ids given)
+    layout: GroupLayout | None
+    #: per policy (``policy_ids``' order): the agent group whose own spaces it is built for,
+    #: or ``None``: it plays the rows as they are (the carrier's, with groups)
+    policy_groups: tuple[str | None, ...]
 
     def __init__(
         self,
@@ -123,30 +169,34 @@ class MultiAgentPolicy(Policy):
                     f"policy_mapping_fn maps agent {aid!r} to unknown policy id {pid!r}; "
                     f"policies: {sorted(policies)}"
                 )
-        first = next(iter(policies.values()))
-        for pid, p in policies.items():
-            for what in ("observation_space", "action_space"):
-                if not compatible(getattr(p, what), getattr(first, what)):
-                    raise ValueError(
-                        f"policy {pid!r} was built for {what.replace('_', ' ')} "
-                        f"{getattr(p, what)!r}, another for "
-                        f"{getattr(first, what)!r}: agents on one agent axis share one space (pad "
-                        "to a common space)"
-                    )
-        if isinstance(env, Env):
-            _check_env_spaces(env, first, transforms)
-        elif transforms is not None:
-            raise ValueError(
-                "MultiAgentPolicy: transforms= needs the env (to bind them to its spaces); "
-                "with agent ids the spaces are checked when the rollout is built"
-            )
+        layout = env.agent_layout if isinstance(env, Env) else None
         used = tuple(pid for pid in policies if pid in mapping)  # dict order, unused ones dropped
-        object.__setattr__(self, "observation_space", first.observation_space)
-        object.__setattr__(self, "action_space", first.action_space)
+        if layout is not None:
+            assert isinstance(env, Env)
+            groups = group_of_policies(layout, policies, agent_ids, mapping)
+            if transforms is not None:
+                check_group_transforms(env.name, layout, _pipeline(env, transforms))
+            obs_space, act_space = layout.observation_space, layout.action_space
+        else:
+            groups = dict.fromkeys(used)
+            first = next(iter(policies.values()))
+            _check_same_spaces(policies, first)
+            if isinstance(env, Env):
+                _check_env_spaces(env, first, transforms)
+            elif transforms is not None:
+                raise ValueError(
+                    "MultiAgentPolicy: transforms= needs the env (to bind them to its spaces); "
+                    "with agent ids the spaces are checked when the rollout is built"
+                )
+            obs_space, act_space = first.observation_space, first.action_space
+        object.__setattr__(self, "observation_space", obs_space)
+        object.__setattr__(self, "action_space", act_space)
         object.__setattr__(self, "agent_ids", agent_ids)
         object.__setattr__(self, "policy_ids", used)
         object.__setattr__(self, "policies", tuple(policies[pid] for pid in used))
         object.__setattr__(self, "agent_policy", mapping)
+        object.__setattr__(self, "layout", layout)
+        object.__setattr__(self, "policy_groups", tuple(groups[pid] for pid in used))
 
     # -- static structure ----------------------------------------------------------------
 
@@ -154,9 +204,43 @@ class MultiAgentPolicy(Policy):
         """Agent-axis indices controlled by ``policy_id`` (ascending)."""
         return np.array([i for i, p in enumerate(self.agent_policy) if p == policy_id], np.int64)
 
+    @functools.cached_property
+    def extra_shapes(self) -> dict[str, dict[str, Any]]:
+        """``{policy_id: {extra key: trailing shape}}``: each policy's own extras and their
+        shapes beyond ``[E, A_p]`` (a tuple; for an extra that is a pytree, a pytree of
+        tuples), before the step pads them to the widest over the policies.
+
+        E.g. ``{"predator": {"action_dist_inputs": (5,), "vf_preds": ()}, "prey":
+        {"action_dist_inputs": (9,), "vf_preds": ()}}``; the step's ``action_dist_inputs``
+        is then ``[E, A, 9]``, zeros after the 5th logit on the predators' rows. A key a
+        policy does not produce is missing from its entry (its agents get zeros). Found by
+        tracing each policy once, abstractly (``jax.eval_shape``), on first access.
+        """
+        return {
+            pid: extra_shapes_of(p, len(self.agents_of(pid)))
+            for pid, p in zip(self.policy_ids, self.policies)
+        }
+
+    @property
+    def agent_extra_shapes(self) -> dict[str, dict[str, Any]]:
+        """``{agent_id: {extra key: trailing shape}}``: :attr:`extra_shapes` of each agent's
+        policy; cut an agent's padded extra back with
+        :func:`jaxsampler.policies.groups.unpad_extra`."""
+        shapes = self.extra_shapes
+        return {a: shapes[p] for a, p in zip(self.agent_ids, self.agent_policy)}
+
     def policy_mapping_fn(self, agent_id: str, episode: Any = None, **kwargs: Any) -> str:
         """The policy id of ``agent_id`` (RLlib's signature; ``episode`` is ignored)."""
         return self.agent_policy[self.agent_ids.index(agent_id)]
+
+    def _rows(self, tree: Any, pid: str, group: str | None) -> Any:
+        """Policy ``pid``'s rows of ``tree`` (``[E, A, ...]``), unpacked to ``group``'s own
+        space when it plays one."""
+        rows = self._take(tree, self.agents_of(pid))
+        if group is None:
+            return rows
+        assert self.layout is not None
+        return self.layout.unpack_obs(group, rows)
 
     def _take(self, tree: Any, idx: np.ndarray) -> Any:
         n = len(self.agent_ids)
@@ -197,9 +281,12 @@ class MultiAgentPolicy(Policy):
         keys = jax.random.split(key, len(self.policies))
         actions, extras, states, order, batches = [], [], {}, [], []
         num_envs = jax.tree.leaves(obs)[0].shape[0]
-        for pid, p, k in zip(self.policy_ids, self.policies, keys):
+        for pid, p, g, k in zip(self.policy_ids, self.policies, self.policy_groups, keys):
             idx = self.agents_of(pid)
-            a, x, s = p(params[pid], self._take(obs, idx), k, policy_state[pid])
+            a, x, s = p(params[pid], self._rows(obs, pid, g), k, policy_state[pid])
+            if g is not None:
+                assert self.layout is not None
+                a = pack_group_action(self.layout, g, pid, a)
             actions.append(a)
             extras.append(x)
             states[pid] = s
@@ -214,7 +301,7 @@ class MultiAgentPolicy(Policy):
             out = jax.tree.map(lambda *xs: jnp.concatenate(xs, axis=1), *parts)
             return out if identity else jax.tree.map(lambda x: jnp.take(x, inverse, axis=1), out)
 
-        return merge(actions), merge(_align_extras(extras, batches)), states
+        return merge(actions), merge(merge_extras(extras, batches, self.policy_ids)), states
 
     @property
     def acts_on_rows(self) -> bool:
@@ -250,7 +337,14 @@ class MultiAgentPolicy(Policy):
         kw = {"value_rows": value_rows} if value_rows is not None else {}
         if kw and not policy.values_on_rows:
             raise TypeError(f"{type(policy).__name__}.act_on_rows does not take value_rows")
+        (group,) = self.policy_groups
+        if group is not None:
+            assert self.layout is not None
+            obs = self.layout.unpack_obs(group, obs)
         a, x, s = policy.act_on_rows(params[pid], obs, k, policy_state[pid], rows, **kw)
+        if group is not None:
+            assert self.layout is not None
+            a = pack_group_action(self.layout, group, pid, a)
         return a, x, {pid: s}
 
     @property
@@ -273,13 +367,13 @@ class MultiAgentPolicy(Policy):
                 f"policies {missing} do not implement log_prob, so the MultiAgentPolicy cannot"
             )
         parts, order = [], []
-        for pid, p in zip(self.policy_ids, self.policies):
+        for pid, p, g in zip(self.policy_ids, self.policies, self.policy_groups):
             idx = self.agents_of(pid)
-            parts.append(
-                p.log_prob(
-                    params[pid], self._take(obs, idx), self._take(action, idx), policy_state[pid]
-                )
-            )
+            act = self._take(action, idx)
+            if g is not None:
+                assert self.layout is not None
+                act = self.layout.unpack_action(g, act)
+            parts.append(p.log_prob(params[pid], self._rows(obs, pid, g), act, policy_state[pid]))
             order.append(idx)
         if len(parts) == 1:
             return parts[0]
@@ -290,13 +384,52 @@ class MultiAgentPolicy(Policy):
         return jnp.take(out, inverse, axis=1)
 
 
+def _check_same_spaces(policies: Mapping[str, Policy], first: Policy) -> None:
+    """Raises ``ValueError`` if the policies (of an env without agent groups) were built for
+    different spaces."""
+    for pid, p in policies.items():
+        for what in ("observation_space", "action_space"):
+            if not compatible(getattr(p, what), getattr(first, what)):
+                raise ValueError(
+                    f"policy {pid!r} was built for {what.replace('_', ' ')} "
+                    f"{getattr(p, what)!r}, another for {getattr(first, what)!r}: agents on "
+                    "one agent axis share one space (pad to a common space, or declare agent "
+                    "groups in the env and pass the env, not its agent ids)"
+                )
+
+
+def random_policy(env: Env) -> Policy:
+    """Uniformly random actions for every agent of ``env``, each from its own action space.
+
+    Without agent groups, :class:`RandomPolicy` on the env's spaces. With agent groups
+    (:attr:`Env.agent_layout`), one ``RandomPolicy`` per group, built for the group's own
+    spaces, in a :class:`MultiAgentPolicy` (policy ids: the group names): a group with
+    ``Discrete(5)`` actions never draws an action of the wider carrier. Its params are
+    ``{group: ()}``. The command line (``--policy random``) and the host-side benchmark
+    build their random policy with it; so should any code that needs one for an env it
+    does not know.
+    """
+    layout = env.agent_layout
+    if layout is None:
+        return RandomPolicy(env.observation_space, env.action_space)
+    return MultiAgentPolicy(
+        env,
+        {g.name: RandomPolicy(g.observation_space, g.action_space) for g in layout.groups},
+        lambda agent_id: layout.group_of(agent_id).name,
+    )
+
+
+def _pipeline(env: Env, transforms: Any) -> Pipeline:
+    """``transforms`` bound to ``env``'s spaces (a bound ``Pipeline`` as it is)."""
+    if isinstance(transforms, Pipeline):
+        return transforms
+    return build_pipeline(transforms, env.observation_space, env.action_space)
+
+
 def _check_env_spaces(env: Env, policy: Policy, transforms: Any) -> None:
     """Raises ``ValueError`` if ``policy``'s spaces are not what ``env`` hands a policy
     (after ``transforms``)."""
-    if isinstance(transforms, Pipeline):
-        pipe = transforms
-    else:
-        pipe = build_pipeline(transforms, env.observation_space, env.action_space)
+    pipe = _pipeline(env, transforms)
     after = " after its transforms" if pipe else ""
     for what, space in (
         ("observation_space", pipe.observation_space),
@@ -331,22 +464,3 @@ def _map_agents(fn: Callable[..., str], agent_ids: tuple[str, ...]) -> list[str]
         f"policy_mapping_fn {getattr(fn, '__name__', fn)!r} takes {sig}; it must take "
         "RLlib's (agent_id, episode, **kwargs) or (agent_id)"
     )
-
-
-def _align_extras(
-    extras: list[dict[str, Any]], batches: list[tuple[int, int]]
-) -> list[dict[str, Any]]:
-    """Every policy's extras with the union of keys; a key a policy lacks is zeros."""
-    keys = sorted({k for x in extras for k in x})
-    out = []
-    for x, batch in zip(extras, batches):
-        filled = {}
-        for k in keys:
-            ref = x[k] if k in x else next(y[k] for y in extras if k in y)
-            filled[k] = (
-                x[k]
-                if k in x
-                else jax.tree.map(lambda r, b=batch: jnp.zeros(b + r.shape[2:], r.dtype), ref)
-            )
-        out.append(filled)
-    return out

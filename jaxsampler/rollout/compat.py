@@ -14,6 +14,7 @@ import numpy as np
 
 from jaxsampler.envs.base import Env
 from jaxsampler.policies.base import Policy
+from jaxsampler.policies.groups import check_group_transforms
 from jaxsampler.spaces import Box, Discrete, MultiDiscrete, Space, compatible
 from jaxsampler.transforms.base import Pipeline, Transform, build_pipeline
 
@@ -82,7 +83,8 @@ def check_compatible(env: Env, policy: Policy, transforms: Transforms = None) ->
 
     Raises:
         TypeError: ``env`` is not a jaxsampler ``Env``.
-        ValueError: mismatched agent ids or spaces, naming both sides.
+        ValueError: mismatched agent ids or spaces, naming both sides; transforms that change
+            the spaces of an env with agent groups.
     """
     if not isinstance(env, Env):
         raise TypeError(
@@ -90,6 +92,9 @@ def check_compatible(env: Env, policy: Policy, transforms: Transforms = None) ->
             "js.envs.from_gymnax)"
         )
     pipe = pipeline_of(env, transforms)
+    layout = env.agent_layout
+    if layout is not None and pipe:
+        check_group_transforms(env.name, layout, pipe)
     label = f"env {env.name}" + (" after its transforms" if pipe else "")
     check_policy_fits(policy, env.agent_ids, pipe.observation_space, pipe.action_space, label)
     return pipe
