@@ -358,6 +358,17 @@ class RunnerPolicy(Policy):
         return getattr(self.explore_policy, "agent_policy", None)
 
     @property
+    def policy_ids(self) -> tuple[str, ...] | None:
+        """The mirrored multi-agent policy's ids, or ``None`` for a single policy."""
+        return getattr(self.explore_policy, "policy_ids", None)
+
+    @property
+    def policy_groups(self) -> tuple[str | None, ...] | None:
+        """The mirrored multi-agent policy's agent group per policy (``None`` entries: the
+        carrier spaces), or ``None`` for a single policy."""
+        return getattr(self.explore_policy, "policy_groups", None)
+
+    @property
     def extra_shapes(self) -> Any:
         """The mirrored multi-agent policy's padded extras' own shapes (agent groups), or
         ``None``; the sampler cuts each policy's extras back to them."""
@@ -396,7 +407,10 @@ class RunnerPolicy(Policy):
 
         def random() -> Any:
             space = self.action_space
-            if self.random_low is not None and isinstance(space, Box):
+            layout = getattr(self.explore_policy, "layout", None)
+            if layout is not None:  # agent groups: each group's actions from its own space
+                action = group_random_actions(layout, key, batch)
+            elif self.random_low is not None and isinstance(space, Box):
                 action = jax.random.uniform(
                     key, batch + space.shape, jnp.float32, self.random_low, 1.0
                 )
@@ -411,3 +425,14 @@ class RunnerPolicy(Policy):
         extras["weights_seq_no"] = jnp.broadcast_to(params["seq"], batch)
         # the mirrored MLP is stateless: its (empty) state passes through
         return action, extras, policy_state
+
+
+def group_random_actions(layout: Any, key: jax.Array, batch: tuple[int, ...]) -> jax.Array:
+    """Uniform random carrier actions ``[*batch]`` (the agent axis last) of an env with agent
+    groups, each group's drawn from its own action space and packed."""
+    parts = []
+    for k, g in zip(jax.random.split(key, len(layout.groups)), layout.groups, strict=True):
+        start, stop = layout.slots(g.name)
+        drawn = g.action_space.sample_batch(k, batch[:-1] + (stop - start,))
+        parts.append(layout.pack_action(g.name, drawn))
+    return jnp.concatenate(parts, axis=len(batch) - 1)

@@ -29,11 +29,22 @@ from jaxsampler.envs.groups import GroupLayout
 from jaxsampler.episodes.lookback import InfiniteLookbackBuffer, tree_map
 from jaxsampler.episodes.multi_agent import MultiAgentEpisode
 from jaxsampler.episodes.single_agent import SingleAgentEpisode
+from jaxsampler.policies.groups import unpad_extra
 
-__all__ = ["Unpack", "grouped_layout", "policy_unpackers", "unpack_episode"]
+__all__ = [
+    "Unpack",
+    "cut_to",
+    "grouped_layout",
+    "policy_modes",
+    "policy_unpackers",
+    "unpack_episode",
+]
 
-#: One policy's row unpackers: ``(observations, actions, extras by key)``.
-Unpack = tuple[Callable[[Any], Any], Callable[[Any], Any], dict[str, Callable[[Any], Any]]]
+#: One policy's row unpackers: ``(observations, actions, extras by key)``; ``None`` for the
+#: observations and actions of a policy in the carrier spaces.
+Unpack = tuple[
+    Callable[[Any], Any] | None, Callable[[Any], Any] | None, dict[str, Callable[[Any], Any]]
+]
 
 
 def grouped_layout(env: Any, pipe: Any) -> GroupLayout | None:
@@ -57,35 +68,47 @@ def grouped_layout(env: Any, pipe: Any) -> GroupLayout | None:
     return layout
 
 
-def cut_to(shape: Sequence[int]) -> Callable[[Any], Any]:
+def cut_to(shape: Any) -> Callable[[Any], Any]:
     """Rows ``[N, *padded]`` cut back to ``[N, *shape]`` (a view)."""
-    index = (slice(None),) + tuple(slice(0, int(n)) for n in shape)
-    return lambda x: x[index]
+    return lambda x: unpad_extra(x, shape)
+
+
+def policy_modes(policy: Any) -> dict[str, str | None] | None:
+    """``policy_id -> group`` whose own spaces the policy is built for (``None``: the
+    carrier's, padded mode), from a :class:`~jaxsampler.policies.MultiAgentPolicy` (or a
+    policy that forwards its ``policy_ids`` / ``policy_groups``); ``None`` for others."""
+    ids, groups = getattr(policy, "policy_ids", None), getattr(policy, "policy_groups", None)
+    if ids is None or groups is None:
+        return None
+    return dict(zip(ids, groups, strict=True))
 
 
 def policy_unpackers(
     layout: GroupLayout,
     agent_ids: Sequence[str],
     agent_policy: Sequence[str],
-    extra_shapes: Mapping[str, Mapping[str, tuple[int, ...]]] | None = None,
-) -> dict[str, Unpack | None]:
-    """``policy_id -> Unpack`` for each policy whose agents all sit in one group (``None``
-    for a policy over several groups: its rows stay in the carrier spaces).
-    ``extra_shapes``: ``policy_id -> {key: trailing shape}`` of padded extras."""
+    extra_shapes: Mapping[str, Mapping[str, Any]] | None = None,
+    modes: Mapping[str, str | None] | None = None,
+) -> dict[str, Unpack]:
+    """``policy_id -> Unpack``: a policy built for its group's own spaces (``modes``; without
+    them, a policy whose agents all sit in one group) gets its rows' observations and
+    actions unpacked; a policy in the carrier spaces (padded mode) keeps carrier rows. Every
+    policy's extras are cut to their own shapes (``extra_shapes``: ``policy_id -> {key:
+    trailing shape}``, what a ``MultiAgentPolicy`` padded them from)."""
     agents: dict[str, list[str]] = {}
     for aid, pid in zip(agent_ids, agent_policy, strict=True):
         agents.setdefault(pid, []).append(aid)
-    out: dict[str, Unpack | None] = {}
+    out: dict[str, Unpack] = {}
     for pid, aids in agents.items():
-        groups = {layout.group_of(a).name for a in aids}
-        if len(groups) != 1:
-            out[pid] = None
-            continue
-        (name,) = groups
+        if modes is not None:
+            name = modes.get(pid)
+        else:
+            groups = {layout.group_of(a).name for a in aids}
+            name = next(iter(groups)) if len(groups) == 1 else None
         extras = {k: cut_to(s) for k, s in (extra_shapes or {}).get(pid, {}).items()}
         out[pid] = (
-            functools.partial(layout.unpack_obs, name),
-            functools.partial(layout.unpack_action, name),
+            None if name is None else functools.partial(layout.unpack_obs, name),
+            None if name is None else functools.partial(layout.unpack_action, name),
             extras,
         )
     return out

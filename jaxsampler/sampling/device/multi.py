@@ -112,14 +112,17 @@ class MultiAgentConverter:
         horizon: int,
         rllib_compatible: bool = False,
         layout: GroupLayout | None = None,
-        extra_shapes: Mapping[str, Mapping[str, tuple[int, ...]]] | None = None,
+        extra_shapes: Mapping[str, Mapping[str, Any]] | None = None,
+        policy_modes: Mapping[str, str | None] | None = None,
     ):
         self._ids = ids
         # An env with agent groups: the outputs are unpacked to each agent's own spaces
         # (:mod:`.grouped`); the converter itself works in the carrier spaces.
         self._layout = layout
         self._unpackers = (
-            policy_unpackers(layout, agent_ids, agent_policy, extra_shapes) if layout else {}
+            policy_unpackers(layout, agent_ids, agent_policy, extra_shapes, policy_modes)
+            if layout
+            else {}
         )
         self._agent_cuts = {
             aid: {k: cut_to(v) for k, v in (extra_shapes or {}).get(pid, {}).items()}

@@ -109,8 +109,10 @@ def slice_rows(data: dict[str, Any], lo: int, hi: int, unpack: Any = None) -> di
     obs_fn = None
     if unpack is not None:
         obs_fn, act_fn, extra_fns = unpack
-        out[SampleBatch.OBS] = obs_fn(out[SampleBatch.OBS])
-        out[SampleBatch.ACTIONS] = act_fn(out[SampleBatch.ACTIONS])
+        if obs_fn is not None:
+            out[SampleBatch.OBS] = obs_fn(out[SampleBatch.OBS])
+        if act_fn is not None:
+            out[SampleBatch.ACTIONS] = act_fn(out[SampleBatch.ACTIONS])
         for k, fn in extra_fns.items():
             if k in out:
                 out[k] = fn(out[k])

@@ -28,7 +28,7 @@ from jaxsampler.rollout.scan import (
 )
 from jaxsampler.sampling.base import Sampler
 from jaxsampler.sampling.device.columns import InfoPath, info_leaves, with_transform_infos
-from jaxsampler.sampling.device.grouped import grouped_layout
+from jaxsampler.sampling.device.grouped import grouped_layout, policy_modes
 from jaxsampler.sampling.device.multi import MultiAgentConverter
 from jaxsampler.sampling.device.overlap import (
     WEIGHTS_SEQ_NO,
@@ -385,6 +385,7 @@ class DeviceSampler(Sampler):
                 rllib_compatible=rllib_compatible,
                 layout=grouped_layout(env, pipe),
                 extra_shapes=getattr(policy, "extra_shapes", None),
+                policy_modes=policy_modes(policy),
             )
 
     @property

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 from typing import ClassVar
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -82,13 +83,23 @@ ENV = TwoGroups()
 GROUP = {"w0": "wide", "w1": "wide", "n0": "narrow"}
 
 
-def _policy():
-    """One random policy per group, over the carrier spaces."""
+def _policy(padded=False):
+    """One MLP per group over the group's own spaces (``padded``: over the carrier's)."""
     layout = ENV.agent_layout
-    rnd = js.policies.RandomPolicy(layout.observation_space, layout.action_space)
+    policies = {
+        g.name: js.MLPPolicy(
+            layout.observation_space if padded else g.observation_space,
+            layout.action_space if padded else g.action_space,
+            (8,),
+        )
+        for g in layout.groups
+    }
     return js.policies.MultiAgentPolicy(
-        ENV, {"wide": rnd, "narrow": rnd}, policy_mapping_fn=lambda aid, *a, **k: GROUP[aid]
+        ENV, policies, policy_mapping_fn=lambda aid, *a, **k: GROUP[aid]
     )
+
+
+PARAMS = _policy().init(jax.random.PRNGKey(0))
 
 
 def _own_obs(aid, x):
@@ -97,17 +108,25 @@ def _own_obs(aid, x):
     return x[..., :size].reshape(*x.shape[:-1], *shape)
 
 
-def _samplers(monkeypatch):
-    grouped = js.Sampler(ENV, _policy(), num_envs=3, rollout_length=4, seed=3)
+def _samplers(monkeypatch, padded=False):
+    grouped = js.Sampler(ENV, _policy(padded), num_envs=3, rollout_length=4, seed=3)
     with monkeypatch.context() as m:
         m.setattr(sampler_module, "grouped_layout", lambda env, pipe: None)
-        carrier = js.Sampler(ENV, _policy(), num_envs=3, rollout_length=4, seed=3)
+        carrier = js.Sampler(ENV, _policy(padded), num_envs=3, rollout_length=4, seed=3)
     return grouped, carrier
+
+
+def _own_extra(aid, key, x):
+    """An extra cut back to its own width: the group's number of actions for the logits."""
+    x = np.asarray(x)
+    if key != "action_dist_inputs":
+        return x
+    return x[..., : SHAPES[GROUP[aid]][2]]
 
 
 def test_episodes_hold_each_agents_own_spaces_and_data(monkeypatch):
     grouped, carrier = _samplers(monkeypatch)
-    params = {"wide": None, "narrow": None}
+    params = PARAMS
     for _ in range(3):  # chunks continue across calls
         got, want = grouped.sample(params), carrier.sample(params)
         assert len(got) == len(want)
@@ -125,6 +144,10 @@ def test_episodes_hold_each_agents_own_spaces_and_data(monkeypatch):
                 np.testing.assert_array_equal(acts, ref.get_actions())
                 assert np.all(acts < SHAPES[GROUP[aid]][2]) or aid == "n0"
                 np.testing.assert_array_equal(sa.get_rewards(), ref.get_rewards())
+                for key in ("action_dist_inputs", "action_logp", "vf_preds"):
+                    own, full = sa.get_extra_model_outputs(key), ref.get_extra_model_outputs(key)
+                    np.testing.assert_array_equal(own, _own_extra(aid, key, full))
+                    assert np.all(np.asarray(full)[..., np.shape(own)[-1] :] == 0) or own.ndim < 2
                 assert sa.is_terminated == ref.is_terminated
                 assert (sa.t_started, sa.t) == (ref.t_started, ref.t)
                 # the carrier's padding is zeros, and the own data is all of it
@@ -136,8 +159,7 @@ def test_episodes_hold_each_agents_own_spaces_and_data(monkeypatch):
 def test_batches_hold_each_policys_own_rows(monkeypatch):
     grouped, carrier = _samplers(monkeypatch)
     for _ in range(3):
-        params = {"wide": None, "narrow": None}
-        got, want = grouped.sample_batch(params), carrier.sample_batch(params)
+        got, want = grouped.sample_batch(PARAMS), carrier.sample_batch(PARAMS)
         assert set(got.policy_batches) == {"wide", "narrow"}
         for pid, b in got.policy_batches.items():
             ref = want.policy_batches[pid]
@@ -149,6 +171,25 @@ def test_batches_hold_each_policys_own_rows(monkeypatch):
             np.testing.assert_array_equal(b["actions"], ref["actions"])
             np.testing.assert_array_equal(b["rewards"], ref["rewards"])
             np.testing.assert_array_equal(b["eps_id"], ref["eps_id"])
+            logits = b["action_dist_inputs"]
+            assert logits.shape == (len(ref), SHAPES[pid][2])
+            np.testing.assert_array_equal(
+                logits, _own_extra(aid, "action_dist_inputs", ref["action_dist_inputs"])
+            )
+
+
+def test_a_policy_over_the_carrier_keeps_carrier_rows_in_its_batch(monkeypatch):
+    # padded mode: each policy saw carrier rows, so its batch holds them; episodes still
+    # give each agent its own spaces
+    grouped, carrier = _samplers(monkeypatch, padded=True)
+    params = _policy(padded=True).init(jax.random.PRNGKey(1))
+    got, want = grouped.sample_batch(params), carrier.sample_batch(params)
+    for pid, b in got.policy_batches.items():
+        for col in ("obs", "new_obs", "actions", "action_dist_inputs"):
+            np.testing.assert_array_equal(b[col], want.policy_batches[pid][col])
+        assert b["obs"].shape[1:] == ENV.observation_space.shape
+    eps = [ep for ep in grouped.sample(params) if "n0" in ep.agent_episodes]
+    assert eps and all(ep.agent_episodes["n0"].get_observations().shape[1:] == (3,) for ep in eps)
 
 
 def test_transforms_that_change_the_carrier_spaces_are_refused():
