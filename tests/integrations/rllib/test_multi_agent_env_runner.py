@@ -190,3 +190,49 @@ def test_rllib_compatible_train_batch_equals_rllibs_own_episodes_on_a_time_limit
         }
     assert not np.allclose(kept["value_targets"], want["value_targets"], atol=1e-3)
     np.testing.assert_array_equal(kept["rewards"], want["rewards"])
+
+
+def group_config(num_envs=4, fragment=12):
+    """PPO on PredatorPrey-v0 (agent groups): a module per group, each built for its own
+    spaces (predators: 4 observations, 5 actions; the prey: 6 and 9)."""
+    return config("PredatorPrey-v0", num_envs=num_envs, fragment=fragment).multi_agent(
+        policies={"predator", "prey"},
+        policy_mapping_fn=lambda aid, episode, **kw: aid.rsplit("_", 1)[0],
+    )
+
+
+def test_agent_groups_give_each_module_its_own_spaces_and_train():
+    algo = group_config().build_algo()
+    try:
+        runner = algo.env_runner
+        spaces = runner.get_spaces()
+        assert spaces["predator"][0].shape == (4,) and spaces["predator"][1].n == 5
+        assert spaces["prey"][0].shape == (6,) and spaces["prey"][1].n == 9
+        episodes = runner.sample(num_timesteps=48, force_reset=True)
+        for ep in episodes:
+            for aid, sa in ep.agent_episodes.items():
+                group = aid.rsplit("_", 1)[0]
+                assert sa.module_id == group
+                assert sa.observation_space == spaces[group][0]
+                obs = sa.get_observations(slice(0, len(sa)))
+                assert obs.shape[1:] == spaces[group][0].shape
+                # each agent's logits are its own module's on its own observations
+                logits = rllib_dist_inputs(runner.module[group], obs)
+                np.testing.assert_allclose(
+                    sa.get_extra_model_outputs("action_dist_inputs"), logits, **TOL
+                )
+                assert np.all(np.asarray(sa.get_actions()) < spaces[group][1].n)
+        result = algo.train()
+        for mid in ("predator", "prey"):
+            assert np.isfinite(result["learners"][mid]["policy_loss"])
+    finally:
+        algo.stop()
+
+
+def test_a_module_mapped_across_agent_groups_is_refused():
+    cfg = config("PredatorPrey-v0").multi_agent(
+        policies={"p0", "p1"},
+        policy_mapping_fn=lambda aid, episode, **kw: "p0" if aid != "predator_1" else "p1",
+    )
+    with pytest.raises(TypeError, match=r"module 'p0' is mapped to agents .* agent groups"):
+        JaxMultiAgentEnvRunner(config=cfg)
