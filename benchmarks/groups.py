@@ -50,9 +50,7 @@ ENVS = (("PredatorPrey-v0", {"n_predators": 6}), ("jaxmarl:MPE_simple_tag_v3", {
 def group_policy(env: Any) -> tuple[Any, Any]:
     """One random policy per agent group, each over its group's own spaces."""
     layout = env.agent_layout
-    policies = {
-        g.name: js.RandomPolicy(g.observation_space, g.action_space) for g in layout.groups
-    }
+    policies = {g.name: js.RandomPolicy(g.observation_space, g.action_space) for g in layout.groups}
     pol = js.policies.MultiAgentPolicy(
         env, policies, policy_mapping_fn=lambda aid: layout.group_of(aid).name
     )
@@ -70,14 +68,19 @@ def padded() -> Any:
         sampler_module.grouped_layout = old
 
 
+def short(space: Any) -> str:
+    """``Box(4,) float32`` / ``Discrete(5)``: a space without its bounds."""
+    if isinstance(space, js.spaces.Box):
+        return f"Box{tuple(space.shape)} {space.dtype.name}"
+    return repr(space)
+
+
 def obs_bytes(env: Any, num_envs: int, T: int) -> dict[str, int]:
     """Bytes of one call's observations: carrier rows, and each agent in its own space."""
     layout = env.agent_layout
     carrier = layout.observation_space
     per_step = carrier.dtype.itemsize * int(np.prod(carrier.shape)) * layout.num_agents
-    own = sum(
-        s.dtype.itemsize * int(np.prod(s.shape)) for s in layout.observation_spaces.values()
-    )
+    own = sum(s.dtype.itemsize * int(np.prod(s.shape)) for s in layout.observation_spaces.values())
     return {"carrier": per_step * num_envs * T, "own": own * num_envs * T}
 
 
@@ -112,14 +115,14 @@ def measure(env_id: str, kwargs: dict[str, Any], args: argparse.Namespace) -> di
         "groups": {
             g.name: {
                 "agents": len(g.agent_ids),
-                "observation_space": repr(g.observation_space),
-                "action_space": repr(g.action_space),
+                "observation_space": short(g.observation_space),
+                "action_space": short(g.action_space),
             }
             for g in layout.groups
         },
         "carrier": {
-            "observation_space": repr(layout.observation_space),
-            "action_space": repr(layout.action_space),
+            "observation_space": short(layout.observation_space),
+            "action_space": short(layout.action_space),
         },
         "obs_bytes": obs_bytes(env, E, T),
         "sides": out,
@@ -195,4 +198,3 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 if __name__ == "__main__":
     raise SystemExit(main())
-

@@ -12,8 +12,8 @@ agents. What a user receives is unpacked:
 * every ``MultiAgentEpisode`` is handed out as a copy whose agents hold their own
   observations, actions and extra model outputs and report their own spaces (RLlib's
   per-agent ``observation_space`` / ``action_space`` dicts); the converter keeps its carrier
-  chunks to continue them in the next call. The copy builds every agent's columns, so a
-  grouped env's episodes are not lazy.
+  chunks to continue them in the next call. A lazy chunk's copy stays lazy: its build, and
+  its agents' column views, unpack what they hand out.
 """
 
 from __future__ import annotations
@@ -26,18 +26,19 @@ from typing import Any
 import numpy as np
 
 from jaxsampler.envs.groups import GroupLayout
+from jaxsampler.episodes._sa_views import COLUMNS, EpisodeViews
 from jaxsampler.episodes.lookback import InfiniteLookbackBuffer, tree_map
 from jaxsampler.episodes.multi_agent import MultiAgentEpisode
 from jaxsampler.episodes.single_agent import SingleAgentEpisode
 from jaxsampler.policies.groups import unpad_extra
 
 __all__ = [
+    "EpisodeUnpacker",
     "Unpack",
     "cut_to",
     "grouped_layout",
     "policy_modes",
     "policy_unpackers",
-    "unpack_episode",
 ]
 
 #: One policy's row unpackers: ``(observations, actions, extras by key)``; ``None`` for the
@@ -123,55 +124,144 @@ def _buffer(buf: InfiniteLookbackBuffer, fn: Callable[[Any], Any], space: Any) -
     return InfiniteLookbackBuffer.trusted(data, buf.lookback, space, borrowed=True)
 
 
-def _agent(
-    sa: SingleAgentEpisode,
-    layout: GroupLayout,
-    extra_cut: Mapping[str, Callable[[Any], Any]],
-) -> SingleAgentEpisode:
-    aid = sa.agent_id
-    name = layout.group_of(aid).name
-    obs, acts = sa.observations, sa.actions  # (builds a lazy agent's columns)
-    infos, rewards, extras = sa.infos, sa.rewards, sa.extra_model_outputs
-    new = copy.copy(sa)
-    new._lazy = new._view = new._key = None
-    new._observations = _buffer(
-        obs, lambda x: layout.unpack_obs(name, x), layout.observation_spaces[aid]
-    )
-    new._actions = _buffer(acts, lambda x: layout.unpack_action(name, x), layout.action_spaces[aid])
-    new._infos, new._rewards = infos, rewards
-    new._extra_model_outputs = {
-        k: _buffer(b, extra_cut[k], None) if k in extra_cut else b for k, b in extras.items()
-    }
-    new._observation_space = layout.observation_spaces[aid]
-    new._action_space = layout.action_spaces[aid]
+class _Own:
+    """How one agent's carrier columns become its own: its group's unpackers and spaces,
+    and the cuts of its padded extras."""
+
+    __slots__ = ("obs", "act", "cuts", "obs_space", "act_space")
+
+    def __init__(self, layout: GroupLayout, agent_id: str, cuts: Mapping[str, Any]):
+        name = layout.group_of(agent_id).name
+        self.obs = functools.partial(layout.unpack_obs, name)
+        self.act = functools.partial(layout.unpack_action, name)
+        self.cuts = dict(cuts)
+        self.obs_space = layout.observation_spaces[agent_id]
+        self.act_space = layout.action_spaces[agent_id]
+
+    def column(self, name: str, col: Any) -> Any:
+        """Column ``name`` of an agent episode (a buffer; extras: a dict of them), own."""
+        if name == "observations":
+            return _buffer(col, self.obs, self.obs_space)
+        if name == "actions":
+            return _buffer(col, self.act, self.act_space)
+        if name == "extra_model_outputs":
+            return {
+                k: _buffer(b, self.cuts[k], None) if k in self.cuts else b for k, b in col.items()
+            }
+        return col
+
+
+class _OwnViews(EpisodeViews):
+    """One agent's episodes over a call's carrier :class:`EpisodeViews`, unpacked as they
+    are read: the episodes stay lazy."""
+
+    __slots__ = ("_inner", "_own")
+
+    def __init__(self, inner: EpisodeViews, own: _Own):
+        self._inner, self._own = inner, own
+
+    def column(self, key: Any, name: str) -> Any:
+        return self._own.column(name, self._inner.column(key, name))
+
+    def observations(self, key: Any) -> Any:
+        return self._own.obs(self._inner.observations(key))
+
+    def actions(self, key: Any) -> Any:
+        return self._own.act(self._inner.actions(key))
+
+    def rewards(self, key: Any) -> Any:
+        return self._inner.rewards(key)
+
+    def extra(self, key: Any, name: str) -> Any:
+        x = self._inner.extra(key, name)
+        cut = self._own.cuts.get(name)
+        return x if x is None or cut is None else cut(x)
+
+
+def _own_build(build: Callable[[Any], Any], own: _Own, key: Any) -> tuple:
+    """A lazy agent episode's buffers (``build(key)``), own."""
+    return tuple(own.column(n, c) for n, c in zip(COLUMNS, build(key), strict=True))
+
+
+_SLOTS = SingleAgentEpisode.__slots__
+_UNSET = object()
+
+
+def _agent(sa: SingleAgentEpisode, own: _Own, views: dict[int, _OwnViews]) -> SingleAgentEpisode:
+    """A copy of ``sa`` in its own spaces; unbuilt columns stay unbuilt."""
+    new = SingleAgentEpisode.__new__(SingleAgentEpisode)
+    for k in _SLOTS:
+        v = getattr(sa, k, _UNSET)
+        if v is not _UNSET:  # (an unset slot stays unset)
+            setattr(new, k, v)
+    if sa._lazy is not None:
+        build, key = sa._lazy
+        new._lazy = (functools.partial(_own_build, build, own), key)
+    if sa._view is not None:
+        wrapped = views.get(id(sa._view))
+        if wrapped is None:
+            wrapped = views[id(sa._view)] = _OwnViews(sa._view, own)
+        new._view = wrapped
+    for name in COLUMNS:
+        col = getattr(sa, "_" + name)
+        if col is not None:
+            setattr(new, "_" + name, own.column(name, col))
+    new._observation_space, new._action_space = own.obs_space, own.act_space
     return new
 
 
-def unpack_episode(
-    ep: MultiAgentEpisode,
-    layout: GroupLayout,
-    extra_cuts: Mapping[str, Mapping[str, Callable[[Any], Any]]] | None = None,
-) -> MultiAgentEpisode:
-    """A copy of ``ep`` whose agents hold their own spaces' data (see the module docstring);
-    ``extra_cuts``: ``agent_id -> {key: cut}`` for padded extra model outputs."""
-    ep._ensure_built()
-    cuts = extra_cuts or {}
-    new = MultiAgentEpisode.__new__(MultiAgentEpisode)
-    new.__dict__.update(ep.__dict__)
-    new.agent_episodes = {
-        a: _agent(sa, layout, cuts.get(a, {})) for a, sa in ep.agent_episodes.items()
-    }
-    new.observation_space = {a: layout.observation_spaces[a] for a in ep.observation_space}
-    new.action_space = {a: layout.action_spaces[a] for a in ep.action_space}
-    hanging = ep._hanging_actions_end
-    new._hanging_actions_end = {
-        a: layout.unpack_action(layout.group_of(a).name, np.asarray(x)) for a, x in hanging.items()
-    }
-    old_extras = ep._hanging_extra_model_outputs_end
-    new._hanging_extra_model_outputs_end = copy.copy(old_extras)
-    for a, d in old_extras.items():
-        cut = cuts.get(a, {})
-        new._hanging_extra_model_outputs_end[a] = {
-            k: (cut[k](np.asarray(v)[None])[0] if k in cut else v) for k, v in d.items()
+class EpisodeUnpacker:
+    """Hands out a grouped env's episodes in each agent's own spaces (the module
+    docstring): a lazy episode stays lazy (its build and its agents' views unpack what
+    they give), a built one is copied now."""
+
+    def __init__(
+        self, layout: GroupLayout, agent_cuts: Mapping[str, Mapping[str, Any]] | None = None
+    ):
+        self.layout = layout
+        cuts = agent_cuts or {}
+        self._own = {a: _Own(layout, a, cuts.get(a, {})) for a in layout.agent_ids}
+
+    def __call__(self, episodes: Sequence[MultiAgentEpisode]) -> list[MultiAgentEpisode]:
+        views: dict[str, dict[int, _OwnViews]] = {a: {} for a in self._own}
+        return [self._episode(ep, views) for ep in episodes]
+
+    def _episode(
+        self, ep: MultiAgentEpisode, views: dict[str, dict[int, _OwnViews]]
+    ) -> MultiAgentEpisode:
+        layout = self.layout
+        new = MultiAgentEpisode.__new__(MultiAgentEpisode)
+        d = new.__dict__
+        d.update(ep.__dict__)
+        d["observation_space"] = {a: layout.observation_spaces[a] for a in ep.observation_space}
+        d["action_space"] = {a: layout.action_spaces[a] for a in ep.action_space}
+        lazy = d.get("_lazy")
+        if lazy is not None:
+            build, key = lazy
+            d["_lazy"] = (functools.partial(self._build, build, views), key)
+        else:
+            self._unpack_agents(new, views)
+        return new
+
+    def _build(
+        self, build: Callable[[Any, Any], None], views: Any, ep: MultiAgentEpisode, key: Any
+    ) -> None:
+        build(ep, key)
+        self._unpack_agents(ep, views)
+
+    def _unpack_agents(self, ep: MultiAgentEpisode, views: Any) -> None:
+        d = ep.__dict__
+        own = self._own
+        d["agent_episodes"] = {
+            a: _agent(sa, own[a], views[a]) for a, sa in d["agent_episodes"].items()
         }
-    return new
+        hanging = d["_hanging_actions_end"]
+        d["_hanging_actions_end"] = {a: own[a].act(np.asarray(x)) for a, x in hanging.items()}
+        extras = d["_hanging_extra_model_outputs_end"]
+        new_extras = copy.copy(extras)  # (a defaultdict stays one)
+        for a, outputs in extras.items():
+            cuts = own[a].cuts
+            new_extras[a] = {
+                k: (cuts[k](np.asarray(v)[None])[0] if k in cuts else v) for k, v in outputs.items()
+            }
+        d["_hanging_extra_model_outputs_end"] = new_extras

@@ -49,7 +49,7 @@ from jaxsampler.sampling.device.columns import (
     obs_map,
     unflatten,
 )
-from jaxsampler.sampling.device.grouped import cut_to, policy_unpackers, unpack_episode
+from jaxsampler.sampling.device.grouped import EpisodeUnpacker, cut_to, policy_unpackers
 from jaxsampler.sampling.device.multi_calls import (
     FIELDS,
     NO_INFOS,
@@ -118,16 +118,22 @@ class MultiAgentConverter:
         self._ids = ids
         # An env with agent groups: the outputs are unpacked to each agent's own spaces
         # (:mod:`.grouped`); the converter itself works in the carrier spaces.
-        self._layout = layout
         self._unpackers = (
             policy_unpackers(layout, agent_ids, agent_policy, extra_shapes, policy_modes)
             if layout
             else {}
         )
-        self._agent_cuts = {
-            aid: {k: cut_to(v) for k, v in (extra_shapes or {}).get(pid, {}).items()}
-            for aid, pid in zip(agent_ids, agent_policy, strict=True)
-        }
+        self._unpack_episodes = (
+            EpisodeUnpacker(
+                layout,
+                {
+                    aid: {k: cut_to(v) for k, v in (extra_shapes or {}).get(pid, {}).items()}
+                    for aid, pid in zip(agent_ids, agent_policy, strict=True)
+                },
+            )
+            if layout
+            else None
+        )
         self._rllib_compatible = bool(rllib_compatible)
         self._num_envs = num_envs
         self._agent_ids, self._agent_policy = agent_ids, agent_policy
@@ -411,8 +417,8 @@ class MultiAgentConverter:
                 _finalize(ep.prune_empty_agents())
         m = cs.metrics
         m.num_agent_steps_sampled = len(pos)
-        if self._layout is not None:
-            episodes = [unpack_episode(ep, self._layout, self._agent_cuts) for ep in episodes]
+        if self._unpack_episodes is not None:
+            episodes = self._unpack_episodes(episodes)
         return episodes, m
 
     def _lazy(

@@ -130,6 +130,8 @@ def test_episodes_hold_each_agents_own_spaces_and_data(monkeypatch):
     for _ in range(3):  # chunks continue across calls
         got, want = grouped.sample(params), carrier.sample(params)
         assert len(got) == len(want)
+        # finished chunks stay lazy: their copies unpack when they are built
+        assert any("_lazy" in vars(g) for g in got)
         for g, w in zip(got, want, strict=True):
             assert g.id_ == w.id_ and set(g.agent_episodes) == set(w.agent_episodes)
             for aid, sa in g.agent_episodes.items():
