@@ -168,8 +168,9 @@ def markdown(res: dict[str, Any]) -> str:
         "",
         "The rollout is the same program on both sides (carrier spaces); only the host "
         "output differs. Batches unpack each policy's rows as views (a slice of the "
-        "carrier's columns); `sample()` hands out each episode as a copy whose agents hold "
-        "their own columns, so grouped envs' episodes are built at once, not lazily.",
+        "carrier's columns); `sample()` hands out each episode as a copy in its agents' own "
+        "spaces, one more object per agent episode (a finished chunk's copy stays lazy: it "
+        "unpacks what it builds and reads).",
         "",
     ]
     return "\n".join(lines)

@@ -152,3 +152,15 @@ def test_ppo_example_records_a_video_of_the_trained_policy(tmp_path, capsys):
         with pytest.raises(SystemExit) as exited:  # refused before any training
             ppo.main([*args, "32", "--video", str(tmp_path / bad)])
         assert exited.value.code == 2 and why in capsys.readouterr().err
+
+
+def test_ppo_groups_example_trains_each_groups_policy_on_its_own_spaces(tmp_path):
+    from examples import ppo_groups
+
+    out = tmp_path / "groups.json"
+    argv = ["--train", "both", "--total-timesteps", "256", "--num-envs", "2"]
+    argv += ["--rollout-length", "32", "--json", str(out), "--quiet"]
+    assert ppo_groups.main(argv) == 0
+    res = json.loads(out.read_text())
+    assert res["env_steps"] >= 256 and res["train"] == "both"
+    assert all(0.0 <= c <= 1.0 for _, c, _ in res["curve"])
