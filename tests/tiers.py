@@ -52,6 +52,9 @@ INTEGRATION_TESTS: dict[str, str] = {
     "tests/envs/adapters/test_gymnax_compact.py::test_ppo_cnn_update_on_compact_frames_matches"
     "_float32": "a long run",
     "tests/benchmarks/test_host_side.py::test_quick_writes_the_schema": "a long run",
+    "tests/benchmarks/test_groups.py::test_ppo_groups_quick_writes_runs_table_and_plot": (
+        "a long run"
+    ),
     "tests/benchmarks/test_groups.py::test_quick_writes_both_envs": (
         "JaxMARL (the jaxmarl extra): simple_tag is one of the two envs"
     ),

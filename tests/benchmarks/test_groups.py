@@ -33,3 +33,13 @@ def test_the_padded_side_hands_out_carrier_rows():
     assert want["predator"]["obs"].shape[1:] == width
     assert got["predator"]["obs"].shape[1:] == (4,)
     np.testing.assert_array_equal(got["predator"]["obs"], want["predator"]["obs"][:, :4])
+
+
+def test_ppo_groups_quick_writes_runs_table_and_plot(tmp_path):
+    from benchmarks import ppo_groups
+
+    assert ppo_groups.main(["--quick", "--out", str(tmp_path)]) == 0
+    res = json.loads((tmp_path / "ppo_groups.json").read_text())
+    assert [r["train"] for r in res["runs"]] == list(ppo_groups.MODES)
+    assert "who learns" in (tmp_path / "ppo_groups.md").read_text()
+    assert (tmp_path / "ppo_groups.png").stat().st_size > 0
