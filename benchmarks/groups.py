@@ -36,7 +36,7 @@ import numpy as np
 import jaxsampler as js
 from benchmarks import harness
 from benchmarks.host_side import bare_rollout, run_rounds, sample_and_read, summarize
-from jaxsampler.sampling.device import sampler as sampler_module
+from jaxsampler.sampling.device import grouped as grouped_module
 
 NAME = "groups"
 SIZES = harness.Sizes(
@@ -60,12 +60,12 @@ def group_policy(env: Any) -> tuple[Any, Any]:
 @contextlib.contextmanager
 def padded() -> Any:
     """Samplers built inside hand out carrier rows (no unpacking), as hand padding does."""
-    old = sampler_module.grouped_layout
-    sampler_module.grouped_layout = lambda env, pipe: None
+    old = grouped_module.grouped_output
+    grouped_module.grouped_output = lambda *args: None
     try:
         yield
     finally:
-        sampler_module.grouped_layout = old
+        grouped_module.grouped_output = old
 
 
 def short(space: Any) -> str:

@@ -34,9 +34,11 @@ from jaxsampler.policies.groups import unpad_extra
 
 __all__ = [
     "EpisodeUnpacker",
+    "GroupedOutput",
     "Unpack",
     "cut_to",
     "grouped_layout",
+    "grouped_output",
     "policy_modes",
     "policy_unpackers",
 ]
@@ -265,3 +267,39 @@ class EpisodeUnpacker:
                 k: (cuts[k](np.asarray(v)[None])[0] if k in cuts else v) for k, v in outputs.items()
             }
         d["_hanging_extra_model_outputs_end"] = new_extras
+
+
+class GroupedOutput:
+    """What a multi-agent converter unpacks for an env with agent groups: each policy's
+    batch rows (:func:`policy_unpackers`) and the episodes (:class:`EpisodeUnpacker`)."""
+
+    def __init__(
+        self,
+        layout: GroupLayout,
+        agent_ids: Sequence[str],
+        agent_policy: Sequence[str],
+        extra_shapes: Mapping[str, Mapping[str, Any]] | None = None,
+        modes: Mapping[str, str | None] | None = None,
+    ):
+        self.batch = policy_unpackers(layout, agent_ids, agent_policy, extra_shapes, modes)
+        shapes = extra_shapes or {}
+        self.episodes = EpisodeUnpacker(
+            layout,
+            {
+                aid: {k: cut_to(v) for k, v in shapes.get(pid, {}).items()}
+                for aid, pid in zip(agent_ids, agent_policy, strict=True)
+            },
+        )
+
+
+def grouped_output(
+    env: Any, pipe: Any, policy: Any, agent_ids: Sequence[str], agent_policy: Sequence[str]
+) -> GroupedOutput | None:
+    """The :class:`GroupedOutput` of a sampler's env, pipeline and policy; ``None`` for an
+    env without agent groups (refusing transforms that change the carrier spaces: see
+    :func:`grouped_layout`)."""
+    layout = grouped_layout(env, pipe)
+    if layout is None:
+        return None
+    shapes = getattr(policy, "extra_shapes", None)
+    return GroupedOutput(layout, agent_ids, agent_policy, shapes, policy_modes(policy))

@@ -12,14 +12,12 @@ a step still waiting for the agent's next observation is carried to the next cal
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
 from functools import partial
 from typing import Any
 
 import jax
 import numpy as np
 
-from jaxsampler.envs.groups import GroupLayout
 from jaxsampler.episodes._sa_views import view_episodes
 from jaxsampler.episodes.batch import MultiAgentBatch, SampleBatch
 from jaxsampler.episodes.ids import EpisodeIds, agent_episode_id
@@ -49,7 +47,7 @@ from jaxsampler.sampling.device.columns import (
     obs_map,
     unflatten,
 )
-from jaxsampler.sampling.device.grouped import EpisodeUnpacker, cut_to, policy_unpackers
+from jaxsampler.sampling.device.grouped import GroupedOutput
 from jaxsampler.sampling.device.multi_calls import (
     FIELDS,
     NO_INFOS,
@@ -111,29 +109,13 @@ class MultiAgentConverter:
         action_space: Any,
         horizon: int,
         rllib_compatible: bool = False,
-        layout: GroupLayout | None = None,
-        extra_shapes: Mapping[str, Mapping[str, Any]] | None = None,
-        policy_modes: Mapping[str, str | None] | None = None,
+        grouped: GroupedOutput | None = None,
     ):
         self._ids = ids
         # An env with agent groups: the outputs are unpacked to each agent's own spaces
         # (:mod:`.grouped`); the converter itself works in the carrier spaces.
-        self._unpackers = (
-            policy_unpackers(layout, agent_ids, agent_policy, extra_shapes, policy_modes)
-            if layout
-            else {}
-        )
-        self._unpack_episodes = (
-            EpisodeUnpacker(
-                layout,
-                {
-                    aid: {k: cut_to(v) for k, v in (extra_shapes or {}).get(pid, {}).items()}
-                    for aid, pid in zip(agent_ids, agent_policy, strict=True)
-                },
-            )
-            if layout
-            else None
-        )
+        self._unpackers = grouped.batch if grouped else {}
+        self._unpack_episodes = grouped.episodes if grouped else None
         self._rllib_compatible = bool(rllib_compatible)
         self._num_envs = num_envs
         self._agent_ids, self._agent_policy = agent_ids, agent_policy

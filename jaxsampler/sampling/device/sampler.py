@@ -27,8 +27,8 @@ from jaxsampler.rollout.scan import (
     make_rollout,
 )
 from jaxsampler.sampling.base import Sampler
+from jaxsampler.sampling.device import grouped
 from jaxsampler.sampling.device.columns import InfoPath, info_leaves, with_transform_infos
-from jaxsampler.sampling.device.grouped import grouped_layout, policy_modes
 from jaxsampler.sampling.device.multi import MultiAgentConverter
 from jaxsampler.sampling.device.overlap import (
     WEIGHTS_SEQ_NO,
@@ -383,9 +383,9 @@ class DeviceSampler(Sampler):
                 pipe.action_space,
                 episode_lookback_horizon,
                 rllib_compatible=rllib_compatible,
-                layout=grouped_layout(env, pipe),
-                extra_shapes=getattr(policy, "extra_shapes", None),
-                policy_modes=policy_modes(policy),
+                grouped=grouped.grouped_output(
+                    env, pipe, policy, self.agent_ids, self.agent_policy
+                ),
             )
 
     @property

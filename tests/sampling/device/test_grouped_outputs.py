@@ -17,7 +17,7 @@ from flax import struct
 import jaxsampler as js
 from jaxsampler.envs.base import GroupedMultiAgentEnv
 from jaxsampler.envs.groups import AgentGroup
-from jaxsampler.sampling.device import sampler as sampler_module
+from jaxsampler.sampling.device import grouped as grouped_module
 from jaxsampler.spaces import Box, Discrete
 
 #: each group's observation shape, its flat size, its number of actions
@@ -111,7 +111,7 @@ def _own_obs(aid, x):
 def _samplers(monkeypatch, padded=False):
     grouped = js.Sampler(ENV, _policy(padded), num_envs=3, rollout_length=4, seed=3)
     with monkeypatch.context() as m:
-        m.setattr(sampler_module, "grouped_layout", lambda env, pipe: None)
+        m.setattr(grouped_module, "grouped_output", lambda *args: None)
         carrier = js.Sampler(ENV, _policy(padded), num_envs=3, rollout_length=4, seed=3)
     return grouped, carrier
 
