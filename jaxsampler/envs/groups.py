@@ -73,14 +73,21 @@ def _flat_bounds(space: Box, width: int) -> tuple[np.ndarray, np.ndarray]:
     return low, high
 
 
+def _carrier_dtype(dtypes: Sequence[Any]) -> np.dtype:
+    """The dtype every group's values fit in: numpy's promotion, kept at 32 bits where no
+    group is 64-bit (int32 with float32 promotes to float64, int32 with uint32 to int64:
+    JAX holds those as 32-bit without x64; a float32 carrier is exact for integers up to
+    2**24)."""
+    dtype = np.result_type(*dtypes)
+    if dtype.itemsize == 8 and not any(np.dtype(d).itemsize == 8 for d in dtypes):
+        dtype = np.dtype({"f": np.float32, "i": np.int32, "u": np.uint32}.get(dtype.kind, dtype))
+    return dtype
+
+
 def _carrier_box(spaces: Sequence[Box]) -> Box:
     """The smallest flat Box that holds every space's flattened values (zeros after them)."""
     width = max(_size(s) for s in spaces)
-    dtype = np.result_type(*(s.dtype for s in spaces))
-    if dtype == np.float64 and not any(s.dtype == np.float64 for s in spaces):
-        # (int32 with float32 promotes to float64, which JAX holds as float32 without x64:
-        # the carrier is float32 then, exact for integers up to 2**24)
-        dtype = np.dtype(np.float32)
+    dtype = _carrier_dtype([s.dtype for s in spaces])
     bounds = [_flat_bounds(s, width) for s in spaces]
     low = np.min([b[0] for b in bounds], axis=0)
     high = np.max([b[1] for b in bounds], axis=0)
@@ -123,7 +130,7 @@ class GroupLayout:
                         f"agent group {g.name!r}: Discrete action space "
                         f"{g.action_space!r} must start at 0 to share a carrier"
                     )
-            dtype = np.result_type(*(s.dtype for s in acts))
+            dtype = _carrier_dtype([s.dtype for s in acts])
             self.action_space: Space = Discrete(
                 max(s.n for s in acts),  # type: ignore[attr-defined]
                 dtype=dtype,
@@ -202,6 +209,21 @@ class GroupLayout:
     def unpack_agent_action(self, agent_id: str, x: Any) -> Any:
         """Carrier actions of one agent as its own actions."""
         return self.unpack_action(self.group_of(agent_id).name, x)
+
+    def sample_actions(self, key: Any, batch_shape: tuple[int, ...]) -> Any:
+        """Uniform random carrier actions ``[*batch_shape, A, ...]``, each group's drawn from
+        its own action space and packed (a carrier draw would give a narrower group actions
+        outside its space). JAX arrays; traceable."""
+        import jax
+        import jax.numpy as jnp
+
+        parts = []
+        keys = jax.random.split(key, len(self.groups))
+        for k, g in zip(keys, self.groups, strict=True):
+            start, stop = self.slots(g.name)
+            drawn = g.action_space.sample_batch(k, (*batch_shape, stop - start))
+            parts.append(self.pack_action(g.name, jnp.asarray(drawn)))
+        return jnp.concatenate(parts, axis=len(batch_shape))
 
     @functools.cached_property
     def identity(self) -> bool:

@@ -119,17 +119,30 @@ def check_group_transforms(env_name: str, layout: GroupLayout, pipe: Pipeline) -
     Raises:
         ValueError: the transforms change either space; the transforms and spaces are named.
     """
+    names = [type(t).__name__ for t in pipe.transforms]
     for what, carrier, after, same in (
         ("observation", layout.observation_space, pipe.observation_space, compatible),
         ("action", layout.action_space, pipe.action_space, _equal),
     ):
         if not same(after, carrier):
-            names = [type(t).__name__ for t in pipe.transforms]
             raise ValueError(
                 f"env {env_name} has agent groups, whose rows are packed in the carrier "
                 f"{what} space {carrier!r}; its transforms {names} change it to {after!r}. "
                 "With agent groups only transforms that keep the observation and action "
                 "spaces are supported (do the rest inside the env, per group)"
+            )
+    if pipe.observation_space != layout.observation_space:
+        # values changed (normalized): a group held in another dtype than the carrier's
+        # would get them cast back to its own (an int group's normalized values truncated)
+        dtype = layout.observation_space.dtype
+        other = [g.name for g in layout.groups if g.observation_space.dtype != dtype]
+        if other:
+            raise ValueError(
+                f"env {env_name} has agent groups {other} whose observations are "
+                f"{[str(layout.group(n).observation_space.dtype) for n in other]}, not the "
+                f"carrier's {dtype}; its transforms {names} change "
+                "the observation values, which would be cast back to those dtypes on "
+                "unpacking: normalize inside the env, per group"
             )
 
 

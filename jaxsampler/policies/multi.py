@@ -49,8 +49,10 @@ Rules:
   such an env, here (``transforms=``) and when the rollout is built, since the rows
   would no longer have the carrier's layout; transforms that keep both spaces (reward
   transforms; ``NormalizeObservation``, which then normalizes each carrier column over
-  all groups' agents together; ``ClipActions``, to the carrier's bounds, the widest over
-  the groups, so a group's own bounds are the env's to clip) run as usual;
+  all groups' agents together, when every group's observations are in the carrier's
+  dtype (an integer group's would be cast back to integers on unpacking: refused);
+  ``ClipActions``, to the carrier's bounds, the widest over the groups, so a group's own
+  bounds are the env's to clip) run as usual;
 * masked observations (``Dict(observations=..., action_mask=...)``) pass through: each
   policy gets its own agents' rows of both entries, so it masks with its agents' masks;
 * the extras of all policies are merged by key; a key that some policy does not produce
@@ -208,7 +210,8 @@ class MultiAgentPolicy(Policy):
     def extra_shapes(self) -> dict[str, dict[str, Any]]:
         """``{policy_id: {extra key: trailing shape}}``: each policy's own extras and their
         shapes beyond ``[E, A_p]`` (a tuple; for an extra that is a pytree, a pytree of
-        tuples), before the step pads them to the widest over the policies.
+        tuples, which the samplers do not take), before the step pads them to the widest
+        over the policies.
 
         E.g. ``{"predator": {"action_dist_inputs": (5,), "vf_preds": ()}, "prey":
         {"action_dist_inputs": (9,), "vf_preds": ()}}``; the step's ``action_dist_inputs``

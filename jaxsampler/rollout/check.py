@@ -62,7 +62,11 @@ import numpy as np
 from jaxsampler import vector
 from jaxsampler.envs.base import Env
 from jaxsampler.policies.base import RandomPolicy
-from jaxsampler.rollout.check_groups import group_layout_problems, group_observation_problems
+from jaxsampler.rollout.check_groups import (
+    group_layout_problems,
+    group_observation_problems,
+    random_actions,
+)
 from jaxsampler.spaces import Dict, Discrete, Space
 from jaxsampler.transforms.mask import (
     MASK_KEY,
@@ -174,7 +178,7 @@ def _episode_runner(env: Env, num_envs: int, num_steps: int) -> Any:
         def body(carry, key):
             state, ts, alive = carry
             k_act, k_step, k_re = jax.random.split(key, 3)
-            action = env.action_space.sample_batch(k_act, (num_envs, env.num_agents))
+            action = random_actions(env, k_act, (num_envs,))
             new_state, new_ts = vector.step(
                 env, jax.random.split(k_step, num_envs), state, action, params
             )
@@ -280,7 +284,7 @@ def check_env(
         reset, step = _jitted(env)
         s0, ts0 = reset(key, params)
         s0b, ts0b = reset(key, params)
-        action = env.action_space.sample_batch(jax.random.fold_in(key, 7), (env.num_agents,))
+        action = random_actions(env, jax.random.fold_in(key, 7), ())
         s1, ts1 = step(jax.random.fold_in(key, 1), s0, action, params)
         s1b, ts1b = step(jax.random.fold_in(key, 1), s0b, action, params)
     except Exception as e:  # report, do not crash: the user asked for a diagnosis

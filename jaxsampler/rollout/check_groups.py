@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import jax
 import numpy as np
 
 from jaxsampler.envs.base import Env
@@ -104,3 +105,13 @@ def _first(
         f"agent {agent!r} (group {name!r}) of env {e} at {at}: the carrier padding after its "
         f"{size} observation values is not zero: {row[size:].tolist()}"
     ]
+
+
+def random_actions(env: Any, key: jax.Array, batch_shape: tuple[int, ...]) -> jax.Array:
+    """Uniform random actions ``[*batch_shape, A, ...]`` for ``env``: with agent groups,
+    each group's from its own action space (:meth:`GroupLayout.sample_actions`), else from
+    the env's one action space."""
+    layout = env.agent_layout
+    if layout is not None:
+        return layout.sample_actions(key, batch_shape)
+    return env.action_space.sample_batch(key, (*batch_shape, env.num_agents))

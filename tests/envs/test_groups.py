@@ -53,6 +53,10 @@ def test_int32_and_float32_groups_get_a_float32_carrier():
     assert GroupLayout([ints, floats]).observation_space.dtype == np.float32
     wide = AgentGroup("wide", ("w0",), Box(-1, 1, (3,), np.float64), Discrete(2))
     assert GroupLayout([ints, wide]).observation_space.dtype == np.float64
+    # int32 with uint32 promotes to int64: int32 too, for observations and Discrete actions
+    uints = AgentGroup("u", ("u0",), Box(0, 9, (2,), np.uint32), Discrete(3, dtype=np.uint32))
+    both = GroupLayout([ints, uints])
+    assert both.observation_space.dtype == np.int32 and both.action_space.dtype == np.int32
 
 
 def test_box_action_carrier():

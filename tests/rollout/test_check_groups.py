@@ -6,10 +6,14 @@ from __future__ import annotations
 import dataclasses
 from typing import ClassVar
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import struct
 
 import jaxsampler as js
+from jaxsampler.envs.base import GroupedMultiAgentEnv
 from jaxsampler.envs.groups import AgentGroup, GroupLayout
 from jaxsampler.envs.predator_prey import PredatorPrey
 from jaxsampler.rollout.check_groups import group_observation_problems
@@ -125,3 +129,98 @@ def test_each_violation_names_its_agent(row, where, expect):
     step[row] = where
     problems = group_observation_problems(LAYOUT, records([GOOD], [[step]], [[True]]))
     assert len(problems) == 1 and problems[0].startswith(expect), problems
+
+
+@struct.dataclass
+class _LastState:
+    time: jnp.ndarray
+    last: jnp.ndarray  # int32[2]: each agent's last action
+
+
+@struct.dataclass
+class _LastParams:
+    max_steps_in_episode: int = 5
+
+
+@dataclasses.dataclass(frozen=True)
+class LastAction(GroupedMultiAgentEnv):
+    """Each agent sees its own last action: a correct env whose narrow group's observation
+    space (0 or 1) is only kept when that group acts within its own Discrete(2)."""
+
+    num_agents: ClassVar[int] = 2
+    narrow_dtype: ClassVar = np.float32
+    offset: ClassVar[int] = 0  # the narrow agent sees offset + its last action
+
+    @property
+    def agent_groups(self):
+        narrow = Box(self.offset, self.offset + 1, (1,), self.narrow_dtype)
+        return (
+            AgentGroup("wide", ("w0",), Box(0, 9, (1,)), Discrete(9)),
+            AgentGroup("narrow", ("n0",), narrow, Discrete(2)),
+        )
+
+    @property
+    def default_params(self):
+        return _LastParams()
+
+    def reset_world(self, key, params):
+        return _LastState(jnp.zeros((), jnp.int32), jnp.zeros((2,), jnp.int32))
+
+    def step_world(self, key, state, action, params):
+        return _LastState(state.time + 1, action.astype(jnp.int32)), None
+
+    def group_obs(self, group, agent_id, own, state, params):
+        v = state.last[agent_id][None]
+        if group == "narrow":
+            return (self.offset + v).astype(self.narrow_dtype)
+        return v.astype(jnp.float32)
+
+    def agent_reward(self, agent_id, own, state, shared, params):
+        return jnp.float32(0)
+
+
+@dataclasses.dataclass(frozen=True)
+class IntNarrow(LastAction):
+    narrow_dtype: ClassVar = np.int32
+    offset: ClassVar[int] = 40
+
+
+def test_check_env_acts_in_each_groups_own_action_space():
+    # a draw from the carrier Discrete(9) would give n0 actions 2..8, outside Discrete(2)
+    report = js.check_env(LastAction(), raise_on_error=False)
+    assert report.problems == []
+    layout = LastAction().agent_layout
+    drawn = np.asarray(layout.sample_actions(jax.random.PRNGKey(0), (2000,)))
+    assert drawn.shape == (2000, 2)
+    assert set(drawn[:, 0].tolist()) == set(range(9)) and set(drawn[:, 1].tolist()) == {0, 1}
+
+
+def test_normalizing_an_int_groups_observations_is_refused_everywhere():
+    # the normalized floats would be cast back to the int group's dtype on unpacking
+    env = IntNarrow()
+    layout = env.agent_layout
+    assert layout.observation_space.dtype == np.float32  # int32 with float32 groups
+    norm = (js.transforms.NormalizeObservation(),)
+    pols = {g.name: js.RandomPolicy(g.observation_space, g.action_space) for g in layout.groups}
+    match = r"agent groups \['narrow'\] whose observations are \['int32'\]"
+    with pytest.raises(ValueError, match=match):
+        js.policies.MultiAgentPolicy(
+            env, pols, lambda aid: layout.group_of(aid).name, transforms=norm
+        )
+    pol = js.policies.MultiAgentPolicy(env, pols, lambda aid: layout.group_of(aid).name)
+    with pytest.raises(ValueError, match=match):
+        js.make_rollout(env, pol, 2, 2, transforms=norm)
+    with pytest.raises(ValueError, match=match):
+        js.Sampler(env, pol, num_envs=2, rollout_length=2, transforms=norm)
+    # groups all in the carrier's dtype normalize, on every path alike
+    float_env = LastAction()
+    fpols = {
+        g.name: js.RandomPolicy(g.observation_space, g.action_space)
+        for g in float_env.agent_layout.groups
+    }
+    fpol = js.policies.MultiAgentPolicy(
+        float_env, fpols, lambda aid: float_env.agent_layout.group_of(aid).name
+    )
+    sampler = js.Sampler(float_env, fpol, num_envs=2, rollout_length=3, transforms=norm)
+    batch = sampler.sample_batch({"wide": (), "narrow": ()})
+    assert batch["narrow"]["obs"].shape[1:] == (1,)

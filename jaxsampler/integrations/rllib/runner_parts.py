@@ -409,7 +409,7 @@ class RunnerPolicy(Policy):
             space = self.action_space
             layout = getattr(self.explore_policy, "layout", None)
             if layout is not None:  # agent groups: each group's actions from its own space
-                action = group_random_actions(layout, key, batch)
+                action = layout.sample_actions(key, batch[:-1])
             elif self.random_low is not None and isinstance(space, Box):
                 action = jax.random.uniform(
                     key, batch + space.shape, jnp.float32, self.random_low, 1.0
@@ -425,14 +425,3 @@ class RunnerPolicy(Policy):
         extras["weights_seq_no"] = jnp.broadcast_to(params["seq"], batch)
         # the mirrored MLP is stateless: its (empty) state passes through
         return action, extras, policy_state
-
-
-def group_random_actions(layout: Any, key: jax.Array, batch: tuple[int, ...]) -> jax.Array:
-    """Uniform random carrier actions ``[*batch]`` (the agent axis last) of an env with agent
-    groups, each group's drawn from its own action space and packed."""
-    parts = []
-    for k, g in zip(jax.random.split(key, len(layout.groups)), layout.groups, strict=True):
-        start, stop = layout.slots(g.name)
-        drawn = g.action_space.sample_batch(k, batch[:-1] + (stop - start,))
-        parts.append(layout.pack_action(g.name, drawn))
-    return jnp.concatenate(parts, axis=len(batch) - 1)

@@ -30,7 +30,7 @@ from jaxsampler.episodes._sa_views import COLUMNS, EpisodeViews
 from jaxsampler.episodes.lookback import InfiniteLookbackBuffer, tree_map
 from jaxsampler.episodes.multi_agent import MultiAgentEpisode
 from jaxsampler.episodes.single_agent import SingleAgentEpisode
-from jaxsampler.policies.groups import unpad_extra
+from jaxsampler.policies.groups import check_group_transforms, unpad_extra
 
 __all__ = [
     "EpisodeUnpacker",
@@ -51,23 +51,12 @@ Unpack = tuple[
 
 
 def grouped_layout(env: Any, pipe: Any) -> GroupLayout | None:
-    """The env's agent groups (``None`` without), checked against the transform pipeline:
-    transforms that change the carrier spaces would change what every group's rows mean,
-    so they are refused with a ``ValueError`` naming both spaces."""
+    """The env's agent groups (``None`` without), with the transform pipeline checked as
+    :func:`~jaxsampler.policies.groups.check_group_transforms` checks it (``ValueError``
+    for transforms that change what the packed rows mean)."""
     layout = getattr(env, "agent_layout", None)
-    if layout is None:
-        return None
-    for kind, ours, theirs in (
-        ("observation", layout.observation_space, pipe.observation_space),
-        ("action", layout.action_space, pipe.action_space),
-    ):
-        if ours != theirs:
-            raise ValueError(
-                f"{getattr(env, 'name', env)} has agent groups ({layout}); its transforms "
-                f"change the carrier {kind} space {ours!r} into {theirs!r}, which would "
-                "change what each group's packed rows mean: use transforms that keep the "
-                "spaces (e.g. reward transforms) with grouped envs"
-            )
+    if layout is not None:
+        check_group_transforms(getattr(env, "name", str(env)), layout, pipe)
     return layout
 
 
@@ -224,6 +213,16 @@ class EpisodeUnpacker:
         cuts = agent_cuts or {}
         self._own = {a: _Own(layout, a, cuts.get(a, {})) for a in layout.agent_ids}
 
+    @functools.lru_cache(maxsize=8)  # noqa: B019 (one unpacker per converter)
+    def _spaces(self, agents: tuple[str, ...]) -> tuple[dict, dict]:
+        """The agents' own observation and action spaces, one pair of dicts shared by the
+        call's episodes (as the converter's own chunks share theirs)."""
+        layout = self.layout
+        return (
+            {a: layout.observation_spaces[a] for a in agents},
+            {a: layout.action_spaces[a] for a in agents},
+        )
+
     def __call__(self, episodes: Sequence[MultiAgentEpisode]) -> list[MultiAgentEpisode]:
         views: dict[str, dict[int, _OwnViews]] = {a: {} for a in self._own}
         return [self._episode(ep, views) for ep in episodes]
@@ -231,12 +230,10 @@ class EpisodeUnpacker:
     def _episode(
         self, ep: MultiAgentEpisode, views: dict[str, dict[int, _OwnViews]]
     ) -> MultiAgentEpisode:
-        layout = self.layout
         new = MultiAgentEpisode.__new__(MultiAgentEpisode)
         d = new.__dict__
         d.update(ep.__dict__)
-        d["observation_space"] = {a: layout.observation_spaces[a] for a in ep.observation_space}
-        d["action_space"] = {a: layout.action_spaces[a] for a in ep.action_space}
+        d["observation_space"], d["action_space"] = self._spaces(tuple(ep.observation_space))
         lazy = d.get("_lazy")
         if lazy is not None:
             build, key = lazy

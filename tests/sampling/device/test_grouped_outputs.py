@@ -68,7 +68,8 @@ class TwoGroups(GroupedMultiAgentEnv):
         return base - jnp.arange(3, dtype=jnp.float32)
 
     def agent_reward(self, agent_id, own, state, shared, params):
-        return shared[agent_id]
+        # (nothing after the narrow agent's end, at its third step)
+        return jnp.where((agent_id == 2) & (state.time > 3), 0.0, shared[agent_id])
 
     def agent_terminated(self, agent_id, own, state, params):
         return (agent_id == 2) & (state.time >= 3)
@@ -80,6 +81,12 @@ class TwoGroups(GroupedMultiAgentEnv):
 
 
 ENV = TwoGroups()
+
+
+def test_the_fixture_env_is_a_valid_env():
+    assert js.check_env(ENV, num_envs=4).ok
+
+
 GROUP = {"w0": "wide", "w1": "wide", "n0": "narrow"}
 
 
