@@ -222,6 +222,12 @@ def test_agent_groups_give_each_module_its_own_spaces_and_train():
                     sa.get_extra_model_outputs("action_dist_inputs"), logits, **TOL
                 )
                 assert np.all(np.asarray(sa.get_actions()) < spaces[group][1].n)
+        # random actions: each group's drawn from its own space (not the carrier's 9)
+        drawn: dict[str, set] = {"predator": set(), "prey": set()}
+        for ep in runner.sample(num_timesteps=400, random_actions=True):
+            for aid, sa in ep.agent_episodes.items():
+                drawn[aid.rsplit("_", 1)[0]].update(np.asarray(sa.get_actions()).tolist())
+        assert drawn == {"predator": set(range(5)), "prey": set(range(9))}
         result = algo.train()
         for mid in ("predator", "prey"):
             assert np.isfinite(result["learners"][mid]["policy_loss"])
