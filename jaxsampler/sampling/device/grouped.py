@@ -5,10 +5,10 @@ The rollout and the converter work in the groups' carrier spaces
 agents. What a user receives is unpacked:
 
 * a ``MultiAgentBatch``'s policy batch holds its agents' own observations, next
-  observations and actions, when all its agents are in one group (a policy over agents of
-  several groups works in the carrier spaces, so its rows stay carrier rows); extra model
-  outputs that a :class:`~jaxsampler.policies.MultiAgentPolicy` padded to a common width
-  are cut back to the policy's own (``extra_shapes``);
+  observations and actions when the policy is built for its group's own spaces (a policy
+  in the carrier spaces, padded mode, saw carrier rows, so its batch keeps them); extra
+  model outputs that a :class:`~jaxsampler.policies.MultiAgentPolicy` padded to a common
+  width are cut back to each policy's own (``extra_shapes``);
 * every ``MultiAgentEpisode`` is handed out as a copy whose agents hold their own
   observations, actions and extra model outputs and report their own spaces (RLlib's
   per-agent ``observation_space`` / ``action_space`` dicts); the converter keeps its carrier
