@@ -30,14 +30,13 @@ from jaxsampler.episodes._sa_views import COLUMNS, EpisodeViews
 from jaxsampler.episodes.lookback import InfiniteLookbackBuffer, tree_map
 from jaxsampler.episodes.multi_agent import MultiAgentEpisode
 from jaxsampler.episodes.single_agent import SingleAgentEpisode
-from jaxsampler.policies.groups import check_group_transforms, unpad_extra
+from jaxsampler.policies.groups import unpad_extra
 
 __all__ = [
     "EpisodeUnpacker",
     "GroupedOutput",
     "Unpack",
     "cut_to",
-    "grouped_layout",
     "grouped_output",
     "policy_modes",
     "policy_unpackers",
@@ -48,16 +47,6 @@ __all__ = [
 Unpack = tuple[
     Callable[[Any], Any] | None, Callable[[Any], Any] | None, dict[str, Callable[[Any], Any]]
 ]
-
-
-def grouped_layout(env: Any, pipe: Any) -> GroupLayout | None:
-    """The env's agent groups (``None`` without), with the transform pipeline checked as
-    :func:`~jaxsampler.policies.groups.check_group_transforms` checks it (``ValueError``
-    for transforms that change what the packed rows mean)."""
-    layout = getattr(env, "agent_layout", None)
-    if layout is not None:
-        check_group_transforms(getattr(env, "name", str(env)), layout, pipe)
-    return layout
 
 
 def cut_to(shape: Any) -> Callable[[Any], Any]:
@@ -77,26 +66,19 @@ def policy_modes(policy: Any) -> dict[str, str | None] | None:
 
 def policy_unpackers(
     layout: GroupLayout,
-    agent_ids: Sequence[str],
     agent_policy: Sequence[str],
     extra_shapes: Mapping[str, Mapping[str, Any]] | None = None,
     modes: Mapping[str, str | None] | None = None,
 ) -> dict[str, Unpack]:
-    """``policy_id -> Unpack``: a policy built for its group's own spaces (``modes``; without
-    them, a policy whose agents all sit in one group) gets its rows' observations and
-    actions unpacked; a policy in the carrier spaces (padded mode) keeps carrier rows. Every
-    policy's extras are cut to their own shapes (``extra_shapes``: ``policy_id -> {key:
-    trailing shape}``, what a ``MultiAgentPolicy`` padded them from)."""
-    agents: dict[str, list[str]] = {}
-    for aid, pid in zip(agent_ids, agent_policy, strict=True):
-        agents.setdefault(pid, []).append(aid)
+    """``policy_id -> Unpack``: a policy built for its group's own spaces (``modes``, from
+    :func:`policy_modes`) gets its rows' observations and actions unpacked; a policy in the
+    carrier spaces (padded mode, and every policy that is not a ``MultiAgentPolicy``) keeps
+    carrier rows, what it saw. Every policy's extras are cut to their own shapes
+    (``extra_shapes``: ``policy_id -> {key: trailing shape}``, what a ``MultiAgentPolicy``
+    padded them from)."""
     out: dict[str, Unpack] = {}
-    for pid, aids in agents.items():
-        if modes is not None:
-            name = modes.get(pid)
-        else:
-            groups = {layout.group_of(a).name for a in aids}
-            name = next(iter(groups)) if len(groups) == 1 else None
+    for pid in dict.fromkeys(agent_policy):
+        name = (modes or {}).get(pid)
         extras = {k: cut_to(s) for k, s in (extra_shapes or {}).get(pid, {}).items()}
         out[pid] = (
             None if name is None else functools.partial(layout.unpack_obs, name),
@@ -278,7 +260,7 @@ class GroupedOutput:
         extra_shapes: Mapping[str, Mapping[str, Any]] | None = None,
         modes: Mapping[str, str | None] | None = None,
     ):
-        self.batch = policy_unpackers(layout, agent_ids, agent_policy, extra_shapes, modes)
+        self.batch = policy_unpackers(layout, agent_policy, extra_shapes, modes)
         shapes = extra_shapes or {}
         self.episodes = EpisodeUnpacker(
             layout,
@@ -290,12 +272,12 @@ class GroupedOutput:
 
 
 def grouped_output(
-    env: Any, pipe: Any, policy: Any, agent_ids: Sequence[str], agent_policy: Sequence[str]
+    env: Any, policy: Any, agent_ids: Sequence[str], agent_policy: Sequence[str]
 ) -> GroupedOutput | None:
-    """The :class:`GroupedOutput` of a sampler's env, pipeline and policy; ``None`` for an
-    env without agent groups (refusing transforms that change the carrier spaces: see
-    :func:`grouped_layout`)."""
-    layout = grouped_layout(env, pipe)
+    """The :class:`GroupedOutput` of a sampler's env and policy; ``None`` for an env without
+    agent groups. (The sampler's transforms were checked against the groups with the
+    policy, by :func:`~jaxsampler.rollout.check_compatible`.)"""
+    layout = env.agent_layout
     if layout is None:
         return None
     shapes = getattr(policy, "extra_shapes", None)

@@ -383,9 +383,7 @@ class DeviceSampler(Sampler):
                 pipe.action_space,
                 episode_lookback_horizon,
                 rllib_compatible=rllib_compatible,
-                grouped=grouped.grouped_output(
-                    env, pipe, policy, self.agent_ids, self.agent_policy
-                ),
+                grouped=grouped.grouped_output(env, policy, self.agent_ids, self.agent_policy),
             )
 
     @property
