@@ -6,7 +6,7 @@ external (simulator-driven) envs; what they do when a sub-env fails or hangs
 
 from jaxsampler.envs.registry import register_kind
 from jaxsampler.host_envs.adapt import as_host_env, is_host_stepped
-from jaxsampler.host_envs.base import HostEnv, MultiEnvDict, PollResult
+from jaxsampler.host_envs.base import HostEnv, MultiEnvDict, PollResult, agent_spaces
 from jaxsampler.host_envs.external import (
     CapacityError,
     EnvClosedError,
@@ -44,6 +44,7 @@ __all__ = [
     "PollResult",
     "UnknownEpisodeError",
     "WouldBlockError",
+    "agent_spaces",
     "as_host_env",
     "is_host_stepped",
     "make_gym",

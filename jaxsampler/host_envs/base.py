@@ -40,7 +40,14 @@ from __future__ import annotations
 import abc
 from typing import Any, NamedTuple
 
-__all__ = ["REQUIRED_MEMBERS", "HostEnv", "MultiEnvDict", "PollResult", "check_host_env"]
+__all__ = [
+    "REQUIRED_MEMBERS",
+    "HostEnv",
+    "MultiEnvDict",
+    "PollResult",
+    "agent_spaces",
+    "check_host_env",
+]
 
 #: ``{env_id: {agent_id: value}}``
 MultiEnvDict = dict[Any, dict[Any, Any]]
@@ -77,8 +84,13 @@ class HostEnv(abc.ABC):
     missing; the samplers call it at construction.
 
     Attributes:
-        observation_space / action_space: one agent's spaces (jaxsampler spaces); agents
-            share them (as on the device agent axis).
+        observation_space / action_space: one agent's spaces (jaxsampler spaces) when
+            every agent has the same ones; ``None`` when the agents' spaces differ.
+        observation_spaces / action_spaces: ``agent id -> space`` (RLlib's
+            ``MultiAgentEnv`` attributes of the same names) for an env whose agents have
+            their own spaces (predators and prey, PettingZoo's MPE tag); ``None``
+            (the default) when :attr:`observation_space` / :attr:`action_space` hold
+            for every agent. :func:`agent_spaces` reads either form.
         agent_ids: the possible agent ids, in a fixed order (the agent index).
         num_envs: number of sub-envs (``env_id`` values are ``0 .. num_envs - 1`` unless
             the env says otherwise, e.g. episode ids of external envs); for envs whose
@@ -94,6 +106,8 @@ class HostEnv(abc.ABC):
     action_space: Any
     agent_ids: tuple[Any, ...]
     num_envs: int
+    observation_spaces: dict[Any, Any] | None = None
+    action_spaces: dict[Any, Any] | None = None
     resettable: bool = False
     abandons_episodes: bool = False
 
@@ -148,6 +162,32 @@ class HostEnv(abc.ABC):
         """``True`` once the env delivers nothing more (the sampler then ends its call).
         Default: ``False`` (the env does not say)."""
         return False
+
+
+def agent_spaces(env: Any) -> tuple[dict[Any, Any], dict[Any, Any]]:
+    """Each agent's ``(observation space, action space)`` of a host env, as two dicts
+    keyed by agent id (in ``env.agent_ids`` order): its ``observation_spaces`` /
+    ``action_spaces`` where it sets them, else its one shared space for every agent.
+
+    Raises:
+        ValueError: the env gives neither form for some agent, or its per-agent dict
+            lacks one of its agent ids.
+    """
+    out = []
+    for what in ("observation", "action"):
+        per_agent = getattr(env, f"{what}_spaces", None)
+        shared = getattr(env, f"{what}_space", None)
+        spaces = {}
+        for aid in env.agent_ids:
+            space = per_agent.get(aid) if per_agent is not None else shared
+            if space is None:
+                raise ValueError(
+                    f"{type(env).__name__} gives no {what} space for agent {aid!r}: set "
+                    f"{what}_space (shared) or {what}_spaces (agent id -> space)"
+                )
+            spaces[aid] = space
+        out.append(spaces)
+    return out[0], out[1]
 
 
 def check_host_env(env: object) -> HostEnv:

@@ -39,7 +39,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from jaxsampler.constants import ALL_AGENTS, DEFAULT_AGENT_ID
-from jaxsampler.host_envs.base import HostEnv, MultiEnvDict, PollResult
+from jaxsampler.host_envs.base import HostEnv, MultiEnvDict, PollResult, agent_spaces
 from jaxsampler.host_envs.failures import (
     FailureHandling,
     HostEnvError,
@@ -186,8 +186,9 @@ class _LockstepEnv(HostEnv):
         self._failures = SubEnvFailures(failure)
         #: counts of failures, restarts and dropped sub-envs
         self.failure_stats = self._failures.stats
-        self._obs_check = (
-            ValueChecker(self.observation_space, values=True)
+        #: agent id -> its observation check (``check_observations`` only)
+        self._obs_checks = (
+            {aid: ValueChecker(space, values=True) for aid, space in agent_spaces(self)[0].items()}
             if failure.check_observations
             else None
         )
@@ -358,7 +359,7 @@ class _LockstepEnv(HostEnv):
                         data = self._from_step(i, env, raw)
                     else:
                         data = self._from_reset(i, env, raw)
-                    if self._obs_check is not None:
+                    if self._obs_checks is not None:
                         exc = self._bad_observation(i, data[0])
                     if exc is None:
                         if method == "step":
@@ -411,11 +412,11 @@ class _LockstepEnv(HostEnv):
     def _bad_observation(self, i: int, obs: dict) -> Exception | None:
         """The error of the first observation that does not fit the observation space
         (wrong shape, NaN, ...), else ``None`` (``check_observations`` only)."""
-        check = self._obs_check
-        assert check is not None
+        checks = self._obs_checks
+        assert checks is not None
         for a, o in obs.items():
             try:
-                check(o, "observation", a)
+                checks[a](o, "observation", a)
             except ValueError as exc:
                 return exc
         return None
@@ -592,10 +593,15 @@ class MultiAgentDictEnv(_LockstepEnv):
         agent_ids: all possible agent ids in a fixed order (the agent index); default
             ``env.possible_agents``, else ``env.agents`` after construction, else
             ``env.get_agent_ids()``.
-        observation_space / action_space: one agent's spaces (Gymnasium or jaxsampler);
-            default from the env: ``get_observation_space(aid)``,
+        observation_space / action_space: one space for every agent (Gymnasium or
+            jaxsampler); default from the env, per agent: ``get_observation_space(aid)``,
             ``observation_spaces[aid]``, ``observation_space(aid)`` (PettingZoo), a
-            ``Dict`` keyed by agent id, or one shared space. Agents must share them.
+            ``Dict`` keyed by agent id, or one shared space. Agents whose spaces differ
+            keep their own: the env then sets ``observation_spaces`` /
+            ``action_spaces`` (``agent id -> space``) and ``None`` as the shared one, and
+            a :class:`~jaxsampler.sampling.host.HostSampler` needs a
+            :class:`~jaxsampler.MultiAgentPolicy` whose policies each serve agents of
+            one space.
         seed: sub-env ``i`` is first reset with ``seed + i``.
         num_threads: step the sub-envs on a thread pool of this size.
         {failure_args}
@@ -643,17 +649,22 @@ class MultiAgentDictEnv(_LockstepEnv):
         self.agent_ids = tuple(agent_ids)
         if len(set(self.agent_ids)) != len(self.agent_ids):
             raise ValueError(f"agent_ids has duplicates: {self.agent_ids}")
-        self.observation_space = self._shared_space(first, observation_space, "observation")
-        self.action_space = self._shared_space(first, action_space, "action")
-        self._gym_act = (
-            self.action_space.to_gymnasium() if hasattr(self.action_space, "to_gymnasium") else None
+        self.observation_space, self.observation_spaces = self._spaces(
+            first, observation_space, "observation"
         )
+        self.action_space, self.action_spaces = self._spaces(first, action_space, "action")
+        self._gym_act = {
+            aid: space.to_gymnasium() if hasattr(space, "to_gymnasium") else None
+            for aid, space in agent_spaces(self)[1].items()
+        }
         self._live: list[set] = [set() for _ in made]
         super().__init__(made, factories, seed, num_threads, failure)
 
-    def _shared_space(self, env: Any, given: Any, what: str) -> Any:
+    def _spaces(self, env: Any, given: Any, what: str) -> tuple[Any, dict[Any, Any] | None]:
+        """``(shared space, None)`` when every agent has the same space (or ``given``),
+        else ``(None, agent id -> space)``."""
         if given is not None:
-            return _convert(given, f"{what} space")
+            return _convert(given, f"{what} space"), None
         plural = getattr(env, f"{what}_spaces", None)
         per_agent: list[Any] = []
         for aid in self.agent_ids:
@@ -678,17 +689,12 @@ class MultiAgentDictEnv(_LockstepEnv):
                     f"cannot find the {what} space of agent {aid!r}: pass {what}_space=..."
                 )
             per_agent.append(_convert(space, f"{what} space of agent {aid!r}"))
-        for aid, s in zip(self.agent_ids, per_agent):
-            if _space_key(s) != _space_key(per_agent[0]):
-                raise ValueError(
-                    f"agents must share one {what} space (one agent axis): {self.agent_ids[0]!r} "
-                    "has "
-                    f"{per_agent[0]!r}, {aid!r} has {s!r}; pad them to a common space"
-                )
-        return per_agent[0]
+        if all(_space_key(s) == _space_key(per_agent[0]) for s in per_agent):
+            return per_agent[0], None
+        return None, dict(zip(self.agent_ids, per_agent))
 
     def _gym_action_space(self, env_id: int, agent_id: Any) -> Any:
-        return self._gym_act
+        return self._gym_act[agent_id]
 
     def _check_agents(self, i: int, *dicts: dict) -> None:
         for d in dicts:

@@ -109,6 +109,11 @@ class MultiAgentPolicy(Policy):
 
     Args:
         env: the multi-agent env (its ``agent_ids`` and spaces), or a tuple of agent ids.
+            A host-stepped env whose agents have their own spaces (``observation_spaces``
+            / ``action_spaces``) may map policies of different spaces, one per set of
+            agents that share spaces; the :class:`~jaxsampler.sampling.host.HostSampler`
+            checks each policy against its agents' spaces, and the policy's own
+            ``observation_space`` / ``action_space`` are ``None``.
         policies: ``policy_id -> Policy``.
         policy_mapping_fn: RLlib's ``(agent_id, episode, **kwargs) -> policy_id`` (called
             once per agent, here, with ``episode=None``: the mapping is static) or the
@@ -155,7 +160,11 @@ class MultiAgentPolicy(Policy):
                 raise TypeError(
                     f"policies[{pid!r}] is a {type(p).__name__}, not a jaxsampler Policy"
                 )
-        agent_ids = tuple(env.agent_ids) if isinstance(env, Env) else tuple(env)
+        host_own_spaces = _host_env_with_own_spaces(env)
+        if isinstance(env, (tuple, list)):
+            agent_ids = tuple(env)
+        else:  # an Env, or a host env (its agent ids; the host sampler checks its spaces)
+            agent_ids = tuple(env.agent_ids)
         if policy_mapping_fn is None:
             if len(policies) != 1:
                 raise ValueError(
@@ -179,6 +188,14 @@ class MultiAgentPolicy(Policy):
             if transforms is not None:
                 check_group_transforms(env.name, layout, _pipeline(env, transforms))
             obs_space, act_space = layout.observation_space, layout.action_space
+        elif host_own_spaces is not None:  # the host sampler checks each policy's agents
+            groups = dict.fromkeys(used)
+            if transforms is not None:
+                raise ValueError(
+                    f"MultiAgentPolicy: transforms= bind to one space, and the agents of "
+                    f"{host_own_spaces} have their own spaces"
+                )
+            obs_space = act_space = None  # type: ignore[assignment]
         else:
             groups = dict.fromkeys(used)
             first = next(iter(policies.values()))
@@ -385,6 +402,21 @@ class MultiAgentPolicy(Policy):
         if np.array_equal(inverse, np.arange(len(inverse))):
             return out
         return jnp.take(out, inverse, axis=1)
+
+
+def _host_env_with_own_spaces(env: Any) -> str | None:
+    """The class name of ``env`` if it is a host-stepped env (not a jaxsampler ``Env``, not
+    a tuple of ids) whose agents have their own spaces (``observation_spaces`` /
+    ``action_spaces`` that differ between agents), else ``None``."""
+    if isinstance(env, (Env, tuple, list)) or not hasattr(env, "agent_ids"):
+        return None
+    for what in ("observation_spaces", "action_spaces"):
+        spaces = getattr(env, what, None)
+        if isinstance(spaces, Mapping) and spaces:
+            first, *rest = spaces.values()
+            if any(s != first for s in rest):
+                return type(env).__name__
+    return None
 
 
 def _check_same_spaces(policies: Mapping[str, Policy], first: Policy) -> None:

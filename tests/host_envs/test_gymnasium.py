@@ -651,8 +651,10 @@ def test_bad_input_gives_clear_errors():
     )
     with pytest.raises(ValueError, match="'ghost'"):
         s.sample(())
-    with pytest.raises(ValueError, match="share one observation space"):
-        MultiAgentDictEnv([_MixedSpaces])
+    mixed = MultiAgentDictEnv([_MixedSpaces])  # agents keep their own spaces
+    assert mixed.observation_space is None and mixed.observation_spaces["a2"].shape == (4,)
+    with pytest.raises(ValueError, match="have their own spaces"):
+        HostSampler(mixed, ModPolicy(mad.observation_space, mad.action_space))
 
 
 class _MixedSpaces:

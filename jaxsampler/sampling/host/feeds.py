@@ -78,6 +78,9 @@ class Books:
         policy_ids: the policies, in batch order.
         horizon: ``episode_lookback_horizon``.
         observation_space / action_space: one agent's spaces.
+        agent_spaces: ``(agent id -> observation space, agent id -> action space)`` for
+            an env whose agents have their own spaces (then they hold for each agent
+            instead of the two above); ``None``: every agent has the two above.
         ids: the sampler's episode ids.
         mark_abandoned: batch rows get an ``abandoned`` column
             (:func:`~jaxsampler.sampling.host.collector.step_rows`).
@@ -107,6 +110,7 @@ class Books:
     observation_space: Any
     action_space: Any
     ids: EpisodeIds
+    agent_spaces: tuple[dict[Any, Any], dict[Any, Any]] | None = None
     mark_abandoned: bool = False
     env_named: bool = False
     rllib_compatible: bool = False
@@ -253,10 +257,14 @@ class CollectorFeed(Feed):
         b = self.books
         ma_id = b.new_episode_id(env_id)
         mapping = b.mapping
+        obs_spaces, act_spaces = b.agent_spaces or (
+            dict.fromkeys(b.agent_ids, b.observation_space),
+            dict.fromkeys(b.agent_ids, b.action_space),
+        )
         return MultiAgentEpisode(
             ma_id,
-            observation_space={a: b.observation_space for a in b.agent_ids},
-            action_space={a: b.action_space for a in b.agent_ids},
+            observation_space=dict(obs_spaces),
+            action_space=dict(act_spaces),
             agent_episode_ids={a: self._agent_episode_id(ma_id, a) for a in b.agent_ids},
             agent_module_ids=dict(mapping),
             agent_to_module_mapping_fn=StaticModuleMapping(mapping),

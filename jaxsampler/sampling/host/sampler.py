@@ -16,7 +16,7 @@ from jaxsampler.constants import ALL_AGENTS, DEFAULT_POLICY_ID
 from jaxsampler.episodes.batch import MultiAgentBatch
 from jaxsampler.episodes.ids import EpisodeIds
 from jaxsampler.host_envs.adapt import as_host_env, is_host_stepped
-from jaxsampler.host_envs.base import HostEnv, PollResult, check_host_env
+from jaxsampler.host_envs.base import HostEnv, PollResult, agent_spaces, check_host_env
 from jaxsampler.policies.base import Policy
 from jaxsampler.policies.multi import MultiAgentPolicy
 from jaxsampler.rollout.scan import Transforms, check_policy_fits
@@ -27,6 +27,7 @@ from jaxsampler.sampling.host.off_policy import (
     behaviour_outputs,
     off_policy_extras,
 )
+from jaxsampler.sampling.host.spaces import differ, policy_spaces
 from jaxsampler.sampling.host.track import TrackFeed
 from jaxsampler.sampling.host.transforms import HostTransforms, bucket
 from jaxsampler.sampling.metrics import (
@@ -297,23 +298,38 @@ class HostSampler(Sampler):
             abandons_episodes(host_env) if mark_abandoned is None else bool(mark_abandoned)
         )
         self.timeout_s = timeout_s
-        env_obs_space, env_act_space = host_env.observation_space, host_env.action_space
-        pipe = (
-            transforms
-            if isinstance(transforms, Pipeline)
-            else build_pipeline(transforms, env_obs_space, env_act_space)
-        )
+        obs_spaces, act_spaces = agent_spaces(host_env)
+        #: whether the env's agents have their own spaces (:mod:`.spaces`)
+        self.own_spaces = differ(obs_spaces) or differ(act_spaces)
+        if self.own_spaces:  # each policy serves agents of one space; no transforms
+            by_policy = policy_spaces(policy, self.agent_ids, obs_spaces, act_spaces, transforms)
+            first = next(iter(by_policy.values()))
+            pipe = build_pipeline((), *first)
+            env_act_space = first[1]
+        else:
+            env_obs_space, env_act_space = host_env.observation_space, host_env.action_space
+            pipe = (
+                transforms
+                if isinstance(transforms, Pipeline)
+                else build_pipeline(transforms, env_obs_space, env_act_space)
+            )
         #: the transforms bound to the host env's spaces (empty without transforms)
         self.pipeline = pipe
         # The policy's side: what episodes record and the policy is built for.
         self._obs_space, self._act_space = pipe.observation_space, pipe.action_space
         self._env_act_space = env_act_space
-        label = "the host env" + (" after its transforms" if pipe else "")
-        try:
-            check_policy_fits(policy, self.agent_ids, self._obs_space, self._act_space, label)
-        except ValueError as exc:
-            raise explain_policy_mismatch(exc, transforms) from None
+        if not self.own_spaces:
+            label = "the host env" + (" after its transforms" if pipe else "")
+            try:
+                check_policy_fits(policy, self.agent_ids, self._obs_space, self._act_space, label)
+            except ValueError as exc:
+                raise explain_policy_mismatch(exc, transforms) from None
+            by_policy = {}
         policies, mapping, self._split_params = self._policy_table(policy)
+        #: policy id -> ``(observation space, action space)`` its rows are in
+        self._policy_spaces = {
+            pid: by_policy.get(pid, (self._obs_space, self._act_space)) for pid in policies
+        }
         self.policy_ids = tuple(policies)
         self._mapping = mapping
         self._known_keys = frozenset(mapping) | {ALL_AGENTS}  # agent keys a poll may carry
@@ -327,7 +343,7 @@ class HostSampler(Sampler):
             raise ValueError(f"batch_sizes must be ints >= 1, got {batch_sizes!r}")
         #: policy id -> the jitted
         #: ``(params, obs[B,1,...], key, state) -> (action, extras, state, key)``
-        self.policy_fns = {pid: self._make_fn(p) for pid, p in policies.items()}
+        self.policy_fns = {pid: self._make_fn(pid, p) for pid, p in policies.items()}
         #: policy id -> the jitted ``(params, obs, action, state) -> logp[B, 1]`` of the
         #: policies that have ``log_prob`` (for off-policy rows)
         self.logp_fns = {pid: jax.jit(p.log_prob) for pid, p in policies.items() if p.has_log_prob}
@@ -341,7 +357,13 @@ class HostSampler(Sampler):
         self._stateful = {pid: bool(jax.tree.leaves(s)) for pid, s in self._init_state.items()}
         # Structure, shapes and dtypes only: Gymnasium envs may return observations outside
         # their declared bounds, and the episodes record them as they came.
-        self._obs_check = ValueChecker(env_obs_space, values=False)
+        self._obs_check = ValueChecker(obs_spaces[self.agent_ids[0]], values=False)
+        #: agent id -> its observation check, for agents with their own spaces
+        self._obs_checks = (
+            {a: ValueChecker(space, values=False) for a, space in obs_spaces.items()}
+            if self.own_spaces
+            else {}
+        )
         n_envs = host_env.num_envs
         self._books = Books(
             mark_abandoned=self.mark_abandoned,
@@ -354,6 +376,14 @@ class HostSampler(Sampler):
             horizon=horizon,
             observation_space=self._obs_space,
             action_space=self._act_space,
+            agent_spaces=(
+                (
+                    {a: self._policy_spaces[mapping[a]][0] for a in self.agent_ids},
+                    {a: self._policy_spaces[mapping[a]][1] for a in self.agent_ids},
+                )
+                if self.own_spaces
+                else None
+            ),
             ids=_episode_ids(seed, host_env, deterministic_ids),
         )
         #: the feed chosen at construction (:mod:`jaxsampler.sampling.host.feeds`)
@@ -376,10 +406,10 @@ class HostSampler(Sampler):
             )
         return {DEFAULT_POLICY_ID: policy}, dict.fromkeys(self.agent_ids, DEFAULT_POLICY_ID), False
 
-    def _make_fn(self, p: Policy) -> Any:
+    def _make_fn(self, pid: Any, p: Policy) -> Any:
         from jaxsampler.rollout import check_action
 
-        space, env_space, pipe = self._act_space, self._env_act_space, self.pipeline
+        space, env_space, pipe = self._policy_spaces[pid][1], self._env_act_space, self.pipeline
 
         def step(params, obs, key, state):
             key, sub = jax.random.split(key)
@@ -524,7 +554,7 @@ class HostSampler(Sampler):
                 except (TypeError, ValueError) as exc:
                     raise ValueError(
                         f"env {env_ids[i]!r}: the off-policy action of agent {agent_ids[i]!r} "
-                        f"does not fit the action space {self._act_space!r}: {exc}"
+                        f"does not fit the action space {self._policy_spaces[pid][1]!r}: {exc}"
                     ) from None
             logp = np.asarray(jax.device_get(fn(params, obs, taken, state)))
             return logp[need, 0]
@@ -581,11 +611,13 @@ class HostSampler(Sampler):
                             f"env {env_id!r} returned data for agent {a!r}, which is not one of "
                             f"the policy's / env's agent ids {self.agent_ids}"
                         )
-        check = self._obs_check
+        check, own = self._obs_check, self._obs_checks
         checked: dict[Any, dict] = {}
         for env_id, per_agent in res.obs.items():
             try:
-                checked[env_id] = {a: check(o, "observation", a) for a, o in per_agent.items()}
+                checked[env_id] = {
+                    a: own.get(a, check)(o, "observation", a) for a, o in per_agent.items()
+                }
             except ValueError as exc:
                 raise ValueError(f"env {env_id!r}: {exc}") from None
         return checked

@@ -1,0 +1,95 @@
+"""Host envs whose agents have their own spaces: which spaces each policy serves.
+
+A host-stepped multi-agent env may give every agent its own observation and action space
+(``observation_spaces`` / ``action_spaces``, :func:`~jaxsampler.host_envs.base.agent_spaces`),
+as RLlib's ``MultiAgentEnv`` and PettingZoo's parallel envs may: predators and prey, a
+speaker and a listener. The host sampler stacks one policy's agents into one batch per
+call, so no padding is needed: each policy serves agents that share one space, and is
+built for it. Transforms are bound to one space and are refused for such envs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from jaxsampler.policies.base import Policy
+from jaxsampler.policies.multi import MultiAgentPolicy
+from jaxsampler.rollout.scan import check_policy_fits
+
+__all__ = ["PolicySpaces", "differ", "policy_spaces"]
+
+#: policy id -> ``(observation space, action space)`` of the agents it serves
+PolicySpaces = dict[Any, tuple[Any, Any]]
+
+
+def differ(spaces: Mapping[Any, Any]) -> bool:
+    """Whether the agents of ``spaces`` (``agent id -> space``) have more than one space."""
+    first, *rest = spaces.values()
+    return any(s != first for s in rest)
+
+
+def policy_spaces(
+    policy: Policy,
+    agent_ids: tuple[Any, ...],
+    observation_spaces: Mapping[Any, Any],
+    action_spaces: Mapping[Any, Any],
+    transforms: Any,
+) -> PolicySpaces:
+    """Checks a policy for an env whose agents have their own spaces and returns the
+    spaces each of its policies serves.
+
+    Args:
+        policy: what the sampler was given; it must be a
+            :class:`~jaxsampler.MultiAgentPolicy` over ``agent_ids``.
+        agent_ids: the env's agent ids.
+        observation_spaces, action_spaces: ``agent id -> space``.
+        transforms: the sampler's ``transforms`` argument (must be empty).
+
+    Raises:
+        ValueError: transforms given; a policy that is not a ``MultiAgentPolicy`` or was
+            built for other agent ids; a policy mapped to agents of different spaces (the
+            agents and their spaces are named); a policy built for other spaces than its
+            agents'.
+    """
+    if transforms is not None and transforms != () and bool(transforms):
+        raise ValueError(
+            "transforms= bind to one observation and action space, and this env's agents "
+            f"have their own ({_describe(observation_spaces, action_spaces)}): drop the "
+            "transforms, or transform inside the env"
+        )
+    if not isinstance(policy, MultiAgentPolicy):
+        raise ValueError(
+            "this env's agents have their own spaces "
+            f"({_describe(observation_spaces, action_spaces)}): one {type(policy).__name__} "
+            "cannot serve them all; pass js.MultiAgentPolicy(env, {policy_id: policy}, "
+            "policy_mapping_fn) with one policy per set of agents that share spaces"
+        )
+    if tuple(policy.agent_ids) != tuple(agent_ids):
+        raise ValueError(
+            f"mismatched agent ids: the host env has {tuple(agent_ids)}, policy "
+            f"MultiAgentPolicy was built for {tuple(policy.agent_ids)}"
+        )
+    out: PolicySpaces = {}
+    for pid, p in zip(policy.policy_ids, policy.policies):
+        agents = [a for a, q in zip(policy.agent_ids, policy.agent_policy) if q == pid]
+        obs = {a: observation_spaces[a] for a in agents}
+        act = {a: action_spaces[a] for a in agents}
+        if differ(obs) or differ(act):
+            raise ValueError(
+                f"policy {pid!r} is mapped to agents of different spaces "
+                f"({_describe(obs, act)}): map agents with different spaces to different "
+                "policies"
+            )
+        spaces = (obs[agents[0]], act[agents[0]])
+        own_agents = getattr(p, "agent_ids", None)
+        label = f"agents {tuple(agents)} of the host env (policy {pid!r})"
+        check_policy_fits(p, tuple(own_agents or agents), spaces[0], spaces[1], label)
+        out[pid] = spaces
+    return out
+
+
+def _describe(observation_spaces: Mapping[Any, Any], action_spaces: Mapping[Any, Any]) -> str:
+    return "; ".join(
+        f"{a!r}: {observation_spaces[a]!r} -> {action_spaces[a]!r}" for a in observation_spaces
+    )
