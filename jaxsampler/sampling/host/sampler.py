@@ -144,6 +144,13 @@ class HostSampler(Sampler):
     the transforms' ``to_env``; the metrics' returns are the env's own. An off-policy action
     (the env's own) is sent and recorded as the env gave it.
 
+    Agents with their own spaces (a host env with ``observation_spaces`` /
+    ``action_spaces``, :func:`~jaxsampler.host_envs.agent_spaces`): the policy must be a
+    :class:`~jaxsampler.MultiAgentPolicy` whose policies each serve agents of one space
+    (:mod:`jaxsampler.sampling.host.spaces` checks each against its agents' spaces); each
+    policy's rows, the episodes and the batches hold every agent in its own spaces.
+    Transforms are refused for such envs.
+
     Recurrent policies: the state is kept per ``(env_id, agent_id)`` on the host, reset to
     ``initial_state`` when the agent's episode starts, and updated only when the agent acts.
 
