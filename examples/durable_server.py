@@ -23,9 +23,10 @@ collects (read it with ``js.offline.read_records``). Whatever happens to the pro
   followed, and reads the log only from where it ended then, however long the server ran.
 
 It prints one JSON line when it serves (``{"event": "ready", "address", "startup_s",
-"recovery"}``: ``startup_s`` from process start, imports, recovery and compilation
-included; ``recovery`` the :class:`~jaxsampler.offline.RecoveryReport` with its
-``seconds``) and one when it stops. The spaces and policy here are a demo's
+"compile_s", "recovery"}``: ``startup_s`` from process start, imports, recovery and
+compilation included; ``compile_s`` the first sample call's, which compiles;
+``recovery`` the :class:`~jaxsampler.offline.RecoveryReport` with its ``seconds``) and
+one when it stops. The spaces and policy here are a demo's
 (``--obs-dim`` floats in, ``--num-actions`` discrete actions out, a small MLP): put your
 simulator's spaces and your policy in :func:`make_env` and :func:`make_policy`.
 """
@@ -93,10 +94,18 @@ def serve(
     policy = make_policy(env)
     params = policy.init(jax.random.PRNGKey(args.seed))
     sampler = js.sampling.HostSampler(server, policy, seed=args.seed, timeout_s=0.1)
+    t0 = time.monotonic()
     sampler.sample(params, num_timesteps=1)  # compiles before the first client
+    compile_s = time.monotonic() - t0
     try:
         with OfflineWriter(files["log"], append=True) as writer, server.sampler_alive():
-            say("ready", address=server.address, startup_s=time.monotonic() - T0, recovery=recovery)
+            say(
+                "ready",
+                address=server.address,
+                startup_s=time.monotonic() - T0,
+                compile_s=compile_s,
+                recovery=recovery,
+            )
             last = time.monotonic()
             while not stop.is_set():
                 for episode in sampler.sample(params, num_timesteps=args.timesteps):

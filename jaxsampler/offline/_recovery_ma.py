@@ -16,7 +16,7 @@ earliest of their first observations.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -147,10 +147,15 @@ def _row_keys(rows: SampleBatch, agent_ids: Sequence[Any]) -> Iterable[tuple[tup
 
 
 def ma_chunks(
-    ep: _Steps, lines: dict[Any, AgentLine], missing: dict[Any, list[int]], env: ExternalEnvBase
+    ep: _Steps,
+    lines: dict[Any, AgentLine],
+    missing: dict[Any, list[int]],
+    env: ExternalEnvBase,
+    modules: Mapping[Any, Any] | None = None,
 ) -> list[MultiAgentEpisode]:
     """The chunks holding each agent's ``missing`` steps (sorted step indices) of ``ep``:
-    one per env step at which runs of them end (see the module docstring)."""
+    one per env step at which runs of them end (see the module docstring); ``modules``:
+    each agent's module (policy) id (``None``: the default one for every agent)."""
     by_end: dict[int, dict[Any, tuple[int, int]]] = {}
     for a, ts in missing.items():
         for lo, hi in runs(ts):
@@ -158,7 +163,7 @@ def ma_chunks(
     last = ep.last_index()
     end_term = bool(ep.items[last]["all_term"]) if last >= 0 else False
     return [
-        _chunk(ep, lines, group, end, end_term if end == last else None, env)
+        _chunk(ep, lines, group, end, end_term if end == last else None, env, modules)
         for end, group in sorted(by_end.items())
     ]
 
@@ -170,6 +175,7 @@ def _chunk(
     end: int,
     end_term: bool | None,
     env: ExternalEnvBase,
+    modules: Mapping[Any, Any] | None,
 ) -> MultiAgentEpisode:
     """One chunk: agent ``a``'s steps ``group[a] = (lo, hi)``, all ending at env step
     ``end``; ``end_term``: whether the episode ends there terminated (``False``: truncated,
@@ -183,6 +189,7 @@ def _chunk(
         env_t_started=start,
         agent_t_started={a: lo for a, (lo, _) in group.items()},
         agent_episode_ids={a: agent_episode_id(ep.eid, agents.index(a)) for a in group},
+        agent_module_ids=None if modules is None else {a: modules[a] for a in group},
     )
     # agent -> env step -> the index of its observation there (lo .. hi)
     where = {a: {lines[a].at[k]: k for k in range(lo, hi + 1)} for a, (lo, hi) in group.items()}

@@ -207,10 +207,13 @@ def replay(entries: list[dict], like: ExternalEnvBase, path: str) -> tuple[list[
 
 def _answered(env: ExternalEnvBase, eid: str, actions: dict) -> dict | None:
     """The actions a ``get_action`` of episode ``eid`` waiting for this answer gets (those
-    of its acting agents), or None: no such call waits, or the answer lacks an agent's
-    action (the call then fails: nothing is acknowledged)."""
+    of its acting agents), or None: no such call waits (none was made, or it was given up
+    while in flight: timed out, its client gone), or the answer lacks an agent's action
+    (the call then fails): nothing is acknowledged."""
     ep = env._episodes.get(eid)
     if ep is None or ep.in_flight is None or ep.in_flight.waiter is None:
+        return None
+    if ep.in_flight.waiter.done:
         return None
     item = ep.in_flight
     want = [a for a in item.obs if not item.terminated.get(a, False)]

@@ -23,9 +23,9 @@ to the sampler before it count as stored (the checkpoint was taken once they wer
 log), and the log is read only from where it ended at the checkpoint.
 
 Recovered steps carry no ``extra_model_outputs`` (the sampler's logp and value estimates
-died with it) and have ``"recovered": True`` in their infos. Recovered multi-agent chunks
-map every agent to the default policy (the sampler's agent-to-policy mapping is not in the
-journal).
+died with it) and have ``"recovered": True`` in their infos. The sampler's agent-to-policy
+mapping is not in the journal: recovered multi-agent chunks map each agent to the module
+id ``recover(..., agent_module_ids=)`` gives it, and without one to the default policy.
 """
 
 from __future__ import annotations
@@ -95,6 +95,7 @@ def recover(
     env: ExternalEnvBase,
     *,
     compact: bool = True,
+    agent_module_ids: Mapping[Any, str] | None = None,
 ) -> RecoveryReport:
     """Appends to ``log`` every acknowledged step of ``journal`` that ``log`` lacks (see the
     module docstring). ``env`` is the env the new server will run, of the kind that wrote
@@ -110,12 +111,21 @@ def recover(
     then replays only what later runs wrote, instead of every run since the journal
     began. ``False`` keeps the journal as it is (say, to inspect it).
 
+    ``agent_module_ids`` (multi-agent envs only): each agent id of ``env`` -> the module
+    (policy) id the sampler mapped it to, given to the recovered chunks (say ``{a:
+    policy.policy_mapping_fn(a) for a in env.agent_ids}`` for a
+    :class:`~jaxsampler.policies.MultiAgentPolicy`); ``None``: every agent gets the
+    default policy's id (the journal does not hold the sampler's mapping).
+
     Raises:
         CorruptLogError: the journal or the log is damaged, or the journal does not replay
             (it was not written by an env like ``env``: a single-agent journal given a
             multi-agent env, or the reverse, is named as such), or the log holds episodes
             of the other kind.
+        ValueError: ``agent_module_ids`` given for a single-agent env, or not naming
+            exactly ``env``'s agents (the missing and unknown ones are named).
     """
+    modules = _modules(agent_module_ids, env)
     journal, log = str(journal), str(log)
     report = RecoveryReport()
     episodes: list[_Steps] = []
@@ -146,7 +156,7 @@ def recover(
             lines = agent_lines(ep)
             have = {a: stored.get((ep.eid, a), set()) for a in lines}
             missing = _missing(report, lines, have)
-            new = ma_chunks(ep, lines, missing, env) if missing else []
+            new = ma_chunks(ep, lines, missing, env, modules) if missing else []
         else:
             missing = _missing(report, {ep.eid: _SingleLine(ep)}, stored)
             new = [_chunk(ep, lo, hi, env) for lo, hi in runs(missing.get(ep.eid, []))]
@@ -162,6 +172,25 @@ def recover(
         _compact(journal, known)
         report.compacted = True
     return report
+
+
+def _modules(given: Mapping[Any, str] | None, env: ExternalEnvBase) -> dict | None:
+    """``given`` checked against ``env``'s agents (see :func:`recover`)."""
+    if given is None:
+        return None
+    if not env.multi_agent:
+        raise ValueError("agent_module_ids is for a multi-agent env; this env has one agent")
+    if not isinstance(given, Mapping):
+        raise ValueError(f"agent_module_ids must be a dict agent -> module id, got {given!r}")
+    agents = list(env.agent_ids)
+    missing = [a for a in agents if a not in given]
+    unknown = [a for a in given if a not in agents]
+    if missing or unknown:
+        raise ValueError(
+            f"agent_module_ids must name exactly the env's agents {agents}: "
+            f"missing {missing}, unknown {unknown}"
+        )
+    return dict(given)
 
 
 def _missing(

@@ -56,8 +56,9 @@ bytes gets the recorded answer again without running anything, the number runnin
 run as always. A request whose connection closed before it ran is dropped (pipelined ones,
 big bodies decoded on a worker, a ``/batch`` before its first slice); not covered: a
 ``log_action`` already waiting for room (it runs once there is room; its answer is
-recorded for a retry), and a ``get_action`` whose connection closes while it waits (its
-episode is abandoned, as before: a retry then gets 409).
+recorded for a retry), and a ``get_action`` whose connection closes while it waits (a
+numbered one keeps waiting and its answer is recorded for the retry, which rejoins the
+wait; an unnumbered one abandons its episode, as before).
 
 Multi-agent envs take dicts ``agent -> value`` for ``observation``, ``action``,
 ``reward``, ``info`` and ``done`` (``multiagent_done_dict``). ``/batch`` runs the

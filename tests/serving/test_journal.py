@@ -343,3 +343,40 @@ def test_recovery_compacts_the_journal_to_its_ids_and_the_next_replays_only_the_
     assert steps == Counter(
         {("e0", 0): 1, ("e1", 0): 1, ("e2", 0): 1, ("open", 0): 1, ("new", 0): 1}
     )
+
+
+@pytest.mark.parametrize("journaled", [False, True], ids=["no-journal", "journal"])
+def test_an_answer_to_a_get_action_given_up_while_in_flight_is_dropped(tmp_path, journaled):
+    """A ``get_action`` whose wait ends (its timeout; the same path as a client gone) after
+    the sampler polled its step but before the answer: the answer is dropped and counted,
+    the caller keeps its TimeoutError, and the sampler goes on (with a journal it used to
+    wake the finished call a second time and die of ``release unlocked lock``). The
+    journal replays to the same result: no acknowledged step."""
+    journal = tmp_path / "j"
+    env = ExternalEnv(
+        OBS, ACT, action_timeout_s=0.2, journal=StepJournal(journal) if journaled else None
+    )
+    env.start_episode("e")
+    told: list[BaseException] = []
+
+    def call() -> None:
+        try:
+            env.get_action("e", obs_of(0, 0, 0))
+        except TimeoutError as e:
+            told.append(e)
+
+    caller = threading.Thread(target=call)
+    caller.start()
+    polled = env.poll(timeout=30)
+    assert list(polled.obs) == ["e"]  # the step is in flight now
+    caller.join(30)
+    assert len(told) == 1 and "abandoned" in str(told[0])
+    env.send_actions({"e": {js.constants.DEFAULT_AGENT_ID: 1}})  # raised before the fix
+    assert env.stats["dropped_actions"] == 1
+    end = env.poll(timeout=30)
+    assert end.truncateds["e"][js.constants.ALL_AGENTS]
+    assert env.episode_status("e") == "abandoned"
+    env.start_episode("f")  # the env still serves
+    if journaled:
+        report = recover(journal, tmp_path / "log", ExternalEnv(OBS, ACT))
+        assert (report.episodes, report.acknowledged_steps) == (2, 0)

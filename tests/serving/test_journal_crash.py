@@ -46,8 +46,16 @@ OBS, ACT = Box(-1e6, 1e6, (3,), np.float32), Discrete(2)
 if len(sys.argv) > 3:  # a disk that fills up: writes past this size fail with EFBIG
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
     resource.setrlimit(resource.RLIMIT_FSIZE, (int(sys.argv[3]), int(sys.argv[3])))
-env = ExternalEnv(OBS, ACT, max_wait_s=0.002, journal=StepJournal(sys.argv[1]))
-server = js.serving.PolicyServer(env, port=0)
+opt = lambda name, default: float(os.environ.get(name, default))  # noqa: E731
+env = ExternalEnv(
+    OBS,
+    ACT,
+    max_wait_s=0.002,
+    journal=StepJournal(sys.argv[1]),
+    action_timeout_s=opt("ACTION_TIMEOUT_S", 300),
+    episode_timeout_s=opt("EPISODE_TIMEOUT_S", 600),
+)
+server = js.serving.PolicyServer(env, port=0, client_gone_grace_s=opt("GRACE_S", 10))
 policy = js.MLPPolicy(OBS, ACT, hidden_sizes=(4,))
 params = policy.init(jax.random.PRNGKey(0))
 sampler = js.sampling.HostSampler(server, policy, seed=0, timeout_s=0.05)
@@ -64,12 +72,14 @@ try:
             if every and calls % every == 0:  # the in-run checkpoint, once the output is in
                 env.checkpoint_journal(writer)
 except Exception as e:  # the server stays up, answering 503 with the reason, until killed
-    print("sampler died:", type(e).__name__, file=sys.stderr, flush=True)
+    print("sampler died:", repr(e), file=sys.stderr, flush=True)
     signal.pause()
 """
 
 
-def start_server(journal, log, max_file_bytes=None, checkpoint_every=0):
+def start_server(journal, log, max_file_bytes=None, checkpoint_every=0, **options):
+    """Starts :data:`SERVER` on ``journal`` and ``log``; ``options``: environment variables
+    it reads (``ACTION_TIMEOUT_S``, ``EPISODE_TIMEOUT_S``, ``GRACE_S``)."""
     limit = [] if max_file_bytes is None else [str(max_file_bytes)]
     proc = subprocess.Popen(
         [sys.executable, "-c", SERVER, str(journal), str(log), *limit],
@@ -80,6 +90,7 @@ def start_server(journal, log, max_file_bytes=None, checkpoint_every=0):
             PYTHONPATH=str(ROOT),
             JAX_PLATFORMS="cpu",
             CHECKPOINT_EVERY=str(checkpoint_every),
+            **{k: str(v) for k, v in options.items()},
         ),
     )
     line = proc.stdout.readline()
@@ -90,7 +101,8 @@ def start_server(journal, log, max_file_bytes=None, checkpoint_every=0):
 class Clients:
     """Client threads that run episodes against whichever server is up."""
 
-    def __init__(self, n):
+    def __init__(self, n, **client_options):
+        self.client_options = client_options  # PolicyClient keywords
         self.lock = threading.Lock()
         self.acked: dict[tuple, int] = {}  # (cid, ep, t) -> action
         self.rewards: dict[tuple, float] = {}  # (cid, ep, t) -> acknowledged reward
@@ -99,18 +111,22 @@ class Clients:
         self.stop = threading.Event()
         self.next_ep = [0] * n
         self.errors: list[tuple[int, BaseException]] = []  # (client, what it was told)
+        self.at: list[tuple | None] = [None] * n  # the step each client's last call was for
+        self.told: set[tuple] = set()  # the steps at which a client was told of a failure
         self.threads = [threading.Thread(target=self.run, args=(c,)) for c in range(n)]
 
     def run(self, cid):
         while not self.stop.is_set():
             self.up.wait()
-            client = js.serving.PolicyClient(self.address)
+            client = js.serving.PolicyClient(self.address, **self.client_options)
             try:
                 while not self.stop.is_set():
                     self.episode(client, cid)
             except TOLD as e:
                 with self.lock:
                     self.errors.append((cid, e))
+                    if self.at[cid] is not None:
+                        self.told.add(self.at[cid])
                 time.sleep(0.05)  # the server died: wait for the next one
             finally:  # rewards still pending on a dead server are reported, not lost
                 with contextlib.suppress(*TOLD):
@@ -122,6 +138,7 @@ class Clients:
         eid = client.start_episode(f"c{cid}e{ep}")
         unacked = None  # the step whose reward rides on the next call
         for t in range(40):
+            self.at[cid] = (cid, ep, t)
             action = client.get_action(eid, np.array([cid, ep, t], np.float32))
             with self.lock:
                 self.acked[(cid, ep, t)] = int(action)
@@ -189,8 +206,10 @@ def test_answered_steps_survive_two_server_kills_exactly_once(tmp_path, checkpoi
         assert all(r.log_read_from > 0 for r in reports), reports
 
 
-def check_log(log, clients):
-    """Every acknowledged step in the log exactly once, with its action and reward."""
+def check_log(log, clients, dead=()):
+    """Every acknowledged step in the log exactly once, with its action and reward; and
+    no step in it that its client neither got the action of nor was told failed (but of
+    the clients in ``dead``, killed: nobody is left to tell)."""
     logged: dict[tuple, list] = {}
     for rec in read_records(log):
         obs, acts, rews = rec.get_observations(), rec.get_actions(), rec.get_rewards()
@@ -206,6 +225,9 @@ def check_log(log, clients):
         assert logged[key][0][0] == action, key
     for key, reward in clients.rewards.items():
         assert logged[key][0][1] == reward, key
+    silent = [k for k in logged if k not in clients.acked and k not in clients.told]
+    silent = [k for k in silent if k[0] not in dead]
+    assert not silent, f"{len(silent)} stored steps their client never heard of: {silent[:5]}"
     return logged
 
 

@@ -23,6 +23,7 @@ import numpy as np
 import pytest
 
 import jaxsampler as js
+from jaxsampler.constants import DEFAULT_POLICY_ID
 from jaxsampler.episodes import MultiAgentEpisode
 from jaxsampler.host_envs.external import ExternalEnv, ExternalMultiAgentEnv
 from jaxsampler.offline import (
@@ -360,3 +361,44 @@ def test_a_journal_or_log_of_the_other_kind_is_refused_by_name(tmp_path):
     with pytest.raises(CorruptLogError, match="holds single-agent episodes"):
         recover(ma_journal, log, ma_env())
     assert any(e["op"] == "start" for e in journal_entries(ma_journal))  # not compacted
+
+
+def test_recovered_chunks_carry_the_module_ids_given_and_the_default_without(tmp_path):
+    """``agent_module_ids`` names each agent's policy in the recovered chunks, read back from
+    the log; without it every agent gets the default policy's id. The steps are the same."""
+    steps, modules = {}, {"a": "runner", "b": "chaser", "c": "chaser"}
+    for given in (None, modules):
+        journal, log = tmp_path / f"j{given is None}", tmp_path / f"log{given is None}"
+        env = ma_env(StepJournal(journal))
+        acks = AgentAcks()
+        run_ma_client(env, acks, 0, 2, stop_at=3, own_actions=True)
+        recover(journal, log, ma_env(), agent_module_ids=given)
+        assert logged(log) == acks.want()
+        seen = {
+            (a, rec.agent_episodes[a].module_id, rec.module_for(a))
+            for rec in read_records(log)
+            for a in rec.agent_episodes
+        }
+        want = given or dict.fromkeys(AGENTS, DEFAULT_POLICY_ID)
+        assert seen == {(a, want[a], want[a]) for a in AGENTS}
+        steps[given is None] = logged(log)
+    assert steps[True] == steps[False]
+
+
+@pytest.mark.parametrize(
+    ("env", "given", "match"),
+    [
+        ("sa", {"a": "p"}, "for a multi-agent env"),
+        ("ma", {"a": "p", "b": "p"}, r"missing \['c'\], unknown \[\]"),
+        ("ma", {"a": "p", "b": "p", "c": "p", "x": "p"}, r"missing \[\], unknown \['x'\]"),
+        ("ma", ["a", "b", "c"], "must be a dict agent -> module id"),
+    ],
+)
+def test_bad_agent_module_ids_are_named_before_anything_is_written(tmp_path, env, given, match):
+    journal, log = tmp_path / "j", tmp_path / "log"
+    run_ma_client(ma_env(StepJournal(journal)), AgentAcks(), 0, 1, 1, own_actions=True)
+    like = ExternalEnv(OBS, ACT) if env == "sa" else ma_env()
+    with pytest.raises(ValueError, match=match):
+        recover(journal, log, like, agent_module_ids=given)
+    assert not log.exists()
+    assert any(e["op"] == "start" for e in journal_entries(journal))  # not compacted

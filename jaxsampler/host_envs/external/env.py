@@ -507,8 +507,10 @@ class ExternalEnvBase(_Journaled, _EpisodeBook, HostEnv):
         """Answers the episodes of the last poll; unknown or unexpected env ids are counted in
         ``stats["dropped_actions"]`` and ignored (an abandoned episode's answer, say). The
         answer to a ``log_action`` step is ignored and may be left out: the next ``poll``
-        treats such steps as answered. An answered ``get_action`` restarts its episode's
-        ``episode_timeout_s``."""
+        treats such steps as answered. So is (and counted as dropped) the answer to a
+        ``get_action`` given up while the sampler held it (timed out, or its client gone):
+        that call was already answered with its error. An answered ``get_action`` restarts
+        its episode's ``episode_timeout_s``."""
         journaled = self.journal is not None
         woken: list[Waiter] = []
         entry = {"op": "answer", "actions": dict(actions)}
@@ -525,6 +527,9 @@ class ExternalEnvBase(_Journaled, _EpisodeBook, HostEnv):
                 item, ep.in_flight = ep.in_flight, None
                 self._offp_in_flight.discard(eid)
                 w = item.waiter
+                if w is not None and w.done:  # given up while in flight (timeout, client
+                    self.stats["dropped_actions"] += 1  # gone): answered with its error
+                    w = None
                 if w is not None:
                     ep.waiter = None
                     ep.last_activity = now
