@@ -24,6 +24,7 @@ import numpy as np
 from jaxsampler.constants import ALL_AGENTS
 from jaxsampler.episodes import MultiAgentEpisode, SampleBatch, SingleAgentEpisode
 from jaxsampler.episodes.ids import agent_episode_id
+from jaxsampler.host_envs.base import agent_spaces
 from jaxsampler.host_envs.external import ExternalEnvBase
 from jaxsampler.offline._replay import RECOVERED_INFO, _Steps, runs
 from jaxsampler.offline.frames import CorruptLogError
@@ -182,10 +183,11 @@ def _chunk(
     ``None``: it goes on)."""
     agents = list(env.agent_ids)
     start = min(lines[a].at[lo] for a, (lo, _) in group.items())
+    obs_spaces, act_spaces = agent_spaces(env)  # each agent its own (or the shared) space
     chunk = MultiAgentEpisode(
         ep.eid,
-        observation_space={a: env.observation_space for a in agents},
-        action_space={a: env.action_space for a in agents},
+        observation_space=obs_spaces,
+        action_space=act_spaces,
         env_t_started=start,
         agent_t_started={a: lo for a, (lo, _) in group.items()},
         agent_episode_ids={a: agent_episode_id(ep.eid, agents.index(a)) for a in group},

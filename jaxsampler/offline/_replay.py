@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from jaxsampler.constants import ALL_AGENTS, DEFAULT_AGENT_ID
+from jaxsampler.host_envs.base import agent_spaces
 from jaxsampler.host_envs.external import ExternalEnv, ExternalEnvBase, ExternalMultiAgentEnv
 from jaxsampler.offline.frames import CorruptLogError
 from jaxsampler.offline.journal import _entries, _note_ids
@@ -98,9 +99,8 @@ def fresh_env(like: ExternalEnvBase) -> ExternalEnvBase:
         "max_finished_ids": 1,
     }
     if like.multi_agent:
-        return ExternalMultiAgentEnv(
-            like.observation_space, like.action_space, agent_ids=like.agent_ids, **options
-        )
+        obs_spaces, act_spaces = agent_spaces(like)  # agents with their own spaces keep them
+        return ExternalMultiAgentEnv(obs_spaces, act_spaces, agent_ids=like.agent_ids, **options)
     return ExternalEnv(like.observation_space, like.action_space, **options)
 
 

@@ -570,6 +570,18 @@ class PolicyClient:
 
         info = self.server_info()
         self._multi_agent = bool(info["multi_agent"])
+        own = info.get("observation_spaces") or info.get("action_spaces")
+        if own or getattr(policy, "observation_space", None) is None:
+            raise ValueError(
+                "inference_mode='local' runs one policy on one observation space; "
+                + (
+                    "the server's agents have their own spaces"
+                    if own
+                    else f"{type(policy).__name__} has none"
+                )
+                + ": use inference_mode='remote' (the server's sampler runs a policy per "
+                "set of agents that share spaces)"
+            )
         self.policy, self.update_interval = policy, float(update_interval)
         self._params: Any = None
         self.weights_version = 0

@@ -27,11 +27,17 @@ GET  /info            --                                                   ``{pr
                                                                            agent_ids,
                                                                            weights_version,
                                                                            observation_space,
-                                                                           action_space}``
+                                                                           action_space,
+                                                                           observation_spaces,
+                                                                           action_spaces}``
 GET  /health          --                                                   JSON ``{status,
                                                                            since_last_poll_s,
                                                                            reason, ...}``
 ====================  ===================================================  ==================
+
+``/info``'s ``observation_spaces`` / ``action_spaces`` are ``agent id -> space`` for a
+multi-agent env whose agents have their own spaces (its ``observation_space`` /
+``action_space`` are then null), else null.
 
 Any POST body may carry ``returns: [{episode_id, reward, info?, done?}, ...]``: those
 ``log_returns`` calls run first, in order; if one fails, the command is not run and its

@@ -51,7 +51,7 @@ from jaxsampler import spaces as sp
 from jaxsampler.constants import DEFAULT_AGENT_ID
 from jaxsampler.episodes.codec import packb, unpackb
 from jaxsampler.host_envs import external as ext
-from jaxsampler.host_envs.base import HostEnv, MultiEnvDict, PollResult
+from jaxsampler.host_envs.base import HostEnv, MultiEnvDict, PollResult, agent_spaces
 from jaxsampler.serving.batching import FairBatches
 from jaxsampler.serving.commands import _Commands, _field, _restarted
 from jaxsampler.serving.health import SamplerHealth
@@ -258,6 +258,9 @@ class PolicyServer(_Commands, HTTPServer, HostEnv):
         self.env = env
         # The env's spaces, agents and capacity are fixed at its construction.
         self.observation_space, self.action_space = env.observation_space, env.action_space
+        # agent id -> space for agents with their own spaces (``None``: the shared ones)
+        self.observation_spaces = getattr(env, "observation_spaces", None)
+        self.action_spaces = getattr(env, "action_spaces", None)
         self.agent_ids, self.num_envs = env.agent_ids, env.num_envs
         self.abandons_episodes = env.abandons_episodes
         self.names_episodes = env.names_episodes  # a journal's env: ids shared with samplers
@@ -266,7 +269,8 @@ class PolicyServer(_Commands, HTTPServer, HostEnv):
             self.limits.keepalive_timeout_s,
         )
         if max_array_bytes is None:
-            spaces = (env.observation_space, env.action_space)
+            obs_spaces, act_spaces = agent_spaces(env)
+            spaces = (*obs_spaces.values(), *act_spaces.values())
             max_array_bytes = max(64 << 10, *(_space_nbytes(s) for s in spaces))
         elif max_array_bytes <= 0:
             raise ValueError(f"max_array_bytes must be > 0, got {max_array_bytes}")
@@ -589,6 +593,10 @@ class PolicyServer(_Commands, HTTPServer, HostEnv):
                 "weights_version": self._weights[0],
                 "observation_space": env.observation_space,
                 "action_space": env.action_space,
+                # agent id -> space where the agents have their own (then the two above
+                # are None)
+                "observation_spaces": getattr(env, "observation_spaces", None),
+                "action_spaces": getattr(env, "action_spaces", None),
             }
             conn.respond(200, packb(info))
         elif path == "/sequence":

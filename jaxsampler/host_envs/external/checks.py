@@ -18,7 +18,7 @@ from jaxsampler.constants import ALL_AGENTS
 from jaxsampler.host_envs.external.errors import InvalidDataError, _short
 from jaxsampler.spaces import Space, ValueChecker
 
-__all__ = ["MAX_REWARD", "AgentChecks", "check_reward"]
+__all__ = ["MAX_REWARD", "AgentChecks", "agent_space_table", "check_reward"]
 
 #: Largest reward magnitude: rewards end in float32 columns, where larger values are inf.
 MAX_REWARD = float(np.finfo(np.float32).max)
@@ -68,14 +68,66 @@ def _check_option(
         raise ValueError(f"{name} must be {kind} {rel} {low}, got {value!r}")
 
 
+def _checkers(spaces: Mapping[Any, Space], agent_ids: tuple) -> dict[Any, ValueChecker]:
+    """Agent id -> the check of its space (agents of one space share one checker)."""
+    made: dict[int, ValueChecker] = {}
+    out = {}
+    for a in agent_ids:
+        space = spaces[a]
+        if id(space) not in made:
+            made[id(space)] = ValueChecker(space, error=InvalidDataError)
+        out[a] = made[id(space)]
+    return out
+
+
+def agent_space_table(
+    given: Space | Mapping[Any, Space], agent_ids: tuple, what: str, multi_agent: bool
+) -> tuple[Space | None, dict[Any, Space] | None, dict[Any, Space]]:
+    """``(shared space, own spaces, agent id -> space)`` of an env's ``what`` argument:
+    one space for every agent (``(space, None, ...)``), or, for a multi-agent env, a dict
+    ``agent id -> space`` whose spaces differ (``(None, dict, ...)``; a dict of equal
+    spaces counts as one).
+
+    Raises:
+        ValueError: a dict whose keys are not exactly ``agent_ids``.
+        TypeError: a dict for a single-agent env, or a dict value that is not a
+            jaxsampler space.
+    """
+    if not isinstance(given, Mapping):
+        return given, None, dict.fromkeys(agent_ids, given)
+    if not multi_agent:
+        raise TypeError(
+            f"a single-agent external env takes one {what}, not a dict agent id -> space "
+            "(dicts are for ExternalMultiAgentEnv)"
+        )
+    if set(given) != set(agent_ids):
+        raise ValueError(
+            f"{what} as a dict must name every agent of agent_ids {list(agent_ids)} once, "
+            f"got keys {list(given)}"
+        )
+    table = {a: given[a] for a in agent_ids}
+    for a, space in table.items():
+        if not isinstance(space, Space):
+            raise TypeError(f"{what}[{a!r}] must be a jaxsampler space, got {type(space).__name__}")
+    first = table[agent_ids[0]]
+    if all(space == first for space in table.values()):
+        return first, None, table
+    return None, table, table
+
+
 class AgentChecks:
     """Checks of the agent dicts an env's callers send (observations, actions, rewards,
     infos, done flags) against its agents and spaces; observations and actions come back
     cast to their space's dtype."""
 
-    def __init__(self, observation_space: Space, action_space: Space, agent_ids: tuple):
-        self._obs_check = ValueChecker(observation_space, error=InvalidDataError)
-        self._act_check = ValueChecker(action_space, error=InvalidDataError)
+    def __init__(
+        self,
+        observation_spaces: Mapping[Any, Space],
+        action_spaces: Mapping[Any, Space],
+        agent_ids: tuple,
+    ):
+        self._obs_checks = _checkers(observation_spaces, agent_ids)
+        self._act_checks = _checkers(action_spaces, agent_ids)
         self.agent_ids = agent_ids
         self.agent_set = frozenset(agent_ids)
 
@@ -100,11 +152,11 @@ class AgentChecks:
             raise InvalidDataError(
                 f"observations must be a non-empty dict agent -> obs, got {_short(obs)}"
             )
-        check, ids = self._obs_check, self.agent_set
+        checks, ids = self._obs_checks, self.agent_set
         if len(obs) > len(ids):
             self.too_many(obs, "observations")
         return {
-            (a if a in ids else self.agent(a)): check(o, "observation", a) for a, o in obs.items()
+            a: checks[a if a in ids else self.agent(a)](o, "observation", a) for a, o in obs.items()
         }
 
     def actions(self, actions: Any, agents: list) -> dict:
@@ -117,8 +169,8 @@ class AgentChecks:
             raise InvalidDataError(
                 f"actions must be a dict with the acting agents {agents}, got {_short(actions)}"
             )
-        check = self._act_check
-        return {a: check(x, "action", a) for a, x in actions.items()}
+        checks = self._act_checks
+        return {a: checks[a](x, "action", a) for a, x in actions.items()}
 
     def infos(self, infos: Any) -> None:
         """An info dict ``agent -> dict``."""

@@ -13,7 +13,12 @@ from typing import Any
 from jaxsampler.constants import ALL_AGENTS, DEFAULT_AGENT_ID
 from jaxsampler.episodes.ids import random_episode_id
 from jaxsampler.host_envs.base import HostEnv, MultiEnvDict, PollResult
-from jaxsampler.host_envs.external.checks import MAX_REWARD, AgentChecks, _check_option
+from jaxsampler.host_envs.external.checks import (
+    MAX_REWARD,
+    AgentChecks,
+    _check_option,
+    agent_space_table,
+)
 from jaxsampler.host_envs.external.clock import RunningClock
 from jaxsampler.host_envs.external.episodes import Waiter, _Episode, _EpisodeBook
 from jaxsampler.host_envs.external.errors import (
@@ -57,8 +62,8 @@ class ExternalEnvBase(_Journaled, _EpisodeBook, HostEnv):
 
     def __init__(
         self,
-        observation_space: Space,
-        action_space: Space,
+        observation_space: Space | Mapping[Any, Space],
+        action_space: Space | Mapping[Any, Space],
         agent_ids: tuple,
         *,
         max_wait_s: float = 0.002,
@@ -88,9 +93,14 @@ class ExternalEnvBase(_Journaled, _EpisodeBook, HostEnv):
             else ()
         ):
             _check_option(name, value, 1, integer=True)
-        self.observation_space, self.action_space = observation_space, action_space
         self.agent_ids = tuple(agent_ids)
-        self._checks = AgentChecks(observation_space, action_space, self.agent_ids)
+        self.observation_space, self.observation_spaces, obs_table = agent_space_table(
+            observation_space, self.agent_ids, "observation_space", self.multi_agent
+        )
+        self.action_space, self.action_spaces, act_table = agent_space_table(
+            action_space, self.agent_ids, "action_space", self.multi_agent
+        )
+        self._checks = AgentChecks(obs_table, act_table, self.agent_ids)
         super().__init__(
             max_concurrent_episodes=max_concurrent_episodes,
             max_episodes_per_owner=max_episodes_per_owner,
@@ -701,8 +711,12 @@ class ExternalEnv(ExternalEnvBase):
 class ExternalMultiAgentEnv(ExternalEnvBase):
     """The multi-agent variant: dict observations / actions / rewards per agent.
 
-    ``observation_space`` / ``action_space`` are one agent's (shared) spaces and
-    ``agent_ids`` the possible agents in agent-index order. Other arguments as in
+    ``observation_space`` / ``action_space`` are one agent's (shared) spaces, or dicts
+    ``agent id -> space`` for agents with their own spaces (then the env's
+    ``observation_spaces`` / ``action_spaces`` hold them, its ``observation_space`` /
+    ``action_space`` are ``None``, each agent's data is checked against its own space, and
+    a sampler needs one policy per set of agents that share spaces), and ``agent_ids`` the
+    possible agents in agent-index order. Other arguments as in
     :class:`ExternalEnv`. ``log_returns(..., multiagent_done_dict={agent: True})`` ends an
     agent early: its final observation must come in the next observation dict, after
     which it gets no action and may not observe again.
@@ -723,7 +737,12 @@ class ExternalMultiAgentEnv(ExternalEnvBase):
     multi_agent = True
 
     def __init__(
-        self, observation_space: Space, action_space: Space, *, agent_ids: Any, **kwargs: Any
+        self,
+        observation_space: Space | Mapping[Any, Space],
+        action_space: Space | Mapping[Any, Space],
+        *,
+        agent_ids: Any,
+        **kwargs: Any,
     ):
         agent_ids = tuple(agent_ids)
         if not agent_ids or len(set(agent_ids)) != len(agent_ids) or ALL_AGENTS in agent_ids:
