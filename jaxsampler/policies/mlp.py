@@ -44,7 +44,7 @@ import numpy as np
 
 from jaxsampler import vector
 from jaxsampler.policies.base import NoState, Policy, batch_dims
-from jaxsampler.policies.rows import extra_budget, rows_pass
+from jaxsampler.policies.rows import extra_budgets, rows_pass
 from jaxsampler.spaces import Box, Discrete, Space
 from jaxsampler.transforms.mask import MASK_KEY, OBS_KEY, legal_actions, split_masked_space
 
@@ -298,9 +298,9 @@ class FeedForwardActorCritic(Policy):
         ``vf_preds``: with ``value_rows=None`` the critic runs on every row, as in
         ``__call__`` (a second pass, XLA dropping its actor). With a ``bool[E, A]`` mask
         (the rollout passes the acting agents and every agent of a resetting env, the
-        rows GAE and n-step returns read) the acting rows and a budget of the masked
-        others are gathered once, the actor runs on the acting ones and the critic on all
-        of them (:func:`~jaxsampler.policies.rows.rows_pass`); the other rows get 0. Pure.
+        rows GAE and n-step returns read) the actor runs on the acting rows and the critic
+        on those and the masked others, within the smallest budget of rows they fit
+        (:func:`~jaxsampler.policies.rows.rows_pass`); the other rows get 0. Pure.
         """
         E, num_agents = batch_dims(obs, self.observation_space)[:2]
         if value_rows is None:
@@ -314,7 +314,7 @@ class FeedForwardActorCritic(Policy):
                 stds.append(s)
                 return d, v
 
-            budget = extra_budget(E, num_agents, rows.shape[-1])
+            budget = extra_budgets(E, num_agents, rows.shape[-1])
             dist_inputs, value = rows_pass(net, obs, rows, value_rows, budget)
             log_std = stds[0]  # from the actor's call (a fallback pass traces its own)
         placeholder = jnp.zeros(dist_inputs.shape[:2], value.dtype)

@@ -14,7 +14,7 @@ import pytest
 
 import jaxsampler as js
 from jaxsampler.envs.tictactoe import TicTacToe
-from jaxsampler.policies.rows import extra_budget, rows_pass
+from jaxsampler.policies.rows import extra_budget, extra_budgets, rows_pass
 
 
 def rowwise(x):
@@ -30,9 +30,10 @@ def inputs(E=5, A=3, seed=0):
     }
 
 
+@pytest.mark.parametrize("budget", [3, (1, 3), (1, 2, 3)])
 @pytest.mark.parametrize("k", [1, 2])
-@pytest.mark.parametrize("extra", [0, 2, 3, 6])  # budget 3 rows beyond the acting ones
-def test_outputs_on_the_rows_and_values_where_the_mask_holds(k, extra):
+@pytest.mark.parametrize("extra", [0, 1, 2, 3, 6])  # 3 rows at most beyond the acting ones
+def test_outputs_on_the_rows_and_values_where_the_mask_holds(k, extra, budget):
     rng = np.random.default_rng(10 * k + extra)
     tree = inputs()
     E, A = 5, 3
@@ -48,7 +49,7 @@ def test_outputs_on_the_rows_and_values_where_the_mask_holds(k, extra):
         for n, v in out_all.items()
     }
     want_value = np.where(mask, value_all, 0.0)
-    fn = lambda t, r, m: rows_pass(rowwise, t, r, m, 3)
+    fn = lambda t, r, m: rows_pass(rowwise, t, r, m, budget)
     args = (tree, jnp.asarray(rows, jnp.int32), jnp.asarray(mask))
     # (float rounding: under XLA's default optimization the jitted x * x + 1 is one fused
     # multiply-add, 1 ulp from NumPy's; a wrong row or a dropped value is far off)
@@ -79,10 +80,17 @@ def test_outputs_on_the_acting_rows_values_on_those_plus_the_budget_and_a_fallba
     assert seen == [4, 8]
     seen.clear()
     rows_pass(spy, x, jnp.array([[0, 1]] * 4, jnp.int32), mask, 0)  # k == A
-    assert seen == [8, 8]
+    assert seen == [4 * 2, 4 * 2]
+    seen.clear()
+    _, value = rows_pass(spy, x, rows, mask, (2, 1))  # budgets, smallest first
+    assert seen == [4, 4 + 1, 4 + 2, 8]  # the actor, each budget's critic, the fallback
+    np.testing.assert_array_equal(np.asarray(value), np.where(np.asarray(mask), 3.0, 0.0))
 
 
 def test_extra_budget():
+    assert extra_budgets(512, 2, 1) == (32, 64, 128)  # a sixteenth, an eighth, a quarter
+    assert extra_budgets(6, 2, 1) == (1, 2)  # rounded up, distinct
+    assert extra_budgets(4, 3, 3) == ()
     assert extra_budget(512, 2, 1) == 128
     assert extra_budget(6, 2, 1) == 2  # rounded up
     assert extra_budget(4, 3, 3) == 0  # every row acts
@@ -97,6 +105,10 @@ def test_bad_input():
         rows_pass(lambda t: (t, t.sum(-1)), x, rows, jnp.ones((8,), bool), 1)
     with pytest.raises(ValueError, match="budget must lie in"):
         rows_pass(lambda t: (t, t.sum(-1)), x, rows, jnp.ones((4, 2), bool), 9)
+    with pytest.raises(ValueError, match="budget must lie in"):
+        rows_pass(lambda t: (t, t.sum(-1)), x, rows, jnp.ones((4, 2), bool), ())
+    with pytest.raises(ValueError, match="1 <= k <= A"):
+        extra_budgets(4, 2, 3)
 
 
 def test_act_on_rows_values_match_the_critic_on_every_row():
