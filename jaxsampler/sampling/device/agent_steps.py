@@ -115,7 +115,8 @@ def _first_at_or_after(mask: np.ndarray, none: int) -> np.ndarray:
     dtype = _index_dtype(none + 1)
     idx = np.arange(mask.shape[1], dtype=dtype).reshape(1, -1, 1)
     pos = np.where(mask, idx, dtype(none))
-    return np.minimum.accumulate(pos[:, ::-1], axis=1)[:, ::-1]
+    np.minimum.accumulate(pos[:, ::-1], axis=1, out=pos[:, ::-1])  # (in place: no new array)
+    return pos
 
 
 def agent_steps(
@@ -155,7 +156,8 @@ def agent_steps(
         c = np.cumsum(x, axis=1, dtype=count_dtype)  # counts are at most S
         # The count before the episode is c at its reset slot; c never decreases, so that is
         # the running maximum over reset slots (a scan, cheaper than a take_along_axis).
-        c -= np.maximum.accumulate(np.where(reset_slot, c, 0), axis=1)
+        before = np.where(reset_slot, c, count_dtype(0))
+        c -= np.maximum.accumulate(before, axis=1, out=before)
         return c
 
     total_flags = since_episode_start(flags)
@@ -186,16 +188,46 @@ def agent_steps(
     s = np.broadcast_to(slots.reshape(1, -1, 1), shape)[complete]
     a = np.broadcast_to(np.arange(A).reshape(1, 1, -1), shape)[complete]
     c = end[complete].astype(np.int64)
-    by_flag = c == first_flag[complete] + 1
-    # Gathers with one flat index each (several times faster than three index arrays).
-    at_flag = (e * L + np.minimum(c - 2, L - 1)) * A + a
-    at_0 = e * ((S + 1) * A) + a  # slot 0 of the row's (env, agent) in csum
-    at_s = e * S + s
-    ea = e * A + a
-    t = (count_incl[complete] - 1).astype(np.int64)  # steps before it in the episode
-    t += np.where(np.take(last_reset, at_s) > 0, 0, np.take(carried, ea))
-    start_step = np.take(step_of_slot, at_s)
-    end_step = np.take(step_of_slot, at_s + (c - s - 1)) + 1
+    last_flag = first_flag[complete]
+    last_flag += 1
+    by_flag = c == last_flag
+    # Gathers with one flat index each (several times faster than three index arrays), the
+    # indices built in place in two scratch rows: a fresh 8-byte-a-row array per operation
+    # costs more here (new memory to fault in) than the arithmetic. Indices are in range by
+    # construction ("clip" gathers write straight into their output).
+    i1, i2 = np.empty(len(c), np.int64), np.empty(len(c), np.int64)
+    ea = e * A
+    ea += a
+    at_s = e * S
+    at_s += s
+    np.subtract(c, 2, out=i1)  # the row's last call step, where its flags are
+    np.minimum(i1, L - 1, out=i1)
+    i1 += np.multiply(e, L, out=i2)
+    i1 *= A
+    i1 += a
+    terminated = np.take(cols.terminated, i1, mode="clip")
+    terminated &= by_flag
+    truncated = np.take(cols.truncated, i1, mode="clip")
+    truncated &= by_flag
+    np.multiply(e, (S + 1) * A, out=i2)  # slot 0 of the row's (env, agent) in csum
+    i2 += a
+    np.multiply(c, A, out=i1)
+    i1 += i2
+    reward = np.take(csum, i1, mode="clip")
+    np.multiply(s, A, out=i1)
+    i1 += i2
+    reward -= np.take(csum, i1, mode="clip")
+    t = count_incl[complete].astype(np.int64)
+    t -= 1  # steps before it in the episode, plus those of earlier calls if no reset since
+    np.take(carried, ea, out=i2, mode="clip")
+    i2[np.take(last_reset, at_s, out=i1, mode="clip") > 0] = 0
+    t += i2
+    start_step = np.take(step_of_slot, at_s, mode="clip")
+    np.subtract(c, s, out=i1)
+    i1 -= 1
+    i1 += at_s
+    end_step = np.take(step_of_slot, i1, mode="clip")
+    end_step += 1
     carried_rows = np.flatnonzero(s == 0)  # the few rows that start with a carried step
     start_step[carried_rows] = np.take(carry.start, ea[carried_rows])
     steps = AgentSteps(
@@ -204,9 +236,9 @@ def agent_steps(
         slot=s,
         end=c,
         t=t,
-        reward=np.take(csum, at_0 + c * A) - np.take(csum, at_0 + s * A),
-        terminated=np.take(cols.terminated, at_flag) & by_flag,
-        truncated=np.take(cols.truncated, at_flag) & by_flag,
+        reward=reward,
+        terminated=terminated,
+        truncated=truncated,
         start_step=start_step,
         end_step=end_step,
     )
