@@ -34,6 +34,16 @@ bytes written once into fresh memory, one object per episode (a minimal slotted 
 RLlib's own empty episodes) -- as a ratio to the bare rollout next to the measured one
 (``row["floors"]``, and a Floors table with how close each unmet target is to its floor).
 
+Gather floor (``--gather-repeats``, 0 for none): after its rounds, a multi-agent
+``sample_batch`` cell times the numpy data movement its batch needs, alone, on the
+sampler's last host trajectory: one row per (env, agent, step) in env, agent, step order
+(the batch's locality), its observation row gathered from the time-major buffer into fresh
+memory (a ``"clip"`` ``np.take`` into the output), its action gathered likewise, its
+reward gathered and cast to ``float32``, its ``terminateds`` / ``truncateds`` gathered, its
+``t`` and ``agent_index`` written as ``int64``, and one shared id string per (env, agent)
+broadcast to its rows (``np.repeat`` of an object array) -- nothing decided about which rows
+exist or in which episode they sit (``row["gather_floor"]``, the minimum over repeats).
+
 GC thresholds (``--gc-rounds``, 0 for none): every ``sample+read`` cell also runs that
 side in a steady loop (no ``gc.collect()`` forced between calls) with Python's default GC
 thresholds and with the first generation's raised to 100,000 in turn (``row["gc_tuning"]``):
@@ -324,6 +334,44 @@ def peak_allocation(call: Callable[[], Any]) -> tuple[int, Any]:
     return peak - before, out
 
 
+def gather_floor(traj: Any, repeats: int) -> dict[str, Any]:
+    """The least data movement of a multi-agent batch of ``traj`` (a host trajectory
+    ``[T(+1), E, A, ...]``), timed alone: see the module docstring. Returns the minimum
+    seconds over ``repeats`` and the bytes written."""
+    import numpy as np
+
+    obs, acts = np.asarray(traj.obs), np.asarray(traj.actions)
+    rew, term, trunc = (np.asarray(x) for x in (traj.rewards, traj.terminated, traj.truncated))
+    T, E, A = rew.shape
+    e, a, t = (x.reshape(-1) for x in np.meshgrid(np.arange(E), np.arange(A), np.arange(T),
+                                                  indexing="ij"))  # fmt: skip
+    at = (t * E + e) * A + a  # the row's place in [T, E, A] (the obs buffer's first T slots)
+    runs = np.array([f"run{i:08x}" for i in range(E * A)], dtype=object)
+    flat_obs = obs.reshape((-1,) + obs.shape[3:])
+    flat_act = acts.reshape((-1,) + acts.shape[3:])
+
+    def once() -> tuple[float, int]:
+        t0 = time.perf_counter()
+        cols = [
+            np.take(flat_obs, at, axis=0, mode="clip",
+                    out=np.empty((len(at),) + flat_obs.shape[1:], flat_obs.dtype)),
+            np.take(flat_act, at, axis=0, mode="clip",
+                    out=np.empty((len(at),) + flat_act.shape[1:], flat_act.dtype)),
+            np.take(rew.reshape(-1), at).astype(np.float32),
+            np.take(term.reshape(-1), at),
+            np.take(trunc.reshape(-1), at),
+            t.astype(np.int64),
+            a.astype(np.int64),
+            np.repeat(runs, T),
+        ]  # fmt: skip
+        dt = time.perf_counter() - t0
+        return dt, sum(c.nbytes for c in cols)
+
+    got = [once() for _ in range(repeats)]
+    return {"seconds": min(s for s, _ in got), "bytes": got[0][1], "rows": len(at),
+            "repeats": repeats}  # fmt: skip
+
+
 def measure_cell(cell: Cell, T: int, rounds: int, opts: argparse.Namespace, notes: list[str]):
     """One in-process cell: its sides in rounds; MinAtar adds the batch's bytes and peak."""
     is_minatar = cell.env == "Breakout-MinAtar"
@@ -353,6 +401,10 @@ def measure_cell(cell: Cell, T: int, rounds: int, opts: argparse.Namespace, note
             cell.sides, row["sides"], every["rollout"], sampler, params, opts.floor_repeats,
             opts.floor_idle,
         )  # fmt: skip
+    if cell.agents > 1 and "sample_batch" in cell.sides and opts.gather_repeats:
+        sampler.sample_batch(params)  # (its last trajectory: one chunk of this cell's shape)
+        gc.collect()
+        row["gather_floor"] = gather_floor(sampler.last_chunks[-1], opts.gather_repeats)
     if is_minatar:
         row["memory"] = minatar_memory(sampler, params, opts.memory_calls)
     if "sample+read" in cell.sides and opts.gc_rounds:
@@ -594,6 +646,18 @@ def markdown(res: Mapping[str, Any], before: Mapping[str, Any] | None) -> str:
                 f"{g['tuned_ms']:.1f} ms with `gc.set_threshold({g['threshold0']:,})` in the "
                 f"user's process ({g['speedup']:.2f}x, paired)."
             )
+    for row in res["cells"]:
+        if "gather_floor" in row:
+            g, side = row["gather_floor"], row["sides"]["sample_batch"]
+            rollout = side["rollout_s"] + side["copy_s"]
+            lines.append(
+                f"\n{row['cell']}: the batch's data movement alone (gather floor: {g['rows']:,} "
+                f"rows, {g['bytes'] / MiB:.0f} MiB written) {g['seconds'] * 1e3:.1f} ms = "
+                f"(rollout + it) / rollout {(rollout + g['seconds']) / rollout:.2f}; "
+                f"`sample_batch()` measured {side['ratio']:.2f}, its conversion "
+                f"{side['conversion_s'] * 1e3:.1f} ms = {side['conversion_s'] / g['seconds']:.1f}x "
+                "the floor."
+            )
     for row in res.get("devices", {}).get("cells", []):
         lines.append(
             f"\n{row['cell']}: `sample_batch()` 2 devices / 1: {row['speedup_sample_batch']:.2f}x; "
@@ -693,6 +757,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--parts", nargs="+", choices=("cells", "devices"), default=["cells", "devices"])
     p.add_argument("--cells", nargs="+", metavar="TEXT", help="only cells whose name has TEXT")
     p.add_argument("--gc-rounds", type=int, help="rounds of the GC-threshold comparison (0: none)")
+    p.add_argument("--gather-repeats", type=int, help="gather floor repeats (default 5; 0: none)")
     p.add_argument("--before", type=Path, help="an earlier host_side.json to compare with")
     p.add_argument("--prefetch", action="store_true", help="DeviceSampler(prefetch=True)")
     p.add_argument("--sampler-kwargs", type=_json_kwargs, default={}, metavar="JSON")
@@ -712,6 +777,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
             "floor_repeats": 5,
             "floor_idle": 3.0,
             "gc_rounds": 5,
+            "gather_repeats": 5,
         },
         quick={
             "rollout_length": 8,
@@ -721,13 +787,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
             "floor_repeats": 2,
             "floor_idle": 0.0,
             "gc_rounds": 2,
+            "gather_repeats": 2,
         },
     )
     args = sizes.apply(args)
     for k in ("rollout_length", "rounds", "big_rounds", "memory_calls"):
         if getattr(args, k) < 1:
             p.error(f"--{k.replace('_', '-')} must be >= 1, got {getattr(args, k)}")
-    for k in ("floor_repeats", "floor_idle", "gc_rounds"):
+    for k in ("floor_repeats", "floor_idle", "gc_rounds", "gather_repeats"):
         if getattr(args, k) < 0:
             p.error(f"--{k.replace('_', '-')} must be >= 0, got {getattr(args, k)}")
     if args.prefetch:
@@ -777,6 +844,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "memory_calls": args.memory_calls,
             "floor_repeats": args.floor_repeats,
             "floor_idle": args.floor_idle,
+            "gather_repeats": args.gather_repeats,
             "parts": args.parts,
             "quick": args.quick,
             "sampler_kwargs": args.sampler_kwargs,

@@ -39,8 +39,6 @@ __all__ = [
     "take_obs",
 ]
 
-_BIG = np.iinfo(np.int64).max // 4
-
 
 @dataclasses.dataclass
 class AgentCarry:
@@ -102,11 +100,23 @@ class AgentSteps:
     end_step: np.ndarray  # episode env step of the new observation
 
 
-def _first_at_or_after(mask: np.ndarray) -> np.ndarray:
-    """``[E, S, A]`` -> for each slot, the first slot ``>=`` it where ``mask`` holds (or BIG)."""
-    idx = np.arange(mask.shape[1]).reshape(1, -1, 1)
-    pos = np.where(mask, idx, _BIG)
-    return np.minimum.accumulate(pos[:, ::-1], axis=1)[:, ::-1]
+def _index_dtype(largest: int) -> type[np.signedinteger]:
+    """The narrowest signed int dtype holding ``0 .. largest`` (slot positions and counts of
+    one call: the whole-call ``[E, S, A]`` passes move 2 or 4 bytes per slot, not 8)."""
+    for dtype in (np.int16, np.int32):
+        if largest <= np.iinfo(dtype).max:
+            return dtype
+    return np.int64
+
+
+def _first_at_or_after(mask: np.ndarray, none: int) -> np.ndarray:
+    """``[E, S, A]`` -> for each slot, the first slot ``>=`` it where ``mask`` holds (or
+    ``none``, which must exceed every slot), in :func:`_index_dtype` of ``none + 1``."""
+    dtype = _index_dtype(none + 1)
+    idx = np.arange(mask.shape[1], dtype=dtype).reshape(1, -1, 1)
+    pos = np.where(mask, idx, dtype(none))
+    np.minimum.accumulate(pos[:, ::-1], axis=1, out=pos[:, ::-1])  # (in place: no new array)
+    return pos
 
 
 def agent_steps(
@@ -131,66 +141,106 @@ def agent_steps(
     live = ~is_reset[:, :, None]
     acting = np.concatenate([carry.pend[:, None], cols.acting & live], axis=1)  # [E, L + 1, A]
     flags = np.concatenate([carry.done[:, None], (cols.terminated | cols.truncated) & live], axis=1)
-    rewards = np.concatenate([carry.reward[:, None], cols.rewards], axis=1).astype(np.float64)
     reset = np.concatenate([np.zeros((E, 1), bool), is_reset], axis=1)
     S = L + 1
+    none = S + 1  # "no such slot": past every slot of the call
+    count_dtype = _index_dtype(S)
     slots = np.arange(S)
     last_reset = np.maximum.accumulate(np.where(reset, slots, 0), axis=1)  # [E, S]
-    after_reset = (last_reset > 0)[:, :, None]
 
     reset_slot = reset[:, :, None]
 
-    def since_episode_start(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Inclusive and exclusive counts (``int32``) of ``x`` since the episode's first slot
-        (``x`` is false at reset slots)."""
-        c = np.cumsum(x, axis=1, dtype=np.int32)  # counts are at most S
+    def since_episode_start(x: np.ndarray) -> np.ndarray:
+        """Inclusive counts of ``x`` since the episode's first slot (``x`` is false at
+        reset slots)."""
+        c = np.cumsum(x, axis=1, dtype=count_dtype)  # counts are at most S
         # The count before the episode is c at its reset slot; c never decreases, so that is
         # the running maximum over reset slots (a scan, cheaper than a take_along_axis).
-        c -= np.maximum.accumulate(np.where(reset_slot, c, 0), axis=1)
-        return c, c - x
+        before = np.where(reset_slot, c, count_dtype(0))
+        c -= np.maximum.accumulate(before, axis=1, out=before)
+        return c
 
-    total_flags, flagged_before = since_episode_start(flags)
-    valid = acting & (flagged_before == 0)
-    first_flag = _first_at_or_after(flags)
+    total_flags = since_episode_start(flags)
+    valid = acting & (total_flags <= flags)  # no flag before the slot in its episode
+    first_flag = _first_at_or_after(flags, none)
     still_in = total_flags[:, -1] == 0
     valid_next = np.concatenate(
         [valid, (next_acting & still_in)[:, None]], axis=1
     )  # + the last obs slot
-    next_act = _first_at_or_after(valid_next)[:, 1:]
+    next_act = _first_at_or_after(valid_next, none)[:, 1:]
     end = np.minimum(next_act, first_flag + 1)
     complete = valid & (end <= S)
-    count_incl, count_excl = since_episode_start(valid)
-    carried = (carry.n_act - carry.pend)[:, None, :]
-    t_of_slot = count_excl + np.where(after_reset, 0, carried)
+    count_incl = since_episode_start(valid)
+    carried = carry.n_act - carry.pend  # [E, A]
     # Episode env step of each slot (slot s >= 1 is call step s - 1). A new observation
     # is one env step after the last step of its transition (same episode).
     step_of_slot = np.where(
         last_reset > 0, slots[None, :] - last_reset - 1, episode_step0[:, None] + slots[None, :] - 1
     )
-    csum = np.concatenate([np.zeros((E, 1, A)), np.cumsum(rewards, axis=1)], axis=1)
-    # Gathers with one flat index each (several times faster than three index arrays).
-    flat = np.flatnonzero(complete)  # the order of np.nonzero: (env, slot, agent)
-    e, rest = np.divmod(flat, S * A)
-    s, a = np.divmod(rest, A)
-    c = np.take(end, flat)
-    by_flag = c == np.take(first_flag, flat) + 1
-    at_flag = (e * L + np.minimum(c - 2, L - 1)) * A + a
-    at_0 = e * ((S + 1) * A) + a  # slot 0 of the row's (env, agent) in csum
-    at_c, at_s = at_0 + c * A, at_0 + s * A
-    start_step = np.take(step_of_slot, e * S + s)
+    # Reward sums: csum[:, k] is the sum over slots before k (float64, summed in slot order).
+    csum = np.empty((E, S + 1, A))
+    csum[:, 0], csum[:, 1], csum[:, 2:] = 0.0, carry.reward, cols.rewards
+    np.add.accumulate(csum[:, 1:], axis=1, out=csum[:, 1:])
+    # The completed steps in the order of np.nonzero: (env, slot, agent); each row's env,
+    # slot and agent by one masked read of a broadcast index (cheaper than a divmod).
+    shape = (E, S, A)
+    e = np.broadcast_to(np.arange(E).reshape(-1, 1, 1), shape)[complete]
+    s = np.broadcast_to(slots.reshape(1, -1, 1), shape)[complete]
+    a = np.broadcast_to(np.arange(A).reshape(1, 1, -1), shape)[complete]
+    c = end[complete].astype(np.int64)
+    last_flag = first_flag[complete]
+    last_flag += 1
+    by_flag = c == last_flag
+    # Gathers with one flat index each (several times faster than three index arrays), the
+    # indices built in place in two scratch rows: a fresh 8-byte-a-row array per operation
+    # costs more here (new memory to fault in) than the arithmetic. Indices are in range by
+    # construction ("clip" gathers write straight into their output).
+    i1, i2 = np.empty(len(c), np.int64), np.empty(len(c), np.int64)
+    ea = e * A
+    ea += a
+    at_s = e * S
+    at_s += s
+    np.subtract(c, 2, out=i1)  # the row's last call step, where its flags are
+    np.minimum(i1, L - 1, out=i1)
+    i1 += np.multiply(e, L, out=i2)
+    i1 *= A
+    i1 += a
+    terminated = np.take(cols.terminated, i1, mode="clip")
+    terminated &= by_flag
+    truncated = np.take(cols.truncated, i1, mode="clip")
+    truncated &= by_flag
+    np.multiply(e, (S + 1) * A, out=i2)  # slot 0 of the row's (env, agent) in csum
+    i2 += a
+    np.multiply(c, A, out=i1)
+    i1 += i2
+    reward = np.take(csum, i1, mode="clip")
+    np.multiply(s, A, out=i1)
+    i1 += i2
+    reward -= np.take(csum, i1, mode="clip")
+    t = count_incl[complete].astype(np.int64)
+    t -= 1  # steps before it in the episode, plus those of earlier calls if no reset since
+    np.take(carried, ea, out=i2, mode="clip")
+    i2[np.take(last_reset, at_s, out=i1, mode="clip") > 0] = 0
+    t += i2
+    start_step = np.take(step_of_slot, at_s, mode="clip")
+    np.subtract(c, s, out=i1)
+    i1 -= 1
+    i1 += at_s
+    end_step = np.take(step_of_slot, i1, mode="clip")
+    end_step += 1
     carried_rows = np.flatnonzero(s == 0)  # the few rows that start with a carried step
-    start_step[carried_rows] = carry.start[e[carried_rows], a[carried_rows]]
+    start_step[carried_rows] = np.take(carry.start, ea[carried_rows])
     steps = AgentSteps(
         env=e,
         agent=a,
         slot=s,
         end=c,
-        t=np.take(t_of_slot, flat),
-        reward=np.take(csum, at_c) - np.take(csum, at_s),
-        terminated=np.take(cols.terminated, at_flag) & by_flag,
-        truncated=np.take(cols.truncated, at_flag) & by_flag,
+        t=t,
+        reward=reward,
+        terminated=terminated,
+        truncated=truncated,
         start_step=start_step,
-        end_step=np.take(step_of_slot, e * S + c - 1) + 1,
+        end_step=end_step,
     )
     # The carry: hanging steps and per-agent progress of the episodes still running.
     hanging = valid & ~complete
@@ -214,7 +264,7 @@ def agent_steps(
     new.start[ee, aa] = np.where(sl == 0, carry.start[ee, aa], step_of_slot[ee, sl])
     last = S - 1
     new.done = total_flags[:, last] > 0
-    new.n_act = count_incl[:, last] + np.where(last_reset[:, last, None] > 0, 0, carried[:, 0])
+    new.n_act = count_incl[:, last] + np.where(last_reset[:, last, None] > 0, 0, carried)
     return steps, new
 
 

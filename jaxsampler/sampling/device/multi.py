@@ -49,7 +49,7 @@ from jaxsampler.sampling.device.columns import (
 )
 from jaxsampler.sampling.device.grouped import GroupedOutput
 from jaxsampler.sampling.device.multi_calls import (
-    FIELDS,
+    BATCH_FIELDS,
     NO_INFOS,
     check_trajectory,
     reorder_steps,
@@ -225,7 +225,7 @@ class MultiAgentConverter:
         pos = np.take(seg_of_step, steps.env * L + np.maximum(steps.slot - 1, 0))
         rank = self._rank if by_policy else None
         order = output_order(pos, steps.agent, steps.t, len(seg), A, rank)
-        steps = AgentSteps(**dict(zip(FIELDS, reorder_steps(steps, order))))
+        steps = reorder_steps(steps, order, BATCH_FIELDS if by_policy else None)
         pos = pos[order]
         if self._rllib_compatible and len(pos):
             # Steps ending at their episode's last env step (its last observation's slot;

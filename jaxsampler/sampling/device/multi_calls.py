@@ -18,6 +18,7 @@ from jaxsampler.sampling.device.parallel import MIN_SPLIT_BYTES, current_pool
 from jaxsampler.types import Trajectory
 
 __all__ = [
+    "BATCH_FIELDS",
     "FIELDS",
     "NO_INFOS",
     "Runs",
@@ -28,6 +29,8 @@ __all__ = [
 ]
 
 FIELDS = [f.name for f in dataclasses.fields(AgentSteps)]
+#: the fields a batch reads (episodes read all of them)
+BATCH_FIELDS = [name for name in FIELDS if name not in ("start_step", "end_step")]
 
 
 def check_trajectory(chunks: list[Trajectory], num_envs: int, num_agents: int) -> None:
@@ -44,23 +47,29 @@ def check_trajectory(chunks: list[Trajectory], num_envs: int, num_agents: int) -
     check_chunks(chunks)
 
 
-def reorder_steps(steps: AgentSteps, order: np.ndarray) -> list[np.ndarray]:
-    """Every field of ``steps`` gathered at ``order`` (the fields split over the current
-    pool's threads where they are large)."""
-    cols = [getattr(steps, name) for name in FIELDS]
+def reorder_steps(
+    steps: AgentSteps, order: np.ndarray, names: list[str] | None = None
+) -> AgentSteps:
+    """``steps`` with its fields ``names`` (default: all) gathered at ``order`` and the
+    others emptied (zero rows: a batch reads no ``start_step`` / ``end_step``); the
+    fields split over the current pool's threads where they are large."""
+    names = FIELDS if names is None else names
+    cols = [getattr(steps, name) for name in names]
     pool = current_pool()
-    if pool.threads == 1 or len(order) * 8 * len(cols) < MIN_SPLIT_BYTES:
-        return [np.take(c, order) for c in cols]
-    parts = [cols[i :: pool.threads] for i in range(pool.threads)]
 
     def gather(part: list[np.ndarray]) -> Any:
-        return lambda: [np.take(c, order) for c in part]
+        # (indices are row numbers of the steps: a "clip" gather, no bounds pass needed)
+        return lambda: [np.take(c, order, mode="clip") for c in part]
 
-    done = pool.run([gather(p) for p in parts])
-    out: list[np.ndarray] = [np.empty(0)] * len(cols)
-    for i, got in enumerate(done):
-        out[i :: pool.threads] = got
-    return out
+    if pool.threads == 1 or len(order) * 8 * len(cols) < MIN_SPLIT_BYTES:
+        out = gather(cols)()
+    else:
+        done = pool.run([gather(cols[i :: pool.threads]) for i in range(pool.threads)])
+        out = [np.empty(0)] * len(cols)
+        for i, got in enumerate(done):
+            out[i :: pool.threads] = got
+    empty = {k: getattr(steps, k)[:0] for k in FIELDS if k not in names}
+    return dataclasses.replace(steps, **dict(zip(names, out)), **empty)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -133,10 +133,10 @@ def parallel_take(
     """``np.take(col, index, axis=0)``, its rows gathered by the pool's threads, each
     into its own slice of the output.
 
-    The same values as ``np.take`` (indices must be in range: each part gathers with
-    ``mode="clip"``, which writes straight into ``out``, where the default ``"raise"``
-    mode would gather into a temporary buffer and copy). Small gathers and object
-    columns run as one ``np.take``.
+    The same values as ``np.take`` (indices must be in range: they are checked once, then
+    each part gathers with ``mode="clip"``, which writes straight into ``out``, where the
+    default ``"raise"`` mode would gather into a temporary buffer and copy; on one thread
+    too). Small gathers and object columns run as one plain ``np.take``.
 
     Args:
         col: the column, rows on axis 0.
@@ -151,7 +151,7 @@ def parallel_take(
     pool = current_pool() if pool is None else pool
     n = len(index)
     row_bytes = col.itemsize * int(np.prod(col.shape[1:], dtype=np.int64))
-    if pool.threads == 1 or col.dtype == object or n * row_bytes < MIN_SPLIT_BYTES:
+    if col.dtype == object or n * row_bytes < MIN_SPLIT_BYTES:
         return np.take(col, index, axis=0, out=out)
     if n and (int(index.min()) < -len(col) or int(index.max()) >= len(col)):
         bad = index[(index < -len(col)) | (index >= len(col))][0]
@@ -160,6 +160,8 @@ def parallel_take(
     if out is None:
         out = np.empty((n,) + col.shape[1:], col.dtype)
     dest = out
+    if pool.threads == 1:  # (one "clip" gather straight into out: no temporary)
+        return np.take(col, index, axis=0, out=dest, mode="clip")
 
     def part(a: int, b: int) -> Callable[[], Any]:
         return lambda: np.take(col, index[a:b], axis=0, out=dest[a:b], mode="clip")

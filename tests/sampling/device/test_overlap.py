@@ -255,8 +255,10 @@ def test_policy_extra_named_like_the_tag_is_refused() -> None:
 # --------------------------------------------------------------------------- parallel
 
 
-def test_parallel_take_equals_np_take() -> None:
-    pool = HostPool(2)
+@pytest.mark.parametrize("threads", [1, 2])
+def test_parallel_take_equals_np_take(threads: int) -> None:
+    # One thread takes the checked "clip" gather into the output too (no temporary).
+    pool = HostPool(threads)
     try:
         rng = np.random.default_rng(0)
         col = rng.normal(size=(5000, 700)).astype(np.float32)
