@@ -15,7 +15,7 @@ host sampler, the policy client) validates with these two.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -25,6 +25,7 @@ import numpy as np
 __all__ = [
     "Space",
     "compatible",
+    "share_one_space",
     "Box",
     "Discrete",
     "MultiDiscrete",
@@ -428,6 +429,14 @@ def compatible(a: Space, b: Space) -> bool:
     if isinstance(a, Box) and isinstance(b, Box):
         return a.shape == b.shape and a.dtype == b.dtype
     return False
+
+
+def share_one_space(spaces: Iterable[Space]) -> bool:
+    """Whether one policy can serve agents of ``spaces``: each is :func:`compatible` with
+    the first (equal, or ``Box`` es of one shape and dtype whose bounds may differ). True
+    for no spaces."""
+    items = list(spaces)
+    return all(compatible(s, items[0]) for s in items[1:])
 
 
 def convert_space(space: Any) -> Space:

@@ -23,6 +23,7 @@ INTEGRATION_PATHS: dict[str, str] = {
     "tests/envs/adapters/test_brax.py": "Brax and MuJoCo (the brax extra)",
     "tests/envs/adapters/test_jumanji.py": "Jumanji (the jumanji extra)",
     "tests/envs/adapters/test_pgx.py": "Pgx (the pgx extra)",
+    "tests/benchmarks/test_acting_budgets.py": "Pgx (the pgx extra)",
     "tests/benchmarks/test_notebook.py": "a Jupyter kernel (nbclient, ipykernel)",
     "tests/docs/test_hooks.py": "mkdocs (the docs extra)",
     "tests/docs/test_code_blocks_guides.py": (

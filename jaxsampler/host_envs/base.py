@@ -84,13 +84,15 @@ class HostEnv(abc.ABC):
     missing; the samplers call it at construction.
 
     Attributes:
-        observation_space / action_space: one agent's spaces (jaxsampler spaces) when
-            every agent has the same ones; ``None`` when the agents' spaces differ.
+        observation_space / action_space: one agent's spaces (jaxsampler spaces) that
+            one policy can serve every agent with (where only Box bounds differ between
+            agents, the first agent's); ``None`` when the agents' shapes or dtypes
+            differ.
         observation_spaces / action_spaces: ``agent id -> space`` (RLlib's
             ``MultiAgentEnv`` attributes of the same names) for an env whose agents have
             their own spaces (predators and prey, PettingZoo's MPE tag); ``None``
-            (the default) when :attr:`observation_space` / :attr:`action_space` hold
-            for every agent. :func:`agent_spaces` reads either form.
+            (the default) when :attr:`observation_space` / :attr:`action_space` are
+            every agent's. :func:`agent_spaces` reads either form.
         agent_ids: the possible agent ids, in a fixed order (the agent index).
         num_envs: number of sub-envs (``env_id`` values are ``0 .. num_envs - 1`` unless
             the env says otherwise, e.g. episode ids of external envs); for envs whose

@@ -50,7 +50,7 @@ from jaxsampler.host_envs.failures import (
     run_calls,
     truncated_end,
 )
-from jaxsampler.spaces import ValueChecker
+from jaxsampler.spaces import ValueChecker, share_one_space
 
 __all__ = ["GymnasiumHostEnv", "MultiAgentDictEnv"]
 
@@ -597,11 +597,12 @@ class MultiAgentDictEnv(_LockstepEnv):
             jaxsampler); default from the env, per agent: ``get_observation_space(aid)``,
             ``observation_spaces[aid]``, ``observation_space(aid)`` (PettingZoo), a
             ``Dict`` keyed by agent id, or one shared space. Agents whose spaces differ
-            keep their own: the env then sets ``observation_spaces`` /
-            ``action_spaces`` (``agent id -> space``) and ``None`` as the shared one, and
-            a :class:`~jaxsampler.sampling.host.HostSampler` needs a
+            keep their own in ``observation_spaces`` / ``action_spaces`` (``agent id ->
+            space``). Where only Box bounds differ, the shared space is the first
+            agent's (one policy serves them all); where shapes or dtypes differ it is
+            ``None``, and a :class:`~jaxsampler.sampling.host.HostSampler` needs a
             :class:`~jaxsampler.MultiAgentPolicy` whose policies each serve agents of
-            one space.
+            one shape and dtype.
         seed: sub-env ``i`` is first reset with ``seed + i``.
         num_threads: step the sub-envs on a thread pool of this size.
         {failure_args}
@@ -661,8 +662,10 @@ class MultiAgentDictEnv(_LockstepEnv):
         super().__init__(made, factories, seed, num_threads, failure)
 
     def _spaces(self, env: Any, given: Any, what: str) -> tuple[Any, dict[Any, Any] | None]:
-        """``(shared space, None)`` when every agent has the same space (or ``given``),
-        else ``(None, agent id -> space)``."""
+        """``(shared space, agent id -> space)``: ``(space, None)`` when every agent has
+        the same space (or ``given``); otherwise the agents' own spaces, with the first
+        agent's as the shared one where one policy can serve them all (bounds differ) and
+        ``None`` where it cannot (shapes or dtypes differ)."""
         if given is not None:
             return _convert(given, f"{what} space"), None
         plural = getattr(env, f"{what}_spaces", None)
@@ -689,9 +692,10 @@ class MultiAgentDictEnv(_LockstepEnv):
                     f"cannot find the {what} space of agent {aid!r}: pass {what}_space=..."
                 )
             per_agent.append(_convert(space, f"{what} space of agent {aid!r}"))
-        if all(_space_key(s) == _space_key(per_agent[0]) for s in per_agent):
+        if all(s == per_agent[0] for s in per_agent):
             return per_agent[0], None
-        return None, dict(zip(self.agent_ids, per_agent))
+        shared = per_agent[0] if share_one_space(per_agent) else None
+        return shared, dict(zip(self.agent_ids, per_agent, strict=True))
 
     def _gym_action_space(self, env_id: int, agent_id: Any) -> Any:
         return self._gym_act[agent_id]

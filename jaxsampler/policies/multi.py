@@ -97,7 +97,7 @@ from jaxsampler.policies.groups import (
     merge_extras,
     pack_group_action,
 )
-from jaxsampler.spaces import Space, compatible
+from jaxsampler.spaces import Space, compatible, share_one_space
 from jaxsampler.transforms.base import Pipeline, Transform, build_pipeline
 
 __all__ = ["MultiAgentPolicy", "random_policy"]
@@ -132,8 +132,10 @@ class MultiAgentPolicy(Policy):
         TypeError: a ``policy_mapping_fn`` that takes neither signature.
     """
 
-    observation_space: Space
-    action_space: Space
+    #: the spaces every policy is built for; ``None`` over a host env whose agents have
+    #: their own spaces (the host sampler checks each policy against its agents')
+    observation_space: Space | None  # type: ignore[assignment]
+    action_space: Space | None  # type: ignore[assignment]
     agent_ids: tuple[str, ...]
     policy_ids: tuple[str, ...]
     policies: tuple[Policy, ...]
@@ -181,6 +183,8 @@ class MultiAgentPolicy(Policy):
                     f"policies: {sorted(policies)}"
                 )
         layout = env.agent_layout if isinstance(env, Env) else None
+        obs_space: Space | None
+        act_space: Space | None
         used = tuple(pid for pid in policies if pid in mapping)  # dict order, unused ones dropped
         if layout is not None:
             assert isinstance(env, Env)
@@ -195,7 +199,7 @@ class MultiAgentPolicy(Policy):
                     f"MultiAgentPolicy: transforms= bind to one space, and the agents of "
                     f"{host_own_spaces} have their own spaces"
                 )
-            obs_space = act_space = None  # type: ignore[assignment]
+            obs_space = act_space = None
         else:
             groups = dict.fromkeys(used)
             first = next(iter(policies.values()))
@@ -204,8 +208,8 @@ class MultiAgentPolicy(Policy):
                 _check_env_spaces(env, first, transforms)
             elif transforms is not None:
                 raise ValueError(
-                    "MultiAgentPolicy: transforms= needs the env (to bind them to its spaces); "
-                    "with agent ids the spaces are checked when the rollout is built"
+                    "MultiAgentPolicy: transforms= needs a jaxsampler Env (to bind them to its "
+                    "spaces); with agent ids or a host env, give the transforms to the sampler"
                 )
             obs_space, act_space = first.observation_space, first.action_space
         object.__setattr__(self, "observation_space", obs_space)
@@ -406,16 +410,14 @@ class MultiAgentPolicy(Policy):
 
 def _host_env_with_own_spaces(env: Any) -> str | None:
     """The class name of ``env`` if it is a host-stepped env (not a jaxsampler ``Env``, not
-    a tuple of ids) whose agents have their own spaces (``observation_spaces`` /
-    ``action_spaces`` that differ between agents), else ``None``."""
+    a tuple of ids) whose agents one policy cannot serve (``observation_spaces`` /
+    ``action_spaces`` of other shapes or dtypes), else ``None``."""
     if isinstance(env, (Env, tuple, list)) or not hasattr(env, "agent_ids"):
         return None
     for what in ("observation_spaces", "action_spaces"):
         spaces = getattr(env, what, None)
-        if isinstance(spaces, Mapping) and spaces:
-            first, *rest = spaces.values()
-            if any(s != first for s in rest):
-                return type(env).__name__
+        if isinstance(spaces, Mapping) and not share_one_space(spaces.values()):
+            return type(env).__name__
     return None
 
 
@@ -429,7 +431,8 @@ def _check_same_spaces(policies: Mapping[str, Policy], first: Policy) -> None:
                     f"policy {pid!r} was built for {what.replace('_', ' ')} "
                     f"{getattr(p, what)!r}, another for {getattr(first, what)!r}: agents on "
                     "one agent axis share one space (pad to a common space, or declare agent "
-                    "groups in the env and pass the env, not its agent ids)"
+                    "groups in the env and pass the env, not its agent ids; for a host env "
+                    "whose agents have their own spaces, pass the host env)"
                 )
 
 

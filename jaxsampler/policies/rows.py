@@ -19,11 +19,13 @@ loop's whole network.
 from __future__ import annotations
 
 import functools
+import operator
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 __all__ = ["extra_budget", "extra_budgets", "rows_pass"]
 
@@ -50,15 +52,15 @@ def extra_budgets(num_envs: int, num_agents: int, k: int) -> tuple[int, ...]:
     (:func:`extra_budget`) of the other ``E x (A - k)`` rows, rounded up, distinct and
     increasing. The critic then runs on about as many rows as the step needs: a game with
     long episodes (connect-four: 7 to 42 moves) resets few envs per step and takes the
-    smallest, tic-tac-toe (5 to 9 moves) mostly the eighth. Static; ``()`` when
-    ``k == A``.
+    smallest, tic-tac-toe (5 to 9 moves) mostly the eighth. Static; ``(0,)`` when
+    ``k == A`` (every row acts).
 
     Raises:
         ValueError: not ``1 <= k <= A`` or ``E < 1``.
     """
     extra_budget(num_envs, num_agents, k)  # (checks the arguments)
     m = num_envs * (num_agents - k)
-    return tuple(sorted({-(-m // d) for d in (16, 8, 4)} - {0}))
+    return tuple(sorted({-(-m // d) for d in (16, 8, 4)}))
 
 
 def rows_pass(
@@ -104,7 +106,7 @@ def rows_pass(
         )
     (E, k), A = rows.shape, value_rows.shape[1]
     n = E * A
-    budgets = sorted({int(budget)} if isinstance(budget, int) else {int(b) for b in budget})
+    budgets = sorted({operator.index(b) for b in np.atleast_1d(np.asarray(budget, np.int64))})
     if not budgets or not all(0 <= b <= n for b in budgets):
         raise ValueError(f"rows_pass: budget must lie in [0, E x A = {n}], got {budget}")
     flat = jax.tree.map(lambda x: x.reshape((n,) + x.shape[2:]), tree)

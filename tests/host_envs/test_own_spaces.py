@@ -197,21 +197,23 @@ def test_batches_give_each_policy_its_agents_spaces():
     batch = sampler.sample_batch(params)
     sampler.close()
     hunter, runner = batch.policy_batches["hunter"], batch.policy_batches["runner"]
+    for name, agents, rows in (("hunter", HUNTERS, hunter), ("runner", ("runner",), runner)):
+        # every row is an (observation, action) pair the envs logged for one of its agents
+        logged = {
+            (o.tobytes(), np.asarray(a, rows["actions"].dtype).tobytes())
+            for env in envs
+            for ep in env.log
+            for agent in agents
+            for o, a in zip(ep["obs"][agent][:-1], ep["actions"][agent], strict=True)
+        }
+        pairs = zip(rows["obs"], rows["actions"], strict=True)
+        got = {(o.tobytes(), a.tobytes()) for o, a in pairs}
+        assert got and got <= logged, name
     assert hunter["obs"].shape[1:] == (4,) and runner["obs"].shape[1:] == (6,)
     assert hunter["new_obs"].shape[1:] == (4,) and runner["new_obs"].shape[1:] == (6,)
     assert hunter["actions"].ndim == 1 and np.issubdtype(hunter["actions"].dtype, np.integer)
     assert runner["actions"].shape[1:] == (2,) and runner["actions"].dtype == np.float32
     assert len(hunter["obs"]) == 2 * len(runner["obs"])  # two hunters per runner, lockstep
-    # every runner row is a (observation, action) pair the envs logged, in its own space
-    logged = {
-        (o.tobytes(), a.tobytes())
-        for env in envs
-        for ep in env.log
-        for o, a in zip(ep["obs"]["runner"][:-1], ep["actions"]["runner"], strict=True)
-    }
-    pairs = zip(runner["obs"], runner["actions"], strict=True)
-    rows = {(o.tobytes(), a.tobytes()) for o, a in pairs}
-    assert rows and rows <= logged
 
 
 def test_bad_input_names_the_agents_and_their_spaces():
@@ -233,3 +235,89 @@ def test_bad_input_names_the_agents_and_their_spaces():
             transforms=[js.transforms.ClipActions()],
         )
     henv.close()
+
+
+class BoundsOnly(Hunt):
+    """:class:`Hunt` whose second hunter sees a wider Box (same shape and dtype)."""
+
+    def __init__(self, uid=0):
+        super().__init__(uid)
+        self.observation_spaces["hunter_1"] = gym.spaces.Box(-80, 80, (4,), np.float32)
+
+
+def test_agents_whose_bounds_differ_share_a_policy_and_keep_their_own_bounds():
+    wide = Box(-80, 80, (4,), np.float32)
+    (h_obs, h_act), _ = _spaces()
+    henv = MultiAgentDictEnv([BoundsOnly(0)], seed=1)
+    assert henv.observation_space is None and henv.observation_spaces["hunter_1"] == wide
+    sampler = HostSampler(henv, _policy(henv), rollout_length=6)  # one policy, both hunters
+    policy = sampler.policy
+    episodes = sampler.sample(policy.init(jax.random.PRNGKey(0)))
+    sampler.close()
+    for ep in episodes:
+        assert ep.agent_episodes["hunter_0"].observation_space == h_obs
+        assert ep.agent_episodes["hunter_1"].observation_space == wide
+
+
+class SameObservations(Hunt):
+    """Every agent observes ``float32[4]``; the runner still moves by ``float32[2]``."""
+
+    def __init__(self, uid=0):
+        super().__init__(uid)
+        self.observation_spaces["runner"] = self.observation_spaces["hunter_0"]
+
+    def _obs(self):
+        return {a: o[:4] for a, o in super()._obs().items()}
+
+
+def test_agents_that_share_observations_but_not_actions():
+    (h_obs, h_act), (_, r_act) = _spaces()
+    henv = MultiAgentDictEnv([SameObservations(0)], seed=2)
+    assert henv.observation_space == h_obs and henv.observation_spaces is None
+    assert henv.action_space is None and henv.action_spaces["runner"] == r_act
+    policy = MultiAgentPolicy(
+        henv,
+        {"hunter": MLPPolicy(h_obs, h_act, (8,)), "runner": MLPPolicy(h_obs, r_act, (8,))},
+        lambda a: "runner" if a == "runner" else "hunter",
+    )
+    sampler = HostSampler(henv, policy, rollout_length=6)
+    episodes = sampler.sample(policy.init(jax.random.PRNGKey(0)))
+    sampler.close()
+    assert episodes
+    for ep in episodes:
+        runner = ep.agent_episodes["runner"]
+        assert runner.observation_space == h_obs and runner.action_space == r_act
+        assert np.asarray(runner.get_actions()).shape[1:] == (2,)
+
+
+class Misshapen(Hunt):
+    """:class:`Hunt` that sends the runner a hunter's observation after two steps."""
+
+    def step(self, actions):
+        obs, *rest = super().step(actions)
+        if self.t >= 2:
+            obs["runner"] = obs["hunter_0"]
+        return (obs, *rest)
+
+
+def test_each_agents_observations_are_checked_against_its_own_space():
+    henv = MultiAgentDictEnv([Misshapen(0)], check_observations=True)
+    sampler = HostSampler(henv, _policy(henv), rollout_length=6)
+    # (with the hunters' check for every agent, the first step's runner would fail instead)
+    with pytest.raises(js.host_envs.HostEnvError, match=r"runner'\] shape \(4,\).*\(6,\)"):
+        sampler.sample(sampler.policy.init(jax.random.PRNGKey(0)))
+    sampler.close()
+
+
+def test_equal_spaces_given_per_agent_only_and_a_policy_of_own_spaces_on_a_shared_env():
+    (h_obs, h_act), _ = _spaces()
+    henv = MultiAgentDictEnv([Hunt(0)], observation_space=h_obs, action_space=h_act)
+    henv.observation_space = henv.action_space = None  # RLlib's style: the dicts alone
+    henv.observation_spaces = dict.fromkeys(AGENTS, h_obs)
+    henv.action_spaces = dict.fromkeys(AGENTS, h_act)
+    sampler = HostSampler(henv, MLPPolicy(h_obs, h_act, (8,)))  # one policy serves all
+    assert not sampler.own_spaces
+    sampler.close()
+    own = _policy(MultiAgentDictEnv([Hunt(1)]))  # built for the hunt's own spaces
+    with pytest.raises(ValueError, match=r"mismatched observation space.*policy 'runner'"):
+        HostSampler(MultiAgentDictEnv([Hunt(2)], observation_space=h_obs, action_space=h_act), own)

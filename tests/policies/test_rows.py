@@ -82,15 +82,43 @@ def test_outputs_on_the_acting_rows_values_on_those_plus_the_budget_and_a_fallba
     rows_pass(spy, x, jnp.array([[0, 1]] * 4, jnp.int32), mask, 0)  # k == A
     assert seen == [4 * 2, 4 * 2]
     seen.clear()
+    every = jnp.array([[0, 1]] * 4, jnp.int32)
+    rows_pass(spy, x, every, mask, extra_budgets(4, 2, 2))  # k == A through extra_budgets
+    assert seen == [4 * 2, 4 * 2]
+    seen.clear()
+    _, value = rows_pass(spy, x, rows, mask, np.int64(1))  # a numpy int budget
+    np.testing.assert_array_equal(np.asarray(value), np.where(np.asarray(mask), 3.0, 0.0))
+    seen.clear()
     _, value = rows_pass(spy, x, rows, mask, (2, 1))  # budgets, smallest first
     assert seen == [4, 4 + 1, 4 + 2, 8]  # the actor, each budget's critic, the fallback
     np.testing.assert_array_equal(np.asarray(value), np.where(np.asarray(mask), 3.0, 0.0))
 
 
+@pytest.mark.parametrize(("needed", "rows_run"), [(0, 9), (1, 9), (2, 10), (3, 12), (5, 16)])
+def test_the_critic_runs_on_the_smallest_budget_that_fits(needed, rows_run):
+    """Eagerly, ``lax.switch`` runs only its chosen branch: its critic's row count says
+    which budget it took (8 acting rows, budgets 1, 2, 4; 5 needed rows fit none)."""
+    seen = []
+
+    def spy(x):
+        seen.append(x.shape[0])
+        return x, x.sum(-1)
+
+    mask = np.zeros((8, 2), bool)
+    mask[:, 0] = True
+    mask[:needed, 1] = True
+    with jax.disable_jit():
+        _, value = rows_pass(
+            spy, jnp.ones((8, 2, 3)), jnp.zeros((8, 1), jnp.int32), jnp.asarray(mask), (4, 1, 2)
+        )
+    assert seen == [8, rows_run]  # the actor, then one critic pass
+    np.testing.assert_array_equal(np.asarray(value), np.where(mask, 3.0, 0.0))
+
+
 def test_extra_budget():
     assert extra_budgets(512, 2, 1) == (32, 64, 128)  # a sixteenth, an eighth, a quarter
     assert extra_budgets(6, 2, 1) == (1, 2)  # rounded up, distinct
-    assert extra_budgets(4, 3, 3) == ()
+    assert extra_budgets(4, 3, 3) == (0,)  # every row acts: the critic on those alone
     assert extra_budget(512, 2, 1) == 128
     assert extra_budget(6, 2, 1) == 2  # rounded up
     assert extra_budget(4, 3, 3) == 0  # every row acts

@@ -16,7 +16,7 @@ import numpy as np
 
 from jaxsampler.constants import ALL_AGENTS
 from jaxsampler.host_envs.external.errors import InvalidDataError, _short
-from jaxsampler.spaces import Space, ValueChecker
+from jaxsampler.spaces import Space, ValueChecker, share_one_space
 
 __all__ = ["MAX_REWARD", "AgentChecks", "agent_space_table", "check_reward"]
 
@@ -85,8 +85,9 @@ def agent_space_table(
 ) -> tuple[Space | None, dict[Any, Space] | None, dict[Any, Space]]:
     """``(shared space, own spaces, agent id -> space)`` of an env's ``what`` argument:
     one space for every agent (``(space, None, ...)``), or, for a multi-agent env, a dict
-    ``agent id -> space`` whose spaces differ (``(None, dict, ...)``; a dict of equal
-    spaces counts as one).
+    ``agent id -> space``: equal spaces count as one; spaces that differ are kept as the
+    agents' own, with the first agent's as the shared one where one policy can serve them
+    all (only Box bounds differ) and ``None`` where it cannot.
 
     Raises:
         ValueError: a dict whose keys are not exactly ``agent_ids``.
@@ -112,7 +113,7 @@ def agent_space_table(
     first = table[agent_ids[0]]
     if all(space == first for space in table.values()):
         return first, None, table
-    return None, table, table
+    return (first if share_one_space(table.values()) else None), table, table
 
 
 class AgentChecks:

@@ -27,7 +27,7 @@ from jaxsampler.sampling.host.off_policy import (
     behaviour_outputs,
     off_policy_extras,
 )
-from jaxsampler.sampling.host.spaces import differ, policy_spaces
+from jaxsampler.sampling.host.spaces import policy_spaces
 from jaxsampler.sampling.host.track import TrackFeed
 from jaxsampler.sampling.host.transforms import HostTransforms, bucket
 from jaxsampler.sampling.metrics import (
@@ -37,7 +37,7 @@ from jaxsampler.sampling.metrics import (
     explain_policy_mismatch,
     exploring_or_greedy,
 )
-from jaxsampler.spaces import ValueChecker
+from jaxsampler.spaces import ValueChecker, share_one_space
 from jaxsampler.transforms.base import Pipeline, build_pipeline
 
 __all__ = ["HostSampler", "abandons_episodes"]
@@ -306,32 +306,38 @@ class HostSampler(Sampler):
         )
         self.timeout_s = timeout_s
         obs_spaces, act_spaces = agent_spaces(host_env)
-        #: whether the env's agents have their own spaces (:mod:`.spaces`)
-        self.own_spaces = differ(obs_spaces) or differ(act_spaces)
+        #: whether one policy cannot serve every agent (their shapes or dtypes differ)
+        self.own_spaces = not (
+            share_one_space(obs_spaces.values()) and share_one_space(act_spaces.values())
+        )
+        first = self.agent_ids[0]
         if self.own_spaces:  # each policy serves agents of one space; no transforms
             by_policy = policy_spaces(policy, self.agent_ids, obs_spaces, act_spaces, transforms)
-            first = next(iter(by_policy.values()))
-            pipe = build_pipeline((), *first)
-            env_act_space = first[1]
+            pipe = build_pipeline((), obs_spaces[first], act_spaces[first])
         else:
-            env_obs_space, env_act_space = host_env.observation_space, host_env.action_space
             pipe = (
                 transforms
                 if isinstance(transforms, Pipeline)
-                else build_pipeline(transforms, env_obs_space, env_act_space)
+                else build_pipeline(transforms, obs_spaces[first], act_spaces[first])
             )
-        #: the transforms bound to the host env's spaces (empty without transforms)
+        #: the transforms bound to the host env's spaces (empty without transforms; for
+        #: agents with their own spaces, an empty one on the first agent's)
         self.pipeline = pipe
         # The policy's side: what episodes record and the policy is built for.
         self._obs_space, self._act_space = pipe.observation_space, pipe.action_space
-        self._env_act_space = env_act_space
+        self._env_act_space = act_spaces[first]
         if not self.own_spaces:
             label = "the host env" + (" after its transforms" if pipe else "")
             try:
                 check_policy_fits(policy, self.agent_ids, self._obs_space, self._act_space, label)
+                by_policy = {}
+                if isinstance(policy, MultiAgentPolicy) and policy.observation_space is None:
+                    # built over an env whose agents have their own spaces: policy by policy
+                    seen_obs = dict.fromkeys(self.agent_ids, self._obs_space)
+                    seen_act = dict.fromkeys(self.agent_ids, self._act_space)
+                    by_policy = policy_spaces(policy, self.agent_ids, seen_obs, seen_act, None)
             except ValueError as exc:
                 raise explain_policy_mismatch(exc, transforms) from None
-            by_policy = {}
         policies, mapping, self._split_params = self._policy_table(policy)
         #: policy id -> ``(observation space, action space)`` its rows are in
         self._policy_spaces = {
@@ -383,12 +389,15 @@ class HostSampler(Sampler):
             horizon=horizon,
             observation_space=self._obs_space,
             action_space=self._act_space,
+            # each agent's own spaces in its episodes, where the env has them and no
+            # transform changes them
             agent_spaces=(
-                (
-                    {a: self._policy_spaces[mapping[a]][0] for a in self.agent_ids},
-                    {a: self._policy_spaces[mapping[a]][1] for a in self.agent_ids},
+                (obs_spaces, act_spaces)
+                if not pipe
+                and (
+                    getattr(host_env, "observation_spaces", None) is not None
+                    or getattr(host_env, "action_spaces", None) is not None
                 )
-                if self.own_spaces
                 else None
             ),
             ids=_episode_ids(seed, host_env, deterministic_ids),

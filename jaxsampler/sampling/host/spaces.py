@@ -4,8 +4,9 @@ A host-stepped multi-agent env may give every agent its own observation and acti
 (``observation_spaces`` / ``action_spaces``, :func:`~jaxsampler.host_envs.base.agent_spaces`),
 as RLlib's ``MultiAgentEnv`` and PettingZoo's parallel envs may: predators and prey, a
 speaker and a listener. The host sampler stacks one policy's agents into one batch per
-call, so no padding is needed: each policy serves agents that share one space, and is
-built for it. Transforms are bound to one space and are refused for such envs.
+call, so no padding is needed: each policy serves agents whose spaces one policy can
+serve (:func:`~jaxsampler.spaces.share_one_space`: one shape and dtype), and is built for
+them. Transforms are bound to one space and are refused for such envs.
 """
 
 from __future__ import annotations
@@ -16,17 +17,12 @@ from typing import Any
 from jaxsampler.policies.base import Policy
 from jaxsampler.policies.multi import MultiAgentPolicy
 from jaxsampler.rollout.scan import check_policy_fits
+from jaxsampler.spaces import share_one_space
 
-__all__ = ["PolicySpaces", "differ", "policy_spaces"]
+__all__ = ["PolicySpaces", "policy_spaces"]
 
 #: policy id -> ``(observation space, action space)`` of the agents it serves
 PolicySpaces = dict[Any, tuple[Any, Any]]
-
-
-def differ(spaces: Mapping[Any, Any]) -> bool:
-    """Whether the agents of ``spaces`` (``agent id -> space``) have more than one space."""
-    first, *rest = spaces.values()
-    return any(s != first for s in rest)
 
 
 def policy_spaces(
@@ -36,21 +32,23 @@ def policy_spaces(
     action_spaces: Mapping[Any, Any],
     transforms: Any,
 ) -> PolicySpaces:
-    """Checks a policy for an env whose agents have their own spaces and returns the
-    spaces each of its policies serves.
+    """Checks a :class:`~jaxsampler.MultiAgentPolicy` policy by policy against its
+    agents' spaces and returns the spaces each of its policies serves (its first agent's).
 
     Args:
-        policy: what the sampler was given; it must be a
-            :class:`~jaxsampler.MultiAgentPolicy` over ``agent_ids``.
+        policy: what the sampler was given; it must be a ``MultiAgentPolicy`` over
+            ``agent_ids``.
         agent_ids: the env's agent ids.
-        observation_spaces, action_spaces: ``agent id -> space``.
-        transforms: the sampler's ``transforms`` argument (must be empty).
+        observation_spaces, action_spaces: ``agent id -> space`` (what the policies see:
+            the env's own spaces, or one space after the sampler's transforms).
+        transforms: the sampler's ``transforms`` argument where the agents' spaces
+            differ (it must then be empty); ``None`` otherwise.
 
     Raises:
         ValueError: transforms given; a policy that is not a ``MultiAgentPolicy`` or was
-            built for other agent ids; a policy mapped to agents of different spaces (the
-            agents and their spaces are named); a policy built for other spaces than its
-            agents'.
+            built for other agent ids; a policy mapped to agents that one policy cannot
+            serve (other shapes or dtypes; the agents and their spaces are named); a
+            policy built for other spaces than its agents'.
     """
     if transforms is not None and transforms != () and bool(transforms):
         raise ValueError(
@@ -75,7 +73,7 @@ def policy_spaces(
         agents = [a for a, q in zip(policy.agent_ids, policy.agent_policy) if q == pid]
         obs = {a: observation_spaces[a] for a in agents}
         act = {a: action_spaces[a] for a in agents}
-        if differ(obs) or differ(act):
+        if not (share_one_space(obs.values()) and share_one_space(act.values())):
             raise ValueError(
                 f"policy {pid!r} is mapped to agents of different spaces "
                 f"({_describe(obs, act)}): map agents with different spaces to different "
