@@ -274,7 +274,7 @@ def test_multi_agent_policy_for_transformed_spaces():
     by_env = js.policies.MultiAgentPolicy(env, {"p": mlp}, transforms=tf)
     by_ids = js.policies.MultiAgentPolicy(env.agent_ids, {"p": mlp})
     assert by_env == by_ids
-    with pytest.raises(ValueError, match="needs the env"):
+    with pytest.raises(ValueError, match="needs a jaxsampler Env"):
         js.policies.MultiAgentPolicy(env.agent_ids, {"p": mlp}, transforms=tf)
 
 
