@@ -40,6 +40,8 @@ from __future__ import annotations
 import abc
 from typing import Any, NamedTuple
 
+from jaxsampler.spaces import share_one_space
+
 __all__ = [
     "REQUIRED_MEMBERS",
     "HostEnv",
@@ -47,6 +49,7 @@ __all__ = [
     "PollResult",
     "agent_spaces",
     "check_host_env",
+    "shared_and_own",
 ]
 
 #: ``{env_id: {agent_id: value}}``
@@ -190,6 +193,18 @@ def agent_spaces(env: Any) -> tuple[dict[Any, Any], dict[Any, Any]]:
             spaces[aid] = space
         out.append(spaces)
     return out[0], out[1]
+
+
+def shared_and_own(table: dict[Any, Any]) -> tuple[Any, dict[Any, Any] | None]:
+    """A host env's ``(shared space, own spaces)`` from ``agent id -> space``: ``(space,
+    None)`` when every agent has the same space; else the table as the agents' own, with
+    the first agent's space as the shared one where one policy can serve them all (only
+    Box bounds differ: :func:`~jaxsampler.spaces.share_one_space`) and ``None`` where it
+    cannot."""
+    first, *rest = table.values()
+    if all(space == first for space in rest):
+        return first, None
+    return (first if share_one_space(table.values()) else None), table
 
 
 def check_host_env(env: object) -> HostEnv:

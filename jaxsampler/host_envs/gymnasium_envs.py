@@ -39,7 +39,13 @@ from typing import Any, TypeVar
 import numpy as np
 
 from jaxsampler.constants import ALL_AGENTS, DEFAULT_AGENT_ID
-from jaxsampler.host_envs.base import HostEnv, MultiEnvDict, PollResult, agent_spaces
+from jaxsampler.host_envs.base import (
+    HostEnv,
+    MultiEnvDict,
+    PollResult,
+    agent_spaces,
+    shared_and_own,
+)
 from jaxsampler.host_envs.failures import (
     FailureHandling,
     HostEnvError,
@@ -50,7 +56,7 @@ from jaxsampler.host_envs.failures import (
     run_calls,
     truncated_end,
 )
-from jaxsampler.spaces import ValueChecker, share_one_space
+from jaxsampler.spaces import ValueChecker
 
 __all__ = ["GymnasiumHostEnv", "MultiAgentDictEnv"]
 
@@ -692,10 +698,7 @@ class MultiAgentDictEnv(_LockstepEnv):
                     f"cannot find the {what} space of agent {aid!r}: pass {what}_space=..."
                 )
             per_agent.append(_convert(space, f"{what} space of agent {aid!r}"))
-        if all(s == per_agent[0] for s in per_agent):
-            return per_agent[0], None
-        shared = per_agent[0] if share_one_space(per_agent) else None
-        return shared, dict(zip(self.agent_ids, per_agent, strict=True))
+        return shared_and_own(dict(zip(self.agent_ids, per_agent, strict=True)))
 
     def _gym_action_space(self, env_id: int, agent_id: Any) -> Any:
         return self._gym_act[agent_id]

@@ -15,8 +15,9 @@ from typing import Any, NoReturn
 import numpy as np
 
 from jaxsampler.constants import ALL_AGENTS
+from jaxsampler.host_envs.base import shared_and_own
 from jaxsampler.host_envs.external.errors import InvalidDataError, _short
-from jaxsampler.spaces import Space, ValueChecker, share_one_space
+from jaxsampler.spaces import Space, ValueChecker
 
 __all__ = ["MAX_REWARD", "AgentChecks", "agent_space_table", "check_reward"]
 
@@ -110,10 +111,7 @@ def agent_space_table(
     for a, space in table.items():
         if not isinstance(space, Space):
             raise TypeError(f"{what}[{a!r}] must be a jaxsampler space, got {type(space).__name__}")
-    first = table[agent_ids[0]]
-    if all(space == first for space in table.values()):
-        return first, None, table
-    return (first if share_one_space(table.values()) else None), table, table
+    return (*shared_and_own(table), table)
 
 
 class AgentChecks:

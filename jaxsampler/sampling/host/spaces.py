@@ -50,7 +50,7 @@ def policy_spaces(
             serve (other shapes or dtypes; the agents and their spaces are named); a
             policy built for other spaces than its agents'.
     """
-    if transforms is not None and transforms != () and bool(transforms):
+    if transforms:
         raise ValueError(
             "transforms= bind to one observation and action space, and this env's agents "
             f"have their own ({_describe(observation_spaces, action_spaces)}): drop the "
