@@ -629,12 +629,19 @@ class DeviceSampler(Sampler):
         """Discards a prefetched chunk (:meth:`discard_prefetch`); nothing else to release."""
         self.discard_prefetch()
 
+    def _end_state(self) -> Any:
+        """The rollout state at the end of the call being converted: with a chunk
+        prefetched for the next call, the state it started from (the multi-agent
+        conversion reads which agents act on the call's last observation from it; reading
+        the state after the prefetched chunk would also wait for that chunk)."""
+        return self._state if self._prefetched is None else self._prefetched.state_before
+
     def _episodes(self, call: _Call) -> list[Any]:
         """The call's episodes (:class:`SingleAgentEpisode` or :class:`MultiAgentEpisode`
         chunks, or the ``episode_factory``'s)."""
         with using_pool(self._pool):
             out, metrics = self._convert.episodes(
-                call.chunks, call.num_episodes, self._state, call.cutoff
+                call.chunks, call.num_episodes, self._end_state(), call.cutoff
             )
         return self._finish(out, metrics, call)
 
@@ -643,7 +650,7 @@ class DeviceSampler(Sampler):
         derived from the single observation track)."""
         with using_pool(self._pool):
             out, metrics = self._convert.batch(
-                call.chunks, call.num_episodes, self._state, call.cutoff
+                call.chunks, call.num_episodes, self._end_state(), call.cutoff
             )
         return self._finish(out, metrics, call)
 

@@ -23,6 +23,7 @@ from jaxsampler.sampling import DeviceSampler
 from jaxsampler.sampling.device.columns import build_columns, check_chunks
 from jaxsampler.sampling.device.overlap import WEIGHTS_SEQ_NO, BufferRing, WeightsVersion
 from jaxsampler.sampling.device.parallel import HostPool, parallel_take, shards_to_host
+from tests.fakes import TurnEnv
 
 E, T = 4, 8
 
@@ -125,6 +126,24 @@ def test_multi_agent_overlap_and_prefetch_match_the_serial_loop() -> None:
             assert_batches_equal(c, b, drop=(WEIGHTS_SEQ_NO,))
             for sb in c.policy_batches.values():
                 assert (sb[WEIGHTS_SEQ_NO] == 0).all()
+
+
+def test_turn_based_prefetch_matches_the_serial_loop() -> None:
+    # Agents that wait: which of them act on a call's last observation decides whether
+    # their last steps complete or hang, and that must be read from the state at the
+    # call's end, not from the state after the chunk prefetched for the next call (with
+    # T odd, the prefetched chunk ends on the other agent's turn).
+    env = TurnEnv(length=5)
+    pol = js.RandomPolicy(env.observation_space, env.action_space)
+    params = pol.init(jax.random.PRNGKey(0))
+    mk = lambda **kw: DeviceSampler(env, pol, num_envs=E, rollout_length=3, seed=1, **kw)
+    slow, pre = mk(), mk(prefetch=True)
+    for kind in ("sample_batch", "sample_batch", "sample", "sample", "sample_batch"):
+        a, c = getattr(slow, kind)(params), getattr(pre, kind)(params)
+        if kind == "sample":
+            assert_episodes_equal(c, a, drop=(WEIGHTS_SEQ_NO,))
+        else:
+            assert_batches_equal(c, a, drop=(WEIGHTS_SEQ_NO,))
 
 
 def test_prefetch_samples_come_from_the_previous_params_and_say_so() -> None:
