@@ -49,13 +49,13 @@ from jaxsampler.sampling.device.columns import (
 )
 from jaxsampler.sampling.device.grouped import GroupedOutput
 from jaxsampler.sampling.device.multi_calls import (
-    BATCH_FIELDS,
     NO_INFOS,
     check_trajectory,
-    reorder_steps,
+    in_output_order,
     run_table,
     slice_rows,
 )
+from jaxsampler.sampling.device.simultaneous import is_simultaneous, simultaneous_steps
 from jaxsampler.sampling.device.successors import ColumnSuccessors, ContinuedChunks
 from jaxsampler.sampling.metrics import SamplerMetrics
 from jaxsampler.types import Trajectory
@@ -211,22 +211,15 @@ class MultiAgentConverter:
             cols.map(lambda c: c[:, _H:], lambda o: o), infos=cols.infos
         )  # (obs have no head)
         old = self._carry or AgentCarry.empty(call, E, A)
-        steps, self._carry = agent_steps_sharded(
-            call, old, np.asarray(chunks[0].episode_step_0), self._next_acting
-        )
-        # Each step belongs to the segment of its first call step (the carried ones: step 0).
-        L = call.is_reset.shape[1]
-        seg_of_step = np.full((E, L), -1, np.int64)
-        lens = seg.len
-        offset = np.arange(int(lens.sum())) - np.repeat(np.cumsum(lens) - lens, lens)
-        seg_of_step[np.repeat(seg.env, lens), np.repeat(seg.start, lens) + offset] = np.repeat(
-            np.arange(len(lens)), lens
-        )
-        pos = np.take(seg_of_step, steps.env * L + np.maximum(steps.slot - 1, 0))
+        step0 = np.asarray(chunks[0].episode_step_0)
         rank = self._rank if by_policy else None
-        order = output_order(pos, steps.agent, steps.t, len(seg), A, rank)
-        steps = reorder_steps(steps, order, BATCH_FIELDS if by_policy else None)
-        pos = pos[order]
+        if is_simultaneous(call, old, self._next_acting):  # built in output order
+            steps, pos, self._carry = simultaneous_steps(
+                call, old, step0, seg, rank, with_steps=not by_policy
+            )
+        else:
+            steps, self._carry = agent_steps_sharded(call, old, step0, self._next_acting)
+            pos, steps = in_output_order(steps, seg, call.is_reset.shape, A, rank)
         if self._rllib_compatible and len(pos):
             # Steps ending at their episode's last env step (its last observation's slot;
             # slots count the one-step head).

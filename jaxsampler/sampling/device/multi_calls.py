@@ -12,8 +12,8 @@ import numpy as np
 
 from jaxsampler.episodes.batch import Deferred, SampleBatch
 from jaxsampler.episodes.lookback import tree_map
-from jaxsampler.sampling.device.agent_steps import AgentSteps
-from jaxsampler.sampling.device.columns import NextRows, check_chunks, empty_infos
+from jaxsampler.sampling.device.agent_steps import AgentSteps, output_order
+from jaxsampler.sampling.device.columns import NextRows, Segments, check_chunks, empty_infos
 from jaxsampler.sampling.device.parallel import MIN_SPLIT_BYTES, current_pool
 from jaxsampler.types import Trajectory
 
@@ -23,6 +23,7 @@ __all__ = [
     "NO_INFOS",
     "Runs",
     "check_trajectory",
+    "in_output_order",
     "reorder_steps",
     "run_table",
     "slice_rows",
@@ -134,3 +135,32 @@ def slice_rows(data: dict[str, Any], lo: int, hi: int, unpack: Any = None) -> di
         part = NextRows(out[SampleBatch.OBS], part.rows, ends).guard()
         out[SampleBatch.NEXT_OBS] = Deferred(part)
     return {k: out[k] for k in data if k in out}  # (the columns' order)
+
+
+def in_output_order(
+    steps: AgentSteps, seg: Segments, env_shape: tuple[int, int], A: int, rank: np.ndarray | None
+) -> tuple[np.ndarray, AgentSteps]:
+    """Each step's segment and the steps, both in output order (see
+    :func:`~jaxsampler.sampling.device.agent_steps.output_order`; ``rank`` given: a
+    batch's, only :data:`BATCH_FIELDS` kept); rows outside the kept segments dropped.
+
+    Args:
+        steps: the call's agent steps in (env, slot, agent) order.
+        seg: the call's kept segments, in output order.
+        env_shape: ``(E, L)``, envs and call steps.
+        A: agents.
+        rank: ``int[A]``, each agent's policy rank to group rows by first (``None``: no
+            grouping).
+    """
+    E, L = env_shape
+    # Each step belongs to the segment of its first call step (the carried ones: step 0).
+    seg_of_step = np.full((E, L), -1, np.int64)
+    lens = seg.len
+    offset = np.arange(int(lens.sum())) - np.repeat(np.cumsum(lens) - lens, lens)
+    seg_of_step[np.repeat(seg.env, lens), np.repeat(seg.start, lens) + offset] = np.repeat(
+        np.arange(len(lens)), lens
+    )
+    pos = np.take(seg_of_step, steps.env * L + np.maximum(steps.slot - 1, 0))
+    order = output_order(pos, steps.agent, steps.t, len(seg), A, rank)
+    steps = reorder_steps(steps, order, BATCH_FIELDS if rank is not None else None)
+    return pos[order], steps

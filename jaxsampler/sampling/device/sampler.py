@@ -630,10 +630,7 @@ class DeviceSampler(Sampler):
         self.discard_prefetch()
 
     def _end_state(self) -> Any:
-        """The rollout state at the end of the call being converted: with a chunk
-        prefetched for the next call, the state it started from (the multi-agent
-        conversion reads which agents act on the call's last observation from it; reading
-        the state after the prefetched chunk would also wait for that chunk)."""
+        """The rollout state at the call's end (a prefetched chunk's starting state)."""
         return self._state if self._prefetched is None else self._prefetched.state_before
 
     def _episodes(self, call: _Call) -> list[Any]:

@@ -1,0 +1,160 @@
+"""Agent steps of a call in which the agents move together, built from its segments.
+
+Most multi-agent envs are *simultaneous*: every agent acts at every env step and the
+episode ends for all agents at once (MPE's Spread, most JaxMARL envs). Then an agent step
+is exactly one env step: it starts at call step ``k`` and completes with the observation
+of step ``k + 1``; its reward is the agent's reward at ``k``; its flags are the agent's
+flags at ``k``; nothing hangs across calls. :func:`simultaneous_steps` recognizes such a
+call (a few whole-call boolean passes) and builds its completed agent steps straight in
+output order from the episode segments: one ``np.repeat`` expansion per field, instead of
+:func:`~jaxsampler.sampling.device.agent_steps.agent_steps`'s general passes (scans over
+the ``[E, S, A]`` slots for next actions, first flags and counts) followed by a counting
+sort into output order. The steps, their segments and the carry are the same as the
+general path gives (tested against it); rewards are the agent's own rewards as float64
+where the general path takes differences of running float64 sums (equal to within
+float64 rounding).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from jaxsampler.sampling.device.agent_steps import AgentCarry, AgentSteps
+from jaxsampler.sampling.device.columns import Columns, Segments
+
+__all__ = ["is_simultaneous", "simultaneous_steps"]
+
+
+def is_simultaneous(cols: Columns, carry: AgentCarry, next_acting: np.ndarray) -> bool:
+    """Whether every agent step of the call is one env step and none hangs.
+
+    That holds when nothing hangs from the previous call, every agent acts at every live
+    (non-reset) step, at each live step either every agent or none has a done flag, a
+    done step is the call's last or is followed by a reset, no done agent of the previous
+    call steps on without a reset, and every agent acts on the call's last observation
+    where its episode runs on (it completes the steps of the last call step).
+
+    Args:
+        cols: the call's own multi-agent columns (``[E, L, A]``, see
+            :func:`~jaxsampler.sampling.device.agent_steps.agent_steps`).
+        carry: the previous call's carry.
+        next_acting: ``bool[E, A]``, agents acting on the call's last observation.
+    """
+    assert cols.acting is not None, "multi-agent columns"
+    E, L, A = cols.acting.shape
+    if L == 0 or carry.pend.any():
+        return False
+    live = ~cols.is_reset
+    if not np.all(cols.acting.all(axis=2) | cols.is_reset):
+        return False
+    flags = cols.terminated | cols.truncated
+    done = flags.any(axis=2)
+    done &= live
+    if not np.array_equal(done, flags.all(axis=2) & live):
+        return False
+    if np.any(done[:, :-1] & live[:, 1:]):  # a live step after a done one
+        return False
+    if np.any(carry.done.any(axis=1) & live[:, 0]):
+        return False
+    runs_on = live[:, -1] & ~done[:, -1]
+    return not np.any(runs_on[:, None] & ~next_acting)
+
+
+def simultaneous_steps(
+    cols: Columns,
+    carry: AgentCarry,
+    episode_step0: np.ndarray,
+    seg: Segments,
+    rank: np.ndarray | None = None,
+    with_steps: bool = True,
+) -> tuple[AgentSteps, np.ndarray, AgentCarry]:
+    """The completed agent steps of a simultaneous call (:func:`is_simultaneous`) in
+    output order, each row's segment, and the carry for the next call.
+
+    Rows are those of the segments ``seg`` (in its order), sorted by ``(rank[agent],)
+    segment, agent, t`` as :func:`~jaxsampler.sampling.device.agent_steps.output_order`
+    sorts the general path's rows.
+
+    Args:
+        cols: the call's own multi-agent columns.
+        carry: the previous call's carry (nothing hanging).
+        episode_step0: ``int[E]``, episode env step at the call's first step.
+        seg: the call's kept episode segments, in output order.
+        rank: ``int[A]``, each agent's policy rank to group rows by first (``None``: no
+            grouping).
+        with_steps: fill ``start_step`` / ``end_step`` (``False``: zero rows, as a batch
+            reads neither).
+
+    Returns:
+        ``(steps, pos, carry)``: ``pos`` is each row's index into ``seg``.
+    """
+    assert cols.acting is not None, "multi-agent columns"
+    E, L, A = cols.acting.shape
+    G = len(seg)
+    # Runs of rows (one agent in one segment), in output order; then each run expanded.
+    if rank is None:
+        run_g = np.repeat(np.arange(G), A)
+        run_a = np.tile(np.arange(A), G)
+    else:
+        by_rank = [np.flatnonzero(rank == r) for r in np.unique(rank)]
+        run_g = np.concatenate([np.repeat(np.arange(G), len(ag)) for ag in by_rank])
+        run_a = np.concatenate([np.tile(ag, G) for ag in by_rank])
+    run_e = seg.env[run_g].astype(np.int64)
+    run_k = seg.start[run_g].astype(np.int64)
+    run_len = seg.len[run_g].astype(np.int64)
+    continues = run_k == 0  # the call's first step is live: the episode runs on
+    n = int(run_len.sum())
+    offs = np.arange(n, dtype=np.int64)
+    offs -= np.repeat(np.cumsum(run_len) - run_len, run_len)  # place within the run
+    e = np.repeat(run_e, run_len)
+    a = np.repeat(run_a.astype(np.int64), run_len)
+    k = np.repeat(run_k, run_len)
+    k += offs  # the call step
+    t = np.repeat(np.where(continues, carry.n_act[run_e, run_a], 0).astype(np.int64), run_len)
+    t += offs
+    flat = e * L
+    flat += k
+    flat *= A
+    flat += a
+    reward = np.take(cols.rewards, flat, mode="clip").astype(np.float64)
+    terminated = np.take(cols.terminated, flat, mode="clip")
+    truncated = np.take(cols.truncated, flat, mode="clip")
+    if with_steps:
+        step0 = np.asarray(episode_step0, np.int64)
+        start_step = np.repeat(np.where(continues, step0[run_e], 0), run_len)
+        start_step += offs
+        end_step = start_step + 1
+    else:
+        start_step = end_step = np.empty(0, np.int64)
+    slot = k + 1
+    steps = AgentSteps(
+        env=e,
+        agent=a,
+        slot=slot,
+        end=slot + 1,
+        t=t,
+        reward=reward,
+        terminated=terminated,
+        truncated=truncated,
+        start_step=start_step,
+        end_step=end_step,
+    )
+    return steps, np.repeat(run_g.astype(np.int64), run_len), _next_carry(cols, carry)
+
+
+def _next_carry(cols: Columns, carry: AgentCarry) -> AgentCarry:
+    """The carry after a simultaneous call: nothing hangs; an agent is done where its
+    episode ended at the call's last step; its steps in the running episode are the live
+    steps since the env's last reset in the call (all of them, plus the carried count,
+    where there was none)."""
+    assert cols.acting is not None, "multi-agent columns"
+    E, L, A = cols.acting.shape
+    new = AgentCarry.empty(cols, E, A)
+    last_live = ~cols.is_reset[:, -1]
+    ended = (cols.terminated[:, -1] | cols.truncated[:, -1]).any(axis=1) & last_live
+    new.done = np.repeat(ended[:, None], A, axis=1)
+    any_reset = np.asarray(cols.is_reset.any(axis=1))
+    last_reset = L - 1 - np.argmax(cols.is_reset[:, ::-1], axis=1)
+    since = np.where(any_reset, L - 1 - last_reset, L).astype(np.int64)
+    new.n_act = since[:, None] + np.where(any_reset[:, None], 0, carry.n_act)
+    return new
