@@ -340,16 +340,28 @@ def take(
 ) -> np.ndarray:
     """Values of an ``[E, L(+1), A, ...]`` column (``time_major``: ``[L(+1), E, A, ...]``)
     at augmented ``slot`` (0 = the carry); ``offset`` time slots come before the call's first."""
-    j = np.maximum(slot - 1, 0) + offset
-    # (one flat gather, split over the current pool's threads where it is large)
+    j = np.subtract(slot, 1, dtype=np.int64)
+    np.maximum(j, 0, out=j)
+    if offset:
+        j += offset
+    # (one flat gather, split over the current pool's threads where it is large; its
+    # index built in place in j: a fresh array per operation costs more, new memory to
+    # fault in, than the arithmetic)
     if time_major and col.flags.c_contiguous:  # straight from the buffers
         S, E, A = col.shape[:3]
-        out = parallel_take(col.reshape((S * E * A,) + col.shape[3:]), (j * E + e) * A + a)
+        j *= E
+        j += e
+        j *= A
+        j += a
+        out = parallel_take(col.reshape((S * E * A,) + col.shape[3:]), j)
     elif time_major:
         out = col[j, e, a]
     elif col.flags.c_contiguous:  # (much faster than three index arrays)
         E, S, A = col.shape[:3]
-        out = parallel_take(col.reshape((E * S * A,) + col.shape[3:]), (e * S + j) * A + a)
+        j += np.multiply(e, S)
+        j *= A
+        j += a
+        out = parallel_take(col.reshape((E * S * A,) + col.shape[3:]), j)
     else:
         out = col[e, j, a]
     # then patch the few carried rows

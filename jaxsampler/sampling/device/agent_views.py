@@ -157,7 +157,7 @@ def episode_columns(
         obs_track=obs_track,
         info_track=info_track,
         actions=take(cols.actions, old.action, e, s, a, head),
-        rewards=steps.reward.astype(np.float32),
+        rewards=steps.reward.astype(np.float32, copy=False),
         extras={k: take(col, old.extras[k], e, s, a, head) for k, col in cols.extras.items()},
     )
 

@@ -76,6 +76,7 @@ class _CallSteps:
     steps: AgentSteps  # in output order
     pos: np.ndarray  # each step's segment
     old: AgentCarry  # the carry the call started from
+    runs: np.ndarray | None = None  # first row of each (segment, agent) run, where known
 
 
 class MultiAgentConverter:
@@ -213,8 +214,9 @@ class MultiAgentConverter:
         old = self._carry or AgentCarry.empty(call, E, A)
         step0 = np.asarray(chunks[0].episode_step_0)
         rank = self._rank if by_policy else None
+        runs = None
         if is_simultaneous(call, old, self._next_acting):  # built in output order
-            steps, pos, self._carry = simultaneous_steps(
+            steps, pos, runs, self._carry = simultaneous_steps(
                 call, old, step0, seg, rank, with_steps=not by_policy
             )
         else:
@@ -229,7 +231,7 @@ class MultiAgentConverter:
                 terminated=steps.terminated | final,
                 truncated=steps.truncated | (final & seg.trunc[pos]),
             )
-        return _CallSteps(cols, call, seg, m, steps, pos, old)
+        return _CallSteps(cols, call, seg, m, steps, pos, old, runs)
 
     def _step_columns(
         self, cs: _CallSteps, eps_ids: np.ndarray, next_infos: bool = False
@@ -243,16 +245,19 @@ class MultiAgentConverter:
         # built from the batch's obs on its first read, only those end rows gathered now.
         # (A nested observation: the same per leaf.)
         obs = take_obs(call.obs, old.obs, e, s, a)
-        same = np.zeros(len(e), bool)
-        if len(e) > 1:
-            same[:-1] = (e[1:] == e[:-1]) & (a[1:] == a[:-1]) & (s[1:] == c[:-1])
-        rest = np.flatnonzero(~same)
+        if cs.runs is not None:  # (a simultaneous call: each run's last row)
+            rest = np.append(cs.runs[1:], len(e)) - 1
+        else:
+            same = np.zeros(len(e), bool)
+            if len(e) > 1:
+                same[:-1] = (e[1:] == e[:-1]) & (a[1:] == a[:-1]) & (s[1:] == c[:-1])
+            rest = np.flatnonzero(~same)
         ends = take_obs(call.obs, old.obs, e[rest], c[rest], a[rest])
         data: dict[str, Any] = {
             SampleBatch.OBS: obs,
             SampleBatch.NEXT_OBS: NextRows(obs, rest, ends),  # (split per policy: slice_rows)
             SampleBatch.ACTIONS: take(cols.actions, old.action, e, s, a, _H),
-            SampleBatch.REWARDS: steps.reward.astype(np.float32),
+            SampleBatch.REWARDS: steps.reward.astype(np.float32, copy=False),
             SampleBatch.TERMINATEDS: steps.terminated,
             SampleBatch.TRUNCATEDS: steps.truncated,
             SampleBatch.T: np.asarray(steps.t, np.int64),  # (no copy: steps are this call's)
@@ -292,11 +297,13 @@ class MultiAgentConverter:
         self._plain = np.zeros_like(self._plain)
         # eps_id: one string per (episode, agent) run of rows, then broadcast to the rows.
         n = len(pos)
-        uid = pos * len(self._agent_ids) + steps.agent
-        new_run = np.empty(n, bool)
-        new_run[:1] = True
-        np.not_equal(uid[1:], uid[:-1], out=new_run[1:])
-        starts = np.flatnonzero(new_run)
+        starts = cs.runs
+        if starts is None:
+            uid = pos * len(self._agent_ids) + steps.agent
+            new_run = np.empty(n, bool)
+            new_run[:1] = True
+            np.not_equal(uid[1:], uid[:-1], out=new_run[1:])
+            starts = np.flatnonzero(new_run)
         # Episode ids once per segment, then one vectorized concatenation per (segment, agent)
         # (agent_episode_id's suffix), as Python strs shared by the run's rows.
         suffix = np.array([agent_episode_id("", a) for a in range(len(self._agent_ids))])

@@ -10,9 +10,9 @@ output order from the episode segments: one ``np.repeat`` expansion per field, i
 :func:`~jaxsampler.sampling.device.agent_steps.agent_steps`'s general passes (scans over
 the ``[E, S, A]`` slots for next actions, first flags and counts) followed by a counting
 sort into output order. The steps, their segments and the carry are the same as the
-general path gives (tested against it); rewards are the agent's own rewards as float64
-where the general path takes differences of running float64 sums (equal to within
-float64 rounding).
+general path gives (tested against it); rewards are the agent's own rewards in the
+env's dtype where the general path takes float64 differences of running sums (the
+outputs cast both to float32: equal to within float64 rounding).
 """
 
 from __future__ import annotations
@@ -45,13 +45,14 @@ def is_simultaneous(cols: Columns, carry: AgentCarry, next_acting: np.ndarray) -
     if L == 0 or carry.pend.any():
         return False
     live = ~cols.is_reset
-    if not np.all(cols.acting.all(axis=2) | cols.is_reset):
+    live_slots = live[:, :, None]
+    # (whole-array passes: reductions over the short agent axis cost several times more)
+    if np.any(~cols.acting & live_slots):
         return False
     flags = cols.terminated | cols.truncated
-    done = flags.any(axis=2)
-    done &= live
-    if not np.array_equal(done, flags.all(axis=2) & live):
+    if np.any((flags != flags[:, :, :1]) & live_slots):
         return False
+    done = flags[:, :, 0] & live
     if np.any(done[:, :-1] & live[:, 1:]):  # a live step after a done one
         return False
     if np.any(carry.done.any(axis=1) & live[:, 0]):
@@ -67,7 +68,7 @@ def simultaneous_steps(
     seg: Segments,
     rank: np.ndarray | None = None,
     with_steps: bool = True,
-) -> tuple[AgentSteps, np.ndarray, AgentCarry]:
+) -> tuple[AgentSteps, np.ndarray, np.ndarray, AgentCarry]:
     """The completed agent steps of a simultaneous call (:func:`is_simultaneous`) in
     output order, each row's segment, and the carry for the next call.
 
@@ -86,7 +87,9 @@ def simultaneous_steps(
             reads neither).
 
     Returns:
-        ``(steps, pos, carry)``: ``pos`` is each row's index into ``seg``.
+        ``(steps, pos, runs, carry)``: ``pos`` is each row's index into ``seg``, ``runs``
+        the first row of each run of rows (one agent in one segment), ``steps.reward``
+        the env's rewards in their own dtype.
     """
     assert cols.acting is not None, "multi-agent columns"
     E, L, A = cols.acting.shape
@@ -103,20 +106,22 @@ def simultaneous_steps(
     run_k = seg.start[run_g].astype(np.int64)
     run_len = seg.len[run_g].astype(np.int64)
     continues = run_k == 0  # the call's first step is live: the episode runs on
+    run_start = np.cumsum(run_len) - run_len  # each run's first row
     n = int(run_len.sum())
+    # Every per-row array below is one np.repeat of a per-run value plus the row's place
+    # in its run, in place (fresh arrays cost more here, new memory to fault in, than the
+    # arithmetic).
     offs = np.arange(n, dtype=np.int64)
-    offs -= np.repeat(np.cumsum(run_len) - run_len, run_len)  # place within the run
+    offs -= np.repeat(run_start, run_len)  # place within the run
     e = np.repeat(run_e, run_len)
     a = np.repeat(run_a.astype(np.int64), run_len)
-    k = np.repeat(run_k, run_len)
-    k += offs  # the call step
+    slot = np.repeat(run_k + 1, run_len)
+    slot += offs
     t = np.repeat(np.where(continues, carry.n_act[run_e, run_a], 0).astype(np.int64), run_len)
     t += offs
-    flat = e * L
-    flat += k
-    flat *= A
-    flat += a
-    reward = np.take(cols.rewards, flat, mode="clip").astype(np.float64)
+    flat = np.repeat((run_e * L + run_k) * A + run_a, run_len)  # the row's [e, k, a]
+    flat += np.multiply(offs, A, out=offs if not with_steps else None)
+    reward = np.take(cols.rewards, flat, mode="clip")
     terminated = np.take(cols.terminated, flat, mode="clip")
     truncated = np.take(cols.truncated, flat, mode="clip")
     if with_steps:
@@ -126,7 +131,6 @@ def simultaneous_steps(
         end_step = start_step + 1
     else:
         start_step = end_step = np.empty(0, np.int64)
-    slot = k + 1
     steps = AgentSteps(
         env=e,
         agent=a,
@@ -139,7 +143,8 @@ def simultaneous_steps(
         start_step=start_step,
         end_step=end_step,
     )
-    return steps, np.repeat(run_g.astype(np.int64), run_len), _next_carry(cols, carry)
+    pos = np.repeat(run_g.astype(np.int64), run_len)
+    return steps, pos, run_start, _next_carry(cols, carry)
 
 
 def _next_carry(cols: Columns, carry: AgentCarry) -> AgentCarry:
