@@ -135,7 +135,7 @@ def episode_columns(
     if n > 1:
         np.not_equal(pos[1:] * A + a[1:], pos[:-1] * A + a[:-1], out=new_run[1:])
     group = np.cumsum(new_run) - 1
-    ends = np.flatnonzero(np.append(new_run[1:], True))  # each run's last row
+    ends = np.flatnonzero(np.append(new_run[1:], n > 0))  # each run's last row (if any)
     # track row of each step's start obs: row + its run; a run's end obs after its last
     G = len(ends)
     te, ts, ta = (np.empty(n + G, np.int64) for _ in range(3))

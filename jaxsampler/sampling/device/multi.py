@@ -246,7 +246,7 @@ class MultiAgentConverter:
         # (A nested observation: the same per leaf.)
         obs = take_obs(call.obs, old.obs, e, s, a)
         if cs.runs is not None:  # (a simultaneous call: each run's last row)
-            rest = np.append(cs.runs[1:], len(e)) - 1
+            rest = np.append(cs.runs[1:], len(e))[: len(cs.runs)] - 1
         else:
             same = np.zeros(len(e), bool)
             if len(e) > 1:

@@ -11,8 +11,9 @@ output order from the episode segments: one ``np.repeat`` expansion per field, i
 the ``[E, S, A]`` slots for next actions, first flags and counts) followed by a counting
 sort into output order. The steps, their segments and the carry are the same as the
 general path gives (tested against it); rewards are the agent's own rewards in the
-env's dtype where the general path takes float64 differences of running sums (the
-outputs cast both to float32: equal to within float64 rounding).
+env's dtype where the general path takes float64 differences of running sums (cast to
+float32 by every output: the same value, or one float32 ulp apart where the general path's
+running sums grow large).
 """
 
 from __future__ import annotations

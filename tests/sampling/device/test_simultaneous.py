@@ -132,11 +132,13 @@ class _Paths:
         monkeypatch.setattr(multi, "is_simultaneous", check)
 
 
-def _run(env: Any, make_policy: Any, kinds: list[str], allow: bool, **kw: Any) -> Any:
+def _run(
+    env: Any, make_policy: Any, kinds: list[str], allow: bool, length: int = T, **kw: Any
+) -> Any:
     with pytest.MonkeyPatch.context() as mp:
         paths = _Paths(mp, allow)
         pol, params = make_policy(env)
-        s = DeviceSampler(env, pol, num_envs=E, rollout_length=T, seed=2, **kw)
+        s = DeviceSampler(env, pol, num_envs=E, rollout_length=length, seed=2, **kw)
         return [getattr(s, k)(params) for k in kinds], paths
 
 
@@ -198,6 +200,20 @@ def test_an_agent_waiting_on_the_calls_last_observation_leaves_its_step_hanging(
         general, _ = _run(env, _two_policies, kinds, False)
         assert not paths.took[0]
         _assert_same(kinds, fast, general)
+
+
+@pytest.mark.parametrize("kind", ["sample_batch", "sample"])
+def test_a_call_without_rows(kind: str) -> None:
+    # One step per call and episodes of one fixed length: every env ends on the same step,
+    # so the next call's only step is every env's reset step and the call has no rows.
+    env = LockstepEnv(p_end=0.0)
+    kinds = [kind] * 12
+    fast, paths = _run(env, _two_policies, kinds, True, length=1)
+    general, _ = _run(env, _two_policies, kinds, False, length=1)
+    assert paths.fast == len(kinds)
+    if kind == "sample_batch":
+        assert any(b.agent_steps() == 0 for b in fast)
+    _assert_same(kinds, fast, general)
 
 
 def _columns(E: int, L: int, A: int) -> Columns:
