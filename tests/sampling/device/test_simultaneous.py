@@ -133,13 +133,21 @@ class _Paths:
 
 
 def _run(
-    env: Any, make_policy: Any, kinds: list[str], allow: bool, length: int = T, **kw: Any
+    env: Any,
+    make_policy: Any,
+    kinds: list[str],
+    allow: bool,
+    length: int = T,
+    calls: list[dict[str, Any]] | None = None,
+    **kw: Any,
 ) -> Any:
+    """Each of ``kinds`` called once (with ``calls``' keyword arguments, if given)."""
     with pytest.MonkeyPatch.context() as mp:
         paths = _Paths(mp, allow)
         pol, params = make_policy(env)
         s = DeviceSampler(env, pol, num_envs=E, rollout_length=length, seed=2, **kw)
-        return [getattr(s, k)(params) for k in kinds], paths
+        args = calls or [{}] * len(kinds)
+        return [getattr(s, k)(params, **a) for k, a in zip(kinds, args, strict=True)], paths
 
 
 def _assert_same(kinds: list[str], fast: list[Any], general: list[Any]) -> None:
@@ -176,6 +184,27 @@ def test_lockstep_calls_take_the_fast_path_and_match_the_general_one(
     assert paths.fast == len(KINDS[kinds]) and paths.general == 0
     assert forced.fast == 0
     _assert_same(KINDS[kinds], fast, general)
+
+
+@pytest.mark.parametrize(
+    "options", [{}, {"host_threads": 2}, {"prefetch": True}], ids=["plain", "threads", "prefetch"]
+)
+def test_counted_calls_on_the_fast_path(options: dict[str, Any]) -> None:
+    # num_timesteps (several chunks), num_episodes (segments cut at the count, the next
+    # call resets) and plain calls, with two host threads or a prefetched chunk.
+    calls = [
+        ("sample_batch", {"num_timesteps": 3 * E * T}),
+        ("sample", {}),
+        ("sample_batch", {"num_episodes": 3}),
+        ("sample", {"num_episodes": 4}),
+        ("sample", {"num_timesteps": 2 * E * T}),
+        ("sample_batch", {}),
+    ]
+    kinds, kw = [k for k, _ in calls], [a for _, a in calls]
+    fast, paths = _run(LockstepEnv(), _two_policies, kinds, True, calls=kw, **options)
+    general, _ = _run(LockstepEnv(), _two_policies, kinds, False, calls=kw, **options)
+    assert paths.fast == paths.fast + paths.general >= len(kinds)
+    _assert_same(kinds, fast, general)
 
 
 def test_calls_switch_between_the_paths_with_the_same_carry() -> None:
