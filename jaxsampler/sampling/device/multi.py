@@ -4,9 +4,11 @@
 chunks (``sample()``) or a ``MultiAgentBatch`` keyed by policy id (``sample_batch()``);
 both come from one vectorized pass over the call's buffers
 (:func:`jaxsampler.sampling.device.agent_steps.agent_steps`) that finds every completed agent
-step. Open chunks continue across calls with RLlib's ``cut(episode_lookback_horizon)``
-(mostly built from the call's columns, :mod:`~jaxsampler.sampling.device.successors`);
-a step still waiting for the agent's next observation is carried to the next call.
+step, or, in a call whose agents move in lockstep, straight from its episode segments
+(:mod:`~jaxsampler.sampling.device.simultaneous`). Open chunks continue across calls
+with RLlib's ``cut(episode_lookback_horizon)`` (mostly built from the call's columns,
+:mod:`~jaxsampler.sampling.device.successors`); a step still waiting for the agent's next
+observation is carried to the next call.
 """
 
 from __future__ import annotations

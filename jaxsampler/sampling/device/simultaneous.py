@@ -4,9 +4,10 @@ Most multi-agent envs are *simultaneous*: every agent acts at every env step and
 episode ends for all agents at once (MPE's Spread, most JaxMARL envs). Then an agent step
 is exactly one env step: it starts at call step ``k`` and completes with the observation
 of step ``k + 1``; its reward is the agent's reward at ``k``; its flags are the agent's
-flags at ``k``; nothing hangs across calls. :func:`simultaneous_steps` recognizes such a
-call (a few whole-call boolean passes) and builds its completed agent steps straight in
-output order from the episode segments: one ``np.repeat`` expansion per field, instead of
+flags at ``k``; nothing hangs across calls. :func:`is_simultaneous` recognizes such a
+call (a few whole-call boolean passes) and :func:`simultaneous_steps` builds its completed
+agent steps straight in output order from the episode segments: one ``np.repeat``
+expansion per field, instead of
 :func:`~jaxsampler.sampling.device.agent_steps.agent_steps`'s general passes (scans over
 the ``[E, S, A]`` slots for next actions, first flags and counts) followed by a counting
 sort into output order. The steps, their segments and the carry are the same as the
