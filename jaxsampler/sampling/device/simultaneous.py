@@ -23,6 +23,7 @@ import numpy as np
 
 from jaxsampler.sampling.device.agent_steps import AgentCarry, AgentSteps
 from jaxsampler.sampling.device.columns import Columns, Segments
+from jaxsampler.sampling.device.single_rows import steps as row_offsets
 
 __all__ = ["is_simultaneous", "simultaneous_steps"]
 
@@ -43,8 +44,7 @@ def is_simultaneous(cols: Columns, carry: AgentCarry, next_acting: np.ndarray) -
         next_acting: ``bool[E, A]``, agents acting on the call's last observation.
     """
     assert cols.acting is not None, "multi-agent columns"
-    E, L, A = cols.acting.shape
-    if L == 0 or carry.pend.any():
+    if cols.acting.shape[1] == 0 or carry.pend.any():
         return False
     live = ~cols.is_reset
     live_slots = live[:, :, None]
@@ -94,7 +94,7 @@ def simultaneous_steps(
         the env's rewards in their own dtype.
     """
     assert cols.acting is not None, "multi-agent columns"
-    E, L, A = cols.acting.shape
+    _, L, A = cols.acting.shape
     G = len(seg)
     # Runs of rows (one agent in one segment), in output order; then each run expanded.
     if rank is None:
@@ -110,26 +110,26 @@ def simultaneous_steps(
     continues = run_k == 0  # the call's first step is live: the episode runs on
     run_start = np.cumsum(run_len) - run_len  # each run's first row
     n = int(run_len.sum())
-    # Every per-row array below is one np.repeat of a per-run value plus the row's place
-    # in its run, in place (fresh arrays cost more here, new memory to fault in, than the
-    # arithmetic).
-    offs = np.arange(n, dtype=np.int64)
-    offs -= np.repeat(run_start, run_len)  # place within the run
+    # Row p of run r is row run_start[r] + p of the call: a per-run value plus p is one
+    # np.repeat of (value - run_start) plus the rows' numbers, added in place (fresh
+    # arrays cost more here, new memory to fault in, than the arithmetic).
+    rows = row_offsets(n, 1)
     e = np.repeat(run_e, run_len)
     a = np.repeat(run_a.astype(np.int64), run_len)
-    slot = np.repeat(run_k + 1, run_len)
-    slot += offs
-    t = np.repeat(np.where(continues, carry.n_act[run_e, run_a], 0).astype(np.int64), run_len)
-    t += offs
-    flat = np.repeat((run_e * L + run_k) * A + run_a, run_len)  # the row's [e, k, a]
-    flat += np.multiply(offs, A, out=offs if not with_steps else None)
+    slot = np.repeat(run_k + 1 - run_start, run_len)
+    slot += rows
+    t0 = np.where(continues, carry.n_act[run_e, run_a], 0).astype(np.int64)
+    t = np.repeat(t0 - run_start, run_len)
+    t += rows
+    flat = np.repeat((run_e * L + run_k - run_start) * A + run_a, run_len)  # the row's [e, k, a]
+    flat += row_offsets(n, A)
     reward = np.take(cols.rewards, flat, mode="clip")
     terminated = np.take(cols.terminated, flat, mode="clip")
     truncated = np.take(cols.truncated, flat, mode="clip")
     if with_steps:
         step0 = np.asarray(episode_step0, np.int64)
-        start_step = np.repeat(np.where(continues, step0[run_e], 0), run_len)
-        start_step += offs
+        start_step = np.repeat(np.where(continues, step0[run_e], 0) - run_start, run_len)
+        start_step += rows
         end_step = start_step + 1
     else:
         start_step = end_step = np.empty(0, np.int64)
