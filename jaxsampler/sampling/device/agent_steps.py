@@ -26,7 +26,12 @@ from typing import Any
 import numpy as np
 
 from jaxsampler.sampling.device.columns import Columns, InfoPath, obs_map
-from jaxsampler.sampling.device.parallel import HostPool, current_pool, parallel_take
+from jaxsampler.sampling.device.parallel import (
+    MIN_SHARD_SLOTS,
+    HostPool,
+    current_pool,
+    parallel_take,
+)
 
 __all__ = [
     "AgentCarry",
@@ -266,10 +271,6 @@ def agent_steps(
     new.done = total_flags[:, last] > 0
     new.n_act = count_incl[:, last] + np.where(last_reset[:, last, None] > 0, 0, carried)
     return steps, new
-
-
-#: below this many ``(env, step, agent)`` slots :func:`agent_steps_sharded` runs one shard
-MIN_SHARD_SLOTS = 1 << 18
 
 
 def agent_steps_sharded(

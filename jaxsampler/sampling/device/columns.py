@@ -25,6 +25,7 @@ from jaxsampler.types import NoInfo, Trajectory
 
 __all__ = [
     "Columns",
+    "FoundSegments",
     "InfoPath",
     "NextRows",
     "Segments",
@@ -35,6 +36,7 @@ __all__ = [
     "info_for_obs",
     "info_leaves",
     "first_leaf",
+    "locate_segments",
     "no_gc",
     "obs_at",
     "obs_map",
@@ -570,6 +572,49 @@ def segment_sums(values: np.ndarray, starts: np.ndarray, lens: np.ndarray) -> np
     return np.add.reduceat(flat, bounds, dtype=np.float64)[0::2]
 
 
+@dataclasses.dataclass(frozen=True)
+class FoundSegments:
+    """What :func:`locate_segments` finds: the segments, the returns of the finished ones
+    (``float64``, the first ``len(returns)`` of ``seg``), the call's live steps and the
+    carried partial returns (``float64[E]``)."""
+
+    seg: Segments
+    returns: np.ndarray
+    n_live: int
+    carried: np.ndarray
+
+    def metrics(self) -> SamplerMetrics:
+        """The call's :class:`SamplerMetrics` (steps and the finished episodes' stats)."""
+        n_fin = len(self.returns)
+        m = SamplerMetrics(num_env_steps_sampled=self.n_live, num_agent_steps_sampled=self.n_live)
+        m.set_episode_stats(self.returns, (self.seg.t_started + self.seg.len)[:n_fin])
+        m.num_episodes_ongoing = len(self.seg) - n_fin
+        return m
+
+    @staticmethod
+    def join(parts: Sequence[FoundSegments], env0: Sequence[int]) -> FoundSegments:
+        """The segments of consecutive env ranges (part ``i``'s envs start at ``env0[i]``)
+        found one range at a time, as one search over all of them finds them: the
+        finished segments of every part, then the ongoing ones (envs in order)."""
+        fin = [len(p.returns) for p in parts]
+
+        def field(name: str) -> np.ndarray:
+            cols = [getattr(p.seg, name) for p in parts]
+            if name == "env":
+                cols = [c + e0 for c, e0 in zip(cols, env0)]
+            return np.concatenate(
+                [c[:k] for c, k in zip(cols, fin)] + [c[k:] for c, k in zip(cols, fin)]
+            )
+
+        seg = Segments(**{f.name: field(f.name) for f in dataclasses.fields(Segments)})
+        return FoundSegments(
+            seg,
+            np.concatenate([p.returns for p in parts]),
+            sum(p.n_live for p in parts),
+            np.concatenate([p.carried for p in parts]),
+        )
+
+
 def find_segments(
     is_reset: np.ndarray,
     terminated: np.ndarray,
@@ -604,6 +649,38 @@ def find_segments(
         ``(segments, metrics, partial_return)``; the last is the returns so far of the
         episodes still running at the call's end (zeros elsewhere).
     """
+    found = locate_segments(
+        is_reset,
+        terminated,
+        truncated,
+        rewards,
+        horizon=horizon,
+        step0=step0,
+        count0=count0,
+        fresh=fresh,
+        partial_return=partial_return,
+        num_episodes=num_episodes,
+        cutoff=cutoff,
+    )
+    return found.seg, found.metrics(), found.carried
+
+
+def locate_segments(
+    is_reset: np.ndarray,
+    terminated: np.ndarray,
+    truncated: np.ndarray,
+    rewards: np.ndarray,
+    *,
+    horizon: int,
+    step0: np.ndarray,
+    count0: np.ndarray,
+    fresh: bool,
+    partial_return: np.ndarray,
+    num_episodes: int | None,
+    cutoff: int | None = None,
+) -> FoundSegments:
+    """:func:`find_segments` (same arguments), the finished segments' returns kept
+    instead of summarized: what :meth:`FoundSegments.join` joins from env ranges."""
     H = horizon
     E, width_h = is_reset.shape
     total = width_h - H
@@ -660,8 +737,4 @@ def find_segments(
         trunc=trunc[order],
         count=count[order],
     )
-    n_live = int(np.count_nonzero(live))
-    m = SamplerMetrics(num_env_steps_sampled=n_live, num_agent_steps_sampled=n_live)
-    m.set_episode_stats(seg_return[fin], (t_started + seg_len)[fin])
-    m.num_episodes_ongoing = int(np.count_nonzero(keep & ~is_done))
-    return seg, m, carried
+    return FoundSegments(seg, seg_return[fin], int(np.count_nonzero(live)), carried)

@@ -27,7 +27,7 @@ from jaxsampler.rollout.scan import (
     make_rollout,
 )
 from jaxsampler.sampling.base import Sampler
-from jaxsampler.sampling.device import grouped
+from jaxsampler.sampling.device import grouped, setup
 from jaxsampler.sampling.device.columns import InfoPath, info_leaves, with_transform_infos
 from jaxsampler.sampling.device.multi import MultiAgentConverter
 from jaxsampler.sampling.device.overlap import (
@@ -40,7 +40,6 @@ from jaxsampler.sampling.device.overlap import (
     tag_chunk,
 )
 from jaxsampler.sampling.device.parallel import HostPool, host_pool, shards_to_host, using_pool
-from jaxsampler.sampling.device.setup import cores, resolve_env, sampler_mesh, stable_repr
 from jaxsampler.sampling.device.single import EpisodeFactory, SingleAgentConverter
 from jaxsampler.sampling.metrics import (
     SamplerMetrics,
@@ -236,9 +235,9 @@ class DeviceSampler(Sampler):
             discard the prefetched chunk and return to the state before it
             (:meth:`discard_prefetch`), so a checkpoint never holds a rollout in flight.
             A checkpoint of a prefetching sampler loads only into a prefetching one.
-        host_threads: threads that copy device shards to the host and transpose the
-            env-major columns, each its own range of envs (``None``: one per local
-            device of the mesh, at most one per core; ``1``: none).
+        host_threads: threads that copy device shards to the host and split the
+            conversion by env ranges (``None``: one per local CPU device, 8 on GPU /
+            TPU, at most one per core, as ``setup.default_host_threads``; ``1``: none).
 
     Checkpoints: :meth:`save` / :meth:`load` / :meth:`Sampler.restore` capture the
     random state, the env and policy states, episode counters and ids, the transforms'
@@ -286,10 +285,10 @@ class DeviceSampler(Sampler):
         prefetch: bool = False,
         host_threads: int | None = None,
     ):
-        env = resolve_env(env)
+        env = setup.resolve_env(env)
         num_envs = 1 if num_envs is None else num_envs
         self._init_reporting(callbacks)
-        self.mesh = sampler_mesh(devices, mesh)
+        self.mesh = setup.sampler_mesh(devices, mesh)
         policy = exploring_or_greedy(policy, explore)
         if topup_length is not None and (
             isinstance(topup_length, bool) or not isinstance(topup_length, int) or topup_length < 1
@@ -349,7 +348,7 @@ class DeviceSampler(Sampler):
         self._versions = WeightsVersion()
         self._given_version: int | None = None
         if host_threads is None:
-            host_threads = max(1, min(len(self.mesh.local_devices) if self.mesh else 1, cores()))
+            host_threads = setup.default_host_threads(self.mesh)
         self._pool: HostPool = host_pool(host_threads)
         self.last_chunks: list[Trajectory] = []
         self._key = jax.random.PRNGKey(seed)
@@ -719,12 +718,12 @@ class DeviceSampler(Sampler):
             "topup_length": self.topup_length,
             "observation_space": repr(pipe.observation_space),
             "action_space": repr(pipe.action_space),
-            "transforms": [stable_repr(t) for t in pipe.transforms],
+            "transforms": [setup.stable_repr(t) for t in pipe.transforms],
             "policy": type(self.policy).__name__,
             "explore": self.explore,
             "episode_lookback_horizon": self.horizon,
             "rllib_compatible": self.rllib_compatible,
-            "reset_pool": stable_repr(self.reset_pool),
+            "reset_pool": setup.stable_repr(self.reset_pool),
             "local_envs": [self.local_envs.start, self.local_envs.stop],
             **({"tags": [WEIGHTS_SEQ_NO]} if self.prefetch else {}),
         }

@@ -15,7 +15,14 @@ from jax.sharding import Mesh
 from jaxsampler.envs.base import Env
 from jaxsampler.rollout import placement
 
-__all__ = ["cores", "resolve_env", "sampler_mesh", "stable_repr"]
+__all__ = [
+    "ACCELERATOR_HOST_THREADS",
+    "cores",
+    "default_host_threads",
+    "resolve_env",
+    "sampler_mesh",
+    "stable_repr",
+]
 
 
 def stable_repr(obj: Any) -> str:
@@ -63,3 +70,21 @@ def resolve_env(env: Env | str) -> Env:
 def cores() -> int:
     """The machine's core count (at least 1)."""
     return os.cpu_count() or 1
+
+
+#: conversion threads of a sampler on GPU / TPU devices by default (at most one per core)
+ACCELERATOR_HOST_THREADS = 8
+
+
+def default_host_threads(mesh: Mesh | None) -> int:
+    """``host_threads=None``'s thread count. On CPU devices one per local device of the
+    mesh (XLA's CPU runtime computes on the same cores: a second thread for one device's
+    conversion measured no steadier gain on a 2-core machine, some calls taking twice as
+    long); on GPU / TPU devices, whose host cores idle while the device computes,
+    :data:`ACCELERATOR_HOST_THREADS`. At most one per core, at least 1."""
+    devices = list(mesh.local_devices) if mesh is not None else [jax.local_devices()[0]]
+    if devices[0].platform == "cpu":
+        wanted = len(devices)
+    else:
+        wanted = max(len(devices), ACCELERATOR_HOST_THREADS)
+    return max(1, min(wanted, cores()))

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any
 
@@ -23,15 +23,17 @@ from jaxsampler.episodes.batch import Deferred, SampleBatch
 from jaxsampler.episodes.ids import EpisodeIds
 from jaxsampler.sampling.device.columns import (
     Columns,
+    FoundSegments,
     NextRows,
     Segments,
     build_columns,
     empty_infos,
-    find_segments,
     first_leaf,
     info_leaves,
+    locate_segments,
     obs_map,
 )
+from jaxsampler.sampling.device.parallel import MIN_SHARD_SLOTS, HostPool, current_pool, splits
 from jaxsampler.sampling.metrics import SamplerMetrics
 from jaxsampler.types import Trajectory
 
@@ -60,11 +62,6 @@ def applies(chunks: Sequence[Trajectory], num_episodes: int | None, horizon: int
 def _agent0(x: Any) -> np.ndarray:
     """A step field ``[T, E, A, ...]`` as agent 0's ``[T, E, ...]`` (a view)."""
     return np.asarray(x)[:, :, 0]
-
-
-def _env_major(x: np.ndarray) -> np.ndarray:
-    """``[T, E]`` as a C-contiguous ``[E, T]`` copy."""
-    return np.ascontiguousarray(x.T)
 
 
 def _time_slice(chunk: Trajectory, lo: int) -> Trajectory:
@@ -98,26 +95,43 @@ def tail_head(chunk: Trajectory, horizon: int) -> Columns:
 
 
 def segments(
-    chunk: Trajectory, partial_return: np.ndarray
+    chunk: Trajectory, partial_return: np.ndarray, pool: HostPool | None = None
 ) -> tuple[Segments, SamplerMetrics, np.ndarray]:
     """The chunk's episode segments, its metrics and the carried partial returns, as
     :func:`~jaxsampler.sampling.device.columns.find_segments` finds them without a
-    ``num_episodes`` cut (lookbacks left at 0: a batch has none)."""
-    rewards = chunk.rewards if chunk.raw_rewards is None else chunk.raw_rewards
+    ``num_episodes`` cut (lookbacks left at 0: a batch has none). A large chunk is
+    searched by contiguous env shards, one per thread of ``pool`` (``None``:
+    :func:`~jaxsampler.sampling.device.parallel.current_pool`), then joined: the same
+    segments in the same order (envs are independent)."""
+    pool = current_pool() if pool is None else pool
+    raw = chunk.rewards if chunk.raw_rewards is None else chunk.raw_rewards
     # Env-major views ([E, T], transposed, no copy): the flags are read at the segments'
-    # ends only; is_reset and the rewards are copied once, where they are scanned.
-    return find_segments(
-        np.asarray(chunk.is_reset).T,
-        _agent0(chunk.terminated).T,
-        _agent0(chunk.truncated).T,
-        _env_major(_agent0(rewards)),
-        horizon=0,
-        step0=np.asarray(chunk.episode_step_0),
-        count0=np.asarray(chunk.episode_count_0),
-        fresh=True,
-        partial_return=partial_return,
-        num_episodes=None,
-    )
+    # ends only; the rewards are copied once per shard, where they are summed.
+    is_reset = np.asarray(chunk.is_reset).T
+    terminated, truncated = _agent0(chunk.terminated).T, _agent0(chunk.truncated).T
+    rewards = _agent0(raw).T
+    step0, count0 = np.asarray(chunk.episode_step_0), np.asarray(chunk.episode_count_0)
+    E, T = is_reset.shape
+    parts = min(pool.threads, E) if E * T >= MIN_SHARD_SLOTS else 1
+
+    def shard(e0: int, e1: int) -> Callable[[], FoundSegments]:
+        return lambda: locate_segments(
+            is_reset[e0:e1],
+            terminated[e0:e1],
+            truncated[e0:e1],
+            np.ascontiguousarray(rewards[e0:e1]),
+            horizon=0,
+            step0=step0[e0:e1],
+            count0=count0[e0:e1],
+            fresh=True,
+            partial_return=partial_return[e0:e1],
+            num_episodes=None,
+        )
+
+    ranges = splits(E, parts)
+    found = pool.run([shard(e0, e1) for e0, e1 in ranges])
+    f = found[0] if len(found) == 1 else FoundSegments.join(found, [e0 for e0, _ in ranges])
+    return f.seg, f.metrics(), f.carried
 
 
 def episode_ids(
@@ -156,40 +170,92 @@ def t_column(t0: np.ndarray, lens: np.ndarray, n: int) -> np.ndarray:
     return t
 
 
-def batch_columns(chunk: Trajectory, seg: Segments, ids: EpisodeIds) -> dict[str, Any]:
+def batch_columns(
+    chunk: Trajectory, seg: Segments, ids: EpisodeIds, pool: HostPool | None = None
+) -> dict[str, Any]:
     """The ``SampleBatch`` columns of the segments' rows (in the segments' order), each
-    gathered with one index from the chunk's time-major buffers."""
+    gathered with one index from the chunk's time-major buffers. The rows are filled in
+    contiguous ranges of whole segments, one per thread of ``pool`` (``None``:
+    :func:`~jaxsampler.sampling.device.parallel.current_pool`) where the call is large:
+    each range builds its own slice of the index and gathers every column's rows."""
+    pool = current_pool() if pool is None else pool
     E = np.shape(first_leaf(chunk.obs))[1]
     lens = seg.len
     n = int(lens.sum())
     first = np.cumsum(lens) - lens
     # Row r of segment i is step seg.start[i] + (r - first[i]) of env seg.env[i]: slot
     # (step * E + env) of the flattened buffers, observations and steps alike.
-    index = np.repeat((seg.start - first) * E + seg.env, lens)
-    index += steps(n, E)
+    base = (seg.start - first) * E + seg.env
+    t0 = (seg.t_started - first).astype(np.int64)
+    extras = chunk.extras if isinstance(chunk.extras, dict) else {}
+    names = sorted(extras)
+    steps_in = [chunk.actions, chunk.rewards, chunk.terminated, chunk.truncated]
+    steps_in += [extras[k] for k in names]
+    sources = [_flat_rows(x) for x in steps_in]
+    obs_in = obs_map(_flat_rows, chunk.obs)
+    obs = obs_map(lambda o: np.empty((n,) + o.shape[1:], o.dtype), obs_in)
+    outs = [np.empty((n,) + x.shape[1:], x.dtype) for x in sources]
+    ranges = _segment_ranges(lens, n, pool.threads if n >= MIN_SHARD_SLOTS else 1)
+    # (one range makes the t column itself; several write their slices of one)
+    t = np.empty(n, np.int64) if len(ranges) > 1 else None
+    t_whole: list[np.ndarray] = []
 
-    def rows(x: Any, at: np.ndarray) -> np.ndarray:
-        a = _agent0(x)
-        return np.take(a.reshape((-1,) + a.shape[2:]), at, axis=0)
+    def fill(g0: int, g1: int) -> Callable[[], None]:
+        def run() -> None:
+            lo, hi = (int(first[g0]), int(first[g1 - 1] + lens[g1 - 1])) if g1 > g0 else (0, 0)
+            index = np.repeat(base[g0:g1], lens[g0:g1])
+            index += steps(hi, E)[lo:hi]
+            part_t = np.repeat(t0[g0:g1], lens[g0:g1])
+            part_t += steps(hi, 1)[lo:hi]
+            if t is None:
+                t_whole.append(part_t)
+            else:
+                t[lo:hi] = part_t
+            # (indices in range by construction: "clip" gathers straight into the output)
+            obs_map(lambda o, out: np.take(o, index, 0, out[lo:hi], "clip"), obs_in, obs)
+            for x, out in zip(sources, outs):
+                np.take(x, index, 0, out[lo:hi], "clip")
 
-    obs = obs_map(lambda o: rows(o, index), chunk.obs)
+        return run
+
+    pool.run([fill(g0, g1) for g0, g1 in ranges])
     # A row's new_obs is the next row's obs except at a segment's last row: new_obs is
-    # built from the batch's obs on its first read, only those end rows gathered now.
-    last = (first + lens - 1)[lens > 0]
-    ends = obs_map(lambda o: rows(o, index[last] + E), chunk.obs)
+    # built from the batch's obs on its first read, only those end rows gathered now
+    # (a segment's next observation is slot (start + len) * E + env).
+    at_end = lens > 0
+    last = (first + lens - 1)[at_end]
+    after = ((seg.start + lens) * E + seg.env)[at_end]
+    ends = obs_map(lambda o: np.take(o, after, axis=0), obs_in)
+    actions, rewards, terminated, truncated = outs[:4]
     data: dict[str, Any] = {
         SampleBatch.OBS: obs,
         SampleBatch.NEXT_OBS: Deferred(NextRows(obs, last, ends).guard()),
-        SampleBatch.ACTIONS: rows(chunk.actions, index),
-        SampleBatch.REWARDS: rows(chunk.rewards, index),
-        SampleBatch.TERMINATEDS: rows(chunk.terminated, index),
-        SampleBatch.TRUNCATEDS: rows(chunk.truncated, index),
-        SampleBatch.T: t_column(seg.t_started - first, lens, n),
+        SampleBatch.ACTIONS: actions,
+        SampleBatch.REWARDS: rewards,
+        SampleBatch.TERMINATEDS: terminated,
+        SampleBatch.TRUNCATEDS: truncated,
+        SampleBatch.T: t_whole[0] if t is None else t,
         SampleBatch.EPS_ID: deferred_ids(ids, seg),
         SampleBatch.AGENT_INDEX: np.zeros(n, np.int64),
         SampleBatch.INFOS: Deferred(partial(empty_infos, n)),
     }
-    extras = chunk.extras if isinstance(chunk.extras, dict) else {}
-    for name in sorted(extras):
-        data[name] = rows(extras[name], index)
+    for name, col in zip(names, outs[4:]):
+        data[name] = col
     return data
+
+
+def _flat_rows(x: Any) -> np.ndarray:
+    """Agent 0's ``[T(+1), E, ...]`` of a ``[T(+1), E, A, ...]`` buffer as ``[T(+1) * E,
+    ...]`` rows (a view where the buffer allows it)."""
+    a = _agent0(x)
+    return a.reshape((-1,) + a.shape[2:])
+
+
+def _segment_ranges(lens: np.ndarray, n: int, parts: int) -> list[tuple[int, int]]:
+    """Up to ``parts`` contiguous ranges of whole segments with about ``n / parts`` rows
+    each, covering every segment (one range when ``parts`` is 1)."""
+    if parts <= 1 or len(lens) < 2:
+        return [(0, len(lens))]
+    cuts = np.searchsorted(np.cumsum(lens), np.linspace(0, n, parts + 1)[1:-1], side="right")
+    bounds = np.unique(np.concatenate([[0], cuts, [len(lens)]]))
+    return [(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:])]

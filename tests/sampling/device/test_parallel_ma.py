@@ -95,3 +95,29 @@ def test_sharded_agent_steps_equal_the_whole_call(no_thresholds: None) -> None:
                     strict=True,
                 ):
                     np.testing.assert_array_equal(u, v, name)
+
+
+def test_default_host_threads_by_platform(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``host_threads=None``: one thread per local CPU device; on GPU / TPU devices
+    ``ACCELERATOR_HOST_THREADS`` (or one per device, if more); never above the cores."""
+    from types import SimpleNamespace
+
+    from jaxsampler.sampling.device import setup
+
+    def mesh(platform: str, n: int) -> Any:
+        return SimpleNamespace(local_devices=[SimpleNamespace(platform=platform)] * n)
+
+    monkeypatch.setattr(setup, "cores", lambda: 16)
+    assert setup.default_host_threads(mesh("cpu", 1)) == 1
+    assert setup.default_host_threads(mesh("cpu", 4)) == 4
+    assert setup.default_host_threads(mesh("gpu", 1)) == setup.ACCELERATOR_HOST_THREADS == 8
+    assert setup.default_host_threads(mesh("tpu", 12)) == 12
+    monkeypatch.setattr(setup, "cores", lambda: 2)
+    assert setup.default_host_threads(mesh("gpu", 1)) == 2
+    assert setup.default_host_threads(mesh("cpu", 4)) == 2
+    # no mesh: the default device (a CPU one here), and what the sampler gets
+    assert setup.default_host_threads(None) == 1
+    env = Spread(2)
+    pol = js.RandomPolicy(env.observation_space, env.action_space)
+    s = DeviceSampler(env, pol, num_envs=2, rollout_length=2, seed=0)
+    assert s._pool.threads == 1

@@ -11,13 +11,20 @@ import pytest
 import jaxsampler as js
 from jaxsampler.episodes.batch import Deferred
 from jaxsampler.sampling.device import single_rows
-from jaxsampler.sampling.device.columns import _env_major, segment_sums
+from jaxsampler.sampling.device.columns import (
+    FoundSegments,
+    _env_major,
+    locate_segments,
+    segment_sums,
+)
 from tests.fakes import FakeEnv
 
 COLUMNS = ("obs", "new_obs", "actions", "rewards", "terminateds", "truncateds", "t", "eps_id")
 
 
-def _sampler(policy: str, horizon: int, rollout_length: int = 5) -> tuple[js.Sampler, object]:
+def _sampler(
+    policy: str, horizon: int, rollout_length: int = 5, **options: object
+) -> tuple[js.Sampler, object]:
     env = FakeEnv()
     if policy == "random":
         pol = js.RandomPolicy(env.observation_space, env.action_space)
@@ -31,6 +38,7 @@ def _sampler(policy: str, horizon: int, rollout_length: int = 5) -> tuple[js.Sam
         rollout_length=rollout_length,
         seed=5,
         episode_lookback_horizon=horizon,
+        **options,
     )
     return s, params
 
@@ -212,3 +220,92 @@ def test_env_major_casts_inputs_of_another_dtype_value_by_value():
     want = np.concatenate([head, x.swapaxes(0, 1), y.swapaxes(0, 1)], axis=1).astype(np.float32)
     assert got.dtype == np.float32
     np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("threads", [2, 3])
+@pytest.mark.parametrize("policy", ["random", "mlp"])
+def test_calls_split_over_threads_equal_one_thread(monkeypatch, threads, policy):
+    """With every call split (threshold 0), env shards search the segments and ranges of
+    whole segments fill the rows: the same batches, episodes, metrics and carried state
+    as one thread, call after call."""
+    monkeypatch.setattr(single_rows, "MIN_SHARD_SLOTS", 0)
+    joins, ranges = [], []
+    real_join, real_ranges = single_rows.FoundSegments.join, single_rows._segment_ranges
+
+    def spy_join(parts, env0):
+        joins.append(len(parts))
+        return real_join(parts, env0)
+
+    def spy_ranges(*args):
+        ranges.append(len(real_ranges(*args)))
+        return real_ranges(*args)
+
+    monkeypatch.setattr(single_rows.FoundSegments, "join", staticmethod(spy_join))
+    monkeypatch.setattr(single_rows, "_segment_ranges", spy_ranges)
+    split, params = _sampler(policy, 1, host_threads=threads)
+    one, _ = _sampler(policy, 1, host_threads=1)
+    got = _run(split, params)
+    assert joins and min(joins) == threads  # (3 envs: one shard per thread)
+    assert max(ranges) > 1  # rows filled in several ranges
+    for (kind, a), (_, b) in zip(got, _run(one, params), strict=True):
+        _assert_same(a, b, kind)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_segments_joined_from_env_shards_equal_one_search(seed):
+    """``FoundSegments.join`` of shard-by-shard searches against one search over every
+    env: random resets and done flags, carried step / count / partial returns."""
+    rng = np.random.default_rng(seed)
+    E, T = 7, 9
+    is_reset = rng.random((E, T)) < 0.15
+    # an episode ends at the live step before a reset, or at the call's last step
+    done = np.zeros((E, T), bool)
+    done[:, :-1] = is_reset[:, 1:] & ~is_reset[:, :-1]
+    done[:, -1] = (rng.random(E) < 0.4) & ~is_reset[:, -1]
+    term = done & (rng.random((E, T)) < 0.5)
+    trunc = done & ~term
+    rewards = rng.normal(size=(E, T)).astype(np.float32)
+    step0 = rng.integers(0, 4, E) * ~is_reset[:, 0]
+    count0 = rng.integers(0, 5, E)
+    partial = np.where(step0 > 0, rng.normal(size=E), 0.0)
+
+    def search(e0, e1):
+        return locate_segments(
+            is_reset[e0:e1],
+            term[e0:e1],
+            trunc[e0:e1],
+            rewards[e0:e1],
+            horizon=0,
+            step0=step0[e0:e1],
+            count0=count0[e0:e1],
+            fresh=True,
+            partial_return=partial[e0:e1],
+            num_episodes=None,
+        )
+
+    whole = search(0, E)
+    cuts = sorted(rng.choice(np.arange(1, E), size=1 + seed % 3, replace=False))
+    bounds = [0, *cuts, E]
+    joined = FoundSegments.join(
+        [search(a, b) for a, b in zip(bounds[:-1], bounds[1:], strict=True)], bounds[:-1]
+    )
+    _assert_same(joined.seg, whole.seg, "seg")
+    _assert_same(joined.returns, whole.returns, "returns")
+    _assert_same(joined.carried, whole.carried, "carried")
+    assert joined.n_live == whole.n_live
+    assert joined.metrics().as_dict() == whole.metrics().as_dict()
+    assert 0 < len(whole.returns) < len(whole.seg)  # finished and ongoing segments both
+
+
+@pytest.mark.parametrize("parts", [1, 2, 3, 8])
+def test_segment_ranges_cover_every_segment_in_balanced_runs(parts):
+    lens = np.array([5, 1, 1, 9, 2, 2, 2, 30, 1, 4])
+    n = int(lens.sum())
+    got = single_rows._segment_ranges(lens, n, parts)
+    assert got[0][0] == 0 and got[-1][1] == len(lens)
+    assert all(b > a for a, b in got) and all(
+        x[1] == y[0] for x, y in zip(got[:-1], got[1:], strict=True)
+    )
+    assert len(got) <= parts and (len(got) > 1) == (parts > 1)
+    if parts == 2:  # the cut falls where the rows pass half of the total (57 rows)
+        assert got == [(0, 7), (7, 10)]
