@@ -22,8 +22,9 @@ action); each figure is the median call time over at least ``--repeats`` timed c
 Host side (``--parts host``, issue 28): CartPole-v1 with a random policy at
 ``--host-widths`` (64K, 256K and 1M envs), ``T = --host-max-steps / W`` (at most 128, at
 least ``--min-rollout-length``): the bare rollout (compute, then one ``jax.device_get``),
-``DeviceSampler.sample_batch()`` and ``sample()`` with every episode read once
-(``benchmarks.host_side``'s sides), in rounds of rotating order; ratios are medians of the
+``DeviceSampler.sample_batch()`` (its default host threads: 8 on a GPU; and
+``sample_batch_1t``: the same with ``host_threads=1``) and ``sample()`` with every episode
+read once (``benchmarks.host_side``'s sides), in rounds of rotating order; ratios are medians of the
 within-round ratios to the bare rollout, with the split rollout / host copy / conversion.
 A size whose trajectory or batch would not fit (device buffer over ``--max-buffer-gb``,
 the batch's estimated host bytes over a quarter of the host's memory) is skipped with the
@@ -198,7 +199,7 @@ def run_env(label: str, args: argparse.Namespace, deadline: float) -> dict[str, 
 #: eps_id, agent_index, and the episodes of sample+read): a size is skipped above a
 #: quarter of the host's memory.
 HOST_ROW_BYTES = 256
-HOST_SIDES = ("rollout", "sample_batch", "sample+read")
+HOST_SIDES = ("rollout", "sample_batch", "sample_batch_1t", "sample+read")
 
 
 def host_memory_bytes() -> int:
@@ -244,9 +245,15 @@ def measure_host(
     pol, params = hs.make_policy(env, "random")
     notes: list[str] = []
     sampler = hs.make_sampler(env, pol, cell, T, args.sampler_kwargs, notes)
+    one: Any = (
+        hs.make_sampler(env, pol, cell, T, {**args.sampler_kwargs, "host_threads": 1}, notes)
+        if "sample_batch_1t" in sides
+        else None
+    )
     every = {
         "rollout": hs.bare_rollout(env, pol, params, width, T),
         "sample_batch": lambda: sampler.sample_batch(params),
+        "sample_batch_1t": lambda: one.sample_batch(params),
         "sample+read": lambda: hs.sample_and_read(sampler, params),
     }
     fns = {k: every[k] for k in sides}

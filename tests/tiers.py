@@ -65,6 +65,7 @@ INTEGRATION_TESTS: dict[str, str] = {
     "tests/benchmarks/test_scaling.py::test_gpu_quick_writes_the_schema": "a long run",
     "tests/benchmarks/test_scaling.py::test_scaling_quick_writes_the_schema": "a long run",
     "tests/benchmarks/test_host_side.py::test_gpu_host_part_runs_tiny_on_cpu": "a long run",
+    "tests/benchmarks/test_host_threads.py::test_quick_writes_the_schema": "a long run",
     "tests/benchmarks/test_suites.py::test_quick_gymnax_writes_the_schema": "a long run",
     "tests/examples/test_dqn.py::test_quick_main_writes_results": "a long run",
     "tests/serving/test_journal_crash.py::test_answered_steps_survive_two_server_kills_exactly"

@@ -160,7 +160,7 @@ def test_gpu_host_part_runs_tiny_on_cpu(tmp_path):
     assert res["envs"] == {}
     (row,) = res["host_side"]["rows"]
     assert row["width"] == 32 and row["rollout_length"] == 1024 // 32
-    assert set(row["sides"]) == {"rollout", "sample_batch", "sample+read"}
+    assert set(row["sides"]) == {"rollout", "sample_batch", "sample_batch_1t", "sample+read"}
     assert row["sides"]["sample_batch"]["ratio"] > 0
     assert "## Host side" in (tmp_path / "gpu.md").read_text()
 
@@ -176,14 +176,18 @@ def test_gpu_host_series_skips_what_does_not_fit(monkeypatch):
     def fake(width, T, args, sides, deadline):
         seen.append((width, list(sides)))
         return {"width": width, "rollout_length": T, "sides": {},
-                "call_s": {"rollout": 1.0, "sample_batch": 2.0, "sample+read": 50.0}}  # fmt: skip
+                "call_s": {"rollout": 1.0, "sample_batch": 2.0, "sample_batch_1t": 2.0,
+                           "sample+read": 50.0}}  # fmt: skip
 
     monkeypatch.setattr(gpu, "measure_host", fake)
     monkeypatch.setattr(gpu.time, "perf_counter", lambda: 0.0)
     res = gpu.run_host(args, deadline=100.0)
     # 4096 is predicted 4x the 1024 figures: sample+read (200 s a call) does not fit in 100 s;
     # 2^30 envs x 4 steps is a ~220 GB trajectory: over --max-buffer-gb.
-    assert seen == [(1024, list(gpu.HOST_SIDES)), (4096, ["rollout", "sample_batch"])]
+    assert seen == [
+        (1024, list(gpu.HOST_SIDES)),
+        (4096, ["rollout", "sample_batch", "sample_batch_1t"]),
+    ]
     assert any("sample+read predicted" in why for why in res["skipped"])
     assert any(why.startswith(f"W={1 << 30}, T=4: trajectory") for why in res["skipped"])
 
