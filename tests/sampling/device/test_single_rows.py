@@ -309,3 +309,38 @@ def test_segment_ranges_cover_every_segment_in_balanced_runs(parts):
     assert len(got) <= parts and (len(got) > 1) == (parts > 1)
     if parts == 2:  # the cut falls where the rows pass half of the total (57 rows)
         assert got == [(0, 7), (7, 10)]
+
+
+@pytest.mark.parametrize(
+    "num_envs, rollout_length, threads",
+    [(1, 5, 2), (2, 3, 3), (5, 4, 2), (7, 6, 3), (4, 1, 4)],
+)
+def test_split_calls_with_a_reward_transform_equal_one_thread(
+    monkeypatch, num_envs, rollout_length, threads
+):
+    """Shards of one env, more threads than envs, one-step calls, and scaled rewards (the
+    segments' returns then come from the raw rewards): batches, metrics and carried state
+    as one thread gives them."""
+    monkeypatch.setattr(single_rows, "MIN_SHARD_SLOTS", 0)
+    env = FakeEnv()
+    pol = js.MLPPolicy(env.observation_space, env.action_space, hidden_sizes=(4,))
+    params = pol.init(jax.random.PRNGKey(1))
+
+    def make(k):
+        return js.Sampler(
+            env,
+            pol,
+            num_envs=num_envs,
+            rollout_length=rollout_length,
+            seed=3,
+            transforms=[js.transforms.ScaleReward(0.5)],
+            host_threads=k,
+        )
+
+    split, one = make(threads), make(1)
+    for _ in range(4):
+        a = split.sample_batch(params)["default_policy"]
+        b = one.sample_batch(params)["default_policy"]
+        _assert_same({k: a[k] for k in COLUMNS}, {k: b[k] for k in COLUMNS}, "batch")
+        assert split.metrics.as_dict() == one.metrics.as_dict()
+    _assert_same(split._convert.get_state(), one._convert.get_state(), "state")
