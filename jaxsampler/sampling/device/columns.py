@@ -36,7 +36,6 @@ __all__ = [
     "info_for_obs",
     "info_leaves",
     "first_leaf",
-    "locate_segments",
     "no_gc",
     "obs_at",
     "obs_map",
@@ -574,7 +573,7 @@ def segment_sums(values: np.ndarray, starts: np.ndarray, lens: np.ndarray) -> np
 
 @dataclasses.dataclass(frozen=True)
 class FoundSegments:
-    """What :func:`locate_segments` finds: the segments, the returns of the finished ones
+    """What :func:`find_segments` finds: the segments, the returns of the finished ones
     (``float64``, the first ``len(returns)`` of ``seg``), the call's live steps and the
     carried partial returns (``float64[E]``)."""
 
@@ -582,6 +581,10 @@ class FoundSegments:
     returns: np.ndarray
     n_live: int
     carried: np.ndarray
+
+    def summarized(self) -> tuple[Segments, SamplerMetrics, np.ndarray]:
+        """``(segments, metrics, carried returns)``: what a converter keeps of a call."""
+        return self.seg, self.metrics(), self.carried
 
     def metrics(self) -> SamplerMetrics:
         """The call's :class:`SamplerMetrics` (steps and the finished episodes' stats)."""
@@ -628,8 +631,10 @@ def find_segments(
     partial_return: np.ndarray,
     num_episodes: int | None,
     cutoff: int | None = None,
-) -> tuple[Segments, SamplerMetrics, np.ndarray]:
-    """Episode segments of the call, the call's metrics and the carried partial returns.
+) -> FoundSegments:
+    """Episode segments of the call, the returns of the finished ones, its live steps and
+    the carried partial returns (:meth:`FoundSegments.summarized`: the segments, the
+    call's metrics and the carried returns).
 
     Args:
         is_reset, terminated, truncated, rewards: env-level columns ``[E, H + T]`` (a
@@ -646,41 +651,9 @@ def find_segments(
             fewer than ``num_episodes``); ``None``: found here from these envs.
 
     Returns:
-        ``(segments, metrics, partial_return)``; the last is the returns so far of the
-        episodes still running at the call's end (zeros elsewhere).
+        :class:`FoundSegments`; its ``carried`` is the returns so far of the episodes
+        still running at the call's end (zeros elsewhere).
     """
-    found = locate_segments(
-        is_reset,
-        terminated,
-        truncated,
-        rewards,
-        horizon=horizon,
-        step0=step0,
-        count0=count0,
-        fresh=fresh,
-        partial_return=partial_return,
-        num_episodes=num_episodes,
-        cutoff=cutoff,
-    )
-    return found.seg, found.metrics(), found.carried
-
-
-def locate_segments(
-    is_reset: np.ndarray,
-    terminated: np.ndarray,
-    truncated: np.ndarray,
-    rewards: np.ndarray,
-    *,
-    horizon: int,
-    step0: np.ndarray,
-    count0: np.ndarray,
-    fresh: bool,
-    partial_return: np.ndarray,
-    num_episodes: int | None,
-    cutoff: int | None = None,
-) -> FoundSegments:
-    """:func:`find_segments` (same arguments), the finished segments' returns kept
-    instead of summarized: what :meth:`FoundSegments.join` joins from env ranges."""
     H = horizon
     E, width_h = is_reset.shape
     total = width_h - H

@@ -209,7 +209,7 @@ class MultiAgentConverter:
             partial_return=self._partial_return,
             num_episodes=num_episodes,
             cutoff=cutoff,
-        )
+        ).summarized()
         call = dataclasses.replace(
             cols.map(lambda c: c[:, _H:], lambda o: o), infos=cols.infos
         )  # (obs have no head)

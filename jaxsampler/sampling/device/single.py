@@ -193,7 +193,7 @@ class SingleAgentConverter:
             partial_return=self._partial_return,
             num_episodes=num_episodes,
             cutoff=cutoff,
-        )
+        ).summarized()
         return cols, seg, m
 
     def episodes(

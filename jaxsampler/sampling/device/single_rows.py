@@ -28,9 +28,9 @@ from jaxsampler.sampling.device.columns import (
     Segments,
     build_columns,
     empty_infos,
+    find_segments,
     first_leaf,
     info_leaves,
-    locate_segments,
     obs_map,
 )
 from jaxsampler.sampling.device.parallel import MIN_SHARD_SLOTS, HostPool, current_pool, splits
@@ -115,7 +115,7 @@ def segments(
     parts = min(pool.threads, E) if E * T >= MIN_SHARD_SLOTS else 1
 
     def shard(e0: int, e1: int) -> Callable[[], FoundSegments]:
-        return lambda: locate_segments(
+        return lambda: find_segments(
             is_reset[e0:e1],
             terminated[e0:e1],
             truncated[e0:e1],
@@ -131,7 +131,7 @@ def segments(
     ranges = splits(E, parts)
     found = pool.run([shard(e0, e1) for e0, e1 in ranges])
     f = found[0] if len(found) == 1 else FoundSegments.join(found, [e0 for e0, _ in ranges])
-    return f.seg, f.metrics(), f.carried
+    return f.summarized()
 
 
 def episode_ids(

@@ -88,7 +88,7 @@ def test_segments_match_a_step_by_step_reference(seed):
     E, H, T = int(rng.integers(1, 9)), int(rng.integers(0, 3)), int(rng.integers(1, 30))
     c = _random_call(rng, E, H, T)
     fresh = bool(seed % 2)
-    seg, m, carried = find_segments(**c, fresh=fresh, num_episodes=None)
+    seg, m, carried = find_segments(**c, fresh=fresh, num_episodes=None).summarized()
     ref, ref_carried = _reference(c, fresh)
     for name in ("env", "start", "len", "lookback", "t_started", "term", "trunc", "count"):
         assert getattr(seg, name).tolist() == [s[name] for s in ref], name
@@ -116,5 +116,5 @@ def test_no_live_step_gives_no_segment():
         fresh=True,
         partial_return=np.zeros(E),
         num_episodes=None,
-    )
+    ).summarized()
     assert len(seg) == 0 and m.num_env_steps_sampled == 0 and not carried.any()

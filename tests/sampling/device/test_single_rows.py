@@ -14,7 +14,7 @@ from jaxsampler.sampling.device import single_rows
 from jaxsampler.sampling.device.columns import (
     FoundSegments,
     _env_major,
-    locate_segments,
+    find_segments,
     segment_sums,
 )
 from tests.fakes import FakeEnv
@@ -270,7 +270,7 @@ def test_segments_joined_from_env_shards_equal_one_search(seed):
     partial = np.where(step0 > 0, rng.normal(size=E), 0.0)
 
     def search(e0, e1):
-        return locate_segments(
+        return find_segments(
             is_reset[e0:e1],
             term[e0:e1],
             trunc[e0:e1],
