@@ -57,6 +57,7 @@ from jaxsampler.sampling.device.multi_calls import (
     run_table,
     slice_rows,
 )
+from jaxsampler.sampling.device.parallel import parallel_take
 from jaxsampler.sampling.device.simultaneous import is_simultaneous, simultaneous_steps
 from jaxsampler.sampling.device.successors import ColumnSuccessors, ContinuedChunks
 from jaxsampler.sampling.metrics import SamplerMetrics
@@ -79,6 +80,7 @@ class _CallSteps:
     pos: np.ndarray  # each step's segment
     old: AgentCarry  # the carry the call started from
     runs: np.ndarray | None = None  # first row of each (segment, agent) run, where known
+    obs_rows: np.ndarray | None = None  # each row's time-major observation slot, where known
 
 
 class MultiAgentConverter:
@@ -216,10 +218,10 @@ class MultiAgentConverter:
         old = self._carry or AgentCarry.empty(call, E, A)
         step0 = np.asarray(chunks[0].episode_step_0)
         rank = self._rank if by_policy else None
-        runs = None
+        runs = obs_rows = None
         if is_simultaneous(call, old, self._next_acting):  # built in output order
-            steps, pos, runs, self._carry = simultaneous_steps(
-                call, old, step0, seg, rank, with_steps=not by_policy
+            steps, pos, runs, self._carry, obs_rows = simultaneous_steps(
+                call, old, step0, seg, rank, with_steps=not by_policy, with_obs_rows=by_policy
             )
         else:
             steps, self._carry = agent_steps_sharded(call, old, step0, self._next_acting)
@@ -233,7 +235,7 @@ class MultiAgentConverter:
                 terminated=steps.terminated | final,
                 truncated=steps.truncated | (final & seg.trunc[pos]),
             )
-        return _CallSteps(cols, call, seg, m, steps, pos, old, runs)
+        return _CallSteps(cols, call, seg, m, steps, pos, old, runs, obs_rows)
 
     def _step_columns(
         self, cs: _CallSteps, eps_ids: np.ndarray, next_infos: bool = False
@@ -246,7 +248,16 @@ class MultiAgentConverter:
         # new_obs is the next row's obs except where an agent's run of rows ends: new_obs is
         # built from the batch's obs on its first read, only those end rows gathered now.
         # (A nested observation: the same per leaf.)
-        obs = take_obs(call.obs, old.obs, e, s, a)
+        rows = cs.obs_rows  # (a simultaneous call: the flat index is built already)
+        obs = obs_map(
+            lambda o, c: (
+                parallel_take(o.reshape((-1,) + o.shape[3:]), rows)
+                if rows is not None and o.flags.c_contiguous
+                else take(o, c, e, s, a, time_major=True)
+            ),
+            call.obs,
+            old.obs,
+        )
         if cs.runs is not None:  # (a simultaneous call: each run's last row)
             rest = np.append(cs.runs[1:], len(e))[: len(cs.runs)] - 1
         else:

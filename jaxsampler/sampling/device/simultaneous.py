@@ -19,13 +19,28 @@ running sums grow large).
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 
 from jaxsampler.sampling.device.agent_steps import AgentCarry, AgentSteps
 from jaxsampler.sampling.device.columns import Columns, Segments
-from jaxsampler.sampling.device.single_rows import steps as row_offsets
+from jaxsampler.sampling.device.single_rows import expand_runs
 
-__all__ = ["is_simultaneous", "simultaneous_steps"]
+__all__ = ["LockstepRows", "is_simultaneous", "simultaneous_steps"]
+
+
+class LockstepRows(NamedTuple):
+    """What :func:`simultaneous_steps` builds: the steps in output order, each row's
+    segment (``pos``), the first row of each run of rows (one agent in one segment), the
+    carry for the next call, and (``with_obs_rows``) each row's observation as a flat
+    index into the call's time-major ``[T + 1, E, A, ...]`` observations."""
+
+    steps: AgentSteps
+    pos: np.ndarray
+    runs: np.ndarray
+    carry: AgentCarry
+    obs_rows: np.ndarray | None = None
 
 
 def is_simultaneous(cols: Columns, carry: AgentCarry, next_acting: np.ndarray) -> bool:
@@ -70,7 +85,8 @@ def simultaneous_steps(
     seg: Segments,
     rank: np.ndarray | None = None,
     with_steps: bool = True,
-) -> tuple[AgentSteps, np.ndarray, np.ndarray, AgentCarry]:
+    with_obs_rows: bool = False,
+) -> LockstepRows:
     """The completed agent steps of a simultaneous call (:func:`is_simultaneous`) in
     output order, each row's segment, and the carry for the next call.
 
@@ -87,14 +103,15 @@ def simultaneous_steps(
             grouping).
         with_steps: fill ``start_step`` / ``end_step`` (``False``: zero rows, as a batch
             reads neither).
+        with_obs_rows: also give each row's observation index (a batch gathers by it).
 
     Returns:
-        ``(steps, pos, runs, carry)``: ``pos`` is each row's index into ``seg``, ``runs``
-        the first row of each run of rows (one agent in one segment), ``steps.reward``
-        the env's rewards in their own dtype.
+        :class:`LockstepRows`; ``steps.reward`` holds the env's rewards in their own dtype.
+        A large call's rows are expanded and gathered over the current host pool's
+        threads (:func:`~jaxsampler.sampling.device.single_rows.expand_runs`).
     """
     assert cols.acting is not None, "multi-agent columns"
-    _, L, A = cols.acting.shape
+    E, L, A = cols.acting.shape
     G = len(seg)
     # Runs of rows (one agent in one segment), in output order; then each run expanded.
     if rank is None:
@@ -108,28 +125,39 @@ def simultaneous_steps(
     run_k = seg.start[run_g].astype(np.int64)
     run_len = seg.len[run_g].astype(np.int64)
     continues = run_k == 0  # the call's first step is live: the episode runs on
-    run_start = np.cumsum(run_len) - run_len  # each run's first row
-    n = int(run_len.sum())
-    # Row p of run r is row run_start[r] + p of the call: a per-run value plus p is one
-    # np.repeat of (value - run_start) plus the rows' numbers, added in place (fresh
-    # arrays cost more here, new memory to fault in, than the arithmetic).
-    rows = row_offsets(n, 1)
-    e = np.repeat(run_e, run_len)
-    a = np.repeat(run_a.astype(np.int64), run_len)
-    slot = np.repeat(run_k + 1 - run_start, run_len)
-    slot += rows
-    t0 = np.where(continues, carry.n_act[run_e, run_a], 0).astype(np.int64)
-    t = np.repeat(t0 - run_start, run_len)
-    t += rows
-    flat = np.repeat((run_e * L + run_k - run_start) * A + run_a, run_len)  # the row's [e, k, a]
-    flat += row_offsets(n, A)
-    reward = np.take(cols.rewards, flat, mode="clip")
-    terminated = np.take(cols.terminated, flat, mode="clip")
-    truncated = np.take(cols.truncated, flat, mode="clip")
+    # Row p of run r is the agent's step at call step run_k + p (slot run_k + 1 + p: slot
+    # 0 is the carry): every field is a per-run value plus p times a step, expanded run
+    # by run (split over the host threads where the call is large).
+    t0 = np.where(continues, carry.n_act[run_e, run_a], 0)
+    fields = [
+        (run_e, 0),
+        (run_a, 0),
+        (run_k + 1, 1),  # slot
+        (t0, 1),  # t
+        ((run_e * L + run_k) * A + run_a, A),  # the row's [e, k, a] in the step columns
+        (run_g, 0),  # pos
+    ]
     if with_steps:
         step0 = np.asarray(episode_step0, np.int64)
-        start_step = np.repeat(np.where(continues, step0[run_e], 0) - run_start, run_len)
-        start_step += rows
+        fields.append((np.where(continues, step0[run_e], 0), 1))  # start_step
+    if with_obs_rows:  # the row's [k, e, a] in the time-major observations
+        fields.append(((run_k * E + run_e) * A + run_a, E * A))
+    # The rewards and flags (views of the call's part of the columns) made contiguous
+    # once, then gathered range by range with the flat index.
+    sources = [
+        np.ascontiguousarray(c).reshape(-1) for c in (cols.rewards, cols.terminated, cols.truncated)
+    ]
+    n = int(run_len.sum())
+    outs = [np.empty(n, x.dtype) for x in sources]
+
+    def gather(lo: int, hi: int, parts: list[np.ndarray]) -> None:
+        for x, out in zip(sources, outs):
+            np.take(x, parts[4], out=out[lo:hi], mode="clip")
+
+    expanded = expand_runs(run_len, fields, then=gather)
+    e, a, slot, t, flat, pos = expanded[:6]
+    if with_steps:
+        start_step = expanded[6]
         end_step = start_step + 1
     else:
         start_step = end_step = np.empty(0, np.int64)
@@ -139,14 +167,15 @@ def simultaneous_steps(
         slot=slot,
         end=slot + 1,
         t=t,
-        reward=reward,
-        terminated=terminated,
-        truncated=truncated,
+        reward=outs[0],
+        terminated=outs[1],
+        truncated=outs[2],
         start_step=start_step,
         end_step=end_step,
     )
-    pos = np.repeat(run_g.astype(np.int64), run_len)
-    return steps, pos, run_start, _next_carry(cols, carry)
+    obs_rows = expanded[-1] if with_obs_rows else None
+    run_start = np.cumsum(run_len) - run_len  # each run's first row
+    return LockstepRows(steps, pos, run_start, _next_carry(cols, carry), obs_rows)
 
 
 def _next_carry(cols: Columns, carry: AgentCarry) -> AgentCarry:

@@ -163,6 +163,54 @@ def steps(n: int, step: int) -> np.ndarray:
     return cached[:n]
 
 
+def expand_runs(
+    lens: np.ndarray,
+    columns: Sequence[tuple[np.ndarray, int]],
+    pool: HostPool | None = None,
+    then: Callable[[int, int, list[np.ndarray]], None] | None = None,
+) -> list[np.ndarray]:
+    """Per-run values expanded over the runs' rows (runs one after another, run ``r``
+    ``lens[r]`` rows long): column ``(first, step)`` gives row ``p`` of run ``r`` the
+    value ``first[r] + p * step`` (``int64``).
+
+    An expansion of ``MIN_SHARD_SLOTS`` rows or more is split into contiguous ranges of
+    whole runs, one per thread of ``pool`` (``None``:
+    :func:`~jaxsampler.sampling.device.parallel.current_pool`); ``then(lo, hi, parts)``,
+    if given, runs in the same thread right after each range (rows ``lo:hi``; ``parts``:
+    the range's slices of the columns), e.g. gathers by the range's index.
+    """
+    pool = current_pool() if pool is None else pool
+    n = int(lens.sum())
+    start = np.cumsum(lens) - lens
+    # (row r of run i is start[i] + p: its value is (first - start * step)[i] + r * step)
+    bases = [np.asarray(f, np.int64) - start * step if step else f for f, step in columns]
+    ranges = _segment_ranges(lens, n, pool.threads if n >= MIN_SHARD_SLOTS else 1)
+    whole = len(ranges) == 1  # (one range makes the columns themselves)
+    outs = [np.empty(0, np.int64) if whole else np.empty(n, np.int64) for _ in columns]
+
+    def fill(r0: int, r1: int) -> Callable[[], None]:
+        def run() -> None:
+            lo, hi = (int(start[r0]), int(start[r1 - 1] + lens[r1 - 1])) if r1 > r0 else (0, 0)
+            parts = []
+            for j, (base, (_, step)) in enumerate(zip(bases, columns)):
+                part = np.repeat(np.asarray(base, np.int64)[r0:r1], lens[r0:r1])
+                if step:
+                    part += steps(hi, step)[lo:hi]
+                if whole:
+                    outs[j] = part
+                else:
+                    outs[j][lo:hi] = part
+                    part = outs[j][lo:hi]
+                parts.append(part)
+            if then is not None:
+                then(lo, hi, parts)
+
+        return run
+
+    pool.run([fill(r0, r1) for r0, r1 in ranges])
+    return outs
+
+
 def t_column(t0: np.ndarray, lens: np.ndarray, n: int) -> np.ndarray:
     """The batch's ``t`` column: segment ``i``'s rows count up from ``t0[i]`` (``int64``)."""
     t = np.repeat(t0.astype(np.int64), lens)
@@ -178,15 +226,10 @@ def batch_columns(
     contiguous ranges of whole segments, one per thread of ``pool`` (``None``:
     :func:`~jaxsampler.sampling.device.parallel.current_pool`) where the call is large:
     each range builds its own slice of the index and gathers every column's rows."""
-    pool = current_pool() if pool is None else pool
     E = np.shape(first_leaf(chunk.obs))[1]
     lens = seg.len
     n = int(lens.sum())
     first = np.cumsum(lens) - lens
-    # Row r of segment i is step seg.start[i] + (r - first[i]) of env seg.env[i]: slot
-    # (step * E + env) of the flattened buffers, observations and steps alike.
-    base = (seg.start - first) * E + seg.env
-    t0 = (seg.t_started - first).astype(np.int64)
     extras = chunk.extras if isinstance(chunk.extras, dict) else {}
     names = sorted(extras)
     steps_in = [chunk.actions, chunk.rewards, chunk.terminated, chunk.truncated]
@@ -195,30 +238,18 @@ def batch_columns(
     obs_in = obs_map(_flat_rows, chunk.obs)
     obs = obs_map(lambda o: np.empty((n,) + o.shape[1:], o.dtype), obs_in)
     outs = [np.empty((n,) + x.shape[1:], x.dtype) for x in sources]
-    ranges = _segment_ranges(lens, n, pool.threads if n >= MIN_SHARD_SLOTS else 1)
-    # (one range makes the t column itself; several write their slices of one)
-    t = np.empty(n, np.int64) if len(ranges) > 1 else None
-    t_whole: list[np.ndarray] = []
 
-    def fill(g0: int, g1: int) -> Callable[[], None]:
-        def run() -> None:
-            lo, hi = (int(first[g0]), int(first[g1 - 1] + lens[g1 - 1])) if g1 > g0 else (0, 0)
-            index = np.repeat(base[g0:g1], lens[g0:g1])
-            index += steps(hi, E)[lo:hi]
-            part_t = np.repeat(t0[g0:g1], lens[g0:g1])
-            part_t += steps(hi, 1)[lo:hi]
-            if t is None:
-                t_whole.append(part_t)
-            else:
-                t[lo:hi] = part_t
-            # (indices in range by construction: "clip" gathers straight into the output)
-            obs_map(lambda o, out: np.take(o, index, 0, out[lo:hi], "clip"), obs_in, obs)
-            for x, out in zip(sources, outs):
-                np.take(x, index, 0, out[lo:hi], "clip")
+    def gather(lo: int, hi: int, parts: list[np.ndarray]) -> None:
+        index = parts[0]
+        # (indices in range by construction: "clip" gathers straight into the output)
+        obs_map(lambda o, out: np.take(o, index, 0, out[lo:hi], "clip"), obs_in, obs)
+        for x, out in zip(sources, outs):
+            np.take(x, index, 0, out[lo:hi], "clip")
 
-        return run
-
-    pool.run([fill(g0, g1) for g0, g1 in ranges])
+    # Row p of segment i is step seg.start[i] + p of env seg.env[i]: slot (step * E + env)
+    # of the flattened buffers, observations and steps alike; its t counts on from
+    # t_started.
+    _, t = expand_runs(lens, [(seg.start * E + seg.env, E), (seg.t_started, 1)], pool, gather)
     # A row's new_obs is the next row's obs except at a segment's last row: new_obs is
     # built from the batch's obs on its first read, only those end rows gathered now
     # (a segment's next observation is slot (start + len) * E + env).
@@ -234,7 +265,7 @@ def batch_columns(
         SampleBatch.REWARDS: rewards,
         SampleBatch.TERMINATEDS: terminated,
         SampleBatch.TRUNCATEDS: truncated,
-        SampleBatch.T: t_whole[0] if t is None else t,
+        SampleBatch.T: t,
         SampleBatch.EPS_ID: deferred_ids(ids, seg),
         SampleBatch.AGENT_INDEX: np.zeros(n, np.int64),
         SampleBatch.INFOS: Deferred(partial(empty_infos, n)),

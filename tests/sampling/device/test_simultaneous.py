@@ -19,6 +19,8 @@ import jaxsampler.sampling.device.multi as multi
 from jaxsampler.envs.base import Env
 from jaxsampler.envs.spread import Spread
 from jaxsampler.sampling import DeviceSampler
+from jaxsampler.sampling.device import agent_steps as agent_steps_module
+from jaxsampler.sampling.device import parallel, single_rows
 from jaxsampler.sampling.device.agent_steps import AgentCarry
 from jaxsampler.sampling.device.columns import Columns
 from jaxsampler.sampling.device.simultaneous import is_simultaneous
@@ -187,11 +189,27 @@ def test_lockstep_calls_take_the_fast_path_and_match_the_general_one(
 
 
 @pytest.mark.parametrize(
-    "options", [{}, {"host_threads": 2}, {"prefetch": True}], ids=["plain", "threads", "prefetch"]
+    "options",
+    [{}, {"host_threads": 2}, {"host_threads": 3, "split": True}, {"prefetch": True}],
+    ids=["plain", "threads", "split", "prefetch"],
 )
-def test_counted_calls_on_the_fast_path(options: dict[str, Any]) -> None:
+def test_counted_calls_on_the_fast_path(
+    options: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
     # num_timesteps (several chunks), num_episodes (segments cut at the count, the next
-    # call resets) and plain calls, with two host threads or a prefetched chunk.
+    # call resets) and plain calls, with two host threads or a prefetched chunk; "split":
+    # three threads with the size thresholds at zero, so the fast path expands and
+    # gathers its rows in ranges over the threads (and the general path splits too).
+    options, ranges = dict(options), []
+    split = options.pop("split", False)
+    if split:
+        monkeypatch.setattr(single_rows, "MIN_SHARD_SLOTS", 0)
+        monkeypatch.setattr(agent_steps_module, "MIN_SHARD_SLOTS", 0)
+        monkeypatch.setattr(parallel, "MIN_SPLIT_BYTES", 0)
+        real = single_rows._segment_ranges
+        monkeypatch.setattr(
+            single_rows, "_segment_ranges", lambda *a: ranges.append(len(real(*a))) or real(*a)
+        )
     calls = [
         ("sample_batch", {"num_timesteps": 3 * E * T}),
         ("sample", {}),
@@ -205,6 +223,8 @@ def test_counted_calls_on_the_fast_path(options: dict[str, Any]) -> None:
     general, _ = _run(LockstepEnv(), _two_policies, kinds, False, calls=kw, **options)
     assert paths.fast == paths.fast + paths.general >= len(kinds)
     _assert_same(kinds, fast, general)
+    if split:
+        assert max(ranges) == 3  # rows expanded in three ranges
 
 
 def test_calls_switch_between_the_paths_with_the_same_carry() -> None:
