@@ -23,6 +23,7 @@ are kept in the JSON, and the Markdown shows the spread.
 from __future__ import annotations
 
 import argparse
+import copy
 import gc
 import os
 import statistics
@@ -36,21 +37,26 @@ from benchmarks import host_side as hs
 from jaxsampler.sampling.device.parallel import host_pool, using_pool
 
 
-def _conversion(sampler: Any, threads: int) -> Callable[[], float]:
+def _conversion(sampler: Any, threads: int, before: dict[str, Any]) -> Callable[[], float]:
     """One ``batch()`` of ``sampler``'s converter over its last call's host chunks, under a
-    pool of ``threads``; returns the seconds it took (the converter's state is put back
-    after each, so every repeat converts the same call)."""
+    pool of ``threads``, from ``before`` (the converter's state before that call); returns
+    the seconds it took. The converter's state is put back after each, so every repeat
+    converts the same call from the same state and the sampler's own calls go on as if
+    none had run."""
     chunks, state = sampler.last_chunks, sampler._end_state()
     conv, pool = sampler._convert, host_pool(threads)
-    saved = conv.get_state()
 
     def run() -> float:
-        with using_pool(pool):
-            t0 = time.perf_counter()
-            out = conv.batch(chunks, None, state, None)
-            took = time.perf_counter() - t0
-        del out
-        conv.set_state(saved)
+        mine = conv.get_state()
+        conv.set_state(copy.deepcopy(before))
+        try:
+            with using_pool(pool):
+                t0 = time.perf_counter()
+                out = conv.batch(chunks, None, state, None)
+                took = time.perf_counter() - t0
+            del out
+        finally:
+            conv.set_state(mine)
         return took
 
     return run
@@ -67,10 +73,14 @@ def measure(width: int, T: int, threads: Sequence[int], rounds: int) -> dict[str
     fns: dict[str, Callable[[], Any]] = {"rollout": bare}
     for k, s in samplers.items():
         fns[f"sample_batch {k}"] = lambda s=s: s.sample_batch(params)
-    for fn in fns.values():
+    before = {}
+    for name, fn in fns.items():
+        k = name.rpartition(" ")[2]
+        if name != "rollout":
+            before[int(k)] = copy.deepcopy(samplers[int(k)]._convert.get_state())
         fn()  # compile and warm up
     for k, s in samplers.items():
-        fns[f"conversion {k}"] = _conversion(s, k)
+        fns[f"conversion {k}"] = _conversion(s, k, before[k])
     times: dict[str, list[float]] = {name: [] for name in fns}
     for r in range(rounds):
         for name in harness.rotated(list(fns), r):

@@ -35,30 +35,43 @@ def test_quick_writes_the_schema(tmp_path):
     assert "| 64 x 8 | conversion 2 |" in md
 
 
-def test_conversion_side_converts_the_same_call_each_time():
+def test_conversion_side_converts_the_same_call_each_time_and_leaves_the_sampler_alone():
+    import copy
+
     import jaxsampler as js
 
     env = js.make("CartPole-v1")
     pol, params = hs.make_policy(env, "random")
-    s = hs.make_sampler(env, pol, hs.Cell("CartPole-v1", 8, "random"), 6, {}, [])
+
+    def make():
+        return hs.make_sampler(env, pol, hs.Cell("CartPole-v1", 8, "random"), 6, {}, [])
+
+    s, twin = make(), make()
+    twin.sample_batch(params)
+    before = copy.deepcopy(s._convert.get_state())
     want = s.sample_batch(params)["default_policy"]
-    before = s._convert.get_state()
-    run = ht._conversion(s, 2)
+    run = ht._conversion(s, 2, before)
     got = []
     real = s._convert.batch
 
     def keep(*args):
         out = real(*args)
-        got.append(out[0]["default_policy"])
+        got.append((out[0]["default_policy"], out[1].as_dict()))
         return out
 
     s._convert.batch = keep
     for _ in range(2):
         assert run() > 0
-    for b in got:  # the same rows as the call itself returned
-        for k in ("obs", "actions", "rewards", "t"):
+        s.sample_batch(params)  # the sampler's own calls in between
+        twin.sample_batch(params)
+    conversions = got[0::2]  # (got[1::2]: the sampler's own calls)
+    assert len(conversions) == 2
+    for b, metrics in conversions:  # the first call again, rows and metrics
+        assert metrics == conversions[0][1]
+        for k in ("obs", "actions", "rewards", "t", "eps_id"):
             np.testing.assert_array_equal(b[k], want[k])
-    after = s._convert.get_state()
-    assert after.keys() == before.keys()
-    for k in before:
-        np.testing.assert_array_equal(np.asarray(after[k]), np.asarray(before[k]))
+    s._convert.batch = real
+    a, b = s.sample_batch(params)["default_policy"], twin.sample_batch(params)["default_policy"]
+    for k in ("obs", "actions", "rewards", "t", "eps_id"):  # the sampler went on unharmed
+        np.testing.assert_array_equal(a[k], b[k])
+    assert s.metrics.as_dict() == twin.metrics.as_dict()

@@ -598,7 +598,8 @@ class FoundSegments:
     def join(parts: Sequence[FoundSegments], env0: Sequence[int]) -> FoundSegments:
         """The segments of consecutive env ranges (part ``i``'s envs start at ``env0[i]``)
         found one range at a time, as one search over all of them finds them: the
-        finished segments of every part, then the ongoing ones (envs in order)."""
+        finished segments of every part, then the ongoing ones (envs in order). Searches
+        without a ``num_episodes`` cut only (a cut's step depends on every env)."""
         fin = [len(p.returns) for p in parts]
 
         def field(name: str) -> np.ndarray:

@@ -37,7 +37,8 @@ __all__ = [
 #: 2 MB gather took 0.1 ms in one thread and 0.28 ms split over two)
 MIN_SPLIT_BYTES = 8 << 20
 
-#: below this many ``(env, step, agent)`` slots a conversion splits no work by env shards
+#: below this many ``(env, step, agent)`` slots (or batch rows) a conversion splits no work
+#: by env shards or row ranges (each module that uses it holds its own copy of the value)
 MIN_SHARD_SLOTS = 1 << 18
 
 

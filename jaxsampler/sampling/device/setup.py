@@ -81,7 +81,8 @@ def default_host_threads(mesh: Mesh | None) -> int:
     mesh (XLA's CPU runtime computes on the same cores: a second thread for one device's
     conversion measured no steadier gain on a 2-core machine, some calls taking twice as
     long); on GPU / TPU devices, whose host cores idle while the device computes,
-    :data:`ACCELERATOR_HOST_THREADS`. At most one per core, at least 1."""
+    :data:`ACCELERATOR_HOST_THREADS` (or one per local device, if more). At most one per
+    core, at least 1."""
     devices = list(mesh.local_devices) if mesh is not None else [jax.local_devices()[0]]
     if devices[0].platform == "cpu":
         wanted = len(devices)
