@@ -1,9 +1,10 @@
-"""Host threads for large single-agent calls: ``sample_batch()`` and its conversion alone,
-by thread count, side by side (issue 28, item 3).
+"""Host threads for large calls: ``sample_batch()`` and its conversion alone, by thread
+count, side by side (issue 28, item 3).
 
-Cells: CartPole-v1 with a random policy at ``--widths`` envs x ``--rollout-length`` steps
-(default 16384 and 65536 x 64: the sizes at which a GPU's rollout is a few ms). Per cell
-and per thread count ``k`` of ``--threads`` (default 1 and the machine's cores, at most 8):
+Cells (``--cells``, random policy): CartPole-v1 at 16384 and 65536 envs x 64 steps (sizes
+at which a GPU's rollout takes a few ms) and Spread with 8 agents at 1024 envs x 128 steps
+(the multi-agent lockstep path). Per cell and per thread count ``k`` of ``--threads``
+(default 1 and the machine's cores, at most 8):
 
 * ``rollout``: the bare jitted rollout plus one ``jax.device_get``;
 * ``sample_batch k``: ``DeviceSampler(host_threads=k).sample_batch(params)`` end to end;
@@ -31,7 +32,9 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import jaxsampler as js
+import jax
+import numpy as np
+
 from benchmarks import harness
 from benchmarks import host_side as hs
 from jaxsampler.sampling.device.parallel import host_pool, using_pool
@@ -43,7 +46,10 @@ def _conversion(sampler: Any, threads: int, before: dict[str, Any]) -> Callable[
     the seconds it took. The converter's state is put back after each, so every repeat
     converts the same call from the same state and the sampler's own calls go on as if
     none had run."""
-    chunks, state = sampler.last_chunks, sampler._end_state()
+    # (the call's chunks and end state as host copies of their own: the sampler's next
+    # rollouts take the device buffers they may share memory with)
+    state = jax.tree.map(np.array, sampler._end_state())
+    chunks = copy.deepcopy(sampler.last_chunks)
     conv, pool = sampler._convert, host_pool(threads)
 
     def run() -> float:
@@ -62,12 +68,27 @@ def _conversion(sampler: Any, threads: int, before: dict[str, Any]) -> Callable[
     return run
 
 
-def measure(width: int, T: int, threads: Sequence[int], rounds: int) -> dict[str, Any]:
+def parse_cell(text: str) -> tuple[hs.Cell, int]:
+    """``ENV:W:T`` (``ENV``: ``CartPole-v1`` or ``Spread<agents>``) as a cell and its T."""
+    try:
+        name, w, t = text.split(":")
+        agents = int(name[len("Spread") :]) if name.startswith("Spread") else 1
+        env = "Spread" if name.startswith("Spread") else name
+        if env not in ("CartPole-v1", "Spread") or min(int(w), int(t), agents) < 1:
+            raise ValueError(text)
+    except ValueError:
+        raise ValueError(
+            f"a cell is ENV:W:T with ENV CartPole-v1 or Spread<agents>, got {text!r}"
+        ) from None
+    return hs.Cell(env, int(w), "random", ("sample_batch",), agents=agents), int(t)
+
+
+def measure(cell: hs.Cell, T: int, threads: Sequence[int], rounds: int) -> dict[str, Any]:
     """The cell's sides over ``rounds`` rotating rounds (one warm-up call each first)."""
-    env: Any = js.make("CartPole-v1")
-    cell = hs.Cell("CartPole-v1", width, "random", ("sample_batch",))
-    pol, params = hs.make_policy(env, "random")
     notes: list[str] = []
+    env = hs.make_env(cell, {}, notes)
+    width = cell.num_envs
+    pol, params = hs.make_policy(env, "random")
     samplers = {k: hs.make_sampler(env, pol, cell, T, {"host_threads": k}, notes) for k in threads}
     bare = hs.bare_rollout(env, pol, params, width, T)
     fns: dict[str, Callable[[], Any]] = {"rollout": bare}
@@ -102,6 +123,7 @@ def measure(width: int, T: int, threads: Sequence[int], rounds: int) -> dict[str
             side["vs_rollout"] = harness.paired_ratio(ts, times["rollout"])
         sides[name] = side
     return {
+        "cell": cell.key,
         "width": width,
         "rollout_length": T,
         "env_steps": width * T,
@@ -119,7 +141,7 @@ def markdown(res: dict[str, Any]) -> str:
     lines = [
         "# Host threads: single-agent `sample_batch()` and its conversion by thread count",
         "",
-        f"{res['date']} · `{res['command']}` · CartPole-v1, random policy · "
+        f"{res['date']} · `{res['command']}` · random policy · "
         f"{res['machine']['cpus']} CPUs · commit {res['git']['commit'][:10]}",
         "",
         "Medians of rotating rounds; `/ 1 thread` and `/ rollout`: medians of the within-round "
@@ -128,15 +150,16 @@ def markdown(res: dict[str, Any]) -> str:
         "idle, pays); `sample_batch k`: the call end to end on this CPU backend, where XLA "
         "computes the rollout on the same cores.",
         "",
-        "| W x T | side | ms | min–max ms | / 1 thread | / rollout | rounds |",
-        "|---|---|---:|---:|---:|---:|---:|",
+        "| env | W x T | side | ms | min–max ms | / 1 thread | / rollout | rounds |",
+        "|---|---|---|---:|---:|---:|---:|---:|",
     ]
     for c in res["cells"]:
         for name, s in c["sides"].items():
             vs_one = f"{s['vs_one_thread']:.2f}" if "vs_one_thread" in s else ""
             vs_roll = f"{s['vs_rollout']:.2f}" if "vs_rollout" in s else ""
             lines.append(
-                f"| {c['width']} x {c['rollout_length']} | {name} | {s['median_s'] * 1e3:.1f} | "
+                f"| {c['cell'].rsplit(' ', 2)[0]} | {c['width']} x {c['rollout_length']} | "
+                f"{name} | {s['median_s'] * 1e3:.1f} | "
                 f"{s['min_s'] * 1e3:.0f}–{s['max_s'] * 1e3:.0f} | {vs_one} | {vs_roll} | "
                 f"{len(c['times_s'][name])} |"
             )
@@ -151,29 +174,34 @@ def default_threads() -> list[int]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--widths", type=int, nargs="+", default=None)
-    p.add_argument("--rollout-length", type=int, default=None)
+    p.add_argument("--cells", nargs="+", default=None, metavar="ENV:W:T")
     p.add_argument("--threads", type=int, nargs="+", default=None, help="first: the baseline")
     p.add_argument("--rounds", type=int, default=None)
     harness.add_quick_out(p, "host_threads")
     args = p.parse_args(argv)
     harness.Sizes(
-        full={"widths": [16384, 65536], "rollout_length": 64, "rounds": 9},
-        quick={"widths": [64], "rollout_length": 8, "rounds": 2},
+        full={
+            "cells": ["CartPole-v1:16384:64", "CartPole-v1:65536:64", "Spread8:1024:128"],
+            "rounds": 9,
+        },
+        quick={"cells": ["CartPole-v1:64:8", "Spread2:8:4"], "rounds": 2},
     ).apply(args)
+    try:
+        cells_t = [parse_cell(c) for c in args.cells]
+    except ValueError as e:
+        p.error(str(e))
     threads = args.threads or default_threads()
     if any(k < 1 for k in threads):
         p.error(f"--threads must be >= 1, got {threads}")
     started = time.perf_counter()
     cells = []
-    for w in args.widths:
-        harness.log(f"CartPole-v1 {w} x {args.rollout_length}, threads {threads} ...")
-        cells.append(measure(w, args.rollout_length, threads, args.rounds))
+    for cell, T in cells_t:
+        harness.log(f"{cell.key} x {T}, threads {threads} ...")
+        cells.append(measure(cell, T, threads, args.rounds))
     results = {
         **harness.stamp("host threads: single-agent sample_batch by thread count", "host_threads"),
         "config": {
-            "widths": args.widths,
-            "rollout_length": args.rollout_length,
+            "cells": args.cells,
             "threads": threads,
             "rounds": args.rounds,
             "quick": args.quick,

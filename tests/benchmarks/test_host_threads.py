@@ -18,9 +18,17 @@ def test_quick_writes_the_schema(tmp_path):
     ht.main(["--quick", "--threads", "1", "2", "--out", str(tmp_path)])
     res = json.loads((tmp_path / "host_threads.json").read_text())
     assert res["config"]["threads"] == [1, 2] and res["config"]["quick"]
-    (cell,) = res["cells"]
-    assert cell["width"] == 64 and cell["rollout_length"] == 8
+    cart, spread = res["cells"]
+    assert (cart["cell"], cart["width"], cart["rollout_length"]) == ("CartPole-v1 64 random", 64, 8)
+    assert (spread["cell"], spread["rollout_length"]) == ("Spread(2) 8 random", 4)
     names = {"rollout", "sample_batch 1", "sample_batch 2", "conversion 1", "conversion 2"}
+    for cell in res["cells"]:
+        _check_cell(cell, names)
+    md = (tmp_path / "host_threads.md").read_text()
+    assert "| CartPole-v1 | 64 x 8 | conversion 2 |" in md and "| Spread(2) | 8 x 4 |" in md
+
+
+def _check_cell(cell, names):
     assert set(cell["sides"]) == names
     t = cell["times_s"]
     for name in names - {"rollout"}:
@@ -31,8 +39,13 @@ def test_quick_writes_the_schema(tmp_path):
         if kind == "sample_batch":
             want = statistics.median(a / b for a, b in zip(t[name], t["rollout"], strict=True))
             assert s["vs_rollout"] == pytest.approx(want)
-    md = (tmp_path / "host_threads.md").read_text()
-    assert "| 64 x 8 | conversion 2 |" in md
+
+
+def test_bad_cells_are_refused():
+    assert ht.parse_cell("Spread8:1024:128")[0].agents == 8
+    for bad in ("CartPole-v1:0:8", "Pong:64:8", "Spread:64:8", "CartPole-v1:64"):
+        with pytest.raises(ValueError, match="ENV:W:T"):
+            ht.parse_cell(bad)
 
 
 def test_conversion_side_converts_the_same_call_each_time_and_leaves_the_sampler_alone():
