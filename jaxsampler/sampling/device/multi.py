@@ -80,7 +80,7 @@ class _CallSteps:
     pos: np.ndarray  # each step's segment
     old: AgentCarry  # the carry the call started from
     runs: np.ndarray | None = None  # first row of each (segment, agent) run, where known
-    obs_rows: np.ndarray | None = None  # each row's time-major observation slot, where known
+    obs_rows: np.ndarray | None = None  # each row's flat [k, e, a] obs index, where known
 
 
 class MultiAgentConverter:

@@ -236,7 +236,7 @@ class DeviceSampler(Sampler):
             (:meth:`discard_prefetch`), so a checkpoint never holds a rollout in flight.
             A checkpoint of a prefetching sampler loads only into a prefetching one.
         host_threads: threads that copy device shards to the host and split the
-            conversion by env ranges (``None``: one per local CPU device, 8 or one per
+            conversion by env or row ranges (``None``: one per local CPU device, 8 or one per
             device on GPU / TPU, at most one per core: ``setup.default_host_threads``).
 
     Checkpoints: :meth:`save` / :meth:`load` / :meth:`Sampler.restore` capture the

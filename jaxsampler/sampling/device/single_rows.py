@@ -42,6 +42,7 @@ __all__ = [
     "batch_columns",
     "deferred_ids",
     "episode_ids",
+    "expand_runs",
     "segments",
     "steps",
     "t_column",
@@ -174,7 +175,7 @@ def expand_runs(
     value ``first[r] + p * step`` (``int64``).
 
     An expansion of ``MIN_SHARD_SLOTS`` rows or more is split into contiguous ranges of
-    whole runs, one per thread of ``pool`` (``None``:
+    whole runs, up to one per thread of ``pool`` (``None``:
     :func:`~jaxsampler.sampling.device.parallel.current_pool`); ``then(lo, hi, parts)``,
     if given, runs in the same thread right after each range (rows ``lo:hi``; ``parts``:
     the range's slices of the columns), e.g. gathers by the range's index.
@@ -223,7 +224,7 @@ def batch_columns(
 ) -> dict[str, Any]:
     """The ``SampleBatch`` columns of the segments' rows (in the segments' order), each
     gathered with one index from the chunk's time-major buffers. The rows are filled in
-    contiguous ranges of whole segments, one per thread of ``pool`` (``None``:
+    contiguous ranges of whole segments, up to one per thread of ``pool`` (``None``:
     :func:`~jaxsampler.sampling.device.parallel.current_pool`) where the call is large:
     each range builds its own slice of the index and gathers every column's rows."""
     E = np.shape(first_leaf(chunk.obs))[1]
