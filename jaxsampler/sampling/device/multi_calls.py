@@ -15,7 +15,7 @@ from jaxsampler.episodes.lookback import tree_map
 from jaxsampler.sampling.device.agent_steps import AgentSteps, output_order
 from jaxsampler.sampling.device.columns import NextRows, Segments, check_chunks, empty_infos
 from jaxsampler.sampling.device.parallel import MIN_SPLIT_BYTES, current_pool
-from jaxsampler.sampling.device.single_rows import steps as row_offsets
+from jaxsampler.sampling.device.single_rows import expand_runs
 from jaxsampler.types import Trajectory
 
 __all__ = [
@@ -157,10 +157,8 @@ def in_output_order(
     # Each step belongs to the segment of its first call step (the carried ones: step 0).
     seg_of_step = np.full((E, L), -1, np.int64)
     lens = seg.len
-    first = np.cumsum(lens) - lens  # each segment's first row
-    step = np.repeat(seg.start - first, lens)
-    step += row_offsets(int(lens.sum()), 1)
-    seg_of_step[np.repeat(seg.env, lens), step] = np.repeat(np.arange(len(lens)), lens)
+    env, step, of = expand_runs(lens, [(seg.env, 0), (seg.start, 1), (np.arange(len(lens)), 0)])
+    seg_of_step[env, step] = of
     pos = np.take(seg_of_step, steps.env * L + np.maximum(steps.slot - 1, 0))
     order = output_order(pos, steps.agent, steps.t, len(seg), A, rank)
     steps = reorder_steps(steps, order, BATCH_FIELDS if rank is not None else None)

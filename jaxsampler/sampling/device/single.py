@@ -278,19 +278,17 @@ class SingleAgentConverter:
         lens = seg.len
         n_rows = int(lens.sum())
         E, S = cols.is_reset.shape
-        # Row r of segment i is step seg.start[i] + (r - first[i]): every per-row index is a
-        # per-segment base repeated over the segment's rows plus the row number (two passes
-        # over the rows instead of a gather per index).
+        # Row p of segment i is step seg.start[i] + p: every per-row index is a per-segment
+        # value plus p times a step (single_rows.expand_runs, no gather per index).
         first = np.cumsum(lens) - lens
-        row = np.arange(n_rows)
-        base = seg.env * S + H + seg.start - first  # flat step column index minus the row
-        flat = np.repeat(base, lens) + row  # rows of the env-major step columns, flattened
         if cols.time_major_obs:  # obs [T_total + 1, E, ...]: step j of env e is row j * E + e
-            flat_obs = np.repeat((seg.start - first) * E + seg.env, lens) + row * E
-            next_obs = E  # the next observation's offset
+            obs_first, next_obs = seg.start * E + seg.env, E  # (next_obs: the next one's offset)
         else:  # env-major [E, S + 1, ...]: one slot more per env than the step columns
-            flat_obs = np.repeat(base + seg.env, lens) + row
-            next_obs = 1
+            obs_first, next_obs = seg.env * (S + 1) + H + seg.start, 1
+        # rows of the env-major step columns and of the observations, flattened; t
+        flat, flat_obs, t = single_rows.expand_runs(
+            lens, [(seg.env * S + H + seg.start, 1), (obs_first, next_obs), (seg.t_started, 1)]
+        )
 
         def rows(col: np.ndarray, index: np.ndarray) -> np.ndarray:
             return np.take(col.reshape((-1,) + col.shape[2:]), index, axis=0)
@@ -309,7 +307,7 @@ class SingleAgentConverter:
             SampleBatch.REWARDS: rows(cols.rewards, flat),
             SampleBatch.TERMINATEDS: rows(cols.terminated, flat),
             SampleBatch.TRUNCATEDS: rows(cols.truncated, flat),
-            SampleBatch.T: single_rows.t_column(seg.t_started - first, lens, n_rows),
+            SampleBatch.T: t,
             # Object arrays of shared strs, as episodes_to_batch gives: 8 bytes per row (a
             # fresh <U32 column is 128 bytes per row, and its page faults cost milliseconds).
             SampleBatch.EPS_ID: single_rows.deferred_ids(self._ids, seg),

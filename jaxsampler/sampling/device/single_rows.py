@@ -45,7 +45,6 @@ __all__ = [
     "expand_runs",
     "segments",
     "steps",
-    "t_column",
     "tail_head",
 ]
 
@@ -210,13 +209,6 @@ def expand_runs(
 
     pool.run([fill(r0, r1) for r0, r1 in ranges])
     return outs
-
-
-def t_column(t0: np.ndarray, lens: np.ndarray, n: int) -> np.ndarray:
-    """The batch's ``t`` column: segment ``i``'s rows count up from ``t0[i]`` (``int64``)."""
-    t = np.repeat(t0.astype(np.int64), lens)
-    t += steps(n, 1)
-    return t
 
 
 def batch_columns(

@@ -204,8 +204,8 @@ def test_cached_row_offsets_equal_a_fresh_arange_and_cannot_be_written():
         got = single_rows.steps(n, step)
         np.testing.assert_array_equal(got, np.arange(0, n * step, step))
         assert got.dtype == np.int64 and not got.flags.writeable
-    t = single_rows.t_column(np.array([4, -2, 0]), np.array([2, 3, 1]), 6)
-    # segment i's rows count up from t0[i] (t0 already less the segment's first row)
+    (t,) = single_rows.expand_runs(np.array([2, 3, 1]), [(np.array([4, 0, 5]), 1)])
+    # segment i's rows count up from its first value (t0 [4, -2, 0] less the first rows)
     np.testing.assert_array_equal(t, np.array([4, -2, 0]).repeat([2, 3, 1]) + np.arange(6))
     assert t.flags.writeable and t.dtype == np.int64
 
