@@ -92,16 +92,12 @@ def measure(cell: hs.Cell, T: int, threads: Sequence[int], rounds: int) -> dict[
     samplers = {k: hs.make_sampler(env, pol, cell, T, {"host_threads": k}, notes) for k in threads}
     bare = hs.bare_rollout(env, pol, params, width, T)
     fns: dict[str, Callable[[], Any]] = {"rollout": bare}
+    bare()  # compile and warm up
     for k, s in samplers.items():
         fns[f"sample_batch {k}"] = lambda s=s: s.sample_batch(params)
-    before = {}
-    for name, fn in fns.items():
-        k = name.rpartition(" ")[2]
-        if name != "rollout":
-            before[int(k)] = copy.deepcopy(samplers[int(k)]._convert.get_state())
-        fn()  # compile and warm up
-    for k, s in samplers.items():
-        fns[f"conversion {k}"] = _conversion(s, k, before[k])
+        before = copy.deepcopy(s._convert.get_state())
+        s.sample_batch(params)  # compile and warm up: the call the conversion side repeats
+        fns[f"conversion {k}"] = _conversion(s, k, before)
     times: dict[str, list[float]] = {name: [] for name in fns}
     for r in range(rounds):
         for name in harness.rotated(list(fns), r):
